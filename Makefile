@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+# Both create .venv when missing and install the project with its dev extras.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test lint typecheck pytest demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check stream_dp tests bench
+
+typecheck: setup
+	$(BIN)/mypy
+
+# pytest exits 5 when it collected no test; make treats that as a failure.
+pytest: setup
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+demo: setup
+	$(BIN)/stream-dp demo
+
+bench: setup
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

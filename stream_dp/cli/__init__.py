@@ -1,0 +1,1 @@
+"""The ``stream-dp`` command line: one module per subcommand, each with ``register()``."""

@@ -1,0 +1,51 @@
+"""Entry point of ``stream-dp``. Exit codes: 0 ok, 2 bad config or arguments, 1 runtime failure."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+from stream_dp import __version__
+from stream_dp.errors import StreamDPError
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _command_modules() -> list[ModuleType]:
+    from stream_dp.cli import broker_cmd, topics_cmd
+
+    return [broker_cmd, topics_cmd]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stream-dp",
+        description="Differentially private live statistics from event-level Kafka streams.",
+    )
+    parser.add_argument("--version", action="version", version=f"stream-dp {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in _command_modules():
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    func: Command = args.func
+    try:
+        return func(args)
+    except StreamDPError as exc:
+        print(f"stream-dp: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
