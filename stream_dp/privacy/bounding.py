@@ -1,0 +1,184 @@
+"""Contribution bounding (PRIVACY.md, "Bounding a user's contribution"; seed 000).
+
+Per (window, user) a reservoir keeps at most ``k`` = ``max_contributions_per_window`` of the
+user's events, uniformly at random over all of them (Algorithm R — never "first k", which
+biases toward early events). Items are compact integers (ids of interned event signatures),
+not whole events. At release, each query may bound further: at most ``L0`` =
+``max_keys_per_user`` distinct keys per user (chosen uniformly) and at most ``Linf`` =
+``max_contributions_per_key`` events per key.
+
+Which events are kept is drawn from a fast PRNG seeded from the OS: any choice of at most
+``k`` of a user's own events bounds the sensitivity, so this sampler affects accuracy, never
+the privacy guarantee. Noise and partition selection use a CSPRNG elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+Pseudonym = bytes
+
+
+def new_sampling_rng() -> random.Random:
+    """A fast PRNG for choosing which of a user's events are kept, seeded from the OS."""
+    # Not a DP draw: any choice of a user's own events bounds the sensitivity (see module doc).
+    return random.Random(os.urandom(32))  # noqa: S311
+
+
+class Reservoirs:
+    """Reservoirs of one window (and one source partition): pseudonym → ≤ k items.
+
+    Each entry is a list ``[seen, item, item, ...]``: the number of the user's events seen so
+    far, then the kept items. One list per user keeps the state to a few bytes per event.
+    """
+
+    __slots__ = ("_rng", "_state", "events_seen", "k")
+
+    def __init__(self, k: int, rng: random.Random | None = None) -> None:
+        if k < 1:
+            raise ValueError("max_contributions_per_window must be at least 1")
+        self.k = k
+        self._rng = rng if rng is not None else new_sampling_rng()
+        self._state: dict[Pseudonym, list[int]] = {}
+        self.events_seen = 0
+
+    def add(self, pseudonym: Pseudonym, item: int) -> None:
+        """Offer one event (Algorithm R): kept with probability k / (events seen so far)."""
+        self.events_seen += 1
+        entry = self._state.get(pseudonym)
+        if entry is None:
+            self._state[pseudonym] = [1, item]
+            return
+        seen = entry[0] + 1
+        entry[0] = seen
+        if seen <= self.k:
+            entry.append(item)
+            return
+        j = int(self._rng.random() * seen)  # uniform in [0, seen)
+        if j < self.k:
+            entry[j + 1] = item
+
+    @property
+    def users(self) -> int:
+        return len(self._state)
+
+    @property
+    def events_retained(self) -> int:
+        return sum(len(e) - 1 for e in self._state.values())
+
+    def seen(self, pseudonym: Pseudonym) -> int:
+        entry = self._state.get(pseudonym)
+        return 0 if entry is None else entry[0]
+
+    def items(self) -> Iterator[tuple[Pseudonym, int, list[int]]]:
+        """(pseudonym, events seen, kept items) per user."""
+        for pseudonym, entry in self._state.items():
+            yield pseudonym, entry[0], entry[1:]
+
+
+def merge_samples(
+    seen_a: int,
+    items_a: Sequence[V],
+    seen_b: int,
+    items_b: Sequence[V],
+    k: int,
+    rng: random.Random,
+) -> list[V]:
+    """Merge two uniform reservoirs of one user into a uniform sample of ≤ k of all events.
+
+    ``items_a`` is a uniform sample of min(k, seen_a) of A's events, likewise B. The merged
+    sample takes x events from A where x is how many of k positions drawn without
+    replacement from seen_a + seen_b land in A (hypergeometric), then a uniform x-subset of
+    A's sample and a uniform (k - x)-subset of B's.
+    """
+    if seen_a + seen_b <= k:
+        return [*items_a, *items_b]
+    chosen = rng.sample(range(seen_a + seen_b), k)
+    x = sum(1 for c in chosen if c < seen_a)
+    return rng.sample(list(items_a), x) + rng.sample(list(items_b), k - x)
+
+
+def merge_reservoirs(
+    parts: Iterable[Reservoirs], k: int, rng: random.Random | None = None
+) -> dict[Pseudonym, list[int]]:
+    """One uniform ≤ k sample per user over several reservoirs (e.g. one per partition)."""
+    rng = rng if rng is not None else new_sampling_rng()
+    merged: dict[Pseudonym, tuple[int, list[int]]] = {}
+    for part in parts:
+        for pseudonym, seen, items in part.items():
+            prior = merged.get(pseudonym)
+            if prior is None:
+                merged[pseudonym] = (seen, items)
+            else:
+                merged[pseudonym] = (
+                    prior[0] + seen,
+                    merge_samples(prior[0], prior[1], seen, items, k, rng),
+                )
+    return {p: items for p, (_, items) in merged.items()}
+
+
+def bound_user_keys(
+    keyed_values: Iterable[tuple[K, V]],
+    *,
+    max_keys: int | None,
+    max_per_key: int | None,
+    rng: random.Random,
+) -> dict[K, list[V]]:
+    """Apply L0 (keys per user, chosen uniformly) and Linf (values per key) to one user."""
+    per_key: dict[K, list[V]] = {}
+    for key, value in keyed_values:
+        per_key.setdefault(key, []).append(value)
+    if max_keys is not None and len(per_key) > max_keys:
+        kept = rng.sample(list(per_key), max_keys)
+        per_key = {key: per_key[key] for key in kept}
+    if max_per_key is not None:
+        for key, values in per_key.items():
+            if len(values) > max_per_key:
+                per_key[key] = rng.sample(values, max_per_key)
+    return per_key
+
+
+@dataclass
+class BoundedTotals:
+    """Exact bounded totals of one group key: events, distinct users, value sum (in units)."""
+
+    events: int = 0
+    users: int = 0
+    value_sum: int = 0
+
+
+def aggregate_bounded(
+    users: Iterable[Sequence[int]],
+    project: Callable[[int], tuple[K, int] | None],
+    *,
+    max_keys: int | None,
+    max_per_key: int | None,
+    rng: random.Random | None = None,
+) -> dict[K, BoundedTotals]:
+    """Exact per-key totals of one query over users' kept items, after L0/Linf bounding.
+
+    ``project`` maps an item to (group key, value in units), or None when the query's
+    ``where`` filter excludes it. Internal only: these exact counts are never published.
+    """
+    rng = rng if rng is not None else new_sampling_rng()
+    totals: dict[K, BoundedTotals] = {}
+    for items in users:
+        keyed = [p for p in map(project, items) if p is not None]
+        if not keyed:
+            continue
+        for key, values in bound_user_keys(
+            keyed, max_keys=max_keys, max_per_key=max_per_key, rng=rng
+        ).items():
+            t = totals.get(key)
+            if t is None:
+                t = totals[key] = BoundedTotals()
+            t.events += len(values)
+            t.users += 1
+            t.value_sum += sum(values)
+    return totals

@@ -1,0 +1,38 @@
+"""Generalisation of quasi-identifiers used as group keys (seed 002: date of birth → year).
+
+Coarser group keys mean more users per key, so fewer keys fall below the selection
+threshold and the released keys say less about any one person.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import date, datetime
+from typing import Literal
+
+DateGranularity = Literal["year", "month"]
+
+
+def generalize_date(value: str | date | datetime, to: DateGranularity) -> str:
+    """``"1984-07-21"`` → ``"1984"`` (year) or ``"1984-07"`` (month)."""
+    if isinstance(value, str):
+        parsed = datetime.fromisoformat(value).date() if "T" in value else date.fromisoformat(value)
+    elif isinstance(value, datetime):
+        parsed = value.date()
+    else:
+        parsed = value
+    if to == "year":
+        return f"{parsed.year:04d}"
+    if to == "month":
+        return f"{parsed.year:04d}-{parsed.month:02d}"
+    raise ValueError(f"unknown date granularity {to!r}; use 'year' or 'month'")
+
+
+def bucket_number(value: float, width: float, origin: float = 0.0) -> str:
+    """The bucket ``[lo, hi)`` of ``width`` that holds ``value``: age 37, width 10 → "30-40"."""
+    if width <= 0 or not math.isfinite(width):
+        raise ValueError("bucket width must be a positive finite number")
+    if not math.isfinite(value):
+        raise ValueError("cannot bucket a non-finite number")
+    lo = origin + math.floor((value - origin) / width) * width
+    return f"{lo:g}-{lo + width:g}"

@@ -1,0 +1,73 @@
+"""Keyed pseudonyms (seed 002): HMAC-SHA256 of the user id under a secret key.
+
+The raw id goes no further than the decoder: state, internal topics, outputs, the ledger,
+logs and metrics only ever see the 16-byte pseudonym. Without the key a pseudonym cannot be
+recomputed from a guessed id (unlike a plain hash). Keys rotate by window: while a rotation
+is configured, windows that start before ``rotate_at`` use the previous key, so all
+pseudonyms of one window come from one key and a user is never counted twice in a window.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from stream_dp.errors import PrivacyError
+
+#: Length of a pseudonym: 128 bits of HMAC-SHA256 (collisions are negligible below 2^40 users).
+PSEUDONYM_BYTES = 16
+#: Shortest secret key accepted (the key's entropy bounds the pseudonyms' resistance).
+MIN_KEY_BYTES = 32
+
+
+def canonical_user_id(user_id: str | int) -> bytes:
+    """The bytes that are keyed: strings as UTF-8, integers in decimal (so 42 and "42" agree)."""
+    if isinstance(user_id, bool):
+        raise TypeError("a user id must be a string or an integer, not a boolean")
+    if isinstance(user_id, int):
+        return str(user_id).encode("ascii")
+    return user_id.encode("utf-8")
+
+
+@dataclass(frozen=True, repr=False)
+class Pseudonymizer:
+    """HMAC-SHA256 under one secret key; ``key_id`` names the key (never the key itself)."""
+
+    key: bytes
+    key_id: str
+
+    def __post_init__(self) -> None:
+        if len(self.key) < MIN_KEY_BYTES:
+            raise PrivacyError(
+                f"the pseudonym key {self.key_id!r} has {len(self.key)} bytes; use at least "
+                f"{MIN_KEY_BYTES} random bytes (e.g. `openssl rand -hex 32`)"
+            )
+
+    def __repr__(self) -> str:  # never show the key
+        return f"Pseudonymizer(key_id={self.key_id!r})"
+
+    def pseudonym(self, user_id: str | int) -> bytes:
+        return hmac.digest(self.key, canonical_user_id(user_id), "sha256")[:PSEUDONYM_BYTES]
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """The current key and, during a rotation, the previous one with the switch-over instant."""
+
+    current: Pseudonymizer
+    previous: Pseudonymizer | None = None
+    rotate_at_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.previous is None) != (self.rotate_at_s is None):
+            raise PrivacyError("a key rotation needs both the previous key and rotate_at")
+
+    def for_window(self, window_start_s: float) -> Pseudonymizer:
+        """The key of a window: one key for all of its pseudonyms."""
+        if (
+            self.previous is not None
+            and self.rotate_at_s is not None
+            and (window_start_s < self.rotate_at_s)
+        ):
+            return self.previous
+        return self.current

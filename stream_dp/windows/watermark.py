@@ -1,0 +1,94 @@
+"""The watermark: how far event time has certainly progressed.
+
+watermark = min over assigned partitions of the largest event time seen, minus grace.
+
+* A partition that delivered nothing for ``idle_timeout_s`` (wall clock) stops holding the
+  watermark back, so one quiet partition cannot stall every window.
+* When no record arrived at all for ``idle_timeout_s``, the watermark advances with the wall
+  clock from the largest event time seen, so open windows close in bounded time. This rule
+  runs only while the whole stream is idle: replaying old data at full speed never closes
+  windows early.
+* The watermark never moves backwards.
+
+Times are passed in (``now_s`` from a monotonic clock), so the tracker is pure and testable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass
+class _PartitionClock:
+    max_event_time_s: float | None
+    last_activity_s: float
+
+
+class WatermarkTracker:
+    def __init__(self, *, grace_s: float, idle_timeout_s: float) -> None:
+        self.grace_s = grace_s
+        self.idle_timeout_s = idle_timeout_s
+        self._partitions: dict[int, _PartitionClock] = {}
+        self._max_event_time_s: float | None = None
+        self._last_record_s: float | None = None
+        self._watermark_s: float | None = None
+
+    def assign(self, partitions: Iterable[int], now_s: float) -> None:
+        for p in partitions:
+            self._partitions.setdefault(p, _PartitionClock(None, now_s))
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        for p in partitions:
+            self._partitions.pop(p, None)
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._partitions)
+
+    def observe(self, partition: int, max_event_time_s: float, now_s: float) -> None:
+        """Record that ``partition`` delivered events up to ``max_event_time_s`` at ``now_s``."""
+        clock = self._partitions.get(partition)
+        if clock is None:
+            clock = self._partitions[partition] = _PartitionClock(None, now_s)
+        if clock.max_event_time_s is None or max_event_time_s > clock.max_event_time_s:
+            clock.max_event_time_s = max_event_time_s
+        clock.last_activity_s = now_s
+        if self._max_event_time_s is None or max_event_time_s > self._max_event_time_s:
+            self._max_event_time_s = max_event_time_s
+        self._last_record_s = now_s
+
+    def touch(self, partition: int, now_s: float) -> None:
+        """A partition delivered records (even bad or late ones): it is not idle."""
+        clock = self._partitions.get(partition)
+        if clock is not None:
+            clock.last_activity_s = now_s
+        self._last_record_s = now_s
+
+    @property
+    def max_event_time_s(self) -> float | None:
+        return self._max_event_time_s
+
+    def watermark(self, now_s: float) -> float | None:
+        """The current watermark in event-time seconds (None before any event)."""
+        candidate: float | None = None
+        active = [
+            c for c in self._partitions.values() if now_s - c.last_activity_s < self.idle_timeout_s
+        ]
+        if active and all(c.max_event_time_s is not None for c in active):
+            candidate = min(c.max_event_time_s for c in active if c.max_event_time_s is not None)
+            candidate -= self.grace_s
+        elif not active and self._max_event_time_s is not None:
+            # Every partition is idle: the slowest no longer holds the others back.
+            candidate = self._max_event_time_s - self.grace_s
+        stream_idle_s = None if self._last_record_s is None else now_s - self._last_record_s
+        if (
+            stream_idle_s is not None
+            and stream_idle_s >= self.idle_timeout_s
+            and self._max_event_time_s is not None
+        ):
+            by_wall_clock = self._max_event_time_s + stream_idle_s - self.grace_s
+            candidate = by_wall_clock if candidate is None else max(candidate, by_wall_clock)
+        if candidate is not None and (self._watermark_s is None or candidate > self._watermark_s):
+            self._watermark_s = candidate
+        return self._watermark_s

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import pytest
+
+from stream_dp.errors import PrivacyError
+from stream_dp.privacy.generalize import bucket_number, generalize_date
+from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES, KeyRing, Pseudonymizer
+
+KEY = b"k" * 32
+
+
+def test_pseudonym_is_truncated_hmac_sha256() -> None:
+    p = Pseudonymizer(KEY, "k1")
+    expected = hmac.new(KEY, b"alice", hashlib.sha256).digest()[:PSEUDONYM_BYTES]
+    assert p.pseudonym("alice") == expected
+    assert len(p.pseudonym(12345)) == PSEUDONYM_BYTES
+
+
+def test_integer_and_string_ids_agree_and_keys_differ() -> None:
+    a = Pseudonymizer(KEY, "k1")
+    b = Pseudonymizer(b"j" * 32, "k2")
+    assert a.pseudonym(42) == a.pseudonym("42")
+    assert a.pseudonym("alice") != b.pseudonym("alice")
+    assert a.pseudonym("alice") != a.pseudonym("bob")
+
+
+def test_short_key_refused_with_fix() -> None:
+    with pytest.raises(PrivacyError, match="at least 32 random bytes"):
+        Pseudonymizer(b"short", "k1")
+
+
+def test_key_never_in_repr() -> None:
+    assert "kkkk" not in repr(Pseudonymizer(KEY, "k1"))
+
+
+def test_rotation_one_key_per_window() -> None:
+    old = Pseudonymizer(b"o" * 32, "old")
+    new = Pseudonymizer(b"n" * 32, "new")
+    ring = KeyRing(new, old, rotate_at_s=7200)
+    assert ring.for_window(3600) is old
+    assert ring.for_window(7200) is new
+    assert KeyRing(new).for_window(0) is new
+    with pytest.raises(PrivacyError):
+        KeyRing(new, old, None)
+
+
+def test_generalization_helpers() -> None:
+    assert generalize_date("1984-07-21", "year") == "1984"
+    assert generalize_date("1984-07-21T10:00:00+02:00", "month") == "1984-07"
+    assert bucket_number(37, 10) == "30-40"
+    assert bucket_number(-1, 5) == "-5-0"
+    with pytest.raises(ValueError):
+        bucket_number(1, 0)
