@@ -1,0 +1,36 @@
+"""``stream-dp run --config FILE``: the streaming worker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from stream_dp.config import load_config
+from stream_dp.ops.logging import configure_logging
+from stream_dp.pipeline.keys import load_keyring
+from stream_dp.pipeline.service import run_worker
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        help="run the streaming worker",
+        description="Consume the input topic, release private statistics per window to the "
+        "output topic. Creates its missing output, dead-letter and ledger topics at start. "
+        "SIGTERM/Ctrl-C stops it gracefully (open windows are not released early).",
+    )
+    p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    p.add_argument(
+        "--log-format", choices=["json", "console"], help="override logging.format from config"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    configure_logging(config.logging.level, args.log_format or config.logging.format)
+    keyring = load_keyring(config.pseudonymization)
+    asyncio.run(run_worker(config, keyring))
+    return 0

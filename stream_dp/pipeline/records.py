@@ -1,0 +1,127 @@
+"""The records stream-dp writes: output releases and window summaries, dead letters, ledger.
+
+Every value is canonical JSON (sorted keys, orjson), so the same record is always the same
+bytes: a duplicate after a crash is byte-identical and consumers can deduplicate by key.
+JSON Schemas of all of them live in ``topics/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+
+from stream_dp.windows.tumbling import iso_utc
+
+SCHEMA_VERSION: Final = 1
+WINDOW_GROUP: Final = "#window"
+
+
+def dumps(value: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def canonical_group(group: Mapping[str, Any]) -> str:
+    return dumps(group).decode("utf-8")
+
+
+def output_key(query: str, window_start_s: int, group: Mapping[str, Any] | None) -> str:
+    """``<query>|<window_start>|<group as canonical JSON>``; the window summary uses ``#window``."""
+    tail = WINDOW_GROUP if group is None else canonical_group(group)
+    return f"{query}|{iso_utc(window_start_s)}|{tail}"
+
+
+def release_record(
+    *,
+    release_id: str,
+    query: str,
+    window_start_s: int,
+    window_end_s: int,
+    group: Mapping[str, Any],
+    statistic: str,
+    value: int | float,
+    epsilon: float,
+    delta: float,
+    mechanism: str,
+    noise_scale: float,
+    ci95: float,
+    selection: Mapping[str, Any] | None,
+    clamped: bool,
+) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "release",
+        "release_id": release_id,
+        "query": query,
+        "window_start": iso_utc(window_start_s),
+        "window_end": iso_utc(window_end_s),
+        "group": dict(group),
+        "statistic": statistic,
+        "value": value,
+        "epsilon": epsilon,
+        "delta": delta,
+        "mechanism": mechanism,
+        "noise_scale": noise_scale,
+        "ci95": ci95,
+        "selection": None if selection is None else dict(selection),
+    }
+    if clamped:
+        record["clamped"] = True
+    return record
+
+
+def window_record(
+    *,
+    release_id: str,
+    query: str,
+    window_start_s: int,
+    window_end_s: int,
+    released_keys: int,
+    epsilon_spent: float,
+    delta_spent: float,
+    horizon_epsilon_spent: float,
+) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "window",
+        "release_id": release_id,
+        "query": query,
+        "window_start": iso_utc(window_start_s),
+        "window_end": iso_utc(window_end_s),
+        "released_keys": released_keys,
+        "epsilon_spent": epsilon_spent,
+        "delta_spent": delta_spent,
+        "horizon_epsilon_spent": horizon_epsilon_spent,
+    }
+
+
+def dead_letter_record(
+    *,
+    reason: str,
+    detail: str,
+    source_topic: str,
+    source_partition: int,
+    source_offset: int,
+    payload: bytes | None = None,
+    now_s: float,
+) -> dict[str, Any]:
+    """Reason and source position; the payload only when explicitly enabled (it may hold ids)."""
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "dead_letter",
+        "reason": reason,
+        "detail": detail,
+        "source_topic": source_topic,
+        "source_partition": source_partition,
+        "source_offset": source_offset,
+        "received_at": datetime.fromtimestamp(now_s, tz=UTC).isoformat().replace("+00:00", "Z"),
+    }
+    if payload is not None:
+        record["payload"] = payload.decode("utf-8", errors="replace")
+    return record
+
+
+def group_dict(group_by: Sequence[str], key: Sequence[Any]) -> dict[str, Any]:
+    return dict(zip(group_by, key, strict=True))

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import time
+
+import orjson
+import pytest
+
+from stream_dp.pipeline.decode import BadRecord, Decoder, Event, parse_event_time
+
+NOW = time.time()
+DEC = Decoder(
+    user_field="user_id",
+    time_field="timestamp",
+    max_record_bytes=200,
+    max_future_s=3600,
+    scalar_fields=["domain"],
+    numeric_fields=["amount"],
+)
+
+
+def _ok(obj: dict[str, object]) -> Event:
+    out = DEC.decode(orjson.dumps(obj), NOW)
+    assert isinstance(out, Event), out
+    return out
+
+
+def test_times_iso_seconds_millis() -> None:
+    assert parse_event_time("2020-08-01T12:00:00Z") == 1596283200
+    assert parse_event_time("2020-08-01T14:00:00+02:00") == 1596283200
+    assert parse_event_time(1596283200) == 1596283200
+    assert parse_event_time(1596283200123) == pytest.approx(1596283200.123)
+    assert parse_event_time("2020-08-01T12:00:00") == "bad"  # no offset
+    assert parse_event_time(True) == "bad"
+    assert parse_event_time(float("nan")) == "bad"
+
+
+def test_good_record() -> None:
+    e = _ok({"user_id": "u1", "timestamp": 1596283200, "domain": "a.com"})
+    assert e.user == "u1" and e.event_time_s == 1596283200
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"\xff\xfe", "not_utf8"),
+        (b"{not json", "not_json"),
+        (b"[1,2]", "not_object"),
+        (b"x" * 201, "too_large"),
+        (b'{"timestamp": 1596283200}', "missing_user"),
+        (b'{"user_id": true, "timestamp": 1596283200}', "bad_user"),
+        (b'{"user_id": {"a":1}, "timestamp": 1596283200}', "bad_user"),
+        (b'{"user_id": "", "timestamp": 1596283200}', "bad_user"),
+        (b'{"user_id": "u"}', "missing_timestamp"),
+        (b'{"user_id": "u", "timestamp": "yesterday"}', "bad_timestamp"),
+        (b'{"user_id": "u", "timestamp": -5}', "timestamp_out_of_range"),
+        (b'{"user_id": "u", "timestamp": 99999999999999}', "timestamp_out_of_range"),
+        (b'{"user_id": "u", "timestamp": 1596283200, "domain": [1]}', "bad_field"),
+        (b'{"user_id": "u", "timestamp": 1596283200, "amount": "12"}', "bad_field"),
+    ],
+)
+def test_bad_records_have_reasons(raw: bytes, reason: str) -> None:
+    out = DEC.decode(raw, NOW)
+    assert isinstance(out, BadRecord)
+    assert out.reason == reason
+
+
+def test_details_never_quote_values() -> None:
+    out = DEC.decode(b'{"user_id": "alice@example.com", "timestamp": "soon"}', NOW)
+    assert isinstance(out, BadRecord)
+    assert "alice" not in out.detail and "soon" not in out.detail
