@@ -35,7 +35,8 @@ def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
             return None
         ann = field.annotation
         candidates = [ann, *getattr(ann, "__args__", ())]
-        nxt = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        nxt = models[0] if models else None
         if nxt is None:
             return None
         model = nxt
