@@ -1,0 +1,85 @@
+"""Browser logs shaped like seed 000's example: employees visiting domains over time.
+
+* a few popular domains (Zipf-distributed popularity) that most employees visit;
+* heavy-tailed activity: most employees make a handful of visits per window, a few make
+  hundreds (the users a contribution bound exists for);
+* a long tail of rare domains, each visited by exactly one employee — the keys whose mere
+  presence would reveal that person (they must never be released);
+* one employee who stops browsing half-way (seed 000's leave-of-absence example): the
+  output must not let anyone tell that from the released numbers.
+
+Deterministic for a given seed; not a DP draw (a plain PRNG is right here).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+COUNTRIES = ("DE", "FR", "NL", "US")
+LEAVER = "employee-0000@corp.example"
+
+
+@dataclass(frozen=True)
+class BrowserLogSpec:
+    users: int = 300
+    windows: int = 4
+    window_size_s: int = 10
+    start_s: int = 1_596_240_000  # 2020-08-01T00:00:00Z, aligned to any window size ≤ 1 day
+    popular_domains: int = 8
+    rare_domains: int = 12
+    median_events_per_user: float = 4.0
+    max_events_per_user: int = 400
+    seed: int | None = 0
+
+    def window_starts(self) -> list[int]:
+        return [self.start_s + i * self.window_size_s for i in range(self.windows)]
+
+
+def user_id(i: int) -> str:
+    return f"employee-{i:04d}@corp.example"
+
+
+def popular_domain(i: int) -> str:
+    return f"site{i:02d}.example"
+
+
+def rare_domain(i: int) -> str:
+    return f"rare-{i:03d}.example"
+
+
+def browser_log_events(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
+    """Events in event-time order; ``timestamp`` is epoch milliseconds."""
+    rng = random.Random(spec.seed)  # noqa: S311 — synthetic data, not a privacy draw
+    weights = [1.0 / (r + 1) ** 1.1 for r in range(spec.popular_domains)]
+    favourites = [
+        rng.choices(range(spec.popular_domains), weights=weights, k=3) for _ in range(spec.users)
+    ]
+    countries = [rng.choice(COUNTRIES) for _ in range(spec.users)]
+    rare_owner = [rng.randrange(1, max(2, spec.users)) for _ in range(spec.rare_domains)]
+    for w, start in enumerate(spec.window_starts()):
+        batch: list[dict[str, Any]] = []
+        for u in range(spec.users):
+            if u == 0 and w >= spec.windows // 2:
+                continue  # the leaver
+            # Heavy tail: Pareto with shape 1.2, scaled to the median.
+            n = int(spec.median_events_per_user * rng.paretovariate(1.2) / 2 ** (1 / 1.2))
+            n = max(1, min(spec.max_events_per_user, n))
+            for _ in range(n):
+                domain = popular_domain(rng.choice(favourites[u]))
+                batch.append(_event(u, start, spec, rng, domain, countries[u]))
+        for r, owner in enumerate(rare_owner):
+            if (r + w) % 2 == 0:  # each rare domain shows up in every other window
+                for _ in range(rng.randint(1, 3)):
+                    batch.append(_event(owner, start, spec, rng, rare_domain(r), countries[owner]))
+        batch.sort(key=lambda e: e["timestamp"])
+        yield from batch
+
+
+def _event(
+    u: int, start: int, spec: BrowserLogSpec, rng: random.Random, domain: str, country: str
+) -> dict[str, Any]:
+    t_ms = start * 1000 + rng.randrange(spec.window_size_s * 1000)
+    return {"user_id": user_id(u), "timestamp": t_ms, "domain": domain, "country": country}

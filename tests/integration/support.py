@@ -1,0 +1,171 @@
+"""Helpers for integration tests against the embedded broker: produce, read back, run workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from stream_dp.config import load_config
+
+Record = tuple[str | None, dict[str, Any]]
+
+
+async def produce(
+    bootstrap: str, topic: str, values: Iterable[bytes], key_of: Callable[[bytes], bytes | None]
+) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    n = 0
+    try:
+        futures = []
+        for v in values:
+            futures.append(await producer.send(topic, v, key=key_of(v)))
+            n += 1
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return n
+
+
+async def produce_events(bootstrap: str, topic: str, events: Iterable[dict[str, Any]]) -> int:
+    """Events as JSON, keyed by user id (as producers should)."""
+    encoded = [orjson.dumps(e) for e in events]
+
+    def key_of(v: bytes) -> bytes | None:
+        uid = orjson.loads(v).get("user_id")
+        return None if uid is None else str(uid).encode()
+
+    return await produce(bootstrap, topic, encoded, key_of)
+
+
+async def read_topic(
+    bootstrap: str,
+    topic: str,
+    *,
+    until: Callable[[list[tuple[str | None, bytes]]], bool] | None = None,
+    timeout_s: float = 60.0,
+    settle_s: float = 0.0,
+) -> list[tuple[str | None, bytes]]:
+    """All records of a topic from the beginning (manual assignment, no group).
+
+    Reads until ``until(records)`` holds (then ``settle_s`` more to catch duplicates) or the
+    deadline passes; without ``until``, reads until nothing new arrives for 1 s.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    out: list[tuple[str | None, bytes]] = []
+    try:
+        parts = await _partitions(consumer, topic)
+        consumer.assign([TopicPartition(topic, p) for p in parts])
+        await consumer.seek_to_beginning()
+        deadline = time.monotonic() + timeout_s
+        satisfied_at: float | None = None
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=200)
+            for msgs in batch.values():
+                for m in msgs:
+                    out.append((m.key.decode() if m.key else None, m.value))
+            now = time.monotonic()
+            if batch:
+                quiet_since = now
+            if until is None:
+                if now - quiet_since >= 1.0:
+                    return out
+                continue
+            if satisfied_at is None and until(out):
+                satisfied_at = now
+            if satisfied_at is not None and now - satisfied_at >= settle_s:
+                return out
+        if until is not None:
+            raise AssertionError(
+                f"timed out after {timeout_s} s reading {topic}: {len(out)} records"
+            )
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return sorted(parts)
+        await consumer._client.force_metadata_update()
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"topic {topic} has no partitions")
+
+
+def decode_values(records: Sequence[tuple[str | None, bytes]]) -> list[Record]:
+    return [(k, orjson.loads(v)) for k, v in records]
+
+
+def windows_done(
+    queries: Sequence[str], n_windows: int
+) -> Callable[[list[tuple[str | None, bytes]]], bool]:
+    """``until`` predicate: a window record for every (query, window)."""
+
+    def check(records: list[tuple[str | None, bytes]]) -> bool:
+        seen = set()
+        for _, v in records:
+            d = orjson.loads(v)
+            if d.get("kind") == "window":
+                seen.add((d["query"], d["window_start"]))
+        return len(seen) >= len(queries) * n_windows
+
+    return check
+
+
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_worker(
+    config_path: Path, log_path: Path, env: dict[str, str] | None = None
+) -> WorkerProcess:
+    """``stream-dp run`` as a real subprocess (so it can be SIGTERMed or SIGKILLed)."""
+    full_env = {**os.environ, **(env or {})}
+    handle = log_path.open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config_path)],
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        env=full_env,
+    )
+    handle.close()
+    return WorkerProcess(proc, log_path)
+
+
+def topics_of(config_path: Path) -> dict[str, str]:
+    c = load_config(config_path)
+    return {
+        "input": c.input.topic,
+        "output": c.output.topic,
+        "dead_letter": c.output.dead_letter_topic,
+        "ledger": c.output.ledger_topic,
+    }

@@ -1,0 +1,93 @@
+"""`stream-dp replay` on a file and the worker on the same events as a topic agree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from stream_dp.broker.topics import apply_topics
+from stream_dp.cli.main import main
+from stream_dp.config import load_config
+from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
+from tests.integration.support import (
+    decode_values,
+    produce_events,
+    read_topic,
+    start_worker,
+    topics_of,
+    windows_done,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+MakeConfig = Callable[[dict[str, Any] | None], Path]
+
+
+def _shape(records: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], Any]:
+    out = {}
+    for r in records:
+        group = orjson.dumps(r.get("group"), option=orjson.OPT_SORT_KEYS).decode()
+        value = r["value"] if r["kind"] == "release" else r["released_keys"]
+        out[(r["kind"], r["query"], r["window_start"], group)] = (value, sorted(r))
+    return out
+
+
+async def test_replay_matches_worker(
+    kafka_bootstrap: str,
+    config_factory: MakeConfig,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STREAM_DP_ALLOW_UNSAFE_TEST_MODE", "1")
+    # k above every user's activity, so the bounded counts are exact and deterministic.
+    spec = BrowserLogSpec(users=80, windows=3, window_size_s=10, max_events_per_user=30)
+    cfg = config_factory(
+        {
+            "privacy": {
+                "unsafe_test_mode": True,
+                "epsilon_per_window": 2e6,
+                "max_epsilon_per_horizon": 1e12,
+            },
+            "bounds": {"max_contributions_per_window": 200},
+            "queries": [
+                {
+                    "name": "visits",
+                    "group_by": ["domain"],
+                    "epsilon": 1e6,
+                    "keys": {"domain": [f"site{i:02d}.example" for i in range(8)]},
+                },
+                {
+                    "name": "people",
+                    "statistic": "count_distinct_users",
+                    "group_by": ["country"],
+                    "epsilon": 1e6,
+                    "keys": {"country": ["DE", "FR", "NL", "US"]},
+                },
+            ],
+        }
+    )
+    events = list(browser_log_events(spec))
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(e) for e in events) + b"\n")
+    assert main(["replay", "--config", str(cfg), "--input", str(path), "--json"]) == 0
+    replayed = [orjson.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+
+    await apply_topics(load_config(cfg), kafka_bootstrap, include_input=True)
+    topics = topics_of(cfg)
+    await produce_events(kafka_bootstrap, topics["input"], events)
+    worker = start_worker(cfg, tmp_path / "worker.log")
+    try:
+        out = await read_topic(
+            kafka_bootstrap,
+            topics["output"],
+            until=windows_done(["visits", "people"], spec.windows),
+            timeout_s=60,
+        )
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    streamed = [v for _, v in decode_values(out)]
+    assert _shape(replayed) == _shape(streamed)

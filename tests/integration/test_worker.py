@@ -1,0 +1,278 @@
+"""The streaming worker end to end on the embedded broker, as a real `stream-dp run` process."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+
+from stream_dp.broker.topics import apply_topics
+from stream_dp.config import load_config
+from stream_dp.synthetic.browser_logs import LEAVER, BrowserLogSpec, browser_log_events
+from tests.integration.support import (
+    decode_values,
+    produce,
+    produce_events,
+    read_topic,
+    start_worker,
+    topics_of,
+    windows_done,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+TOPICS = Path(__file__).resolve().parents[2] / "topics"
+MakeConfig = Callable[[dict[str, Any] | None], Path]
+TEST_MODE = {"STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"}
+LARGE_EPSILON = {
+    "unsafe_test_mode": True,
+    "epsilon_per_window": 2e6,
+    "max_epsilon_per_horizon": 1e12,
+}
+
+
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    schema = json.loads((TOPICS / f"{name}.schema.json").read_text())
+    registry_base = jsonschema.Draft202012Validator(schema)
+    return registry_base
+
+
+async def _prepare(cfg_path: Path, bootstrap: str) -> dict[str, str]:
+    await apply_topics(load_config(cfg_path), bootstrap, include_input=True)
+    return topics_of(cfg_path)
+
+
+def _releases(records: list[tuple[str | None, dict[str, Any]]]) -> list[dict[str, Any]]:
+    return [v for _, v in records if v["kind"] == "release"]
+
+
+async def test_end_to_end_private_and_public_keys(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    spec = BrowserLogSpec(users=250, windows=4, window_size_s=10)
+    cfg = config_factory(
+        {
+            "bounds": {
+                "max_contributions_per_window": 20,
+                "max_keys_per_user": 3,
+                "max_contributions_per_key": 10,
+            },
+            "queries": [
+                {"name": "visits_by_domain", "group_by": ["domain"], "epsilon": 0.5, "delta": 1e-6},
+                {
+                    "name": "users_by_country",
+                    "statistic": "count_distinct_users",
+                    "group_by": ["country"],
+                    "keys": {"country": ["DE", "FR", "NL", "US", "BE"]},
+                    "epsilon": 0.5,
+                },
+            ],
+        }
+    )
+    topics = await _prepare(cfg, kafka_bootstrap)
+    events = list(browser_log_events(spec))
+    await produce_events(kafka_bootstrap, topics["input"], events)
+    worker = start_worker(cfg, tmp_path / "worker.log")
+    try:
+        out = await read_topic(
+            kafka_bootstrap,
+            topics["output"],
+            until=windows_done(["visits_by_domain", "users_by_country"], spec.windows),
+            timeout_s=90,
+        )
+    finally:
+        code = worker.terminate()
+    assert code == 0, worker.log()
+    records = decode_values(out)
+    release_schema, window_schema = _validator("release"), _validator("window")
+    for _, value in records:
+        (release_schema if value["kind"] == "release" else window_schema).validate(value)
+    starts = {v["window_start"] for _, v in records}
+    assert len(starts) == spec.windows
+    by_window: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for v in _releases(records):
+        by_window[(v["query"], v["window_start"])].append(v)
+    for start in starts:
+        countries = {v["group"]["country"] for v in by_window[("users_by_country", start)]}
+        assert countries == {"DE", "FR", "NL", "US", "BE"}  # public keys, BE has no data
+        domains = {v["group"]["domain"] for v in by_window[("visits_by_domain", start)]}
+        assert "site00.example" in domains
+        assert not any(d.startswith("rare-") for d in domains), domains
+    # Invariant 1: no raw user id anywhere the service writes.
+    for topic in (topics["output"], topics["ledger"], topics["dead_letter"]):
+        blob = b"".join(v for _, v in await read_topic(kafka_bootstrap, topic))
+        assert b"employee-" not in blob and b"@corp.example" not in blob
+    assert "employee-" not in worker.log() and LEAVER not in worker.log()
+
+
+async def test_bounding_caps_one_heavy_user(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    k = 5
+    cfg = config_factory(
+        {
+            "privacy": LARGE_EPSILON,
+            "bounds": {"max_contributions_per_window": k},
+            "queries": [
+                {
+                    "name": "visits",
+                    "group_by": ["domain"],
+                    "epsilon": 1e6,
+                    "keys": {"domain": ["heavy.example"]},
+                }
+            ],
+        }
+    )
+    topics = await _prepare(cfg, kafka_bootstrap)
+    t0 = 1_596_240_000
+    events = [
+        {"user_id": "heavy", "timestamp": t0 + i % 10, "domain": "heavy.example"}
+        for i in range(10 * k)
+    ]
+    events += [
+        {"user_id": f"light{u}", "timestamp": t0 + 9.5, "domain": "heavy.example"}
+        for u in range(3)
+        for _ in range(2)
+    ]
+    await produce_events(kafka_bootstrap, topics["input"], events)
+    worker = start_worker(cfg, tmp_path / "worker.log", TEST_MODE)
+    try:
+        out = await read_topic(
+            kafka_bootstrap, topics["output"], until=windows_done(["visits"], 1), timeout_s=60
+        )
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    (release,) = _releases(decode_values(out))
+    # The heavy user's 50 events move the count by exactly k (noise is ~0 at ε = 1e6).
+    assert release["value"] == k + 6
+
+
+async def test_bad_input_goes_to_dead_letter(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    cfg = config_factory(
+        {
+            "privacy": LARGE_EPSILON,
+            "input": {"max_record_bytes": 512},
+            "bounds": {"max_contributions_per_window": 1000},
+            "queries": [
+                {
+                    "name": "visits",
+                    "group_by": ["domain"],
+                    "epsilon": 1e6,
+                    "keys": {"domain": ["a.example"]},
+                }
+            ],
+        }
+    )
+    topics = await _prepare(cfg, kafka_bootstrap)
+    t0 = 1_596_240_000
+    bad_kinds: list[tuple[str, bytes]] = [
+        ("not_json", b"{oops"),
+        ("not_object", b'["secret-user-1", 1596240001]'),
+        ("missing_user", b'{"timestamp": 1596240001, "domain": "a.example"}'),
+        ("bad_timestamp", b'{"user_id": "secret-user-2", "timestamp": "later"}'),
+        ("too_large", b'{"user_id": "secret-user-3", "pad": "' + b"x" * 600 + b'"}'),
+        ("bad_user", b'{"user_id": ["secret-user-4"], "timestamp": 1596240001}'),
+        ("bad_field", b'{"user_id": "secret-user-5", "timestamp": 1596240001, "domain": {}}'),
+        ("not_utf8", b"\xff\xfe\xfd"),
+    ]
+    values: list[bytes] = []
+    expected: dict[str, int] = defaultdict(int)
+    good = 0
+    for i in range(1000):
+        reason, raw = bad_kinds[i % len(bad_kinds)]
+        values.append(raw)
+        expected[reason] += 1
+        if i % 2 == 0:
+            values.append(
+                orjson.dumps(
+                    {
+                        "user_id": f"secret-good-{i % 97}",
+                        "timestamp": t0 + (i % 10),
+                        "domain": "a.example",
+                    }
+                )
+            )
+            good += 1
+    await produce(kafka_bootstrap, topics["input"], values, lambda v: None)
+    worker = start_worker(cfg, tmp_path / "worker.log", TEST_MODE)
+    try:
+        dead = await read_topic(
+            kafka_bootstrap,
+            topics["dead_letter"],
+            until=lambda r: len(r) >= 1000,
+            timeout_s=60,
+            settle_s=0.5,
+        )
+        out = await read_topic(
+            kafka_bootstrap, topics["output"], until=windows_done(["visits"], 1), timeout_s=60
+        )
+        assert worker.proc.poll() is None  # still running: bad input never crashes it
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    dead_values = decode_values(dead)
+    schema = _validator("dead_letter")
+    got: dict[str, int] = defaultdict(int)
+    for _, v in dead_values:
+        schema.validate(v)
+        got[v["reason"]] += 1
+        assert "payload" not in v
+    assert dict(got) == dict(expected)
+    assert b"secret-" not in b"".join(v for _, v in dead)
+    (release,) = _releases(decode_values(out))
+    assert release["value"] == good
+
+
+async def test_idle_stream_closes_window_by_wall_clock(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    size, grace, idle = 4, 1, 2
+    cfg = config_factory(
+        {
+            "window": {"size_s": size, "grace_s": grace, "idle_close_s": idle},
+            "queries": [
+                {
+                    "name": "visits",
+                    "group_by": ["domain"],
+                    "epsilon": 1.0,
+                    "keys": {"domain": ["a.example"]},
+                }
+            ],
+        }
+    )
+    topics = await _prepare(cfg, kafka_bootstrap)
+    worker = start_worker(cfg, tmp_path / "worker.log")
+    try:
+        # Wait until the worker has joined its group (ready) by polling its log.
+        deadline = time.monotonic() + 30
+        while "partitions assigned" not in worker.log():
+            assert time.monotonic() < deadline, worker.log()
+            await read_topic(kafka_bootstrap, topics["output"], timeout_s=0.3)
+        now = time.time()
+        window_end = (math.floor(now / size) + 1) * size
+        await produce_events(
+            kafka_bootstrap,
+            topics["input"],
+            [{"user_id": f"u{i}", "timestamp": now, "domain": "a.example"} for i in range(5)],
+        )
+        await read_topic(
+            kafka_bootstrap,
+            topics["output"],
+            until=windows_done(["visits"], 1),
+            timeout_s=window_end + grace + idle + 15 - time.time(),
+        )
+        released_at = time.time()
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    # Bound: window end + grace, or the idle timeout after the last event, plus slack for
+    # polling and publishing. No new event arrived after the window.
+    assert released_at <= max(window_end + grace, now + idle) + 5.0
