@@ -356,9 +356,8 @@ class Engine:
 
     def _update_gauges(self) -> None:
         open_windows = self.open_windows()
-        self.metrics.windows_open.set(len(open_windows))
-        if open_windows:
-            self.metrics.oldest_open_window_end.set(self.windows.end_of(open_windows[0]))
+        oldest_end = self.windows.end_of(open_windows[0]) if open_windows else None
+        self.metrics.set_open_windows(len(open_windows), oldest_end)
 
     @property
     def signature_count(self) -> int:

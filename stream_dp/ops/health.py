@@ -1,0 +1,88 @@
+"""Liveness and readiness of one worker.
+
+- **live**: the worker loop is turning. The loop calls :meth:`Health.beat` every iteration;
+  live means the last beat is at most ``live_timeout_s`` old. It does not depend on the broker:
+  a worker waiting for an unreachable broker is alive (restarting it would not help), a worker
+  whose loop is stuck is not (restarting it would). Until the first beat, the moment of
+  construction counts as one, so a worker gets ``live_timeout_s`` to start its loop.
+- **ready**: every component reports ok: input partitions assigned, producer connected,
+  release ledger loaded. Readiness says nothing about liveness; an orchestrator checks both.
+
+The clock is injectable (``clock=``, a monotonic ``() -> float`` in seconds) so tests never
+sleep.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from stream_dp.ops.metrics import Metrics
+
+#: The components that must all be ok for the worker to be ready.
+COMPONENTS: Final[tuple[str, ...]] = ("partitions_assigned", "producer_connected", "ledger_loaded")
+
+DEFAULT_LIVE_TIMEOUT_S: Final = 30.0
+
+
+class Health:
+    """Liveness (loop beats) and readiness (component flags) of one worker."""
+
+    def __init__(
+        self,
+        *,
+        live_timeout_s: float = DEFAULT_LIVE_TIMEOUT_S,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not live_timeout_s > 0:
+            raise ValueError(f"live_timeout_s must be > 0, got {live_timeout_s!r}")
+        self.live_timeout_s = live_timeout_s
+        self._metrics = metrics
+        self._clock = clock
+        self._last_beat = clock()
+        self._beats = 0
+        self._components: dict[str, bool] = dict.fromkeys(COMPONENTS, False)
+        self._publish_ready()
+
+    def beat(self) -> None:
+        """Record that the worker loop ran one more iteration."""
+        self._last_beat = self._clock()
+        self._beats += 1
+
+    def set(self, component: str, ok: bool) -> None:
+        """Report one component's state; ``component`` is one of :data:`COMPONENTS`."""
+        if component not in self._components:
+            raise ValueError(
+                f"unknown health component {component!r}; use one of {', '.join(COMPONENTS)}"
+            )
+        self._components[component] = bool(ok)
+        self._publish_ready()
+
+    def live(self, now: float | None = None) -> bool:
+        """True while the last beat is at most ``live_timeout_s`` old (``now``: clock time)."""
+        return self._beat_age(now) <= self.live_timeout_s
+
+    def ready(self) -> bool:
+        """True when every component reports ok."""
+        return all(self._components.values())
+
+    def status(self, now: float | None = None) -> dict[str, Any]:
+        """The state as plain data, for the JSON body of ``/health/*``."""
+        return {
+            "live": self.live(now),
+            "ready": self.ready(),
+            "components": dict(self._components),
+            "last_beat_age_s": round(self._beat_age(now), 3),
+            "live_timeout_s": self.live_timeout_s,
+            "beats": self._beats,
+        }
+
+    def _beat_age(self, now: float | None) -> float:
+        return (self._clock() if now is None else now) - self._last_beat
+
+    def _publish_ready(self) -> None:
+        if self._metrics is not None:
+            self._metrics.ready.set(1 if self.ready() else 0)

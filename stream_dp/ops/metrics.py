@@ -1,0 +1,326 @@
+"""Prometheus metrics of one worker, named the Prometheus way.
+
+Rules every metric here follows (``tests/ops/test_metrics.py`` checks them):
+
+- prefix ``stream_dp_``, snake_case, base units (``_seconds``, ``_records``), ``_total`` on
+  counters and never on gauges;
+- the only labels are ``query`` (a configured query name), ``partition`` (an input partition
+  number) and ``reason`` (a bad-record reason code): never a user, a pseudonym or a group key.
+  Metrics are a release channel too: nothing here is a per-user or per-key count.
+
+Each :class:`Metrics` owns its own :class:`~prometheus_client.CollectorRegistry`, so several
+workers (or tests) in one process never collide, and nothing is registered globally.
+
+The worker updates the attributes directly (``metrics.events_consumed.inc(n)``,
+``metrics.windows_released.labels(query=q).inc()``); the few helpers below encode
+conventions that are easy to get wrong (what "no open window" looks like, dropping the lag
+series of a revoked partition).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import platform
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.metrics_core import Metric
+
+from stream_dp import __version__
+
+PREFIX = "stream_dp_"
+
+#: Release delay: from a window's end to its publication. Grace and idle-close put it in the
+#: seconds-to-minutes range; a day is the outer edge worth distinguishing.
+RELEASE_DELAY_BUCKETS_S: tuple[float, ...] = (
+    1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+    7200.0, 21600.0, 43200.0, 86400.0,
+)  # fmt: skip
+
+#: One consumed batch, decode to bounding: 100 µs to 10 s.
+BATCH_PROCESSING_BUCKETS_S: tuple[float, ...] = (
+    1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+)  # fmt: skip
+
+
+class _WithoutCreated:
+    """A view of a registry without the ``*_created`` series of counters and histograms.
+
+    In the 0.0.4 text format prometheus_client exposes each counter's creation time as an
+    extra gauge family (``..._created``), doubling the series count for no operational use.
+    Filtering here keeps that choice local instead of flipping prometheus_client's global
+    ``disable_created_metrics()`` for every registry in the process.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            if family.type in ("counter", "histogram", "summary"):
+                created = f"{family.name}_created"
+                kept = [s for s in family.samples if s.name != created]
+                copy = Metric(family.name, family.documentation, family.type, family.unit)
+                copy.samples = kept
+                yield copy
+            else:
+                yield family
+
+
+def _sample_names(family: Metric) -> set[str]:
+    """Every sample name a family can expose, whether or not a labelled child exists yet."""
+    name = family.name
+    if family.type == "counter":
+        return {f"{name}_total"}
+    if family.type == "histogram":
+        return {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    if family.type == "summary":
+        return {name, f"{name}_sum", f"{name}_count"}
+    if family.type == "info":
+        return {f"{name}_info"}
+    return {name}
+
+
+class Metrics:
+    """All metrics of one stream-dp worker, in a registry of its own.
+
+    ``queries``, ``partitions`` and ``reasons`` pre-create the labelled series with value 0,
+    so that dashboards and ``rate()``/``increase()`` alerts see a series from the start
+    instead of only after the first event.
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry | None = None,
+        queries: Iterable[str] = (),
+        partitions: Iterable[int] = (),
+        reasons: Iterable[str] = (),
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+
+        # --- input ------------------------------------------------------------------------
+        self.events_consumed = Counter(
+            "stream_dp_events_consumed",
+            "Records read from the input topic, valid or not (bad records included).",
+            registry=r,
+        )
+        self.bad_records = Counter(
+            "stream_dp_bad_records",
+            "Input records that could not be used and went to the dead-letter topic, "
+            "by reason code (e.g. not JSON, missing user or time field, too large).",
+            ["reason"],
+            registry=r,
+        )
+        self.late_events = Counter(
+            "stream_dp_late_events",
+            "Valid events dropped because their window had already closed "
+            "(event time older than the watermark).",
+            registry=r,
+        )
+        self.events_dropped_by_bounding = Counter(
+            "stream_dp_events_dropped_by_bounding",
+            "Valid events left out by contribution bounding (a user's per-window, per-key "
+            "or distinct-key limit was reached). A high share means the bounds are tight.",
+            registry=r,
+        )
+        self.replayed_events_skipped = Counter(
+            "stream_dp_replayed_events_skipped",
+            "Events re-read after a restart that belong to windows already released; "
+            "dropped so that no window is ever computed twice.",
+            registry=r,
+        )
+
+        # --- windows and releases ---------------------------------------------------------
+        self.windows_open = Gauge(
+            "stream_dp_windows_open",
+            "Event-time windows currently open (collecting events, not yet released).",
+            registry=r,
+        )
+        self.windows_released = Counter(
+            "stream_dp_windows_released",
+            "Windows closed and released, per query.",
+            ["query"],
+            registry=r,
+        )
+        self.releases_published = Counter(
+            "stream_dp_releases_published",
+            "Noisy release records written to the output topic, per query "
+            "(one per released group key, ledger republications included).",
+            ["query"],
+            registry=r,
+        )
+        self.keys_released = Counter(
+            "stream_dp_keys_released",
+            "Group keys published with a noisy value, per query (summed over windows).",
+            ["query"],
+            registry=r,
+        )
+        self.keys_suppressed = Counter(
+            "stream_dp_keys_suppressed",
+            "Candidate group keys withheld by partition selection (below the threshold), "
+            "per query, summed over windows. Operators only: an exact, non-private count.",
+            ["query"],
+            registry=r,
+        )
+        self.budget_exhausted = Counter(
+            "stream_dp_budget_exhausted",
+            "Releases refused because the window or horizon privacy budget would be "
+            "exceeded, per query. Any increase means numbers are missing from the output.",
+            ["query"],
+            registry=r,
+        )
+
+        # --- privacy budget ---------------------------------------------------------------
+        self.epsilon_spent = Gauge(
+            "stream_dp_window_epsilon_spent",
+            "Privacy loss epsilon spent by the query on the most recently released window.",
+            ["query"],
+            registry=r,
+        )
+        self.epsilon_remaining = Gauge(
+            "stream_dp_window_epsilon_remaining",
+            "Per-window epsilon budget minus what the most recently released window spent "
+            "(over all queries).",
+            registry=r,
+        )
+        self.horizon_epsilon_spent = Gauge(
+            "stream_dp_horizon_epsilon_spent",
+            "Epsilon one user can have lost over the rolling horizon of recent windows.",
+            registry=r,
+        )
+        self.horizon_epsilon_remaining = Gauge(
+            "stream_dp_horizon_epsilon_remaining",
+            "Horizon epsilon budget minus what the rolling horizon has spent. "
+            "At 0, releases are refused until old windows leave the horizon.",
+            registry=r,
+        )
+
+        # --- latency ------------------------------------------------------------------------
+        self.release_delay = Histogram(
+            "stream_dp_release_delay_seconds",
+            "Wall-clock time from a window's end to the publication of its release "
+            "(grace period and idle-close wait included).",
+            buckets=RELEASE_DELAY_BUCKETS_S,
+            registry=r,
+        )
+        self.batch_processing = Histogram(
+            "stream_dp_batch_processing_seconds",
+            "Time to process one consumed batch of input records (decode, pseudonymize, "
+            "window, bound).",
+            buckets=BATCH_PROCESSING_BUCKETS_S,
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "stream_dp_consumer_lag_records",
+            "Records between the worker's position and the partition's high watermark, per "
+            "assigned input partition. Approximate on the embedded broker, whose high "
+            "watermark is the last batch's base offset + 1, not the log end (BROKER.md); "
+            "exact on Apache Kafka.",
+            ["partition"],
+            registry=r,
+        )
+
+        # --- release ledger ---------------------------------------------------------------
+        self.ledger_windows_loaded = Counter(
+            "stream_dp_ledger_windows_loaded",
+            "Released (query, window) entries read back from the release ledger at start-up.",
+            registry=r,
+        )
+        self.ledger_republished = Counter(
+            "stream_dp_ledger_republished",
+            "Windows whose stored release was republished from the ledger unchanged "
+            "(after a crash between ledger write and output publish). Never redrawn.",
+            registry=r,
+        )
+
+        # --- time ---------------------------------------------------------------------------
+        self.watermark = Gauge(
+            "stream_dp_watermark_timestamp_seconds",
+            "Current event-time watermark (Unix time): windows ending before it are closed.",
+            registry=r,
+        )
+        self.oldest_open_window_end = Gauge(
+            "stream_dp_oldest_open_window_end_timestamp_seconds",
+            "End (Unix time) of the oldest window still open; NaN when no window is open. "
+            "Release is due at this end plus the grace period.",
+            registry=r,
+        )
+        self.last_release = Gauge(
+            "stream_dp_last_release_timestamp_seconds",
+            "Wall-clock time (Unix) of the last window release published; 0 before the first.",
+            registry=r,
+        )
+
+        # --- health -----------------------------------------------------------------------
+        self.ready = Gauge(
+            "stream_dp_ready",
+            "1 when the worker is ready (partitions assigned, producer connected, release "
+            "ledger loaded), else 0.",
+            registry=r,
+        )
+        self.broker_errors = Counter(
+            "stream_dp_broker_errors",
+            "Errors talking to the Kafka broker (retried with back-off when retriable).",
+            registry=r,
+        )
+        self.build_info = Info(
+            "stream_dp_build",
+            "Version of stream-dp and of Python this worker runs.",
+            registry=r,
+        )
+        self.build_info.info({"version": __version__, "python": platform.python_version()})
+
+        self.oldest_open_window_end.set(math.nan)
+        for query in queries:
+            self.add_query(query)
+        for partition in partitions:
+            self.consumer_lag.labels(partition=str(partition)).set(0)
+        for reason in reasons:
+            self.bad_records.labels(reason=reason)
+
+    # ---------------------------------------------------------------------------------------
+
+    def add_query(self, query: str) -> None:
+        """Create the per-query series at zero (call once per configured query)."""
+        for counter in (
+            self.windows_released,
+            self.releases_published,
+            self.keys_released,
+            self.keys_suppressed,
+            self.budget_exhausted,
+        ):
+            counter.labels(query=query)
+        self.epsilon_spent.labels(query=query).set(0)
+
+    def set_open_windows(self, count: int, oldest_end_s: float | None) -> None:
+        """Record how many windows are open and when the oldest ends (None: none open)."""
+        self.windows_open.set(count)
+        self.oldest_open_window_end.set(math.nan if oldest_end_s is None else oldest_end_s)
+
+    def set_consumer_lag(self, partition: int, lag_records: int) -> None:
+        """Lag of one assigned partition (negative values, seen on the embedded broker, → 0)."""
+        self.consumer_lag.labels(partition=str(partition)).set(max(0, lag_records))
+
+    def forget_partition(self, partition: int) -> None:
+        """Drop the lag series of a revoked partition, so a stale value doesn't linger."""
+        with contextlib.suppress(KeyError):
+            self.consumer_lag.remove(str(partition))
+
+    def exposition(self) -> bytes:
+        """All metrics in the Prometheus text format 0.0.4 (what ``/metrics`` serves)."""
+        return generate_latest(_WithoutCreated(self.registry))
+
+    def names(self) -> set[str]:
+        """Every sample name this worker can expose (``..._total``, ``..._bucket``, ...).
+
+        Derived from the metric definitions, so labelled metrics without a child yet are
+        included; alert rules and dashboards are checked against this set.
+        """
+        names: set[str] = set()
+        for family in self.registry.collect():
+            names |= _sample_names(family)
+        return names

@@ -1,0 +1,112 @@
+"""Liveness follows the loop's beats (injectable clock, no sleeps); readiness the components."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream_dp.ops.health import COMPONENTS, Health
+from stream_dp.ops.metrics import Metrics
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_ready_only_when_every_component_is_set() -> None:
+    health = Health(clock=FakeClock())
+    assert not health.ready()
+    for component in COMPONENTS[:-1]:
+        health.set(component, True)
+        assert not health.ready(), f"ready before {COMPONENTS[-1]}"
+    health.set(COMPONENTS[-1], True)
+    assert health.ready()
+    health.set("producer_connected", False)
+    assert not health.ready()
+
+
+def test_components_are_the_agreed_three() -> None:
+    assert set(COMPONENTS) == {"partitions_assigned", "producer_connected", "ledger_loaded"}
+
+
+def test_unknown_component_is_refused() -> None:
+    with pytest.raises(ValueError, match="partitions_assigned"):
+        Health().set("partition_assigned", True)
+
+
+def test_live_is_independent_of_readiness() -> None:
+    clock = FakeClock()
+    health = Health(clock=clock)
+    health.beat()
+    assert health.live() and not health.ready()
+    for component in COMPONENTS:
+        health.set(component, True)
+    clock.now += 31
+    assert health.ready() and not health.live()
+
+
+def test_live_fails_when_beats_stop_and_recovers_on_the_next_beat() -> None:
+    clock = FakeClock()
+    health = Health(live_timeout_s=30, clock=clock)
+    health.beat()
+    clock.now += 30
+    assert health.live()
+    clock.now += 0.001
+    assert not health.live()
+    health.beat()
+    assert health.live()
+
+
+def test_start_up_counts_as_a_beat() -> None:
+    clock = FakeClock()
+    health = Health(live_timeout_s=10, clock=clock)
+    assert health.live()
+    clock.now += 10.5
+    assert not health.live()
+
+
+def test_live_accepts_an_explicit_now() -> None:
+    clock = FakeClock(100.0)
+    health = Health(live_timeout_s=5, clock=clock)
+    health.beat()
+    assert health.live(now=104.0)
+    assert not health.live(now=106.0)
+
+
+def test_status_is_plain_data_for_the_json_body() -> None:
+    clock = FakeClock()
+    health = Health(live_timeout_s=30, clock=clock)
+    health.set("ledger_loaded", True)
+    health.beat()
+    clock.now += 2.5
+    assert health.status() == {
+        "live": True,
+        "ready": False,
+        "components": {
+            "partitions_assigned": False,
+            "producer_connected": False,
+            "ledger_loaded": True,
+        },
+        "last_beat_age_s": 2.5,
+        "live_timeout_s": 30,
+        "beats": 1,
+    }
+
+
+def test_ready_gauge_follows_readiness() -> None:
+    metrics = Metrics()
+    health = Health(metrics=metrics, clock=FakeClock())
+    assert metrics.ready._value.get() == 0
+    for component in COMPONENTS:
+        health.set(component, True)
+    assert metrics.ready._value.get() == 1
+    health.set("partitions_assigned", False)
+    assert metrics.ready._value.get() == 0
+
+
+def test_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="live_timeout_s"):
+        Health(live_timeout_s=0)

@@ -1,0 +1,154 @@
+"""Log lines: one JSON object per line with context fields; raw-id fields never emitted."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from stream_dp.config import parse_config
+from stream_dp.ops.logging import FORBIDDEN_EXTRA_KEYS, configure_logging
+
+log = logging.getLogger("stream_dp.test.ops")
+
+
+@pytest.fixture(autouse=True)
+def restore_root_logger() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
+
+
+def lines_of(stream: io.StringIO) -> list[dict[str, Any]]:
+    text = stream.getvalue()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_one_json_object_per_line_with_context_fields() -> None:
+    out = io.StringIO()
+    configure_logging("INFO", "json", stream=out)
+    log.info(
+        "bad record: %s at offset %d",
+        "not_json",
+        17,
+        extra={"topic": "events", "partition": 3, "offset": 17},
+    )
+    log.warning(
+        "window %s released",
+        "2020-08-01T00:00:00Z",
+        extra={"window": "2020-08-01T00:00:00Z", "query": "visits_by_domain"},
+    )
+    log.debug("not shown at INFO")
+    first, second = lines_of(out)
+    assert first["msg"] == "bad record: not_json at offset 17"
+    assert first["level"] == "INFO"
+    assert first["logger"] == "stream_dp.test.ops"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", first["ts"])
+    assert (first["topic"], first["partition"], first["offset"]) == ("events", 3, 17)
+    assert "window" not in first
+    assert second["window"] == "2020-08-01T00:00:00Z"
+    assert second["query"] == "visits_by_domain"
+    assert second["level"] == "WARNING"
+
+
+def test_messages_with_newlines_and_exceptions_stay_one_line() -> None:
+    out = io.StringIO()
+    configure_logging("INFO", "json", stream=out)
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        log.exception("failed\nwith two lines")
+    (entry,) = lines_of(out)
+    assert entry["msg"] == "failed\nwith two lines"
+    assert entry["level"] == "ERROR"
+    assert "RuntimeError: boom" in entry["exc"]
+
+
+@pytest.mark.parametrize("forbidden", sorted(FORBIDDEN_EXTRA_KEYS))
+def test_raw_id_fields_are_dropped(forbidden: str) -> None:
+    out = io.StringIO()
+    configure_logging("INFO", "json", stream=out)
+    log.info("careless call", extra={forbidden: "alice@example.com", "partition": 1})
+    (entry,) = lines_of(out)
+    assert forbidden not in entry
+    assert "alice@example.com" not in out.getvalue()
+    assert entry["redacted"] == [forbidden]
+    assert entry["partition"] == 1
+    assert entry["msg"] == "careless call"
+
+
+def test_forbidden_names_match_case_insensitively_and_in_console_format() -> None:
+    out = io.StringIO()
+    configure_logging("INFO", "console", stream=out)
+    log.info("careless call", extra={"User_Id": "u-42", "Payload": "{...}", "topic": "events"})
+    text = out.getvalue()
+    assert "u-42" not in text and "{...}" not in text
+    assert "topic=events" in text
+    assert "redacted=['Payload', 'User_Id']" in text
+
+
+def test_the_agreed_forbidden_keys() -> None:
+    assert {"user_id", "user", "payload", "key", "value"} == FORBIDDEN_EXTRA_KEYS
+
+
+def test_console_format_is_readable() -> None:
+    out = io.StringIO()
+    configure_logging("DEBUG", "console", stream=out)
+    log.debug("closed %d windows", 2, extra={"query": "q1"})
+    line = out.getvalue().rstrip("\n")
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z DEBUG   stream_dp\.test\.ops: "
+        r"closed 2 windows  query=q1",
+        line,
+    ), line
+
+
+def test_reconfiguring_replaces_the_handler_and_level() -> None:
+    first, second = io.StringIO(), io.StringIO()
+    configure_logging("INFO", "json", stream=first)
+    configure_logging("WARNING", "json", stream=second)
+    log.info("dropped at WARNING")
+    log.warning("once")
+    assert first.getvalue() == ""
+    assert [e["msg"] for e in lines_of(second)] == ["once"]
+
+
+def test_lazy_formatting_is_not_evaluated_below_the_level() -> None:
+    class Exploding:
+        def __str__(self) -> str:
+            raise AssertionError("formatted although the level is off")
+
+    out = io.StringIO()
+    configure_logging("WARNING", "json", stream=out)
+    log.info("value %s", Exploding())
+    assert out.getvalue() == ""
+
+
+def test_bad_level_or_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="log level"):
+        configure_logging("LOUD", "json")
+    with pytest.raises(ValueError, match="log format"):
+        configure_logging("INFO", "xml")  # type: ignore[arg-type]
+
+
+def test_level_comes_from_config_or_its_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    minimal = {"queries": [{"name": "q", "epsilon": 0.5, "keys": {"d": ["a"]}, "group_by": ["d"]}]}
+    assert parse_config(minimal).logging.level == "INFO"
+    monkeypatch.setenv("STREAM_DP_LOGGING__LEVEL", "DEBUG")
+    config = parse_config(minimal)
+    assert config.logging.level == "DEBUG"
+    out = io.StringIO()
+    configure_logging(config.logging.level, config.logging.format, stream=out)
+    log.debug("visible")
+    assert lines_of(out)[0]["msg"] == "visible"

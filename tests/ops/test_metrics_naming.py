@@ -1,0 +1,256 @@
+"""Metrics are named the Prometheus way (promtool's rules, plus ours) and parse back."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.parser import text_string_to_metric_families
+
+from stream_dp.ops.metrics import (
+    BATCH_PROCESSING_BUCKETS_S,
+    RELEASE_DELAY_BUCKETS_S,
+    Metrics,
+)
+
+ALLOWED_LABELS = {"query", "partition", "reason", "le"}
+BUILD_INFO_LABELS = {"version", "python"}
+FORBIDDEN_LABELS = {"user", "user_id", "key", "domain", "pseudonym", "group", "value"}
+SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
+NON_BASE_UNITS = re.compile(
+    r"_(milliseconds|millis|ms|microseconds|us|nanoseconds|ns|minutes|hours|days|"
+    r"kilobytes|kb|megabytes|mb|bits|percent)(_|$)"
+)
+TIME_WORDS = re.compile(r"(seconds|duration|delay|latency|time|timestamp|age)")
+
+#: The public contract: attribute → (exposed sample name, type, label names).
+EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "events_consumed": ("stream_dp_events_consumed_total", "counter", ()),
+    "bad_records": ("stream_dp_bad_records_total", "counter", ("reason",)),
+    "late_events": ("stream_dp_late_events_total", "counter", ()),
+    "events_dropped_by_bounding": ("stream_dp_events_dropped_by_bounding_total", "counter", ()),
+    "replayed_events_skipped": ("stream_dp_replayed_events_skipped_total", "counter", ()),
+    "windows_open": ("stream_dp_windows_open", "gauge", ()),
+    "windows_released": ("stream_dp_windows_released_total", "counter", ("query",)),
+    "releases_published": ("stream_dp_releases_published_total", "counter", ("query",)),
+    "keys_released": ("stream_dp_keys_released_total", "counter", ("query",)),
+    "keys_suppressed": ("stream_dp_keys_suppressed_total", "counter", ("query",)),
+    "budget_exhausted": ("stream_dp_budget_exhausted_total", "counter", ("query",)),
+    "epsilon_spent": ("stream_dp_window_epsilon_spent", "gauge", ("query",)),
+    "epsilon_remaining": ("stream_dp_window_epsilon_remaining", "gauge", ()),
+    "horizon_epsilon_spent": ("stream_dp_horizon_epsilon_spent", "gauge", ()),
+    "horizon_epsilon_remaining": ("stream_dp_horizon_epsilon_remaining", "gauge", ()),
+    "release_delay": ("stream_dp_release_delay_seconds", "histogram", ()),
+    "batch_processing": ("stream_dp_batch_processing_seconds", "histogram", ()),
+    "consumer_lag": ("stream_dp_consumer_lag_records", "gauge", ("partition",)),
+    "ledger_windows_loaded": ("stream_dp_ledger_windows_loaded_total", "counter", ()),
+    "ledger_republished": ("stream_dp_ledger_republished_total", "counter", ()),
+    "watermark": ("stream_dp_watermark_timestamp_seconds", "gauge", ()),
+    "oldest_open_window_end": (
+        "stream_dp_oldest_open_window_end_timestamp_seconds",
+        "gauge",
+        (),
+    ),
+    "last_release": ("stream_dp_last_release_timestamp_seconds", "gauge", ()),
+    "ready": ("stream_dp_ready", "gauge", ()),
+    "broker_errors": ("stream_dp_broker_errors_total", "counter", ()),
+    "build_info": ("stream_dp_build_info", "info", ("version", "python")),
+}
+
+
+def naming_violations(exposition: str) -> list[str]:
+    """promtool-style lint of a text exposition, plus stream-dp's own rules."""
+    problems: list[str] = []
+    for family in text_string_to_metric_families(exposition):
+        name = family.name
+        sample_names = {s.name for s in family.samples}
+        if not name.startswith("stream_dp_"):
+            problems.append(f"{name}: missing the stream_dp_ prefix")
+        if not SNAKE.match(name):
+            problems.append(f"{name}: not snake_case")
+        if NON_BASE_UNITS.search(name):
+            problems.append(f"{name}: not in base units (use _seconds, _bytes, ratios)")
+        if TIME_WORDS.search(name) and not name.endswith("_seconds"):
+            problems.append(f"{name}: a time must be in _seconds")
+        if not family.documentation or len(family.documentation) < 20:
+            problems.append(f"{name}: help text missing or too short")
+        if family.type == "counter":
+            if not all(n.endswith("_total") for n in sample_names):
+                problems.append(f"{name}: counter samples must end in _total: {sample_names}")
+        elif any(n.endswith("_total") for n in sample_names | {name}):
+            problems.append(f"{name}: a {family.type} must not end in _total")
+        if name.endswith("_created") or any(n.endswith("_created") for n in sample_names):
+            problems.append(f"{name}: _created series are not exposed")
+        for sample in family.samples:
+            labels = set(sample.labels)
+            # The 0.0.4 text format exposes an Info as a gauge named ..._info.
+            info = family.type == "info" or name.endswith("_info")
+            allowed = ALLOWED_LABELS | (BUILD_INFO_LABELS if info else set())
+            if labels & FORBIDDEN_LABELS:
+                problems.append(
+                    f"{sample.name}: forbidden label {sorted(labels & FORBIDDEN_LABELS)}"
+                )
+            elif not labels <= allowed:
+                problems.append(f"{sample.name}: unexpected labels {sorted(labels - allowed)}")
+    return problems
+
+
+def populated() -> Metrics:
+    """A Metrics with a child for every labelled metric and a value in every series."""
+    m = Metrics(queries=["visits_by_domain"], partitions=[0, 1], reasons=["not_json"])
+    m.events_consumed.inc(10)
+    m.bad_records.labels(reason="missing_user").inc()
+    m.late_events.inc()
+    m.events_dropped_by_bounding.inc(3)
+    m.replayed_events_skipped.inc(2)
+    m.windows_released.labels(query="visits_by_domain").inc()
+    m.releases_published.labels(query="visits_by_domain").inc(4)
+    m.keys_released.labels(query="visits_by_domain").inc(4)
+    m.keys_suppressed.labels(query="visits_by_domain").inc(7)
+    m.budget_exhausted.labels(query="visits_by_domain").inc()
+    m.epsilon_spent.labels(query="visits_by_domain").set(0.5)
+    m.epsilon_remaining.set(0.5)
+    m.horizon_epsilon_spent.set(3.0)
+    m.horizon_epsilon_remaining.set(21.0)
+    m.release_delay.observe(42.0)
+    m.batch_processing.observe(0.002)
+    m.set_consumer_lag(0, 12)
+    m.ledger_windows_loaded.inc()
+    m.ledger_republished.inc()
+    m.watermark.set(1_596_283_200.0)
+    m.set_open_windows(2, 1_596_286_800.0)
+    m.last_release.set(1_596_283_260.0)
+    m.ready.set(1)
+    m.broker_errors.inc()
+    return m
+
+
+def test_naming_rules_hold_for_every_exposed_family() -> None:
+    text = populated().exposition().decode()
+    assert naming_violations(text) == []
+
+
+def test_the_naming_check_catches_bad_names() -> None:
+    registry = CollectorRegistry()
+    Counter("requests", "h", registry=registry).inc()
+    Gauge("stream_dp_queue_total", "A gauge wrongly named like a counter.", registry=registry)
+    Gauge("stream_dp_lag_ms", "Lag in milliseconds is not a base unit.", registry=registry)
+    Gauge("stream_dp_delay", "A time without its unit in the name.", registry=registry)
+    Gauge(
+        "stream_dp_per_user", "Per-user series are forbidden.", ["user"], registry=registry
+    ).labels(user="alice").set(1)
+    from prometheus_client import generate_latest
+
+    problems = "\n".join(naming_violations(generate_latest(registry).decode()))
+    assert "requests: missing the stream_dp_ prefix" in problems
+    assert "requests: help text missing" in problems
+    assert "stream_dp_queue_total: a gauge must not end in _total" in problems
+    assert "stream_dp_lag_ms: not in base units" in problems
+    assert "stream_dp_delay: a time must be in _seconds" in problems
+    assert "forbidden label ['user']" in problems
+
+
+@pytest.mark.parametrize("attribute", sorted(EXPECTED))
+def test_attribute_exposes_the_agreed_name_type_and_labels(attribute: str) -> None:
+    sample_name, kind, labels = EXPECTED[attribute]
+    m = populated()
+    metric = getattr(m, attribute)
+    assert metric._type == kind  # prometheus_client's own type tag
+    suffix = "_count" if kind == "histogram" else ""
+    assert sample_name + suffix in m.names()
+    parsed = {
+        s.name: s
+        for fam in text_string_to_metric_families(m.exposition().decode())
+        for s in fam.samples
+    }
+    assert sample_name + suffix in parsed
+    exposed_labels = set(parsed[sample_name + suffix].labels) - {"le"}
+    assert exposed_labels == set(labels)
+
+
+def test_every_attribute_is_listed_in_the_contract() -> None:
+    m = Metrics()
+    from prometheus_client.metrics import MetricWrapperBase
+
+    exposed = {a for a, v in vars(m).items() if isinstance(v, MetricWrapperBase)}
+    assert exposed == set(EXPECTED)
+
+
+def test_names_covers_labelled_metrics_before_their_first_child() -> None:
+    names = Metrics().names()
+    assert "stream_dp_windows_released_total" in names
+    assert "stream_dp_bad_records_total" in names
+    assert "stream_dp_consumer_lag_records" in names
+    assert {
+        "stream_dp_release_delay_seconds_bucket",
+        "stream_dp_release_delay_seconds_sum",
+        "stream_dp_release_delay_seconds_count",
+    } <= names
+
+
+def test_names_matches_what_is_exposed_once_every_series_exists() -> None:
+    m = populated()
+    exposed = {
+        s.name
+        for fam in text_string_to_metric_families(m.exposition().decode())
+        for s in fam.samples
+    }
+    assert exposed == m.names()
+
+
+def test_exposition_parses_back_with_the_values_set() -> None:
+    m = populated()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(m.exposition().decode())
+        for s in fam.samples
+    }
+    assert samples[("stream_dp_events_consumed_total", ())] == 10
+    assert samples[("stream_dp_bad_records_total", (("reason", "missing_user"),))] == 1
+    assert samples[("stream_dp_bad_records_total", (("reason", "not_json"),))] == 0
+    assert samples[("stream_dp_consumer_lag_records", (("partition", "0"),))] == 12
+    assert samples[("stream_dp_consumer_lag_records", (("partition", "1"),))] == 0
+    assert samples[("stream_dp_window_epsilon_spent", (("query", "visits_by_domain"),))] == 0.5
+    assert samples[("stream_dp_release_delay_seconds_count", ())] == 1
+    assert samples[("stream_dp_release_delay_seconds_bucket", (("le", "60.0"),))] == 1
+    assert samples[("stream_dp_release_delay_seconds_bucket", (("le", "30.0"),))] == 0
+    assert samples[("stream_dp_windows_open", ())] == 2
+    build = [k for k in samples if k[0] == "stream_dp_build_info"]
+    assert len(build) == 1 and dict(build[0][1])["version"]
+
+
+def test_two_workers_in_one_process_do_not_collide() -> None:
+    a, b = Metrics(queries=["q"]), Metrics(queries=["q"])
+    a.events_consumed.inc(5)
+    a.windows_released.labels(query="q").inc()
+    assert b"stream_dp_events_consumed_total 0.0" in b.exposition()
+    assert b"stream_dp_events_consumed_total 5.0" in a.exposition()
+    assert a.registry is not b.registry
+
+
+def test_buckets_are_in_seconds_over_the_agreed_ranges() -> None:
+    assert RELEASE_DELAY_BUCKETS_S[0] == 1.0 and RELEASE_DELAY_BUCKETS_S[-1] == 86_400.0
+    assert BATCH_PROCESSING_BUCKETS_S[0] == 1e-4 and BATCH_PROCESSING_BUCKETS_S[-1] == 10.0
+    for buckets in (RELEASE_DELAY_BUCKETS_S, BATCH_PROCESSING_BUCKETS_S):
+        assert list(buckets) == sorted(set(buckets))
+
+
+def test_no_open_window_is_nan_not_zero() -> None:
+    m = Metrics()
+    assert math.isnan(m.oldest_open_window_end._value.get())
+    m.set_open_windows(1, 1_000.0)
+    assert m.oldest_open_window_end._value.get() == 1_000.0
+    m.set_open_windows(0, None)
+    assert math.isnan(m.oldest_open_window_end._value.get())
+    assert m.windows_open._value.get() == 0
+
+
+def test_revoked_partition_lag_series_is_removed() -> None:
+    m = Metrics(partitions=[3])
+    m.set_consumer_lag(3, -5)  # the embedded broker's high watermark can be behind
+    assert b'stream_dp_consumer_lag_records{partition="3"} 0.0' in m.exposition()
+    m.forget_partition(3)
+    m.forget_partition(3)  # idempotent
+    assert b'partition="3"' not in m.exposition()
