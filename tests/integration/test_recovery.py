@@ -124,7 +124,7 @@ async def test_sigterm_mid_window_then_restart_releases_once_with_all_events(
                 "epsilon_per_window": 2e6,
                 "max_epsilon_per_horizon": 1e12,
             },
-            "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 300},
+            "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 20},
             "bounds": {"max_contributions_per_window": 100},
             "queries": [
                 {
@@ -157,9 +157,10 @@ async def test_sigterm_mid_window_then_restart_releases_once_with_all_events(
     assert worker.terminate() == 0, worker.log()  # graceful: exit 0
     first = decode_values(await read_topic(kafka_bootstrap, topics["output"]))
     assert {v["window_start"] for _, v in first} == {"2020-08-01T00:00:00Z"}  # w1 not early
-    # Second half of window 1, and window 2 so the watermark passes window 1.
+    # Second half of window 1, and window 2 on every partition so the watermark passes
+    # window 1 (a partition with nothing new holds it back until idle_close_s).
     await produce_events(
-        kafka_bootstrap, topics["input"], events(1, range(20, 35), 8) + events(2, range(3), 5)
+        kafka_bootstrap, topics["input"], events(1, range(20, 35), 8) + events(2, range(40), 5)
     )
     worker = start_worker(cfg, tmp_path / "w2.log", TEST_MODE)
     try:
