@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,9 @@ from stream_dp.windows import TumblingWindows, WatermarkTracker
 from stream_dp.windows.tumbling import iso_utc
 
 log = logging.getLogger(__name__)
+
+#: (query, window start, exact bounded aggregates per group key) — see Engine.__init__.
+ExactTotalsObserver = Callable[[str, int, Mapping[tuple[Any, ...], KeyAggregate]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +64,13 @@ class Engine:
         ledger: LedgerIndex | None = None,
         metrics: Metrics | None = None,
         sampling_rng: random.Random | None = None,
+        exact_totals_observer: ExactTotalsObserver | None = None,
     ) -> None:
         self.config = config
+        # Sees the exact bounded totals before noise. Only the demo passes one (its data is
+        # synthetic, so showing true values beside private ones is the point); the worker
+        # and replay never do, and nothing exact is ever published.
+        self._observe_exact = exact_totals_observer
         self.keyring = keyring
         self.ledger = ledger if ledger is not None else LedgerIndex()
         self.metrics = metrics if metrics is not None else Metrics()
@@ -264,6 +272,8 @@ class Engine:
             aggregates = {
                 key: KeyAggregate(t.events, t.users, t.value_sum) for key, t in totals.items()
             }
+            if self._observe_exact is not None:
+                self._observe_exact(q.name, window_start_s, aggregates)
             result = release_query(aggregates, q.plan)
             release_id = new_release_id()
             selection = q.plan.selection.describe() if q.plan.selection is not None else None
@@ -362,6 +372,3 @@ class Engine:
     @property
     def signature_count(self) -> int:
         return len(self._signatures)
-
-
-Clock = Callable[[], float]

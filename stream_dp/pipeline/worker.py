@@ -33,7 +33,7 @@ from stream_dp.broker.client_options import client_kwargs
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.engine import DeadLetter, Engine
+from stream_dp.pipeline.engine import DeadLetter, Engine, ExactTotalsObserver
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
@@ -96,8 +96,10 @@ class Worker:
         bootstrap_servers: str | None = None,
         metrics: Metrics | None = None,
         health: Health | None = None,
+        exact_totals_observer: ExactTotalsObserver | None = None,
     ) -> None:
         self.config = config
+        self._observe_exact = exact_totals_observer
         self.keyring = keyring
         self.bootstrap = bootstrap_servers or config.kafka.bootstrap_servers
         self.metrics = metrics if metrics is not None else Metrics()
@@ -125,7 +127,13 @@ class Worker:
         self.health.set("producer_connected", True)
         try:
             ledger = await self._load_ledger(common)
-            self.engine = Engine(self.config, self.keyring, ledger=ledger, metrics=self.metrics)
+            self.engine = Engine(
+                self.config,
+                self.keyring,
+                ledger=ledger,
+                metrics=self.metrics,
+                exact_totals_observer=self._observe_exact,
+            )
             self.metrics.ledger_windows_loaded.inc(len(ledger))
             await self._republish_unpublished(ledger)
             self.health.set("ledger_loaded", True)
