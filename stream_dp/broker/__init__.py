@@ -1,0 +1,27 @@
+"""The Kafka-protocol edge that knows nothing of DP: the embedded broker for the demo and the
+tests, broker readiness checks, client security options and topic creation from ``topics/``."""
+
+from stream_dp.broker.client_options import client_kwargs
+from stream_dp.broker.embedded import EmbeddedBroker
+from stream_dp.broker.probe import BrokerAddress, wait_for_broker
+from stream_dp.broker.topics import (
+    TopicSpec,
+    apply_topics,
+    default_topics_dir,
+    load_topic_specs,
+    resolve,
+    resolve_all,
+)
+
+__all__ = [
+    "BrokerAddress",
+    "EmbeddedBroker",
+    "TopicSpec",
+    "apply_topics",
+    "client_kwargs",
+    "default_topics_dir",
+    "load_topic_specs",
+    "resolve",
+    "resolve_all",
+    "wait_for_broker",
+]

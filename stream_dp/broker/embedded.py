@@ -1,0 +1,254 @@
+"""The embedded Kafka-protocol broker (Tansu, memory storage) for the demo and the tests.
+
+Topics live in the broker's memory and vanish when it stops. The broker process never outlives
+its owner: it is stopped by :meth:`EmbeddedBroker.stop`, by leaving a ``with`` / ``async with``
+block (also on an exception), at interpreter exit, and — on Linux — by the kernel
+(``PR_SET_PDEATHSIG``) when the owning process dies without cleaning up, even by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import IO, Self
+
+from stream_dp.broker.probe import probe, probe_sync
+from stream_dp.broker.process import die_with_parent, free_port, owns_listener, resolve_binary
+from stream_dp.errors import BrokerError
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: Tansu reads these from the environment; they must not leak in from the caller's shell.
+_TANSU_ENV = ("SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT", "STORAGE_ENGINE", "CLUSTER_ID")
+_PORT_ATTEMPTS = 3
+
+
+class EmbeddedBroker:
+    """A Tansu broker on a loopback port, with memory storage.
+
+    >>> with EmbeddedBroker() as broker:          # doctest: +SKIP
+    ...     print(broker.bootstrap_servers)       # 127.0.0.1:PORT
+
+    Start it from a thread that lives as long as the broker (normally the main thread or the
+    event loop's thread): the kernel kills the broker when the starting *thread* ends.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 30.0,
+        stop_timeout_s: float = 2.0,
+        binary: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._requested_port = port
+        self._host = host
+        self._startup_timeout_s = startup_timeout_s
+        self._stop_timeout_s = stop_timeout_s
+        self._binary = binary
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._last_tail = ""
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise BrokerError("the embedded broker has not been started; call start() first")
+        return self._port
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self._host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise BrokerError("the embedded broker is not running")
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> Self:
+        """Start the broker and block until it answers a Metadata request."""
+        return self._start_attempts(self._wait_sync)
+
+    async def astart(self) -> Self:
+        """Like :meth:`start`, without blocking the event loop while waiting."""
+        for attempt in range(self._attempts()):
+            self._spawn()
+            try:
+                await self._wait_async()
+                return self
+            except BaseException as exc:  # also CancelledError: never leave it running
+                self.stop()
+                if not self._retry(exc, attempt):
+                    raise
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after ``stop_timeout_s``). Idempotent."""
+        proc, self._proc = self._proc, None
+        atexit.unregister(self.stop)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(self._stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._log is not None and proc is not None:
+            self._last_tail = self.output_tail()
+            self._log.close()
+            self._log = None
+
+    def check_alive(self) -> None:
+        """BrokerError (with the broker's last output) if the broker process has exited."""
+        if self._proc is None:
+            raise BrokerError("the embedded broker is not running")
+        code = self._proc.poll()
+        if code is not None:
+            tail = self.output_tail()
+            hint = ""
+            if "Address in use" in tail:
+                hint = f" (port {self._port} is taken: choose another port or let one be picked)"
+            raise BrokerError(
+                f"the embedded broker exited with code {code}{hint}; its last output:\n{tail}"
+            )
+
+    def output_tail(self, max_bytes: int = 4000) -> str:
+        """The last ``max_bytes`` of the broker's stdout/stderr, colour codes removed."""
+        if self._log is None:
+            return self._last_tail
+        size = os.fstat(self._log.fileno()).st_size
+        data = os.pread(self._log.fileno(), max_bytes, max(0, size - max_bytes))
+        return _ANSI.sub("", data.decode("utf-8", errors="replace")).strip()
+
+    # -- context managers ---------------------------------------------------------------
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        return await self.astart()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+    # -- internals ----------------------------------------------------------------------
+    def _attempts(self) -> int:
+        return 1 if self._requested_port is not None else _PORT_ATTEMPTS
+
+    def _retry(self, exc: BaseException, attempt: int) -> bool:
+        """Retry on another free port when ours was taken between choosing and binding."""
+        in_use = isinstance(exc, BrokerError) and "Address in use" in str(exc)
+        return in_use and attempt + 1 < self._attempts()
+
+    def _start_attempts(self, wait: Callable[[], None]) -> Self:
+        for attempt in range(self._attempts()):
+            self._spawn()
+            try:
+                wait()
+                return self
+            except BaseException as exc:  # also KeyboardInterrupt: never leave it running
+                self.stop()
+                if not self._retry(exc, attempt):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
+        if self._proc is not None:
+            raise BrokerError("the embedded broker is already running; call stop() first")
+        binary = self._binary or resolve_binary()
+        port = self._requested_port or free_port(self._host)
+        url = f"tcp://{self._host}:{port}"
+        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
+        env["NO_COLOR"] = "1"
+        # The log file is unlinked at once: nothing is left behind, even after SIGKILL.
+        log = tempfile.TemporaryFile(prefix="stream-dp-broker-", suffix=".log")  # noqa: SIM115 - closed by stop()
+        argv = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                "--storage-engine", "memory://tansu/"]  # fmt: skip
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop it
+                preexec_fn=die_with_parent(),  # PR_SET_PDEATHSIG
+            )
+        except OSError as exc:
+            log.close()
+            raise BrokerError(f"cannot start the embedded broker {binary}: {exc}") from None
+        self._proc, self._log, self._port = proc, log, port
+        atexit.register(self.stop)
+
+    def _not_ready_yet(self, probed: bool) -> bool:
+        self.check_alive()
+        assert self._proc is not None and self._port is not None
+        return not (probed and owns_listener(self._proc.pid, self._port))
+
+    @staticmethod
+    def _attempt_timeout_s(deadline: float) -> float:
+        return min(2.0, max(0.05, deadline - time.monotonic()))
+
+    def _timeout_error(self, last_error: str) -> BrokerError:
+        return BrokerError(
+            f"the embedded broker did not answer on {self.bootstrap_servers} within "
+            f"{self._startup_timeout_s:g} s (last error: {last_error}); its last output:\n"
+            f"{self.output_tail() or '(none)'}"
+        )
+
+    def _wait_sync(self) -> None:
+        deadline = time.monotonic() + self._startup_timeout_s
+        last_error = "no attempt finished"
+        while time.monotonic() < deadline:
+            try:
+                probe_sync(self._host, self.port, self._attempt_timeout_s(deadline))
+                probed = True
+            except (OSError, ValueError) as exc:
+                probed, last_error = False, str(exc) or type(exc).__name__
+            if not self._not_ready_yet(probed):
+                return
+            time.sleep(0.01)
+        self.check_alive()
+        raise self._timeout_error(last_error)
+
+    async def _wait_async(self) -> None:
+        deadline = time.monotonic() + self._startup_timeout_s
+        last_error = "no attempt finished"
+        while time.monotonic() < deadline:
+            try:
+                await probe(self._host, self.port, self._attempt_timeout_s(deadline))
+                probed = True
+            except (OSError, ValueError) as exc:
+                probed, last_error = False, str(exc) or type(exc).__name__
+            if not self._not_ready_yet(probed):
+                return
+            await asyncio.sleep(0.01)
+        self.check_alive()
+        raise self._timeout_error(last_error)

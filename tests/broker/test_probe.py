@@ -1,0 +1,115 @@
+"""wait_for_broker: ready means a real Kafka answer, not an open port."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from stream_dp.broker import wait_for_broker
+from stream_dp.broker.probe import (
+    BrokerAddress,
+    metadata_request,
+    parse_bootstrap,
+    parse_metadata_response,
+)
+from stream_dp.config import KafkaConfig
+from stream_dp.errors import BrokerError, ConfigError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def test_wait_for_broker_returns_once_the_broker_answers(kafka_bootstrap: str) -> None:
+    await wait_for_broker(kafka_bootstrap, timeout_s=5)
+    # any one answering address of a list is enough
+    await wait_for_broker(f"127.0.0.1:{_closed_port()},{kafka_bootstrap}", timeout_s=5)
+
+
+async def test_wait_for_broker_times_out_on_a_closed_port() -> None:
+    port = _closed_port()
+    started = time.monotonic()
+    with pytest.raises(BrokerError, match=rf"no Kafka broker answered at 127.0.0.1:{port}"):
+        await wait_for_broker(f"127.0.0.1:{port}", timeout_s=0.5)
+    assert time.monotonic() - started < 5
+
+
+@pytest.fixture
+async def fake_server() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    servers: list[asyncio.Server] = []
+
+    async def serve(handler: Handler) -> str:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        servers.append(server)
+        return f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    yield serve
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_http_server_is_not_a_broker(
+    fake_server: Callable[[Handler], Awaitable[str]],
+) -> None:
+    async def http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    bootstrap = await fake_server(http)
+    with pytest.raises(BrokerError, match="not a Kafka broker"):
+        await wait_for_broker(bootstrap, timeout_s=0.5)
+
+
+async def test_a_silent_server_is_not_a_broker(
+    fake_server: Callable[[Handler], Awaitable[str]],
+) -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    bootstrap = await fake_server(silent)
+    with pytest.raises(BrokerError, match="no response"):
+        await wait_for_broker(bootstrap, timeout_s=0.5)
+
+
+def test_metadata_response_round_trip() -> None:
+    request = metadata_request(42)
+    (size,) = struct.unpack(">i", request[:4])
+    assert size == len(request) - 4
+    assert struct.unpack(">hhi", request[4:12]) == (3, 0, 42)  # Metadata v0, correlation id
+    host = b"127.0.0.1"
+    response = struct.pack(">iiih", 42, 1, 7, len(host)) + host + struct.pack(">ii", 9092, 0)
+    assert parse_metadata_response(response, 42) == [BrokerAddress(7, "127.0.0.1", 9092)]
+    with pytest.raises(ValueError, match="correlation id"):
+        parse_metadata_response(response, 43)
+    with pytest.raises(ValueError, match="not a Kafka Metadata response"):
+        parse_metadata_response(response[:10], 42)
+
+
+def test_parse_bootstrap() -> None:
+    assert parse_bootstrap("a:1, [::1]:9093") == [("a", 1), ("::1", 9093)]
+    for bad in ("localhost", "host:", ":9092", "host:99999", "host:port"):
+        with pytest.raises(ConfigError, match="is not host:port"):
+            parse_bootstrap(bad)
+
+
+async def test_secured_check_uses_the_security_options(kafka_bootstrap: str) -> None:
+    # The session broker speaks PLAINTEXT: an SSL client must not take it for ready.
+    with pytest.raises(BrokerError, match="no Kafka broker answered"):
+        await wait_for_broker(
+            kafka_bootstrap, timeout_s=1, kafka=KafkaConfig(security_protocol="SSL")
+        )
+    await wait_for_broker(kafka_bootstrap, timeout_s=5, kafka=KafkaConfig())

@@ -1,0 +1,211 @@
+"""The JSON Schemas in topics/: each is a valid draft 2020-12 schema, accepts a real-looking
+record and rejects broken ones."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from stream_dp.broker import load_topic_specs
+from tests.helpers import TOPICS_DIR, deep_merge, schema_validator
+
+RELEASE: dict[str, Any] = {
+    "schema_version": 1,
+    "kind": "release",
+    "release_id": "visits_by_domain/2020-08-01T00:00:00Z/k1",
+    "query": "visits_by_domain",
+    "window_start": "2020-08-01T00:00:00Z",
+    "window_end": "2020-08-01T01:00:00Z",
+    "group": {"domain": "mail.com"},
+    "statistic": "count",
+    "value": 1234,
+    "epsilon": 1.0,
+    "delta": 1e-6,
+    "mechanism": "discrete_laplace",
+    "noise_scale": 40.0,
+    "ci95": 120,
+    "selection": {
+        "strategy": "truncated_geometric",
+        "epsilon": 0.5,
+        "delta": 1e-6,
+        "threshold": 31,
+    },
+}
+WINDOW: dict[str, Any] = {
+    "schema_version": 1,
+    "kind": "window",
+    "release_id": "visits_by_domain/2020-08-01T00:00:00Z/k1",
+    "query": "visits_by_domain",
+    "window_start": "2020-08-01T00:00:00Z",
+    "window_end": "2020-08-01T01:00:00Z",
+    "released_keys": 17,
+    "epsilon_spent": 1.0,
+    "delta_spent": 1e-6,
+    "horizon_epsilon_spent": 7.0,
+}
+DEAD_LETTER: dict[str, Any] = {
+    "schema_version": 1,
+    "kind": "dead_letter",
+    "reason": "not_json",
+    "detail": "expecting value at line 1 column 1",
+    "source_topic": "events",
+    "source_partition": 2,
+    "source_offset": 1041,
+    "received_at": "2020-08-01T12:00:01.250Z",
+}
+LEDGER: dict[str, Any] = {
+    "schema_version": 1,
+    "kind": "ledger",
+    "release_id": RELEASE["release_id"],
+    "query": "visits_by_domain",
+    "window_start": "2020-08-01T00:00:00Z",
+    "window_end": "2020-08-01T01:00:00Z",
+    "part": 0,
+    "parts": 1,
+    "epsilon_spent": 1.0,
+    "delta_spent": 1e-6,
+    "created_at": "2020-08-01T01:01:00Z",
+    "records": [
+        {"key": 'visits_by_domain|2020-08-01T00:00:00Z|{"domain":"mail.com"}', "value": RELEASE},
+        {"key": "visits_by_domain|2020-08-01T00:00:00Z|window", "value": WINDOW},
+    ],
+}
+FENCE = {"schema_version": 1, "kind": "fence", "fence_id": "5f0c6d0e"}
+
+
+def _without(record: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k != key}
+
+
+def _nested(value: Any) -> dict[str, Any]:
+    broken = copy.deepcopy(LEDGER)
+    broken["records"][0]["value"] = value
+    return broken
+
+
+#: schema file → (valid records, invalid records)
+CASES: dict[str, tuple[list[Any], list[Any]]] = {
+    "event.schema.json": (
+        [
+            {"user_id": "u1", "timestamp": "2020-08-01T12:00:00Z", "domain": "mail.com"},
+            {"user_id": 17, "timestamp": 1596283200},
+        ],
+        [
+            {"timestamp": 1596283200},
+            {"user_id": "u1"},
+            {"user_id": 1.5, "timestamp": 1596283200},
+            {"user_id": "u1", "timestamp": None},
+            ["user_id", "timestamp"],
+        ],
+    ),
+    "release.schema.json": (
+        [
+            RELEASE,
+            {**RELEASE, "selection": None, "clamped": True, "group": {}},
+            {**RELEASE, "group": {"a": 1, "b": True, "c": None}, "value": -3.5},
+        ],
+        [
+            _without(RELEASE, "ci95"),
+            _without(RELEASE, "selection"),
+            {**RELEASE, "extra": 1},
+            {**RELEASE, "schema_version": 2},
+            {**RELEASE, "kind": "window"},
+            {**RELEASE, "epsilon": 0},
+            {**RELEASE, "delta": -1e-9},
+            {**RELEASE, "statistic": "median"},
+            {**RELEASE, "mechanism": "laplace"},
+            {**RELEASE, "window_start": "2020-08-01T00:00:00+00:00"},
+            {**RELEASE, "group": {"domain": ["a"]}},
+            {**RELEASE, "selection": {"strategy": "magic", "epsilon": 0.5, "delta": 0}},
+            {**RELEASE, "selection": {"strategy": "truncated_geometric", "epsilon": 0.5}},
+            {**RELEASE, "clamped": "yes"},
+        ],
+    ),
+    "window.schema.json": (
+        [WINDOW],
+        [
+            _without(WINDOW, "release_id"),
+            {**WINDOW, "released_keys": -1},
+            {**WINDOW, "released_keys": 1.5},
+            {**WINDOW, "epsilon_spent": -0.1},
+            {**WINDOW, "value": 3},
+        ],
+    ),
+    "output.schema.json": (
+        [RELEASE, WINDOW],
+        [DEAD_LETTER, {**WINDOW, "kind": "release"}],
+    ),
+    "dead_letter.schema.json": (
+        [DEAD_LETTER, {**DEAD_LETTER, "reason": "too_large", "payload": "{not json"}],
+        [
+            {**DEAD_LETTER, "reason": "bad_vibes"},
+            {**DEAD_LETTER, "source_offset": -1},
+            {**DEAD_LETTER, "source_partition": "2"},
+            _without(DEAD_LETTER, "detail"),
+            {**DEAD_LETTER, "payload": {"user_id": 1}},
+            {**DEAD_LETTER, "user_id": "u1"},
+        ],
+    ),
+    "ledger.schema.json": (
+        [LEDGER, FENCE, {**LEDGER, "part": 2, "parts": 3, "records": []}],
+        [
+            _without(LEDGER, "records"),
+            {**LEDGER, "parts": 0},
+            {**LEDGER, "part": -1},
+            _nested({**RELEASE, "value": "1234"}),
+            _nested(DEAD_LETTER),
+            deep_merge(LEDGER, {"records": [{"key": "k"}]}),
+            {**FENCE, "fence_id": 7},
+            _without(FENCE, "fence_id"),
+            {**FENCE, "kind": "checkpoint"},
+        ],
+    ),
+}
+
+
+def test_every_schema_file_has_cases() -> None:
+    assert sorted(p.name for p in TOPICS_DIR.glob("*.schema.json")) == sorted(CASES)
+
+
+def test_every_topic_names_a_schema_with_cases() -> None:
+    assert {spec.schema for spec in load_topic_specs()} <= set(CASES)
+
+
+@pytest.mark.parametrize("schema_file", sorted(CASES))
+def test_schema_is_valid_2020_12(schema_file: str) -> None:
+    schema = json.loads((TOPICS_DIR / schema_file).read_text(encoding="utf-8"))
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    Draft202012Validator.check_schema(schema)
+
+
+@pytest.mark.parametrize("schema_file", sorted(CASES))
+def test_schema_accepts_valid_records(schema_file: str) -> None:
+    validator = schema_validator(schema_file)
+    for record in CASES[schema_file][0]:
+        validator.validate(record)
+
+
+@pytest.mark.parametrize(
+    ("schema_file", "index"),
+    [(name, i) for name, (_, invalid) in sorted(CASES.items()) for i in range(len(invalid))],
+)
+def test_schema_rejects_invalid_records(schema_file: str, index: int) -> None:
+    record = CASES[schema_file][1][index]
+    assert not schema_validator(schema_file).is_valid(record), record
+
+
+@pytest.mark.parametrize(
+    "schema_file",
+    ["event.schema.json", "release.schema.json", "window.schema.json", "dead_letter.schema.json"],
+)
+def test_record_schemas_work_alone(schema_file: str) -> None:
+    """One file is enough to validate these records (only output/ledger refer to others)."""
+    schema = json.loads((TOPICS_DIR / schema_file).read_text(encoding="utf-8"))
+    validator = Draft202012Validator(schema)
+    for record in CASES[schema_file][0]:
+        validator.validate(record)
+    assert not any(validator.is_valid(record) for record in CASES[schema_file][1])

@@ -1,0 +1,223 @@
+"""Topic definitions in topics/ and creating them: `apply_topics` and `stream-dp topics apply`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from stream_dp.broker import apply_topics, load_topic_specs, resolve, resolve_all
+from stream_dp.config import Config, load_config
+from stream_dp.errors import ConfigError
+from tests.helpers import TOPICS_DIR, ConfigFactory
+
+REPO = Path(__file__).resolve().parents[2]
+SEVEN_DAYS_MS = str(7 * 24 * 3600 * 1000)
+
+
+def _config(config_factory: ConfigFactory, **output: str) -> Config:
+    return load_config(config_factory({"output": output} if output else None))
+
+
+def test_definitions_match_the_config(config_factory: ConfigFactory) -> None:
+    config = _config(config_factory)
+    by_name = {resolve(spec, config): spec for spec in load_topic_specs()}
+    expected = {
+        config.input.topic: (4, "delete", SEVEN_DAYS_MS, "event.schema.json"),
+        config.output.topic: (3, "delete", SEVEN_DAYS_MS, "output.schema.json"),
+        config.output.dead_letter_topic: (1, "delete", SEVEN_DAYS_MS, "dead_letter.schema.json"),
+        config.output.ledger_topic: (3, "compact", "-1", "ledger.schema.json"),
+    }
+    got = {
+        name: (s.partitions, s.config["cleanup.policy"], s.config["retention.ms"], s.schema)
+        for name, s in by_name.items()
+    }
+    assert got == expected
+    assert all(s.replication_factor == 1 and s.description for s in by_name.values())
+    assert [s.is_input for s in by_name.values()].count(True) == 1
+    assert by_name[config.input.topic].is_input
+
+
+def test_replication_factor_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAM_DP_TOPIC_REPLICATION_FACTOR", "3")
+    assert {s.replication_factor for s in load_topic_specs()} == {3}
+    monkeypatch.setenv("STREAM_DP_TOPIC_REPLICATION_FACTOR", "zero")
+    with pytest.raises(ConfigError, match="STREAM_DP_TOPIC_REPLICATION_FACTOR='zero'"):
+        load_topic_specs()
+
+
+def test_missing_topics_dir_names_the_env_var(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STREAM_DP_TOPICS_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match="set STREAM_DP_TOPICS_DIR"):
+        load_topic_specs()
+
+
+def _broken_copy(tmp_path: Path, file: str, old: str, new: str) -> Path:
+    copy = tmp_path / "topics"
+    shutil.copytree(TOPICS_DIR, copy)
+    path = copy / file
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("file", "old", "new", "message"),
+    [
+        ("ledger.yaml", '  retention.ms: "-1"', "", "set config.retention.ms explicitly"),
+        ("ledger.yaml", "{output.ledger_topic}", "{output.ledger}", "not a config setting"),
+        ("ledger.yaml", "partitions: 3", "partitions: 0", "partitions"),
+        ("ledger.yaml", "partitions: 3", "partitions: 3\nretention: 1", "retention"),
+        ("ledger.yaml", "schema: ledger.schema.json", "schema: nope.json", "nope.json is missing"),
+        ("events.yaml", "{input.topic}", "{input.topic", "malformed"),
+    ],
+)
+def test_broken_definitions_are_config_errors(
+    tmp_path: Path, file: str, old: str, new: str, message: str
+) -> None:
+    broken = _broken_copy(tmp_path, file, old, new)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_topic_specs(broken)
+    assert file in str(info.value)
+
+
+def test_two_definitions_with_one_name_are_refused(config_factory: ConfigFactory) -> None:
+    config = _config(config_factory, topic="same", ledger_topic="same")
+    with pytest.raises(ConfigError, match="'same'"):
+        resolve_all(config)
+
+
+def test_invalid_topic_name_names_the_setting(config_factory: ConfigFactory) -> None:
+    config = _config(config_factory, dead_letter_topic="dead letters")
+    with pytest.raises(ConfigError, match=r"output.dead_letter_topic = 'dead letters'"):
+        resolve_all(config)
+
+
+async def _topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    finally:
+        await admin.close()
+    [resource] = response.to_object()["resources"]
+    assert resource["error_code"] == 0, resource
+    return {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
+
+
+async def _partitions(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    return {t["topic"]: len(t["partitions"]) for t in described}
+
+
+async def test_apply_topics_creates_only_missing_ones(
+    config_factory: ConfigFactory, kafka_bootstrap: str
+) -> None:
+    config = _config(config_factory)
+    created = await apply_topics(config, include_input=False)
+    assert sorted(created) == sorted(
+        [config.output.topic, config.output.dead_letter_topic, config.output.ledger_topic]
+    )
+    assert await apply_topics(config) == [config.input.topic]
+    assert await apply_topics(config) == []
+    ledger = await _topic_configs(kafka_bootstrap, config.output.ledger_topic)
+    assert ledger == {"cleanup.policy": "compact", "retention.ms": "-1"}
+
+
+def _stream_dp(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stream_dp.cli.main", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ.copy(),
+    )
+
+
+async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: str) -> None:
+    path = config_factory()
+    config = load_config(path)
+    names = [
+        config.input.topic,
+        config.output.topic,
+        config.output.dead_letter_topic,
+        config.output.ledger_topic,
+    ]
+
+    first = _stream_dp("topics", "apply", "--config", str(path))
+    assert first.returncode == 0, first.stderr
+    assert sorted(line.split()[1] for line in first.stdout.splitlines() if "created:" in line) == (
+        sorted(names)
+    )
+    assert "4 created, 0 already present" in first.stdout
+
+    second = _stream_dp("topics", "apply", "--config", str(path))
+    assert second.returncode == 0, second.stderr
+    assert "created:" not in second.stdout
+    assert sorted(
+        line.removeprefix("already present: ")
+        for line in second.stdout.splitlines()
+        if line.startswith("already present: ")
+    ) == sorted(names)
+
+    assert await _partitions(kafka_bootstrap, names) == dict(zip(names, [4, 3, 1, 3], strict=True))
+    ledger = await _topic_configs(kafka_bootstrap, config.output.ledger_topic)
+    assert ledger["cleanup.policy"] == "compact"
+    releases = await _topic_configs(kafka_bootstrap, config.output.topic)
+    assert releases == {"cleanup.policy": "delete", "retention.ms": SEVEN_DAYS_MS}
+
+
+def test_cli_apply_refuses_embedded(config_factory: ConfigFactory) -> None:
+    path = config_factory({"kafka": {"bootstrap_servers": "embedded"}})
+    result = _stream_dp("topics", "apply", "--config", str(path))
+    assert result.returncode == 2
+    assert "no persistent broker to apply topics to" in result.stderr
+
+
+def test_cli_apply_config_errors_exit_2(tmp_path: Path) -> None:
+    result = _stream_dp("topics", "apply", "--config", str(tmp_path / "missing.yaml"))
+    assert result.returncode == 2
+    assert "not found" in result.stderr
+
+
+def test_cli_apply_unreachable_broker_exits_1(config_factory: ConfigFactory) -> None:
+    path = config_factory({"kafka": {"bootstrap_servers": "127.0.0.1:1"}})
+    result = _stream_dp("topics", "apply", "--config", str(path))
+    assert result.returncode == 1
+    assert "cannot manage topics on 127.0.0.1:1" in result.stderr
+
+
+def test_cli_list_works_offline(config_factory: ConfigFactory) -> None:
+    path = config_factory({"kafka": {"bootstrap_servers": "embedded"}})
+    config = load_config(path)
+    result = _stream_dp("topics", "list", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert f"{config.output.ledger_topic}: 3 partitions" in result.stdout
+    assert "cleanup.policy=compact" in result.stdout
+
+
+def test_config_factory_merges_overrides(config_factory: ConfigFactory) -> None:
+    first, second = config_factory(), config_factory({"window": {"size_s": 60}, "queries": []})
+    data = yaml.safe_load(second.read_text())
+    assert data["window"] == {"size_s": 60, "grace_s": 1, "idle_close_s": 2}
+    assert data["queries"] == []  # lists are replaced, not merged
+    one, two = load_config(first), yaml.safe_load(first.read_text())
+    assert two["output"]["topic"] != data["output"]["topic"]  # fresh names per config
+    assert one.kafka.session_timeout_ms == 2000 and one.metrics.port == 0
+    assert len(os.environ["STREAM_DP_PSEUDONYM_KEY"]) == 64

@@ -1,0 +1,129 @@
+"""Shared fixtures (quix-streams style): one embedded broker per test session, and factories
+that give every test its own topics, consumer groups and config file, so tests never share
+state.
+
+- ``kafka_bootstrap`` → "127.0.0.1:PORT" of the session's broker (``embedded_broker`` is the
+  EmbeddedBroker itself).
+- ``await topic_factory(partitions=1, config=None, prefix="test")`` → a new topic's name;
+  deleted after the test.
+- ``group_id_factory()`` → a new consumer group id.
+- ``config_factory(overrides=None)`` → path of a fresh YAML config using the session broker,
+  new topic names and group id; ``overrides`` are deep-merged (dicts merged, lists replaced).
+  Also sets ``STREAM_DP_PSEUDONYM_KEY`` for the test, and ``STREAM_DP_ALLOW_UNSAFE_TEST_MODE=1``
+  when the overrides turn on ``privacy.unsafe_test_mode``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from stream_dp.broker import EmbeddedBroker
+from tests.helpers import ConfigFactory, GroupIdFactory, TopicFactory, deep_merge
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that need the broker get the ``kafka`` marker (``-m "not kafka"`` skips them)."""
+    for item in items:
+        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+
+
+@pytest.fixture(scope="session")
+def embedded_broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker() as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(embedded_broker: EmbeddedBroker) -> str:
+    return embedded_broker.bootstrap_servers
+
+
+@pytest.fixture
+async def topic_factory(kafka_bootstrap: str) -> AsyncIterator[TopicFactory]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    created: list[str] = []
+
+    async def create(
+        partitions: int = 1, *, config: Mapping[str, str] | None = None, prefix: str = "test"
+    ) -> str:
+        name = _unique(prefix)
+        topic_config = {"retention.ms": "-1", **(config or {})}
+        response = await admin.create_topics([NewTopic(name, partitions, 1, None, topic_config)])
+        errors = [e for e in response.to_object()["topic_errors"] if e["error_code"] != 0]
+        if errors:
+            raise RuntimeError(f"creating test topic {name} failed: {errors}")
+        created.append(name)
+        return name
+
+    try:
+        yield create
+    finally:
+        if created:
+            await admin.delete_topics(created)
+        await admin.close()
+
+
+@pytest.fixture
+def group_id_factory() -> GroupIdFactory:
+    return lambda: _unique("test-group")
+
+
+@pytest.fixture
+def config_factory(
+    tmp_path: Path, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> ConfigFactory:
+    monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", secrets.token_hex(32))
+    numbers = itertools.count(1)
+
+    def make(overrides: Mapping[str, Any] | None = None) -> Path:
+        suffix = uuid.uuid4().hex[:12]
+        base: dict[str, Any] = {
+            "kafka": {
+                "bootstrap_servers": kafka_bootstrap,
+                "group_id": f"stream-dp-{suffix}",
+                "session_timeout_ms": 2000,
+                "heartbeat_interval_ms": 500,
+            },
+            "input": {"topic": f"events-{suffix}"},
+            "output": {
+                "topic": f"releases-{suffix}",
+                "dead_letter_topic": f"dead-letter-{suffix}",
+                "ledger_topic": f"ledger-{suffix}",
+            },
+            "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 2},
+            "privacy": {"epsilon_per_window": 1.0, "delta_per_window": 1.0e-6},
+            "queries": [
+                {
+                    "name": "visits_by_domain",
+                    "statistic": "count",
+                    "group_by": ["domain"],
+                    "epsilon": 1.0,
+                    "delta": 1.0e-6,
+                }
+            ],
+            "metrics": {"port": 0},
+        }
+        path = tmp_path / f"config-{next(numbers)}.yaml"
+        data = deep_merge(base, overrides or {})
+        if data.get("privacy", {}).get("unsafe_test_mode"):
+            # The test asked for it explicitly; also allow it in workers started as subprocesses.
+            monkeypatch.setenv("STREAM_DP_ALLOW_UNSAFE_TEST_MODE", "1")
+        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        return path
+
+    return make
