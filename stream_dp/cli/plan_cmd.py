@@ -1,0 +1,214 @@
+"""``stream-dp plan``: what each query will spend and how noisy its numbers will be.
+
+Reads the configuration (an over-budget one is refused by ``load_config`` with exit code 2),
+plans every query (:func:`stream_dp.privacy.planner.plan_config`) and prints a readable
+table, or with ``--json`` the stable machine form described by
+``stream_dp/privacy/plan.schema.json``. ``--disclosure-risk RHO [--worlds M]`` also prints
+the ε that keeps an adversary's posterior below RHO among M possible worlds (seed 003).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from stream_dp.config import load_config
+from stream_dp.errors import ConfigError
+from stream_dp.privacy.planner import ConfigPlan, QueryPlan, plan_config
+from stream_dp.privacy.risk import disclosure_risk_from_epsilon, epsilon_from_disclosure_risk
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="show each query's ε, δ, noise scale, 95%% interval and selection threshold",
+        description="Plan the releases of a configuration: per query the sensitivity, the "
+        "ε/δ split, the mechanism, the noise scale, the 95%% interval and the partition "
+        "selection; then the window and horizon totals. Refuses an over-budget config.",
+    )
+    parser.add_argument("--config", required=True, metavar="FILE", help="YAML configuration")
+    parser.add_argument("--json", action="store_true", help="print the stable JSON form")
+    parser.add_argument(
+        "--disclosure-risk",
+        type=float,
+        metavar="RHO",
+        help="also print the ε that keeps an adversary's posterior below RHO",
+    )
+    parser.add_argument(
+        "--worlds",
+        type=int,
+        metavar="M",
+        help="possible worlds the adversary weighs (default 2; needs --disclosure-risk)",
+    )
+    parser.set_defaults(func=run)
+
+
+def _risk(args: argparse.Namespace, plan: ConfigPlan) -> dict[str, Any] | None:
+    if args.disclosure_risk is None:
+        if args.worlds is not None:
+            raise ConfigError("--worlds only applies together with --disclosure-risk RHO")
+        return None
+    worlds = 2 if args.worlds is None else args.worlds
+    epsilon = epsilon_from_disclosure_risk(args.disclosure_risk, worlds)
+    return {
+        "rho": args.disclosure_risk,
+        "worlds": worlds,
+        "epsilon": epsilon,
+        "window_epsilon": plan.window.epsilon,
+        "window_risk": disclosure_risk_from_epsilon(plan.window.epsilon, worlds),
+        "window_within_risk": plan.window.epsilon <= epsilon,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    plan = plan_config(config)
+    risk = _risk(args, plan)
+    if args.json:
+        document = plan.describe()
+        document["disclosure_risk"] = risk
+        json.dump(document, sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_table(plan, risk, source=str(args.config)))
+    return 0
+
+
+# ------------------------------------------------------------------- rendering
+
+
+def _num(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if float(x).is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.{digits}g}"
+
+
+def _selection_summary(q: QueryPlan) -> str:
+    sel = q.selection
+    if sel is None:
+        return "public keys"
+    d = sel.describe()
+    if d["threshold"] is None:
+        return (
+            f"{sel.strategy}: p>=0.5 at {d['users_for_half_keep']} users, "
+            f"p=1 at {d['users_for_certain_keep']}"
+        )
+    unit = "count" if sel.tested == "released_count" else "users"
+    return f"{sel.strategy}: keep if noisy {unit} >= {d['threshold']}"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def _query_block(q: QueryPlan) -> list[str]:
+    s = q.sensitivity
+    keys = "private keys" if q.public_keys is None else f"{len(q.public_keys)} public keys"
+    by = ", ".join(q.group_by) or "(no grouping)"
+    lines = [f"{q.name}: {q.statistic} by {by}, {keys}"]
+    units = (
+        f", {s.value_units_per_event} units of {_num(q.granularity)} per event"
+        if (s.value_units_per_event)
+        else ""
+    )
+    lines.append(
+        f"  sensitivity  L0={s.max_partitions_contributed} keys/user, "
+        f"Linf={s.max_contributions_per_partition} per key{units} -> "
+        f"L1={s.l1}, L2={_num(s.l2)}"
+    )
+    lines.append(
+        f"  budget       eps={_num(q.epsilon)} delta={_num(q.delta)}: noise eps="
+        f"{_num(q.noise_epsilon)} delta={_num(q.noise_delta)}, selection eps="
+        f"{_num(q.selection_epsilon)} delta={_num(q.selection_delta)}"
+        + (f" (rho={_num(q.rho)} zCDP)" if q.rho else "")
+    )
+    for c in q.noise:
+        rho = f", rho={_num(c.rho)}" if c.rho is not None else ""
+        lines.append(
+            f"  noise {c.target:<6} {c.mechanism.name}, scale {_num(c.scale)}, "
+            f"95% CI +/-{_num(c.ci95)} (eps={_num(c.epsilon)}{rho})"
+        )
+    if q.statistic == "mean":
+        lines.append("  mean CI      per key: (sum CI + |bound| x count CI) / noisy count")
+    sel = q.selection
+    if sel is not None:
+        d = sel.describe()
+        head = f"  selection    {sel.strategy} (eps={_num(d['epsilon'])}, delta={_num(d['delta'])})"
+        if d["threshold"] is None:
+            head += (
+                f": keep probability >= 0.5 from {d['users_for_half_keep']} users, "
+                f"= 1 from {d['users_for_certain_keep']} users"
+            )
+        else:
+            head += f": {d['rule']} (reference {_num(d['reference_threshold'], 6)})"
+        lines.append(head)
+    if q.clamp_negative:
+        lines.append("  post-process negative values are clamped to 0")
+    return lines
+
+
+def render_table(plan: ConfigPlan, risk: dict[str, Any] | None, *, source: str) -> str:
+    b = plan.bounds
+    lines = [f"stream-dp plan for {source}"]
+    if plan.unsafe_test_mode:
+        lines.append("WARNING: privacy.unsafe_test_mode is on: these numbers are for tests only")
+    lines.append(
+        f"window {plan.window_size_s} s; bounds k={b.max_contributions_per_window} events/user, "
+        f"L0={b.max_keys_per_user or '-'} keys/user, Linf={b.max_contributions_per_key or '-'} "
+        "events/key"
+    )
+    lines.append("")
+    rows = [["query", "statistic", "eps", "delta", "mechanism", "scale", "95% CI", "selection"]]
+    for q in plan.queries:
+        rows.append(
+            [
+                q.name,
+                q.statistic,
+                _num(q.epsilon),
+                _num(q.delta),
+                q.mechanism,
+                _num(q.noise_scale),
+                "+/-" + _num(q.ci95),
+                _selection_summary(q),
+            ]
+        )
+    lines.extend(_table(rows))
+    for q in plan.queries:
+        lines.append("")
+        lines.extend(_query_block(q))
+    w, h = plan.window, plan.horizon
+    lines.append("")
+    lines.append(
+        f"per window   eps={_num(w.epsilon)} of {_num(plan.epsilon_per_window)}, "
+        f"delta={_num(w.delta)} of {_num(plan.delta_per_window)} (basic composition)"
+    )
+    if w.epsilon_zcdp is not None:
+        lines.append(f"             eps={_num(w.epsilon_zcdp)} with Gaussian parts in zCDP")
+    lines.append(
+        f"horizon      {h.windows} windows: eps={_num(h.epsilon)} of cap "
+        f"{_num(plan.max_epsilon_per_horizon)}, delta={_num(h.delta)} (basic composition)"
+    )
+    if h.epsilon_zcdp is not None:
+        lines.append(
+            f"             eps={_num(h.epsilon_zcdp)} with Gaussian parts in zCDP "
+            f"(rho={_num(h.rho)})"
+        )
+    if risk is not None:
+        verdict = "within" if risk["window_within_risk"] else "ABOVE"
+        lines.append("")
+        lines.append(
+            f"disclosure risk {_num(risk['rho'])} among {risk['worlds']} worlds <=> "
+            f"eps={_num(risk['epsilon'])}; the window's eps={_num(risk['window_epsilon'])} "
+            f"is {verdict} it (worst-case posterior {_num(risk['window_risk'])})"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,548 @@
+"""Release planning: from a query's configuration to the exact noise and selection it uses.
+
+A :class:`QueryPlan` is computed once at start (and by ``stream-dp plan``); the worker passes
+it to :func:`stream_dp.privacy.release.release_query` for every window. Everything here is
+deterministic arithmetic on the configuration: no data, no randomness.
+
+Sensitivities (PRIVACY.md, "Bounding a user's contribution"), with k =
+``max_contributions_per_window``, L0 = ``max_keys_per_user`` and Linf =
+``max_contributions_per_key`` (each k when unset, and never above k — a user with k events
+touches at most k keys):
+
+- count:                L1 = min(k, L0·Linf), L2 = min(k, √L0·Linf)   (k only: L1 = L2 = k)
+- count_distinct_users: L1 = L0,              L2 = √L0                 (Linf is 1)
+- sum:                  the count's L1 and L2 times U = ⌈max(|lower|, |upper|)/granularity⌉,
+                        in granularity units (any monotone rounding of a value in
+                        [lower, upper] to a multiple of the granularity stays within ±U)
+- mean:                 a sum and a count, each with its own share of the noise budget.
+
+Budget split of one query's (ε, δ):
+
+- public keys: the noise gets everything (Laplace noise uses no δ).
+- private keys with a distinct-user strategy (``truncated_geometric``, ``laplace_threshold``,
+  ``gaussian_threshold``): selection gets ``selection_epsilon_share``·ε, the noise the rest;
+  with Laplace noise the selection gets all of δ, with Gaussian noise δ is split in half.
+- ``count_threshold``: the released count uses all of ε and the threshold all of δ
+  (Gaussian noise: δ/2 each), because the threshold tests the released count itself.
+- mean: ``mean_count_share`` of the noise ε (and δ) goes to the count, the rest to the sum.
+
+Gaussian noise is calibrated through zCDP: ρ is the largest value whose CKS20 conversion
+fits the component's (ε, δ), σ = Δ2/√(2ρ). :func:`plan_config` reports window and horizon
+totals by basic composition and, when Gaussian noise is used, also with the Gaussian parts
+composed in zCDP (tighter over a long horizon).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from stream_dp.config.model import BoundsConfig, Config, QueryConfig, Scalar, Statistic
+from stream_dp.errors import ConfigError
+from stream_dp.privacy.calibration import zcdp_epsilon
+from stream_dp.privacy.mechanisms import (
+    DiscreteGaussian,
+    DiscreteLaplace,
+    MechanismName,
+    NoiseMechanism,
+)
+from stream_dp.privacy.partition_selection import (
+    CountThreshold,
+    GaussianThreshold,
+    PartitionSelection,
+    make_selection,
+)
+
+GroupKey = tuple[Scalar, ...]
+NoiseTarget = Literal["value", "sum", "count"]
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """How much one user can move the vector a noise component perturbs (in noise units)."""
+
+    max_partitions_contributed: int
+    max_contributions_per_partition: int
+    l1: int
+    l2_squared: int
+    #: sum/mean: |value| per event in granularity units (U); None for counts.
+    value_units_per_event: int | None = None
+
+    @property
+    def l2(self) -> float:
+        return math.sqrt(self.l2_squared)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "max_partitions_contributed": self.max_partitions_contributed,
+            "max_contributions_per_partition": self.max_contributions_per_partition,
+            "l1": self.l1,
+            "l2": self.l2,
+            "value_units_per_event": self.value_units_per_event,
+        }
+
+
+@dataclass(frozen=True)
+class PrivacyCharge:
+    """One part of a query's spend. ``rho`` is set for parts that are ρ-zCDP (Gaussian
+    noise), whose ``delta`` is then the δ of their conversion to (ε, δ)."""
+
+    part: str
+    epsilon: float
+    delta: float
+    rho: float | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"part": self.part, "epsilon": self.epsilon, "delta": self.delta, "rho": self.rho}
+
+
+@dataclass(frozen=True)
+class NoiseComponent:
+    """Noise on one released vector: the values, or a mean's sum or count."""
+
+    target: NoiseTarget
+    mechanism: NoiseMechanism
+    sensitivity: Sensitivity
+    epsilon: float
+    delta: float
+    #: zCDP parameter (discrete Gaussian only).
+    rho: float | None
+    #: Released units per noise unit (the granularity for sums, 1 for counts).
+    unit: float = 1.0
+
+    @property
+    def scale(self) -> float:
+        """Noise scale in released units (b or σ times ``unit``)."""
+        return self.mechanism.scale * self.unit
+
+    @property
+    def ci95(self) -> float:
+        """95% half-width in released units."""
+        return self.mechanism.ci95() * self.unit
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "mechanism": self.mechanism.name,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "rho": self.rho,
+            "l1_sensitivity": self.sensitivity.l1,
+            "l2_sensitivity": self.sensitivity.l2,
+            "scale_noise_units": self.mechanism.scale,
+            "unit": self.unit,
+            "scale": self.scale,
+            "ci95": self.ci95,
+        }
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """Everything :func:`~stream_dp.privacy.release.release_query` needs for one query."""
+
+    name: str
+    statistic: Statistic
+    group_by: tuple[str, ...]
+    mechanism: MechanismName
+    #: Sensitivity of the primary released vector (values; a mean's sum).
+    sensitivity: Sensitivity
+    #: The query's whole share, charged to every window.
+    epsilon: float
+    delta: float
+    noise_epsilon: float
+    noise_delta: float
+    selection_epsilon: float
+    selection_delta: float
+    #: Primary component first (value, or a mean's sum), then a mean's count.
+    noise: tuple[NoiseComponent, ...]
+    #: Scale and 95% half-width of the primary component, in released units.
+    noise_scale: float
+    ci95: float
+    #: None for public keys.
+    selection: PartitionSelection | None
+    #: Cartesian product of the public lists in group_by order; None for private keys.
+    public_keys: tuple[GroupKey, ...] | None
+    charges: tuple[PrivacyCharge, ...]
+    granularity: float | None = None
+    #: max(|lower|, |upper|) for sum/mean (bounds a mean's error).
+    value_bound: float | None = None
+    clamp_negative: bool = False
+    unsafe_test_mode: bool = False
+    #: δ configured for the query but not needed by its mechanisms (Laplace on public keys).
+    delta_unused: float = field(default=0.0)
+
+    @property
+    def rho(self) -> float:
+        """Σ ρ over the zCDP parts (0 when no Gaussian noise)."""
+        return math.fsum(c.rho for c in self.charges if c.rho is not None)
+
+    def describe(self) -> dict[str, Any]:
+        """The stable machine form (validated by ``plan.schema.json``)."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "statistic": self.statistic,
+            "group_by": list(self.group_by),
+            "keys": "private" if self.public_keys is None else "public",
+            "public_key_count": None if self.public_keys is None else len(self.public_keys),
+            "mechanism": self.mechanism,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "delta_unused": self.delta_unused,
+            "noise_epsilon": self.noise_epsilon,
+            "noise_delta": self.noise_delta,
+            "selection_epsilon": self.selection_epsilon,
+            "selection_delta": self.selection_delta,
+            "rho": self.rho if any(c.rho is not None for c in self.charges) else None,
+            "sensitivity": self.sensitivity.describe(),
+            "granularity": self.granularity,
+            "noise": [c.describe() for c in self.noise],
+            "noise_scale": self.noise_scale,
+            "ci95": self.ci95,
+            "mean_ci95": None,
+            "selection": None if self.selection is None else self.selection.describe(),
+            "charges": [c.describe() for c in self.charges],
+            "clamp_negative": self.clamp_negative,
+        }
+        if self.statistic == "mean":
+            out["mean_ci95"] = (
+                "per key: (ci95_sum_97.5 + value_bound * ci95_count_97.5) / max(1, noisy count)"
+            )
+        return out
+
+
+def _effective_bounds(bounds: BoundsConfig) -> tuple[int, int, int]:
+    k = bounds.max_contributions_per_window
+    l0 = min(bounds.max_keys_per_user or k, k)
+    linf = min(bounds.max_contributions_per_key or k, k)
+    return k, l0, linf
+
+
+def count_sensitivity(bounds: BoundsConfig) -> Sensitivity:
+    """Bounded event counts per key."""
+    k, l0, linf = _effective_bounds(bounds)
+    return Sensitivity(
+        max_partitions_contributed=l0,
+        max_contributions_per_partition=linf,
+        l1=min(k, l0 * linf),
+        l2_squared=min(k * k, l0 * linf * linf),
+    )
+
+
+def distinct_users_sensitivity(bounds: BoundsConfig) -> Sensitivity:
+    """Distinct users per key: one user adds one to at most L0 keys."""
+    _, l0, _ = _effective_bounds(bounds)
+    return Sensitivity(
+        max_partitions_contributed=l0, max_contributions_per_partition=1, l1=l0, l2_squared=l0
+    )
+
+
+def value_units_per_event(query: QueryConfig) -> int:
+    """U = ⌈max(|lower|, |upper|) / granularity⌉."""
+    assert query.lower is not None and query.upper is not None
+    bound = max(abs(query.lower), abs(query.upper))
+    return max(1, math.ceil(bound / query.value_granularity))
+
+
+def sum_sensitivity(query: QueryConfig, bounds: BoundsConfig) -> Sensitivity:
+    counts = count_sensitivity(bounds)
+    units = value_units_per_event(query)
+    return Sensitivity(
+        max_partitions_contributed=counts.max_partitions_contributed,
+        max_contributions_per_partition=counts.max_contributions_per_partition,
+        l1=counts.l1 * units,
+        l2_squared=counts.l2_squared * units * units,
+        value_units_per_event=units,
+    )
+
+
+#: More public keys than this per query would take seconds of noise per window (and the
+#: memory of the product); such a configuration is refused.
+MAX_PUBLIC_KEYS = 2_000_000
+
+
+def public_key_product(query: QueryConfig) -> tuple[GroupKey, ...] | None:
+    """Every combination of the listed values, in group_by order; None for private keys."""
+    if not isinstance(query.keys, dict):
+        return None
+    lists = [query.keys[name] for name in query.group_by]
+    size = math.prod(len(values) for values in lists)
+    if size > MAX_PUBLIC_KEYS:
+        raise ConfigError(
+            f"query {query.name}: the public key lists combine into {size} keys, more than "
+            f"{MAX_PUBLIC_KEYS}; shorten the lists or use private keys"
+        )
+    return tuple(tuple(combo) for combo in itertools.product(*lists))
+
+
+def _noise_component(
+    target: NoiseTarget,
+    mechanism: MechanismName,
+    sensitivity: Sensitivity,
+    epsilon: float,
+    delta: float,
+    unit: float,
+) -> NoiseComponent:
+    if mechanism == "discrete_laplace":
+        mech: NoiseMechanism = DiscreteLaplace.for_epsilon(
+            l1_sensitivity=sensitivity.l1, epsilon=epsilon
+        )
+        return NoiseComponent(target, mech, sensitivity, epsilon, 0.0, None, unit)
+    gauss = DiscreteGaussian.for_epsilon_delta(
+        l2_sensitivity=sensitivity.l2, epsilon=epsilon, delta=delta
+    )
+    rho = gauss.rho(sensitivity.l2)
+    return NoiseComponent(target, gauss, sensitivity, epsilon, delta, rho, unit)
+
+
+def plan_query(
+    query: QueryConfig, bounds: BoundsConfig, *, unsafe_test_mode: bool = False
+) -> QueryPlan:
+    """The noise, selection and budget split for one query (see the module docstring)."""
+    gaussian = query.mechanism == "discrete_gaussian"
+    public_keys = public_key_product(query)
+    eps, delta = query.epsilon, query.delta
+    statistic = query.statistic
+
+    if statistic == "count":
+        primary = count_sensitivity(bounds)
+    elif statistic == "count_distinct_users":
+        primary = distinct_users_sensitivity(bounds)
+    else:
+        primary = sum_sensitivity(query, bounds)
+    granularity = query.value_granularity if statistic in ("sum", "mean") else None
+    value_bound = (
+        max(abs(query.lower or 0.0), abs(query.upper or 0.0))
+        if statistic in ("sum", "mean")
+        else None
+    )
+    users = distinct_users_sensitivity(bounds)
+
+    selection: PartitionSelection | None = None
+    charges: list[PrivacyCharge] = []
+    selection_eps = selection_delta = 0.0
+    noise_eps, noise_delta = eps, (delta if gaussian else 0.0)
+    delta_unused = 0.0 if gaussian else delta
+
+    if public_keys is None and query.selection == "count_threshold":
+        if statistic not in ("count", "count_distinct_users"):
+            raise ConfigError(
+                f"query {query.name}: selection count_threshold tests the released count, "
+                f"so it works with statistic count or count_distinct_users, not {statistic}; "
+                "use truncated_geometric (the default) or list public keys"
+            )
+        threshold = CountThreshold(
+            epsilon=eps,
+            delta=delta,
+            max_partitions_contributed=primary.max_partitions_contributed,
+            max_contributions_per_partition=primary.max_contributions_per_partition,
+            l1_sensitivity=primary.l1,
+            l2_sensitivity_squared=primary.l2_squared,
+            mechanism=query.mechanism,
+        )
+        selection = threshold
+        noise_delta = threshold.noise_delta
+        selection_delta = threshold.threshold_delta
+        delta_unused = 0.0
+        mech = threshold.mechanism
+        rho = mech.rho(primary.l2) if isinstance(mech, DiscreteGaussian) else None
+        noise: tuple[NoiseComponent, ...] = (
+            NoiseComponent("value", mech, primary, eps, noise_delta, rho, 1.0),
+        )
+        charges.append(PrivacyCharge("noise:value", eps, noise_delta, rho))
+        charges.append(PrivacyCharge("selection:threshold", 0.0, selection_delta))
+    else:
+        if public_keys is None:
+            strategy = query.selection
+            assert strategy != "count_threshold"
+            selection_eps = query.selection_epsilon_share * eps
+            noise_eps = eps - selection_eps
+            if gaussian:
+                noise_delta = delta / 2
+                selection_delta = delta - noise_delta
+            else:
+                noise_delta = 0.0
+                selection_delta = delta
+            delta_unused = 0.0
+            chosen = make_selection(
+                strategy,
+                epsilon=selection_eps,
+                delta=selection_delta,
+                max_partitions_contributed=users.max_partitions_contributed,
+            )
+            selection = chosen
+            if isinstance(chosen, GaussianThreshold):
+                sel_rho = chosen.mechanism.rho(chosen.l2_sensitivity)
+                charges.append(
+                    PrivacyCharge("selection:noise", selection_eps, chosen.noise_delta, sel_rho)
+                )
+                charges.append(PrivacyCharge("selection:threshold", 0.0, chosen.threshold_delta))
+            else:
+                charges.append(PrivacyCharge("selection", selection_eps, selection_delta))
+        unit = granularity or 1.0
+        if statistic == "mean":
+            count_eps = query.mean_count_share * noise_eps
+            count_delta = query.mean_count_share * noise_delta
+            parts = [
+                _noise_component(
+                    "sum",
+                    query.mechanism,
+                    primary,
+                    noise_eps - count_eps,
+                    noise_delta - count_delta,
+                    unit,
+                ),
+                _noise_component(
+                    "count",
+                    query.mechanism,
+                    count_sensitivity(bounds),
+                    count_eps,
+                    count_delta,
+                    1.0,
+                ),
+            ]
+        else:
+            parts = [
+                _noise_component("value", query.mechanism, primary, noise_eps, noise_delta, unit)
+            ]
+        noise = tuple(parts)
+        for part in noise:
+            charges.append(
+                PrivacyCharge(f"noise:{part.target}", part.epsilon, part.delta, part.rho)
+            )
+    if delta_unused > 0:
+        # charged like the rest (the load-time budget check counts it) though no mechanism
+        # needs it: Laplace noise on public keys is pure ε-DP.
+        charges.append(PrivacyCharge("unused", 0.0, delta_unused))
+
+    return QueryPlan(
+        name=query.name,
+        statistic=statistic,
+        group_by=tuple(query.group_by),
+        mechanism=query.mechanism,
+        sensitivity=primary,
+        epsilon=eps,
+        delta=delta,
+        noise_epsilon=noise_eps,
+        noise_delta=noise_delta,
+        selection_epsilon=selection_eps,
+        selection_delta=selection_delta,
+        noise=noise,
+        noise_scale=noise[0].scale,
+        ci95=noise[0].ci95,
+        selection=selection,
+        public_keys=public_keys,
+        charges=tuple(charges),
+        granularity=granularity,
+        value_bound=value_bound,
+        clamp_negative=query.clamp_negative,
+        unsafe_test_mode=unsafe_test_mode,
+        delta_unused=delta_unused,
+    )
+
+
+@dataclass(frozen=True)
+class BudgetTotals:
+    """(ε, δ) over a span of windows; ``epsilon_zcdp`` composes the Gaussian parts in zCDP."""
+
+    windows: int
+    epsilon: float
+    delta: float
+    rho: float
+    epsilon_zcdp: float | None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "windows": self.windows,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "rho": self.rho,
+            "epsilon_zcdp": self.epsilon_zcdp,
+        }
+
+
+def compose(charges: Sequence[PrivacyCharge], windows: int = 1) -> BudgetTotals:
+    """Totals of ``charges`` repeated over ``windows`` windows.
+
+    Basic composition: Σε, Σδ. With zCDP: the parts with a ρ compose as Σρ and are
+    converted once at their summed δ; the other parts add as before. Both are valid; the
+    smaller ε is the better statement.
+    """
+    epsilon = windows * math.fsum(c.epsilon for c in charges)
+    delta = windows * math.fsum(c.delta for c in charges)
+    gaussian = [c for c in charges if c.rho is not None]
+    rho = windows * math.fsum(c.rho for c in gaussian if c.rho is not None)
+    epsilon_zcdp: float | None = None
+    if gaussian:
+        other_eps = windows * math.fsum(c.epsilon for c in charges if c.rho is None)
+        gauss_delta = windows * math.fsum(c.delta for c in gaussian)
+        epsilon_zcdp = other_eps + zcdp_epsilon(rho, min(gauss_delta, 0.999999))
+    return BudgetTotals(windows, epsilon, delta, rho, epsilon_zcdp)
+
+
+@dataclass(frozen=True)
+class ConfigPlan:
+    """Per-query plans plus the window and horizon totals of a whole configuration."""
+
+    queries: tuple[QueryPlan, ...]
+    window_size_s: int
+    epsilon_per_window: float
+    delta_per_window: float
+    horizon_windows: int
+    max_epsilon_per_horizon: float
+    window: BudgetTotals
+    horizon: BudgetTotals
+    bounds: BoundsConfig
+    unsafe_test_mode: bool
+
+    def query(self, name: str) -> QueryPlan:
+        for plan in self.queries:
+            if plan.name == name:
+                return plan
+        raise KeyError(name)
+
+    def describe(self) -> dict[str, Any]:
+        """The stable machine form of ``stream-dp plan --json``."""
+        return {
+            "schema_version": 1,
+            "kind": "plan",
+            "unsafe_test_mode": self.unsafe_test_mode,
+            "bounds": {
+                "max_contributions_per_window": self.bounds.max_contributions_per_window,
+                "max_keys_per_user": self.bounds.max_keys_per_user,
+                "max_contributions_per_key": self.bounds.max_contributions_per_key,
+            },
+            "window": {
+                "size_s": self.window_size_s,
+                "epsilon_budget": self.epsilon_per_window,
+                "delta_budget": self.delta_per_window,
+                **self.window.describe(),
+            },
+            "horizon": {
+                "max_epsilon": self.max_epsilon_per_horizon,
+                **self.horizon.describe(),
+            },
+            "queries": [q.describe() for q in self.queries],
+        }
+
+
+def plan_config(config: Config) -> ConfigPlan:
+    """Plan every query of a validated configuration (budgets were checked at load)."""
+    unsafe = config.privacy.unsafe_test_mode
+    plans = tuple(plan_query(q, config.bounds, unsafe_test_mode=unsafe) for q in config.queries)
+    charges = [c for p in plans for c in p.charges]
+    horizon = config.privacy.horizon_windows
+    return ConfigPlan(
+        queries=plans,
+        window_size_s=config.window.size_s,
+        epsilon_per_window=config.privacy.epsilon_per_window,
+        delta_per_window=config.privacy.delta_per_window,
+        horizon_windows=horizon,
+        max_epsilon_per_horizon=config.privacy.max_epsilon_per_horizon,
+        window=compose(charges, 1),
+        horizon=compose(charges, horizon),
+        bounds=config.bounds,
+        unsafe_test_mode=unsafe,
+    )

@@ -1,0 +1,209 @@
+"""``stream-dp plan``: the JSON form validates against plan.schema.json, the table names every
+query, the disclosure-risk helper, and refusals with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+
+from stream_dp.cli.main import main
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "browser-logs.yaml"
+
+ALL_KINDS: dict[str, Any] = {
+    "privacy": {
+        "epsilon_per_window": 6.0,
+        "delta_per_window": 1e-5,
+        "horizon_windows": 24,
+        "max_epsilon_per_horizon": 144.0,
+    },
+    "bounds": {
+        "max_contributions_per_window": 40,
+        "max_keys_per_user": 3,
+        "max_contributions_per_key": 10,
+    },
+    "queries": [
+        {"name": "tg_count", "group_by": ["domain"], "epsilon": 1.0, "delta": 1e-6},
+        {
+            "name": "lt_users",
+            "statistic": "count_distinct_users",
+            "group_by": ["domain"],
+            "selection": "laplace_threshold",
+            "epsilon": 0.5,
+            "delta": 1e-6,
+        },
+        {
+            "name": "gt_sum",
+            "statistic": "sum",
+            "group_by": ["domain"],
+            "selection": "gaussian_threshold",
+            "mechanism": "discrete_gaussian",
+            "value_field": "bytes",
+            "lower": 0,
+            "upper": 100,
+            "granularity": 1,
+            "epsilon": 1.0,
+            "delta": 2e-6,
+        },
+        {
+            "name": "ct_count",
+            "group_by": ["domain"],
+            "selection": "count_threshold",
+            "epsilon": 1.0,
+            "delta": 1e-6,
+        },
+        {
+            "name": "public_mean",
+            "statistic": "mean",
+            "group_by": ["country", "day"],
+            "keys": {"country": ["DE", "FR"], "day": [1, 2, 3]},
+            "value_field": "seconds",
+            "lower": 0,
+            "upper": 600,
+            "clamp_negative": True,
+            "epsilon": 1.0,
+        },
+        {
+            "name": "ct_gauss_users",
+            "statistic": "count_distinct_users",
+            "group_by": ["domain"],
+            "selection": "count_threshold",
+            "mechanism": "discrete_gaussian",
+            "epsilon": 1.0,
+            "delta": 2e-6,
+        },
+    ],
+}
+
+
+@pytest.fixture
+def schema() -> Draft202012Validator:
+    text = resources.files("stream_dp.privacy").joinpath("plan.schema.json").read_text("utf-8")
+    document = json.loads(text)
+    Draft202012Validator.check_schema(document)
+    return Draft202012Validator(document)
+
+
+def write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("source", ["example", "all_kinds"])
+def test_json_output_validates_against_the_schema(
+    source: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], schema: Draft202012Validator
+) -> None:
+    path = EXAMPLE if source == "example" else write(tmp_path, ALL_KINDS)
+    code, out, _ = run(capsys, "--config", str(path), "--json")
+    assert code == 0
+    document = json.loads(out)
+    errors = sorted(schema.iter_errors(document), key=lambda e: list(e.path))
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors[:5]]
+    names = [q["name"] for q in document["queries"]]
+    expected = [q["name"] for q in yaml.safe_load(path.read_text())["queries"]]
+    assert names == expected
+
+
+def test_schema_rejects_a_broken_document(
+    capsys: pytest.CaptureFixture[str], schema: Draft202012Validator
+) -> None:
+    _, out, _ = run(capsys, "--config", str(EXAMPLE), "--json")
+    document = json.loads(out)
+    document["queries"][0]["selection"]["threshold"] = "high"
+    del document["horizon"]["epsilon"]
+    assert len(list(schema.iter_errors(document))) >= 2
+
+
+def test_json_reference_values_for_every_strategy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(json.dumps(ALL_KINDS))
+    data["queries"][0]["epsilon"] = 1.0  # truncated geometric at ε_s = 0.5 → 76 / 151
+    data["queries"][3]["epsilon"] = 1.0  # count threshold ε = 1 → s = 30, T = 437 / 438
+    code, out, _ = run(capsys, "--config", str(write(tmp_path, data)), "--json")
+    assert code == 0
+    queries = {q["name"]: q for q in json.loads(out)["queries"]}
+    tg = queries["tg_count"]["selection"]
+    assert (tg["users_for_half_keep"], tg["users_for_certain_keep"]) == (76, 151)
+    ct = queries["ct_count"]
+    assert ct["noise_scale"] == 30.0
+    assert (ct["selection"]["reference_threshold"], ct["selection"]["threshold"]) == (437, 438)
+    lt = queries["lt_users"]["selection"]
+    assert lt["reference_threshold"] == pytest.approx(1 - 12 * math.log(2 * 3.333334444e-7))
+    public = queries["public_mean"]
+    assert public["selection"] is None and public["public_key_count"] == 6
+
+
+def test_table_mentions_every_query_and_the_totals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "--config", str(write(tmp_path, ALL_KINDS)))
+    assert code == 0
+    for q in ALL_KINDS["queries"]:
+        assert q["name"] in out
+    assert "horizon" in out and "24 windows" in out
+    assert "with Gaussian parts in zCDP" in out
+    assert "keep if noisy count >= 438" in out
+
+
+def test_disclosure_risk_prints_the_equivalent_epsilon(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "--config", str(EXAMPLE), "--disclosure-risk", "0.75")
+    assert code == 0
+    assert "eps=1.099" in out
+    code, out, _ = run(
+        capsys, "--config", str(EXAMPLE), "--json", "--disclosure-risk", "0.9", "--worlds", "10"
+    )
+    risk = json.loads(out)["disclosure_risk"]
+    assert risk["epsilon"] == pytest.approx(math.log(81))
+    assert risk["worlds"] == 10
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--disclosure-risk", "0.4"],  # below a random guess between 2 worlds
+        ["--worlds", "3"],  # --worlds alone
+        ["--disclosure-risk", "1.5"],
+    ],
+)
+def test_bad_risk_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "--config", str(EXAMPLE), *argv)
+    assert code == 2
+    assert "error" in err
+
+
+def test_over_budget_config_is_refused_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(json.dumps(ALL_KINDS))
+    data["privacy"]["epsilon_per_window"] = 1.0
+    code, out, err = run(capsys, "--config", str(write(tmp_path, data)))
+    assert code == 2
+    assert out == ""
+    assert "epsilon_per_window" in err and "tg_count" in err
+
+
+def test_count_threshold_on_a_sum_is_refused_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(json.dumps(ALL_KINDS))
+    data["queries"][2]["selection"] = "count_threshold"
+    code, _, err = run(capsys, "--config", str(write(tmp_path, data)))
+    assert code == 2
+    assert "count_threshold" in err
