@@ -30,7 +30,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
+from stream_dp.broker.probe import wait_for_broker
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
+from stream_dp.errors import BrokerError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.engine import DeadLetter, Engine, ExactTotalsObserver
@@ -56,6 +58,8 @@ MAX_RECORDS_PER_FETCH = 10_000
 FETCH_TIMEOUT_MS = 200
 RETRY_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 LEDGER_LOAD_TIMEOUT_S = 60.0
+BROKER_PROBE_INTERVAL_S = 1.0
+BROKER_PROBE_TIMEOUT_S = 2.0
 
 
 class _CrashPoints:
@@ -111,6 +115,7 @@ class Worker:
         self._producer: AIOKafkaProducer | None = None
         self._committed: dict[int, int] = {}
         self._stopping = asyncio.Event()
+        self._broker_ok = True
         for q in config.queries:
             self.metrics.add_query(q.name)
 
@@ -125,6 +130,7 @@ class Worker:
         self._producer = AIOKafkaProducer(acks="all", linger_ms=5, **common)
         await self._retry("start producer", self._producer.start)
         self.health.set("producer_connected", True)
+        monitor = asyncio.create_task(self._monitor_broker())
         try:
             ledger = await self._load_ledger(common)
             self.engine = Engine(
@@ -150,6 +156,7 @@ class Worker:
             await self._retry("start consumer", self._consumer.start)
             await self._loop()
         finally:
+            monitor.cancel()
             await self._shutdown()
 
     async def _shutdown(self) -> None:
@@ -170,6 +177,24 @@ class Worker:
                     await asyncio.wait_for(self._producer.stop(), timeout=10)
             self.health.set("partitions_assigned", False)
             self.health.set("producer_connected", False)
+
+    async def _monitor_broker(self) -> None:
+        """Probe the broker: not ready while it does not answer (liveness is unaffected)."""
+        while True:
+            try:
+                await wait_for_broker(
+                    self.bootstrap, BROKER_PROBE_TIMEOUT_S, kafka=self.config.kafka
+                )
+                ok = True
+            except BrokerError:
+                ok = False
+            if ok != self._broker_ok:
+                log.warning("broker %s", "reachable again" if ok else "unreachable")
+                if ok and self.engine is not None:
+                    self.engine.tracker.restart_idle_clocks(time.monotonic())
+            self._broker_ok = ok
+            self.health.set("producer_connected", ok)
+            await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
 
     async def _retry(self, what: str, op: Callable[[], Awaitable[Any]]) -> Any:
         """Retry a broker operation with backoff until it succeeds or the worker stops."""
@@ -390,7 +415,9 @@ class Worker:
                     self._crash.reached("after_ingest")
                 if dead:
                     await self._publish_dead_letters(dead)
-                for ws in engine.due_windows(mono):
+                # During an outage nothing can be published, and silence is not idleness.
+                due = engine.due_windows(mono) if self._broker_ok else []
+                for ws in due:
                     await self._release_window(ws)
                 await self._commit()
                 if batch:

@@ -65,6 +65,13 @@ class WatermarkTracker:
             clock.last_activity_s = now_s
         self._last_record_s = now_s
 
+    def restart_idle_clocks(self, now_s: float) -> None:
+        """Forget idleness, e.g. after a broker outage: silence then was not an idle stream."""
+        for clock in self._partitions.values():
+            clock.last_activity_s = now_s
+        if self._last_record_s is not None:
+            self._last_record_s = now_s
+
     @property
     def max_event_time_s(self) -> float | None:
         return self._max_event_time_s

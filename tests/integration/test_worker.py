@@ -17,6 +17,7 @@ import pytest
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import LEAVER, BrowserLogSpec, browser_log_events
+from tests.helpers import schema_validator
 from tests.integration.support import (
     decode_values,
     produce,
@@ -106,6 +107,14 @@ async def test_end_to_end_private_and_public_keys(
         domains = {v["group"]["domain"] for v in by_window[("visits_by_domain", start)]}
         assert "site00.example" in domains
         assert not any(d.startswith("rare-") for d in domains), domains
+    ledger = await read_topic(kafka_bootstrap, topics["ledger"])
+    ledger_schema = schema_validator("ledger.schema.json")
+    kinds = set()
+    for _, raw in ledger:
+        value = orjson.loads(raw)
+        ledger_schema.validate(value)
+        kinds.add(value["kind"])
+    assert kinds == {"ledger", "published", "fence"}
     # Invariant 1: no raw user id anywhere the service writes.
     for topic in (topics["output"], topics["ledger"], topics["dead_letter"]):
         blob = b"".join(v for _, v in await read_topic(kafka_bootstrap, topic))
