@@ -58,9 +58,19 @@ def _releases(records: list[tuple[str | None, dict[str, Any]]]) -> list[dict[str
 async def test_end_to_end_private_and_public_keys(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
+    await check_end_to_end(kafka_bootstrap, config_factory, tmp_path)
+
+
+async def check_end_to_end(bootstrap: str, config_factory: MakeConfig, tmp_path: Path) -> None:
+    """Synthetic browser logs for several windows → releases for every window and query.
+
+    Shared with the Apache Kafka tier (tests/apache_kafka), which runs it unchanged.
+    """
+    kafka_bootstrap = bootstrap
     spec = BrowserLogSpec(users=250, windows=4, window_size_s=10)
     cfg = config_factory(
         {
+            "kafka": {"bootstrap_servers": bootstrap},
             "bounds": {
                 "max_contributions_per_window": 20,
                 "max_keys_per_user": 3,
