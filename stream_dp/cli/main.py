@@ -15,9 +15,9 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _command_modules() -> list[ModuleType]:
-    from stream_dp.cli import broker_cmd, replay_cmd, run_cmd, topics_cmd
+    from stream_dp.cli import broker_cmd, plan_cmd, replay_cmd, run_cmd, topics_cmd
 
-    return [run_cmd, replay_cmd, broker_cmd, topics_cmd]
+    return [run_cmd, replay_cmd, plan_cmd, broker_cmd, topics_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:
