@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 lint: setup
-	$(BIN)/ruff check stream_dp tests bench
+	$(BIN)/ruff check stream_dp tests $(wildcard bench)
 
 typecheck: setup
 	$(BIN)/mypy
