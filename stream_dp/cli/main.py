@@ -15,9 +15,18 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _command_modules() -> list[ModuleType]:
-    from stream_dp.cli import broker_cmd, plan_cmd, replay_cmd, run_cmd, topics_cmd
+    from stream_dp.cli import (
+        broker_cmd,
+        demo_cmd,
+        plan_cmd,
+        produce_cmd,
+        replay_cmd,
+        run_cmd,
+        tail_cmd,
+        topics_cmd,
+    )
 
-    return [run_cmd, replay_cmd, plan_cmd, broker_cmd, topics_cmd]
+    return [run_cmd, replay_cmd, plan_cmd, demo_cmd, produce_cmd, tail_cmd, broker_cmd, topics_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:

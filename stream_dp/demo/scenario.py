@@ -1,0 +1,154 @@
+"""What the demo runs: seed 000's browser logs and a configuration built in code.
+
+Data (:mod:`stream_dp.synthetic.browser_logs`): employees visiting a few popular domains
+(Zipf), heavy-tailed activity, rare domains each visited by one employee, and employee-0000
+who goes on leave half-way. Short event-time windows (10 s) so the whole run takes seconds:
+every event is produced up front; all windows but the last close as soon as the worker has
+read past them, the last one by the idle rule (``idle_close_s`` = 1 s of silence).
+
+Queries, sharing ε per window (``--epsilon``, default 1):
+
+- ``visits_by_domain`` — count of visits per domain, **private keys** (domains nobody listed,
+  like URLs in the AOL logs): truncated-geometric partition selection on distinct users,
+  ¾ of ε, δ = 1e-6;
+- ``users_by_country`` — distinct users per country, **public keys** (DE, FR, NL, US: all
+  released, no selection), ¼ of ε.
+
+Bounds: k = 20 events per user and window, L0 = 3 domains, Linf = 10 visits per domain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from stream_dp.config import Config
+from stream_dp.errors import ConfigError
+from stream_dp.synthetic.browser_logs import COUNTRIES, BrowserLogSpec
+
+WINDOW_SIZE_S = 10
+IDLE_CLOSE_S = 1.0
+DELTA = 1e-6
+MAX_CONTRIBUTIONS_PER_WINDOW = 20
+MAX_KEYS_PER_USER = 3
+MAX_CONTRIBUTIONS_PER_KEY = 10
+#: Share of the window's ε for ``visits_by_domain``; ``users_by_country`` gets the rest.
+VISITS_SHARE = 0.75
+
+DEFAULT_USERS, DEFAULT_WINDOWS = 2000, 6
+FAST_USERS, FAST_WINDOWS = 500, 3
+
+VISITS_QUERY = "visits_by_domain"
+USERS_QUERY = "users_by_country"
+RARE_PREFIX = "rare-"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    users: int = DEFAULT_USERS
+    windows: int = DEFAULT_WINDOWS
+    epsilon: float = 1.0
+
+    @classmethod
+    def resolve(
+        cls, *, fast: bool, users: int | None, windows: int | None, epsilon: float
+    ) -> DemoOptions:
+        """Explicit values win; otherwise the defaults of the normal or the ``--fast`` run."""
+        return cls(
+            users=users if users is not None else (FAST_USERS if fast else DEFAULT_USERS),
+            windows=windows if windows is not None else (FAST_WINDOWS if fast else DEFAULT_WINDOWS),
+            epsilon=epsilon,
+        )
+
+
+def data_spec(options: DemoOptions) -> BrowserLogSpec:
+    return BrowserLogSpec(
+        users=options.users,
+        windows=options.windows,
+        window_size_s=WINDOW_SIZE_S,
+        popular_domains=8,
+        rare_domains=12,
+        seed=0,
+    )
+
+
+def config_data(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any]:
+    """The demo's configuration as plain data (what a YAML file would hold)."""
+    eps = options.epsilon
+    visits_eps = eps * VISITS_SHARE
+    return {
+        "kafka": {
+            "bootstrap_servers": bootstrap_servers,
+            "group_id": "stream-dp-demo",
+            "client_id": "stream-dp-demo",
+            # The embedded broker holds every JoinGroup for session_timeout/2 (BROKER.md).
+            "session_timeout_ms": 2000,
+            "heartbeat_interval_ms": 500,
+        },
+        "input": {"topic": "events", "user_field": "user_id", "time_field": "timestamp"},
+        "output": {
+            "topic": "dp-releases",
+            "dead_letter_topic": "dp-dead-letter",
+            "ledger_topic": "dp-ledger",
+        },
+        "window": {"size_s": WINDOW_SIZE_S, "grace_s": 0, "idle_close_s": IDLE_CLOSE_S},
+        "privacy": {
+            "epsilon_per_window": eps,
+            "delta_per_window": DELTA,
+            "horizon_windows": options.windows,
+            "max_epsilon_per_horizon": eps * options.windows,
+        },
+        "bounds": {
+            "max_contributions_per_window": MAX_CONTRIBUTIONS_PER_WINDOW,
+            "max_keys_per_user": MAX_KEYS_PER_USER,
+            "max_contributions_per_key": MAX_CONTRIBUTIONS_PER_KEY,
+        },
+        "queries": [
+            {
+                "name": VISITS_QUERY,
+                "statistic": "count",
+                "group_by": ["domain"],
+                "keys": "private",
+                "selection": "truncated_geometric",
+                "epsilon": visits_eps,
+                "delta": DELTA,
+            },
+            {
+                "name": USERS_QUERY,
+                "statistic": "count_distinct_users",
+                "group_by": ["country"],
+                "keys": {"country": list(COUNTRIES)},
+                "epsilon": eps - visits_eps,
+            },
+        ],
+        "metrics": {"enabled": False},
+        "logging": {"level": "WARNING", "format": "console"},
+    }
+
+
+class _DemoConfig(Config):
+    """The Config model, every check included, but deaf to ``STREAM_DP_*`` environment
+    overrides: a ``STREAM_DP_KAFKA__BOOTSTRAP_SERVERS`` meant for a real deployment must not
+    send the demo's synthetic events to that cluster."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def demo_config(options: DemoOptions, bootstrap_servers: str) -> Config:
+    """The validated demo configuration (environment overrides do not apply)."""
+    try:
+        return _DemoConfig(**config_data(options, bootstrap_servers))
+    except (ValidationError, ConfigError) as exc:
+        raise ConfigError(f"the demo configuration is invalid: {exc}") from None

@@ -1,0 +1,242 @@
+"""The README's commands, run as written.
+
+- "Using it on your own topic": every line of its shell block — the key export, ``plan`` and
+  ``replay`` on the bundled sample, ``run`` and ``tail`` against the session broker (pointed
+  there with the documented ``STREAM_DP_*`` overrides) until they are up, then Ctrl-C /
+  SIGTERM, which must end them with 0.
+- Quick start: ``make -n`` shows that ``make demo`` / ``make test`` run what it promises.
+- Every ``stream-dp …`` in the Commands table or in the text names a command and options
+  that exist.
+
+``examples/sample-events.jsonl`` is reproducible from :data:`SAMPLE_SPEC`; to regenerate:
+``python -c "from tests.cli.test_readme import write_sample; write_sample()"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from stream_dp.broker.topics import apply_topics
+from stream_dp.cli.main import main
+from stream_dp.config import load_config
+from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
+from tests.cli.support import ROOT_ARGV
+from tests.helpers import schema_validator, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+SAMPLE = ROOT / "examples" / "sample-events.jsonl"
+SAMPLE_SPEC = BrowserLogSpec(
+    users=400, windows=2, window_size_s=3600, median_events_per_user=1.0, max_events_per_user=20
+)
+
+
+def write_sample() -> None:
+    SAMPLE.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in browser_log_events(SAMPLE_SPEC)))
+
+
+def _section(title: str) -> str:
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.M | re.S)
+    assert match is not None, f"README has no section {title!r}"
+    return match.group(1)
+
+
+def _sh_block(title: str) -> list[str]:
+    blocks = re.findall(r"```sh\n(.*?)```", _section(title), re.S)
+    assert len(blocks) == 1, f"expected one sh block in {title!r}"
+    return [line for line in blocks[0].splitlines() if line.strip()]
+
+
+def _own_topic_commands() -> dict[str, list[str]]:
+    """``stream-dp`` lines of the block, by subcommand, as argv (comments removed)."""
+    out: dict[str, list[str]] = {}
+    for line in _sh_block("Using it on your own topic"):
+        if line.startswith("stream-dp "):
+            argv = shlex.split(line, comments=True)
+            out[argv[1]] = [*ROOT_ARGV, *argv[1:]]
+    return out
+
+
+def _key_from_export_line() -> str:
+    (export,) = [ln for ln in _sh_block("Using it on your own topic") if ln.startswith("export")]
+    done = subprocess.run(
+        ["bash", "-c", f'{export}\nprintf %s "$STREAM_DP_PSEUDONYM_KEY"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert len(done.stdout) >= 32, "the export line must make a key of at least 32 bytes"
+    return done.stdout
+
+
+@pytest.fixture
+def readme_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    key = _key_from_export_line()
+    monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", key)
+    return {**os.environ, "STREAM_DP_PSEUDONYM_KEY": key}
+
+
+def test_the_block_is_the_one_tested_here() -> None:
+    assert list(_own_topic_commands()) == ["plan", "replay", "run", "tail"]
+
+
+def test_sample_events_file_is_the_documented_synthetic_sample() -> None:
+    expected = b"".join(orjson.dumps(e) + b"\n" for e in browser_log_events(SAMPLE_SPEC))
+    assert SAMPLE.read_bytes() == expected
+    assert SAMPLE.stat().st_size < 250_000
+
+
+def test_plan_and_replay_lines(readme_env: dict[str, str]) -> None:
+    commands = _own_topic_commands()
+    plan = subprocess.run(
+        commands["plan"], cwd=ROOT, env=readme_env, capture_output=True, text=True, timeout=60
+    )
+    assert plan.returncode == 0, plan.stderr
+    assert "visits_by_domain" in plan.stdout and "users_by_country" in plan.stdout
+
+    replay = subprocess.run(
+        commands["replay"], cwd=ROOT, env=readme_env, capture_output=True, text=True, timeout=60
+    )
+    assert replay.returncode == 0, replay.stderr
+    for start in ("2020-08-01T00:00:00Z", "2020-08-01T01:00:00Z"):
+        assert f"users_by_country  window {start}" in replay.stdout
+        assert f"visits_by_domain  window {start}" in replay.stdout
+
+    as_json = subprocess.run(
+        [*commands["replay"], "--json"],
+        cwd=ROOT,
+        env=readme_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    records = [json.loads(line) for line in as_json.stdout.splitlines()]
+    validator = schema_validator("output.schema.json")
+    for record in records:
+        validator.validate(record)
+    assert sum(r["kind"] == "window" for r in records) == 4  # 2 queries × 2 windows
+    domains = [r["group"].get("domain", "") for r in records if r["kind"] == "release"]
+    assert not any(d.startswith("rare-") for d in domains)
+
+
+@pytest.mark.kafka
+async def test_run_and_tail_lines(
+    kafka_bootstrap: str,
+    readme_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    suffix = uuid.uuid4().hex[:12]
+    overrides = {
+        "STREAM_DP_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "STREAM_DP_KAFKA__GROUP_ID": f"readme-{suffix}",
+        "STREAM_DP_KAFKA__SESSION_TIMEOUT_MS": "2000",
+        "STREAM_DP_KAFKA__HEARTBEAT_INTERVAL_MS": "500",
+        "STREAM_DP_INPUT__TOPIC": f"events-{suffix}",
+        "STREAM_DP_OUTPUT__TOPIC": f"releases-{suffix}",
+        "STREAM_DP_OUTPUT__DEAD_LETTER_TOPIC": f"dead-letter-{suffix}",
+        "STREAM_DP_OUTPUT__LEDGER_TOPIC": f"ledger-{suffix}",
+        "STREAM_DP_METRICS__PORT": "0",
+    }
+    for name, value in overrides.items():
+        monkeypatch.setenv(name, value)
+    env = {**readme_env, **overrides}
+    config = load_config(ROOT / "examples" / "browser-logs.yaml")
+    assert config.output.topic == f"releases-{suffix}"  # the overrides apply
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    commands = _own_topic_commands()
+    with _Running(commands["run"], env, tmp_path / "run.log") as (run, run_log):
+        wait_until(
+            lambda: "partitions assigned" in run_log.read_text() or run.poll() is not None,
+            30,
+            "the worker to get its partitions",
+        )
+        assert run.poll() is None, run_log.read_text()
+        with _Running(commands["tail"], env, tmp_path / "tail.log") as (tail, tail_log):
+            wait_until(
+                lambda: "reading" in tail_log.read_text() or tail.poll() is not None,
+                30,
+                "tail to start reading",
+            )
+            tail.send_signal(signal.SIGINT)
+            assert tail.wait(timeout=30) == 0, tail_log.read_text()
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=30) == 0, run_log.read_text()
+
+
+class _Running:
+    """A command with stdout+stderr to a file; killed on the way out if still running."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.argv, self.env, self.log = argv, env, log
+
+    def __enter__(self) -> tuple[subprocess.Popen[bytes], Path]:
+        with self.log.open("wb") as handle:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=ROOT, env=self.env, stdout=handle, stderr=subprocess.STDOUT
+            )
+        return self.proc, self.log
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _make_n(target: str) -> str:
+    done = subprocess.run(
+        ["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_quick_start_make_targets() -> None:
+    block = _sh_block("Quick start")
+    assert [line.split()[:2] for line in block] == [["make", "demo"], ["make", "test"]]
+    demo = _make_n("demo")
+    # "they create .venv and install the project with its dev extras"
+    assert "-m venv .venv" in demo and 'pip install --quiet -e ".[dev]"' in demo
+    assert demo.strip().splitlines()[-1] == ".venv/bin/stream-dp demo"
+    test = _make_n("test")
+    for step in (".venv/bin/ruff check", ".venv/bin/mypy", ".venv/bin/pytest"):
+        assert step in test, f"make test does not run {step}"
+
+
+def _documented_commands() -> Iterator[str]:
+    """Every ``stream-dp …`` code span of the README, table rows included."""
+    for span in re.findall(r"`(stream-dp [^`]+)`", README):
+        yield span.replace("\\|", "|")
+
+
+def test_documented_commands_and_options_exist(capsys: pytest.CaptureFixture[str]) -> None:
+    spans = list(_documented_commands())
+    documented = {s.split()[1] for s in spans}
+    assert {"run", "replay", "plan", "demo", "produce", "tail", "broker", "topics"} <= documented
+    for span in spans:
+        words = span.split()[1:]
+        path = []
+        for word in words:
+            if word.startswith(("-", "[", "(")) or word.isupper():
+                break
+            path.append(word)
+        with pytest.raises(SystemExit) as exc:
+            main([*path, "--help"])
+        assert exc.value.code == 0, span
+        help_text = capsys.readouterr().out
+        for option in re.findall(r"--[a-z][a-z-]*", span):
+            assert option in help_text, f"{span!r}: {option} is not an option of {path}"
+        for choice in re.findall(r"--synthetic ([a-z-]+)", span):
+            assert choice in help_text, span
