@@ -1,0 +1,95 @@
+"""Budget accounting: exact arithmetic, refusals that name the numbers (invariant 4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream_dp.errors import BudgetExceededError
+from stream_dp.privacy.budget import (
+    BudgetAccountant,
+    QueryShare,
+    check_horizon_budget,
+    check_window_budget,
+)
+
+
+def _accountant(**kw: float) -> BudgetAccountant:
+    params = {
+        "window_size_s": 3600,
+        "epsilon_per_window": 1.0,
+        "delta_per_window": 1e-6,
+        "horizon_windows": 3,
+        "max_epsilon_per_horizon": 2.5,
+    }
+    params.update(kw)
+    return BudgetAccountant(**params)  # type: ignore[arg-type]
+
+
+def test_shares_that_sum_to_the_budget_fit() -> None:
+    shares = [QueryShare("a", 0.1, 0), QueryShare("b", 0.2, 5e-7), QueryShare("c", 0.7, 5e-7)]
+    check_window_budget(shares, epsilon_per_window=1.0, delta_per_window=1e-6)
+    check_horizon_budget(shares, horizon_windows=24, max_epsilon_per_horizon=24.0)
+
+
+def test_window_refusal_names_queries_and_numbers() -> None:
+    shares = [QueryShare("visits", 0.6, 0), QueryShare("users", 0.5, 0)]
+    with pytest.raises(BudgetExceededError) as err:
+        check_window_budget(shares, epsilon_per_window=1.0, delta_per_window=1e-6)
+    assert "ε = 1.1" in str(err.value) and "visits=0.6" in str(err.value)
+    assert "epsilon_per_window is 1" in str(err.value)
+
+
+def test_delta_refusal() -> None:
+    with pytest.raises(BudgetExceededError, match="δ = 2e-06"):
+        check_window_budget(
+            [QueryShare("a", 0.1, 1e-6), QueryShare("b", 0.1, 1e-6)],
+            epsilon_per_window=1,
+            delta_per_window=1e-6,
+        )
+
+
+def test_horizon_refusal_names_numbers() -> None:
+    with pytest.raises(BudgetExceededError, match=r"25 windows × ε 1 per window = 25"):
+        check_horizon_budget(
+            [QueryShare("a", 1.0, 0)], horizon_windows=25, max_epsilon_per_horizon=24
+        )
+
+
+def test_accountant_exact_window_and_horizon_totals() -> None:
+    acc = _accountant()
+    acc.charge(0, "a", 0.25, 1e-7)
+    acc.charge(0, "b", 0.5, 0)
+    assert acc.window_spent(0) == (0.75, 1e-7)
+    assert acc.query_spent(0, "a") == (0.25, 1e-7)
+    acc.charge(3600, "a", 1.0, 0)
+    assert acc.horizon_spent(3600) == 1.75
+    acc.charge(7200, "a", 0.75, 0)
+    assert acc.horizon_spent(7200) == 2.5  # windows 0, 3600, 7200
+    assert acc.horizon_spent(10800) == 1.75  # window 0 has left the horizon
+
+
+def test_accountant_refuses_overdraw_and_double_charge() -> None:
+    acc = _accountant()
+    acc.charge(0, "a", 0.75, 0)
+    with pytest.raises(BudgetExceededError, match="already spent"):
+        acc.charge(0, "a", 0.1, 0)
+    with pytest.raises(BudgetExceededError, match="would exceed"):
+        acc.charge(0, "b", 0.5, 0)  # window budget 1.0
+    assert not acc.can_charge(0, "b", 0.5, 0)
+    assert acc.window_spent(0) == (0.75, 0)
+
+
+def test_accountant_refuses_horizon_overdraw_in_any_rolling_horizon() -> None:
+    acc = _accountant(max_epsilon_per_horizon=2.0)
+    acc.charge(7200, "a", 1.0, 0)
+    acc.charge(0, "a", 1.0, 0)
+    # Window 3600 lies in the horizon {0, 3600, 7200}, which already holds 2.0.
+    assert not acc.can_charge(3600, "a", 0.1, 0)
+    # Window 10800's horizons are {3600,7200,10800} (1.0), {7200..14400}, {10800..18000}.
+    assert acc.can_charge(10800, "a", 1.0, 0)
+
+
+def test_restored_charges_count() -> None:
+    acc = _accountant()
+    acc.record(0, "a", 1.0, 1e-6)
+    assert not acc.can_charge(0, "b", 0.01, 0)
