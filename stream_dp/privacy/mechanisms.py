@@ -39,6 +39,7 @@ import math
 import os
 import secrets
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
@@ -133,7 +134,51 @@ def _smallest_two_sided(tail: Callable[[int], float], guess: float, level: float
     return hi
 
 
-class DiscreteLaplace:
+class _IntegerNoise(ABC):
+    """What both mechanisms share: interval half-widths from their tails and vectorised
+    sampling through one cached OpenDP measurement."""
+
+    name: MechanismName
+    _measurement: Any = None
+
+    @property
+    @abstractmethod
+    def scale(self) -> float: ...
+
+    @abstractmethod
+    def tail(self, t: int) -> float:
+        """P(Z > t) for t ≥ 0."""
+
+    @abstractmethod
+    def _make_measurement(self) -> Any: ...
+
+    @abstractmethod
+    def _guess_halfwidth(self, level: float) -> float:
+        """A starting point for the exact search in :meth:`halfwidth`."""
+
+    def halfwidth(self, level: float) -> int:
+        """Smallest integer t with P(|Z| > t) ≤ 1 − level."""
+        return _smallest_two_sided(self.tail, self._guess_halfwidth(level), level)
+
+    def ci95(self) -> int:
+        """Smallest integer t with P(|Z| > t) ≤ 0.05."""
+        return self.halfwidth(CI_LEVEL)
+
+    def opendp_measurement(self) -> Any:
+        """The OpenDP measurement that draws the noise (its privacy map is the reference)."""
+        if self._measurement is None:
+            self._measurement = self._make_measurement()
+        return self._measurement
+
+    def sample(self, values: Sequence[int]) -> list[int]:
+        """``values[i] + Z_i`` with independent Z_i, one vectorised OpenDP call."""
+        return _invoke_vectorised(self.opendp_measurement(), values)
+
+    def describe(self) -> dict[str, Any]:
+        return {"mechanism": self.name, "scale": self.scale, "ci95": self.ci95()}
+
+
+class DiscreteLaplace(_IntegerNoise):
     """Two-sided geometric noise: P(Z = z) = tanh(1/(2b)) · exp(−|z|/b) on the integers.
 
     ``scale`` is b; with L1 sensitivity Δ1 the mechanism is (Δ1/b)-DP.
@@ -145,7 +190,6 @@ class DiscreteLaplace:
         if not (scale > 0 and math.isfinite(scale)):
             raise ValueError(f"scale must be a positive finite number, got {scale}")
         self._scale = float(scale)
-        self._measurement: Any = None
 
     @classmethod
     def for_epsilon(cls, *, l1_sensitivity: float, epsilon: float) -> DiscreteLaplace:
@@ -183,33 +227,14 @@ class DiscreteLaplace:
             return math.log(self.tail(t))
         return -t / self._scale - math.log1p(math.exp(-1.0 / self._scale))
 
-    def halfwidth(self, level: float) -> int:
-        """Smallest integer t with P(|Z| > t) ≤ 1 − level."""
+    def _guess_halfwidth(self, level: float) -> float:
         q = math.exp(-1.0 / self._scale)
         # 2 q^(t+1) / (1+q) ≤ 1 − level  ⇔  t+1 ≥ −b · ln((1 − level)/2 · (1+q))
-        guess = -self._scale * math.log((1 - level) / 2 * (1 + q)) - 1
-        return _smallest_two_sided(self.tail, guess, level)
+        return -self._scale * math.log((1 - level) / 2 * (1 + q)) - 1
 
-    def ci95(self) -> int:
-        """Smallest integer t with P(|Z| > t) ≤ 0.05."""
-        return self.halfwidth(CI_LEVEL)
-
-    def _opendp(self) -> Any:
-        if self._measurement is None:
-            space = dp.vector_domain(dp.atom_domain(T="i64")), dp.l1_distance(T="i64")
-            self._measurement = dp.m.make_laplace(*space, scale=self._scale)
-        return self._measurement
-
-    def opendp_measurement(self) -> Any:
-        """The OpenDP measurement that draws the noise (its privacy map is the reference)."""
-        return self._opendp()
-
-    def sample(self, values: Sequence[int]) -> list[int]:
-        """``values[i] + Z_i`` with independent Z_i, one vectorised OpenDP call."""
-        return _invoke_vectorised(self._opendp(), values)
-
-    def describe(self) -> dict[str, Any]:
-        return {"mechanism": self.name, "scale": self._scale, "ci95": self.ci95()}
+    def _make_measurement(self) -> Any:
+        space = dp.vector_domain(dp.atom_domain(T="i64")), dp.l1_distance(T="i64")
+        return dp.m.make_laplace(*space, scale=self._scale)
 
     def __repr__(self) -> str:
         return f"DiscreteLaplace(scale={self._scale!r})"
@@ -222,7 +247,7 @@ _DIRECT_TAIL_MAX_SIGMA = 50_000.0
 _TAIL_CUTOFF_SIGMAS = 39.0
 
 
-class DiscreteGaussian:
+class DiscreteGaussian(_IntegerNoise):
     """Discrete Gaussian noise: P(Z = z) ∝ exp(−z²/(2σ²)) on the integers (CKS20).
 
     With L2 sensitivity Δ2 the mechanism is ρ-zCDP with ρ = Δ2²/(2σ²); :meth:`epsilon`
@@ -236,7 +261,6 @@ class DiscreteGaussian:
             raise ValueError(f"sigma must be a positive finite number, got {sigma}")
         self._sigma = float(sigma)
         self._normalizer = discrete_gaussian_normalizer(self._sigma)
-        self._measurement: Any = None
 
     @classmethod
     def for_zcdp(cls, *, l2_sensitivity: float, rho: float) -> DiscreteGaussian:
@@ -293,31 +317,13 @@ class DiscreteGaussian:
             return 1.0 - self.tail(1 - t)
         return self._tail_sum(t) / self._normalizer
 
-    def halfwidth(self, level: float) -> int:
-        """Smallest integer t with P(|Z| > t) ≤ 1 − level (numeric summation of the pmf)."""
-        guess = self._sigma * normal_upper_quantile((1 - level) / 2) - 1
-        return _smallest_two_sided(self.tail, guess, level)
+    def _guess_halfwidth(self, level: float) -> float:
+        # Tails are sums of the pmf; the continuous quantile only starts the search.
+        return self._sigma * normal_upper_quantile((1 - level) / 2) - 1
 
-    def ci95(self) -> int:
-        """Smallest integer t with P(|Z| > t) ≤ 0.05 (numeric summation of the pmf)."""
-        return self.halfwidth(CI_LEVEL)
-
-    def _opendp(self) -> Any:
-        if self._measurement is None:
-            space = dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T="i64")
-            self._measurement = dp.m.make_gaussian(*space, scale=self._sigma)
-        return self._measurement
-
-    def opendp_measurement(self) -> Any:
-        """The OpenDP measurement that draws the noise (its privacy map is the reference)."""
-        return self._opendp()
-
-    def sample(self, values: Sequence[int]) -> list[int]:
-        """``values[i] + Z_i`` with independent Z_i, one vectorised OpenDP call."""
-        return _invoke_vectorised(self._opendp(), values)
-
-    def describe(self) -> dict[str, Any]:
-        return {"mechanism": self.name, "scale": self._sigma, "ci95": self.ci95()}
+    def _make_measurement(self) -> Any:
+        space = dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T="i64")
+        return dp.m.make_gaussian(*space, scale=self._sigma)
 
     def __repr__(self) -> str:
         return f"DiscreteGaussian(sigma={self._sigma!r})"
