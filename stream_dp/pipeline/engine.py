@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 ExactTotalsObserver = Callable[[str, int, Mapping[tuple[Any, ...], KeyAggregate]], None]
 
 
+#: What ingest does with an event, decided once per window: keep it, or count it as late
+#: (its window has closed) or replayed (its window is already in the ledger).
+_ACCEPT, _LATE, _REPLAYED = 0, 1, 2
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     reason: str
@@ -152,57 +157,91 @@ class Engine:
             return []
         metrics = self.metrics
         metrics.events_consumed.inc(len(records))
-        decode = self.decoder.decode
+        decode = self.decoder.decode_parts
         size = self.windows.size_s
         closed = self._closed_watermark_s
         released = self._released
         fields = self._fields
+        single_field = fields[0] if len(fields) == 1 else None
+        signatures = self._signatures
         signature_ids = self._signature_ids
         state = self._state.setdefault(partition, {})
-        pseudonyms: dict[tuple[str, str | int], bytes] = {}
+        # Raw ids live only in this batch-local cache, per key id (never in state).
+        pseudonyms: dict[str, dict[str | int, bytes]] = {}
         include_payload = self.config.output.dead_letter_include_payload
         dead: list[DeadLetter] = []
         late = skipped = 0
         max_time: float | None = None
+        # Events arrive mostly in event-time order, so the per-window lookups (lateness,
+        # key, reservoirs) are redone only when the window changes, and a window's events
+        # are handed to its reservoirs in runs, in arrival order (same draws as one by one).
+        current_ws: int | None = None
+        fate = _ACCEPT
+        part: _WindowPart | None = None
+        cache: dict[str | int, bytes] = {}
+        pseudonymize: Callable[[str | int], bytes] | None = None
+        run_pseudonyms: list[bytes] = []
+        run_items: list[int] = []
         for offset, value in records:
-            event = decode(value, now_s)
-            if isinstance(event, BadRecord):
+            parsed = decode(value, now_s)
+            if isinstance(parsed, BadRecord):
                 dead.append(
                     DeadLetter(
-                        event.reason,
-                        event.detail,
+                        parsed.reason,
+                        parsed.detail,
                         partition,
                         offset,
                         value if include_payload else None,
                     )
                 )
-                metrics.bad_records.labels(reason=event.reason).inc()
+                metrics.bad_records.labels(reason=parsed.reason).inc()
                 continue
-            t = event.event_time_s
+            user, t, obj = parsed
             if max_time is None or t > max_time:
                 max_time = t
             ws = math.floor(t / size) * size
-            if closed is not None and ws + size <= closed:
-                late += 1
+            if ws != current_ws:
+                if run_items:
+                    assert part is not None
+                    part.reservoirs.add_many(run_pseudonyms, run_items)
+                    run_pseudonyms, run_items = [], []
+                current_ws = ws
+                if closed is not None and ws + size <= closed:
+                    fate = _LATE
+                elif ws in released:
+                    fate = _REPLAYED
+                else:
+                    fate = _ACCEPT
+                    part = state.get(ws)
+                    if part is None:
+                        part = state[ws] = _WindowPart(Reservoirs(self.k, self._rng), offset)
+                    pseudonymizer = self.keyring.for_window(ws)
+                    cache = pseudonyms.setdefault(pseudonymizer.key_id, {})
+                    pseudonymize = pseudonymizer.pseudonym
+            if fate != _ACCEPT:
+                if fate == _LATE:
+                    late += 1
+                else:
+                    skipped += 1
                 continue
-            if ws in released:
-                skipped += 1
-                continue
-            obj = event.fields
-            sig = tuple(obj.get(f) for f in fields)
+            sig = (
+                (obj.get(single_field),)
+                if single_field is not None
+                else tuple(map(obj.get, fields))
+            )
             sid = signature_ids.get(sig)
             if sid is None:
-                sid = signature_ids[sig] = len(self._signatures)
-                self._signatures.append(sig)
-            pseudonymizer = self.keyring.for_window(ws)
-            cache_key = (pseudonymizer.key_id, event.user)
-            pseudonym = pseudonyms.get(cache_key)
+                sid = signature_ids[sig] = len(signatures)
+                signatures.append(sig)
+            pseudonym = cache.get(user)
             if pseudonym is None:
-                pseudonym = pseudonyms[cache_key] = pseudonymizer.pseudonym(event.user)
-            part = state.get(ws)
-            if part is None:
-                part = state[ws] = _WindowPart(Reservoirs(self.k, self._rng), offset)
-            part.reservoirs.add(pseudonym, sid)
+                assert pseudonymize is not None
+                pseudonym = cache[user] = pseudonymize(user)
+            run_pseudonyms.append(pseudonym)
+            run_items.append(sid)
+        if run_items:
+            assert part is not None
+            part.reservoirs.add_many(run_pseudonyms, run_items)
         self._positions[partition] = records[-1][0] + 1
         if max_time is not None:
             self.tracker.observe(partition, max_time, now_mono_s)
@@ -277,15 +316,16 @@ class Engine:
             result = release_query(aggregates, q.plan)
             release_id = new_release_id()
             selection = q.plan.selection.describe() if q.plan.selection is not None else None
+            groups = [group_dict(cfg.group_by, v.group) for v in result.values]
             records = [
                 OutputRecord(
-                    output_key(q.name, window_start_s, group_dict(cfg.group_by, v.group)),
+                    output_key(q.name, window_start_s, group),
                     release_record(
                         release_id=release_id,
                         query=q.name,
                         window_start_s=window_start_s,
                         window_end_s=window_end_s,
-                        group=group_dict(cfg.group_by, v.group),
+                        group=group,
                         statistic=cfg.statistic,
                         value=v.value,
                         epsilon=cfg.epsilon,
@@ -297,7 +337,7 @@ class Engine:
                         clamped=v.clamped,
                     ),
                 )
-                for v in result.values
+                for v, group in zip(result.values, groups, strict=True)
             ]
             records.append(
                 OutputRecord(

@@ -50,19 +50,28 @@ class Reservoirs:
 
     def add(self, pseudonym: Pseudonym, item: int) -> None:
         """Offer one event (Algorithm R): kept with probability k / (events seen so far)."""
-        self.events_seen += 1
-        entry = self._state.get(pseudonym)
-        if entry is None:
-            self._state[pseudonym] = [1, item]
-            return
-        seen = entry[0] + 1
-        entry[0] = seen
-        if seen <= self.k:
-            entry.append(item)
-            return
-        j = int(self._rng.random() * seen)  # uniform in [0, seen)
-        if j < self.k:
-            entry[j + 1] = item
+        self.add_many((pseudonym,), (item,))
+
+    def add_many(self, pseudonyms: Sequence[Pseudonym], items: Sequence[int]) -> None:
+        """Offer events in order (Algorithm R): each kept with probability k / (seen so far)."""
+        state = self._state
+        get = state.get
+        k = self.k
+        rand = self._rng.random
+        self.events_seen += len(items)
+        for pseudonym, item in zip(pseudonyms, items, strict=True):
+            entry = get(pseudonym)
+            if entry is None:
+                state[pseudonym] = [1, item]
+                continue
+            seen = entry[0] + 1
+            entry[0] = seen
+            if seen <= k:
+                entry.append(item)
+                continue
+            j = int(rand() * seen)  # uniform in [0, seen)
+            if j < k:
+                entry[j + 1] = item
 
     @property
     def users(self) -> int:

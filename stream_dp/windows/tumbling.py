@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,6 +25,7 @@ class TumblingWindows:
         return watermark_s is not None and watermark_s >= window_start_s + self.size_s
 
 
+@functools.lru_cache(maxsize=4096)
 def iso_utc(epoch_s: float) -> str:
     """``2020-08-01T00:00:00Z`` — the form every record uses for window bounds."""
     return datetime.fromtimestamp(epoch_s, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -54,3 +54,12 @@ def test_generalization_helpers() -> None:
     assert bucket_number(-1, 5) == "-5-0"
     with pytest.raises(ValueError):
         bucket_number(1, 0)
+
+
+@pytest.mark.parametrize("key_len", [32, 63, 64, 65, 200])
+def test_precomputed_pads_equal_hmac_for_any_key_length(key_len: int) -> None:
+    key = bytes(range(256))[:key_len]
+    p = Pseudonymizer(key, "k1")
+    for user in ("alice", "é-ü", "x" * 300, 0, 10**18):
+        expected = hmac.digest(key, str(user).encode("utf-8"), "sha256")[:PSEUDONYM_BYTES]
+        assert p.pseudonym(user) == expected
