@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
-# Both create .venv when missing and install the project with its dev extras.
+# Both create .venv when missing and install the project with its dev and bench extras
+# (bench: the Faust peer and the plot of `make bench`, whose smoke size runs in `make test`).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
 	touch $(STAMP)
 
 setup: $(STAMP)

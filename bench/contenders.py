@@ -1,0 +1,162 @@
+"""The three throughput contenders, each run in a fresh process of its own.
+
+``python -m bench.contenders {raw,worker} SPEC_JSON`` prints one JSON line of measurements
+(``faust`` lives in :mod:`bench.faust_app`, which needs its own module-level app). Each
+contender times itself from just before its Kafka client starts (imports are done) to its
+last result, with wall time (``time.perf_counter``) and its own CPU time
+(``time.process_time``, user + system, all threads of the process).
+
+* ``raw``: an aiokafka consumer (manual assignment, no group) that fetches the whole topic
+  with the worker's fetch settings and JSON-decodes every value with orjson: the floor.
+* ``worker``: the stream-dp :class:`~stream_dp.pipeline.worker.Worker`, consumer group
+  included, until the window record of its last window is acknowledged on the output
+  topic. Its phases are: startup (start → first batch ingested), processing (first → last
+  batch ingested) and close (last batch → last window record acknowledged: grace,
+  ``idle_close_s`` and the release of the last windows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+FETCH_MAX_RECORDS = 10_000  # as the worker (stream_dp.pipeline.worker.MAX_RECORDS_PER_FETCH)
+FETCH_TIMEOUT_MS = 200
+
+
+async def run_raw(spec: dict[str, Any]) -> dict[str, Any]:
+    """Fetch and decode ``spec["events"]`` records of ``spec["topic"]``; no other work."""
+    topic, expected = spec["topic"], int(spec["events"])
+    t0, c0 = time.perf_counter(), time.process_time()
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=spec["bootstrap"],
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=1_048_576,
+    )
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(int(spec["partitions"]))])
+        await consumer.seek_to_beginning()
+        n = 0
+        first: float | None = None
+        loads = orjson.loads
+        while n < expected:
+            batch = await consumer.getmany(
+                timeout_ms=FETCH_TIMEOUT_MS, max_records=FETCH_MAX_RECORDS
+            )
+            for msgs in batch.values():
+                for m in msgs:
+                    loads(m.value)
+                n += len(msgs)
+            if first is None and batch:
+                first = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
+    finally:
+        await consumer.stop()
+    return {
+        "events": n,
+        "seconds": t1 - t0,
+        "cpu_seconds": c1 - c0,
+        "startup_seconds": (first or t1) - t0,
+    }
+
+
+async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the stream-dp worker on ``spec["topic"]`` until its last window is released."""
+    from stream_dp.config import parse_config
+    from stream_dp.ops.metrics import Metrics
+    from stream_dp.pipeline import worker as worker_module
+    from stream_dp.pipeline.engine import DeadLetter, Engine
+    from stream_dp.pipeline.ledger import LedgerRelease
+    from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
+
+    logging.basicConfig(level=logging.WARNING)
+    expected_events = int(spec["events"])
+    expected_windows = int(spec["windows"])
+    done = asyncio.Event()
+    marks: dict[str, float] = {}
+    counts = {"events": 0, "windows": 0, "dead": 0}
+
+    class TimedEngine(Engine):
+        """The engine, noting when ingest starts and ends and when windows are finished."""
+
+        def ingest(
+            self,
+            partition: int,
+            records: Sequence[tuple[int, bytes | None]],
+            *,
+            now_s: float,
+            now_mono_s: float,
+        ) -> list[DeadLetter]:
+            marks.setdefault("first_ingest", time.perf_counter())
+            dead = super().ingest(partition, records, now_s=now_s, now_mono_s=now_mono_s)
+            counts["events"] += len(records)
+            counts["dead"] += len(dead)
+            if counts["events"] >= expected_events and "last_ingest" not in marks:
+                marks["last_ingest"] = time.perf_counter()
+            return dead
+
+        def finish_window(
+            self, window_start_s: int, releases: Sequence[LedgerRelease], now_s: float
+        ) -> None:
+            # Called after the window's records and its published marker are acknowledged.
+            super().finish_window(window_start_s, releases, now_s)
+            counts["windows"] += 1
+            if counts["windows"] >= expected_windows:
+                marks["released"] = time.perf_counter()
+                marks["released_cpu"] = time.process_time()
+                done.set()
+
+    worker_module.Engine = TimedEngine  # type: ignore[attr-defined]
+    config = parse_config(spec["config"])
+    keyring = KeyRing(Pseudonymizer(secrets.token_bytes(32), "bench"))
+    t0, c0 = time.perf_counter(), time.process_time()
+    worker = worker_module.Worker(
+        config, keyring, bootstrap_servers=spec["bootstrap"], metrics=Metrics()
+    )
+    task = asyncio.create_task(worker.run())
+    waiter = asyncio.create_task(done.wait())
+    finished, _ = await asyncio.wait(
+        {task, waiter}, timeout=float(spec["timeout_s"]), return_when=asyncio.FIRST_COMPLETED
+    )
+    worker.request_stop()
+    await task
+    if waiter not in finished:
+        raise RuntimeError(
+            f"the worker released {counts['windows']} of {expected_windows} windows and "
+            f"ingested {counts['events']} of {expected_events} events in {spec['timeout_s']} s"
+        )
+    first = marks["first_ingest"]
+    last = marks["last_ingest"]
+    end = marks["released"]
+    return {
+        "events": counts["events"],
+        "dead_letters": counts["dead"],
+        "windows": counts["windows"],
+        "seconds": end - t0,
+        "cpu_seconds": marks["released_cpu"] - c0,
+        "startup_seconds": first - t0,
+        "processing_seconds": last - first,
+        "close_seconds": end - last,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    kind, spec = args[0], orjson.loads(args[1])
+    runner = {"raw": run_raw, "worker": run_worker}[kind]
+    result = asyncio.run(runner(spec))
+    sys.stdout.write(orjson.dumps(result).decode() + "\n")
+
+
+if __name__ == "__main__":
+    main()

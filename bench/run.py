@@ -1,0 +1,173 @@
+"""``python -m bench.run [--size {smoke,small,full}] [--out DIR]``: the whole benchmark.
+
+Starts its own embedded broker, measures throughput (raw consumer, worker, Faust), engine
+scaling, state size and utility against PipelineDP, deletes its topics, stops the broker and
+writes ``RESULTS.md``, ``results.json`` and ``throughput.png`` into ``--out`` (default: the
+``bench`` folder). ``smoke`` takes well under a minute and exists for the test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import report, scaling, throughput, utility
+from bench.data import StreamSpec
+from stream_dp.broker import EmbeddedBroker
+
+SIZES: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "events": 20_000,
+        "users": 2_000,
+        "keys": 50,
+        "windows": 4,
+        "window_size_s": 10,
+        "faust_events": 10_000,
+        "runs": 1,
+        "scaling_events": 20_000,
+        "users_sweep": [1_000, 5_000, 20_000],
+        "keys_sweep": [20, 500, 5_000],
+        "keys_sweep_users": 2_000,
+        "release_events": 40_000,
+        "release_keys": 4_000,
+        "release_users": 5_000,
+        "memory_users": 10_000,
+        "memory_events_per_user": 48,
+        "heavy_events": 20_000,
+        "heavy_users": 2_000,
+        "utility_users": 1_500,
+        "utility_runs": 2,
+    },
+    "small": {
+        "events": 200_000,
+        "users": 20_000,
+        "keys": 500,
+        "windows": 10,
+        "window_size_s": 60,
+        "faust_events": 20_000,
+        "runs": 3,
+        "scaling_events": 200_000,
+        "users_sweep": [10_000, 100_000, 300_000],
+        "keys_sweep": [20, 1_000, 10_000, 100_000],
+        "keys_sweep_users": 50_000,
+        "release_events": 500_000,
+        "release_keys": 100_000,
+        "release_users": 100_000,
+        "memory_users": 100_000,
+        "memory_events_per_user": 48,
+        "heavy_events": 200_000,
+        "heavy_users": 20_000,
+        "utility_users": 9_000,
+        "utility_runs": 5,
+    },
+    "full": {
+        "events": 1_000_000,
+        "users": 50_000,
+        "keys": 1_000,
+        "windows": 10,
+        "window_size_s": 60,
+        "faust_events": 120_000,
+        "runs": 3,
+        "scaling_events": 1_000_000,
+        "users_sweep": [10_000, 100_000, 1_000_000],
+        "keys_sweep": [20, 1_000, 10_000, 100_000],
+        "keys_sweep_users": 50_000,
+        "release_events": 1_000_000,
+        "release_keys": 100_000,
+        "release_users": 100_000,
+        "memory_users": 1_000_000,
+        "memory_events_per_user": 48,
+        "heavy_events": 1_000_000,
+        "heavy_users": 50_000,
+        "utility_users": 9_000,
+        "utility_runs": 20,
+    },
+}
+
+NOTES = [
+    "Python work per event. The raw consumer spends its time in aiokafka's record parsing "
+    "and one orjson call; the worker adds, per event, validation of the decoded object, "
+    "the window of its time, the interned signature of its group fields, an HMAC-SHA256 "
+    "pseudonym (cached per batch and user) and a reservoir update — each a few hundred "
+    "nanoseconds of interpreted code. Profiles (cProfile, py-spy) of `Engine.ingest` after "
+    "the changes listed in the report: decode+validate ≈ 1.0 µs, pseudonym ≈ 0.8 µs per new "
+    "(user, batch), loop body ≈ 1 µs, reservoir ≈ 0.5 µs per event.",
+    "Two cores shared with the broker: the broker process serving the fetches takes a good "
+    "part of a core while the client runs (its CPU seconds are in results.json as "
+    "`broker_cpu_seconds_whole_process_run`), so client and broker compete.",
+    "Fixed costs that do not shrink with the topic: the consumer-group join (the broker "
+    "holds JoinGroup for about 1 s) and the close of the last window (grace plus "
+    "idle_close_s, then a release and three acknowledged writes). The raw consumer uses "
+    "manual assignment and has neither.",
+    "One worker per consumer group (README, Limitations): the worker is single-threaded and "
+    "cannot use the second core; scaling out needs the partial-count merge stage.",
+    "Faust: about 200 µs per event in its stream machinery, table bookkeeping (a heap entry "
+    "and a changelog record per update) and producer, so its rate is bound by its own "
+    "per-event overhead, not by Kafka.",
+]
+
+
+def _log(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def run(size: str, out: Path, command: str) -> dict[str, Any]:
+    cfg = SIZES[size]
+    logging.getLogger("stream_dp").setLevel(logging.ERROR)
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "size": size,
+        "command": command,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": report.machine(),
+        "sizes": cfg,
+        "notes": NOTES,
+    }
+    spec = StreamSpec(
+        events=cfg["events"],
+        users=cfg["users"],
+        keys=cfg["keys"],
+        windows=cfg["windows"],
+        window_size_s=cfg["window_size_s"],
+    )
+    _log(f"[bench] throughput: {spec.events:,} events, {cfg['runs']} run(s)")
+    with EmbeddedBroker() as broker:
+        results["throughput"] = throughput.measure(
+            broker.bootstrap_servers,
+            broker.pid,
+            spec,
+            runs=cfg["runs"],
+            faust_events=cfg["faust_events"],
+            log=_log,
+        )
+    _log("[bench] scaling (engine in-process)")
+    results["scaling"] = scaling.measure(cfg, log=_log)
+    _log(f"[bench] utility: {cfg['utility_users']:,} users, {cfg['utility_runs']} runs")
+    results["utility"] = utility.measure(cfg["utility_users"], cfg["utility_runs"], log=_log)
+    results["total_seconds"] = time.perf_counter() - started
+    report.write(results, out)
+    for t in results["targets"]:
+        verdict = "PASS" if t["passed"] else "FAIL"
+        _log(f"[bench] {verdict}  {t['target']} ({t['goal']}): {t['measured']}")
+    _log(f"[bench] wrote {out / 'RESULTS.md'} in {results['total_seconds']:.0f} s")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--size", choices=sorted(SIZES), default="full")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    args = parser.parse_args(argv)
+    shown = ["python -m bench.run", *(sys.argv[1:] if argv is None else argv)]
+    run(args.size, args.out, " ".join(shown))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The benchmark's smallest size end to end: every figure is produced and is a finite number.
+
+Runs ``python -m bench.run --size smoke`` in a subprocess (its own embedded broker, worker,
+Faust peer and PipelineDP comparison), writing into a temporary folder.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def _finite(value: Any, what: str) -> None:
+    assert isinstance(value, int | float) and not isinstance(value, bool), (what, value)
+    assert math.isfinite(value), (what, value)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--size", "smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, orjson.loads((out / "results.json").read_bytes())
+
+
+def test_throughput_lines_and_ratios(smoke: tuple[Path, dict[str, Any]]) -> None:
+    tp = smoke[1]["throughput"]
+    for name in ("raw", "worker", "worker_on_faust_input", "faust"):
+        c = tp["contenders"][name]
+        assert c["runs"], name
+        _finite(c["events_per_s"], f"{name} events/s")
+        assert c["events_per_s"] > 0
+        _finite(c["median"]["cpu_seconds"], f"{name} cpu")
+        _finite(c["median"]["seconds"], f"{name} seconds")
+    for name in ("worker", "worker_on_faust_input", "faust"):
+        c = tp["contenders"][name]
+        for phase in ("startup_seconds", "processing_seconds", "close_seconds"):
+            _finite(c["median"][phase], f"{name} {phase}")
+        _finite(c["steady_events_per_s"], f"{name} steady")
+    for ratio in (
+        "ratio_worker_to_raw",
+        "ratio_worker_to_raw_steady",
+        "ratio_worker_to_faust",
+        "ratio_worker_to_faust_steady",
+    ):
+        _finite(tp[ratio], ratio)
+        assert tp[ratio] > 0
+
+
+def test_scaling_release_and_memory(smoke: tuple[Path, dict[str, Any]]) -> None:
+    sc = smoke[1]["scaling"]
+    assert len(sc["users_sweep"]) >= 2 and len(sc["keys_sweep"]) >= 2
+    for row in [*sc["users_sweep"], *sc["keys_sweep"]]:
+        _finite(row["events_per_s"], "scaling events/s")
+        _finite(row["release_seconds_per_window"], "scaling release")
+    _finite(sc["release"]["seconds"], "release seconds")
+    _finite(sc["release"]["public"]["seconds"], "public release seconds")
+    assert sc["release"]["public"]["released_keys"] == sc["release"]["keys"]
+    for memory in (sc["memory"], sc["memory_traced"], sc["memory_heavy_tailed"]):
+        _finite(memory["bytes_per_retained_event"], "bytes per event")
+        assert memory["bytes_per_retained_event"] > 0
+
+
+def test_utility_rows(smoke: tuple[Path, dict[str, Any]]) -> None:
+    rows = smoke[1]["utility"]["rows"]
+    methods = {r["method"] for r in rows}
+    assert methods == {
+        "pipeline_dp",
+        "stream-dp truncated_geometric",
+        "stream-dp laplace_threshold",
+        "stream-dp gaussian_threshold",
+        "stream-dp count_threshold",
+    }
+    assert len({r["bounds"] for r in rows}) == 2
+    for row in rows:
+        _finite(row["keys_kept"], f"{row['method']} keys kept")
+        if row["keys_kept"] > 0:
+            _finite(row["mae"], f"{row['method']} MAE")
+
+
+def test_report_and_plot(smoke: tuple[Path, dict[str, Any]]) -> None:
+    out, results = smoke
+    text = (out / "RESULTS.md").read_text(encoding="utf-8")
+    assert "## Targets" in text and "--size smoke" in text
+    assert len(results["targets"]) == 6
+    assert all(isinstance(t["passed"], bool) for t in results["targets"])
+    png = (out / "throughput.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
