@@ -196,8 +196,16 @@ class _Running:
 
 
 def _make_n(target: str) -> str:
+    # Run as a top-level make even inside `make test` (no MAKELEVEL/MAKEFLAGS, no
+    # "Entering directory" lines), so the output is the recipe alone.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     done = subprocess.run(
-        ["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True, timeout=30
+        ["make", "--no-print-directory", "-n", "-B", target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
