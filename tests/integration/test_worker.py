@@ -67,7 +67,9 @@ async def check_end_to_end(bootstrap: str, config_factory: MakeConfig, tmp_path:
     Shared with the Apache Kafka tier (tests/apache_kafka), which runs it unchanged.
     """
     kafka_bootstrap = bootstrap
-    spec = BrowserLogSpec(users=250, windows=4, window_size_s=10)
+    # ~465 distinct users visit site00 per window: above the 283 users from which truncated-
+    # geometric selection (ε_s = 0.25, L0 = 3) keeps a key with probability 1.
+    spec = BrowserLogSpec(users=700, windows=4, window_size_s=10)
     cfg = config_factory(
         {
             "kafka": {"bootstrap_servers": bootstrap},
