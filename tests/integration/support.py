@@ -169,3 +169,31 @@ def topics_of(config_path: Path) -> dict[str, str]:
         "dead_letter": c.output.dead_letter_topic,
         "ledger": c.output.ledger_topic,
     }
+
+
+async def run_worker_until_windows(
+    bootstrap: str,
+    config_path: Path,
+    log_path: Path,
+    queries: Sequence[str],
+    n_windows: int,
+    *,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    settle_s: float = 0.0,
+) -> tuple[list[tuple[str | None, bytes]], WorkerProcess]:
+    """Start ``stream-dp run``, read the output topic until every (query, window) has its
+    window record, then stop the worker with SIGTERM and require a clean exit (code 0)."""
+    worker = start_worker(config_path, log_path, env)
+    try:
+        out = await read_topic(
+            bootstrap,
+            topics_of(config_path)["output"],
+            until=windows_done(queries, n_windows),
+            timeout_s=timeout_s,
+            settle_s=settle_s,
+        )
+    finally:
+        code = worker.terminate()
+    assert code == 0, worker.log()
+    return out, worker

@@ -19,6 +19,7 @@ from tests.integration.support import (
     decode_values,
     produce_events,
     read_topic,
+    run_worker_until_windows,
     start_worker,
     topics_of,
     windows_done,
@@ -91,17 +92,15 @@ async def test_kill_minus_nine_repeatedly_releases_each_window_once(
             code = worker.proc.wait(timeout=60)
             done = "window released" in worker.log() and code == 0
             assert code == -signal.SIGKILL or done, worker.log()
-    final = start_worker(cfg, tmp_path / "final.log")
-    try:
-        out = await read_topic(
-            kafka_bootstrap,
-            topics["output"],
-            until=windows_done(QUERIES, spec.windows),
-            timeout_s=90,
-            settle_s=1.0,
-        )
-    finally:
-        assert final.terminate() == 0, final.log()
+    out, _ = await run_worker_until_windows(
+        kafka_bootstrap,
+        cfg,
+        tmp_path / "final.log",
+        QUERIES,
+        spec.windows,
+        timeout_s=90,
+        settle_s=1.0,
+    )
     ledger = await read_topic(kafka_bootstrap, topics["ledger"])
     ids = _ledger_release_ids(ledger)
     assert len(ids) == len(QUERIES) * spec.windows  # no window missing
@@ -162,17 +161,9 @@ async def test_sigterm_mid_window_then_restart_releases_once_with_all_events(
     await produce_events(
         kafka_bootstrap, topics["input"], events(1, range(20, 35), 8) + events(2, range(40), 5)
     )
-    worker = start_worker(cfg, tmp_path / "w2.log", TEST_MODE)
-    try:
-        out = await read_topic(
-            kafka_bootstrap,
-            topics["output"],
-            until=windows_done(["visits"], 2),
-            timeout_s=60,
-            settle_s=0.5,
-        )
-    finally:
-        assert worker.terminate() == 0, worker.log()
+    out, _ = await run_worker_until_windows(
+        kafka_bootstrap, cfg, tmp_path / "w2.log", ["visits"], 2, env=TEST_MODE, settle_s=0.5
+    )
     w1 = [
         v
         for _, v in decode_values(out)

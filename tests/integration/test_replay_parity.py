@@ -16,10 +16,8 @@ from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
 from tests.integration.support import (
     decode_values,
     produce_events,
-    read_topic,
-    start_worker,
+    run_worker_until_windows,
     topics_of,
-    windows_done,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -79,15 +77,8 @@ async def test_replay_matches_worker(
     await apply_topics(load_config(cfg), kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
     await produce_events(kafka_bootstrap, topics["input"], events)
-    worker = start_worker(cfg, tmp_path / "worker.log")
-    try:
-        out = await read_topic(
-            kafka_bootstrap,
-            topics["output"],
-            until=windows_done(["visits", "people"], spec.windows),
-            timeout_s=60,
-        )
-    finally:
-        assert worker.terminate() == 0, worker.log()
+    out, _ = await run_worker_until_windows(
+        kafka_bootstrap, cfg, tmp_path / "worker.log", ["visits", "people"], spec.windows
+    )
     streamed = [v for _, v in decode_values(out)]
     assert _shape(replayed) == _shape(streamed)

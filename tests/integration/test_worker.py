@@ -23,6 +23,7 @@ from tests.integration.support import (
     produce,
     produce_events,
     read_topic,
+    run_worker_until_windows,
     start_worker,
     topics_of,
     windows_done,
@@ -93,17 +94,14 @@ async def check_end_to_end(bootstrap: str, config_factory: MakeConfig, tmp_path:
     topics = await _prepare(cfg, kafka_bootstrap)
     events = list(browser_log_events(spec))
     await produce_events(kafka_bootstrap, topics["input"], events)
-    worker = start_worker(cfg, tmp_path / "worker.log")
-    try:
-        out = await read_topic(
-            kafka_bootstrap,
-            topics["output"],
-            until=windows_done(["visits_by_domain", "users_by_country"], spec.windows),
-            timeout_s=90,
-        )
-    finally:
-        code = worker.terminate()
-    assert code == 0, worker.log()
+    out, worker = await run_worker_until_windows(
+        kafka_bootstrap,
+        cfg,
+        tmp_path / "worker.log",
+        ["visits_by_domain", "users_by_country"],
+        spec.windows,
+        timeout_s=90,
+    )
     records = decode_values(out)
     release_schema, window_schema = _validator("release"), _validator("window")
     for _, value in records:
@@ -164,13 +162,9 @@ async def test_bounding_caps_one_heavy_user(
         for _ in range(2)
     ]
     await produce_events(kafka_bootstrap, topics["input"], events)
-    worker = start_worker(cfg, tmp_path / "worker.log", TEST_MODE)
-    try:
-        out = await read_topic(
-            kafka_bootstrap, topics["output"], until=windows_done(["visits"], 1), timeout_s=60
-        )
-    finally:
-        assert worker.terminate() == 0, worker.log()
+    out, _ = await run_worker_until_windows(
+        kafka_bootstrap, cfg, tmp_path / "worker.log", ["visits"], 1, env=TEST_MODE
+    )
     (release,) = _releases(decode_values(out))
     # The heavy user's 50 events move the count by exactly k (noise is ~0 at ε = 1e6).
     assert release["value"] == k + 6
