@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
+from stream_dp.clients.connect import start_client
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError
 
@@ -170,14 +171,7 @@ class OutputReader:
 
     async def __aenter__(self) -> Self:
         consumer = AIOKafkaConsumer(enable_auto_commit=False, **self._kwargs)
-        try:
-            await consumer.start()
-        except (KafkaError, OSError) as exc:
-            await consumer.stop()
-            raise BrokerError(
-                f"cannot reach the broker at {self.bootstrap_servers}: "
-                f"{type(exc).__name__}: {exc}; check kafka.bootstrap_servers"
-            ) from None
+        await start_client(consumer, self.bootstrap_servers)
         self._consumer = consumer
         return self
 

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
+from stream_dp.clients.connect import start_client
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError
 
@@ -79,14 +80,7 @@ async def produce_records(
         raise ValueError("rate must be positive")
     kwargs = client_kwargs(kafka, bootstrap_servers=bootstrap_servers)
     producer = AIOKafkaProducer(acks="all", linger_ms=20, max_batch_size=262_144, **kwargs)
-    try:
-        await producer.start()
-    except (KafkaError, OSError) as exc:
-        await producer.stop()
-        raise BrokerError(
-            f"cannot reach the broker at {kwargs['bootstrap_servers']}: "
-            f"{type(exc).__name__}: {exc}; check kafka.bootstrap_servers"
-        ) from None
+    await start_client(producer, kwargs["bootstrap_servers"])
     try:
         await _require_topic(producer, topic, kwargs["bootstrap_servers"])
     except BaseException:
