@@ -104,6 +104,8 @@ def config_factory(
                 "topic": f"releases-{suffix}",
                 "dead_letter_topic": f"dead-letter-{suffix}",
                 "ledger_topic": f"ledger-{suffix}",
+                "partials_topic": f"partials-{suffix}",
+                "repartition_topic": f"repartition-{suffix}",
             },
             "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 2},
             "privacy": {"epsilon_per_window": 1.0, "delta_per_window": 1.0e-6},

@@ -83,6 +83,12 @@ class InputConfig(_Section):
     user_field: str = "user_id"
     time_field: str = "timestamp"
     start_from: Literal["earliest", "latest"] = "earliest"
+    keyed_by_user: bool = Field(
+        False,
+        description="true only if producers key every record by its user id (then a record "
+        "whose key is not its user id is dead-lettered); false repartitions by pseudonym "
+        "through output.repartition_topic so one user's events meet in one worker",
+    )
     max_record_bytes: int = Field(65_536, gt=0, le=16 * 1024 * 1024)
     max_future_s: float = Field(
         86_400.0,
@@ -96,6 +102,12 @@ class OutputConfig(_Section):
     topic: str = "dp-releases"
     dead_letter_topic: str = "dp-dead-letter"
     ledger_topic: str = "dp-ledger"
+    partials_topic: str = Field(
+        "dp-partials", description="internal: exact bounded partial counts (access-controlled)"
+    )
+    repartition_topic: str = Field(
+        "dp-repartition", description="internal: events re-keyed by pseudonym (unkeyed input)"
+    )
     dead_letter_include_payload: bool = False
 
 

@@ -237,6 +237,34 @@ class Metrics:
             registry=r,
         )
 
+        # --- scale-out: repartition and partials --------------------------------------------
+        self.events_repartitioned = Counter(
+            "stream_dp_events_repartitioned",
+            "Valid events re-keyed by pseudonym to the repartition topic (unkeyed input), so "
+            "that one user's events meet in one worker.",
+            registry=r,
+        )
+        self.repartition_duplicates_skipped = Counter(
+            "stream_dp_repartition_duplicates_skipped",
+            "Repartitioned events seen a second time (re-sent after a worker crash) and "
+            "dropped, so that no event counts twice.",
+            registry=r,
+        )
+        self.partials_published = Counter(
+            "stream_dp_partials_published",
+            "Bounded partial aggregates (one per query, window and source partition) written "
+            "to the internal partials topic by stage 1.",
+            registry=r,
+        )
+        self.partials_ignored = Counter(
+            "stream_dp_partials_ignored",
+            "Partial-aggregate records stage 2 did not merge: a second version of a partial "
+            "it already took (duplicate_version), a window already released "
+            "(window_released) or a malformed record (malformed).",
+            ["reason"],
+            registry=r,
+        )
+
         # --- time ---------------------------------------------------------------------------
         self.watermark = Gauge(
             "stream_dp_watermark_timestamp_seconds",
@@ -281,6 +309,8 @@ class Metrics:
             self.consumer_lag.labels(partition=str(partition)).set(0)
         for reason in reasons:
             self.bad_records.labels(reason=reason)
+        for reason in ("duplicate_version", "window_released", "malformed"):
+            self.partials_ignored.labels(reason=reason)
 
     # ---------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ REASONS: Final = (
     "bad_timestamp",
     "timestamp_out_of_range",
     "bad_field",
+    "not_keyed_by_user",
 )
 
 #: Epoch numbers below this are seconds, at or above it milliseconds (CONTRACT.md).

@@ -25,7 +25,7 @@ from typing import Any, Final
 import orjson
 
 from stream_dp.pipeline.records import SCHEMA_VERSION
-from stream_dp.windows.tumbling import iso_utc
+from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
 #: Output records per ledger part: keeps a part well under Kafka's default 1 MB message limit.
 RECORDS_PER_PART: Final = 1000
@@ -49,6 +49,8 @@ class LedgerRelease:
     epsilon_spent: float
     delta_spent: float
     records: list[OutputRecord]
+    #: The partial version taken per source partition (stage 2 takes exactly one each).
+    sources: dict[int, str] = field(default_factory=dict)
     published: bool = False
 
 
@@ -59,6 +61,7 @@ class _Parts:
     window_end_s: int
     epsilon_spent: float
     delta_spent: float
+    sources: dict[int, str]
     received: dict[int, list[OutputRecord]] = field(default_factory=dict)
 
 
@@ -91,6 +94,7 @@ def encode_release(release: LedgerRelease, *, now_s: float) -> list[tuple[str, b
             "delta_spent": release.delta_spent,
             "created_at": created,
             "records": [{"key": r.key, "value": r.value} for r in chunk],
+            "sources": {str(p): v for p, v in sorted(release.sources.items())},
         }
         out.append((f"{base}|part-{i}", orjson.dumps(value, option=orjson.OPT_SORT_KEYS)))
     return out
@@ -111,10 +115,6 @@ def encode_published(release: LedgerRelease) -> tuple[str, bytes]:
 def encode_fence(fence_id: str) -> tuple[str, bytes]:
     value = {"schema_version": SCHEMA_VERSION, "kind": "fence", "fence_id": fence_id}
     return FENCE_PREFIX + fence_id, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-
-
-def _epoch(iso: str) -> int:
-    return int(datetime.fromisoformat(iso).timestamp())
 
 
 class LedgerIndex:
@@ -143,7 +143,7 @@ class LedgerIndex:
         published: dict[tuple[str, int], str] = {}
         for value in self._latest.values():
             kind = value.get("kind")
-            ident = (str(value["query"]), _epoch(str(value["window_start"])))
+            ident = (str(value["query"]), epoch_of_iso(str(value["window_start"])))
             if kind == "published":
                 published[ident] = str(value["release_id"])
             elif kind == "ledger":
@@ -154,9 +154,10 @@ class LedgerIndex:
                     parts = by_id[rid] = _Parts(
                         parts=int(value["parts"]),
                         release_id=rid,
-                        window_end_s=_epoch(str(value["window_end"])),
+                        window_end_s=epoch_of_iso(str(value["window_end"])),
                         epsilon_spent=float(value["epsilon_spent"]),
                         delta_spent=float(value["delta_spent"]),
+                        sources={int(p): str(v) for p, v in value.get("sources", {}).items()},
                     )
                 parts.received[int(value["part"])] = [
                     OutputRecord(str(r["key"]), r["value"]) for r in value["records"]
@@ -179,6 +180,7 @@ class LedgerIndex:
                 epsilon_spent=chosen.epsilon_spent,
                 delta_spent=chosen.delta_spent,
                 records=records,
+                sources=chosen.sources,
                 published=published.get(ident) == chosen.release_id,
             )
 

@@ -29,3 +29,8 @@ class TumblingWindows:
 def iso_utc(epoch_s: float) -> str:
     """``2020-08-01T00:00:00Z`` — the form every record uses for window bounds."""
     return datetime.fromtimestamp(epoch_s, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def epoch_of_iso(iso: str) -> int:
+    """The inverse of :func:`iso_utc` for whole seconds."""
+    return int(datetime.fromisoformat(iso).timestamp())

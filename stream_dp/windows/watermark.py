@@ -15,6 +15,7 @@ Times are passed in (``now_s`` from a monotonic clock), so the tracker is pure a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -37,6 +38,33 @@ class WatermarkTracker:
     def assign(self, partitions: Iterable[int], now_s: float) -> None:
         for p in partitions:
             self._partitions.setdefault(p, _PartitionClock(None, now_s))
+
+    def expect(self, partitions: Iterable[int]) -> None:
+        """Partitions whose idleness only :meth:`report` can establish (never by silence)."""
+        for p in partitions:
+            self._partitions.setdefault(p, _PartitionClock(None, math.inf))
+
+    def report(
+        self, partition: int, max_event_time_s: float | None, idle_for_s: float, now_s: float
+    ) -> None:
+        """What a partition's reader says of it: largest event time, and idle for how long.
+
+        Such a partition is idle only when its reader says so: silence here may be a slow or
+        dead reader, not an idle partition. Reported idle, it stays idle until told otherwise.
+        """
+        clock = self._partitions.get(partition)
+        if clock is None:
+            clock = self._partitions[partition] = _PartitionClock(None, math.inf)
+        if max_event_time_s is not None:
+            if clock.max_event_time_s is None or max_event_time_s > clock.max_event_time_s:
+                clock.max_event_time_s = max_event_time_s
+            if self._max_event_time_s is None or max_event_time_s > self._max_event_time_s:
+                self._max_event_time_s = max_event_time_s
+        idle = idle_for_s >= self.idle_timeout_s
+        clock.last_activity_s = now_s - idle_for_s if idle else math.inf
+        activity = [c.last_activity_s for c in self._partitions.values()]
+        # The whole stream is idle (wall-clock rule) only when every partition is reported so.
+        self._last_record_s = max(activity) if activity else None
 
     def revoke(self, partitions: Iterable[int]) -> None:
         for p in partitions:
@@ -65,11 +93,17 @@ class WatermarkTracker:
             clock.last_activity_s = now_s
         self._last_record_s = now_s
 
+    def is_idle(self, partition: int, now_s: float) -> bool:
+        """Whether the partition delivered nothing for the idle timeout (unknown: idle)."""
+        clock = self._partitions.get(partition)
+        return clock is None or now_s - clock.last_activity_s >= self.idle_timeout_s
+
     def restart_idle_clocks(self, now_s: float) -> None:
         """Forget idleness, e.g. after a broker outage: silence then was not an idle stream."""
         for clock in self._partitions.values():
-            clock.last_activity_s = now_s
-        if self._last_record_s is not None:
+            if clock.last_activity_s < math.inf:
+                clock.last_activity_s = now_s
+        if self._last_record_s is not None and self._last_record_s < math.inf:
             self._last_record_s = now_s
 
     @property

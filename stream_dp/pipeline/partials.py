@@ -1,0 +1,217 @@
+"""The internal partials topic: how stage 1 hands bounded counts to the one stage-2 owner.
+
+Stage 1 (whoever owns an input partition) bounds each user's contributions and, when its
+partition's watermark passes a window's end, publishes that partition's exact bounded
+totals per query and key — a *partial*. Every partial of a window goes to one partition of
+the partials topic (:func:`partials_partition`), so one stage-2 owner sees all of them.
+After its partials are acknowledged, stage 1 writes a :class:`SourceWatermark` for its
+partition to *every* partials partition: within a partition records keep their order, so
+a stage-2 owner that has read a watermark has read every partial it covers.
+
+A partial may be published twice for one (query, window, source partition): stage 1
+replays its input after a crash and its reservoirs sample anew. Each publication carries a
+fresh ``version``; stage 2 takes the first complete version, never a sum of two.
+
+Partials hold exact counts per key and no raw id: the topic is internal and access-controlled
+(ARCHITECTURE.md, "Where each number goes"). Schema: ``topics/partials.schema.json``.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from stream_dp.pipeline.records import SCHEMA_VERSION
+from stream_dp.privacy.release import KeyAggregate
+from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
+
+#: Keys per partial part: keeps a record well under Kafka's default 1 MB message limit.
+KEYS_PER_PART: Final = 5000
+WATERMARK_KEY_PREFIX: Final = "__watermark__|"
+
+GroupKey = tuple[Any, ...]
+
+
+class PartialFormatError(ValueError):
+    """A record on the partials topic that is not a partial or watermark of this schema."""
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """One source partition's exact bounded totals for one (query, window)."""
+
+    query: str
+    window_start_s: int
+    source_partition: int
+    version: str
+    totals: Mapping[GroupKey, KeyAggregate]
+    #: Events the partition's reservoirs saw for the window, and kept after bounding.
+    events_seen: int
+    events_retained: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartialPart:
+    query: str
+    window_start_s: int
+    source_partition: int
+    version: str
+    part: int
+    parts: int
+    events_seen: int
+    events_retained: int
+    totals: list[tuple[GroupKey, KeyAggregate]]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceWatermark:
+    """How far one source partition's stage 1 has sealed windows.
+
+    Every partial of a window ending at or before ``watermark_s`` precedes this record on
+    the partition it was read from. ``idle``: the partition delivered nothing for the idle
+    timeout; with ``open_windows`` false it has nothing left to contribute and holds no
+    window back.
+    """
+
+    source_partition: int
+    source_partitions: int
+    watermark_s: float | None
+    idle: bool
+    open_windows: bool
+
+
+def new_version() -> str:
+    return uuid.uuid4().hex
+
+
+def partials_partition(window_start_s: int, window_size_s: int, partitions: int) -> int:
+    """The partials partition of a window: consecutive windows go to different owners."""
+    return (window_start_s // window_size_s) % partitions
+
+
+def encode_partial(partial: Partial) -> list[tuple[str, bytes]]:
+    """The (key, value) records of one partial, in part order."""
+    items = sorted(partial.totals.items(), key=lambda kv: orjson.dumps(kv[0]))
+    n_parts = max(1, math.ceil(len(items) / KEYS_PER_PART))
+    window = iso_utc(partial.window_start_s)
+    key = f"{partial.query}|{window}|{partial.source_partition}"
+    out = []
+    for i in range(n_parts):
+        chunk = items[i * KEYS_PER_PART : (i + 1) * KEYS_PER_PART]
+        value = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "partial",
+            "query": partial.query,
+            "window_start": window,
+            "source_partition": partial.source_partition,
+            "version": partial.version,
+            "part": i,
+            "parts": n_parts,
+            "events_seen": partial.events_seen,
+            "events_retained": partial.events_retained,
+            "totals": [[list(g), a.events, a.users, a.value_sum] for g, a in chunk],
+        }
+        out.append((key, orjson.dumps(value)))
+    return out
+
+
+def encode_watermark(mark: SourceWatermark) -> tuple[str, bytes]:
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "watermark",
+        "source_partition": mark.source_partition,
+        "source_partitions": mark.source_partitions,
+        "watermark_s": mark.watermark_s,
+        "idle": mark.idle,
+        "open_windows": mark.open_windows,
+    }
+    return f"{WATERMARK_KEY_PREFIX}{mark.source_partition}", orjson.dumps(value)
+
+
+def decode(value: bytes | None) -> PartialPart | SourceWatermark:
+    """Parse one partials-topic record; :class:`PartialFormatError` if it is not one."""
+    if value is None:
+        raise PartialFormatError("empty record")
+    try:
+        obj = orjson.loads(value)
+        kind = obj["kind"]
+        if kind == "watermark":
+            wm = obj["watermark_s"]
+            return SourceWatermark(
+                source_partition=int(obj["source_partition"]),
+                source_partitions=int(obj["source_partitions"]),
+                watermark_s=None if wm is None else float(wm),
+                idle=bool(obj["idle"]),
+                open_windows=bool(obj["open_windows"]),
+            )
+        if kind == "partial":
+            return PartialPart(
+                query=str(obj["query"]),
+                window_start_s=epoch_of_iso(str(obj["window_start"])),
+                source_partition=int(obj["source_partition"]),
+                version=str(obj["version"]),
+                part=int(obj["part"]),
+                parts=int(obj["parts"]),
+                events_seen=int(obj["events_seen"]),
+                events_retained=int(obj["events_retained"]),
+                totals=[
+                    (tuple(g), KeyAggregate(int(e), int(u), int(s))) for g, e, u, s in obj["totals"]
+                ],
+            )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise PartialFormatError(f"malformed partials record: {exc}") from None
+    raise PartialFormatError(f"unknown partials record kind {kind!r}")
+
+
+class PartialAssembler:
+    """Collects parts per (query, window, source partition); the first complete version wins."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, dict[int, PartialPart]] = {}
+        self.taken: Partial | None = None
+
+    def add(self, part: PartialPart) -> bool:
+        """Add a part; True when this completed the first version (now in ``taken``)."""
+        if self.taken is not None:
+            return False
+        received = self._parts.setdefault(part.version, {})
+        received[part.part] = part
+        if len(received) < part.parts:
+            return False
+        totals: dict[GroupKey, KeyAggregate] = {}
+        for i in range(part.parts):
+            totals.update(received[i].totals)
+        self.taken = Partial(
+            query=part.query,
+            window_start_s=part.window_start_s,
+            source_partition=part.source_partition,
+            version=part.version,
+            totals=totals,
+            events_seen=part.events_seen,
+            events_retained=part.events_retained,
+        )
+        self._parts.clear()
+        return True
+
+
+def merge_totals(partials: Sequence[Partial]) -> dict[GroupKey, KeyAggregate]:
+    """Per-key sums over source partitions (a user's events all live in one partition)."""
+    merged: dict[GroupKey, KeyAggregate] = {}
+    for partial in partials:
+        for key, agg in partial.totals.items():
+            prev = merged.get(key)
+            merged[key] = (
+                agg
+                if prev is None
+                else KeyAggregate(
+                    prev.events + agg.events,
+                    prev.users + agg.users,
+                    prev.value_sum + agg.value_sum,
+                )
+            )
+    return merged
