@@ -193,8 +193,9 @@ class Worker:
                 released_earlier=self.release.released_earlier,
                 metrics=self.metrics,
             )
+            # Unpublished releases are republished by the owner of their partials partition,
+            # once assigned (on_assigned re-reads the ledger then).
             self.metrics.ledger_windows_loaded.inc(len(ledger))
-            await self._republish_unpublished(ledger, None)
             self._partials_partitions = await self._retry(
                 "partials topic metadata", lambda: self._producer_partitions(self._partials_topic)
             )
@@ -324,15 +325,13 @@ class Worker:
         parts = await self._producer.partitions_for(topic)
         return sorted(parts)
 
-    async def _republish_unpublished(
-        self, ledger: LedgerIndex, partials_partitions: set[int] | None
-    ) -> None:
-        """Republish ledgered, unpublished releases (of windows mapped to these partitions)."""
+    async def _republish_unpublished(self, ledger: LedgerIndex, partials: set[int]) -> None:
+        """Republish ledgered, unpublished releases of windows mapped to these partitions."""
         size = self.config.window.size_s
         n = len(self._partials_partitions)
         for rel in ledger.unpublished():
-            if partials_partitions is not None and (
-                partials_partition(rel.window_start_s, size, n) not in partials_partitions
+            if self._partials_partitions[partials_partition(rel.window_start_s, size, n)] not in (
+                partials
             ):
                 continue
             log.info(
@@ -594,9 +593,7 @@ class Worker:
                             )
                         )
                     elif tp.topic == self._input_topic:
-                        out, bad = ingest.route(
-                            tp.partition, records, now_s=now, now_mono_s=mono
-                        )
+                        out, bad = ingest.route(tp.partition, records, now_s=now, now_mono_s=mono)
                         routed.extend((k, v, None) for k, v in out)
                         dead.extend(bad)
                         self._routed_positions[tp.partition] = msgs[-1].offset + 1
