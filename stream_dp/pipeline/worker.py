@@ -522,8 +522,10 @@ class Worker:
                     self._routed_positions.pop(p, None)
                 for tp in revoked:
                     self._committed.pop(tp, None)
-                for p in stage1:
-                    self.metrics.forget_partition(p)
+                # Lag is tracked per input partition (whichever stage reads it).
+                for tp in revoked:
+                    if tp.topic == self._input_topic:
+                        self.metrics.forget_partition(tp.partition)
             self.health.set("partitions_assigned", False)
             log.info(
                 "partitions revoked: %s",
