@@ -148,6 +148,8 @@ async def test_run_and_tail_lines(
         "STREAM_DP_OUTPUT__TOPIC": f"releases-{suffix}",
         "STREAM_DP_OUTPUT__DEAD_LETTER_TOPIC": f"dead-letter-{suffix}",
         "STREAM_DP_OUTPUT__LEDGER_TOPIC": f"ledger-{suffix}",
+        "STREAM_DP_OUTPUT__PARTIALS_TOPIC": f"partials-{suffix}",
+        "STREAM_DP_OUTPUT__REPARTITION_TOPIC": f"repartition-{suffix}",
         "STREAM_DP_METRICS__PORT": "0",
     }
     for name, value in overrides.items():
