@@ -150,6 +150,8 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 open_windows=bool(obj["open_windows"]),
             )
         if kind == "partial":
+            if not 0 <= int(obj["part"]) < int(obj["parts"]):
+                raise ValueError(f"part {obj['part']} of {obj['parts']}")
             return PartialPart(
                 query=str(obj["query"]),
                 window_start_s=epoch_of_iso(str(obj["window_start"])),
