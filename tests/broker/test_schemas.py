@@ -75,6 +75,35 @@ LEDGER: dict[str, Any] = {
     ],
 }
 FENCE = {"schema_version": 1, "kind": "fence", "fence_id": "5f0c6d0e"}
+PARTIAL: dict[str, Any] = {
+    "schema_version": 1,
+    "kind": "partial",
+    "query": "visits_by_domain",
+    "window_start": "2020-08-01T00:00:00Z",
+    "source_partition": 2,
+    "version": "0f" * 16,
+    "part": 0,
+    "parts": 2,
+    "events_seen": 120,
+    "events_retained": 80,
+    "totals": [[["mail.com"], 50, 31, 0], [[None], 30, 12, -7]],
+}
+SOURCE_WATERMARK: dict[str, Any] = {
+    "schema_version": 1,
+    "kind": "watermark",
+    "source_partition": 2,
+    "source_partitions": 4,
+    "watermark_s": 1596283199.5,
+    "idle": False,
+    "open_windows": True,
+}
+REPARTITIONED: dict[str, Any] = {
+    "u": "3a" * 16,
+    "t": 1596283200.25,
+    "e": {"domain": "mail.com", "bytes": 512, "mobile": None},
+    "src": [1, 1041],
+}
+PROGRESS: dict[str, Any] = {"t": 1596283200.25, "idle_s": 0.5, "src": [1, -1]}
 
 
 def _without(record: dict[str, Any], key: str) -> dict[str, Any]:
@@ -140,7 +169,11 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
         [DEAD_LETTER, {**WINDOW, "kind": "release"}],
     ),
     "dead_letter.schema.json": (
-        [DEAD_LETTER, {**DEAD_LETTER, "reason": "too_large", "payload": "{not json"}],
+        [
+            DEAD_LETTER,
+            {**DEAD_LETTER, "reason": "too_large", "payload": "{not json"},
+            {**DEAD_LETTER, "reason": "not_keyed_by_user"},
+        ],
         [
             {**DEAD_LETTER, "reason": "bad_vibes"},
             {**DEAD_LETTER, "source_offset": -1},
@@ -151,8 +184,15 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
         ],
     ),
     "ledger.schema.json": (
-        [LEDGER, FENCE, {**LEDGER, "part": 2, "parts": 3, "records": []}],
         [
+            LEDGER,
+            FENCE,
+            {**LEDGER, "part": 2, "parts": 3, "records": []},
+            {**LEDGER, "sources": {"0": "0f" * 16, "3": "ab" * 16}},
+        ],
+        [
+            {**LEDGER, "sources": {"zero": "0f" * 16}},
+            {**LEDGER, "sources": {"0": 7}},
             _without(LEDGER, "records"),
             {**LEDGER, "parts": 0},
             {**LEDGER, "part": -1},
@@ -162,6 +202,54 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**FENCE, "fence_id": 7},
             _without(FENCE, "fence_id"),
             {**FENCE, "kind": "checkpoint"},
+        ],
+    ),
+    "partials.schema.json": (
+        [
+            PARTIAL,
+            {**PARTIAL, "part": 1, "totals": []},
+            {**PARTIAL, "totals": [[[], 3, 2, 0], [["a", 1, 2.5, True], 1, 1, 100]]},
+            SOURCE_WATERMARK,
+            {**SOURCE_WATERMARK, "watermark_s": None, "idle": True, "open_windows": False},
+        ],
+        [
+            _without(PARTIAL, "version"),
+            {**PARTIAL, "version": "v1"},
+            {**PARTIAL, "parts": 0},
+            {**PARTIAL, "source_partition": -1},
+            {**PARTIAL, "totals": [[["mail.com"], 50, 31]]},
+            {**PARTIAL, "totals": [[["mail.com"], -1, 31, 0]]},
+            {**PARTIAL, "totals": [["mail.com", 50, 31, 0]]},
+            {**PARTIAL, "totals": [[[["nested"]], 50, 31, 0]]},
+            {**PARTIAL, "user_id": "u1"},
+            {**PARTIAL, "kind": "window"},
+            _without(SOURCE_WATERMARK, "open_windows"),
+            {**SOURCE_WATERMARK, "source_partitions": 0},
+            {**SOURCE_WATERMARK, "watermark_s": "2020-08-01T00:00:00Z"},
+            {**SOURCE_WATERMARK, "idle": "no"},
+        ],
+    ),
+    "repartition.schema.json": (
+        [
+            REPARTITIONED,
+            {**REPARTITIONED, "e": {}, "t": 1596283200},
+            PROGRESS,
+            {**PROGRESS, "t": None, "idle_s": 0},
+        ],
+        [
+            _without(REPARTITIONED, "src"),
+            {**REPARTITIONED, "u": "alice@example.com"},
+            {**REPARTITIONED, "u": "3A" * 16},
+            {**REPARTITIONED, "user_id": "alice"},
+            {**REPARTITIONED, "e": {"domain": ["a"]}},
+            {**REPARTITIONED, "src": [1]},
+            {**REPARTITIONED, "src": [1, -1]},
+            {**REPARTITIONED, "t": "2020-08-01T00:00:00Z"},
+            {**REPARTITIONED, "src": [1, -1]},
+            _without(PROGRESS, "idle_s"),
+            {**PROGRESS, "idle_s": -1},
+            {**PROGRESS, "src": [1, 0]},
+            {**PROGRESS, "u": "3a" * 16},
         ],
     ),
 }
@@ -200,7 +288,14 @@ def test_schema_rejects_invalid_records(schema_file: str, index: int) -> None:
 
 @pytest.mark.parametrize(
     "schema_file",
-    ["event.schema.json", "release.schema.json", "window.schema.json", "dead_letter.schema.json"],
+    [
+        "event.schema.json",
+        "release.schema.json",
+        "window.schema.json",
+        "dead_letter.schema.json",
+        "partials.schema.json",
+        "repartition.schema.json",
+    ],
 )
 def test_record_schemas_work_alone(schema_file: str) -> None:
     """One file is enough to validate these records (only output/ledger refer to others)."""

@@ -34,6 +34,8 @@ def test_definitions_match_the_config(config_factory: ConfigFactory) -> None:
         config.output.topic: (3, "delete", SEVEN_DAYS_MS, "output.schema.json"),
         config.output.dead_letter_topic: (1, "delete", SEVEN_DAYS_MS, "dead_letter.schema.json"),
         config.output.ledger_topic: (3, "compact", "-1", "ledger.schema.json"),
+        config.output.partials_topic: (6, "delete", SEVEN_DAYS_MS, "partials.schema.json"),
+        config.output.repartition_topic: (4, "delete", SEVEN_DAYS_MS, "repartition.schema.json"),
     }
     got = {
         name: (s.partitions, s.config["cleanup.policy"], s.config["retention.ms"], s.schema)
@@ -91,15 +93,27 @@ def test_broken_definitions_are_config_errors(
     assert file in str(info.value)
 
 
-def test_two_definitions_with_one_name_are_refused(config_factory: ConfigFactory) -> None:
-    config = _config(config_factory, topic="same", ledger_topic="same")
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"output": {"topic": "same", "ledger_topic": "same"}},
+        {"output": {"partials_topic": "same", "ledger_topic": "same"}},
+        {"output": {"repartition_topic": "same"}, "input": {"topic": "same"}},
+    ],
+    ids=["releases-ledger", "partials-ledger", "repartition-input"],
+)
+def test_two_definitions_with_one_name_are_refused(
+    config_factory: ConfigFactory, overrides: dict[str, dict[str, str]]
+) -> None:
+    config = load_config(config_factory(overrides))
     with pytest.raises(ConfigError, match="'same'"):
         resolve_all(config)
 
 
-def test_invalid_topic_name_names_the_setting(config_factory: ConfigFactory) -> None:
-    config = _config(config_factory, dead_letter_topic="dead letters")
-    with pytest.raises(ConfigError, match=r"output.dead_letter_topic = 'dead letters'"):
+@pytest.mark.parametrize("setting", ["dead_letter_topic", "partials_topic", "repartition_topic"])
+def test_invalid_topic_name_names_the_setting(config_factory: ConfigFactory, setting: str) -> None:
+    config = _config(config_factory, **{setting: "bad name"})
+    with pytest.raises(ConfigError, match=rf"output.{setting} = 'bad name'"):
         resolve_all(config)
 
 
@@ -131,7 +145,13 @@ async def test_apply_topics_creates_only_missing_ones(
     config = _config(config_factory)
     created = await apply_topics(config, include_input=False)
     assert sorted(created) == sorted(
-        [config.output.topic, config.output.dead_letter_topic, config.output.ledger_topic]
+        [
+            config.output.topic,
+            config.output.dead_letter_topic,
+            config.output.ledger_topic,
+            config.output.partials_topic,
+            config.output.repartition_topic,
+        ]
     )
     assert await apply_topics(config) == [config.input.topic]
     assert await apply_topics(config) == []
@@ -158,6 +178,8 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
         config.output.topic,
         config.output.dead_letter_topic,
         config.output.ledger_topic,
+        config.output.partials_topic,
+        config.output.repartition_topic,
     ]
 
     first = _stream_dp("topics", "apply", "--config", str(path))
@@ -165,7 +187,7 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
     assert sorted(line.split()[1] for line in first.stdout.splitlines() if "created:" in line) == (
         sorted(names)
     )
-    assert "4 created, 0 already present" in first.stdout
+    assert "6 created, 0 already present" in first.stdout
 
     second = _stream_dp("topics", "apply", "--config", str(path))
     assert second.returncode == 0, second.stderr
@@ -176,7 +198,9 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
         if line.startswith("already present: ")
     ) == sorted(names)
 
-    assert await _partitions(kafka_bootstrap, names) == dict(zip(names, [4, 3, 1, 3], strict=True))
+    assert await _partitions(kafka_bootstrap, names) == dict(
+        zip(names, [4, 3, 1, 3, 6, 4], strict=True)
+    )
     ledger = await _topic_configs(kafka_bootstrap, config.output.ledger_topic)
     assert ledger["cleanup.policy"] == "compact"
     releases = await _topic_configs(kafka_bootstrap, config.output.topic)
@@ -209,6 +233,8 @@ def test_cli_list_works_offline(config_factory: ConfigFactory) -> None:
     result = _stream_dp("topics", "list", "--config", str(path))
     assert result.returncode == 0, result.stderr
     assert f"{config.output.ledger_topic}: 3 partitions" in result.stdout
+    assert f"{config.output.partials_topic}: 6 partitions" in result.stdout
+    assert f"{config.output.repartition_topic}: 4 partitions" in result.stdout
     assert "cleanup.policy=compact" in result.stdout
 
 

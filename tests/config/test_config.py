@@ -164,3 +164,31 @@ def test_huge_epsilon_needs_test_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STREAM_DP_ALLOW_UNSAFE_TEST_MODE", "1")
     data["privacy"]["unsafe_test_mode"] = True  # type: ignore[index]
     assert parse_config(data).privacy.unsafe_test_mode
+
+
+def test_scale_out_settings_default_and_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "c.yaml").write_text(GOOD)
+    config = load_config(tmp_path / "c.yaml")
+    # Unkeyed input is the safe default: it is repartitioned by pseudonym.
+    assert config.input.keyed_by_user is False
+    assert config.output.partials_topic == "dp-partials"
+    assert config.output.repartition_topic == "dp-repartition"
+    monkeypatch.setenv("STREAM_DP_INPUT__KEYED_BY_USER", "true")
+    monkeypatch.setenv("STREAM_DP_OUTPUT__PARTIALS_TOPIC", "p-env")
+    config = load_config(tmp_path / "c.yaml")
+    assert config.input.keyed_by_user is True
+    assert config.output.partials_topic == "p-env"
+
+
+def test_unknown_output_key_lists_the_internal_topics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _run_with(tmp_path, "output: {partial_topic: x}\n" + GOOD, capsys)
+    assert code == 2
+    assert "output.partial_topic" in err
+    assert "partials_topic, repartition_topic" in err
+    code, err = _run_with(tmp_path, "input: {keyed_by_user: maybe}\n" + GOOD, capsys)
+    assert code == 2
+    assert "input.keyed_by_user" in err

@@ -56,6 +56,14 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "last_release": ("stream_dp_last_release_timestamp_seconds", "gauge", ()),
     "ready": ("stream_dp_ready", "gauge", ()),
     "broker_errors": ("stream_dp_broker_errors_total", "counter", ()),
+    "events_repartitioned": ("stream_dp_events_repartitioned_total", "counter", ()),
+    "repartition_duplicates_skipped": (
+        "stream_dp_repartition_duplicates_skipped_total",
+        "counter",
+        (),
+    ),
+    "partials_published": ("stream_dp_partials_published_total", "counter", ()),
+    "partials_ignored": ("stream_dp_partials_ignored_total", "counter", ("reason",)),
     "build_info": ("stream_dp_build_info", "info", ("version", "python")),
 }
 
@@ -124,6 +132,10 @@ def populated() -> Metrics:
     m.last_release.set(1_596_283_260.0)
     m.ready.set(1)
     m.broker_errors.inc()
+    m.events_repartitioned.inc(9)
+    m.repartition_duplicates_skipped.inc(2)
+    m.partials_published.inc(6)
+    m.partials_ignored.labels(reason="duplicate_version").inc()
     return m
 
 
@@ -217,6 +229,14 @@ def test_exposition_parses_back_with_the_values_set() -> None:
     assert samples[("stream_dp_release_delay_seconds_bucket", (("le", "60.0"),))] == 1
     assert samples[("stream_dp_release_delay_seconds_bucket", (("le", "30.0"),))] == 0
     assert samples[("stream_dp_windows_open", ())] == 2
+    assert samples[("stream_dp_events_repartitioned_total", ())] == 9
+    assert samples[("stream_dp_repartition_duplicates_skipped_total", ())] == 2
+    assert samples[("stream_dp_partials_published_total", ())] == 6
+    ignored = "stream_dp_partials_ignored_total"
+    assert samples[(ignored, (("reason", "duplicate_version"),))] == 1
+    # Every reason is exposed at 0 before it first happens (alerts need the series).
+    assert samples[(ignored, (("reason", "window_released"),))] == 0
+    assert samples[(ignored, (("reason", "malformed"),))] == 0
     build = [k for k in samples if k[0] == "stream_dp_build_info"]
     assert len(build) == 1 and dict(build[0][1])["version"]
 

@@ -1,0 +1,102 @@
+"""Builders shared by the pipeline tests: a small test-mode config, input records, releases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from stream_dp.config import parse_config
+from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
+from stream_dp.pipeline.ingest import InputRecord
+from stream_dp.pipeline.ledger import LedgerRelease
+from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
+
+#: A window start for size_s = 10 (2020-08-01T00:00:00Z).
+T0 = 1_596_240_000
+#: Wall clock for decoding: after every event time used here, within max_future_s.
+NOW = T0 + 100
+KEYRING = KeyRing(Pseudonymizer(b"s" * 32, "k1"))
+
+#: Two queries on public keys: with ε = 1e6 in unsafe test mode their releases are exact
+#: (discrete Laplace of scale ≤ 3e-6 draws 0 except with probability < e^-300000).
+QUERIES: list[dict[str, Any]] = [
+    {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a", "b"]}},
+    {"name": "all", "epsilon": 1e6, "keys": {}},
+]
+
+
+def config(
+    *,
+    k: int = 3,
+    keyed_by_user: bool = False,
+    queries: list[dict[str, Any]] | None = None,
+    output: dict[str, Any] | None = None,
+    **privacy: Any,
+) -> Config:
+    """Windows of 10 s, grace 1 s, idle after 5 s; k events per user and window."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(UNSAFE_TEST_MODE_ENV, "1")
+        return parse_config(
+            {
+                "input": {"keyed_by_user": keyed_by_user},
+                "output": output or {},
+                "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 5},
+                "privacy": {
+                    "unsafe_test_mode": True,
+                    "epsilon_per_window": 2e6,
+                    "max_epsilon_per_horizon": 1e12,
+                    **privacy,
+                },
+                "bounds": {"max_contributions_per_window": k},
+                "queries": QUERIES if queries is None else queries,
+            }
+        )
+
+
+def event(user: str | int, t: float, domain: str = "a", **extra: Any) -> bytes:
+    """An input event ``t`` seconds after T0."""
+    return orjson.dumps({"user_id": user, "timestamp": T0 + t, "domain": domain, **extra})
+
+
+def rec(
+    offset: int,
+    user: str | int,
+    t: float,
+    domain: str = "a",
+    *,
+    key: bytes | None = None,
+    **extra: Any,
+) -> InputRecord:
+    """An (offset, Kafka key, value) input record of one event."""
+    return offset, key, event(user, t, domain, **extra)
+
+
+def numbered(records: Iterable[tuple[str | int, float, str]], first: int = 0) -> list[InputRecord]:
+    """(user, t, domain) events as input records with consecutive offsets from ``first``."""
+    return [rec(first + i, u, t, d) for i, (u, t, d) in enumerate(records)]
+
+
+def values(
+    releases: Sequence[LedgerRelease], query: str, window_start_s: int = T0
+) -> dict[str, Any]:
+    """One release's output as {canonical group JSON or "null" (window record): value/kind}."""
+    (rel,) = [r for r in releases if r.query == query and r.window_start_s == window_start_s]
+    return {
+        orjson.dumps(r.value.get("group")).decode(): r.value.get("value", r.value.get("kind"))
+        for r in rel.records
+    }
+
+
+def comparable(releases: Sequence[LedgerRelease]) -> dict[tuple[str, int], list[Any]]:
+    """Every release's output records without the (random) release id, by (query, window)."""
+    out: dict[tuple[str, int], list[Any]] = {}
+    for rel in releases:
+        assert (rel.query, rel.window_start_s) not in out, "a window released twice"
+        out[(rel.query, rel.window_start_s)] = sorted(
+            (r.key, orjson.dumps({k: v for k, v in r.value.items() if k != "release_id"}))
+            for r in rel.records
+        )
+    return out

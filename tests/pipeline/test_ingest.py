@@ -1,0 +1,501 @@
+"""Stage 1 (IngestStage) without Kafka: per-partition windows and sealing, lateness, stage 0's
+repartitioning, re-sent records, user-keyed input, offsets, watermarks and bounding."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from stream_dp.config.model import Config
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.ingest import IngestStage, user_key
+from stream_dp.pipeline.partials import Partial, SourceWatermark
+from stream_dp.privacy.release import KeyAggregate
+from tests.helpers import schema_validator
+from tests.pipeline.support import KEYRING, NOW, T0, config, numbered, rec
+
+A, B = ("a",), ("b",)
+
+
+def _stage(cfg: Config | None = None, *, partitions: Sequence[int] = (0, 1)) -> IngestStage:
+    stage = IngestStage(
+        cfg if cfg is not None else config(),
+        KEYRING,
+        metrics=Metrics(),
+        sampling_rng=random.Random(0),
+    )
+    stage.source_partitions = len(partitions)
+    stage.assign(partitions, 0.0, routed=False)
+    return stage
+
+
+def _owner(input_partitions: int, *, k: int = 3, cfg: Config | None = None) -> IngestStage:
+    """Stage 1 of repartition partition 0, fed by ``input_partitions`` input partitions."""
+    stage = IngestStage(
+        cfg if cfg is not None else config(k=k),
+        KEYRING,
+        metrics=Metrics(),
+        sampling_rng=random.Random(0),
+    )
+    stage.input_partitions = input_partitions
+    stage.source_partitions = 4
+    stage.assign([0], 0.0, routed=True)
+    return stage
+
+
+def _router(*input_partitions: int, now_mono_s: float = 0.0) -> IngestStage:
+    """Stage 0 of a worker that owns these input partitions."""
+    stage = IngestStage(config(), KEYRING, metrics=Metrics())
+    stage.assign_routed(input_partitions, now_mono_s)
+    return stage
+
+
+class Repartition:
+    """Repartition partition 0 as a log: stage 0 appends, its stage-1 owner reads on."""
+
+    def __init__(self, owner: IngestStage) -> None:
+        self.owner = owner
+        self.log: list[tuple[bytes | None, bytes]] = []
+        self.read = 0
+
+    def route(
+        self,
+        router: IngestStage,
+        partition: int,
+        events: Sequence[tuple[str | int, float, str]],
+        *,
+        first: int = 0,
+        now_mono_s: float = 0.0,
+        here: bool = True,
+    ) -> list[tuple[bytes, bytes]]:
+        """Route input events; ``here``: their users' records land on this partition."""
+        out, dead = router.route(
+            partition, numbered(events, first), now_s=NOW, now_mono_s=now_mono_s
+        )
+        assert dead == []
+        if here:
+            self.log += out
+        return out
+
+    def marks(self, router: IngestStage, now_mono_s: float) -> None:
+        """The router's progress marks, which it writes to every repartition partition."""
+        self.log += [(None, mark) for mark in router.progress_marks(now_mono_s)]
+
+    def deliver(self, now_mono_s: float) -> None:
+        batch = [(self.read + i, k, v) for i, (k, v) in enumerate(self.log[self.read :])]
+        self.read = len(self.log)
+        dead = self.owner.ingest(0, batch, now_s=NOW, now_mono_s=now_mono_s, routed=True)
+        assert dead == []
+
+
+def _totals(partials: list[Partial], query: str) -> dict[tuple[Any, ...], KeyAggregate]:
+    (partial,) = [p for p in partials if p.query == query]
+    return dict(partial.totals)
+
+
+def _seal_all(stage: IngestStage, now_mono_s: float) -> dict[tuple[int, int], list[Partial]]:
+    """Seal and drop every due (partition, window), as the worker does after publishing."""
+    out = {}
+    for p, ws in stage.due(now_mono_s):
+        out[(p, ws)] = stage.seal(p, ws)
+        stage.drop(p, ws)
+    return out
+
+
+# -- per-partition sealing ------------------------------------------------------------------
+
+
+def test_a_window_is_due_for_a_partition_when_its_own_watermark_passes_the_end() -> None:
+    stage = _stage()
+    stage.ingest(0, [rec(0, "u", 1), rec(1, "u", 10.999)], now_s=NOW, now_mono_s=1)
+    stage.ingest(1, [rec(0, "v", 2)], now_s=NOW, now_mono_s=1)
+    assert stage.due(1) == []  # partition 0: 10.999 - grace 1 < window end 10
+    stage.ingest(0, [rec(2, "u", 11)], now_s=NOW, now_mono_s=1)
+    assert stage.due(1) == [(0, T0)]  # watermark exactly at the end: closed
+    sealed = _seal_all(stage, 1)
+    assert _totals(sealed[(0, T0)], "all") == {(): KeyAggregate(1, 1, 0)}
+    # Partition 1 still holds its own part of the same window; it seals independently.
+    assert stage.open_windows() == [T0, T0 + 10]
+    assert stage.due(2) == []
+    stage.ingest(1, [rec(1, "v", 30)], now_s=NOW, now_mono_s=2)
+    assert stage.due(2) == [(1, T0)]  # watermark 29: T0+30 (its other window) stays open
+    assert _totals(_seal_all(stage, 2)[(1, T0)], "all") == {(): KeyAggregate(1, 1, 0)}
+    assert stage.open_windows() == [T0 + 10, T0 + 30]
+
+
+def test_late_events_are_per_partition() -> None:
+    stage = _stage()
+    stage.ingest(0, [rec(0, "u", 1), rec(1, "u", 15)], now_s=NOW, now_mono_s=0)
+    stage.ingest(1, [rec(0, "v", 3)], now_s=NOW, now_mono_s=0)
+    assert _seal_all(stage, 0).keys() == {(0, T0)}
+    # Window T0 is sealed on partition 0 only: late there, on time on partition 1.
+    stage.ingest(0, [rec(2, "w", 2), rec(3, "w", 9.9)], now_s=NOW, now_mono_s=1)
+    stage.ingest(1, [rec(1, "w", 2)], now_s=NOW, now_mono_s=1)
+    assert stage.metrics.late_events._value.get() == 2
+    stage.ingest(1, [rec(2, "v", 12)], now_s=NOW, now_mono_s=1)
+    sealed = _seal_all(stage, 1)
+    assert _totals(sealed[(1, T0)], "all") == {(): KeyAggregate(2, 2, 0)}
+    assert stage.open_windows() == [T0 + 10]  # the late events opened nothing
+
+
+def test_seal_gives_one_partial_per_query_with_a_fresh_version() -> None:
+    stage = _stage()
+    stage.ingest(0, [rec(0, "u", 1), rec(1, "v", 2, "b"), rec(2, "v", 3)], now_s=NOW, now_mono_s=0)
+    first = stage.seal(0, T0)
+    again = stage.seal(0, T0)  # re-sealed (the publication failed): same counts, new version
+    assert [(p.query, p.window_start_s, p.source_partition) for p in first] == [
+        ("visits", T0, 0),
+        ("all", T0, 0),
+    ]
+    assert _totals(first, "visits") == {A: KeyAggregate(2, 2, 0), B: KeyAggregate(1, 1, 0)}
+    assert _totals(first, "all") == {(): KeyAggregate(3, 2, 0)}
+    assert [(p.events_seen, p.events_retained) for p in first] == [(3, 3), (3, 3)]
+    assert _totals(again, "visits") == _totals(first, "visits")
+    assert first[0].version == first[1].version != again[0].version
+    stage.drop(0, T0)
+    assert stage.open_windows() == []
+    assert stage.metrics.partials_published._value.get() == 2
+
+
+# -- bounding -------------------------------------------------------------------------------
+
+
+def test_bounding_per_user_holds_per_partition() -> None:
+    k = 3
+    stage = _stage(config(k=k))
+    heavy = [("heavy", 1 + i / 100, "a" if i % 2 else "b") for i in range(10 * k)]
+    stage.ingest(
+        0, numbered([*heavy, ("light", 2, "a"), ("light", 3, "b")]), now_s=NOW, now_mono_s=0
+    )
+    stage.ingest(
+        1, numbered([("other", 1 + i / 100, "a") for i in range(10 * k)]), now_s=NOW, now_mono_s=0
+    )
+    p0, p1 = stage.seal(0, T0), stage.seal(1, T0)
+    assert _totals(p0, "all") == {(): KeyAggregate(k + 2, 2, 0)}
+    assert sum(a.events for a in _totals(p0, "visits").values()) == k + 2
+    assert [(p.events_seen, p.events_retained) for p in p0] == [(10 * k + 2, k + 2)] * 2
+    assert _totals(p1, "all") == {(): KeyAggregate(k, 1, 0)}
+    assert _totals(p1, "visits") == {A: KeyAggregate(k, 1, 0)}
+    assert stage.metrics.events_dropped_by_bounding._value.get() == 2 * (10 * k - k)
+
+
+def test_repartitioning_bounds_a_user_spread_over_input_partitions() -> None:
+    """Unkeyed input: one user's events on two input partitions meet in one repartition
+    partition (keyed by pseudonym) and are bounded together."""
+    k = 3
+    topic = Repartition(_owner(2, k=k))
+    out0 = topic.route(_router(0), 0, [("heavy", 1 + i / 100, "a") for i in range(5 * k)])
+    out1 = topic.route(_router(1), 1, [("heavy", 2 + i / 100, "b") for i in range(5 * k)])
+    assert {key for key, _ in out0} == {key for key, _ in out1}  # one pseudonym, one key
+    topic.deliver(0)
+    partials = topic.owner.seal(0, T0)
+    assert _totals(partials, "all") == {(): KeyAggregate(k, 1, 0)}
+    assert [(p.events_seen, p.events_retained) for p in partials] == [(10 * k, k)] * 2
+
+
+# -- stage 0: repartitioning ----------------------------------------------------------------
+
+
+def test_route_output_validates_and_carries_no_raw_user_id() -> None:
+    validator = schema_validator("repartition.schema.json")
+    stage = _stage()
+    records = [
+        rec(7, "alice@example.com", 1, email="alice@example.com", note="x"),
+        (8, None, b"not json"),
+        rec(9, 123456789, 2, "b"),
+        (10, None, orjson.dumps({"timestamp": T0 + 1})),
+    ]
+    out, dead = stage.route(3, records, now_s=NOW, now_mono_s=0)
+    assert [(d.reason, d.partition, d.offset) for d in dead] == [
+        ("not_json", 3, 8),
+        ("missing_user", 3, 10),
+    ]
+    assert len(out) == 2
+    bodies = []
+    for key, value in out:
+        body = orjson.loads(value)
+        validator.validate(body)
+        assert key == body["u"].encode()
+        assert b"alice" not in key + value and b"123456789" not in key + value
+        bodies.append(body)
+    assert [b["src"] for b in bodies] == [[3, 7], [3, 9]]
+    assert [b["e"] for b in bodies] == [{"domain": "a"}, {"domain": "b"}]  # query fields only
+    assert [b["t"] for b in bodies] == [T0 + 1, T0 + 2]
+    assert bodies[0]["u"] == KEYRING.current.pseudonym("alice@example.com").hex()
+    assert stage.metrics.events_repartitioned._value.get() == 2
+    assert stage.metrics.events_consumed._value.get() == 4
+    assert stage.metrics.bad_records.labels(reason="not_json")._value.get() == 1
+    assert stage.open_windows() == []  # routing keeps no window state
+
+
+def test_every_record_stage_0_writes_validates_against_the_schema() -> None:
+    validator = schema_validator("repartition.schema.json")
+    router = _router(0)
+    out, _ = router.route(0, numbered([("u", 1, "a"), ("v", 2, "b")]), now_s=NOW, now_mono_s=0)
+    marks = router.progress_marks(1)
+    assert len(out) == 2 and len(marks) == 1
+    for value in [*(v for _, v in out), *marks]:
+        validator.validate(orjson.loads(value))
+    # Before anything was routed the mark has no time yet; it validates too.
+    (empty,) = _router(3).progress_marks(0)
+    validator.validate(orjson.loads(empty))
+
+
+def test_progress_marks_report_the_largest_time_routed_and_idleness() -> None:
+    router = _router(0, 1, now_mono_s=0)
+
+    def marks(now_mono_s: float) -> list[Any]:
+        return [orjson.loads(m) for m in router.progress_marks(now_mono_s)]
+
+    assert marks(0) == [
+        {"t": None, "idle_s": 0.0, "src": [0, -1]},
+        {"t": None, "idle_s": 0.0, "src": [1, -1]},
+    ]
+    router.route(0, numbered([("u", 20, "a"), ("alice", 5, "a")]), now_s=NOW, now_mono_s=1)
+    assert marks(3) == [
+        {"t": T0 + 20, "idle_s": 2.0, "src": [0, -1]},
+        {"t": None, "idle_s": 3.0, "src": [1, -1]},
+    ]
+    assert not any(b"alice" in m for m in router.progress_marks(3))
+    router.route(0, numbered([("u", 7, "a")], first=2), now_s=NOW, now_mono_s=4)
+    assert marks(4)[0] == {"t": T0 + 20, "idle_s": 0.0, "src": [0, -1]}  # never back
+    # A batch of bad records is still activity: the partition is not idle.
+    router.route(1, [(0, None, b"not json")], now_s=NOW, now_mono_s=6)
+    assert marks(6)[1] == {"t": None, "idle_s": 0.0, "src": [1, -1]}
+    router.restart_idle_clocks(10)  # after a broker outage: silence was not idleness
+    assert [m["idle_s"] for m in marks(10)] == [0.0, 0.0]
+    router.forget_routed([0])  # partition 0 moved to another worker
+    assert [m["src"] for m in marks(11)] == [[1, -1]]
+
+
+def test_progress_marks_let_a_partition_without_a_sources_users_advance() -> None:
+    """Input partition 1's users all go to other repartition partitions; its progress
+    marks, written to every repartition partition, still move its clock here."""
+    topic = Repartition(_owner(2))
+    router0, router1 = _router(0), _router(1)
+    topic.route(router0, 0, [("u", 1, "a"), ("u", 13, "a")])
+    topic.marks(router0, 1)
+    topic.deliver(1)
+    assert topic.owner.due(1) == []  # input partition 1 unheard of
+    topic.route(router1, 1, [("v", 2, "a"), ("v", 12, "b")], here=False)
+    topic.marks(router1, 1)
+    topic.deliver(1)
+    assert topic.owner.due(1) == [(0, T0)]  # min(13, 12) - grace 1 = 11 ≥ 10
+    assert _totals(topic.owner.seal(0, T0), "all") == {(): KeyAggregate(1, 1, 0)}
+    assert topic.owner.metrics.repartition_duplicates_skipped._value.get() == 0
+
+
+def test_routed_ingest_drops_records_re_sent_after_a_crash() -> None:
+    topic = Repartition(_owner(2))
+    out0 = topic.route(_router(0), 0, [("u", 1, "a"), ("v", 2, "a"), ("w", 3, "b")], here=False)
+    topic.log += out0[:2]
+    topic.deliver(0)
+    # The router crashed after writing offsets 0-1, before committing: its successor
+    # routes 0-2 again.
+    topic.route(_router(0), 0, [("u", 1, "a"), ("v", 2, "a"), ("w", 3, "b")])
+    topic.deliver(0)
+    assert topic.owner.metrics.repartition_duplicates_skipped._value.get() == 2
+    # The same source offset from another input partition is a different record.
+    out1 = topic.route(_router(1), 1, [("x", 4, "b")])
+    assert orjson.loads(out1[0][1])["src"] == [1, 0]
+    topic.deliver(0)
+    assert topic.owner.metrics.repartition_duplicates_skipped._value.get() == 2
+    partials = topic.owner.seal(0, T0)
+    assert _totals(partials, "visits") == {A: KeyAggregate(2, 2, 0), B: KeyAggregate(2, 2, 0)}
+    assert topic.owner.metrics.events_consumed._value.get() == 0  # counted at routing
+    assert topic.owner.safe_offsets() == {0: 0}  # the window's first record
+
+
+def test_a_routed_partition_waits_for_its_slowest_active_source() -> None:
+    topic = Repartition(_owner(2))
+    fast, slow = _router(0), _router(1)
+    topic.route(fast, 0, [("u", 1, "a"), ("u", 30, "a")])
+    topic.marks(fast, 1)
+    topic.route(slow, 1, [("v", 2, "b")])
+    topic.marks(slow, 1)
+    topic.deliver(1)
+    assert topic.owner.due(1) == []  # the slow source is at 2 - grace
+    topic.route(slow, 1, [("v", 12, "b")], first=1, now_mono_s=2)
+    topic.marks(slow, 2)
+    topic.deliver(2)
+    assert topic.owner.due(2) == [(0, T0)]  # min(30, 12) - 1 = 11 ≥ 10; T0+10 still open
+    assert [m.watermark_s for m in topic.owner.watermarks(2)] == [T0 + 11.0]
+
+
+def test_silence_never_makes_a_routed_source_idle_only_its_router_does() -> None:
+    topic = Repartition(_owner(2))
+    fast, slow = _router(0), _router(1, now_mono_s=0)
+    topic.route(fast, 0, [("u", 1, "a"), ("u", 25, "a")])
+    topic.marks(fast, 1)
+    topic.deliver(1)
+    assert topic.owner.due(1000) == []  # source 1 never spoke: it may be a slow reader
+    topic.marks(slow, 4.9)
+    topic.deliver(1001)
+    assert topic.owner.due(1001) == []  # its router has seen input 4.9 s ago: not idle
+    topic.marks(slow, 5)
+    topic.deliver(1002)
+    assert topic.owner.due(1002) == [(0, T0)]  # idle by its router (5 s): 25 - 1 = 24
+    (mark,) = topic.owner.watermarks(1002)
+    assert (mark.watermark_s, mark.idle) == (T0 + 24.0, False)  # source 0 is not idle
+
+
+def test_when_every_source_is_reported_idle_the_wall_clock_advances() -> None:
+    topic = Repartition(_owner(2))
+    router = _router(0, 1, now_mono_s=0)
+    topic.route(router, 0, [("u", 1, "a")])
+    topic.marks(router, 6)  # both silent for 6 s ≥ idle_close_s
+    topic.deliver(6)
+    # Idle since 0 on the owner's clock: watermark = 1 + (now - 0) - grace 1.
+    assert topic.owner.due(9.9) == []
+    assert topic.owner.due(10) == [(0, T0)]
+    (mark,) = topic.owner.watermarks(10)
+    assert (mark.watermark_s, mark.idle, mark.open_windows) == (T0 + 10.0, True, True)
+
+
+# -- user-keyed input ---------------------------------------------------------------------
+
+
+def test_keyed_input_dead_letters_records_not_keyed_by_their_user() -> None:
+    stage = _stage(config(keyed_by_user=True))
+    assert stage.enforce_user_keys
+    records = [
+        rec(0, "alice", 1, key=b"alice"),
+        rec(1, "alice", 1, key=b"bob"),
+        rec(2, "alice", 1, key=None),
+        rec(3, 17, 1, key=b"17"),
+        rec(4, 17, 1, key=user_key(17)),
+        rec(5, 17, 1, key=b"017"),
+        rec(6, "17", 1, key=b"17"),
+    ]
+    dead = stage.ingest(0, records, now_s=NOW, now_mono_s=0)
+    assert [(d.reason, d.partition, d.offset, d.payload) for d in dead] == [
+        ("not_keyed_by_user", 0, 1, None),
+        ("not_keyed_by_user", 0, 2, None),
+        ("not_keyed_by_user", 0, 5, None),
+    ]
+    assert "input.keyed_by_user" in dead[0].detail
+    assert stage.metrics.bad_records.labels(reason="not_keyed_by_user")._value.get() == 3
+    assert user_key(17) == b"17"
+    # alice once; 17, 17 and "17" are one user (ids are canonical, as the keys are).
+    assert _totals(stage.seal(0, T0), "all") == {(): KeyAggregate(4, 2, 0)}
+
+
+def test_keyed_input_with_payloads_in_dead_letters() -> None:
+    cfg = config(keyed_by_user=True, output={"dead_letter_include_payload": True})
+    stage = _stage(cfg)
+    (dead,) = stage.ingest(0, [rec(0, "alice", 1, key=b"bob")], now_s=NOW, now_mono_s=0)
+    assert dead.payload == rec(0, "alice", 1)[2]
+
+
+def test_unkeyed_input_accepts_any_key() -> None:
+    stage = _stage(config(keyed_by_user=False))
+    assert not stage.enforce_user_keys
+    dead = stage.ingest(
+        0, [rec(0, "alice", 1, key=b"bob"), rec(1, "bob", 1)], now_s=NOW, now_mono_s=0
+    )
+    assert dead == []
+    assert _totals(stage.seal(0, T0), "all") == {(): KeyAggregate(2, 2, 0)}
+
+
+def test_routed_records_are_not_checked_against_user_keys() -> None:
+    """Repartitioned records are keyed by pseudonym, never by user id."""
+    topic = Repartition(_owner(1, cfg=config(keyed_by_user=True)))
+    assert topic.owner.enforce_user_keys
+    topic.route(_router(0), 0, [("alice", 1, "a")])
+    topic.deliver(0)  # asserts no dead letters
+    assert _totals(topic.owner.seal(0, T0), "all") == {(): KeyAggregate(1, 1, 0)}
+
+
+# -- offsets --------------------------------------------------------------------------------
+
+
+def test_safe_offsets_never_skip_an_unsealed_windows_first_offset() -> None:
+    stage = _stage()
+    stage.ingest(0, [rec(5, "u", 1), rec(6, "u", 12), rec(7, "u", 2)], now_s=NOW, now_mono_s=0)
+    assert stage.safe_offsets() == {0: 5}
+    stage.ingest(0, [rec(8, "u", 25), rec(9, "u", 13)], now_s=NOW, now_mono_s=0)
+    assert stage.safe_offsets() == {0: 5}
+    assert _seal_all(stage, 0).keys() == {(0, T0), (0, T0 + 10)}  # watermark 24
+    assert stage.safe_offsets() == {0: 8}  # T0+20 starts at 8
+    stage.ingest(1, [rec(0, "v", 40), rec(1, "v", 3)], now_s=NOW, now_mono_s=0)  # 3 is on time
+    assert stage.safe_offsets() == {0: 8, 1: 0}
+    stage.ingest(0, [rec(10, "u", 4)], now_s=NOW, now_mono_s=0)  # late: needs nothing
+    assert stage.safe_offsets() == {0: 8, 1: 0}
+    stage.ingest(0, [rec(11, "u", 50)], now_s=NOW, now_mono_s=0)
+    _seal_all(stage, 0)
+    assert stage.safe_offsets() == {0: 11, 1: 0}  # T0+50 (offset 11) is still open
+    for p, ws in stage.all_open():
+        stage.seal(p, ws)
+        stage.drop(p, ws)
+    assert stage.safe_offsets() == {0: 12, 1: 2}
+
+
+def test_revoke_drops_a_partitions_state_and_offsets() -> None:
+    stage = _stage()
+    stage.ingest(0, [rec(0, "u", 1)], now_s=NOW, now_mono_s=0)
+    stage.ingest(1, [rec(3, "v", 12)], now_s=NOW, now_mono_s=0)
+    stage.revoke([0])
+    assert stage.partitions == [1]
+    assert stage.open_windows() == [T0 + 10]
+    assert stage.safe_offsets() == {1: 3}
+    assert [m.source_partition for m in stage.watermarks(0)] == [1]
+
+
+def test_events_of_released_windows_are_dropped_as_replays_or_late() -> None:
+    """Windows read from the ledger: their events are replays. Windows this process
+    released itself (stage 2 saw every source sealed or idle): their events are late."""
+    stage = IngestStage(
+        config(), KEYRING, released={T0, T0 + 10}, released_earlier={T0}, metrics=Metrics()
+    )
+    stage.assign([0], 0.0, routed=False)
+    records = [rec(0, "u", 1), rec(1, "u", 2), rec(2, "u", 12), rec(3, "u", 25)]
+    stage.ingest(0, records, now_s=NOW, now_mono_s=0)
+    assert stage.open_windows() == [T0 + 20]
+    assert stage.metrics.replayed_events_skipped._value.get() == 2
+    assert stage.metrics.late_events._value.get() == 1
+    assert stage.safe_offsets() == {0: 3}
+
+
+# -- watermarks -----------------------------------------------------------------------------
+
+
+def test_watermarks_flag_idle_partitions_and_open_windows() -> None:
+    stage = _stage()  # assigned at 0; idle after 5 s without records
+    stage.ingest(0, [rec(0, "u", 1)], now_s=NOW, now_mono_s=1)
+    assert stage.watermarks(2) == [
+        SourceWatermark(0, 2, None, idle=False, open_windows=True),
+        SourceWatermark(1, 2, None, idle=False, open_windows=False),
+    ]
+    assert stage.watermarks(5.5) == [
+        SourceWatermark(0, 2, None, idle=False, open_windows=True),
+        SourceWatermark(1, 2, None, idle=True, open_windows=False),  # silent since 0
+    ]
+    assert stage.watermarks(6) == [
+        SourceWatermark(0, 2, None, idle=True, open_windows=True),  # holds T0 back
+        SourceWatermark(1, 2, None, idle=True, open_windows=False),
+    ]
+    # Idle for long enough, the watermark moves with the wall clock: 1 + (15 - 1) - 1.
+    assert _seal_all(stage, 15).keys() == {(0, T0)}
+    assert stage.watermarks(15) == [
+        SourceWatermark(0, 2, T0 + 14.0, idle=True, open_windows=False),
+        SourceWatermark(1, 2, None, idle=True, open_windows=False),
+    ]
+    stage.ingest(1, [rec(0, "v", 20)], now_s=NOW, now_mono_s=16)  # partition 1 wakes up
+    assert stage.watermarks(16)[1] == SourceWatermark(1, 2, None, idle=False, open_windows=True)
+
+
+def test_a_routed_partition_is_idle_only_when_every_source_is() -> None:
+    topic = Repartition(_owner(2))
+    router0, router1 = _router(0), _router(1)
+    topic.route(router0, 0, [("u", 1, "a")])
+    topic.marks(router0, 5)  # source 0 idle by its router
+    topic.deliver(5)
+    (mark,) = topic.owner.watermarks(100)  # source 1 never reported: not idle
+    assert (mark.idle, mark.open_windows, mark.source_partitions) == (False, True, 4)
+    topic.marks(router1, 5)
+    topic.deliver(6)
+    (mark,) = topic.owner.watermarks(6)
+    assert mark.idle

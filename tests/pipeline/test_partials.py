@@ -1,0 +1,283 @@
+"""The partials topic's records: encoding in parts, decoding, first-complete-version assembly,
+merging per key, and the topic's JSON Schema."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from stream_dp.pipeline.ingest import IngestStage
+from stream_dp.pipeline.partials import (
+    KEYS_PER_PART,
+    WATERMARK_KEY_PREFIX,
+    GroupKey,
+    Partial,
+    PartialAssembler,
+    PartialFormatError,
+    PartialPart,
+    SourceWatermark,
+    decode,
+    encode_partial,
+    encode_watermark,
+    merge_totals,
+    new_version,
+    partials_partition,
+)
+from stream_dp.privacy.release import KeyAggregate
+from tests.helpers import schema_validator
+from tests.pipeline.support import KEYRING, NOW, T0, config, rec
+
+VALIDATOR = schema_validator("partials.schema.json")
+
+
+def _partial(
+    totals: dict[GroupKey, KeyAggregate],
+    *,
+    version: str | None = None,
+    source: int = 2,
+    query: str = "visits",
+    window_start_s: int = T0,
+) -> Partial:
+    return Partial(
+        query=query,
+        window_start_s=window_start_s,
+        source_partition=source,
+        version=version or new_version(),
+        totals=totals,
+        events_seen=sum(a.events for a in totals.values()) + 7,
+        events_retained=sum(a.events for a in totals.values()),
+    )
+
+
+def _many_keys(n: int, scale: int = 1) -> dict[GroupKey, KeyAggregate]:
+    return {(f"d{i}", i % 3): KeyAggregate(scale * (i + 2), i + 1, -scale * i) for i in range(n)}
+
+
+def _parts(partial: Partial) -> list[PartialPart]:
+    out = []
+    for _, value in encode_partial(partial):
+        part = decode(value)
+        assert isinstance(part, PartialPart)
+        out.append(part)
+    return out
+
+
+# -- encoding -------------------------------------------------------------------------------
+
+
+def test_round_trip_in_parts_of_keys_per_part() -> None:
+    partial = _partial(_many_keys(2 * KEYS_PER_PART + 1))
+    encoded = encode_partial(partial)
+    assert len(encoded) == 3
+    assert {key for key, _ in encoded} == {"visits|2020-08-01T00:00:00Z|2"}
+    parts = [decode(value) for _, value in encoded]
+    assert [(p.part, p.parts) for p in parts if isinstance(p, PartialPart)] == [
+        (0, 3),
+        (1, 3),
+        (2, 3),
+    ]
+    assert [len(p.totals) for p in parts if isinstance(p, PartialPart)] == [
+        KEYS_PER_PART,
+        KEYS_PER_PART,
+        1,
+    ]
+    # No key is in two parts, none is lost.
+    keys = [k for p in parts if isinstance(p, PartialPart) for k, _ in p.totals]
+    assert len(keys) == len(set(keys)) == len(partial.totals)
+    assembler = PartialAssembler()
+    assert [assembler.add(p) for p in parts if isinstance(p, PartialPart)] == [False, False, True]
+    assert assembler.taken == partial
+
+
+def test_round_trip_of_mixed_group_values_and_empty_totals() -> None:
+    totals = {
+        ("a", 1, 2.5, True, None): KeyAggregate(3, 2, 40),
+        (): KeyAggregate(1, 1, 0),
+        ("ü€", -1, 0.0, False, "x"): KeyAggregate(0, 0, -5),
+    }
+    for partial in (_partial(totals), _partial({})):
+        (part,) = _parts(partial)
+        assert (part.part, part.parts) == (0, 1)
+        assembler = PartialAssembler()
+        assert assembler.add(part)
+        assert assembler.taken == partial
+        # Group values keep their JSON types (True stays a bool, 1 an int).
+        assert sorted(map(repr, assembler.taken.totals)) == sorted(map(repr, partial.totals))
+
+
+@pytest.mark.parametrize("watermark_s", [T0 + 9.5, None, 0.0])
+@pytest.mark.parametrize(("idle", "open_windows"), [(False, True), (True, False)])
+def test_watermark_round_trip(watermark_s: float | None, idle: bool, open_windows: bool) -> None:
+    mark = SourceWatermark(3, 4, watermark_s, idle, open_windows)
+    key, value = encode_watermark(mark)
+    assert key == f"{WATERMARK_KEY_PREFIX}3"
+    assert decode(value) == mark
+
+
+def test_partials_partition_spreads_consecutive_windows() -> None:
+    size = 10
+    got = [partials_partition(T0 + i * size, size, 6) for i in range(12)]
+    first = (T0 // size) % 6
+    assert got == [(first + i) % 6 for i in range(12)]
+    assert partials_partition(T0 + 5 * size, size, 1) == 0
+
+
+# -- decoding errors ------------------------------------------------------------------------
+
+_GOOD_PARTIAL: dict[str, Any] = orjson.loads(
+    encode_partial(_partial({("a",): KeyAggregate(1, 1, 0)}))[0][1]
+)
+_GOOD_MARK: dict[str, Any] = orjson.loads(
+    encode_watermark(SourceWatermark(0, 1, 5.0, False, True))[1]
+)
+
+
+def _broken(base: dict[str, Any], **changes: Any) -> bytes:
+    return orjson.dumps({**base, **changes})
+
+
+def _without(base: dict[str, Any], key: str) -> bytes:
+    return orjson.dumps({k: v for k, v in base.items() if k != key})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        b"",
+        b"\xff\xfe",
+        b"not json",
+        b"[]",
+        b'"partial"',
+        b"17",
+        b"{}",
+        _broken(_GOOD_PARTIAL, kind="checkpoint"),
+        _without(_GOOD_PARTIAL, "version"),
+        _without(_GOOD_PARTIAL, "totals"),
+        _broken(_GOOD_PARTIAL, window_start="yesterday"),
+        _broken(_GOOD_PARTIAL, part="first"),
+        _broken(_GOOD_PARTIAL, part=1, parts=1),
+        _broken(_GOOD_PARTIAL, part=-1),
+        _broken(_GOOD_PARTIAL, source_partition=None),
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1]]),
+        _broken(_GOOD_PARTIAL, totals=[[["a"], "many", 1, 0]]),
+        _broken(_GOOD_PARTIAL, totals={"a": 1}),
+        _without(_GOOD_MARK, "idle"),
+        _broken(_GOOD_MARK, watermark_s="soon"),
+        _broken(_GOOD_MARK, source_partitions=[1]),
+    ],
+    ids=lambda v: repr(v)[:60],
+)
+def test_malformed_records_raise_partial_format_error(value: bytes | None) -> None:
+    with pytest.raises(PartialFormatError):
+        decode(value)
+
+
+def test_the_unbroken_bases_decode() -> None:
+    """The error cases above differ from these only in what they break."""
+    assert isinstance(decode(orjson.dumps(_GOOD_PARTIAL)), PartialPart)
+    assert isinstance(decode(orjson.dumps(_GOOD_MARK)), SourceWatermark)
+    assert issubclass(PartialFormatError, ValueError)
+
+
+# -- the first complete version, never a sum of two -----------------------------------------
+
+
+def _two_versions() -> tuple[Partial, Partial, list[PartialPart], list[PartialPart]]:
+    a = _partial(_many_keys(KEYS_PER_PART + 1, scale=1), version="a" * 32)
+    b = _partial(_many_keys(KEYS_PER_PART + 1, scale=100), version="b" * 32)
+    return a, b, _parts(a), _parts(b)
+
+
+def test_interleaved_versions_take_the_first_completed() -> None:
+    _, b, (a0, a1), (b0, b1) = _two_versions()
+    assembler = PartialAssembler()
+    assert [assembler.add(p) for p in (a0, b0, b1, a1)] == [False, False, True, False]
+    assert assembler.taken == b
+    assert assembler.taken.totals == b.totals  # b's numbers alone: nothing of a added
+
+
+def test_incomplete_first_version_then_a_complete_second() -> None:
+    _, b, (a0, _), (b0, b1) = _two_versions()
+    assembler = PartialAssembler()
+    assert assembler.add(a0) is False
+    assert assembler.add(b1) is False
+    assert assembler.add(b0) is True
+    assert assembler.taken == b
+    # A complete third version later changes nothing.
+    c = _partial(_many_keys(3, scale=1000))
+    assert [assembler.add(p) for p in _parts(c)] == [False]
+    assert assembler.taken == b
+
+
+def test_a_part_delivered_twice_does_not_complete_a_version() -> None:
+    _, _, (a0, a1), _ = _two_versions()
+    assembler = PartialAssembler()
+    assert [assembler.add(p) for p in (a0, a0)] == [False, False]
+    assert assembler.taken is None
+    assert assembler.add(a1) is True
+
+
+# -- merging --------------------------------------------------------------------------------
+
+
+def test_merge_totals_sums_per_key() -> None:
+    p0 = _partial({("a",): KeyAggregate(3, 1, 10), ("b",): KeyAggregate(2, 2, -4)}, source=0)
+    p1 = _partial({("a",): KeyAggregate(5, 4, 1)}, source=1)
+    p2 = _partial({("c",): KeyAggregate(1, 1, 7), ("b",): KeyAggregate(1, 1, 1)}, source=2)
+    assert merge_totals([p0, p1, p2]) == {
+        ("a",): KeyAggregate(8, 5, 11),
+        ("b",): KeyAggregate(3, 3, -3),
+        ("c",): KeyAggregate(1, 1, 7),
+    }
+    assert merge_totals([p1]) == {("a",): KeyAggregate(5, 4, 1)}
+    assert merge_totals([]) == {}
+    assert p0.totals == {("a",): KeyAggregate(3, 1, 10), ("b",): KeyAggregate(2, 2, -4)}
+
+
+# -- the schema -----------------------------------------------------------------------------
+
+
+def test_every_encoded_record_validates_against_the_schema() -> None:
+    partials = [
+        _partial(_many_keys(KEYS_PER_PART + 2)),
+        _partial({}),
+        _partial({("a", 1, 2.5, True, None): KeyAggregate(3, 2, -40), (): KeyAggregate(1, 1, 0)}),
+    ]
+    records = [value for p in partials for _, value in encode_partial(p)]
+    records += [
+        encode_watermark(SourceWatermark(p, 3, wm, idle, open_windows))[1]
+        for p, wm, idle, open_windows in [(0, T0 + 9.5, False, True), (2, None, True, False)]
+    ]
+    assert len(records) == 2 + 1 + 1 + 2
+    for value in records:
+        VALIDATOR.validate(orjson.loads(value))
+
+
+def test_stage_one_partials_validate_against_the_schema() -> None:
+    stage = IngestStage(config(), KEYRING, sampling_rng=random.Random(0))
+    stage.ingest(0, [rec(0, "u", 1), rec(1, "v", 2, "b"), rec(2, 7, 3)], now_s=NOW, now_mono_s=0)
+    sealed = stage.seal(0, T0)
+    assert [p.query for p in sealed] == ["visits", "all"]
+    assert len({p.version for p in sealed}) == 1  # one version per seal, for every query
+    for partial in sealed:
+        for _, value in encode_partial(partial):
+            VALIDATOR.validate(orjson.loads(value))
+    for mark in stage.watermarks(0):
+        VALIDATOR.validate(orjson.loads(encode_watermark(mark)[1]))
+
+
+def test_the_schema_rejects_what_decode_rejects() -> None:
+    """The schema is not vacuous: broken records fail it too."""
+    for value in (
+        _without(_GOOD_PARTIAL, "version"),
+        _broken(_GOOD_PARTIAL, version="not-hex"),
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1]]),
+        _broken(_GOOD_PARTIAL, user_id="alice"),
+        _without(_GOOD_MARK, "idle"),
+        _broken(_GOOD_MARK, kind="checkpoint"),
+    ):
+        assert not VALIDATOR.is_valid(orjson.loads(value)), value

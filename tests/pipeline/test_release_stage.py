@@ -1,0 +1,499 @@
+"""Stage 2 (ReleaseStage) without Kafka: when a window is due, which partial versions are
+merged, what is ignored and counted, the ledger, and offsets on the partials topic."""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from stream_dp.config.model import Config
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.ingest import IngestStage, InputRecord
+from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease, encode_published, encode_release
+from stream_dp.pipeline.partials import (
+    KEYS_PER_PART,
+    GroupKey,
+    Partial,
+    SourceWatermark,
+    encode_partial,
+    encode_watermark,
+    new_version,
+)
+from stream_dp.pipeline.release_stage import ReleaseStage, _newer
+from stream_dp.privacy.release import KeyAggregate
+from tests.helpers import schema_validator
+from tests.pipeline.support import KEYRING, NOW, T0, config, rec, values
+
+END = T0 + 10  # end of window T0
+A, B = ("a",), ("b",)
+
+
+class Feed:
+    """Delivers records to one ReleaseStage as partials-topic partitions would, with offsets."""
+
+    def __init__(self, stage: ReleaseStage) -> None:
+        self.stage = stage
+        self.next_offset: dict[int, int] = {}
+
+    def values(self, r: int, values: Sequence[bytes | None]) -> None:
+        start = self.next_offset.get(r, 0)
+        self.next_offset[r] = start + len(values)
+        self.stage.ingest(r, [(start + i, v) for i, v in enumerate(values)])
+
+    def partial(self, r: int, partial: Partial) -> None:
+        self.values(r, [v for _, v in encode_partial(partial)])
+
+    def mark(
+        self,
+        r: int,
+        source: int,
+        watermark_s: float | None,
+        *,
+        sources: int = 3,
+        idle: bool = False,
+        open_windows: bool = True,
+    ) -> None:
+        mark = SourceWatermark(source, sources, watermark_s, idle, open_windows)
+        self.values(r, [encode_watermark(mark)[1]])
+
+    def marks(self, r: int, watermark_s: float | None, *, sources: int = 3) -> None:
+        for p in range(sources):
+            self.mark(r, p, watermark_s, sources=sources)
+
+
+def _stage(
+    cfg: Config | None = None, *, ledger: LedgerIndex | None = None, partitions: int = 1, **kw: Any
+) -> ReleaseStage:
+    stage = ReleaseStage(
+        cfg if cfg is not None else config(), ledger=ledger, metrics=Metrics(), **kw
+    )
+    stage.assign(range(partitions))
+    return stage
+
+
+def _partial(
+    query: str,
+    source: int,
+    totals: Mapping[GroupKey, KeyAggregate],
+    *,
+    window_start_s: int = T0,
+    version: str | None = None,
+) -> Partial:
+    events = sum(a.events for a in totals.values())
+    return Partial(
+        query, window_start_s, source, version or new_version(), dict(totals), events, events
+    )
+
+
+def _both(source: int, visits: Mapping[GroupKey, KeyAggregate], **kw: Any) -> list[Partial]:
+    """One seal's partials: 'visits' by domain and 'all' (its totals summed), one version."""
+    version = kw.pop("version", None) or new_version()
+    events = sum(a.events for a in visits.values())
+    users = max((a.users for a in visits.values()), default=0)
+    total = {(): KeyAggregate(events, users, 0)} if visits else {}
+    return [
+        _partial("visits", source, visits, version=version, **kw),
+        _partial("all", source, total, version=version, **kw),
+    ]
+
+
+def _release(stage: ReleaseStage, ws: int = T0) -> list[LedgerRelease]:
+    """What the worker does with a due window: compute, ledger, publish, finish."""
+    releases = stage.compute_release(ws, now_s=NOW)
+    for rel in releases:
+        if stage.ledger.get(rel.query, rel.window_start_s) is not rel:
+            stage.record_ledgered(rel)
+    stage.finish_window(ws, releases, NOW)
+    return releases
+
+
+def _ignored(stage: ReleaseStage, reason: str) -> float:
+    return float(stage.metrics.partials_ignored.labels(reason=reason)._value.get())
+
+
+def _three_sources(feed: Feed, r: int = 0, ws: int = T0) -> None:
+    for source, visits in enumerate(
+        [{A: KeyAggregate(2, 2, 0)}, {B: KeyAggregate(1, 1, 0)}, {A: KeyAggregate(3, 1, 0)}]
+    ):
+        for partial in _both(source, visits, window_start_s=ws):
+            feed.partial(r, partial)
+
+
+# -- when a window is due -------------------------------------------------------------------
+
+
+def test_due_only_when_every_source_passed_the_window_end() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    _three_sources(feed)
+    assert stage.due_windows() == []  # no watermark yet
+    feed.mark(0, 0, END)
+    feed.mark(0, 1, END + 5)
+    assert stage.due_windows() == []  # source 2 unheard of
+    feed.mark(0, 2, END - 0.001)
+    assert stage.due_windows() == []
+    feed.mark(0, 2, END)  # exactly at the end is past it
+    assert stage.due_windows() == [T0]
+    releases = _release(stage)
+    assert values(releases, "visits") == {
+        '{"domain":"a"}': 5,
+        '{"domain":"b"}': 1,
+        "null": "window",
+    }
+    assert stage.due_windows() == []
+    assert stage.open_windows() == []
+
+
+@pytest.mark.parametrize(
+    ("idle", "open_windows", "due"),
+    [(True, False, True), (True, True, False), (False, False, False)],
+)
+def test_a_source_without_a_watermark_clears_only_when_idle_with_nothing_open(
+    idle: bool, open_windows: bool, due: bool
+) -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    _three_sources(feed)
+    feed.mark(0, 0, END)
+    feed.mark(0, 1, END)
+    feed.mark(0, 2, None, idle=idle, open_windows=open_windows)
+    assert stage.due_windows() == ([T0] if due else [])
+
+
+def test_an_idle_source_behind_the_window_clears_once_nothing_is_open() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    _three_sources(feed)
+    feed.marks(0, END)
+    feed.mark(0, 2, END - 5)  # a restarted source 2, sealing nothing yet: moves nothing back
+    assert stage.due_windows() == [T0]
+    other = _stage()
+    feed = Feed(other)
+    _three_sources(feed)
+    feed.mark(0, 0, END)
+    feed.mark(0, 1, END)
+    feed.mark(0, 2, END - 5)  # behind and active
+    assert other.due_windows() == []
+    feed.mark(0, 2, END - 5, idle=True, open_windows=False)  # silent, holding nothing
+    assert other.due_windows() == [T0]
+
+
+def test_watermarks_read_on_another_partials_partition_do_not_count() -> None:
+    stage = _stage(partitions=2)
+    feed = Feed(stage)
+    _three_sources(feed, r=0)
+    feed.mark(0, 0, END)
+    feed.mark(0, 1, END)
+    feed.marks(1, END + 100)  # all three on partition 1, which holds none of T0's partials
+    assert stage.due_windows() == []
+    feed.mark(0, 2, END)
+    assert stage.due_windows() == [T0]
+
+
+def test_the_number_of_sources_comes_from_the_watermarks() -> None:
+    """A watermark saying there are 4 source partitions makes the window wait for a 4th."""
+    stage = _stage()
+    feed = Feed(stage)
+    _three_sources(feed)
+    feed.marks(0, END)
+    feed.mark(0, 0, END, sources=4)
+    assert stage.due_windows() == []
+    feed.mark(0, 3, END, sources=4, idle=True, open_windows=False)
+    assert stage.due_windows() == [T0]
+
+
+def test_a_watermark_never_moves_back() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    _three_sources(feed)
+    feed.marks(0, END)
+    feed.mark(0, 1, END - 8)  # a restarted stage 1 that has not sealed anything yet
+    feed.mark(0, 2, None)
+    assert stage.due_windows() == [T0]
+    assert stage.watermark_s() == END
+
+
+def test_newer_keeps_the_largest_watermark_and_the_latest_flags() -> None:
+    old = SourceWatermark(1, 3, 20.0, idle=False, open_windows=True)
+    behind = SourceWatermark(1, 3, 5.0, idle=True, open_windows=False)
+    assert _newer(old, behind) == SourceWatermark(1, 3, 20.0, idle=True, open_windows=False)
+    unknown = SourceWatermark(1, 4, None, idle=False, open_windows=True)
+    assert _newer(old, unknown) == SourceWatermark(1, 4, 20.0, idle=False, open_windows=True)
+    ahead = SourceWatermark(1, 3, 25.0, idle=False, open_windows=False)
+    assert _newer(old, ahead) == ahead
+    assert _newer(None, behind) == behind
+    assert _newer(unknown, behind) == behind
+
+
+# -- which versions are taken, what is ignored ----------------------------------------------
+
+
+def test_a_second_version_of_a_partial_is_ignored_and_counted() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    _three_sources(feed)
+    again = _partial("visits", 1, {B: KeyAggregate(7, 7, 0), A: KeyAggregate(1, 1, 0)})
+    feed.partial(0, again)  # source 1's 'visits' was already complete: this one is ignored
+    assert _ignored(stage, "duplicate_version") == 1
+    feed.marks(0, END)
+    releases = _release(stage)
+    assert values(releases, "visits") == {
+        '{"domain":"a"}': 5,
+        '{"domain":"b"}': 1,
+        "null": "window",
+    }
+    assert _ignored(stage, "window_released") == 0
+    assert _ignored(stage, "malformed") == 0
+
+
+def test_every_part_of_an_ignored_version_is_counted() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    _three_sources(feed)
+    many = {(f"d{i}",): KeyAggregate(1, 1, 0) for i in range(KEYS_PER_PART + 1)}
+    feed.partial(0, _partial("visits", 0, many))  # 2 parts
+    assert _ignored(stage, "duplicate_version") == 2
+
+
+def test_the_first_complete_version_wins_over_an_earlier_incomplete_one() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    many = {(f"d{i}",): KeyAggregate(1, 1, 0) for i in range(KEYS_PER_PART + 1)}
+    crashed = _partial("visits", 0, many, version="c" * 32)
+    feed.values(0, [encode_partial(crashed)[0][1]])  # its writer died after part 0
+    taken = _both(0, {A: KeyAggregate(4, 2, 0)}, version="d" * 32)
+    for partial in taken:
+        feed.partial(0, partial)
+    feed.values(0, [encode_partial(crashed)[1][1]])  # the rest arrives late: not merged
+    feed.marks(0, END, sources=1)
+    releases = _release(stage)
+    assert values(releases, "visits") == {
+        '{"domain":"a"}': 4,
+        '{"domain":"b"}': 0,
+        "null": "window",
+    }
+    assert {r.query: r.sources for r in releases} == {"visits": {0: "d" * 32}, "all": {0: "d" * 32}}
+    assert _ignored(stage, "duplicate_version") == 1  # the late part of the crashed version
+
+
+def test_an_incomplete_partial_is_left_out() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    many = {(f"d{i}",): KeyAggregate(1, 1, 0) for i in range(KEYS_PER_PART + 1)}
+    feed.values(0, [encode_partial(_partial("visits", 1, many))[0][1]])
+    for partial in _both(0, {A: KeyAggregate(4, 2, 0)}):
+        feed.partial(0, partial)
+    feed.marks(0, END, sources=2)
+    releases = _release(stage)
+    assert values(releases, "visits") == {
+        '{"domain":"a"}': 4,
+        '{"domain":"b"}': 0,
+        "null": "window",
+    }
+    assert {r.query: sorted(r.sources) for r in releases} == {"visits": [0], "all": [0]}
+
+
+def test_partials_of_released_windows_are_ignored() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    _three_sources(feed)
+    feed.marks(0, END)
+    _release(stage)
+    position = feed.next_offset[0]
+    for partial in _both(1, {A: KeyAggregate(9, 9, 0)}):  # a re-seal after a stage-1 crash
+        feed.partial(0, partial)
+    assert _ignored(stage, "window_released") == 2
+    assert _ignored(stage, "duplicate_version") == 0
+    assert stage.open_windows() == []
+    assert stage.due_windows() == []
+    assert stage.safe_offsets() == {0: position + 2}  # nothing held back for them
+
+
+def test_malformed_records_are_counted_and_skipped() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    feed.values(0, [None, b"not json", b'{"kind": "checkpoint"}', b'{"kind": "partial"}'])
+    assert _ignored(stage, "malformed") == 4
+    assert stage.open_windows() == []
+    assert stage.safe_offsets() == {0: 4}
+    _three_sources(feed)
+    # A part numbered outside its version's parts would never complete it (or crash it).
+    (_, value) = encode_partial(_partial("visits", 0, {A: KeyAggregate(1, 1, 0)}))[0]
+    feed.values(0, [b"[]", orjson.dumps({**orjson.loads(value), "part": 3, "parts": 2})])
+    feed.marks(0, END)
+    assert _ignored(stage, "malformed") == 6
+    assert values(_release(stage), "all") == {"{}": 6, "null": "window"}
+
+
+# -- the ledger -----------------------------------------------------------------------------
+
+
+def test_the_ledger_records_the_version_taken_per_source() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    versions = {p: f"{p}" * 32 for p in range(3)}
+    for source, visits in enumerate([{A: KeyAggregate(1, 1, 0)}, {}, {B: KeyAggregate(2, 1, 0)}]):
+        for partial in _both(source, visits, version=versions[source]):
+            feed.partial(0, partial)
+    feed.marks(0, END)
+    releases = _release(stage)
+    assert [r.sources for r in releases] == [versions, versions]
+    # Written and read back through the ledger topic's format.
+    encoded = [kv for rel in releases for kv in encode_release(rel, now_s=NOW)]
+    ledger_schema = schema_validator("ledger.schema.json")
+    for _, value in encoded:
+        ledger_schema.validate(orjson.loads(value))
+    index = LedgerIndex()
+    index.load(encoded)
+    assert {r.query: r.sources for r in index.releases()} == {"visits": versions, "all": versions}
+
+
+def _ledger_of(releases: Sequence[LedgerRelease], *, published: bool = True) -> LedgerIndex:
+    records = [kv for rel in releases for kv in encode_release(rel, now_s=NOW)]
+    if published:
+        records += [encode_published(rel) for rel in releases]
+    index = LedgerIndex()
+    index.load(records)
+    return index
+
+
+def test_adopting_another_workers_ledger_stops_a_second_release() -> None:
+    first, second = _stage(), _stage()
+    feeds = Feed(first), Feed(second)
+    for feed in feeds:
+        _three_sources(feed)
+        feed.marks(0, END)
+    assert first.due_windows() == second.due_windows() == [T0]
+    drawn = _release(first)
+    # The partials partition moved to the second worker, which reads the ledger first.
+    second.adopt_ledger(_ledger_of(drawn))
+    assert second.due_windows() == []
+    assert second.open_windows() == []
+    assert second.is_released(T0)
+    assert second.accountant.window_spent(T0)[0] == pytest.approx(2e6)
+    second.adopt_ledger(_ledger_of(drawn))  # adopting again charges nothing more
+    assert second.accountant.window_spent(T0)[0] == pytest.approx(2e6)
+    for partial in _both(0, {A: KeyAggregate(1, 1, 0)}):
+        feeds[1].partial(0, partial)
+    assert _ignored(second, "window_released") == 2
+    assert second.due_windows() == []
+
+
+def test_adopting_a_partly_ledgered_window_reuses_the_ledgered_query() -> None:
+    first, second = _stage(), _stage()
+    for feed in (Feed(first), Feed(second)):
+        _three_sources(feed)
+        feed.marks(0, END)
+    drawn = {r.query: r for r in first.compute_release(T0, now_s=NOW)}
+    second.adopt_ledger(_ledger_of([drawn["visits"]], published=False))
+    assert second.due_windows() == [T0]
+    redo = {r.query: r for r in _release(second)}
+    assert redo["visits"].release_id == drawn["visits"].release_id
+    assert redo["all"].release_id != drawn["all"].release_id
+    assert second.accountant.window_spent(T0)[0] == pytest.approx(2e6)
+
+
+# -- merging equals one partition -----------------------------------------------------------
+
+SUM_QUERIES: list[dict[str, Any]] = [
+    {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a", "b"]}},
+    {"name": "users", "statistic": "count_distinct_users", "epsilon": 1e6, "keys": {}},
+    {
+        "name": "bytes",
+        "statistic": "sum",
+        "value_field": "size",
+        "lower": 0,
+        "upper": 100,
+        "group_by": ["domain"],
+        "epsilon": 1e6,
+        "keys": {"domain": ["a", "b"]},
+    },
+]
+
+
+def test_merged_totals_of_three_sources_equal_one_partitions() -> None:
+    k = 3
+    cfg = config(k=k, queries=SUM_QUERIES, epsilon_per_window=4e6)
+    # (user, t, domain, size): 12 users with 1-3 events (≤ k), "heavy" with 10 alike events.
+    events = [
+        (f"user-{i}", 1 + (i * 7 + j) % 9, "ab"[(i + j) % 2], (i * 13 + j * 5) % 120)
+        for i in range(12)
+        for j in range(1 + i % 3)
+    ] + [("heavy", 1 + j / 10, "a", 10) for j in range(10)]
+
+    def run(partitions: int) -> tuple[list[LedgerRelease], dict[str, Any]]:
+        ingest = IngestStage(cfg, KEYRING, sampling_rng=random.Random(0))
+        exact: dict[str, Any] = {}
+        stage = _stage(cfg, exact_totals_observer=lambda q, ws, agg: exact.update({q: dict(agg)}))
+        feed = Feed(stage)
+        by_partition: dict[int, list[InputRecord]] = {}
+        for u, t, d, size in events:
+            batch = by_partition.setdefault(zlib.crc32(u.encode()) % partitions, [])
+            batch.append(rec(len(batch), u, t, d, size=size))
+        assert sorted(by_partition) == list(range(partitions))  # every source has a share
+        for p, batch in by_partition.items():
+            assert ingest.ingest(p, batch, now_s=NOW, now_mono_s=0) == []
+        for p in sorted(by_partition):
+            for partial in ingest.seal(p, T0):
+                feed.partial(0, partial)
+            feed.mark(0, p, END, sources=partitions)
+        assert stage.due_windows() == [T0]
+        return _release(stage), exact
+
+    one, exact_one = run(1)
+    three, exact_three = run(3)
+    assert exact_three == exact_one
+    # The exact totals themselves, bounded: heavy keeps k of its 10 events.
+    kept = [e for e in events if e[0] != "heavy"] + [("heavy", 1, "a", 10)] * k
+    granularity = cfg.queries[2].value_granularity
+    expected_visits = {}
+    expected_bytes = {}
+    for domain in "ab":
+        mine = [e for e in kept if e[2] == domain]
+        users = len({e[0] for e in mine})
+        units = sum(round(min(max(e[3], 0), 100) / granularity) for e in mine)
+        expected_visits[(domain,)] = KeyAggregate(len(mine), users, 0)
+        expected_bytes[(domain,)] = KeyAggregate(len(mine), users, units)
+    assert exact_one == {
+        "visits": expected_visits,
+        "users": {(): KeyAggregate(len(kept), 13, 0)},
+        "bytes": expected_bytes,
+    }
+    for query in ("visits", "users", "bytes"):
+        assert values(three, query) == values(one, query), query
+    assert values(one, "users") == {"{}": 13, "null": "window"}
+    assert [sorted(r.sources) for r in three] == [[0, 1, 2]] * 3
+
+
+# -- offsets --------------------------------------------------------------------------------
+
+
+def test_safe_offsets_hold_back_the_first_partial_of_an_unreleased_window() -> None:
+    stage = _stage(partitions=2)
+    feed = Feed(stage)
+    feed.marks(0, None)  # offsets 0-2
+    feed.marks(1, None)  # offsets 0-2
+    assert stage.safe_offsets() == {0: 3, 1: 3}
+    _three_sources(feed, 0, T0)  # offsets 3-8
+    _three_sources(feed, 0, T0 + 10)  # offsets 9-14
+    _three_sources(feed, 1, T0 + 20)  # partition 1, offsets 3-8
+    assert stage.safe_offsets() == {0: 3, 1: 3}
+    feed.marks(0, END)  # offsets 15-17
+    assert stage.due_windows() == [T0]
+    _release(stage, T0)
+    assert stage.safe_offsets() == {0: 9, 1: 3}
+    feed.marks(0, END + 10)
+    feed.marks(1, END + 20)
+    assert stage.due_windows() == [T0 + 10, T0 + 20]
+    _release(stage, T0 + 10)
+    assert stage.safe_offsets() == {0: 21, 1: 3}
+    _release(stage, T0 + 20)
+    assert stage.safe_offsets() == {0: 21, 1: 12}
+    stage.revoke([1])
+    assert stage.safe_offsets() == {0: 21}
+    assert stage.partitions == [0]
