@@ -494,6 +494,7 @@ class IngestStage:
                     watermark_s=self._sealed_s.get(p),
                     idle=clock_idle,
                     open_windows=bool(self._state.get(p)),
+                    idle_for_s=tracker.idle_for(now_mono_s) if clock_idle else 0.0,
                 )
             )
         return marks

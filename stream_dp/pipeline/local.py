@@ -78,10 +78,15 @@ class LocalPipeline:
     def finish(self, *, now_s: float) -> list[LedgerRelease]:
         """End of a finite input: seal and release every open window."""
         stage = self.ingest_stage
-        for p, ws in stage.all_open():
+        pending = stage.all_open()
+        for p, ws in pending:
             self._send_partials(p, ws)
-        for p in stage.partitions:
-            self._send_mark(SourceWatermark(p, stage.source_partitions, None, True, False))
+        # Every partial is out: each partition has sealed everything up to the last end.
+        ends = [*self.release.open_windows(), *(ws for _, ws in pending)]
+        if ends:
+            sealed = float(max(ends) + self._size_s)
+            for p in stage.partitions:
+                self._send_mark(SourceWatermark(p, stage.source_partitions, sealed, True, False))
         return self._release_due(now_s)
 
     def _send_partials(self, partition: int, window_start_s: int) -> None:

@@ -83,6 +83,9 @@ class SourceWatermark:
     watermark_s: float | None
     idle: bool
     open_windows: bool
+    #: How long the partition has been idle (0 when active): a reader trusts "idle" only
+    #: once this has grown by IDLE_CONFIRM_S since the partials topic last showed progress.
+    idle_for_s: float = 0.0
 
 
 def new_version() -> str:
@@ -129,6 +132,7 @@ def encode_watermark(mark: SourceWatermark) -> tuple[str, bytes]:
         "watermark_s": mark.watermark_s,
         "idle": mark.idle,
         "open_windows": mark.open_windows,
+        "idle_for_s": mark.idle_for_s,
     }
     return f"{WATERMARK_KEY_PREFIX}{mark.source_partition}", orjson.dumps(value)
 
@@ -148,6 +152,7 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 watermark_s=None if wm is None else float(wm),
                 idle=bool(obj["idle"]),
                 open_windows=bool(obj["open_windows"]),
+                idle_for_s=float(obj.get("idle_for_s", 0.0)),
             )
         if kind == "partial":
             if not 0 <= int(obj["part"]) < int(obj["parts"]):

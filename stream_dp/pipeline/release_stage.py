@@ -37,6 +37,7 @@ from stream_dp.privacy.budget import BudgetAccountant
 from stream_dp.privacy.release import KeyAggregate, release_query
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
+from stream_dp.windows.watermark import IDLE_CONFIRM_S
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,9 @@ class ReleaseStage:
         self._charged: set[tuple[str, int]] = set()
         self._windows: dict[int, dict[int, _PendingWindow]] = {}
         self._marks: dict[int, dict[int, SourceWatermark]] = {}
+        # Per partials partition, per source: idle_for_s of its first "idle, nothing open"
+        # mark since the partition last showed progress (a partial, or a watermark advance).
+        self._idle_base: dict[int, dict[int, float]] = {}
         self._positions: dict[int, int] = {}
         self.adopt_ledger(self.ledger)
 
@@ -117,11 +121,13 @@ class ReleaseStage:
         for r in partitions:
             self._windows.setdefault(r, {})
             self._marks.setdefault(r, {})
+            self._idle_base.setdefault(r, {})
 
     def revoke(self, partitions: Iterable[int]) -> None:
         for r in partitions:
             self._windows.pop(r, None)
             self._marks.pop(r, None)
+            self._idle_base.pop(r, None)
             self._positions.pop(r, None)
 
     @property
@@ -135,6 +141,7 @@ class ReleaseStage:
             return
         windows = self._windows.setdefault(partition, {})
         marks = self._marks.setdefault(partition, {})
+        idle_base = self._idle_base.setdefault(partition, {})
         ignored = self.metrics.partials_ignored
         for offset, value in records:
             try:
@@ -144,8 +151,21 @@ class ReleaseStage:
                 log.error("partials topic: %s (partition %d offset %d)", exc, partition, offset)
                 continue
             if isinstance(item, SourceWatermark):
-                marks[item.source_partition] = _newer(marks.get(item.source_partition), item)
+                source = item.source_partition
+                before = marks.get(source)
+                after = marks[source] = _newer(before, item)
+                if after.watermark_s is not None and (
+                    before is None
+                    or before.watermark_s is None
+                    or after.watermark_s > before.watermark_s
+                ):
+                    idle_base.clear()  # progress: every idle source must confirm again
+                if item.idle and not item.open_windows:
+                    idle_base.setdefault(source, item.idle_for_s)
+                else:
+                    idle_base.pop(source, None)
                 continue
+            idle_base.clear()
             self._add_part(windows, offset, item)
         self._positions[partition] = records[-1][0] + 1
 
@@ -178,12 +198,18 @@ class ReleaseStage:
             marks = self._marks.get(r, {})
             if not marks:
                 continue
+            idle_base = self._idle_base.get(r, {})
             n_sources = max(m.source_partitions for m in marks.values())
             for ws in windows:
                 end = self.windows.end_of(ws)
-                if all(_clears(marks.get(p), end) for p in range(n_sources)):
+                if all(_clears(marks.get(p), idle_base.get(p), end) for p in range(n_sources)):
                     due.append(ws)
-        return sorted(due)
+        # In window order: a later window waits while an earlier one here is still pending
+        # (usually its partition has not yet read the same watermarks), so the horizon
+        # totals in window records count every earlier window.
+        pending = self.open_windows()
+        first_waiting = next((ws for ws in pending if ws not in due), None)
+        return sorted(ws for ws in due if first_waiting is None or ws < first_waiting)
 
     def compute_release(self, window_start_s: int, *, now_s: float) -> list[LedgerRelease]:
         """The releases of one due window: ledgered ones as they are, the rest drawn now.
@@ -369,10 +395,20 @@ def _newer(old: SourceWatermark | None, new: SourceWatermark) -> SourceWatermark
     return new
 
 
-def _clears(mark: SourceWatermark | None, window_end_s: int) -> bool:
-    """Whether a source partition no longer holds back a window ending at ``window_end_s``."""
+def _clears(mark: SourceWatermark | None, idle_base_s: float | None, window_end_s: int) -> bool:
+    """Whether a source partition no longer holds back a window ending at ``window_end_s``.
+
+    Either it sealed the window, or it has nothing open and has *stayed* idle for
+    IDLE_CONFIRM_S since this partition last showed progress: an "idle" written just before
+    a burst reached it must not let the others' share of the burst close the window.
+    """
     if mark is None:
         return False
     if mark.watermark_s is not None and mark.watermark_s >= window_end_s:
         return True
-    return mark.idle and not mark.open_windows
+    return (
+        mark.idle
+        and not mark.open_windows
+        and idle_base_s is not None
+        and mark.idle_for_s - idle_base_s >= IDLE_CONFIRM_S
+    )

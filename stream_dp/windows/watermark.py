@@ -19,11 +19,20 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+#: A partition reported idle must stay so this much longer, after the last time another
+#: partition advanced, before it stops holding windows back: a stale "idle" report must not
+#: let one partition's burst close windows before the others' share of it arrives.
+IDLE_CONFIRM_S = 1.0
+
 
 @dataclass
 class _PartitionClock:
     max_event_time_s: float | None
     last_activity_s: float
+    #: Set for partitions whose idleness only reports establish (see ``expect``).
+    reported: bool = False
+    #: Idle duration in the first idle report since the last advance of another partition.
+    idle_base_s: float | None = None
 
 
 class WatermarkTracker:
@@ -42,7 +51,7 @@ class WatermarkTracker:
     def expect(self, partitions: Iterable[int]) -> None:
         """Partitions whose idleness only :meth:`report` can establish (never by silence)."""
         for p in partitions:
-            self._partitions.setdefault(p, _PartitionClock(None, math.inf))
+            self._partitions.setdefault(p, _PartitionClock(None, math.inf, reported=True))
 
     def report(
         self, partition: int, max_event_time_s: float | None, idle_for_s: float, now_s: float
@@ -50,18 +59,30 @@ class WatermarkTracker:
         """What a partition's reader says of it: largest event time, and idle for how long.
 
         Such a partition is idle only when its reader says so: silence here may be a slow or
-        dead reader, not an idle partition. Reported idle, it stays idle until told otherwise.
+        dead reader, not an idle partition. And only once confirmed: reported idle for
+        ``IDLE_CONFIRM_S`` more since another partition last advanced.
         """
         clock = self._partitions.get(partition)
         if clock is None:
-            clock = self._partitions[partition] = _PartitionClock(None, math.inf)
-        if max_event_time_s is not None:
-            if clock.max_event_time_s is None or max_event_time_s > clock.max_event_time_s:
-                clock.max_event_time_s = max_event_time_s
+            clock = self._partitions[partition] = _PartitionClock(None, math.inf, reported=True)
+        if max_event_time_s is not None and (
+            clock.max_event_time_s is None or max_event_time_s > clock.max_event_time_s
+        ):
+            clock.max_event_time_s = max_event_time_s
             if self._max_event_time_s is None or max_event_time_s > self._max_event_time_s:
                 self._max_event_time_s = max_event_time_s
-        idle = idle_for_s >= self.idle_timeout_s
-        clock.last_activity_s = now_s - idle_for_s if idle else math.inf
+            for other in self._partitions.values():
+                if other is not clock and other.reported:
+                    other.idle_base_s = None
+                    other.last_activity_s = math.inf
+        if idle_for_s >= self.idle_timeout_s:
+            if clock.idle_base_s is None:
+                clock.idle_base_s = idle_for_s
+            confirmed = idle_for_s - clock.idle_base_s >= IDLE_CONFIRM_S
+        else:
+            clock.idle_base_s = None
+            confirmed = False
+        clock.last_activity_s = now_s - idle_for_s if confirmed else math.inf
         activity = [c.last_activity_s for c in self._partitions.values()]
         # The whole stream is idle (wall-clock rule) only when every partition is reported so.
         self._last_record_s = max(activity) if activity else None
@@ -92,6 +113,14 @@ class WatermarkTracker:
         if clock is not None:
             clock.last_activity_s = now_s
         self._last_record_s = now_s
+
+    def idle_for(self, now_s: float) -> float:
+        """How long every partition has been idle (0 while any is active)."""
+        if not self._partitions or not all(
+            self.is_idle(p, now_s) for p in self._partitions
+        ):
+            return 0.0
+        return max(0.0, now_s - max(c.last_activity_s for c in self._partitions.values()))
 
     def is_idle(self, partition: int, now_s: float) -> bool:
         """Whether the partition delivered nothing for the idle timeout (unknown: idle)."""
