@@ -38,6 +38,20 @@ async def produce(
     return n
 
 
+async def produce_records(
+    bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes]]
+) -> int:
+    """(key, value) records as given (key None: the producer picks a partition)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, v, key=k) for k, v in records]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return len(futures)
+
+
 async def produce_events(bootstrap: str, topic: str, events: Iterable[dict[str, Any]]) -> int:
     """Events as JSON, keyed by user id (as producers should)."""
     encoded = [orjson.dumps(e) for e in events]
@@ -56,8 +70,10 @@ async def read_topic(
     until: Callable[[list[tuple[str | None, bytes]]], bool] | None = None,
     timeout_s: float = 60.0,
     settle_s: float = 0.0,
+    since_s: float | None = None,
 ) -> list[tuple[str | None, bytes]]:
-    """All records of a topic from the beginning (manual assignment, no group).
+    """All records of a topic from the beginning (manual assignment, no group); with
+    ``since_s``, only those stamped at or after that wall-clock time (``time.time()``).
 
     Reads until ``until(records)`` holds (then ``settle_s`` more to catch duplicates) or the
     deadline passes; without ``until``, reads until nothing new arrives for 1 s.
@@ -69,6 +85,7 @@ async def read_topic(
         parts = await _partitions(consumer, topic)
         consumer.assign([TopicPartition(topic, p) for p in parts])
         await consumer.seek_to_beginning()
+        since_ms = -1 if since_s is None else since_s * 1000
         deadline = time.monotonic() + timeout_s
         satisfied_at: float | None = None
         quiet_since = time.monotonic()
@@ -76,7 +93,8 @@ async def read_topic(
             batch = await consumer.getmany(timeout_ms=200)
             for msgs in batch.values():
                 for m in msgs:
-                    out.append((m.key.decode() if m.key else None, m.value))
+                    if m.timestamp >= since_ms:
+                        out.append((m.key.decode() if m.key else None, m.value))
             now = time.monotonic()
             if batch:
                 quiet_since = now
@@ -197,3 +215,75 @@ async def run_worker_until_windows(
         code = worker.terminate()
     assert code == 0, worker.log()
     return out, worker
+
+
+def ledger_release_ids(
+    records: Sequence[tuple[str | None, bytes]],
+) -> dict[tuple[str, str], set[str]]:
+    """(query, window start) → release ids of *complete* ledger entries (all parts present)."""
+    parts: dict[tuple[str, str, str], set[int]] = {}
+    n_parts: dict[tuple[str, str, str], int] = {}
+    for _, raw in records:
+        v = orjson.loads(raw)
+        if v.get("kind") == "ledger":
+            ident = (v["query"], v["window_start"], v["release_id"])
+            parts.setdefault(ident, set()).add(v["part"])
+            n_parts[ident] = v["parts"]
+    out: dict[tuple[str, str], set[str]] = {}
+    for ident, got in parts.items():
+        if len(got) == n_parts[ident]:
+            out.setdefault((ident[0], ident[1]), set()).add(ident[2])
+    return out
+
+
+async def topic_partitions(bootstrap: str, topic: str) -> list[int]:
+    """The partition numbers of a topic (waits up to 10 s for its metadata)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        return sorted(await asyncio.wait_for(producer.partitions_for(topic), timeout=10))
+    finally:
+        await producer.stop()
+
+
+def current_assignment(worker: WorkerProcess) -> set[tuple[str, int]] | None:
+    """The worker's partitions per its log's last assign/revoke line (None: revoked, or none
+    assigned yet). Reads the JSON log lines the worker writes on every rebalance."""
+    current: set[tuple[str, int]] | None = None
+    for line in worker.log().splitlines():
+        try:
+            msg = orjson.loads(line).get("msg", "")
+        except (orjson.JSONDecodeError, AttributeError):
+            continue
+        if not isinstance(msg, str):
+            continue
+        if msg.startswith("partitions revoked:"):
+            current = None
+        elif msg.startswith("partitions assigned:"):
+            listed = msg.removeprefix("partitions assigned:").strip()
+            current = set()
+            for item in filter(None, (s.strip() for s in listed.split(","))):
+                topic, _, rest = item.rpartition("[")
+                current.add((topic, int(rest.rstrip("]"))))
+    return current
+
+
+async def wait_for_group(
+    workers: Sequence[WorkerProcess], expected: set[tuple[str, int]], timeout_s: float = 60.0
+) -> list[set[tuple[str, int]]]:
+    """Wait until the workers' consumer group has settled: every worker holds a non-empty
+    share of ``expected`` and the shares are disjoint and cover it. Returns the shares."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for w in workers:
+            assert w.proc.poll() is None, f"worker exited ({w.proc.returncode}):\n{w.log()}"
+        shares = [current_assignment(w) for w in workers]
+        if all(shares):
+            settled = [s for s in shares if s is not None]
+            union = set().union(*settled)
+            if union == expected and sum(map(len, settled)) == len(expected):
+                return settled
+        if time.monotonic() > deadline:
+            logs = "\n\n".join(w.log()[-3000:] for w in workers)
+            raise AssertionError(f"group did not settle in {timeout_s} s: {shares}\n{logs}")
+        await asyncio.sleep(0.1)
