@@ -87,7 +87,7 @@ class ReleaseStage:
         self._windows: dict[int, dict[int, _PendingWindow]] = {}
         self._marks: dict[int, dict[int, SourceWatermark]] = {}
         # Per partials partition, per source: idle_for_s of its first "idle, nothing open"
-        # mark since the partition last showed progress (a partial, or a watermark advance).
+        # mark since another source last woke up (went from that to active or open).
         self._idle_base: dict[int, dict[int, float]] = {}
         self._positions: dict[int, int] = {}
         self.adopt_ledger(self.ledger)
@@ -153,19 +153,16 @@ class ReleaseStage:
             if isinstance(item, SourceWatermark):
                 source = item.source_partition
                 before = marks.get(source)
-                after = marks[source] = _newer(before, item)
-                if after.watermark_s is not None and (
-                    before is None
-                    or before.watermark_s is None
-                    or after.watermark_s > before.watermark_s
-                ):
-                    idle_base.clear()  # progress: every idle source must confirm again
-                if item.idle and not item.open_windows:
+                marks[source] = _newer(before, item)
+                if before is not None and _has_nothing(before) and not _has_nothing(item):
+                    # A source woke up (a burst?): every idle source must confirm again
+                    # that the burst did not reach it too.
+                    idle_base.clear()
+                if _has_nothing(item):
                     idle_base.setdefault(source, item.idle_for_s)
                 else:
                     idle_base.pop(source, None)
                 continue
-            idle_base.clear()
             self._add_part(windows, offset, item)
         self._positions[partition] = records[-1][0] + 1
 
@@ -395,12 +392,16 @@ def _newer(old: SourceWatermark | None, new: SourceWatermark) -> SourceWatermark
     return new
 
 
+def _has_nothing(mark: SourceWatermark) -> bool:
+    return mark.idle and not mark.open_windows
+
+
 def _clears(mark: SourceWatermark | None, idle_base_s: float | None, window_end_s: int) -> bool:
     """Whether a source partition no longer holds back a window ending at ``window_end_s``.
 
     Either it sealed the window, or it has nothing open and has *stayed* idle for
-    IDLE_CONFIRM_S since this partition last showed progress: an "idle" written just before
-    a burst reached it must not let the others' share of the burst close the window.
+    IDLE_CONFIRM_S since another source last woke up: an "idle" written just before a burst
+    reached it must not let the others' share of the burst close the window.
     """
     if mark is None:
         return False

@@ -19,9 +19,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-#: A partition reported idle must stay so this much longer, after the last time another
-#: partition advanced, before it stops holding windows back: a stale "idle" report must not
-#: let one partition's burst close windows before the others' share of it arrives.
+#: A partition reported idle must stay so this much longer, after another partition last
+#: woke up from idleness, before it stops holding windows back: a stale "idle" report must
+#: not let one partition's burst close windows before the others' share of it arrives.
 IDLE_CONFIRM_S = 1.0
 
 
@@ -31,7 +31,7 @@ class _PartitionClock:
     last_activity_s: float
     #: Set for partitions whose idleness only reports establish (see ``expect``).
     reported: bool = False
-    #: Idle duration in the first idle report since the last advance of another partition.
+    #: Idle duration in its first idle report since another partition last woke up.
     idle_base_s: float | None = None
 
 
@@ -60,7 +60,7 @@ class WatermarkTracker:
 
         Such a partition is idle only when its reader says so: silence here may be a slow or
         dead reader, not an idle partition. And only once confirmed: reported idle for
-        ``IDLE_CONFIRM_S`` more since another partition last advanced.
+        ``IDLE_CONFIRM_S`` more since another partition last woke up.
         """
         clock = self._partitions.get(partition)
         if clock is None:
@@ -71,6 +71,9 @@ class WatermarkTracker:
             clock.max_event_time_s = max_event_time_s
             if self._max_event_time_s is None or max_event_time_s > self._max_event_time_s:
                 self._max_event_time_s = max_event_time_s
+        if clock.idle_base_s is not None and idle_for_s < self.idle_timeout_s:
+            # It woke up (a burst?): the other idle partitions must confirm again that the
+            # burst did not reach them too.
             for other in self._partitions.values():
                 if other is not clock and other.reported:
                     other.idle_base_s = None
@@ -116,9 +119,7 @@ class WatermarkTracker:
 
     def idle_for(self, now_s: float) -> float:
         """How long every partition has been idle (0 while any is active)."""
-        if not self._partitions or not all(
-            self.is_idle(p, now_s) for p in self._partitions
-        ):
+        if not self._partitions or not all(self.is_idle(p, now_s) for p in self._partitions):
             return 0.0
         return max(0.0, now_s - max(c.last_activity_s for c in self._partitions.values()))
 

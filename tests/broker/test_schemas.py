@@ -211,6 +211,8 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**PARTIAL, "totals": [[[], 3, 2, 0], [["a", 1, 2.5, True], 1, 1, 100]]},
             SOURCE_WATERMARK,
             {**SOURCE_WATERMARK, "watermark_s": None, "idle": True, "open_windows": False},
+            {**SOURCE_WATERMARK, "idle": True, "open_windows": False, "idle_for_s": 12.25},
+            {**SOURCE_WATERMARK, "idle_for_s": 0},
         ],
         [
             _without(PARTIAL, "version"),
@@ -227,6 +229,9 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**SOURCE_WATERMARK, "source_partitions": 0},
             {**SOURCE_WATERMARK, "watermark_s": "2020-08-01T00:00:00Z"},
             {**SOURCE_WATERMARK, "idle": "no"},
+            {**SOURCE_WATERMARK, "idle_for_s": -1},
+            {**SOURCE_WATERMARK, "idle_for_s": "12s"},
+            {**SOURCE_WATERMARK, "idle_for_s": None},
         ],
     ),
     "repartition.schema.json": (

@@ -14,6 +14,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ingest import IngestStage, user_key
 from stream_dp.pipeline.partials import Partial, SourceWatermark
 from stream_dp.privacy.release import KeyAggregate
+from stream_dp.windows.watermark import IDLE_CONFIRM_S
 from tests.helpers import schema_validator
 from tests.pipeline.support import KEYRING, NOW, T0, config, numbered, rec
 
@@ -337,8 +338,14 @@ def test_silence_never_makes_a_routed_source_idle_only_its_router_does() -> None
     assert topic.owner.due(1001) == []  # its router has seen input 4.9 s ago: not idle
     topic.marks(slow, 5)
     topic.deliver(1002)
-    assert topic.owner.due(1002) == [(0, T0)]  # idle by its router (5 s): 25 - 1 = 24
-    (mark,) = topic.owner.watermarks(1002)
+    assert topic.owner.due(1002) == []  # idle by its router (5 s), said once: not trusted yet
+    topic.marks(slow, 5.9)
+    topic.deliver(1003)
+    assert topic.owner.due(1003) == []
+    topic.marks(slow, 5 + IDLE_CONFIRM_S)
+    topic.deliver(1004)
+    assert topic.owner.due(1004) == [(0, T0)]  # still idle 1 s later: 25 - 1 = 24
+    (mark,) = topic.owner.watermarks(1004)
     assert (mark.watermark_s, mark.idle) == (T0 + 24.0, False)  # source 0 is not idle
 
 
@@ -346,13 +353,19 @@ def test_when_every_source_is_reported_idle_the_wall_clock_advances() -> None:
     topic = Repartition(_owner(2))
     router = _router(0, 1, now_mono_s=0)
     topic.route(router, 0, [("u", 1, "a")])
-    topic.marks(router, 6)  # both silent for 6 s ≥ idle_close_s
-    topic.deliver(6)
+    topic.marks(router, 10)  # both silent for 10 s ≥ idle_close_s
+    topic.deliver(10)
+    assert topic.owner.due(10) == []  # not confirmed: no wall-clock advance yet
+    topic.marks(router, 10.9)
+    topic.deliver(10.9)
+    assert topic.owner.due(10.9) == []
+    topic.marks(router, 10 + IDLE_CONFIRM_S)  # still silent 1 s later: confirmed
+    topic.deliver(11)
     # Idle since 0 on the owner's clock: watermark = 1 + (now - 0) - grace 1.
-    assert topic.owner.due(9.9) == []
-    assert topic.owner.due(10) == [(0, T0)]
-    (mark,) = topic.owner.watermarks(10)
-    assert (mark.watermark_s, mark.idle, mark.open_windows) == (T0 + 10.0, True, True)
+    assert topic.owner.due(11) == [(0, T0)]
+    (mark,) = topic.owner.watermarks(11)
+    assert (mark.watermark_s, mark.idle, mark.open_windows) == (T0 + 11.0, True, True)
+    assert mark.idle_for_s == 11.0
 
 
 # -- user-keyed input ---------------------------------------------------------------------
@@ -471,17 +484,17 @@ def test_watermarks_flag_idle_partitions_and_open_windows() -> None:
     ]
     assert stage.watermarks(5.5) == [
         SourceWatermark(0, 2, None, idle=False, open_windows=True),
-        SourceWatermark(1, 2, None, idle=True, open_windows=False),  # silent since 0
+        SourceWatermark(1, 2, None, idle=True, open_windows=False, idle_for_s=5.5),  # since 0
     ]
     assert stage.watermarks(6) == [
-        SourceWatermark(0, 2, None, idle=True, open_windows=True),  # holds T0 back
-        SourceWatermark(1, 2, None, idle=True, open_windows=False),
+        SourceWatermark(0, 2, None, idle=True, open_windows=True, idle_for_s=5.0),  # holds T0
+        SourceWatermark(1, 2, None, idle=True, open_windows=False, idle_for_s=6.0),
     ]
     # Idle for long enough, the watermark moves with the wall clock: 1 + (15 - 1) - 1.
     assert _seal_all(stage, 15).keys() == {(0, T0)}
     assert stage.watermarks(15) == [
-        SourceWatermark(0, 2, T0 + 14.0, idle=True, open_windows=False),
-        SourceWatermark(1, 2, None, idle=True, open_windows=False),
+        SourceWatermark(0, 2, T0 + 14.0, idle=True, open_windows=False, idle_for_s=14.0),
+        SourceWatermark(1, 2, None, idle=True, open_windows=False, idle_for_s=15.0),
     ]
     stage.ingest(1, [rec(0, "v", 20)], now_s=NOW, now_mono_s=16)  # partition 1 wakes up
     assert stage.watermarks(16)[1] == SourceWatermark(1, 2, None, idle=False, open_windows=True)
@@ -492,10 +505,55 @@ def test_a_routed_partition_is_idle_only_when_every_source_is() -> None:
     router0, router1 = _router(0), _router(1)
     topic.route(router0, 0, [("u", 1, "a")])
     topic.marks(router0, 5)  # source 0 idle by its router
-    topic.deliver(5)
+    topic.marks(router0, 5 + IDLE_CONFIRM_S)  # and still, 1 s later: confirmed
+    topic.deliver(6)
     (mark,) = topic.owner.watermarks(100)  # source 1 never reported: not idle
     assert (mark.idle, mark.open_windows, mark.source_partitions) == (False, True, 4)
+    assert mark.idle_for_s == 0.0
     topic.marks(router1, 5)
-    topic.deliver(6)
-    (mark,) = topic.owner.watermarks(6)
-    assert mark.idle
+    topic.deliver(7)
+    (mark,) = topic.owner.watermarks(7)
+    assert not mark.idle  # source 1's first idle report: not confirmed
+    topic.marks(router1, 5 + IDLE_CONFIRM_S)
+    topic.deliver(7)
+    (mark,) = topic.owner.watermarks(7)
+    # Source 0 idle since 6 - 6 = 0, source 1 since 7 - 6 = 1 (on the owner's clock).
+    assert (mark.idle, mark.idle_for_s) == (True, 6.0)
+
+
+def test_idle_reports_from_before_a_burst_do_not_let_another_sources_share_seal() -> None:
+    """Both input partitions were reported idle (confirmed); then a burst reaches both.
+    Input 0's share and its advancing mark arrive first, input 1's mark still says idle:
+    the window must wait for input 1 to show its share, or to be idle again, confirmed."""
+    topic = Repartition(_owner(2))
+    router0, router1 = _router(0), _router(1)
+    topic.route(router0, 0, [("u", 1, "a")])
+    topic.route(router1, 1, [("v", 2, "b")])
+    for now in (6, 7, 8):  # quiet: both idle since 0, re-sent every second
+        topic.marks(router0, now)
+        topic.marks(router1, now)
+    topic.deliver(8)
+    (mark,) = topic.owner.watermarks(8)
+    assert mark.idle  # confirmed; the wall clock moves the watermark: 2 + 8 - 1 = 9 < 10
+    assert topic.owner.due(8) == []
+    topic.route(router0, 0, [("u", 5, "a"), ("u", 25, "a")], first=1, now_mono_s=9)
+    topic.marks(router0, 9)
+    topic.deliver(9)
+    # The old rule sealed T0 here (input 1 idle: 25 - 1 = 24) without input 1's share.
+    assert topic.owner.due(9) == []
+    (mark,) = topic.owner.watermarks(9)
+    assert not mark.idle
+    topic.route(router1, 1, [("v", 6, "b")], first=1, now_mono_s=9.5)  # input 1's share
+    topic.marks(router1, 9.5)
+    topic.deliver(10)
+    assert topic.owner.due(10) == []  # min(25, 6) - 1 = 5
+    topic.marks(router1, 14.5)  # idle again (5 s): the first report since the burst
+    topic.deliver(14.5)
+    assert topic.owner.due(14.5) == []
+    topic.marks(router1, 14.5 + IDLE_CONFIRM_S)
+    topic.deliver(15.5)
+    assert topic.owner.due(15.5) == [(0, T0)]  # input 0 alone: 25 - 1 = 24
+    assert _totals(topic.owner.seal(0, T0), "visits") == {
+        A: KeyAggregate(2, 1, 0),
+        B: KeyAggregate(2, 1, 0),
+    }

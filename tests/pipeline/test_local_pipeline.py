@@ -93,14 +93,26 @@ def test_late_events_counted_and_dropped() -> None:
 def test_events_of_a_window_this_process_released_are_late_not_replays() -> None:
     p = _pipeline(partitions=2)
     p.ingest(0, [rec(0, "u", 1), rec(1, "u", 12)], now_s=NOW, now_mono_s=6)
-    # Partition 1 has been silent since it was assigned at 0: idle, holding nothing back.
-    releases = p.step(6, now_s=NOW)
+    # Partition 1 has been silent since it was assigned at 0: idle, holding nothing back,
+    # but its first idle mark after partition 0's partial is not trusted yet.
+    assert p.step(6, now_s=NOW) == []
+    releases = p.step(7, now_s=NOW)  # still idle 1 s later: confirmed
     assert values(releases, "all") == {"{}": 1, "null": "window"}
     p.ingest(1, [rec(0, "v", 3)], now_s=NOW, now_mono_s=7)  # too late for the release
     assert p.metrics.late_events._value.get() == 1
     assert p.metrics.replayed_events_skipped._value.get() == 0
     assert p.ingest_stage.open_windows() == [T0 + 10]
     assert p.ingest_stage.safe_offsets() == {0: 1, 1: 1}
+
+
+def test_a_partition_without_events_does_not_stall_a_live_one() -> None:
+    p = _pipeline(partitions=2)
+    released = []
+    for t in range(60):  # partition 0: one event a second, live; partition 1: none at all
+        p.ingest(0, [rec(t, f"u{t}", t)], now_s=NOW, now_mono_s=t)
+        released += [r.window_start_s for r in p.step(t, now_s=NOW) if r.query == "all"]
+    # The rule before confirmation released them at 11, 21, 31 and 41 s.
+    assert released[:4] == [T0, T0 + 10, T0 + 20, T0 + 30]
 
 
 def test_safe_offsets_hold_back_for_open_windows() -> None:

@@ -109,9 +109,13 @@ def test_round_trip_of_mixed_group_values_and_empty_totals() -> None:
 
 
 @pytest.mark.parametrize("watermark_s", [T0 + 9.5, None, 0.0])
-@pytest.mark.parametrize(("idle", "open_windows"), [(False, True), (True, False)])
-def test_watermark_round_trip(watermark_s: float | None, idle: bool, open_windows: bool) -> None:
-    mark = SourceWatermark(3, 4, watermark_s, idle, open_windows)
+@pytest.mark.parametrize(
+    ("idle", "open_windows", "idle_for_s"), [(False, True, 0.0), (True, False, 12.25)]
+)
+def test_watermark_round_trip(
+    watermark_s: float | None, idle: bool, open_windows: bool, idle_for_s: float
+) -> None:
+    mark = SourceWatermark(3, 4, watermark_s, idle, open_windows, idle_for_s)
     key, value = encode_watermark(mark)
     assert key == f"{WATERMARK_KEY_PREFIX}3"
     assert decode(value) == mark
@@ -131,7 +135,7 @@ _GOOD_PARTIAL: dict[str, Any] = orjson.loads(
     encode_partial(_partial({("a",): KeyAggregate(1, 1, 0)}))[0][1]
 )
 _GOOD_MARK: dict[str, Any] = orjson.loads(
-    encode_watermark(SourceWatermark(0, 1, 5.0, False, True))[1]
+    encode_watermark(SourceWatermark(0, 1, 5.0, True, False, 7.5))[1]
 )
 
 
@@ -168,6 +172,8 @@ def _without(base: dict[str, Any], key: str) -> bytes:
         _without(_GOOD_MARK, "idle"),
         _broken(_GOOD_MARK, watermark_s="soon"),
         _broken(_GOOD_MARK, source_partitions=[1]),
+        _broken(_GOOD_MARK, idle_for_s="long"),
+        _broken(_GOOD_MARK, idle_for_s=None),
     ],
     ids=lambda v: repr(v)[:60],
 )
@@ -181,6 +187,14 @@ def test_the_unbroken_bases_decode() -> None:
     assert isinstance(decode(orjson.dumps(_GOOD_PARTIAL)), PartialPart)
     assert isinstance(decode(orjson.dumps(_GOOD_MARK)), SourceWatermark)
     assert issubclass(PartialFormatError, ValueError)
+
+
+def test_a_watermark_written_without_idle_for_s_reads_as_zero() -> None:
+    """Marks of a stage 1 from before ``idle_for_s``: never confirmed idle by growth alone."""
+    old = _without(_GOOD_MARK, "idle_for_s")
+    mark = decode(old)
+    assert isinstance(mark, SourceWatermark) and mark.idle_for_s == 0.0
+    assert VALIDATOR.is_valid(orjson.loads(old))
 
 
 # -- the first complete version, never a sum of two -----------------------------------------
@@ -249,10 +263,14 @@ def test_every_encoded_record_validates_against_the_schema() -> None:
     ]
     records = [value for p in partials for _, value in encode_partial(p)]
     records += [
-        encode_watermark(SourceWatermark(p, 3, wm, idle, open_windows))[1]
-        for p, wm, idle, open_windows in [(0, T0 + 9.5, False, True), (2, None, True, False)]
+        encode_watermark(SourceWatermark(p, 3, wm, idle, open_windows, idle_for))[1]
+        for p, wm, idle, open_windows, idle_for in [
+            (0, T0 + 9.5, False, True, 0.0),
+            (2, None, True, False, 12.25),
+        ]
     ]
     assert len(records) == 2 + 1 + 1 + 2
+    assert orjson.loads(records[-1])["idle_for_s"] == 12.25
     for value in records:
         VALIDATOR.validate(orjson.loads(value))
 
@@ -266,7 +284,9 @@ def test_stage_one_partials_validate_against_the_schema() -> None:
     for partial in sealed:
         for _, value in encode_partial(partial):
             VALIDATOR.validate(orjson.loads(value))
-    for mark in stage.watermarks(0):
+    marks = [*stage.watermarks(0), *stage.watermarks(30)]  # active, then idle
+    assert [m.idle_for_s for m in marks] == [0.0, 30.0]
+    for mark in marks:
         VALIDATOR.validate(orjson.loads(encode_watermark(mark)[1]))
 
 
@@ -279,5 +299,10 @@ def test_the_schema_rejects_what_decode_rejects() -> None:
         _broken(_GOOD_PARTIAL, user_id="alice"),
         _without(_GOOD_MARK, "idle"),
         _broken(_GOOD_MARK, kind="checkpoint"),
+        _broken(_GOOD_MARK, idle_for_s="long"),
+        _broken(_GOOD_MARK, idle_for_s=None),
     ):
         assert not VALIDATOR.is_valid(orjson.loads(value)), value
+    # Decoding takes any number; the schema says how long a partition was idle: never < 0.
+    assert not VALIDATOR.is_valid({**_GOOD_MARK, "idle_for_s": -0.5})
+    assert VALIDATOR.is_valid(_GOOD_MARK)

@@ -26,6 +26,7 @@ from stream_dp.pipeline.partials import (
 )
 from stream_dp.pipeline.release_stage import ReleaseStage, _newer
 from stream_dp.privacy.release import KeyAggregate
+from stream_dp.windows.watermark import IDLE_CONFIRM_S
 from tests.helpers import schema_validator
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec, values
 
@@ -57,9 +58,16 @@ class Feed:
         sources: int = 3,
         idle: bool = False,
         open_windows: bool = True,
+        idle_for_s: float = 0.0,
     ) -> None:
-        mark = SourceWatermark(source, sources, watermark_s, idle, open_windows)
+        mark = SourceWatermark(source, sources, watermark_s, idle, open_windows, idle_for_s)
         self.values(r, [encode_watermark(mark)[1]])
+
+    def idle(self, r: int, source: int, idle_for_s: float, *, sources: int = 3) -> None:
+        """A source with no watermark, idle for ``idle_for_s`` with nothing open."""
+        self.mark(
+            r, source, None, sources=sources, idle=True, open_windows=False, idle_for_s=idle_for_s
+        )
 
     def marks(self, r: int, watermark_s: float | None, *, sources: int = 3) -> None:
         for p in range(sources):
@@ -161,7 +169,11 @@ def test_a_source_without_a_watermark_clears_only_when_idle_with_nothing_open(
     _three_sources(feed)
     feed.mark(0, 0, END)
     feed.mark(0, 1, END)
-    feed.mark(0, 2, None, idle=idle, open_windows=open_windows)
+    feed.mark(0, 2, None, idle=idle, open_windows=open_windows, idle_for_s=30.0)
+    # One mark cannot tell a current "idle" from one written just before a burst.
+    assert stage.due_windows() == []
+    later = 30.0 + IDLE_CONFIRM_S
+    feed.mark(0, 2, None, idle=idle, open_windows=open_windows, idle_for_s=later)
     assert stage.due_windows() == ([T0] if due else [])
 
 
@@ -179,8 +191,135 @@ def test_an_idle_source_behind_the_window_clears_once_nothing_is_open() -> None:
     feed.mark(0, 1, END)
     feed.mark(0, 2, END - 5)  # behind and active
     assert other.due_windows() == []
-    feed.mark(0, 2, END - 5, idle=True, open_windows=False)  # silent, holding nothing
+    feed.mark(0, 2, END - 5, idle=True, open_windows=False, idle_for_s=5.0)  # silent, empty
+    assert other.due_windows() == []  # not confirmed yet
+    feed.mark(0, 2, END - 5, idle=True, open_windows=False, idle_for_s=5.0 + IDLE_CONFIRM_S)
     assert other.due_windows() == [T0]
+
+
+def _quiet_spell(feed: Feed, until_s: float, r: int = 0) -> None:
+    """Every source idle with nothing open for a long time, re-sent every second."""
+    for idle_for in (until_s - 2, until_s - 1, until_s):
+        for source in range(3):
+            feed.idle(r, source, idle_for)
+
+
+def _source_0_seals_its_share(feed: Feed) -> str:
+    """A burst after the quiet spell: source 0 seals its share of T0 (partial + watermark)."""
+    version = new_version()
+    for partial in _both(0, {A: KeyAggregate(2, 2, 0)}, version=version):
+        feed.partial(0, partial)
+    feed.mark(0, 0, END)
+    return version
+
+
+def test_idle_marks_from_before_a_burst_do_not_release_its_window() -> None:
+    """Sources 1 and 2 said "idle, nothing open" before the burst; their share of it may be
+    on its way. The window waits until each has stayed idle IDLE_CONFIRM_S after the burst
+    showed on the partition."""
+    stage = _stage()
+    feed = Feed(stage)
+    _quiet_spell(feed, until_s=12.0)
+    version = _source_0_seals_its_share(feed)
+    assert stage.due_windows() == []  # the stale marks alone no longer clear it
+    feed.idle(0, 1, 12.5)
+    feed.idle(0, 2, 12.5)
+    assert stage.due_windows() == []  # first idle marks since the burst: the base
+    feed.idle(0, 1, 12.5 + IDLE_CONFIRM_S)  # source 1 confirmed
+    feed.idle(0, 2, 13.4)
+    assert stage.due_windows() == []  # source 2 has grown 0.9 s only
+    feed.idle(0, 2, 12.5 + IDLE_CONFIRM_S)
+    assert stage.due_windows() == [T0]
+    releases = _release(stage)
+    assert values(releases, "visits") == {
+        '{"domain":"a"}': 2,
+        '{"domain":"b"}': 0,
+        "null": "window",
+    }
+    assert [r.sources for r in releases] == [{0: version}, {0: version}]
+
+
+@pytest.mark.parametrize(
+    ("idle", "open_windows"),
+    [(False, True), (True, True), (False, False)],
+    ids=["active", "idle-with-open-windows", "active-nothing-open"],
+)
+def test_an_idle_source_whose_share_arrives_holds_the_window_back(
+    idle: bool, open_windows: bool
+) -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    _quiet_spell(feed, until_s=12.0)
+    _source_0_seals_its_share(feed)
+    feed.idle(0, 1, 12.5)
+    feed.idle(0, 2, 12.5)
+    # Source 2's share of the burst reaches its stage 1: it no longer says idle-and-empty.
+    feed.mark(0, 2, None, idle=idle, open_windows=open_windows, idle_for_s=13.5 if idle else 0)
+    feed.idle(0, 1, 13.5)  # source 1 confirmed
+    assert stage.due_windows() == []
+    feed.mark(0, 2, None, idle=idle, open_windows=open_windows, idle_for_s=40.0 if idle else 0)
+    feed.idle(0, 1, 40.0)
+    assert stage.due_windows() == []  # however long it says so
+    # Source 2 seals; source 1 has stayed idle since source 2 woke up: the window is due.
+    for partial in _both(2, {B: KeyAggregate(1, 1, 0)}):
+        feed.partial(0, partial)
+    feed.mark(0, 2, END)
+    assert stage.due_windows() == [T0]
+    assert values(_release(stage), "visits") == {
+        '{"domain":"a"}': 2,
+        '{"domain":"b"}': 1,
+        "null": "window",
+    }
+
+
+@pytest.mark.parametrize(
+    ("progress", "due_after_one_second"),
+    [
+        ("partial", True),
+        ("watermark_advance", True),
+        ("same_watermark_again", True),
+        ("wake_up", False),
+    ],
+)
+def test_only_a_wake_up_between_idle_marks_restarts_their_confirmation(
+    progress: str, due_after_one_second: bool
+) -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    _source_0_seals_its_share(feed)
+    feed.idle(0, 1, 20.0)
+    feed.idle(0, 2, 20.0)
+    if progress == "partial":  # source 0's burst goes on into the next window
+        for partial in _both(0, {A: KeyAggregate(1, 1, 0)}, window_start_s=T0 + 10):
+            feed.partial(0, partial)
+    elif progress == "watermark_advance":  # a live source advancing is no news of a burst
+        feed.mark(0, 0, END + 3)
+    elif progress == "wake_up":  # source 0 was idle with nothing open, and now is not
+        feed.idle(0, 0, 20.0)
+        feed.mark(0, 0, END, idle=False, open_windows=True, idle_for_s=0.0)
+    else:  # a re-sent mark: nothing new
+        feed.mark(0, 0, END)
+    feed.idle(0, 1, 20.0 + IDLE_CONFIRM_S)
+    feed.idle(0, 2, 20.0 + IDLE_CONFIRM_S)
+    assert stage.due_windows() == ([T0] if due_after_one_second else [])
+    feed.idle(0, 1, 20.0 + 2 * IDLE_CONFIRM_S)
+    feed.idle(0, 2, 20.0 + 2 * IDLE_CONFIRM_S)
+    assert stage.due_windows() == [T0]
+
+
+def test_progress_on_another_partials_partition_does_not_restart_confirmation() -> None:
+    """Confirmation is per partials partition: progress on one resets only its own."""
+    stage = _stage(partitions=2)
+    feed = Feed(stage)
+    _source_0_seals_its_share(feed)  # on partition 0
+    for r in (0, 1):
+        feed.idle(r, 1, 20.0)
+        feed.idle(r, 2, 20.0)
+    feed.mark(1, 0, END + 50)  # progress on partition 1 only
+    for r in (0, 1):
+        feed.idle(r, 1, 21.0)
+        feed.idle(r, 2, 21.0)
+    assert stage.due_windows() == [T0]
 
 
 def test_watermarks_read_on_another_partials_partition_do_not_count() -> None:
