@@ -1,4 +1,4 @@
-"""RESULTS.md, results.json and throughput.png from one bench run's figures."""
+"""RESULTS.md, results.json, throughput.png and scaling_workers.png from one bench run."""
 
 from __future__ import annotations
 
@@ -20,6 +20,14 @@ TARGETS: list[tuple[str, str, str]] = [
     ("utility: keys kept ≥ PipelineDP's", "utility_keys", "all bounds"),
     ("utility: MAE ≤ PipelineDP's", "utility_mae", "all bounds"),
 ]
+
+
+def loadavg() -> list[float]:
+    """1, 5 and 15 minute load averages: other work on the machine competes for its cores."""
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text(encoding="ascii").split()[:3]]
+    except OSError:
+        return []
 
 
 def machine() -> dict[str, Any]:
@@ -51,6 +59,7 @@ def machine() -> dict[str, Any]:
             versions[dist] = "not installed"
     return {
         "cores": os.cpu_count(),
+        "loadavg_at_start": loadavg(),
         "memory_gib": round(mem_gib, 1),
         "cpu_model": model,
         "platform": platform.platform(),
@@ -109,6 +118,20 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _load(values: list[float] | None) -> str:
+    return f"{values[0]:.2f}" if values else "unknown"
+
+
+def _held(per_worker: list[dict[str, int]]) -> str:
+    roles = ("input", "repartition", "partials")
+    parts = [
+        f"{role} {'/'.join(str(w.get(role, 0)) for w in per_worker)}"
+        for role in roles
+        if any(w.get(role) for w in per_worker)
+    ]
+    return ", ".join(parts) if parts else "unknown"
+
+
 def _fmt(x: float, digits: int = 0) -> str:
     return "–" if not math.isfinite(x) else f"{x:,.{digits}f}"
 
@@ -125,7 +148,7 @@ def write_plot(results: dict[str, Any], path: Path) -> None:
     left.plot(users, [p["events_per_s"] for p in sc["users_sweep"]], "o-")
     left.set_xscale("log")
     left.set_xlabel("users (1,000 keys)")
-    left.set_ylabel("events/s (engine in-process, 1 core)")
+    left.set_ylabel("events/s (IngestStage in-process, 1 core)")
     left.set_title("throughput vs users")
     keys = [p["keys"] for p in sc["keys_sweep"]]
     right.plot(keys, [p["events_per_s"] for p in sc["keys_sweep"]], "s-", color="tab:orange")
@@ -138,7 +161,82 @@ def write_plot(results: dict[str, Any], path: Path) -> None:
     raw = results["throughput"]["contenders"]["raw"]["events_per_s"]
     left.axhline(raw, color="grey", linestyle="--", label="raw fetch+decode (Kafka)")
     left.legend(loc="lower left")
-    fig.suptitle(f"stream-dp engine, {sc['events_per_point']:,} events per point")
+    fig.suptitle(f"stream-dp stage 1 (ingest), {sc['events_per_point']:,} events per point")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+WORKER_MODE_LABELS = {
+    "keyed_by_user": "input keyed by user (keyed_by_user: true)",
+    "repartitioned": "repartitioned by pseudonym (keyed_by_user: false)",
+}
+
+
+def write_workers_plot(results: dict[str, Any], path: Path) -> None:
+    """Events/s against worker processes (left) and where the CPU went (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    wk = results["workers"]
+    modes = list(wk["modes"].items())
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = {"keyed_by_user": "tab:blue", "repartitioned": "tab:orange"}
+    markers = {"keyed_by_user": "o-", "repartitioned": "s-"}
+    for label, mode in modes:
+        pts = mode["points"]
+        ns = [p["workers"] for p in pts]
+        color = colors[label]
+        left.plot(
+            ns,
+            [p["events_per_s"] for p in pts],
+            markers[label],
+            color=color,
+            label=WORKER_MODE_LABELS[label],
+        )
+        base = pts[0]["events_per_s"] / pts[0]["workers"]
+        left.plot(ns, [base * n for n in ns], ":", color=color, alpha=0.6)
+    left.set_xticks(wk["worker_counts"])
+    left.set_xlabel("stream-dp run processes (one consumer group)")
+    left.set_ylabel("events/s (first start → last window record)")
+    left.set_ylim(bottom=0)
+    left.grid(True, alpha=0.3)
+    left.legend(loc="best", fontsize=8, title="dotted: linear in N", title_fontsize=8)
+    left.set_title(f"{wk['events']:,} events, {wk['partitions']} partitions")
+    width = 0.8 / max(1, len(modes))
+    for i, (label, mode) in enumerate(modes):
+        pts = mode["points"]
+        xs = [p["workers"] + (i - (len(modes) - 1) / 2) * width for p in pts]
+        workers_cpu = [p["cpu_seconds_workers"] for p in pts]
+        broker_cpu = [p["broker_cpu_seconds"] for p in pts]
+        short = "keyed" if label == "keyed_by_user" else "repartitioned"
+        color = colors[label]
+        right.bar(xs, workers_cpu, width, color=color, label=f"workers, {short}")
+        right.bar(
+            xs,
+            broker_cpu,
+            width,
+            bottom=workers_cpu,
+            color=color,
+            alpha=0.35,
+            hatch="//",
+            label=f"broker, {short}",
+        )
+        right.plot(
+            xs,
+            [p["seconds"] * wk["cores"] for p in pts],
+            "k_",
+            markersize=14,
+            label="wall × cores (CPU available)" if i == 0 else None,
+        )
+    right.set_xticks(wk["worker_counts"])
+    right.set_xlabel("stream-dp run processes")
+    right.set_ylabel("CPU seconds over the timed span")
+    right.set_title(f"CPU used vs available ({wk['cores']} cores)")
+    right.grid(True, axis="y", alpha=0.3)
+    right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -151,6 +249,7 @@ def write(results: dict[str, Any], out: Path) -> None:
         orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
     )
     write_plot(results, out / "throughput.png")
+    write_workers_plot(results, out / "scaling_workers.png")
     (out / "RESULTS.md").write_text(markdown(results), encoding="utf-8")
 
 
@@ -166,8 +265,11 @@ def markdown(r: dict[str, Any]) -> str:
         f"Machine: {m['cores']} cores, {m['memory_gib']} GiB RAM, {m['cpu_model']}; "
         f"{m['platform']}.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".",
-        "Broker: the embedded Tansu broker (memory storage) on loopback, sharing the 2 cores "
-        "with the client under test.",
+        f"Broker: the embedded Tansu broker (memory storage) on loopback, sharing the "
+        f"{m['cores']} cores with the client under test. Load average (1 min) at the start "
+        f"and end of the run: {_load(m.get('loadavg_at_start'))} and "
+        f"{_load(m.get('loadavg_at_end'))} (other work on the machine competes for the same "
+        "cores).",
         "",
         "## Targets",
         "",
@@ -187,10 +289,15 @@ def markdown(r: dict[str, Any]) -> str:
         f"{tp['partitions']} partitions, keyed by user; preloaded with confluent-kafka at "
         f"{_fmt(tp['produce_events_per_s'])} events/s. Every contender runs in a fresh "
         "process; CPU is that process's user+system time over the measured span. Worker: "
+        "one `Worker` with `input.keyed_by_user: true` (stage 1 reads the input partitions "
+        "directly; the repartition path is measured in section 2), running both stages: it "
+        "owns every input partition and every partials partition, so each window's partials "
+        "make a round trip through the partials topic before stage 2 releases it; "
         f"k = {tp['k']}, grace {tp['grace_s']} s, idle_close_s {tp['idle_close_s']}, one "
         "count query by domain (private keys, truncated geometric selection), consumer group "
         "with session timeout 2 s; timed from `Worker.run()` to the acknowledgement of its "
-        "last window record on the output topic (then checked by reading the topic).",
+        "last window record on the output topic and its published marker in the ledger "
+        "(then checked by reading the topic).",
         "",
         "| contender | events | events/s (end to end) | events/s (processing) | wall s | "
         "CPU s | startup s | close s |",
@@ -226,8 +333,16 @@ def markdown(r: dict[str, Any]) -> str:
         "(producer, ledger read-back behind fences, consumer-group join: the broker holds "
         f"JoinGroup ~1 s), processing {w.get('processing_seconds', 0):.2f} s, close "
         f"{w.get('close_seconds', 0):.2f} s (idle_close_s and grace before the last window "
-        "closes, then its release and acknowledged writes).",
+        "is sealed, then its partials and watermarks written to and read back from the "
+        "partials topic, the release and its acknowledged writes).",
     ]
+    if "late_events" in w:
+        lines.append(
+            f"- Events the worker dropped as late (median): {w['late_events']:,.0f} of "
+            f"{tp['events']:,} (a preloaded topic replayed at full speed should have none: "
+            "every event is windowed, pseudonymized and bounded); dropped by the k = "
+            f"{tp['k']} bound: {w.get('events_dropped_by_bounding', 0):,.0f}."
+        )
     if not tp["faust_topic_is_main_topic"]:
         lines.append(
             f"- Faust reads a topic holding the first {tp['faust_events']:,} records of the "
@@ -248,11 +363,21 @@ def markdown(r: dict[str, Any]) -> str:
         "which would close replayed windows while they still receive events); "
         "on_window_close reports every partition's keys (Faust keeps one "
         "`last_closed_window` for all partitions and skips the other partitions' keys).",
+    ]
+    lines += _workers_section(r)
+    lines += [
         "",
-        "## 2. Scaling (Engine in-process, one partition, 10,000-record batches, 1 core)",
+        "## 3. Scaling in-process (stage 1 and 2 without Kafka, one partition, "
+        "10,000-record batches, 1 core)",
         "",
-        "The worker's `Engine.ingest` fed the same JSON records without Kafka; release time "
-        "is for all windows of the point divided by their number.",
+        "events/s: `IngestStage.ingest` (stage 1: decode, key check, window, pseudonym, "
+        "reservoir) fed the same JSON records, keyed by user id, without Kafka. Release "
+        "s/window: `LocalPipeline.finish` over all windows of the point divided by their "
+        "number; a release is now seal (merge of reservoirs, L0/Linf bounding, exact totals "
+        "per key: one partial per query) + the partial's topic encoding and decoding + merge "
+        "of partials, selection, noise and records in stage 2. Before the scale-out split it "
+        "was `Engine.compute_release` (the same bounding and release, no partials), so the "
+        "figures are comparable but include the partials' encoding now.",
         "",
         "| users | keys | events | distinct users | distinct keys | events/s | release s/window |",
         "|---|---|---|---|---|---|---|",
@@ -276,9 +401,15 @@ def markdown(r: dict[str, Any]) -> str:
         f"{rel['public']['seconds']:.3f} s with the keys as a public list (all "
         f"{rel['public']['released_keys']:,} get noise and a record), "
         f"{rel['private']['seconds']:.3f} s with private keys (selection over every key, "
-        f"{rel['private']['released_keys']:,} pass with k = 40 and no L0 bound). Covers the "
-        "merge of reservoirs, bounding, selection, noise and building the records; writing "
-        "them to Kafka is not included.",
+        f"{rel['private']['released_keys']:,} pass with k = 40 and no L0 bound). Covers "
+        "seal + merge + release: for the public list, seal (merge of reservoirs, bounding, "
+        f"exact totals) {rel['public']['seal_seconds']:.3f} s, the partial's encoding and "
+        f"decoding {rel['public']['transport_seconds']:.3f} s, stage 2 (merge, noise, "
+        f"records) {rel['public']['release_seconds']:.3f} s; private keys: "
+        f"{rel['private']['seal_seconds']:.3f} + {rel['private']['transport_seconds']:.3f} + "
+        f"{rel['private']['release_seconds']:.3f} s. Writing to Kafka is not included; in "
+        "the worker the seal runs where the partition's events are and the rest on the "
+        "window's partials partition.",
         f"- **State per retained event**: {mem['bytes_per_retained_event']:.1f} bytes "
         f"(RSS growth of a fresh process, {mem['users']:,} users each offering "
         f"{mem['events_per_user']} events to a k = {mem['k']} reservoir: "
@@ -296,18 +427,33 @@ def markdown(r: dict[str, Any]) -> str:
         f"- Heavy-tailed stream (the throughput data's shape, {heavy['events']:,} events, "
         f"{heavy['user_windows']:,} user-windows, most with a few events): "
         f"{heavy['bytes_per_retained_event']:.1f} bytes per retained event (tracemalloc of "
-        "the engine's whole open state), the per-user overhead (16-byte pseudonym, dict "
+        "stage 1's whole open state), the per-user overhead (16-byte pseudonym, dict "
         "slot, list header) weighing more when users keep few events.",
+        "",
+    ]
+    rp = sc.get("repartition")
+    if rp:
+        lines.append(
+            f"- Repartition path in-process ({rp['events']:,} events, {rp['users']:,} users, "
+            f"{rp['keys']:,} keys): stage 0 (`IngestStage.route`: decode, pseudonymize, "
+            f"re-encode keyed by pseudonym, mean {rp['mean_routed_bytes']:.0f} bytes) "
+            f"{_fmt(rp['route_events_per_s'])} events/s, then stage 1 on the routed records "
+            f"{_fmt(rp['routed_ingest_events_per_s'])} events/s; both "
+            f"{_fmt(rp['both_events_per_s'])} events/s, before any Kafka cost of the extra "
+            "topic (a produce and a second fetch per event)."
+        )
+    lines += [
         "",
         "![throughput](throughput.png)",
         "",
-        f"## 3. Utility ({ut['users']:,} users, {ut['events']:,} events, one week, "
+        f"## 4. Utility ({ut['users']:,} users, {ut['events']:,} events, one week, "
         f"{ut['true_keys']} domains; ε = {ut['epsilon']:g}, δ = {ut['delta']:g}; "
         f"{ut['runs']} runs)",
         "",
         "MAE: mean absolute error of the released counts against the true (unbounded) counts, "
         "over the keys released, averaged over runs; keys kept: mean number released. "
-        "stream-dp runs through the Engine in-process; PipelineDP 0.3 on its LocalBackend "
+        "stream-dp runs in-process through `LocalPipeline` (both stages, partials passed "
+        "in memory in their topic encoding); PipelineDP 0.3 on its LocalBackend "
         "with truncated geometric selection and Laplace noise. See bench/utility.py.",
         "",
         "| bounds | method | MAE | keys kept |",
@@ -321,3 +467,93 @@ def markdown(r: dict[str, Any]) -> str:
     lines += ["", "## What limits throughput", ""]
     lines += [f"- {note}" for note in r.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+def _workers_section(r: dict[str, Any]) -> list[str]:
+    wk = r["workers"]
+    runs = wk["runs"]
+    lines = [
+        "",
+        f"## 2. Scale-out: 1, 2 and 3 worker processes (median of {runs} "
+        f"run{'s' if runs > 1 else ''}, {wk['cores']} cores)",
+        "",
+        f"Topic: the stream of section 1 ({wk['events']:,} events, {wk['users']:,} users, "
+        f"{wk['keys']:,} domains, {wk['windows']} windows of {wk['window_size_s']} s) in "
+        f"{wk['partitions']} partitions, keyed by user id. N `stream-dp run` processes with "
+        "one config (one consumer group; fresh output, ledger, partials and repartition "
+        "topics per run, created before the clock starts) are started back to back; timed "
+        "from the start of the first process until a reader in the bench process has seen "
+        "every window record on the output topic. CPU s: user+system time of each worker "
+        "process at that moment (interpreter start and imports included) and of the broker "
+        "over the same span. CPU used: (workers + broker CPU) / (wall × cores). Input "
+        "records read and late events: the workers' `stream_dp_events_consumed_total` and "
+        "`stream_dp_late_events_total` summed (read from their /metrics after the last "
+        "window, worst run); more records read than the topic holds means a rebalance made "
+        "a new owner re-read what the old one had not committed. Exactly once: after SIGTERM "
+        "(every process must exit 0) the output topic is read until quiet, and every window "
+        "has exactly one window record, in every run.",
+    ]
+    for label, mode in wk["modes"].items():
+        pts = mode["points"]
+        lines += [
+            "",
+            f"**{WORKER_MODE_LABELS[label]}**",
+            "",
+            "| workers | events/s | vs 1 worker | wall s | first window s | CPU s per worker "
+            "| CPU s workers | CPU s broker | CPU used | input records read | late events "
+            "| windows released exactly once |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in pts:
+            per = " / ".join(f"{c:.1f}" for c in p["cpu_seconds_per_worker"])
+            lines.append(
+                f"| {p['workers']} | {_fmt(p['events_per_s'])} | "
+                f"{p['ratio_to_one_worker']:.2f}× | {p['seconds']:.2f} | "
+                f"{p['first_window_seconds']:.2f} | {per} | {p['cpu_seconds_workers']:.1f} | "
+                f"{p['broker_cpu_seconds']:.1f} | {100 * p['cpu_utilisation']:.0f}% | "
+                f"{p['events_consumed_max']:,.0f} | {p['late_events_max']:,.0f} | "
+                f"{'yes' if p['exactly_once'] else '**NO**'} |"
+            )
+    lines += ["", "What limits it:", ""]
+    per_event: dict[str, float] = {}
+    for label, mode in wk["modes"].items():
+        pts = {p["workers"]: p for p in mode["points"]}
+        one, top = pts[min(pts)], pts[max(pts)]
+        per_event_us = [1e6 * p["cpu_seconds_workers"] / wk["events"] for p in pts.values()]
+        per_event[label] = per_event_us[0]
+        lines.append(
+            f"- {WORKER_MODE_LABELS[label]}: {_fmt(one['events_per_s'])} events/s with "
+            f"{one['workers']} worker, {_fmt(top['events_per_s'])} with {top['workers']} "
+            f"({top['ratio_to_one_worker']:.2f}×). The single worker process kept "
+            f"{100 * one['cpu_seconds_workers'] / one['seconds']:.0f}% of one core busy over "
+            f"its {one['seconds']:.1f} s (machine: {100 * one['cpu_utilisation']:.0f}% with "
+            f"the broker); {top['workers']} processes used "
+            f"{100 * top['cpu_utilisation']:.0f}% of the machine. Worker CPU per event: "
+            f"{' → '.join(f'{x:.1f}' for x in per_event_us)} µs for "
+            f"N = {', '.join(str(n) for n in pts)}. Partitions held with N = {top['workers']} "
+            f"(last assignment): {_held(top.get('partitions_per_worker', []))}."
+        )
+    lines += [
+        f"- {wk['cores']} cores for N single-threaded worker processes and the broker: one "
+        "worker can keep at most one core busy; two can use both; a third time-shares the "
+        "cores with the other two and the broker (which serves every fetch and produce), so "
+        "it can only add what two leave idle — waits on the broker, the group join, the "
+        "idle close.",
+        "- Fixed costs per run and per process, in the timed span: interpreter start and "
+        "imports, the ledger read-back behind fences, the consumer-group join and a "
+        "rebalance for each member joining after the first, and the close of the last window "
+        "(idle_close_s, then its partials, watermarks and release). They do not shrink with "
+        "N, and every process pays its own CPU for them, which is why the workers' total CPU "
+        "grows with N.",
+    ]
+    if "keyed_by_user" in per_event and "repartitioned" in per_event:
+        lines.append(
+            "- Repartitioning costs "
+            f"{per_event['repartitioned'] / per_event['keyed_by_user']:.1f}× the worker CPU "
+            "per event of keyed input (one worker): stage 0 decodes, pseudonymizes and "
+            "re-encodes every event and produces it to the repartition topic, which stage 1 "
+            "then fetches and decodes again; the repartition topic has 4 partitions, so "
+            "stage 1 splits unevenly over 3 workers."
+        )
+    lines += ["", "![scale-out over worker processes](scaling_workers.png)"]
+    return lines

@@ -1,9 +1,10 @@
 """``python -m bench.run [--size {smoke,small,full}] [--out DIR]``: the whole benchmark.
 
-Starts its own embedded broker, measures throughput (raw consumer, worker, Faust), engine
-scaling, state size and utility against PipelineDP, deletes its topics, stops the broker and
-writes ``RESULTS.md``, ``results.json`` and ``throughput.png`` into ``--out`` (default: the
-``bench`` folder). ``smoke`` takes well under a minute and exists for the test.
+Starts its own embedded broker, measures throughput (raw consumer, worker, Faust), scale-out
+over 1, 2 and 3 worker processes, in-process scaling of the pipeline stages, state size and
+utility against PipelineDP, deletes its topics, stops the broker and writes ``RESULTS.md``,
+``results.json``, ``throughput.png`` and ``scaling_workers.png`` into ``--out`` (default: the
+``bench`` folder). ``smoke`` takes about a minute and exists for the test.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import report, scaling, throughput, utility
+from bench import report, scaling, throughput, utility, workers
 from bench.data import StreamSpec
 from stream_dp.broker import EmbeddedBroker
 
@@ -92,20 +93,24 @@ SIZES: dict[str, dict[str, Any]] = {
 NOTES = [
     "Python work per event. The raw consumer spends its time in aiokafka's record parsing "
     "and one orjson call; the worker adds, per event, validation of the decoded object, "
-    "the window of its time, the interned signature of its group fields, an HMAC-SHA256 "
-    "pseudonym (cached per batch and user) and a reservoir update — each a few hundred "
-    "nanoseconds of interpreted code. Profiles (cProfile, py-spy) of `Engine.ingest` after "
-    "the changes listed in the report: decode+validate ≈ 1.0 µs, pseudonym ≈ 0.8 µs per new "
+    "the check that its Kafka key is its user id (keyed input), the window of its time, the "
+    "interned signature of its group fields, an HMAC-SHA256 pseudonym (cached per batch and "
+    "user) and a reservoir update — each a few hundred nanoseconds of interpreted code. "
+    "Profiles (cProfile, py-spy) of the former `Engine.ingest`, whose per-event loop "
+    "`IngestStage.ingest` keeps: decode+validate ≈ 1.0 µs, pseudonym ≈ 0.8 µs per new "
     "(user, batch), loop body ≈ 1 µs, reservoir ≈ 0.5 µs per event.",
     "Two cores shared with the broker: the broker process serving the fetches takes a good "
     "part of a core while the client runs (its CPU seconds are in results.json as "
     "`broker_cpu_seconds_whole_process_run`), so client and broker compete.",
     "Fixed costs that do not shrink with the topic: the consumer-group join (the broker "
     "holds JoinGroup for about 1 s) and the close of the last window (grace plus "
-    "idle_close_s, then a release and three acknowledged writes). The raw consumer uses "
-    "manual assignment and has neither.",
-    "One worker per consumer group (README, Limitations): the worker is single-threaded and "
-    "cannot use the second core; scaling out needs the partial-count merge stage.",
+    "idle_close_s, then sealing its partials, their round trip through the partials topic, "
+    "a release and its acknowledged writes). The raw consumer uses manual assignment and "
+    "has neither.",
+    "A worker process is single-threaded: one process cannot use the second core. Several "
+    "`stream-dp run` processes in one consumer group share the input and partials "
+    "partitions (section 2); on this machine they share 2 cores with each other and with "
+    "the broker, so a third process adds contention, not cores.",
     "Faust: about 200 µs per event in its stream machinery, table bookkeeping (a heap entry "
     "and a changelog record per update) and producer, so its rate is bound by its own "
     "per-event overhead, not by Kafka.",
@@ -146,11 +151,19 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
             faust_events=cfg["faust_events"],
             log=_log,
         )
-    _log("[bench] scaling (engine in-process)")
+        _log(
+            f"[bench] scale-out: 1, 2, 3 worker processes, {workers.PARTITIONS} partitions, "
+            f"{cfg['runs']} run(s)"
+        )
+        results["workers"] = workers.measure(
+            broker.bootstrap_servers, broker.pid, spec, runs=cfg["runs"], log=_log
+        )
+    _log("[bench] scaling (stages in-process)")
     results["scaling"] = scaling.measure(cfg, log=_log)
     _log(f"[bench] utility: {cfg['utility_users']:,} users, {cfg['utility_runs']} runs")
     results["utility"] = utility.measure(cfg["utility_users"], cfg["utility_runs"], log=_log)
     results["total_seconds"] = time.perf_counter() - started
+    results["machine"]["loadavg_at_end"] = report.loadavg()
     report.write(results, out)
     for t in results["targets"]:
         verdict = "PASS" if t["passed"] else "FAIL"

@@ -1,9 +1,17 @@
-"""Scaling of the engine in-process (no Kafka): events/s against users and keys, the release
-time of a window with 100k keys, and the state kept per retained event.
+"""Scaling of the pipeline stages in-process (no Kafka): events/s against users and keys, the
+release time of a window with 100k keys, and the state kept per retained event.
 
-The Engine is what the worker runs for every fetched batch; here it is fed the same JSON
-records in batches of 10,000 (the worker's ``MAX_RECORDS_PER_FETCH``) from one partition, so
-the figures leave out the Kafka client (the throughput section measures that).
+Ingest is stage 1, :class:`~stream_dp.pipeline.ingest.IngestStage`: what a worker runs for
+every fetched batch of a partition it owns. Here it is fed the same JSON records, keyed by
+user id (``input.keyed_by_user: true``, so the key check runs as in the worker), in batches of
+10,000 (the worker's ``MAX_RECORDS_PER_FETCH``) from one partition, so the figures leave out
+the Kafka client (the throughput sections measure that).
+
+A release is now three steps, timed together: stage 1 seals the window (reservoir merge,
+L0/Linf bounding, exact totals per key: one partial per query), the partial is encoded and
+decoded as on the partials topic, and stage 2
+(:class:`~stream_dp.pipeline.release_stage.ReleaseStage`) merges the partials, draws noise and
+selection and builds the output records. Writing to Kafka is not included.
 """
 
 from __future__ import annotations
@@ -24,7 +32,10 @@ import orjson
 from bench.data import StreamSpec, columns, encode
 from stream_dp.config import parse_config
 from stream_dp.config.model import Config
-from stream_dp.pipeline.engine import Engine
+from stream_dp.pipeline.ingest import IngestStage
+from stream_dp.pipeline.local import LocalPipeline
+from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
+from stream_dp.pipeline.release_stage import ReleaseStage
 from stream_dp.privacy.bounding import Reservoirs
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 
@@ -32,7 +43,9 @@ BATCH = 10_000
 K = 40
 
 
-def engine_config(window_size_s: int, public_keys: list[str] | None = None) -> Config:
+def stage_config(
+    window_size_s: int, public_keys: list[str] | None = None, *, keyed_by_user: bool = True
+) -> Config:
     query: dict[str, Any] = {
         "name": "visits_by_domain",
         "group_by": ["domain"],
@@ -43,6 +56,7 @@ def engine_config(window_size_s: int, public_keys: list[str] | None = None) -> C
         query["keys"] = {"domain": public_keys}
     return parse_config(
         {
+            "input": {"keyed_by_user": keyed_by_user},
             "window": {"size_s": window_size_s, "grace_s": 0, "idle_close_s": 0.5},
             "privacy": {"epsilon_per_window": 1.0, "delta_per_window": 1e-6},
             "bounds": {"max_contributions_per_window": K},
@@ -56,29 +70,39 @@ def _keyring() -> KeyRing:
     return KeyRing(Pseudonymizer(os.urandom(32), "bench"))
 
 
-def ingest_all(engine: Engine, values: list[bytes]) -> float:
-    """Feed every value through ``engine.ingest`` in worker-sized batches; seconds."""
-    engine.assign([0], 0.0)
+def keyed_records(values: list[bytes], keys: list[bytes]) -> list[tuple[int, bytes, bytes]]:
+    """(offset, key, value) records as one partition of the input topic delivers them."""
+    return [(i, k, v) for i, (k, v) in enumerate(zip(keys, values, strict=True))]
+
+
+def ingest_all(stage: IngestStage, records: list[tuple[int, bytes, bytes]]) -> float:
+    """Feed every record through ``stage.ingest`` in worker-sized batches; seconds."""
+    stage.assign([0], 0.0, routed=False)
     now = time.time()
-    records = list(enumerate(values))
     started = time.perf_counter()
     for i in range(0, len(records), BATCH):
-        engine.ingest(0, records[i : i + BATCH], now_s=now, now_mono_s=0.0)
+        dead = stage.ingest(0, records[i : i + BATCH], now_s=now, now_mono_s=0.0)
+        if dead:
+            raise RuntimeError(f"bench records dead-lettered: {dead[0].reason}: {dead[0].detail}")
     return time.perf_counter() - started
 
 
 def throughput_point(spec: StreamSpec) -> dict[str, Any]:
-    """Events/s of ingest for one (users, keys) point, and the time to release every window."""
+    """Events/s of ingest for one (users, keys) point, and the time to release every window
+    (seal partials, merge, release) through :class:`LocalPipeline`."""
     cols = columns(spec)
-    values, _ = encode(spec, cols)
-    engine = Engine(engine_config(spec.window_size_s), _keyring())
-    seconds = ingest_all(engine, values)
+    values, keys = encode(spec, cols)
+    pipeline = LocalPipeline(stage_config(spec.window_size_s), _keyring())
+    # LocalPipeline turns the key check off for its single partition; the worker reading
+    # keyed input (keyed_by_user: true) does it for every record, so it is timed too.
+    pipeline.ingest_stage.enforce_user_keys = True
+    seconds = ingest_all(pipeline.ingest_stage, keyed_records(values, keys))
+    windows = pipeline.ingest_stage.open_windows()
     started = time.perf_counter()
-    windows = engine.open_windows()
-    for ws in windows:
-        releases = engine.compute_release(ws, now_s=time.time())
-        engine.finish_window(ws, releases, time.time())
+    releases = pipeline.finish(now_s=time.time())
     release_s = time.perf_counter() - started
+    if sorted({r.window_start_s for r in releases}) != windows:
+        raise RuntimeError("the pipeline did not release every window of the point")
     return {
         "users": spec.users,
         "keys": spec.keys,
@@ -92,44 +116,108 @@ def throughput_point(spec: StreamSpec) -> dict[str, Any]:
     }
 
 
+def repartition_point(spec: StreamSpec) -> dict[str, Any]:
+    """The path of input not keyed by user (``keyed_by_user: false``), in-process: stage 0
+    (:meth:`IngestStage.route`: decode, pseudonymize, re-encode keyed by pseudonym) and stage 1
+    on the routed records, each in worker-sized batches of one partition."""
+    values, _ = encode(spec)
+    stage = IngestStage(stage_config(spec.window_size_s, keyed_by_user=False), _keyring())
+    now = time.time()
+    raw = [(i, None, v) for i, v in enumerate(values)]
+    routed: list[tuple[int, bytes | None, bytes | None]] = []
+    started = time.perf_counter()
+    for i in range(0, len(raw), BATCH):
+        out, dead = stage.route(0, raw[i : i + BATCH], now_s=now, now_mono_s=0.0)
+        if dead:
+            raise RuntimeError(f"bench records dead-lettered: {dead[0].reason}")
+        # As the worker sends them: the batch's events, then the progress marks.
+        values_out = [v for _, v in out] + stage.progress_marks(0.0)
+        routed.extend((len(routed) + j, None, v) for j, v in enumerate(values_out))
+    route_s = time.perf_counter() - started
+    stage.assign([0], 0.0, routed=True)
+    started = time.perf_counter()
+    for i in range(0, len(routed), BATCH):
+        stage.ingest(0, routed[i : i + BATCH], now_s=now, now_mono_s=0.0, routed=True)
+    ingest_s = time.perf_counter() - started
+    return {
+        "users": spec.users,
+        "keys": spec.keys,
+        "events": spec.events,
+        "mean_routed_bytes": sum(len(v or b"") for _, _, v in routed) / max(1, len(routed)),
+        "route_seconds": route_s,
+        "route_events_per_s": spec.events / route_s,
+        "routed_ingest_seconds": ingest_s,
+        "routed_ingest_events_per_s": spec.events / ingest_s,
+        "both_events_per_s": spec.events / (route_s + ingest_s),
+    }
+
+
+def _release_once(
+    stage: IngestStage, config: Config, window_start_s: int
+) -> tuple[dict[str, float], int]:
+    """Seal the window's partials from the stage's (kept) state, pass them through their
+    topic encoding to a fresh ReleaseStage and release; (seconds per step, keys released)."""
+    t0 = time.perf_counter()
+    partials = stage.seal(0, window_start_s)
+    t1 = time.perf_counter()
+    values = [v for p in partials for _, v in encode_partial(p)]
+    # What the worker writes after the partials: the partition has sealed up to the end.
+    sealed = float(stage.windows.end_of(window_start_s))
+    values.append(encode_watermark(SourceWatermark(0, 1, sealed, True, False))[1])
+    release = ReleaseStage(config)
+    release.assign([0])
+    release.ingest(0, list(enumerate(values)))
+    t2 = time.perf_counter()
+    if release.due_windows() != [window_start_s]:
+        raise RuntimeError("the sealed window is not due in stage 2")
+    (rel,) = release.compute_release(window_start_s, now_s=time.time())
+    t3 = time.perf_counter()
+    steps = {"seal": t1 - t0, "transport": t2 - t1, "release": t3 - t2, "total": t3 - t0}
+    return steps, len(rel.records) - 1
+
+
 def release_time(events: int, keys: int, users: int, repeats: int) -> dict[str, Any]:
-    """Time ``compute_release`` of one window holding ``keys`` distinct keys.
+    """Time the release of one window holding ``keys`` distinct keys.
 
     Every key is present (domains are assigned round-robin, users heavy-tailed as elsewhere).
-    Two queries over the same state: private keys (partition selection over every key; with
+    Two queries over the same events: private keys (partition selection over every key; with
     k = 40 and no L0 bound few keys pass) and the same keys as a public list (every key gets
-    noise and a record: the most work). The state is ingested once; each repeat releases it
-    from a fresh Engine sharing that state (a window is released once per engine).
+    noise and a record: the most work). Each is ingested once into its own IngestStage; each
+    repeat seals the window anew from that state (sealing does not consume it) and releases
+    it from a fresh ReleaseStage (a window is released once per stage). Timed: seal (merge
+    of reservoirs, bounding, exact totals), transport (the partial's topic encoding and
+    decoding, as between the stages), release (merge of partials, selection, noise, records).
     """
     spec = StreamSpec(events=events, users=users, keys=keys, windows=1, window_size_s=3600)
     cols = columns(spec)
     shuffled = np.random.default_rng(1).permutation(np.arange(events) % keys)
     cols = type(cols)(user=cols.user, domain=shuffled, time_ms=cols.time_ms)
-    values, _ = encode(spec, cols)
-    source = Engine(engine_config(spec.window_size_s), _keyring())
-    ingest_all(source, values)
-    (ws,) = source.open_windows()
+    values, user_keys = encode(spec, cols)
+    records = keyed_records(values, user_keys)
+    del values, user_keys
     names = [f"site{d:05d}.example" for d in range(keys)]
     out: dict[str, Any] = {"events": events, "users": users, "keys": int(np.unique(shuffled).size)}
     for label, config in (
-        ("private", engine_config(spec.window_size_s)),
-        ("public", engine_config(spec.window_size_s, public_keys=names)),
+        ("private", stage_config(spec.window_size_s)),
+        ("public", stage_config(spec.window_size_s, public_keys=names)),
     ):
-        timings: list[float] = []
+        stage = IngestStage(config, _keyring())
+        ingest_all(stage, records)
+        (ws,) = stage.open_windows()
+        runs: list[dict[str, float]] = []
         released = 0
         for _ in range(repeats):
-            engine = Engine(config, source.keyring)
-            # Shared with the source engine, read-only for compute_release: the open state
-            # and the interned signatures its items refer to.
-            engine._state = source._state
-            engine._signatures.extend(source._signatures)
-            started = time.perf_counter()
-            releases = engine.compute_release(ws, now_s=time.time())
-            timings.append(time.perf_counter() - started)
-            released = len(releases[0].records) - 1
+            steps, released = _release_once(stage, config, ws)
+            runs.append(steps)
+        del stage
+        gc.collect()
         out[label] = {
-            "seconds": statistics.median(timings),
-            "runs": timings,
+            "seconds": statistics.median(r["total"] for r in runs),
+            "seal_seconds": statistics.median(r["seal"] for r in runs),
+            "transport_seconds": statistics.median(r["transport"] for r in runs),
+            "release_seconds": statistics.median(r["release"] for r in runs),
+            "runs": [r["total"] for r in runs],
+            "steps": runs,
             "released_keys": released,
         }
     out["seconds"] = max(out["private"]["seconds"], out["public"]["seconds"])
@@ -151,7 +239,7 @@ def state_per_event(
 
     Pseudonyms are 16 random bytes (as HMAC output) created after the first reading: they
     are part of the state (the reservoirs' keys). Items are interned signature ids, shared
-    int objects, as in the engine.
+    int objects, as in :class:`IngestStage`.
     """
     rng = np.random.default_rng(2)
     items = list(range(1000))
@@ -203,24 +291,25 @@ def state_per_event_in_subprocess(
     return result
 
 
-def engine_state_per_event(spec: StreamSpec) -> dict[str, Any]:
-    """Bytes allocated (tracemalloc) by the engine's open-window state for a heavy-tailed
+def ingest_state_per_event(spec: StreamSpec) -> dict[str, Any]:
+    """Bytes allocated (tracemalloc) by stage 1's open-window state for a heavy-tailed
     stream (the throughput data's shape): per-user overhead weighs more for light users."""
-    values, _ = encode(spec)
-    engine = Engine(engine_config(spec.window_size_s), _keyring())
-    engine.assign([0], 0.0)
+    values, keys = encode(spec)
+    records = keyed_records(values, keys)
+    del values, keys
+    stage = IngestStage(stage_config(spec.window_size_s), _keyring())
+    stage.assign([0], 0.0, routed=False)
     now = time.time()
-    records = list(enumerate(values))
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.take_snapshot()
     for i in range(0, len(records), BATCH):
-        engine.ingest(0, records[i : i + BATCH], now_s=now, now_mono_s=0.0)
+        stage.ingest(0, records[i : i + BATCH], now_s=now, now_mono_s=0.0)
     gc.collect()
     snap = tracemalloc.take_snapshot()
     tracemalloc.stop()
     allocated = sum(s.size_diff for s in snap.compare_to(base, "filename"))
-    parts = [p for s in engine._state.values() for p in s.values()]
+    parts = [p for s in stage._state.values() for p in s.values()]
     retained = sum(p.reservoirs.events_retained for p in parts)
     users = sum(p.reservoirs.users for p in parts)
     return {
@@ -251,6 +340,13 @@ def measure(size: dict[str, Any], log: Callable[[str], None] = print) -> dict[st
         int(size["release_events"]), int(size["release_keys"]), int(size["release_users"]), 3
     )
     log(f"  release of {release['keys']:,} keys: {release['seconds']:.3f} s")
+    repartition = repartition_point(
+        StreamSpec(events=events, users=int(size["keys_sweep_users"]), keys=1000, windows=4)
+    )
+    log(
+        f"  repartition path: route {repartition['route_events_per_s']:,.0f}/s, "
+        f"routed ingest {repartition['routed_ingest_events_per_s']:,.0f}/s"
+    )
     memory = state_per_event_in_subprocess(
         int(size["memory_users"]), int(size["memory_events_per_user"])
     )
@@ -260,7 +356,7 @@ def measure(size: dict[str, Any], log: Callable[[str], None] = print) -> dict[st
         int(size["memory_events_per_user"]),
         traced=True,
     )
-    heavy = engine_state_per_event(
+    heavy = ingest_state_per_event(
         StreamSpec(events=int(size["heavy_events"]), users=int(size["heavy_users"]), keys=1000)
     )
     return {
@@ -269,6 +365,7 @@ def measure(size: dict[str, Any], log: Callable[[str], None] = print) -> dict[st
         "keys_sweep": keys_sweep,
         "keys_sweep_users": int(size["keys_sweep_users"]),
         "release": release,
+        "repartition": repartition,
         "memory": memory,
         "memory_traced": memory_traced,
         "memory_target_users": 1_000_000,

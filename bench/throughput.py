@@ -195,7 +195,21 @@ def _run_process(module: str, args: Sequence[str], broker_pid: int) -> dict[str,
     return result
 
 
-def worker_config(bootstrap: str, topic: str, suffix: str, window_size_s: int) -> dict[str, Any]:
+#: Topics of a worker config (``output.*``) the bench creates per run and deletes after.
+WORKER_TOPICS = (
+    "topic",
+    "dead_letter_topic",
+    "ledger_topic",
+    "partials_topic",
+    "repartition_topic",
+)
+
+
+def worker_config(
+    bootstrap: str, topic: str, suffix: str, window_size_s: int, *, keyed_by_user: bool = True
+) -> dict[str, Any]:
+    """The bench's worker: input keyed by user id unless ``keyed_by_user`` is false (then
+    stage 0 repartitions it by pseudonym through the repartition topic)."""
     return {
         "kafka": {
             "bootstrap_servers": bootstrap,
@@ -203,11 +217,13 @@ def worker_config(bootstrap: str, topic: str, suffix: str, window_size_s: int) -
             "session_timeout_ms": 2000,
             "heartbeat_interval_ms": 500,
         },
-        "input": {"topic": topic},
+        "input": {"topic": topic, "keyed_by_user": keyed_by_user},
         "output": {
             "topic": f"bench-out-{suffix}",
             "dead_letter_topic": f"bench-dead-{suffix}",
             "ledger_topic": f"bench-ledger-{suffix}",
+            "partials_topic": f"bench-partials-{suffix}",
+            "repartition_topic": f"bench-repartition-{suffix}",
         },
         "window": {"size_s": window_size_s, "grace_s": GRACE_S, "idle_close_s": IDLE_CLOSE_S},
         "privacy": {"epsilon_per_window": 1.0, "delta_per_window": 1e-6},
@@ -257,7 +273,7 @@ def run_worker(
                 f"records, expected {windows}"
             )
     finally:
-        outputs = [config["output"][k] for k in ("topic", "dead_letter_topic", "ledger_topic")]
+        outputs = [config["output"][k] for k in WORKER_TOPICS]
         asyncio.run(delete_topics(bootstrap, names=outputs))
     return result
 

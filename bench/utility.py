@@ -14,14 +14,15 @@ Bounds, two variants, the same sensitivity on both sides:
 * ``k only``: stream-dp ``max_contributions_per_window=k``; PipelineDP
   ``max_contributions=k`` (a total per user across keys), k = 10.
 
-stream-dp runs in-process through the Engine (decode, pseudonymize, reservoir, L0/Linf,
-selection, noise), one query per selection strategy, each with its own (ε, δ) — every query
-is a separate release of the same window, drawn independently. PipelineDP runs on its
-LocalBackend with truncated-geometric partition selection and Laplace noise
-(its NaiveBudgetAccountant splits ε evenly between selection and noise, as stream-dp's
-``selection_epsilon_share`` 0.5 does). Each of ``runs`` runs redraws everything, bounding
-included. Error is against the true (unbounded) count of every domain: MAE over the keys a
-method released, and the keys it released.
+stream-dp runs in-process through :class:`~stream_dp.pipeline.local.LocalPipeline`, both
+worker stages joined in memory (stage 1: decode, pseudonymize, reservoir, L0/Linf, exact
+partial totals; stage 2: merge, selection, noise), one query per selection strategy, each
+with its own (ε, δ) — every query is a separate release of the same window, drawn
+independently. PipelineDP runs on its LocalBackend with truncated-geometric partition
+selection and Laplace noise (its NaiveBudgetAccountant splits ε evenly between selection
+and noise, as stream-dp's ``selection_epsilon_share`` 0.5 does). Each of ``runs`` runs
+redraws everything, bounding included. Error is against the true (unbounded) count of
+every domain: MAE over the keys a method released, and the keys it released.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 import orjson
 
 from stream_dp.config import parse_config
-from stream_dp.pipeline.engine import Engine
+from stream_dp.pipeline.local import LocalPipeline
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
 
@@ -95,15 +96,18 @@ def _config(bounds: dict[str, int]) -> dict[str, Any]:
 
 def stream_dp_run(values: list[bytes], bounds: dict[str, int]) -> dict[str, dict[str, int]]:
     """One run: strategy → {domain: released value}."""
-    engine = Engine(parse_config(_config(bounds)), KeyRing(Pseudonymizer(os.urandom(32), "u")))
-    engine.assign([0], 0.0)
+    pipeline = LocalPipeline(
+        parse_config(_config(bounds)), KeyRing(Pseudonymizer(os.urandom(32), "u"))
+    )
     now = time.time()
-    records = list(enumerate(values))
+    records = [(offset, None, value) for offset, value in enumerate(values)]
     for i in range(0, len(records), 10_000):
-        engine.ingest(0, records[i : i + 10_000], now_s=now, now_mono_s=0.0)
-    (ws,) = engine.open_windows()
+        pipeline.ingest(0, records[i : i + 10_000], now_s=now, now_mono_s=0.0)
+    releases = pipeline.finish(now_s=now)
+    if {r.window_start_s for r in releases} != {WEEK_START_S}:
+        raise RuntimeError("the utility data should fill exactly one window")
     out: dict[str, dict[str, int]] = {}
-    for release in engine.compute_release(ws, now_s=now):
+    for release in releases:
         out[release.query] = {
             r.value["group"]["domain"]: r.value["value"]
             for r in release.records

@@ -1,7 +1,8 @@
 """The benchmark's smallest size end to end: every figure is produced and is a finite number.
 
 Runs ``python -m bench.run --size smoke`` in a subprocess (its own embedded broker, worker,
-Faust peer and PipelineDP comparison), writing into a temporary folder.
+1, 2 and 3 ``stream-dp run`` processes, Faust peer and PipelineDP comparison), writing into a
+temporary folder.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=240,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -64,6 +65,31 @@ def test_throughput_lines_and_ratios(smoke: tuple[Path, dict[str, Any]]) -> None
         assert tp[ratio] > 0
 
 
+def test_worker_processes_release_every_window_exactly_once(
+    smoke: tuple[Path, dict[str, Any]],
+) -> None:
+    wk = smoke[1]["workers"]
+    assert wk["worker_counts"] == [1, 2, 3]
+    assert set(wk["modes"]) == {"keyed_by_user", "repartitioned"}
+    for label, mode in wk["modes"].items():
+        assert [p["workers"] for p in mode["points"]] == [1, 2, 3], label
+        for point in mode["points"]:
+            n = point["workers"]
+            _finite(point["events_per_s"], f"{label} {n} events/s")
+            assert point["events_per_s"] > 0
+            _finite(point["ratio_to_one_worker"], f"{label} {n} ratio")
+            _finite(point["broker_cpu_seconds"], f"{label} {n} broker cpu")
+            assert len(point["runs"]) == wk["runs"]
+            for run in point["runs"]:
+                # One window record per (query, window), read back after every worker stopped.
+                assert run["exactly_once"], (label, n, run)
+                assert run["distinct_windows"] == run["window_records"] == wk["windows"]
+                # Every input record was read (from each worker's /metrics).
+                assert run["events_consumed"] >= wk["events"], (label, n, run)
+                assert len(run["cpu_seconds_per_worker"]) == n
+                assert all(c > 0 for c in run["cpu_seconds_per_worker"]), (label, n, run)
+
+
 def test_scaling_release_and_memory(smoke: tuple[Path, dict[str, Any]]) -> None:
     sc = smoke[1]["scaling"]
     assert len(sc["users_sweep"]) >= 2 and len(sc["keys_sweep"]) >= 2
@@ -73,6 +99,10 @@ def test_scaling_release_and_memory(smoke: tuple[Path, dict[str, Any]]) -> None:
     _finite(sc["release"]["seconds"], "release seconds")
     _finite(sc["release"]["public"]["seconds"], "public release seconds")
     assert sc["release"]["public"]["released_keys"] == sc["release"]["keys"]
+    for step in ("seal_seconds", "transport_seconds", "release_seconds"):
+        _finite(sc["release"]["public"][step], f"public release {step}")
+    for rate in ("route_events_per_s", "routed_ingest_events_per_s"):
+        _finite(sc["repartition"][rate], f"repartition {rate}")
     for memory in (sc["memory"], sc["memory_traced"], sc["memory_heavy_tailed"]):
         _finite(memory["bytes_per_retained_event"], "bytes per event")
         assert memory["bytes_per_retained_event"] > 0
@@ -101,5 +131,8 @@ def test_report_and_plot(smoke: tuple[Path, dict[str, Any]]) -> None:
     assert "## Targets" in text and "--size smoke" in text
     assert len(results["targets"]) == 6
     assert all(isinstance(t["passed"], bool) for t in results["targets"])
-    png = (out / "throughput.png").read_bytes()
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    assert "## 2. Scale-out: 1, 2 and 3 worker processes" in text
+    assert "(scaling_workers.png)" in text
+    for name in ("throughput.png", "scaling_workers.png"):
+        png = (out / name).read_bytes()
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000, name
