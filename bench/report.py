@@ -429,7 +429,6 @@ def markdown(r: dict[str, Any]) -> str:
         f"{heavy['bytes_per_retained_event']:.1f} bytes per retained event (tracemalloc of "
         "stage 1's whole open state), the per-user overhead (16-byte pseudonym, dict "
         "slot, list header) weighing more when users keep few events.",
-        "",
     ]
     rp = sc.get("repartition")
     if rp:
@@ -533,27 +532,35 @@ def _workers_section(r: dict[str, Any]) -> list[str]:
             f"N = {', '.join(str(n) for n in pts)}. Partitions held with N = {top['workers']} "
             f"(last assignment): {_held(top.get('partitions_per_worker', []))}."
         )
+    keyed = {p["workers"]: p for p in next(iter(wk["modes"].values()))["points"]}
+    used = ", ".join(f"{100 * p['cpu_utilisation']:.0f}%" for p in keyed.values())
     lines += [
         f"- {wk['cores']} cores for N single-threaded worker processes and the broker: one "
-        "worker can keep at most one core busy; two can use both; a third time-shares the "
-        "cores with the other two and the broker (which serves every fetch and produce), so "
-        "it can only add what two leave idle — waits on the broker, the group join, the "
-        "idle close.",
+        "worker keeps at most one core busy; two can use both; a third only time-shares the "
+        "same cores with the other two and the broker (which serves every fetch and "
+        f"produce). Share of the machine used ({next(iter(wk['modes']))}, N = "
+        f"{', '.join(str(n) for n in keyed)}): {used}. What is not used at N ≥ 2 is "
+        "mostly the fixed part of the span below, which more processes do not shorten.",
         "- Fixed costs per run and per process, in the timed span: interpreter start and "
         "imports, the ledger read-back behind fences, the consumer-group join and a "
         "rebalance for each member joining after the first, and the close of the last window "
         "(idle_close_s, then its partials, watermarks and release). They do not shrink with "
-        "N, and every process pays its own CPU for them, which is why the workers' total CPU "
-        "grows with N.",
+        "N, and every process pays its own CPU for them, so the workers' total CPU does not "
+        "fall as N grows.",
+        "- Windows come out late in the span (first window s): a window is released only "
+        "when every source partition has sealed it, and a worker's fetches do not advance "
+        "its partitions evenly, so on a replayed topic the slowest partition holds every "
+        "window back and several windows stay open (in memory) at once. Input that arrives "
+        "live, in event-time order, does not have this lag.",
     ]
     if "keyed_by_user" in per_event and "repartitioned" in per_event:
         lines.append(
             "- Repartitioning costs "
             f"{per_event['repartitioned'] / per_event['keyed_by_user']:.1f}× the worker CPU "
             "per event of keyed input (one worker): stage 0 decodes, pseudonymizes and "
-            "re-encodes every event and produces it to the repartition topic, which stage 1 "
-            "then fetches and decodes again; the repartition topic has 4 partitions, so "
-            "stage 1 splits unevenly over 3 workers."
+            "re-encodes every event and produces it to the repartition topic (one aiokafka "
+            "`send` per event), which stage 1 then fetches and decodes again; the repartition "
+            "topic has 4 partitions, so stage 1 splits unevenly over 3 workers."
         )
     lines += ["", "![scale-out over worker processes](scaling_workers.png)"]
     return lines

@@ -200,7 +200,7 @@ async def _run_group(
                         env=env,
                     )
                 )
-        first_window: float | None = None
+        arrivals: list[float] = []  # seconds from the start to each window's first record
         while len(seen) < expected_windows:
             elapsed = time.perf_counter() - t0
             exited = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
@@ -216,9 +216,10 @@ async def _run_group(
                     f"{expected_windows} windows released; logs in {workdir}:\n{tails}"
                 )
             batch = await reader.getmany(timeout_ms=200)
+            before = len(seen)
             _windows_in(batch, seen)
-            if seen and first_window is None:
-                first_window = time.perf_counter() - t0
+            if len(seen) > before:
+                arrivals.extend([time.perf_counter() - t0] * (len(seen) - before))
         seconds = time.perf_counter() - t0
         cpu = [cpu_seconds_of(p.pid) for p in procs]
         broker_cpu = cpu_seconds_of(broker_pid) - broker_cpu0
@@ -251,7 +252,8 @@ async def _run_group(
     return {
         "workers": n,
         "seconds": seconds,
-        "first_window_seconds": first_window,
+        "first_window_seconds": arrivals[0],
+        "window_seconds": arrivals,
         "cpu_seconds_per_worker": cpu,
         "cpu_seconds_workers": sum(cpu),
         "broker_cpu_seconds": broker_cpu,
