@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-import random
+import random  # only the type of the reservoir/L0 sampling PRNG (see new_sampling_rng)
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -190,20 +190,30 @@ class IngestStage:
         size = self.windows.size_s
         fields = self._fields
         include_payload = self.config.output.dead_letter_include_payload
-        cache: dict[tuple[str, str | int], str] = {}
+        # Raw ids live only in this batch-local cache, per key id (never in state).
+        pseudonyms: dict[str, dict[str | int, str]] = {}
         out: list[tuple[bytes, bytes]] = []
         dead: list[DeadLetter] = []
+        batch_max = -math.inf
+        current_ws: int | None = None
+        cache: dict[str | int, str] = {}
+        pseudonymize: Callable[[str | int], bytes] | None = None
         for offset, _key, value in records:
             parsed = decode(value, now_s)
             if isinstance(parsed, BadRecord):
                 dead.append(self._dead(parsed, partition, offset, value, include_payload))
                 continue
             user, t, obj = parsed
-            pseudonymizer = self.keyring.for_window(math.floor(t / size) * size)
-            ident = (pseudonymizer.key_id, user)
-            pseudonym = cache.get(ident)
+            ws = math.floor(t / size) * size
+            if ws != current_ws:  # the key (rotation) is looked up once per window run
+                current_ws = ws
+                pseudonymizer = self.keyring.for_window(ws)
+                cache = pseudonyms.setdefault(pseudonymizer.key_id, {})
+                pseudonymize = pseudonymizer.pseudonym
+            pseudonym = cache.get(user)
             if pseudonym is None:
-                pseudonym = cache[ident] = pseudonymizer.pseudonym(user).hex()
+                assert pseudonymize is not None
+                pseudonym = cache[user] = pseudonymize(user).hex()
             body = {
                 "u": pseudonym,
                 "t": t,
@@ -211,8 +221,10 @@ class IngestStage:
                 "src": [partition, offset],
             }
             out.append((pseudonym.encode(), orjson.dumps(body)))
-            if t > self._routed_max.get(partition, -math.inf):
-                self._routed_max[partition] = t
+            if t > batch_max:
+                batch_max = t
+        if batch_max > self._routed_max.get(partition, -math.inf):
+            self._routed_max[partition] = batch_max
         metrics.events_repartitioned.inc(len(out))
         return out, dead
 

@@ -7,7 +7,7 @@ replay and the worker share every step but the transport.
 
 from __future__ import annotations
 
-import random
+import random  # only the type of the reservoir/L0 sampling PRNG (see new_sampling_rng)
 from collections.abc import Sequence
 
 from stream_dp.config.model import Config

@@ -84,8 +84,13 @@ class SourceWatermark:
     idle: bool
     open_windows: bool
     #: How long the partition has been idle (0 when active): a reader trusts "idle" only
-    #: once this has grown by IDLE_CONFIRM_S since the partials topic last showed progress.
+    #: once this has grown by IDLE_CONFIRM_S since another source last woke up.
     idle_for_s: float = 0.0
+
+    @property
+    def quiet(self) -> bool:
+        """Idle with nothing open: the partition has nothing left to contribute for now."""
+        return self.idle and not self.open_windows
 
 
 def new_version() -> str:
@@ -99,7 +104,7 @@ def partials_partition(window_start_s: int, window_size_s: int, partitions: int)
 
 def encode_partial(partial: Partial) -> list[tuple[str, bytes]]:
     """The (key, value) records of one partial, in part order."""
-    items = sorted(partial.totals.items(), key=lambda kv: orjson.dumps(kv[0]))
+    items = list(partial.totals.items())
     n_parts = max(1, math.ceil(len(items) / KEYS_PER_PART))
     window = iso_utc(partial.window_start_s)
     key = f"{partial.query}|{window}|{partial.source_partition}"

@@ -154,11 +154,11 @@ class ReleaseStage:
                 source = item.source_partition
                 before = marks.get(source)
                 marks[source] = _newer(before, item)
-                if before is not None and _has_nothing(before) and not _has_nothing(item):
+                if before is not None and before.quiet and not item.quiet:
                     # A source woke up (a burst?): every idle source must confirm again
                     # that the burst did not reach it too.
                     idle_base.clear()
-                if _has_nothing(item):
+                if item.quiet:
                     idle_base.setdefault(source, item.idle_for_s)
                 else:
                     idle_base.pop(source, None)
@@ -390,10 +390,6 @@ def _newer(old: SourceWatermark | None, new: SourceWatermark) -> SourceWatermark
             new.open_windows,
         )
     return new
-
-
-def _has_nothing(mark: SourceWatermark) -> bool:
-    return mark.idle and not mark.open_windows
 
 
 def _clears(mark: SourceWatermark | None, idle_base_s: float | None, window_end_s: int) -> bool:

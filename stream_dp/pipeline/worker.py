@@ -58,7 +58,6 @@ from stream_dp.pipeline.ledger import (
     encode_release,
 )
 from stream_dp.pipeline.partials import (
-    SourceWatermark,
     encode_partial,
     encode_watermark,
     partials_partition,
@@ -117,11 +116,6 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         await self.worker.on_assigned(list(assigned))
-
-
-def _releases_nothing(mark: SourceWatermark) -> bool:
-    """Sort key: marks that hold windows back (active or with open windows) first."""
-    return mark.idle and not mark.open_windows
 
 
 class Worker:
@@ -327,12 +321,8 @@ class Worker:
 
     async def _republish_unpublished(self, ledger: LedgerIndex, partials: set[int]) -> None:
         """Republish ledgered, unpublished releases of windows mapped to these partitions."""
-        size = self.config.window.size_s
-        n = len(self._partials_partitions)
         for rel in ledger.unpublished():
-            if self._partials_partitions[partials_partition(rel.window_start_s, size, n)] not in (
-                partials
-            ):
+            if self._partials_partition_of(rel.window_start_s) not in partials:
                 continue
             log.info(
                 "republishing a ledgered release unchanged",
@@ -404,14 +394,17 @@ class Worker:
         ]
         await self._send_many(self.config.output.dead_letter_topic, items)
 
+    def _partials_partition_of(self, window_start_s: int) -> int:
+        """The partials partition that receives every partial of the window."""
+        parts = self._partials_partitions
+        return parts[partials_partition(window_start_s, self.config.window.size_s, len(parts))]
+
     async def _publish_partials(self, sealed: Sequence[tuple[int, int]]) -> None:
         """Stage 1: each sealed (partition, window)'s partials to the window's partition."""
         assert self.ingest is not None
-        size = self.config.window.size_s
-        n = len(self._partials_partitions)
         items: list[Outgoing] = []
         for p, ws in sealed:
-            r = self._partials_partitions[partials_partition(ws, size, n)]
+            r = self._partials_partition_of(ws)
             for partial in self.ingest.seal(p, ws):
                 items.extend((k, v, r) for k, v in encode_partial(partial))
         await self._send_many(self._partials_topic, items)
@@ -425,14 +418,14 @@ class Worker:
         items: list[Outgoing] = []
         # Partitions that hold windows back go first, so that no reader sees one partition
         # advance without the others' news from the same moment.
-        marks = sorted(self.ingest.watermarks(now_mono), key=_releases_nothing)
+        marks = sorted(self.ingest.watermarks(now_mono), key=lambda m: m.quiet)
         for mark in marks:
             key, value = encode_watermark(mark)
             items.extend((key, value, r) for r in self._partials_partitions)
         if items:
             await self._send_many(self._partials_topic, items)
         self._marks_sent_mono = now_mono
-        self._silent = {m.source_partition for m in marks if m.idle and not m.open_windows}
+        self._silent = {m.source_partition for m in marks if m.quiet}
 
     def _woke_up(self, now_mono: float) -> bool:
         """Whether a partition last reported idle with nothing open now has data."""
@@ -440,7 +433,7 @@ class Worker:
         if not self._silent:
             return False
         return any(
-            not (m.idle and not m.open_windows)
+            not m.quiet
             for m in self.ingest.watermarks(now_mono)
             if m.source_partition in self._silent
         )
