@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from stream_dp import __version__
 from stream_dp.errors import StreamDPError
+from stream_dp.ops.logging import configure_logging
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Warnings and errors of every command through stream-dp's handler (with its raw-id
+    # filter); `run` reconfigures it from the configuration. Never a second handler.
+    configure_logging("WARNING", "console")
     func: Command = args.func
     try:
         return func(args)

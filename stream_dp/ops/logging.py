@@ -19,7 +19,10 @@ still a bug.
 
 The level comes from ``config.logging.level``, which the environment overrides with
 ``STREAM_DP_LOGGING__LEVEL`` (the Config model reads it), so the worker calls
-``configure_logging(config.logging.level, config.logging.format)``.
+``configure_logging(config.logging.level, config.logging.format)``. The level applies to
+stream-dp's own loggers only: client libraries (aiokafka, kafka, asyncio, ...) stay at
+WARNING or above whatever it is — at DEBUG they print raw records (raw user ids), exact
+internal counts and SASL credentials, and their log calls pass through no filter of ours.
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ _STANDARD_ATTRS: Final = frozenset(
 ) | {"message", "asctime", "taskName"}
 
 _HANDLER_MARK = "_stream_dp_handler"
+
+#: The loggers whose level follows the configuration; every other logger (client libraries)
+#: is held at WARNING or above.
+OWN_LOGGER: Final = "stream_dp"
+#: The least severe level a client library may log at, whatever the configured level.
+CLIENT_LIBRARY_MIN_LEVEL: Final = logging.WARNING
 
 
 def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -118,7 +127,9 @@ def configure_logging(
     """Send every log record to ``stream`` (default stderr) as JSON lines or console lines.
 
     Replaces the handler a previous call installed (calling it twice is safe) and leaves
-    other handlers alone. ``level`` is a name such as ``"INFO"`` (case-insensitive).
+    other handlers alone. ``level`` is a name such as ``"INFO"`` (case-insensitive) and applies
+    to the ``stream_dp`` loggers; the root logger (and so every client library) gets
+    ``level`` or WARNING, whichever is more severe.
     """
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -134,4 +145,5 @@ def configure_logging(
     handler.addFilter(RawIdFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
     root.addHandler(handler)
-    root.setLevel(numeric)
+    root.setLevel(max(numeric, CLIENT_LIBRARY_MIN_LEVEL))
+    logging.getLogger(OWN_LOGGER).setLevel(numeric)

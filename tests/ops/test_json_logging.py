@@ -5,8 +5,13 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
+import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +25,10 @@ log = logging.getLogger("stream_dp.test.ops")
 @pytest.fixture(autouse=True)
 def restore_root_logger() -> Iterator[None]:
     root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
+    own = logging.getLogger("stream_dp")
+    handlers, level, own_level = list(root.handlers), root.level, own.level
     yield
+    own.setLevel(own_level)
     for handler in root.handlers:
         if handler not in handlers:
             root.removeHandler(handler)
@@ -152,3 +159,54 @@ def test_level_comes_from_config_or_its_env_override(monkeypatch: pytest.MonkeyP
     configure_logging(config.logging.level, config.logging.format, stream=out)
     log.debug("visible")
     assert lines_of(out)[0]["msg"] == "visible"
+
+
+def test_debug_applies_to_stream_dp_only_never_to_client_libraries() -> None:
+    """At DEBUG, aiokafka prints raw records (raw user ids), exact partial counts and the
+    SASL/PLAIN password: whatever the configured level, client libraries stay at WARNING."""
+    out = io.StringIO()
+    configure_logging("DEBUG", "json", stream=out)
+    logging.getLogger("aiokafka.consumer.fetcher").debug("raw record user_id=alice")
+    logging.getLogger("aiokafka.conn").info("SASL PLAIN password=hunter2")
+    logging.getLogger("kafka.protocol").debug("raw bytes")
+    logging.getLogger("aiokafka.producer").warning("a client warning")
+    log.debug("our own debug line")
+    lines = lines_of(out)
+    assert [line["msg"] for line in lines] == ["a client warning", "our own debug line"]
+    assert "alice" not in out.getvalue() and "hunter2" not in out.getvalue()
+
+
+def test_client_libraries_follow_a_level_above_warning() -> None:
+    out = io.StringIO()
+    configure_logging("ERROR", "json", stream=out)
+    logging.getLogger("aiokafka").warning("hidden at ERROR")
+    log.warning("hidden too")
+    log.error("shown")
+    assert [line["msg"] for line in lines_of(out)] == ["shown"]
+
+
+def test_run_logs_each_line_once_through_the_filtered_handler(tmp_path: Path) -> None:
+    """`stream-dp` used to install basicConfig (no raw-id filter) before `run` added its own
+    handler, so every line of `run` came out twice, once unfiltered."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        'kafka: {bootstrap_servers: "127.0.0.1:1"}\n'
+        "queries: [{name: q, epsilon: 1.0, group_by: [d], keys: {d: [a]}}]\n"
+        "metrics: {enabled: false}\n",
+        encoding="utf-8",
+    )
+    env = {**os.environ, "STREAM_DP_PSEUDONYM_KEY": secrets.token_hex(32)}
+    done = subprocess.run(
+        [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[-1].startswith("stream-dp: error: cannot manage topics"), done.stderr
+    # Every other line is our JSON (the unfiltered basicConfig copy was plain text).
+    logged = [json.loads(line) for line in lines[:-1]]
+    assert logged and all(entry["logger"].startswith("aiokafka") for entry in logged)
