@@ -8,6 +8,7 @@ actually spent, refuses a charge that would overdraw, and reports the horizon to
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -78,10 +79,13 @@ class Charge:
 
 
 class BudgetAccountant:
-    """Per-window ledger of (ε, δ) spent per query, with the rolling horizon total.
+    """Per-window record of (ε, δ) spent per query, with rolling-horizon totals.
 
     Windows are identified by their start in seconds; the horizon ending at window ``w``
-    covers the ``horizon_windows`` windows ``w - (h-1)·S … w``.
+    covers the ``horizon_windows`` windows ``w - (h-1)·S … w``. Cost is independent of
+    history: windows that left every horizon a new charge could touch are pruned (only the
+    last ``2·h`` windows behind the newest are kept), and horizon sums come from prefix sums
+    over the kept windows (a binary search each), not a scan of every window ever charged.
     """
 
     def __init__(
@@ -99,6 +103,13 @@ class BudgetAccountant:
         self.horizon_windows = horizon_windows
         self.max_epsilon_per_horizon = max_epsilon_per_horizon
         self._spent: dict[int, dict[str, tuple[float, float]]] = {}
+        #: Kept window starts in increasing order, and prefix sums of their ε (lazy).
+        self._starts: list[int] = []
+        self._prefix: list[float] | None = None
+
+    def __len__(self) -> int:
+        """Windows currently kept (bounded by about twice the horizon)."""
+        return len(self._spent)
 
     def window_spent(self, window_start_s: int) -> tuple[float, float]:
         """(ε, δ) already spent in one window, all queries together."""
@@ -108,19 +119,58 @@ class BudgetAccountant:
     def query_spent(self, window_start_s: int, query: str) -> tuple[float, float]:
         return self._spent.get(window_start_s, {}).get(query, (0.0, 0.0))
 
-    def horizon_spent(self, window_start_s: int) -> float:
-        """Σ ε over the horizon that ends with this window."""
-        first = window_start_s - (self.horizon_windows - 1) * self.window_size_s
-        return math.fsum(
-            self.window_spent(w)[0] for w in self._spent if first <= w <= window_start_s
-        )
+    def _prefix_sums(self) -> list[float]:
+        if self._prefix is None:
+            acc, out = 0.0, [0.0]
+            for w in self._starts:
+                acc += math.fsum(e for e, _ in self._spent[w].values())
+                out.append(acc)
+            self._prefix = out
+        return self._prefix
 
-    def _horizon_totals_with(self, window_start_s: int, epsilon: float) -> float:
-        """Worst rolling-horizon total over every horizon that contains this window."""
-        worst = 0.0
-        for h in range(self.horizon_windows):
-            end = window_start_s + h * self.window_size_s
-            worst = max(worst, self.horizon_spent(end))
+    def _range(self, first_s: int, last_s: int) -> tuple[float, int]:
+        """(Σ ε, number of charged windows) over windows starting in [first_s, last_s]."""
+        lo = bisect.bisect_left(self._starts, first_s)
+        hi = bisect.bisect_right(self._starts, last_s)
+        prefix = self._prefix_sums()
+        return prefix[hi] - prefix[lo], hi - lo
+
+    def horizon_spent(
+        self,
+        window_start_s: int,
+        *,
+        first_window_s: int | None = None,
+        per_window_epsilon: float = 0.0,
+    ) -> float:
+        """Σ ε over the horizon that ends with this window.
+
+        With ``first_window_s`` (the first covered window), windows of the horizon at or
+        after it that nothing was charged to here count ``per_window_epsilon`` each: every
+        covered window is released, so a window another worker releases spends it too.
+        """
+        h, size = self.horizon_windows, self.window_size_s
+        first = window_start_s - (h - 1) * size
+        total, charged = self._range(first, window_start_s)
+        if first_window_s is not None and window_start_s >= first_window_s:
+            covered = (window_start_s - max(first, first_window_s)) // size + 1
+            total += max(0, covered - charged) * per_window_epsilon
+        return total
+
+    def _worst_horizon_with(self, window_start_s: int, epsilon: float) -> float:
+        """The largest rolling-horizon total, over every horizon containing this window, if
+        ``epsilon`` were added to it."""
+        h, size = self.horizon_windows, self.window_size_s
+        span_first = window_start_s - (h - 1) * size
+        span_last = window_start_s + (h - 1) * size
+        bound, _ = self._range(span_first, span_last)
+        if _fits(bound + epsilon, self.max_epsilon_per_horizon):
+            return bound + epsilon  # every such horizon lies within the span: no more needed
+        # Near the cap: the exact maximum. A horizon's total changes only where a charged
+        # window enters it, so horizons ending at charged windows (or at this one) suffice.
+        lo = bisect.bisect_left(self._starts, window_start_s)
+        hi = bisect.bisect_right(self._starts, span_last)
+        ends = {window_start_s, *self._starts[lo:hi]}
+        worst = max(self._range(end - (h - 1) * size, end)[0] for end in ends)
         return worst + epsilon
 
     def can_charge(self, window_start_s: int, query: str, epsilon: float, delta: float) -> bool:
@@ -131,7 +181,7 @@ class BudgetAccountant:
             _fits(eps + epsilon, self.epsilon_per_window)
             and _fits(dlt + delta, self.delta_per_window)
             and _fits(
-                self._horizon_totals_with(window_start_s, epsilon), self.max_epsilon_per_horizon
+                self._worst_horizon_with(window_start_s, epsilon), self.max_epsilon_per_horizon
             )
         )
 
@@ -150,9 +200,26 @@ class BudgetAccountant:
                 f"δ={dlt:g} of ({self.epsilon_per_window:g}, {self.delta_per_window:g}); "
                 f"horizon cap {self.max_epsilon_per_horizon:g}"
             )
-        self._spent.setdefault(window_start_s, {})[query] = (epsilon, delta)
+        self.record(window_start_s, query, epsilon, delta)
         return Charge(window_start_s, query, epsilon, delta)
 
     def record(self, window_start_s: int, query: str, epsilon: float, delta: float) -> None:
         """Restore a charge read back from the release ledger (already validated when made)."""
-        self._spent.setdefault(window_start_s, {})[query] = (epsilon, delta)
+        charges = self._spent.get(window_start_s)
+        if charges is None:
+            charges = self._spent[window_start_s] = {}
+            bisect.insort(self._starts, window_start_s)
+        charges[query] = (epsilon, delta)
+        self._prefix = None
+        self._prune()
+
+    def _prune(self) -> None:
+        """Forget windows no horizon containing a window near the newest can reach."""
+        if not self._starts:
+            return
+        keep_from = self._starts[-1] - 2 * self.horizon_windows * self.window_size_s
+        cut = bisect.bisect_left(self._starts, keep_from)
+        if cut:
+            for w in self._starts[:cut]:
+                del self._spent[w]
+            del self._starts[:cut]
