@@ -102,10 +102,11 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
             now_s: float,
             now_mono_s: float,
             routed: bool = False,
+            topic: str | None = None,
         ) -> list[DeadLetter]:
             marks.setdefault("first_ingest", time.perf_counter())
             dead = super().ingest(
-                partition, records, now_s=now_s, now_mono_s=now_mono_s, routed=routed
+                partition, records, now_s=now_s, now_mono_s=now_mono_s, routed=routed, topic=topic
             )
             counts["events"] += len(records)
             counts["dead"] += len(dead)
@@ -118,14 +119,15 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
         def finish_window(
             self, window_start_s: int, releases: Sequence[LedgerRelease], now_s: float
-        ) -> None:
+        ) -> int:
             # Called after the window's records and its published marker are acknowledged.
-            super().finish_window(window_start_s, releases, now_s)
+            cursor = super().finish_window(window_start_s, releases, now_s)
             counts["windows"] += 1
             if counts["windows"] >= expected_windows:
                 marks["released"] = time.perf_counter()
                 marks["released_cpu"] = time.process_time()
                 done.set()
+            return cursor
 
     worker_module.IngestStage = TimedIngest  # type: ignore[attr-defined]
     worker_module.ReleaseStage = TimedRelease  # type: ignore[attr-defined]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.data import StreamSpec, columns, encode
+from bench.data import START_S, StreamSpec, columns, encode
 from stream_dp.config import parse_config
 from stream_dp.config.model import Config
 from stream_dp.pipeline.ingest import IngestStage
@@ -38,6 +38,7 @@ from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_
 from stream_dp.pipeline.release_stage import ReleaseStage
 from stream_dp.privacy.bounding import Reservoirs
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
+from stream_dp.windows.tumbling import iso_utc
 
 BATCH = 10_000
 K = 40
@@ -57,7 +58,12 @@ def stage_config(
     return parse_config(
         {
             "input": {"keyed_by_user": keyed_by_user},
-            "window": {"size_s": window_size_s, "grace_s": 0, "idle_close_s": 0.5},
+            "window": {
+                "size_s": window_size_s,
+                "grace_s": 0,
+                "idle_close_s": 0.5,
+                "start_at": iso_utc(START_S),
+            },
             "privacy": {"epsilon_per_window": 1.0, "delta_per_window": 1e-6},
             "bounds": {"max_contributions_per_window": K},
             "queries": [query],
@@ -131,7 +137,7 @@ def repartition_point(spec: StreamSpec) -> dict[str, Any]:
         if dead:
             raise RuntimeError(f"bench records dead-lettered: {dead[0].reason}")
         # As the worker sends them: the batch's events, then the progress marks.
-        values_out = [v for _, v in out] + stage.progress_marks(0.0)
+        values_out = [v for _, v, _ in out] + stage.progress_marks(0.0)
         routed.extend((len(routed) + j, None, v) for j, v in enumerate(values_out))
     route_s = time.perf_counter() - started
     stage.assign([0], 0.0, routed=True)
@@ -160,7 +166,9 @@ def _release_once(
     t0 = time.perf_counter()
     partials = stage.seal(0, window_start_s)
     t1 = time.perf_counter()
-    values = [v for p in partials for _, v in encode_partial(p)]
+    values = [
+        v for p in partials for _, v in encode_partial(p, max_bytes=config.kafka.max_message_bytes)
+    ]
     # What the worker writes after the partials: the partition has sealed up to the end.
     sealed = float(stage.windows.end_of(window_start_s))
     values.append(encode_watermark(SourceWatermark(0, 1, sealed, True, False))[1])

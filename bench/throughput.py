@@ -26,9 +26,10 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bench.data import StreamSpec, columns, distinct_windows, encode
+from bench.data import START_S, StreamSpec, columns, distinct_windows, encode
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import parse_config
+from stream_dp.windows.tumbling import iso_utc
 
 PARTITIONS = 4
 K = 40
@@ -225,7 +226,12 @@ def worker_config(
             "partials_topic": f"bench-partials-{suffix}",
             "repartition_topic": f"bench-repartition-{suffix}",
         },
-        "window": {"size_s": window_size_s, "grace_s": GRACE_S, "idle_close_s": IDLE_CLOSE_S},
+        "window": {
+            "size_s": window_size_s,
+            "grace_s": GRACE_S,
+            "idle_close_s": IDLE_CLOSE_S,
+            "start_at": iso_utc(START_S),
+        },
         "privacy": {"epsilon_per_window": 1.0, "delta_per_window": 1e-6},
         "bounds": {"max_contributions_per_window": K},
         "queries": [

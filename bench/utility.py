@@ -40,6 +40,7 @@ from stream_dp.config import parse_config
 from stream_dp.pipeline.local import LocalPipeline
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
+from stream_dp.windows.tumbling import iso_utc
 
 STRATEGIES = ("truncated_geometric", "laplace_threshold", "gaussian_threshold", "count_threshold")
 EPSILON = 1.0
@@ -69,7 +70,12 @@ def dataset(users: int) -> list[dict[str, Any]]:
 def _config(bounds: dict[str, int]) -> dict[str, Any]:
     n = len(STRATEGIES)
     return {
-        "window": {"size_s": WEEK_S, "grace_s": 0, "idle_close_s": 1},
+        "window": {
+            "size_s": WEEK_S,
+            "grace_s": 0,
+            "idle_close_s": 1,
+            "start_at": iso_utc(WEEK_START_S),
+        },
         "privacy": {
             "epsilon_per_window": EPSILON * n,
             "delta_per_window": DELTA * n,

@@ -107,7 +107,13 @@ def config_factory(
                 "partials_topic": f"partials-{suffix}",
                 "repartition_topic": f"repartition-{suffix}",
             },
-            "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 2},
+            # Tests' events start at 2020-08-01T00:00:00Z (T0 in their modules).
+            "window": {
+                "size_s": 10,
+                "grace_s": 1,
+                "idle_close_s": 2,
+                "start_at": "2020-08-01T00:00:00Z",
+            },
             "privacy": {"epsilon_per_window": 1.0, "delta_per_window": 1.0e-6},
             "queries": [
                 {

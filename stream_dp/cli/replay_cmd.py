@@ -1,4 +1,4 @@
-"""``stream-dp replay --config FILE --input EVENTS.jsonl [--json]``."""
+"""``stream-dp replay --config FILE --input EVENTS.jsonl [--ledger FILE] [--json]``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import orjson
 from stream_dp.config import load_config
 from stream_dp.pipeline.keys import load_keyring
 from stream_dp.pipeline.replay import replay_file
+from stream_dp.windows.tumbling import iso_utc
 
 
 def register(sub: Any) -> None:
@@ -19,10 +20,20 @@ def register(sub: Any) -> None:
         "replay",
         help="run the pipeline offline on a JSON-lines file and print what it would publish",
         description="Decode, pseudonymize, window, bound and release the events of a file "
-        "exactly as the worker would, without Kafka. Prints the release and window records.",
+        "exactly as the worker would, without Kafka. Prints the release and window records. "
+        "Every run without --ledger is a fresh, independent release: it draws new noise and "
+        "spends its own privacy budget (two shared runs over one file cost twice the ε). "
+        "With --ledger FILE, windows already in the ledger file are reprinted with their "
+        "recorded values, never drawn again, and new draws are appended to it.",
     )
     p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
     p.add_argument("--input", required=True, type=Path, help="events, one JSON object per line")
+    p.add_argument(
+        "--ledger",
+        type=Path,
+        help="ledger file (JSON lines; created if missing): one noise draw per window "
+        "across runs",
+    )
     p.add_argument("--json", action="store_true", help="one JSON record per line")
     p.set_defaults(func=run)
 
@@ -30,14 +41,26 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     keyring = load_keyring(config.pseudonymization)
-    releases, dead = replay_file(config, keyring, args.input)
+    result = replay_file(config, keyring, args.input, ledger_path=args.ledger)
     out = sys.stdout
+    summary: dict[str, Any] = {
+        "kind": "replay_summary",
+        "ledger": None if args.ledger is None else str(args.ledger),
+        "releases_drawn": result.drawn,
+        "releases_from_ledger": result.from_ledger,
+        "first_window_start": (
+            None if result.coverage_start_s is None else iso_utc(result.coverage_start_s)
+        ),
+        "bad_records": len(result.dead),
+        "notes": result.notes,
+    }
     if args.json:
-        for rel in releases:
+        for rel in result.releases:
             for rec in rel.records:
                 out.write(orjson.dumps(rec.value, option=orjson.OPT_SORT_KEYS).decode() + "\n")
+        out.write(orjson.dumps(summary, option=orjson.OPT_SORT_KEYS).decode() + "\n")
         return 0
-    for rel in releases:
+    for rel in result.releases:
         out.write(
             f"\n{rel.query}  window {rel.records[-1].value['window_start']}"
             f" … {rel.records[-1].value['window_end']}\n"
@@ -52,6 +75,13 @@ def run(args: argparse.Namespace) -> int:
                     f"  released keys {v['released_keys']}, ε spent {v['epsilon_spent']:g}, "
                     f"horizon ε {v['horizon_epsilon_spent']:g}\n"
                 )
-    if dead:
-        out.write(f"\n{len(dead)} bad records (not released; see reasons with --json)\n")
+    out.write(
+        f"\n{result.drawn} releases drawn now"
+        + (f", {result.from_ledger} reprinted from {args.ledger}" if args.ledger else "")
+        + "\n"
+    )
+    for note in result.notes:
+        out.write(f"note: {note}\n")
+    if result.dead:
+        out.write(f"\n{len(result.dead)} bad records (not released; see reasons with --json)\n")
     return 0

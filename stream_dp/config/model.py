@@ -53,6 +53,19 @@ class KafkaConfig(_Section):
     session_timeout_ms: int = Field(10_000, ge=1000)
     heartbeat_interval_ms: int = Field(3_000, ge=100)
     request_timeout_ms: int = Field(30_000, ge=1000)
+    max_message_bytes: int = Field(
+        1_000_000,
+        ge=65_536,
+        le=100 * 1024 * 1024,
+        description="largest record the worker writes (the brokers' message.max.bytes); "
+        "partials and ledger records are split by their encoded size to stay under it",
+    )
+    give_up_after_s: float = Field(
+        120.0,
+        ge=5,
+        description="a broker write retried this long without success stops the worker "
+        "without committing (a supervisor restarts it); reads are retried while it waits",
+    )
 
     @property
     def embedded(self) -> bool:
@@ -90,11 +103,19 @@ class InputConfig(_Section):
         "through output.repartition_topic so one user's events meet in one worker",
     )
     max_record_bytes: int = Field(65_536, gt=0, le=16 * 1024 * 1024)
+    partitioner: Literal["murmur2", "crc32"] = Field(
+        "murmur2",
+        description="with keyed_by_user: how producers map a key to a partition — murmur2 "
+        "(Java client, aiokafka, librdkafka's murmur2_random) or crc32 (librdkafka's "
+        "consistent/consistent_random default); a record on another partition is "
+        "dead-lettered (misplaced_key)",
+    )
     max_future_s: float = Field(
-        86_400.0,
+        300.0,
         ge=0,
-        description="events stamped further ahead of the wall clock are bad records "
-        "(they would otherwise push the watermark and close every window early)",
+        le=86_400,
+        description="events stamped further ahead of the wall clock are bad records; "
+        "events ahead by less are kept but move the watermark no further than the clock",
     )
 
 
@@ -112,9 +133,29 @@ class OutputConfig(_Section):
 
 
 class WindowConfig(_Section):
-    size_s: int = Field(3600, gt=0)
+    size_s: int = Field(3600, gt=0, le=366 * 86_400)
     grace_s: int = Field(60, ge=0)
     idle_close_s: float = Field(30.0, gt=0)
+    start_at: datetime | None = Field(
+        None,
+        description="the first window the deployment covers (rounded down to a window "
+        "start); unset: the window of the wall clock when the deployment first starts, "
+        "recorded in the ledger. Every window from it to the watermark is released, with "
+        "or without events",
+    )
+
+    @field_validator("start_at")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("window.start_at needs a UTC offset, e.g. 2020-08-01T00:00:00Z")
+        return value
+
+    def first_window_start(self) -> int | None:
+        """The configured first covered window's start (epoch s), or None when unset."""
+        if self.start_at is None:
+            return None
+        return math.floor(self.start_at.timestamp() / self.size_s) * self.size_s
 
 
 class PseudonymizationConfig(_Section):
@@ -298,6 +339,12 @@ class Config(BaseSettings):
                     f"query {q.name} uses the user field {self.input.user_field!r}; releasing "
                     "per user is never private — group by something else"
                 )
+        if self.input.max_record_bytes * 2 > self.kafka.max_message_bytes:
+            raise ValueError(
+                f"input.max_record_bytes ({self.input.max_record_bytes}) must be at most half "
+                f"of kafka.max_message_bytes ({self.kafka.max_message_bytes}): a group value "
+                "taken from an input record must fit in one internal record"
+            )
         if not self.privacy.unsafe_test_mode:
             too_large = [("privacy.epsilon_per_window", self.privacy.epsilon_per_window)] + [
                 (f"queries.{q.name}.epsilon", q.epsilon) for q in self.queries

@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from stream_dp.config import Config
 from stream_dp.errors import ConfigError
 from stream_dp.synthetic.browser_logs import COUNTRIES, BrowserLogSpec
+from stream_dp.windows.tumbling import iso_utc
 
 WINDOW_SIZE_S = 10
 IDLE_CLOSE_S = 1.0
@@ -94,7 +95,13 @@ def config_data(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any]:
             "dead_letter_topic": "dp-dead-letter",
             "ledger_topic": "dp-ledger",
         },
-        "window": {"size_s": WINDOW_SIZE_S, "grace_s": 0, "idle_close_s": IDLE_CLOSE_S},
+        "window": {
+            "size_s": WINDOW_SIZE_S,
+            "grace_s": 0,
+            "idle_close_s": IDLE_CLOSE_S,
+            # The synthetic data's first window: the demo covers exactly its windows.
+            "start_at": iso_utc(data_spec(options).start_s),
+        },
         "privacy": {
             "epsilon_per_window": eps,
             "delta_per_window": DELTA,

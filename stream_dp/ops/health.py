@@ -6,7 +6,8 @@
   whose loop is stuck is not (restarting it would). Until the first beat, the moment of
   construction counts as one, so a worker gets ``live_timeout_s`` to start its loop.
 - **ready**: every component reports ok: input partitions assigned, producer connected,
-  release ledger loaded. Readiness says nothing about liveness; an orchestrator checks both.
+  release ledger loaded, and no partition-count change of a topic it reads still settling.
+  Readiness says nothing about liveness; an orchestrator checks both.
 
 The clock is injectable (``clock=``, a monotonic ``() -> float`` in seconds) so tests never
 sleep.
@@ -22,7 +23,12 @@ if TYPE_CHECKING:
     from stream_dp.ops.metrics import Metrics
 
 #: The components that must all be ok for the worker to be ready.
-COMPONENTS: Final[tuple[str, ...]] = ("partitions_assigned", "producer_connected", "ledger_loaded")
+COMPONENTS: Final[tuple[str, ...]] = (
+    "partitions_assigned",
+    "producer_connected",
+    "ledger_loaded",
+    "topology_stable",
+)
 
 DEFAULT_LIVE_TIMEOUT_S: Final = 30.0
 

@@ -31,6 +31,16 @@ from stream_dp import __version__
 
 PREFIX = "stream_dp_"
 
+#: Why stage 2 left a partial out (every series exists from the start, at zero).
+PARTIALS_IGNORED_REASONS = (
+    "duplicate_version",
+    "window_released",
+    "malformed",
+    "before_coverage",
+    "key_mismatch",
+    "layout_changed",
+)
+
 #: Release delay: from a window's end to its publication. Grace and idle-close put it in the
 #: seconds-to-minutes range; a day is the outer edge worth distinguishing.
 RELEASE_DELAY_BUCKETS_S: tuple[float, ...] = (
@@ -260,7 +270,9 @@ class Metrics:
             "stream_dp_partials_ignored",
             "Partial-aggregate records stage 2 did not merge: a second version of a partial "
             "it already took (duplicate_version), a window already released "
-            "(window_released) or a malformed record (malformed).",
+            "(window_released), a malformed record (malformed), a window before the first "
+            "covered one (before_coverage), bounded under another pseudonym key "
+            "(key_mismatch) or another partition layout than the window's (layout_changed).",
             ["reason"],
             registry=r,
         )
@@ -295,6 +307,32 @@ class Metrics:
             "Errors talking to the Kafka broker (retried with back-off when retriable).",
             registry=r,
         )
+        self.membership_lost = Counter(
+            "stream_dp_membership_lost",
+            "Times the group told this worker it had lost its membership or generation "
+            "(a pause past the session timeout, a rebalance): it dropped the state of the "
+            "partitions it no longer owns and rejoined.",
+            registry=r,
+        )
+        self.topology_changes = Counter(
+            "stream_dp_topology_changes",
+            "Partition-count changes (or disappearances) of a topic the worker reads, seen "
+            "while running: see the runbook.",
+            ["topic"],
+            registry=r,
+        )
+        self.ledger_draws_discarded = Counter(
+            "stream_dp_ledger_draws_discarded",
+            "Draws this worker ledgered that lost to an earlier complete draw of the same "
+            "(query, window) — two owners raced; the earlier one was published, this never.",
+            registry=r,
+        )
+        self.records_too_large = Counter(
+            "stream_dp_records_too_large",
+            "Internal records that cannot fit under kafka.max_message_bytes (the worker "
+            "stops: raise the limit).",
+            registry=r,
+        )
         self.build_info = Info(
             "stream_dp_build",
             "Version of stream-dp and of Python this worker runs.",
@@ -309,7 +347,7 @@ class Metrics:
             self.consumer_lag.labels(partition=str(partition)).set(0)
         for reason in reasons:
             self.bad_records.labels(reason=reason)
-        for reason in ("duplicate_version", "window_released", "malformed"):
+        for reason in PARTIALS_IGNORED_REASONS:
             self.partials_ignored.labels(reason=reason)
 
     # ---------------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ REASONS: Final = (
     "timestamp_out_of_range",
     "bad_field",
     "not_keyed_by_user",
+    "misplaced_key",
+    "bad_internal_record",
 )
 
 #: Epoch numbers below this are seconds, at or above it milliseconds (CONTRACT.md).

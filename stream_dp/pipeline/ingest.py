@@ -14,9 +14,18 @@ the partials of every source partition and adds noise once.
 Offsets are committed only up to the earliest offset a window not yet sealed (published)
 still needs; after a crash the replayed records rebuild the reservoirs.
 
+Only valid, accepted events move a partition's activity clock and watermark: a partition
+that delivers nothing but bad, late or replayed records is idle (it cannot stall every
+window), and an event stamped ahead of the wall clock (up to ``input.max_future_s``) is kept
+but moves the watermark no further than the clock. Events before the first covered window
+are late. Keyed input is checked, not trusted: a record on a partition its key does not map
+to is dead-lettered (``misplaced_key``, see :mod:`~stream_dp.pipeline.placement`).
+
 Stage 0 (:meth:`IngestStage.route`), for input not keyed by user: decode and pseudonymize,
-then re-key by pseudonym; the raw id goes no further. Repartitioned records carry their
-source partition and offset, so a record re-sent after a crash is recognised and dropped.
+then re-key by pseudonym onto :func:`pseudonym_partition`; the raw id goes no further.
+Repartitioned records carry their source partition and offset (a record re-sent after a
+crash is recognised and dropped) and their pseudonym key id (stage 1 keeps only those of
+the window's key: a user is never split over two pseudonyms in one window).
 """
 
 from __future__ import annotations
@@ -24,9 +33,9 @@ from __future__ import annotations
 import logging
 import math
 import random  # only the type of the reservoir/L0 sampling PRNG (see new_sampling_rng)
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -34,6 +43,7 @@ from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.decode import BadRecord, Decoder
 from stream_dp.pipeline.partials import Partial, SourceWatermark, new_version
+from stream_dp.pipeline.placement import partition_function, pseudonym_partition
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
 from stream_dp.privacy.bounding import (
     Reservoirs,
@@ -54,6 +64,10 @@ _ACCEPT, _LATE, _REPLAYED = 0, 1, 2
 #: (offset, Kafka record key, value)
 InputRecord = tuple[int, bytes | None, bytes | None]
 
+#: The signature table is compacted once it holds at least this many entries and has doubled
+#: since it was last compacted.
+SIGNATURES_COMPACT_MIN = 4096
+
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
@@ -62,6 +76,28 @@ class DeadLetter:
     partition: int
     offset: int
     payload: bytes | None
+    #: The topic it was read from; None: the input topic.
+    topic: str | None = None
+
+
+class ReleasedWindows(Protocol):
+    """What stage 1 needs to know of stage 2 (implemented by ReleaseStage)."""
+
+    coverage_start_s: int | None
+
+    def released(self, window_start_s: int) -> bool: ...
+
+    def released_earlier(self, window_start_s: int) -> bool: ...
+
+
+class _NothingReleased:
+    coverage_start_s: int | None = None
+
+    def released(self, window_start_s: int) -> bool:
+        return False
+
+    def released_earlier(self, window_start_s: int) -> bool:
+        return False
 
 
 @dataclass(slots=True)
@@ -81,30 +117,35 @@ class IngestStage:
         config: Config,
         keyring: KeyRing,
         *,
-        released: Container[int] = frozenset(),
-        released_earlier: Container[int] = frozenset(),
+        released: ReleasedWindows | None = None,
         metrics: Metrics | None = None,
         sampling_rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.keyring = keyring
-        # Windows stage 2 has released (read from the ledger): replayed events of them are
-        # dropped here rather than sealed into partials nobody will take.
-        self._released = released
-        # Of those, windows released before this process saw them (ledger): their events
-        # are counted as replayed, those of windows it released itself as late.
-        self._released_earlier = released_earlier
+        # Windows stage 2 knows released: replayed events of them are dropped here rather
+        # than sealed into partials nobody will take — counted as replayed when released
+        # before this process read the ledger, as late when it released them itself. The
+        # first covered window comes from there too.
+        self._windows_released: ReleasedWindows = (
+            released if released is not None else _NothingReleased()
+        )
         self.metrics = metrics if metrics is not None else Metrics()
         self._rng = sampling_rng if sampling_rng is not None else new_sampling_rng()
         self.k = config.bounds.max_contributions_per_window
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
-        #: Partitions of the stage-1 topic (what stage 2 waits for); set by the transport.
+        #: Partitions of the stage-1 topic (what stage 2 waits for, and what placement is
+        #: checked against); set by the transport.
         self.source_partitions = 1
-        #: Dead-letter raw records whose Kafka key is not their user id (a user's events
-        #: must share a partition). Off where one partition holds everything (replay).
+        #: Dead-letter raw records whose Kafka key is not their user id or that sit on a
+        #: partition their key does not map to (a user's events must share a partition).
+        #: Off where one partition holds everything (replay).
         self.enforce_user_keys = config.input.keyed_by_user
+        self._partition_of_key = partition_function(config.input.partitioner)
         #: Partitions of the input topic (the sources of each repartition partition).
         self.input_partitions = 1
+        #: Partitions of the repartition topic (where stage 0 routes); set by the transport.
+        self.routed_partitions = 1
         fields, scalar, numeric = needed_fields(config.queries)
         self._fields = fields
         self.decoder = Decoder(
@@ -117,6 +158,7 @@ class IngestStage:
         )
         self._signatures: list[tuple[Any, ...]] = []
         self._signature_ids: dict[tuple[Any, ...], int] = {}
+        self._compact_signatures_at = SIGNATURES_COMPACT_MIN
         self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
         for q in self.queries:
             q.bind(self._signatures)
@@ -149,6 +191,11 @@ class IngestStage:
                     tracker.expect(range(self.input_partitions))
                 else:
                     tracker.assign([p], now_mono_s)
+                coverage = self._windows_released.coverage_start_s
+                if coverage is not None:
+                    # Time starts at the first covered window, not at the first event: an
+                    # idle stream still releases its (empty) windows by wall clock.
+                    tracker.start_at(coverage, now_mono_s)
                 self._trackers[p] = tracker
 
     def revoke(self, partitions: Iterable[int]) -> None:
@@ -179,12 +226,13 @@ class IngestStage:
 
     def route(
         self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
-    ) -> tuple[list[tuple[bytes, bytes]], list[DeadLetter]]:
-        """Decode and pseudonymize raw input: (key, value) records keyed by pseudonym, and
-        dead letters. Follow them with :meth:`progress_marks` to every repartition partition.
+    ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
+        """Decode and pseudonymize raw input: (key, value, repartition partition) records
+        keyed by pseudonym, and dead letters. Follow them with :meth:`progress_marks` to
+        every repartition partition. Only valid events count as the partition's activity.
         """
-        self._routed_activity[partition] = now_mono_s
         metrics = self.metrics
+        n_routed = self.routed_partitions
         metrics.events_consumed.inc(len(records))
         decode = self.decoder.decode_parts
         size = self.windows.size_s
@@ -192,11 +240,12 @@ class IngestStage:
         include_payload = self.config.output.dead_letter_include_payload
         # Raw ids live only in this batch-local cache, per key id (never in state).
         pseudonyms: dict[str, dict[str | int, str]] = {}
-        out: list[tuple[bytes, bytes]] = []
+        out: list[tuple[bytes, bytes, int]] = []
         dead: list[DeadLetter] = []
         batch_max = -math.inf
         current_ws: int | None = None
         cache: dict[str | int, str] = {}
+        key_id = ""
         pseudonymize: Callable[[str | int], bytes] | None = None
         for offset, _key, value in records:
             parsed = decode(value, now_s)
@@ -208,7 +257,8 @@ class IngestStage:
             if ws != current_ws:  # the key (rotation) is looked up once per window run
                 current_ws = ws
                 pseudonymizer = self.keyring.for_window(ws)
-                cache = pseudonyms.setdefault(pseudonymizer.key_id, {})
+                key_id = pseudonymizer.key_id
+                cache = pseudonyms.setdefault(key_id, {})
                 pseudonymize = pseudonymizer.pseudonym
             pseudonym = cache.get(user)
             if pseudonym is None:
@@ -219,12 +269,19 @@ class IngestStage:
                 "t": t,
                 "e": {f: obj.get(f) for f in fields},
                 "src": [partition, offset],
+                "k": key_id,
             }
-            out.append((pseudonym.encode(), orjson.dumps(body)))
+            target = pseudonym_partition(bytes.fromhex(pseudonym[:16]), n_routed)
+            out.append((pseudonym.encode(), orjson.dumps(body), target))
             if t > batch_max:
                 batch_max = t
-        if batch_max > self._routed_max.get(partition, -math.inf):
-            self._routed_max[partition] = batch_max
+        if out:
+            # Valid events only: a partition delivering only bad records is idle, and a
+            # time stamped ahead of the clock moves its progress no further than the clock.
+            self._routed_activity[partition] = now_mono_s
+            batch_max = min(batch_max, now_s)
+            if batch_max > self._routed_max.get(partition, -math.inf):
+                self._routed_max[partition] = batch_max
         metrics.events_repartitioned.inc(len(out))
         return out, dead
 
@@ -259,10 +316,11 @@ class IngestStage:
         offset: int,
         value: bytes | None,
         include_payload: bool,
+        topic: str | None = None,
     ) -> DeadLetter:
         self.metrics.bad_records.labels(reason=bad.reason).inc()
         return DeadLetter(
-            bad.reason, bad.detail, partition, offset, value if include_payload else None
+            bad.reason, bad.detail, partition, offset, value if include_payload else None, topic
         )
 
     # -- stage 1: window and bound ------------------------------------------------------
@@ -274,11 +332,12 @@ class IngestStage:
         now_s: float,
         now_mono_s: float,
         routed: bool = False,
+        topic: str | None = None,
     ) -> list[DeadLetter]:
         """Window and bound one partition's batch of (offset, key, value).
 
-        ``routed``: the records come from the repartition topic (already pseudonymized and
-        validated by :meth:`route`); otherwise they are raw input, decoded here.
+        ``routed``: the records come from the repartition topic (``topic``; pseudonymized
+        and validated by :meth:`route`); otherwise they are raw input, decoded here.
         """
         if not records:
             return []
@@ -287,9 +346,12 @@ class IngestStage:
             metrics.events_consumed.inc(len(records))
         decode = self.decoder.decode_parts
         check_keys = self.enforce_user_keys and not routed
+        partition_of_key = self._partition_of_key
+        n_partitions = self.source_partitions
         size = self.windows.size_s
         sealed = self._sealed_s.get(partition)
-        released = self._released
+        windows_released = self._windows_released
+        coverage = windows_released.coverage_start_s
         fields = self._fields
         single_field = fields[0] if len(fields) == 1 else None
         signatures = self._signatures
@@ -302,9 +364,10 @@ class IngestStage:
         marks: list[tuple[int, float | None, float]] = []
         # Raw ids live only in this batch-local cache, per key id (never in state).
         pseudonyms: dict[str, dict[str | int, bytes]] = {}
+        key_partitions: dict[bytes, int] = {}
         include_payload = self.config.output.dead_letter_include_payload
         dead: list[DeadLetter] = []
-        late = skipped = duplicates = 0
+        late = skipped = duplicates = stale_key = 0
         max_time: float | None = None
         # Events arrive mostly in event-time order, so the per-window lookups (lateness,
         # key, reservoirs) are redone only when the window changes, and a window's events
@@ -313,57 +376,89 @@ class IngestStage:
         fate = _ACCEPT
         part: _WindowPart | None = None
         cache: dict[str | int, bytes] = {}
+        key_id = ""
         pseudonymize: Callable[[str | int], bytes] | None = None
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
         for offset, key, value in records:
             pseudonym: bytes | None
+            record_key_id: str | None = None
             if routed:
-                body = orjson.loads(value or b"null")
-                src_partition, src_offset = body["src"]
-                if "u" not in body:  # a progress mark of one input partition
-                    mark_t = body["t"]
-                    marks.append(
-                        (
-                            src_partition,
-                            None if mark_t is None else float(mark_t),
-                            float(body["idle_s"]),
+                try:
+                    body = orjson.loads(value or b"null")
+                    src_partition, src_offset = body["src"]
+                    if "u" not in body:  # a progress mark of one input partition
+                        mark_t = body["t"]
+                        marks.append(
+                            (
+                                int(src_partition),
+                                None if mark_t is None else float(mark_t),
+                                float(body["idle_s"]),
+                            )
+                        )
+                        continue
+                    t = float(body["t"])
+                    obj = body["e"]
+                    pseudonym = bytes.fromhex(body["u"])
+                    stamped_key = body.get("k")  # absent in records of earlier versions
+                    record_key_id = None if stamped_key is None else str(stamped_key)
+                    if type(obj) is not dict or not math.isfinite(t) or type(src_offset) is not int:
+                        raise TypeError("not a repartitioned event")
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+                    dead.append(
+                        self._dead(
+                            BadRecord(
+                                "bad_internal_record",
+                                "not a repartitioned event of this schema (a writer other "
+                                "than stream-dp, or a format from another version)",
+                            ),
+                            partition,
+                            offset,
+                            value,
+                            include_payload,
+                            topic,
                         )
                     )
+                    continue
+                if pseudonym_partition(pseudonym, n_partitions) != partition:
+                    dead.append(self._misplaced(partition, offset, value, include_payload, topic))
                     continue
                 if src_offset <= seen.get(src_partition, -1):
                     duplicates += 1
                     continue
                 seen[src_partition] = src_offset
                 user: str | int = ""
-                t = float(body["t"])
-                obj = body["e"]
-                pseudonym = bytes.fromhex(body["u"])
             else:
                 parsed = decode(value, now_s)
                 if isinstance(parsed, BadRecord):
                     dead.append(self._dead(parsed, partition, offset, value, include_payload))
                     continue
                 user, t, obj = parsed
-                if check_keys and key != user_key(user):
-                    dead.append(
-                        self._dead(
-                            BadRecord(
-                                "not_keyed_by_user",
-                                "input.keyed_by_user is true but the record key is not its "
-                                "user id: key records by user id, or set "
-                                "input.keyed_by_user: false to repartition",
-                            ),
-                            partition,
-                            offset,
-                            value,
-                            include_payload,
+                if check_keys:
+                    if key != user_key(user):
+                        dead.append(
+                            self._dead(
+                                BadRecord(
+                                    "not_keyed_by_user",
+                                    "input.keyed_by_user is true but the record key is not "
+                                    "its user id: key records by user id, or set "
+                                    "input.keyed_by_user: false to repartition",
+                                ),
+                                partition,
+                                offset,
+                                value,
+                                include_payload,
+                            )
                         )
-                    )
-                    continue
+                        continue
+                    assert key is not None
+                    expected = key_partitions.get(key)
+                    if expected is None:
+                        expected = key_partitions[key] = partition_of_key(key, n_partitions)
+                    if expected != partition:
+                        dead.append(self._misplaced(partition, offset, value, include_payload))
+                        continue
                 pseudonym = None
-            if max_time is None or t > max_time:
-                max_time = t
             ws = math.floor(t / size) * size
             if ws != current_ws:
                 if run_items:
@@ -371,17 +466,20 @@ class IngestStage:
                     part.reservoirs.add_many(run_pseudonyms, run_items)
                     run_pseudonyms, run_items = [], []
                 current_ws = ws
-                if sealed is not None and ws + size <= sealed:
+                if (sealed is not None and ws + size <= sealed) or (
+                    coverage is not None and ws < coverage
+                ):
                     fate = _LATE
-                elif ws in released:
-                    fate = _REPLAYED if ws in self._released_earlier else _LATE
+                elif windows_released.released(ws):
+                    fate = _REPLAYED if windows_released.released_earlier(ws) else _LATE
                 else:
                     fate = _ACCEPT
                     part = state.get(ws)
                     if part is None:
                         part = state[ws] = _WindowPart(Reservoirs(self.k, self._rng), offset)
                     pseudonymizer = self.keyring.for_window(ws)
-                    cache = pseudonyms.setdefault(pseudonymizer.key_id, {})
+                    key_id = pseudonymizer.key_id
+                    cache = pseudonyms.setdefault(key_id, {})
                     pseudonymize = pseudonymizer.pseudonym
             if fate != _ACCEPT:
                 if fate == _LATE:
@@ -389,6 +487,13 @@ class IngestStage:
                 else:
                     skipped += 1
                 continue
+            if record_key_id is not None and record_key_id != key_id:
+                # Pseudonymized under another key than this window's (a rotation changed
+                # while it was open): one user must not appear under two pseudonyms.
+                stale_key += 1
+                continue
+            if max_time is None or t > max_time:
+                max_time = t
             sig = (
                 (obj.get(single_field),)
                 if single_field is not None
@@ -414,17 +519,47 @@ class IngestStage:
             for source, t_max, idle_s in marks:
                 tracker.report(source, t_max, idle_s, now_mono_s)
         elif max_time is not None:
-            tracker.observe(partition, max_time, now_mono_s)
-        else:
-            tracker.touch(partition, now_mono_s)
+            # Only accepted events are activity; one stamped ahead of the clock moves the
+            # watermark no further than the clock (it may not close the current window).
+            tracker.observe(partition, min(max_time, now_s), now_mono_s)
         if late:
             metrics.late_events.inc(late)
         if skipped:
             metrics.replayed_events_skipped.inc(skipped)
         if duplicates:
             metrics.repartition_duplicates_skipped.inc(duplicates)
+        if stale_key:
+            metrics.late_events.inc(stale_key)
+            log.warning(
+                "dropped %d repartitioned events pseudonymized under another key than their "
+                "window's (pseudonymization.rotate_at changed while the window was open)",
+                stale_key,
+                extra={"partition": partition},
+            )
         self._update_gauges()
         return dead
+
+    def _misplaced(
+        self,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        include_payload: bool,
+        topic: str | None = None,
+    ) -> DeadLetter:
+        return self._dead(
+            BadRecord(
+                "misplaced_key",
+                f"the record's key maps to another of the topic's {self.source_partitions} "
+                "partitions: a producer used another partitioner than input.partitioner, or "
+                "partitions were added; its user would be bounded once per partition",
+            ),
+            partition,
+            offset,
+            value,
+            include_payload,
+            topic,
+        )
 
     def _tracker(self, partition: int, now_mono_s: float, *, routed: bool) -> WatermarkTracker:
         if partition not in self._trackers:
@@ -459,9 +594,8 @@ class IngestStage:
         users = list(merge_reservoirs([part.reservoirs], self.k, self._rng).values())
         seen = part.reservoirs.events_seen
         retained = sum(len(items) for items in users)
-        if seen > retained:
-            self.metrics.events_dropped_by_bounding.inc(seen - retained)
         bounds = self.config.bounds
+        key_id = self.keyring.for_window(window_start_s).key_id
         version = new_version()
         out = []
         for q in self.queries:
@@ -484,6 +618,8 @@ class IngestStage:
                     },
                     events_seen=seen,
                     events_retained=retained,
+                    source_partitions=self.source_partitions,
+                    key_id=key_id,
                 )
             )
         return out
@@ -492,7 +628,29 @@ class IngestStage:
         """The window's partials are published: its state goes."""
         self._state.get(partition, {}).pop(window_start_s, None)
         self.metrics.partials_published.inc(len(self.queries))
+        if len(self._signatures) >= self._compact_signatures_at:
+            self._compact_signatures()
         self._update_gauges()
+
+    def _compact_signatures(self) -> None:
+        """Forget interned signatures no open window uses (they went with their windows),
+        renumbering the live ones: the table stays proportional to open state. Runs when the
+        table doubled since the last run, so its cost is amortised over the interning."""
+        live: set[int] = set()
+        for parts in self._state.values():
+            for part in parts.values():
+                live.update(part.reservoirs.item_ids())
+        order = sorted(live)
+        if 2 * len(order) <= len(self._signatures):
+            remap = {old: new for new, old in enumerate(order)}
+            for parts in self._state.values():
+                for part in parts.values():
+                    part.reservoirs.remap(remap)
+            self._signatures[:] = [self._signatures[old] for old in order]  # shared in place
+            self._signature_ids = {sig: i for i, sig in enumerate(self._signatures)}
+            for q in self.queries:
+                q.forget_projections()
+        self._compact_signatures_at = max(SIGNATURES_COMPACT_MIN, 2 * len(self._signatures))
 
     def watermarks(self, now_mono_s: float) -> list[SourceWatermark]:
         """What each assigned partition has sealed: written after its partials."""

@@ -1,35 +1,46 @@
 """The release ledger: why a window's noise is drawn once, ever (PRIVACY.md invariant 3).
 
 A (query, window) release is computed once; its full noisy result is written to the ledger
-topic (compacted, keyed by query and window) *before* anything reaches the output topic.
-Large releases are split into parts (``<query>|<window>|part-<i>``), each carrying the
-release id and the number of parts; a release counts as ledgered only when all its parts
-with one release id are present. A part written before a crash without its siblings was
-never published (the output is written only after every part is acknowledged), so no
-observer saw that draw. After the output is written, a ``published`` marker follows; on
-start the worker republishes, unchanged, every ledgered release without a marker.
+topic *before* anything reaches the output topic. Large releases are split into parts by
+encoded size, each keyed ``<query>|<window>|<release id>|part-<i>`` and carrying the release
+id and the number of parts. Every record of one window goes to one ledger partition
+(:meth:`TumblingWindows.partition_of`), so the window's draws have one log order.
 
-Readers treat the topic as "latest record per key wins": the embedded broker accepts
-``cleanup.policy=compact`` but does not apply it (BROKER.md).
+**One value per (query, window), decided by the log itself.** A draw counts only once all
+its parts are in the log, and of several complete draws of one (query, window) the *first
+complete in log order* wins — for every reader, whenever it reads. A writer publishes only
+after a fence record written behind its parts has come back on that partition: everything
+before its fence is then known, so if its own draw completed first it has won for good, and
+if another draw completed earlier it publishes that one instead (its own is never shown).
+Two owners racing for one window (a paused worker that lost its partitions and resumed)
+therefore publish the same values. Keys carry the release id, so compaction never removes a
+winning draw's part in favour of a losing one's.
+
+Other records: ``published`` markers (latest per key wins: which draw reached the output),
+``progress`` (per partials partition, the next window its owner has not released — every
+window before it was released and published), ``coverage`` (the first covered window; the
+first such record in log order wins) and ``fence`` records. Readers treat the topic as a log:
+the embedded broker accepts ``cleanup.policy=compact`` but does not apply it (BROKER.md).
 """
 
 from __future__ import annotations
 
-import math
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 
+from stream_dp.pipeline.partials import RECORD_OVERHEAD_BYTES, split_by_size
 from stream_dp.pipeline.records import SCHEMA_VERSION
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
-#: Output records per ledger part: keeps a part well under Kafka's default 1 MB message limit.
-RECORDS_PER_PART: Final = 1000
 FENCE_PREFIX: Final = "__fence__|"
+PROGRESS_PREFIX: Final = "__progress__|"
+COVERAGE_KEY: Final = "__coverage__"
+ROTATION_PREFIX: Final = "__rotation__|"
 
 
 @dataclass(frozen=True)
@@ -73,30 +84,37 @@ def release_key(query: str, window_start_s: int) -> str:
     return f"{query}|{iso_utc(window_start_s)}"
 
 
-def encode_release(release: LedgerRelease, *, now_s: float) -> list[tuple[str, bytes]]:
-    """The ledger records (key, value bytes) of one release, parts in order."""
-    n_parts = max(1, math.ceil(len(release.records) / RECORDS_PER_PART))
+def encode_release(
+    release: LedgerRelease, *, now_s: float, max_bytes: int
+) -> list[tuple[str, bytes]]:
+    """The ledger records (key, value bytes) of one release, parts in order, each under
+    ``max_bytes`` (parts are cut by encoded size: group keys may be long)."""
     created = datetime.fromtimestamp(now_s, tz=UTC).isoformat().replace("+00:00", "Z")
-    base = release_key(release.query, release.window_start_s)
+    base = f"{release_key(release.query, release.window_start_s)}|{release.release_id}"
+    entries = [
+        orjson.dumps({"key": r.key, "value": r.value}, option=orjson.OPT_SORT_KEYS)
+        for r in release.records
+    ]
+    header: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "ledger",
+        "release_id": release.release_id,
+        "query": release.query,
+        "window_start": iso_utc(release.window_start_s),
+        "window_end": iso_utc(release.window_end_s),
+        "part": 0,
+        "parts": 0,
+        "epsilon_spent": release.epsilon_spent,
+        "delta_spent": release.delta_spent,
+        "created_at": created,
+        "sources": {str(p): v for p, v in sorted(release.sources.items())},
+    }
+    budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - len(orjson.dumps(header)) - 32
+    chunks = split_by_size(entries, budget, what=f"a release of query {release.query}")
     out = []
-    for i in range(n_parts):
-        chunk = release.records[i * RECORDS_PER_PART : (i + 1) * RECORDS_PER_PART]
-        value = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "ledger",
-            "release_id": release.release_id,
-            "query": release.query,
-            "window_start": iso_utc(release.window_start_s),
-            "window_end": iso_utc(release.window_end_s),
-            "part": i,
-            "parts": n_parts,
-            "epsilon_spent": release.epsilon_spent,
-            "delta_spent": release.delta_spent,
-            "created_at": created,
-            "records": [{"key": r.key, "value": r.value} for r in chunk],
-            "sources": {str(p): v for p, v in sorted(release.sources.items())},
-        }
-        out.append((f"{base}|part-{i}", orjson.dumps(value, option=orjson.OPT_SORT_KEYS)))
+    for i, chunk in enumerate(chunks):
+        head = orjson.dumps({**header, "part": i, "parts": len(chunks)})
+        out.append((f"{base}|part-{i}", head[:-1] + b',"records":[' + b",".join(chunk) + b"]}"))
     return out
 
 
@@ -117,78 +135,150 @@ def encode_fence(fence_id: str) -> tuple[str, bytes]:
     return FENCE_PREFIX + fence_id, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
+def encode_progress(
+    partials_partition: int, partials_partitions: int, next_window_start_s: int
+) -> tuple[str, bytes]:
+    """Every window of this partials partition before ``next_window_start_s`` is released."""
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "progress",
+        "partials_partition": partials_partition,
+        "partials_partitions": partials_partitions,
+        "next_window_start": iso_utc(next_window_start_s),
+    }
+    return f"{PROGRESS_PREFIX}{partials_partition}", orjson.dumps(value)
+
+
+def encode_coverage(first_window_start_s: int, window_size_s: int) -> tuple[str, bytes]:
+    """The first window the deployment covers (the first such record in log order wins)."""
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "coverage",
+        "first_window_start": iso_utc(first_window_start_s),
+        "window_size_s": window_size_s,
+    }
+    return COVERAGE_KEY, orjson.dumps(value)
+
+
+def encode_rotation(key_id: str, previous_key_id: str, rotate_at_s: float) -> tuple[str, bytes]:
+    """A key rotation this deployment has applied (so a restart after it is not refused)."""
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "rotation",
+        "key_id": key_id,
+        "previous_key_id": previous_key_id,
+        "rotate_at": iso_utc(rotate_at_s),
+    }
+    return f"{ROTATION_PREFIX}{previous_key_id}>{key_id}", orjson.dumps(value)
+
+
 class LedgerIndex:
-    """Complete ledgered releases by (query, window start), rebuilt from ledger records."""
+    """What the ledger log says, fed record by record in log order (per partition).
+
+    Per (query, window) the first draw whose parts are all present wins; the draws that
+    complete later are counted (``losing_draws``) and never returned. Feed records of one
+    partition in order; records of different partitions may interleave (a window lives on
+    one partition).
+    """
 
     def __init__(self) -> None:
-        self._latest: dict[str, Mapping[str, Any]] = {}
+        self._drafts: dict[tuple[str, int], dict[str, _Parts]] = {}
         self._releases: dict[tuple[str, int], LedgerRelease] = {}
+        self._published: dict[tuple[str, int], str] = {}
+        #: Per partials partition: every window before this start is released and published.
+        self.progress: dict[int, int] = {}
+        #: The partials partition count the progress records were written under.
+        self.partials_partitions: int | None = None
+        #: The first covered window (first coverage record in log order), if recorded.
+        self.coverage_start_s: int | None = None
+        #: Key rotations applied: (previous key id, key id, rotate_at epoch s).
+        self.rotations: set[tuple[str, str, int]] = set()
+        #: Complete draws that lost to an earlier complete draw of the same (query, window).
+        self.losing_draws = 0
+        #: Records read, for the loaded-records metric and start-up logs.
+        self.records_read = 0
 
     def __len__(self) -> int:
         return len(self._releases)
 
     def load(self, records: Iterable[tuple[str, bytes | None]]) -> None:
-        """Feed raw (key, value) records in log order; the latest per key wins."""
+        """Feed raw (key, value) records in log order."""
         for key, value in records:
-            if key.startswith(FENCE_PREFIX):
-                continue
-            if value is None:
-                self._latest.pop(key, None)
-                continue
-            self._latest[key] = orjson.loads(value)
-        self._rebuild()
+            self.feed(key, value)
 
-    def _rebuild(self) -> None:
-        groups: dict[tuple[str, int], dict[str, _Parts]] = {}
-        published: dict[tuple[str, int], str] = {}
-        for value in self._latest.values():
-            kind = value.get("kind")
-            ident = (str(value["query"]), epoch_of_iso(str(value["window_start"])))
-            if kind == "published":
-                published[ident] = str(value["release_id"])
-            elif kind == "ledger":
-                by_id = groups.setdefault(ident, {})
-                rid = str(value["release_id"])
-                parts = by_id.get(rid)
-                if parts is None:
-                    parts = by_id[rid] = _Parts(
-                        parts=int(value["parts"]),
-                        release_id=rid,
-                        window_end_s=epoch_of_iso(str(value["window_end"])),
-                        epsilon_spent=float(value["epsilon_spent"]),
-                        delta_spent=float(value["delta_spent"]),
-                        sources={int(p): str(v) for p, v in value.get("sources", {}).items()},
-                    )
-                parts.received[int(value["part"])] = [
-                    OutputRecord(str(r["key"]), r["value"]) for r in value["records"]
-                ]
-        for ident, by_id in groups.items():
-            complete = [p for p in by_id.values() if len(p.received) == p.parts]
-            if not complete:
-                continue
-            # Two complete draws cannot both exist: a release id is only re-drawn when its
-            # predecessor was incomplete. Prefer the published one if that ever happened.
-            chosen = next(
-                (p for p in complete if published.get(ident) == p.release_id), complete[0]
-            )
-            records = [r for i in range(chosen.parts) for r in chosen.received[i]]
-            self._releases[ident] = LedgerRelease(
-                release_id=chosen.release_id,
-                query=ident[0],
-                window_start_s=ident[1],
-                window_end_s=chosen.window_end_s,
-                epsilon_spent=chosen.epsilon_spent,
-                delta_spent=chosen.delta_spent,
-                records=records,
-                sources=chosen.sources,
-                published=published.get(ident) == chosen.release_id,
+    def feed(self, key: str, value: bytes | None) -> None:
+        """One record, in log order. Unknown kinds are ignored (newer writers may add some)."""
+        if value is None or key.startswith(FENCE_PREFIX):
+            return
+        self.records_read += 1
+        obj = orjson.loads(value)
+        kind = obj.get("kind")
+        if kind == "ledger":
+            self._feed_part(obj)
+        elif kind == "published":
+            ident = (str(obj["query"]), epoch_of_iso(str(obj["window_start"])))
+            self._published[ident] = str(obj["release_id"])
+            rel = self._releases.get(ident)
+            if rel is not None:
+                rel.published = rel.release_id == self._published[ident]
+        elif kind == "progress":
+            r = int(obj["partials_partition"])
+            nxt = epoch_of_iso(str(obj["next_window_start"]))
+            self.partials_partitions = int(obj["partials_partitions"])
+            if nxt > self.progress.get(r, nxt - 1):
+                self.progress[r] = nxt
+        elif kind == "coverage":
+            if self.coverage_start_s is None:
+                self.coverage_start_s = epoch_of_iso(str(obj["first_window_start"]))
+        elif kind == "rotation":
+            self.rotations.add(
+                (
+                    str(obj["previous_key_id"]),
+                    str(obj["key_id"]),
+                    epoch_of_iso(str(obj["rotate_at"])),
+                )
             )
 
-    def add(self, release: LedgerRelease) -> None:
-        """Register a release this process has just ledgered."""
-        self._releases[(release.query, release.window_start_s)] = release
+    def _feed_part(self, value: Mapping[str, Any]) -> None:
+        ident = (str(value["query"]), epoch_of_iso(str(value["window_start"])))
+        rid = str(value["release_id"])
+        drafts = self._drafts.setdefault(ident, {})
+        parts = drafts.get(rid)
+        if parts is None:
+            parts = drafts[rid] = _Parts(
+                parts=int(value["parts"]),
+                release_id=rid,
+                window_end_s=epoch_of_iso(str(value["window_end"])),
+                epsilon_spent=float(value["epsilon_spent"]),
+                delta_spent=float(value["delta_spent"]),
+                sources={int(p): str(v) for p, v in value.get("sources", {}).items()},
+            )
+        parts.received[int(value["part"])] = [
+            OutputRecord(str(r["key"]), r["value"]) for r in value["records"]
+        ]
+        if len(parts.received) < parts.parts:
+            return
+        del drafts[rid]
+        if not drafts:
+            del self._drafts[ident]
+        if ident in self._releases:
+            if self._releases[ident].release_id != rid:
+                self.losing_draws += 1
+            return
+        self._releases[ident] = LedgerRelease(
+            release_id=rid,
+            query=ident[0],
+            window_start_s=ident[1],
+            window_end_s=parts.window_end_s,
+            epsilon_spent=parts.epsilon_spent,
+            delta_spent=parts.delta_spent,
+            records=[r for i in range(parts.parts) for r in parts.received[i]],
+            sources=parts.sources,
+            published=self._published.get(ident) == rid,
+        )
 
     def get(self, query: str, window_start_s: int) -> LedgerRelease | None:
+        """The winning draw of (query, window), if one is complete in what was read."""
         return self._releases.get((query, window_start_s))
 
     def releases(self) -> list[LedgerRelease]:
@@ -199,3 +289,10 @@ class LedgerIndex:
 
     def window_complete(self, window_start_s: int, queries: Sequence[str]) -> bool:
         return all((q, window_start_s) in self._releases for q in queries)
+
+    def forget(self, released: Callable[[int], bool]) -> None:
+        """Drop what is kept of windows ``released`` says are done (released, published and
+        recorded by a progress record): the index then holds only recent windows."""
+        for table in (self._releases, self._drafts, self._published):
+            for ident in [i for i in table if released(i[1])]:
+                del table[ident]

@@ -1,27 +1,34 @@
 """Both stages in one process, joined in memory: what ``stream-dp replay`` and tests run.
 
-The worker joins :class:`IngestStage` and :class:`ReleaseStage` through the partials topic;
-here the same records (encoded and decoded exactly as on the topic) go through a list, so
-replay and the worker share every step but the transport.
+The worker joins :class:`IngestStage` and :class:`ReleaseStage` through the partials topic
+and the ledger topic; here the same records (encoded and decoded exactly as on the topics)
+go through lists, so replay and the worker share every step but the transport — the ledger
+included: a release is "ledgered" by feeding its encoded records to the ledger index, and
+what is published is the index's winner, as in the worker.
 """
 
 from __future__ import annotations
 
 import random  # only the type of the reservoir/L0 sampling PRNG (see new_sampling_rng)
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage, InputRecord
-from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
-from stream_dp.pipeline.partials import (
-    SourceWatermark,
-    encode_partial,
-    encode_watermark,
-    partials_partition,
+from stream_dp.pipeline.ledger import (
+    LedgerIndex,
+    LedgerRelease,
+    encode_coverage,
+    encode_progress,
+    encode_published,
+    encode_release,
 )
+from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
+
+#: Receives every ledger record written, as (key, value), in log order.
+LedgerSink = Callable[[str, bytes], None]
 
 
 class LocalPipeline:
@@ -33,38 +40,68 @@ class LocalPipeline:
         partitions: int = 1,
         partials_partitions: int = 1,
         ledger: LedgerIndex | None = None,
+        ledger_sink: LedgerSink | None = None,
         metrics: Metrics | None = None,
         sampling_rng: random.Random | None = None,
         exact_totals_observer: ExactTotalsObserver | None = None,
+        retain_ledger: bool = False,
     ) -> None:
         self.metrics = metrics if metrics is not None else Metrics()
+        self._ledger_sink = ledger_sink
         self.release = ReleaseStage(
             config,
+            partials_partitions=partials_partitions,
             ledger=ledger,
             metrics=self.metrics,
             exact_totals_observer=exact_totals_observer,
+            retain_ledger=retain_ledger,
+            key_id_of=lambda ws: keyring.for_window(ws).key_id,
         )
         self.ingest_stage = IngestStage(
             config,
             keyring,
-            released=self.release.released,
-            released_earlier=self.release.released_earlier,
+            released=self.release,
             metrics=self.metrics,
             sampling_rng=sampling_rng,
         )
         self.ingest_stage.source_partitions = partitions
         if partitions == 1:
             self.ingest_stage.enforce_user_keys = False
-        self.ingest_stage.assign(range(partitions), 0.0, routed=False)
+        self._partitions = partitions
+        self._assigned = False
+        if self.release.coverage_start_s is not None:
+            self._assign(0.0)
         self.release.assign(range(partials_partitions))
         self._n_partials = partials_partitions
         self._offsets = [0] * partials_partitions
-        self._size_s = config.window.size_s
+        self._windows = self.release.windows
+        self._max_bytes = config.kafka.max_message_bytes
+
+    @property
+    def coverage_start_s(self) -> int | None:
+        return self.release.coverage_start_s
+
+    def start_coverage_at(self, first_window_start_s: int) -> None:
+        """Set the first covered window when neither the configuration nor the ledger does
+        (it is recorded in the ledger, as the worker records its own)."""
+        if self.release.coverage_start_s is None:
+            self.release.set_coverage(first_window_start_s)
+            coverage = self.release.coverage_start_s
+            assert coverage is not None
+            self._write_ledger([encode_coverage(coverage, self._windows.size_s)])
 
     def ingest(
         self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
     ) -> list[DeadLetter]:
+        if not self._assigned:
+            self._assign(now_mono_s)
         return self.ingest_stage.ingest(partition, records, now_s=now_s, now_mono_s=now_mono_s)
+
+    def _assign(self, now_mono_s: float) -> None:
+        """Assign the partitions — once the coverage is known where it can be: it is where
+        each partition's event time begins."""
+        self.ingest_stage.assign(range(self._partitions), now_mono_s, routed=False)
+        self._assigned = True
 
     def step(self, now_mono_s: float, *, now_s: float) -> list[LedgerRelease]:
         """Seal due windows into partials, pass them and the watermarks on, release."""
@@ -76,7 +113,8 @@ class LocalPipeline:
         return self._release_due(now_s)
 
     def finish(self, *, now_s: float) -> list[LedgerRelease]:
-        """End of a finite input: seal and release every open window."""
+        """End of a finite input: seal and release every open window (and every empty one
+        before the last)."""
         stage = self.ingest_stage
         pending = stage.all_open()
         for p, ws in pending:
@@ -84,15 +122,16 @@ class LocalPipeline:
         # Every partial is out: each partition has sealed everything up to the last end.
         ends = [*self.release.open_windows(), *(ws for _, ws in pending)]
         if ends:
-            sealed = float(max(ends) + self._size_s)
-            for p in stage.partitions:
-                self._send_mark(SourceWatermark(p, stage.source_partitions, sealed, True, False))
+            sealed = float(max(ends) + self._windows.size_s)
+            for p in range(self._partitions):
+                self._send_mark(SourceWatermark(p, self._partitions, sealed, True, False))
         return self._release_due(now_s)
 
     def _send_partials(self, partition: int, window_start_s: int) -> None:
-        r = partials_partition(window_start_s, self._size_s, self._n_partials)
+        r = self._windows.partition_of(window_start_s, self._n_partials)
         for partial in self.ingest_stage.seal(partition, window_start_s):
-            self._deliver(r, [v for _, v in encode_partial(partial)])
+            values = [v for _, v in encode_partial(partial, max_bytes=self._max_bytes)]
+            self._deliver(r, values)
         self.ingest_stage.drop(partition, window_start_s)
 
     def _send_mark(self, mark: SourceWatermark) -> None:
@@ -105,13 +144,29 @@ class LocalPipeline:
         self._offsets[r] += len(values)
         self.release.ingest(r, [(start + i, v) for i, v in enumerate(values)])
 
+    def _write_ledger(self, records: Sequence[tuple[str, bytes]]) -> None:
+        for key, value in records:
+            self.release.ledger.feed(key, value)
+            if self._ledger_sink is not None:
+                self._ledger_sink(key, value)
+
     def _release_due(self, now_s: float) -> list[LedgerRelease]:
         out: list[LedgerRelease] = []
         for ws in self.release.due_windows():
-            releases = self.release.compute_release(ws, now_s=now_s)
-            for rel in releases:
-                if self.release.ledger.get(rel.query, rel.window_start_s) is not rel:
-                    self.release.record_ledgered(rel)
-            self.release.finish_window(ws, releases, now_s)
-            out.extend(releases)
+            out.extend(self.release_window(ws, now_s=now_s))
         return out
+
+    def release_window(self, window_start_s: int, *, now_s: float) -> list[LedgerRelease]:
+        """What the worker does with a due window: draw, ledger, publish the ledger's
+        winners, record progress."""
+        stage = self.release
+        for rel in stage.compute_release(window_start_s, now_s=now_s):
+            self._write_ledger(encode_release(rel, now_s=now_s, max_bytes=self._max_bytes))
+        winners = stage.winners(window_start_s)
+        for rel in winners:
+            if not rel.published:
+                self._write_ledger([encode_published(rel)])
+        cursor = stage.finish_window(window_start_s, winners, now_s)
+        r = self._windows.partition_of(window_start_s, self._n_partials)
+        self._write_ledger([encode_progress(r, self._n_partials, cursor)])
+        return winners

@@ -18,7 +18,6 @@ Partials hold exact counts per key and no raw id: the topic is internal and acce
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,13 +25,14 @@ from typing import Any, Final
 
 import orjson
 
+from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.records import SCHEMA_VERSION
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
-#: Keys per partial part: keeps a record well under Kafka's default 1 MB message limit.
-KEYS_PER_PART: Final = 5000
 WATERMARK_KEY_PREFIX: Final = "__watermark__|"
+#: Room left in every part for the record's key and Kafka's record overhead.
+RECORD_OVERHEAD_BYTES: Final = 1024
 
 GroupKey = tuple[Any, ...]
 
@@ -53,6 +53,11 @@ class Partial:
     #: Events the partition's reservoirs saw for the window, and kept after bounding.
     events_seen: int
     events_retained: int
+    #: The layout the totals were bounded under: the stage-1 topic's partition count and the
+    #: pseudonym key id. Stage 2 merges partials of one layout only (a user is on one
+    #: partition, under one pseudonym, only within one layout).
+    source_partitions: int = 1
+    key_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,8 @@ class PartialPart:
     events_seen: int
     events_retained: int
     totals: list[tuple[GroupKey, KeyAggregate]]
+    source_partitions: int = 1
+    key_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,35 +104,65 @@ def new_version() -> str:
     return uuid.uuid4().hex
 
 
-def partials_partition(window_start_s: int, window_size_s: int, partitions: int) -> int:
-    """The partials partition of a window: consecutive windows go to different owners."""
-    return (window_start_s // window_size_s) % partitions
+def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes]]:
+    """The (key, value) records of one partial, in part order, each under ``max_bytes``.
 
-
-def encode_partial(partial: Partial) -> list[tuple[str, bytes]]:
-    """The (key, value) records of one partial, in part order."""
-    items = list(partial.totals.items())
-    n_parts = max(1, math.ceil(len(items) / KEYS_PER_PART))
+    Parts are cut by encoded size, not by key count: group keys may be long (URLs).
+    """
     window = iso_utc(partial.window_start_s)
     key = f"{partial.query}|{window}|{partial.source_partition}"
+    entries = [
+        orjson.dumps([list(g), a.events, a.users, a.value_sum]) for g, a in partial.totals.items()
+    ]
+    header: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "partial",
+        "query": partial.query,
+        "window_start": window,
+        "source_partition": partial.source_partition,
+        "source_partitions": partial.source_partitions,
+        "key_id": partial.key_id,
+        "version": partial.version,
+        "part": 0,
+        "parts": 0,
+        "events_seen": partial.events_seen,
+        "events_retained": partial.events_retained,
+    }
+    budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
+    chunks = split_by_size(entries, budget, what=f"a partial of query {partial.query}")
     out = []
-    for i in range(n_parts):
-        chunk = items[i * KEYS_PER_PART : (i + 1) * KEYS_PER_PART]
-        value = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "partial",
-            "query": partial.query,
-            "window_start": window,
-            "source_partition": partial.source_partition,
-            "version": partial.version,
-            "part": i,
-            "parts": n_parts,
-            "events_seen": partial.events_seen,
-            "events_retained": partial.events_retained,
-            "totals": [[list(g), a.events, a.users, a.value_sum] for g, a in chunk],
-        }
-        out.append((key, orjson.dumps(value)))
+    for i, chunk in enumerate(chunks):
+        head = orjson.dumps({**header, "part": i, "parts": len(chunks)})
+        out.append((key, head[:-1] + b',"totals":[' + b",".join(chunk) + b"]}"))
     return out
+
+
+class RecordTooLargeError(StreamDPError):
+    """One entry of an internal record cannot fit under ``kafka.max_message_bytes``."""
+
+
+def split_by_size(entries: Sequence[bytes], budget: int, *, what: str) -> list[list[bytes]]:
+    """Consecutive chunks of encoded entries whose sizes (plus separators) fit ``budget``.
+
+    Always at least one (possibly empty) chunk. An entry that alone exceeds the budget can
+    never be written: :class:`RecordTooLargeError` names it and the setting to change.
+    """
+    chunks: list[list[bytes]] = [[]]
+    size = 0
+    for entry in entries:
+        n = len(entry) + 1
+        if n > budget:
+            raise RecordTooLargeError(
+                f"{what} has an entry of {len(entry)} bytes that cannot fit in one record of "
+                "kafka.max_message_bytes; raise it (and the brokers' message.max.bytes) or "
+                "lower input.max_record_bytes"
+            )
+        if size + n > budget and chunks[-1]:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += n
+    return chunks
 
 
 def encode_watermark(mark: SourceWatermark) -> tuple[str, bytes]:
@@ -171,6 +208,8 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 parts=int(obj["parts"]),
                 events_seen=int(obj["events_seen"]),
                 events_retained=int(obj["events_retained"]),
+                source_partitions=int(obj.get("source_partitions", 1)),
+                key_id=str(obj.get("key_id", "")),
                 totals=[
                     (tuple(g), KeyAggregate(int(e), int(u), int(s))) for g, e, u, s in obj["totals"]
                 ],
@@ -206,6 +245,8 @@ class PartialAssembler:
             totals=totals,
             events_seen=part.events_seen,
             events_retained=part.events_retained,
+            source_partitions=part.source_partitions,
+            key_id=part.key_id,
         )
         self._parts.clear()
         return True

@@ -55,6 +55,10 @@ class CompiledQuery:
         clamped = min(max(float(raw), self._lower), self._upper)
         return key, round(clamped / self._granularity)
 
+    def forget_projections(self) -> None:
+        """The signature table was renumbered: cached projections no longer apply."""
+        self._cache = []
+
     def project(self, signature_id: int) -> Projection:
         cache = self._cache
         if signature_id >= len(cache):

@@ -1,15 +1,26 @@
-"""Stage 2 of the worker, without Kafka: merge partials, release once through the privacy core.
+"""Stage 2 of the worker, without Kafka: merge partials, release every window once.
 
 The owner of a partials partition sees every partial of the windows mapped to it, plus a
-:class:`SourceWatermark` from each source partition. A window is due when, on *its* partials
-partition, every source partition has either sealed it (watermark at or past its end) or is
-idle with nothing left open. Per (query, source partition) the first complete version of a
-partial is taken and the others ignored; the merged exact totals go through the privacy core
-once — noise, τ-threshold, budget — and the versions taken are recorded in the ledger.
+:class:`SourceWatermark` from each source partition. **Which windows are released never
+depends on the data** (PRIVACY.md, "Keys nobody listed"; issue 12): every window from the
+first covered one (``window.start_at`` or the deployment's recorded start) up to the point
+all sources have passed is released in order, with or without events — public keys get
+their noisy values in every window, and every window gets its ``window`` record. A source
+has passed a window when its watermark is at or past the window's end, or when it is idle
+with nothing open (confirmed, see :func:`_quiet_confirmed`); if every source is idle, the
+furthest idle watermark (which advances by wall clock) bounds the range.
 
-Offsets of the partials topic are committed only up to the earliest partial an unreleased
-window still needs; a restarted owner re-reads them and waits for fresh watermarks (stage 1
-writes them periodically).
+Per (query, source partition) the first complete version of a partial is taken and the
+others ignored. A window merges partials of one layout only — one stage-1 partition count
+and one pseudonym key id — the layout of the first partial taken: a user's events are on
+one partition under one pseudonym only within a layout, so mixing two would bound a user
+twice. The merged exact totals go through the privacy core once — noise, τ-threshold,
+budget — and the versions taken are recorded in the ledger.
+
+Per partials partition a *cursor* is the next window not yet released (every window before
+it is released and published, and a ``progress`` record in the ledger says so); windows
+are released strictly in cursor order. Offsets of the partials topic are committed only up
+to the earliest partial an unreleased window still needs.
 """
 
 from __future__ import annotations
@@ -45,10 +56,21 @@ log = logging.getLogger(__name__)
 ExactTotalsObserver = Callable[[str, int, Mapping[tuple[Any, ...], KeyAggregate]], None]
 
 
+def expected_key_id(config: Config, window_start_s: int) -> str:
+    """The pseudonym key id of a window under this configuration (no secret needed)."""
+    p = config.pseudonymization
+    if p.rotate_at is not None and window_start_s < p.rotate_at.timestamp():
+        assert p.previous_key_id is not None
+        return p.previous_key_id
+    return p.key_id
+
+
 @dataclass
 class _PendingWindow:
     first_offset: int
     assemblers: dict[tuple[str, int], PartialAssembler] = field(default_factory=dict)
+    #: (source partitions, key id) of the first partial taken; None before that.
+    layout: tuple[int, str] | None = None
 
 
 class ReleaseStage:
@@ -56,11 +78,19 @@ class ReleaseStage:
         self,
         config: Config,
         *,
+        partials_partitions: int = 1,
         ledger: LedgerIndex | None = None,
         metrics: Metrics | None = None,
         exact_totals_observer: ExactTotalsObserver | None = None,
+        retain_ledger: bool = False,
+        key_id_of: Callable[[int], str] | None = None,
     ) -> None:
         self.config = config
+        #: The pseudonym key id of a window (the keyring's; by default the configuration's).
+        self._key_id_of = key_id_of or (lambda ws: expected_key_id(config, ws))
+        #: Keep every release read or made in the ledger index (replay prints them); the
+        #: worker forgets those behind the cursors, so its memory stays bounded.
+        self._retain_ledger = retain_ledger
         # Sees the exact bounded totals before noise. Only the demo passes one (its data is
         # synthetic, so showing true values beside private ones is the point); the worker
         # and replay never do, and nothing exact is ever published.
@@ -68,9 +98,9 @@ class ReleaseStage:
         self.ledger = ledger if ledger is not None else LedgerIndex()
         self.metrics = metrics if metrics is not None else Metrics()
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
+        self.partials_partitions = partials_partitions
         fields, _, _ = needed_fields(config.queries)
         self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
-        self._query_names = [q.name for q in self.queries]
         self.accountant = BudgetAccountant(
             window_size_s=config.window.size_s,
             epsilon_per_window=config.privacy.epsilon_per_window,
@@ -78,43 +108,82 @@ class ReleaseStage:
             horizon_windows=config.privacy.horizon_windows,
             max_epsilon_per_horizon=config.privacy.max_epsilon_per_horizon,
         )
-        #: Windows whose every query is ledgered (shared with stage 1, which drops replays).
-        self.released: set[int] = set()
-        #: Of those, the ones read from the ledger (released by an earlier run or another
-        #: worker): their events are replays, the others' are late.
-        self.released_earlier: set[int] = set()
-        self._charged: set[tuple[str, int]] = set()
+        self._epsilon_per_window = sum(q.epsilon for q in config.queries)
+        #: The first covered window: from the configuration, else set by the transport
+        #: (from the ledger's coverage record). Nothing is released while it is unknown.
+        self.coverage_start_s: int | None = config.window.first_window_start()
+        #: Per partials partition, the next window not yet released (own and ledger-read).
+        self._cursor: dict[int, int] = {}
+        #: The cursors as last read from the ledger: windows before them were released by
+        #: an earlier run or another worker (their events are replays, not late).
+        self._cursor_read: dict[int, int] = {}
         self._windows: dict[int, dict[int, _PendingWindow]] = {}
         self._marks: dict[int, dict[int, SourceWatermark]] = {}
         # Per partials partition, per source: idle_for_s of its first "idle, nothing open"
         # mark since another source last woke up (went from that to active or open).
         self._idle_base: dict[int, dict[int, float]] = {}
         self._positions: dict[int, int] = {}
-        self.adopt_ledger(self.ledger)
+        self.adopt_ledger()
 
-    # -- ledger -------------------------------------------------------------------------
-    def adopt_ledger(self, ledger: LedgerIndex) -> None:
-        """Take in ledgered releases (at start, and re-read when partitions move here)."""
+    # -- coverage and cursors -------------------------------------------------------------
+    def set_coverage(self, first_window_start_s: int) -> None:
+        self.coverage_start_s = self.windows.start_of(first_window_start_s)
+
+    def _first_on(self, r: int) -> int:
+        """The first covered window that maps to partials partition ``r``."""
+        assert self.coverage_start_s is not None
+        size, parts = self.windows.size_s, self.partials_partitions
+        first = self.coverage_start_s
+        return first + ((r - self.windows.partition_of(first, parts)) % parts) * size
+
+    def cursor(self, r: int) -> int:
+        """The next window of partials partition ``r`` not yet released."""
+        first = self._first_on(r)
+        return max(first, self._cursor.get(r, first))
+
+    def released(self, window_start_s: int) -> bool:
+        """Whether a covered window is known released (by anyone, as far as read)."""
+        if self.coverage_start_s is None or window_start_s < self.coverage_start_s:
+            return False
+        r = self.windows.partition_of(window_start_s, self.partials_partitions)
+        return window_start_s < self.cursor(r)
+
+    def released_earlier(self, window_start_s: int) -> bool:
+        """Released before this process read the ledger (its events are replays)."""
+        if self.coverage_start_s is None or window_start_s < self.coverage_start_s:
+            return False
+        r = self.windows.partition_of(window_start_s, self.partials_partitions)
+        return window_start_s < self._cursor_read.get(r, self._first_on(r))
+
+    def adopt_ledger(self) -> None:
+        """Take in what the ledger says (at start, and after each read): cursors, charges,
+        the coverage; then forget releases of windows behind the cursors."""
+        ledger = self.ledger
+        if self.coverage_start_s is None and ledger.coverage_start_s is not None:
+            self.set_coverage(ledger.coverage_start_s)
+        if ledger.partials_partitions not in (None, self.partials_partitions):
+            log.error(
+                "the ledger's progress records were written for %s partials partitions, "
+                "this worker sees %d: the partials topic changed while windows were open",
+                ledger.partials_partitions,
+                self.partials_partitions,
+            )
+        else:
+            for r, nxt in ledger.progress.items():
+                if nxt > self._cursor.get(r, nxt - 1):
+                    self._cursor[r] = nxt
+                if nxt > self._cursor_read.get(r, nxt - 1):
+                    self._cursor_read[r] = nxt
         for rel in ledger.releases():
-            if self.ledger is not ledger and self.ledger.get(rel.query, rel.window_start_s):
-                continue
-            if self.ledger is not ledger:
-                self.ledger.add(rel)
-            ident = (rel.query, rel.window_start_s)
-            if ident not in self._charged:
-                self._charged.add(ident)
+            if self.accountant.query_spent(rel.window_start_s, rel.query) == (0.0, 0.0):
                 self.accountant.record(
                     rel.window_start_s, rel.query, rel.epsilon_spent, rel.delta_spent
                 )
-            if self.ledger.window_complete(rel.window_start_s, self._query_names):
-                if rel.window_start_s not in self.released:
-                    self.released_earlier.add(rel.window_start_s)
-                self.released.add(rel.window_start_s)
-                for windows in self._windows.values():
-                    windows.pop(rel.window_start_s, None)
-
-    def is_released(self, window_start_s: int) -> bool:
-        return window_start_s in self.released
+        if self.coverage_start_s is not None and not self._retain_ledger:
+            ledger.forget(self.released)
+            for windows in self._windows.values():
+                for ws in [w for w in windows if self.released(w)]:
+                    del windows[ws]
 
     # -- partitions ---------------------------------------------------------------------
     def assign(self, partitions: Iterable[int]) -> None:
@@ -169,8 +238,15 @@ class ReleaseStage:
     def _add_part(self, windows: dict[int, _PendingWindow], offset: int, part: PartialPart) -> None:
         ignored = self.metrics.partials_ignored
         ws = part.window_start_s
-        if ws in self.released or self.ledger.get(part.query, ws) is not None:
+        if self.released(ws) or self.ledger.get(part.query, ws) is not None:
             ignored.labels(reason="window_released").inc()
+            return
+        if self.coverage_start_s is not None and ws < self.coverage_start_s:
+            ignored.labels(reason="before_coverage").inc()
+            return
+        if part.key_id and part.key_id != self._key_id_of(ws):
+            # Bounded under another pseudonym key (a rotation changed): never merged.
+            ignored.labels(reason="key_mismatch").inc()
             return
         pending = windows.get(ws)
         if pending is None:
@@ -182,48 +258,88 @@ class ReleaseStage:
         if assembler.taken is not None and assembler.taken.version != part.version:
             ignored.labels(reason="duplicate_version").inc()
             return
-        assembler.add(part)
+        if assembler.add(part):
+            taken = assembler.taken
+            assert taken is not None
+            layout = (taken.source_partitions, taken.key_id)
+            if pending.layout is None:
+                pending.layout = layout
+            elif layout != pending.layout:
+                # Bounded under another partition layout (partitions were added): a user
+                # may be on a partition of each layout, so only one layout is merged.
+                assembler.taken = None
+                ignored.labels(reason="layout_changed").inc()
+                log.error(
+                    "a partial bounded under another partition layout was left out",
+                    extra={"window": iso_utc(ws), "query": part.query},
+                )
 
     # -- closing --------------------------------------------------------------------------
     def open_windows(self) -> list[int]:
         return sorted({ws for windows in self._windows.values() for ws in windows})
 
-    def due_windows(self) -> list[int]:
-        """Windows every source partition has sealed or has nothing left for (invariant 7)."""
+    def passed_through(self, r: int) -> float | None:
+        """How far every source of partials partition ``r`` has passed (event time), or
+        None while some source is unheard of or has sealed nothing and is not idle."""
+        marks = self._marks.get(r, {})
+        if not marks:
+            return None
+        idle_base = self._idle_base.get(r, {})
+        n_sources = max(m.source_partitions for m in marks.values())
+        active: list[float] = []
+        quiet: list[float] = []
+        for p in range(n_sources):
+            mark = marks.get(p)
+            if mark is None:
+                return None
+            if _quiet_confirmed(mark, idle_base.get(p)):
+                if mark.watermark_s is not None:
+                    quiet.append(mark.watermark_s)
+            elif mark.watermark_s is None:
+                return None
+            else:
+                active.append(mark.watermark_s)
+        if active:
+            return min(active)
+        return max(quiet) if quiet else None
+
+    def due_windows(self, limit: int | None = None) -> list[int]:
+        """Covered windows every source has passed, in order, from each partition's cursor
+        (at most ``limit``; the rest next time): empty windows included (invariant 7)."""
+        if self.coverage_start_s is None:
+            return []
+        size = self.windows.size_s
+        step = size * self.partials_partitions
         due: list[int] = []
-        for r, windows in self._windows.items():
-            marks = self._marks.get(r, {})
-            if not marks:
+        for r in sorted(self._windows):
+            through = self.passed_through(r)
+            if through is None:
                 continue
-            idle_base = self._idle_base.get(r, {})
-            n_sources = max(m.source_partitions for m in marks.values())
-            for ws in windows:
-                end = self.windows.end_of(ws)
-                if all(_clears(marks.get(p), idle_base.get(p), end) for p in range(n_sources)):
-                    due.append(ws)
-        # In window order: a later window waits while an earlier one here is still pending
-        # (usually its partition has not yet read the same watermarks), so the horizon
-        # totals in window records count every earlier window.
-        pending = self.open_windows()
-        first_waiting = next((ws for ws in pending if ws not in due), None)
-        return sorted(ws for ws in due if first_waiting is None or ws < first_waiting)
+            ws = self.cursor(r)
+            taken = 0
+            while ws + size <= through and (limit is None or taken < limit):
+                due.append(ws)
+                ws += step
+                taken += 1
+        due.sort()
+        return due if limit is None else due[:limit]
 
     def compute_release(self, window_start_s: int, *, now_s: float) -> list[LedgerRelease]:
-        """The releases of one due window: ledgered ones as they are, the rest drawn now.
+        """Fresh draws for the queries of a due window that the ledger has no release of.
 
-        Every query not yet in the ledger is charged to the budget first (so the window
-        records show the full horizon total), then released once through the privacy core.
+        Every such query is charged to the budget first (so the window records show the
+        full horizon total), then released once through the privacy core. The caller
+        ledgers them, reads the ledger back, and publishes :meth:`winners`.
         """
         window_end_s = self.windows.end_of(window_start_s)
         pending = self._pending(window_start_s)
-        out: list[LedgerRelease] = []
         to_draw: list[CompiledQuery] = []
         for q in self.queries:
-            existing = self.ledger.get(q.name, window_start_s)
-            if existing is not None:
-                out.append(existing)
+            if self.ledger.get(q.name, window_start_s) is not None:
                 continue
             cfg = q.config
+            if self.accountant.query_spent(window_start_s, q.name) != (0.0, 0.0):
+                continue  # drawn by this process already; its draw lost or is in flight
             if not self.accountant.can_charge(window_start_s, q.name, cfg.epsilon, cfg.delta):
                 self.metrics.budget_exhausted.labels(query=q.name).inc()
                 log.error(
@@ -232,15 +348,31 @@ class ReleaseStage:
                 )
                 continue
             self.accountant.charge(window_start_s, q.name, cfg.epsilon, cfg.delta)
-            self._charged.add((q.name, window_start_s))
             to_draw.append(q)
-        horizon = self.accountant.horizon_spent(window_start_s)
+        horizon = self.horizon_spent(window_start_s)
+        out = []
         for q in to_draw:
             taken = self._taken(pending, q.name, window_start_s)
             aggregates = merge_totals(taken)
             sources = {p.source_partition: p.version for p in taken}
             out.append(self._release(q, window_start_s, window_end_s, aggregates, sources, horizon))
         return out
+
+    def winners(self, window_start_s: int) -> list[LedgerRelease]:
+        """The ledger's release of each query of the window (first complete draw in log
+        order), in query order; queries the budget suppressed are missing."""
+        found = (self.ledger.get(q.name, window_start_s) for q in self.queries)
+        return [rel for rel in found if rel is not None]
+
+    def horizon_spent(self, window_start_s: int) -> float:
+        """Σ ε over the horizon ending with this window (windows released by other workers
+        and not read yet count the configured per-window ε: every covered window is
+        released)."""
+        return self.accountant.horizon_spent(
+            window_start_s,
+            first_window_s=self.coverage_start_s,
+            per_window_epsilon=self._epsilon_per_window,
+        )
 
     def _pending(self, window_start_s: int) -> _PendingWindow | None:
         for windows in self._windows.values():
@@ -319,8 +451,6 @@ class ReleaseStage:
                 ),
             )
         )
-        self.metrics.keys_released.labels(query=q.name).inc(len(result.values))
-        self.metrics.keys_suppressed.labels(query=q.name).inc(result.suppressed)
         return LedgerRelease(
             release_id=release_id,
             query=q.name,
@@ -332,30 +462,34 @@ class ReleaseStage:
             sources=sources,
         )
 
-    def record_ledgered(self, release: LedgerRelease) -> None:
-        self.ledger.add(release)
-
     def finish_window(
         self, window_start_s: int, releases: Sequence[LedgerRelease], now_s: float
-    ) -> None:
-        """The window's releases are ledgered and published: drop its state, note metrics."""
+    ) -> int:
+        """The window's releases are ledgered and published: drop its state, advance its
+        partition's cursor, note metrics. Returns the partition's new cursor."""
         for windows in self._windows.values():
             windows.pop(window_start_s, None)
-        self.released.add(window_start_s)
+        r = self.windows.partition_of(window_start_s, self.partials_partitions)
+        if window_start_s >= self.cursor(r):
+            self._cursor[r] = window_start_s + self.windows.size_s * self.partials_partitions
         end = self.windows.end_of(window_start_s)
         for rel in releases:
             self.metrics.windows_released.labels(query=rel.query).inc()
             self.metrics.releases_published.labels(query=rel.query).inc(len(rel.records) - 1)
+            self.metrics.keys_released.labels(query=rel.query).inc(len(rel.records) - 1)
             self.metrics.epsilon_spent.labels(query=rel.query).set(rel.epsilon_spent)
         spent = self.accountant.window_spent(window_start_s)[0]
         self.metrics.epsilon_remaining.set(max(0.0, self.config.privacy.epsilon_per_window - spent))
-        horizon = self.accountant.horizon_spent(window_start_s)
+        horizon = self.horizon_spent(window_start_s)
         self.metrics.horizon_epsilon_spent.set(horizon)
         self.metrics.horizon_epsilon_remaining.set(
             max(0.0, self.config.privacy.max_epsilon_per_horizon - horizon)
         )
         self.metrics.release_delay.observe(max(0.0, now_s - end))
         self.metrics.last_release.set(now_s)
+        if not self._retain_ledger:
+            self.ledger.forget(self.released)
+        return self.cursor(r)
 
     def watermark_s(self) -> float | None:
         """The slowest source watermark over assigned partials partitions (for /metrics)."""
@@ -388,24 +522,15 @@ def _newer(old: SourceWatermark | None, new: SourceWatermark) -> SourceWatermark
             old.watermark_s,
             new.idle,
             new.open_windows,
+            new.idle_for_s,
         )
     return new
 
 
-def _clears(mark: SourceWatermark | None, idle_base_s: float | None, window_end_s: int) -> bool:
-    """Whether a source partition no longer holds back a window ending at ``window_end_s``.
-
-    Either it sealed the window, or it has nothing open and has *stayed* idle for
-    IDLE_CONFIRM_S since another source last woke up: an "idle" written just before a burst
-    reached it must not let the others' share of the burst close the window.
-    """
-    if mark is None:
-        return False
-    if mark.watermark_s is not None and mark.watermark_s >= window_end_s:
-        return True
+def _quiet_confirmed(mark: SourceWatermark, idle_base_s: float | None) -> bool:
+    """Idle with nothing open, and *stayed* so for IDLE_CONFIRM_S since another source last
+    woke up: an "idle" written just before a burst reached it must not let the others'
+    share of the burst close the window."""
     return (
-        mark.idle
-        and not mark.open_windows
-        and idle_base_s is not None
-        and mark.idle_for_s - idle_base_s >= IDLE_CONFIRM_S
+        mark.quiet and idle_base_s is not None and mark.idle_for_s - idle_base_s >= IDLE_CONFIRM_S
     )

@@ -3,28 +3,60 @@
 The file plays one input partition; its line numbers are offsets. At the end of the file
 every open window is closed (the input is complete, so waiting longer would change nothing)
 and released once through the same engine, ledger format and budget as the worker.
+
+**Every release spends budget.** Without a ledger, each run is a fresh, independent release
+that draws new noise and spends its own budget: two runs over one file, both shared, cost
+twice the ε (and averaging them halves the noise). With ``ledger_path`` the run keeps a
+ledger file (the ledger topic's records as JSON lines): windows already in it are reprinted
+with their recorded values and never drawn again, and new draws are appended to it.
+
+The first covered window is ``window.start_at``, else the ledger's, else the window of the
+first event read — which depends on the data: set ``window.start_at`` for output you share.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+import orjson
 
 from stream_dp.config.model import Config
 from stream_dp.errors import ConfigError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ingest import DeadLetter, InputRecord
-from stream_dp.pipeline.ledger import LedgerRelease
+from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
 from stream_dp.pipeline.local import LocalPipeline
 from stream_dp.pipeline.records import dead_letter_record
 from stream_dp.privacy.pseudonymize import KeyRing
 
+log = logging.getLogger(__name__)
+
 BATCH = 5000
 
 
-def _batches(path: Path) -> Iterator[list[InputRecord]]:
+@dataclass
+class ReplayResult:
+    #: Every release of the windows this run covered, in window order: recorded ones (from
+    #: the ledger file) and fresh draws.
+    releases: list[LedgerRelease]
+    dead: list[DeadLetter]
+    #: (query, window) releases drawn by this run (each spent its ε).
+    drawn: int = 0
+    #: (query, window) releases reprinted from the ledger file (no new spend).
+    from_ledger: int = 0
+    ledger_path: Path | None = None
+    coverage_start_s: int | None = None
+    lines_read: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _batches(path: Path, result: ReplayResult) -> Iterator[list[InputRecord]]:
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -35,6 +67,7 @@ def _batches(path: Path) -> Iterator[list[InputRecord]]:
             stripped = line.rstrip(b"\r\n")
             if not stripped.strip():
                 continue
+            result.lines_read += 1
             batch.append((offset, None, stripped))
             if len(batch) >= BATCH:
                 yield batch
@@ -43,20 +76,112 @@ def _batches(path: Path) -> Iterator[list[InputRecord]]:
             yield batch
 
 
+def read_ledger_file(path: Path) -> LedgerIndex:
+    """A ledger file's records (JSON lines of ``{"key": ..., "value": {...}}``) in order."""
+    index = LedgerIndex()
+    if not path.exists():
+        return index
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read --ledger {path}: {exc.strerror}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = orjson.loads(line)
+            index.feed(str(entry["key"]), orjson.dumps(entry["value"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"--ledger {path} line {number} is not a ledger record ({exc}); pass the "
+                "file an earlier `stream-dp replay --ledger` wrote, or a new path"
+            ) from None
+    return index
+
+
 def replay_file(
-    config: Config, keyring: KeyRing, path: Path, *, metrics: Metrics | None = None
-) -> tuple[list[LedgerRelease], list[DeadLetter]]:
-    """Run the pipeline over a file; returns the releases in order and the dead letters."""
-    pipeline = LocalPipeline(config, keyring, metrics=metrics)
-    dead: list[DeadLetter] = []
-    releases: list[LedgerRelease] = []
+    config: Config,
+    keyring: KeyRing,
+    path: Path,
+    *,
+    metrics: Metrics | None = None,
+    ledger_path: Path | None = None,
+) -> ReplayResult:
+    """Run the pipeline over a file (see the module docstring for what it spends)."""
+    result = ReplayResult(releases=[], dead=[], ledger_path=ledger_path)
+    ledger = read_ledger_file(ledger_path) if ledger_path is not None else None
+    recorded = {(r.query, r.window_start_s) for r in ledger.releases()} if ledger else set()
+    sink: IO[bytes] | None = None
+    if ledger_path is not None:
+        try:
+            sink = ledger_path.open("ab")
+        except OSError as exc:
+            raise ConfigError(f"cannot write --ledger {ledger_path}: {exc.strerror}") from None
+
+    def append(key: str, value: bytes) -> None:
+        assert sink is not None
+        sink.write(orjson.dumps({"key": key, "value": orjson.Fragment(value)}) + b"\n")
+
+    try:
+        pipeline = LocalPipeline(
+            config,
+            keyring,
+            metrics=metrics,
+            ledger=ledger,
+            ledger_sink=append if sink is not None else None,
+            retain_ledger=True,
+        )
+        result.releases = _run(pipeline, path, result)
+    finally:
+        if sink is not None:
+            sink.close()
+    result.coverage_start_s = pipeline.coverage_start_s
+    if ledger is not None:
+        result.from_ledger = sum(
+            1 for r in result.releases if (r.query, r.window_start_s) in recorded
+        )
+    result.drawn = len(result.releases) - result.from_ledger
+    if ledger_path is None and result.drawn:
+        result.notes.append(
+            "no --ledger: every release above is a fresh, independent draw that spends its own "
+            "budget; running again draws new noise (pass --ledger FILE to keep one value per "
+            "window)"
+        )
+    if config.window.start_at is None and ledger is None:
+        result.notes.append(
+            "window.start_at is not set: the first covered window is the first event's, which "
+            "depends on the data; set window.start_at before sharing these numbers"
+        )
+    return result
+
+
+def _run(pipeline: LocalPipeline, path: Path, result: ReplayResult) -> list[LedgerRelease]:
     # Event time drives the watermark; wall-clock idleness plays no part offline.
     now_mono = 0.0
-    for batch in _batches(path):
-        dead.extend(pipeline.ingest(0, batch, now_s=time.time(), now_mono_s=now_mono))
-        releases.extend(pipeline.step(now_mono, now_s=time.time()))
-    releases.extend(pipeline.finish(now_s=time.time()))
-    return releases, dead
+    size = pipeline.release.windows.size_s
+    for batch in _batches(path, result):
+        if pipeline.coverage_start_s is None:
+            first = _earliest_event_s(pipeline, batch)
+            if first is not None:
+                pipeline.start_coverage_at(math.floor(first / size) * size)
+        result.dead.extend(pipeline.ingest(0, batch, now_s=time.time(), now_mono_s=now_mono))
+        pipeline.step(now_mono, now_s=time.time())
+    pipeline.finish(now_s=time.time())
+    coverage = pipeline.coverage_start_s
+    if coverage is None:
+        return []
+    stage = pipeline.release
+    last = max(stage.cursor(r) for r in stage.partitions)
+    return [
+        rel for rel in pipeline.release.ledger.releases() if coverage <= rel.window_start_s < last
+    ]
+
+
+def _earliest_event_s(pipeline: LocalPipeline, batch: list[InputRecord]) -> float | None:
+    decode = pipeline.ingest_stage.decoder.decode_parts
+    now = time.time()
+    times = [p[1] for p in (decode(v, now) for _, _, v in batch) if isinstance(p, tuple)]
+    return min(times) if times else None
 
 
 def dead_letter_values(config: Config, dead: list[DeadLetter]) -> list[dict[str, Any]]:

@@ -12,19 +12,28 @@ partitions of all of them over the members. One code path: a single worker runs 
   partition's watermark goes to every partials partition, and the window's input offsets
   may be committed. Watermarks are re-sent every second, so a restarted owner soon has them.
 * Stage 2 (partials partitions, :class:`ReleaseStage`): merge one version per source
-  partition; when every source partition has sealed a window, release it once:
+  partition; every covered window, once every source has passed it, is released once:
 
-1. compute the release once (noise drawn, budget charged) — in memory only;
-2. write every ledger part and wait for the broker's acknowledgement;
-3. write the output records; 4. write the ``published`` marker;
-5. drop the window's state; commit partials offsets up to what open windows still need.
+1. check this member still owns the window's partials partition, then draw the release
+   (noise, budget charged) — in memory only;
+2. write every ledger part to the window's ledger partition and wait for the broker's
+   acknowledgement; 3. write a fence behind them and read that partition back to it;
+4. publish the ledger's *winner* of each (query, window) — the first complete draw in log
+   order, ours or an earlier one — then its ``published`` marker;
+5. drop the window's state, write the partition's ``progress`` record, commit.
 
-A crash before 2 completes leaves no complete ledger entry: nothing was published, the
-window is rebuilt from the re-read partials and drawn then. A crash after 2 leaves a ledger
-entry: it is read back (to the true end, behind fence records — end offsets are unreliable
-on some brokers) at start and whenever partials partitions move here; its records are
-republished unchanged and the window is never recomputed. Output keys are stable, so a
-republished record is byte-identical.
+Two members racing for one window (one paused past the session timeout, then resumed)
+therefore publish the same values (:mod:`stream_dp.pipeline.ledger`). A crash before 2 leaves
+no complete draw: nothing was published, the window is rebuilt from the re-read partials and
+drawn then. A crash after 2 leaves a draw in the ledger: it is read back at start and
+whenever partials partitions move here, republished unchanged, never recomputed.
+
+Failures: a member told it lost its membership or generation (commit, heartbeat) counts it,
+keeps running and lets the group's rejoin hand it its partitions again (their state is
+dropped and rebuilt). A broker write that keeps failing for ``kafka.give_up_after_s`` stops
+the worker *without committing* (a supervisor restarts it): nothing is retried for ever
+while holding the lock the rebalance callbacks need. A ledger read that fails when
+partitions arrive pauses those partials partitions until it succeeds.
 """
 
 from __future__ import annotations
@@ -36,35 +45,40 @@ import math
 import os
 import signal
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    KafkaError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
-from stream_dp.errors import BrokerError
+from stream_dp.errors import BrokerError, ConfigError, StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
-    encode_fence,
+    encode_coverage,
+    encode_progress,
     encode_published,
     encode_release,
+    encode_rotation,
 )
-from stream_dp.pipeline.partials import (
-    encode_partial,
-    encode_watermark,
-    partials_partition,
-)
+from stream_dp.pipeline.ledger_log import LedgerLog
+from stream_dp.pipeline.partials import RecordTooLargeError, encode_partial, encode_watermark
 from stream_dp.pipeline.records import dead_letter_record, dumps
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
+from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
 
 log = logging.getLogger(__name__)
@@ -72,39 +86,94 @@ log = logging.getLogger(__name__)
 #: Test-only fault injection: ``<point>:<n>`` kills the process (SIGKILL) the n-th time the
 #: point is reached. Honoured only when the unsafe test mode is allowed by the environment.
 CRASH_POINT_ENV = "STREAM_DP_TEST_CRASH_POINT"
-CRASH_POINTS = ("after_ledger_write", "after_output_write", "after_ingest", "after_partials_write")
+CRASH_POINTS = (
+    "after_ledger_write",
+    "after_output_write",
+    "after_ingest",
+    "after_partials_write",
+    "before_draw",
+    "after_ledger_readback",
+)
+#: Test-only: ``<point>:<n>:<seconds>`` freezes the whole process (SIGSTOP to itself, then a
+#: helper sends SIGCONT after the pause) at the n-th visit of a point — a GC pause or VM
+#: stall at the worst moment. Same switch as the crash points.
+PAUSE_POINT_ENV = "STREAM_DP_TEST_PAUSE_POINT"
 
 MAX_RECORDS_PER_FETCH = 10_000
 FETCH_TIMEOUT_MS = 200
 RETRY_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
-LEDGER_LOAD_TIMEOUT_S = 60.0
 BROKER_PROBE_INTERVAL_S = 1.0
 BROKER_PROBE_TIMEOUT_S = 2.0
 #: Source watermarks are re-sent at least this often (a restarted stage 2 needs fresh ones).
 WATERMARK_INTERVAL_S = 1.0
 #: Key of stage 0's progress marks on the repartition topic (events are keyed by pseudonym).
 ROUTED_MARK_KEY = "__progress__"
+#: Windows released per loop iteration at most (a backlog of empty windows after a long
+#: outage must not keep the loop from fetching, committing and heartbeating).
+MAX_RELEASES_PER_ITERATION = 32
+#: Topic metadata is refreshed this often, so partition-count changes are seen soon.
+METADATA_MAX_AGE_MS = 10_000
+
+#: What the group coordinator says when this member is no longer who it thinks it is.
+MEMBERSHIP_ERRORS = (
+    CommitFailedError,
+    IllegalGenerationError,
+    UnknownMemberIdError,
+    RebalanceInProgressError,
+)
 
 #: (key, value, partition or None for the key's partition)
 Outgoing = tuple[str | bytes | None, bytes, int | None]
 
 
-class _CrashPoints:
+class BrokerUnavailableError(StreamDPError):
+    """A broker write kept failing for ``kafka.give_up_after_s``: the worker stops without
+    committing, and its supervisor restarts it."""
+
+
+class TopologyError(StreamDPError):
+    """A topic the release protocol depends on changed shape while the worker ran."""
+
+
+class _TestFaults:
+    """Crash and pause points for fault-injection tests (off unless the test switch is set)."""
+
     def __init__(self) -> None:
-        spec = os.environ.get(CRASH_POINT_ENV, "")
-        self.point: str | None = None
-        self.remaining = 0
-        if spec and os.environ.get(UNSAFE_TEST_MODE_ENV) == "1":
-            point, _, count = spec.partition(":")
-            if point in CRASH_POINTS:
-                self.point, self.remaining = point, int(count or "1")
+        allowed = os.environ.get(UNSAFE_TEST_MODE_ENV) == "1"
+        self.crash = self._parse(os.environ.get(CRASH_POINT_ENV, "") if allowed else "")
+        self.pause = self._parse(os.environ.get(PAUSE_POINT_ENV, "") if allowed else "")
+
+    @staticmethod
+    def _parse(spec: str) -> list[Any] | None:
+        if not spec:
+            return None
+        point, _, rest = spec.partition(":")
+        if point not in CRASH_POINTS:
+            return None
+        count, _, seconds = rest.partition(":")
+        return [point, int(count or "1"), float(seconds or "0")]
 
     def reached(self, point: str) -> None:
-        if point != self.point:
-            return
-        self.remaining -= 1
-        if self.remaining <= 0:
-            os.kill(os.getpid(), signal.SIGKILL)
+        for spec, act in ((self.crash, self._kill), (self.pause, self._freeze)):
+            if spec is None or spec[0] != point:
+                continue
+            spec[1] -= 1
+            if spec[1] == 0:
+                act(spec[2])
+
+    @staticmethod
+    def _kill(_seconds: float) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @staticmethod
+    def _freeze(seconds: float) -> None:
+        # A child wakes us after the pause: the whole process (every task) stops meanwhile.
+        pid = os.getpid()
+        if os.fork() == 0:  # pragma: no cover - runs in the child
+            time.sleep(seconds)
+            os.kill(pid, signal.SIGCONT)
+            os._exit(0)
+        os.kill(pid, signal.SIGSTOP)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -135,10 +204,13 @@ class Worker:
         self.bootstrap = bootstrap_servers or config.kafka.bootstrap_servers
         self.metrics = metrics if metrics is not None else Metrics()
         self.health = health if health is not None else Health(metrics=self.metrics)
+        self.health.set("topology_stable", True)
         self.ingest: IngestStage | None = None
         self.release: ReleaseStage | None = None
+        self.ledger = LedgerIndex()
+        self._ledger_log: LedgerLog | None = None
         self._lock = asyncio.Lock()
-        self._crash = _CrashPoints()
+        self._faults = _TestFaults()
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._common: dict[str, Any] = {}
@@ -146,17 +218,32 @@ class Worker:
         self._routed_positions: dict[int, int] = {}
         self._stopping = asyncio.Event()
         self._broker_ok = True
+        self._leaderless: set[TopicPartition] = set()
         self._partials_partitions: list[int] = []
+        self._ledger_partitions: list[int] = []
         self._routed_to: list[int] = []
+        #: Partitions whose taking failed (a ledger read, metadata): paused until it succeeds.
+        self._failed_assignment: list[TopicPartition] = []
+        #: An error found in a rebalance callback that must stop the worker (raised by the
+        #: loop: aiokafka would swallow it in the callback).
+        self._fatal: StreamDPError | None = None
+        #: The ledger had no coverage record at start: a new deployment, or a lost ledger.
+        self._ledger_was_empty = False
         self._marks_sent_mono = -math.inf
         self._silent: set[int] = set()
         self._progress_sent_mono = -math.inf
+        #: Partition counts seen at start per topic, and when a change stops settling.
+        self._topology: dict[str, int] = {}
+        self._unsettled_until_s: float | None = None
+        self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
         out = config.output
         self._input_topic = config.input.topic
         self._keyed = config.input.keyed_by_user
         #: Where stage 1 reads: the input itself, or the repartition topic.
         self._stage1_topic = self._input_topic if self._keyed else out.repartition_topic
         self._partials_topic = out.partials_topic
+        self._ledger_topic = out.ledger_topic
+        self._max_bytes = config.kafka.max_message_bytes
         for q in config.queries:
             self.metrics.add_query(q.name)
 
@@ -165,70 +252,182 @@ class Worker:
         self._stopping.set()
 
     async def run(self) -> None:
-        """Run until :meth:`request_stop`; then stop fetching, flush, commit and close."""
+        """Run until :meth:`request_stop`; then stop fetching, flush, commit and close.
+
+        Any other way out (an error) closes the clients *without committing*: what was
+        not safely done is redone by whoever takes the partitions next.
+        """
         kafka = self.config.kafka
         common = self._common = client_kwargs(kafka, bootstrap_servers=self.bootstrap)
-        self._producer = AIOKafkaProducer(acks="all", linger_ms=5, **common)
-        await self._retry("start producer", self._producer.start)
+        self._producer = AIOKafkaProducer(
+            acks="all", linger_ms=5, max_request_size=self._max_bytes, **common
+        )
+        await self._retry("start producer", self._producer.start, bounded=False)
         self.health.set("producer_connected", True)
         monitor = asyncio.create_task(self._monitor_broker())
+        graceful = False
         try:
-            ledger = await self._load_ledger()
-            self.release = ReleaseStage(
-                self.config,
-                ledger=ledger,
-                metrics=self.metrics,
-                exact_totals_observer=self._observe_exact,
-            )
-            self.ingest = IngestStage(
-                self.config,
-                self.keyring,
-                released=self.release.released,
-                released_earlier=self.release.released_earlier,
-                metrics=self.metrics,
-            )
-            # Unpublished releases are republished by the owner of their partials partition,
-            # once assigned (on_assigned re-reads the ledger then).
-            self.metrics.ledger_windows_loaded.inc(len(ledger))
-            self._partials_partitions = await self._retry(
-                "partials topic metadata", lambda: self._producer_partitions(self._partials_topic)
-            )
-            if not self._keyed:
-                self._routed_to = await self._retry(
-                    "repartition topic metadata",
-                    lambda: self._producer_partitions(self._stage1_topic),
-                )
-            self.health.set("ledger_loaded", True)
+            await self._start_stages()
             self._consumer = AIOKafkaConsumer(
                 group_id=kafka.group_id,
                 enable_auto_commit=False,
-                auto_offset_reset=self.config.input.start_from,
+                # Internal topics are always read from their beginning; input.start_from
+                # is applied to input partitions without a committed offset (on_assigned).
+                auto_offset_reset="earliest",
                 session_timeout_ms=kafka.session_timeout_ms,
                 heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-                max_partition_fetch_bytes=max(1_048_576, self.config.input.max_record_bytes * 2),
+                max_partition_fetch_bytes=max(1_048_576, self._max_bytes),
+                metadata_max_age_ms=METADATA_MAX_AGE_MS,
                 **common,
             )
             topics = {self._input_topic, self._stage1_topic, self._partials_topic}
             self._consumer.subscribe(sorted(topics), listener=_Rebalance(self))
-            await self._retry("start consumer", self._consumer.start)
+            await self._retry("start consumer", self._consumer.start, bounded=False)
             await self._loop()
+            graceful = True
+        except RecordTooLargeError:
+            self.metrics.records_too_large.inc()
+            raise
         finally:
             monitor.cancel()
-            await self._shutdown()
+            await self._shutdown(commit=graceful)
 
-    async def _shutdown(self) -> None:
-        """Flush, commit what is safe, leave the group. Open windows are NOT released."""
+    async def _start_stages(self) -> None:
+        """Read the ledger, fix the first covered window, check a key rotation, build stages."""
+        self._ledger_partitions = await self._retry(
+            "ledger metadata", lambda: self._producer_partitions(self._ledger_topic), bounded=False
+        )
+        self._partials_partitions = await self._retry(
+            "partials topic metadata",
+            lambda: self._producer_partitions(self._partials_topic),
+            bounded=False,
+        )
+        if not self._keyed:
+            self._routed_to = await self._retry(
+                "repartition topic metadata",
+                lambda: self._producer_partitions(self._stage1_topic),
+                bounded=False,
+            )
+        self._topology = {
+            self._ledger_topic: len(self._ledger_partitions),
+            self._partials_topic: len(self._partials_partitions),
+        }
+        self._ledger_log = LedgerLog(
+            self._ledger_topic,
+            self.ledger,
+            client_options=self._common,
+            send=lambda k, v, p: self._send(self._ledger_topic, k, v, partition=p),
+        )
+        await self._retry(
+            "start ledger reader",
+            lambda: self._ledger_log.start(self._ledger_partitions),  # type: ignore[union-attr]
+            bounded=False,
+        )
+        await self._catch_up_ledger(None, bounded=False)
+        coverage = await self._coverage()
+        await self._check_rotation()
+        self.release = ReleaseStage(
+            self.config,
+            partials_partitions=len(self._partials_partitions),
+            ledger=self.ledger,
+            metrics=self.metrics,
+            exact_totals_observer=self._observe_exact,
+            key_id_of=lambda ws: self.keyring.for_window(ws).key_id,
+        )
+        if self.ledger.partials_partitions not in (None, len(self._partials_partitions)):
+            raise TopologyError(
+                f"the partials topic {self._partials_topic} has "
+                f"{len(self._partials_partitions)} partitions but this deployment's ledger was "
+                f"written with {self.ledger.partials_partitions}: windows would be released by "
+                "two owners. Restore the partition count, or start a new deployment (a new "
+                "kafka.group_id) with window.start_at after its last released window"
+            )
+        self.release.set_coverage(coverage)
+        self.release.adopt_ledger()
+        self.ingest = IngestStage(
+            self.config, self.keyring, released=self.release, metrics=self.metrics
+        )
+        self.ingest.routed_partitions = max(1, len(self._routed_to))
+        self.metrics.ledger_windows_loaded.inc(len(self.ledger))
+        self.health.set("ledger_loaded", True)
+        log.info(
+            "ledger loaded: %d records; first covered window %s",
+            self.ledger.records_read,
+            iso_utc(coverage),
+        )
+
+    async def _coverage(self) -> int:
+        """The first covered window: configured, else recorded, else now's. A deployment's
+        first start records it (the first coverage record in log order wins if workers
+        race), so a ledger without one is new — or lost, which on_assigned reports."""
+        configured = self.config.window.first_window_start()
+        recorded = self.ledger.coverage_start_s
+        if recorded is None:
+            self._ledger_was_empty = True
+            start = configured if configured is not None else self.windows.start_of(time.time())
+            key, value = encode_coverage(start, self.windows.size_s)
+            partition = self._ledger_partitions[0]
+            await self._retry(
+                "record the first covered window",
+                lambda: self._send(self._ledger_topic, key, value, partition=partition),
+                bounded=False,
+            )
+            await self._catch_up_ledger([partition], bounded=False)
+            recorded = self.ledger.coverage_start_s
+            assert recorded is not None
+        if configured is None:
+            return recorded
+        if recorded != configured:
+            log.warning(
+                "window.start_at (%s) differs from the first window this deployment "
+                "recorded (%s); the configured one applies",
+                iso_utc(configured),
+                iso_utc(recorded),
+            )
+        return configured
+
+    async def _check_rotation(self) -> None:
+        """Refuse a new key rotation that would split a window already begun."""
+        p = self.config.pseudonymization
+        if p.rotate_at is None:
+            return
+        assert p.previous_key_id is not None
+        rotate_at_s = int(p.rotate_at.timestamp())
+        if (p.previous_key_id, p.key_id, rotate_at_s) in self.ledger.rotations:
+            return
+        next_start = self.windows.start_of(time.time()) + self.windows.size_s
+        if rotate_at_s < next_start:
+            raise ConfigError(
+                f"pseudonymization.rotate_at = {iso_utc(rotate_at_s)} is before the next "
+                f"window start ({iso_utc(next_start)}): windows already begun would see their "
+                "users under two pseudonyms and bound them twice. Set rotate_at at or after "
+                f"{iso_utc(next_start)}"
+            )
+        key, value = encode_rotation(p.key_id, p.previous_key_id, rotate_at_s)
+        partition = self._ledger_partitions[0]
+        await self._retry(
+            "record the key rotation",
+            lambda: self._send(self._ledger_topic, key, value, partition=partition),
+            bounded=False,
+        )
+
+    async def _shutdown(self, *, commit: bool) -> None:
+        """Flush, commit what is safe (only on a graceful stop), leave the group. Open
+        windows are NOT released."""
         try:
             if self._producer is not None:
                 with contextlib.suppress(KafkaError, asyncio.TimeoutError):
                     await asyncio.wait_for(self._producer.flush(), timeout=10)
-            if self._consumer is not None and self.ingest is not None:
+            if commit and self._consumer is not None and self.ingest is not None:
                 with contextlib.suppress(KafkaError, asyncio.TimeoutError):
                     await asyncio.wait_for(self._commit(), timeout=10)
         finally:
             if self._consumer is not None:
                 with contextlib.suppress(KafkaError, asyncio.TimeoutError):
                     await asyncio.wait_for(self._consumer.stop(), timeout=10)
+            if self._ledger_log is not None:
+                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                    await asyncio.wait_for(self._ledger_log.stop(), timeout=10)
             if self._producer is not None:
                 with contextlib.suppress(KafkaError, asyncio.TimeoutError):
                     await asyncio.wait_for(self._producer.stop(), timeout=10)
@@ -236,7 +435,8 @@ class Worker:
             self.health.set("producer_connected", False)
 
     async def _monitor_broker(self) -> None:
-        """Probe the broker: not ready while it does not answer (liveness is unaffected)."""
+        """Probe the broker (not ready while it does not answer; liveness is unaffected) and
+        the leaders of assigned partitions (a leaderless partition is an outage)."""
         while True:
             try:
                 await wait_for_broker(
@@ -251,77 +451,68 @@ class Worker:
                     self.ingest.restart_idle_clocks(time.monotonic())
             self._broker_ok = ok
             self.health.set("producer_connected", ok)
+            self._leaderless = self._partitions_without_leader()
             await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
 
-    async def _retry(self, what: str, op: Callable[[], Awaitable[Any]]) -> Any:
-        """Retry a broker operation with backoff until it succeeds or the worker stops."""
+    def _partitions_without_leader(self) -> set[TopicPartition]:
+        consumer = self._consumer
+        if consumer is None:
+            return set()
+        cluster = consumer._client.cluster  # aiokafka has no public accessor for leaders
+        out = set()
+        for tp in consumer.assignment():
+            leader = cluster.leader_for_partition(tp)
+            if leader is None or leader < 0:
+                out.add(tp)
+        return out
+
+    async def _retry(
+        self, what: str, op: Callable[[], Awaitable[Any]], *, bounded: bool = True
+    ) -> Any:
+        """Retry a broker operation with backoff. ``bounded``: give up after
+        ``kafka.give_up_after_s`` (BrokerUnavailableError — the caller holds state that must
+        not wait for ever); otherwise until it succeeds or the worker stops."""
         attempt = 0
+        deadline = time.monotonic() + self.config.kafka.give_up_after_s
         while True:
             try:
                 return await op()
             except KafkaError as exc:
+                if isinstance(exc, MEMBERSHIP_ERRORS):
+                    raise
                 self.metrics.broker_errors.inc()
                 self.health.set("producer_connected", False)
                 if self._stopping.is_set() and attempt >= 2:
                     raise
                 delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                if bounded and time.monotonic() + delay > deadline:
+                    raise BrokerUnavailableError(
+                        f"{what} kept failing for {self.config.kafka.give_up_after_s:g} s "
+                        f"({type(exc).__name__}); stopping without committing so that a "
+                        "restart redoes what was not safely done (raise "
+                        "kafka.give_up_after_s to wait longer)"
+                    ) from exc
                 log.warning("%s failed (%s); retrying in %.1f s", what, type(exc).__name__, delay)
                 attempt += 1
                 await asyncio.sleep(delay)
 
     # -- ledger ---------------------------------------------------------------------------
-    async def _load_ledger(self) -> LedgerIndex:
-        """Read the ledger to its true end: a fence per partition, read until each returns."""
-        assert self._producer is not None
-        topic = self.config.output.ledger_topic
-        partitions = await self._retry("ledger metadata", lambda: self._producer_partitions(topic))
-        fence_id = uuid.uuid4().hex
-        key, value = encode_fence(fence_id)
-        for p in partitions:
-            await self._retry(
-                "write ledger fence",
-                lambda p=p: self._send(topic, key, value, partition=p),  # type: ignore[misc]
-            )
-        reader = AIOKafkaConsumer(
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            **self._common,
+    async def _catch_up_ledger(self, partitions: Sequence[int] | None, *, bounded: bool) -> None:
+        """Read the ledger to fresh fences on ``partitions`` (None: all)."""
+        assert self._ledger_log is not None
+        ledger_log = self._ledger_log
+        await self._retry(
+            "read the ledger", lambda: ledger_log.catch_up(partitions), bounded=bounded
         )
-        await self._retry("start ledger reader", reader.start)
-        records: list[tuple[str, bytes | None]] = []
-        pending = set(partitions)
-        fence_key = key.encode()
-        try:
-            reader.assign([TopicPartition(topic, p) for p in partitions])
-            await reader.seek_to_beginning()
-            deadline = time.monotonic() + LEDGER_LOAD_TIMEOUT_S
-            while pending:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"ledger topic {topic}: fences did not come back")
-                batch = await reader.getmany(timeout_ms=500)
-                for tp, msgs in batch.items():
-                    if tp.partition not in pending:
-                        continue
-                    for m in msgs:
-                        if m.key == fence_key:
-                            pending.discard(tp.partition)
-                            break
-                        records.append((m.key.decode() if m.key else "", m.value))
-        finally:
-            await reader.stop()
-        index = LedgerIndex()
-        index.load(records)
-        log.info("ledger loaded: %d releases", len(index))
-        return index
 
     async def _producer_partitions(self, topic: str) -> list[int]:
         assert self._producer is not None
         parts = await self._producer.partitions_for(topic)
         return sorted(parts)
 
-    async def _republish_unpublished(self, ledger: LedgerIndex, partials: set[int]) -> None:
-        """Republish ledgered, unpublished releases of windows mapped to these partitions."""
-        for rel in ledger.unpublished():
+    async def _republish_unpublished(self, partials: set[int]) -> None:
+        """Republish, unchanged, the ledger's unpublished winners of these partitions."""
+        for rel in self.ledger.unpublished():
             if self._partials_partition_of(rel.window_start_s) not in partials:
                 continue
             log.info(
@@ -341,7 +532,7 @@ class Worker:
         )
 
     async def _send_many(self, topic: str, items: Sequence[Outgoing]) -> None:
-        """Send a batch and wait for every acknowledgement (retried as a whole)."""
+        """Send a batch and wait for every acknowledgement (retried as a whole, bounded)."""
         assert self._producer is not None
         producer = self._producer
 
@@ -357,47 +548,44 @@ class Worker:
         await self._retry(f"produce to {topic}", once)
         self.health.set("producer_connected", True)
 
-    async def _write_ledger(self, rel: LedgerRelease) -> None:
-        items: list[Outgoing] = [(k, v, None) for k, v in encode_release(rel, now_s=time.time())]
-        await self._send_many(self.config.output.ledger_topic, items)
-
     async def _publish(self, rel: LedgerRelease) -> None:
         """Output records, then the ``published`` marker in the ledger."""
         await self._send_many(
             self.config.output.topic, [(r.key, dumps(r.value), None) for r in rel.records]
         )
-        self._crash.reached("after_output_write")
+        self._faults.reached("after_output_write")
         key, value = encode_published(rel)
-        await self._send_many(self.config.output.ledger_topic, [(key, value, None)])
+        await self._send_many(
+            self._ledger_topic, [(key, value, self._ledger_partition_of(rel.window_start_s))]
+        )
         rel.published = True
 
     async def _publish_dead_letters(self, dead: Sequence[DeadLetter]) -> None:
         now = time.time()
-        topic = self.config.input.topic
-        items: list[Outgoing] = [
-            (
-                f"{topic}|{d.partition}|{d.offset}",
-                dumps(
-                    dead_letter_record(
-                        reason=d.reason,
-                        detail=d.detail,
-                        source_topic=topic,
-                        source_partition=d.partition,
-                        source_offset=d.offset,
-                        payload=d.payload,
-                        now_s=now,
-                    )
-                ),
-                None,
+        items: list[Outgoing] = []
+        for d in dead:
+            topic = d.topic or self._input_topic
+            record = dead_letter_record(
+                reason=d.reason,
+                detail=d.detail,
+                source_topic=topic,
+                source_partition=d.partition,
+                source_offset=d.offset,
+                payload=d.payload,
+                now_s=now,
             )
-            for d in dead
-        ]
+            items.append((f"{topic}|{d.partition}|{d.offset}", dumps(record), None))
         await self._send_many(self.config.output.dead_letter_topic, items)
 
     def _partials_partition_of(self, window_start_s: int) -> int:
         """The partials partition that receives every partial of the window."""
         parts = self._partials_partitions
-        return parts[partials_partition(window_start_s, self.config.window.size_s, len(parts))]
+        return parts[self.windows.partition_of(window_start_s, len(parts))]
+
+    def _ledger_partition_of(self, window_start_s: int) -> int:
+        """The ledger partition that holds every record of the window's releases."""
+        parts = self._ledger_partitions
+        return parts[self.windows.partition_of(window_start_s, len(parts))]
 
     async def _publish_partials(self, sealed: Sequence[tuple[int, int]]) -> None:
         """Stage 1: each sealed (partition, window)'s partials to the window's partition."""
@@ -406,11 +594,13 @@ class Worker:
         for p, ws in sealed:
             r = self._partials_partition_of(ws)
             for partial in self.ingest.seal(p, ws):
-                items.extend((k, v, r) for k, v in encode_partial(partial))
+                items.extend(
+                    (k, v, r) for k, v in encode_partial(partial, max_bytes=self._max_bytes)
+                )
         await self._send_many(self._partials_topic, items)
         for p, ws in sealed:
             self.ingest.drop(p, ws)
-        self._crash.reached("after_partials_write")
+        self._faults.reached("after_partials_write")
 
     async def _publish_watermarks(self, now_mono: float) -> None:
         """Stage 1: each assigned partition's watermark to every partials partition."""
@@ -438,22 +628,64 @@ class Worker:
             if m.source_partition in self._silent
         )
 
-    async def _release_window(self, window_start_s: int) -> None:
+    def _owns(self, tp: TopicPartition) -> bool:
+        """Whether this member owns ``tp`` in a generation it still belongs to."""
+        consumer = self._consumer
+        if consumer is None or tp not in consumer.assignment():
+            return False
+        # aiokafka keeps the old assignment until the rejoin revokes it; its coordinator
+        # knows earlier that the membership is gone (no public accessor).
+        coordinator = getattr(consumer, "_coordinator", None)
+        subscription = getattr(getattr(consumer, "_subscription", None), "subscription", None)
+        if coordinator is None or subscription is None:
+            return True
+        # (Generation ids start at 0 on some brokers: the member id is the better sign.)
+        return not coordinator.need_rejoin(subscription) and bool(coordinator.member_id)
+
+    async def _release_window(self, window_start_s: int) -> bool:
+        """Release one due window (see the module docstring); False if no longer owned."""
         assert self.release is not None
         stage = self.release
-        releases = stage.compute_release(window_start_s, now_s=time.time())
-        for rel in releases:
-            if stage.ledger.get(rel.query, rel.window_start_s) is not rel:
-                await self._write_ledger(rel)
-                stage.record_ledgered(rel)
-                self._crash.reached("after_ledger_write")
+        r = self._partials_partition_of(window_start_s)
+        if not self._owns(TopicPartition(self._partials_topic, r)):
+            return False
+        self._faults.reached("before_draw")
+        drawn = stage.compute_release(window_start_s, now_s=time.time())
+        ledger_partition = self._ledger_partition_of(window_start_s)
+        for rel in drawn:
+            records = encode_release(rel, now_s=time.time(), max_bytes=self._max_bytes)
+            await self._send_many(
+                self._ledger_topic, [(k, v, ledger_partition) for k, v in records]
+            )
+            self._faults.reached("after_ledger_write")
+        # Everything before our fence on that partition is now known: if another owner's
+        # draw completed earlier, it is the one that counts (and ours is never shown).
+        await self._catch_up_ledger([ledger_partition], bounded=True)
+        self._faults.reached("after_ledger_readback")
+        winners = stage.winners(window_start_s)
+        won = {w.release_id for w in winners}
+        lost = [rel for rel in drawn if rel.release_id not in won]
+        if lost:
+            self.metrics.ledger_draws_discarded.inc(len(lost))
+            log.warning(
+                "another owner ledgered this window first: publishing its values, not ours",
+                extra={"window": iso_utc(window_start_s)},
+            )
+        for rel in winners:
             if not rel.published:
                 await self._publish(rel)
-        stage.finish_window(window_start_s, releases, time.time())
+        cursor = stage.finish_window(window_start_s, winners, time.time())
+        key, value = encode_progress(r, len(self._partials_partitions), cursor)
+        await self._send_many(self._ledger_topic, [(key, value, ledger_partition)])
         log.info(
             "window released",
-            extra={"window": iso_utc(window_start_s), "query": ",".join(r.query for r in releases)},
+            extra={
+                "window": iso_utc(window_start_s),
+                "query": ",".join(w.query for w in winners),
+                "drawn_here": any(rel.release_id in won for rel in drawn),
+            },
         )
+        return True
 
     # -- consuming ------------------------------------------------------------------------
     def _split(self, tps: Sequence[TopicPartition]) -> tuple[list[int], list[int], list[int]]:
@@ -467,39 +699,114 @@ class Worker:
         )
         return stage1, partials, routed
 
+    async def _topic_partitions(self, topic: str) -> int:
+        """The topic's partition count now; a change since start is loud (log, metric,
+        readiness) — fatal for the partials and ledger topics."""
+        count = len(
+            await self._retry(f"{topic} metadata", lambda: self._producer_partitions(topic))
+        )
+        before = self._topology.setdefault(topic, count)
+        if count != before:
+            self.metrics.topology_changes.labels(topic=topic).inc()
+            log.error(
+                "topic %s changed from %d to %d partitions while the worker ran",
+                topic,
+                before,
+                count,
+            )
+            self._topology[topic] = count
+            if topic in (self._partials_topic, self._ledger_topic):
+                raise TopologyError(
+                    f"the partition count of {topic} changed from {before} to {count}: each "
+                    "window must keep one owner and one ledger partition. Restore the count, "
+                    "or start a new deployment (a new kafka.group_id) with window.start_at "
+                    "after the last released window"
+                )
+            # A user may now sit on a partition of each layout: stage 2 merges one layout
+            # per window, and the worker is not ready until the windows open now are out.
+            self.health.set("topology_stable", False)
+            watermark = self.release.watermark_s() if self.release is not None else None
+            self._unsettled_until_s = (watermark or 0.0) + 2 * self.windows.size_s
+        return count
+
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         async with self._lock:
-            stage1, partials, routed = self._split(assigned)
-            if self.ingest is not None and self.release is not None:
-                # Stage 2 waits for every stage-1 partition, and a repartition partition for
-                # every input partition: both counts must be right, never guessed.
-                self.ingest.source_partitions = len(
-                    await self._retry(
-                        "stage-1 topic metadata",
-                        lambda: self._producer_partitions(self._stage1_topic),
-                    )
+            try:
+                await self._take(assigned)
+            except TopologyError as exc:
+                self._fatal = exc
+            except (KafkaError, StreamDPError) as exc:
+                # aiokafka would log this and carry on with a half-taken assignment: never.
+                log.error(
+                    "taking new partitions failed (%s); pausing them until it succeeds",
+                    type(exc).__name__,
                 )
-                if not self._keyed:
-                    self.ingest.input_partitions = len(
-                        await self._retry(
-                            "input topic metadata",
-                            lambda: self._producer_partitions(self._input_topic),
-                        )
-                    )
-                self.ingest.assign(stage1, time.monotonic(), routed=not self._keyed)
-                self.ingest.assign_routed(routed, time.monotonic())
-                if partials:
-                    # Another worker may have released windows of these partitions: read
-                    # the ledger to its end before taking any of their partials.
-                    ledger = await self._load_ledger()
-                    self.release.adopt_ledger(ledger)
-                    await self._republish_unpublished(ledger, set(partials))
-                    self.release.assign(partials)
+                if self._consumer is not None:
+                    self._consumer.pause(*assigned)
+                self._failed_assignment = list(assigned)
+            else:
+                self._failed_assignment = []
             self.health.set("partitions_assigned", bool(assigned))
             log.info(
                 "partitions assigned: %s",
                 ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(assigned)),
             )
+
+    async def _take(self, assigned: list[TopicPartition]) -> None:
+        assert self.ingest is not None and self.release is not None
+        assert self._consumer is not None
+        stage1, partials, routed = self._split(assigned)
+        # Stage 2 waits for every stage-1 partition, and a repartition partition for every
+        # input partition: both counts must be right, never guessed.
+        self.ingest.source_partitions = await self._topic_partitions(self._stage1_topic)
+        if not self._keyed:
+            self.ingest.input_partitions = await self._topic_partitions(self._input_topic)
+            self.ingest.routed_partitions = self.ingest.source_partitions
+        await self._topic_partitions(self._partials_topic)
+        await self._topic_partitions(self._ledger_topic)
+        now_mono = time.monotonic()
+        self.ingest.assign(stage1, now_mono, routed=not self._keyed)
+        self.ingest.assign_routed(routed, now_mono)
+        await self._apply_start_from(assigned)
+        await self._check_ledger_not_lost(assigned)
+        if partials:
+            # Another worker may have released windows of these partitions: read the
+            # ledger to fresh fences before taking any of their partials.
+            await self._catch_up_ledger(None, bounded=True)
+            self.release.adopt_ledger()
+            await self._republish_unpublished(set(partials))
+            self.release.assign(partials)
+
+    async def _apply_start_from(self, assigned: list[TopicPartition]) -> None:
+        """``input.start_from: latest`` for input partitions this group never committed."""
+        if self.config.input.start_from != "latest":
+            return
+        assert self._consumer is not None
+        for tp in assigned:
+            if tp.topic != self._input_topic:
+                continue
+            if await self._consumer.committed(tp) is None:
+                await self._consumer.seek_to_end(tp)
+
+    async def _check_ledger_not_lost(self, assigned: list[TopicPartition]) -> None:
+        """A ledger without the deployment's first record, where this group has already
+        committed offsets, was deleted or recreated: loud, never silent."""
+        assert self._consumer is not None
+        if not self._ledger_was_empty:
+            return
+        for tp in assigned:
+            if await self._consumer.committed(tp):
+                self._ledger_was_empty = False
+                self.metrics.topology_changes.labels(topic=self._ledger_topic).inc()
+                self.health.set("topology_stable", False)
+                log.error(
+                    "the ledger topic %s had no record of this deployment, but the group has "
+                    "committed offsets: it was deleted or recreated. Windows released before "
+                    "cannot be republished, and the first covered window was recorded anew",
+                    self._ledger_topic,
+                )
+                return
+        self._ledger_was_empty = False
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:
@@ -507,23 +814,28 @@ class Worker:
                 if self._consumer is not None:
                     with contextlib.suppress(KafkaError):
                         await self._commit(only=set(revoked))
-                stage1, partials, routed = self._split(revoked)
-                self.ingest.revoke(stage1)
-                self.release.revoke(partials)
-                self.ingest.forget_routed(routed)
-                for p in routed:
-                    self._routed_positions.pop(p, None)
-                for tp in revoked:
-                    self._committed.pop(tp, None)
-                # Lag is tracked per input partition (whichever stage reads it).
-                for tp in revoked:
-                    if tp.topic == self._input_topic:
-                        self.metrics.forget_partition(tp.partition)
+                self._drop(revoked)
             self.health.set("partitions_assigned", False)
             log.info(
                 "partitions revoked: %s",
                 ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(revoked)),
             )
+
+    def _drop(self, revoked: Sequence[TopicPartition]) -> None:
+        """Forget the state of partitions this worker no longer owns (the new owner replays
+        them from the committed offsets)."""
+        assert self.ingest is not None and self.release is not None
+        stage1, partials, routed = self._split(revoked)
+        self.ingest.revoke(stage1)
+        self.release.revoke(partials)
+        self.ingest.forget_routed(routed)
+        for p in routed:
+            self._routed_positions.pop(p, None)
+        for tp in revoked:
+            self._committed.pop(tp, None)
+            # Lag is tracked per input partition (whichever stage reads it).
+            if tp.topic == self._input_topic:
+                self.metrics.forget_partition(tp.partition)
 
     def _safe_offsets(self) -> dict[TopicPartition, int]:
         assert self.ingest is not None and self.release is not None
@@ -551,91 +863,142 @@ class Worker:
             await self._consumer.commit(offsets)
             self._committed.update(offsets)
 
+    async def _commit_in_loop(self) -> None:
+        """Commit; a lost membership is routine (the rejoin redistributes the partitions
+        and their state is rebuilt), never a reason to stop."""
+        try:
+            await self._commit()
+        except MEMBERSHIP_ERRORS as exc:
+            self._membership_lost(exc)
+
+    def _membership_lost(self, exc: BaseException) -> None:
+        self.metrics.membership_lost.inc()
+        log.warning(
+            "the group says this worker lost its membership (%s): rejoining; its partitions' "
+            "state is rebuilt from the committed offsets",
+            type(exc).__name__,
+        )
+
+    async def _retry_failed_assignment(self) -> None:
+        """Retry taking partitions whose assignment failed (they stay paused until then)."""
+        assert self._consumer is not None
+        current = self._consumer.assignment()
+        failed = [tp for tp in self._failed_assignment if tp in current]
+        try:
+            await self._take(failed)
+        except TopologyError as exc:
+            self._fatal = exc
+            return
+        except (KafkaError, StreamDPError) as exc:
+            log.warning("taking partitions still fails (%s)", type(exc).__name__)
+            return
+        self._consumer.resume(*failed)
+        self._failed_assignment = []
+        log.info("paused partitions taken after all; resumed")
+
     async def _loop(self) -> None:
         assert self._consumer is not None
-        assert self.ingest is not None and self.release is not None
-        consumer, ingest, release = self._consumer, self.ingest, self.release
         while not self._stopping.is_set():
             try:
-                batch = await consumer.getmany(
+                batch = await self._consumer.getmany(
                     timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH
                 )
+            except MEMBERSHIP_ERRORS as exc:
+                self._membership_lost(exc)
+                continue
             except KafkaError as exc:
                 self.metrics.broker_errors.inc()
                 log.warning("fetch failed (%s); retrying", type(exc).__name__)
                 await asyncio.sleep(RETRY_BACKOFF_S[1])
                 continue
             async with self._lock:
-                started = time.perf_counter()
-                now, mono = time.time(), time.monotonic()
-                dead: list[DeadLetter] = []
-                routed: list[Outgoing] = []
-                for tp, msgs in batch.items():
-                    if not msgs:
-                        continue
-                    if tp.topic == self._partials_topic:
-                        release.ingest(tp.partition, [(m.offset, m.value) for m in msgs])
-                        continue
-                    records = [(m.offset, m.key, m.value) for m in msgs]
-                    if tp.topic == self._stage1_topic:
-                        dead.extend(
-                            ingest.ingest(
-                                tp.partition,
-                                records,
-                                now_s=now,
-                                now_mono_s=mono,
-                                routed=not self._keyed,
-                            )
-                        )
-                    elif tp.topic == self._input_topic:
-                        out, bad = ingest.route(tp.partition, records, now_s=now, now_mono_s=mono)
-                        routed.extend((k, v, None) for k, v in out)
-                        dead.extend(bad)
-                        self._routed_positions[tp.partition] = msgs[-1].offset + 1
-                    else:
-                        continue
-                    if tp.topic == self._input_topic:
-                        high = consumer.highwater(tp)
-                        if high is not None:
-                            self.metrics.set_consumer_lag(
-                                tp.partition, max(0, high - msgs[-1].offset - 1)
-                            )
-                if sum(len(msgs) for msgs in batch.values()) >= MAX_RECORDS_PER_FETCH:
-                    # A full fetch: the worker is behind, so a partition that delivered
-                    # nothing may just not have had its turn. Nothing is idle while behind.
-                    ingest.restart_idle_clocks(mono)
-                if batch:
-                    self._crash.reached("after_ingest")
-                if dead:
-                    await self._publish_dead_letters(dead)
-                if not self._keyed and (
-                    routed or mono - self._progress_sent_mono >= WATERMARK_INTERVAL_S
-                ):
-                    # Progress marks follow the records they cover on every partition.
-                    routed.extend(
-                        (ROUTED_MARK_KEY, mark, r)
-                        for mark in ingest.progress_marks(mono)
-                        for r in self._routed_to
-                    )
-                    await self._send_many(self._stage1_topic, routed)
-                    self._progress_sent_mono = mono
-                # During an outage nothing can be published, and silence is not idleness.
-                if self._broker_ok:
-                    if self._woke_up(mono):
-                        # A partition stage 2 may think idle has data again: say so before
-                        # any other partition's partials and watermarks can close a window.
-                        await self._publish_watermarks(mono)
-                    sealed = ingest.due(mono)
-                    if sealed:
-                        await self._publish_partials(sealed)
-                    if sealed or mono - self._marks_sent_mono >= WATERMARK_INTERVAL_S:
-                        await self._publish_watermarks(mono)
-                    for ws in release.due_windows():
-                        await self._release_window(ws)
-                    watermark = release.watermark_s()
-                    if watermark is not None:
-                        self.metrics.watermark.set(watermark)
-                await self._commit()
-                if batch:
-                    self.metrics.batch_processing.observe(time.perf_counter() - started)
+                await self._iteration(batch)
+            if self._fatal is not None:
+                raise self._fatal
             self.health.beat()
+
+    async def _iteration(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        consumer, ingest, release = self._consumer, self.ingest, self.release
+        assert consumer is not None and ingest is not None and release is not None
+        if self._failed_assignment:
+            await self._retry_failed_assignment()
+        started = time.perf_counter()
+        now, mono = time.time(), time.monotonic()
+        dead: list[DeadLetter] = []
+        routed: list[Outgoing] = []
+        routed_positions: dict[int, int] = {}
+        owned = consumer.assignment()
+        for tp, msgs in batch.items():
+            if not msgs or tp not in owned:
+                continue  # revoked while fetched: its new owner reads it
+            if tp.topic == self._partials_topic:
+                release.ingest(tp.partition, [(m.offset, m.value) for m in msgs])
+                continue
+            records = [(m.offset, m.key, m.value) for m in msgs]
+            if tp.topic == self._stage1_topic:
+                dead.extend(
+                    ingest.ingest(
+                        tp.partition,
+                        records,
+                        now_s=now,
+                        now_mono_s=mono,
+                        routed=not self._keyed,
+                        topic=self._stage1_topic,
+                    )
+                )
+            elif tp.topic == self._input_topic:
+                out, bad = ingest.route(tp.partition, records, now_s=now, now_mono_s=mono)
+                routed.extend((k, v, self._routed_to[target]) for k, v, target in out)
+                dead.extend(bad)
+                routed_positions[tp.partition] = msgs[-1].offset + 1
+            else:
+                continue
+            if tp.topic == self._input_topic:
+                high = consumer.highwater(tp)
+                if high is not None:
+                    self.metrics.set_consumer_lag(tp.partition, max(0, high - msgs[-1].offset - 1))
+        if sum(len(msgs) for msgs in batch.values()) >= MAX_RECORDS_PER_FETCH or self._leaderless:
+            # A full fetch: the worker is behind, so a partition that delivered nothing may
+            # just not have had its turn; a partition without a leader is an outage. Nothing
+            # is idle then.
+            ingest.restart_idle_clocks(mono)
+        if batch:
+            self._faults.reached("after_ingest")
+        if dead:
+            await self._publish_dead_letters(dead)
+        if not self._keyed and (
+            routed or routed_positions or mono - self._progress_sent_mono >= WATERMARK_INTERVAL_S
+        ):
+            # Progress marks follow the records they cover on every partition.
+            routed.extend(
+                (ROUTED_MARK_KEY, mark, r)
+                for mark in ingest.progress_marks(mono)
+                for r in self._routed_to
+            )
+            await self._send_many(self._stage1_topic, routed)
+            self._progress_sent_mono = mono
+        # Only now are the routed events acknowledged: their input may be committed.
+        self._routed_positions.update(routed_positions)
+        # During an outage nothing can be published, and silence is not idleness.
+        if self._broker_ok:
+            if self._woke_up(mono):
+                # A partition stage 2 may think idle has data again: say so before any
+                # other partition's partials and watermarks can close a window.
+                await self._publish_watermarks(mono)
+            sealed = ingest.due(mono)
+            if sealed:
+                await self._publish_partials(sealed)
+            if sealed or mono - self._marks_sent_mono >= WATERMARK_INTERVAL_S:
+                await self._publish_watermarks(mono)
+            for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
+                if not await self._release_window(ws):
+                    break
+            watermark = release.watermark_s()
+            if watermark is not None:
+                self.metrics.watermark.set(watermark)
+                if self._unsettled_until_s is not None and watermark >= self._unsettled_until_s:
+                    self._unsettled_until_s = None
+                    self.health.set("topology_stable", True)
+        await self._commit_in_loop()
+        if batch:
+            self.metrics.batch_processing.observe(time.perf_counter() - started)

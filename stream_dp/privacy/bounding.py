@@ -81,6 +81,16 @@ class Reservoirs:
     def events_retained(self) -> int:
         return sum(len(e) - 1 for e in self._state.values())
 
+    def item_ids(self) -> Iterator[int]:
+        """Every kept item (with repeats)."""
+        for entry in self._state.values():
+            yield from entry[1:]
+
+    def remap(self, mapping: dict[int, int]) -> None:
+        """Renumber kept items (the caller compacted the table the items index)."""
+        for entry in self._state.values():
+            entry[1:] = [mapping[i] for i in entry[1:]]
+
     def seen(self, pseudonym: Pseudonym) -> int:
         entry = self._state.get(pseudonym)
         return 0 if entry is None else entry[0]

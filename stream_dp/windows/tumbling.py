@@ -20,6 +20,11 @@ class TumblingWindows:
     def end_of(self, window_start_s: int) -> int:
         return window_start_s + self.size_s
 
+    def partition_of(self, window_start_s: int, partitions: int) -> int:
+        """The partition of a window on a topic spread by window (partials, ledger):
+        consecutive windows go to different partitions."""
+        return (window_start_s // self.size_s) % partitions
+
     def is_closed(self, window_start_s: int, watermark_s: float | None) -> bool:
         """Closed once the watermark (max event time − grace) has passed the window end."""
         return watermark_s is not None and watermark_s >= window_start_s + self.size_s

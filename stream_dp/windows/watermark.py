@@ -48,6 +48,17 @@ class WatermarkTracker:
         for p in partitions:
             self._partitions.setdefault(p, _PartitionClock(None, now_s))
 
+    def start_at(self, first_event_time_s: float, now_s: float) -> None:
+        """Event time begins here (the first covered window), not at the first event: with
+        no event at all, the wall-clock rule still advances the watermark from it — once
+        every partition is idle: by its own silence since ``now_s``, or for partitions whose
+        idleness only reports establish (:meth:`expect`), once they say so."""
+        if self._max_event_time_s is None or first_event_time_s > self._max_event_time_s:
+            self._max_event_time_s = first_event_time_s
+        if self._last_record_s is None:
+            reported = any(c.reported for c in self._partitions.values())
+            self._last_record_s = math.inf if reported else now_s
+
     def expect(self, partitions: Iterable[int]) -> None:
         """Partitions whose idleness only :meth:`report` can establish (never by silence)."""
         for p in partitions:

@@ -241,7 +241,12 @@ def test_cli_list_works_offline(config_factory: ConfigFactory) -> None:
 def test_config_factory_merges_overrides(config_factory: ConfigFactory) -> None:
     first, second = config_factory(), config_factory({"window": {"size_s": 60}, "queries": []})
     data = yaml.safe_load(second.read_text())
-    assert data["window"] == {"size_s": 60, "grace_s": 1, "idle_close_s": 2}
+    assert data["window"] == {
+        "size_s": 60,
+        "grace_s": 1,
+        "idle_close_s": 2,
+        "start_at": "2020-08-01T00:00:00Z",
+    }
     assert data["queries"] == []  # lists are replaced, not merged
     one, two = load_config(first), yaml.safe_load(first.read_text())
     assert two["output"]["topic"] != data["output"]["topic"]  # fresh names per config

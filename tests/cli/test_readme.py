@@ -122,7 +122,8 @@ def test_plan_and_replay_lines(readme_env: dict[str, str]) -> None:
         timeout=60,
     )
     assert as_json.returncode == 0, as_json.stderr
-    records = [json.loads(line) for line in as_json.stdout.splitlines()]
+    *records, summary = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert summary["kind"] == "replay_summary" and summary["releases_drawn"] == 4
     validator = schema_validator("output.schema.json")
     for record in records:
         validator.validate(record)

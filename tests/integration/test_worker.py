@@ -124,7 +124,7 @@ async def check_end_to_end(bootstrap: str, config_factory: MakeConfig, tmp_path:
         value = orjson.loads(raw)
         ledger_schema.validate(value)
         kinds.add(value["kind"])
-    assert kinds == {"ledger", "published", "fence"}
+    assert kinds == {"ledger", "published", "fence", "progress", "coverage"}
     # Invariant 1: no raw user id anywhere the service writes.
     for topic in (topics["output"], topics["ledger"], topics["dead_letter"]):
         blob = b"".join(v for _, v in await read_topic(kafka_bootstrap, topic))

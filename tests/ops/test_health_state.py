@@ -28,8 +28,13 @@ def test_ready_only_when_every_component_is_set() -> None:
     assert not health.ready()
 
 
-def test_components_are_the_agreed_three() -> None:
-    assert set(COMPONENTS) == {"partitions_assigned", "producer_connected", "ledger_loaded"}
+def test_components_are_the_agreed_four() -> None:
+    assert set(COMPONENTS) == {
+        "partitions_assigned",
+        "producer_connected",
+        "ledger_loaded",
+        "topology_stable",
+    }
 
 
 def test_unknown_component_is_refused() -> None:
@@ -89,6 +94,7 @@ def test_status_is_plain_data_for_the_json_body() -> None:
             "partitions_assigned": False,
             "producer_connected": False,
             "ledger_loaded": True,
+            "topology_stable": False,
         },
         "last_beat_age_s": 2.5,
         "live_timeout_s": 30,

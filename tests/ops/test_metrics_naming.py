@@ -15,7 +15,7 @@ from stream_dp.ops.metrics import (
     Metrics,
 )
 
-ALLOWED_LABELS = {"query", "partition", "reason", "le"}
+ALLOWED_LABELS = {"query", "partition", "reason", "topic", "le"}
 BUILD_INFO_LABELS = {"version", "python"}
 FORBIDDEN_LABELS = {"user", "user_id", "key", "domain", "pseudonym", "group", "value"}
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
@@ -36,6 +36,10 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "windows_released": ("stream_dp_windows_released_total", "counter", ("query",)),
     "releases_published": ("stream_dp_releases_published_total", "counter", ("query",)),
     "keys_released": ("stream_dp_keys_released_total", "counter", ("query",)),
+    "membership_lost": ("stream_dp_membership_lost_total", "counter", ()),
+    "topology_changes": ("stream_dp_topology_changes_total", "counter", ("topic",)),
+    "ledger_draws_discarded": ("stream_dp_ledger_draws_discarded_total", "counter", ()),
+    "records_too_large": ("stream_dp_records_too_large_total", "counter", ()),
     "keys_suppressed": ("stream_dp_keys_suppressed_total", "counter", ("query",)),
     "budget_exhausted": ("stream_dp_budget_exhausted_total", "counter", ("query",)),
     "epsilon_spent": ("stream_dp_window_epsilon_spent", "gauge", ("query",)),
@@ -136,6 +140,7 @@ def populated() -> Metrics:
     m.repartition_duplicates_skipped.inc(2)
     m.partials_published.inc(6)
     m.partials_ignored.labels(reason="duplicate_version").inc()
+    m.topology_changes.labels(topic="events").inc()
     return m
 
 

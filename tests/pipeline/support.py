@@ -43,7 +43,12 @@ def config(
             {
                 "input": {"keyed_by_user": keyed_by_user},
                 "output": output or {},
-                "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 5},
+                "window": {
+                    "size_s": 10,
+                    "grace_s": 1,
+                    "idle_close_s": 5,
+                    "start_at": "2020-08-01T00:00:00Z",  # T0
+                },
                 "privacy": {
                     "unsafe_test_mode": True,
                     "epsilon_per_window": 2e6,

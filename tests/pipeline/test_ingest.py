@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+import pytest
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ingest import IngestStage, user_key
 from stream_dp.pipeline.partials import Partial, SourceWatermark
+from stream_dp.pipeline.placement import crc32_partition, murmur2_partition, partition_function
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
 from tests.helpers import schema_validator
@@ -42,7 +44,7 @@ def _owner(input_partitions: int, *, k: int = 3, cfg: Config | None = None) -> I
         sampling_rng=random.Random(0),
     )
     stage.input_partitions = input_partitions
-    stage.source_partitions = 4
+    stage.source_partitions = 1  # one repartition partition: every pseudonym belongs here
     stage.assign([0], 0.0, routed=True)
     return stage
 
@@ -73,10 +75,12 @@ class Repartition:
         here: bool = True,
     ) -> list[tuple[bytes, bytes]]:
         """Route input events; ``here``: their users' records land on this partition."""
-        out, dead = router.route(
+        routed, dead = router.route(
             partition, numbered(events, first), now_s=NOW, now_mono_s=now_mono_s
         )
         assert dead == []
+        assert {target for _, _, target in routed} <= {0}  # one repartition partition
+        out = [(key, value) for key, value, _ in routed]
         if here:
             self.log += out
         return out
@@ -180,7 +184,6 @@ def test_bounding_per_user_holds_per_partition() -> None:
     assert [(p.events_seen, p.events_retained) for p in p0] == [(10 * k + 2, k + 2)] * 2
     assert _totals(p1, "all") == {(): KeyAggregate(k, 1, 0)}
     assert _totals(p1, "visits") == {A: KeyAggregate(k, 1, 0)}
-    assert stage.metrics.events_dropped_by_bounding._value.get() == 2 * (10 * k - k)
 
 
 def test_repartitioning_bounds_a_user_spread_over_input_partitions() -> None:
@@ -216,10 +219,12 @@ def test_route_output_validates_and_carries_no_raw_user_id() -> None:
     ]
     assert len(out) == 2
     bodies = []
-    for key, value in out:
+    for key, value, target in out:
         body = orjson.loads(value)
         validator.validate(body)
         assert key == body["u"].encode()
+        assert body["k"] == "k1"  # the key's id, never the key
+        assert target == 0  # the router knows one repartition partition
         assert b"alice" not in key + value and b"123456789" not in key + value
         bodies.append(body)
     assert [b["src"] for b in bodies] == [[3, 7], [3, 9]]
@@ -238,7 +243,7 @@ def test_every_record_stage_0_writes_validates_against_the_schema() -> None:
     out, _ = router.route(0, numbered([("u", 1, "a"), ("v", 2, "b")]), now_s=NOW, now_mono_s=0)
     marks = router.progress_marks(1)
     assert len(out) == 2 and len(marks) == 1
-    for value in [*(v for _, v in out), *marks]:
+    for value in [*(v for _, v, _ in out), *marks]:
         validator.validate(orjson.loads(value))
     # Before anything was routed the mark has no time yet; it validates too.
     (empty,) = _router(3).progress_marks(0)
@@ -263,9 +268,10 @@ def test_progress_marks_report_the_largest_time_routed_and_idleness() -> None:
     assert not any(b"alice" in m for m in router.progress_marks(3))
     router.route(0, numbered([("u", 7, "a")], first=2), now_s=NOW, now_mono_s=4)
     assert marks(4)[0] == {"t": T0 + 20, "idle_s": 0.0, "src": [0, -1]}  # never back
-    # A batch of bad records is still activity: the partition is not idle.
+    # A batch of bad records is not activity: the partition stays idle (one bad record a
+    # second on one partition must not stall every window — issue 13, break 4).
     router.route(1, [(0, None, b"not json")], now_s=NOW, now_mono_s=6)
-    assert marks(6)[1] == {"t": None, "idle_s": 0.0, "src": [1, -1]}
+    assert marks(6)[1] == {"t": None, "idle_s": 6.0, "src": [1, -1]}
     router.restart_idle_clocks(10)  # after a broker outage: silence was not idleness
     assert [m["idle_s"] for m in marks(10)] == [0.0, 0.0]
     router.forget_routed([0])  # partition 0 moved to another worker
@@ -372,7 +378,7 @@ def test_when_every_source_is_reported_idle_the_wall_clock_advances() -> None:
 
 
 def test_keyed_input_dead_letters_records_not_keyed_by_their_user() -> None:
-    stage = _stage(config(keyed_by_user=True))
+    stage = _stage(config(keyed_by_user=True), partitions=(0,))
     assert stage.enforce_user_keys
     records = [
         rec(0, "alice", 1, key=b"alice"),
@@ -398,7 +404,7 @@ def test_keyed_input_dead_letters_records_not_keyed_by_their_user() -> None:
 
 def test_keyed_input_with_payloads_in_dead_letters() -> None:
     cfg = config(keyed_by_user=True, output={"dead_letter_include_payload": True})
-    stage = _stage(cfg)
+    stage = _stage(cfg, partitions=(0,))
     (dead,) = stage.ingest(0, [rec(0, "alice", 1, key=b"bob")], now_s=NOW, now_mono_s=0)
     assert dead.payload == rec(0, "alice", 1)[2]
 
@@ -460,9 +466,17 @@ def test_revoke_drops_a_partitions_state_and_offsets() -> None:
 def test_events_of_released_windows_are_dropped_as_replays_or_late() -> None:
     """Windows read from the ledger: their events are replays. Windows this process
     released itself (stage 2 saw every source sealed or idle): their events are late."""
-    stage = IngestStage(
-        config(), KEYRING, released={T0, T0 + 10}, released_earlier={T0}, metrics=Metrics()
-    )
+
+    class Released:
+        coverage_start_s = T0
+
+        def released(self, window_start_s: int) -> bool:
+            return window_start_s in (T0, T0 + 10)
+
+        def released_earlier(self, window_start_s: int) -> bool:
+            return window_start_s == T0
+
+    stage = IngestStage(config(), KEYRING, released=Released(), metrics=Metrics())
     stage.assign([0], 0.0, routed=False)
     records = [rec(0, "u", 1), rec(1, "u", 2), rec(2, "u", 12), rec(3, "u", 25)]
     stage.ingest(0, records, now_s=NOW, now_mono_s=0)
@@ -508,7 +522,7 @@ def test_a_routed_partition_is_idle_only_when_every_source_is() -> None:
     topic.marks(router0, 5 + IDLE_CONFIRM_S)  # and still, 1 s later: confirmed
     topic.deliver(6)
     (mark,) = topic.owner.watermarks(100)  # source 1 never reported: not idle
-    assert (mark.idle, mark.open_windows, mark.source_partitions) == (False, True, 4)
+    assert (mark.idle, mark.open_windows, mark.source_partitions) == (False, True, 1)
     assert mark.idle_for_s == 0.0
     topic.marks(router1, 5)
     topic.deliver(7)
@@ -557,3 +571,193 @@ def test_idle_reports_from_before_a_burst_do_not_let_another_sources_share_seal(
         A: KeyAggregate(2, 1, 0),
         B: KeyAggregate(2, 1, 0),
     }
+
+
+# -- keyed input is checked, not trusted (issue 12, break 2) ----------------------------------
+
+
+@pytest.mark.parametrize("partitioner", ["murmur2", "crc32"])
+def test_keyed_records_on_a_partition_their_key_does_not_map_to_are_dead_lettered(
+    partitioner: str,
+) -> None:
+    """One user's records, all keyed by the user id, forced onto four partitions (producers
+    with different partitioners, partitions added): accepting them would bound the user
+    once per partition — k = 3 per window would become 12."""
+    cfg = config(keyed_by_user=True, **{})
+    cfg = cfg.model_copy(
+        update={"input": cfg.input.model_copy(update={"partitioner": partitioner})}
+    )
+    stage = _stage(cfg, partitions=(0, 1, 2, 3))
+    home = partition_function(partitioner)(b"alice", 4)  # type: ignore[arg-type]
+    accepted = 0
+    for p in range(4):
+        records = [rec(i, "alice", 1 + i / 10, key=b"alice") for i in range(10)]
+        dead = stage.ingest(p, records, now_s=NOW, now_mono_s=0)
+        if p == home:
+            assert dead == []
+            accepted += 1
+        else:
+            assert {d.reason for d in dead} == {"misplaced_key"}
+            assert len(dead) == 10
+            assert "partitioner" in dead[0].detail
+    assert accepted == 1
+    totals = [_totals(stage.seal(p, ws), "all") for p, ws in stage.all_open()]
+    assert sum(t[()].events for t in totals) == 3  # bounded once: k, never 4k
+    assert stage.metrics.bad_records.labels(reason="misplaced_key")._value.get() == 30
+
+
+def test_the_placement_check_matches_kafka_clients() -> None:
+    """Known values of the Java client's murmur2 (Kafka's UtilsTest) and zlib's CRC-32."""
+    assert [murmur2_partition(k, 2**31 - 1) for k in (b"21", b"foobar", b"abc")] == [
+        (-973932308) & 0x7FFFFFFF,
+        (-790332482) & 0x7FFFFFFF,
+        479470107,
+    ]
+    assert crc32_partition(b"123456789", 2**32) == 0xCBF43926
+
+
+def test_routed_records_are_checked_against_the_pseudonym_partition() -> None:
+    """The repartition topic gained partitions while windows were open: records stage 0
+    placed under the old count sit on partitions the new count does not map them to."""
+    owner = _owner(1)
+    owner.source_partitions = 4
+    router = _router(0)
+    router.routed_partitions = 4
+    out, _ = router.route(
+        0, numbered([(f"user-{i}", 1, "a") for i in range(40)]), now_s=NOW, now_mono_s=0
+    )
+    records = [(i, key, value) for i, (key, value, _) in enumerate(out)]
+    dead = owner.ingest(0, records, now_s=NOW, now_mono_s=0, routed=True, topic="rp")
+    here = sum(1 for _, _, target in out if target == 0)
+    assert 0 < here < 40
+    assert len(dead) == 40 - here
+    assert {(d.reason, d.topic) for d in dead} == {("misplaced_key", "rp")}
+    assert _totals(owner.seal(0, T0), "all") == {(): KeyAggregate(here, here, 0)}
+
+
+def test_malformed_repartition_records_are_dead_lettered_not_fatal() -> None:
+    """A malformed record on the repartition topic crash-looped the worker (issue 13, 8)."""
+    owner = _owner(1)
+    bad = [
+        (0, None, b"not json"),
+        (1, None, b"[]"),
+        (2, None, orjson.dumps({"u": "zz", "t": T0 + 1, "e": {}, "src": [0, 0]})),
+        (3, None, orjson.dumps({"u": "00" * 16, "t": "soon", "e": {}, "src": [0, 1]})),
+        (4, None, orjson.dumps({"u": "00" * 16, "t": T0 + 1, "e": [], "src": [0, 2]})),
+        (5, None, None),
+    ]
+    dead = owner.ingest(0, bad, now_s=NOW, now_mono_s=0, routed=True, topic="rp")
+    assert [(d.reason, d.offset, d.topic) for d in dead] == [
+        ("bad_internal_record", i, "rp") for i in range(6)
+    ]
+    assert owner.open_windows() == []
+
+
+def test_repartitioned_events_of_another_pseudonym_key_are_dropped() -> None:
+    """A rotation moved while a window was open: records pseudonymized under another key
+    than the window's must not join it (one user, two pseudonyms)."""
+    owner = _owner(1)
+    stale = orjson.dumps(
+        {"u": "00" * 16, "t": T0 + 1, "e": {"domain": "a"}, "src": [0, 0], "k": "k0"}
+    )
+    current = orjson.dumps(
+        {"u": "11" * 16, "t": T0 + 1, "e": {"domain": "a"}, "src": [0, 1], "k": "k1"}
+    )
+    old_format = orjson.dumps({"u": "22" * 16, "t": T0 + 1, "e": {"domain": "a"}, "src": [0, 2]})
+    assert (
+        owner.ingest(
+            0,
+            [(0, None, stale), (1, None, current), (2, None, old_format)],
+            now_s=NOW,
+            now_mono_s=0,
+            routed=True,
+        )
+        == []
+    )
+    assert _totals(owner.seal(0, T0), "all") == {(): KeyAggregate(2, 2, 0)}
+
+
+# -- progress that bad data cannot fake (issue 13, breaks 4 and 5) ----------------------------
+
+
+def test_a_partition_delivering_only_bad_or_late_records_goes_idle() -> None:
+    stage = _stage()
+    stage.ingest(0, [rec(0, "u", 1)], now_s=NOW, now_mono_s=0)
+    stage.ingest(0, [rec(1, "u", 25)], now_s=NOW, now_mono_s=0)  # partition 0 moves on
+    for second in range(1, 30):
+        # Partition 1: one malformed record a second, and an event of a sealed window.
+        stage.ingest(1, [(second, None, b"{")], now_s=NOW, now_mono_s=second)
+    marks = {m.source_partition: m for m in stage.watermarks(29)}
+    assert marks[1].idle and not marks[1].open_windows  # it holds nothing back
+    assert (0, T0) in stage.due(29)
+
+
+def test_an_event_stamped_ahead_of_the_clock_moves_the_watermark_no_further_than_now() -> None:
+    """One event 4 minutes ahead (within max_future_s) closed the current window and made
+    everyone's next events late."""
+    stage = _stage(partitions=(0,))
+    now = T0 + 5.0
+    stage.ingest(0, [rec(0, "u", 1), rec(1, "v", 5 + 240)], now_s=now, now_mono_s=0)
+    assert stage.due(0) == []  # the watermark is at most now - grace: T0 is still open
+    assert stage.ingest(0, [rec(2, "w", 4)], now_s=now, now_mono_s=0) == []
+    assert stage.metrics.late_events._value.get() == 0
+    far = stage.ingest(0, [rec(3, "x", 5 + 301)], now_s=now, now_mono_s=0)
+    assert [d.reason for d in far] == ["timestamp_out_of_range"]  # beyond max_future_s
+
+
+def test_events_before_the_first_covered_window_are_late() -> None:
+    class Released:
+        coverage_start_s = T0 + 10
+
+        def released(self, window_start_s: int) -> bool:
+            return False
+
+        def released_earlier(self, window_start_s: int) -> bool:
+            return False
+
+    stage = IngestStage(config(), KEYRING, released=Released(), metrics=Metrics())
+    stage.assign([0], 0.0, routed=False)
+    stage.ingest(0, [rec(0, "u", 1), rec(1, "u", 12)], now_s=NOW, now_mono_s=0)
+    assert stage.open_windows() == [T0 + 10]
+    assert stage.metrics.late_events._value.get() == 1
+
+
+def test_an_idle_stream_without_events_still_advances_from_the_first_covered_window() -> None:
+    class Released:
+        coverage_start_s = T0
+
+        def released(self, window_start_s: int) -> bool:
+            return False
+
+        def released_earlier(self, window_start_s: int) -> bool:
+            return False
+
+    stage = IngestStage(config(), KEYRING, released=Released(), metrics=Metrics())
+    stage.assign([0], 0.0, routed=False)
+    stage.due(100)
+    (mark,) = stage.watermarks(100)
+    assert mark.watermark_s is not None and mark.watermark_s >= T0 + 90  # by wall clock
+    assert mark.quiet
+
+
+# -- bounded memory (issue 13, break 10) ------------------------------------------------------
+
+
+def test_interned_signatures_go_with_their_windows() -> None:
+    cfg = config(
+        queries=[{"name": "all", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a"]}}]
+    )
+    stage = _stage(cfg, partitions=(0,))
+    offset = 0
+    for w in range(40):  # 40 windows of 1,000 distinct keys each, sealed one after another
+        batch = [rec(offset + i, f"u{i}", 10 * w + 1, f"k{w}-{i}") for i in range(1000)]
+        offset += len(batch)
+        stage.ingest(0, batch, now_s=T0 + 10_000, now_mono_s=0)
+        for p, ws in stage.due(0):
+            stage.seal(p, ws)
+            stage.drop(p, ws)
+    assert stage.signature_count <= 2 * 4096  # not 40,000
+    # What is still open projects as before the renumbering.
+    (open_ws,) = stage.open_windows()
+    totals = _totals(stage.seal(0, open_ws), "all")
+    assert set(totals) == {(f"k39-{i}",) for i in range(1000)}

@@ -11,26 +11,28 @@ import pytest
 
 from stream_dp.pipeline.ingest import IngestStage
 from stream_dp.pipeline.partials import (
-    KEYS_PER_PART,
     WATERMARK_KEY_PREFIX,
     GroupKey,
     Partial,
     PartialAssembler,
     PartialFormatError,
     PartialPart,
+    RecordTooLargeError,
     SourceWatermark,
     decode,
     encode_partial,
     encode_watermark,
     merge_totals,
     new_version,
-    partials_partition,
 )
 from stream_dp.privacy.release import KeyAggregate
+from stream_dp.windows import TumblingWindows
 from tests.helpers import schema_validator
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 
 VALIDATOR = schema_validator("partials.schema.json")
+#: A small record limit, so that a few hundred keys already need several parts.
+SMALL_BYTES = 8192
 
 
 def _partial(
@@ -58,7 +60,7 @@ def _many_keys(n: int, scale: int = 1) -> dict[GroupKey, KeyAggregate]:
 
 def _parts(partial: Partial) -> list[PartialPart]:
     out = []
-    for _, value in encode_partial(partial):
+    for _, value in encode_partial(partial, max_bytes=SMALL_BYTES):
         part = decode(value)
         assert isinstance(part, PartialPart)
         out.append(part)
@@ -68,28 +70,38 @@ def _parts(partial: Partial) -> list[PartialPart]:
 # -- encoding -------------------------------------------------------------------------------
 
 
-def test_round_trip_in_parts_of_keys_per_part() -> None:
-    partial = _partial(_many_keys(2 * KEYS_PER_PART + 1))
-    encoded = encode_partial(partial)
-    assert len(encoded) == 3
+def test_round_trip_in_parts_cut_by_encoded_size() -> None:
+    partial = _partial(_many_keys(1000))
+    encoded = encode_partial(partial, max_bytes=SMALL_BYTES)
+    n = len(encoded)
+    assert n >= 3
+    assert all(len(key) + len(value) <= SMALL_BYTES - 512 for key, value in encoded)
     assert {key for key, _ in encoded} == {"visits|2020-08-01T00:00:00Z|2"}
     parts = [decode(value) for _, value in encoded]
     assert [(p.part, p.parts) for p in parts if isinstance(p, PartialPart)] == [
-        (0, 3),
-        (1, 3),
-        (2, 3),
-    ]
-    assert [len(p.totals) for p in parts if isinstance(p, PartialPart)] == [
-        KEYS_PER_PART,
-        KEYS_PER_PART,
-        1,
+        (i, n) for i in range(n)
     ]
     # No key is in two parts, none is lost.
     keys = [k for p in parts if isinstance(p, PartialPart) for k, _ in p.totals]
     assert len(keys) == len(set(keys)) == len(partial.totals)
     assembler = PartialAssembler()
-    assert [assembler.add(p) for p in parts if isinstance(p, PartialPart)] == [False, False, True]
+    added = [assembler.add(p) for p in parts if isinstance(p, PartialPart)]
+    assert added == [False] * (n - 1) + [True]
     assert assembler.taken == partial
+
+
+def test_long_group_keys_fit_under_the_message_limit() -> None:
+    """~200-character keys (URLs) made a partial record exceed 1 MiB when parts were cut by
+    key count, and the broker refused it for ever (issue 13, break 6)."""
+    totals = {(f"https://example.com/{i:0180d}",): KeyAggregate(1, 1, 0) for i in range(20_000)}
+    encoded = encode_partial(_partial(totals), max_bytes=1_000_000)
+    assert len(encoded) >= 5
+    assert all(len(key) + len(value) <= 1_000_000 - 512 for key, value in encoded)
+
+
+def test_a_key_that_can_never_fit_is_a_clear_error() -> None:
+    with pytest.raises(RecordTooLargeError, match=r"kafka\.max_message_bytes"):
+        encode_partial(_partial({("x" * 9000,): KeyAggregate(1, 1, 0)}), max_bytes=SMALL_BYTES)
 
 
 def test_round_trip_of_mixed_group_values_and_empty_totals() -> None:
@@ -121,18 +133,18 @@ def test_watermark_round_trip(
     assert decode(value) == mark
 
 
-def test_partials_partition_spreads_consecutive_windows() -> None:
-    size = 10
-    got = [partials_partition(T0 + i * size, size, 6) for i in range(12)]
-    first = (T0 // size) % 6
+def test_windows_spread_over_partitions_consecutively() -> None:
+    windows = TumblingWindows(10, 1)
+    got = [windows.partition_of(T0 + i * 10, 6) for i in range(12)]
+    first = (T0 // 10) % 6
     assert got == [(first + i) % 6 for i in range(12)]
-    assert partials_partition(T0 + 5 * size, size, 1) == 0
+    assert windows.partition_of(T0 + 5 * 10, 1) == 0
 
 
 # -- decoding errors ------------------------------------------------------------------------
 
 _GOOD_PARTIAL: dict[str, Any] = orjson.loads(
-    encode_partial(_partial({("a",): KeyAggregate(1, 1, 0)}))[0][1]
+    encode_partial(_partial({("a",): KeyAggregate(1, 1, 0)}), max_bytes=SMALL_BYTES)[0][1]
 )
 _GOOD_MARK: dict[str, Any] = orjson.loads(
     encode_watermark(SourceWatermark(0, 1, 5.0, True, False, 7.5))[1]
@@ -201,9 +213,11 @@ def test_a_watermark_written_without_idle_for_s_reads_as_zero() -> None:
 
 
 def _two_versions() -> tuple[Partial, Partial, list[PartialPart], list[PartialPart]]:
-    a = _partial(_many_keys(KEYS_PER_PART + 1, scale=1), version="a" * 32)
-    b = _partial(_many_keys(KEYS_PER_PART + 1, scale=100), version="b" * 32)
-    return a, b, _parts(a), _parts(b)
+    a = _partial(_many_keys(400, scale=1), version="a" * 32)
+    b = _partial(_many_keys(400, scale=100), version="b" * 32)
+    parts_a, parts_b = _parts(a), _parts(b)
+    assert len(parts_a) == len(parts_b) == 2
+    return a, b, parts_a, parts_b
 
 
 def test_interleaved_versions_take_the_first_completed() -> None:
@@ -257,11 +271,11 @@ def test_merge_totals_sums_per_key() -> None:
 
 def test_every_encoded_record_validates_against_the_schema() -> None:
     partials = [
-        _partial(_many_keys(KEYS_PER_PART + 2)),
+        _partial(_many_keys(400)),
         _partial({}),
         _partial({("a", 1, 2.5, True, None): KeyAggregate(3, 2, -40), (): KeyAggregate(1, 1, 0)}),
     ]
-    records = [value for p in partials for _, value in encode_partial(p)]
+    records = [value for p in partials for _, value in encode_partial(p, max_bytes=SMALL_BYTES)]
     records += [
         encode_watermark(SourceWatermark(p, 3, wm, idle, open_windows, idle_for))[1]
         for p, wm, idle, open_windows, idle_for in [
@@ -269,7 +283,7 @@ def test_every_encoded_record_validates_against_the_schema() -> None:
             (2, None, True, False, 12.25),
         ]
     ]
-    assert len(records) == 2 + 1 + 1 + 2
+    assert len(records) == 2 + 1 + 1 + 2  # the 400 keys take two parts
     assert orjson.loads(records[-1])["idle_for_s"] == 12.25
     for value in records:
         VALIDATOR.validate(orjson.loads(value))
@@ -282,7 +296,7 @@ def test_stage_one_partials_validate_against_the_schema() -> None:
     assert [p.query for p in sealed] == ["visits", "all"]
     assert len({p.version for p in sealed}) == 1  # one version per seal, for every query
     for partial in sealed:
-        for _, value in encode_partial(partial):
+        for _, value in encode_partial(partial, max_bytes=SMALL_BYTES):
             VALIDATOR.validate(orjson.loads(value))
     marks = [*stage.watermarks(0), *stage.watermarks(30)]  # active, then idle
     assert [m.idle_for_s for m in marks] == [0.0, 30.0]

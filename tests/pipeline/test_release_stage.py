@@ -14,9 +14,14 @@ import pytest
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ingest import IngestStage, InputRecord
-from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease, encode_published, encode_release
+from stream_dp.pipeline.ledger import (
+    LedgerIndex,
+    LedgerRelease,
+    encode_progress,
+    encode_published,
+    encode_release,
+)
 from stream_dp.pipeline.partials import (
-    KEYS_PER_PART,
     GroupKey,
     Partial,
     SourceWatermark,
@@ -28,10 +33,14 @@ from stream_dp.pipeline.release_stage import ReleaseStage, _newer
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
 from tests.helpers import schema_validator
-from tests.pipeline.support import KEYRING, NOW, T0, config, rec, values
+from tests.pipeline.support import KEYRING, NOW, QUERIES, T0, config, rec, values
 
 END = T0 + 10  # end of window T0
 A, B = ("a",), ("b",)
+#: A small record limit: a few hundred keys take two parts.
+SMALL_BYTES = 8192
+MB = 1_000_000
+MANY = {(f"d{i}",): KeyAggregate(1, 1, 0) for i in range(600)}  # two parts at SMALL_BYTES
 
 
 class Feed:
@@ -47,7 +56,7 @@ class Feed:
         self.stage.ingest(r, [(start + i, v) for i, v in enumerate(values)])
 
     def partial(self, r: int, partial: Partial) -> None:
-        self.values(r, [v for _, v in encode_partial(partial)])
+        self.values(r, [v for _, v in encode_partial(partial, max_bytes=SMALL_BYTES)])
 
     def mark(
         self,
@@ -78,7 +87,11 @@ def _stage(
     cfg: Config | None = None, *, ledger: LedgerIndex | None = None, partitions: int = 1, **kw: Any
 ) -> ReleaseStage:
     stage = ReleaseStage(
-        cfg if cfg is not None else config(), ledger=ledger, metrics=Metrics(), **kw
+        cfg if cfg is not None else config(),
+        partials_partitions=partitions,
+        ledger=ledger,
+        metrics=Metrics(),
+        **kw,
     )
     stage.assign(range(partitions))
     return stage
@@ -111,13 +124,14 @@ def _both(source: int, visits: Mapping[GroupKey, KeyAggregate], **kw: Any) -> li
 
 
 def _release(stage: ReleaseStage, ws: int = T0) -> list[LedgerRelease]:
-    """What the worker does with a due window: compute, ledger, publish, finish."""
-    releases = stage.compute_release(ws, now_s=NOW)
-    for rel in releases:
-        if stage.ledger.get(rel.query, rel.window_start_s) is not rel:
-            stage.record_ledgered(rel)
-    stage.finish_window(ws, releases, NOW)
-    return releases
+    """What the worker does with a due window: draw, ledger, publish the ledger's winners
+    (as read back), finish."""
+    for rel in stage.compute_release(ws, now_s=NOW):
+        stage.ledger.load(encode_release(rel, now_s=NOW, max_bytes=MB))
+    winners = stage.winners(ws)
+    stage.ledger.load([encode_published(rel) for rel in winners])
+    stage.finish_window(ws, winners, NOW)
+    return winners
 
 
 def _ignored(stage: ReleaseStage, reason: str) -> float:
@@ -319,7 +333,8 @@ def test_progress_on_another_partials_partition_does_not_restart_confirmation() 
     for r in (0, 1):
         feed.idle(r, 1, 21.0)
         feed.idle(r, 2, 21.0)
-    assert stage.due_windows() == [T0]
+    # T0 on partition 0; partition 1's own windows up to END + 50 (odd tens) are due too.
+    assert stage.due_windows() == [T0, T0 + 10, T0 + 30, T0 + 50]
 
 
 def test_watermarks_read_on_another_partials_partition_do_not_count() -> None:
@@ -329,9 +344,9 @@ def test_watermarks_read_on_another_partials_partition_do_not_count() -> None:
     feed.mark(0, 0, END)
     feed.mark(0, 1, END)
     feed.marks(1, END + 100)  # all three on partition 1, which holds none of T0's partials
-    assert stage.due_windows() == []
+    assert T0 not in stage.due_windows()
     feed.mark(0, 2, END)
-    assert stage.due_windows() == [T0]
+    assert T0 in stage.due_windows()
 
 
 def test_the_number_of_sources_comes_from_the_watermarks() -> None:
@@ -394,21 +409,20 @@ def test_every_part_of_an_ignored_version_is_counted() -> None:
     stage = _stage()
     feed = Feed(stage)
     _three_sources(feed)
-    many = {(f"d{i}",): KeyAggregate(1, 1, 0) for i in range(KEYS_PER_PART + 1)}
-    feed.partial(0, _partial("visits", 0, many))  # 2 parts
+    feed.partial(0, _partial("visits", 0, MANY))  # 2 parts
     assert _ignored(stage, "duplicate_version") == 2
 
 
 def test_the_first_complete_version_wins_over_an_earlier_incomplete_one() -> None:
     stage = _stage()
     feed = Feed(stage)
-    many = {(f"d{i}",): KeyAggregate(1, 1, 0) for i in range(KEYS_PER_PART + 1)}
-    crashed = _partial("visits", 0, many, version="c" * 32)
-    feed.values(0, [encode_partial(crashed)[0][1]])  # its writer died after part 0
+    crashed = _partial("visits", 0, MANY, version="c" * 32)
+    feed.values(0, [encode_partial(crashed, max_bytes=SMALL_BYTES)[0][1]])  # writer died
     taken = _both(0, {A: KeyAggregate(4, 2, 0)}, version="d" * 32)
     for partial in taken:
         feed.partial(0, partial)
-    feed.values(0, [encode_partial(crashed)[1][1]])  # the rest arrives late: not merged
+    late = encode_partial(crashed, max_bytes=SMALL_BYTES)[1][1]
+    feed.values(0, [late])  # the rest arrives late: not merged
     feed.marks(0, END, sources=1)
     releases = _release(stage)
     assert values(releases, "visits") == {
@@ -423,8 +437,7 @@ def test_the_first_complete_version_wins_over_an_earlier_incomplete_one() -> Non
 def test_an_incomplete_partial_is_left_out() -> None:
     stage = _stage()
     feed = Feed(stage)
-    many = {(f"d{i}",): KeyAggregate(1, 1, 0) for i in range(KEYS_PER_PART + 1)}
-    feed.values(0, [encode_partial(_partial("visits", 1, many))[0][1]])
+    feed.values(0, [encode_partial(_partial("visits", 1, MANY), max_bytes=SMALL_BYTES)[0][1]])
     for partial in _both(0, {A: KeyAggregate(4, 2, 0)}):
         feed.partial(0, partial)
     feed.marks(0, END, sources=2)
@@ -462,7 +475,9 @@ def test_malformed_records_are_counted_and_skipped() -> None:
     assert stage.safe_offsets() == {0: 4}
     _three_sources(feed)
     # A part numbered outside its version's parts would never complete it (or crash it).
-    (_, value) = encode_partial(_partial("visits", 0, {A: KeyAggregate(1, 1, 0)}))[0]
+    (_, value) = encode_partial(
+        _partial("visits", 0, {A: KeyAggregate(1, 1, 0)}), max_bytes=SMALL_BYTES
+    )[0]
     feed.values(0, [b"[]", orjson.dumps({**orjson.loads(value), "part": 3, "parts": 2})])
     feed.marks(0, END)
     assert _ignored(stage, "malformed") == 6
@@ -483,7 +498,7 @@ def test_the_ledger_records_the_version_taken_per_source() -> None:
     releases = _release(stage)
     assert [r.sources for r in releases] == [versions, versions]
     # Written and read back through the ledger topic's format.
-    encoded = [kv for rel in releases for kv in encode_release(rel, now_s=NOW)]
+    encoded = [kv for rel in releases for kv in encode_release(rel, now_s=NOW, max_bytes=MB)]
     ledger_schema = schema_validator("ledger.schema.json")
     for _, value in encoded:
         ledger_schema.validate(orjson.loads(value))
@@ -492,13 +507,16 @@ def test_the_ledger_records_the_version_taken_per_source() -> None:
     assert {r.query: r.sources for r in index.releases()} == {"visits": versions, "all": versions}
 
 
-def _ledger_of(releases: Sequence[LedgerRelease], *, published: bool = True) -> LedgerIndex:
-    records = [kv for rel in releases for kv in encode_release(rel, now_s=NOW)]
+def _ledger_of(
+    releases: Sequence[LedgerRelease], *, published: bool = True
+) -> list[tuple[str, bytes]]:
+    """The ledger records a worker writes for these releases (with the partition's progress
+    record when they are published)."""
+    records = [kv for rel in releases for kv in encode_release(rel, now_s=NOW, max_bytes=MB)]
     if published:
         records += [encode_published(rel) for rel in releases]
-    index = LedgerIndex()
-    index.load(records)
-    return index
+        records += [encode_progress(0, 1, max(r.window_start_s for r in releases) + 10)]
+    return records
 
 
 def test_adopting_another_workers_ledger_stops_a_second_release() -> None:
@@ -510,12 +528,15 @@ def test_adopting_another_workers_ledger_stops_a_second_release() -> None:
     assert first.due_windows() == second.due_windows() == [T0]
     drawn = _release(first)
     # The partials partition moved to the second worker, which reads the ledger first.
-    second.adopt_ledger(_ledger_of(drawn))
+    second.ledger.load(_ledger_of(drawn))
+    second.adopt_ledger()
     assert second.due_windows() == []
     assert second.open_windows() == []
-    assert second.is_released(T0)
+    assert second.released(T0) and second.released_earlier(T0)
+    assert not first.released_earlier(T0)  # the first released it itself
     assert second.accountant.window_spent(T0)[0] == pytest.approx(2e6)
-    second.adopt_ledger(_ledger_of(drawn))  # adopting again charges nothing more
+    second.ledger.load(_ledger_of(drawn))
+    second.adopt_ledger()  # adopting again charges nothing more
     assert second.accountant.window_spent(T0)[0] == pytest.approx(2e6)
     for partial in _both(0, {A: KeyAggregate(1, 1, 0)}):
         feeds[1].partial(0, partial)
@@ -529,7 +550,8 @@ def test_adopting_a_partly_ledgered_window_reuses_the_ledgered_query() -> None:
         _three_sources(feed)
         feed.marks(0, END)
     drawn = {r.query: r for r in first.compute_release(T0, now_s=NOW)}
-    second.adopt_ledger(_ledger_of([drawn["visits"]], published=False))
+    second.ledger.load(_ledger_of([drawn["visits"]], published=False))
+    second.adopt_ledger()
     assert second.due_windows() == [T0]
     redo = {r.query: r for r in _release(second)}
     assert redo["visits"].release_id == drawn["visits"].release_id
@@ -613,26 +635,100 @@ def test_merged_totals_of_three_sources_equal_one_partitions() -> None:
 
 
 def test_safe_offsets_hold_back_the_first_partial_of_an_unreleased_window() -> None:
-    stage = _stage(partitions=2)
+    stage = _stage(partitions=2)  # T0 and T0 + 20 on partition 0, T0 + 10 on partition 1
     feed = Feed(stage)
     feed.marks(0, None)  # offsets 0-2
     feed.marks(1, None)  # offsets 0-2
     assert stage.safe_offsets() == {0: 3, 1: 3}
     _three_sources(feed, 0, T0)  # offsets 3-8
-    _three_sources(feed, 0, T0 + 10)  # offsets 9-14
-    _three_sources(feed, 1, T0 + 20)  # partition 1, offsets 3-8
+    _three_sources(feed, 0, T0 + 20)  # offsets 9-14
+    _three_sources(feed, 1, T0 + 10)  # partition 1, offsets 3-8
     assert stage.safe_offsets() == {0: 3, 1: 3}
     feed.marks(0, END)  # offsets 15-17
     assert stage.due_windows() == [T0]
     _release(stage, T0)
     assert stage.safe_offsets() == {0: 9, 1: 3}
-    feed.marks(0, END + 10)
-    feed.marks(1, END + 20)
+    feed.marks(0, END + 20)
+    feed.marks(1, END + 10)
     assert stage.due_windows() == [T0 + 10, T0 + 20]
     _release(stage, T0 + 10)
-    assert stage.safe_offsets() == {0: 21, 1: 3}
+    assert stage.safe_offsets() == {0: 9, 1: 12}
     _release(stage, T0 + 20)
     assert stage.safe_offsets() == {0: 21, 1: 12}
     stage.revoke([1])
     assert stage.safe_offsets() == {0: 21}
     assert stage.partitions == [0]
+
+
+# -- every covered window, with or without data (issue 12, break 5) --------------------------
+
+
+def test_windows_without_events_are_released_in_order() -> None:
+    """A stream with nobody active in some windows still gets those windows: public keys
+    with their noisy values, every window its window record. Whether output exists must not
+    tell whether anyone was active."""
+    private = {"name": "private", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6}
+    stage = _stage(config(queries=QUERIES_WITH(private), epsilon_per_window=3e6))
+    feed = Feed(stage)
+    for partial in _both(0, {A: KeyAggregate(2, 2, 0)}, window_start_s=T0 + 20):
+        feed.partial(0, partial)
+    feed.marks(0, END + 30, sources=1)  # only window T0 + 20 has events
+    due = stage.due_windows()
+    assert due == [T0, T0 + 10, T0 + 20, T0 + 30]
+    for ws in due:
+        releases = {r.query: r for r in _release(stage, ws)}
+        assert set(releases) == {"visits", "all", "private"}
+        kinds = [r.value["kind"] for r in releases["visits"].records]
+        assert kinds == ["release", "release", "window"]  # both public keys, every window
+        assert releases["private"].records[-1].value["kind"] == "window"
+    assert stage.due_windows() == []
+
+
+def QUERIES_WITH(extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*QUERIES, extra]
+
+
+def test_nothing_before_the_first_covered_window() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    for partial in _both(0, {A: KeyAggregate(2, 2, 0)}, window_start_s=T0 - 10):
+        feed.partial(0, partial)
+    assert _ignored(stage, "before_coverage") == 2
+    feed.marks(0, END, sources=1)
+    assert stage.due_windows() == [T0]
+
+
+def test_due_windows_come_in_bounded_batches() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    feed.marks(0, T0 + 10 * 100, sources=1)
+    first = stage.due_windows(limit=32)
+    assert first == [T0 + 10 * i for i in range(32)]
+    for ws in first:
+        _release(stage, ws)
+    assert stage.due_windows(limit=32)[0] == T0 + 320
+    assert len(stage.due_windows()) == 100 - 32
+
+
+def test_a_window_merges_partials_of_one_partition_layout_only() -> None:
+    """Partitions were added to the stage-1 topic while T0 was open: a user may have a share
+    on a partition of each layout. Only the first layout's partials are merged."""
+    stage = _stage()
+    feed = Feed(stage)
+    old = _partial("visits", 0, {A: KeyAggregate(5, 5, 0)})
+    feed.partial(0, old)
+    new = Partial("visits", T0, 1, new_version(), {A: KeyAggregate(5, 5, 0)}, 5, 5, 4, "k1")
+    feed.partial(0, new)
+    assert _ignored(stage, "layout_changed") == 1
+    feed.marks(0, END, sources=4)
+    (visits,) = [r for r in _release(stage) if r.query == "visits"]
+    assert visits.sources == {0: old.version}
+    assert values([visits], "visits")['{"domain":"a"}'] == 5
+
+
+def test_partials_of_another_pseudonym_key_are_not_merged() -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    stale = Partial("visits", T0, 0, new_version(), {A: KeyAggregate(5, 5, 0)}, 5, 5, 1, "k0")
+    feed.partial(0, stale)
+    assert _ignored(stage, "key_mismatch") == 1

@@ -1,0 +1,124 @@
+"""Reading the ledger topic to a known point, on any Kafka-protocol broker.
+
+End offsets cannot be trusted to say "everything is read" (BROKER.md: the embedded broker
+reports the last batch's base offset + 1). So a reader writes a fence record with a fresh id
+to each partition it must be current on, and reads until each fence comes back: everything
+written to that partition before the fence has then been fed to the index, in log order.
+
+One reader lives as long as the worker (manual assignment of every ledger partition, no
+group): the first catch-up reads from the beginning, later ones continue from where the
+last stopped, so a catch-up costs what was written since, not the whole ledger again. A
+catch-up that makes no progress for ``stall_timeout_s`` fails (and is retried by the caller
+while it keeps the affected partitions paused); a large ledger that keeps arriving never
+times out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from stream_dp.errors import StreamDPError
+from stream_dp.pipeline.ledger import LedgerIndex, encode_fence
+
+log = logging.getLogger(__name__)
+
+#: A catch-up fails after this long without a single record arriving while fences are due.
+DEFAULT_STALL_TIMEOUT_S = 60.0
+#: How long the broker may hold a fetch of the ledger open waiting for data: a fence just
+#: written must come back fast (every release waits for one).
+FETCH_MAX_WAIT_MS = 20
+
+#: Writes one record (key, value) to one partition of the ledger topic, acknowledged.
+SendOne = Callable[[str, bytes, int], Awaitable[None]]
+
+
+class LedgerReadError(StreamDPError):
+    """The ledger could not be read to its fences (retriable: the broker may come back)."""
+
+    retriable = True
+
+
+class LedgerLog:
+    def __init__(
+        self,
+        topic: str,
+        index: LedgerIndex,
+        *,
+        client_options: dict[str, Any],
+        send: SendOne,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+    ) -> None:
+        self.topic = topic
+        self.index = index
+        self._options = client_options
+        self._send = send
+        self._stall_timeout_s = stall_timeout_s
+        self._reader: AIOKafkaConsumer | None = None
+        self.partitions: list[int] = []
+
+    async def start(self, partitions: Iterable[int]) -> None:
+        """Assign every ledger partition from the beginning (no records read yet)."""
+        self.partitions = sorted(partitions)
+        reader = AIOKafkaConsumer(
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            **self._options,
+        )
+        await reader.start()
+        self._reader = reader
+        tps = [TopicPartition(self.topic, p) for p in self.partitions]
+        reader.assign(tps)
+        await reader.seek_to_beginning()
+        reader.pause(*tps)  # no background fetching between catch-ups
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            await reader.stop()
+
+    async def catch_up(self, partitions: Iterable[int] | None = None) -> int:
+        """Fence ``partitions`` (default: all) and read until every fence is back; returns
+        the number of records fed. Raises :class:`LedgerReadError` when reading stalls."""
+        assert self._reader is not None, "start() first"
+        reader = self._reader
+        targets = sorted(self.partitions if partitions is None else set(partitions))
+        fence_id = uuid.uuid4().hex
+        key, value = encode_fence(fence_id)
+        for p in targets:
+            await self._send(key, value, p)
+        tps = [TopicPartition(self.topic, p) for p in targets]
+        reader.resume(*tps)
+        try:
+            return await self._read_to_fences(set(targets), key.encode())
+        finally:
+            reader.pause(*tps)
+
+    async def _read_to_fences(self, pending: set[int], fence_key: bytes) -> int:
+        assert self._reader is not None
+        fed = 0
+        last_progress = time.monotonic()
+        while pending:
+            batch = await self._reader.getmany(timeout_ms=500, max_records=10_000)
+            if batch:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > self._stall_timeout_s:
+                raise LedgerReadError(
+                    f"ledger topic {self.topic}: no record for {self._stall_timeout_s:g} s while "
+                    f"waiting for fences on partitions {sorted(pending)}; is the broker (or that "
+                    "partition's leader) down?"
+                )
+            for tp, messages in batch.items():
+                for m in messages:
+                    if m.key == fence_key:
+                        pending.discard(tp.partition)
+                        continue
+                    self.index.feed(m.key.decode() if m.key else "", m.value)
+                    fed += 1
+        return fed
