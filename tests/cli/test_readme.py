@@ -218,7 +218,7 @@ def test_quick_start_make_targets() -> None:
     assert [line.split()[:2] for line in block] == [["make", "demo"], ["make", "test"]]
     demo = _make_n("demo")
     # "they create .venv and install the project with its dev and bench extras"
-    assert "-m venv .venv" in demo and 'pip install --quiet -e ".[dev,bench]"' in demo
+    assert "-m venv .venv" in demo and 'pip install --quiet -e ".[dev,bench,embedded]"' in demo
     assert demo.strip().splitlines()[-1] == ".venv/bin/stream-dp demo"
     test = _make_n("test")
     for step in (".venv/bin/ruff check", ".venv/bin/mypy", ".venv/bin/pytest"):
