@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,23 +44,41 @@ def _batches(path: Path) -> Iterator[list[InputRecord]]:
             yield batch
 
 
+@dataclass(frozen=True)
+class Replay:
+    """What a replay of a file produced."""
+
+    releases: list[LedgerRelease]  #: in order
+    dead: list[DeadLetter]  #: the bad lines, with their reasons
+    records: int  #: non-empty lines read
+
+    @property
+    def usable(self) -> int:
+        """Lines that were events (not dead-lettered)."""
+        return self.records - len(self.dead)
+
+
 def replay_file(
     config: Config, keyring: KeyRing, path: Path, *, metrics: Metrics | None = None
-) -> tuple[list[LedgerRelease], list[DeadLetter]]:
-    """Run the pipeline over a file; returns the releases in order and the dead letters."""
+) -> Replay:
+    """Run the pipeline over a file: the releases in order, the dead letters, the count."""
     pipeline = LocalPipeline(config, keyring, metrics=metrics)
     dead: list[DeadLetter] = []
     releases: list[LedgerRelease] = []
+    records = 0
     # Event time drives the watermark; wall-clock idleness plays no part offline.
     now_mono = 0.0
     for batch in _batches(path):
+        records += len(batch)
         dead.extend(pipeline.ingest(0, batch, now_s=time.time(), now_mono_s=now_mono))
         releases.extend(pipeline.step(now_mono, now_s=time.time()))
     releases.extend(pipeline.finish(now_s=time.time()))
-    return releases, dead
+    return Replay(releases, dead, records)
 
 
-def dead_letter_values(config: Config, dead: list[DeadLetter]) -> list[dict[str, Any]]:
+def dead_letter_values(dead: list[DeadLetter]) -> list[dict[str, Any]]:
+    """The dead-letter records the worker would publish; the source is the file, its line
+    numbers (from 0) the offsets."""
     now = time.time()
     return [
         dead_letter_record(
