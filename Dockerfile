@@ -35,7 +35,6 @@ RUN pip install --no-cache-dir -r /tmp/requirements.txt && rm /tmp/requirements.
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels
 WORKDIR /opt/stream-dp
-COPY examples ./examples
 USER streamdp:streamdp
 # Prometheus metrics and health endpoints. Inside a container they must listen on every
 # interface for `EXPOSE`/`-p 9108:9108` to reach them (the library default, 127.0.0.1, is

@@ -13,8 +13,8 @@ from stream_dp.cli.main import main
 from tests.helpers import schema_validator
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "examples" / "browser-logs.yaml"
-SAMPLE = ROOT / "examples" / "sample-events.jsonl"
+CONFIG = ROOT / "stream_dp" / "examples" / "browser-logs.yaml"
+SAMPLE = ROOT / "stream_dp" / "examples" / "sample-events.jsonl"
 
 
 @pytest.fixture(autouse=True)

@@ -87,7 +87,7 @@ def test_the_metrics_endpoint_is_reachable_through_expose(monkeypatch: pytest.Mo
     assert host == "0.0.0.0"
     # the image sets it, the library default stays on the loopback
     monkeypatch.setenv("STREAM_DP_METRICS__HOST", host)
-    config = load_config(REPO / "examples" / "browser-logs.yaml")
+    config = load_config(REPO / "stream_dp" / "examples" / "browser-logs.yaml")
     assert (config.metrics.host, config.metrics.port) == ("0.0.0.0", 9108)
     assert config.origin.environment["metrics.host"] == "STREAM_DP_METRICS__HOST"
     assert MetricsConfig().host == "127.0.0.1"
