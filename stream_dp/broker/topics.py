@@ -54,7 +54,7 @@ _HINTS = {
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """One topic definition as read from ``topics/<file>.yaml``."""
+    """One topic definition as read from ``stream_dp/topics/<file>.yaml``."""
 
     name: str  #: template, e.g. "{output.topic}"
     partitions: int
@@ -295,6 +295,8 @@ async def _differences(
     if not topics:
         return {}
     described = {t["topic"]: t for t in await admin.describe_topics([t.name for t in topics])}
+    # All configs of each topic: the embedded broker closes the connection when asked for
+    # named ones, and Apache Kafka answers both.
     responses = await admin.describe_configs(
         [ConfigResource(ConfigResourceType.TOPIC, t.name) for t in topics]
     )
