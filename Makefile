@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine: `make demo` and `make test`.
-# Both create .venv when missing and install the project with its dev and bench extras
-# (bench: the Faust peer and the plot of `make bench`, whose smoke size runs in `make test`).
+# Both create .venv when missing and install the project with its dev, bench and embedded
+# extras (bench: the Faust peer and the plot of `make bench`, whose smoke size runs in
+# `make test`; embedded: the Kafka-protocol broker of the demo and the tests).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,bench,embedded]"
 	touch $(STAMP)
 
 setup: $(STAMP)

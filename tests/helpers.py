@@ -13,7 +13,8 @@ from typing import IO, Any, Protocol
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-TOPICS_DIR = Path(__file__).resolve().parents[1] / "topics"
+#: The topic definitions and JSON Schemas (package data of stream_dp).
+TOPICS_DIR = Path(__file__).resolve().parents[1] / "stream_dp" / "topics"
 
 #: ``await topic_factory(partitions=1, *, config=None, prefix="test") -> name``
 TopicFactory = Callable[..., Awaitable[str]]

@@ -1,13 +1,17 @@
 """The Kafka-protocol edge that knows nothing of DP: the embedded broker for the demo and the
-tests, broker readiness checks, client security options and topic creation from ``topics/``."""
+tests, broker readiness checks, client security options and the topics of
+``stream_dp/topics`` (created, compared)."""
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.embedded import EmbeddedBroker
 from stream_dp.broker.probe import BrokerAddress, wait_for_broker
 from stream_dp.broker.topics import (
+    Topic,
     TopicSpec,
+    TopicState,
     apply_topics,
     default_topics_dir,
+    inspect_topics,
     load_topic_specs,
     resolve,
     resolve_all,
@@ -16,10 +20,13 @@ from stream_dp.broker.topics import (
 __all__ = [
     "BrokerAddress",
     "EmbeddedBroker",
+    "Topic",
     "TopicSpec",
+    "TopicState",
     "apply_topics",
     "client_kwargs",
     "default_topics_dir",
+    "inspect_topics",
     "load_topic_specs",
     "resolve",
     "resolve_all",

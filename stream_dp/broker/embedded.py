@@ -15,7 +15,7 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import IO, Self
 
@@ -24,9 +24,18 @@ from stream_dp.broker.process import die_with_parent, free_port, owns_listener, 
 from stream_dp.errors import BrokerError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-#: Tansu reads these from the environment; they must not leak in from the caller's shell.
-_TANSU_ENV = ("SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT", "STORAGE_ENGINE", "CLUSTER_ID")
+#: The only variables the broker process inherits: it needs none of the caller's secrets
+#: (the pseudonym key, SASL passwords, cloud credentials), and Tansu's own settings
+#: (STORAGE_ENGINE, CLUSTER_ID, SCHEMA_REGISTRY, ...) must not leak in from a shell.
+BROKER_ENV_ALLOWED = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 _PORT_ATTEMPTS = 3
+
+
+def broker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The broker process's environment: the allow-listed variables of ``environ`` only."""
+    env = {k: environ[k] for k in BROKER_ENV_ALLOWED if k in environ}
+    env["NO_COLOR"] = "1"
+    return env
 
 
 class EmbeddedBroker:
@@ -185,8 +194,7 @@ class EmbeddedBroker:
         binary = self._binary or resolve_binary()
         port = self._requested_port or free_port(self._host)
         url = f"tcp://{self._host}:{port}"
-        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
-        env["NO_COLOR"] = "1"
+        env = broker_environment(os.environ)
         # The log file is unlinked at once: nothing is left behind, even after SIGKILL.
         log = tempfile.TemporaryFile(prefix="stream-dp-broker-", suffix=".log")  # noqa: SIM115 - closed by stop()
         argv = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,

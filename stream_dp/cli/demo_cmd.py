@@ -8,6 +8,7 @@ import signal
 import sys
 from typing import Any
 
+from stream_dp.broker.process import resolve_binary
 from stream_dp.cli._common import stop_on_signals
 from stream_dp.config.model import MAX_SAFE_EPSILON
 from stream_dp.demo import DemoInterrupted, DemoOptions, run_demo
@@ -88,6 +89,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    resolve_binary()  # the embedded extra: say so before generating any data
     options = DemoOptions.resolve(
         fast=args.fast, users=args.users, windows=args.windows, epsilon=args.epsilon
     )

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from stream_dp.config import load_config
+from stream_dp.config.model import ConfigOrigin
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.planner import ConfigPlan, QueryPlan, plan_config
 from stream_dp.privacy.risk import disclosure_risk_from_epsilon, epsilon_from_disclosure_risk
@@ -68,11 +69,12 @@ def run(args: argparse.Namespace) -> int:
     risk = _risk(args, plan)
     if args.json:
         document = plan.describe()
+        document["config_origin"] = config.origin.model_dump()
         document["disclosure_risk"] = risk
         json.dump(document, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(render_table(plan, risk, source=str(args.config)))
+        sys.stdout.write(render_table(plan, risk, source=str(args.config), origin=config.origin))
     return 0
 
 
@@ -157,9 +159,27 @@ def _query_block(q: QueryPlan) -> list[str]:
     return lines
 
 
-def render_table(plan: ConfigPlan, risk: dict[str, Any] | None, *, source: str) -> str:
+def _origin_lines(origin: ConfigOrigin) -> list[str]:
+    """Which keys the environment set (their values are not shown: they may be secrets)."""
+    if not origin.environment:
+        return ["configuration: the file alone (no STREAM_DP_* overrides)"]
+    lines = ["configuration: the file, with keys from the environment:"]
+    for key, variable in sorted(origin.environment.items()):
+        note = " (replaces the file's queries)" if key == "queries" else ""
+        lines.append(f"  {key} <- {variable}{note}")
+    return lines
+
+
+def render_table(
+    plan: ConfigPlan,
+    risk: dict[str, Any] | None,
+    *,
+    source: str,
+    origin: ConfigOrigin | None = None,
+) -> str:
     b = plan.bounds
     lines = [f"stream-dp plan for {source}"]
+    lines.extend(_origin_lines(origin if origin is not None else ConfigOrigin()))
     if plan.unsafe_test_mode:
         lines.append("WARNING: privacy.unsafe_test_mode is on: these numbers are for tests only")
     lines.append(

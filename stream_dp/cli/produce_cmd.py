@@ -1,8 +1,10 @@
-"""``stream-dp produce --config FILE (--synthetic browser-logs | --file F.jsonl)``.
+"""``stream-dp produce --config FILE (--synthetic browser-logs [--live] | --file F.jsonl)``.
 
 Load generator and file loader for the input topic: records keyed by user id (as producers
 should), sent in batches with every acknowledgement awaited; ``--rate`` paces them,
-``--events`` caps them. Progress goes to stderr (on a terminal), the final report to stdout.
+``--events`` caps them. ``--live`` generates events stamped *now*, continuously, until
+stopped (the docker-compose stack's producer). Progress goes to stderr (on a terminal), the
+final report to stdout.
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ from stream_dp.cli._common import running_broker, stop_on_signals
 from stream_dp.clients.producer import KeyValue, ProduceReport, produce_records
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
-from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
+from stream_dp.synthetic.browser_logs import (
+    BrowserLogSpec,
+    browser_log_events,
+    live_browser_log_events,
+)
 
 DEFAULT_USERS = 1000
 DEFAULT_WINDOWS = 4
+#: --live without --rate: events per second.
+DEFAULT_LIVE_RATE = 100.0
 #: Loads at least this large get a progress bar (on a terminal).
 PROGRESS_MIN_RECORDS = 10_000
 
@@ -73,6 +81,12 @@ def register(sub: Any) -> None:
         help=f"synthetic: event-time windows (default {DEFAULT_WINDOWS}; with --events: as "
         "many as it takes)",
     )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="synthetic: events stamped now, continuously, until Ctrl-C / SIGTERM (or "
+        f"--events); --rate R per second (default {DEFAULT_LIVE_RATE:g})",
+    )
     p.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
     p.add_argument(
         "--start",
@@ -116,6 +130,18 @@ def synthetic_records(
         spec = replace(spec, start_s=math.floor(start_s / size) * size)
     user_field, time_field = config.input.user_field, config.input.time_field
     for event in browser_log_events(spec):
+        uid = event.pop("user_id")
+        event[user_field] = uid
+        event[time_field] = event.pop("timestamp")
+        yield str(uid).encode(), orjson.dumps(event)
+
+
+def live_records(config: Config, *, users: int, seed: int) -> Iterator[KeyValue]:
+    """Endless browser logs in the config's field names, keyed by user id, each stamped with
+    the wall clock (epoch ms) when the producer takes it."""
+    spec = BrowserLogSpec(users=users, window_size_s=config.window.size_s, seed=seed)
+    user_field, time_field = config.input.user_field, config.input.time_field
+    for event in live_browser_log_events(spec, lambda: int(time.time() * 1000)):
         uid = event.pop("user_id")
         event[user_field] = uid
         event[time_field] = event.pop("timestamp")
@@ -197,16 +223,33 @@ class Progress:
 
 
 # -- command ------------------------------------------------------------------------------
+def _check_live(args: argparse.Namespace) -> None:
+    if not args.live:
+        return
+    if args.synthetic is None:
+        raise ConfigError("--live generates synthetic events: use it with --synthetic")
+    if args.windows is not None or args.start is not None:
+        raise ConfigError(
+            "--live stamps every event with the current time: remove --windows and --start"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.file is not None and (args.users or args.windows):
         raise ConfigError("--users and --windows apply to --synthetic only; remove them")
+    _check_live(args)
     config = load_config(args.config)
     bootstrap = running_broker(config, args.bootstrap_servers, "produce")
     files: FileRecords | None = None
+    rate: float | None = args.rate
     if args.file is not None:
         files = FileRecords(args.file, config.input.user_field)
         records: Any = files
         total: int | None = args.events
+    elif args.live:
+        records = live_records(config, users=args.users or DEFAULT_USERS, seed=args.seed)
+        total = args.events
+        rate = rate if rate is not None else DEFAULT_LIVE_RATE
     else:
         users = args.users or DEFAULT_USERS
         windows = args.windows or (
@@ -217,9 +260,7 @@ def run(args: argparse.Namespace) -> int:
         )
         total = args.events
     progress = Progress(sys.stderr, total, files)
-    report, signum = asyncio.run(
-        _produce(config, bootstrap, records, args.rate, args.events, progress)
-    )
+    report, signum = asyncio.run(_produce(config, bootstrap, records, rate, args.events, progress))
     progress.close()
     if args.json:
         extra = {"unkeyed": files.unkeyed} if files is not None else {}

@@ -1,17 +1,31 @@
-"""``stream-dp replay --config FILE --input EVENTS.jsonl [--ledger FILE] [--json]``."""
+"""``stream-dp replay --config FILE --input EVENTS.jsonl [--ledger FILE] [--json]``.
+
+Prints what the worker would publish: release and window records, and (``--json``) the
+dead-letter record of every bad line, with its reason, then a summary record. A file none
+of whose lines is a usable event (binary garbage, the wrong format) is a failure, exit
+code 1: a replay that releases nothing because nothing could be read must not look like
+success. Some bad lines among good ones are normal input, as for the worker: counted by
+reason, exit code 0.
+
+Every run without ``--ledger`` is a fresh, independent release (new noise, its own budget);
+the summary and the text output say so.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from stream_dp.config import load_config
+from stream_dp.errors import StreamDPError
+from stream_dp.pipeline.ingest import DeadLetter
 from stream_dp.pipeline.keys import load_keyring
-from stream_dp.pipeline.replay import replay_file
+from stream_dp.pipeline.replay import ReplayResult, dead_letter_values, replay_file
 from stream_dp.windows.tumbling import iso_utc
 
 
@@ -38,27 +52,47 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _reasons(dead: list[DeadLetter]) -> str:
+    return ", ".join(
+        f"{reason} ×{n}" for reason, n in Counter(d.reason for d in dead).most_common()
+    )
+
+
+def _check_usable(path: Path, result: ReplayResult) -> None:
+    if result.dead and result.usable == 0:
+        raise StreamDPError(
+            f"no line of {path} is a usable event ({len(result.dead)} bad: "
+            f"{_reasons(result.dead)}); "
+            "replay reads JSON lines, one event object per line, with the config's "
+            "input.user_field and input.time_field"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     keyring = load_keyring(config.pseudonymization)
     result = replay_file(config, keyring, args.input, ledger_path=args.ledger)
     out = sys.stdout
-    summary: dict[str, Any] = {
-        "kind": "replay_summary",
-        "ledger": None if args.ledger is None else str(args.ledger),
-        "releases_drawn": result.drawn,
-        "releases_from_ledger": result.from_ledger,
-        "first_window_start": (
-            None if result.coverage_start_s is None else iso_utc(result.coverage_start_s)
-        ),
-        "bad_records": len(result.dead),
-        "notes": result.notes,
-    }
     if args.json:
         for rel in result.releases:
             for rec in rel.records:
                 out.write(orjson.dumps(rec.value, option=orjson.OPT_SORT_KEYS).decode() + "\n")
+        for value in dead_letter_values(result.dead):
+            out.write(orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode() + "\n")
+        summary = {
+            "kind": "replay_summary",
+            "ledger": None if args.ledger is None else str(args.ledger),
+            "releases_drawn": result.drawn,
+            "releases_from_ledger": result.from_ledger,
+            "first_window_start": (
+                None if result.coverage_start_s is None else iso_utc(result.coverage_start_s)
+            ),
+            "bad_records": len(result.dead),
+            "notes": result.notes,
+        }
         out.write(orjson.dumps(summary, option=orjson.OPT_SORT_KEYS).decode() + "\n")
+        out.flush()
+        _check_usable(args.input, result)
         return 0
     for rel in result.releases:
         out.write(
@@ -83,5 +117,10 @@ def run(args: argparse.Namespace) -> int:
     for note in result.notes:
         out.write(f"note: {note}\n")
     if result.dead:
-        out.write(f"\n{len(result.dead)} bad records (not released; see reasons with --json)\n")
+        out.write(
+            f"\n{len(result.dead)} bad records, not released: {_reasons(result.dead)} (--json "
+            "prints each with its line number and detail)\n"
+        )
+    out.flush()
+    _check_usable(args.input, result)
     return 0

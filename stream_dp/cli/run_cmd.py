@@ -18,8 +18,8 @@ def register(sub: Any) -> None:
         "run",
         help="run the streaming worker",
         description="Consume the input topic, release private statistics per window to the "
-        "output topic. Creates its missing output, dead-letter and ledger topics at start. "
-        "SIGTERM/Ctrl-C stops it gracefully (open windows are not released early).",
+        "output topic. Creates its missing output, dead-letter, ledger and internal topics at "
+        "start. SIGTERM/Ctrl-C stops it gracefully (open windows are not released early).",
     )
     p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
     p.add_argument(

@@ -1,4 +1,6 @@
-"""``stream-dp topics apply|list``: the topics defined in ``topics/``, named by the config."""
+"""``stream-dp topics apply|list``: the topics defined in ``stream_dp/topics``, named by the
+config. ``apply`` creates the missing ones and reports how existing ones differ from their
+definitions (it never changes them); ``--dry-run`` only reports."""
 
 from __future__ import annotations
 
@@ -6,28 +8,24 @@ import argparse
 import asyncio
 from typing import Any
 
-from stream_dp.broker.topics import (
-    REPLICATION_FACTOR_ENV,
-    TOPICS_DIR_ENV,
-    apply_topics,
-    load_topic_specs,
-    resolve_all,
-)
+from stream_dp.broker.topics import TopicState, inspect_topics, resolve_all
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
 
-_EPILOG = f"""\
-Topic definitions are the YAML files in the topics/ folder of stream-dp (override the folder
-with {TOPICS_DIR_ENV}); their names come from the config (input.topic, output.topic,
-output.dead_letter_topic, output.ledger_topic). {REPLICATION_FACTOR_ENV} overrides the
-replication factor of every topic, e.g. 3 on a production cluster."""
+_EPILOG = """\
+Topic definitions ship inside stream-dp (stream_dp/topics/*.yaml). Their names come from the
+config: input.topic, output.topic, and output.dead_letter_topic, ledger_topic, partials_topic
+and repartition_topic, which default to <kafka.group_id>.dead-letter, .ledger, .partials and
+.repartition. kafka.replication_factor sets every topic's replication factor (unset: the
+broker's default.replication.factor); output.internal_retention_s the retention of the
+partials and repartition topics."""
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "topics",
-        help="create or list the Kafka topics stream-dp uses",
-        description="Create or list the Kafka topics stream-dp uses.",
+        help="create, compare or list the Kafka topics stream-dp uses",
+        description="Create, compare or list the Kafka topics stream-dp uses.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -36,8 +34,9 @@ def register(subparsers: Any) -> None:
     apply = actions.add_parser(
         "apply",
         help="create the missing topics on the configured Kafka cluster",
-        description="Create the topics that the cluster does not have yet. Existing topics\n"
-        "are left untouched (also when their settings differ): safe to run repeatedly.",
+        description="Create the topics that the cluster does not have yet, and report the\n"
+        "existing ones whose partitions, replication or configs differ from the definitions.\n"
+        "Existing topics are never changed: safe to run repeatedly.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -51,6 +50,11 @@ def register(subparsers: Any) -> None:
         "--skip-input",
         action="store_true",
         help="do not create the input topic (when the producers own it)",
+    )
+    apply.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only show what would be created and what differs; change nothing",
     )
     apply.set_defaults(func=run_apply)
 
@@ -83,28 +87,42 @@ def _bootstrap(config: Config, override: str | None) -> str:
     return config.kafka.bootstrap_servers
 
 
+def _line(state: TopicState, dry_run: bool) -> str:
+    topic = state.topic
+    if not state.present:
+        verb = "would create" if dry_run else "created"
+        return f"{verb}: {topic.name} ({topic.describe()})"
+    if state.differences:
+        return f"differs: {topic.name}: {'; '.join(state.differences)}"
+    return f"already present: {topic.name}"
+
+
 def run_apply(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     bootstrap = _bootstrap(config, args.bootstrap_servers)
-    include_input = not args.skip_input
-    wanted = resolve_all(config, load_topic_specs(), include_input=include_input)
-    created = set(asyncio.run(apply_topics(config, bootstrap, include_input=include_input)))
-    for name, spec in wanted.items():
-        if name in created:
-            plural = "" if spec.partitions == 1 else "s"
-            print(f"created: {name} ({spec.partitions} partition{plural})")
-        else:
-            print(f"already present: {name}")
-    print(f"{len(created)} created, {len(wanted) - len(created)} already present on {bootstrap}")
+    states = asyncio.run(
+        inspect_topics(
+            config, bootstrap, include_input=not args.skip_input, create=not args.dry_run
+        )
+    )
+    for state in states:
+        print(_line(state, args.dry_run))
+    missing = sum(not s.present for s in states)
+    present = len(states) - missing
+    differing = sum(bool(s.differences) for s in states)
+    verb = "would be created" if args.dry_run else "created"
+    summary = f"{missing} {verb}, {present} already present on {bootstrap}"
+    if differing:
+        summary += (
+            f"; {differing} differ{'s' if differing == 1 else ''} from the definitions and "
+            "stay as they are (see the runbook, 'Topic settings')"
+        )
+    print(("dry run: " if args.dry_run else "") + summary)
     return 0
 
 
 def run_list(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    for name, spec in resolve_all(config, load_topic_specs()).items():
-        settings = ", ".join(f"{k}={v}" for k, v in sorted(spec.config.items()))
-        print(
-            f"{name}: {spec.partitions} partitions, replication {spec.replication_factor}, "
-            f"{settings}; records: {spec.schema}"
-        )
+    for name, topic in resolve_all(config).items():
+        print(f"{name}: {topic.describe()}; records: {topic.spec.schema}")
     return 0

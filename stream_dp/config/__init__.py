@@ -4,6 +4,7 @@ from stream_dp.config.loader import load_config, parse_config
 from stream_dp.config.model import (
     BoundsConfig,
     Config,
+    ConfigOrigin,
     InputConfig,
     KafkaConfig,
     MetricsConfig,
@@ -17,6 +18,7 @@ from stream_dp.config.model import (
 __all__ = [
     "BoundsConfig",
     "Config",
+    "ConfigOrigin",
     "InputConfig",
     "KafkaConfig",
     "MetricsConfig",

@@ -1,9 +1,11 @@
 """Load the YAML configuration, apply env overrides, and turn every failure into a ConfigError
-whose message names the field path, the bad value and what is allowed."""
+whose message names the field path, the bad value, where it came from (the file or an
+environment variable) and what is allowed."""
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from stream_dp.config.model import Config
+from stream_dp.config.environment import (
+    check_leftovers,
+    merge_overrides,
+    origins,
+    read_environment,
+)
+from stream_dp.config.model import Config, ConfigOrigin
 from stream_dp.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -43,30 +51,75 @@ def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
     return model
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def _came_from(loc: tuple[int | str, ...], origin: ConfigOrigin, source: str) -> str:
+    """Where the value at ``loc`` came from: the variable that set it (or its section or
+    list), else the file; for a whole section, also the variables that set keys in it."""
+    names = [str(p) for p in loc if isinstance(p, str)]
+    for depth in range(len(names), 0, -1):
+        variable = origin.environment.get(".".join(names[:depth]))
+        if variable is not None:
+            return f"from environment variable {variable}"
+    prefix = ".".join(names)
+    inside = sorted(
+        {v for k, v in origin.environment.items() if not prefix or k.startswith(prefix + ".")}
+    )
+    if inside:
+        return f"from {source} and environment variable{'s' if len(inside) > 1 else ''} " + (
+            ", ".join(inside)
+        )
+    return f"from {source}"
+
+
+def _describe(error: Mapping[str, Any], origin: ConfigOrigin, source: str) -> str:
     loc = tuple(error["loc"])
     path = _format_loc(loc)
+    where = _came_from(loc, origin, source)
     if error["type"] == "extra_forbidden":
         owner = _model_at(loc[:-1])
         allowed = ", ".join(owner.model_fields) if owner else "see README"
-        return f"{path}: unknown key; allowed here: {allowed}"
+        return f"{path} ({where}): unknown key; allowed here: {allowed}"
     if error["type"] == "missing":
         return f"{path}: required but missing"
     value = error.get("input")
-    shown = "" if isinstance(value, Mapping) else f" = {value!r}"
+    secret = any("password" in str(part) for part in loc)
+    shown = "" if isinstance(value, Mapping) or secret else f" = {value!r}"
     msg = str(error["msg"]).removeprefix("Value error, ")
-    return f"{path}{shown}: {msg}"
+    return f"{path}{shown} ({where}): {msg}"
 
 
-def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Config:
-    """Validate already-parsed configuration data (plus env overrides)."""
+def _heading(source: str, origin: ConfigOrigin) -> str:
+    variables = sorted(set(origin.environment.values()))
+    if not variables:
+        return f"invalid configuration in {source}"
+    return f"invalid configuration in {source} with environment overrides {', '.join(variables)}"
+
+
+def parse_config(
+    data: Mapping[str, Any],
+    *,
+    source: str = "config",
+    environ: Mapping[str, str] | None = None,
+    file: str | None = None,
+) -> Config:
+    """Validate configuration data with the ``STREAM_DP_*`` overrides of ``environ``
+    (default: the process environment) applied; ConfigError (exit code 2) otherwise."""
+    overrides, leftovers = read_environment(os.environ if environ is None else environ)
+    merged = merge_overrides(data, overrides)
+    pseudonymization = merged.get("pseudonymization")
+    key_variables: list[Any] = []
+    if isinstance(pseudonymization, Mapping):
+        key_variables = [pseudonymization.get("key_env"), pseudonymization.get("previous_key_env")]
+    check_leftovers(leftovers, [v for v in key_variables if isinstance(v, str)])
+    origin = ConfigOrigin(file=file, environment=origins(overrides))
+    _report_replaced_queries(data, origin, source)
     try:
-        config = Config(**dict(data))
+        config = Config(**merged)
     except ValidationError as exc:
-        lines = "\n  ".join(_describe(e) for e in exc.errors())
-        raise ConfigError(f"invalid configuration in {source}:\n  {lines}") from None
+        lines = "\n  ".join(_describe(e, origin, source) for e in exc.errors())
+        raise ConfigError(f"{_heading(source, origin)}:\n  {lines}") from None
     except ConfigError as exc:
-        raise ConfigError(f"invalid configuration in {source}: {exc}") from None
+        raise ConfigError(f"{_heading(source, origin)}: {exc}") from None
+    config._origin = origin
     if config.privacy.epsilon_per_window > 1:
         log.warning(
             "privacy.epsilon_per_window = %g is above 1; the released numbers protect "
@@ -103,4 +156,19 @@ def load_config(path: str | Path) -> Config:
             f"config file {p} must hold a mapping of sections (kafka, input, ...), "
             f"not a {type(data).__name__}"
         )
-    return parse_config(data, source=str(p))
+    return parse_config(data, source=str(p), file=str(p))
+
+
+def _report_replaced_queries(data: Mapping[str, Any], origin: ConfigOrigin, source: str) -> None:
+    variable = origin.environment.get("queries")
+    if variable is None:
+        return
+    in_file = data.get("queries")
+    count = len(in_file) if isinstance(in_file, list) else 0
+    log.warning(
+        "the queries come from environment variable %s, replacing the %d quer%s in %s",
+        variable,
+        count,
+        "y" if count == 1 else "ies",
+        source,
+    )

@@ -1,20 +1,34 @@
 """The pipeline specification (CONTRACT.md): a frozen pydantic model, one class per section.
 
 Every key may come from the YAML file or from an environment variable
-``STREAM_DP_<SECTION>__<KEY>`` (the environment wins). Cross-field rules live in validators
-so that a bad configuration fails at load time with the field's path and what is allowed.
+``STREAM_DP_<SECTION>__<KEY>`` (the environment wins; :mod:`stream_dp.config.environment`
+reads them, the loader merges them). Cross-field rules live in validators so that a bad
+configuration fails at load time with the field's path and what is allowed.
+
+Some defaults derive from other keys: the dead-letter and internal topics are named after
+``kafka.group_id`` (two deployments on one cluster never share them), and the retention of
+the internal topics follows the window timing (:func:`default_internal_retention_s`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from stream_dp.privacy.budget import QueryShare, check_horizon_budget, check_window_budget
 
@@ -29,6 +43,19 @@ SelectionStrategy = Literal[
     "truncated_geometric", "laplace_threshold", "gaussian_threshold", "count_threshold"
 ]
 MechanismName = Literal["discrete_laplace", "discrete_gaussian"]
+
+DEFAULT_GROUP_ID = "stream-dp"
+#: Topics named ``<kafka.group_id>.<suffix>`` unless the config names them.
+DERIVED_TOPICS = {
+    "dead_letter_topic": "dead-letter",
+    "ledger_topic": "ledger",
+    "partials_topic": "partials",
+    "repartition_topic": "repartition",
+}
+#: The internal topics hold data for at least this long (see default_internal_retention_s).
+MIN_DEFAULT_INTERNAL_RETENTION_S = 6 * 3600
+#: ... and at least this many times a window's life (size + grace + idle close).
+INTERNAL_RETENTION_WINDOWS = 3
 
 
 class _Section(BaseModel):
@@ -65,6 +92,13 @@ class KafkaConfig(_Section):
         ge=5,
         description="a broker write retried this long without success stops the worker "
         "without committing (a supervisor restarts it); reads are retried while it waits",
+    )
+    replication_factor: int | None = Field(
+        None,
+        ge=1,
+        le=32767,
+        description="replicas of every topic stream-dp creates; unset: the broker's "
+        "default.replication.factor",
     )
 
     @property
@@ -120,16 +154,32 @@ class InputConfig(_Section):
 
 
 class OutputConfig(_Section):
+    """Topic names. The defaults of all but ``topic`` follow ``kafka.group_id`` (shown here
+    for the default group id; :class:`Config` fills in the deployment's)."""
+
     topic: str = "dp-releases"
-    dead_letter_topic: str = "dp-dead-letter"
-    ledger_topic: str = "dp-ledger"
+    dead_letter_topic: str = f"{DEFAULT_GROUP_ID}.dead-letter"
+    ledger_topic: str = f"{DEFAULT_GROUP_ID}.ledger"
     partials_topic: str = Field(
-        "dp-partials", description="internal: exact bounded partial counts (access-controlled)"
+        f"{DEFAULT_GROUP_ID}.partials",
+        description="internal: exact bounded partial counts (access-controlled)",
     )
     repartition_topic: str = Field(
-        "dp-repartition", description="internal: events re-keyed by pseudonym (unkeyed input)"
+        f"{DEFAULT_GROUP_ID}.repartition",
+        description="internal: events re-keyed by pseudonym (unkeyed input)",
+    )
+    internal_retention_s: int = Field(
+        MIN_DEFAULT_INTERNAL_RETENTION_S,
+        ge=60,
+        description="retention of the partials and repartition topics; default "
+        "max(6 h, 3 × (window.size_s + grace_s + idle_close_s))",
     )
     dead_letter_include_payload: bool = False
+
+    @property
+    def internal_retention_ms(self) -> int:
+        """``internal_retention_s`` in the unit of Kafka's ``retention.ms``."""
+        return self.internal_retention_s * 1000
 
 
 class WindowConfig(_Section):
@@ -156,6 +206,21 @@ class WindowConfig(_Section):
         if self.start_at is None:
             return None
         return math.floor(self.start_at.timestamp() / self.size_s) * self.size_s
+
+    @property
+    def life_s(self) -> float:
+        """From a window's start until an idle input lets it close: size + grace + idle."""
+        return self.size_s + self.grace_s + self.idle_close_s
+
+
+def default_internal_retention_s(window: WindowConfig) -> int:
+    """How long the internal topics keep records unless ``output.internal_retention_s`` says:
+    max(6 h, 3 window lives). Their records are read again only until their window is
+    released, so a few window lives cover a crashed worker's replay with room for an outage
+    of several hours, while exact counts and pseudonymous events do not linger for days."""
+    return max(
+        MIN_DEFAULT_INTERNAL_RETENTION_S, math.ceil(INTERNAL_RETENTION_WINDOWS * window.life_s)
+    )
 
 
 class PseudonymizationConfig(_Section):
@@ -296,12 +361,39 @@ class LoggingConfig(_Section):
     format: Literal["json", "console"] = "json"
 
 
-class Config(BaseSettings):
-    """The whole pipeline specification."""
+class ConfigOrigin(BaseModel):
+    """Where a configuration came from: the file, and which keys the environment set."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="STREAM_DP_", env_nested_delimiter="__", frozen=True, extra="forbid"
-    )
+    model_config = ConfigDict(frozen=True)
+
+    file: str | None = None
+    #: dotted key (``kafka.group_id``, or a whole section / ``queries``) → variable name
+    environment: dict[str, str] = Field(default_factory=dict)
+
+
+def _group_id(kafka: Any) -> str:
+    if isinstance(kafka, KafkaConfig):
+        return kafka.group_id
+    if isinstance(kafka, Mapping) and isinstance(kafka.get("group_id"), str):
+        return str(kafka["group_id"])
+    return DEFAULT_GROUP_ID
+
+
+def _window_or_none(window: Any) -> WindowConfig | None:
+    if isinstance(window, WindowConfig):
+        return window
+    try:
+        return WindowConfig.model_validate(window if window is not None else {})
+    except ValidationError:
+        return None  # reported with its path when the whole config is validated
+
+
+class Config(BaseModel):
+    """The whole pipeline specification. :func:`stream_dp.config.load_config` builds it from
+    a YAML file and the ``STREAM_DP_*`` environment; constructing it directly reads no
+    environment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     input: InputConfig = Field(default_factory=InputConfig)
@@ -314,17 +406,34 @@ class Config(BaseSettings):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
+    #: Where the values came from (set by the loader; see :attr:`origin`).
+    _origin: ConfigOrigin | None = PrivateAttr(default=None)
+
+    @property
+    def origin(self) -> ConfigOrigin:
+        """The file and the environment variables this configuration was built from."""
+        return self._origin if self._origin is not None else ConfigOrigin()
+
+    @model_validator(mode="before")
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # First source wins: environment overrides the YAML file (passed as init kwargs).
-        return (env_settings, init_settings)
+    def _derived_defaults(cls, data: Any) -> Any:
+        """Fill the defaults that follow other keys: topic names from ``kafka.group_id``,
+        the internal topics' retention from the window timing."""
+        if not isinstance(data, Mapping) or isinstance(data.get("output"), OutputConfig):
+            return data
+        output = data.get("output", {})
+        if not isinstance(output, Mapping):
+            return data  # the field's own validation reports it
+        filled = dict(output)
+        group_id = _group_id(data.get("kafka"))
+        for key, suffix in DERIVED_TOPICS.items():
+            if filled.get(key) is None:
+                filled[key] = f"{group_id}.{suffix}"
+        if filled.get("internal_retention_s") is None:
+            window = _window_or_none(data.get("window"))
+            if window is not None:
+                filled["internal_retention_s"] = default_internal_retention_s(window)
+        return {**data, "output": filled}
 
     @model_validator(mode="after")
     def _cross_section(self) -> Config:
@@ -355,6 +464,13 @@ class Config(BaseSettings):
                         f"{path} = {eps} gives no meaningful privacy; use at most "
                         f"{MAX_SAFE_EPSILON:g}"
                     )
+        if self.output.internal_retention_s < self.window.life_s:
+            raise ValueError(
+                f"output.internal_retention_s = {self.output.internal_retention_s} is shorter "
+                f"than a window's life ({self.window.life_s:g} s = window.size_s + grace_s + "
+                "idle_close_s): open windows would lose their data; remove the key for the "
+                f"default ({default_internal_retention_s(self.window)} s here) or raise it"
+            )
         shares = [QueryShare(q.name, q.epsilon, q.delta) for q in self.queries]
         check_window_budget(
             shares,

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from stream_dp.config import Config
 from stream_dp.errors import ConfigError
@@ -92,8 +91,6 @@ def config_data(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any]:
         "input": {"topic": "events", "user_field": "user_id", "time_field": "timestamp"},
         "output": {
             "topic": "dp-releases",
-            "dead_letter_topic": "dp-dead-letter",
-            "ledger_topic": "dp-ledger",
         },
         "window": {
             "size_s": WINDOW_SIZE_S,
@@ -136,26 +133,11 @@ def config_data(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any]:
     }
 
 
-class _DemoConfig(Config):
-    """The Config model, every check included, but deaf to ``STREAM_DP_*`` environment
-    overrides: a ``STREAM_DP_KAFKA__BOOTSTRAP_SERVERS`` meant for a real deployment must not
-    send the demo's synthetic events to that cluster."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
-
-
 def demo_config(options: DemoOptions, bootstrap_servers: str) -> Config:
-    """The validated demo configuration (environment overrides do not apply)."""
+    """The validated demo configuration. Environment overrides do not apply: a
+    ``STREAM_DP_KAFKA__BOOTSTRAP_SERVERS`` meant for a real deployment must not send the
+    demo's synthetic events to that cluster (building :class:`Config` directly reads none)."""
     try:
-        return _DemoConfig(**config_data(options, bootstrap_servers))
+        return Config(**config_data(options, bootstrap_servers))
     except (ValidationError, ConfigError) as exc:
         raise ConfigError(f"the demo configuration is invalid: {exc}") from None

@@ -13,7 +13,7 @@ replays its input after a crash and its reservoirs sample anew. Each publication
 fresh ``version``; stage 2 takes the first complete version, never a sum of two.
 
 Partials hold exact counts per key and no raw id: the topic is internal and access-controlled
-(ARCHITECTURE.md, "Where each number goes"). Schema: ``topics/partials.schema.json``.
+(ARCHITECTURE.md, "Where each number goes"). Schema: ``stream_dp/topics/partials.schema.json``.
 """
 
 from __future__ import annotations

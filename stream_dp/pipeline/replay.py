@@ -55,6 +55,11 @@ class ReplayResult:
     lines_read: int = 0
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def usable(self) -> int:
+        """Lines that were events (not dead-lettered)."""
+        return self.lines_read - len(self.dead)
+
 
 def _batches(path: Path, result: ReplayResult) -> Iterator[list[InputRecord]]:
     try:
@@ -184,7 +189,9 @@ def _earliest_event_s(pipeline: LocalPipeline, batch: list[InputRecord]) -> floa
     return min(times) if times else None
 
 
-def dead_letter_values(config: Config, dead: list[DeadLetter]) -> list[dict[str, Any]]:
+def dead_letter_values(dead: list[DeadLetter]) -> list[dict[str, Any]]:
+    """The dead-letter records the worker would publish; the source is the file, its line
+    numbers (from 0) the offsets."""
     now = time.time()
     return [
         dead_letter_record(

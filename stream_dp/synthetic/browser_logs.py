@@ -9,12 +9,14 @@
   output must not let anyone tell that from the released numbers.
 
 Deterministic for a given seed; not a DP draw (a plain PRNG is right here).
+:func:`live_browser_log_events` is the endless variant for a live stack: the same population,
+each event stamped with the clock at the moment it is generated.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,15 +52,28 @@ def rare_domain(i: int) -> str:
     return f"rare-{i:03d}.example"
 
 
-def browser_log_events(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
-    """Events in event-time order; ``timestamp`` is epoch milliseconds."""
-    rng = random.Random(spec.seed)  # noqa: S311 — synthetic data, not a privacy draw
+@dataclass(frozen=True)
+class _Population:
+    favourites: list[list[int]]  #: per user: three popular domains (Zipf-weighted)
+    countries: list[str]
+    rare_owner: list[int]  #: per rare domain: the one user who visits it
+
+
+def _population(spec: BrowserLogSpec, rng: random.Random) -> _Population:
     weights = [1.0 / (r + 1) ** 1.1 for r in range(spec.popular_domains)]
     favourites = [
         rng.choices(range(spec.popular_domains), weights=weights, k=3) for _ in range(spec.users)
     ]
     countries = [rng.choice(COUNTRIES) for _ in range(spec.users)]
     rare_owner = [rng.randrange(1, max(2, spec.users)) for _ in range(spec.rare_domains)]
+    return _Population(favourites, countries, rare_owner)
+
+
+def browser_log_events(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
+    """Events in event-time order; ``timestamp`` is epoch milliseconds."""
+    rng = random.Random(spec.seed)  # noqa: S311 — synthetic data, not a privacy draw
+    people = _population(spec, rng)
+    favourites, countries, rare_owner = people.favourites, people.countries, people.rare_owner
     for w, start in enumerate(spec.window_starts()):
         batch: list[dict[str, Any]] = []
         for u in range(spec.users):
@@ -83,3 +98,42 @@ def _event(
 ) -> dict[str, Any]:
     t_ms = start * 1000 + rng.randrange(spec.window_size_s * 1000)
     return {"user_id": user_id(u), "timestamp": t_ms, "domain": domain, "country": country}
+
+
+#: Live: the share of events that are a rare domain's owner visiting it.
+LIVE_RARE_SHARE = 0.01
+
+
+def live_browser_log_events(
+    spec: BrowserLogSpec, clock_ms: Callable[[], int]
+) -> Iterator[dict[str, Any]]:
+    """Endless events of ``spec``'s population, each stamped ``clock_ms()`` when it is made.
+
+    Users are drawn by a heavy-tailed activity weight (Pareto, shape 1.2: most visit rarely,
+    a few a lot), visit one of their three favourite domains, and about one event in a
+    hundred is a rare domain's single owner visiting it. The consumer pulls events when it
+    sends them, so their times are "now" at any rate. ``windows``/``start_s`` of the spec
+    play no part.
+    """
+    rng = random.Random(spec.seed)  # noqa: S311 — synthetic data, not a privacy draw
+    people = _population(spec, rng)
+    activity = [rng.paretovariate(1.2) for _ in range(spec.users)]
+    cumulative: list[float] = []
+    total = 0.0
+    for weight in activity:
+        total += weight
+        cumulative.append(total)
+    users = range(spec.users)
+    while True:
+        if people.rare_owner and rng.random() < LIVE_RARE_SHARE:
+            r = rng.randrange(len(people.rare_owner))
+            u, domain = people.rare_owner[r], rare_domain(r)
+        else:
+            (u,) = rng.choices(users, cum_weights=cumulative, k=1)
+            domain = popular_domain(rng.choice(people.favourites[u]))
+        yield {
+            "user_id": user_id(u),
+            "timestamp": clock_ms(),
+            "domain": domain,
+            "country": people.countries[u],
+        }

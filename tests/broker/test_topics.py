@@ -1,4 +1,5 @@
-"""Topic definitions in topics/ and creating them: `apply_topics` and `stream-dp topics apply`."""
+"""Topic definitions in stream_dp/topics/ and creating them: `apply_topics`, `inspect_topics`
+and `stream-dp topics apply [--dry-run]`."""
 
 from __future__ import annotations
 
@@ -10,16 +11,24 @@ from pathlib import Path
 
 import pytest
 import yaml
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from stream_dp.broker import apply_topics, load_topic_specs, resolve, resolve_all
+from stream_dp.broker import (
+    apply_topics,
+    default_topics_dir,
+    inspect_topics,
+    load_topic_specs,
+    resolve,
+    resolve_all,
+)
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
 from tests.helpers import TOPICS_DIR, ConfigFactory
 
 REPO = Path(__file__).resolve().parents[2]
 SEVEN_DAYS_MS = str(7 * 24 * 3600 * 1000)
+SIX_HOURS_MS = str(6 * 3600 * 1000)
 
 
 def _config(config_factory: ConfigFactory, **output: str) -> Config:
@@ -34,33 +43,60 @@ def test_definitions_match_the_config(config_factory: ConfigFactory) -> None:
         config.output.topic: (3, "delete", SEVEN_DAYS_MS, "output.schema.json"),
         config.output.dead_letter_topic: (1, "delete", SEVEN_DAYS_MS, "dead_letter.schema.json"),
         config.output.ledger_topic: (3, "compact", "-1", "ledger.schema.json"),
-        config.output.partials_topic: (6, "delete", SEVEN_DAYS_MS, "partials.schema.json"),
-        config.output.repartition_topic: (4, "delete", SEVEN_DAYS_MS, "repartition.schema.json"),
+        # internal: hours, not days (the test config's 10 s windows → the 6 h floor)
+        config.output.partials_topic: (6, "delete", SIX_HOURS_MS, "partials.schema.json"),
+        config.output.repartition_topic: (4, "delete", SIX_HOURS_MS, "repartition.schema.json"),
     }
+    resolved = resolve_all(config)
     got = {
-        name: (s.partitions, s.config["cleanup.policy"], s.config["retention.ms"], s.schema)
-        for name, s in by_name.items()
+        name: (t.partitions, t.config["cleanup.policy"], t.config["retention.ms"], t.spec.schema)
+        for name, t in resolved.items()
     }
     assert got == expected
-    assert all(s.replication_factor == 1 and s.description for s in by_name.values())
+    assert set(by_name) == set(expected)
+    assert all(t.replication_factor is None and t.spec.description for t in resolved.values())
     assert [s.is_input for s in by_name.values()].count(True) == 1
     assert by_name[config.input.topic].is_input
 
 
-def test_replication_factor_env_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STREAM_DP_TOPIC_REPLICATION_FACTOR", "3")
-    assert {s.replication_factor for s in load_topic_specs()} == {3}
-    monkeypatch.setenv("STREAM_DP_TOPIC_REPLICATION_FACTOR", "zero")
-    with pytest.raises(ConfigError, match="STREAM_DP_TOPIC_REPLICATION_FACTOR='zero'"):
-        load_topic_specs()
+def test_definitions_are_package_data() -> None:
+    # importlib.resources finds them inside the package, wherever it is installed.
+    folder = default_topics_dir()
+    assert folder.joinpath("ledger.yaml").is_file()
+    assert Path(str(folder)).resolve() == TOPICS_DIR.resolve()  # the source tree's copy here
+    assert not (REPO / "topics").exists(), "topics/ moved into the package: stream_dp/topics"
 
 
-def test_missing_topics_dir_names_the_env_var(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_replication_factor_and_retention_come_from_the_config(
+    config_factory: ConfigFactory,
 ) -> None:
-    monkeypatch.setenv("STREAM_DP_TOPICS_DIR", str(tmp_path / "nowhere"))
-    with pytest.raises(ConfigError, match="set STREAM_DP_TOPICS_DIR"):
-        load_topic_specs()
+    config = load_config(
+        config_factory(
+            {
+                "kafka": {"replication_factor": 3},
+                "window": {"size_s": 86_400, "grace_s": 600, "idle_close_s": 60},
+            }
+        )
+    )
+    topics = resolve_all(config)
+    assert {t.replication_factor for t in topics.values()} == {3}
+    # daily windows: 3 × (86,400 + 600 + 60) s, above the 6 h floor
+    internal = str(3 * (86_400 + 600 + 60) * 1000)
+    assert topics[config.output.partials_topic].config["retention.ms"] == internal
+    assert topics[config.output.repartition_topic].config["retention.ms"] == internal
+    assert topics[config.output.ledger_topic].config["retention.ms"] == "-1"
+    explicit = load_config(config_factory({"output": {"internal_retention_s": 7200}}))
+    assert resolve_all(explicit)[explicit.output.partials_topic].config["retention.ms"] == (
+        "7200000"
+    )
+
+
+def test_a_replication_factor_in_a_definition_is_refused(tmp_path: Path) -> None:
+    broken = _broken_copy(
+        tmp_path, "ledger.yaml", "partitions: 3", "partitions: 3\nreplication_factor: 3"
+    )
+    with pytest.raises(ConfigError, match=r"comes from kafka\.replication_factor"):
+        load_topic_specs(broken)
 
 
 def _broken_copy(tmp_path: Path, file: str, old: str, new: str) -> Path:
@@ -82,6 +118,12 @@ def _broken_copy(tmp_path: Path, file: str, old: str, new: str) -> Path:
         ("ledger.yaml", "partitions: 3", "partitions: 3\nretention: 1", "retention"),
         ("ledger.yaml", "schema: ledger.schema.json", "schema: nope.json", "nope.json is missing"),
         ("events.yaml", "{input.topic}", "{input.topic", "malformed"),
+        (
+            "partials.yaml",
+            "{output.internal_retention_ms}",
+            "{output.retention_ms}",
+            "config.retention.ms .* not a config setting",
+        ),
     ],
 )
 def test_broken_definitions_are_config_errors(
@@ -114,6 +156,14 @@ def test_two_definitions_with_one_name_are_refused(
 def test_invalid_topic_name_names_the_setting(config_factory: ConfigFactory, setting: str) -> None:
     config = _config(config_factory, **{setting: "bad name"})
     with pytest.raises(ConfigError, match=rf"output.{setting} = 'bad name'"):
+        resolve_all(config)
+
+
+def test_a_group_id_unfit_for_topic_names_says_what_to_set(config_factory: ConfigFactory) -> None:
+    path = config_factory({"kafka": {"group_id": "team a"}, "output": {"ledger_topic": None}})
+    config = load_config(path)
+    assert config.output.ledger_topic == "team a.ledger"
+    with pytest.raises(ConfigError, match=r"output.ledger_topic = 'team a.ledger'.*kafka.group_id"):
         resolve_all(config)
 
 
@@ -205,6 +255,77 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
     assert ledger["cleanup.policy"] == "compact"
     releases = await _topic_configs(kafka_bootstrap, config.output.topic)
     assert releases == {"cleanup.policy": "delete", "retention.ms": SEVEN_DAYS_MS}
+    partials = await _topic_configs(kafka_bootstrap, config.output.partials_topic)
+    assert partials == {"cleanup.policy": "delete", "retention.ms": SIX_HOURS_MS}
+
+
+async def _existing(bootstrap: str) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+async def test_cli_dry_run_changes_nothing(
+    config_factory: ConfigFactory, kafka_bootstrap: str
+) -> None:
+    path = config_factory()
+    config = load_config(path)
+    before = await _existing(kafka_bootstrap)
+    result = _stream_dp("topics", "apply", "--config", str(path), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    would = [line for line in result.stdout.splitlines() if line.startswith("would create: ")]
+    assert len(would) == 6
+    assert (
+        f"would create: {config.output.partials_topic} (6 partitions, replication broker "
+        f"default, cleanup.policy=delete, retention.ms={SIX_HOURS_MS})"
+    ) in would
+    assert "dry run: 6 would be created, 0 already present" in result.stdout
+    assert await _existing(kafka_bootstrap) == before  # not one topic created
+
+
+async def test_apply_reports_existing_topics_that_differ(
+    config_factory: ConfigFactory, kafka_bootstrap: str
+) -> None:
+    path = config_factory()
+    config = load_config(path)
+    partials = config.output.partials_topic
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:  # an older deployment's partials topic: 2 partitions, kept for 7 days
+        await admin.create_topics(
+            [NewTopic(partials, 2, 1, topic_configs={"retention.ms": SEVEN_DAYS_MS})]
+        )
+    finally:
+        await admin.close()
+
+    states = {s.topic.name: s for s in await inspect_topics(config, create=False)}
+    assert states[partials].present and not states[partials].created
+    assert states[partials].differences == (
+        "partitions 2, definition 6",
+        "cleanup.policy not set, definition delete",
+        f"retention.ms {SEVEN_DAYS_MS}, definition {SIX_HOURS_MS}",
+    )
+    assert not any(s.present for name, s in states.items() if name != partials)
+
+    result = _stream_dp("topics", "apply", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"differs: {partials}: partitions 2, definition 6; cleanup.policy not set, definition "
+        f"delete; retention.ms {SEVEN_DAYS_MS}, definition {SIX_HOURS_MS}"
+    ) in result.stdout
+    assert "5 created, 1 already present" in result.stdout
+    assert "1 differs from the definitions and stay as they are" in result.stdout
+    # left as it was
+    assert (await _partitions(kafka_bootstrap, [partials]))[partials] == 2
+    assert (await _topic_configs(kafka_bootstrap, partials))["retention.ms"] == SEVEN_DAYS_MS
+
+    again = _stream_dp("topics", "apply", "--config", str(path))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("already present: ") == 5
+    assert "0 created, 6 already present" in again.stdout
 
 
 def test_cli_apply_refuses_embedded(config_factory: ConfigFactory) -> None:
@@ -236,6 +357,7 @@ def test_cli_list_works_offline(config_factory: ConfigFactory) -> None:
     assert f"{config.output.partials_topic}: 6 partitions" in result.stdout
     assert f"{config.output.repartition_topic}: 4 partitions" in result.stdout
     assert "cleanup.policy=compact" in result.stdout
+    assert f"retention.ms={SIX_HOURS_MS}; records: partials.schema.json" in result.stdout
 
 
 def test_config_factory_merges_overrides(config_factory: ConfigFactory) -> None:

@@ -1,14 +1,16 @@
 """The README's commands, run as written.
 
-- "Using it on your own topic": every line of its shell block — the key export, ``plan`` and
-  ``replay`` on the bundled sample, ``run`` and ``tail`` against the session broker (pointed
+- "Using it on your own topic": every line of its shell block, in a new directory outside
+  the repository — the key export, ``examples`` writing the example config and sample,
+  ``plan`` and ``replay`` on them, ``run`` and ``tail`` against the session broker (pointed
   there with the documented ``STREAM_DP_*`` overrides) until they are up, then Ctrl-C /
-  SIGTERM, which must end them with 0.
+  SIGTERM, which must end them with 0. (tests/packaging runs the same lines with an
+  installed wheel.)
 - Quick start: ``make -n`` shows that ``make demo`` / ``make test`` run what it promises.
 - Every ``stream-dp …`` in the Commands table or in the text names a command and options
   that exist.
 
-``examples/sample-events.jsonl`` is reproducible from :data:`SAMPLE_SPEC`; to regenerate:
+``stream_dp/examples/sample-events.jsonl`` is reproducible from :data:`SAMPLE_SPEC`; to regenerate:
 ``python -c "from tests.cli.test_readme import write_sample; write_sample()"``.
 """
 
@@ -36,7 +38,7 @@ from tests.helpers import schema_validator, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-SAMPLE = ROOT / "examples" / "sample-events.jsonl"
+SAMPLE = ROOT / "stream_dp" / "examples" / "sample-events.jsonl"
 SAMPLE_SPEC = BrowserLogSpec(
     users=400, windows=2, window_size_s=3600, median_events_per_user=1.0, max_events_per_user=20
 )
@@ -58,17 +60,37 @@ def _sh_block(title: str) -> list[str]:
     return [line for line in blocks[0].splitlines() if line.strip()]
 
 
-def _own_topic_commands() -> dict[str, list[str]]:
-    """``stream-dp`` lines of the block, by subcommand, as argv (comments removed)."""
+def own_topic_lines() -> dict[str, list[str]]:
+    """``stream-dp`` lines of the block, by subcommand, as arguments after ``stream-dp``."""
     out: dict[str, list[str]] = {}
     for line in _sh_block("Using it on your own topic"):
         if line.startswith("stream-dp "):
             argv = shlex.split(line, comments=True)
-            out[argv[1]] = [*ROOT_ARGV, *argv[1:]]
+            out[argv[1]] = argv[1:]
     return out
 
 
-def _key_from_export_line() -> str:
+def _own_topic_commands() -> dict[str, list[str]]:
+    """The block's ``stream-dp`` lines as argv of this interpreter's stream-dp."""
+    return {name: [*ROOT_ARGV, *args] for name, args in own_topic_lines().items()}
+
+
+def broker_overrides(bootstrap: str, suffix: str) -> dict[str, str]:
+    """The documented overrides that point ``run`` and ``tail`` at another broker, with a
+    group (so internal topics) and topics of their own."""
+    return {
+        "STREAM_DP_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "STREAM_DP_KAFKA__GROUP_ID": f"readme-{suffix}",
+        "STREAM_DP_KAFKA__SESSION_TIMEOUT_MS": "2000",
+        "STREAM_DP_KAFKA__HEARTBEAT_INTERVAL_MS": "500",
+        "STREAM_DP_INPUT__TOPIC": f"events-{suffix}",
+        "STREAM_DP_OUTPUT__TOPIC": f"releases-{suffix}",
+        "STREAM_DP_METRICS__PORT": "0",
+    }
+
+
+def key_from_export_line() -> str:
+    """The key the block's ``export`` line makes."""
     (export,) = [ln for ln in _sh_block("Using it on your own topic") if ln.startswith("export")]
     done = subprocess.run(
         ["bash", "-c", f'{export}\nprintf %s "$STREAM_DP_PSEUDONYM_KEY"'],
@@ -82,13 +104,13 @@ def _key_from_export_line() -> str:
 
 @pytest.fixture
 def readme_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    key = _key_from_export_line()
+    key = key_from_export_line()
     monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", key)
     return {**os.environ, "STREAM_DP_PSEUDONYM_KEY": key}
 
 
 def test_the_block_is_the_one_tested_here() -> None:
-    assert list(_own_topic_commands()) == ["plan", "replay", "run", "tail"]
+    assert list(_own_topic_commands()) == ["examples", "plan", "replay", "run", "tail"]
 
 
 def test_sample_events_file_is_the_documented_synthetic_sample() -> None:
@@ -97,16 +119,40 @@ def test_sample_events_file_is_the_documented_synthetic_sample() -> None:
     assert SAMPLE.stat().st_size < 250_000
 
 
-def test_plan_and_replay_lines(readme_env: dict[str, str]) -> None:
+@pytest.fixture
+def workdir(tmp_path: Path, readme_env: dict[str, str]) -> Path:
+    """A directory outside the repository, after the block's ``examples`` line ran there."""
+    done = subprocess.run(
+        _own_topic_commands()["examples"],
+        cwd=tmp_path,
+        env=readme_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return tmp_path
+
+
+def test_examples_line_writes_the_packaged_examples(workdir: Path) -> None:
+    args = own_topic_lines()["examples"]
+    written = workdir / args[1]
+    for name in ("browser-logs.yaml", "sample-events.jsonl"):
+        assert (written / name).read_bytes() == (
+            ROOT / "stream_dp" / "examples" / name
+        ).read_bytes()
+
+
+def test_plan_and_replay_lines(readme_env: dict[str, str], workdir: Path) -> None:
     commands = _own_topic_commands()
     plan = subprocess.run(
-        commands["plan"], cwd=ROOT, env=readme_env, capture_output=True, text=True, timeout=60
+        commands["plan"], cwd=workdir, env=readme_env, capture_output=True, text=True, timeout=60
     )
     assert plan.returncode == 0, plan.stderr
     assert "visits_by_domain" in plan.stdout and "users_by_country" in plan.stdout
 
     replay = subprocess.run(
-        commands["replay"], cwd=ROOT, env=readme_env, capture_output=True, text=True, timeout=60
+        commands["replay"], cwd=workdir, env=readme_env, capture_output=True, text=True, timeout=60
     )
     assert replay.returncode == 0, replay.stderr
     for start in ("2020-08-01T00:00:00Z", "2020-08-01T01:00:00Z"):
@@ -115,7 +161,7 @@ def test_plan_and_replay_lines(readme_env: dict[str, str]) -> None:
 
     as_json = subprocess.run(
         [*commands["replay"], "--json"],
-        cwd=ROOT,
+        cwd=workdir,
         env=readme_env,
         capture_output=True,
         text=True,
@@ -137,37 +183,26 @@ async def test_run_and_tail_lines(
     kafka_bootstrap: str,
     readme_env: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,
-    tmp_path: Path,
+    workdir: Path,
 ) -> None:
     suffix = uuid.uuid4().hex[:12]
-    overrides = {
-        "STREAM_DP_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "STREAM_DP_KAFKA__GROUP_ID": f"readme-{suffix}",
-        "STREAM_DP_KAFKA__SESSION_TIMEOUT_MS": "2000",
-        "STREAM_DP_KAFKA__HEARTBEAT_INTERVAL_MS": "500",
-        "STREAM_DP_INPUT__TOPIC": f"events-{suffix}",
-        "STREAM_DP_OUTPUT__TOPIC": f"releases-{suffix}",
-        "STREAM_DP_OUTPUT__DEAD_LETTER_TOPIC": f"dead-letter-{suffix}",
-        "STREAM_DP_OUTPUT__LEDGER_TOPIC": f"ledger-{suffix}",
-        "STREAM_DP_OUTPUT__PARTIALS_TOPIC": f"partials-{suffix}",
-        "STREAM_DP_OUTPUT__REPARTITION_TOPIC": f"repartition-{suffix}",
-        "STREAM_DP_METRICS__PORT": "0",
-    }
+    overrides = broker_overrides(kafka_bootstrap, suffix)
     for name, value in overrides.items():
         monkeypatch.setenv(name, value)
     env = {**readme_env, **overrides}
-    config = load_config(ROOT / "examples" / "browser-logs.yaml")
-    assert config.output.topic == f"releases-{suffix}"  # the overrides apply
-    await apply_topics(config, kafka_bootstrap, include_input=True)
     commands = _own_topic_commands()
-    with _Running(commands["run"], env, tmp_path / "run.log") as (run, run_log):
+    config = load_config(workdir / commands["run"][-1])
+    assert config.output.topic == f"releases-{suffix}"  # the overrides apply
+    assert config.output.ledger_topic == f"readme-{suffix}.ledger"  # named after the group
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    with _Running(commands["run"], env, workdir / "run.log", workdir) as (run, run_log):
         wait_until(
             lambda: "partitions assigned" in run_log.read_text() or run.poll() is not None,
             30,
             "the worker to get its partitions",
         )
         assert run.poll() is None, run_log.read_text()
-        with _Running(commands["tail"], env, tmp_path / "tail.log") as (tail, tail_log):
+        with _Running(commands["tail"], env, workdir / "tail.log", workdir) as (tail, tail_log):
             wait_until(
                 lambda: "reading" in tail_log.read_text() or tail.poll() is not None,
                 30,
@@ -182,13 +217,13 @@ async def test_run_and_tail_lines(
 class _Running:
     """A command with stdout+stderr to a file; killed on the way out if still running."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
-        self.argv, self.env, self.log = argv, env, log
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> None:
+        self.argv, self.env, self.log, self.cwd = argv, env, log, cwd
 
     def __enter__(self) -> tuple[subprocess.Popen[bytes], Path]:
         with self.log.open("wb") as handle:
             self.proc = subprocess.Popen(
-                self.argv, cwd=ROOT, env=self.env, stdout=handle, stderr=subprocess.STDOUT
+                self.argv, cwd=self.cwd, env=self.env, stdout=handle, stderr=subprocess.STDOUT
             )
         return self.proc, self.log
 
@@ -218,8 +253,8 @@ def test_quick_start_make_targets() -> None:
     block = _sh_block("Quick start")
     assert [line.split()[:2] for line in block] == [["make", "demo"], ["make", "test"]]
     demo = _make_n("demo")
-    # "they create .venv and install the project with its dev and bench extras"
-    assert "-m venv .venv" in demo and 'pip install --quiet -e ".[dev,bench]"' in demo
+    # "they create .venv and install the project with its dev, bench and embedded extras"
+    assert "-m venv .venv" in demo and 'pip install --quiet -e ".[dev,bench,embedded]"' in demo
     assert demo.strip().splitlines()[-1] == ".venv/bin/stream-dp demo"
     test = _make_n("test")
     for step in (".venv/bin/ruff check", ".venv/bin/mypy", ".venv/bin/pytest"):

@@ -173,8 +173,8 @@ def test_scale_out_settings_default_and_override(
     config = load_config(tmp_path / "c.yaml")
     # Unkeyed input is the safe default: it is repartitioned by pseudonym.
     assert config.input.keyed_by_user is False
-    assert config.output.partials_topic == "dp-partials"
-    assert config.output.repartition_topic == "dp-repartition"
+    assert config.output.partials_topic == "stream-dp.partials"
+    assert config.output.repartition_topic == "stream-dp.repartition"
     monkeypatch.setenv("STREAM_DP_INPUT__KEYED_BY_USER", "true")
     monkeypatch.setenv("STREAM_DP_OUTPUT__PARTIALS_TOPIC", "p-env")
     config = load_config(tmp_path / "c.yaml")
@@ -188,7 +188,57 @@ def test_unknown_output_key_lists_the_internal_topics(
     code, err = _run_with(tmp_path, "output: {partial_topic: x}\n" + GOOD, capsys)
     assert code == 2
     assert "output.partial_topic" in err
-    assert "partials_topic, repartition_topic" in err
+    assert "partials_topic, repartition_topic, internal_retention_s" in err
     code, err = _run_with(tmp_path, "input: {keyed_by_user: maybe}\n" + GOOD, capsys)
     assert code == 2
     assert "input.keyed_by_user" in err
+
+
+def test_internal_topics_are_named_after_the_group_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a.yaml").write_text("kafka: {group_id: team-a}\n" + GOOD)
+    (tmp_path / "b.yaml").write_text(
+        "kafka: {group_id: team-b}\noutput: {ledger_topic: b-ledger-by-hand}\n" + GOOD
+    )
+    a, b = load_config(tmp_path / "a.yaml"), load_config(tmp_path / "b.yaml")
+    assert (
+        a.output.dead_letter_topic,
+        a.output.ledger_topic,
+        a.output.partials_topic,
+        a.output.repartition_topic,
+    ) == ("team-a.dead-letter", "team-a.ledger", "team-a.partials", "team-a.repartition")
+    assert b.output.ledger_topic == "b-ledger-by-hand"  # an explicit name wins
+    assert b.output.partials_topic == "team-b.partials"
+    # the output topic is the consumers' contract: the same default for every deployment
+    assert a.output.topic == b.output.topic == "dp-releases"
+    monkeypatch.setenv("STREAM_DP_KAFKA__GROUP_ID", "team-c")
+    assert load_config(tmp_path / "a.yaml").output.ledger_topic == "team-c.ledger"
+
+
+@pytest.mark.parametrize(
+    ("window", "retention_s"),
+    [
+        ({}, 6 * 3600),  # hourly windows: the 6 h floor
+        ({"size_s": 86_400, "grace_s": 3600, "idle_close_s": 60}, 3 * (86_400 + 3600 + 60)),
+        ({"size_s": 10, "grace_s": 0, "idle_close_s": 0.5}, 6 * 3600),
+    ],
+)
+def test_internal_retention_follows_the_window(window: dict[str, float], retention_s: int) -> None:
+    data = {"window": window, "queries": [{"name": "q", "epsilon": 0.5, "delta": 1e-6}]}
+    config = parse_config(data, environ={})
+    assert config.output.internal_retention_s == retention_s
+    assert config.output.internal_retention_ms == retention_s * 1000
+
+
+def test_internal_retention_shorter_than_a_window_is_refused() -> None:
+    data = {
+        "window": {"size_s": 3600, "grace_s": 60, "idle_close_s": 30},
+        "output": {"internal_retention_s": 1800},
+        "queries": [{"name": "q", "epsilon": 0.5, "delta": 1e-6}],
+    }
+    with pytest.raises(ConfigError, match=r"output.internal_retention_s = 1800 is shorter than "
+                       r"a window's life \(3690 s"):  # fmt: skip
+        parse_config(data, environ={})
+    data["output"] = {"internal_retention_s": 7200}
+    assert parse_config(data, environ={}).output.internal_retention_s == 7200

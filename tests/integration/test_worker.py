@@ -31,7 +31,7 @@ from tests.integration.support import (
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-TOPICS = Path(__file__).resolve().parents[2] / "topics"
+TOPICS = Path(__file__).resolve().parents[2] / "stream_dp" / "topics"
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 TEST_MODE = {"STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"}
 LARGE_EPSILON = {

@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 
 from stream_dp.cli.main import main
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "browser-logs.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "stream_dp" / "examples" / "browser-logs.yaml"
 
 ALL_KINDS: dict[str, Any] = {
     "privacy": {

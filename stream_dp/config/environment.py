@@ -1,0 +1,171 @@
+"""``STREAM_DP_*`` environment variables: configuration overrides that cannot surprise.
+
+A variable ``STREAM_DP_<SECTION>__<KEY>`` overrides one key of the YAML file;
+``STREAM_DP_<SECTION>`` (JSON) overrides several keys of a section, and ``STREAM_DP_QUERIES``
+(a JSON list) replaces the file's queries — the loader reports that loudly. Every other
+``STREAM_DP_*`` variable must be one stream-dp reads for another purpose
+(:data:`NON_CONFIG_VARIABLES`, or the name ``pseudonymization.key_env`` /
+``previous_key_env`` give): anything else — a misspelt section or key — is a ConfigError that
+names the variable, never silently ignored. Names are matched without regard to case, as
+before; values are never echoed (they may be secrets).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from stream_dp.config.model import Config
+from stream_dp.errors import ConfigError
+
+ENV_PREFIX = "STREAM_DP_"
+NESTING = "__"
+
+#: Variables with the prefix that are not configuration keys, and who reads them.
+NON_CONFIG_VARIABLES = {
+    "STREAM_DP_PSEUDONYM_KEY": "the pseudonym key (default pseudonymization.key_env)",
+    "STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "tests: allows privacy.unsafe_test_mode",
+    "STREAM_DP_TEST_CRASH_POINT": "tests: crash the worker at a named point",
+}
+#: Variables older versions read, with what replaces them.
+RETIRED_VARIABLES = {
+    "STREAM_DP_TOPIC_REPLICATION_FACTOR": "set kafka.replication_factor (or "
+    "STREAM_DP_KAFKA__REPLICATION_FACTOR) instead",
+    "STREAM_DP_TOPICS_DIR": "the topic definitions ship inside the package now; unset it",
+}
+
+
+@dataclass(frozen=True)
+class EnvOverride:
+    """One configuration variable: its name, the key it sets and the value to merge."""
+
+    variable: str
+    section: str
+    key: str | None  #: None: the whole section (a JSON object, or the queries list)
+    value: Any
+
+    @property
+    def path(self) -> str:
+        return self.section if self.key is None else f"{self.section}.{self.key}"
+
+
+def _section_model(section: str) -> type[BaseModel] | None:
+    field = Config.model_fields.get(section)
+    annotation = field.annotation if field is not None else None
+    return (
+        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    )
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _parse_json(variable: str, raw: str, expected: type, what: str) -> Any:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"environment variable {variable}: not valid JSON ({exc.msg} at character "
+            f"{exc.pos}); it must hold {what}"
+        ) from None
+    if not isinstance(value, expected):
+        raise ConfigError(f"environment variable {variable} must hold {what}")
+    return value
+
+
+def _classify(variable: str, raw: str) -> EnvOverride | str:
+    """The override a variable sets, or why it is not a configuration variable."""
+    rest = variable[len(ENV_PREFIX) :].lower()
+    section, sep, key = rest.partition(NESTING)
+    sections = list(Config.model_fields)
+    if section not in Config.model_fields:
+        return f"no configuration section {section!r}{_suggest(section, sections)}"
+    model = _section_model(section)
+    if not sep:
+        if model is None:  # queries: a JSON list replaces the file's list
+            return EnvOverride(
+                variable, section, None, _parse_json(variable, raw, list, "a JSON list")
+            )
+        value = _parse_json(variable, raw, dict, f"a JSON object of {section} keys")
+        return EnvOverride(variable, section, None, value)
+    if model is None:
+        return (
+            f"{section} cannot be set key by key; set {ENV_PREFIX}{section.upper()} to a JSON list"
+        )
+    if NESTING in key or key not in model.model_fields:
+        return f"{section} has no key {key!r}{_suggest(key, model.model_fields)}"
+    return EnvOverride(variable, section, key, raw)
+
+
+def read_environment(environ: Mapping[str, str]) -> tuple[list[EnvOverride], dict[str, str]]:
+    """The configuration overrides in ``environ``, and the other ``STREAM_DP_*`` variables
+    with the reason each is not one (checked by :func:`check_leftovers` once the config
+    says which key variables it reads)."""
+    overrides: list[EnvOverride] = []
+    leftovers: dict[str, str] = {}
+    for variable in sorted(environ):
+        name = variable.upper()
+        if not name.startswith(ENV_PREFIX) or name in NON_CONFIG_VARIABLES:
+            continue
+        if name in RETIRED_VARIABLES:
+            leftovers[variable] = f"no longer read: {RETIRED_VARIABLES[name]}"
+            continue
+        found = _classify(variable, environ[variable])
+        if isinstance(found, EnvOverride):
+            overrides.append(found)
+        else:
+            leftovers[variable] = found
+    return overrides, leftovers
+
+
+def check_leftovers(leftovers: Mapping[str, str], key_variables: Iterable[str | None]) -> None:
+    """ConfigError naming every ``STREAM_DP_*`` variable nobody reads."""
+    readers = {name.upper() for name in key_variables if name}
+    unknown = {v: why for v, why in leftovers.items() if v.upper() not in readers}
+    if not unknown:
+        return
+    lines = "\n  ".join(f"{v}: {why}" for v, why in sorted(unknown.items()))
+    raise ConfigError(
+        f"unknown stream-dp environment variable{'s' if len(unknown) > 1 else ''}:\n  {lines}\n"
+        f"Configuration variables are {ENV_PREFIX}<SECTION>__<KEY> (e.g. "
+        f"{ENV_PREFIX}PRIVACY__EPSILON_PER_WINDOW) with a section and key of the config "
+        "reference; fix the name or unset the variable"
+    )
+
+
+def merge_overrides(data: Mapping[str, Any], overrides: Iterable[EnvOverride]) -> dict[str, Any]:
+    """``data`` with the overrides applied: whole sections first (merged key by key into the
+    file's; the queries list replaced), then single keys. ``data`` is not modified."""
+    merged: dict[str, Any] = dict(data)
+    ordered = sorted(overrides, key=lambda o: o.key is not None)
+    for override in ordered:
+        current = merged.get(override.section)
+        if override.key is None and isinstance(override.value, dict):
+            base = dict(current) if isinstance(current, Mapping) else {}
+            merged[override.section] = {**base, **override.value}
+        elif override.key is None:
+            merged[override.section] = override.value
+        else:
+            base = dict(current) if isinstance(current, Mapping) else {}
+            merged[override.section] = {**base, override.key: override.value}
+    return merged
+
+
+def origins(overrides: Iterable[EnvOverride]) -> dict[str, str]:
+    """Dotted key → variable, for every key the environment set (a section variable's JSON
+    keys are listed one by one; a later single-key variable wins)."""
+    out: dict[str, str] = {}
+    for override in sorted(overrides, key=lambda o: o.key is not None):
+        if override.key is None and isinstance(override.value, dict):
+            for key in override.value:
+                out[f"{override.section}.{key}"] = override.variable
+        else:
+            out[override.path] = override.variable
+    return out

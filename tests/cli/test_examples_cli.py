@@ -1,0 +1,42 @@
+"""``stream-dp examples DIR``: the packaged example config and sample, written where asked,
+never over a user's edits unless --force."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stream_dp.cli.examples_cmd import EXAMPLE_FILES, examples_dir
+from stream_dp.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_writes_the_packaged_files_and_keeps_edits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "new" / "folder"
+    assert main(["examples", str(target)]) == 0
+    for name in EXAMPLE_FILES:
+        assert (target / name).read_bytes() == examples_dir().joinpath(name).read_bytes()
+        assert (target / name).read_bytes() == (ROOT / "stream_dp" / "examples" / name).read_bytes()
+    assert capsys.readouterr().out.count("wrote: ") == 2
+
+    assert main(["examples", str(target)]) == 0  # the same files again: nothing to do
+    assert capsys.readouterr().out.count("unchanged: ") == 2
+
+    edited = target / "browser-logs.yaml"
+    edited.write_text("# my edits\n")
+    assert main(["examples", str(target)]) == 2
+    assert "pass --force to overwrite" in capsys.readouterr().err
+    assert edited.read_text() == "# my edits\n"
+    assert main(["examples", str(target), "--force"]) == 0
+    assert edited.read_bytes() == examples_dir().joinpath("browser-logs.yaml").read_bytes()
+
+
+def test_a_file_in_the_way_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "examples"
+    blocker.write_text("")
+    assert main(["examples", str(blocker)]) == 2
+    assert "is not a folder" in capsys.readouterr().err

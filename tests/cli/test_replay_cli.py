@@ -1,0 +1,81 @@
+"""``stream-dp replay`` on bad input: the reasons of bad records in ``--json``, and a file of
+which no line is an event fails (exit 1) instead of releasing nothing with exit 0."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from stream_dp.cli.main import main
+from tests.helpers import schema_validator
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "stream_dp" / "examples" / "browser-logs.yaml"
+SAMPLE = ROOT / "stream_dp" / "examples" / "sample-events.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", os.urandom(32).hex())
+
+
+def _replay(path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
+    code = main(["replay", "--config", str(CONFIG), "--input", str(path), *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_prints_each_bad_record_with_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = SAMPLE.read_bytes().splitlines(keepends=True)[:200]
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b"".join(good[:100]) + b"not json\n" + b"".join(good[100:]) + b"[1, 2]\n")
+    code, out, _ = _replay(path, capsys, "--json")
+    assert code == 0
+    *records, summary = (json.loads(line) for line in out.splitlines())
+    assert summary["kind"] == "replay_summary" and summary["bad_records"] == 2
+    dead = [r for r in records if r["kind"] == "dead_letter"]
+    validator = schema_validator("dead_letter.schema.json")
+    for record in dead:
+        validator.validate(record)
+    assert [(r["reason"], r["source_offset"]) for r in dead] == [
+        ("not_json", 100),
+        ("not_object", 201),
+    ]
+    assert any(r["kind"] == "window" for r in records)  # the good lines were released
+
+    code, out, _ = _replay(path, capsys)
+    assert code == 0
+    assert "2 bad records, not released: not_json ×1, not_object ×1" in out
+
+
+def test_a_file_without_one_usable_line_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(256)) * 40)
+    code, _, err = _replay(garbage, capsys)
+    assert code == 1
+    assert f"no line of {garbage} is a usable event" in err
+    code, out, err = _replay(garbage, capsys, "--json")
+    assert code == 1
+    assert "is a usable event" in err
+    *dead, summary = (json.loads(line) for line in out.splitlines())
+    assert dead and all(record["kind"] == "dead_letter" for record in dead)
+    assert summary["kind"] == "replay_summary" and summary["releases_drawn"] == 0
+
+
+def test_an_empty_file_releases_nothing_and_is_not_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"\n\n")
+    code, out, err = _replay(empty, capsys, "--json")
+    assert (code, err) == (0, "")
+    (summary,) = (json.loads(line) for line in out.splitlines())
+    assert summary["kind"] == "replay_summary"
+    assert (summary["releases_drawn"], summary["bad_records"]) == (0, 0)
