@@ -22,11 +22,22 @@ def _command_modules() -> list[ModuleType]:
         produce_cmd,
         replay_cmd,
         run_cmd,
+        sink_cmd,
         tail_cmd,
         topics_cmd,
     )
 
-    return [run_cmd, replay_cmd, plan_cmd, demo_cmd, produce_cmd, tail_cmd, broker_cmd, topics_cmd]
+    return [
+        run_cmd,
+        replay_cmd,
+        plan_cmd,
+        demo_cmd,
+        produce_cmd,
+        tail_cmd,
+        sink_cmd,
+        broker_cmd,
+        topics_cmd,
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
