@@ -52,8 +52,13 @@ FETCH_TIMEOUT_MS: Final = 500
 RETRY_BACKOFF_S: Final = (0.2, 0.5, 1.0, 2.0, 5.0)
 #: Transient conflicts between concurrent sinks: retried at once.
 _RETRY_AT_ONCE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
-#: The database refused the data itself (a value it cannot hold): not worth retrying.
-_REFUSED_DATA = (psycopg.errors.DataError, psycopg.errors.IntegrityError)
+#: The database refused the data itself (a value it cannot hold, an index entry too large):
+#: retrying the same records cannot help.
+_REFUSED_DATA = (
+    psycopg.errors.DataError,
+    psycopg.errors.IntegrityError,
+    psycopg.errors.ProgramLimitExceeded,
+)
 
 
 def default_group_id(config: Config) -> str:
