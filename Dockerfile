@@ -4,7 +4,8 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY stream_dp ./stream_dp
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The sink extra brings psycopg (`stream-dp sink`); the worker does not need it.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[sink]"
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -21,8 +22,9 @@ COPY topics ./topics
 COPY examples ./examples
 ENV STREAM_DP_TOPICS_DIR=/opt/stream-dp/topics
 USER streamdp:streamdp
-# Prometheus metrics and health endpoints (config: metrics.host must be 0.0.0.0 in a container).
-EXPOSE 9108
+# Prometheus metrics and health endpoints of the worker (9108) and the sink (9109); config:
+# metrics.host must be 0.0.0.0 in a container.
+EXPOSE 9108 9109
 # No HEALTHCHECK here: the same image runs one-shot commands (topics apply, produce) too;
 # docker-compose.yml gives the worker service its health check on /health/live.
 ENTRYPOINT ["stream-dp"]

@@ -331,6 +331,8 @@ def test_stack_has_the_agreed_services_wired_in_order() -> None:
         "producer",
         "prometheus",
         "grafana",
+        "postgres",
+        "sink",
     }
     kafka = services["kafka"]
     assert re.fullmatch(r"apache/kafka:\d+\.\d+\.\d+", kafka["image"])
@@ -345,6 +347,11 @@ def test_stack_has_the_agreed_services_wired_in_order() -> None:
     assert worker["build"]["context"] == "."
     key = worker["environment"]["STREAM_DP_PSEUDONYM_KEY"]
     assert key.startswith("${STREAM_DP_PSEUDONYM_KEY:-INSECURE-DEV-KEY")
+    sink = services["sink"]
+    assert sink["command"] == ["sink", "--config", "/etc/stream-dp/config.yaml"]
+    assert sink["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert sink["environment"]["STREAM_DP_POSTGRES_DSN"].startswith("postgresql://")
+    assert "healthcheck" in services["postgres"]
     assert services["producer"]["command"] == [
         "produce", "--config", "/etc/stream-dp/config.yaml",
         "--synthetic", "browser-logs", "--rate", "200",
