@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import secrets
 import signal
 import string
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -166,6 +168,15 @@ def _start_sink(config: Path, dsn: str, log_path: Path, *extra: str) -> subproce
     return proc
 
 
+def _http_port(log_path: Path) -> int:
+    """The port the sink's /metrics and /health listen on, from its log."""
+    for line in log_path.read_text(errors="replace").splitlines():
+        found = re.search(r"metrics and health on http://[^:]+:(\d+)", line)
+        if found:
+            return int(found.group(1))
+    raise AssertionError(f"the sink did not log its HTTP port:\n{log_path.read_text()}")
+
+
 def _sink_waiting_on_lock(dsn: str) -> bool:
     """The sink's session is inside a transaction that has written (it has a transaction
     id) and waits for a row lock: it is in the middle of storing a batch."""
@@ -254,6 +265,13 @@ async def test_kill_minus_nine_mid_batch_then_restart_stores_the_topic_once(
             "the bad record dead-lettered",
             lambda: _count(postgres_dsn, "SELECT count(*) FROM stream_dp.dead_letters") == 1,
         )
+        port = _http_port(tmp_path / "sink2.log")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=10) as r:
+            assert r.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            exposition = r.read()
+        assert b"stream_dp_sink_ready 1.0" in exposition
+        assert b"stream_dp_sink_releases_stored_total" in exposition
     finally:
         sink.send_signal(signal.SIGTERM)
         code = sink.wait(timeout=60)
