@@ -31,16 +31,22 @@ from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.config import Config
+from stream_dp.errors import StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.sink.batch import BadPosition, Batch, Consumed, assemble
 from stream_dp.sink.metrics import SinkMetrics
 from stream_dp.sink.rows import BadRecord
-from stream_dp.sink.schema import Conn, migrate
+from stream_dp.sink.schema import SCHEMA, Conn, migrate
 from stream_dp.sink.store import StoreResult, store_batch
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class SinkError(StreamDPError):
+    """The sink cannot go on (the message says what to change)."""
+
 
 #: Readiness of the sink: all three must hold.
 SINK_COMPONENTS: Final = ("database_connected", "schema_ready", "partitions_assigned")
@@ -119,7 +125,12 @@ class Sink:
     async def run(self) -> None:
         kafka = self.config.kafka
         try:
-            await self._database()
+            try:
+                await self._database()
+            except psycopg.OperationalError:
+                if self.stopping:
+                    return  # asked to stop while the database was unreachable
+                raise
             self._consumer = AIOKafkaConsumer(
                 group_id=self.group_id,
                 enable_auto_commit=False,
@@ -179,21 +190,35 @@ class Sink:
                 conn: Conn = await psycopg.AsyncConnection.connect(
                     self._dsn, application_name=APPLICATION_NAME
                 )
-                applied = await migrate(conn)
+                try:
+                    applied = await migrate(conn)
+                except BaseException:
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.close()
+                    raise
             except psycopg.OperationalError as exc:
                 self.metrics.database_errors.inc()
                 self.health.set("database_connected", False)
                 if self.stopping:
                     raise
                 delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                # libpq's connection messages name host, user and cause, never row data.
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 log.warning(
-                    "cannot reach the database (%s); retrying in %.1f s",
+                    "cannot reach the database (%s%s); retrying in %.1f s",
                     _describe(exc),
+                    f": {reason}" if reason else "",
                     delay,
                 )
                 attempt += 1
                 await asyncio.sleep(delay)
                 continue
+            except psycopg.Error as exc:
+                raise SinkError(
+                    f"cannot create or migrate the {SCHEMA} schema ({_describe(exc)}); the "
+                    "sink's database user needs CREATE on the database, or the schema must "
+                    "exist and belong to that user"
+                ) from None
             if applied:
                 log.info("database schema migrated to version %d", applied[-1])
             self._conn = conn
@@ -273,7 +298,16 @@ class Sink:
                 await asyncio.sleep(RETRY_BACKOFF_S[1])
                 continue
             if fetched:
-                await self._handle(consumer, fetched)
+                try:
+                    await self._handle(consumer, fetched)
+                except psycopg.OperationalError:
+                    if not self.stopping:
+                        raise
+                    log.warning(
+                        "stopping while the database is unreachable: the batch in hand is "
+                        "neither stored nor committed, the next sink reads it again"
+                    )
+                    return
             self.health.beat()
 
     async def _handle(

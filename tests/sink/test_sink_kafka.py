@@ -353,3 +353,44 @@ async def test_republished_records_after_a_worker_crash_change_nothing(
         assert after_wins[row[1:3]] == row
     assert sink.metrics.duplicates_skipped._value.get() >= len(keys) - len(set(keys))
     assert sink.metrics.conflicts._value.get() == 0
+
+
+async def test_two_sinks_in_one_group_complete_every_window(
+    kafka_bootstrap: str,
+    topic_factory: TopicFactory,
+    config_factory: ConfigFactory,
+    postgres_dsn: str,
+) -> None:
+    """Releases of one window on several partitions, stored by two sinks at once: the
+    window rows they share are locked in turn, so every window ends complete."""
+    topic = await topic_factory(partitions=3, prefix="releases")
+    config = load_config(_output_config(config_factory, topic))
+    sinks = [Sink(config, postgres_dsn, bootstrap_servers=kafka_bootstrap) for _ in range(2)]
+    tasks = [asyncio.create_task(s.run()) for s in sinks]
+    try:
+        await _wait_for(
+            "both sinks to hold partitions",
+            lambda: all(s.health.status()["components"]["partitions_assigned"] for s in sinks),
+        )
+        records = [
+            (k.encode(), v)
+            for w in range(8)
+            for k, v in window_records("visits", w, [f"d{i}.example" for i in range(9)])
+        ]
+        await produce_records(kafka_bootstrap, topic, records)
+        await _wait_for(
+            "every window complete",
+            lambda: (
+                _count(postgres_dsn, "SELECT count(*) FROM stream_dp.windows WHERE complete") == 8
+            ),
+        )
+    finally:
+        for s in sinks:
+            s.request_stop()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+    rels, wins = _expected_rows([(None, v) for _, v in records])
+    stored_rels, stored_wins = _stored_rows(postgres_dsn)
+    assert set(stored_rels) == rels and len(stored_rels) == 72
+    assert set(stored_wins) == wins
+    assert all(s.metrics.releases_stored._value.get() > 0 for s in sinks)  # both worked
+    assert sum(s.metrics.conflicts._value.get() for s in sinks) == 0

@@ -3,15 +3,21 @@ order, idempotence (storing again changes nothing, not even a row version), conf
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
 import pytest
 
+from stream_dp.config import load_config
 from stream_dp.sink.batch import Consumed, assemble
 from stream_dp.sink.schema import LATEST_VERSION, Conn, current_version, migrate
+from stream_dp.sink.service import Sink, SinkError
 from stream_dp.sink.store import store_batch
 from tests.sink.support import releases, window_records, windows
 
@@ -150,3 +156,43 @@ async def test_a_conflicting_record_keeps_the_stored_one(conn: Conn, postgres_ds
         assert c.execute("SELECT release_id, complete FROM stream_dp.windows").fetchall() == [
             ("visits-0", True)
         ]
+
+
+async def test_a_user_who_cannot_create_the_schema_gets_the_fix(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    role = f"limited_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as c:
+        c.execute(f"CREATE ROLE {role} LOGIN")
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(
+        "queries: [{name: q, group_by: [domain], epsilon: 1.0, delta: 1.0e-6}]\n",
+        encoding="utf-8",
+    )
+    dsn = postgres_dsn.replace("user=postgres", f"user={role}")
+    sink = Sink(load_config(config_path), dsn, bootstrap_servers="127.0.0.1:1")
+    with pytest.raises(SinkError, match="needs CREATE on the database"):
+        await asyncio.wait_for(sink.run(), timeout=60)
+    assert not sink.health.ready()
+
+
+async def test_an_unreachable_database_is_retried_until_stopped(tmp_path: Path) -> None:
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(
+        "queries: [{name: q, group_by: [domain], epsilon: 1.0, delta: 1.0e-6}]\n",
+        encoding="utf-8",
+    )
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dsn = f"host=127.0.0.1 port={port} user=nobody dbname=x connect_timeout=2"
+    sink = Sink(load_config(config_path), dsn, bootstrap_servers="127.0.0.1:1")
+    task = asyncio.create_task(sink.run())
+    deadline = asyncio.get_running_loop().time() + 60
+    while sink.metrics.database_errors._value.get() < 2:
+        assert not task.done(), task
+        assert asyncio.get_running_loop().time() < deadline, "no retry seen"
+        await asyncio.sleep(0.05)
+    assert not sink.health.ready()
+    sink.request_stop()
+    await asyncio.wait_for(task, timeout=30)  # returns cleanly, no exception
