@@ -79,10 +79,8 @@ def test_chromium_reports_console_errors_of_a_broken_page(tmp_path: Path) -> Non
 
 @needs_chromium
 @pytest.mark.slow
-@pytest.mark.kafka
-def test_the_demo_report_renders_in_chromium(tmp_path: Path, kafka_bootstrap: str) -> None:
-    # kafka_bootstrap: not used by the demo (it starts its own broker); it only marks the
-    # test as one that starts a broker, for `-m "not kafka"` runs.
+@pytest.mark.kafka  # the demo starts its own embedded broker
+def test_the_demo_report_renders_in_chromium(tmp_path: Path) -> None:
     report = tmp_path / "demo-report.html"
     result = run_cli("demo", "--fast", "--html", str(report), timeout_s=240)
     assert result.returncode == 0, result.stderr[-3000:]
