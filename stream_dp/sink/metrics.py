@@ -101,8 +101,8 @@ class SinkMetrics:
         )
         self.ready = Gauge(
             "stream_dp_sink_ready",
-            "1 when the sink is ready (database connected, schema migrated, output "
-            "partitions assigned), else 0.",
+            "1 when the sink is ready (database connected, schema migrated, broker "
+            "reachable, output partitions assigned), else 0.",
             registry=r,
         )
         self.build_info = Info(

@@ -30,8 +30,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
+from stream_dp.broker.probe import wait_for_broker
 from stream_dp.config import Config
-from stream_dp.errors import StreamDPError
+from stream_dp.errors import BrokerError, StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.sink.batch import BadPosition, Batch, Consumed, assemble
 from stream_dp.sink.metrics import SinkMetrics
@@ -49,7 +50,14 @@ class SinkError(StreamDPError):
 
 
 #: Readiness of the sink: all three must hold.
-SINK_COMPONENTS: Final = ("database_connected", "schema_ready", "partitions_assigned")
+SINK_COMPONENTS: Final = (
+    "database_connected",
+    "schema_ready",
+    "broker_reachable",
+    "partitions_assigned",
+)
+BROKER_PROBE_INTERVAL_S: Final = 1.0
+BROKER_PROBE_TIMEOUT_S: Final = 2.0
 
 #: application_name of the sink's database sessions (pg_stat_activity).
 APPLICATION_NAME: Final = "stream-dp sink"
@@ -113,6 +121,7 @@ class Sink:
         self._consumer: AIOKafkaConsumer | None = None
         self._assigned: set[TopicPartition] = set()
         self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def request_stop(self) -> None:
         self._stopping.set()
@@ -140,6 +149,8 @@ class Sink:
                 **client_kwargs(kafka, bootstrap_servers=self.bootstrap),
             )
             self._consumer.subscribe([self.topic], listener=_Rebalance(self))
+            monitor = asyncio.create_task(self._monitor_broker())
+            self._tasks.add(monitor)
             await self._retry_broker("start consumer", self._consumer.start)
             log.info(
                 "sink consuming %s in group %s",
@@ -152,6 +163,10 @@ class Sink:
             await self._shutdown()
 
     async def _shutdown(self) -> None:
+        tasks, self._tasks = self._tasks, set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._consumer is not None:
             with contextlib.suppress(KafkaError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._consumer.stop(), timeout=10)
@@ -162,6 +177,23 @@ class Sink:
             self._conn = None
         for component in SINK_COMPONENTS:
             self.health.set(component, False)
+
+    async def _monitor_broker(self) -> None:
+        """Probe the broker every second: not ready while it does not answer."""
+        reachable: bool | None = None
+        while True:
+            try:
+                await wait_for_broker(
+                    self.bootstrap, BROKER_PROBE_TIMEOUT_S, kafka=self.config.kafka
+                )
+                ok = True
+            except BrokerError:
+                ok = False
+            if reachable is not None and ok != reachable:
+                log.warning("broker %s", "reachable again" if ok else "unreachable")
+            reachable = ok
+            self.health.set("broker_reachable", ok)
+            await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
 
     def on_assigned(self, assigned: list[TopicPartition]) -> None:
         self._assigned |= set(assigned)
