@@ -14,7 +14,8 @@ ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS requirements
 WORKDIR /src
 COPY pyproject.toml ./
-RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(deps))" > /requirements.txt
+# The hard dependencies and the `sink` extra (psycopg, for `stream-dp sink`).
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['sink']))" > /requirements.txt
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
@@ -36,11 +37,12 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels
 WORKDIR /opt/stream-dp
 USER streamdp:streamdp
-# Prometheus metrics and health endpoints. Inside a container they must listen on every
-# interface for `EXPOSE`/`-p 9108:9108` to reach them (the library default, 127.0.0.1, is
-# right on a host); publish the port on the host's loopback: `-p 127.0.0.1:9108:9108`.
+# Prometheus metrics and health endpoints of the worker (9108) and the sink (9109). Inside
+# a container they must listen on every interface for `EXPOSE`/`-p` to reach them (the
+# library default, 127.0.0.1, is right on a host); publish the ports on the host's loopback:
+# `-p 127.0.0.1:9108:9108`.
 ENV STREAM_DP_METRICS__HOST=0.0.0.0
-EXPOSE 9108
+EXPOSE 9108 9109
 # No HEALTHCHECK here: the same image runs one-shot commands (topics apply, produce) too;
 # docker-compose.yml gives the worker service its health check on /health/live.
 ENTRYPOINT ["stream-dp"]

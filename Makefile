@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck pytest demo bench clean
+.PHONY: setup test lint typecheck pytest demo bench clean test-tools demo-screenshot
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,14 +23,33 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# Debian tools some tests use, installed when missing and possible (root with apt-get):
+# headless Chromium renders the demo's HTML report, docker-compose validates
+# docker-compose.yml. Where they cannot be installed, those tests skip and say why.
+TEST_TOOLS := chromium docker-compose
+test-tools:
+	@missing=""; for tool in $(TEST_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing$$missing (Debian packages, for the browser and compose tests)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null) \
+	    || echo "could not install$$missing: the tests that need them will skip"; \
+	else echo "missing$$missing and not root: the tests that need them will skip"; fi
+
 # pytest exits 5 when it collected no test; make treats that as a failure.
-pytest: setup
+pytest: setup test-tools
 	$(BIN)/pytest
 
 test: lint typecheck pytest
 
 demo: setup
 	$(BIN)/stream-dp demo
+
+# The README's picture of the demo's HTML report: a full demo run, rendered by headless
+# Chromium, cropped to the page.
+demo-screenshot: setup test-tools
+	$(BIN)/stream-dp demo --html $(VENV)/demo-report.html
+	$(BIN)/python -m tests.demo.browser $(VENV)/demo-report.html docs/demo-report.png
 
 bench: setup
 	$(BIN)/python -m bench.run

@@ -1,4 +1,4 @@
-"""``stream-dp demo [--fast] [--windows N] [--epsilon E] [--users N] [--json]``."""
+"""``stream-dp demo [--fast] [--windows N] [--epsilon E] [--users N] [--json] [--html FILE]``."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from stream_dp.broker.process import resolve_binary
 from stream_dp.cli._common import stop_on_signals
 from stream_dp.config.model import MAX_SAFE_EPSILON
 from stream_dp.demo import DemoInterrupted, DemoOptions, run_demo
+from stream_dp.demo.html_report import HtmlReporter, TeeReporter
 from stream_dp.demo.render import ConsoleReporter, JsonReporter
 from stream_dp.demo.runner import Reporter
 from stream_dp.demo.scenario import (
@@ -21,6 +23,7 @@ from stream_dp.demo.scenario import (
     FAST_WINDOWS,
     WINDOW_SIZE_S,
 )
+from stream_dp.errors import ConfigError
 
 MAX_USERS = 100_000
 MAX_WINDOWS = 100
@@ -85,6 +88,12 @@ def register(sub: Any) -> None:
         help="privacy budget ε per window, shared ¾ / ¼ by the two queries (default 1)",
     )
     p.add_argument("--json", action="store_true", help="JSON lines (start, window…, summary)")
+    p.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="also write a self-contained HTML report with charts (inline SVG, works offline)",
+    )
     p.set_defaults(func=run)
 
 
@@ -98,6 +107,17 @@ def run(args: argparse.Namespace) -> int:
         reporter = JsonReporter(sys.stdout)
     else:
         reporter = ConsoleReporter(sys.stdout, sys.stderr if sys.stderr.isatty() else None)
+    if args.html is not None:
+        if not args.html.parent.is_dir():
+            raise ConfigError(
+                f"--html {args.html}: the folder {args.html.parent} does not exist; create it "
+                "or write the report elsewhere"
+            )
+        html = HtmlReporter(args.html)
+        code = asyncio.run(_main(options, TeeReporter(reporter, html)))
+        if html.path.exists():
+            print(f"stream-dp demo: HTML report written to {html.path}", file=sys.stderr)
+        return code
     return asyncio.run(_main(options, reporter))
 
 

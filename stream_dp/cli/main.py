@@ -23,6 +23,7 @@ def _command_modules() -> list[ModuleType]:
         produce_cmd,
         replay_cmd,
         run_cmd,
+        sink_cmd,
         tail_cmd,
         topics_cmd,
     )
@@ -34,6 +35,7 @@ def _command_modules() -> list[ModuleType]:
         demo_cmd,
         produce_cmd,
         tail_cmd,
+        sink_cmd,
         broker_cmd,
         topics_cmd,
         examples_cmd,

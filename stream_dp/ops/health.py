@@ -5,8 +5,9 @@
   a worker waiting for an unreachable broker is alive (restarting it would not help), a worker
   whose loop is stuck is not (restarting it would). Until the first beat, the moment of
   construction counts as one, so a worker gets ``live_timeout_s`` to start its loop.
-- **ready**: every component reports ok: input partitions assigned, producer connected,
-  release ledger loaded, and no partition-count change of a topic it reads still settling.
+- **ready**: every component reports ok — for the worker (:data:`COMPONENTS`): input
+  partitions assigned, producer connected, release ledger loaded, and no partition-count
+  change of a topic it reads still settling; other services (the sink) name their own.
   Readiness says nothing about liveness; an orchestrator checks both.
 
 The clock is injectable (``clock=``, a monotonic ``() -> float`` in seconds) so tests never
@@ -16,11 +17,10 @@ sleep.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Protocol
 
-if TYPE_CHECKING:
-    from stream_dp.ops.metrics import Metrics
+from prometheus_client import Gauge
 
 #: The components that must all be ok for the worker to be ready.
 COMPONENTS: Final[tuple[str, ...]] = (
@@ -29,6 +29,13 @@ COMPONENTS: Final[tuple[str, ...]] = (
     "ledger_loaded",
     "topology_stable",
 )
+
+
+class HasReadyGauge(Protocol):
+    """Metrics with a ``ready`` gauge (the worker's and the sink's)."""
+
+    @property
+    def ready(self) -> Gauge: ...
 
 DEFAULT_LIVE_TIMEOUT_S: Final = 30.0
 
@@ -40,8 +47,9 @@ class Health:
         self,
         *,
         live_timeout_s: float = DEFAULT_LIVE_TIMEOUT_S,
-        metrics: Metrics | None = None,
+        metrics: HasReadyGauge | None = None,
         clock: Callable[[], float] = time.monotonic,
+        components: Sequence[str] = COMPONENTS,
     ) -> None:
         if not live_timeout_s > 0:
             raise ValueError(f"live_timeout_s must be > 0, got {live_timeout_s!r}")
@@ -50,7 +58,9 @@ class Health:
         self._clock = clock
         self._last_beat = clock()
         self._beats = 0
-        self._components: dict[str, bool] = dict.fromkeys(COMPONENTS, False)
+        if not components:
+            raise ValueError("a service needs at least one health component")
+        self._components: dict[str, bool] = dict.fromkeys(components, False)
         self._publish_ready()
 
     def beat(self) -> None:
@@ -59,10 +69,11 @@ class Health:
         self._beats += 1
 
     def set(self, component: str, ok: bool) -> None:
-        """Report one component's state; ``component`` is one of :data:`COMPONENTS`."""
+        """Report one component's state; ``component`` is one of the components given."""
         if component not in self._components:
             raise ValueError(
-                f"unknown health component {component!r}; use one of {', '.join(COMPONENTS)}"
+                f"unknown health component {component!r}; use one of "
+                f"{', '.join(self._components)}"
             )
         self._components[component] = bool(ok)
         self._publish_ready()

@@ -21,9 +21,9 @@ import contextlib
 import json
 import logging
 from http import HTTPStatus
+from typing import Protocol
 
 from stream_dp.ops.health import Health
-from stream_dp.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,13 @@ LINGER_S = 1.0
 LINGER_MAX_BYTES = 256 * 1024
 
 
+class MetricsSource(Protocol):
+    """What ``/metrics`` serves: the worker's :class:`~stream_dp.ops.metrics.Metrics`, the
+    sink's metrics, anything with a text exposition."""
+
+    def exposition(self) -> bytes: ...
+
+
 class _BadRequest(Exception):
     def __init__(self, status: HTTPStatus, reason: str) -> None:
         super().__init__(reason)
@@ -50,7 +57,7 @@ class _BadRequest(Exception):
 class HttpServer:
     """A running ops HTTP server; :attr:`port` is the bound port (useful when 0 was asked)."""
 
-    def __init__(self, metrics: Metrics, health: Health) -> None:
+    def __init__(self, metrics: MetricsSource, health: Health) -> None:
         self._metrics = metrics
         self._health = health
         self._server: asyncio.Server | None = None
@@ -208,7 +215,9 @@ async def _lingering_close(reader: asyncio.StreamReader, writer: asyncio.StreamW
             drained += len(chunk)
 
 
-async def start_http_server(host: str, port: int, metrics: Metrics, health: Health) -> HttpServer:
+async def start_http_server(
+    host: str, port: int, metrics: MetricsSource, health: Health
+) -> HttpServer:
     """Listen on ``host:port`` (port 0: any free port, see ``.port``) and serve until closed."""
     server = HttpServer(metrics, health)
     await server._start(host, port)

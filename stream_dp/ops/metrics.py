@@ -79,6 +79,19 @@ class _WithoutCreated:
                 yield family
 
 
+def registry_exposition(registry: CollectorRegistry) -> bytes:
+    """A registry in the Prometheus text format 0.0.4, without ``*_created`` series."""
+    return generate_latest(_WithoutCreated(registry))
+
+
+def registry_sample_names(registry: CollectorRegistry) -> set[str]:
+    """Every sample name a registry's metrics can expose (see :meth:`Metrics.names`)."""
+    names: set[str] = set()
+    for family in registry.collect():
+        names |= _sample_names(family)
+    return names
+
+
 def _sample_names(family: Metric) -> set[str]:
     """Every sample name a family can expose, whether or not a labelled child exists yet."""
     name = family.name
@@ -380,7 +393,7 @@ class Metrics:
 
     def exposition(self) -> bytes:
         """All metrics in the Prometheus text format 0.0.4 (what ``/metrics`` serves)."""
-        return generate_latest(_WithoutCreated(self.registry))
+        return registry_exposition(self.registry)
 
     def names(self) -> set[str]:
         """Every sample name this worker can expose (``..._total``, ``..._bucket``, ...).
@@ -388,7 +401,4 @@ class Metrics:
         Derived from the metric definitions, so labelled metrics without a child yet are
         included; alert rules and dashboards are checked against this set.
         """
-        names: set[str] = set()
-        for family in self.registry.collect():
-            names |= _sample_names(family)
-        return names
+        return registry_sample_names(self.registry)

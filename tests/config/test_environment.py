@@ -21,7 +21,7 @@ from stream_dp.config import load_config
 from stream_dp.config.environment import NON_CONFIG_VARIABLES, RETIRED_VARIABLES
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV
 from stream_dp.errors import ConfigError
-from stream_dp.pipeline.worker import CRASH_POINT_ENV
+from stream_dp.pipeline.worker import CRASH_POINT_ENV, PAUSE_POINT_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 PLAN_SCHEMA = REPO / "stream_dp" / "privacy" / "plan.schema.json"
@@ -96,7 +96,7 @@ def test_a_retired_variable_says_what_replaced_it(
 
 def test_variables_read_elsewhere_are_allowed(good: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The test switches are the ones the code reads (a rename would turn them into errors).
-    assert {UNSAFE_TEST_MODE_ENV, CRASH_POINT_ENV} <= set(NON_CONFIG_VARIABLES)
+    assert {UNSAFE_TEST_MODE_ENV, CRASH_POINT_ENV, PAUSE_POINT_ENV} <= set(NON_CONFIG_VARIABLES)
     for variable in NON_CONFIG_VARIABLES:
         monkeypatch.setenv(variable, "0")
     assert load_config(good).queries[0].name == "visits"

@@ -285,7 +285,7 @@ def mounts(service: Mapping[str, Any]) -> dict[str, Path]:
 
 def test_every_stream_dp_command_parses_with_the_real_cli() -> None:
     services = stream_dp_services(load_compose())
-    assert set(services) == {"topics-init", "stream-dp", "producer"}
+    assert set(services) == {"topics-init", "stream-dp", "producer", "sink"}
     parser = build_parser()
     for name, service in services.items():
         args = parser.parse_args(service["command"])  # SystemExit(2) on a bad command
@@ -319,6 +319,8 @@ def test_stack_services_and_wiring() -> None:
         "producer",
         "prometheus",
         "grafana",
+        "postgres",
+        "sink",
     }
     kafka = services["kafka"]
     assert re.fullmatch(r"apache/kafka:\d+\.\d+\.\d+", kafka["image"])
@@ -334,6 +336,11 @@ def test_stack_services_and_wiring() -> None:
         "${STREAM_DP_PSEUDONYM_KEY:-"
     )
     assert "FOR TRYING IT OUT ONLY" in COMPOSE.read_text(encoding="utf-8")
+    sink = services["sink"]
+    assert sink["command"] == ["sink", "--config", "/etc/stream-dp/config.yaml"]
+    assert sink["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert sink["environment"]["STREAM_DP_POSTGRES_DSN"].startswith("postgresql://")
+    assert "healthcheck" in services["postgres"]
     # the producer is live: no replayed file, and a restart never resends old events
     producer = services["producer"]
     assert "--live" in producer["command"] and "--file" not in producer["command"]

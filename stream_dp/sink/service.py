@@ -1,0 +1,412 @@
+"""The sink's loop: output topic → PostgreSQL, one transaction per fetched batch.
+
+The sink is a member of its own consumer group (default ``<kafka.group_id>.sink``) on
+``output.topic``, with auto-commit off. For every batch: map the records
+(:func:`~stream_dp.sink.batch.assemble`), store them in one database transaction
+(:func:`~stream_dp.sink.store.store_batch`), and only after that transaction has committed,
+commit the batch's offsets to Kafka. A crash anywhere before the Kafka commit re-reads the
+batch, and storing it again changes nothing; a crash after it re-reads nothing. So the
+tables hold every record of the topic once, whatever the crashes.
+
+A record that cannot be stored is kept out, logged (topic, partition, offset, reason — never
+its content) and written to ``stream_dp.dead_letters``; the sink goes on. When the database
+refuses a batch for its data (a value PostgreSQL cannot hold), the batch is stored record by
+record so that only the culprit is dead-lettered. When the database or the broker is
+unreachable, the sink retries with back-off and is not ready meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+import psycopg
+import psycopg.errors
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from stream_dp.broker.client_options import client_kwargs
+from stream_dp.broker.probe import wait_for_broker
+from stream_dp.config import Config
+from stream_dp.errors import BrokerError, StreamDPError
+from stream_dp.ops.health import Health
+from stream_dp.sink.batch import BadPosition, Batch, Consumed, assemble
+from stream_dp.sink.metrics import SinkMetrics
+from stream_dp.sink.rows import BadRecord
+from stream_dp.sink.schema import SCHEMA, Conn, migrate
+from stream_dp.sink.store import StoreResult, store_batch
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class SinkError(StreamDPError):
+    """The sink cannot go on (the message says what to change)."""
+
+
+#: Readiness of the sink: all three must hold.
+SINK_COMPONENTS: Final = (
+    "database_connected",
+    "schema_ready",
+    "broker_reachable",
+    "partitions_assigned",
+)
+BROKER_PROBE_INTERVAL_S: Final = 1.0
+BROKER_PROBE_TIMEOUT_S: Final = 2.0
+
+#: application_name of the sink's database sessions (pg_stat_activity).
+APPLICATION_NAME: Final = "stream-dp sink"
+MAX_RECORDS_PER_BATCH: Final = 5_000
+FETCH_TIMEOUT_MS: Final = 500
+RETRY_BACKOFF_S: Final = (0.2, 0.5, 1.0, 2.0, 5.0)
+#: Transient conflicts between concurrent sinks: retried at once.
+_RETRY_AT_ONCE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+#: The database refused the data itself (a value it cannot hold, an index entry too large):
+#: retrying the same records cannot help.
+_REFUSED_DATA = (
+    psycopg.errors.DataError,
+    psycopg.errors.IntegrityError,
+    psycopg.errors.ProgramLimitExceeded,
+)
+
+
+def default_group_id(config: Config) -> str:
+    """The sink's consumer group: its own, derived from the worker's."""
+    return f"{config.kafka.group_id}.sink"
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.sink.on_revoked(list(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.sink.on_assigned(list(assigned))
+
+
+class Sink:
+    """Output topic → PostgreSQL. ``run()`` until :meth:`request_stop`."""
+
+    def __init__(
+        self,
+        config: Config,
+        dsn: str,
+        *,
+        group_id: str | None = None,
+        bootstrap_servers: str | None = None,
+        metrics: SinkMetrics | None = None,
+        health: Health | None = None,
+        max_records_per_batch: int = MAX_RECORDS_PER_BATCH,
+    ) -> None:
+        self.config = config
+        self.topic = config.output.topic
+        self.group_id = group_id or default_group_id(config)
+        self.bootstrap = bootstrap_servers or config.kafka.bootstrap_servers
+        self.metrics = metrics if metrics is not None else SinkMetrics()
+        self.health = (
+            health
+            if health is not None
+            else Health(metrics=self.metrics, components=SINK_COMPONENTS)
+        )
+        self._dsn = dsn
+        self._max_records = max_records_per_batch
+        self._conn: Conn | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._assigned: set[TopicPartition] = set()
+        self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def run(self) -> None:
+        kafka = self.config.kafka
+        try:
+            try:
+                await self._database()
+            except psycopg.OperationalError:
+                if self.stopping:
+                    return  # asked to stop while the database was unreachable
+                raise
+            self._consumer = AIOKafkaConsumer(
+                group_id=self.group_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=kafka.session_timeout_ms,
+                heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+                **client_kwargs(kafka, bootstrap_servers=self.bootstrap),
+            )
+            self._consumer.subscribe([self.topic], listener=_Rebalance(self))
+            monitor = asyncio.create_task(self._monitor_broker())
+            self._tasks.add(monitor)
+            await self._retry_broker("start consumer", self._consumer.start)
+            log.info(
+                "sink consuming %s in group %s",
+                self.topic,
+                self.group_id,
+                extra={"topic": self.topic},
+            )
+            await self._loop()
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        tasks, self._tasks = self._tasks, set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._consumer is not None:
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._consumer.stop(), timeout=10)
+            self._consumer = None
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                await self._conn.close()
+            self._conn = None
+        for component in SINK_COMPONENTS:
+            self.health.set(component, False)
+
+    async def _monitor_broker(self) -> None:
+        """Probe the broker every second: not ready while it does not answer."""
+        reachable: bool | None = None
+        while True:
+            try:
+                await wait_for_broker(
+                    self.bootstrap, BROKER_PROBE_TIMEOUT_S, kafka=self.config.kafka
+                )
+                ok = True
+            except BrokerError:
+                ok = False
+            if reachable is not None and ok != reachable:
+                log.warning("broker %s", "reachable again" if ok else "unreachable")
+            reachable = ok
+            self.health.set("broker_reachable", ok)
+            await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
+
+    def on_assigned(self, assigned: list[TopicPartition]) -> None:
+        self._assigned |= set(assigned)
+        self.health.set("partitions_assigned", bool(self._assigned))
+        log.info(
+            "partitions assigned: %s",
+            ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(assigned)) or "none",
+        )
+
+    def on_revoked(self, revoked: list[TopicPartition]) -> None:
+        # Nothing to flush: each batch is stored and committed before the next fetch.
+        self._assigned -= set(revoked)
+        for tp in revoked:
+            with contextlib.suppress(KeyError):
+                self.metrics.consumer_lag.remove(str(tp.partition))
+        self.health.set("partitions_assigned", bool(self._assigned))
+
+    # -- database -------------------------------------------------------------------------
+    async def _database(self) -> Conn:
+        """The open connection; (re)connects and migrates with back-off until it works."""
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        attempt = 0
+        while True:
+            try:
+                conn: Conn = await psycopg.AsyncConnection.connect(
+                    self._dsn, application_name=APPLICATION_NAME
+                )
+                try:
+                    applied = await migrate(conn)
+                except BaseException:
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.close()
+                    raise
+            except psycopg.OperationalError as exc:
+                self.metrics.database_errors.inc()
+                self.health.set("database_connected", False)
+                if self.stopping:
+                    raise
+                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                # libpq's connection messages name host, user and cause, never row data.
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                log.warning(
+                    "cannot reach the database (%s%s); retrying in %.1f s",
+                    _describe(exc),
+                    f": {reason}" if reason else "",
+                    delay,
+                )
+                attempt += 1
+                await asyncio.sleep(delay)
+                continue
+            except psycopg.Error as exc:
+                raise SinkError(
+                    f"cannot create or migrate the {SCHEMA} schema ({_describe(exc)}); the "
+                    "sink's database user needs CREATE on the database, or the schema must "
+                    "exist and belong to that user"
+                ) from None
+            if applied:
+                log.info("database schema migrated to version %d", applied[-1])
+            self._conn = conn
+            self.health.set("database_connected", True)
+            self.health.set("schema_ready", True)
+            return conn
+
+    async def _store(self, batch: Batch) -> StoreResult:
+        """Store with retries: at once after a deadlock, with back-off after a lost
+        connection, record by record when the database refuses the data."""
+        attempt = 0
+        while True:
+            conn = await self._database()
+            started = time.perf_counter()
+            try:
+                result = await store_batch(conn, batch)
+            except _RETRY_AT_ONCE as exc:
+                self.metrics.database_errors.inc()
+                log.info("transaction aborted (%s); retrying", _describe(exc))
+                continue
+            except _REFUSED_DATA as exc:
+                self.metrics.database_errors.inc()
+                if batch.records <= 1:
+                    raise
+                log.warning(
+                    "the database refused the batch (%s); storing it record by record",
+                    _describe(exc),
+                )
+                return await self._store_one_by_one(batch)
+            except psycopg.OperationalError as exc:
+                self.metrics.database_errors.inc()
+                self.health.set("database_connected", False)
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+                self._conn = None
+                if self.stopping and attempt >= 2:
+                    raise
+                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                log.warning("database error (%s); retrying in %.1f s", _describe(exc), delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+                continue
+            self.metrics.transaction.observe(time.perf_counter() - started)
+            return result
+
+    async def _store_one_by_one(self, batch: Batch) -> StoreResult:
+        total = StoreResult()
+        for single in batch.split():
+            try:
+                result = await self._store(single)
+            except _REFUSED_DATA as exc:
+                (record,) = single.consumed
+                bad = BadPosition(
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    BadRecord("rejected_by_database", f"PostgreSQL refused it: {_describe(exc)}"),
+                )
+                _log_bad(bad)
+                self.metrics.bad_records.labels(reason=bad.bad.reason).inc()
+                result = await self._store(Batch(bad=[bad], records=1))
+            total.merge(result)
+        return total
+
+    # -- loop -----------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        while not self.stopping:
+            try:
+                fetched = await consumer.getmany(
+                    timeout_ms=FETCH_TIMEOUT_MS, max_records=self._max_records
+                )
+            except KafkaError as exc:
+                self.metrics.broker_errors.inc()
+                log.warning("fetch failed (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(RETRY_BACKOFF_S[1])
+                continue
+            if fetched:
+                try:
+                    await self._handle(consumer, fetched)
+                except psycopg.OperationalError:
+                    if not self.stopping:
+                        raise
+                    log.warning(
+                        "stopping while the database is unreachable: the batch in hand is "
+                        "neither stored nor committed, the next sink reads it again"
+                    )
+                    return
+            self.health.beat()
+
+    async def _handle(
+        self, consumer: AIOKafkaConsumer, fetched: dict[TopicPartition, list[Any]]
+    ) -> None:
+        records = [
+            Consumed(tp.topic, tp.partition, m.offset, m.value)
+            for tp in sorted(fetched)
+            for m in fetched[tp]
+        ]
+        batch = assemble(records)
+        self.metrics.records_consumed.inc(batch.records)
+        for bad in batch.bad:
+            _log_bad(bad)
+            self.metrics.bad_records.labels(reason=bad.bad.reason).inc()
+        result = await self._store(batch)
+        self._count(result)
+        offsets = {TopicPartition(t, p): off for (t, p), off in batch.next_offsets.items()}
+        try:
+            await consumer.commit(offsets)
+        except KafkaError as exc:
+            # Stored but not committed: the records come again (here or to the partition's
+            # next owner) and change nothing then.
+            self.metrics.broker_errors.inc()
+            log.warning("offset commit failed (%s); the batch will be re-read", _describe(exc))
+        else:
+            self.metrics.last_commit.set(time.time())
+        for tp, msgs in fetched.items():
+            high = consumer.highwater(tp)
+            if msgs and high is not None:
+                self.metrics.set_consumer_lag(tp.partition, high - msgs[-1].offset - 1)
+
+    def _count(self, result: StoreResult) -> None:
+        m = self.metrics
+        m.releases_stored.inc(result.releases_inserted)
+        m.window_records_stored.inc(result.window_records_inserted)
+        m.duplicates_skipped.inc(result.duplicates)
+        m.conflicts.inc(result.conflicts)
+        m.windows_completed.inc(len(result.completed))
+        for query, window_start in result.completed:
+            log.info("window complete", extra={"query": query, "window": window_start.isoformat()})
+
+    async def _retry_broker(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        attempt = 0
+        while True:
+            try:
+                return await op()
+            except KafkaError as exc:
+                self.metrics.broker_errors.inc()
+                if self.stopping and attempt >= 2:
+                    raise
+                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
+                log.warning("%s failed (%s); retrying in %.1f s", what, type(exc).__name__, delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+
+
+def _describe(exc: BaseException) -> str:
+    """The error's class and SQLSTATE, never its message (which may quote a value)."""
+    state = getattr(exc, "sqlstate", None)
+    return f"{type(exc).__name__}" + (f", SQLSTATE {state}" if state else "")
+
+
+def _log_bad(bad: BadPosition) -> None:
+    log.warning(
+        "output record not stored (%s): %s; its position is kept in stream_dp.dead_letters",
+        bad.bad.reason,
+        bad.bad.detail,
+        extra={"topic": bad.topic, "partition": bad.partition, "offset": bad.offset},
+    )

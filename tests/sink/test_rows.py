@@ -1,0 +1,119 @@
+"""Output records → rows: both record formats, and every kind of bad record."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import orjson
+import pytest
+
+from stream_dp.sink.rows import (
+    MAX_GROUP_KEY_BYTES,
+    BadRecord,
+    ReleaseRow,
+    WindowRow,
+    group_label,
+    parse_output_record,
+)
+from tests.sink.support import window_records
+
+
+def _release(**changes: object) -> bytes:
+    _, value = window_records("visits", 0, ["mail.com"])[0]
+    record = orjson.loads(value)
+    record.update(changes)
+    return orjson.dumps(record)
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_a_release_maps_to_its_row(lean: bool) -> None:
+    _, value = window_records("visits", 2, ["mail.com"], lean=lean)[0]
+    row = parse_output_record(value)
+    assert isinstance(row, ReleaseRow)
+    assert row.query == "visits"
+    assert row.window_start == datetime(2020, 8, 1, 0, 0, 20, tzinfo=UTC)
+    assert row.window_end == datetime(2020, 8, 1, 0, 0, 30, tzinfo=UTC)
+    assert row.group_key == '{"domain":"mail.com"}' == row.group_values
+    assert row.group_label == "mail.com"
+    assert (row.value, row.ci95, row.epsilon, row.delta) == (98.0, 18.0, 0.5, 1e-6)
+    assert (row.mechanism, row.noise_scale, row.statistic) == ("discrete_laplace", 6.0, "count")
+    assert row.release_id == "visits-2" and row.clamped is False
+    selection = orjson.loads(row.selection or "null")
+    assert selection["strategy"] == "truncated_geometric"
+    assert ("description" in selection) is not lean
+
+
+def test_a_window_record_maps_to_its_row() -> None:
+    _, value = window_records("visits", 1, ["a", "b", "c"])[-1]
+    row = parse_output_record(value)
+    assert row == WindowRow(
+        query="visits",
+        window_start=datetime(2020, 8, 1, 0, 0, 10, tzinfo=UTC),
+        window_end=datetime(2020, 8, 1, 0, 0, 20, tzinfo=UTC),
+        release_id="visits-1",
+        released_keys=3,
+        epsilon_spent=0.5,
+        delta_spent=1e-6,
+        horizon_epsilon_spent=1.0,
+    )
+
+
+def test_public_keys_clamped_and_multi_field_groups() -> None:
+    row = parse_output_record(
+        _release(group={"country": "DE", "mobile": True, "n": 1}, selection=None, clamped=True)
+    )
+    assert isinstance(row, ReleaseRow)
+    assert row.selection is None and row.clamped is True
+    assert row.group_key == '{"country":"DE","mobile":true,"n":1}'
+    assert row.group_label == "DE, true, 1"
+    assert group_label({}) == "(all)"
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"not json", "not_json"),
+        (b"\xff\xfe", "not_json"),
+        (b"[1, 2]", "not_an_object"),
+        (None, "not_an_object"),
+        (_release(schema_version=2), "unsupported_schema_version"),
+        (_release(schema_version=True), "unsupported_schema_version"),
+        (_release(kind="ledger"), "unknown_kind"),
+        (orjson.dumps({"schema_version": 1, "kind": "release"}), "missing_field"),
+        (_release(value="12"), "invalid_field"),
+        (_release(value=True), "invalid_field"),
+        (_release(ci95=-1), "invalid_field"),
+        (_release(window_start="2020-08-01 00:00:00"), "invalid_field"),
+        (_release(window_start="yesterdayZ"), "invalid_field"),
+        (_release(group=["mail.com"]), "invalid_field"),
+        (_release(group={"domain": {"nested": 1}}), "invalid_field"),
+        (_release(selection="truncated_geometric"), "invalid_field"),
+        (_release(query=""), "invalid_field"),
+        (_release(group={"domain": "a\u0000b"}), "invalid_field"),
+        (_release(group={"domain": "x" * MAX_GROUP_KEY_BYTES}), "invalid_field"),
+        (_release(clamped="yes"), "invalid_field"),
+    ],
+)
+def test_bad_records_say_why(value: bytes | None, reason: str) -> None:
+    bad = parse_output_record(value)
+    assert isinstance(bad, BadRecord)
+    assert bad.reason == reason
+    assert bad.detail
+
+
+def test_a_bad_window_record() -> None:
+    _, value = window_records("visits", 0, ["a"])[-1]
+    record = orjson.loads(value)
+    for bad_value in (-1, 2**31, 1.5, True):
+        broken = parse_output_record(orjson.dumps({**record, "released_keys": bad_value}))
+        assert isinstance(broken, BadRecord) and broken.reason == "invalid_field"
+    del record["horizon_epsilon_spent"]
+    missing = parse_output_record(orjson.dumps(record))
+    assert isinstance(missing, BadRecord) and missing.reason == "missing_field"
+
+
+def test_details_never_quote_values() -> None:
+    rare = "only-one-person-visits-this.example"
+    bad = parse_output_record(_release(group={"domain": {"x": rare}}, value=rare))
+    assert isinstance(bad, BadRecord)
+    assert rare not in bad.detail
