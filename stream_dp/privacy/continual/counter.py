@@ -178,11 +178,12 @@ def merge_draws(parts: Iterable[WindowDraws]) -> WindowDraws:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ContinualStep:
     step: int
-    #: noisy running totals since the horizon's start, one per key, counter units
-    values: list[int]
+    #: noisy running totals since the horizon's start, one per key, counter units (int64,
+    #: read-only; ``values.tolist()`` gives Python ints)
+    values: np.ndarray
     draws: WindowDraws
 
 
@@ -217,11 +218,12 @@ class ContinualCounter(ABC):
         drawn = self._noise(self.plan.mechanism, exact_rows.reshape(-1))
         noisy = np.asarray(drawn, dtype=np.int64).reshape(exact_rows.shape)
         values = self._apply(t, x, noisy)
+        values.setflags(write=False)
         self.step = t
         kept = x.copy() if self.plan.keeps_exact_totals else None
         return ContinualStep(t, values, WindowDraws(self.fingerprint, t, noisy.copy(), kept))
 
-    def replay(self, draws: WindowDraws) -> list[int]:
+    def replay(self, draws: WindowDraws) -> np.ndarray:
         """Apply a persisted step (the next one) without drawing; returns its values."""
         t = self.step + 1
         if draws.fingerprint != self.fingerprint:
@@ -254,6 +256,7 @@ class ContinualCounter(ABC):
         else:
             x = np.zeros(self.key_count, dtype=np.int64)
         values = self._apply(t, x, np.asarray(draws.noisy, dtype=np.int64))
+        values.setflags(write=False)
         self.step = t
         return values
 
@@ -266,8 +269,8 @@ class ContinualCounter(ABC):
         """(rows, keys) exact values that step t's draws perturb (state not yet changed)."""
 
     @abstractmethod
-    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> list[int]:
-        """Update the state with step t and return its running totals."""
+    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> np.ndarray:
+        """Update the state with step t and return its running totals (a new array)."""
 
 
 class _PerWindowSum(ContinualCounter):
@@ -283,9 +286,9 @@ class _PerWindowSum(ContinualCounter):
     def _exact_rows(self, t: int, x: np.ndarray) -> np.ndarray:
         return x.reshape(1, -1)
 
-    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> list[int]:
+    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> np.ndarray:
         self._running += noisy[0]
-        return [int(v) for v in self._running.tolist()]
+        return self._running.copy()
 
 
 class _Tree(ContinualCounter):
@@ -310,7 +313,7 @@ class _Tree(ContinualCounter):
         rows: np.ndarray = self._open[: self._rows(t)] + x
         return rows
 
-    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> list[int]:
+    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> np.ndarray:
         n = self._rows(t)
         self._open += x
         self._open[:n] = 0
@@ -324,14 +327,15 @@ class _Tree(ContinualCounter):
         self._estimates[n - 1] = estimate
         roots = binary_tree.root_levels(t)
         if self._honaker:
-            total = np.zeros(self.key_count, dtype=np.float64)
-            for h in roots:
+            total = self._estimates[roots[0]].copy()
+            for h in roots[1:]:
                 total += self._estimates[h]
-            return [int(v) for v in np.floor(total + 0.5).astype(np.int64).tolist()]
-        exact_sum = np.zeros(self.key_count, dtype=np.int64)
-        for h in roots:
+            rounded: np.ndarray = np.floor(total + 0.5).astype(np.int64)
+            return rounded
+        exact_sum: np.ndarray = self._roots[roots[0]].copy()
+        for h in roots[1:]:
             exact_sum += self._roots[h]
-        return [int(v) for v in exact_sum.tolist()]
+        return exact_sum
 
 
 class _SqrtFactorization(ContinualCounter):
@@ -365,12 +369,13 @@ class _SqrtFactorization(ContinualCounter):
         encoded: np.ndarray = self._c[:t][::-1] @ history  # exact: |values| < 2^61 (above)
         return encoded.astype(np.int64).reshape(1, -1)
 
-    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> list[int]:
+    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> np.ndarray:
         self._x[t - 1] = x
         self._w[t - 1] = noisy[0]
         self._max_abs_total = max(self._max_abs_total, int(np.abs(x).max(initial=0)))
         total = (self._b[:t][::-1] @ self._w[:t]) / self._scale
-        return [int(v) for v in np.floor(total + 0.5).astype(np.int64).tolist()]
+        rounded: np.ndarray = np.floor(total + 0.5).astype(np.int64)
+        return rounded
 
 
 _COUNTERS: dict[str, type[ContinualCounter]] = {
@@ -392,7 +397,7 @@ def make_counter(
 class RestoredCounter:
     counter: ContinualCounter
     #: running totals of the last restored step (None when nothing was persisted yet)
-    values: list[int] | None
+    values: np.ndarray | None
 
 
 def restore_counter(
@@ -415,7 +420,7 @@ def restore_counter(
             )
         by_step[item.step] = item
     counter = make_counter(plan, keys, noise=noise)
-    values: list[int] | None = None
+    values: np.ndarray | None = None
     for step in sorted(by_step):
         values = counter.replay(by_step[step])
     return RestoredCounter(counter, values)

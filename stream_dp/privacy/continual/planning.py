@@ -367,7 +367,7 @@ def plan_continual(
         factor = sqrt_factorization.gram_factor(horizon_windows, every_window=every)
     else:
         factor = float(binary_tree.gram_factor(horizon_windows, every_window=every))
-    mechanism = DiscreteGaussian(l2_sensitivity * math.sqrt(factor / (2 * rho)))
+    mechanism = DiscreteGaussian(l2_sensitivity * math.sqrt(factor) / math.sqrt(2 * rho))
     return ContinualPlan(
         option, family, horizon_windows, participation, l1_sensitivity, l2_sensitivity,
         epsilon, delta, rho, factor, mechanism, unit,
