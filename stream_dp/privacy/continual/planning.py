@@ -33,9 +33,10 @@ horizon): the ledger and the budget checks need no new rule. Over the cumulative
 user present in all T windows loses T·ε (Laplace) or T·ρ in zCDP (Gaussian).
 
 What this means for accuracy. Under pure ε the tree pays L per draw but sums only O(log T)
-draws, so Honaker's tree beats the per-window sum once T ≳ 600 (worst step: 37.5 vs 45.3
-Δ/ε at T = 1,024). Under zCDP with users present in every window, no factorisation beats the
-per-window sum at the horizon's last step: the last running total alone has sensitivity T·Δ₂
+draws, so Honaker's tree beats the per-window sum at the worst step from T = 531 on (and for
+T = 390 … 511; the 10th level at T = 512 tips it back): 37.5 vs 45.3 Δ/ε at T = 1,024.
+Under zCDP with users present in every window, no factorisation beats the per-window sum at
+the horizon's last step: the last running total alone has sensitivity T·Δ₂
 and T·ρ of zCDP, which is exactly the per-window sum's error there. Correlated noise only
 pays under zCDP when a user's presence is capped — ``participation="one_window"`` (a user in
 at most one window of the horizon, e.g. counting each user at first appearance), where the
