@@ -40,7 +40,8 @@ For a cumulative query ``q`` (``plan = plan_query(...).continual``, keys
    compacted internal topic such as ``<group_id>.continual``), not in a store that is read
    like the output topic. ``per_window_sum`` draws hold no exact totals.
 5. Ledger and publish as for a per-window release: one record per key with
-   ``value = st.values[i] * plan.unit`` (an int for counts), ``noise_scale=plan.draw_scale``,
+   ``value = int(st.values[i])`` for a count and ``float(st.values[i]) * plan.unit`` for a sum
+   (as per-window releases do), ``noise_scale=plan.draw_scale``,
    ``ci95=plan.ci95(pos.step)``, ``extra=cumulative_release_fields(plan, pos)``; charge the
    query's (ε, δ) to the window through the accountant as now (no new accounting rule).
 6. At start (or when a horizon's windows move to this worker), rebuild counters from the

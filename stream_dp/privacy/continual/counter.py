@@ -46,7 +46,7 @@ NoiseSource = Callable[[NoiseMechanism, np.ndarray], np.ndarray]
 #: Encoded values of the √-factorisation must stay below this (OpenDP samples on int64).
 _MAX_ENCODED = 1 << 61
 #: Exact totals must be integers of at most this magnitude.
-_MAX_TOTAL = 1 << 53
+_MAX_TOTAL = 1 << 42  # × at most 2^20 windows stays inside int64
 DRAWS_SCHEMA_VERSION = 1
 
 
@@ -217,14 +217,21 @@ class ContinualCounter(ABC):
         exact_rows = self._exact_rows(t, x)
         drawn = self._noise(self.plan.mechanism, exact_rows.reshape(-1))
         noisy = np.asarray(drawn, dtype=np.int64).reshape(exact_rows.shape)
-        values = self._apply(t, x, noisy)
-        values.setflags(write=False)
+        self._update(t, x, noisy)
         self.step = t
+        values = self._values(t)
+        values.setflags(write=False)
         kept = x.copy() if self.plan.keeps_exact_totals else None
         return ContinualStep(t, values, WindowDraws(self.fingerprint, t, noisy.copy(), kept))
 
     def replay(self, draws: WindowDraws) -> np.ndarray:
         """Apply a persisted step (the next one) without drawing; returns its values."""
+        self._replay(draws)
+        values = self._values(self.step)
+        values.setflags(write=False)
+        return values
+
+    def _replay(self, draws: WindowDraws) -> None:
         t = self.step + 1
         if draws.fingerprint != self.fingerprint:
             raise ContinualStateError(
@@ -255,10 +262,8 @@ class ContinualCounter(ABC):
             x = _as_totals(draws.exact_totals, self.key_count)
         else:
             x = np.zeros(self.key_count, dtype=np.int64)
-        values = self._apply(t, x, np.asarray(draws.noisy, dtype=np.int64))
-        values.setflags(write=False)
+        self._update(t, x, np.asarray(draws.noisy, dtype=np.int64))
         self.step = t
-        return values
 
     @abstractmethod
     def _rows(self, t: int) -> int:
@@ -269,8 +274,13 @@ class ContinualCounter(ABC):
         """(rows, keys) exact values that step t's draws perturb (state not yet changed)."""
 
     @abstractmethod
-    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> np.ndarray:
-        """Update the state with step t and return its running totals (a new array)."""
+    def _update(self, t: int, x: np.ndarray, noisy: np.ndarray) -> None:
+        """Take step t's exact totals and draws into the state (``advance`` and ``replay``
+        share this, so a restored state is the state)."""
+
+    @abstractmethod
+    def _values(self, t: int) -> np.ndarray:
+        """The running totals after step t (the current step), as a new array."""
 
 
 class _PerWindowSum(ContinualCounter):
@@ -286,8 +296,10 @@ class _PerWindowSum(ContinualCounter):
     def _exact_rows(self, t: int, x: np.ndarray) -> np.ndarray:
         return x.reshape(1, -1)
 
-    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> np.ndarray:
+    def _update(self, t: int, x: np.ndarray, noisy: np.ndarray) -> None:
         self._running += noisy[0]
+
+    def _values(self, t: int) -> np.ndarray:
         return self._running.copy()
 
 
@@ -313,7 +325,7 @@ class _Tree(ContinualCounter):
         rows: np.ndarray = self._open[: self._rows(t)] + x
         return rows
 
-    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> np.ndarray:
+    def _update(self, t: int, x: np.ndarray, noisy: np.ndarray) -> None:
         n = self._rows(t)
         self._open += x
         self._open[:n] = 0
@@ -325,6 +337,8 @@ class _Tree(ContinualCounter):
             estimate = alpha * noisy[h] + (1.0 - alpha) * (self._estimates[h - 1] + estimate)
         self._roots[n - 1] = noisy[n - 1]
         self._estimates[n - 1] = estimate
+
+    def _values(self, t: int) -> np.ndarray:
         roots = binary_tree.root_levels(t)
         if self._honaker:
             total = self._estimates[roots[0]].copy()
@@ -369,10 +383,12 @@ class _SqrtFactorization(ContinualCounter):
         encoded: np.ndarray = self._c[:t][::-1] @ history  # exact: |values| < 2^61 (above)
         return encoded.astype(np.int64).reshape(1, -1)
 
-    def _apply(self, t: int, x: np.ndarray, noisy: np.ndarray) -> np.ndarray:
+    def _update(self, t: int, x: np.ndarray, noisy: np.ndarray) -> None:
         self._x[t - 1] = x
         self._w[t - 1] = noisy[0]
         self._max_abs_total = max(self._max_abs_total, int(np.abs(x).max(initial=0)))
+
+    def _values(self, t: int) -> np.ndarray:
         total = (self._b[:t][::-1] @ self._w[:t]) / self._scale
         rounded: np.ndarray = np.floor(total + 0.5).astype(np.int64)
         return rounded
@@ -420,9 +436,12 @@ def restore_counter(
             )
         by_step[item.step] = item
     counter = make_counter(plan, keys, noise=noise)
-    values: np.ndarray | None = None
     for step in sorted(by_step):
-        values = counter.replay(by_step[step])
+        counter._replay(by_step[step])  # values of the last step only (the √ pays O(t) each)
+    values: np.ndarray | None = None
+    if counter.step:
+        values = counter._values(counter.step)
+        values.setflags(write=False)
     return RestoredCounter(counter, values)
 
 

@@ -176,7 +176,8 @@ class ContinualPlan:
     def draws_per_key(self) -> int:
         """Independent draws per key over the whole horizon."""
         if self.option in ("tree", "tree_honaker"):
-            return sum(binary_tree.completed_levels(t) for t in range(1, self.horizon_windows + 1))
+            # every complete node once: ⌊T/2^h⌋ nodes at level h
+            return sum(self.horizon_windows >> h for h in range(self.levels or 0))
         return self.horizon_windows
 
     # -- error ------------------------------------------------------------------------
