@@ -30,7 +30,11 @@ releases are
 So charging the query's (ε, δ) to every window, exactly as per-window queries are charged, is
 valid for every span of windows the accountant looks at (window, rolling horizon, cumulative
 horizon): the ledger and the budget checks need no new rule. Over the cumulative horizon a
-user present in all T windows loses T·ε (Laplace) or T·ρ in zCDP (Gaussian).
+user present in all T windows loses T·ε (Laplace) or T·ρ in zCDP (Gaussian). The bounds hold
+when later windows' data depend on earlier releases (an adaptive stream): each draw is
+independent noise on a linear function of the data, for which the same sensitivity bounds
+give adaptive composition (Denisov et al. 2022 for Gaussian factorisations; Laplace draws
+compose adaptively by basic composition).
 
 What this means for accuracy. Under pure ε the tree pays L per draw but sums only O(log T)
 draws, so Honaker's tree beats the per-window sum at the worst step from T = 531 on (and for
