@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from bench import continual
+
 #: (name, how it is measured, target text, check on the results)
 TARGETS: list[tuple[str, str, str]] = [
     ("stream-dp vs raw fetch+decode", "ratio_worker_to_raw", "≥ 50%"),
@@ -250,6 +252,8 @@ def write(results: dict[str, Any], out: Path) -> None:
     )
     write_plot(results, out / "throughput.png")
     write_workers_plot(results, out / "scaling_workers.png")
+    if "continual" in results:
+        continual.write_plot(results["continual"], out / continual.PLOT_NAME)
     (out / "RESULTS.md").write_text(markdown(results), encoding="utf-8")
 
 
@@ -463,6 +467,8 @@ def markdown(r: dict[str, Any]) -> str:
             f"| {row['bounds']} | {row['method']} | {_fmt(row['mae'], 1)} | "
             f"{row['keys_kept']:.2f} |"
         )
+    if "continual" in r:
+        lines += ["", *continual.section(r["continual"])]
     lines += ["", "## What limits throughput", ""]
     lines += [f"- {note}" for note in r.get("notes", [])]
     return "\n".join(lines) + "\n"

@@ -2,9 +2,10 @@
 
 Starts its own embedded broker, measures throughput (raw consumer, worker, Faust), scale-out
 over 1, 2 and 3 worker processes, in-process scaling of the pipeline stages, state size and
-utility against PipelineDP, deletes its topics, stops the broker and writes ``RESULTS.md``,
-``results.json``, ``throughput.png`` and ``scaling_workers.png`` into ``--out`` (default: the
-``bench`` folder). ``smoke`` takes about a minute and exists for the test.
+utility against PipelineDP and continual release (running totals, simulated without Kafka),
+deletes its topics, stops the broker and writes ``RESULTS.md``, ``results.json``,
+``throughput.png``, ``scaling_workers.png`` and ``continual_rmse.png`` into ``--out``
+(default: the ``bench`` folder). ``smoke`` takes about a minute and exists for the test.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import report, scaling, throughput, utility, workers
+from bench import continual, report, scaling, throughput, utility, workers
 from bench.data import StreamSpec
 from stream_dp.broker import EmbeddedBroker
 
@@ -162,6 +163,12 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
     results["scaling"] = scaling.measure(cfg, log=_log)
     _log(f"[bench] utility: {cfg['utility_users']:,} users, {cfg['utility_runs']} runs")
     results["utility"] = utility.measure(cfg["utility_users"], cfg["utility_runs"], log=_log)
+    sizes = continual.SIZES[size]
+    _log(f"[bench] continual release: horizons {sizes['windows']}")
+    results["continual"] = continual.measure(
+        sizes["windows"], sizes["keys"], sizes["keys_long"], log=_log
+    )
+    results["continual"]["size"] = size
     results["total_seconds"] = time.perf_counter() - started
     results["machine"]["loadavg_at_end"] = report.loadavg()
     report.write(results, out)

@@ -19,6 +19,7 @@ from stream_dp.config.model import ConfigOrigin
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.planner import ConfigPlan, QueryPlan, plan_config
 from stream_dp.privacy.risk import disclosure_risk_from_epsilon, epsilon_from_disclosure_risk
+from stream_dp.windows.tumbling import iso_utc
 
 
 def register(subparsers: Any) -> None:
@@ -91,6 +92,8 @@ def _num(x: float | None, digits: int = 4) -> str:
 
 def _selection_summary(q: QueryPlan) -> str:
     sel = q.selection
+    if q.continual is not None:
+        return f"public keys; cumulative over {q.continual.horizon_windows} windows"
     if sel is None:
         return "public keys"
     d = sel.describe()
@@ -136,6 +139,12 @@ def _query_block(q: QueryPlan) -> list[str]:
     )
     for c in q.noise:
         rho = f", rho={_num(c.rho)}" if c.rho is not None else ""
+        if q.continual is not None:
+            lines.append(
+                f"  noise draw   {c.mechanism.name}, scale {_num(c.scale)} per draw "
+                f"(eps={_num(c.epsilon)}{rho} per window)"
+            )
+            continue
         lines.append(
             f"  noise {c.target:<6} {c.mechanism.name}, scale {_num(c.scale)}, "
             f"95% CI +/-{_num(c.ci95)} (eps={_num(c.epsilon)}{rho})"
@@ -156,6 +165,74 @@ def _query_block(q: QueryPlan) -> list[str]:
         lines.append(head)
     if q.clamp_negative:
         lines.append("  post-process negative values are clamped to 0")
+    if q.continual is not None:
+        lines.extend(_continual_block(q))
+    return lines
+
+
+def _continual_block(q: QueryPlan) -> list[str]:
+    chosen = q.continual
+    assert chosen is not None
+    t = chosen.horizon_windows
+    half = max(1, t // 2)
+    origin = iso_utc(q.horizon_origin_s)
+    how = "auto: smallest sd at the horizon's worst window" if q.continual_auto else "config"
+    lines = [
+        f"  cumulative   running total since the start of each horizon of {t} windows "
+        f"(horizons start at {origin} + n x {t} windows); {chosen.option} ({how})",
+        f"  guarantee    at most the per-window sensitivity (L1={chosen.l1_sensitivity}, "
+        f"L2={_num(chosen.l2_sensitivity)}) in each window, in any number of the {t} "
+        "windows: k x T events per user over the horizon at most",
+    ]
+    rows = [
+        [
+            "option",
+            "draw scale",
+            "sd after 1",
+            f"after {half}",
+            f"after {t}",
+            "worst sd (window)",
+            f"95% CI after {t}",
+        ]
+    ]
+    for p in q.continual_options:
+        mark = "* " if p.option == chosen.option else "  "
+        rows.append(
+            [
+                mark + p.option,
+                _num(p.draw_scale),
+                _num(p.sd(1)),
+                _num(p.sd(half)),
+                _num(p.sd(t)),
+                f"{_num(p.worst_sd)} ({p.worst_step})",
+                "+/-" + _num(p.ci95(t)),
+            ]
+        )
+    if all(p.option != chosen.option for p in q.continual_options):
+        rows.append(
+            [
+                "* " + chosen.option,
+                _num(chosen.draw_scale),
+                _num(chosen.sd(1)),
+                _num(chosen.sd(half)),
+                _num(chosen.sd(t)),
+                f"{_num(chosen.worst_sd)} ({chosen.worst_step})",
+                "+/-" + _num(chosen.ci95(t)),
+            ]
+        )
+    lines.extend("               " + line for line in _table(rows))
+    acc = chosen.accounting()
+    spent = f"eps={_num(acc['epsilon_over_horizon'])}, delta={_num(acc['delta_over_horizon'])}"
+    if acc["rho_over_horizon"] is not None:
+        spent += (
+            f" (zCDP rho={_num(acc['rho_over_horizon'])} -> eps="
+            f"{_num(acc['epsilon_zcdp_over_horizon'])})"
+        )
+    lines.append(
+        f"  accounting   eps={_num(acc['epsilon_per_window'])} "
+        f"delta={_num(acc['delta_per_window'])} charged to every window, as for a per-window "
+        f"query; a user present in all {t} windows of a horizon: {spent}"
+    )
     return lines
 
 
@@ -198,7 +275,7 @@ def render_table(
                 _num(q.delta),
                 q.mechanism,
                 _num(q.noise_scale),
-                "+/-" + _num(q.ci95),
+                "+/-" + _num(q.ci95) + (" (last window)" if q.continual is not None else ""),
                 _selection_summary(q),
             ]
         )

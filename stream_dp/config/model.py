@@ -31,6 +31,8 @@ from pydantic import (
 )
 
 from stream_dp.privacy.budget import QueryShare, check_horizon_budget, check_window_budget
+from stream_dp.privacy.continual.binary_tree import MAX_TREE_HORIZON, MIN_HORIZON_WINDOWS
+from stream_dp.privacy.continual.sqrt_factorization import MAX_SQRT_HORIZON
 
 #: ε above this is meaningless as privacy; allowed only in the test mode below.
 MAX_SAFE_EPSILON = 100.0
@@ -43,6 +45,8 @@ SelectionStrategy = Literal[
     "truncated_geometric", "laplace_threshold", "gaussian_threshold", "count_threshold"
 ]
 MechanismName = Literal["discrete_laplace", "discrete_gaussian"]
+ReleaseMode = Literal["window", "cumulative"]
+ContinualMechanism = Literal["auto", "per_window_sum", "tree", "tree_honaker", "sqrt_factorization"]
 
 DEFAULT_GROUP_ID = "stream-dp"
 #: Topics named ``<kafka.group_id>.<suffix>`` unless the config names them.
@@ -302,6 +306,31 @@ class QueryConfig(_Section):
         0.5, gt=0, lt=1, description="mean: share of the noise ε spent on the count"
     )
     clamp_negative: bool = Field(False, description="post-process negative values to 0")
+    release: ReleaseMode = Field(
+        "window",
+        description="window: one value per window; cumulative: the running total since the "
+        "start of the horizon (continual release, see README 'Continual release')",
+    )
+    horizon_windows: int | None = Field(
+        None,
+        ge=MIN_HORIZON_WINDOWS,
+        le=MAX_TREE_HORIZON,
+        description="cumulative: windows per horizon (T); the running total restarts after T",
+    )
+    continual_mechanism: ContinualMechanism = Field(
+        "auto",
+        description="cumulative: how running totals are noised; auto picks the smallest "
+        "predicted error at the horizon's worst window (stream-dp plan shows every option)",
+    )
+    horizon_origin: datetime | None = Field(
+        None,
+        description="cumulative: an instant at which a horizon starts (window-aligned; "
+        "default the Unix epoch); horizons are consecutive blocks of T windows around it",
+    )
+
+    @property
+    def cumulative(self) -> bool:
+        return self.release == "cumulative"
 
     @property
     def public_keys(self) -> bool:
@@ -342,12 +371,71 @@ class QueryConfig(_Section):
             )
         if self.mechanism == "discrete_gaussian" and self.delta <= 0:
             raise ValueError(f"query {self.name}: discrete_gaussian needs delta > 0")
-        if not self.public_keys and self.delta <= 0:
+        if not self.public_keys and self.delta <= 0 and not self.cumulative:
             raise ValueError(
                 f"query {self.name}: private keys need delta > 0 for partition selection "
                 "(e.g. delta: 1.0e-6), or list public keys"
             )
+        self._check_cumulative()
         return self
+
+    def _check_cumulative(self) -> None:
+        name = self.name
+        if not self.cumulative:
+            continual_only = {
+                "horizon_windows": self.horizon_windows is not None,
+                "continual_mechanism": self.continual_mechanism != "auto",
+                "horizon_origin": self.horizon_origin is not None,
+            }
+            for key, set_ in continual_only.items():
+                if set_:
+                    raise ValueError(
+                        f"query {name}: {key} applies to cumulative queries only; add "
+                        "release: cumulative or remove it"
+                    )
+            return
+        if self.horizon_windows is None:
+            raise ValueError(
+                f"query {name}: release cumulative needs horizon_windows (the T windows a "
+                "running total covers before it restarts), e.g. horizon_windows: 168"
+            )
+        if not self.public_keys:
+            raise ValueError(
+                f"query {name}: cumulative queries need public keys in this version (private "
+                "keys would need partition selection over the whole horizon: a key released "
+                "once must stay released); list the keys under keys: {field: [values]}"
+            )
+        if self.statistic == "count_distinct_users":
+            raise ValueError(
+                f"query {name}: a cumulative count_distinct_users would count user-windows "
+                "(a user once per window), not distinct users over the horizon; use release: "
+                "window, or a cumulative count"
+            )
+        if self.statistic == "mean":
+            raise ValueError(
+                f"query {name}: cumulative means are not supported; publish cumulative sum "
+                "and count queries and divide"
+            )
+        if (
+            self.continual_mechanism == "sqrt_factorization"
+            and self.mechanism != "discrete_gaussian"
+        ):
+            raise ValueError(
+                f"query {name}: continual_mechanism sqrt_factorization needs mechanism "
+                "discrete_gaussian (with delta > 0); with discrete_laplace use tree_honaker"
+            )
+        if (
+            self.continual_mechanism == "sqrt_factorization"
+            and self.horizon_windows > MAX_SQRT_HORIZON
+        ):
+            raise ValueError(
+                f"query {name}: sqrt_factorization supports horizon_windows up to "
+                f"{MAX_SQRT_HORIZON} (its state grows with the horizon); use tree_honaker"
+            )
+        if self.horizon_origin is not None and self.horizon_origin.tzinfo is None:
+            raise ValueError(
+                f"query {name}: horizon_origin needs a UTC offset, e.g. 2024-01-01T00:00:00Z"
+            )
 
 
 class MetricsConfig(_Section):
@@ -442,6 +530,14 @@ class Config(BaseModel):
         if duplicates:
             raise ValueError(f"query names must be unique; repeated: {', '.join(duplicates)}")
         for q in self.queries:
+            if q.horizon_origin is not None:
+                origin_s = q.horizon_origin.timestamp()
+                if origin_s % self.window.size_s:
+                    raise ValueError(
+                        f"query {q.name}: horizon_origin {q.horizon_origin.isoformat()} is not "
+                        f"the start of a window (windows of {self.window.size_s} s start at "
+                        "multiples of it since the Unix epoch)"
+                    )
             fields = [*q.group_by, *q.where, *([q.value_field] if q.value_field else [])]
             if self.input.user_field in fields:
                 raise ValueError(

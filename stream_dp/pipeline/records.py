@@ -13,6 +13,8 @@ from typing import Any, Final
 
 import orjson
 
+from stream_dp.privacy.continual.planning import ContinualPlan
+from stream_dp.windows.horizon import HorizonPosition
 from stream_dp.windows.tumbling import iso_utc
 
 SCHEMA_VERSION: Final = 1
@@ -49,7 +51,9 @@ def release_record(
     ci95: float,
     selection: Mapping[str, Any] | None,
     clamped: bool,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """One release record; ``extra`` adds fields (e.g. :func:`cumulative_release_fields`)."""
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "release",
@@ -69,7 +73,29 @@ def release_record(
     }
     if clamped:
         record["clamped"] = True
+    if extra:
+        record.update(extra)
     return record
+
+
+def cumulative_release_fields(plan: ContinualPlan, position: HorizonPosition) -> dict[str, Any]:
+    """What a cumulative query's release record adds (release.schema.json).
+
+    The record's ``value`` is the running total from ``horizon_start`` to ``window_end``;
+    ``epsilon``/``delta`` stay what this window was charged; ``noise_scale`` should be
+    ``plan.draw_scale`` and ``ci95`` ``plan.ci95(position.step)``.
+    """
+    step = position.step
+    return {
+        "release": "cumulative",
+        "horizon_start": iso_utc(position.horizon_start_s),
+        "horizon_windows": position.horizon_windows,
+        "horizon_step": step,
+        "continual_mechanism": plan.option,
+        "noise_sd": plan.sd(step),
+        "cumulative_epsilon": plan.epsilon * step,
+        "cumulative_delta": plan.delta * step,
+    }
 
 
 def window_record(

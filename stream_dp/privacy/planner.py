@@ -26,6 +26,13 @@ Budget split of one query's (ε, δ):
   (Gaussian noise: δ/2 each), because the threshold tests the released count itself.
 - mean: ``mean_count_share`` of the noise ε (and δ) goes to the count, the rest to the sum.
 
+Cumulative queries (``release: cumulative``, public keys only) publish running totals over a
+horizon of T windows through :mod:`stream_dp.privacy.continual`; their plan carries a
+:class:`~stream_dp.privacy.continual.planning.ContinualPlan` (the chosen option) and every
+option's prediction. They are charged like per-window queries — the query's (ε, δ) in every
+window — which :mod:`stream_dp.privacy.continual.planning` shows is exact for the tree under
+pure ε and valid for every option under zCDP. Their noise component is the option's draw.
+
 Gaussian noise is calibrated through zCDP: ρ is the largest value whose CKS20 conversion
 fits the component's (ε, δ), σ = Δ2/√(2ρ). :func:`plan_config` reports window and horizon
 totals by basic composition and, when Gaussian noise is used, also with the Gaussian parts
@@ -43,6 +50,13 @@ from typing import Any, Literal
 from stream_dp.config.model import BoundsConfig, Config, QueryConfig, Scalar, Statistic
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.calibration import zcdp_epsilon
+from stream_dp.privacy.continual.planning import (
+    ContinualPlan,
+    candidate_plans,
+    choose,
+    plan_continual,
+    sqrt_fits,
+)
 from stream_dp.privacy.mechanisms import (
     DiscreteGaussian,
     DiscreteLaplace,
@@ -158,7 +172,8 @@ class QueryPlan:
     selection_delta: float
     #: Primary component first (value, or a mean's sum), then a mean's count.
     noise: tuple[NoiseComponent, ...]
-    #: Scale and 95% half-width of the primary component, in released units.
+    #: Scale and 95% half-width of the primary component, in released units (cumulative:
+    #: the scale of one draw and the running total's half-width at the horizon's last window).
     noise_scale: float
     ci95: float
     #: None for public keys.
@@ -173,6 +188,11 @@ class QueryPlan:
     unsafe_test_mode: bool = False
     #: δ configured for the query but not needed by its mechanisms (Laplace on public keys).
     delta_unused: float = field(default=0.0)
+    #: cumulative queries: the chosen option, every option that fits (for plan), the origin
+    continual: ContinualPlan | None = None
+    continual_options: tuple[ContinualPlan, ...] = ()
+    continual_auto: bool = False
+    horizon_origin_s: int = 0
 
     @property
     def rho(self) -> float:
@@ -206,11 +226,23 @@ class QueryPlan:
             "charges": [c.describe() for c in self.charges],
             "clamp_negative": self.clamp_negative,
         }
+        out["continual"] = self._describe_continual()
         if self.statistic == "mean":
             out["mean_ci95"] = (
                 "per key: (ci95_sum_97.5 + value_bound * ci95_count_97.5) / max(1, noisy count)"
             )
         return out
+
+    def _describe_continual(self) -> dict[str, Any] | None:
+        if self.continual is None:
+            return None
+        return {
+            "horizon_windows": self.continual.horizon_windows,
+            "horizon_origin_s": self.horizon_origin_s,
+            "chosen": self.continual.option,
+            "chosen_by": "auto: smallest worst-step sd" if self.continual_auto else "config",
+            "options": [p.describe() for p in self.continual_options],
+        }
 
 
 def _effective_bounds(bounds: BoundsConfig) -> tuple[int, int, int]:
@@ -295,6 +327,40 @@ def _noise_component(
     )
     rho = gauss.rho(sensitivity.l2)
     return NoiseComponent(target, gauss, sensitivity, epsilon, delta, rho, unit)
+
+
+def _plan_cumulative(
+    query: QueryConfig,
+    bounds: BoundsConfig,
+    primary: Sensitivity,
+    public_keys: tuple[GroupKey, ...],
+    unit: float,
+) -> tuple[ContinualPlan, tuple[ContinualPlan, ...]]:
+    assert query.horizon_windows is not None
+    gaussian = query.mechanism == "discrete_gaussian"
+    common: dict[str, Any] = {
+        "family": query.mechanism,
+        "horizon_windows": query.horizon_windows,
+        "l1_sensitivity": primary.l1,
+        "l2_sensitivity": primary.l2,
+        "epsilon": query.epsilon,
+        "delta": query.delta if gaussian else 0.0,
+        "unit": unit,
+    }
+    options = candidate_plans(**common, key_count=len(public_keys))
+    if query.continual_mechanism == "auto":
+        return choose(options), options
+    option = query.continual_mechanism
+    if option == "sqrt_factorization" and not sqrt_fits(query.horizon_windows, len(public_keys)):
+        raise ConfigError(
+            f"query {query.name}: sqrt_factorization keeps {2 * query.horizon_windows} "
+            f"integers per key; {len(public_keys)} keys × {query.horizon_windows} windows is "
+            "more state than allowed; use tree_honaker or a shorter horizon"
+        )
+    chosen = next((p for p in options if p.option == option), None)
+    if chosen is None:
+        chosen = plan_continual(option, **common)
+    return chosen, options
 
 
 def plan_query(
@@ -412,6 +478,26 @@ def plan_query(
             charges.append(
                 PrivacyCharge(f"noise:{part.target}", part.epsilon, part.delta, part.rho)
             )
+    continual: ContinualPlan | None = None
+    continual_options: tuple[ContinualPlan, ...] = ()
+    noise_scale, ci95 = noise[0].scale, noise[0].ci95
+    if query.cumulative:
+        assert public_keys is not None  # the config refuses private keys for cumulative
+        continual, continual_options = _plan_cumulative(
+            query, bounds, primary, public_keys, granularity or 1.0
+        )
+        draw = NoiseComponent(
+            "value",
+            continual.mechanism,
+            primary,
+            noise[0].epsilon,
+            noise[0].delta,
+            noise[0].rho,
+            continual.draw_unit * (granularity or 1.0),
+        )
+        noise = (draw,)
+        noise_scale = continual.draw_scale
+        ci95 = continual.ci95(continual.horizon_windows)
     if delta_unused > 0:
         # charged like the rest (the load-time budget check counts it) though no mechanism
         # needs it: Laplace noise on public keys is pure ε-DP.
@@ -430,8 +516,8 @@ def plan_query(
         selection_epsilon=selection_eps,
         selection_delta=selection_delta,
         noise=noise,
-        noise_scale=noise[0].scale,
-        ci95=noise[0].ci95,
+        noise_scale=noise_scale,
+        ci95=ci95,
         selection=selection,
         public_keys=public_keys,
         charges=tuple(charges),
@@ -440,6 +526,12 @@ def plan_query(
         clamp_negative=query.clamp_negative,
         unsafe_test_mode=unsafe_test_mode,
         delta_unused=delta_unused,
+        continual=continual,
+        continual_options=continual_options,
+        continual_auto=query.continual_mechanism == "auto",
+        horizon_origin_s=(
+            int(query.horizon_origin.timestamp()) if query.horizon_origin is not None else 0
+        ),
     )
 
 

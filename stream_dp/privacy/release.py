@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from stream_dp.errors import PrivacyError
 from stream_dp.privacy.partition_selection import CountThreshold, UserCountSelection
 from stream_dp.privacy.planner import GroupKey, NoiseComponent, QueryPlan
 
@@ -84,6 +85,11 @@ def _quantity(aggregate: KeyAggregate, component: NoiseComponent, plan: QueryPla
 
 def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) -> QueryRelease:
     """Release one query for one window (see the module docstring)."""
+    if plan.continual is not None:
+        raise PrivacyError(
+            f"query {plan.name} is cumulative: its running totals come from a "
+            "stream_dp.privacy.continual counter, never from per-window noise"
+        )
     suppressed = 0
     precomputed: list[int] | None = None  # count_threshold: the released counts themselves
 

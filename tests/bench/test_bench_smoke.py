@@ -125,6 +125,21 @@ def test_utility_rows(smoke: tuple[Path, dict[str, Any]]) -> None:
             _finite(row["mae"], f"{row['method']} MAE")
 
 
+def test_continual_rows(smoke: tuple[Path, dict[str, Any]]) -> None:
+    c = smoke[1]["continual"]
+    assert c["windows"] == [64, 256]
+    options = {"discrete_laplace": 3, "discrete_gaussian": 4}
+    for n in c["windows"]:
+        rows = [r for r in c["rows"] if r["windows"] == n]
+        expected = options["discrete_laplace"] + 2 * options["discrete_gaussian"]
+        assert len(rows) == expected, n
+        for row in rows:
+            for field in ("rmse_last", "rmse_all_windows", "predicted_worst_sd"):
+                _finite(row[field], f"continual {n} {row['option']} {field}")
+                assert row[field] > 0
+            _finite(row["ratio_all_to_per_window_sum"], "continual ratio")
+
+
 def test_report_and_plot(smoke: tuple[Path, dict[str, Any]]) -> None:
     out, results = smoke
     text = (out / "RESULTS.md").read_text(encoding="utf-8")
@@ -133,6 +148,7 @@ def test_report_and_plot(smoke: tuple[Path, dict[str, Any]]) -> None:
     assert all(isinstance(t["passed"], bool) for t in results["targets"])
     assert "## 2. Scale-out: 1, 2 and 3 worker processes" in text
     assert "(scaling_workers.png)" in text
-    for name in ("throughput.png", "scaling_workers.png"):
+    assert "## 5. Continual release: running totals (simulated, no Kafka)" in text
+    for name in ("throughput.png", "scaling_workers.png", "continual_rmse.png"):
         png = (out / name).read_bytes()
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000, name
