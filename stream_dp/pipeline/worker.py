@@ -159,6 +159,7 @@ class _TestFaults:
                 continue
             spec[1] -= 1
             if spec[1] == 0:
+                log.warning("test fault point %s reached", point)
                 act(spec[2])
 
     @staticmethod

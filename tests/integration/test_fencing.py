@@ -1,0 +1,164 @@
+"""A worker frozen past the session timeout at the worst moment, then resumed (issue 13).
+
+The worker freezes itself (SIGSTOP, woken by SIGCONT after the pause) at one of its fault
+points; its partitions move to the other worker, which may release the same windows; then
+it resumes exactly where it stopped — mid-release, holding a draw, before publishing. The
+claims: every (query, window, key) has one value on the output topic and that value is the
+ledger's (the first complete draw in log order); every window is released; the paused
+worker stays alive, rejoins and stops cleanly (exit 0). Noise is real (small ε over 20
+public keys), so a second draw would show as a second value with overwhelming probability:
+two independent discrete Laplace draws of scale 5 agree with probability < 0.1 per key, so
+all 20 keys of a window agree by chance with probability < 1e-20.
+
+``STREAM_DP_FENCING_RUNS`` repeats each point (``make chaos`` runs 24 in all).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from stream_dp.broker.topics import apply_topics
+from stream_dp.config import load_config
+from stream_dp.pipeline.ledger import LedgerIndex
+from stream_dp.pipeline.worker import CRASH_POINTS, PAUSE_POINT_ENV
+from tests.integration.support import (
+    decode_values,
+    produce_events,
+    read_topic,
+    start_worker,
+    topic_partitions,
+    topics_of,
+    wait_for_group,
+    windows_done,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+MakeConfig = Callable[[dict[str, Any] | None], Path]
+T0 = 1_596_240_000
+DOMAINS = [f"d{i:02d}.example" for i in range(20)]
+WINDOWS = 6
+PAUSE_S = 6.0  # three times the session timeout
+RUNS = int(os.environ.get("STREAM_DP_FENCING_RUNS", "1"))
+
+
+def _events(window: int) -> list[dict[str, Any]]:
+    return [
+        {"user_id": f"u{u}", "timestamp": T0 + window * 10 + 1 + u % 7, "domain": d}
+        for u in range(30)
+        for d in DOMAINS[u % 4 :: 4]
+    ]
+
+
+@pytest.mark.parametrize("run", range(RUNS))
+@pytest.mark.parametrize("point", CRASH_POINTS)
+async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
+    point: str,
+    run: int,
+    kafka_bootstrap: str,
+    config_factory: MakeConfig,
+    tmp_path: Path,
+) -> None:
+    cfg = config_factory(
+        {
+            "bounds": {"max_contributions_per_window": 3},
+            "privacy": {"epsilon_per_window": 0.2, "max_epsilon_per_horizon": 100},
+            "queries": [
+                {
+                    "name": "visits",
+                    "group_by": ["domain"],
+                    "epsilon": 0.2,
+                    "keys": {"domain": DOMAINS},
+                }
+            ],
+        }
+    )
+    config = load_config(cfg)
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    topics = topics_of(cfg)
+    expected = set()
+    for topic in (
+        config.input.topic,
+        config.output.partials_topic,
+        config.output.repartition_topic,
+    ):
+        expected |= {(topic, p) for p in await topic_partitions(kafka_bootstrap, topic)}
+    steady = start_worker(cfg, tmp_path / "steady.log")
+    paused = start_worker(
+        cfg,
+        tmp_path / "paused.log",
+        {PAUSE_POINT_ENV: f"{point}:1:{PAUSE_S}", "STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"},
+    )
+    try:
+        await wait_for_group([steady, paused], expected)
+        events = [e for w in range(WINDOWS) for e in _events(w)]
+        # A last event far ahead moves every partition past the windows above.
+        events += [{"user_id": "late", "timestamp": T0 + 10 * WINDOWS + 5, "domain": DOMAINS[0]}]
+        await produce_events(kafka_bootstrap, topics["input"], events)
+        out = await read_topic(
+            kafka_bootstrap,
+            topics["output"],
+            until=windows_done(["visits"], WINDOWS),
+            timeout_s=120,
+            settle_s=PAUSE_S + 4,  # anything the paused worker does after it wakes
+        )
+        assert f"test fault point {point} reached" in paused.log(), (
+            "the paused worker never reached the point: the run proves nothing"
+        )
+        # Both are alive and working: a later window is released after the pause.
+        await produce_events(
+            kafka_bootstrap,
+            topics["input"],
+            [
+                *_events(WINDOWS),
+                {"user_id": "x", "timestamp": T0 + 10 * WINDOWS + 25, "domain": "d"},
+            ],
+        )
+        out = await read_topic(
+            kafka_bootstrap,
+            topics["output"],
+            until=windows_done(["visits"], WINDOWS + 1),
+            timeout_s=120,
+        )
+        assert paused.proc.poll() is None, paused.log()
+    finally:
+        codes = [steady.terminate(), paused.terminate()]
+    assert codes == [0, 0], f"{codes}\n{paused.log()[-4000:]}"
+    assert "Traceback" not in paused.log() and "Traceback" not in steady.log()
+
+    # One value per (query, window, key) on the output topic ...
+    values: dict[tuple[str, str, str], set[Any]] = defaultdict(set)
+    for _, v in decode_values(out):
+        if v["kind"] == "release":
+            values[(v["query"], v["window_start"], orjson.dumps(v["group"]).decode())].add(
+                v["value"]
+            )
+    assert values and all(len(vs) == 1 for vs in values.values()), {
+        k: vs for k, vs in values.items() if len(vs) > 1
+    }
+    # ... and it is the ledger's value: the first complete draw in log order.
+    index = LedgerIndex()
+    for key, raw in await read_topic(kafka_bootstrap, topics["ledger"]):
+        index.feed(key or "", raw)
+    for (query, window, group), (value,) in values.items():
+        start = _epoch(window)
+        release = index.get(query, start)
+        assert release is not None, (query, window)
+        by_group = {
+            orjson.dumps(r.value["group"]).decode(): r.value["value"]
+            for r in release.records
+            if r.value["kind"] == "release"
+        }
+        assert by_group[group] == value
+
+
+def _epoch(iso: str) -> int:
+    from stream_dp.windows.tumbling import epoch_of_iso
+
+    return epoch_of_iso(iso)
