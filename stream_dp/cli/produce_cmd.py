@@ -24,6 +24,8 @@ from stream_dp.cli._common import running_broker, stop_on_signals
 from stream_dp.clients.producer import KeyValue, ProduceReport, produce_records
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
+from stream_dp.pipeline.ingest import user_key
+from stream_dp.privacy.pseudonymize import UserIdNormalization
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
 
 DEFAULT_USERS = 1000
@@ -119,15 +121,20 @@ def synthetic_records(
         uid = event.pop("user_id")
         event[user_field] = uid
         event[time_field] = event.pop("timestamp")
-        yield str(uid).encode(), orjson.dumps(event)
+        yield user_key(uid, config.input.user_id_normalization), orjson.dumps(event)
 
 
 class FileRecords:
-    """Lines of a JSON-lines file, sent as they are, keyed by the user field when present."""
+    """Lines of a JSON-lines file, sent as they are, keyed by the user field when present
+    (the id as ``input.user_id_normalization`` normalises it: what the worker expects of
+    keyed input)."""
 
-    def __init__(self, path: Path, user_field: str) -> None:
+    def __init__(
+        self, path: Path, user_field: str, normalization: UserIdNormalization = "none"
+    ) -> None:
         self.path = path
         self.user_field = user_field
+        self.normalization: UserIdNormalization = normalization
         self.unkeyed = 0
         self.bytes_read = 0
         try:
@@ -152,7 +159,7 @@ class FileRecords:
             obj = None
         uid = obj.get(self.user_field) if isinstance(obj, dict) else None
         if isinstance(uid, str | int) and not isinstance(uid, bool):
-            return str(uid).encode()
+            return user_key(uid, self.normalization)
         self.unkeyed += 1  # the worker dead-letters it; send it anyway, unkeyed
         return None
 
@@ -204,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     bootstrap = running_broker(config, args.bootstrap_servers, "produce")
     files: FileRecords | None = None
     if args.file is not None:
-        files = FileRecords(args.file, config.input.user_field)
+        files = FileRecords(args.file, config.input.user_field, config.input.user_id_normalization)
         records: Any = files
         total: int | None = args.events
     else:

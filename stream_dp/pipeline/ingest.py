@@ -17,6 +17,12 @@ still needs; after a crash the replayed records rebuild the reservoirs.
 Stage 0 (:meth:`IngestStage.route`), for input not keyed by user: decode and pseudonymize,
 then re-key by pseudonym; the raw id goes no further. Repartitioned records carry their
 source partition and offset, so a record re-sent after a crash is recognised and dropped.
+
+String user ids are normalised (``input.user_id_normalization``) before they are
+pseudonymized, in both stages: the batch-local pseudonym cache is keyed by the raw id, so
+normalisation runs once per distinct id and batch, not per event. With keyed input the
+record key must be the *normalised* id: two spellings of one user keyed by their raw ids
+could sit on two partitions and be bounded twice.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from stream_dp.privacy.bounding import (
     merge_reservoirs,
     new_sampling_rng,
 )
-from stream_dp.privacy.pseudonymize import KeyRing
+from stream_dp.privacy.group_values import canonical_value, json_default
+from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows import TumblingWindows, WatermarkTracker
 
@@ -70,9 +77,29 @@ class _WindowPart:
     first_offset: int
 
 
-def user_key(user: str | int) -> bytes:
-    """The Kafka record key a producer keying by user id writes for this user."""
-    return (user if isinstance(user, str) else str(user)).encode()
+def user_key(user: str | int, normalization: UserIdNormalization = "none") -> bytes:
+    """The Kafka record key a producer keying by user id writes for this user: the id as
+    normalised by ``input.user_id_normalization`` (pass it), integers in decimal."""
+    normal = user_id_normalizer(normalization)(user)
+    return (normal if isinstance(normal, str) else str(normal)).encode()
+
+
+def _not_keyed_detail(normalization: UserIdNormalization) -> str:
+    if normalization == "none":
+        expected = "its user id"
+    else:
+        expected = (
+            f"its user id as input.user_id_normalization ({normalization}) normalises it "
+            "(Unicode NFKC, case-folded, surrounding whitespace removed)"
+        )
+    return (
+        f"input.keyed_by_user is true but the record key is not {expected}: key records by "
+        "the normalised user id, or set input.keyed_by_user: false to repartition"
+    )
+
+
+#: Pseudonym cache entry of a user id that normalises to nothing (dead-lettered).
+_EMPTY_ID = b""
 
 
 class IngestStage:
@@ -105,7 +132,15 @@ class IngestStage:
         self.enforce_user_keys = config.input.keyed_by_user
         #: Partitions of the input topic (the sources of each repartition partition).
         self.input_partitions = 1
+        self._normalization: UserIdNormalization = config.input.user_id_normalization
+        self._normalize = user_id_normalizer(self._normalization)
+        self._empty_user = BadRecord(
+            "bad_user",
+            f"field {config.input.user_field!r} is empty once input.user_id_normalization "
+            "removes its surrounding whitespace",
+        )
         fields, scalar, numeric = needed_fields(config.queries)
+        self._scalar_fields = tuple(scalar)
         self._fields = fields
         self.decoder = Decoder(
             user_field=config.input.user_field,
@@ -213,14 +248,17 @@ class IngestStage:
             pseudonym = cache.get(user)
             if pseudonym is None:
                 assert pseudonymize is not None
-                pseudonym = cache[user] = pseudonymize(user).hex()
+                pseudonym = cache[user] = self._pseudonym(user, pseudonymize).hex()
+            if not pseudonym:
+                dead.append(self._dead(self._empty_user, partition, offset, value, include_payload))
+                continue
             body = {
                 "u": pseudonym,
                 "t": t,
                 "e": {f: obj.get(f) for f in fields},
                 "src": [partition, offset],
             }
-            out.append((pseudonym.encode(), orjson.dumps(body)))
+            out.append((pseudonym.encode(), orjson.dumps(body, default=json_default)))
             if t > batch_max:
                 batch_max = t
         if batch_max > self._routed_max.get(partition, -math.inf):
@@ -251,6 +289,13 @@ class IngestStage:
         for p in partitions:
             self._routed_max.pop(p, None)
             self._routed_activity.pop(p, None)
+
+    def _pseudonym(self, user: str | int, pseudonymize: Callable[[str | int], bytes]) -> bytes:
+        """The pseudonym of a raw id (normalised first); ``_EMPTY_ID`` if nothing is left."""
+        normal = self._normalize(user)
+        if normal == "":
+            return _EMPTY_ID
+        return pseudonymize(normal)
 
     def _dead(
         self,
@@ -287,6 +332,9 @@ class IngestStage:
             metrics.events_consumed.inc(len(records))
         decode = self.decoder.decode_parts
         check_keys = self.enforce_user_keys and not routed
+        # Batch-local, raw id → the record key it must carry (never kept in state).
+        expected_keys: dict[str | int, bytes] = {}
+        scalar_fields = self._scalar_fields
         size = self.windows.size_s
         sealed = self._sealed_s.get(partition)
         released = self._released
@@ -338,6 +386,10 @@ class IngestStage:
                 user: str | int = ""
                 t = float(body["t"])
                 obj = body["e"]
+                for name in scalar_fields:  # JSON true/1.0 back to canonical form
+                    tv = type(obj.get(name))
+                    if tv is bool or tv is float:
+                        obj[name] = canonical_value(obj[name])
                 pseudonym = bytes.fromhex(body["u"])
             else:
                 parsed = decode(value, now_s)
@@ -345,22 +397,23 @@ class IngestStage:
                     dead.append(self._dead(parsed, partition, offset, value, include_payload))
                     continue
                 user, t, obj = parsed
-                if check_keys and key != user_key(user):
-                    dead.append(
-                        self._dead(
-                            BadRecord(
-                                "not_keyed_by_user",
-                                "input.keyed_by_user is true but the record key is not its "
-                                "user id: key records by user id, or set "
-                                "input.keyed_by_user: false to repartition",
-                            ),
-                            partition,
-                            offset,
-                            value,
-                            include_payload,
+                if check_keys:
+                    expected = expected_keys.get(user)
+                    if expected is None:
+                        expected = expected_keys[user] = user_key(user, self._normalization)
+                    if key != expected:
+                        dead.append(
+                            self._dead(
+                                BadRecord(
+                                    "not_keyed_by_user", _not_keyed_detail(self._normalization)
+                                ),
+                                partition,
+                                offset,
+                                value,
+                                include_payload,
+                            )
                         )
-                    )
-                    continue
+                        continue
                 pseudonym = None
             if max_time is None or t > max_time:
                 max_time = t
@@ -402,7 +455,12 @@ class IngestStage:
                 pseudonym = cache.get(user)
                 if pseudonym is None:
                     assert pseudonymize is not None
-                    pseudonym = cache[user] = pseudonymize(user)
+                    pseudonym = cache[user] = self._pseudonym(user, pseudonymize)
+                if not pseudonym:
+                    dead.append(
+                        self._dead(self._empty_user, partition, offset, value, include_payload)
+                    )
+                    continue
             run_pseudonyms.append(pseudonym)
             run_items.append(sid)
         if run_items:
