@@ -14,6 +14,10 @@ fresh ``version``; stage 2 takes the first complete version, never a sum of two.
 
 Partials hold exact counts per key and no raw id: the topic is internal and access-controlled
 (ARCHITECTURE.md, "Where each number goes"). Schema: ``topics/partials.schema.json``.
+
+Group keys travel as JSON arrays of their values and are read back in canonical form
+(:mod:`stream_dp.privacy.group_values`), so stage 2 merges the totals of ``true`` and of 1
+into two keys, as stage 1 kept them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Final
 import orjson
 
 from stream_dp.pipeline.records import SCHEMA_VERSION
+from stream_dp.privacy.group_values import canonical_key, json_default
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
@@ -124,7 +129,7 @@ def encode_partial(partial: Partial) -> list[tuple[str, bytes]]:
             "events_retained": partial.events_retained,
             "totals": [[list(g), a.events, a.users, a.value_sum] for g, a in chunk],
         }
-        out.append((key, orjson.dumps(value)))
+        out.append((key, orjson.dumps(value, default=json_default)))
     return out
 
 
@@ -172,7 +177,8 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 events_seen=int(obj["events_seen"]),
                 events_retained=int(obj["events_retained"]),
                 totals=[
-                    (tuple(g), KeyAggregate(int(e), int(u), int(s))) for g, e, u, s in obj["totals"]
+                    (canonical_key(g), KeyAggregate(int(e), int(u), int(s)))
+                    for g, e, u, s in obj["totals"]
                 ],
             )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

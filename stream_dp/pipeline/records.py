@@ -13,6 +13,7 @@ from typing import Any, Final
 
 import orjson
 
+from stream_dp.privacy.group_values import json_value
 from stream_dp.windows.tumbling import iso_utc
 
 SCHEMA_VERSION: Final = 1
@@ -124,4 +125,5 @@ def dead_letter_record(
 
 
 def group_dict(group_by: Sequence[str], key: Sequence[Any]) -> dict[str, Any]:
-    return dict(zip(group_by, key, strict=True))
+    """A canonical group key as the record's ``group`` object (booleans as JSON booleans)."""
+    return dict(zip(group_by, map(json_value, key), strict=True))
