@@ -18,6 +18,7 @@ def _command_modules() -> list[ModuleType]:
     from stream_dp.cli import (
         broker_cmd,
         demo_cmd,
+        keygen_cmd,
         plan_cmd,
         produce_cmd,
         replay_cmd,
@@ -26,7 +27,17 @@ def _command_modules() -> list[ModuleType]:
         topics_cmd,
     )
 
-    return [run_cmd, replay_cmd, plan_cmd, demo_cmd, produce_cmd, tail_cmd, broker_cmd, topics_cmd]
+    return [
+        run_cmd,
+        replay_cmd,
+        plan_cmd,
+        demo_cmd,
+        produce_cmd,
+        tail_cmd,
+        broker_cmd,
+        topics_cmd,
+        keygen_cmd,
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
