@@ -19,6 +19,7 @@ def _command_modules() -> list[ModuleType]:
         broker_cmd,
         demo_cmd,
         examples_cmd,
+        keygen_cmd,
         plan_cmd,
         produce_cmd,
         replay_cmd,
@@ -39,6 +40,7 @@ def _command_modules() -> list[ModuleType]:
         broker_cmd,
         topics_cmd,
         examples_cmd,
+        keygen_cmd,
     ]
 
 

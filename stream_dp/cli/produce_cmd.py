@@ -26,6 +26,8 @@ from stream_dp.cli._common import running_broker, stop_on_signals
 from stream_dp.clients.producer import KeyValue, ProduceReport, produce_records
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
+from stream_dp.pipeline.ingest import user_key
+from stream_dp.privacy.pseudonymize import UserIdNormalization
 from stream_dp.synthetic.browser_logs import (
     BrowserLogSpec,
     browser_log_events,
@@ -133,7 +135,7 @@ def synthetic_records(
         uid = event.pop("user_id")
         event[user_field] = uid
         event[time_field] = event.pop("timestamp")
-        yield str(uid).encode(), orjson.dumps(event)
+        yield user_key(uid, config.input.user_id_normalization), orjson.dumps(event)
 
 
 def live_records(config: Config, *, users: int, seed: int) -> Iterator[KeyValue]:
@@ -149,11 +151,16 @@ def live_records(config: Config, *, users: int, seed: int) -> Iterator[KeyValue]
 
 
 class FileRecords:
-    """Lines of a JSON-lines file, sent as they are, keyed by the user field when present."""
+    """Lines of a JSON-lines file, sent as they are, keyed by the user field when present
+    (the id as ``input.user_id_normalization`` normalises it: what the worker expects of
+    keyed input)."""
 
-    def __init__(self, path: Path, user_field: str) -> None:
+    def __init__(
+        self, path: Path, user_field: str, normalization: UserIdNormalization = "none"
+    ) -> None:
         self.path = path
         self.user_field = user_field
+        self.normalization: UserIdNormalization = normalization
         self.unkeyed = 0
         self.bytes_read = 0
         try:
@@ -178,7 +185,7 @@ class FileRecords:
             obj = None
         uid = obj.get(self.user_field) if isinstance(obj, dict) else None
         if isinstance(uid, str | int) and not isinstance(uid, bool):
-            return str(uid).encode()
+            return user_key(uid, self.normalization)
         self.unkeyed += 1  # the worker dead-letters it; send it anyway, unkeyed
         return None
 
@@ -243,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     files: FileRecords | None = None
     rate: float | None = args.rate
     if args.file is not None:
-        files = FileRecords(args.file, config.input.user_field)
+        files = FileRecords(args.file, config.input.user_field, config.input.user_id_normalization)
         records: Any = files
         total: int | None = args.events
     elif args.live:

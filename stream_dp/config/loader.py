@@ -1,12 +1,23 @@
 """Load the YAML configuration, apply env overrides, and turn every failure into a ConfigError
 whose message names the field path, the bad value, where it came from (the file or an
-environment variable) and what is allowed."""
+environment variable) and what is allowed.
+
+YAML 1.1 (what PyYAML reads) turns some unquoted words into values nobody meant: ``yes``,
+``no``, ``on``, ``off`` are booleans (the country code ``NO`` becomes ``false``), ``010`` is
+the octal 8, ``1:30`` the sexagesimal 90, while ``1e3`` (no dot) stays the *string* "1e3".
+For ordinary settings the model converts these as intended (``keyed_by_user: yes`` is true,
+``delta: 1e-6`` is a number). In the values of ``queries[].keys`` and ``queries[].where``,
+which are compared with event values exactly, they are refused with the spelling that says
+what was meant.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +34,103 @@ from stream_dp.config.model import Config, ConfigOrigin
 from stream_dp.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+#: Plain scalars PyYAML reads as strings that any reader would take for a number.
+_NUMBER_LIKE = re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)$")
+#: Plain integers whose YAML 1.1 value differs from their decimal reading.
+_ODD_INT = re.compile(r"^[-+]?(?:0[0-9_]+|0[xXbBoO].*|.*[:_].*)$")
+
+
+@dataclass(frozen=True)
+class _Ambiguous:
+    """A plain YAML scalar whose YAML 1.1 value is probably not what was meant."""
+
+    text: str
+    #: What YAML 1.1 made of it (used outside key and where lists).
+    value: Any
+    meaning: str
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that marks ambiguous plain scalars (see the module docstring)."""
+
+
+def _construct_bool(loader: _Loader, node: yaml.ScalarNode) -> Any:
+    value = loader.construct_yaml_bool(node)
+    if node.value.lower() in ("true", "false"):
+        return value
+    return _Ambiguous(
+        node.value, value, f"the boolean {'true' if value else 'false'} (YAML 1.1 reads it so)"
+    )
+
+
+def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> Any:
+    value = loader.construct_yaml_int(node)
+    if _ODD_INT.match(node.value):
+        return _Ambiguous(node.value, value, f"the integer {value} (YAML 1.1 reads it so)")
+    return value
+
+
+def _construct_str(loader: _Loader, node: yaml.ScalarNode) -> Any:
+    value = loader.construct_scalar(node)
+    if node.style is None and isinstance(value, str) and _NUMBER_LIKE.match(value):
+        return _Ambiguous(
+            value, value, "a string, not a number (YAML 1.1 reads exponents like 1e3 as text)"
+        )
+    return value
+
+
+_Loader.add_constructor("tag:yaml.org,2002:bool", _construct_bool)
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_Loader.add_constructor("tag:yaml.org,2002:str", _construct_str)
+
+
+def _settle(data: Any, path: tuple[str | int, ...] = ()) -> Any:
+    """Replace ambiguous scalars by their YAML 1.1 value, except in key and where lists."""
+    if isinstance(data, Mapping):
+        return {
+            (k.value if isinstance(k, _Ambiguous) else k): _settle(v, (*path, k))
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [_settle(v, (*path, i)) for i, v in enumerate(data)]
+    if isinstance(data, _Ambiguous):
+        if len(path) >= 4 and path[0] == "queries" and path[2] in ("keys", "where"):
+            raise ConfigError(_ambiguous_message(data, path))
+        return data.value
+    return data
+
+
+def _yaml_float(value: float) -> str:
+    """A float spelled so that YAML 1.1 reads it as one (a dot, a signed exponent)."""
+    text = repr(value)
+    if "e" not in text:
+        return text
+    mantissa, exponent = text.split("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    if exponent[0] not in "+-":
+        exponent = "+" + exponent
+    return f"{mantissa}e{exponent}"
+
+
+def _ambiguous_message(item: _Ambiguous, path: tuple[str | int, ...]) -> str:
+    where = _format_loc(path)
+    if isinstance(item.value, bool):
+        fix = f'quote it ("{item.text}") if you mean the text, or write ' + (
+            "true" if item.value else "false"
+        )
+    elif isinstance(item.value, int):
+        fix = f'quote it ("{item.text}") if you mean the text, or write {item.value}'
+    else:
+        fix = (
+            f'quote it ("{item.text}") if you mean the text, or write the number as '
+            f"{_yaml_float(float(item.text))}"
+        )
+    return (
+        f"{where} = {item.text}: this unquoted value is {item.meaning}, and key and where "
+        f"values are compared with event values exactly; {fix}"
+    )
 
 
 def _format_loc(loc: tuple[int | str, ...]) -> str:
@@ -112,8 +220,14 @@ def parse_config(
     check_leftovers(leftovers, [v for v in key_variables if isinstance(v, str)])
     origin = ConfigOrigin(file=file, environment=origins(overrides))
     _report_replaced_queries(data, origin, source)
+    # Imported here: the planner imports this package's model.
+    from stream_dp.privacy.planner import plan_config
+
     try:
         config = Config(**merged)
+        # Planning checks what follows from several settings at once (noise scales,
+        # value ranges in noise units, public key products): refused at load, not later.
+        plan_config(config)
     except ValidationError as exc:
         lines = "\n  ".join(_describe(e, origin, source) for e in exc.errors())
         raise ConfigError(f"{_heading(source, origin)}:\n  {lines}") from None
@@ -141,7 +255,7 @@ def load_config(path: str | Path) -> Config:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         where = ""
         mark = getattr(exc, "problem_mark", None)
@@ -151,6 +265,7 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(f"config file {p} is not valid YAML{where}: {problem}") from None
     if data is None:
         data = {}
+    data = _settle(data)
     if not isinstance(data, Mapping):
         raise ConfigError(
             f"config file {p} must hold a mapping of sections (kafka, input, ...), "

@@ -33,9 +33,29 @@ from pydantic import (
 from stream_dp.privacy.budget import QueryShare, check_horizon_budget, check_window_budget
 from stream_dp.privacy.continual.binary_tree import MAX_TREE_HORIZON, MIN_HORIZON_WINDOWS
 from stream_dp.privacy.continual.sqrt_factorization import MAX_SQRT_HORIZON
+from stream_dp.privacy.group_values import (
+    INT_MAX,
+    INT_MIN,
+    JsonBool,
+    python_equal_duplicates,
+)
 
 #: ε above this is meaningless as privacy; allowed only in the test mode below.
 MAX_SAFE_EPSILON = 100.0
+#: ε below this buys nothing (the noise drowns every count) and drives noise scales and
+#: selection thresholds towards the limits of 64-bit arithmetic; refused in every mode.
+MIN_EPSILON = 1e-3
+#: δ above this is not a privacy guarantee: δ is the probability that the ε bound fails
+#: outright (e.g. a key that only one user produced is released). Common guidance is
+#: δ ≪ 1/n for n users; 1e-3 is already the loosest value that can make sense for a
+#: window with a thousand users, and the usual choices are 1e-5 … 1e-9.
+MAX_DELTA = 1e-3
+#: A positive δ below this is numerically zero for the selection maths (1 − δ rounds to 1).
+MIN_POSITIVE_DELTA = 1e-100
+#: Ceiling of k, L0 and Linf: beyond it bounding bounds nothing and planning slows down.
+MAX_CONTRIBUTIONS = 100_000
+#: Ceiling of privacy.horizon_windows (about 114 years of hourly windows).
+MAX_HORIZON_WINDOWS = 1_000_000
 #: Environment switch that tests set to allow ``privacy.unsafe_test_mode``.
 UNSAFE_TEST_MODE_ENV = "STREAM_DP_ALLOW_UNSAFE_TEST_MODE"
 
@@ -155,6 +175,12 @@ class InputConfig(_Section):
         description="events stamped further ahead of the wall clock are bad records; "
         "events ahead by less are kept but move the watermark no further than the clock",
     )
+    user_id_normalization: Literal["nfkc_casefold_strip", "none"] = Field(
+        "nfkc_casefold_strip",
+        description="how string user ids are normalised before pseudonymization: "
+        "nfkc_casefold_strip (Unicode NFKC, case folding, surrounding whitespace removed) "
+        "makes spellings of one id one user; none keys the id exactly as sent",
+    )
 
 
 class OutputConfig(_Section):
@@ -255,16 +281,52 @@ class PseudonymizationConfig(_Section):
         return self
 
 
+def _check_epsilon(value: float) -> float:
+    """ε at or above the floor (the ceiling depends on the test mode: see Config)."""
+    if value < MIN_EPSILON:
+        raise ValueError(
+            f"ε below {MIN_EPSILON:g} gives noise so large that nothing useful is released "
+            f"and is numerically unsafe; use a value in [{MIN_EPSILON:g}, "
+            f"{MAX_SAFE_EPSILON:g}] (typical: 0.1 … 2)"
+        )
+    return value
+
+
+def _check_delta(value: float) -> float:
+    if value > MAX_DELTA:
+        raise ValueError(
+            f"δ above {MAX_DELTA:g} is no privacy guarantee (it is the probability that the "
+            f"ε bound fails); use 0 or a value in [{MIN_POSITIVE_DELTA:g}, {MAX_DELTA:g}] "
+            "(typical: 1e-6 … 1e-9)"
+        )
+    if 0 < value < MIN_POSITIVE_DELTA:
+        raise ValueError(
+            f"δ = {value:g} is numerically zero; use 0 or a value in "
+            f"[{MIN_POSITIVE_DELTA:g}, {MAX_DELTA:g}]"
+        )
+    return value
+
+
 class PrivacyConfig(_Section):
-    epsilon_per_window: float = Field(1.0, gt=0)
-    delta_per_window: float = Field(1e-6, ge=0, lt=1)
-    horizon_windows: int = Field(24, ge=1)
-    max_epsilon_per_horizon: float = Field(24.0, gt=0)
+    epsilon_per_window: float = Field(1.0, gt=0, allow_inf_nan=False)
+    delta_per_window: float = Field(1e-6, ge=0, lt=1, allow_inf_nan=False)
+    horizon_windows: int = Field(24, ge=1, le=MAX_HORIZON_WINDOWS)
+    max_epsilon_per_horizon: float = Field(24.0, gt=0, allow_inf_nan=False)
     unsafe_test_mode: bool = Field(
         False,
         description="allows ε > 100 so tests can make noise negligible; refused unless "
         f"the environment sets {UNSAFE_TEST_MODE_ENV}=1",
     )
+
+    @field_validator("epsilon_per_window")
+    @classmethod
+    def _epsilon_floor(cls, value: float) -> float:
+        return _check_epsilon(value)
+
+    @field_validator("delta_per_window")
+    @classmethod
+    def _delta_range(cls, value: float) -> float:
+        return _check_delta(value)
 
     @field_validator("unsafe_test_mode")
     @classmethod
@@ -278,9 +340,15 @@ class PrivacyConfig(_Section):
 
 
 class BoundsConfig(_Section):
-    max_contributions_per_window: int = Field(40, ge=1, description="k: events kept per user")
-    max_keys_per_user: int | None = Field(None, ge=1, description="L0: keys per user")
-    max_contributions_per_key: int | None = Field(None, ge=1, description="Linf: events per key")
+    max_contributions_per_window: int = Field(
+        40, ge=1, le=MAX_CONTRIBUTIONS, description="k: events kept per user"
+    )
+    max_keys_per_user: int | None = Field(
+        None, ge=1, le=MAX_CONTRIBUTIONS, description="L0: keys per user"
+    )
+    max_contributions_per_key: int | None = Field(
+        None, ge=1, le=MAX_CONTRIBUTIONS, description="Linf: events per key"
+    )
 
 
 class QueryConfig(_Section):
@@ -291,19 +359,22 @@ class QueryConfig(_Section):
     keys: Literal["private"] | dict[str, list[Scalar]] = "private"
     selection: SelectionStrategy = "truncated_geometric"
     selection_epsilon_share: float = Field(
-        0.5, gt=0, lt=1, description="share of ε spent on choosing private keys"
+        0.5, ge=0.01, le=0.99, description="share of ε spent on choosing private keys"
     )
-    epsilon: float = Field(gt=0)
-    delta: float = Field(0.0, ge=0, lt=1)
+    epsilon: float = Field(gt=0, allow_inf_nan=False)
+    delta: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
     mechanism: MechanismName = "discrete_laplace"
     value_field: str | None = None
-    lower: float | None = None
-    upper: float | None = None
+    lower: float | None = Field(None, allow_inf_nan=False)
+    upper: float | None = Field(None, allow_inf_nan=False)
     granularity: float | None = Field(
-        None, gt=0, description="sum/mean values are rounded to multiples of this before noise"
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="sum/mean values are rounded to multiples of this before noise",
     )
     mean_count_share: float = Field(
-        0.5, gt=0, lt=1, description="mean: share of the noise ε spent on the count"
+        0.5, ge=0.01, le=0.99, description="mean: share of the noise ε spent on the count"
     )
     clamp_negative: bool = Field(False, description="post-process negative values to 0")
     release: ReleaseMode = Field(
@@ -332,6 +403,16 @@ class QueryConfig(_Section):
     def cumulative(self) -> bool:
         return self.release == "cumulative"
 
+    @field_validator("epsilon")
+    @classmethod
+    def _epsilon_floor(cls, value: float) -> float:
+        return _check_epsilon(value)
+
+    @field_validator("delta")
+    @classmethod
+    def _delta_range(cls, value: float) -> float:
+        return _check_delta(value)
+
     @property
     def public_keys(self) -> bool:
         return self.keys != "private"
@@ -344,6 +425,23 @@ class QueryConfig(_Section):
         assert self.lower is not None and self.upper is not None
         return (self.upper - self.lower) / 1000.0
 
+    def _check_group_values(self) -> None:
+        lists: list[tuple[str, str, list[Scalar]]] = []
+        if isinstance(self.keys, dict):
+            lists += [("keys", f, v) for f, v in self.keys.items()]
+        lists += [("where", f, v if isinstance(v, list) else [v]) for f, v in self.where.items()]
+        for section, field, values in lists:
+            for value in values:
+                problem = _group_value_problem(value)
+                if problem is not None:
+                    raise ValueError(
+                        f"query {self.name}: {section}.{field} value {value!r} {problem}; "
+                        "use a value events can carry (quote it to make it a string)"
+                    )
+        if isinstance(self.keys, dict):
+            for field, values in self.keys.items():
+                _public_key_duplicates(self.name, field, values)
+
     @model_validator(mode="after")
     def _consistent(self) -> QueryConfig:
         if len(set(self.group_by)) != len(self.group_by):
@@ -355,6 +453,7 @@ class QueryConfig(_Section):
             )
         if isinstance(self.keys, dict) and any(len(v) == 0 for v in self.keys.values()):
             raise ValueError(f"query {self.name}: a public key list is empty")
+        self._check_group_values()
         if self.statistic in ("sum", "mean"):
             if self.value_field is None or self.lower is None or self.upper is None:
                 raise ValueError(
@@ -436,6 +535,37 @@ class QueryConfig(_Section):
             raise ValueError(
                 f"query {name}: horizon_origin needs a UTC offset, e.g. 2024-01-01T00:00:00Z"
             )
+
+
+def _group_value_problem(value: Scalar) -> str | None:
+    """Why a configured key or where value can never match a JSON value, or None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not INT_MIN <= value <= INT_MAX:
+            return "is outside the 64-bit integer range that JSON numbers are read in"
+    elif isinstance(value, float) and not math.isfinite(value):
+        return "is not a finite number (JSON has no NaN or infinity)"
+    return None
+
+
+def _public_key_duplicates(query: str, field: str, values: list[Scalar]) -> None:
+    pairs = python_equal_duplicates(values)
+    if not pairs:
+        return
+    first, again = pairs[0]  # as configured (1.0 and true, not their canonical forms)
+    raise ValueError(
+        f"query {query}: keys.{field} lists the value {_show(again)} twice "
+        f"(as {_show(first)} and {_show(again)}); a public key list must hold distinct "
+        "values — 1, 1.0 and true count as one value (PRIVACY.md invariant 5), each "
+        "listed value is released as its own key — so remove the repeat (quote it, e.g. "
+        '"1", if you mean a string)'
+    )
+
+
+def _show(value: object) -> str:
+    """A configured value as YAML/JSON spells it."""
+    if isinstance(value, bool | JsonBool):
+        return "true" if value else "false"
+    return repr(value)
 
 
 class MetricsConfig(_Section):
@@ -557,8 +687,8 @@ class Config(BaseModel):
             for path, eps in too_large:
                 if eps > MAX_SAFE_EPSILON:
                     raise ValueError(
-                        f"{path} = {eps} gives no meaningful privacy; use at most "
-                        f"{MAX_SAFE_EPSILON:g}"
+                        f"{path} = {eps} gives no meaningful privacy; use a value in "
+                        f"[{MIN_EPSILON:g}, {MAX_SAFE_EPSILON:g}]"
                     )
         if self.output.internal_retention_s < self.window.life_s:
             raise ValueError(

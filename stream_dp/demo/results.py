@@ -18,6 +18,7 @@ from typing import Any
 
 from stream_dp.config import Config, QueryConfig
 from stream_dp.demo.scenario import RARE_PREFIX
+from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows.tumbling import iso_utc
 
@@ -131,7 +132,7 @@ def compare_query(
     rows: list[KeyRow] = []
     for rec in releases:
         group = dict(rec["group"])
-        key = tuple(group[f] for f in query.group_by)
+        key = canonical_key(group[f] for f in query.group_by)  # as the exact totals hold it
         aggregate = totals.get(key, KeyAggregate(events=0, users=0, value_sum=0))
         rows.append(
             KeyRow(

@@ -3,6 +3,11 @@
 Anything that is not a usable event becomes a :class:`BadRecord` with a reason code from
 :data:`REASONS`; the caller sends it to the dead-letter topic. Details never quote values
 (they could be raw ids).
+
+The values of the fields queries group and filter on are put in canonical form here, in the
+object itself (:mod:`stream_dp.privacy.group_values`: JSON ``true`` stays a boolean distinct
+from 1, ``1.0`` becomes 1); strings, integers and missing fields — the common case — pass
+with the same one type test as before.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from datetime import datetime
 from typing import Any, Final
 
 import orjson
+
+from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE, canonical_float
 
 REASONS: Final = (
     "not_utf8",
@@ -37,9 +44,9 @@ EPOCH_MS_CUTOFF = 1e11
 MIN_EVENT_TIME_S = 631_152_000.0
 MAX_USER_ID_CHARS = 1024
 
-_SCALARS = (str, int, float, bool, type(None))
-#: orjson yields exactly these types, so an exact-type test equals ``isinstance(_, _SCALARS)``.
-_SCALAR_TYPES = frozenset(_SCALARS)
+#: Group values already in canonical form. orjson yields exact types (no subclasses), so an
+#: exact-type test is an ``isinstance`` test; bool and float are the other scalars.
+_CANONICAL_SCALAR_TYPES = frozenset((str, int, type(None)))
 _INFINITIES = (math.inf, -math.inf)
 _MISSING: Any = object()
 
@@ -166,8 +173,16 @@ class Decoder:
                 f"input.max_future_s={self.max_future_s:g} s ahead of the clock",
             )
         for name in self.scalar_fields:
-            if type(obj.get(name)) not in _SCALAR_TYPES:
-                return BadRecord("bad_field", f"field {name!r} must be a string, number or bool")
+            tv: type[Any] = type(obj.get(name))
+            if tv not in _CANONICAL_SCALAR_TYPES:
+                if tv is bool:
+                    obj[name] = JSON_TRUE if obj[name] else JSON_FALSE
+                elif tv is float:
+                    obj[name] = canonical_float(obj[name])
+                else:
+                    return BadRecord(
+                        "bad_field", f"field {name!r} must be a string, number or bool"
+                    )
         for name in self.numeric_fields:
             v = obj.get(name)
             if v is not None and (

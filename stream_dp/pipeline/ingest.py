@@ -26,6 +26,12 @@ then re-key by pseudonym onto :func:`pseudonym_partition`; the raw id goes no fu
 Repartitioned records carry their source partition and offset (a record re-sent after a
 crash is recognised and dropped) and their pseudonym key id (stage 1 keeps only those of
 the window's key: a user is never split over two pseudonyms in one window).
+
+String user ids are normalised (``input.user_id_normalization``) before they are
+pseudonymized, in both stages: the batch-local pseudonym cache is keyed by the raw id, so
+normalisation runs once per distinct id and batch, not per event. With keyed input the
+record key must be the *normalised* id: two spellings of one user keyed by their raw ids
+could sit on two partitions and be bounded twice.
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ from stream_dp.privacy.bounding import (
     merge_reservoirs,
     new_sampling_rng,
 )
-from stream_dp.privacy.pseudonymize import KeyRing
+from stream_dp.privacy.group_values import canonical_value, json_default
+from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows import TumblingWindows, WatermarkTracker
 
@@ -106,9 +113,29 @@ class _WindowPart:
     first_offset: int
 
 
-def user_key(user: str | int) -> bytes:
-    """The Kafka record key a producer keying by user id writes for this user."""
-    return (user if isinstance(user, str) else str(user)).encode()
+def user_key(user: str | int, normalization: UserIdNormalization = "none") -> bytes:
+    """The Kafka record key a producer keying by user id writes for this user: the id as
+    normalised by ``input.user_id_normalization`` (pass it), integers in decimal."""
+    normal = user_id_normalizer(normalization)(user)
+    return (normal if isinstance(normal, str) else str(normal)).encode()
+
+
+def _not_keyed_detail(normalization: UserIdNormalization) -> str:
+    if normalization == "none":
+        expected = "its user id"
+    else:
+        expected = (
+            f"its user id as input.user_id_normalization ({normalization}) normalises it "
+            "(Unicode NFKC, case-folded, surrounding whitespace removed)"
+        )
+    return (
+        f"input.keyed_by_user is true but the record key is not {expected}: key records by "
+        "the normalised user id, or set input.keyed_by_user: false to repartition"
+    )
+
+
+#: Pseudonym cache entry of a user id that normalises to nothing (dead-lettered).
+_EMPTY_ID = b""
 
 
 class IngestStage:
@@ -146,7 +173,15 @@ class IngestStage:
         self.input_partitions = 1
         #: Partitions of the repartition topic (where stage 0 routes); set by the transport.
         self.routed_partitions = 1
+        self._normalization: UserIdNormalization = config.input.user_id_normalization
+        self._normalize = user_id_normalizer(self._normalization)
+        self._empty_user = BadRecord(
+            "bad_user",
+            f"field {config.input.user_field!r} is empty once input.user_id_normalization "
+            "removes its surrounding whitespace",
+        )
         fields, scalar, numeric = needed_fields(config.queries)
+        self._scalar_fields = tuple(scalar)
         self._fields = fields
         self.decoder = Decoder(
             user_field=config.input.user_field,
@@ -263,7 +298,10 @@ class IngestStage:
             pseudonym = cache.get(user)
             if pseudonym is None:
                 assert pseudonymize is not None
-                pseudonym = cache[user] = pseudonymize(user).hex()
+                pseudonym = cache[user] = self._pseudonym(user, pseudonymize).hex()
+            if not pseudonym:
+                dead.append(self._dead(self._empty_user, partition, offset, value, include_payload))
+                continue
             body = {
                 "u": pseudonym,
                 "t": t,
@@ -272,7 +310,7 @@ class IngestStage:
                 "k": key_id,
             }
             target = pseudonym_partition(bytes.fromhex(pseudonym[:16]), n_routed)
-            out.append((pseudonym.encode(), orjson.dumps(body), target))
+            out.append((pseudonym.encode(), orjson.dumps(body, default=json_default), target))
             if t > batch_max:
                 batch_max = t
         if out:
@@ -308,6 +346,13 @@ class IngestStage:
         for p in partitions:
             self._routed_max.pop(p, None)
             self._routed_activity.pop(p, None)
+
+    def _pseudonym(self, user: str | int, pseudonymize: Callable[[str | int], bytes]) -> bytes:
+        """The pseudonym of a raw id (normalised first); ``_EMPTY_ID`` if nothing is left."""
+        normal = self._normalize(user)
+        if normal == "":
+            return _EMPTY_ID
+        return pseudonymize(normal)
 
     def _dead(
         self,
@@ -348,6 +393,9 @@ class IngestStage:
         check_keys = self.enforce_user_keys and not routed
         partition_of_key = self._partition_of_key
         n_partitions = self.source_partitions
+        # Batch-local, raw id → the record key it must carry (never kept in state).
+        expected_keys: dict[str | int, bytes] = {}
+        scalar_fields = self._scalar_fields
         size = self.windows.size_s
         sealed = self._sealed_s.get(partition)
         windows_released = self._windows_released
@@ -427,6 +475,10 @@ class IngestStage:
                     duplicates += 1
                     continue
                 seen[src_partition] = src_offset
+                for name in scalar_fields:  # JSON true/1.0 back to canonical form
+                    field_value = obj.get(name)
+                    if isinstance(field_value, bool | float):
+                        obj[name] = canonical_value(field_value)
                 user: str | int = ""
             else:
                 parsed = decode(value, now_s)
@@ -435,14 +487,14 @@ class IngestStage:
                     continue
                 user, t, obj = parsed
                 if check_keys:
-                    if key != user_key(user):
+                    expected = expected_keys.get(user)
+                    if expected is None:
+                        expected = expected_keys[user] = user_key(user, self._normalization)
+                    if key != expected:
                         dead.append(
                             self._dead(
                                 BadRecord(
-                                    "not_keyed_by_user",
-                                    "input.keyed_by_user is true but the record key is not "
-                                    "its user id: key records by user id, or set "
-                                    "input.keyed_by_user: false to repartition",
+                                    "not_keyed_by_user", _not_keyed_detail(self._normalization)
                                 ),
                                 partition,
                                 offset,
@@ -452,10 +504,10 @@ class IngestStage:
                         )
                         continue
                     assert key is not None
-                    expected = key_partitions.get(key)
-                    if expected is None:
-                        expected = key_partitions[key] = partition_of_key(key, n_partitions)
-                    if expected != partition:
+                    home = key_partitions.get(key)
+                    if home is None:
+                        home = key_partitions[key] = partition_of_key(key, n_partitions)
+                    if home != partition:
                         dead.append(self._misplaced(partition, offset, value, include_payload))
                         continue
                 pseudonym = None
@@ -492,8 +544,6 @@ class IngestStage:
                 # while it was open): one user must not appear under two pseudonyms.
                 stale_key += 1
                 continue
-            if max_time is None or t > max_time:
-                max_time = t
             sig = (
                 (obj.get(single_field),)
                 if single_field is not None
@@ -507,7 +557,14 @@ class IngestStage:
                 pseudonym = cache.get(user)
                 if pseudonym is None:
                     assert pseudonymize is not None
-                    pseudonym = cache[user] = pseudonymize(user)
+                    pseudonym = cache[user] = self._pseudonym(user, pseudonymize)
+                if not pseudonym:
+                    dead.append(
+                        self._dead(self._empty_user, partition, offset, value, include_payload)
+                    )
+                    continue
+            if max_time is None or t > max_time:
+                max_time = t
             run_pseudonyms.append(pseudonym)
             run_items.append(sid)
         if run_items:

@@ -13,12 +13,19 @@ from pathlib import Path
 
 from stream_dp.config.model import PseudonymizationConfig
 from stream_dp.errors import ConfigError, PrivacyError
+from stream_dp.privacy.key_strength import check_key_strength
 from stream_dp.privacy.pseudonymize import MIN_KEY_BYTES, KeyRing, Pseudonymizer
 
 log = logging.getLogger(__name__)
 
 
-def _read_secret(env: str | None, file: Path | None, what: str) -> bytes:
+def _read_secret(env: str | None, file: Path | None, what: str, *, strict: bool = True) -> bytes:
+    """The key's bytes exactly as configured (surrounding whitespace removed), after
+    checking that they look like ≥ 32 random bytes (:mod:`stream_dp.privacy.key_strength`).
+
+    ``strict`` false (the previous key of a rotation) only warns about a weak key: it is
+    being retired, and refusing it would make rotating off a weak key impossible.
+    """
     if file is not None:
         try:
             data = file.read_bytes().strip()
@@ -28,6 +35,7 @@ def _read_secret(env: str | None, file: Path | None, what: str) -> bytes:
             ) from None
         if not data:
             raise ConfigError(f"the {what} file {file} is empty")
+        _check_strength(data, f"the {what} in file {file}", strict=strict)
         return data
     assert env is not None
     value = os.environ.get(env, "").strip()
@@ -35,9 +43,21 @@ def _read_secret(env: str | None, file: Path | None, what: str) -> bytes:
         raise ConfigError(
             f"no {what}: set the environment variable {env} to at least {MIN_KEY_BYTES} "
             "random bytes (e.g. `export "
-            f"{env}=$(openssl rand -hex 32)`) or set pseudonymization.key_file"
+            f"{env}=$(openssl rand -hex 32)` or `export {env}=$(stream-dp keygen)`) or set "
+            "pseudonymization.key_file"
         )
-    return value.encode("utf-8")
+    secret = value.encode("utf-8")
+    _check_strength(secret, f"the {what} in {env}", strict=strict)
+    return secret
+
+
+def _check_strength(secret: bytes, what: str, *, strict: bool) -> None:
+    try:
+        check_key_strength(secret, what=what)
+    except PrivacyError as exc:
+        if strict:
+            raise ConfigError(str(exc)) from None
+        log.warning("%s (accepted: it is the previous key of a rotation)", exc)
 
 
 def load_keyring(config: PseudonymizationConfig) -> KeyRing:
@@ -50,7 +70,9 @@ def load_keyring(config: PseudonymizationConfig) -> KeyRing:
             return KeyRing(current)
         assert config.previous_key_id is not None
         previous = Pseudonymizer(
-            _read_secret(config.previous_key_env, config.previous_key_file, "previous key"),
+            _read_secret(
+                config.previous_key_env, config.previous_key_file, "previous key", strict=False
+            ),
             config.previous_key_id,
         )
         return KeyRing(current, previous, config.rotate_at.timestamp())

@@ -14,6 +14,10 @@ fresh ``version``; stage 2 takes the first complete version, never a sum of two.
 
 Partials hold exact counts per key and no raw id: the topic is internal and access-controlled
 (ARCHITECTURE.md, "Where each number goes"). Schema: ``stream_dp/topics/partials.schema.json``.
+
+Group keys travel as JSON arrays of their values and are read back in canonical form
+(:mod:`stream_dp.privacy.group_values`), so stage 2 merges the totals of ``true`` and of 1
+into two keys, as stage 1 kept them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import orjson
 
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.records import SCHEMA_VERSION
+from stream_dp.privacy.group_values import canonical_key, json_default
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
@@ -112,7 +117,8 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
     window = iso_utc(partial.window_start_s)
     key = f"{partial.query}|{window}|{partial.source_partition}"
     entries = [
-        orjson.dumps([list(g), a.events, a.users, a.value_sum]) for g, a in partial.totals.items()
+        orjson.dumps([list(g), a.events, a.users, a.value_sum], default=json_default)
+        for g, a in partial.totals.items()
     ]
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -211,7 +217,8 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 source_partitions=int(obj.get("source_partitions", 1)),
                 key_id=str(obj.get("key_id", "")),
                 totals=[
-                    (tuple(g), KeyAggregate(int(e), int(u), int(s))) for g, e, u, s in obj["totals"]
+                    (canonical_key(g), KeyAggregate(int(e), int(u), int(s)))
+                    for g, e, u, s in obj["totals"]
                 ],
             )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

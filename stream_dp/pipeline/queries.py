@@ -7,6 +7,7 @@ from typing import Any
 
 from stream_dp.config.model import BoundsConfig, QueryConfig
 from stream_dp.errors import ConfigError
+from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.planner import QueryPlan, plan_query
 
 GroupKey = tuple[Any, ...]
@@ -16,6 +17,12 @@ _UNSET: Any = object()
 
 class CompiledQuery:
     """Maps an interned signature (tuple of the fields the queries need) to (key, units).
+
+    Signatures hold canonical group values (the decoder made them so), and so do the
+    ``where`` values and public keys here: ``where: {premium: true}`` never matches 1.
+    A key that is not on the query's public list projects to None, like an event the
+    ``where`` filter drops: it can never be released, so it must not take one of a user's
+    L0 key slots when the user's keys are bounded.
 
     Values for sum/mean are clamped to [lower, upper] and rounded to multiples of the
     granularity, as integer units: noise is added to integers only.
@@ -35,9 +42,11 @@ class CompiledQuery:
         self.plan: QueryPlan = plan_query(query, bounds)
         index = {f: i for i, f in enumerate(fields)}
         self._where = [
-            (index[f], frozenset(v) if isinstance(v, list) else frozenset([v]))
+            (index[f], frozenset(map(canonical_value, v if isinstance(v, list) else [v])))
             for f, v in query.where.items()
         ]
+        public = self.plan.public_keys
+        self._public: frozenset[GroupKey] | None = None if public is None else frozenset(public)
         self._group = tuple(index[f] for f in query.group_by)
         self._value = index[query.value_field] if query.value_field else None
         if query.statistic in ("sum", "mean"):
@@ -56,6 +65,8 @@ class CompiledQuery:
             if sig[i] not in allowed:
                 return None
         key = tuple(sig[i] for i in self._group)
+        if self._public is not None and key not in self._public:
+            return None  # never released: must not count against the user's bounds
         if self._value is None:
             return key, 0
         raw = sig[self._value]

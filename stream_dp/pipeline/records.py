@@ -14,6 +14,7 @@ from typing import Any, Final
 import orjson
 
 from stream_dp.privacy.continual.planning import ContinualPlan
+from stream_dp.privacy.group_values import json_value
 from stream_dp.windows.horizon import HorizonPosition
 from stream_dp.windows.tumbling import iso_utc
 
@@ -150,4 +151,5 @@ def dead_letter_record(
 
 
 def group_dict(group_by: Sequence[str], key: Sequence[Any]) -> dict[str, Any]:
-    return dict(zip(group_by, key, strict=True))
+    """A canonical group key as the record's ``group`` object (booleans as JSON booleans)."""
+    return dict(zip(group_by, map(json_value, key), strict=True))

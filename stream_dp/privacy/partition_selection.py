@@ -98,13 +98,34 @@ def _validate(epsilon: float, delta: float, max_partitions_contributed: int) -> 
 
 def _smallest_integer(predicate: Callable[[int], bool], start: int) -> int:
     """Smallest integer t ≥ 1 with predicate(t) true, for a predicate that is false below
-    some point and true from it on; ``start`` is a close guess (a closed-form estimate)."""
+    some point and true from it on; ``start`` is a guess (a closed-form estimate).
+
+    Gallops away from the guess in doubling steps to bracket the answer, then bisects: a
+    guess that is far off (tiny ε, huge L0) costs O(log distance) evaluations, not one per
+    integer in between.
+    """
     t = max(1, start)
-    while not predicate(t):
-        t += 1
-    while t > 1 and predicate(t - 1):
-        t -= 1
-    return t
+    step = 1
+    if predicate(t):
+        hi = t
+        lo = t - step
+        while lo >= 1 and predicate(lo):
+            hi, step = lo, step * 2
+            lo = hi - step
+        lo = max(lo, 0)  # invariant: predicate(hi), and lo == 0 or not predicate(lo)
+    else:
+        lo = t
+        hi = t + step
+        while not predicate(hi):
+            lo, step = hi, step * 2
+            hi = lo + step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if predicate(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 class PartitionSelection(ABC):
@@ -127,11 +148,8 @@ class PartitionSelection(ABC):
 
     @property
     def users_for_half_keep(self) -> int:
-        """Smallest n with keep probability ≥ 0.5."""
-        n = 1
-        while self.keep_probability(n) < 0.5:
-            n += 1
-        return n
+        """Smallest n with keep probability ≥ 0.5 (keep probabilities grow with n)."""
+        return _smallest_integer(lambda n: self.keep_probability(n) >= 0.5, 1)
 
     @property
     def users_for_certain_keep(self) -> int | None:
@@ -223,12 +241,7 @@ class TruncatedGeometric(UserCountSelection):
 
     @property
     def users_for_certain_keep(self) -> int | None:
-        n = self.crossover_2
-        while n > 1 and self.keep_probability(n - 1) >= 1.0:
-            n -= 1
-        while self.keep_probability(n) < 1.0:
-            n += 1
-        return n
+        return _smallest_integer(lambda n: self.keep_probability(n) >= 1.0, self.crossover_2)
 
     def select(self, users: Sequence[int]) -> list[bool]:
         cache: dict[int, float] = {}

@@ -9,7 +9,9 @@ Sensitivities (PRIVACY.md, "Bounding a user's contribution"), with k =
 ``max_contributions_per_key`` (each k when unset, and never above k — a user with k events
 touches at most k keys):
 
-- count:                L1 = min(k, L0·Linf), L2 = min(k, √L0·Linf)   (k only: L1 = L2 = k)
+- count:                L1 = min(k, L0·Linf); L2 = √(q·Linf² + r²) with q = ⌊k/Linf⌋,
+                        r = k mod Linf when L0 > q (the user's k events fill q keys to
+                        Linf and one more with the rest), else √L0·Linf   (k only: k)
 - count_distinct_users: L1 = L0,              L2 = √L0                 (Linf is 1)
 - sum:                  the count's L1 and L2 times U = ⌈max(|lower|, |upper|)/granularity⌉,
                         in granularity units (any monotone rounding of a value in
@@ -47,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from stream_dp.config.model import BoundsConfig, Config, QueryConfig, Scalar, Statistic
+from stream_dp.config.model import BoundsConfig, Config, QueryConfig, Statistic
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.calibration import zcdp_epsilon
 from stream_dp.privacy.continual.planning import (
@@ -57,6 +59,7 @@ from stream_dp.privacy.continual.planning import (
     plan_continual,
     sqrt_fits,
 )
+from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.mechanisms import (
     DiscreteGaussian,
     DiscreteLaplace,
@@ -70,8 +73,15 @@ from stream_dp.privacy.partition_selection import (
     make_selection,
 )
 
-GroupKey = tuple[Scalar, ...]
+GroupKey = tuple[Any, ...]
 NoiseTarget = Literal["value", "sum", "count"]
+
+#: Largest sensitivity (L1, in noise units) one user may have: sum/mean values times k must
+#: stay far inside int64 (2⁶³ ≈ 9.2e18) even summed over billions of users.
+MAX_L1_SENSITIVITY_UNITS = 10**9
+#: Largest noise scale (b or σ, in noise units): noise up to 50 scales (probability below
+#: e⁻⁵⁰ beyond) stays inside float64's exact integers (2⁵³ ≈ 9.0e15) and int64.
+MAX_NOISE_SCALE_UNITS = 1e12
 
 
 @dataclass(frozen=True)
@@ -184,6 +194,9 @@ class QueryPlan:
     granularity: float | None = None
     #: max(|lower|, |upper|) for sum/mean (bounds a mean's error).
     value_bound: float | None = None
+    #: [lower, upper] of sum/mean values: a released mean is clamped to it.
+    value_lower: float | None = None
+    value_upper: float | None = None
     clamp_negative: bool = False
     unsafe_test_mode: bool = False
     #: δ configured for the query but not needed by its mechanisms (Laplace on public keys).
@@ -229,7 +242,8 @@ class QueryPlan:
         out["continual"] = self._describe_continual()
         if self.statistic == "mean":
             out["mean_ci95"] = (
-                "per key: (ci95_sum_97.5 + value_bound * ci95_count_97.5) / max(1, noisy count)"
+                "per key: min(upper - lower, (ci95_sum_97.5 + value_bound * ci95_count_97.5)"
+                " / noisy count); upper - lower when the noisy count is <= 0"
             )
         return out
 
@@ -252,6 +266,19 @@ def _effective_bounds(bounds: BoundsConfig) -> tuple[int, int, int]:
     return k, l0, linf
 
 
+def count_l2_squared(k: int, l0: int, linf: int) -> int:
+    """max Σ c_i² over a user's per-key counts c with Σ c_i ≤ k, c_i ≤ Linf, ≤ L0 keys.
+
+    A convex function is largest at a vertex of the polytope: fill ⌊k/Linf⌋ keys to Linf
+    (at most L0 of them) and, if a key is left, give it the remaining k mod Linf.
+    """
+    full = k // linf
+    if l0 <= full:
+        return l0 * linf * linf
+    rest = k - full * linf
+    return full * linf * linf + rest * rest
+
+
 def count_sensitivity(bounds: BoundsConfig) -> Sensitivity:
     """Bounded event counts per key."""
     k, l0, linf = _effective_bounds(bounds)
@@ -259,7 +286,7 @@ def count_sensitivity(bounds: BoundsConfig) -> Sensitivity:
         max_partitions_contributed=l0,
         max_contributions_per_partition=linf,
         l1=min(k, l0 * linf),
-        l2_squared=min(k * k, l0 * linf * linf),
+        l2_squared=count_l2_squared(k, l0, linf),
     )
 
 
@@ -296,7 +323,9 @@ MAX_PUBLIC_KEYS = 2_000_000
 
 
 def public_key_product(query: QueryConfig) -> tuple[GroupKey, ...] | None:
-    """Every combination of the listed values, in group_by order; None for private keys."""
+    """Every combination of the listed values, in group_by order, in canonical form
+    (:mod:`stream_dp.privacy.group_values`: ``true`` stays a boolean, ``1.0`` becomes 1);
+    None for private keys. The lists hold distinct values (checked at config load)."""
     if not isinstance(query.keys, dict):
         return None
     lists = [query.keys[name] for name in query.group_by]
@@ -306,7 +335,7 @@ def public_key_product(query: QueryConfig) -> tuple[GroupKey, ...] | None:
             f"query {query.name}: the public key lists combine into {size} keys, more than "
             f"{MAX_PUBLIC_KEYS}; shorten the lists or use private keys"
         )
-    return tuple(tuple(combo) for combo in itertools.product(*lists))
+    return tuple(canonical_key(combo) for combo in itertools.product(*lists))
 
 
 def _noise_component(
@@ -361,6 +390,27 @@ def _plan_cumulative(
     if chosen is None:
         chosen = plan_continual(option, **common)
     return chosen, options
+
+
+def _check_numeric_range(query: QueryConfig, part: NoiseComponent) -> None:
+    """Refuse settings whose noise or per-user values leave safe 64-bit arithmetic."""
+    l1 = part.sensitivity.l1
+    if l1 > MAX_L1_SENSITIVITY_UNITS:
+        units = part.sensitivity.value_units_per_event
+        raise ConfigError(
+            f"query {query.name}: one user can move the {part.target} by {l1:,} units of "
+            f"granularity ({units:,} per event × the contribution bound), above the limit "
+            f"{MAX_L1_SENSITIVITY_UNITS:,}; use a coarser granularity, narrower "
+            "lower/upper, or smaller bounds"
+        )
+    scale = part.mechanism.scale
+    if scale > MAX_NOISE_SCALE_UNITS:
+        raise ConfigError(
+            f"query {query.name}: the {part.target} noise scale would be {scale:.3g} "
+            f"(ε {part.epsilon:g} for sensitivity {l1:,}), above {MAX_NOISE_SCALE_UNITS:g}: "
+            "such noise is useless and leaves exact 64-bit arithmetic; raise epsilon or the "
+            "shares (selection_epsilon_share, mean_count_share), or lower the bounds"
+        )
 
 
 def plan_query(
@@ -478,6 +528,8 @@ def plan_query(
             charges.append(
                 PrivacyCharge(f"noise:{part.target}", part.epsilon, part.delta, part.rho)
             )
+    for part in noise:
+        _check_numeric_range(query, part)
     continual: ContinualPlan | None = None
     continual_options: tuple[ContinualPlan, ...] = ()
     noise_scale, ci95 = noise[0].scale, noise[0].ci95
@@ -523,6 +575,8 @@ def plan_query(
         charges=tuple(charges),
         granularity=granularity,
         value_bound=value_bound,
+        value_lower=query.lower if statistic == "mean" else None,
+        value_upper=query.upper if statistic == "mean" else None,
         clamp_negative=query.clamp_negative,
         unsafe_test_mode=unsafe_test_mode,
         delta_unused=delta_unused,

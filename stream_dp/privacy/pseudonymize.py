@@ -1,5 +1,9 @@
 """Keyed pseudonyms (seed 002): HMAC-SHA256 of the user id under a secret key.
 
+String ids are first normalised (``input.user_id_normalization``, default
+``nfkc_casefold_strip``) so that spellings of one id — case, surrounding whitespace,
+Unicode composition and compatibility forms — are one user, bounded once.
+
 The raw id goes no further than the decoder: state, internal topics, outputs, the ledger,
 logs and metrics only ever see the 16-byte pseudonym. Without the key a pseudonym cannot be
 recomputed from a guessed id (unlike a plain hash). Keys rotate by window: while a rotation
@@ -10,10 +14,15 @@ pseudonyms of one window come from one key and a user is never counted twice in 
 from __future__ import annotations
 
 import hashlib
+import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from stream_dp.errors import PrivacyError
+
+#: ``input.user_id_normalization``.
+UserIdNormalization = Literal["nfkc_casefold_strip", "none"]
 
 #: Length of a pseudonym: 128 bits of HMAC-SHA256 (collisions are negligible below 2^40 users).
 PSEUDONYM_BYTES = 16
@@ -23,6 +32,32 @@ MIN_KEY_BYTES = 32
 _BLOCK = 64
 _IPAD = bytes(b ^ 0x36 for b in range(256))
 _OPAD = bytes(b ^ 0x5C for b in range(256))
+
+
+def nfkc_casefold_strip(user_id: str | int) -> str | int:
+    """One spelling per id: Unicode NFKC, case folding, surrounding whitespace removed.
+
+    NFKC merges composed and decomposed forms (é as one code point or e + accent) and
+    compatibility forms (full-width ａ, ligatures, superscripts); case folding merges case
+    (including ß/ss); NFKC runs again because folding can un-normalise a few characters;
+    then leading and trailing whitespace goes. Integers are returned unchanged (42 and
+    "42" already pseudonymize alike). Idempotent: normalising twice changes nothing.
+    """
+    if type(user_id) is not str:
+        return user_id
+    if user_id.isascii():  # NFKC is the identity on ASCII, and casefold is lower
+        return user_id.lower().strip()
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", user_id).casefold())
+    return folded.strip()
+
+
+def _unchanged(user_id: str | int) -> str | int:
+    return user_id
+
+
+def user_id_normalizer(mode: UserIdNormalization) -> Callable[[str | int], str | int]:
+    """The function ``input.user_id_normalization`` names."""
+    return nfkc_casefold_strip if mode == "nfkc_casefold_strip" else _unchanged
 
 
 def canonical_user_id(user_id: str | int) -> bytes:

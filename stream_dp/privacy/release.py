@@ -11,11 +11,15 @@ publishing it (PRIVACY.md invariant 3: one noise draw per (query, window, key), 
 - Noise: one draw per released key and noise component, all keys of a component in one
   vectorised call (:mod:`stream_dp.privacy.mechanisms`).
 - Values: count → noisy events; count_distinct_users → noisy users; sum → noisy units ×
-  granularity; mean → noisy sum / max(1, noisy count). ``clamp_negative`` then sets
-  negative values to 0 (post-processing, flagged by ``clamped``).
+  granularity; mean → noisy sum / max(1, noisy count), clamped to [lower, upper] (the true
+  mean lies there, so clamping never moves the value away from it). ``clamp_negative`` then
+  sets negative values to 0 (post-processing, flagged by ``clamped``).
+- A mean's 95% half-width never exceeds upper − lower (a value in [lower, upper] is that
+  close to any mean), and is exactly that when the noisy count is ≤ 0: the ratio then says
+  nothing, and the released value is only known to lie in the range.
 
 Released values are ordered by group key (public keys in their configured order), never by
-the order in which keys arrived.
+the order in which keys arrived: private keys by :func:`group_sort_key` (type, then value).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from stream_dp.errors import PrivacyError
+from stream_dp.privacy.group_values import group_sort_key
 from stream_dp.privacy.partition_selection import CountThreshold, UserCountSelection
 from stream_dp.privacy.planner import GroupKey, NoiseComponent, QueryPlan
 
@@ -113,9 +118,9 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
         else:  # pragma: no cover - planner always sets a selection for private keys
             raise TypeError("a plan for private keys needs a partition selection")
         suppressed = len(candidates) - len(groups)
-        # deterministic order that depends only on the released keys (repr handles keys
-        # mixing str/int/float/bool), never on the order in which keys arrived
-        sort_keys = [repr(g) for g in groups]
+        # deterministic order that depends only on the released keys (canonical values,
+        # ranked by type where keys mix types), never on the order in which keys arrived
+        sort_keys = [group_sort_key(g) for g in groups]
         order = sorted(range(len(groups)), key=sort_keys.__getitem__)
         groups = [groups[i] for i in order]
         rows = [rows[i] for i in order]
@@ -148,17 +153,21 @@ def _post_process(
         sum_half = primary.mechanism.halfwidth(_MEAN_COMPONENT_LEVEL) * unit
         count_half = plan.noise[1].mechanism.halfwidth(_MEAN_COMPONENT_LEVEL)
         spread = sum_half + bound * count_half
+        assert plan.value_lower is not None and plan.value_upper is not None
+        lower, upper = plan.value_lower, plan.value_upper
+        whole_range = upper - lower
         out: list[ReleasedValue] = []
         for group, s, c in zip(groups, sums, counts, strict=True):
             denominator = max(1, c)
-            mean = s * unit / denominator
+            mean = min(max(s * unit / denominator, lower), upper)
+            half = whole_range if c <= 0 else min(spread / denominator, whole_range)
             clamped = clamp and mean < 0
             out.append(
                 ReleasedValue(
                     group,
                     0.0 if clamped else mean,
                     sum_scale / denominator,
-                    spread / denominator,
+                    half,
                     clamped,
                 )
             )

@@ -18,7 +18,9 @@ from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 T0 = 1_596_240_000
 #: Wall clock for decoding: after every event time used here, within max_future_s.
 NOW = T0 + 100
-KEYRING = KeyRing(Pseudonymizer(b"s" * 32, "k1"))
+#: A fixed test key made by ``stream-dp keygen`` (a real deployment's comes from a secret).
+TEST_KEY = b"46ff7a6a76f3f1bb5f61b59a35707d642e1743dc6ce5b5f4a64d992cbb5899bc"
+KEYRING = KeyRing(Pseudonymizer(TEST_KEY, "k1"))
 
 #: Two queries on public keys: with ε = 1e6 in unsafe test mode their releases are exact
 #: (discrete Laplace of scale ≤ 3e-6 draws 0 except with probability < e^-300000).
@@ -34,14 +36,19 @@ def config(
     keyed_by_user: bool = False,
     queries: list[dict[str, Any]] | None = None,
     output: dict[str, Any] | None = None,
+    bounds: dict[str, Any] | None = None,
+    user_id_normalization: str | None = None,
     **privacy: Any,
 ) -> Config:
     """Windows of 10 s, grace 1 s, idle after 5 s; k events per user and window."""
+    normalization = (
+        {} if user_id_normalization is None else {"user_id_normalization": user_id_normalization}
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(UNSAFE_TEST_MODE_ENV, "1")
         return parse_config(
             {
-                "input": {"keyed_by_user": keyed_by_user},
+                "input": {"keyed_by_user": keyed_by_user, **normalization},
                 "output": output or {},
                 "window": {
                     "size_s": 10,
@@ -55,7 +62,7 @@ def config(
                     "max_epsilon_per_horizon": 1e12,
                     **privacy,
                 },
-                "bounds": {"max_contributions_per_window": k},
+                "bounds": {"max_contributions_per_window": k, **(bounds or {})},
                 "queries": QUERIES if queries is None else queries,
             }
         )

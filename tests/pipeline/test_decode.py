@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from stream_dp.pipeline.decode import BadRecord, Decoder, Event, parse_event_time
+from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE
 
 NOW = time.time()
 DEC = Decoder(
@@ -68,3 +69,16 @@ def test_details_never_quote_values() -> None:
     out = DEC.decode(b'{"user_id": "alice@example.com", "timestamp": "soon"}', NOW)
     assert isinstance(out, BadRecord)
     assert "alice" not in out.detail and "soon" not in out.detail
+
+
+def test_group_values_are_decoded_in_canonical_form() -> None:
+    """true stays a boolean (never equal to 1), 1.0 and -0.0 become ints; the value field
+    is not a group value and keeps its float."""
+    e = _ok({"user_id": "u", "timestamp": 1596283200, "domain": True, "amount": 2.0})
+    assert e.fields["domain"] is JSON_TRUE and e.fields["domain"] != 1
+    assert e.fields["amount"] == 2.0 and type(e.fields["amount"]) is float
+    for raw, canonical in [(1.0, 1), (-0.0, 0), (2.5, 2.5), (False, JSON_FALSE), ("1", "1")]:
+        value = _ok({"user_id": "u", "timestamp": 1596283200, "domain": raw}).fields["domain"]
+        assert value == canonical and type(value) is type(canonical)
+    bad = DEC.decode(orjson.dumps({"user_id": "u", "timestamp": 1596283200, "amount": True}), NOW)
+    assert isinstance(bad, BadRecord) and bad.reason == "bad_field"

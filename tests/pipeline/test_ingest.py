@@ -745,7 +745,7 @@ def test_an_idle_stream_without_events_still_advances_from_the_first_covered_win
 
 def test_interned_signatures_go_with_their_windows() -> None:
     cfg = config(
-        queries=[{"name": "all", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a"]}}]
+        queries=[{"name": "all", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6}]
     )
     stage = _stage(cfg, partitions=(0,))
     offset = 0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import logging
+import secrets
 from pathlib import Path
 
 import pytest
@@ -35,8 +37,9 @@ def test_short_key_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_key_file_and_rotation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "new.key").write_text("n" * 40 + "\n")
-    monkeypatch.setenv("OLD_KEY", "o" * 40)
+    new_key, old_key = secrets.token_hex(32), base64.b64encode(secrets.token_bytes(32))
+    (tmp_path / "new.key").write_text(new_key + "\n")
+    monkeypatch.setenv("OLD_KEY", old_key.decode())
     config = parse_config(
         {
             "pseudonymization": {
@@ -52,7 +55,9 @@ def test_key_file_and_rotation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     ring = load_keyring(config.pseudonymization)
     assert ring.for_window(1596240000 - 3600).key_id == "old"
     assert ring.for_window(1596240000).key_id == "new"
-    assert ring.current.key == b"n" * 40
+    # the HMAC key is the configured text's bytes, never its decoded form
+    assert ring.current.key == new_key.encode()
+    assert ring.previous is not None and ring.previous.key == old_key
 
 
 def test_ephemeral_key_says_so(caplog: pytest.LogCaptureFixture) -> None:

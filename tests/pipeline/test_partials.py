@@ -25,6 +25,7 @@ from stream_dp.pipeline.partials import (
     merge_totals,
     new_version,
 )
+from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE, JsonBool
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows import TumblingWindows
 from tests.helpers import schema_validator
@@ -106,9 +107,10 @@ def test_a_key_that_can_never_fit_is_a_clear_error() -> None:
 
 def test_round_trip_of_mixed_group_values_and_empty_totals() -> None:
     totals = {
-        ("a", 1, 2.5, True, None): KeyAggregate(3, 2, 40),
+        ("a", 1, 2.5, JSON_TRUE, None): KeyAggregate(3, 2, 40),
         (): KeyAggregate(1, 1, 0),
-        ("ü€", -1, 0.0, False, "x"): KeyAggregate(0, 0, -5),
+        ("ü€", -1, 0, JSON_FALSE, "x"): KeyAggregate(0, 0, -5),
+        (2**64 - 1, -(2**63), 1e300): KeyAggregate(1, 1, 1),
     }
     for partial in (_partial(totals), _partial({})):
         (part,) = _parts(partial)
@@ -116,8 +118,55 @@ def test_round_trip_of_mixed_group_values_and_empty_totals() -> None:
         assembler = PartialAssembler()
         assert assembler.add(part)
         assert assembler.taken == partial
-        # Group values keep their JSON types (True stays a bool, 1 an int).
+        # Canonical group values keep their types (true stays a boolean, 1 an int).
         assert sorted(map(repr, assembler.taken.totals)) == sorted(map(repr, partial.totals))
+
+
+def test_partials_keep_json_true_apart_from_one_when_stage_2_merges() -> None:
+    """Break 7 at stage 2: totals arrive keyed by decoded JSON arrays; a Python dict would
+    merge [true] and [1] (True == 1) into one key labelled by whichever came first."""
+    first = _partial({(JSON_TRUE,): KeyAggregate(1, 1, 0)}, source=0)
+    second = _partial({(1,): KeyAggregate(600, 600, 0)}, source=1)
+    third = _partial({(1.5,): KeyAggregate(2, 2, 0), (1,): KeyAggregate(5, 5, 0)}, source=2)
+    taken = []
+    for partial in (first, second, third):
+        assembler = PartialAssembler()
+        for value in [v for _, v in encode_partial(partial, max_bytes=SMALL_BYTES)]:
+            item = decode(value)
+            assert isinstance(item, PartialPart)
+            assembler.add(item)
+        assert assembler.taken is not None
+        taken.append(assembler.taken)
+    merged = merge_totals(taken)
+    assert merged == {
+        (JSON_TRUE,): KeyAggregate(1, 1, 0),
+        (1,): KeyAggregate(605, 605, 0),
+        (1.5,): KeyAggregate(2, 2, 0),
+    }
+    assert [type(k[0]) for k in merged] == [JsonBool, int, float]
+
+
+def test_partials_decode_json_scalars_into_canonical_form() -> None:
+    value = orjson.dumps(
+        {
+            "schema_version": 1,
+            "kind": "partial",
+            "query": "visits",
+            "window_start": "2020-08-01T00:00:00Z",
+            "source_partition": 0,
+            "version": "v",
+            "part": 0,
+            "parts": 1,
+            "events_seen": 3,
+            "events_retained": 3,
+            "totals": [[[True, 1.0, -0.0, 2.5], 3, 1, 0]],
+        }
+    )
+    item = decode(value)
+    assert isinstance(item, PartialPart)
+    ((key, _),) = item.totals
+    assert key == (JSON_TRUE, 1, 0, 2.5)
+    assert [type(v) for v in key] == [JsonBool, int, int, float]
 
 
 @pytest.mark.parametrize("watermark_s", [T0 + 9.5, None, 0.0])

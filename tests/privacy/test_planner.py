@@ -48,6 +48,26 @@ def bounds(k: int = 40, l0: int | None = 3, linf: int | None = 10) -> BoundsConf
 
 # ------------------------------------------------------------ sensitivities
 
+
+def _max_sum_of_squares(k: int, l0: int, linf: int) -> int:
+    """Brute force: max Σ c_i² over ≤ l0 keys with 1 ≤ c_i ≤ linf and Σ c_i ≤ k (a DP over
+    keys and events used, independent of the planner's closed form)."""
+    best = {0: 0}  # events used → max sum of squares, after j keys
+    overall = 0
+    for _ in range(l0):
+        nxt: dict[int, int] = {}
+        for used, sq in best.items():
+            for c in range(1, min(linf, k - used) + 1):
+                total = sq + c * c
+                if nxt.get(used + c, -1) < total:
+                    nxt[used + c] = total
+        if not nxt:
+            break
+        best = nxt
+        overall = max(overall, *best.values())
+    return overall
+
+
 BOUNDS_GRID = [
     (k, l0, linf)
     for k, l0, linf in itertools.product([1, 5, 40, 200], [None, 1, 3, 8], [None, 1, 10])
@@ -61,11 +81,12 @@ def test_sensitivity_table_reference_values() -> None:
     # L0, Linf → L0·Linf, √L0·Linf
     s = count_sensitivity(bounds(40, 3, 10))
     assert (s.l1, s.l2) == (30, pytest.approx(math.sqrt(3) * 10))
-    # … never above k
+    # … never above what k events can do: 20 events fill two keys of 10, not three
     s = count_sensitivity(bounds(20, 3, 10))
-    assert (s.l1, s.l2) == (20, pytest.approx(math.sqrt(3) * 10))
+    assert (s.l1, s.l2_squared) == (20, 2 * 10**2)
+    # 12 events: one key of 10 and one of 2
     s = count_sensitivity(bounds(12, 3, 10))
-    assert (s.l1, s.l2) == (12, 12)
+    assert (s.l1, s.l2_squared) == (12, 10**2 + 2**2)
     # distinct users → L0 (k if unset), √L0
     s = distinct_users_sensitivity(bounds(40, 3, 10))
     assert (s.l1, s.l2) == (3, pytest.approx(math.sqrt(3)))
@@ -79,9 +100,9 @@ def test_count_sensitivity_matches_pipeline_dp(k: int, l0: int | None, linf: int
     l0_eff, linf_eff = min(l0 or k, k), min(linf or k, k)
     assert (s.max_partitions_contributed, s.max_contributions_per_partition) == (l0_eff, linf_eff)
     assert s.l1 == min(k, dp_computations.compute_l1_sensitivity(l0_eff, linf_eff))
-    assert s.l2 == pytest.approx(
-        min(k, dp_computations.compute_l2_sensitivity(l0_eff, linf_eff)), rel=1e-12
-    )
+    # pipeline_dp's √L0·Linf (and k) are upper bounds; ours is the exact maximum
+    assert s.l2 <= min(k, dp_computations.compute_l2_sensitivity(l0_eff, linf_eff)) + 1e-9
+    assert s.l2_squared == _max_sum_of_squares(k, l0_eff, linf_eff)
     users = distinct_users_sensitivity(bounds(k, l0, linf))
     assert users.l1 == dp_computations.compute_l1_sensitivity(l0_eff, 1)
     assert users.l2 == pytest.approx(dp_computations.compute_l2_sensitivity(l0_eff, 1))
@@ -297,3 +318,47 @@ def test_unsafe_test_mode_is_passed_through_and_huge_epsilon_plans(
     assert plan.unsafe_test_mode and all(q.unsafe_test_mode for q in plan.queries)
     assert plan.query("a").noise_scale < 1e-3
     assert plan.describe()["unsafe_test_mode"] is True
+
+
+# ------------------------------------------------- tight L2 sensitivity (issue 12)
+
+
+def test_l2_sensitivity_is_tight_when_linf_is_set_without_l0() -> None:
+    """k = 12, Linf = 5: a user fills two keys with 5 and a third with 2, so
+    L2 = √(2·5² + 2²) = √54, not k = 12 (main's σ was 12/√54 ≈ 1.63 times too large)."""
+    s = count_sensitivity(bounds(12, None, 5))
+    assert (s.l1, s.l2_squared) == (12, 54)
+    plan = plan_query(
+        query(mechanism="discrete_gaussian", keys={"domain": ["a"]}), bounds(12, None, 5)
+    )
+    tight = DiscreteGaussian.for_epsilon_delta(
+        l2_sensitivity=math.sqrt(54), epsilon=1.0, delta=1e-6
+    )
+    loose = DiscreteGaussian.for_epsilon_delta(l2_sensitivity=12, epsilon=1.0, delta=1e-6)
+    assert plan.noise_scale == tight.scale
+    assert loose.scale / plan.noise_scale == pytest.approx(12 / math.sqrt(54), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("k", "l0", "linf", "l2_squared"),
+    [
+        (12, 3, 5, 2 * 25 + 4),  # L0 = 3 > ⌊12/5⌋ = 2: the third key gets the rest
+        (12, 2, 5, 2 * 25),  # L0 = 2 = ⌊12/5⌋: two full keys, nothing left for a third
+        (10, 4, 5, 2 * 25),  # k a multiple of Linf: no remainder key
+        (7, 1, 5, 25),  # one key only, capped at Linf
+        (40, 3, 10, 3 * 100),  # the example config: √L0·Linf is already tight
+        (3, 8, 1, 3),  # Linf = 1: one event per key
+    ],
+)
+def test_l2_sensitivity_with_both_bounds_is_the_exact_maximum(
+    k: int, l0: int, linf: int, l2_squared: int
+) -> None:
+    s = count_sensitivity(bounds(k, l0, linf))
+    assert s.l2_squared == l2_squared == _max_sum_of_squares(k, l0, linf)
+    assert (
+        sum_sensitivity(
+            query(statistic="sum", value_field="v", lower=0, upper=3, granularity=1),
+            bounds(k, l0, linf),
+        ).l2_squared
+        == l2_squared * 9
+    )

@@ -1,0 +1,188 @@
+"""The pseudonym key check (issue 12): ≥ 32 random bytes as hex or base64; short, repetitive
+and dictionary-like keys are refused with how to make one; random keys are refused with a
+probability below 1e-9 (computed, and checked on fresh keys); ``stream-dp keygen``."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import logging
+import secrets
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from stream_dp.cli.main import main
+from stream_dp.config import parse_config
+from stream_dp.errors import ConfigError, PrivacyError
+from stream_dp.pipeline.keys import load_keyring
+from stream_dp.privacy.key_strength import (
+    HOW_TO,
+    _occupancy_at_most,
+    check_key_strength,
+    false_refusal_bound,
+    key_problem,
+)
+
+GOOD_HEX = "37f8c05f57955c531a5053309411d260a83c174d8660ba067e3c5a2d8cdc85c7"  # stream-dp keygen
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ("tooshort", "too short"),
+        (secrets.token_hex(24), "48 hex digits"),  # valid base64 too, but 24 bytes only
+        (base64.b64encode(secrets.token_bytes(24)).decode(), "decode (as base64) to 24 bytes"),
+        ("a" * 64, "repetitive"),
+        ("n" * 64, "repetitive"),  # base64 of one repeated byte pattern
+        ("0123456789abcdef" * 4, "repetitive"),
+        (GOOD_HEX[:48] * 2, "pattern of 24 bytes repeated"),
+        ("".join(f"{i:02x}" for i in range(32)), "regular sequence"),
+        ("".join(f"{(7 * i) % 256:02x}" for i in range(40)), "regular sequence"),
+        ("31415926535897932384626433832795028841971693993751058209749445923", "hex"),
+        ("1234567890" * 7, "repetitive"),
+        ("ddaceddcdcebebcbaecefebcafafcdeacdcefbeddecaeaafdfffaedcbfcfabeb", "hex letters only"),
+        ("deadbeefcafebabefacadedecadebeadfeedacedbadeaddedcededabbadeafbe", "repetitive"),
+        (b"this is my secret passphrase, 32b".hex(), "readable text"),
+        (base64.b64encode(b"correct horse battery staple, ok!").decode(), "readable text"),
+        ("correcthorsebatterystaplecorrecthorsebatterystaple", "one case only"),
+        ("CorrectHorseBatteryStapleCorrectHorseBatteryStaple", "dictionary-like"),
+        ("Sunshine2024Dragon+Password/Monkey99Football", "dictionary-like"),
+        ("my secret passphrase that is long enough to pass", "not hex"),
+        ("INSECURE-DEV-KEY-" + "0" * 48, "not hex"),
+        ("é" * 40, "not hex or base64 text"),
+    ],
+)
+def test_weak_keys_are_refused_with_how_to_make_one(key: str, reason: str) -> None:
+    with pytest.raises(PrivacyError) as err:
+        check_key_strength(key.encode("utf-8"), what="the pseudonym key in X")
+    message = str(err.value)
+    assert reason in message
+    assert message.startswith("the pseudonym key in X ")
+    assert "stream-dp keygen" in message and HOW_TO in message
+
+
+def test_raw_binary_keys_are_refused() -> None:
+    assert "raw bytes" in (key_problem(bytes(range(128, 192))) or "")
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        GOOD_HEX,
+        GOOD_HEX.upper(),
+        secrets.token_hex(64),
+        base64.b64encode(secrets.token_bytes(32)).decode(),
+        base64.b64encode(secrets.token_bytes(48)).decode(),
+        base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("="),
+        # `openssl rand -base64 64` wraps its output: line breaks inside are allowed
+        base64.encodebytes(secrets.token_bytes(64)).decode(),
+    ],
+)
+def test_random_keys_in_hex_or_base64_are_accepted(key: str) -> None:
+    assert key_problem(key.encode("ascii")) is None
+
+
+@pytest.mark.parametrize("encoding", ["hex", "base64"])
+@pytest.mark.parametrize("key_bytes", [32, 33, 40, 48, 64])
+def test_false_refusal_probability_of_random_keys_is_below_1e_9(
+    encoding: str, key_bytes: int
+) -> None:
+    """Computed: a union bound over the rules, each bounded by counting."""
+    bound = false_refusal_bound(encoding, key_bytes)  # type: ignore[arg-type]
+    assert 0 < bound < 1e-12
+
+
+def test_fresh_random_keys_are_never_refused() -> None:
+    """20,000 fresh keys per encoding. With the computed bound < 1.1e-13 per key, a false
+    failure of this test has probability < 40,000 × 1.1e-13 < 5e-9."""
+    assert false_refusal_bound("hex") < 1.1e-13 and false_refusal_bound("base64") < 1.1e-13
+    for _ in range(20_000):
+        raw = secrets.token_bytes(32)
+        assert key_problem(raw.hex().encode()) is None
+        assert key_problem(base64.b64encode(raw)) is None
+
+
+def test_the_occupancy_bound_covers_the_exact_probability() -> None:
+    """The helper behind the distinct-values rules, against exact enumeration."""
+    for alphabet, draws, distinct in [(4, 5, 1), (4, 5, 2), (5, 6, 3), (6, 4, 2)]:
+        outcomes = list(itertools.product(range(alphabet), repeat=draws))
+        exact = Fraction(sum(len(set(o)) <= distinct for o in outcomes), len(outcomes))
+        assert _occupancy_at_most(alphabet, draws, distinct) >= exact
+
+
+# ------------------------------------------------------------- at load
+
+
+def _pseudonymization(**kw: object) -> object:
+    config = parse_config(
+        {"pseudonymization": kw, "queries": [{"name": "q", "epsilon": 1, "keys": {}}]}
+    )
+    return config.pseudonymization
+
+
+def test_load_refuses_a_weak_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", "hunter2hunter2hunter2hunter2hunter2hunter2")
+    with pytest.raises(ConfigError) as err:
+        load_keyring(_pseudonymization())  # type: ignore[arg-type]
+    message = str(err.value)
+    assert "STREAM_DP_PSEUDONYM_KEY" in message and "stream-dp keygen" in message
+    assert "hunter2" not in message  # the key is never quoted
+
+
+def test_load_refuses_a_weak_key_file(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text("CorrectHorseBatteryStapleCorrectHorseBatteryStaple\n")
+    with pytest.raises(ConfigError, match=r"in file .*key is dictionary-like"):
+        load_keyring(_pseudonymization(key_file=str(key_file)))  # type: ignore[arg-type]
+
+
+def test_the_hmac_key_stays_the_configured_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation only: the key bytes are the configured string, so deployments with a good
+    key keep their pseudonyms."""
+    monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", f"  {GOOD_HEX}\n")
+    ring = load_keyring(_pseudonymization())  # type: ignore[arg-type]
+    assert ring.current.key == GOOD_HEX.encode("ascii")
+
+
+# ------------------------------------------------------------- keygen
+
+
+def test_keygen_prints_a_fresh_hex_key_that_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["keygen"]) == 0
+    first = capsys.readouterr().out
+    assert main(["keygen"]) == 0
+    second = capsys.readouterr().out
+    assert first.endswith("\n") and first != second
+    key = first.strip()
+    assert len(key) == 64 and bytes.fromhex(key)
+    assert key_problem(key.encode()) is None
+
+
+def test_keygen_base64(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["keygen", "--base64"]) == 0
+    key = capsys.readouterr().out.strip()
+    assert len(base64.b64decode(key, validate=True)) == 32
+    assert key_problem(key.encode()) is None
+
+
+def test_a_weak_previous_key_is_only_warned_about_so_it_can_be_rotated_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", GOOD_HEX)
+    monkeypatch.setenv("OLD_KEY", "o" * 40)
+    with caplog.at_level(logging.WARNING):
+        ring = load_keyring(
+            _pseudonymization(  # type: ignore[arg-type]
+                key_id="new",
+                previous_key_env="OLD_KEY",
+                previous_key_id="old",
+                rotate_at="2020-08-01T00:00:00Z",
+            )
+        )
+    assert ring.previous is not None and ring.previous.key == b"o" * 40
+    assert "previous key in OLD_KEY" in caplog.text and "o" * 40 not in caplog.text
+    monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", "o" * 40)  # never as the current key
+    with pytest.raises(ConfigError, match="pseudonym key in STREAM_DP_PSEUDONYM_KEY"):
+        load_keyring(_pseudonymization())  # type: ignore[arg-type]
