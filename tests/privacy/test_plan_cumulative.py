@@ -5,8 +5,8 @@ per-window path away from cumulative queries."""
 from __future__ import annotations
 
 import json
-import secrets
 import math
+import secrets
 from importlib import resources
 from pathlib import Path
 from typing import Any
