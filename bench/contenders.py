@@ -165,9 +165,6 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
         # Events dropped as late (their partition had sealed the window): on a preloaded,
         # replayed topic there should be none, else the worker skipped work it should do.
         "late_events": _counter(metrics, "stream_dp_late_events_total"),
-        "events_dropped_by_bounding": _counter(
-            metrics, "stream_dp_events_dropped_by_bounding_total"
-        ),
     }
 
 

@@ -344,8 +344,7 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(
             f"- Events the worker dropped as late (median): {w['late_events']:,.0f} of "
             f"{tp['events']:,} (a preloaded topic replayed at full speed should have none: "
-            "every event is windowed, pseudonymized and bounded); dropped by the k = "
-            f"{tp['k']} bound: {w.get('events_dropped_by_bounding', 0):,.0f}."
+            "every event is windowed, pseudonymized and bounded)."
         )
     if not tp["faust_topic_is_main_topic"]:
         lines.append(

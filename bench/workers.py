@@ -101,7 +101,6 @@ SCRAPED = {
     "late_events": "stream_dp_late_events_total",
     "replayed_events_skipped": "stream_dp_replayed_events_skipped_total",
     "repartition_duplicates_skipped": "stream_dp_repartition_duplicates_skipped_total",
-    "events_dropped_by_bounding": "stream_dp_events_dropped_by_bounding_total",
 }
 
 

@@ -144,12 +144,6 @@ class Metrics:
             "(event time older than the watermark).",
             registry=r,
         )
-        self.events_dropped_by_bounding = Counter(
-            "stream_dp_events_dropped_by_bounding",
-            "Valid events left out by contribution bounding (a user's per-window, per-key "
-            "or distinct-key limit was reached). A high share means the bounds are tight.",
-            registry=r,
-        )
         self.replayed_events_skipped = Counter(
             "stream_dp_replayed_events_skipped",
             "Events re-read after a restart that belong to windows already released; "
@@ -179,13 +173,6 @@ class Metrics:
         self.keys_released = Counter(
             "stream_dp_keys_released",
             "Group keys published with a noisy value, per query (summed over windows).",
-            ["query"],
-            registry=r,
-        )
-        self.keys_suppressed = Counter(
-            "stream_dp_keys_suppressed",
-            "Candidate group keys withheld by partition selection (below the threshold), "
-            "per query, summed over windows. Operators only: an exact, non-private count.",
             ["query"],
             registry=r,
         )
@@ -371,7 +358,6 @@ class Metrics:
             self.windows_released,
             self.releases_published,
             self.keys_released,
-            self.keys_suppressed,
             self.budget_exhausted,
         ):
             counter.labels(query=query)

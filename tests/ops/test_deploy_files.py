@@ -121,7 +121,6 @@ def test_dashboard_has_the_agreed_panels() -> None:
         "stream_dp_windows_open",
         "stream_dp_windows_released_total",
         "stream_dp_keys_released_total",
-        "stream_dp_keys_suppressed_total",
         "stream_dp_window_epsilon_spent",
         "stream_dp_window_epsilon_remaining",
         "stream_dp_horizon_epsilon_spent",

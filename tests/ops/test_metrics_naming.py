@@ -30,7 +30,6 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "events_consumed": ("stream_dp_events_consumed_total", "counter", ()),
     "bad_records": ("stream_dp_bad_records_total", "counter", ("reason",)),
     "late_events": ("stream_dp_late_events_total", "counter", ()),
-    "events_dropped_by_bounding": ("stream_dp_events_dropped_by_bounding_total", "counter", ()),
     "replayed_events_skipped": ("stream_dp_replayed_events_skipped_total", "counter", ()),
     "windows_open": ("stream_dp_windows_open", "gauge", ()),
     "windows_released": ("stream_dp_windows_released_total", "counter", ("query",)),
@@ -40,7 +39,6 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "topology_changes": ("stream_dp_topology_changes_total", "counter", ("topic",)),
     "ledger_draws_discarded": ("stream_dp_ledger_draws_discarded_total", "counter", ()),
     "records_too_large": ("stream_dp_records_too_large_total", "counter", ()),
-    "keys_suppressed": ("stream_dp_keys_suppressed_total", "counter", ("query",)),
     "budget_exhausted": ("stream_dp_budget_exhausted_total", "counter", ("query",)),
     "epsilon_spent": ("stream_dp_window_epsilon_spent", "gauge", ("query",)),
     "epsilon_remaining": ("stream_dp_window_epsilon_remaining", "gauge", ()),
@@ -115,12 +113,10 @@ def populated() -> Metrics:
     m.events_consumed.inc(10)
     m.bad_records.labels(reason="missing_user").inc()
     m.late_events.inc()
-    m.events_dropped_by_bounding.inc(3)
     m.replayed_events_skipped.inc(2)
     m.windows_released.labels(query="visits_by_domain").inc()
     m.releases_published.labels(query="visits_by_domain").inc(4)
     m.keys_released.labels(query="visits_by_domain").inc(4)
-    m.keys_suppressed.labels(query="visits_by_domain").inc(7)
     m.budget_exhausted.labels(query="visits_by_domain").inc()
     m.epsilon_spent.labels(query="visits_by_domain").set(0.5)
     m.epsilon_remaining.set(0.5)
