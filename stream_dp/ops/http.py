@@ -6,6 +6,11 @@ or a new dependency. It answers GET and HEAD, one request per connection
 exception. If the event loop is blocked, this server cannot answer either: a liveness probe
 then times out, which is the right outcome for a stuck worker.
 
+Connections are capped (:data:`MAX_CONNECTIONS`): when a new one arrives at the cap, the
+oldest connection that has not finished sending its request is dropped to make room, so
+half-open or slow clients can neither exhaust file descriptors nor lock out the probes
+(every client also has :data:`REQUEST_TIMEOUT_S` to send its request).
+
 Endpoints:
 
 - ``/metrics``: Prometheus text format 0.0.4;
@@ -34,7 +39,9 @@ TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
 #: Limits on what a client may send before it gets a 4xx and the connection is closed.
 MAX_LINE_BYTES = 8192
 MAX_HEADERS = 100
-REQUEST_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 5.0
+#: Connections served at once; at the cap the oldest still sending its request is dropped.
+MAX_CONNECTIONS = 32
 #: After an error answer, unread input is drained for at most this long / this much.
 LINGER_S = 1.0
 LINGER_MAX_BYTES = 256 * 1024
@@ -62,6 +69,8 @@ class HttpServer:
         self._health = health
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        #: Connections still sending their request, oldest first (dropped first at the cap).
+        self._reading: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.host = ""
         self.port = 0
 
@@ -89,10 +98,15 @@ class HttpServer:
     ) -> None:
         task = asyncio.current_task()
         if task is not None:
+            if len(self._connections) >= MAX_CONNECTIONS:
+                self._drop_oldest_reader()
             self._connections.add(task)
+            self._reading[task] = writer
         try:
             try:
                 method, path = await asyncio.wait_for(_read_request(reader), REQUEST_TIMEOUT_S)
+                if task is not None:
+                    self._reading.pop(task, None)
             except _BadRequest as exc:
                 body = f"{exc.reason}\n".encode()
                 await _respond(writer, exc.status, TEXT_CONTENT_TYPE, body)
@@ -120,6 +134,21 @@ class HttpServer:
                 await writer.wait_closed()
             if task is not None:
                 self._connections.discard(task)
+                self._reading.pop(task, None)
+
+    def _drop_oldest_reader(self) -> None:
+        """Make room at the cap: abort the oldest connection still sending its request."""
+        if not self._reading:
+            return
+        task, writer = next(iter(self._reading.items()))
+        del self._reading[task]
+        self._connections.discard(task)
+        # Its read then fails like any dropped client's, and the task ends by itself.
+        writer.transport.abort()
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
 
     def _route(self, method: str, path: str) -> tuple[HTTPStatus, str, bytes]:
         if method not in ("GET", "HEAD"):

@@ -223,3 +223,29 @@ async def test_close_stops_listening_and_ends_idle_connections() -> None:
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
     await server.close()  # idempotent
+
+
+async def test_half_open_connections_are_capped_and_probes_still_answer(served: Served) -> None:
+    """300 clients that connect and send nothing used to hold 300 sockets for 10 s each
+    (issue 13, item 12). At the cap the oldest silent one is dropped: the server holds at
+    most MAX_CONNECTIONS, and a probe arriving behind the flood is answered."""
+    port = served.server.port
+    silent = []
+    try:
+        for _ in range(300):
+            silent.append(await asyncio.open_connection("127.0.0.1", port))
+        # Let the server accept them all (a deadline as a hang guard, not a timing claim).
+        deadline = asyncio.get_running_loop().time() + 30
+        while served.server.open_connections < ops_http.MAX_CONNECTIONS:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert served.server.open_connections <= ops_http.MAX_CONNECTIONS
+        reply = await asyncio.wait_for(get(port, "/health/live"), 30)
+        assert reply.status == 200
+        assert served.server.open_connections <= ops_http.MAX_CONNECTIONS
+        # The dropped ones were closed by the server: reading them ends at once.
+        oldest_reader, _ = silent[0]
+        assert await asyncio.wait_for(oldest_reader.read(), 30) == b""
+    finally:
+        for _, writer in silent:
+            writer.close()
