@@ -49,12 +49,14 @@ def _copy(value: Any) -> Any:
 
 
 def schema_registry(topics_dir: Path = TOPICS_DIR) -> Registry:
-    """Every ``*.schema.json`` of ``topics/``, registered under its file name (the ``$ref``s
-    between the files are relative file names)."""
-    resources = [
-        (path.name, Resource.from_contents(json.loads(path.read_text(encoding="utf-8"))))
-        for path in sorted(topics_dir.glob("*.schema.json"))
-    ]
+    """Every ``*.schema.json`` of ``topics/``, registered under its file name and its ``$id``
+    (the ``$ref``s between the files are relative file names, resolved against the ``$id``)."""
+    resources = []
+    for path in sorted(topics_dir.glob("*.schema.json")):
+        resource = Resource.from_contents(json.loads(path.read_text(encoding="utf-8")))
+        resources.append((path.name, resource))
+        if resource.id() is not None:
+            resources.append((str(resource.id()), resource))
     return Registry().with_resources(resources)
 
 

@@ -7,6 +7,7 @@ JSON Schemas of all of them live in ``stream_dp/topics/``.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -28,6 +29,13 @@ def dumps(value: Mapping[str, Any]) -> bytes:
 
 def canonical_group(group: Mapping[str, Any]) -> str:
     return dumps(group).decode("utf-8")
+
+
+def output_partition(query: str, window_start_s: int, partitions: int) -> int:
+    """The output partition of every record of one (query, window): a plain consumer of one
+    partition sees a window's releases, then its window record, in that order — republished
+    copies land there too. CRC-32 of ``<query>|<window_start>``, stable across versions."""
+    return zlib.crc32(f"{query}|{iso_utc(window_start_s)}".encode()) % partitions
 
 
 def output_key(query: str, window_start_s: int, group: Mapping[str, Any] | None) -> str:

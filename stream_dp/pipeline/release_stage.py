@@ -412,7 +412,9 @@ class ReleaseStage:
             self._observe_exact(q.name, window_start_s, aggregates)
         result = release_query(aggregates, q.plan)
         release_id = new_release_id()
-        selection = q.plan.selection.describe() if q.plan.selection is not None else None
+        selection = (
+            q.plan.selection.record_parameters() if q.plan.selection is not None else None
+        )
         groups = [group_dict(cfg.group_by, v.group) for v in result.values]
         records = [
             OutputRecord(

@@ -75,7 +75,7 @@ from stream_dp.pipeline.ledger import (
 )
 from stream_dp.pipeline.ledger_log import LedgerLog
 from stream_dp.pipeline.partials import RecordTooLargeError, encode_partial, encode_watermark
-from stream_dp.pipeline.records import dead_letter_record, dumps
+from stream_dp.pipeline.records import dead_letter_record, dumps, output_partition
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
 from stream_dp.windows import TumblingWindows
@@ -222,6 +222,7 @@ class Worker:
         self._leaderless: set[TopicPartition] = set()
         self._partials_partitions: list[int] = []
         self._ledger_partitions: list[int] = []
+        self._output_partitions: list[int] = [0]
         self._routed_to: list[int] = []
         #: Partitions whose taking failed (a ledger read, metadata): paused until it succeeds.
         self._failed_assignment: list[TopicPartition] = []
@@ -301,6 +302,11 @@ class Worker:
         self._partials_partitions = await self._retry(
             "partials topic metadata",
             lambda: self._producer_partitions(self._partials_topic),
+            bounded=False,
+        )
+        self._output_partitions = await self._retry(
+            "output topic metadata",
+            lambda: self._producer_partitions(self.config.output.topic),
             bounded=False,
         )
         if not self._keyed:
@@ -550,9 +556,12 @@ class Worker:
         self.health.set("producer_connected", True)
 
     async def _publish(self, rel: LedgerRelease) -> None:
-        """Output records, then the ``published`` marker in the ledger."""
+        """Output records — all on the (query, window)'s partition, the window record last —
+        then the ``published`` marker in the ledger."""
+        parts = self._output_partitions
+        target = parts[output_partition(rel.query, rel.window_start_s, len(parts))]
         await self._send_many(
-            self.config.output.topic, [(r.key, dumps(r.value), None) for r in rel.records]
+            self.config.output.topic, [(r.key, dumps(r.value), target) for r in rel.records]
         )
         self._faults.reached("after_output_write")
         key, value = encode_published(rel)

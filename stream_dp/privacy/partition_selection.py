@@ -186,6 +186,25 @@ class PartitionSelection(ABC):
     def describe(self) -> dict[str, Any]:
         """Parameters, threshold or keep-probability milestones, references."""
 
+    def record_parameters(self) -> dict[str, Any]:
+        """What every release record states of the selection: its parameters only (the
+        rule in words, references and derived milestones are in ``stream-dp plan``)."""
+        described = self.describe()
+        return {k: described[k] for k in RECORD_PARAMETERS if k in described}
+
+
+#: The selection parameters a release record carries (``record_parameters``).
+RECORD_PARAMETERS = (
+    "strategy",
+    "tested",
+    "epsilon",
+    "delta",
+    "max_partitions_contributed",
+    "max_contributions_per_partition",
+    "threshold",
+    "noise",
+)
+
 
 class UserCountSelection(PartitionSelection):
     """Strategies that test a key's number of distinct users."""
