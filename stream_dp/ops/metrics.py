@@ -24,7 +24,15 @@ import math
 import platform
 from collections.abc import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.metrics_core import Metric
 
 from stream_dp import __version__
@@ -109,9 +117,11 @@ def _sample_names(family: Metric) -> set[str]:
 class Metrics:
     """All metrics of one stream-dp worker, in a registry of its own.
 
-    ``queries``, ``partitions`` and ``reasons`` pre-create the labelled series with value 0,
-    so that dashboards and ``rate()``/``increase()`` alerts see a series from the start
-    instead of only after the first event.
+    ``queries``, ``partitions`` ((topic, partition) pairs) and ``reasons`` pre-create the
+    labelled series with value 0, so that dashboards and ``rate()``/``increase()`` alerts see
+    a series from the start instead of only after the first event; the worker passes every
+    bad-record reason. ``process`` adds the standard ``process_*`` metrics (resident memory,
+    CPU seconds, open file descriptors) of this process.
     """
 
     def __init__(
@@ -119,8 +129,9 @@ class Metrics:
         *,
         registry: CollectorRegistry | None = None,
         queries: Iterable[str] = (),
-        partitions: Iterable[int] = (),
+        partitions: Iterable[tuple[str, int]] = (),
         reasons: Iterable[str] = (),
+        process: bool = True,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -227,10 +238,11 @@ class Metrics:
         self.consumer_lag = Gauge(
             "stream_dp_consumer_lag_records",
             "Records between the worker's position and the partition's high watermark, per "
-            "assigned input partition. Approximate on the embedded broker, whose high "
+            "topic and assigned partition of every topic the worker reads (input, "
+            "repartition, partials). Approximate on the embedded broker, whose high "
             "watermark is the last batch's base offset + 1, not the log end (BROKER.md); "
             "exact on Apache Kafka.",
-            ["partition"],
+            ["topic", "partition"],
             registry=r,
         )
 
@@ -343,8 +355,11 @@ class Metrics:
         self.oldest_open_window_end.set(math.nan)
         for query in queries:
             self.add_query(query)
-        for partition in partitions:
-            self.consumer_lag.labels(partition=str(partition)).set(0)
+        for topic, partition in partitions:
+            self.consumer_lag.labels(topic=topic, partition=str(partition)).set(0)
+        if process:
+            # process_* (memory, CPU, open file descriptors) of this worker's process.
+            ProcessCollector(registry=r)
         for reason in reasons:
             self.bad_records.labels(reason=reason)
         for reason in PARTIALS_IGNORED_REASONS:
@@ -368,14 +383,14 @@ class Metrics:
         self.windows_open.set(count)
         self.oldest_open_window_end.set(math.nan if oldest_end_s is None else oldest_end_s)
 
-    def set_consumer_lag(self, partition: int, lag_records: int) -> None:
+    def set_consumer_lag(self, topic: str, partition: int, lag_records: int) -> None:
         """Lag of one assigned partition (negative values, seen on the embedded broker, → 0)."""
-        self.consumer_lag.labels(partition=str(partition)).set(max(0, lag_records))
+        self.consumer_lag.labels(topic=topic, partition=str(partition)).set(max(0, lag_records))
 
-    def forget_partition(self, partition: int) -> None:
+    def forget_partition(self, topic: str, partition: int) -> None:
         """Drop the lag series of a revoked partition, so a stale value doesn't linger."""
         with contextlib.suppress(KeyError):
-            self.consumer_lag.remove(str(partition))
+            self.consumer_lag.remove(topic, str(partition))
 
     def exposition(self) -> bytes:
         """All metrics in the Prometheus text format 0.0.4 (what ``/metrics`` serves)."""

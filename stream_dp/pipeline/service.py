@@ -19,6 +19,7 @@ from stream_dp.config.model import Config
 from stream_dp.ops.health import Health
 from stream_dp.ops.http import start_http_server
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.decode import REASONS
 from stream_dp.pipeline.worker import Worker
 from stream_dp.privacy.pseudonymize import KeyRing
 
@@ -63,7 +64,7 @@ async def run_worker(
     """Run one worker until ``stop`` is set (or a signal arrives)."""
     stop = stop if stop is not None else asyncio.Event()
     install_signal_handlers(stop)
-    metrics = Metrics()
+    metrics = Metrics(reasons=REASONS)
     health = Health(metrics=metrics)
     async with bootstrap_for(config) as bootstrap:
         created = await apply_topics(config, bootstrap, include_input=config.kafka.embedded)

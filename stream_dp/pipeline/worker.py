@@ -63,6 +63,7 @@ from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.decode import REASONS
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
@@ -203,7 +204,7 @@ class Worker:
         self._observe_exact = exact_totals_observer
         self.keyring = keyring
         self.bootstrap = bootstrap_servers or config.kafka.bootstrap_servers
-        self.metrics = metrics if metrics is not None else Metrics()
+        self.metrics = metrics if metrics is not None else Metrics(reasons=REASONS)
         self.health = health if health is not None else Health(metrics=self.metrics)
         self.health.set("topology_stable", True)
         self.ingest: IngestStage | None = None
@@ -843,9 +844,7 @@ class Worker:
             self._routed_positions.pop(p, None)
         for tp in revoked:
             self._committed.pop(tp, None)
-            # Lag is tracked per input partition (whichever stage reads it).
-            if tp.topic == self._input_topic:
-                self.metrics.forget_partition(tp.partition)
+            self.metrics.forget_partition(tp.topic, tp.partition)
 
     def _safe_offsets(self) -> dict[TopicPartition, int]:
         assert self.ingest is not None and self.release is not None
@@ -941,6 +940,9 @@ class Worker:
         for tp, msgs in batch.items():
             if not msgs or tp not in owned:
                 continue  # revoked while fetched: its new owner reads it
+            high = consumer.highwater(tp)
+            if high is not None:  # every topic read: input, repartition and partials
+                self.metrics.set_consumer_lag(tp.topic, tp.partition, high - msgs[-1].offset - 1)
             if tp.topic == self._partials_topic:
                 release.ingest(tp.partition, [(m.offset, m.value) for m in msgs])
                 continue
@@ -963,10 +965,6 @@ class Worker:
                 routed_positions[tp.partition] = msgs[-1].offset + 1
             else:
                 continue
-            if tp.topic == self._input_topic:
-                high = consumer.highwater(tp)
-                if high is not None:
-                    self.metrics.set_consumer_lag(tp.partition, max(0, high - msgs[-1].offset - 1))
         if sum(len(msgs) for msgs in batch.values()) >= MAX_RECORDS_PER_FETCH or self._leaderless:
             # A full fetch: the worker is behind, so a partition that delivered nothing may
             # just not have had its turn; a partition without a leader is an outage. Nothing

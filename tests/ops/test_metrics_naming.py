@@ -46,7 +46,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "horizon_epsilon_remaining": ("stream_dp_horizon_epsilon_remaining", "gauge", ()),
     "release_delay": ("stream_dp_release_delay_seconds", "histogram", ()),
     "batch_processing": ("stream_dp_batch_processing_seconds", "histogram", ()),
-    "consumer_lag": ("stream_dp_consumer_lag_records", "gauge", ("partition",)),
+    "consumer_lag": ("stream_dp_consumer_lag_records", "gauge", ("topic", "partition")),
     "ledger_windows_loaded": ("stream_dp_ledger_windows_loaded_total", "counter", ()),
     "ledger_republished": ("stream_dp_ledger_republished_total", "counter", ()),
     "watermark": ("stream_dp_watermark_timestamp_seconds", "gauge", ()),
@@ -76,7 +76,7 @@ def naming_violations(exposition: str) -> list[str]:
     for family in text_string_to_metric_families(exposition):
         name = family.name
         sample_names = {s.name for s in family.samples}
-        if not name.startswith("stream_dp_"):
+        if not name.startswith("stream_dp_") and not name.startswith("process_"):
             problems.append(f"{name}: missing the stream_dp_ prefix")
         if not SNAKE.match(name):
             problems.append(f"{name}: not snake_case")
@@ -109,7 +109,11 @@ def naming_violations(exposition: str) -> list[str]:
 
 def populated() -> Metrics:
     """A Metrics with a child for every labelled metric and a value in every series."""
-    m = Metrics(queries=["visits_by_domain"], partitions=[0, 1], reasons=["not_json"])
+    m = Metrics(
+        queries=["visits_by_domain"],
+        partitions=[("events", 0), ("events", 1)],
+        reasons=["not_json"],
+    )
     m.events_consumed.inc(10)
     m.bad_records.labels(reason="missing_user").inc()
     m.late_events.inc()
@@ -124,7 +128,7 @@ def populated() -> Metrics:
     m.horizon_epsilon_remaining.set(21.0)
     m.release_delay.observe(42.0)
     m.batch_processing.observe(0.002)
-    m.set_consumer_lag(0, 12)
+    m.set_consumer_lag("events", 0, 12)
     m.ledger_windows_loaded.inc()
     m.ledger_republished.inc()
     m.watermark.set(1_596_283_200.0)
@@ -223,8 +227,12 @@ def test_exposition_parses_back_with_the_values_set() -> None:
     assert samples[("stream_dp_events_consumed_total", ())] == 10
     assert samples[("stream_dp_bad_records_total", (("reason", "missing_user"),))] == 1
     assert samples[("stream_dp_bad_records_total", (("reason", "not_json"),))] == 0
-    assert samples[("stream_dp_consumer_lag_records", (("partition", "0"),))] == 12
-    assert samples[("stream_dp_consumer_lag_records", (("partition", "1"),))] == 0
+    assert (
+        samples[("stream_dp_consumer_lag_records", (("partition", "0"), ("topic", "events")))] == 12
+    )
+    assert (
+        samples[("stream_dp_consumer_lag_records", (("partition", "1"), ("topic", "events")))] == 0
+    )
     assert samples[("stream_dp_window_epsilon_spent", (("query", "visits_by_domain"),))] == 0.5
     assert samples[("stream_dp_release_delay_seconds_count", ())] == 1
     assert samples[("stream_dp_release_delay_seconds_bucket", (("le", "60.0"),))] == 1
@@ -269,9 +277,21 @@ def test_no_open_window_is_nan_not_zero() -> None:
 
 
 def test_revoked_partition_lag_series_is_removed() -> None:
-    m = Metrics(partitions=[3])
-    m.set_consumer_lag(3, -5)  # the embedded broker's high watermark can be behind
-    assert b'stream_dp_consumer_lag_records{partition="3"} 0.0' in m.exposition()
-    m.forget_partition(3)
-    m.forget_partition(3)  # idempotent
-    assert b'partition="3"' not in m.exposition()
+    m = Metrics(partitions=[("events", 3)])
+    m.set_consumer_lag("events", 3, -5)  # the embedded broker's high watermark can be behind
+    m.set_consumer_lag("partials", 3, 7)
+    assert b'stream_dp_consumer_lag_records{partition="3",topic="events"} 0.0' in m.exposition()
+    m.forget_partition("events", 3)
+    m.forget_partition("events", 3)  # idempotent
+    assert b'partition="3",topic="events"' not in m.exposition()
+    assert b'partition="3",topic="partials"} 7.0' in m.exposition()  # other topics stay
+
+
+def test_process_metrics_and_every_bad_record_reason_exist_from_the_start() -> None:
+    from stream_dp.pipeline.decode import REASONS
+
+    text = Metrics(reasons=REASONS).exposition().decode()
+    for name in ("process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total"):
+        assert f"\n{name} " in text, name
+    for reason in REASONS:  # pre-initialised: rate() sees the series before the first one
+        assert f'stream_dp_bad_records_total{{reason="{reason}"}} 0.0' in text, reason
