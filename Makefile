@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck pytest demo bench clean test-tools demo-screenshot
+.PHONY: setup test lint typecheck pytest demo bench chaos clean test-tools demo-screenshot
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 lint: setup
-	$(BIN)/ruff check stream_dp tests $(wildcard bench)
+	$(BIN)/ruff check stream_dp tests $(wildcard bench) $(wildcard chaos)
 
 typecheck: setup
 	$(BIN)/mypy
@@ -53,6 +53,15 @@ demo-screenshot: setup test-tools
 
 bench: setup
 	$(BIN)/python -m bench.run
+
+# The chaos run (default 20 minutes of faults; `make chaos CHAOS_MINUTES=5` for less): three
+# workers, a live producer, kills, pauses, broker stalls, malformed bursts, a slow ledger;
+# then a worker frozen at each fault point, four times each. Writes chaos/REPORT.md and
+# chaos/rss.png.
+CHAOS_MINUTES ?= 20
+chaos: setup
+	$(BIN)/python -m chaos.run --minutes $(CHAOS_MINUTES)
+	STREAM_DP_FENCING_RUNS=4 $(BIN)/pytest tests/integration/test_fencing.py -q
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

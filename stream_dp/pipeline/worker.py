@@ -99,6 +99,9 @@ CRASH_POINTS = (
 #: helper sends SIGCONT after the pause) at the n-th visit of a point — a GC pause or VM
 #: stall at the worst moment. Same switch as the crash points.
 PAUSE_POINT_ENV = "STREAM_DP_TEST_PAUSE_POINT"
+#: Test-only: every write to the ledger topic waits this many seconds first (a slow ledger
+#: partition, for the chaos run). Same switch as the crash points.
+LEDGER_DELAY_ENV = "STREAM_DP_TEST_LEDGER_DELAY_S"
 
 MAX_RECORDS_PER_FETCH = 10_000
 FETCH_TIMEOUT_MS = 200
@@ -143,6 +146,7 @@ class _TestFaults:
         allowed = os.environ.get(UNSAFE_TEST_MODE_ENV) == "1"
         self.crash = self._parse(os.environ.get(CRASH_POINT_ENV, "") if allowed else "")
         self.pause = self._parse(os.environ.get(PAUSE_POINT_ENV, "") if allowed else "")
+        self.ledger_delay_s = float(os.environ.get(LEDGER_DELAY_ENV, "0") or 0) if allowed else 0.0
 
     @staticmethod
     def _parse(spec: str) -> list[Any] | None:
@@ -535,6 +539,8 @@ class Worker:
         self, topic: str, key: str | None, value: bytes, *, partition: int | None = None
     ) -> None:
         assert self._producer is not None
+        if topic == self._ledger_topic and self._faults.ledger_delay_s:
+            await asyncio.sleep(self._faults.ledger_delay_s)
         await self._producer.send_and_wait(
             topic, value, key=None if key is None else key.encode(), partition=partition
         )
@@ -543,6 +549,8 @@ class Worker:
         """Send a batch and wait for every acknowledgement (retried as a whole, bounded)."""
         assert self._producer is not None
         producer = self._producer
+        if topic == self._ledger_topic and self._faults.ledger_delay_s:
+            await asyncio.sleep(self._faults.ledger_delay_s)
 
         async def once() -> None:
             futures = [

@@ -83,9 +83,10 @@ class BudgetAccountant:
 
     Windows are identified by their start in seconds; the horizon ending at window ``w``
     covers the ``horizon_windows`` windows ``w - (h-1)·S … w``. Cost is independent of
-    history: windows that left every horizon a new charge could touch are pruned (only the
-    last ``2·h`` windows behind the newest are kept), and horizon sums come from prefix sums
-    over the kept windows (a binary search each), not a scan of every window ever charged.
+    history: windows that left every horizon a new charge could touch are pruned (about the
+    last ``2·h`` windows behind the newest are kept, pruned in chunks), and horizon sums come
+    from prefix sums kept up to date as windows are charged (appending a window is O(1),
+    a range sum two binary searches), not from a scan of every window ever charged.
     """
 
     def __init__(
@@ -103,9 +104,11 @@ class BudgetAccountant:
         self.horizon_windows = horizon_windows
         self.max_epsilon_per_horizon = max_epsilon_per_horizon
         self._spent: dict[int, dict[str, tuple[float, float]]] = {}
-        #: Kept window starts in increasing order, and prefix sums of their ε (lazy).
+        #: Kept window starts in increasing order, and the cumulative ε up to each:
+        #: ``_prefix[i]`` is the ε of every window before ``_starts[i]`` ever kept (a running
+        #: total, so pruning the front needs no rebasing: sums are differences).
         self._starts: list[int] = []
-        self._prefix: list[float] | None = None
+        self._prefix: list[float] = [0.0]
 
     def __len__(self) -> int:
         """Windows currently kept (bounded by about twice the horizon)."""
@@ -119,21 +122,11 @@ class BudgetAccountant:
     def query_spent(self, window_start_s: int, query: str) -> tuple[float, float]:
         return self._spent.get(window_start_s, {}).get(query, (0.0, 0.0))
 
-    def _prefix_sums(self) -> list[float]:
-        if self._prefix is None:
-            acc, out = 0.0, [0.0]
-            for w in self._starts:
-                acc += math.fsum(e for e, _ in self._spent[w].values())
-                out.append(acc)
-            self._prefix = out
-        return self._prefix
-
     def _range(self, first_s: int, last_s: int) -> tuple[float, int]:
         """(Σ ε, number of charged windows) over windows starting in [first_s, last_s]."""
         lo = bisect.bisect_left(self._starts, first_s)
         hi = bisect.bisect_right(self._starts, last_s)
-        prefix = self._prefix_sums()
-        return prefix[hi] - prefix[lo], hi - lo
+        return self._prefix[hi] - self._prefix[lo], hi - lo
 
     def horizon_spent(
         self,
@@ -206,20 +199,31 @@ class BudgetAccountant:
     def record(self, window_start_s: int, query: str, epsilon: float, delta: float) -> None:
         """Restore a charge read back from the release ledger (already validated when made)."""
         charges = self._spent.get(window_start_s)
+        starts, prefix = self._starts, self._prefix
         if charges is None:
             charges = self._spent[window_start_s] = {}
-            bisect.insort(self._starts, window_start_s)
+            index = bisect.bisect_left(starts, window_start_s)
+            starts.insert(index, window_start_s)
+            prefix.insert(index + 1, prefix[index])  # then raised below with the new ε
+        else:
+            index = bisect.bisect_left(starts, window_start_s)
+        added = epsilon - charges.get(query, (0.0, 0.0))[0]
         charges[query] = (epsilon, delta)
-        self._prefix = None
+        # Windows are charged nearly in order: only the few prefixes after this one move.
+        for i in range(index + 1, len(prefix)):
+            prefix[i] += added
         self._prune()
 
     def _prune(self) -> None:
-        """Forget windows no horizon containing a window near the newest can reach."""
-        if not self._starts:
+        """Forget windows no horizon containing a window near the newest can reach, in
+        chunks (once three horizons are kept, down to two), so pruning costs O(1) amortised."""
+        starts = self._starts
+        if len(starts) < 3 * self.horizon_windows + 16:
             return
-        keep_from = self._starts[-1] - 2 * self.horizon_windows * self.window_size_s
-        cut = bisect.bisect_left(self._starts, keep_from)
+        keep_from = starts[-1] - 2 * self.horizon_windows * self.window_size_s
+        cut = bisect.bisect_left(starts, keep_from)
         if cut:
-            for w in self._starts[:cut]:
+            for w in starts[:cut]:
                 del self._spent[w]
-            del self._starts[:cut]
+            del starts[:cut]
+            del self._prefix[:cut]

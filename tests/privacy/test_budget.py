@@ -93,3 +93,33 @@ def test_restored_charges_count() -> None:
     acc = _accountant()
     acc.record(0, "a", 1.0, 1e-6)
     assert not acc.can_charge(0, "b", 0.01, 0)
+
+
+def test_accountant_state_and_cost_do_not_grow_with_history() -> None:
+    """Per-minute windows over a one-day horizon: the old accountant scanned every window
+    ever charged for each horizon sum, in a loop over the horizon — seconds per charge after
+    a day, and growing (issue 13, item 12). It now keeps about two horizons of windows, and
+    its horizon totals stay exact."""
+    h = 1440
+    acc = _accountant(
+        window_size_s=60, horizon_windows=h, max_epsilon_per_horizon=float(h), epsilon_per_window=1
+    )
+    for w in range(5 * h):
+        acc.charge(w * 60, "q", 1.0, 0.0)
+    assert len(acc) <= 3 * h + 16  # pruned in chunks: about two to three horizons kept
+    last = (5 * h - 1) * 60
+    assert acc.horizon_spent(last) == h
+    assert not acc.can_charge(last, "other", 0.5, 0.0)  # window full
+    # One more window: the rolling horizon is exactly full, so nothing more fits in it.
+    assert acc.can_charge(last + 60, "q", 1.0, 0.0)
+    assert not acc.can_charge(last + 60, "q", 1.5, 0.0)
+
+
+def test_horizon_counts_windows_released_elsewhere_at_the_configured_epsilon() -> None:
+    """Other workers release the windows this one did not: with every covered window
+    released, a window nothing was charged to here still spent the per-window ε."""
+    acc = _accountant()
+    acc.record(7200, "a", 0.5, 0.0)  # the only window this worker knows
+    assert acc.horizon_spent(7200) == 0.5
+    assert acc.horizon_spent(7200, first_window_s=0, per_window_epsilon=0.75) == 0.5 + 2 * 0.75
+    assert acc.horizon_spent(7200, first_window_s=3600, per_window_epsilon=0.75) == 0.5 + 0.75

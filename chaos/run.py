@@ -1,0 +1,599 @@
+"""``python -m chaos.run [--minutes M] [--smoke] [--out DIR] [--seed N]``: the chaos run.
+
+Three ``stream-dp run`` workers in one group on the embedded broker, fed by a live producer
+(events stamped now, 1,000 users, ten public domains), and every 20–60 s one fault at random:
+
+- ``kill``: SIGKILL a worker, restart it a second later;
+- ``pause``: SIGSTOP a worker for three session timeouts, then SIGCONT;
+- ``broker_pause``: SIGSTOP the broker for 10–30 s, then SIGCONT;
+- ``malformed``: a burst of 300 malformed records (holding a user id, which must not leak);
+- ``slow_ledger``: restart a worker with every ledger write delayed by 1 s.
+
+The queries run in the noise-free test mode (ε = 1e6: discrete Laplace noise of scale
+≤ 1e-6 is 0 except with probability below e^-1e5) and k is far above any user's events per
+window, so every released value must equal the exact count of what the producer sent.
+Grace (5 s) and idle close (10 s) exceed how long the worker needs to notice a broker outage
+(a probe each second, 2 s timeout), and during an outage no window closes; so no event may
+be late and the check "nothing lost" has no exceptions.
+
+At the end the producer stops, the run waits until every window up to the last event's is
+released, stops every worker with SIGTERM and checks: each window released once per query
+(one release id), one value per (query, window, key) equal to the ledger's winner, values
+equal to the exact counts, no raw user id in any topic, log or ``/metrics``, and every worker
+alive and exiting 0. The report (``REPORT.md``) and the RSS plot (``rss.png``) go to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from stream_dp.broker import EmbeddedBroker
+from stream_dp.pipeline.ledger import LedgerIndex
+from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
+
+WINDOW_S = 5
+GRACE_S = 5
+IDLE_CLOSE_S = 10
+SESSION_TIMEOUT_MS = 2000
+USERS = 1000
+DOMAINS = [f"d{i}.example" for i in range(10)]
+INPUT_PARTITIONS = 6
+WORKERS = 3
+USER_PREFIX = "chaos-user-"
+FAULTS = ("kill", "pause", "broker_pause", "malformed", "slow_ledger")
+QUERIES = ("visits", "total")
+
+
+@dataclass(frozen=True)
+class Settings:
+    minutes: float
+    fault_every_s: tuple[float, float]
+    broker_pause_s: tuple[float, float]
+    rate_per_s: int
+
+
+FULL = Settings(minutes=20, fault_every_s=(20, 60), broker_pause_s=(10, 30), rate_per_s=100)
+SMOKE = Settings(minutes=2, fault_every_s=(8, 14), broker_pause_s=(4, 8), rate_per_s=50)
+
+
+@dataclass
+class Slot:
+    """One of the three worker positions; restarts replace its process."""
+
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    logs: list[Path] = field(default_factory=list)
+    paused_at: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Fault:
+    at_s: float
+    kind: str
+    detail: str
+
+
+@dataclass
+class Run:
+    settings: Settings
+    out: Path
+    workdir: Path
+    rng: random.Random
+    started: float = field(default_factory=time.monotonic)
+    faults: list[Fault] = field(default_factory=list)
+    rss: dict[int, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    produced: Counter[tuple[int, str]] = field(default_factory=Counter)
+    users_seen: set[str] = field(default_factory=set)
+    last_event_s: float = 0.0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+def _config(bootstrap: str, first_window_s: int, suffix: str) -> dict[str, Any]:
+    return {
+        "kafka": {
+            "bootstrap_servers": bootstrap,
+            "group_id": f"chaos-{suffix}",
+            "session_timeout_ms": SESSION_TIMEOUT_MS,
+            "heartbeat_interval_ms": 500,
+        },
+        "input": {"topic": f"chaos-events-{suffix}"},
+        "output": {"topic": f"chaos-releases-{suffix}"},
+        "window": {
+            "size_s": WINDOW_S,
+            "grace_s": GRACE_S,
+            "idle_close_s": IDLE_CLOSE_S,
+            "start_at": iso_utc(first_window_s),
+        },
+        "privacy": {
+            "unsafe_test_mode": True,
+            "epsilon_per_window": 2e6,
+            "max_epsilon_per_horizon": 1e12,
+            "horizon_windows": 24,
+        },
+        "bounds": {"max_contributions_per_window": 5000},
+        "queries": [
+            {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": DOMAINS}},
+            {"name": "total", "epsilon": 1e6, "keys": {}},
+        ],
+        "metrics": {"port": 0},
+        "logging": {"level": "INFO", "format": "json"},
+    }
+
+
+def _worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1", **(extra or {})}
+
+
+def _start(slot: Slot, config: Path, run: Run, extra: dict[str, str] | None = None) -> None:
+    log = run.workdir / f"worker{slot.index}-{len(slot.logs)}.log"
+    slot.logs.append(log)
+    with log.open("wb") as handle:
+        slot.proc = subprocess.Popen(
+            [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(config)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=_worker_env(extra),
+        )
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+async def _sample_rss(run: Run, slots: list[Slot], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        for slot in slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                rss = _rss_mib(slot.proc.pid)
+                if rss is not None:
+                    run.rss[slot.index].append((run.elapsed(), rss))
+        await asyncio.sleep(2)
+
+
+async def _produce(run: Run, bootstrap: str, topic: str, stop: asyncio.Event) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    await producer.start()
+    pending: list[asyncio.Future[Any]] = []
+    try:
+        interval = 1.0 / run.settings.rate_per_s
+        next_at = time.monotonic()
+        while not stop.is_set():
+            now = time.time()
+            user = f"{USER_PREFIX}{run.rng.randrange(USERS):06d}"
+            domain = DOMAINS[run.rng.randrange(len(DOMAINS))]
+            event = {"user_id": user, "timestamp": now, "domain": domain}
+            pending.append(await producer.send(topic, orjson.dumps(event), key=user.encode()))
+            run.produced[(int(now // WINDOW_S) * WINDOW_S, domain)] += 1
+            run.users_seen.add(user)
+            run.last_event_s = now
+            if len(pending) >= 500:
+                await asyncio.gather(*pending)
+                pending.clear()
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                next_at = time.monotonic()  # behind (a broker pause): do not burst to catch up
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+async def _malformed(bootstrap: str, topic: str) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        records = [
+            b"{not json",
+            orjson.dumps({"user_id": f"{USER_PREFIX}leak-check", "timestamp": "soon"}),
+            orjson.dumps([f"{USER_PREFIX}leak-check-2", 1]),
+            b"\xff\xfe" * 10,
+        ]
+        futures = [await producer.send(topic, records[i % len(records)]) for i in range(300)]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def _fault(
+    run: Run,
+    kind: str,
+    slots: list[Slot],
+    broker_pid: int,
+    config: Path,
+    bootstrap: str,
+    input_topic: str,
+) -> None:
+    slot = slots[run.rng.randrange(len(slots))]
+    if kind == "kill":
+        assert slot.proc is not None
+        slot.proc.kill()
+        slot.proc.wait()
+        run.faults.append(Fault(run.elapsed(), kind, f"SIGKILL worker {slot.index}"))
+        await asyncio.sleep(1)
+        _start(slot, config, run)
+    elif kind == "pause":
+        assert slot.proc is not None
+        pause_s = 3 * SESSION_TIMEOUT_MS / 1000
+        run.faults.append(Fault(run.elapsed(), kind, f"SIGSTOP worker {slot.index} {pause_s:g} s"))
+        slot.proc.send_signal(signal.SIGSTOP)
+        slot.paused_at.append(run.elapsed())
+        await asyncio.sleep(pause_s)
+        slot.proc.send_signal(signal.SIGCONT)
+    elif kind == "broker_pause":
+        pause_s = run.rng.uniform(*run.settings.broker_pause_s)
+        run.faults.append(Fault(run.elapsed(), kind, f"SIGSTOP broker {pause_s:.0f} s"))
+        os.kill(broker_pid, signal.SIGSTOP)
+        await asyncio.sleep(pause_s)
+        os.kill(broker_pid, signal.SIGCONT)
+    elif kind == "malformed":
+        run.faults.append(Fault(run.elapsed(), kind, "300 malformed records"))
+        await _malformed(bootstrap, input_topic)
+    elif kind == "slow_ledger":
+        assert slot.proc is not None
+        run.faults.append(Fault(run.elapsed(), kind, f"worker {slot.index}: ledger writes +1 s"))
+        slot.proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(slot.proc.wait, 60)
+        _start(slot, config, run, {"STREAM_DP_TEST_LEDGER_DELAY_S": "1.0"})
+
+
+async def _read_all(bootstrap: str, topic: str) -> list[tuple[int, str, bytes]]:
+    """Every record of a topic: (partition, key, value), in partition order."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    out: list[tuple[int, str, bytes]] = []
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        deadline = time.monotonic() + 30
+        while not parts and time.monotonic() < deadline:
+            await consumer._client.force_metadata_update()
+            parts = consumer.partitions_for_topic(topic)
+        if not parts:
+            return []
+        consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
+        await consumer.seek_to_beginning()
+        quiet = 0
+        while quiet < 6:
+            batch = await consumer.getmany(timeout_ms=300, max_records=20_000)
+            quiet = 0 if batch else quiet + 1
+            for tp, msgs in batch.items():
+                out += [
+                    (tp.partition, (m.key or b"").decode(errors="replace"), m.value or b"")
+                    for m in msgs
+                ]
+    finally:
+        await consumer.stop()
+    return out
+
+
+def _window_records(records: list[tuple[int, str, bytes]]) -> set[tuple[str, int]]:
+    done = set()
+    for _, _, raw in records:
+        value = orjson.loads(raw)
+        if value.get("kind") == "window":
+            done.add((value["query"], epoch_of_iso(value["window_start"])))
+    return done
+
+
+async def _wait_released(
+    bootstrap: str, topic: str, last_window_s: int, first_s: int, timeout_s: float
+) -> list[tuple[int, str, bytes]]:
+    wanted = {(q, w) for q in QUERIES for w in range(first_s, last_window_s + 1, WINDOW_S)}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = await _read_all(bootstrap, topic)
+        if wanted <= _window_records(records) or time.monotonic() > deadline:
+            return records
+        await asyncio.sleep(3)
+
+
+def _metrics_port(log: Path) -> int | None:
+    found = re.findall(rb"metrics and health on http://127\.0\.0\.1:(\d+)", log.read_bytes())
+    return int(found[-1]) if found else None
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _checks(
+    run: Run,
+    first_s: int,
+    last_window_s: int,
+    output: list[tuple[int, str, bytes]],
+    ledger: list[tuple[int, str, bytes]],
+    scanned: dict[str, bytes],
+    exits: dict[str, int | None],
+) -> list[Check]:
+    checks: list[Check] = []
+    releases: dict[tuple[str, int], set[str]] = defaultdict(set)
+    values: dict[tuple[str, int, str], set[Any]] = defaultdict(set)
+    for _, _, raw in output:
+        v = orjson.loads(raw)
+        ident = (v["query"], epoch_of_iso(v["window_start"]))
+        releases[ident].add(v["release_id"])
+        if v["kind"] == "release":
+            values[(*ident, orjson.dumps(v["group"]).decode())].add(v["value"])
+    windows = list(range(first_s, last_window_s + 1, WINDOW_S))
+    missing = [(q, iso_utc(w)) for q in QUERIES for w in windows if (q, w) not in releases]
+    twice = {k: ids for k, ids in releases.items() if len(ids) > 1}
+    checks.append(
+        Check(
+            "every window released exactly once per query",
+            not missing and not twice,
+            f"{len(windows)} windows × {len(QUERIES)} queries; missing {missing[:5]}; "
+            f"with two release ids {list(twice)[:5]}",
+        )
+    )
+    index = LedgerIndex()
+    for _, key, raw in ledger:
+        index.feed(key, raw)
+    split = {k: vs for k, vs in values.items() if len(vs) > 1}
+    disagree = []
+    for (q, w, group), vs in values.items():
+        rel = index.get(q, w)
+        ledgered = (
+            None
+            if rel is None
+            else {
+                orjson.dumps(r.value["group"]).decode(): r.value["value"]
+                for r in rel.records
+                if r.value["kind"] == "release"
+            }.get(group)
+        )
+        if ledgered not in vs:
+            disagree.append((q, iso_utc(w), group))
+    checks.append(
+        Check(
+            "one value per (query, window, key), the ledger's first complete draw",
+            not split and not disagree,
+            f"{len(values)} (query, window, key) values; two values: {list(split)[:5]}; "
+            f"not the ledger's: {disagree[:5]}; losing draws in the ledger: {index.losing_draws}",
+        )
+    )
+    wrong = []
+    for w in windows:
+        exact = {d: run.produced[(w, d)] for d in DOMAINS}
+        for d in DOMAINS:
+            got = values.get(("visits", w, orjson.dumps({"domain": d}).decode()))
+            if got != {exact[d]}:
+                wrong.append((iso_utc(w), d, exact[d], got))
+        got_total = values.get(("total", w, "{}"))
+        if got_total != {sum(exact.values())}:
+            wrong.append((iso_utc(w), "total", sum(exact.values()), got_total))
+    checks.append(
+        Check(
+            "nothing lost: released values equal the exact counts produced",
+            not wrong,
+            f"{sum(run.produced.values()):,} events in {len(windows)} windows; "
+            f"mismatches {len(wrong)}: {wrong[:5]}",
+        )
+    )
+    leaks = sorted(name for name, blob in scanned.items() if USER_PREFIX.encode() in blob)
+    checks.append(
+        Check(
+            "no raw user id in any topic, log or /metrics",
+            not leaks,
+            f"scanned {len(scanned)} sources ({', '.join(sorted(scanned))}); leaking: {leaks}",
+        )
+    )
+    bad_exits = {name: code for name, code in exits.items() if code != 0}
+    checks.append(
+        Check(
+            "every worker alive at the end (paused ones included) and exiting 0 on SIGTERM",
+            not bad_exits,
+            f"exit codes {exits}",
+        )
+    )
+    return checks
+
+
+def _plot(run: Run, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for index, samples in sorted(run.rss.items()):
+        if samples:
+            ax.plot(
+                [t / 60 for t, _ in samples],
+                [r for _, r in samples],
+                label=f"worker {index}",
+                linewidth=1,
+            )
+    colors = dict(zip(FAULTS, ["red", "orange", "purple", "gray", "green"], strict=True))
+    for kind in FAULTS:
+        times = [f.at_s / 60 for f in run.faults if f.kind == kind]
+        for i, t in enumerate(times):
+            ax.axvline(
+                t, color=colors[kind], alpha=0.5, linewidth=0.8, label=kind if i == 0 else None
+            )
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("RSS (MiB)")
+    ax.set_title("stream-dp chaos run: resident memory per worker, faults marked")
+    ax.legend(loc="upper left", fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _report(run: Run, checks: list[Check], path: Path, command: str) -> None:
+    rss_end = {i: s[-1][1] for i, s in run.rss.items() if s}
+    rss_max = {i: max(r for _, r in s) for i, s in run.rss.items() if s}
+    lines = [
+        "# Chaos run",
+        "",
+        f"- Date: {datetime.now(tz=UTC).strftime('%Y-%m-%d %H:%M UTC')}; command: `{command}`",
+        f"- Duration: {run.settings.minutes:g} min of faults; {WORKERS} workers, "
+        f"{INPUT_PARTITIONS} input partitions, windows of {WINDOW_S} s (grace {GRACE_S} s, "
+        f"idle close {IDLE_CLOSE_S} s), unkeyed input (the default path), "
+        f"{run.settings.rate_per_s} events/s from {USERS} users, noise-free test mode.",
+        f"- Faults every {run.settings.fault_every_s[0]:g}–{run.settings.fault_every_s[1]:g} s: "
+        f"{dict(Counter(f.kind for f in run.faults))}",
+        f"- RSS per worker at the end (MiB): {rss_end}; maximum: {rss_max}",
+        "",
+        "## Checks",
+        "",
+        "| check | result | detail |",
+        "|---|---|---|",
+        *[f"| {c.name} | {'PASS' if c.ok else 'FAIL'} | {c.detail} |" for c in checks],
+        "",
+        "![RSS per worker](rss.png)",
+        "",
+        "## Faults",
+        "",
+        "| at (s) | fault | detail |",
+        "|---|---|---|",
+        *[f"| {f.at_s:.0f} | {f.kind} | {f.detail} |" for f in run.faults],
+        "",
+    ]
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+async def chaos(settings: Settings, out: Path, seed: int, command: str) -> bool:
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = out / "run"
+    workdir.mkdir(exist_ok=True)
+    run = Run(settings, out, workdir, random.Random(seed))
+    suffix = secrets.token_hex(4)
+    broker = EmbeddedBroker()
+    await broker.astart()
+    bootstrap = broker.bootstrap_servers
+    os.environ["STREAM_DP_PSEUDONYM_KEY"] = secrets.token_hex(32)
+    first_s = int(time.time() // WINDOW_S) * WINDOW_S
+    data = _config(bootstrap, first_s, suffix)
+    config = workdir / "config.yaml"
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    input_topic = data["input"]["topic"]
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(input_topic, INPUT_PARTITIONS, 1)])
+    await admin.close()
+    slots = [Slot(i) for i in range(WORKERS)]
+    for slot in slots:
+        _start(slot, config, run)
+    stop_producing, stop_sampling = asyncio.Event(), asyncio.Event()
+    producer = asyncio.create_task(_produce(run, bootstrap, input_topic, stop_producing))
+    sampler = asyncio.create_task(_sample_rss(run, slots, stop_sampling))
+    try:
+        end = run.elapsed() + settings.minutes * 60
+        while run.elapsed() < end:
+            await asyncio.sleep(run.rng.uniform(*settings.fault_every_s))
+            if run.elapsed() >= end:
+                break
+            kind = run.rng.choice(FAULTS)
+            await _fault(run, kind, slots, broker.pid, config, bootstrap, input_topic)
+            print(f"[chaos] {run.elapsed():6.0f} s  {run.faults[-1].detail}", flush=True)
+        stop_producing.set()
+        await producer
+        last_window_s = int(run.last_event_s // WINDOW_S) * WINDOW_S
+        output = await _wait_released(
+            bootstrap, data["output"]["topic"], last_window_s, first_s, timeout_s=300
+        )
+        scanned: dict[str, bytes] = {}
+        group = data["kafka"]["group_id"]
+        topics = {
+            "output": data["output"]["topic"],
+            "ledger": f"{group}.ledger",
+            "partials": f"{group}.partials",
+            "repartition": f"{group}.repartition",
+            "dead-letter": f"{group}.dead-letter",
+        }
+        records: dict[str, list[tuple[int, str, bytes]]] = {}
+        for name, topic in topics.items():
+            records[name] = output if name == "output" else await _read_all(bootstrap, topic)
+            scanned[f"topic {name}"] = b"\n".join(k.encode() + v for _, k, v in records[name])
+        for slot in slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                port = _metrics_port(slot.logs[-1])
+                if port is not None:
+                    with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/metrics", timeout=10
+                    ) as response:
+                        scanned[f"/metrics worker {slot.index}"] = response.read()
+        exits: dict[str, int | None] = {}
+        for slot in slots:
+            assert slot.proc is not None
+            alive = slot.proc.poll() is None
+            slot.proc.send_signal(signal.SIGTERM)
+            try:
+                code = await asyncio.to_thread(slot.proc.wait, 60)
+            except subprocess.TimeoutExpired:
+                slot.proc.kill()
+                code = None
+            exits[f"worker {slot.index}"] = code if alive else None
+        for slot in slots:
+            for log in slot.logs:
+                scanned[f"log {log.name}"] = log.read_bytes()
+        checks = _checks(run, first_s, last_window_s, output, records["ledger"], scanned, exits)
+    finally:
+        stop_sampling.set()
+        await sampler
+        for slot in slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.kill()
+        broker.stop()
+    _plot(run, out / "rss.png")
+    _report(run, checks, out / "REPORT.md", command)
+    for check in checks:
+        print(f"[chaos] {'PASS' if check.ok else 'FAIL'}  {check.name}: {check.detail}")
+    return all(check.ok for check in checks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos.run", description=__doc__)
+    parser.add_argument("--minutes", type=float, help="how long faults go on")
+    parser.add_argument("--smoke", action="store_true", help="short faults, for make test")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent)
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    base = SMOKE if args.smoke else FULL
+    settings = Settings(
+        minutes=args.minutes if args.minutes is not None else base.minutes,
+        fault_every_s=base.fault_every_s,
+        broker_pause_s=base.broker_pause_s,
+        rate_per_s=base.rate_per_s,
+    )
+    seed = args.seed if args.seed is not None else secrets.randbits(32)
+    command = " ".join(["python -m chaos.run", *(argv if argv is not None else sys.argv[1:])])
+    print(f"[chaos] seed {seed}; {settings}", flush=True)
+    ok = asyncio.run(chaos(settings, args.out, seed, command))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""The chaos run, short (``make chaos`` runs it for 20 minutes): three workers, a live
+producer and random faults on the embedded broker; every check of its report must pass.
+
+Generous hang guard only: the run waits on conditions (every window released), and a busy
+2-core machine only makes it slower."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(1200)
+def test_a_short_chaos_run_passes_every_check(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "chaos.run", "--smoke", "--minutes", "1.5", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1100,
+        check=False,
+    )
+    report = (
+        (tmp_path / "REPORT.md").read_text(encoding="utf-8")
+        if (tmp_path / "REPORT.md").exists()
+        else ""
+    )
+    assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}\n{report}"
+    assert "| FAIL |" not in report and report.count("| PASS |") == 5
+    assert (tmp_path / "rss.png").stat().st_size > 1000
+    faults = [
+        line for line in done.stdout.splitlines() if line.startswith("[chaos]") and " s  " in line
+    ]
+    assert len(faults) >= 3, done.stdout  # the run did inject faults
