@@ -282,7 +282,8 @@ async def _read_all(bootstrap: str, topic: str) -> list[tuple[int, str, bytes]]:
         consumer.assign([TopicPartition(topic, p) for p in sorted(parts)])
         await consumer.seek_to_beginning()
         quiet = 0
-        while quiet < 6:
+        hang_guard = time.monotonic() + 300
+        while quiet < 6 and time.monotonic() < hang_guard:
             batch = await consumer.getmany(timeout_ms=300, max_records=20_000)
             quiet = 0 if batch else quiet + 1
             for tp, msgs in batch.items():
@@ -521,22 +522,10 @@ async def chaos(settings: Settings, out: Path, seed: int, command: str) -> bool:
         stop_producing.set()
         await producer
         last_window_s = int(run.last_event_s // WINDOW_S) * WINDOW_S
-        output = await _wait_released(
+        await _wait_released(
             bootstrap, data["output"]["topic"], last_window_s, first_s, timeout_s=300
         )
         scanned: dict[str, bytes] = {}
-        group = data["kafka"]["group_id"]
-        topics = {
-            "output": data["output"]["topic"],
-            "ledger": f"{group}.ledger",
-            "partials": f"{group}.partials",
-            "repartition": f"{group}.repartition",
-            "dead-letter": f"{group}.dead-letter",
-        }
-        records: dict[str, list[tuple[int, str, bytes]]] = {}
-        for name, topic in topics.items():
-            records[name] = output if name == "output" else await _read_all(bootstrap, topic)
-            scanned[f"topic {name}"] = b"\n".join(k.encode() + v for _, k, v in records[name])
         for slot in slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 port = _metrics_port(slot.logs[-1])
@@ -545,6 +534,8 @@ async def chaos(settings: Settings, out: Path, seed: int, command: str) -> bool:
                         f"http://127.0.0.1:{port}/metrics", timeout=10
                     ) as response:
                         scanned[f"/metrics worker {slot.index}"] = response.read()
+        # Stop the workers before reading the internal topics: they write watermarks and
+        # progress marks every second, so a reader would never see them go quiet.
         exits: dict[str, int | None] = {}
         for slot in slots:
             assert slot.proc is not None
@@ -556,6 +547,19 @@ async def chaos(settings: Settings, out: Path, seed: int, command: str) -> bool:
                 slot.proc.kill()
                 code = None
             exits[f"worker {slot.index}"] = code if alive else None
+        group = data["kafka"]["group_id"]
+        topics = {
+            "output": data["output"]["topic"],
+            "ledger": f"{group}.ledger",
+            "partials": f"{group}.partials",
+            "repartition": f"{group}.repartition",
+            "dead-letter": f"{group}.dead-letter",
+        }
+        records: dict[str, list[tuple[int, str, bytes]]] = {}
+        for name, topic in topics.items():
+            records[name] = await _read_all(bootstrap, topic)
+            scanned[f"topic {name}"] = b"\n".join(k.encode() + v for _, k, v in records[name])
+        output = records["output"]
         for slot in slots:
             for log in slot.logs:
                 scanned[f"log {log.name}"] = log.read_bytes()

@@ -15,6 +15,7 @@ times out.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -91,8 +92,8 @@ class LedgerLog:
         targets = sorted(self.partitions if partitions is None else set(partitions))
         fence_id = uuid.uuid4().hex
         key, value = encode_fence(fence_id)
-        for p in targets:
-            await self._send(key, value, p)
+        # All fences at once: a slow ledger partition delays a catch-up once, not per partition.
+        await asyncio.gather(*(self._send(key, value, p) for p in targets))
         tps = [TopicPartition(self.topic, p) for p in targets]
         reader.resume(*tps)
         try:

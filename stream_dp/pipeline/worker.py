@@ -229,8 +229,9 @@ class Worker:
         self._ledger_partitions: list[int] = []
         self._output_partitions: list[int] = [0]
         self._routed_to: list[int] = []
-        #: Partitions whose taking failed (a ledger read, metadata): paused until it succeeds.
-        self._failed_assignment: list[TopicPartition] = []
+        #: Partitions assigned but not taken yet (ledger read, state built): paused until
+        #: the loop has taken them (see on_assigned).
+        self._to_take: list[TopicPartition] = []
         #: An error found in a rebalance callback that must stop the worker (raised by the
         #: loop: aiokafka would swallow it in the callback).
         self._fatal: StreamDPError | None = None
@@ -749,27 +750,46 @@ class Worker:
         return count
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
-        async with self._lock:
-            try:
-                await self._take(assigned)
-            except TopologyError as exc:
-                self._fatal = exc
-            except (KafkaError, StreamDPError) as exc:
-                # aiokafka would log this and carry on with a half-taken assignment: never.
-                log.error(
-                    "taking new partitions failed (%s); pausing them until it succeeds",
-                    type(exc).__name__,
-                )
-                if self._consumer is not None:
-                    self._consumer.pause(*assigned)
-                self._failed_assignment = list(assigned)
-            else:
-                self._failed_assignment = []
-            self.health.set("partitions_assigned", bool(assigned))
-            log.info(
-                "partitions assigned: %s",
-                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(assigned)),
+        """Pause the new assignment and leave taking it to the loop.
+
+        aiokafka sends no heartbeat while this callback runs (it stops its heartbeat task
+        for the whole rejoin), so anything slow here — a ledger read behind a slow ledger
+        partition, metadata during a broker stall — gets the member evicted, and evicted
+        again after every rejoin: a rebalance storm in which no window is released. Paused
+        partitions fetch nothing, so no record is processed before the loop has read the
+        ledger and built their state (:meth:`_take_assigned`).
+        """
+        if self._consumer is not None and assigned:
+            self._consumer.pause(*assigned)
+        self._to_take = list(assigned)
+        self.health.set("partitions_assigned", False)
+        log.info(
+            "partitions assigned: %s",
+            ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(assigned)),
+        )
+
+    async def _take_assigned(self) -> None:
+        """Take the partitions the last assignment brought (in the loop, under the lock),
+        then resume them. A failure keeps them paused until a later iteration succeeds; a
+        topology error stops the worker."""
+        assert self._consumer is not None
+        current = self._consumer.assignment()
+        pending = [tp for tp in self._to_take if tp in current]
+        try:
+            await self._take(pending)
+        except TopologyError as exc:
+            self._fatal = exc
+            return
+        except (KafkaError, StreamDPError) as exc:
+            log.warning(
+                "taking new partitions failed (%s); they stay paused until it succeeds",
+                type(exc).__name__,
             )
+            return
+        self._to_take = []
+        if pending:
+            self._consumer.resume(*pending)
+        self.health.set("partitions_assigned", bool(current))
 
     async def _take(self, assigned: list[TopicPartition]) -> None:
         assert self.ingest is not None and self.release is not None
@@ -896,23 +916,6 @@ class Worker:
             type(exc).__name__,
         )
 
-    async def _retry_failed_assignment(self) -> None:
-        """Retry taking partitions whose assignment failed (they stay paused until then)."""
-        assert self._consumer is not None
-        current = self._consumer.assignment()
-        failed = [tp for tp in self._failed_assignment if tp in current]
-        try:
-            await self._take(failed)
-        except TopologyError as exc:
-            self._fatal = exc
-            return
-        except (KafkaError, StreamDPError) as exc:
-            log.warning("taking partitions still fails (%s)", type(exc).__name__)
-            return
-        self._consumer.resume(*failed)
-        self._failed_assignment = []
-        log.info("paused partitions taken after all; resumed")
-
     async def _loop(self) -> None:
         assert self._consumer is not None
         while not self._stopping.is_set():
@@ -937,8 +940,11 @@ class Worker:
     async def _iteration(self, batch: dict[TopicPartition, list[Any]]) -> None:
         consumer, ingest, release = self._consumer, self.ingest, self.release
         assert consumer is not None and ingest is not None and release is not None
-        if self._failed_assignment:
-            await self._retry_failed_assignment()
+        # Records of partitions not taken yet were fetched before they were assigned again:
+        # they are read again from the committed offset once taken.
+        waiting = set(self._to_take)
+        if waiting:
+            await self._take_assigned()
         started = time.perf_counter()
         now, mono = time.time(), time.monotonic()
         dead: list[DeadLetter] = []
@@ -946,8 +952,8 @@ class Worker:
         routed_positions: dict[int, int] = {}
         owned = consumer.assignment()
         for tp, msgs in batch.items():
-            if not msgs or tp not in owned:
-                continue  # revoked while fetched: its new owner reads it
+            if not msgs or tp not in owned or tp in waiting:
+                continue  # revoked while fetched (its new owner reads it), or not taken yet
             high = consumer.highwater(tp)
             if high is not None:  # every topic read: input, repartition and partials
                 self.metrics.set_consumer_lag(tp.topic, tp.partition, high - msgs[-1].offset - 1)

@@ -162,3 +162,66 @@ def _epoch(iso: str) -> int:
     from stream_dp.windows.tumbling import epoch_of_iso
 
     return epoch_of_iso(iso)
+
+
+async def test_a_slow_ledger_never_starts_a_rebalance_storm(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    """aiokafka sends no heartbeat while an assignment callback runs. A worker whose ledger
+    writes take 1 s each needed 3 s to fence the three ledger partitions inside that
+    callback: past the 2 s session it was evicted, rejoined, was evicted again — a storm in
+    which no window was released (the chaos run found it). Taking partitions in the loop,
+    with the fences written at once, keeps the group stable and every window released."""
+    cfg = config_factory(
+        {
+            "privacy": {
+                "unsafe_test_mode": True,
+                "epsilon_per_window": 1e6,
+                "max_epsilon_per_horizon": 1e12,
+            },
+            "queries": [
+                {
+                    "name": "visits",
+                    "group_by": ["domain"],
+                    "epsilon": 1e6,
+                    "keys": {"domain": DOMAINS},
+                }
+            ],
+        }
+    )
+    config = load_config(cfg)
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    topics = topics_of(cfg)
+    expected = set()
+    for topic in (
+        config.input.topic,
+        config.output.partials_topic,
+        config.output.repartition_topic,
+    ):
+        expected |= {(topic, p) for p in await topic_partitions(kafka_bootstrap, topic)}
+    steady = start_worker(cfg, tmp_path / "steady.log")
+    slow = start_worker(
+        cfg,
+        tmp_path / "slow.log",
+        {"STREAM_DP_TEST_LEDGER_DELAY_S": "1.0", "STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"},
+    )
+    try:
+        await wait_for_group([steady, slow], expected)
+        events = [e for w in range(WINDOWS) for e in _events(w)]
+        events += [{"user_id": "late", "timestamp": T0 + 10 * WINDOWS + 5, "domain": DOMAINS[0]}]
+        await produce_events(kafka_bootstrap, topics["input"], events)
+        out = await read_topic(
+            kafka_bootstrap,
+            topics["output"],
+            until=windows_done(["visits"], WINDOWS),
+            timeout_s=180,
+        )
+    finally:
+        codes = [steady.terminate(), slow.terminate()]
+    assert codes == [0, 0], slow.log()[-4000:]
+    done = {(v["query"], v["window_start"]) for _, v in decode_values(out) if v["kind"] == "window"}
+    assert len(done) == WINDOWS
+    # A storm shows as an assignment every few seconds for as long as it lasts.
+    for worker in (steady, slow):
+        assert worker.log().count("partitions assigned") <= 6, worker.log()[-4000:]
+    assert "lost its membership" not in slow.log(), slow.log()[-4000:]
