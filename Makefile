@@ -36,9 +36,14 @@ test-tools:
 	    || echo "could not install$$missing: the tests that need them will skip"; \
 	else echo "missing$$missing and not root: the tests that need them will skip"; fi
 
-# pytest exits 5 when it collected no test; make treats that as a failure.
+# pytest exits 5 when it collected no test; make treats that as a failure. Three pytest-xdist
+# processes: most tests wait on a broker, a consumer group or a subprocess, so three share a
+# 2-core machine well. The slowest tests come first (tests/conftest.py) and are handed out
+# two at a time (--maxschedchunk), so that they spread over the processes and none of them
+# runs alone at the end. Every test has its own broker topics, groups and ports.
+PYTEST_WORKERS ?= 3
 pytest: setup test-tools
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --maxschedchunk 2
 
 test: lint typecheck pytest
 

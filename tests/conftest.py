@@ -34,11 +34,36 @@ def _unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
+#: Test files that take longest (a minute or more each, in all): under pytest-xdist they start
+#: first, so that the suite's wall-clock time is not one of them running alone at the end.
+LONGEST_FIRST = (
+    "tests/chaos/",
+    "tests/integration/test_fencing.py",
+    "tests/bench/test_bench_smoke.py",
+    "tests/privacy/continual/test_accuracy.py",
+    "tests/packaging/",
+    "tests/demo/test_demo_cli.py",
+    "tests/integration/test_operations.py",
+    "tests/integration/test_recovery.py",
+    "tests/integration/test_scale_out.py",
+)
+
+
+def _start_rank(item: pytest.Item) -> int:
+    path = item.nodeid
+    for rank, prefix in enumerate(LONGEST_FIRST):
+        if path.startswith(prefix):
+            return rank
+    return len(LONGEST_FIRST) + (0 if item.get_closest_marker("slow") else 1)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that need the broker get the ``kafka`` marker (``-m "not kafka"`` skips them)."""
+    """Tests that need the broker get the ``kafka`` marker (``-m "not kafka"`` skips them);
+    the longest start first (a stable sort: the order within a file is kept)."""
     for item in items:
         if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.kafka)
+    items.sort(key=_start_rank)
 
 
 @pytest.fixture(scope="session")

@@ -151,7 +151,7 @@ class WorkerProcess:
     proc: subprocess.Popen[bytes]
     log_path: Path
 
-    def terminate(self, timeout_s: float = 30.0) -> int:
+    def terminate(self, timeout_s: float = 60.0) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout_s)
 

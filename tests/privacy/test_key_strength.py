@@ -28,31 +28,37 @@ from stream_dp.privacy.key_strength import (
 GOOD_HEX = "37f8c05f57955c531a5053309411d260a83c174d8660ba067e3c5a2d8cdc85c7"  # stream-dp keygen
 
 
+#: Some keys are drawn at collection: ids name them by index and reason, so that every
+#: pytest-xdist worker collects the same test names.
+WEAK_KEYS = [
+    ("tooshort", "too short"),
+    (secrets.token_hex(24), "48 hex digits"),  # valid base64 too, but 24 bytes only
+    (base64.b64encode(secrets.token_bytes(24)).decode(), "decode (as base64) to 24 bytes"),
+    ("a" * 64, "repetitive"),
+    ("n" * 64, "repetitive"),  # base64 of one repeated byte pattern
+    ("0123456789abcdef" * 4, "repetitive"),
+    (GOOD_HEX[:48] * 2, "pattern of 24 bytes repeated"),
+    ("".join(f"{i:02x}" for i in range(32)), "regular sequence"),
+    ("".join(f"{(7 * i) % 256:02x}" for i in range(40)), "regular sequence"),
+    ("31415926535897932384626433832795028841971693993751058209749445923", "hex"),
+    ("1234567890" * 7, "repetitive"),
+    ("ddaceddcdcebebcbaecefebcafafcdeacdcefbeddecaeaafdfffaedcbfcfabeb", "hex letters only"),
+    ("deadbeefcafebabefacadedecadebeadfeedacedbadeaddedcededabbadeafbe", "repetitive"),
+    (b"this is my secret passphrase, 32b".hex(), "readable text"),
+    (base64.b64encode(b"correct horse battery staple, ok!").decode(), "readable text"),
+    ("correcthorsebatterystaplecorrecthorsebatterystaple", "one case only"),
+    ("CorrectHorseBatteryStapleCorrectHorseBatteryStaple", "dictionary-like"),
+    ("Sunshine2024Dragon+Password/Monkey99Football", "dictionary-like"),
+    ("my secret passphrase that is long enough to pass", "not hex"),
+    ("INSECURE-DEV-KEY-" + "0" * 48, "not hex"),
+    ("é" * 40, "not hex or base64 text"),
+]
+
+
 @pytest.mark.parametrize(
     ("key", "reason"),
-    [
-        ("tooshort", "too short"),
-        (secrets.token_hex(24), "48 hex digits"),  # valid base64 too, but 24 bytes only
-        (base64.b64encode(secrets.token_bytes(24)).decode(), "decode (as base64) to 24 bytes"),
-        ("a" * 64, "repetitive"),
-        ("n" * 64, "repetitive"),  # base64 of one repeated byte pattern
-        ("0123456789abcdef" * 4, "repetitive"),
-        (GOOD_HEX[:48] * 2, "pattern of 24 bytes repeated"),
-        ("".join(f"{i:02x}" for i in range(32)), "regular sequence"),
-        ("".join(f"{(7 * i) % 256:02x}" for i in range(40)), "regular sequence"),
-        ("31415926535897932384626433832795028841971693993751058209749445923", "hex"),
-        ("1234567890" * 7, "repetitive"),
-        ("ddaceddcdcebebcbaecefebcafafcdeacdcefbeddecaeaafdfffaedcbfcfabeb", "hex letters only"),
-        ("deadbeefcafebabefacadedecadebeadfeedacedbadeaddedcededabbadeafbe", "repetitive"),
-        (b"this is my secret passphrase, 32b".hex(), "readable text"),
-        (base64.b64encode(b"correct horse battery staple, ok!").decode(), "readable text"),
-        ("correcthorsebatterystaplecorrecthorsebatterystaple", "one case only"),
-        ("CorrectHorseBatteryStapleCorrectHorseBatteryStaple", "dictionary-like"),
-        ("Sunshine2024Dragon+Password/Monkey99Football", "dictionary-like"),
-        ("my secret passphrase that is long enough to pass", "not hex"),
-        ("INSECURE-DEV-KEY-" + "0" * 48, "not hex"),
-        ("é" * 40, "not hex or base64 text"),
-    ],
+    WEAK_KEYS,
+    ids=[f"{i}-{reason}" for i, (_, reason) in enumerate(WEAK_KEYS)],
 )
 def test_weak_keys_are_refused_with_how_to_make_one(key: str, reason: str) -> None:
     with pytest.raises(PrivacyError) as err:
@@ -79,6 +85,7 @@ def test_raw_binary_keys_are_refused() -> None:
         # `openssl rand -base64 64` wraps its output: line breaks inside are allowed
         base64.encodebytes(secrets.token_bytes(64)).decode(),
     ],
+    ids=["keygen", "keygen-upper", "hex-64", "base64-32", "base64-48", "urlsafe-32", "wrapped-64"],
 )
 def test_random_keys_in_hex_or_base64_are_accepted(key: str) -> None:
     assert key_problem(key.encode("ascii")) is None
