@@ -115,6 +115,9 @@ ROUTED_MARK_KEY = "__progress__"
 #: Windows released per loop iteration at most (a backlog of empty windows after a long
 #: outage must not keep the loop from fetching, committing and heartbeating).
 MAX_RELEASES_PER_ITERATION = 32
+#: A graceful stop (flush, commit, leave the group, close) takes at most this long in all,
+#: below the service's SHUTDOWN_TIMEOUT_S, even when the broker does not answer.
+SHUTDOWN_BUDGET_S = 20.0
 #: Topic metadata is refreshed this often, so partition-count changes are seen soon.
 METADATA_MAX_AGE_MS = 10_000
 
@@ -426,24 +429,27 @@ class Worker:
 
     async def _shutdown(self, *, commit: bool) -> None:
         """Flush, commit what is safe (only on a graceful stop), leave the group. Open
-        windows are NOT released."""
+        windows are NOT released. Every step shares one deadline (SHUTDOWN_BUDGET_S), so an
+        unreachable broker cannot make the stop outlast the service's patience."""
+        deadline = time.monotonic() + SHUTDOWN_BUDGET_S
+
+        async def step(op: Callable[[], Awaitable[Any]]) -> None:
+            remaining = deadline - time.monotonic()
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(op(), timeout=max(0.1, remaining))
+
         try:
             if self._producer is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._producer.flush(), timeout=10)
+                await step(self._producer.flush)
             if commit and self._consumer is not None and self.ingest is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._commit(), timeout=10)
+                await step(self._commit)
         finally:
             if self._consumer is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._consumer.stop(), timeout=10)
+                await step(self._consumer.stop)
             if self._ledger_log is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._ledger_log.stop(), timeout=10)
+                await step(self._ledger_log.stop)
             if self._producer is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._producer.stop(), timeout=10)
+                await step(self._producer.stop)
             self.health.set("partitions_assigned", False)
             self.health.set("producer_connected", False)
 
@@ -916,13 +922,33 @@ class Worker:
             type(exc).__name__,
         )
 
+    async def _fetch(self) -> dict[TopicPartition, list[Any]] | None:
+        """The next batch, or None once a stop is requested. aiokafka's ``getmany`` ignores
+        its timeout while the member has no assignment (a rebalance that the members being
+        stopped one by one keep restarting): a stop must not wait for the group."""
+        assert self._consumer is not None
+        fetch = asyncio.ensure_future(
+            self._consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH)
+        )
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not fetch.done():
+                # Nothing fetched is lost: positions move only when getmany returns records.
+                fetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, KafkaError):
+                    await fetch
+        return fetch.result() if not fetch.cancelled() else None
+
     async def _loop(self) -> None:
         assert self._consumer is not None
         while not self._stopping.is_set():
             try:
-                batch = await self._consumer.getmany(
-                    timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH
-                )
+                batch = await self._fetch()
+                if batch is None:
+                    break
             except MEMBERSHIP_ERRORS as exc:
                 self._membership_lost(exc)
                 continue
