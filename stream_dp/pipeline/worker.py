@@ -74,7 +74,7 @@ from stream_dp.pipeline.ledger import (
     encode_release,
     encode_rotation,
 )
-from stream_dp.pipeline.ledger_log import LedgerLog
+from stream_dp.pipeline.ledger_log import LedgerLog, LedgerReadError
 from stream_dp.pipeline.partials import RecordTooLargeError, encode_partial, encode_watermark
 from stream_dp.pipeline.records import dead_letter_record, dumps, output_partition
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
@@ -102,6 +102,9 @@ PAUSE_POINT_ENV = "STREAM_DP_TEST_PAUSE_POINT"
 #: Test-only: every write to the ledger topic waits this many seconds first (a slow ledger
 #: partition, for the chaos run). Same switch as the crash points.
 LEDGER_DELAY_ENV = "STREAM_DP_TEST_LEDGER_DELAY_S"
+#: Test-only: the first N ledger reads when partitions arrive fail (a broker hiccup while
+#: taking partitions). Same switch as the crash points.
+TAKE_FAILURES_ENV = "STREAM_DP_TEST_TAKE_FAILURES"
 
 MAX_RECORDS_PER_FETCH = 10_000
 FETCH_TIMEOUT_MS = 200
@@ -150,6 +153,7 @@ class _TestFaults:
         self.crash = self._parse(os.environ.get(CRASH_POINT_ENV, "") if allowed else "")
         self.pause = self._parse(os.environ.get(PAUSE_POINT_ENV, "") if allowed else "")
         self.ledger_delay_s = float(os.environ.get(LEDGER_DELAY_ENV, "0") or 0) if allowed else 0.0
+        self.take_failures = int(os.environ.get(TAKE_FAILURES_ENV, "0") or 0) if allowed else 0
 
     @staticmethod
     def _parse(spec: str) -> list[Any] | None:
@@ -795,6 +799,7 @@ class Worker:
         self._to_take = []
         if pending:
             self._consumer.resume(*pending)
+            log.info("partitions taken: ledger read, state built, fetching resumed")
         self.health.set("partitions_assigned", bool(current))
 
     async def _take(self, assigned: list[TopicPartition]) -> None:
@@ -817,6 +822,9 @@ class Worker:
         if partials:
             # Another worker may have released windows of these partitions: read the
             # ledger to fresh fences before taking any of their partials.
+            if self._faults.take_failures > 0:
+                self._faults.take_failures -= 1
+                raise LedgerReadError("test fault: the ledger read failed")
             await self._catch_up_ledger(None, bounded=True)
             self.release.adopt_ledger()
             await self._republish_unpublished(set(partials))
