@@ -48,6 +48,7 @@ PARTIALS_IGNORED_REASONS = (
     "key_mismatch",
     "layout_changed",
     "superseded",
+    "erasure_stale",
 )
 
 #: Release delay: from a window's end to its publication. Grace and idle-close put it in the
@@ -285,8 +286,9 @@ class Metrics:
             "it already took (duplicate_version), a window already released "
             "(window_released), a malformed record (malformed), a window before the first "
             "covered one (before_coverage), bounded under another pseudonym key "
-            "(key_mismatch) or another partition layout than the window's (layout_changed), or "
-            "a version replaced by one that applied more erasures (superseded).",
+            "(key_mismatch) or another partition layout than the window's (layout_changed), a "
+            "version replaced by one that applied more erasures (superseded), or one left "
+            "out because no version applied an erasure in time (erasure_stale).",
             ["reason"],
             registry=r,
         )

@@ -25,20 +25,39 @@ Pure: the worker and :class:`~stream_dp.pipeline.local.LocalPipeline` do the I/O
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
 from stream_dp.pipeline.release_stage import ReleaseStage
 from stream_dp.privacy.erasure import ErasureSet
+from stream_dp.windows.tumbling import iso_utc
+
+log = logging.getLogger(__name__)
+
+
+#: How long a window waits at least for a partial that applied its erasures before the
+#: stale partials are left out (:meth:`ErasureGate.ready`).
+MIN_STALE_AFTER_S = 300.0
 
 
 class ErasureGate:
     """Stage 2's side of the rule: per window, the erasure-log position its partials must
-    have applied, fixed when its cut was written."""
+    have applied, fixed when its cut was written.
 
-    def __init__(self, erasures: ErasureSet) -> None:
+    Liveness: stage 1 re-seals a kept window as soon as an erasure reaches it, and a window
+    whose stage-1 owner died is rebuilt and sealed again by the next owner. A partial that
+    can never be replaced — sealed by a worker without erasure on, whose state and offsets
+    are gone (turning erasure on while a window waits) — would hold its window forever: after
+    ``stale_after_s`` such partials are left out (counted, logged). Privacy-safe: the window
+    then lacks that source partition's data, never holds the erased user's.
+    """
+
+    def __init__(self, erasures: ErasureSet, *, stale_after_s: float = MIN_STALE_AFTER_S) -> None:
         self.erasures = erasures
+        self.stale_after_s = stale_after_s
         self._required: dict[int, int] = {}
+        self._waiting_since: dict[int, float] = {}
 
     def has_cut(self, window_start_s: int) -> bool:
         return window_start_s in self._required
@@ -53,17 +72,38 @@ class ErasureGate:
     def required(self, window_start_s: int) -> int:
         return self._required[window_start_s]
 
-    def ready(self, window_start_s: int, stage: ReleaseStage) -> bool:
-        """Whether every partial the window would merge applied the erasures it must."""
-        return stage.erasures_applied(window_start_s) >= self._required[window_start_s]
+    def ready(
+        self, window_start_s: int, stage: ReleaseStage, *, now_mono_s: float | None = None
+    ) -> bool:
+        """Whether every partial the window would merge applied the erasures it must. With
+        ``now_mono_s``, partials still stale ``stale_after_s`` after the first refusal are
+        left out of the window, which is then ready."""
+        required = self._required[window_start_s]
+        if stage.erasures_applied(window_start_s) >= required:
+            return True
+        if now_mono_s is None:
+            return False
+        since = self._waiting_since.setdefault(window_start_s, now_mono_s)
+        if now_mono_s - since < self.stale_after_s:
+            return False
+        dropped = stage.drop_stale_partials(window_start_s, required)
+        log.error(
+            "%d partials never applied an erasure of their window's cut within %g s: left "
+            "out of the window (their source partitions' data is missing from it)",
+            dropped,
+            self.stale_after_s,
+            extra={"window": iso_utc(window_start_s)},
+        )
+        return True
 
     def finish(self, window_start_s: int) -> None:
         self._required.pop(window_start_s, None)
+        self._waiting_since.pop(window_start_s, None)
 
     def forget(self, released: Callable[[int], bool]) -> None:
         """Drop windows known released (by anyone)."""
         for ws in [w for w in self._required if released(w)]:
-            del self._required[ws]
+            self.finish(ws)
 
 
 def released_until(stage: ReleaseStage) -> int | None:

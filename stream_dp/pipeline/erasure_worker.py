@@ -29,7 +29,7 @@ from typing import Any
 from stream_dp.config.model import Config
 from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.erasure_gate import ErasureGate, released_until
+from stream_dp.pipeline.erasure_gate import MIN_STALE_AFTER_S, ErasureGate, released_until
 from stream_dp.pipeline.erasure_log import LOG_PARTITION, ErasureLog
 from stream_dp.pipeline.erasure_records import (
     BAD_REQUEST,
@@ -76,7 +76,9 @@ class WorkerErasure:
         self._log_topic = erasure.log_topic
         self._responses_topic = erasure.responses_topic
         self.erasures = ErasureSet()
-        self.gate = ErasureGate(self.erasures)
+        self.gate = ErasureGate(
+            self.erasures, stale_after_s=max(MIN_STALE_AFTER_S, config.window.life_s)
+        )
         self._send_many = send_many
         self._retry = retry
         self.log = ErasureLog(
@@ -234,7 +236,7 @@ class WorkerErasure:
                     "window cut for erasure: its partials must have applied the log to %d",
                     required,
                 )
-        return self.gate.ready(window_start_s, release)
+        return self.gate.ready(window_start_s, release, now_mono_s=time.monotonic())
 
     def released(self, window_start_s: int) -> None:
         self.gate.finish(window_start_s)

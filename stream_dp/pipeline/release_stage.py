@@ -380,6 +380,20 @@ class ReleaseStage:
         taken = [a.taken for a in pending.assemblers.values() if a.taken is not None]
         return min((p.erasures_through for p in taken), default=_NO_PARTIALS)
 
+    def drop_stale_partials(self, window_start_s: int, required: int) -> int:
+        """Leave out of the window every partial that did not apply the erasure log up to
+        ``required`` (README, Erasure: when no newer version came in time). That source's
+        data is missing from the window — never the erased user's. Returns how many."""
+        pending = self._pending(window_start_s)
+        dropped = 0
+        for assembler in pending.assemblers.values() if pending is not None else ():
+            if assembler.taken is not None and assembler.taken.erasures_through < required:
+                assembler.taken = None
+                dropped += 1
+        if dropped:
+            self.metrics.partials_ignored.labels(reason="erasure_stale").inc(dropped)
+        return dropped
+
     def last_released(self, r: int) -> int | None:
         """The latest window of partials partition ``r`` known released (None: none yet)."""
         if self.coverage_start_s is None:

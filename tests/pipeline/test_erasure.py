@@ -401,3 +401,24 @@ def test_the_ledger_index_keeps_the_latest_cut() -> None:
     index.feed(*encode_cut(T0 + 20))
     index.feed(*encode_cut(T0 + 10))
     assert index.latest_cut_s == T0 + 20
+
+
+def test_a_partial_that_can_never_apply_an_erasure_is_left_out_after_a_long_wait() -> None:
+    """Liveness: a partial sealed without erasure on (its state gone) cannot be replaced;
+    after the wait the window is released without it — never with the erased user."""
+    wire = Wire()
+    wire.ingest.ingest(0, _events(0, 1), now_s=NOW, now_mono_s=0)
+    wire.seal([(0, T0)])
+    wire.pass_window(T0)
+    wire.erasures.add(_erasure(0))  # stage 1 never applies it (no state to re-seal)
+    gate = ErasureGate(wire.erasures, stale_after_s=300)
+    gate.record_cut(T0)
+    assert not gate.ready(T0, wire.release, now_mono_s=1000.0)
+    assert not gate.ready(T0, wire.release, now_mono_s=1299.0)
+    assert gate.ready(T0, wire.release, now_mono_s=1300.0)
+    assert wire.metrics.partials_ignored.labels(reason="erasure_stale")._value.get() == 1
+    assert wire.released_value(T0) == {
+        '{"domain":"alice.example"}': 0,
+        '{"domain":"shared.example"}': 0,
+        "null": "window",
+    }
