@@ -101,21 +101,26 @@ def run(args: argparse.Namespace) -> int:
         request_id=request_id,
         requested_at_s=_requested_at(args.requested_at),
     )
-    response = asyncio.run(_send(config, bootstrap, request_id, value, args.wait))
+    asyncio.run(_send(config, bootstrap, request_id, value))
     sent = {
         "kind": "erasure_request_sent",
         "request_id": request_id,
         "topic": config.erasure.requests_topic,
     }
     if args.json:
-        print(orjson.dumps(sent).decode())
-        if response is not None:
-            print(orjson.dumps(response, option=orjson.OPT_SORT_KEYS).decode())
+        print(orjson.dumps(sent).decode(), flush=True)
     else:
-        print(f"erasure request {request_id} sent to {config.erasure.requests_topic}")
-        if response is not None:
-            print(_describe(response))
-    if response is not None and response.get("status") != "applied":
+        print(f"erasure request {request_id} sent to {config.erasure.requests_topic}", flush=True)
+    if args.wait is None:
+        return 0
+    options = client_kwargs(config.kafka, bootstrap_servers=bootstrap)
+    response = asyncio.run(_await_response(config, options, request_id, args.wait))
+    print(
+        orjson.dumps(response, option=orjson.OPT_SORT_KEYS).decode()
+        if args.json
+        else _describe(response)
+    )
+    if response.get("status") != "applied":
         raise StreamDPError(
             f"the deployment rejected request {request_id} ({response.get('reason')}): see "
             "its dead-letter topic for the reason"
@@ -136,16 +141,12 @@ def _describe(response: dict[str, Any]) -> str:
     )
 
 
-async def _send(
-    config: Config, bootstrap: str, request_id: str, value: bytes, wait_s: float | None
-) -> dict[str, Any] | None:
+async def _send(config: Config, bootstrap: str, request_id: str, value: bytes) -> None:
     options = client_kwargs(config.kafka, bootstrap_servers=bootstrap)
     producer = AIOKafkaProducer(acks="all", **options)
     try:
         await producer.start()
-        await producer.send_and_wait(
-            config.erasure.requests_topic, value, key=request_id.encode()
-        )
+        await producer.send_and_wait(config.erasure.requests_topic, value, key=request_id.encode())
     except KafkaError as exc:
         raise BrokerError(
             f"cannot send to {config.erasure.requests_topic} on {bootstrap}: "
@@ -153,9 +154,6 @@ async def _send(
         ) from None
     finally:
         await producer.stop()
-    if wait_s is None:
-        return None
-    return await _await_response(config, options, request_id, wait_s)
 
 
 async def _await_response(
