@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
 #: (key, value, partition or None)
 Outgoing = tuple[str | bytes | None, bytes, int | None]
 SendMany = Callable[[str, Sequence[Outgoing]], Awaitable[None]]
-Retry = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+#: The worker's retry: (what, operation, bounded) — bounded gives up after
+#: kafka.give_up_after_s (the worker then stops without committing).
+Retry = Callable[[str, Callable[[], Awaitable[Any]], bool], Awaitable[Any]]
 #: How often stage 1 looks in the ledger for releases of the sealed windows it keeps.
 LEDGER_POLL_INTERVAL_S = 1.0
 
@@ -96,11 +98,11 @@ class WorkerErasure:
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, ingest: IngestStage, release: ReleaseStage) -> None:
         """Read the whole log back (to a fence) before any record is processed."""
-        await self._retry("start the erasure log reader", self.log.start)
+        await self._retry("start the erasure log reader", self.log.start, False)
         self._ingest = ingest
         ingest.erasures = self.erasures
         ingest.keep_sealed = True
-        await self.catch_up()
+        await self.catch_up(bounded=False)
         self.erasures.forget(_released_before(release))
         self.metrics.erasures_active.set(len(self.erasures))
         log.info("erasure log loaded: %d erasures in force", len(self.erasures))
@@ -109,9 +111,9 @@ class WorkerErasure:
         await self.log.stop()
 
     # -- the log ------------------------------------------------------------------------------
-    async def catch_up(self) -> None:
+    async def catch_up(self, *, bounded: bool = True) -> None:
         """Read the log to a fresh fence and apply what is new."""
-        new = await self._retry("read the erasure log", self.log.catch_up)
+        new = await self._retry("read the erasure log", self.log.catch_up, bounded)
         self._apply(new)
 
     async def follow(self) -> None:

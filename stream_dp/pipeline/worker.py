@@ -379,7 +379,7 @@ class Worker:
                 metrics=self.metrics,
                 client_options=self._common,
                 send_many=self._send_many,
-                retry=lambda what, op: self._retry(what, op, bounded=False),
+                retry=lambda what, op, bounded: self._retry(what, op, bounded=bounded),
             )
             await self._erasure.start(self.ingest, self.release)
         self.metrics.ledger_windows_loaded.inc(len(self.ledger))

@@ -290,3 +290,73 @@ async def test_the_raw_id_of_an_erasure_appears_nowhere_downstream(
     assert [orjson.loads(v)["kind"] for _, v in erasures].count("erasure") == 1
     assert b"stream_dp_erasure_requests_applied_total 1.0" in metrics
     assert b"stream_dp_erased_events_dropped_total 0.0" not in metrics
+
+
+async def test_two_workers_release_every_window_once_and_without_the_erased_user(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    """Stage 1 and stage 2 of one window on different workers: the stage-1 side keeps the
+    sealed window until it sees the release in the ledger, the stage-2 side waits for
+    partials that applied the erasure; every window is still released, once."""
+    cfg = _config(config_factory)
+    config = load_config(cfg)
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    topics = topics_of(cfg)
+    workers = [start_worker(cfg, tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        expected = {
+            (topic, p)
+            for topic in (
+                config.input.topic,
+                config.output.repartition_topic,
+                config.output.partials_topic,
+                config.erasure.requests_topic,
+            )
+            for p in await topic_partitions(kafka_bootstrap, topic)
+        }
+        await wait_for_group(workers, expected, timeout_s=90)
+        await produce_events(
+            kafka_bootstrap,
+            topics["input"],
+            _window(0, 1, alice="alice", visits=1) + _window(1, 1, alice="alice", visits=2),
+        )
+        await read_topic(
+            kafka_bootstrap, topics["output"], until=windows_done(["visits"], 1), timeout_s=90
+        )
+        response = _erase(cfg, "Alice")
+        assert response["open_windows_affected"]["from"] == _iso(1)
+        await produce_events(
+            kafka_bootstrap,
+            topics["input"],
+            [e for n in range(2, 6) for e in _window(n, 1, alice="alice", visits=3)],
+        )
+        out = await read_topic(
+            kafka_bootstrap,
+            topics["output"],
+            until=windows_done(["visits"], 5),
+            timeout_s=90,
+            settle_s=1.0,
+        )
+    finally:
+        codes = [w.terminate() for w in workers]
+    assert codes == [0, 0], [w.log()[-3000:] for w in workers]
+    released = _released(out)
+    assert [released[(_iso(n), "own.example")] for n in range(5)] == [1, 0, 0, 0, 0]
+    assert all(released[(_iso(n), "shared.example")] == FILLERS for n in range(5))
+    ledger = await read_topic(kafka_bootstrap, topics["ledger"])
+    ids = ledger_release_ids(ledger)
+    assert len(ids) == 5 and all(len(v) == 1 for v in ids.values())
+    # Each release records how far its partials had applied the erasure log (the cut-off
+    # is auditable): the windows after the request applied it.
+    applied = {
+        orjson.loads(v)["window_start"]: orjson.loads(v).get("erasures_through", 0)
+        for _, v in ledger
+        if orjson.loads(v)["kind"] == "ledger"
+    }
+    # (positions are offsets in the one-partition log, fences included)
+    log_kinds = [
+        orjson.loads(v)["kind"]
+        for _, v in await read_topic(kafka_bootstrap, config.erasure.log_topic)
+    ]
+    erasure_at = log_kinds.index("erasure")
+    assert applied[_iso(0)] <= erasure_at < min(applied[_iso(n)] for n in range(2, 5))
