@@ -178,25 +178,31 @@ def test_a_kept_sealed_window_holds_its_offsets_until_released() -> None:
     assert wire.ingest.safe_offsets() == {0: 0}
 
 
-def test_stage_2_prefers_the_version_that_applied_more_erasures_in_any_order() -> None:
+@pytest.mark.parametrize("newer_first", [True, False])
+def test_stage_2_prefers_the_version_that_applied_more_erasures_in_any_order(
+    newer_first: bool,
+) -> None:
     wire = Wire()
     wire.ingest.ingest(0, _events(0, 1), now_s=NOW, now_mono_s=0)
     before = wire.ingest.seal(0, T0)
     wire.erase(_erasure(0))
     after = wire.ingest.seal(0, T0)
     assert after[0].erasures_through == 1 > before[0].erasures_through == 0
-    # the newer version first, then a stale copy (e.g. an old owner's): the stale one is
-    # a duplicate, never taken
-    for partials in (after, before):
+    # newer first, then a stale copy (an old owner's): the stale one is a duplicate; stale
+    # first: the newer one supersedes it. Either way one version, never a sum.
+    for partials in (after, before) if newer_first else (before, after):
         for partial in partials:
             wire.deliver([v for _, v in encode_partial(partial, max_bytes=MB)])
-    assert wire.metrics.partials_ignored.labels(reason="duplicate_version")._value.get() == 1
+    ignored = wire.metrics.partials_ignored
+    reason = "duplicate_version" if newer_first else "superseded"
+    assert ignored.labels(reason=reason)._value.get() == 1
     assert wire.release.erasures_applied(T0) == 1
     wire.pass_window(T0)
-    assert (
-        values(wire.release.compute_release(T0, now_s=NOW), "visits")['{"domain":"alice.example"}']
-        == 0
-    )
+    assert wire.released_value(T0) == {
+        '{"domain":"alice.example"}': 0,
+        '{"domain":"shared.example"}': 2,
+        "null": "window",
+    }
 
 
 def test_stage_0_never_repartitions_an_erased_users_events_under_either_key() -> None:
