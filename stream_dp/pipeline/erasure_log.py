@@ -5,7 +5,8 @@ position says "everything before it is applied") — by manual assignment, from 
 at start. :meth:`ErasureLog.catch_up` writes a fence and reads until it comes back (end
 offsets are unreliable on some brokers, BROKER.md), so afterwards every erasure recorded
 before the call is known; :meth:`ErasureLog.poll` takes whatever has arrived, without
-waiting. Both return the erasures new to the set, in log order, for the caller to apply.
+waiting. Both return the erasures new to the set, in log order, for the caller to apply —
+also those a failed earlier call read but could not hand over.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class ErasureLog:
         self._reader: AIOKafkaConsumer | None = None
         #: Malformed records skipped (a writer other than stream-dp): counted, never fatal.
         self.malformed = 0
+        #: Erasures read into the set but not yet returned to the caller.
+        self._unapplied: list[Erasure] = []
 
     async def start(self) -> None:
         reader = AIOKafkaConsumer(
@@ -90,7 +93,6 @@ class ErasureLog:
         key, value = encode_fence(fence_id)
         await self._send(key, value)
         fence = key.encode()
-        new: list[Erasure] = []
         last_progress = time.monotonic()
         while True:
             batch = await self._reader.getmany(timeout_ms=500, max_records=10_000)
@@ -103,19 +105,24 @@ class ErasureLog:
                 )
             done = False
             for messages in batch.values():
-                new.extend(self._feed(messages))
+                self._feed(messages)
                 done = done or any(m.key == fence for m in messages)
             if done:
-                return new
+                return self._hand_over()
 
     async def poll(self) -> list[Erasure]:
         """Whatever arrived since the last read, without waiting."""
         assert self._reader is not None, "start() first"
         batch = await self._reader.getmany(timeout_ms=0, max_records=10_000)
-        return [e for messages in batch.values() for e in self._feed(messages)]
+        for messages in batch.values():
+            self._feed(messages)
+        return self._hand_over()
 
-    def _feed(self, messages: Sequence[Any]) -> list[Erasure]:
-        new: list[Erasure] = []
+    def _hand_over(self) -> list[Erasure]:
+        new, self._unapplied = self._unapplied, []
+        return new
+
+    def _feed(self, messages: Sequence[Any]) -> None:
         for m in messages:
             if m.key is not None and m.key.startswith(FENCE_KEY_PREFIX.encode()):
                 self.erasures.advance(m.offset + 1)
@@ -135,5 +142,4 @@ class ErasureLog:
                 self.erasures.advance(m.offset + 1)
                 continue
             self.erasures.add(erasure)
-            new.append(erasure)
-        return new
+            self._unapplied.append(erasure)
