@@ -398,3 +398,13 @@ def test_record_schemas_work_alone(schema_file: str) -> None:
     for record in CASES[schema_file][0]:
         validator.validate(record)
     assert not any(validator.is_valid(record) for record in CASES[schema_file][1])
+
+
+def test_the_dead_letter_schema_lists_every_reason_the_worker_writes() -> None:
+    """misplaced_key and bad_internal_record were written but missing from the enum."""
+    from stream_dp.pipeline.decode import REASONS
+    from stream_dp.pipeline.erasure_records import BAD_REQUEST
+
+    schema = json.loads((TOPICS_DIR / "dead_letter.schema.json").read_text(encoding="utf-8"))
+    assert schema["properties"]["reason"]["enum"] == list(REASONS)
+    assert BAD_REQUEST in REASONS
