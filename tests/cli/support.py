@@ -27,7 +27,7 @@ class Result:
 
 
 async def arun_cli(
-    *args: str, timeout_s: float = 60.0, env: Mapping[str, str] | None = None
+    *args: str, timeout_s: float = 600.0, env: Mapping[str, str] | None = None
 ) -> Result:
     """``stream-dp ARGS`` to completion without blocking the event loop."""
     proc = await asyncio.create_subprocess_exec(
@@ -48,12 +48,12 @@ async def arun_cli(
     return Result(proc.returncode, out.decode(), err.decode())
 
 
-def run_cli(*args: str, timeout_s: float = 60.0, env: Mapping[str, str] | None = None) -> Result:
+def run_cli(*args: str, timeout_s: float = 600.0, env: Mapping[str, str] | None = None) -> Result:
     done = subprocess.run(
         cli_argv(*args),
         capture_output=True,
         text=True,
-        timeout=timeout_s,
+        timeout=timeout_s,  # a hang guard: commands end on their own; CI machines are slow
         env=None if env is None else dict(env),
         check=False,
     )

@@ -82,7 +82,7 @@ def test_chromium_reports_console_errors_of_a_broken_page(tmp_path: Path) -> Non
 @pytest.mark.kafka  # the demo starts its own embedded broker
 def test_the_demo_report_renders_in_chromium(tmp_path: Path) -> None:
     report = tmp_path / "demo-report.html"
-    result = run_cli("demo", "--fast", "--html", str(report), timeout_s=240)
+    result = run_cli("demo", "--fast", "--html", str(report))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"HTML report written to {report}" in result.stderr
     page = report.read_text(encoding="utf-8")

@@ -20,6 +20,11 @@ from stream_dp.config import load_config
 
 Record = tuple[str | None, dict[str, Any]]
 
+#: The least time a wait on a condition (records on a topic, a settled group) gives before
+#: it fails: these waits end as soon as the condition holds, so the bound only guards
+#: against a hang, and must hold on a loaded 2-core CI machine.
+HANG_GUARD_S = 300.0
+
 
 async def produce(
     bootstrap: str, topic: str, values: Iterable[bytes], key_of: Callable[[bytes], bytes | None]
@@ -76,7 +81,9 @@ async def read_topic(
     ``since_s``, only those stamped at or after that wall-clock time (``time.time()``).
 
     Reads until ``until(records)`` holds (then ``settle_s`` more to catch duplicates) or the
-    deadline passes; without ``until``, reads until nothing new arrives for 1 s.
+    deadline passes; without ``until``, reads until nothing new arrives for 1 s. With
+    ``until`` the deadline is a hang guard only (the read returns as soon as the condition
+    holds), so it is at least :data:`HANG_GUARD_S`: a loaded 2-core CI machine is slow.
     """
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
@@ -86,6 +93,8 @@ async def read_topic(
         consumer.assign([TopicPartition(topic, p) for p in parts])
         await consumer.seek_to_beginning()
         since_ms = -1 if since_s is None else since_s * 1000
+        if until is not None:
+            timeout_s = max(timeout_s, HANG_GUARD_S)
         deadline = time.monotonic() + timeout_s
         satisfied_at: float | None = None
         quiet_since = time.monotonic()
@@ -272,7 +281,9 @@ async def wait_for_group(
     workers: Sequence[WorkerProcess], expected: set[tuple[str, int]], timeout_s: float = 60.0
 ) -> list[set[tuple[str, int]]]:
     """Wait until the workers' consumer group has settled: every worker holds a non-empty
-    share of ``expected`` and the shares are disjoint and cover it. Returns the shares."""
+    share of ``expected`` and the shares are disjoint and cover it. Returns the shares (the
+    timeout is a hang guard, at least :data:`HANG_GUARD_S`)."""
+    timeout_s = max(timeout_s, HANG_GUARD_S)
     deadline = time.monotonic() + timeout_s
     while True:
         for w in workers:
