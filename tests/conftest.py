@@ -131,6 +131,7 @@ def config_factory(
                 "ledger_topic": f"ledger-{suffix}",
                 "partials_topic": f"partials-{suffix}",
                 "repartition_topic": f"repartition-{suffix}",
+                "continual_topic": f"continual-{suffix}",
             },
             # Tests' events start at 2020-08-01T00:00:00Z (T0 in their modules).
             "window": {
