@@ -120,6 +120,9 @@ ROUTED_MARK_KEY = "__progress__"
 #: Windows released per loop iteration at most (a backlog of empty windows after a long
 #: outage must not keep the loop from fetching, committing and heartbeating).
 MAX_RELEASES_PER_ITERATION = 32
+#: A window waiting for its predecessor's running-total state is looked at again after
+#: this long (each look writes fences to the continual and ledger topics).
+CONTINUAL_WAIT_RETRY_S = 0.5
 #: Topic metadata is refreshed this often, so partition-count changes are seen soon.
 METADATA_MAX_AGE_MS = 10_000
 
@@ -225,6 +228,8 @@ class Worker:
         self._continual_log: LedgerLog | None = None
         self._continual_topic = config.output.continual_topic
         self._continual_partitions: list[int] = []
+        #: window start → monotonic time before which a waiting window is not looked at again
+        self._continual_retry_at: dict[int, float] = {}
         self._lock = asyncio.Lock()
         self._faults = _TestFaults()
         self._consumer: AIOKafkaConsumer | None = None
@@ -764,6 +769,8 @@ class Worker:
         stage = self.release
         if not stage.continual_pending(window_start_s):
             return True
+        if time.monotonic() < self._continual_retry_at.get(window_start_s, -math.inf):
+            return False
         parts = self._continual_partitions
         targets = [parts[i] for i in stage.continual_partitions(window_start_s)]
         await self._catch_up_continual(targets)
@@ -777,7 +784,11 @@ class Worker:
             await self._catch_up_continual(targets)
             prepared = stage.prepare_continual(window_start_s)
             if prepared.waiting:
+                self._continual_retry_at = {
+                    window_start_s: time.monotonic() + CONTINUAL_WAIT_RETRY_S
+                }
                 return False
+        self._continual_retry_at.pop(window_start_s, None)
         if prepared.to_write:
             items: list[Outgoing] = []
             for draw in prepared.to_write:
