@@ -213,12 +213,12 @@ class CumulativeReleases:
         for q, horizon_s, before in todo:
             name = q.name
             chain: _Chain | None = None
-            if before is not None and before.fingerprint == q.fingerprint:
+            if before is not None and self._continues(q, before, horizon_s):
                 chain = self._chain_through(q, before)
             elif before is not None:
                 log.warning(
-                    "the plan or key list of a cumulative query changed: its running total "
-                    "restarts at this window",
+                    "the plan, key list or horizon of a cumulative query changed: its running "
+                    "total restarts at this window",
                     extra={"query": name, "window": iso_utc(window_start_s)},
                 )
             elif previous_s >= max(horizon_s, first_covered_s):
@@ -245,6 +245,16 @@ class CumulativeReleases:
             self._chains[(name, horizon_s)] = chain
             out.to_write.append(draw)
         return out
+
+    @staticmethod
+    def _continues(q: CumulativeQuery, before: StateDraw, horizon_s: int) -> bool:
+        """Whether the previous window's draw can be continued: same plan and key list,
+        same horizon (``horizon_origin`` unchanged) and room left in the counter."""
+        return (
+            before.fingerprint == q.fingerprint
+            and before.horizon_start_s == horizon_s
+            and before.step < q.continual.horizon_windows
+        )
 
     def _chain_through(self, q: CumulativeQuery, last: StateDraw) -> _Chain | None:
         """The chain's counter with the winning draws through ``last`` applied: the cached

@@ -502,3 +502,19 @@ def test_a_window_whose_budget_is_exhausted_keeps_the_chain_going_without_its_da
     assert odd.stage.continual_store.winner("running", T0 + S) is not None  # ...but a step
     # ...and window 2 continues the chain, without window 1's data
     assert _values(even.release(2)) == [3, 1, 0]
+
+
+def test_a_moved_horizon_origin_restarts_the_running_total_instead_of_overrunning_it() -> None:
+    """The plan's fingerprint does not hold the origin: a window whose horizon moved must not
+    continue a chain of the old horizon (its counter could run past T windows)."""
+    topics = Topics()
+    old = Node(config(queries=[cumulative(horizon_windows=8)]), topics, [0])
+    moved = iso_utc(T0 - 3 * S)  # window 1 is now step 5 of a horizon from T0 - 3 windows
+    new = Node(config(queries=[cumulative(horizon_windows=8, origin=moved)]), topics, [1])
+    old.deliver(0, COUNTS[0])
+    new.deliver(1, COUNTS[1])
+    assert _values(old.release(0)) == [3, 1, 0]
+    releases = new.release(1)
+    assert _values(releases) == [2, 0, 5]
+    assert releases is not None
+    assert releases[0].records[0].value["horizon_start"] == iso_utc(T0 + S)
