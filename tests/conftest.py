@@ -45,6 +45,7 @@ LONGEST_FIRST = (
     "tests/demo/test_demo_cli.py",
     "tests/integration/test_operations.py",
     "tests/integration/test_recovery.py",
+    "tests/integration/test_continual.py",
     "tests/integration/test_scale_out.py",
 )
 
