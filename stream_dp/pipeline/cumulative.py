@@ -11,7 +11,8 @@ for a due window w and every cumulative query q the ledger has no release of:
    nothing is drawn. Otherwise find the chain w continues — the winning draw P of the
    previous window (w − S) — and draw w's step on it, once, in memory. With no P:
    w starts a new chain when it is the first covered window of its horizon, or when w − S
-   is known released (the query is new, or its plan changed: the running total restarts,
+   is known released (the query is new, or its state was lost); a P drawn under another
+   plan, key list or horizon origin is not continued either (the running total restarts,
    ``horizon_start`` in the record says where); otherwise w *waits*: another worker has not
    made w − S durable yet, and w is not released this time (the transport first re-reads
    the ledger partition of w − S, which settles "released");
@@ -39,6 +40,11 @@ its session and the one that took over; "crash" = kill -9 at any point):
   fence, and every later draw names the draw it extends (``after``), so a chain never mixes
   two draws of one window. Its read cannot see a state of w that is not final: a winner is
   only ever the first complete draw before some reader's fence.
+- "w − S is released, yet has no draw of q" is only ever concluded from a ledger read
+  followed by a continual read: the releaser of w − S wrote (and had acknowledged) its
+  draws of every cumulative query before its first ledger record, so a draw it made is in
+  the later read. A draw of w − S made after its release (a stale owner) is never used:
+  nobody computes w − S again, and w + S continues w's winner.
 - w waits while w − S is neither durable nor known released; it never guesses. Windows are
   released in order, each waiting only for its predecessor, and a horizon's first covered
   window waits for nothing, so the earliest unreleased window can always go (no deadlock).
