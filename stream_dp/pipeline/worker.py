@@ -78,7 +78,7 @@ from stream_dp.pipeline.ledger import (
     encode_release,
     encode_rotation,
 )
-from stream_dp.pipeline.ledger_log import LedgerLog
+from stream_dp.pipeline.ledger_log import LedgerLog, LedgerReadError
 from stream_dp.pipeline.partials import RecordTooLargeError, encode_partial, encode_watermark
 from stream_dp.pipeline.records import dead_letter_record, dumps, output_partition
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
@@ -107,6 +107,9 @@ PAUSE_POINT_ENV = "STREAM_DP_TEST_PAUSE_POINT"
 #: Test-only: every write to the ledger topic waits this many seconds first (a slow ledger
 #: partition, for the chaos run). Same switch as the crash points.
 LEDGER_DELAY_ENV = "STREAM_DP_TEST_LEDGER_DELAY_S"
+#: Test-only: the first N ledger reads when partitions arrive fail (a broker hiccup while
+#: taking partitions). Same switch as the crash points.
+TAKE_FAILURES_ENV = "STREAM_DP_TEST_TAKE_FAILURES"
 
 MAX_RECORDS_PER_FETCH = 10_000
 FETCH_TIMEOUT_MS = 200
@@ -123,6 +126,9 @@ MAX_RELEASES_PER_ITERATION = 32
 #: A window waiting for its predecessor's running-total state is looked at again after
 #: this long (each look writes fences to the continual and ledger topics).
 CONTINUAL_WAIT_RETRY_S = 0.5
+#: A graceful stop (flush, commit, leave the group, close) takes at most this long in all,
+#: below the service's SHUTDOWN_TIMEOUT_S, even when the broker does not answer.
+SHUTDOWN_BUDGET_S = 20.0
 #: Topic metadata is refreshed this often, so partition-count changes are seen soon.
 METADATA_MAX_AGE_MS = 10_000
 
@@ -155,6 +161,7 @@ class _TestFaults:
         self.crash = self._parse(os.environ.get(CRASH_POINT_ENV, "") if allowed else "")
         self.pause = self._parse(os.environ.get(PAUSE_POINT_ENV, "") if allowed else "")
         self.ledger_delay_s = float(os.environ.get(LEDGER_DELAY_ENV, "0") or 0) if allowed else 0.0
+        self.take_failures = int(os.environ.get(TAKE_FAILURES_ENV, "0") or 0) if allowed else 0
 
     @staticmethod
     def _parse(spec: str) -> list[Any] | None:
@@ -466,25 +473,28 @@ class Worker:
 
     async def _shutdown(self, *, commit: bool) -> None:
         """Flush, commit what is safe (only on a graceful stop), leave the group. Open
-        windows are NOT released."""
+        windows are NOT released. Every step shares one deadline (SHUTDOWN_BUDGET_S), so an
+        unreachable broker cannot make the stop outlast the service's patience."""
+        deadline = time.monotonic() + SHUTDOWN_BUDGET_S
+
+        async def step(op: Callable[[], Awaitable[Any]]) -> None:
+            remaining = deadline - time.monotonic()
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(op(), timeout=max(0.1, remaining))
+
         try:
             if self._producer is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._producer.flush(), timeout=10)
+                await step(self._producer.flush)
             if commit and self._consumer is not None and self.ingest is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._commit(), timeout=10)
+                await step(self._commit)
         finally:
             if self._consumer is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._consumer.stop(), timeout=10)
+                await step(self._consumer.stop)
             for reader in (self._ledger_log, self._continual_log):
                 if reader is not None:
-                    with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                        await asyncio.wait_for(reader.stop(), timeout=10)
+                    await step(reader.stop)
             if self._producer is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._producer.stop(), timeout=10)
+                await step(self._producer.stop)
             self.health.set("partitions_assigned", False)
             self.health.set("producer_connected", False)
 
@@ -897,6 +907,7 @@ class Worker:
         self._to_take = []
         if pending:
             self._consumer.resume(*pending)
+            log.info("partitions taken: ledger read, state built, fetching resumed")
         self.health.set("partitions_assigned", bool(current))
 
     async def _take(self, assigned: list[TopicPartition]) -> None:
@@ -921,6 +932,9 @@ class Worker:
         if partials:
             # Another worker may have released windows of these partitions: read the
             # ledger to fresh fences before taking any of their partials.
+            if self._faults.take_failures > 0:
+                self._faults.take_failures -= 1
+                raise LedgerReadError("test fault: the ledger read failed")
             await self._catch_up_ledger(None, bounded=True)
             self.release.adopt_ledger()
             await self._republish_unpublished(set(partials))
@@ -1026,13 +1040,33 @@ class Worker:
             type(exc).__name__,
         )
 
+    async def _fetch(self) -> dict[TopicPartition, list[Any]] | None:
+        """The next batch, or None once a stop is requested. aiokafka's ``getmany`` ignores
+        its timeout while the member has no assignment (a rebalance that the members being
+        stopped one by one keep restarting): a stop must not wait for the group."""
+        assert self._consumer is not None
+        fetch = asyncio.ensure_future(
+            self._consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH)
+        )
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not fetch.done():
+                # Nothing fetched is lost: positions move only when getmany returns records.
+                fetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, KafkaError):
+                    await fetch
+        return fetch.result() if not fetch.cancelled() else None
+
     async def _loop(self) -> None:
         assert self._consumer is not None
         while not self._stopping.is_set():
             try:
-                batch = await self._consumer.getmany(
-                    timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH
-                )
+                batch = await self._fetch()
+                if batch is None:
+                    break
             except MEMBERSHIP_ERRORS as exc:
                 self._membership_lost(exc)
                 continue
