@@ -6,6 +6,10 @@ go through lists, so replay and the worker share every step but the transport â€
 included: a release is "ledgered" by feeding its encoded records to the ledger index, and
 what is published is the index's winner, as in the worker. Cumulative queries' state goes
 the same way through the continual topic's records (:mod:`.continual_state`).
+
+With ``erasures`` (README, "Erasure") both stages drop the erased users' events in the
+windows each erasure covers; every erasure is known before the first event, so every partial
+has applied them all, and each window's release writes its ``cut`` as the worker's does.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import random  # only the type of the reservoir/L0 sampling PRNG (see new_sampli
 from collections.abc import Callable, Sequence
 
 from stream_dp.config.model import Config
+from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.continual_state import ContinualStore, encode_state
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage, InputRecord
@@ -21,6 +26,7 @@ from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
     encode_coverage,
+    encode_cut,
     encode_progress,
     encode_published,
     encode_release,
@@ -28,6 +34,7 @@ from stream_dp.pipeline.ledger import (
 from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.continual.counter import NoiseSource
+from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.pseudonymize import KeyRing
 
 #: Receives every ledger record written, as (key, value), in log order.
@@ -51,6 +58,7 @@ class LocalPipeline:
         continual_store: ContinualStore | None = None,
         continual_sink: LedgerSink | None = None,
         continual_noise: NoiseSource | None = None,
+        erasures: ErasureSet | None = None,
     ) -> None:
         self.metrics = metrics if metrics is not None else Metrics()
         self._ledger_sink = ledger_sink
@@ -74,6 +82,10 @@ class LocalPipeline:
             sampling_rng=sampling_rng,
         )
         self.ingest_stage.source_partitions = partitions
+        self.erasures = erasures
+        if erasures is not None:
+            self.ingest_stage.erasures = erasures
+            self.ingest_stage.erasures_applied = erasures.position
         if partitions == 1:
             self.ingest_stage.enforce_user_keys = False
         self._partitions = partitions
@@ -179,6 +191,12 @@ class LocalPipeline:
         written, read back), then draw, ledger, publish the ledger's winners, record
         progress. None when a cumulative query must wait for its previous window."""
         stage = self.release
+        if self.erasures is not None:
+            self._write_ledger([encode_cut(window_start_s)])
+            if stage.erasures_applied(window_start_s) < self.erasures.required_position(
+                window_start_s
+            ):  # every erasure was known before the first event: cannot happen
+                raise PrivacyError("a partial missed an erasure it must apply")
         if stage.continual_pending(window_start_s):
             prepared = stage.prepare_continual(window_start_s)
             if prepared.waiting:

@@ -31,6 +31,10 @@ no complete draw: nothing was published, the window is rebuilt from the re-read 
 drawn then. A crash after 2 leaves a draw in the ledger: it is read back at start and
 whenever partials partitions move here, republished unchanged, never recomputed.
 
+Erasure (README, "Erasure"; ``erasure.enabled``): :class:`WorkerErasure` reads requests and
+the erasure log; before step 1 the releaser writes the window's ``cut`` and draws only once
+the window's partials applied the erasures recorded before it.
+
 Failures: a member told it lost its membership or generation (commit, heartbeat) counts it,
 keeps running and lets the group's rejoin hand it its partitions again (their state is
 dropped and rebuilt). A broker write that keeps failing for ``kafka.give_up_after_s`` stops
@@ -68,11 +72,13 @@ from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.continual_state import ContinualStore, encode_state
 from stream_dp.pipeline.decode import REASONS
+from stream_dp.pipeline.erasure_worker import WorkerErasure
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
     encode_coverage,
+    encode_cut,
     encode_progress,
     encode_published,
     encode_release,
@@ -274,6 +280,9 @@ class Worker:
         self._partials_topic = out.partials_topic
         self._ledger_topic = out.ledger_topic
         self._max_bytes = config.kafka.max_message_bytes
+        #: Erasure requests, log and release gate (README, Erasure); None when off.
+        self._erasure: WorkerErasure | None = None
+        self._requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
         for q in config.queries:
             self.metrics.add_query(q.name)
 
@@ -311,6 +320,8 @@ class Worker:
                 **common,
             )
             topics = {self._input_topic, self._stage1_topic, self._partials_topic}
+            if self._requests_topic is not None:
+                topics.add(self._requests_topic)
             self._consumer.subscribe(sorted(topics), listener=_Rebalance(self))
             await self._retry("start consumer", self._consumer.start, bounded=False)
             await self._loop()
@@ -408,6 +419,16 @@ class Worker:
             self.config, self.keyring, released=self.release, metrics=self.metrics
         )
         self.ingest.routed_partitions = max(1, len(self._routed_to))
+        if self.config.erasure.enabled:
+            self._erasure = WorkerErasure(
+                self.config,
+                self.keyring,
+                metrics=self.metrics,
+                client_options=self._common,
+                send_many=self._send_many,
+                retry=lambda what, op, bounded: self._retry(what, op, bounded=bounded),
+            )
+            await self._erasure.start(self.ingest, self.release)
         self.metrics.ledger_windows_loaded.inc(len(self.ledger))
         self.health.set("ledger_loaded", True)
         log.info(
@@ -493,6 +514,8 @@ class Worker:
             for reader in (self._ledger_log, self._continual_log):
                 if reader is not None:
                     await step(reader.stop)
+            if self._erasure is not None:
+                await step(self._erasure.stop)
             if self._producer is not None:
                 await step(self._producer.stop)
             self.health.set("partitions_assigned", False)
@@ -730,6 +753,10 @@ class Worker:
         r = self._partials_partition_of(window_start_s)
         if not self._owns(TopicPartition(self._partials_topic, r)):
             return False
+        if self._erasure is not None and not await self._erasure.ready_to_draw(
+            window_start_s, stage, self._write_cut
+        ):
+            return False  # a partial must first apply an erasure (stage 1 re-seals it)
         self._faults.reached("before_draw")
         if not await self._continue_running_totals(window_start_s):
             return False
@@ -758,6 +785,8 @@ class Worker:
             if not rel.published:
                 await self._publish(rel)
         cursor = stage.finish_window(window_start_s, winners, time.time())
+        if self._erasure is not None:
+            self._erasure.released(window_start_s)
         key, value = encode_progress(r, len(self._partials_partitions), cursor)
         await self._send_many(self._ledger_topic, [(key, value, ledger_partition)])
         log.info(
@@ -824,6 +853,13 @@ class Worker:
                     extra={"window": iso_utc(window_start_s)},
                 )
         return True
+
+    async def _write_cut(self, window_start_s: int) -> None:
+        """The window's ``cut`` (erasure on): acknowledged before the erasure log is read."""
+        key, value = encode_cut(window_start_s)
+        await self._send_many(
+            self._ledger_topic, [(key, value, self._ledger_partition_of(window_start_s))]
+        )
 
     # -- consuming ------------------------------------------------------------------------
     def _split(self, tps: Sequence[TopicPartition]) -> tuple[list[int], list[int], list[int]]:
@@ -992,6 +1028,9 @@ class Worker:
         self.ingest.revoke(stage1)
         self.release.revoke(partials)
         self.ingest.forget_routed(routed)
+        if self._erasure is not None:
+            requests = [tp.partition for tp in revoked if tp.topic == self._requests_topic]
+            self._erasure.revoke(requests)
         for p in routed:
             self._routed_positions.pop(p, None)
         for tp in revoked:
@@ -1011,6 +1050,11 @@ class Worker:
         out.update(
             (TopicPartition(self._input_topic, p), off) for p, off in self._routed_positions.items()
         )
+        if self._erasure is not None and self._requests_topic is not None:
+            out.update(
+                (TopicPartition(self._requests_topic, p), off)
+                for p, off in self._erasure.safe_offsets().items()
+            )
         return out
 
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
@@ -1089,6 +1133,9 @@ class Worker:
         waiting = set(self._to_take)
         if waiting:
             await self._take_assigned()
+        if self._erasure is not None:
+            await self._erasure.follow()
+        requests: list[tuple[int, list[tuple[int, bytes | None]]]] = []
         started = time.perf_counter()
         now, mono = time.time(), time.monotonic()
         dead: list[DeadLetter] = []
@@ -1103,6 +1150,9 @@ class Worker:
                 self.metrics.set_consumer_lag(tp.topic, tp.partition, high - msgs[-1].offset - 1)
             if tp.topic == self._partials_topic:
                 release.ingest(tp.partition, [(m.offset, m.value) for m in msgs])
+                continue
+            if tp.topic == self._requests_topic:
+                requests.append((tp.partition, [(m.offset, m.value) for m in msgs]))
                 continue
             records = [(m.offset, m.key, m.value) for m in msgs]
             if tp.topic == self._stage1_topic:
@@ -1130,6 +1180,15 @@ class Worker:
             ingest.restart_idle_clocks(mono)
         if batch:
             self._faults.reached("after_ingest")
+        if requests and self._erasure is not None:
+            dead.extend(
+                await self._erasure.handle_requests(
+                    requests,
+                    release=release,
+                    read_ledger=lambda: self._catch_up_ledger(None, bounded=True),
+                    include_payload=self.config.output.dead_letter_include_payload,
+                )
+            )
         if dead:
             await self._publish_dead_letters(dead)
         if not self._keyed and (
@@ -1154,11 +1213,18 @@ class Worker:
             sealed = ingest.due(mono)
             if sealed:
                 await self._publish_partials(sealed)
+            resealed = ingest.reseal_due()  # erasures reached sealed, unreleased windows
+            if resealed:
+                await self._publish_partials(resealed)
             if sealed or mono - self._marks_sent_mono >= WATERMARK_INTERVAL_S:
                 await self._publish_watermarks(mono)
             for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
                 if not await self._release_window(ws):
                     break
+            if self._erasure is not None:
+                ledger_log = self._ledger_log
+                assert ledger_log is not None
+                await self._erasure.housekeeping(ingest, release, ledger_log.poll, mono)
             watermark = release.watermark_s()
             if watermark is not None:
                 self.metrics.watermark.set(watermark)
