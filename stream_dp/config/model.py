@@ -748,6 +748,7 @@ class Config(BaseModel):
         )
         if erasure is not None:
             raise ValueError(erasure)
+        self._check_erasure_with_running_totals()
         shares = [QueryShare(q.name, q.epsilon, q.delta) for q in self.queries]
         check_window_budget(
             shares,
@@ -760,6 +761,28 @@ class Config(BaseModel):
             max_epsilon_per_horizon=self.privacy.max_epsilon_per_horizon,
         )
         return self
+
+    def _check_erasure_with_running_totals(self) -> None:
+        """An erasure keeps a user's events out of every release that begins after it. A
+        tree's or the √-factorisation's later draws add up exact totals of earlier windows
+        (their open blocks), so the erased user's events from windows released before the
+        request would feed releases after it; a per-window sum only adds each window's own
+        noisy total (post-processing of what was released)."""
+        if not self.erasure.enabled:
+            return
+        blocked = [
+            q.name
+            for q in self.queries
+            if q.cumulative and q.continual_mechanism != "per_window_sum"
+        ]
+        if blocked:
+            raise ValueError(
+                f"erasure.enabled cannot be combined with cumulative queries that draw on "
+                f"earlier windows' exact totals ({', '.join(blocked)}): an erased user's events "
+                "from windows released before the request would feed later running totals. "
+                "Set continual_mechanism: per_window_sum on them, or release: window, or "
+                "turn erasure off"
+            )
 
     def _check_continual_retention(self) -> None:
         """The continual topic must keep a horizon's state until its last window is out."""

@@ -69,6 +69,9 @@ class StateDraw:
     #: the previous window's winning draw this one extends (None: the chain's first window)
     after: str | None
     draws: WindowDraws
+    #: the erasure-log position every partial of the window's totals had applied (README,
+    #: Erasure); 0 when erasure is off
+    erasures_through: int = 0
 
     @property
     def step(self) -> int:
@@ -90,7 +93,7 @@ def continual_partition(query: str, horizon_start_s: int, partitions: int) -> in
 
 
 def _header(draw: StateDraw) -> dict[str, Any]:
-    return {
+    header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
         "query": draw.query,
@@ -100,6 +103,9 @@ def _header(draw: StateDraw) -> dict[str, Any]:
         "draw_id": draw.draw_id,
         "after": draw.after,
     }
+    if draw.erasures_through:
+        header["erasures_through"] = draw.erasures_through
+    return header
 
 
 def encode_state(draw: StateDraw, *, max_bytes: int) -> list[tuple[str, bytes]]:
@@ -194,6 +200,7 @@ class ContinualStore:
         draft = self._drafts.get(ident)
         if draft is None:
             header = {k: obj[k] for k in ("horizon_start", "chain_start", "after")}
+            header["erasures_through"] = int(obj.get("erasures_through", 0))
             draft = self._drafts[ident] = _Draft(parts, header)
         draft.received[part] = piece
         if len(draft.received) < draft.parts:
@@ -209,6 +216,7 @@ class ContinualStore:
             draw_id=draw_id,
             after=None if after is None else str(after),
             draws=merged,
+            erasures_through=int(draft.header["erasures_through"]),
         )
         if (query, window_s) in self._winners:
             if self._winners[(query, window_s)].draw_id != draw_id:

@@ -162,6 +162,8 @@ class CumulativeValues:
     #: the chain's start and the window's step in it (what the record states)
     position: HorizonPosition
     draw_id: str
+    #: the erasure-log position the window's totals had applied (the ledger records it)
+    erasures_through: int = 0
 
 
 class CumulativeReleases:
@@ -197,6 +199,7 @@ class CumulativeReleases:
         totals_of: Callable[[str], Mapping[GroupKey, KeyAggregate]],
         may_spend: Callable[[str], bool],
         previous_released: bool,
+        erasures_of: Callable[[str], int] = lambda name: 0,
     ) -> Preparation:
         """Draw the window's step of each query in ``names`` that has no winning draw yet,
         on the chain it continues (module docstring); nothing is written here."""
@@ -245,6 +248,7 @@ class CumulativeReleases:
                 draw_id=new_draw_id(),
                 after=chain.last_id,
                 draws=step.draws,
+                erasures_through=erasures_of(name),
             )
             # tentative: if this draw loses, the next use rebuilds the chain from the store
             chain.last_id, chain.values = draw.draw_id, step.values
@@ -317,7 +321,7 @@ class CumulativeReleases:
         position = HorizonPosition(
             chain.chain_start_s, winner.step, q.continual.horizon_windows, self.window_size_s
         )
-        return CumulativeValues(chain.values, position, winner.draw_id)
+        return CumulativeValues(chain.values, position, winner.draw_id, winner.erasures_through)
 
     def forget(self, released_before_s: int) -> None:
         """Drop the state of horizons whose every window starts before ``released_before_s``
@@ -404,4 +408,6 @@ def cumulative_release(
         delta_spent=cfg.delta,
         records=records,
         sources=sources,
+        # the values come from the window's state draw, whatever partials were taken since
+        erasures_through=found.erasures_through,
     )

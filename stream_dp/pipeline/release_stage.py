@@ -451,6 +451,10 @@ class ReleaseStage:
             cfg = self.cumulative.queries[name].config
             return self.accountant.can_charge(window_start_s, name, cfg.epsilon, cfg.delta)
 
+        def erasures_of(name: str) -> int:
+            taken = self._taken(pending, name, window_start_s)
+            return min((p.erasures_through for p in taken), default=0)
+
         return self.cumulative.prepare(
             window_start_s,
             self.continual_pending(window_start_s),
@@ -458,6 +462,7 @@ class ReleaseStage:
             totals_of=totals_of,
             may_spend=may_spend,
             previous_released=previous_released,
+            erasures_of=erasures_of,
         )
 
     def erasures_applied(self, window_start_s: int) -> int:

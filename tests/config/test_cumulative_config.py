@@ -98,3 +98,18 @@ def test_continual_retention_shorter_than_a_horizon_is_refused() -> None:
     assert output.continual_retention_ms == needed * 1000
     assert parse_config(config()).output.continual_retention_ms == -1  # default: forever
     assert parse_config(config()).output.continual_topic == "stream-dp.continual"
+
+
+def test_erasure_with_a_tree_or_factorisation_running_total_is_refused_with_the_fix() -> None:
+    """A tree's later nodes add up exact totals of windows released before an erasure, so an
+    erased user's events would feed releases after the request; a per-window sum adds only
+    each window's own noisy total, drawn after its cut."""
+    data = config(continual_mechanism="tree_honaker")
+    data["erasure"] = {"enabled": True}
+    with pytest.raises(ConfigError, match=r"erasure\.enabled cannot be combined.*visits_week"):
+        parse_config(data)
+    with pytest.raises(ConfigError, match="per_window_sum"):
+        parse_config({**config(), "erasure": {"enabled": True}})  # auto may pick a tree
+    allowed = config(continual_mechanism="per_window_sum")
+    allowed["erasure"] = {"enabled": True}
+    assert parse_config(allowed).erasure.enabled

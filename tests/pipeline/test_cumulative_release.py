@@ -518,3 +518,31 @@ def test_a_moved_horizon_origin_restarts_the_running_total_instead_of_overrunnin
     assert _values(releases) == [2, 0, 5]
     assert releases is not None
     assert releases[0].records[0].value["horizon_start"] == iso_utc(T0 + S)
+
+
+def test_with_erasure_a_per_window_sum_leaves_the_erased_user_out_and_records_the_position() -> (
+    None
+):
+    from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
+
+    cfg = config(queries=[cumulative(option="per_window_sum")])
+    erasures = ErasureSet()
+    erasures.add(Erasure(0, erasure_pseudonyms("a-0-0", KEYRING, "nfkc_casefold_strip"), LATER))
+    log: list[tuple[str, str, bytes]] = []
+    pipe = LocalPipeline(
+        cfg,
+        KEYRING,
+        erasures=erasures,
+        retain_ledger=True,
+        continual_sink=lambda k, v: log.append(("continual", k, v)),
+    )
+    pipe.ingest(0, events(COUNTS[:2]), now_s=LATER, now_mono_s=0.0)
+    releases = pipe.finish(now_s=LATER)
+    # user a-0-0 (one of window 0's three visits of a) is gone from every running total
+    assert running(releases) == {0: [2, 1, 0], 1: [4, 1, 5]}
+    assert {rel.erasures_through for rel in releases} == {1}
+    store = ContinualStore()
+    store.load([(k, v) for _, k, v in log])
+    winner = store.winner("running", T0)
+    assert winner is not None and winner.erasures_through == 1
+    schema_validator("continual.schema.json").validate(orjson.loads(log[0][2]))
