@@ -203,6 +203,7 @@ WORKER_TOPICS = (
     "ledger_topic",
     "partials_topic",
     "repartition_topic",
+    "continual_topic",
 )
 
 
@@ -225,6 +226,7 @@ def worker_config(
             "ledger_topic": f"bench-ledger-{suffix}",
             "partials_topic": f"bench-partials-{suffix}",
             "repartition_topic": f"bench-repartition-{suffix}",
+            "continual_topic": f"bench-continual-{suffix}",
         },
         "window": {
             "size_s": window_size_s,

@@ -45,6 +45,7 @@ LONGEST_FIRST = (
     "tests/demo/test_demo_cli.py",
     "tests/integration/test_operations.py",
     "tests/integration/test_recovery.py",
+    "tests/integration/test_continual.py",
     "tests/integration/test_scale_out.py",
 )
 
@@ -131,6 +132,7 @@ def config_factory(
                 "ledger_topic": f"ledger-{suffix}",
                 "partials_topic": f"partials-{suffix}",
                 "repartition_topic": f"repartition-{suffix}",
+                "continual_topic": f"continual-{suffix}",
             },
             # Tests' events start at 2020-08-01T00:00:00Z (T0 in their modules).
             "window": {

@@ -76,6 +76,7 @@ DERIVED_TOPICS = {
     "ledger_topic": "ledger",
     "partials_topic": "partials",
     "repartition_topic": "repartition",
+    "continual_topic": "continual",
 }
 #: The internal topics hold data for at least this long (see default_internal_retention_s).
 MIN_DEFAULT_INTERNAL_RETENTION_S = 6 * 3600
@@ -206,11 +207,27 @@ class OutputConfig(_Section):
         "max(6 h, 3 × (window.size_s + grace_s + idle_close_s))",
     )
     dead_letter_include_payload: bool = False
+    continual_topic: str = Field(
+        f"{DEFAULT_GROUP_ID}.continual",
+        description="internal: the running-total state of cumulative queries (exact "
+        "per-window totals of their public keys and noisy tree nodes; access-controlled)",
+    )
+    continual_retention_s: int | None = Field(
+        None,
+        ge=60,
+        description="retention of the continual topic; unset: forever. At least the longest "
+        "cumulative horizon (horizon_windows × window.size_s) plus internal_retention_s",
+    )
 
     @property
     def internal_retention_ms(self) -> int:
         """``internal_retention_s`` in the unit of Kafka's ``retention.ms``."""
         return self.internal_retention_s * 1000
+
+    @property
+    def continual_retention_ms(self) -> int:
+        """``continual_retention_s`` as Kafka's ``retention.ms`` (-1: forever)."""
+        return -1 if self.continual_retention_s is None else self.continual_retention_s * 1000
 
 
 class WindowConfig(_Section):
@@ -723,6 +740,7 @@ class Config(BaseModel):
                 "idle_close_s): open windows would lose their data; remove the key for the "
                 f"default ({default_internal_retention_s(self.window)} s here) or raise it"
             )
+        self._check_continual_retention()
         erasure = erasure_problem(
             self.erasure,
             internal_retention_s=self.output.internal_retention_s,
@@ -730,6 +748,7 @@ class Config(BaseModel):
         )
         if erasure is not None:
             raise ValueError(erasure)
+        self._check_erasure_with_running_totals()
         shares = [QueryShare(q.name, q.epsilon, q.delta) for q in self.queries]
         check_window_budget(
             shares,
@@ -742,6 +761,43 @@ class Config(BaseModel):
             max_epsilon_per_horizon=self.privacy.max_epsilon_per_horizon,
         )
         return self
+
+    def _check_erasure_with_running_totals(self) -> None:
+        """An erasure keeps a user's events out of every release that begins after it. A
+        tree's or the √-factorisation's later draws add up exact totals of earlier windows
+        (their open blocks), so the erased user's events from windows released before the
+        request would feed releases after it; a per-window sum only adds each window's own
+        noisy total (post-processing of what was released)."""
+        if not self.erasure.enabled:
+            return
+        blocked = [
+            q.name
+            for q in self.queries
+            if q.cumulative and q.continual_mechanism != "per_window_sum"
+        ]
+        if blocked:
+            raise ValueError(
+                f"erasure.enabled cannot be combined with cumulative queries that draw on "
+                f"earlier windows' exact totals ({', '.join(blocked)}): an erased user's events "
+                "from windows released before the request would feed later running totals. "
+                "Set continual_mechanism: per_window_sum on them, or release: window, or "
+                "turn erasure off"
+            )
+
+    def _check_continual_retention(self) -> None:
+        """The continual topic must keep a horizon's state until its last window is out."""
+        retention = self.output.continual_retention_s
+        spans = [q.horizon_windows * self.window.size_s for q in self.queries if q.horizon_windows]
+        if retention is None or not spans:
+            return
+        needed = max(spans) + self.output.internal_retention_s
+        if retention < needed:
+            raise ValueError(
+                f"output.continual_retention_s = {retention} is shorter than the longest "
+                f"cumulative horizon ({max(spans)} s) plus output.internal_retention_s "
+                f"({self.output.internal_retention_s} s): running totals would lose their "
+                f"state mid-horizon; set it to at least {needed} or remove it (forever)"
+            )
 
     def redacted(self) -> dict[str, Any]:
         """The configuration as plain data, secrets masked (safe to log or print)."""

@@ -358,8 +358,9 @@ class Metrics:
         )
         self.ledger_draws_discarded = Counter(
             "stream_dp_ledger_draws_discarded",
-            "Draws this worker ledgered that lost to an earlier complete draw of the same "
-            "(query, window) — two owners raced; the earlier one was published, this never.",
+            "Draws this worker ledgered (or wrote as a running total's state) that lost to "
+            "an earlier complete draw of the same (query, window) — two owners raced; the "
+            "earlier one was used, this never.",
             registry=r,
         )
         self.records_too_large = Counter(

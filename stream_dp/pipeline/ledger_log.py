@@ -1,4 +1,5 @@
-"""Reading the ledger topic to a known point, on any Kafka-protocol broker.
+"""Reading the ledger topic (or the continual topic) to a known point, on any
+Kafka-protocol broker.
 
 End offsets cannot be trusted to say "everything is read" (BROKER.md: the embedded broker
 reports the last batch's base offset + 1). So a reader writes a fence record with a fresh id
@@ -20,12 +21,12 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from stream_dp.errors import StreamDPError
-from stream_dp.pipeline.ledger import LedgerIndex, encode_fence
+from stream_dp.pipeline.ledger import encode_fence
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,12 @@ FETCH_MAX_WAIT_MS = 20
 SendOne = Callable[[str, bytes, int], Awaitable[None]]
 
 
+class LogIndex(Protocol):
+    """What a read log feeds: the ledger's index, or the continual topic's store."""
+
+    def feed(self, key: str, value: bytes | None) -> None: ...
+
+
 class LedgerReadError(StreamDPError):
     """The ledger could not be read to its fences (retriable: the broker may come back)."""
 
@@ -49,7 +56,7 @@ class LedgerLog:
     def __init__(
         self,
         topic: str,
-        index: LedgerIndex,
+        index: LogIndex,
         *,
         client_options: dict[str, Any],
         send: SendOne,

@@ -4,7 +4,8 @@ The worker joins :class:`IngestStage` and :class:`ReleaseStage` through the part
 and the ledger topic; here the same records (encoded and decoded exactly as on the topics)
 go through lists, so replay and the worker share every step but the transport — the ledger
 included: a release is "ledgered" by feeding its encoded records to the ledger index, and
-what is published is the index's winner, as in the worker.
+what is published is the index's winner, as in the worker. Cumulative queries' state goes
+the same way through the continual topic's records (:mod:`.continual_state`).
 
 With ``erasures`` (README, "Erasure") both stages drop the erased users' events in the
 windows each erasure covers; every erasure is known before the first event, so every partial
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from stream_dp.config.model import Config
 from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.continual_state import ContinualStore, encode_state
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage, InputRecord
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
@@ -31,6 +33,7 @@ from stream_dp.pipeline.ledger import (
 )
 from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
+from stream_dp.privacy.continual.counter import NoiseSource
 from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.pseudonymize import KeyRing
 
@@ -52,10 +55,14 @@ class LocalPipeline:
         sampling_rng: random.Random | None = None,
         exact_totals_observer: ExactTotalsObserver | None = None,
         retain_ledger: bool = False,
+        continual_store: ContinualStore | None = None,
+        continual_sink: LedgerSink | None = None,
+        continual_noise: NoiseSource | None = None,
         erasures: ErasureSet | None = None,
     ) -> None:
         self.metrics = metrics if metrics is not None else Metrics()
         self._ledger_sink = ledger_sink
+        self._continual_sink = continual_sink
         self.release = ReleaseStage(
             config,
             partials_partitions=partials_partitions,
@@ -64,6 +71,8 @@ class LocalPipeline:
             exact_totals_observer=exact_totals_observer,
             retain_ledger=retain_ledger,
             key_id_of=lambda ws: keyring.for_window(ws).key_id,
+            continual_store=continual_store,
+            continual_noise=continual_noise,
         )
         self.ingest_stage = IngestStage(
             config,
@@ -162,15 +171,25 @@ class LocalPipeline:
             if self._ledger_sink is not None:
                 self._ledger_sink(key, value)
 
+    def _write_continual(self, records: Sequence[tuple[str, bytes]]) -> None:
+        for key, value in records:
+            self.release.continual_store.feed(key, value)
+            if self._continual_sink is not None:
+                self._continual_sink(key, value)
+
     def _release_due(self, now_s: float) -> list[LedgerRelease]:
         out: list[LedgerRelease] = []
         for ws in self.release.due_windows():
-            out.extend(self.release_window(ws, now_s=now_s))
+            released = self.release_window(ws, now_s=now_s)
+            if released is None:
+                break  # waits for its previous window's state (never here: in order)
+            out.extend(released)
         return out
 
-    def release_window(self, window_start_s: int, *, now_s: float) -> list[LedgerRelease]:
-        """What the worker does with a due window: draw, ledger, publish the ledger's
-        winners, record progress."""
+    def release_window(self, window_start_s: int, *, now_s: float) -> list[LedgerRelease] | None:
+        """What the worker does with a due window: cumulative queries' state first (drawn,
+        written, read back), then draw, ledger, publish the ledger's winners, record
+        progress. None when a cumulative query must wait for its previous window."""
         stage = self.release
         if self.erasures is not None:
             self._write_ledger([encode_cut(window_start_s)])
@@ -178,6 +197,12 @@ class LocalPipeline:
                 window_start_s
             ):  # every erasure was known before the first event: cannot happen
                 raise PrivacyError("a partial missed an erasure it must apply")
+        if stage.continual_pending(window_start_s):
+            prepared = stage.prepare_continual(window_start_s)
+            if prepared.waiting:
+                return None
+            for draw in prepared.to_write:
+                self._write_continual(encode_state(draw, max_bytes=self._max_bytes))
         for rel in stage.compute_release(window_start_s, now_s=now_s):
             self._write_ledger(encode_release(rel, now_s=now_s, max_bytes=self._max_bytes))
         winners = stage.winners(window_start_s)

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from stream_dp.config.model import BoundsConfig, QueryConfig
-from stream_dp.errors import ConfigError
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.planner import QueryPlan, plan_query
 
@@ -29,14 +28,6 @@ class CompiledQuery:
     """
 
     def __init__(self, query: QueryConfig, bounds: BoundsConfig, fields: Sequence[str]) -> None:
-        if query.cumulative:
-            # Until the release stage and the ledger persist continual state (see
-            # stream_dp/privacy/continual/__init__.py), refuse at start, never mid-stream.
-            raise ConfigError(
-                f"query {query.name}: release: cumulative is planned by `stream-dp plan` and "
-                "implemented in the privacy core, but the worker and replay do not publish "
-                "running totals yet; use release: window for now (README, Continual release)"
-            )
         self.config = query
         self.name = query.name
         self.plan: QueryPlan = plan_query(query, bounds)

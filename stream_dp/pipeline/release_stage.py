@@ -32,6 +32,14 @@ from typing import Any
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.continual_state import ContinualStore
+from stream_dp.pipeline.cumulative import (
+    CumulativeQuery,
+    CumulativeReleases,
+    CumulativeValues,
+    Preparation,
+    cumulative_release,
+)
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease, OutputRecord, new_release_id
 from stream_dp.pipeline.partials import (
     Partial,
@@ -45,6 +53,7 @@ from stream_dp.pipeline.partials import (
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
 from stream_dp.pipeline.records import group_dict, output_key, release_record, window_record
 from stream_dp.privacy.budget import BudgetAccountant
+from stream_dp.privacy.continual.counter import NoiseSource
 from stream_dp.privacy.release import KeyAggregate, release_query
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
@@ -88,6 +97,9 @@ class ReleaseStage:
         exact_totals_observer: ExactTotalsObserver | None = None,
         retain_ledger: bool = False,
         key_id_of: Callable[[int], str] | None = None,
+        continual_store: ContinualStore | None = None,
+        continual_partitions: int = 1,
+        continual_noise: NoiseSource | None = None,
     ) -> None:
         self.config = config
         #: The pseudonym key id of a window (the keyring's; by default the configuration's).
@@ -105,6 +117,20 @@ class ReleaseStage:
         self.partials_partitions = partials_partitions
         fields, _, _ = needed_fields(config.queries)
         self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
+        #: Cumulative queries' running totals (module stream_dp.pipeline.cumulative): their
+        #: state lives in the continual topic, read and written by the transport.
+        store = continual_store if continual_store is not None else ContinualStore()
+        self.continual_store = store
+        cumulative = [
+            CumulativeQuery.of(q.config, q.plan) for q in self.queries if q.plan.continual
+        ]
+        self.cumulative = CumulativeReleases(
+            cumulative,
+            window_size_s=config.window.size_s,
+            partitions=continual_partitions,
+            store=store,
+            noise=continual_noise,
+        )
         self.accountant = BudgetAccountant(
             window_size_s=config.window.size_s,
             epsilon_per_window=config.privacy.epsilon_per_window,
@@ -343,13 +369,19 @@ class ReleaseStage:
         """
         window_end_s = self.windows.end_of(window_start_s)
         pending = self._pending(window_start_s)
-        to_draw: list[CompiledQuery] = []
+        to_draw: list[tuple[CompiledQuery, CumulativeValues | None]] = []
         for q in self.queries:
             if self.ledger.get(q.name, window_start_s) is not None:
                 continue
             cfg = q.config
             if self.accountant.query_spent(window_start_s, q.name) != (0.0, 0.0):
                 continue  # drawn by this process already; its draw lost or is in flight
+            found: CumulativeValues | None = None
+            if cfg.cumulative:
+                # from the winning draw in the continual state (prepare_continual first)
+                found = self.cumulative.values(q.name, window_start_s)
+                if found is None:
+                    continue
             if not self.accountant.can_charge(window_start_s, q.name, cfg.epsilon, cfg.delta):
                 self.metrics.budget_exhausted.labels(query=q.name).inc()
                 log.error(
@@ -358,17 +390,80 @@ class ReleaseStage:
                 )
                 continue
             self.accountant.charge(window_start_s, q.name, cfg.epsilon, cfg.delta)
-            to_draw.append(q)
+            to_draw.append((q, found))
         horizon = self.horizon_spent(window_start_s)
         out = []
-        for q in to_draw:
+        for q, found in to_draw:
             taken = self._taken(pending, q.name, window_start_s)
-            aggregates = merge_totals(taken)
             sources = {p.source_partition: p.version for p in taken}
+            if found is not None:
+                out.append(
+                    cumulative_release(
+                        self.cumulative.queries[q.name],
+                        found,
+                        window_start_s=window_start_s,
+                        window_end_s=window_end_s,
+                        horizon_epsilon_spent=horizon,
+                        sources=sources,
+                    )
+                )
+                continue
+            aggregates = merge_totals(taken)
             rel = self._release(q, window_start_s, window_end_s, aggregates, sources, horizon)
             rel.erasures_through = min((p.erasures_through for p in taken), default=0)
             out.append(rel)
         return out
+
+    # -- cumulative queries (stream_dp.pipeline.cumulative) ---------------------------------
+    def continual_pending(self, window_start_s: int) -> list[str]:
+        """Cumulative queries of the window the ledger has no release of."""
+        return [
+            name
+            for name in self.cumulative.queries
+            if self.ledger.get(name, window_start_s) is None
+        ]
+
+    def continual_partitions(self, window_start_s: int) -> list[int]:
+        """The continual partitions holding the state the window's pending cumulative
+        queries continue (read them to a fence before :meth:`prepare_continual`)."""
+        return sorted(
+            {
+                self.cumulative.partition_of(name, window_start_s)
+                for name in self.continual_pending(window_start_s)
+            }
+        )
+
+    def prepare_continual(self, window_start_s: int) -> Preparation:
+        """Draw the window's step of every pending cumulative query that has no winning
+        draw yet (in memory: the transport writes and reads back ``to_write`` before
+        :meth:`compute_release`), or say which must wait for the previous window."""
+        assert self.coverage_start_s is not None
+        pending = self._pending(window_start_s)
+        previous_s = window_start_s - self.windows.size_s
+        previous_released = self.released(previous_s) or any(
+            self.ledger.get(q.name, previous_s) is not None for q in self.queries
+        )
+
+        def totals_of(name: str) -> Mapping[tuple[Any, ...], KeyAggregate]:
+            return merge_totals(self._taken(pending, name, window_start_s))
+
+        def may_spend(name: str) -> bool:
+            cfg = self.cumulative.queries[name].config
+            return self.accountant.can_charge(window_start_s, name, cfg.epsilon, cfg.delta)
+
+        def erasures_of(name: str) -> int:
+            taken = self._taken(pending, name, window_start_s)
+            return min((p.erasures_through for p in taken), default=0)
+
+        return self.cumulative.prepare(
+            window_start_s,
+            self.continual_pending(window_start_s),
+            first_covered_s=self.coverage_start_s,
+            totals_of=totals_of,
+            may_spend=may_spend,
+            previous_released=previous_released,
+            erasures_of=erasures_of,
+        )
 
     def erasures_applied(self, window_start_s: int) -> int:
         """The erasure-log position every partial the window would merge has applied: the
@@ -459,9 +554,7 @@ class ReleaseStage:
             self._observe_exact(q.name, window_start_s, aggregates)
         result = release_query(aggregates, q.plan)
         release_id = new_release_id()
-        selection = (
-            q.plan.selection.record_parameters() if q.plan.selection is not None else None
-        )
+        selection = q.plan.selection.record_parameters() if q.plan.selection is not None else None
         groups = [group_dict(cfg.group_by, v.group) for v in result.values]
         records = [
             OutputRecord(
@@ -538,7 +631,14 @@ class ReleaseStage:
         self.metrics.last_release.set(now_s)
         if not self._retain_ledger:
             self.ledger.forget(self.released)
+        self.forget_finished_horizons()
         return self.cursor(r)
+
+    def forget_finished_horizons(self) -> None:
+        """Drop (and skip when read) the continual state of horizons whose every window is
+        released: every window before the smallest cursor."""
+        if self.cumulative.queries and self.coverage_start_s is not None:
+            self.cumulative.forget(min(self.cursor(p) for p in range(self.partials_partitions)))
 
     def watermark_s(self) -> float | None:
         """The slowest source watermark over assigned partials partitions (for /metrics)."""

@@ -8,7 +8,10 @@ and released once through the same engine, ledger format and budget as the worke
 that draws new noise and spends its own budget: two runs over one file, both shared, cost
 twice the ε (and averaging them halves the noise). With ``ledger_path`` the run keeps a
 ledger file (the ledger topic's records as JSON lines): windows already in it are reprinted
-with their recorded values and never drawn again, and new draws are appended to it.
+with their recorded values and never drawn again, and new draws are appended to it. The
+running-total state of cumulative queries goes into the same file (lines marked
+``"topic": "continual"``; they hold exact per-window totals: keep the file as private as
+the input), so a later run continues their horizons without drawing any window again.
 
 The first covered window is ``window.start_at``, else the ledger's, else the window of the
 first event read — which depends on the data: set ``window.start_at`` for output you share.
@@ -31,6 +34,7 @@ import orjson
 from stream_dp.config.model import Config
 from stream_dp.errors import ConfigError
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.continual_state import ContinualStore
 from stream_dp.pipeline.erasure_replay import read_erasure_file
 from stream_dp.pipeline.ingest import DeadLetter, InputRecord
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
@@ -86,8 +90,13 @@ def _batches(path: Path, result: ReplayResult) -> Iterator[list[InputRecord]]:
             yield batch
 
 
-def read_ledger_file(path: Path) -> LedgerIndex:
-    """A ledger file's records (JSON lines of ``{"key": ..., "value": {...}}``) in order."""
+#: The marker of continual-topic records in a ledger file.
+CONTINUAL_TOPIC = "continual"
+
+
+def read_ledger_file(path: Path, continual: ContinualStore | None = None) -> LedgerIndex:
+    """A ledger file's records (JSON lines of ``{"key": ..., "value": {...}}``) in order;
+    lines marked ``"topic": "continual"`` go to ``continual`` (skipped without one)."""
     index = LedgerIndex()
     if not path.exists():
         return index
@@ -100,7 +109,12 @@ def read_ledger_file(path: Path) -> LedgerIndex:
             continue
         try:
             entry = orjson.loads(line)
-            index.feed(str(entry["key"]), orjson.dumps(entry["value"]))
+            value = orjson.dumps(entry["value"])
+            if entry.get("topic") == CONTINUAL_TOPIC:
+                if continual is not None:
+                    continual.feed(str(entry["key"]), value)
+            else:
+                index.feed(str(entry["key"]), value)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigError(
                 f"--ledger {path} line {number} is not a ledger record ({exc}); pass the "
@@ -123,7 +137,8 @@ def replay_file(
     erasures = (
         read_erasure_file(erasures_path, config, keyring) if erasures_path is not None else None
     )
-    ledger = read_ledger_file(ledger_path) if ledger_path is not None else None
+    continual = ContinualStore()
+    ledger = read_ledger_file(ledger_path, continual) if ledger_path is not None else None
     recorded = {(r.query, r.window_start_s) for r in ledger.releases()} if ledger else set()
     sink: IO[bytes] | None = None
     if ledger_path is not None:
@@ -136,6 +151,11 @@ def replay_file(
         assert sink is not None
         sink.write(orjson.dumps({"key": key, "value": orjson.Fragment(value)}) + b"\n")
 
+    def append_continual(key: str, value: bytes) -> None:
+        assert sink is not None
+        line = {"topic": CONTINUAL_TOPIC, "key": key, "value": orjson.Fragment(value)}
+        sink.write(orjson.dumps(line) + b"\n")
+
     try:
         pipeline = LocalPipeline(
             config,
@@ -143,6 +163,8 @@ def replay_file(
             metrics=metrics,
             ledger=ledger,
             ledger_sink=append if sink is not None else None,
+            continual_store=continual,
+            continual_sink=append_continual if sink is not None else None,
             retain_ledger=True,
             erasures=None if erasures is None else erasures.erasures,
         )

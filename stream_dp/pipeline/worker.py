@@ -14,7 +14,10 @@ partitions of all of them over the members. One code path: a single worker runs 
 * Stage 2 (partials partitions, :class:`ReleaseStage`): merge one version per source
   partition; every covered window, once every source has passed it, is released once:
 
-1. check this member still owns the window's partials partition, then draw the release
+1. check this member still owns the window's partials partition; for cumulative queries,
+   continue their running totals' state (:mod:`stream_dp.pipeline.cumulative`: read the
+   continual partition to a fence, draw the window's step once, write it, read it back —
+   or wait while the previous window's state is not durable); then draw the release
    (noise, budget charged) — in memory only;
 2. write every ledger part to the window's ledger partition and wait for the broker's
    acknowledgement; 3. write a fence behind them and read that partition back to it;
@@ -67,6 +70,7 @@ from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.continual_state import ContinualStore, encode_state
 from stream_dp.pipeline.decode import REASONS
 from stream_dp.pipeline.erasure_worker import WorkerErasure
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
@@ -100,6 +104,7 @@ CRASH_POINTS = (
     "after_partials_write",
     "before_draw",
     "after_ledger_readback",
+    "after_continual_write",
 )
 #: Test-only: ``<point>:<n>:<seconds>`` freezes the whole process (SIGSTOP to itself, then a
 #: helper sends SIGCONT after the pause) at the n-th visit of a point — a GC pause or VM
@@ -124,6 +129,9 @@ ROUTED_MARK_KEY = "__progress__"
 #: Windows released per loop iteration at most (a backlog of empty windows after a long
 #: outage must not keep the loop from fetching, committing and heartbeating).
 MAX_RELEASES_PER_ITERATION = 32
+#: A window waiting for its predecessor's running-total state is looked at again after
+#: this long (each look writes fences to the continual and ledger topics).
+CONTINUAL_WAIT_RETRY_S = 0.5
 #: A graceful stop (flush, commit, leave the group, close) takes at most this long in all,
 #: below the service's SHUTDOWN_TIMEOUT_S, even when the broker does not answer.
 SHUTDOWN_BUDGET_S = 20.0
@@ -228,6 +236,13 @@ class Worker:
         self.release: ReleaseStage | None = None
         self.ledger = LedgerIndex()
         self._ledger_log: LedgerLog | None = None
+        #: Cumulative queries' running-total state (the continual topic), when there are any.
+        self.continual_store = ContinualStore()
+        self._continual_log: LedgerLog | None = None
+        self._continual_topic = config.output.continual_topic
+        self._continual_partitions: list[int] = []
+        #: window start → monotonic time before which a waiting window is not looked at again
+        self._continual_retry_at: dict[int, float] = {}
         self._lock = asyncio.Lock()
         self._faults = _TestFaults()
         self._consumer: AIOKafkaConsumer | None = None
@@ -343,6 +358,19 @@ class Worker:
             self._ledger_topic: len(self._ledger_partitions),
             self._partials_topic: len(self._partials_partitions),
         }
+        if any(q.cumulative for q in self.config.queries):
+            self._continual_partitions = await self._retry(
+                "continual topic metadata",
+                lambda: self._producer_partitions(self._continual_topic),
+                bounded=False,
+            )
+            self._topology[self._continual_topic] = len(self._continual_partitions)
+            self._continual_log = LedgerLog(
+                self._continual_topic,
+                self.continual_store,
+                client_options=self._common,
+                send=lambda k, v, p: self._send(self._continual_topic, k, v, partition=p),
+            )
         self._ledger_log = LedgerLog(
             self._ledger_topic,
             self.ledger,
@@ -364,6 +392,8 @@ class Worker:
             metrics=self.metrics,
             exact_totals_observer=self._observe_exact,
             key_id_of=lambda ws: self.keyring.for_window(ws).key_id,
+            continual_store=self.continual_store,
+            continual_partitions=max(1, len(self._continual_partitions)),
         )
         if self.ledger.partials_partitions not in (None, len(self._partials_partitions)):
             raise TopologyError(
@@ -375,6 +405,16 @@ class Worker:
             )
         self.release.set_coverage(coverage)
         self.release.adopt_ledger()
+        if self._continual_log is not None:
+            # Horizons whose every window is released are skipped while reading.
+            self.release.forget_finished_horizons()
+            continual_log = self._continual_log
+            await self._retry(
+                "start continual reader",
+                lambda: continual_log.start(self._continual_partitions),
+                bounded=False,
+            )
+            await self._catch_up_continual(None, bounded=False)
         self.ingest = IngestStage(
             self.config, self.keyring, released=self.release, metrics=self.metrics
         )
@@ -471,8 +511,9 @@ class Worker:
         finally:
             if self._consumer is not None:
                 await step(self._consumer.stop)
-            if self._ledger_log is not None:
-                await step(self._ledger_log.stop)
+            for reader in (self._ledger_log, self._continual_log):
+                if reader is not None:
+                    await step(reader.stop)
             if self._erasure is not None:
                 await step(self._erasure.stop)
             if self._producer is not None:
@@ -549,6 +590,16 @@ class Worker:
         ledger_log = self._ledger_log
         await self._retry(
             "read the ledger", lambda: ledger_log.catch_up(partitions), bounded=bounded
+        )
+
+    async def _catch_up_continual(
+        self, partitions: Sequence[int] | None, *, bounded: bool = True
+    ) -> None:
+        """Read the continual topic to fresh fences on ``partitions`` (None: all)."""
+        assert self._continual_log is not None
+        reader = self._continual_log
+        await self._retry(
+            "read the continual topic", lambda: reader.catch_up(partitions), bounded=bounded
         )
 
     async def _producer_partitions(self, topic: str) -> list[int]:
@@ -707,6 +758,8 @@ class Worker:
         ):
             return False  # a partial must first apply an erasure (stage 1 re-seals it)
         self._faults.reached("before_draw")
+        if not await self._continue_running_totals(window_start_s):
+            return False
         drawn = stage.compute_release(window_start_s, now_s=time.time())
         ledger_partition = self._ledger_partition_of(window_start_s)
         for rel in drawn:
@@ -746,6 +799,61 @@ class Worker:
         )
         return True
 
+    async def _continue_running_totals(self, window_start_s: int) -> bool:
+        """Cumulative queries of a due window: read their state to a fence, draw the
+        window's step on the previous window's winning draw, write it and read it back —
+        so that compute_release takes the winning draw (stream_dp.pipeline.cumulative).
+        False when the previous window's state is not durable yet: the window waits."""
+        assert self.release is not None
+        stage = self.release
+        if not stage.continual_pending(window_start_s):
+            return True
+        if time.monotonic() < self._continual_retry_at.get(window_start_s, -math.inf):
+            return False
+        parts = self._continual_partitions
+        targets = [parts[i] for i in stage.continual_partitions(window_start_s)]
+        await self._catch_up_continual(targets)
+        prepared = stage.prepare_continual(window_start_s)
+        if prepared.waiting:
+            # Released meanwhile by its owner? Its ledger partition says (its state, if
+            # any, was written before its ledger records and is read again after them).
+            previous = window_start_s - self.windows.size_s
+            await self._catch_up_ledger([self._ledger_partition_of(previous)], bounded=True)
+            stage.adopt_ledger()
+            await self._catch_up_continual(targets)
+            prepared = stage.prepare_continual(window_start_s)
+            if prepared.waiting:
+                self._continual_retry_at = {
+                    window_start_s: time.monotonic() + CONTINUAL_WAIT_RETRY_S
+                }
+                return False
+        self._continual_retry_at.pop(window_start_s, None)
+        if prepared.to_write:
+            items: list[Outgoing] = []
+            for draw in prepared.to_write:
+                target = parts[stage.cumulative.partition_of(draw.query, draw.window_start_s)]
+                items.extend(
+                    (k, v, target) for k, v in encode_state(draw, max_bytes=self._max_bytes)
+                )
+            await self._send_many(self._continual_topic, items)
+            self._faults.reached("after_continual_write")
+            # The first complete draw in log order is now final: ours, or an earlier one.
+            await self._catch_up_continual(targets)
+            lost = [
+                d
+                for d in prepared.to_write
+                if getattr(self.continual_store.winner(d.query, d.window_start_s), "draw_id", None)
+                != d.draw_id
+            ]
+            if lost:
+                self.metrics.ledger_draws_discarded.inc(len(lost))
+                log.warning(
+                    "another owner wrote this window's running-total state first: its draw "
+                    "is used, not ours",
+                    extra={"window": iso_utc(window_start_s)},
+                )
+        return True
+
     async def _write_cut(self, window_start_s: int) -> None:
         """The window's ``cut`` (erasure on): acknowledged before the erasure log is read."""
         key, value = encode_cut(window_start_s)
@@ -781,7 +889,7 @@ class Worker:
                 count,
             )
             self._topology[topic] = count
-            if topic in (self._partials_topic, self._ledger_topic):
+            if topic in (self._partials_topic, self._ledger_topic, self._continual_topic):
                 raise TopologyError(
                     f"the partition count of {topic} changed from {before} to {count}: each "
                     "window must keep one owner and one ledger partition. Restore the count, "
@@ -850,6 +958,8 @@ class Worker:
             self.ingest.routed_partitions = self.ingest.source_partitions
         await self._topic_partitions(self._partials_topic)
         await self._topic_partitions(self._ledger_topic)
+        if self._continual_log is not None:
+            await self._topic_partitions(self._continual_topic)
         now_mono = time.monotonic()
         self.ingest.assign(stage1, now_mono, routed=not self._keyed)
         self.ingest.assign_routed(routed, now_mono)

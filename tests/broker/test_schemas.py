@@ -104,6 +104,27 @@ REPARTITIONED: dict[str, Any] = {
     "src": [1, 1041],
 }
 PROGRESS: dict[str, Any] = {"t": 1596283200.25, "idle_s": 0.5, "src": [1, -1]}
+CONTINUAL: dict[str, Any] = {
+    "schema_version": 1,
+    "kind": "continual_state",
+    "query": "visits_since_monday",
+    "window_start": "2024-01-01T05:00:00Z",
+    "horizon_start": "2024-01-01T00:00:00Z",
+    "chain_start": "2024-01-01T00:00:00Z",
+    "draw_id": "7c" * 16,
+    "after": "3e" * 16,
+    "part": 0,
+    "parts": 1,
+    "draws": {
+        "schema_version": 1,
+        "kind": "continual_draws",
+        "fingerprint": "0a" * 16,
+        "step": 6,
+        "key_offset": 0,
+        "noisy": [[1203, -4, 17], [2350, 3, 40]],
+        "exact_totals": [1190, 0, 22],
+    },
+}
 ERASURE_REQUEST: dict[str, Any] = {
     "user_id": "alice@example.com",
     "requested_at": "2020-08-01T12:00:00+02:00",
@@ -275,6 +296,25 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**SOURCE_WATERMARK, "idle_for_s": -1},
             {**SOURCE_WATERMARK, "idle_for_s": "12s"},
             {**SOURCE_WATERMARK, "idle_for_s": None},
+        ],
+    ),
+    "continual.schema.json": (
+        [
+            CONTINUAL,
+            {**CONTINUAL, "after": None, "part": 1, "parts": 2},
+            deep_merge(CONTINUAL, {"draws": {"exact_totals": None, "key_offset": 3}}),
+            FENCE,
+        ],
+        [
+            _without(CONTINUAL, "after"),
+            {**CONTINUAL, "parts": 0},
+            {**CONTINUAL, "window_start": "2024-01-01 05:00"},
+            {**CONTINUAL, "user_id": "u1"},
+            deep_merge(CONTINUAL, {"draws": {"step": 0}}),
+            deep_merge(CONTINUAL, {"draws": {"noisy": [[1.5]]}}),
+            deep_merge(CONTINUAL, {"draws": {"fingerprint": "not-hex"}}),
+            deep_merge(CONTINUAL, {"draws": {"exact_totals": []}}),
+            {**FENCE, "kind": "checkpoint"},
         ],
     ),
     "erasure.schema.json": (

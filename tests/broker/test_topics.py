@@ -46,6 +46,8 @@ def test_definitions_match_the_config(config_factory: ConfigFactory) -> None:
         # internal: hours, not days (the test config's 10 s windows → the 6 h floor)
         config.output.partials_topic: (6, "delete", SIX_HOURS_MS, "partials.schema.json"),
         config.output.repartition_topic: (4, "delete", SIX_HOURS_MS, "repartition.schema.json"),
+        # internal: the running totals' state, kept unless output.continual_retention_s says
+        config.output.continual_topic: (3, "delete", "-1", "continual.schema.json"),
     }
     resolved = resolve_all(config)
     got = {
@@ -228,6 +230,7 @@ async def test_apply_topics_creates_only_missing_ones(
             config.output.ledger_topic,
             config.output.partials_topic,
             config.output.repartition_topic,
+            config.output.continual_topic,
         ]
     )
     assert await apply_topics(config) == [config.input.topic]
@@ -257,6 +260,7 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
         config.output.ledger_topic,
         config.output.partials_topic,
         config.output.repartition_topic,
+        config.output.continual_topic,
     ]
 
     first = _stream_dp("topics", "apply", "--config", str(path))
@@ -264,7 +268,7 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
     assert sorted(line.split()[1] for line in first.stdout.splitlines() if "created:" in line) == (
         sorted(names)
     )
-    assert "6 created, 0 already present" in first.stdout
+    assert "7 created, 0 already present" in first.stdout
 
     second = _stream_dp("topics", "apply", "--config", str(path))
     assert second.returncode == 0, second.stderr
@@ -276,7 +280,7 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
     ) == sorted(names)
 
     assert await _partitions(kafka_bootstrap, names) == dict(
-        zip(names, [4, 3, 1, 3, 6, 4], strict=True)
+        zip(names, [4, 3, 1, 3, 6, 4, 3], strict=True)
     )
     ledger = await _topic_configs(kafka_bootstrap, config.output.ledger_topic)
     assert ledger["cleanup.policy"] == "compact"
@@ -304,12 +308,12 @@ async def test_cli_dry_run_changes_nothing(
     result = _stream_dp("topics", "apply", "--config", str(path), "--dry-run")
     assert result.returncode == 0, result.stderr
     would = [line for line in result.stdout.splitlines() if line.startswith("would create: ")]
-    assert len(would) == 6
+    assert len(would) == 7
     assert (
         f"would create: {config.output.partials_topic} (6 partitions, replication broker "
         f"default, cleanup.policy=delete, retention.ms={SIX_HOURS_MS})"
     ) in would
-    assert "dry run: 6 would be created, 0 already present" in result.stdout
+    assert "dry run: 7 would be created, 0 already present" in result.stdout
     assert await _existing(kafka_bootstrap) == before  # not one topic created
 
 
@@ -343,7 +347,7 @@ async def test_apply_reports_existing_topics_that_differ(
         f"differs: {partials}: partitions 2, definition 6; cleanup.policy not set, definition "
         f"delete; retention.ms {SEVEN_DAYS_MS}, definition {SIX_HOURS_MS}"
     ) in result.stdout
-    assert "5 created, 1 already present" in result.stdout
+    assert "6 created, 1 already present" in result.stdout
     assert "1 differs from the definitions and stay as they are" in result.stdout
     # left as it was
     assert (await _partitions(kafka_bootstrap, [partials]))[partials] == 2
@@ -351,8 +355,8 @@ async def test_apply_reports_existing_topics_that_differ(
 
     again = _stream_dp("topics", "apply", "--config", str(path))
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("already present: ") == 5
-    assert "0 created, 6 already present" in again.stdout
+    assert again.stdout.count("already present: ") == 6
+    assert "0 created, 7 already present" in again.stdout
 
 
 def test_cli_apply_refuses_embedded(config_factory: ConfigFactory) -> None:

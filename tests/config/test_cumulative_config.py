@@ -82,3 +82,34 @@ def test_budget_is_charged_per_window_as_for_window_queries() -> None:
     data["queries"].pop()
     with pytest.raises(ConfigError, match=r"19\.2 over the horizon"):
         parse_config(data)
+
+
+def test_continual_retention_shorter_than_a_horizon_is_refused() -> None:
+    """The continual topic holds the running totals' state (exact per-window totals): it may
+    keep them for less than forever, but never for less than a horizon plus the internal
+    retention, or a horizon would lose its state mid-way."""
+    data = config()  # 168 hourly windows: 604,800 s, plus output.internal_retention_s
+    data["output"] = {"continual_retention_s": 604_800}
+    with pytest.raises(ConfigError, match=r"continual_retention_s = 604800 is shorter than"):
+        parse_config(data)
+    needed = 168 * 3600 + parse_config(config()).output.internal_retention_s
+    data["output"] = {"continual_retention_s": needed}
+    output = parse_config(data).output
+    assert output.continual_retention_ms == needed * 1000
+    assert parse_config(config()).output.continual_retention_ms == -1  # default: forever
+    assert parse_config(config()).output.continual_topic == "stream-dp.continual"
+
+
+def test_erasure_with_a_tree_or_factorisation_running_total_is_refused_with_the_fix() -> None:
+    """A tree's later nodes add up exact totals of windows released before an erasure, so an
+    erased user's events would feed releases after the request; a per-window sum adds only
+    each window's own noisy total, drawn after its cut."""
+    data = config(continual_mechanism="tree_honaker")
+    data["erasure"] = {"enabled": True}
+    with pytest.raises(ConfigError, match=r"erasure\.enabled cannot be combined.*visits_week"):
+        parse_config(data)
+    with pytest.raises(ConfigError, match="per_window_sum"):
+        parse_config({**config(), "erasure": {"enabled": True}})  # auto may pick a tree
+    allowed = config(continual_mechanism="per_window_sum")
+    allowed["erasure"] = {"enabled": True}
+    assert parse_config(allowed).erasure.enabled

@@ -66,18 +66,23 @@ async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
     config_factory: MakeConfig,
     tmp_path: Path,
 ) -> None:
+    queries: list[dict[str, Any]] = [
+        {"name": "visits", "group_by": ["domain"], "epsilon": 0.2, "keys": {"domain": DOMAINS}}
+    ]
+    if point == "after_continual_write":
+        # frozen right after writing a running total's state: the other worker takes the
+        # window over, and both must use the first complete state draw
+        queries.append({**queries[0], "name": "visits_so_far", "release": "cumulative",
+                        "horizon_windows": 4, "continual_mechanism": "tree_honaker"})  # fmt: skip
+    names = [q["name"] for q in queries]
     cfg = config_factory(
         {
             "bounds": {"max_contributions_per_window": 3},
-            "privacy": {"epsilon_per_window": 0.2, "max_epsilon_per_horizon": 100},
-            "queries": [
-                {
-                    "name": "visits",
-                    "group_by": ["domain"],
-                    "epsilon": 0.2,
-                    "keys": {"domain": DOMAINS},
-                }
-            ],
+            "privacy": {
+                "epsilon_per_window": 0.2 * len(queries),
+                "max_epsilon_per_horizon": 100,
+            },
+            "queries": queries,
         }
     )
     config = load_config(cfg)
@@ -105,7 +110,7 @@ async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
         out = await read_topic(
             kafka_bootstrap,
             topics["output"],
-            until=windows_done(["visits"], WINDOWS),
+            until=windows_done(names, WINDOWS),
             timeout_s=120,
             settle_s=PAUSE_S + 4,  # anything the paused worker does after it wakes
         )
@@ -124,7 +129,7 @@ async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
         out = await read_topic(
             kafka_bootstrap,
             topics["output"],
-            until=windows_done(["visits"], WINDOWS + 1),
+            until=windows_done(names, WINDOWS + 1),
             timeout_s=120,
         )
         assert paused.proc.poll() is None, paused.log()

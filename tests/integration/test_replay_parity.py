@@ -1,4 +1,5 @@
-"""`stream-dp replay` on a file and the worker on the same events as a topic agree."""
+"""`stream-dp replay` on a file and the worker on the same events as a topic agree — per-window
+and cumulative queries (running totals with their horizon fields)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ async def test_replay_matches_worker(
         {
             "privacy": {
                 "unsafe_test_mode": True,
-                "epsilon_per_window": 2e6,
+                "epsilon_per_window": 3e6,
                 "max_epsilon_per_horizon": 1e12,
             },
             "bounds": {"max_contributions_per_window": 200},
@@ -65,6 +66,14 @@ async def test_replay_matches_worker(
                     "epsilon": 1e6,
                     "keys": {"country": ["DE", "FR", "NL", "US"]},
                 },
+                {
+                    "name": "visits_so_far",
+                    "group_by": ["domain"],
+                    "epsilon": 1e6,
+                    "keys": {"domain": [f"site{i:02d}.example" for i in range(8)]},
+                    "release": "cumulative",
+                    "horizon_windows": 2,  # windows 0-1, then 2 starts a new horizon
+                },
             ],
         }
     )
@@ -75,17 +84,33 @@ async def test_replay_matches_worker(
     printed = [orjson.loads(line) for line in capsys.readouterr().out.splitlines() if line]
     *replayed, summary = printed
     assert summary["kind"] == "replay_summary"
-    assert summary["releases_drawn"] == 2 * spec.windows and summary["ledger"] is None
+    assert summary["releases_drawn"] == 3 * spec.windows and summary["ledger"] is None
     assert any("fresh, independent draw" in note for note in summary["notes"])
 
     await apply_topics(load_config(cfg), kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
     await produce_events(kafka_bootstrap, topics["input"], events)
     out, _ = await run_worker_until_windows(
-        kafka_bootstrap, cfg, tmp_path / "worker.log", ["visits", "people"], spec.windows
+        kafka_bootstrap,
+        cfg,
+        tmp_path / "worker.log",
+        ["visits", "people", "visits_so_far"],
+        spec.windows,
     )
     # The worker goes on releasing (empty) windows as its clock advances: compare the file's.
     windows = {r["window_start"] for r in replayed}
     assert len(windows) == spec.windows
     streamed = [v for _, v in decode_values(out) if v["window_start"] in windows]
     assert _shape(replayed) == _shape(streamed)
+    # the running totals are the per-window values added up within each horizon
+    hourly = {(r["window_start"], r["group"]["domain"]): r["value"] for r in replayed
+              if r["kind"] == "release" and r["query"] == "visits"}  # fmt: skip
+    starts = sorted(windows)
+    for r in streamed:
+        if r["kind"] != "release" or r["query"] != "visits_so_far":
+            continue
+        i = starts.index(r["window_start"])
+        first = i - i % 2
+        expected = sum(hourly[(starts[j], r["group"]["domain"])] for j in range(first, i + 1))
+        assert r["value"] == expected
+        assert r["horizon_start"] == starts[first] and r["horizon_step"] == i - first + 1

@@ -18,7 +18,6 @@ from jsonschema import Draft202012Validator
 from stream_dp.cli.main import main
 from stream_dp.config import parse_config
 from stream_dp.errors import ConfigError, PrivacyError
-from stream_dp.pipeline.queries import CompiledQuery
 from stream_dp.privacy.planner import compose, plan_config, plan_query
 from stream_dp.privacy.release import release_query
 
@@ -147,17 +146,27 @@ def test_explicit_square_root_with_too_much_state_is_refused() -> None:
         parse_config(data)  # the configuration is planned when it loads
 
 
-def test_the_per_window_path_refuses_cumulative_queries(
+def test_the_per_window_path_refuses_cumulative_queries_and_replay_runs_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", secrets.token_hex(32))
     config = parse_config(CONFIG)
-    with pytest.raises(ConfigError, match="do not publish running totals yet"):
-        CompiledQuery(config.queries[0], config.bounds, ["domain"])
     with pytest.raises(PrivacyError, match="is cumulative"):
         release_query({}, plan_query(config.queries[0], config.bounds))
+    # the release stage takes cumulative queries (stream_dp.pipeline.cumulative): replay
+    # prints their running totals with the horizon fields
     events = tmp_path / "events.jsonl"
-    events.write_text("")
-    code = main(["replay", "--config", str(write(tmp_path, CONFIG)), "--input", str(events)])
-    assert code == 2
-    assert "release: cumulative is planned" in capsys.readouterr().err
+    events.write_text(
+        '{"user_id": "u1", "timestamp": "2024-01-01T00:10:00Z", "domain": "mail.com", '
+        '"bytes": 10}\n'
+    )
+    window = {"size_s": 3600, "start_at": "2024-01-01T00:00:00Z"}
+    path = write(tmp_path, {**CONFIG, "window": window})
+    code = main(["replay", "--config", str(path), "--input", str(events), "--json"])
+    assert code == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+    cumulative = [r for r in printed if r.get("release") == "cumulative"]
+    assert {r["query"] for r in cumulative} == {"visits_long", "bytes_week"}
+    assert {(r["horizon_step"], r["horizon_start"]) for r in cumulative} == {
+        (1, "2024-01-01T00:00:00Z")
+    }
