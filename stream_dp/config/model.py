@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -215,8 +215,9 @@ class OutputConfig(_Section):
     continual_retention_s: int | None = Field(
         None,
         ge=60,
-        description="retention of the continual topic; unset: forever. At least the longest "
-        "cumulative horizon (horizon_windows × window.size_s) plus internal_retention_s",
+        description="retention of the continual topic; unset: twice the longest cumulative "
+        "horizon (horizon_windows × window.size_s) plus internal_retention_s. At least one "
+        "horizon plus internal_retention_s",
     )
 
     @property
@@ -226,7 +227,8 @@ class OutputConfig(_Section):
 
     @property
     def continual_retention_ms(self) -> int:
-        """``continual_retention_s`` as Kafka's ``retention.ms`` (-1: forever)."""
+        """``continual_retention_s`` as Kafka's ``retention.ms`` (-1: forever, which only a
+        section validated on its own, without the window timing, can have)."""
         return -1 if self.continual_retention_s is None else self.continual_retention_s * 1000
 
 
@@ -269,6 +271,34 @@ def default_internal_retention_s(window: WindowConfig) -> int:
     return max(
         MIN_DEFAULT_INTERNAL_RETENTION_S, math.ceil(INTERNAL_RETENTION_WINDOWS * window.life_s)
     )
+
+
+def default_continual_retention_s(
+    window: WindowConfig, horizons: Sequence[int], internal_retention_s: int
+) -> int:
+    """How long the continual topic keeps records unless ``output.continual_retention_s``
+    says: twice the longest cumulative horizon plus the internal retention (a horizon's
+    state is read until its last window is released: one horizon plus an outage the
+    internal topics survive; the second horizon is margin). Without cumulative queries the
+    topic is unused: the internal retention."""
+    longest = max(horizons, default=0) * window.size_s
+    return 2 * longest + internal_retention_s
+
+
+def _cumulative_horizons(queries: Any) -> list[int]:
+    """``horizon_windows`` of the cumulative queries as given (invalid ones: reported later)."""
+    out = []
+    for q in queries if isinstance(queries, list) else []:
+        if isinstance(q, QueryConfig):
+            if q.cumulative and q.horizon_windows:
+                out.append(q.horizon_windows)
+            continue
+        if not isinstance(q, Mapping) or q.get("release") != "cumulative":
+            continue
+        raw = q.get("horizon_windows")
+        if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
+            out.append(raw)
+    return out
 
 
 class PseudonymizationConfig(_Section):
@@ -694,6 +724,16 @@ class Config(BaseModel):
                 filled[key] = f"{group_id}.{suffix}"
         if filled.get("internal_retention_s") is None and window is not None:
             filled["internal_retention_s"] = default_internal_retention_s(window)
+        internal = filled.get("internal_retention_s")
+        if (
+            filled.get("continual_retention_s") is None
+            and window is not None
+            and isinstance(internal, int)
+            and not isinstance(internal, bool)
+        ):
+            filled["continual_retention_s"] = default_continual_retention_s(
+                window, _cumulative_horizons(data.get("queries")), internal
+            )
         return {**data, "output": filled}
 
     @model_validator(mode="after")

@@ -46,8 +46,8 @@ def test_definitions_match_the_config(config_factory: ConfigFactory) -> None:
         # internal: hours, not days (the test config's 10 s windows → the 6 h floor)
         config.output.partials_topic: (6, "delete", SIX_HOURS_MS, "partials.schema.json"),
         config.output.repartition_topic: (4, "delete", SIX_HOURS_MS, "repartition.schema.json"),
-        # internal: the running totals' state, kept unless output.continual_retention_s says
-        config.output.continual_topic: (3, "delete", "-1", "continual.schema.json"),
+        # internal: the running totals' state; no cumulative query here → the 6 h as well
+        config.output.continual_topic: (3, "delete", SIX_HOURS_MS, "continual.schema.json"),
     }
     resolved = resolve_all(config)
     got = {

@@ -85,9 +85,10 @@ def test_budget_is_charged_per_window_as_for_window_queries() -> None:
 
 
 def test_continual_retention_shorter_than_a_horizon_is_refused() -> None:
-    """The continual topic holds the running totals' state (exact per-window totals): it may
-    keep them for less than forever, but never for less than a horizon plus the internal
-    retention, or a horizon would lose its state mid-way."""
+    """The continual topic holds the running totals' state (exact per-window totals): kept
+    twice the longest horizon plus the internal retention by default (not forever: exact
+    counts must not linger), and never less than a horizon plus the internal retention, or
+    a horizon would lose its state mid-way."""
     data = config()  # 168 hourly windows: 604,800 s, plus output.internal_retention_s
     data["output"] = {"continual_retention_s": 604_800}
     with pytest.raises(ConfigError, match=r"continual_retention_s = 604800 is shorter than"):
@@ -96,7 +97,12 @@ def test_continual_retention_shorter_than_a_horizon_is_refused() -> None:
     data["output"] = {"continual_retention_s": needed}
     output = parse_config(data).output
     assert output.continual_retention_ms == needed * 1000
-    assert parse_config(config()).output.continual_retention_ms == -1  # default: forever
+    internal = parse_config(config()).output.internal_retention_s
+    default = parse_config(config()).output.continual_retention_s
+    assert default == 2 * 168 * 3600 + internal  # two weeks of hourly windows, plus
+    # without cumulative queries the topic is unused: the internal topics' retention
+    plain = parse_config({"queries": [{"name": "q", "epsilon": 1.0, "keys": {}}]}).output
+    assert plain.continual_retention_s == plain.internal_retention_s
     assert parse_config(config()).output.continual_topic == "stream-dp.continual"
 
 
