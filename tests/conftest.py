@@ -15,6 +15,7 @@ state.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import secrets
 import uuid
@@ -65,6 +66,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.kafka)
     items.sort(key=_start_rank)
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_in_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A client socket a broker test forgot to close is reported (ResourceWarning, an error
+    under ``filterwarnings = error``) in that test's teardown, not in whichever later test
+    happens to run the garbage collector."""
+    yield
+    if request.node.get_closest_marker("kafka") is not None:
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -524,7 +524,7 @@ class Worker:
     async def _monitor_broker(self) -> None:
         """Probe the broker (not ready while it does not answer; liveness is unaffected) and
         the leaders of assigned partitions (a leaderless partition is an outage)."""
-        while True:
+        while not self._stopping.is_set():
             try:
                 await wait_for_broker(
                     self.bootstrap, BROKER_PROBE_TIMEOUT_S, kafka=self.config.kafka

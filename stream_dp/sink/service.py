@@ -163,6 +163,7 @@ class Sink:
             await self._shutdown()
 
     async def _shutdown(self) -> None:
+        self._stopping.set()  # background tasks also end on the flag
         tasks, self._tasks = self._tasks, set()
         for task in tasks:
             task.cancel()
@@ -181,7 +182,7 @@ class Sink:
     async def _monitor_broker(self) -> None:
         """Probe the broker every second: not ready while it does not answer."""
         reachable: bool | None = None
-        while True:
+        while not self.stopping:  # also a stop flag: a cancellation can be lost in a probe
             try:
                 await wait_for_broker(
                     self.bootstrap, BROKER_PROBE_TIMEOUT_S, kafka=self.config.kafka
@@ -321,9 +322,9 @@ class Sink:
         assert consumer is not None
         while not self.stopping:
             try:
-                fetched = await consumer.getmany(
-                    timeout_ms=FETCH_TIMEOUT_MS, max_records=self._max_records
-                )
+                fetched = await self._fetch(consumer)
+                if fetched is None:
+                    break
             except KafkaError as exc:
                 self.metrics.broker_errors.inc()
                 log.warning("fetch failed (%s); retrying", type(exc).__name__)
@@ -341,6 +342,26 @@ class Sink:
                     )
                     return
             self.health.beat()
+
+    async def _fetch(
+        self, consumer: AIOKafkaConsumer
+    ) -> dict[TopicPartition, list[Any]] | None:
+        """The next batch, or None once a stop is requested: aiokafka's ``getmany`` ignores
+        its timeout while the member has no assignment, and a stop must not wait for the
+        group (the worker's loop does the same)."""
+        fetch = asyncio.ensure_future(
+            consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=self._max_records)
+        )
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not fetch.done():
+                fetch.cancel()  # positions move only when getmany returns records
+                with contextlib.suppress(asyncio.CancelledError, KafkaError):
+                    await fetch
+        return fetch.result() if not fetch.cancelled() else None
 
     async def _handle(
         self, consumer: AIOKafkaConsumer, fetched: dict[TopicPartition, list[Any]]
