@@ -34,7 +34,8 @@ from stream_dp.config import parse_config
 from stream_dp.config.model import Config
 from stream_dp.pipeline.ingest import IngestStage
 from stream_dp.pipeline.local import LocalPipeline
-from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
+from stream_dp.pipeline.offload import draw_window, gc_paused, output_values, seal_windows
+from stream_dp.pipeline.partials import SourceWatermark, encode_watermark
 from stream_dp.pipeline.release_stage import ReleaseStage
 from stream_dp.privacy.bounding import Reservoirs
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
@@ -162,23 +163,35 @@ def _release_once(
     stage: IngestStage, config: Config, window_start_s: int
 ) -> tuple[dict[str, float], int]:
     """Seal the window's partials from the stage's (kept) state, pass them through their
-    topic encoding to a fresh ReleaseStage and release; (seconds per step, keys released)."""
+    topic encoding to a fresh ReleaseStage and release; (seconds per step, keys released).
+
+    The steps are the worker's own (:mod:`stream_dp.pipeline.offload`), with the garbage
+    collector paused as the worker's off-loop thread runs them: seal and encode the
+    partials; decode them into stage 2 (on the worker's loop); draw the release and encode
+    its ledger records and output records.
+    """
+    max_bytes = config.kafka.max_message_bytes
+    release = ReleaseStage(config)  # the worker's lives on: its plan is not a release's work
+    release.assign([0])
     t0 = time.perf_counter()
-    partials = stage.seal(0, window_start_s)
+    with gc_paused():
+        ((_, records),) = seal_windows(
+            stage, [(0, window_start_s)], lambda ws: 0, max_bytes=max_bytes
+        )
     t1 = time.perf_counter()
-    values = [
-        v for p in partials for _, v in encode_partial(p, max_bytes=config.kafka.max_message_bytes)
-    ]
+    values = [v for _, v in records]
     # What the worker writes after the partials: the partition has sealed up to the end.
     sealed = float(stage.windows.end_of(window_start_s))
     values.append(encode_watermark(SourceWatermark(0, 1, sealed, True, False))[1])
-    release = ReleaseStage(config)
-    release.assign([0])
     release.ingest(0, list(enumerate(values)))
     t2 = time.perf_counter()
     if release.due_windows() != [window_start_s]:
         raise RuntimeError("the sealed window is not due in stage 2")
-    (rel,) = release.compute_release(window_start_s, now_s=time.time())
+    with gc_paused():
+        ((rel, _ledger),) = draw_window(
+            release, window_start_s, now_s=time.time(), max_bytes=max_bytes
+        )
+        output_values(rel)
     t3 = time.perf_counter()
     steps = {"seal": t1 - t0, "transport": t2 - t1, "release": t3 - t2, "total": t3 - t0}
     return steps, len(rel.records) - 1
@@ -205,19 +218,25 @@ def release_time(events: int, keys: int, users: int, repeats: int) -> dict[str, 
     del values, user_keys
     names = [f"site{d:05d}.example" for d in range(keys)]
     out: dict[str, Any] = {"events": events, "users": users, "keys": int(np.unique(shuffled).size)}
+    stages = []
     for label, config in (
         ("private", stage_config(spec.window_size_s)),
         ("public", stage_config(spec.window_size_s, public_keys=names)),
     ):
         stage = IngestStage(config, _keyring())
         ingest_all(stage, records)
+        stages.append((label, config, stage))
+    # As in a worker, the input records are gone when a window is released: a million of
+    # them kept alive here would make every garbage collection during the release scan them.
+    del records, stage
+    gc.collect()
+    for label, config, stage in stages:
         (ws,) = stage.open_windows()
         runs: list[dict[str, float]] = []
         released = 0
         for _ in range(repeats):
             steps, released = _release_once(stage, config, ws)
             runs.append(steps)
-        del stage
         gc.collect()
         out[label] = {
             "seconds": statistics.median(r["total"] for r in runs),
@@ -318,8 +337,8 @@ def ingest_state_per_event(spec: StreamSpec) -> dict[str, Any]:
     tracemalloc.stop()
     allocated = sum(s.size_diff for s in snap.compare_to(base, "filename"))
     parts = [p for s in stage._state.values() for p in s.values()]
-    retained = sum(p.reservoirs.events_retained for p in parts)
-    users = sum(p.reservoirs.users for p in parts)
+    retained = sum(p.samples.events_retained for p in parts)
+    users = sum(p.samples.users for p in parts)
     return {
         "events": spec.events,
         "users": spec.users,

@@ -1,8 +1,9 @@
 """Stage 1 of the worker, without Kafka: decode, pseudonymize, window, bound → partials.
 
 Whoever owns a partition of the stage-1 topic (the input topic when producers key by user
-id, else the repartition topic) keeps, per open window, a :class:`Reservoirs` of pseudonym →
-≤ k compact items (ids of interned event signatures) and the first offset the window needs.
+id, else the repartition topic) keeps, per open window, a :class:`UserSamples` — columns of
+(pseudonym, random priority, item), at most k items per pseudonym once compacted, items being
+ids of interned event signatures — and the first offset the window needs.
 A user's events all live in one partition, so bounding per partition bounds per user.
 
 Each partition has its own watermark (largest event time − grace; by wall clock once the
@@ -12,7 +13,7 @@ version id), and after they are published the window's state is dropped. Stage 2
 the partials of every source partition and adds noise once.
 
 Offsets are committed only up to the earliest offset a window not yet sealed (published)
-still needs; after a crash the replayed records rebuild the reservoirs.
+still needs; after a crash the replayed records rebuild the samples.
 
 Only valid, accepted events move a partition's activity clock and watermark: a partition
 that delivers nothing but bad, late or replayed records is idle (it cannot stall every
@@ -38,11 +39,12 @@ from __future__ import annotations
 
 import logging
 import math
-import random  # only the type of the reservoir/L0 sampling PRNG (see new_sampling_rng)
+import random  # only the type of a seed for the sampling PRNG (see new_sampling_generator)
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import orjson
 
 from stream_dp.config.model import Config
@@ -51,15 +53,11 @@ from stream_dp.pipeline.decode import BadRecord, Decoder
 from stream_dp.pipeline.partials import Partial, SourceWatermark, new_version
 from stream_dp.pipeline.placement import partition_function, pseudonym_partition
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
-from stream_dp.privacy.bounding import (
-    Reservoirs,
-    aggregate_bounded,
-    merge_reservoirs,
-    new_sampling_rng,
-)
+from stream_dp.privacy.bounding import bounded_totals_columns
 from stream_dp.privacy.group_values import canonical_value, json_default
+from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
-from stream_dp.privacy.release import KeyAggregate
+from stream_dp.privacy.user_samples import UserSamples, new_sampling_generator
 from stream_dp.windows import TumblingWindows, WatermarkTracker
 
 log = logging.getLogger(__name__)
@@ -109,7 +107,7 @@ class _NothingReleased:
 
 @dataclass(slots=True)
 class _WindowPart:
-    reservoirs: Reservoirs
+    samples: UserSamples
     first_offset: int
 
 
@@ -158,7 +156,7 @@ class IngestStage:
             released if released is not None else _NothingReleased()
         )
         self.metrics = metrics if metrics is not None else Metrics()
-        self._rng = sampling_rng if sampling_rng is not None else new_sampling_rng()
+        self._rng = new_sampling_generator(sampling_rng)
         self.k = config.bounds.max_contributions_per_window
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
         #: Partitions of the stage-1 topic (what stage 2 waits for, and what placement is
@@ -418,8 +416,8 @@ class IngestStage:
         late = skipped = duplicates = stale_key = 0
         max_time: float | None = None
         # Events arrive mostly in event-time order, so the per-window lookups (lateness,
-        # key, reservoirs) are redone only when the window changes, and a window's events
-        # are handed to its reservoirs in runs, in arrival order (same draws as one by one).
+        # key, samples) are redone only when the window changes, and a window's events are
+        # handed to its samples in runs.
         current_ws: int | None = None
         fate = _ACCEPT
         part: _WindowPart | None = None
@@ -515,7 +513,7 @@ class IngestStage:
             if ws != current_ws:
                 if run_items:
                     assert part is not None
-                    part.reservoirs.add_many(run_pseudonyms, run_items)
+                    part.samples.add_many(run_pseudonyms, run_items)
                     run_pseudonyms, run_items = [], []
                 current_ws = ws
                 if (sealed is not None and ws + size <= sealed) or (
@@ -528,7 +526,7 @@ class IngestStage:
                     fate = _ACCEPT
                     part = state.get(ws)
                     if part is None:
-                        part = state[ws] = _WindowPart(Reservoirs(self.k, self._rng), offset)
+                        part = state[ws] = _WindowPart(UserSamples(self.k, self._rng), offset)
                     pseudonymizer = self.keyring.for_window(ws)
                     key_id = pseudonymizer.key_id
                     cache = pseudonyms.setdefault(key_id, {})
@@ -569,7 +567,7 @@ class IngestStage:
             run_items.append(sid)
         if run_items:
             assert part is not None
-            part.reservoirs.add_many(run_pseudonyms, run_items)
+            part.samples.add_many(run_pseudonyms, run_items)
         self._positions[partition] = records[-1][0] + 1
         tracker = self._tracker(partition, now_mono_s, routed=routed)
         if routed:
@@ -646,33 +644,45 @@ class IngestStage:
         )
 
     def seal(self, partition: int, window_start_s: int) -> list[Partial]:
-        """The partition's exact bounded totals for the window, one partial per query."""
+        """The partition's exact bounded totals for the window, one partial per query.
+
+        Column work only (numpy): the sample's users and items, each query's key and value
+        per item, L0/Linf bounding and the totals per key. Sealing does not consume the
+        window's state (:meth:`drop` does, once the partials are published).
+        """
         part = self._state[partition][window_start_s]
-        users = list(merge_reservoirs([part.reservoirs], self.k, self._rng).values())
-        seen = part.reservoirs.events_seen
-        retained = sum(len(items) for items in users)
+        users, items = part.samples.sample()
+        seen = part.samples.events_seen
+        retained = len(items)
         bounds = self.config.bounds
         key_id = self.keyring.for_window(window_start_s).key_id
         version = new_version()
         out = []
         for q in self.queries:
-            totals = aggregate_bounded(
-                users,
-                q.project,
+            keys, values, groups = q.project_columns(items)
+            taken = keys >= 0
+            events, users_per_key, value_sums = bounded_totals_columns(
+                users[taken],
+                keys[taken],
+                values[taken] if q.has_values else None,
+                n_keys=len(groups),
                 max_keys=bounds.max_keys_per_user,
                 max_per_key=bounds.max_contributions_per_key,
                 rng=self._rng,
             )
+            present = np.flatnonzero(users_per_key)
             out.append(
                 Partial(
                     query=q.name,
                     window_start_s=window_start_s,
                     source_partition=partition,
                     version=version,
-                    totals={
-                        key: KeyAggregate(t.events, t.users, t.value_sum)
-                        for key, t in totals.items()
-                    },
+                    totals=KeyTotals(
+                        [groups[i] for i in present.tolist()],
+                        events[present],
+                        users_per_key[present],
+                        value_sums[present],
+                    ),
                     events_seen=seen,
                     events_retained=retained,
                     source_partitions=self.source_partitions,
@@ -693,16 +703,15 @@ class IngestStage:
         """Forget interned signatures no open window uses (they went with their windows),
         renumbering the live ones: the table stays proportional to open state. Runs when the
         table doubled since the last run, so its cost is amortised over the interning."""
-        live: set[int] = set()
-        for parts in self._state.values():
-            for part in parts.values():
-                live.update(part.reservoirs.item_ids())
-        order = sorted(live)
+        parts = [part for parts in self._state.values() for part in parts.values()]
+        held = [part.samples.item_ids() for part in parts]
+        live = np.unique(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+        order = live.tolist()
         if 2 * len(order) <= len(self._signatures):
-            remap = {old: new for new, old in enumerate(order)}
-            for parts in self._state.values():
-                for part in parts.values():
-                    part.reservoirs.remap(remap)
+            remap = np.full(len(self._signatures), -1, dtype=np.int64)
+            remap[live] = np.arange(len(order))
+            for part in parts:
+                part.samples.remap(remap)
             self._signatures[:] = [self._signatures[old] for old in order]  # shared in place
             self._signature_ids = {sig: i for i, sig in enumerate(self._signatures)}
             for q in self.queries:

@@ -71,11 +71,11 @@ from stream_dp.pipeline.ledger import (
     encode_coverage,
     encode_progress,
     encode_published,
-    encode_release,
     encode_rotation,
 )
 from stream_dp.pipeline.ledger_log import LedgerLog
-from stream_dp.pipeline.partials import RecordTooLargeError, encode_partial, encode_watermark
+from stream_dp.pipeline.offload import draw_window, output_values, run_off_loop, seal_windows
+from stream_dp.pipeline.partials import RecordTooLargeError, encode_watermark
 from stream_dp.pipeline.records import dead_letter_record, dumps, output_partition
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
@@ -115,6 +115,8 @@ ROUTED_MARK_KEY = "__progress__"
 #: Windows released per loop iteration at most (a backlog of empty windows after a long
 #: outage must not keep the loop from fetching, committing and heartbeating).
 MAX_RELEASES_PER_ITERATION = 32
+#: A release with more records than this is encoded for the output topic off the loop.
+OFF_LOOP_RECORDS = 2_000
 #: Topic metadata is refreshed this often, so partition-count changes are seen soon.
 METADATA_MAX_AGE_MS = 10_000
 
@@ -570,9 +572,11 @@ class Worker:
         then the ``published`` marker in the ledger."""
         parts = self._output_partitions
         target = parts[output_partition(rel.query, rel.window_start_s, len(parts))]
-        await self._send_many(
-            self.config.output.topic, [(r.key, dumps(r.value), target) for r in rel.records]
-        )
+        if len(rel.records) > OFF_LOOP_RECORDS:
+            values = await run_off_loop(output_values, rel)
+        else:
+            values = output_values(rel)
+        await self._send_many(self.config.output.topic, [(k, v, target) for k, v in values])
         self._faults.reached("after_output_write")
         key, value = encode_published(rel)
         await self._send_many(
@@ -608,15 +612,17 @@ class Worker:
         return parts[self.windows.partition_of(window_start_s, len(parts))]
 
     async def _publish_partials(self, sealed: Sequence[tuple[int, int]]) -> None:
-        """Stage 1: each sealed (partition, window)'s partials to the window's partition."""
+        """Stage 1: each sealed (partition, window)'s partials to the window's partition
+        (sealed and encoded off the event loop)."""
         assert self.ingest is not None
-        items: list[Outgoing] = []
-        for p, ws in sealed:
-            r = self._partials_partition_of(ws)
-            for partial in self.ingest.seal(p, ws):
-                items.extend(
-                    (k, v, r) for k, v in encode_partial(partial, max_bytes=self._max_bytes)
-                )
+        encoded = await run_off_loop(
+            seal_windows,
+            self.ingest,
+            sealed,
+            self._partials_partition_of,
+            max_bytes=self._max_bytes,
+        )
+        items: list[Outgoing] = [(k, v, r) for r, records in encoded for k, v in records]
         await self._send_many(self._partials_topic, items)
         for p, ws in sealed:
             self.ingest.drop(p, ws)
@@ -670,10 +676,14 @@ class Worker:
         if not self._owns(TopicPartition(self._partials_topic, r)):
             return False
         self._faults.reached("before_draw")
-        drawn = stage.compute_release(window_start_s, now_s=time.time())
+        # The draw (merge, selection, noise, records, their ledger encoding) runs off the
+        # event loop: fetching, commits' heartbeats and /metrics go on meanwhile.
+        drawn_records = await run_off_loop(
+            draw_window, stage, window_start_s, now_s=time.time(), max_bytes=self._max_bytes
+        )
+        drawn = [rel for rel, _ in drawn_records]
         ledger_partition = self._ledger_partition_of(window_start_s)
-        for rel in drawn:
-            records = encode_release(rel, now_s=time.time(), max_bytes=self._max_bytes)
+        for _, records in drawn_records:
             await self._send_many(
                 self._ledger_topic, [(k, v, ledger_partition) for k, v in records]
             )

@@ -179,7 +179,7 @@ def _geometric_exp_minus_one(n: int, words: WordSource) -> np.ndarray:
 _I64 = np.iinfo(np.int64)
 
 
-def add_noise(values: Sequence[int], noise: np.ndarray) -> list[int]:
+def add_noise(values: Sequence[int] | np.ndarray, noise: np.ndarray) -> list[int]:
     """value + noise per lane on 64-bit integers, saturating at the int64 limits (as
     OpenDP's ``saturating_add``)."""
     if noise.dtype == object:

@@ -92,7 +92,9 @@ def _get_executor() -> ThreadPoolExecutor:
         return _executor
 
 
-def _invoke_vectorised(measurement: Callable[[Any], Any], values: Sequence[int]) -> list[int]:
+def _invoke_vectorised(
+    measurement: Callable[[Any], Any], values: Sequence[int] | np.ndarray
+) -> list[int]:
     """One OpenDP call per chunk; chunks run in parallel for long vectors."""
     n = len(values)
     if n == 0:
@@ -179,7 +181,7 @@ class _IntegerNoise(ABC):
             self._measurement = self._make_measurement()
         return self._measurement
 
-    def sample(self, values: Sequence[int]) -> list[int]:
+    def sample(self, values: Sequence[int] | np.ndarray) -> list[int]:
         """``values[i] + Z_i`` with independent Z_i, one vectorised OpenDP call."""
         return _invoke_vectorised(self.opendp_measurement(), values)
 
@@ -246,7 +248,7 @@ class DiscreteLaplace(_IntegerNoise):
         space = dp.vector_domain(dp.atom_domain(T="i64")), dp.l1_distance(T="i64")
         return dp.m.make_laplace(*space, scale=self._scale)
 
-    def sample(self, values: Sequence[int]) -> list[int]:
+    def sample(self, values: Sequence[int] | np.ndarray) -> list[int]:
         """``values[i] + Z_i`` with independent exact Z_i: this module's vectorised CKS20
         sampler (:mod:`stream_dp.privacy.exact_laplace`), or OpenDP's for scales it leaves
         out (below about 2⁻¹⁰ or above 2⁵³)."""
