@@ -41,8 +41,7 @@ import logging
 import math
 import random  # only the type of a seed for the sampling PRNG (see new_sampling_generator)
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import orjson
@@ -50,8 +49,23 @@ import orjson
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.decode import BadRecord, Decoder
+from stream_dp.pipeline.ingest_columns import (
+    ACCEPT,
+    LATE,
+    REPLAYED,
+    ColumnIngest,
+    DeadLetter,
+    InputRecord,
+    ReleasedWindows,
+    WindowPart,
+)
+from stream_dp.pipeline.packed import PACKED_KIND, decode_events
 from stream_dp.pipeline.partials import Partial, SourceWatermark, new_version
-from stream_dp.pipeline.placement import partition_function, pseudonym_partition
+from stream_dp.pipeline.placement import (
+    partition_function,
+    partitions_function,
+    pseudonym_partition,
+)
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
 from stream_dp.privacy.bounding import bounded_totals_columns
 from stream_dp.privacy.group_values import canonical_value, json_default
@@ -60,39 +74,16 @@ from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id
 from stream_dp.privacy.user_samples import UserSamples, new_sampling_generator
 from stream_dp.windows import TumblingWindows, WatermarkTracker
 
+__all__ = ["DeadLetter", "IngestStage", "InputRecord", "ReleasedWindows", "user_key"]
+
 log = logging.getLogger(__name__)
 
-#: What ingest does with an event, decided once per window: keep it, or count it as late
-#: (its partition already sealed the window) or replayed (the window is already released).
-_ACCEPT, _LATE, _REPLAYED = 0, 1, 2
-
-#: (offset, Kafka record key, value)
-InputRecord = tuple[int, bytes | None, bytes | None]
 
 #: The signature table is compacted once it holds at least this many entries and has doubled
 #: since it was last compacted.
 SIGNATURES_COMPACT_MIN = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    reason: str
-    detail: str
-    partition: int
-    offset: int
-    payload: bytes | None
-    #: The topic it was read from; None: the input topic.
-    topic: str | None = None
-
-
-class ReleasedWindows(Protocol):
-    """What stage 1 needs to know of stage 2 (implemented by ReleaseStage)."""
-
-    coverage_start_s: int | None
-
-    def released(self, window_start_s: int) -> bool: ...
-
-    def released_earlier(self, window_start_s: int) -> bool: ...
 
 
 class _NothingReleased:
@@ -105,10 +96,6 @@ class _NothingReleased:
         return False
 
 
-@dataclass(slots=True)
-class _WindowPart:
-    samples: UserSamples
-    first_offset: int
 
 
 def user_key(user: str | int, normalization: UserIdNormalization = "none") -> bytes:
@@ -136,7 +123,7 @@ def _not_keyed_detail(normalization: UserIdNormalization) -> str:
 _EMPTY_ID = b""
 
 
-class IngestStage:
+class IngestStage(ColumnIngest):
     def __init__(
         self,
         config: Config,
@@ -167,6 +154,7 @@ class IngestStage:
         #: Off where one partition holds everything (replay).
         self.enforce_user_keys = config.input.keyed_by_user
         self._partition_of_key = partition_function(config.input.partitioner)
+        self._partitions_of_keys = partitions_function(config.input.partitioner)
         #: Partitions of the input topic (the sources of each repartition partition).
         self.input_partitions = 1
         #: Partitions of the repartition topic (where stage 0 routes); set by the transport.
@@ -195,7 +183,7 @@ class IngestStage:
         self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
         for q in self.queries:
             q.bind(self._signatures)
-        self._state: dict[int, dict[int, _WindowPart]] = {}
+        self._state: dict[int, dict[int, WindowPart]] = {}
         self._trackers: dict[int, WatermarkTracker] = {}
         self._sealed_s: dict[int, float] = {}
         self._positions: dict[int, int] = {}
@@ -384,6 +372,8 @@ class IngestStage:
         """
         if not records:
             return []
+        if not routed and self._ingest_columns(partition, records, now_s, now_mono_s):
+            return []
         metrics = self.metrics
         if not routed:
             metrics.events_consumed.inc(len(records))
@@ -419,8 +409,8 @@ class IngestStage:
         # key, samples) are redone only when the window changes, and a window's events are
         # handed to its samples in runs.
         current_ws: int | None = None
-        fate = _ACCEPT
-        part: _WindowPart | None = None
+        fate = ACCEPT
+        part: WindowPart | None = None
         cache: dict[str | int, bytes] = {}
         key_id = ""
         pseudonymize: Callable[[str | int], bytes] | None = None
@@ -432,6 +422,10 @@ class IngestStage:
             if routed:
                 try:
                     body = orjson.loads(value or b"null")
+                    if type(body) is dict and body.get("kind") == PACKED_KIND:
+                        packed = decode_events(body, fields)
+                        dead.extend(self._ingest_packed(partition, offset, packed, topic, seen))
+                        continue
                     src_partition, src_offset = body["src"]
                     if "u" not in body:  # a progress mark of one input partition
                         mark_t = body["t"]
@@ -519,20 +513,20 @@ class IngestStage:
                 if (sealed is not None and ws + size <= sealed) or (
                     coverage is not None and ws < coverage
                 ):
-                    fate = _LATE
+                    fate = LATE
                 elif windows_released.released(ws):
-                    fate = _REPLAYED if windows_released.released_earlier(ws) else _LATE
+                    fate = REPLAYED if windows_released.released_earlier(ws) else LATE
                 else:
-                    fate = _ACCEPT
+                    fate = ACCEPT
                     part = state.get(ws)
                     if part is None:
-                        part = state[ws] = _WindowPart(UserSamples(self.k, self._rng), offset)
+                        part = state[ws] = WindowPart(UserSamples(self.k, self._rng), offset)
                     pseudonymizer = self.keyring.for_window(ws)
                     key_id = pseudonymizer.key_id
                     cache = pseudonyms.setdefault(key_id, {})
                     pseudonymize = pseudonymizer.pseudonym
-            if fate != _ACCEPT:
-                if fate == _LATE:
+            if fate != ACCEPT:
+                if fate == LATE:
                     late += 1
                 else:
                     skipped += 1
@@ -603,17 +597,19 @@ class IngestStage:
         topic: str | None = None,
     ) -> DeadLetter:
         return self._dead(
-            BadRecord(
-                "misplaced_key",
-                f"the record's key maps to another of the topic's {self.source_partitions} "
-                "partitions: a producer used another partitioner than input.partitioner, or "
-                "partitions were added; its user would be bounded once per partition",
-            ),
+            BadRecord("misplaced_key", self._misplaced_detail()),
             partition,
             offset,
             value,
             include_payload,
             topic,
+        )
+
+    def _misplaced_detail(self) -> str:
+        return (
+            f"the record's key maps to another of the topic's {self.source_partitions} "
+            "partitions: a producer used another partitioner than input.partitioner, or "
+            "partitions were added; its user would be bounded once per partition"
         )
 
     def _tracker(self, partition: int, now_mono_s: float, *, routed: bool) -> WatermarkTracker:

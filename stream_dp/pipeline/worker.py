@@ -983,7 +983,7 @@ class Worker:
                     )
                 )
             elif tp.topic == self._input_topic:
-                out, bad = ingest.route(tp.partition, records, now_s=now, now_mono_s=mono)
+                out, bad = ingest.route_packed(tp.partition, records, now_s=now, now_mono_s=mono)
                 routed.extend((k, v, self._routed_to[target]) for k, v, target in out)
                 dead.extend(bad)
                 routed_positions[tp.partition] = msgs[-1].offset + 1

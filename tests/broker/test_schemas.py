@@ -104,6 +104,18 @@ REPARTITIONED: dict[str, Any] = {
     "src": [1, 1041],
 }
 PROGRESS: dict[str, Any] = {"t": 1596283200.25, "idle_s": 0.5, "src": [1, -1]}
+PACKED: dict[str, Any] = {
+    "kind": "events",
+    "src": [1, 1041],
+    "k": "k1",
+    "n": 2,
+    "fields": ["domain", "mobile"],
+    "sig": [["mail.com", None], ["bank.com", True]],
+    "u": "OjojOjo6Ojo6Ojo6Ojo6OjrLy8vLy8vLy8vLy8vLy8vL",
+    "t": "AAAAQL+c2EEAAABAv5zYQQ==",
+    "o": "AAAAAAEAAAA=",
+    "s": "AAAAAAEAAAA=",
+}
 
 
 def _without(record: dict[str, Any], key: str) -> dict[str, Any]:
@@ -240,6 +252,8 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**REPARTITIONED, "e": {}, "t": 1596283200},
             PROGRESS,
             {**PROGRESS, "t": None, "idle_s": 0},
+            PACKED,
+            {**PACKED, "sig": [], "fields": []},
         ],
         [
             _without(REPARTITIONED, "src"),
@@ -255,6 +269,13 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**PROGRESS, "idle_s": -1},
             {**PROGRESS, "src": [1, 0]},
             {**PROGRESS, "u": "3a" * 16},
+            _without(PACKED, "o"),
+            {**PACKED, "n": 0},
+            {**PACKED, "u": "alice@example.com"},
+            {**PACKED, "user_id": "alice"},
+            {**PACKED, "sig": [["mail.com", ["nested"]]]},
+            {**PACKED, "src": [1, -1]},
+            {**PACKED, "kind": "event"},
         ],
     ),
 }
