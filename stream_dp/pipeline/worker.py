@@ -76,6 +76,7 @@ from stream_dp.pipeline.ledger import (
 from stream_dp.pipeline.ledger_log import LedgerLog
 from stream_dp.pipeline.offload import draw_window, output_values, run_off_loop, seal_windows
 from stream_dp.pipeline.partials import RecordTooLargeError, encode_watermark
+from stream_dp.pipeline.producing import Outgoing, send_all
 from stream_dp.pipeline.records import dead_letter_record, dumps, output_partition
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
@@ -115,6 +116,8 @@ ROUTED_MARK_KEY = "__progress__"
 #: Windows released per loop iteration at most (a backlog of empty windows after a long
 #: outage must not keep the loop from fetching, committing and heartbeating).
 MAX_RELEASES_PER_ITERATION = 32
+#: Largest record batch the producer builds (fewer, larger produce requests).
+MAX_BATCH_BYTES = 512 * 1024
 #: A release with more records than this is encoded for the output topic off the loop.
 OFF_LOOP_RECORDS = 2_000
 #: Topic metadata is refreshed this often, so partition-count changes are seen soon.
@@ -127,9 +130,6 @@ MEMBERSHIP_ERRORS = (
     UnknownMemberIdError,
     RebalanceInProgressError,
 )
-
-#: (key, value, partition or None for the key's partition)
-Outgoing = tuple[str | bytes | None, bytes, int | None]
 
 
 class BrokerUnavailableError(StreamDPError):
@@ -270,7 +270,11 @@ class Worker:
         kafka = self.config.kafka
         common = self._common = client_kwargs(kafka, bootstrap_servers=self.bootstrap)
         self._producer = AIOKafkaProducer(
-            acks="all", linger_ms=5, max_request_size=self._max_bytes, **common
+            acks="all",
+            linger_ms=5,
+            max_request_size=self._max_bytes,
+            max_batch_size=min(self._max_bytes, MAX_BATCH_BYTES),
+            **common,
         )
         await self._retry("start producer", self._producer.start, bounded=False)
         self.health.set("producer_connected", True)
@@ -555,16 +559,7 @@ class Worker:
         if topic == self._ledger_topic and self._faults.ledger_delay_s:
             await asyncio.sleep(self._faults.ledger_delay_s)
 
-        async def once() -> None:
-            futures = [
-                await producer.send(
-                    topic, v, key=k.encode() if isinstance(k, str) else k, partition=p
-                )
-                for k, v, p in items
-            ]
-            await asyncio.gather(*futures)
-
-        await self._retry(f"produce to {topic}", once)
+        await self._retry(f"produce to {topic}", lambda: send_all(producer, topic, items))
         self.health.set("producer_connected", True)
 
     async def _publish(self, rel: LedgerRelease) -> None:
