@@ -61,12 +61,13 @@ bench: setup
 
 # The chaos run (default 20 minutes of faults; `make chaos CHAOS_MINUTES=5` for less): three
 # workers, a live producer, kills, pauses, broker stalls, malformed bursts, a slow ledger;
-# then a worker frozen at each fault point, four times each. Writes chaos/REPORT.md and
-# chaos/rss.png.
+# then a worker frozen at each fault point, four times each. Writes chaos/REPORT.md,
+# chaos/rss.png and chaos/FENCING.txt (the frozen-worker runs, one line each).
 CHAOS_MINUTES ?= 20
 chaos: setup
 	$(BIN)/python -m chaos.run --minutes $(CHAOS_MINUTES)
-	STREAM_DP_FENCING_RUNS=4 $(BIN)/pytest tests/integration/test_fencing.py -q
+	FENCING_RUNS=4 $(BIN)/pytest tests/integration/test_fencing.py -q -rA -n 3 -p no:cacheprovider \
+	  > chaos/FENCING.txt 2>&1; status=$$?; cat chaos/FENCING.txt; exit $$status
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

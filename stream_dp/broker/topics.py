@@ -5,9 +5,10 @@ Each YAML file defines one topic: its ``name`` as a template resolved against th
 (``"{output.topic}"``), ``partitions``, the topic ``config`` (values may be templates too,
 e.g. ``"{output.internal_retention_ms}"``; ``retention.ms`` is always explicit: some brokers
 describe only explicitly set configs, and clients such as quixstreams rely on it), the JSON
-Schema file of its records and a description. The replication factor is the config's
-``kafka.replication_factor`` for every topic, or the broker's ``default.replication.factor``
-when unset (CreateTopics with -1, KIP-464).
+Schema file of its records, a description and optionally ``requires``: a boolean setting
+without which the topic is not wanted (``erasure.enabled``). The replication factor is the
+config's ``kafka.replication_factor`` for every topic, or the broker's
+``default.replication.factor`` when unset (CreateTopics with -1, KIP-464).
 
 Existing topics are never changed: a different partition count cannot be fixed without
 breaking open windows (README, Limitations), and a config change is the operator's decision.
@@ -62,6 +63,15 @@ class TopicSpec:
     schema: str  #: file name of the JSON Schema of its record values, in the same folder
     description: str
     source: str | None = field(default=None, compare=False)
+    #: A boolean setting ("erasure.enabled") the topic is wanted only with; None: always.
+    requires: str | None = None
+
+    def wanted(self, config: Config) -> bool:
+        """Whether ``config`` uses this topic."""
+        if self.requires is None:
+            return True
+        section, _, key = self.requires.partition(".")
+        return bool(getattr(getattr(config, section), key))
 
     @property
     def is_input(self) -> bool:
@@ -112,6 +122,7 @@ class _TopicFile(BaseModel):
     config: dict[str, str]
     schema_file: str = Field(alias="schema", min_length=1)
     description: str = Field(min_length=1)
+    requires: str | None = Field(None, pattern=r"^[a-z_]+\.[a-z_]+$")
 
 
 def default_topics_dir() -> Traversable:
@@ -157,6 +168,8 @@ def _load_one(path: Traversable, folder: Traversable) -> TopicSpec:
             "the replication factor comes from kafka.replication_factor)"
         ) from None
     _check_template(parsed.name, where, "name")
+    if parsed.requires is not None:
+        _check_template("{" + parsed.requires + "}", where, "requires")
     for key, value in parsed.config.items():
         _check_template(value, where, f"config.{key}")
     if "retention.ms" not in parsed.config:
@@ -173,6 +186,7 @@ def _load_one(path: Traversable, folder: Traversable) -> TopicSpec:
         schema=parsed.schema_file,
         description=parsed.description.strip(),
         source=str(path),
+        requires=parsed.requires,
     )
 
 
@@ -240,10 +254,11 @@ def resolve_topic(spec: TopicSpec, config: Config) -> Topic:
 def resolve_all(
     config: Config, specs: list[TopicSpec] | None = None, *, include_input: bool = True
 ) -> dict[str, Topic]:
-    """Topic name → resolved topic, refusing two definitions that resolve to the same name."""
+    """Topic name → resolved topic, refusing two definitions that resolve to the same name.
+    Topics the configuration does not use (``requires``) are left out."""
     out: dict[str, Topic] = {}
     for spec in specs if specs is not None else load_topic_specs():
-        if spec.is_input and not include_input:
+        if (spec.is_input and not include_input) or not spec.wanted(config):
             continue
         topic = resolve_topic(spec, config)
         if topic.name in out:

@@ -18,6 +18,7 @@ def _command_modules() -> list[ModuleType]:
     from stream_dp.cli import (
         broker_cmd,
         demo_cmd,
+        erase_cmd,
         examples_cmd,
         keygen_cmd,
         plan_cmd,
@@ -39,6 +40,7 @@ def _command_modules() -> list[ModuleType]:
         sink_cmd,
         broker_cmd,
         topics_cmd,
+        erase_cmd,
         examples_cmd,
         keygen_cmd,
     ]

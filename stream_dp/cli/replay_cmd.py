@@ -1,4 +1,5 @@
-"""``stream-dp replay --config FILE --input EVENTS.jsonl [--ledger FILE] [--json]``.
+"""``stream-dp replay --config FILE --input EVENTS.jsonl [--ledger FILE] [--erasures FILE]
+[--json]``.
 
 Prints what the worker would publish: release and window records, and (``--json``) the
 dead-letter record of every bad line, with its reason, then a summary record. A file none
@@ -48,6 +49,12 @@ def register(sub: Any) -> None:
         help="ledger file (JSON lines; created if missing): one noise draw per window "
         "across runs",
     )
+    p.add_argument(
+        "--erasures",
+        type=Path,
+        help="erasure requests (JSON lines of {user_id, requested_at, request_id}): each "
+        "removes its user from every window released after requested_at (README, Erasure)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON record per line")
     p.set_defaults(func=run)
 
@@ -71,13 +78,17 @@ def _check_usable(path: Path, result: ReplayResult) -> None:
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     keyring = load_keyring(config.pseudonymization)
-    result = replay_file(config, keyring, args.input, ledger_path=args.ledger)
+    result = replay_file(
+        config, keyring, args.input, ledger_path=args.ledger, erasures_path=args.erasures
+    )
     out = sys.stdout
     if args.json:
         for rel in result.releases:
             for rec in rel.records:
                 out.write(orjson.dumps(rec.value, option=orjson.OPT_SORT_KEYS).decode() + "\n")
         for value in dead_letter_values(result.dead):
+            out.write(orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode() + "\n")
+        for value in result.erasure_responses:
             out.write(orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode() + "\n")
         summary = {
             "kind": "replay_summary",
@@ -116,6 +127,14 @@ def run(args: argparse.Namespace) -> int:
     )
     for note in result.notes:
         out.write(f"note: {note}\n")
+    for response in result.erasure_responses:
+        released = response["released_windows_not_recomputed"]
+        affected = response["open_windows_affected"]
+        out.write(
+            f"erasure {response['request_id']}: windows {affected['from']} … {affected['until']} "
+            f"released without the user; {released['from']} … {released['until']} released "
+            "before the request, not recomputed\n"
+        )
     if result.dead:
         out.write(
             f"\n{len(result.dead)} bad records, not released: {_reasons(result.dead)} (--json "

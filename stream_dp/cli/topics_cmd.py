@@ -18,7 +18,9 @@ config: input.topic, output.topic, and output.dead_letter_topic, ledger_topic, p
 and repartition_topic, which default to <kafka.group_id>.dead-letter, .ledger, .partials and
 .repartition. kafka.replication_factor sets every topic's replication factor (unset: the
 broker's default.replication.factor); output.internal_retention_s the retention of the
-partials and repartition topics."""
+partials and repartition topics. With erasure.enabled, also erasure.requests_topic,
+log_topic and responses_topic (<kafka.group_id>.erasure-requests, .erasures and
+.erasure-responses by default)."""
 
 
 def register(subparsers: Any) -> None:

@@ -1,5 +1,6 @@
 """The pipeline specification: one frozen, validated model loaded from YAML plus env overrides."""
 
+from stream_dp.config.erasure import ErasureConfig
 from stream_dp.config.loader import load_config, parse_config
 from stream_dp.config.model import (
     BoundsConfig,
@@ -19,6 +20,7 @@ __all__ = [
     "BoundsConfig",
     "Config",
     "ConfigOrigin",
+    "ErasureConfig",
     "InputConfig",
     "KafkaConfig",
     "MetricsConfig",

@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from stream_dp.config.erasure import ErasureConfig, erasure_problem, fill_erasure_defaults
 from stream_dp.privacy.budget import QueryShare, check_horizon_budget, check_window_budget
 from stream_dp.privacy.continual.binary_tree import MAX_TREE_HORIZON, MIN_HORIZON_WINDOWS
 from stream_dp.privacy.continual.sqrt_factorization import MAX_SQRT_HORIZON
@@ -606,6 +607,23 @@ def _window_or_none(window: Any) -> WindowConfig | None:
         return None  # reported with its path when the whole config is validated
 
 
+def _horizon_or_none(privacy: Any) -> int | None:
+    """``privacy.horizon_windows`` as given (None when invalid: reported with its path)."""
+    if isinstance(privacy, PrivacyConfig):
+        return privacy.horizon_windows
+    default = PrivacyConfig.model_fields["horizon_windows"].default
+    raw = privacy.get("horizon_windows", default) if isinstance(privacy, Mapping) else None
+    if privacy is None:
+        raw = default
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if 1 <= value <= MAX_HORIZON_WINDOWS else None
+
+
 class Config(BaseModel):
     """The whole pipeline specification. :func:`stream_dp.config.load_config` builds it from
     a YAML file and the ``STREAM_DP_*`` environment; constructing it directly reads no
@@ -623,6 +641,7 @@ class Config(BaseModel):
     queries: Annotated[list[QueryConfig], Field(min_length=1)]
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    erasure: ErasureConfig = Field(default_factory=ErasureConfig)
 
     #: Where the values came from (set by the loader; see :attr:`origin`).
     _origin: ConfigOrigin | None = PrivateAttr(default=None)
@@ -637,7 +656,16 @@ class Config(BaseModel):
     def _derived_defaults(cls, data: Any) -> Any:
         """Fill the defaults that follow other keys: topic names from ``kafka.group_id``,
         the internal topics' retention from the window timing."""
-        if not isinstance(data, Mapping) or isinstance(data.get("output"), OutputConfig):
+        if not isinstance(data, Mapping):
+            return data
+        window = _window_or_none(data.get("window"))
+        data = fill_erasure_defaults(
+            data,
+            _group_id(data.get("kafka")),
+            window_size_s=None if window is None else window.size_s,
+            horizon_windows=_horizon_or_none(data.get("privacy")),
+        )
+        if isinstance(data.get("output"), OutputConfig):
             return data
         output = data.get("output", {})
         if not isinstance(output, Mapping):
@@ -647,10 +675,8 @@ class Config(BaseModel):
         for key, suffix in DERIVED_TOPICS.items():
             if filled.get(key) is None:
                 filled[key] = f"{group_id}.{suffix}"
-        if filled.get("internal_retention_s") is None:
-            window = _window_or_none(data.get("window"))
-            if window is not None:
-                filled["internal_retention_s"] = default_internal_retention_s(window)
+        if filled.get("internal_retention_s") is None and window is not None:
+            filled["internal_retention_s"] = default_internal_retention_s(window)
         return {**data, "output": filled}
 
     @model_validator(mode="after")
@@ -697,6 +723,13 @@ class Config(BaseModel):
                 "idle_close_s): open windows would lose their data; remove the key for the "
                 f"default ({default_internal_retention_s(self.window)} s here) or raise it"
             )
+        erasure = erasure_problem(
+            self.erasure,
+            internal_retention_s=self.output.internal_retention_s,
+            life_s=self.window.life_s,
+        )
+        if erasure is not None:
+            raise ValueError(erasure)
         shares = [QueryShare(q.name, q.epsilon, q.delta) for q in self.queries]
         check_window_budget(
             shares,

@@ -47,6 +47,8 @@ PARTIALS_IGNORED_REASONS = (
     "before_coverage",
     "key_mismatch",
     "layout_changed",
+    "superseded",
+    "erasure_stale",
 )
 
 #: Release delay: from a window's end to its publication. Grace and idle-close put it in the
@@ -284,8 +286,29 @@ class Metrics:
             "it already took (duplicate_version), a window already released "
             "(window_released), a malformed record (malformed), a window before the first "
             "covered one (before_coverage), bounded under another pseudonym key "
-            "(key_mismatch) or another partition layout than the window's (layout_changed).",
+            "(key_mismatch) or another partition layout than the window's (layout_changed), a "
+            "version replaced by one that applied more erasures (superseded), or one left "
+            "out because no version applied an erasure in time (erasure_stale).",
             ["reason"],
+            registry=r,
+        )
+
+        # --- erasure (README, "Erasure") ----------------------------------------------------
+        self.erasure_requests_applied = Counter(
+            "stream_dp_erasure_requests_applied",
+            "Erasure requests this worker recorded in the erasure log and answered (bad "
+            "requests count as bad_records{reason=\"bad_erasure_request\"}).",
+            registry=r,
+        )
+        self.erased_events_dropped = Counter(
+            "stream_dp_erased_events_dropped",
+            "Raw input events of erased users dropped on arrival or removed from open "
+            "windows (like events_consumed, a count of raw records, never of whose).",
+            registry=r,
+        )
+        self.erasures_active = Gauge(
+            "stream_dp_erasures_active",
+            "Erasures kept in memory: applied and not yet past every window they affect.",
             registry=r,
         )
 

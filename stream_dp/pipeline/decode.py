@@ -22,6 +22,8 @@ import orjson
 
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE, canonical_float
 
+#: Every dead-letter reason the worker writes (the dead-letter schema's enum and the
+#: pre-initialised ``stream_dp_bad_records_total`` series list exactly these).
 REASONS: Final = (
     "not_utf8",
     "not_json",
@@ -36,6 +38,7 @@ REASONS: Final = (
     "not_keyed_by_user",
     "misplaced_key",
     "bad_internal_record",
+    "bad_erasure_request",
 )
 
 #: Epoch numbers below this are seconds, at or above it milliseconds (CONTRACT.md).

@@ -33,6 +33,13 @@ pseudonymized, in both stages: the batch-local pseudonym cache is keyed by the r
 normalisation runs once per distinct id and batch, not per event. With keyed input the
 record key must be the *normalised* id: two spellings of one user keyed by their raw ids
 could sit on two partitions and be bounded twice.
+
+Erasure (README, "Erasure"; on when the transport sets :attr:`IngestStage.erasures`): both
+stages drop the events of erased pseudonyms on arrival, :meth:`IngestStage.apply_erasures`
+removes newly erased users from every window held, and with :attr:`keep_sealed` a sealed
+window's state stays until its release is known, so that an erasure arriving in between
+re-seals it without the user (:meth:`IngestStage.reseal_due`). Every partial says up to
+which erasure-log position it applied erasures (``erasures_through``).
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from stream_dp.pipeline.placement import (
 )
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
 from stream_dp.privacy.bounding import bounded_totals_columns
+from stream_dp.privacy.erasure import Erasure, ErasureSet
 from stream_dp.privacy.group_values import canonical_value, json_default
 from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
@@ -121,6 +129,8 @@ def _not_keyed_detail(normalization: UserIdNormalization) -> str:
 
 #: Pseudonym cache entry of a user id that normalises to nothing (dead-lettered).
 _EMPTY_ID = b""
+#: No erased pseudonyms (erasure off, or none covers the window).
+_NONE_ERASED: frozenset[Any] = frozenset()
 
 
 class IngestStage(ColumnIngest):
@@ -192,6 +202,15 @@ class IngestStage(ColumnIngest):
         # Stage 0, per input partition: largest event time routed, last record (monotonic).
         self._routed_max: dict[int, float] = {}
         self._routed_activity: dict[int, float] = {}
+        #: Erasures in force (README, Erasure): set by the transport when erasure is on.
+        self.erasures: ErasureSet | None = None
+        #: The erasure-log position this stage's state has applied (stamped on partials).
+        self.erasures_applied = 0
+        #: Keep sealed windows until their release is known (the worker, with erasure on).
+        self.keep_sealed = False
+        #: Per partition, sealed windows kept for a possible re-seal; and those due one.
+        self._kept: dict[int, set[int]] = {}
+        self._reseal: set[tuple[int, int]] = set()
 
     # -- partitions ---------------------------------------------------------------------
     def assign(self, partitions: Iterable[int], now_mono_s: float, *, routed: bool) -> None:
@@ -227,6 +246,8 @@ class IngestStage(ColumnIngest):
             self._sealed_s.pop(p, None)
             self._positions.pop(p, None)
             self._routed_seen.pop(p, None)
+            self._kept.pop(p, None)
+            self._reseal = {(q, ws) for q, ws in self._reseal if q != p}
         self._update_gauges()
 
     @property
@@ -268,6 +289,9 @@ class IngestStage(ColumnIngest):
         cache: dict[str | int, str] = {}
         key_id = ""
         pseudonymize: Callable[[str | int], bytes] | None = None
+        erasures = self.erasures
+        erased: frozenset[str] = _NONE_ERASED
+        n_erased = 0
         for offset, _key, value in records:
             parsed = decode(value, now_s)
             if isinstance(parsed, BadRecord):
@@ -281,12 +305,17 @@ class IngestStage(ColumnIngest):
                 key_id = pseudonymizer.key_id
                 cache = pseudonyms.setdefault(key_id, {})
                 pseudonymize = pseudonymizer.pseudonym
+                if erasures is not None:
+                    erased = erasures.erased_hex(key_id, ws)
             pseudonym = cache.get(user)
             if pseudonym is None:
                 assert pseudonymize is not None
                 pseudonym = cache[user] = self._pseudonym(user, pseudonymize).hex()
             if not pseudonym:
                 dead.append(self._dead(self._empty_user, partition, offset, value, include_payload))
+                continue
+            if erased and pseudonym in erased:
+                n_erased += 1  # erased: not even repartitioned
                 continue
             body = {
                 "u": pseudonym,
@@ -307,6 +336,8 @@ class IngestStage(ColumnIngest):
             if batch_max > self._routed_max.get(partition, -math.inf):
                 self._routed_max[partition] = batch_max
         metrics.events_repartitioned.inc(len(out))
+        if n_erased:
+            metrics.erased_events_dropped.inc(n_erased)
         return out, dead
 
     def progress_marks(self, now_mono_s: float) -> list[bytes]:
@@ -416,6 +447,9 @@ class IngestStage(ColumnIngest):
         pseudonymize: Callable[[str | int], bytes] | None = None
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
+        erasures = self.erasures
+        erased: frozenset[bytes] = _NONE_ERASED
+        n_erased = 0
         for offset, key, value in records:
             pseudonym: bytes | None
             record_key_id: str | None = None
@@ -525,6 +559,8 @@ class IngestStage(ColumnIngest):
                     key_id = pseudonymizer.key_id
                     cache = pseudonyms.setdefault(key_id, {})
                     pseudonymize = pseudonymizer.pseudonym
+                    if erasures is not None:
+                        erased = erasures.erased(key_id, ws)
             if fate != ACCEPT:
                 if fate == LATE:
                     late += 1
@@ -555,6 +591,9 @@ class IngestStage(ColumnIngest):
                         self._dead(self._empty_user, partition, offset, value, include_payload)
                     )
                     continue
+            if erased and pseudonym in erased:
+                n_erased += 1  # erased: never enters a reservoir (and is no activity)
+                continue
             if max_time is None or t > max_time:
                 max_time = t
             run_pseudonyms.append(pseudonym)
@@ -577,6 +616,8 @@ class IngestStage(ColumnIngest):
             metrics.replayed_events_skipped.inc(skipped)
         if duplicates:
             metrics.repartition_duplicates_skipped.inc(duplicates)
+        if n_erased:
+            metrics.erased_events_dropped.inc(n_erased)
         if stale_key:
             metrics.late_events.inc(stale_key)
             log.warning(
@@ -629,13 +670,23 @@ class IngestStage(ColumnIngest):
             if wm is None:
                 continue
             self._sealed_s[p] = wm
-            out.extend((p, ws) for ws in self._state.get(p, {}) if self.windows.is_closed(ws, wm))
+            kept = self._kept.get(p, ())
+            out.extend(
+                (p, ws)
+                for ws in self._state.get(p, {})
+                if ws not in kept and self.windows.is_closed(ws, wm)
+            )
         return sorted(out, key=lambda pw: (pw[1], pw[0]))
 
     def all_open(self) -> list[tuple[int, int]]:
         """Every (partition, window) with state: sealed at the end of a finite input."""
         return sorted(
-            ((p, ws) for p, parts in self._state.items() for ws in parts),
+            (
+                (p, ws)
+                for p, parts in self._state.items()
+                for ws in parts
+                if ws not in self._kept.get(p, ())
+            ),
             key=lambda pw: (pw[1], pw[0]),
         )
 
@@ -683,13 +734,18 @@ class IngestStage(ColumnIngest):
                     events_retained=retained,
                     source_partitions=self.source_partitions,
                     key_id=key_id,
+                    erasures_through=self.erasures_applied,
                 )
             )
         return out
 
     def drop(self, partition: int, window_start_s: int) -> None:
-        """The window's partials are published: its state goes."""
-        self._state.get(partition, {}).pop(window_start_s, None)
+        """The window's partials are published: its state goes — or, with
+        :attr:`keep_sealed`, stays until its release is known (:meth:`drop_released`)."""
+        if self.keep_sealed and window_start_s in self._state.get(partition, {}):
+            self._kept.setdefault(partition, set()).add(window_start_s)
+        else:
+            self._state.get(partition, {}).pop(window_start_s, None)
         self.metrics.partials_published.inc(len(self.queries))
         if len(self._signatures) >= self._compact_signatures_at:
             self._compact_signatures()
@@ -718,6 +774,7 @@ class IngestStage(ColumnIngest):
         """What each assigned partition has sealed: written after its partials."""
         marks = []
         for p, tracker in sorted(self._trackers.items()):
+            kept = self._kept.get(p, ())
             clock_idle = all(tracker.is_idle(s, now_mono_s) for s in tracker.partitions)
             marks.append(
                 SourceWatermark(
@@ -725,11 +782,62 @@ class IngestStage(ColumnIngest):
                     source_partitions=self.source_partitions,
                     watermark_s=self._sealed_s.get(p),
                     idle=clock_idle,
-                    open_windows=bool(self._state.get(p)),
+                    open_windows=any(ws not in kept for ws in self._state.get(p, {})),
                     idle_for_s=tracker.idle_for(now_mono_s) if clock_idle else 0.0,
                 )
             )
         return marks
+
+    # -- erasure (README, "Erasure") -------------------------------------------------------
+    def apply_erasures(self, erasures: Sequence[Erasure], position: int) -> None:
+        """Take in erasures just added to :attr:`erasures` (the log read up to ``position``):
+        remove their users from every window held, and mark the sealed windows kept for
+        their release to be sealed again (every partial must say it applied them)."""
+        removed = 0
+        for p, windows in self._state.items():
+            kept = self._kept.get(p, ())
+            for ws, part in windows.items():
+                covering = [e for e in erasures if e.covers(ws)]
+                if not covering:
+                    continue
+                key_id = self.keyring.for_window(ws).key_id
+                for e in covering:
+                    pseudonym = e.pseudonyms.get(key_id)
+                    if pseudonym is not None:
+                        removed += part.samples.remove(pseudonym)
+                if ws in kept:
+                    self._reseal.add((p, ws))
+        self.erasures_applied = max(self.erasures_applied, position)
+        if removed:
+            self.metrics.erased_events_dropped.inc(removed)
+
+    def reseal_due(self) -> list[tuple[int, int]]:
+        """Sealed windows to seal again (an erasure reached them before their release):
+        publish :meth:`seal` of each, then :meth:`drop` it as after the first seal."""
+        due = sorted(
+            ((p, ws) for p, ws in self._reseal if ws in self._state.get(p, {})),
+            key=lambda pw: (pw[1], pw[0]),
+        )
+        self._reseal.clear()
+        return due
+
+    def drop_released(self) -> int:
+        """Forget kept sealed windows whose release is now known; returns how many."""
+        gone = 0
+        released = self._windows_released.released
+        for p, kept in self._kept.items():
+            for ws in [w for w in kept if released(w)]:
+                kept.discard(ws)
+                self._state.get(p, {}).pop(ws, None)
+                gone += 1
+        if gone:
+            self._update_gauges()
+        return gone
+
+    @property
+    def kept_windows(self) -> int:
+        """Sealed windows held until their release is known."""
+        return sum(len(kept) for kept in self._kept.values())
 
     # -- offsets --------------------------------------------------------------------------
     def safe_offsets(self) -> dict[int, int]:

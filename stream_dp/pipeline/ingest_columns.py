@@ -37,6 +37,7 @@ from stream_dp.pipeline.columns import (
 from stream_dp.pipeline.decode import BadRecord, Decoder
 from stream_dp.pipeline.packed import PACKED_KEY_PREFIX, PackedEvents, encode_events
 from stream_dp.pipeline.placement import pseudonym_partitions
+from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.pseudonymize import KeyRing
 from stream_dp.privacy.user_samples import SamplingGenerator, UserSamples
 from stream_dp.windows import TumblingWindows, WatermarkTracker
@@ -104,6 +105,7 @@ class ColumnIngest:
     _normalize: Callable[[str | int], str | int]
     _partitions_of_keys: Callable[[Sequence[bytes], int], np.ndarray]
     _empty_user: BadRecord
+    erasures: ErasureSet | None
 
     def _tracker(self, partition: int, now_mono_s: float, *, routed: bool) -> WatermarkTracker:
         raise NotImplementedError
@@ -142,7 +144,8 @@ class ColumnIngest:
         else:
             cols, offsets = self._decode_each(partition, records, now_s, dead)
         out: list[tuple[bytes, bytes, int]] = []
-        routed = 0
+        routed = erased = 0
+        sent = np.zeros(len(offsets), dtype=bool)
         if len(offsets):
             starts = self._window_starts(cols.times)
             key_of = {ws: self.keyring.for_window(ws) for ws in np.unique(starts).tolist()}
@@ -170,10 +173,22 @@ class ColumnIngest:
                 present = np.unique(index[rows])
                 local = np.full(len(users), -1, dtype=np.int64)
                 local[present] = np.arange(len(present))
-                pseudonyms = b"".join(pseudonymizer.pseudonym(normal[i]) for i in present.tolist())
-                per_event = np.frombuffer(pseudonyms, dtype=np.uint8).reshape(-1, 16)
+                listed = [pseudonymizer.pseudonym(normal[i]) for i in present.tolist()]
+                if self.erasures is not None:  # erased: not even repartitioned
+                    for ws in np.unique(starts[rows]).tolist():
+                        gone_users = self.erasures.erased(pseudonymizer.key_id, ws)
+                        if not gone_users:
+                            continue
+                        gone = np.array([p in gone_users for p in listed], dtype=bool)
+                        hit = rows & (starts == ws) & gone[np.maximum(local[index], 0)]
+                        erased += int(np.count_nonzero(hit))
+                        rows &= ~hit
+                    if not rows.any():
+                        continue
+                per_event = np.frombuffer(b"".join(listed), dtype=np.uint8).reshape(-1, 16)
                 per_event = per_event[local[index[rows]]]
                 targets = pseudonym_partitions(per_event.tobytes(), self.routed_partitions)
+                sent |= rows
                 chosen = np.flatnonzero(rows)
                 for target in np.unique(targets).tolist():
                     here = chosen[targets == target]
@@ -194,10 +209,12 @@ class ColumnIngest:
                 # Valid events only: a partition delivering only bad records is idle, and a
                 # time stamped ahead of the clock moves its progress no further than the clock.
                 self._routed_activity[partition] = now_mono_s
-                batch_max = min(float(cols.times[~empty].max()), now_s)
+                batch_max = min(float(cols.times[sent].max()), now_s)
                 if batch_max > self._routed_max.get(partition, -math.inf):
                     self._routed_max[partition] = batch_max
         metrics.events_repartitioned.inc(routed)
+        if erased:
+            metrics.erased_events_dropped.inc(erased)
         return out, dead
 
     def _decode_each(
@@ -230,7 +247,6 @@ class ColumnIngest:
             EventColumns(users, np.array(times, dtype=np.float64), fields),
             np.array(offsets, dtype=np.int64),
         )
-
 
     # -- stage 1 ---------------------------------------------------------------------------
     def _fate(self, partition: int, window_start_s: int) -> int:
@@ -291,7 +307,8 @@ class ColumnIngest:
             homes = self._partitions_of_keys(expected, self.source_partitions)
             if (homes != partition).any():
                 return False
-        late = skipped = 0
+        late = skipped = erased = 0
+        max_time: float | None = None
         if accepted:
             pseudonyms = pseudonym_columns(normal, self.keyring.for_window(accepted[0]).pseudonym)
             if pseudonyms is None:
@@ -310,11 +327,20 @@ class ColumnIngest:
                 sids[:] = intern_signatures(fields, self._signature_ids, self._signatures)
             else:
                 sids[mask] = intern_signatures(fields, self._signature_ids, self._signatures)
+            kept = np.zeros(len(records), dtype=bool)
+            key_id = self.keyring.for_window(accepted[0]).key_id
             for ws in accepted:
-                rows = np.flatnonzero(starts == ws)
-                self._accept(partition, ws, offsets[rows[0]], words[rows], sids[rows])
-            taken = cols.times if mask is None else cols.times[mask]
-            max_time = float(taken.max())
+                rows = starts == ws
+                first = offsets[int(np.argmax(rows))]  # the window's first record
+                gone = self._erased_rows(key_id, ws, words)
+                if gone is not None:  # erased: never enters a sample (and is no activity)
+                    erased += int(np.count_nonzero(rows & gone))
+                    rows &= ~gone
+                # (State for the window even if all its events were erased, as record by
+                # record: it is sealed and released like any other.)
+                self._accept(partition, ws, first, words[rows], sids[rows])
+                kept |= rows
+            max_time = float(cols.times[kept].max()) if kept.any() else None
         for ws, fate in fates.items():
             if fate == LATE:
                 late += int(np.count_nonzero(starts == ws))
@@ -324,8 +350,10 @@ class ColumnIngest:
         metrics.events_consumed.inc(len(records))
         self._positions[partition] = records[-1][0] + 1
         tracker = self._tracker(partition, now_mono_s, routed=False)
-        if accepted:
+        if max_time is not None:
             tracker.observe(partition, min(max_time, now_s), now_mono_s)
+        if erased:
+            metrics.erased_events_dropped.inc(erased)
         if late:
             metrics.late_events.inc(late)
         if skipped:
@@ -366,7 +394,7 @@ class ColumnIngest:
         )
         sids = table[packed.signature_index]
         starts = self._window_starts(packed.times)
-        late = skipped = stale = 0
+        late = skipped = stale = erased = 0
         for ws in np.unique(starts[fresh]).tolist():
             rows = fresh & (starts == ws)
             count = int(np.count_nonzero(rows))
@@ -378,7 +406,14 @@ class ColumnIngest:
             elif packed.key_id != self.keyring.for_window(ws).key_id:
                 stale += count
             else:
-                self._accept(partition, ws, offset, words[rows], sids[rows])
+                gone = self._erased_rows(packed.key_id, ws, words)
+                if gone is not None:  # erased: never enters a sample
+                    erased += int(np.count_nonzero(rows & gone))
+                    rows &= ~gone
+                if rows.any():
+                    self._accept(partition, ws, offset, words[rows], sids[rows])
+        if erased:
+            metrics.erased_events_dropped.inc(erased)
         if late or stale:
             metrics.late_events.inc(late + stale)
         if skipped:
@@ -391,6 +426,23 @@ class ColumnIngest:
                 extra={"partition": partition},
             )
         return dead
+
+    def _erased_rows(
+        self, key_id: str, window_start_s: int, words: np.ndarray
+    ) -> np.ndarray | None:
+        """Which rows (pseudonyms as (n, 2) words) belong to users erased for the window
+        (README, Erasure); None when nobody is."""
+        if self.erasures is None:
+            return None
+        erased = self.erasures.erased(key_id, window_start_s)
+        if not erased:
+            return None
+        targets = np.frombuffer(b"".join(sorted(erased)), dtype=np.uint64).reshape(-1, 2)
+        candidates = np.flatnonzero(np.isin(words[:, 0], targets[:, 0]))
+        rows = np.zeros(len(words), dtype=bool)
+        for i in candidates.tolist():
+            rows[i] = words[i].tobytes() in erased
+        return rows
 
     def _intern(self, signature: tuple[Any, ...]) -> int:
         sid = self._signature_ids.get(signature)

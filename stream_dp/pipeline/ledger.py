@@ -19,8 +19,11 @@ winning draw's part in favour of a losing one's.
 Other records: ``published`` markers (latest per key wins: which draw reached the output),
 ``progress`` (per partials partition, the next window its owner has not released — every
 window before it was released and published), ``coverage`` (the first covered window; the
-first such record in log order wins) and ``fence`` records. Readers treat the topic as a log:
-the embedded broker accepts ``cleanup.policy=compact`` but does not apply it (BROKER.md).
+first such record in log order wins), ``cut`` (with erasure on: written before a window's
+releaser reads the erasure log, so an erasure recorded after it may not apply to that
+window — :mod:`stream_dp.pipeline.erasure_gate`) and ``fence`` records. Readers treat the
+topic as a log: the embedded broker accepts ``cleanup.policy=compact`` but does not apply
+it (BROKER.md).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ FENCE_PREFIX: Final = "__fence__|"
 PROGRESS_PREFIX: Final = "__progress__|"
 COVERAGE_KEY: Final = "__coverage__"
 ROTATION_PREFIX: Final = "__rotation__|"
+CUT_PREFIX: Final = "__cut__|"
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class LedgerRelease:
     #: The partial version taken per source partition (stage 2 takes exactly one each).
     sources: dict[int, str] = field(default_factory=dict)
     published: bool = False
+    #: Erasure-log position its partials had applied (README, Erasure; 0 with erasure off).
+    erasures_through: int = 0
     #: The records' values as the output topic's bytes, once encoded (by the ledger's
     #: encoding of a fresh draw; the publication reuses them).
     encoded: list[bytes] | None = field(default=None, compare=False, repr=False)
@@ -82,6 +88,7 @@ class _Parts:
     epsilon_spent: float
     delta_spent: float
     sources: dict[int, str]
+    erasures_through: int = 0
     received: dict[int, list[OutputRecord]] = field(default_factory=dict)
 
 
@@ -119,6 +126,8 @@ def encode_release(
         "created_at": created,
         "sources": {str(p): v for p, v in sorted(release.sources.items())},
     }
+    if release.erasures_through:
+        header["erasures_through"] = release.erasures_through
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - len(orjson.dumps(header)) - 32
     chunks = join_in_parts(entries, budget, what=f"a release of query {release.query}")
     out = []
@@ -170,6 +179,17 @@ def encode_coverage(first_window_start_s: int, window_size_s: int) -> tuple[str,
     return COVERAGE_KEY, orjson.dumps(value)
 
 
+def encode_cut(window_start_s: int) -> tuple[str, bytes]:
+    """The window's release applies the erasures recorded before this record (and maybe
+    later ones): what an erasure response calls a release that had begun."""
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "cut",
+        "window_start": iso_utc(window_start_s),
+    }
+    return f"{CUT_PREFIX}{iso_utc(window_start_s)}", orjson.dumps(value)
+
+
 def encode_rotation(key_id: str, previous_key_id: str, rotate_at_s: float) -> tuple[str, bytes]:
     """A key rotation this deployment has applied (so a restart after it is not refused)."""
     value = {
@@ -201,6 +221,8 @@ class LedgerIndex:
         self.partials_partitions: int | None = None
         #: The first covered window (first coverage record in log order), if recorded.
         self.coverage_start_s: int | None = None
+        #: The latest window whose release had begun (a cut record), with erasure on.
+        self.latest_cut_s: int | None = None
         #: Key rotations applied: (previous key id, key id, rotate_at epoch s).
         self.rotations: set[tuple[str, str, int]] = set()
         #: Complete draws that lost to an earlier complete draw of the same (query, window).
@@ -240,6 +262,10 @@ class LedgerIndex:
         elif kind == "coverage":
             if self.coverage_start_s is None:
                 self.coverage_start_s = epoch_of_iso(str(obj["first_window_start"]))
+        elif kind == "cut":
+            ws = epoch_of_iso(str(obj["window_start"]))
+            if self.latest_cut_s is None or ws > self.latest_cut_s:
+                self.latest_cut_s = ws
         elif kind == "rotation":
             self.rotations.add(
                 (
@@ -262,6 +288,7 @@ class LedgerIndex:
                 epsilon_spent=float(value["epsilon_spent"]),
                 delta_spent=float(value["delta_spent"]),
                 sources={int(p): str(v) for p, v in value.get("sources", {}).items()},
+                erasures_through=int(value.get("erasures_through", 0)),
             )
         parts.received[int(value["part"])] = [
             OutputRecord(str(r["key"]), r["value"]) for r in value["records"]
@@ -285,6 +312,7 @@ class LedgerIndex:
             records=[r for i in range(parts.parts) for r in parts.received[i]],
             sources=parts.sources,
             published=self._published.get(ident) == rid,
+            erasures_through=parts.erasures_through,
         )
 
     def get(self, query: str, window_start_s: int) -> LedgerRelease | None:

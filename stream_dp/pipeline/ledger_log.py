@@ -101,6 +101,25 @@ class LedgerLog:
         finally:
             reader.pause(*tps)
 
+    async def poll(self, timeout_ms: int = 100) -> int:
+        """Read what has arrived on every partition, without a fence (no promise of having
+        read everything): enough to learn, soon, of windows other workers released.
+        Returns the number of records fed."""
+        assert self._reader is not None, "start() first"
+        reader = self._reader
+        tps = [TopicPartition(self.topic, p) for p in self.partitions]
+        reader.resume(*tps)
+        try:
+            batch = await reader.getmany(timeout_ms=timeout_ms, max_records=10_000)
+        finally:
+            reader.pause(*tps)
+        fed = 0
+        for messages in batch.values():
+            for m in messages:
+                self.index.feed(m.key.decode() if m.key else "", m.value)
+                fed += 1
+        return fed
+
     async def _read_to_fences(self, pending: set[int], fence_key: bytes) -> int:
         assert self._reader is not None
         fed = 0

@@ -5,6 +5,10 @@ and the ledger topic; here the same records (encoded and decoded exactly as on t
 go through lists, so replay and the worker share every step but the transport — the ledger
 included: a release is "ledgered" by feeding its encoded records to the ledger index, and
 what is published is the index's winner, as in the worker.
+
+With ``erasures`` (README, "Erasure") both stages drop the erased users' events in the
+windows each erasure covers; every erasure is known before the first event, so every partial
+has applied them all, and each window's release writes its ``cut`` as the worker's does.
 """
 
 from __future__ import annotations
@@ -13,18 +17,21 @@ import random  # only the type of the reservoir/L0 sampling PRNG (see new_sampli
 from collections.abc import Callable, Sequence
 
 from stream_dp.config.model import Config
+from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage, InputRecord
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
     encode_coverage,
+    encode_cut,
     encode_progress,
     encode_published,
     encode_release,
 )
 from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
+from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.pseudonymize import KeyRing
 
 #: Receives every ledger record written, as (key, value), in log order.
@@ -45,6 +52,7 @@ class LocalPipeline:
         sampling_rng: random.Random | None = None,
         exact_totals_observer: ExactTotalsObserver | None = None,
         retain_ledger: bool = False,
+        erasures: ErasureSet | None = None,
     ) -> None:
         self.metrics = metrics if metrics is not None else Metrics()
         self._ledger_sink = ledger_sink
@@ -65,6 +73,10 @@ class LocalPipeline:
             sampling_rng=sampling_rng,
         )
         self.ingest_stage.source_partitions = partitions
+        self.erasures = erasures
+        if erasures is not None:
+            self.ingest_stage.erasures = erasures
+            self.ingest_stage.erasures_applied = erasures.position
         if partitions == 1:
             self.ingest_stage.enforce_user_keys = False
         self._partitions = partitions
@@ -160,6 +172,12 @@ class LocalPipeline:
         """What the worker does with a due window: draw, ledger, publish the ledger's
         winners, record progress."""
         stage = self.release
+        if self.erasures is not None:
+            self._write_ledger([encode_cut(window_start_s)])
+            if stage.erasures_applied(window_start_s) < self.erasures.required_position(
+                window_start_s
+            ):  # every erasure was known before the first event: cannot happen
+                raise PrivacyError("a partial missed an erasure it must apply")
         for rel in stage.compute_release(window_start_s, now_s=now_s):
             self._write_ledger(encode_release(rel, now_s=now_s, max_bytes=self._max_bytes))
         winners = stage.winners(window_start_s)

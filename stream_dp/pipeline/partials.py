@@ -10,7 +10,9 @@ a stage-2 owner that has read a watermark has read every partial it covers.
 
 A partial may be published twice for one (query, window, source partition): stage 1
 replays its input after a crash and its reservoirs sample anew. Each publication carries a
-fresh ``version``; stage 2 takes the first complete version, never a sum of two.
+fresh ``version``; stage 2 takes the first complete version, never a sum of two — unless a
+later version applied more erasures (``erasures_through``, README "Erasure"): stage 1
+publishes one when an erasure reaches a window it sealed, and stage 2 takes that instead.
 
 Partials hold exact counts per key and no raw id: the topic is internal and access-controlled
 (ARCHITECTURE.md, "Where each number goes"). Schema: ``stream_dp/topics/partials.schema.json``.
@@ -71,6 +73,8 @@ class Partial:
     #: partition, under one pseudonym, only within one layout).
     source_partitions: int = 1
     key_id: str = ""
+    #: Erasure-log position the source had applied when it computed the totals.
+    erasures_through: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,7 @@ class PartialPart:
     totals: Sequence[tuple[GroupKey, KeyAggregate]]
     source_partitions: int = 1
     key_id: str = ""
+    erasures_through: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +145,8 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
         "events_seen": partial.events_seen,
         "events_retained": partial.events_retained,
     }
+    if partial.erasures_through:
+        header["erasures_through"] = partial.erasures_through
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
     chunks = encode_in_parts(
         entries, budget, what=f"a partial of query {partial.query}", default=json_default
@@ -262,6 +269,7 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 events_retained=int(obj["events_retained"]),
                 source_partitions=int(obj.get("source_partitions", 1)),
                 key_id=str(obj.get("key_id", "")),
+                erasures_through=int(obj.get("erasures_through", 0)),
                 totals=TotalsRows(_decode_totals(obj["totals"])),
             )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -321,15 +329,24 @@ class TotalsRows(Sequence[tuple[GroupKey, KeyAggregate]]):
 
 
 class PartialAssembler:
-    """Collects parts per (query, window, source partition); the first complete version wins."""
+    """Collects parts per (query, window, source partition): the first complete version is
+    taken, and replaced only by a later complete version that applied more erasures."""
 
     def __init__(self) -> None:
         self._parts: dict[str, dict[int, PartialPart]] = {}
         self.taken: Partial | None = None
 
+    def supersedes(self, part: PartialPart) -> bool:
+        """Whether ``part`` belongs to a version that would replace the taken one."""
+        taken = self.taken
+        return taken is None or (
+            part.version != taken.version and part.erasures_through > taken.erasures_through
+        )
+
     def add(self, part: PartialPart) -> bool:
-        """Add a part; True when this completed the first version (now in ``taken``)."""
-        if self.taken is not None:
+        """Add a part; True when this completed a version that is now ``taken`` (the first,
+        or one that supersedes it)."""
+        if not self.supersedes(part):
             return False
         received = self._parts.setdefault(part.version, {})
         received[part.part] = part
@@ -346,8 +363,14 @@ class PartialAssembler:
             events_retained=part.events_retained,
             source_partitions=part.source_partitions,
             key_id=part.key_id,
+            erasures_through=part.erasures_through,
         )
-        self._parts.clear()
+        # Versions that could no longer replace this one are dropped; later ones may come.
+        self._parts = {
+            v: parts
+            for v, parts in self._parts.items()
+            if next(iter(parts.values())).erasures_through > part.erasures_through
+        }
         return True
 
 

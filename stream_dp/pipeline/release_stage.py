@@ -52,6 +52,10 @@ from stream_dp.windows.watermark import IDLE_CONFIRM_S
 
 log = logging.getLogger(__name__)
 
+#: What :meth:`ReleaseStage.erasures_applied` says of a window without partials: it holds
+#: no one's events, so every erasure is applied.
+_NO_PARTIALS = 2**62
+
 #: (query, window start, exact bounded aggregates per group key) — see ReleaseStage.__init__.
 ExactTotalsObserver = Callable[[str, int, Mapping[tuple[Any, ...], KeyAggregate]], None]
 
@@ -255,19 +259,25 @@ class ReleaseStage:
         assembler = pending.assemblers.get(ident)
         if assembler is None:
             assembler = pending.assemblers[ident] = PartialAssembler()
-        if assembler.taken is not None and assembler.taken.version != part.version:
-            ignored.labels(reason="duplicate_version").inc()
+        if assembler.taken is not None and not assembler.supersedes(part):
+            if assembler.taken.version != part.version:
+                ignored.labels(reason="duplicate_version").inc()
             return
+        before = assembler.taken
         if assembler.add(part):
             taken = assembler.taken
             assert taken is not None
+            if before is not None:
+                # A version that applied more erasures replaces the one taken (README,
+                # Erasure): still one version per source, never a sum of two.
+                ignored.labels(reason="superseded").inc()
             layout = (taken.source_partitions, taken.key_id)
             if pending.layout is None:
                 pending.layout = layout
             elif layout != pending.layout:
                 # Bounded under another partition layout (partitions were added): a user
                 # may be on a partition of each layout, so only one layout is merged.
-                assembler.taken = None
+                assembler.taken = before
                 ignored.labels(reason="layout_changed").inc()
                 log.error(
                     "a partial bounded under another partition layout was left out",
@@ -355,8 +365,45 @@ class ReleaseStage:
             taken = self._taken(pending, q.name, window_start_s)
             aggregates = merge_totals(taken)
             sources = {p.source_partition: p.version for p in taken}
-            out.append(self._release(q, window_start_s, window_end_s, aggregates, sources, horizon))
+            rel = self._release(q, window_start_s, window_end_s, aggregates, sources, horizon)
+            rel.erasures_through = min((p.erasures_through for p in taken), default=0)
+            out.append(rel)
         return out
+
+    def erasures_applied(self, window_start_s: int) -> int:
+        """The erasure-log position every partial the window would merge has applied: the
+        least ``erasures_through`` of the versions taken (README, Erasure). A window whose
+        partials have not applied an erasure it must exclude waits for newer versions."""
+        pending = self._pending(window_start_s)
+        if pending is None:
+            return _NO_PARTIALS
+        taken = [a.taken for a in pending.assemblers.values() if a.taken is not None]
+        return min((p.erasures_through for p in taken), default=_NO_PARTIALS)
+
+    def drop_stale_partials(self, window_start_s: int, required: int) -> int:
+        """Leave out of the window every partial that did not apply the erasure log up to
+        ``required`` (README, Erasure: when no newer version came in time). That source's
+        data is missing from the window — never the erased user's. Returns how many."""
+        pending = self._pending(window_start_s)
+        dropped = 0
+        for assembler in pending.assemblers.values() if pending is not None else ():
+            if assembler.taken is not None and assembler.taken.erasures_through < required:
+                assembler.taken = None
+                dropped += 1
+        if dropped:
+            self.metrics.partials_ignored.labels(reason="erasure_stale").inc(dropped)
+        return dropped
+
+    def last_released(self, r: int) -> int | None:
+        """The latest window of partials partition ``r`` known released (None: none yet)."""
+        if self.coverage_start_s is None:
+            return None
+        cursor = self.cursor(r)
+        return (
+            None
+            if cursor <= self._first_on(r)
+            else cursor - self.windows.size_s * self.partials_partitions
+        )
 
     def winners(self, window_start_s: int) -> list[LedgerRelease]:
         """The ledger's release of each query of the window (first complete draw in log

@@ -12,6 +12,8 @@ with their recorded values and never drawn again, and new draws are appended to 
 
 The first covered window is ``window.start_at``, else the ledger's, else the window of the
 first event read — which depends on the data: set ``window.start_at`` for output you share.
+
+With ``erasures_path`` the run applies erasure requests (:mod:`~stream_dp.pipeline.erasure_replay`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import orjson
 from stream_dp.config.model import Config
 from stream_dp.errors import ConfigError
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.erasure_replay import read_erasure_file
 from stream_dp.pipeline.ingest import DeadLetter, InputRecord
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
 from stream_dp.pipeline.local import LocalPipeline
@@ -54,6 +57,8 @@ class ReplayResult:
     coverage_start_s: int | None = None
     lines_read: int = 0
     notes: list[str] = field(default_factory=list)
+    #: The response record of each erasure request (``--erasures``), as the worker's.
+    erasure_responses: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def usable(self) -> int:
@@ -111,9 +116,13 @@ def replay_file(
     *,
     metrics: Metrics | None = None,
     ledger_path: Path | None = None,
+    erasures_path: Path | None = None,
 ) -> ReplayResult:
     """Run the pipeline over a file (see the module docstring for what it spends)."""
     result = ReplayResult(releases=[], dead=[], ledger_path=ledger_path)
+    erasures = (
+        read_erasure_file(erasures_path, config, keyring) if erasures_path is not None else None
+    )
     ledger = read_ledger_file(ledger_path) if ledger_path is not None else None
     recorded = {(r.query, r.window_start_s) for r in ledger.releases()} if ledger else set()
     sink: IO[bytes] | None = None
@@ -135,12 +144,15 @@ def replay_file(
             ledger=ledger,
             ledger_sink=append if sink is not None else None,
             retain_ledger=True,
+            erasures=None if erasures is None else erasures.erasures,
         )
         result.releases = _run(pipeline, path, result)
     finally:
         if sink is not None:
             sink.close()
     result.coverage_start_s = pipeline.coverage_start_s
+    if erasures is not None:
+        result.erasure_responses = erasures.responses(config, pipeline.coverage_start_s)
     if ledger is not None:
         result.from_ledger = sum(
             1 for r in result.releases if (r.query, r.window_start_s) in recorded

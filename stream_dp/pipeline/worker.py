@@ -28,6 +28,10 @@ no complete draw: nothing was published, the window is rebuilt from the re-read 
 drawn then. A crash after 2 leaves a draw in the ledger: it is read back at start and
 whenever partials partitions move here, republished unchanged, never recomputed.
 
+Erasure (README, "Erasure"; ``erasure.enabled``): :class:`WorkerErasure` reads requests and
+the erasure log; before step 1 the releaser writes the window's ``cut`` and draws only once
+the window's partials applied the erasures recorded before it.
+
 Failures: a member told it lost its membership or generation (commit, heartbeat) counts it,
 keeps running and lets the group's rejoin hand it its partitions again (their state is
 dropped and rebuilt). A broker write that keeps failing for ``kafka.give_up_after_s`` stops
@@ -64,16 +68,18 @@ from stream_dp.errors import BrokerError, ConfigError, StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.decode import REASONS
+from stream_dp.pipeline.erasure_worker import WorkerErasure
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
     encode_coverage,
+    encode_cut,
     encode_progress,
     encode_published,
     encode_rotation,
 )
-from stream_dp.pipeline.ledger_log import LedgerLog
+from stream_dp.pipeline.ledger_log import LedgerLog, LedgerReadError
 from stream_dp.pipeline.offload import draw_window, output_values, run_off_loop, seal_windows
 from stream_dp.pipeline.partials import RecordTooLargeError, encode_watermark
 from stream_dp.pipeline.producing import Outgoing, send_all
@@ -103,6 +109,9 @@ PAUSE_POINT_ENV = "STREAM_DP_TEST_PAUSE_POINT"
 #: Test-only: every write to the ledger topic waits this many seconds first (a slow ledger
 #: partition, for the chaos run). Same switch as the crash points.
 LEDGER_DELAY_ENV = "STREAM_DP_TEST_LEDGER_DELAY_S"
+#: Test-only: the first N ledger reads when partitions arrive fail (a broker hiccup while
+#: taking partitions). Same switch as the crash points.
+TAKE_FAILURES_ENV = "STREAM_DP_TEST_TAKE_FAILURES"
 
 MAX_RECORDS_PER_FETCH = 10_000
 FETCH_TIMEOUT_MS = 200
@@ -120,6 +129,9 @@ MAX_RELEASES_PER_ITERATION = 32
 MAX_BATCH_BYTES = 512 * 1024
 #: A release with more records than this is encoded for the output topic off the loop.
 OFF_LOOP_RECORDS = 2_000
+#: A graceful stop (flush, commit, leave the group, close) takes at most this long in all,
+#: below the service's SHUTDOWN_TIMEOUT_S, even when the broker does not answer.
+SHUTDOWN_BUDGET_S = 20.0
 #: Topic metadata is refreshed this often, so partition-count changes are seen soon.
 METADATA_MAX_AGE_MS = 10_000
 
@@ -149,6 +161,7 @@ class _TestFaults:
         self.crash = self._parse(os.environ.get(CRASH_POINT_ENV, "") if allowed else "")
         self.pause = self._parse(os.environ.get(PAUSE_POINT_ENV, "") if allowed else "")
         self.ledger_delay_s = float(os.environ.get(LEDGER_DELAY_ENV, "0") or 0) if allowed else 0.0
+        self.take_failures = int(os.environ.get(TAKE_FAILURES_ENV, "0") or 0) if allowed else 0
 
     @staticmethod
     def _parse(spec: str) -> list[Any] | None:
@@ -254,6 +267,9 @@ class Worker:
         self._partials_topic = out.partials_topic
         self._ledger_topic = out.ledger_topic
         self._max_bytes = config.kafka.max_message_bytes
+        #: Erasure requests, log and release gate (README, Erasure); None when off.
+        self._erasure: WorkerErasure | None = None
+        self._requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
         for q in config.queries:
             self.metrics.add_query(q.name)
 
@@ -295,6 +311,8 @@ class Worker:
                 **common,
             )
             topics = {self._input_topic, self._stage1_topic, self._partials_topic}
+            if self._requests_topic is not None:
+                topics.add(self._requests_topic)
             self._consumer.subscribe(sorted(topics), listener=_Rebalance(self))
             await self._retry("start consumer", self._consumer.start, bounded=False)
             await self._loop()
@@ -367,6 +385,16 @@ class Worker:
             self.config, self.keyring, released=self.release, metrics=self.metrics
         )
         self.ingest.routed_partitions = max(1, len(self._routed_to))
+        if self.config.erasure.enabled:
+            self._erasure = WorkerErasure(
+                self.config,
+                self.keyring,
+                metrics=self.metrics,
+                client_options=self._common,
+                send_many=self._send_many,
+                retry=lambda what, op, bounded: self._retry(what, op, bounded=bounded),
+            )
+            await self._erasure.start(self.ingest, self.release)
         self.metrics.ledger_windows_loaded.inc(len(self.ledger))
         self.health.set("ledger_loaded", True)
         log.info(
@@ -432,24 +460,29 @@ class Worker:
 
     async def _shutdown(self, *, commit: bool) -> None:
         """Flush, commit what is safe (only on a graceful stop), leave the group. Open
-        windows are NOT released."""
+        windows are NOT released. Every step shares one deadline (SHUTDOWN_BUDGET_S), so an
+        unreachable broker cannot make the stop outlast the service's patience."""
+        deadline = time.monotonic() + SHUTDOWN_BUDGET_S
+
+        async def step(op: Callable[[], Awaitable[Any]]) -> None:
+            remaining = deadline - time.monotonic()
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(op(), timeout=max(0.1, remaining))
+
         try:
             if self._producer is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._producer.flush(), timeout=10)
+                await step(self._producer.flush)
             if commit and self._consumer is not None and self.ingest is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._commit(), timeout=10)
+                await step(self._commit)
         finally:
             if self._consumer is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._consumer.stop(), timeout=10)
+                await step(self._consumer.stop)
             if self._ledger_log is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._ledger_log.stop(), timeout=10)
+                await step(self._ledger_log.stop)
+            if self._erasure is not None:
+                await step(self._erasure.stop)
             if self._producer is not None:
-                with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                    await asyncio.wait_for(self._producer.stop(), timeout=10)
+                await step(self._producer.stop)
             self.health.set("partitions_assigned", False)
             self.health.set("producer_connected", False)
 
@@ -670,6 +703,10 @@ class Worker:
         r = self._partials_partition_of(window_start_s)
         if not self._owns(TopicPartition(self._partials_topic, r)):
             return False
+        if self._erasure is not None and not await self._erasure.ready_to_draw(
+            window_start_s, stage, self._write_cut
+        ):
+            return False  # a partial must first apply an erasure (stage 1 re-seals it)
         self._faults.reached("before_draw")
         # The draw (merge, selection, noise, records, their ledger encoding) runs off the
         # event loop: fetching, commits' heartbeats and /metrics go on meanwhile.
@@ -700,6 +737,8 @@ class Worker:
             if not rel.published:
                 await self._publish(rel)
         cursor = stage.finish_window(window_start_s, winners, time.time())
+        if self._erasure is not None:
+            self._erasure.released(window_start_s)
         key, value = encode_progress(r, len(self._partials_partitions), cursor)
         await self._send_many(self._ledger_topic, [(key, value, ledger_partition)])
         log.info(
@@ -711,6 +750,13 @@ class Worker:
             },
         )
         return True
+
+    async def _write_cut(self, window_start_s: int) -> None:
+        """The window's ``cut`` (erasure on): acknowledged before the erasure log is read."""
+        key, value = encode_cut(window_start_s)
+        await self._send_many(
+            self._ledger_topic, [(key, value, self._ledger_partition_of(window_start_s))]
+        )
 
     # -- consuming ------------------------------------------------------------------------
     def _split(self, tps: Sequence[TopicPartition]) -> tuple[list[int], list[int], list[int]]:
@@ -794,6 +840,7 @@ class Worker:
         self._to_take = []
         if pending:
             self._consumer.resume(*pending)
+            log.info("partitions taken: ledger read, state built, fetching resumed")
         self.health.set("partitions_assigned", bool(current))
 
     async def _take(self, assigned: list[TopicPartition]) -> None:
@@ -816,6 +863,9 @@ class Worker:
         if partials:
             # Another worker may have released windows of these partitions: read the
             # ledger to fresh fences before taking any of their partials.
+            if self._faults.take_failures > 0:
+                self._faults.take_failures -= 1
+                raise LedgerReadError("test fault: the ledger read failed")
             await self._catch_up_ledger(None, bounded=True)
             self.release.adopt_ledger()
             await self._republish_unpublished(set(partials))
@@ -873,6 +923,9 @@ class Worker:
         self.ingest.revoke(stage1)
         self.release.revoke(partials)
         self.ingest.forget_routed(routed)
+        if self._erasure is not None:
+            requests = [tp.partition for tp in revoked if tp.topic == self._requests_topic]
+            self._erasure.revoke(requests)
         for p in routed:
             self._routed_positions.pop(p, None)
         for tp in revoked:
@@ -892,6 +945,11 @@ class Worker:
         out.update(
             (TopicPartition(self._input_topic, p), off) for p, off in self._routed_positions.items()
         )
+        if self._erasure is not None and self._requests_topic is not None:
+            out.update(
+                (TopicPartition(self._requests_topic, p), off)
+                for p, off in self._erasure.safe_offsets().items()
+            )
         return out
 
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
@@ -921,13 +979,33 @@ class Worker:
             type(exc).__name__,
         )
 
+    async def _fetch(self) -> dict[TopicPartition, list[Any]] | None:
+        """The next batch, or None once a stop is requested. aiokafka's ``getmany`` ignores
+        its timeout while the member has no assignment (a rebalance that the members being
+        stopped one by one keep restarting): a stop must not wait for the group."""
+        assert self._consumer is not None
+        fetch = asyncio.ensure_future(
+            self._consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH)
+        )
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not fetch.done():
+                # Nothing fetched is lost: positions move only when getmany returns records.
+                fetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, KafkaError):
+                    await fetch
+        return fetch.result() if not fetch.cancelled() else None
+
     async def _loop(self) -> None:
         assert self._consumer is not None
         while not self._stopping.is_set():
             try:
-                batch = await self._consumer.getmany(
-                    timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH
-                )
+                batch = await self._fetch()
+                if batch is None:
+                    break
             except MEMBERSHIP_ERRORS as exc:
                 self._membership_lost(exc)
                 continue
@@ -950,6 +1028,9 @@ class Worker:
         waiting = set(self._to_take)
         if waiting:
             await self._take_assigned()
+        if self._erasure is not None:
+            await self._erasure.follow()
+        requests: list[tuple[int, list[tuple[int, bytes | None]]]] = []
         started = time.perf_counter()
         now, mono = time.time(), time.monotonic()
         dead: list[DeadLetter] = []
@@ -964,6 +1045,9 @@ class Worker:
                 self.metrics.set_consumer_lag(tp.topic, tp.partition, high - msgs[-1].offset - 1)
             if tp.topic == self._partials_topic:
                 release.ingest(tp.partition, [(m.offset, m.value) for m in msgs])
+                continue
+            if tp.topic == self._requests_topic:
+                requests.append((tp.partition, [(m.offset, m.value) for m in msgs]))
                 continue
             records = [(m.offset, m.key, m.value) for m in msgs]
             if tp.topic == self._stage1_topic:
@@ -991,6 +1075,15 @@ class Worker:
             ingest.restart_idle_clocks(mono)
         if batch:
             self._faults.reached("after_ingest")
+        if requests and self._erasure is not None:
+            dead.extend(
+                await self._erasure.handle_requests(
+                    requests,
+                    release=release,
+                    read_ledger=lambda: self._catch_up_ledger(None, bounded=True),
+                    include_payload=self.config.output.dead_letter_include_payload,
+                )
+            )
         if dead:
             await self._publish_dead_letters(dead)
         if not self._keyed and (
@@ -1015,11 +1108,18 @@ class Worker:
             sealed = ingest.due(mono)
             if sealed:
                 await self._publish_partials(sealed)
+            resealed = ingest.reseal_due()  # erasures reached sealed, unreleased windows
+            if resealed:
+                await self._publish_partials(resealed)
             if sealed or mono - self._marks_sent_mono >= WATERMARK_INTERVAL_S:
                 await self._publish_watermarks(mono)
             for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
                 if not await self._release_window(ws):
                     break
+            if self._erasure is not None:
+                ledger_log = self._ledger_log
+                assert ledger_log is not None
+                await self._erasure.housekeeping(ingest, release, ledger_log.poll, mono)
             watermark = release.watermark_s()
             if watermark is not None:
                 self.metrics.watermark.set(watermark)

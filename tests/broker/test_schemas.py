@@ -116,6 +116,41 @@ PACKED: dict[str, Any] = {
     "o": "AAAAAAEAAAA=",
     "s": "AAAAAAEAAAA=",
 }
+ERASURE_REQUEST: dict[str, Any] = {
+    "user_id": "alice@example.com",
+    "requested_at": "2020-08-01T12:00:00+02:00",
+    "request_id": "dsr-2020-0042",
+}
+ERASURE: dict[str, Any] = {
+    "schema_version": 1,
+    "kind": "erasure",
+    "pseudonyms": {"k1": "3a" * 16, "k0": "b7" * 16},
+    "recorded_at": "2020-08-01T10:00:01Z",
+    "expires_at": "2020-08-09T10:00:01Z",
+}
+ERASURE_RESPONSE: dict[str, Any] = {
+    "schema_version": 1,
+    "kind": "erasure_response",
+    "request_id": "dsr-2020-0042",
+    "status": "applied",
+    "requested_at": "2020-08-01T10:00:00Z",
+    "applied_at": "2020-08-01T10:00:01Z",
+    "window_size_s": 3600,
+    "released_windows_not_recomputed": {
+        "from": "2020-07-01T00:00:00Z",
+        "until": "2020-08-01T09:00:00Z",
+    },
+    "open_windows_affected": {"from": "2020-08-01T09:00:00Z", "until": "2020-08-09T11:00:00Z"},
+}
+REJECTED: dict[str, Any] = {
+    "schema_version": 1,
+    "kind": "erasure_response",
+    "request_id": "dsr-2020-0043",
+    "status": "rejected",
+    "reason": "bad_erasure_request",
+    "requested_at": None,
+}
+CUT: dict[str, Any] = {"schema_version": 1, "kind": "cut", "window_start": "2020-08-01T00:00:00Z"}
 
 
 def _without(record: dict[str, Any], key: str) -> dict[str, Any]:
@@ -201,6 +236,8 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             FENCE,
             {**LEDGER, "part": 2, "parts": 3, "records": []},
             {**LEDGER, "sources": {"0": "0f" * 16, "3": "ab" * 16}},
+            {**LEDGER, "erasures_through": 12},
+            CUT,
         ],
         [
             {**LEDGER, "sources": {"zero": "0f" * 16}},
@@ -214,6 +251,10 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**FENCE, "fence_id": 7},
             _without(FENCE, "fence_id"),
             {**FENCE, "kind": "checkpoint"},
+            {**LEDGER, "erasures_through": -1},
+            {**CUT, "window_start": "2020-08-01T00:00:00+00:00"},
+            _without(CUT, "window_start"),
+            {**CUT, "user_id": "u1"},
         ],
     ),
     "partials.schema.json": (
@@ -221,6 +262,7 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             PARTIAL,
             {**PARTIAL, "part": 1, "totals": []},
             {**PARTIAL, "totals": [[[], 3, 2, 0], [["a", 1, 2.5, True], 1, 1, 100]]},
+            {**PARTIAL, "erasures_through": 7},
             SOURCE_WATERMARK,
             {**SOURCE_WATERMARK, "watermark_s": None, "idle": True, "open_windows": False},
             {**SOURCE_WATERMARK, "idle": True, "open_windows": False, "idle_for_s": 12.25},
@@ -237,6 +279,7 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**PARTIAL, "totals": [[[["nested"]], 50, 31, 0]]},
             {**PARTIAL, "user_id": "u1"},
             {**PARTIAL, "kind": "window"},
+            {**PARTIAL, "erasures_through": -1},
             _without(SOURCE_WATERMARK, "open_windows"),
             {**SOURCE_WATERMARK, "source_partitions": 0},
             {**SOURCE_WATERMARK, "watermark_s": "2020-08-01T00:00:00Z"},
@@ -244,6 +287,49 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**SOURCE_WATERMARK, "idle_for_s": -1},
             {**SOURCE_WATERMARK, "idle_for_s": "12s"},
             {**SOURCE_WATERMARK, "idle_for_s": None},
+        ],
+    ),
+    "erasure.schema.json": (
+        [
+            ERASURE_REQUEST,
+            {**ERASURE_REQUEST, "user_id": 42, "requested_at": 1596283200},
+            {**ERASURE_REQUEST, "comment": "other fields are ignored"},
+        ],
+        [
+            _without(ERASURE_REQUEST, "user_id"),
+            _without(ERASURE_REQUEST, "request_id"),
+            _without(ERASURE_REQUEST, "requested_at"),
+            {**ERASURE_REQUEST, "user_id": ""},
+            {**ERASURE_REQUEST, "user_id": 1.5},
+            {**ERASURE_REQUEST, "user_id": None},
+            {**ERASURE_REQUEST, "request_id": ""},
+            {**ERASURE_REQUEST, "request_id": "r" * 201},
+            ["alice"],
+        ],
+    ),
+    "erasure_log.schema.json": (
+        [ERASURE, {**ERASURE, "pseudonyms": {"k1": "3a" * 16}}, FENCE],
+        [
+            {**ERASURE, "pseudonyms": {}},
+            {**ERASURE, "pseudonyms": {"k1": "alice"}},
+            {**ERASURE, "user_id": "alice"},
+            {**ERASURE, "request_id": "dsr-2020-0042"},
+            _without(ERASURE, "expires_at"),
+            {**ERASURE, "recorded_at": "yesterday"},
+            {**FENCE, "fence_id": ""},
+        ],
+    ),
+    "erasure_response.schema.json": (
+        [ERASURE_RESPONSE, REJECTED, {**REJECTED, "requested_at": "2020-08-01T10:00:00Z"}],
+        [
+            _without(ERASURE_RESPONSE, "open_windows_affected"),
+            _without(ERASURE_RESPONSE, "applied_at"),
+            {**ERASURE_RESPONSE, "status": "done"},
+            {**ERASURE_RESPONSE, "reason": "bad_user"},
+            {**ERASURE_RESPONSE, "user_id": "alice"},
+            {**ERASURE_RESPONSE, "pseudonym": "3a" * 16},
+            _without(REJECTED, "reason"),
+            {**ERASURE_RESPONSE, "open_windows_affected": {"from": "2020-08-01T09:00:00Z"}},
         ],
     ),
     "repartition.schema.json": (
@@ -321,6 +407,9 @@ def test_schema_rejects_invalid_records(schema_file: str, index: int) -> None:
         "dead_letter.schema.json",
         "partials.schema.json",
         "repartition.schema.json",
+        "erasure.schema.json",
+        "erasure_log.schema.json",
+        "erasure_response.schema.json",
     ],
 )
 def test_record_schemas_work_alone(schema_file: str) -> None:
@@ -330,3 +419,13 @@ def test_record_schemas_work_alone(schema_file: str) -> None:
     for record in CASES[schema_file][0]:
         validator.validate(record)
     assert not any(validator.is_valid(record) for record in CASES[schema_file][1])
+
+
+def test_the_dead_letter_schema_lists_every_reason_the_worker_writes() -> None:
+    """misplaced_key and bad_internal_record were written but missing from the enum."""
+    from stream_dp.pipeline.decode import REASONS
+    from stream_dp.pipeline.erasure_records import BAD_REQUEST
+
+    schema = json.loads((TOPICS_DIR / "dead_letter.schema.json").read_text(encoding="utf-8"))
+    assert schema["properties"]["reason"]["enum"] == list(REASONS)
+    assert BAD_REQUEST in REASONS

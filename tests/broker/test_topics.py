@@ -37,7 +37,7 @@ def _config(config_factory: ConfigFactory, **output: str) -> Config:
 
 def test_definitions_match_the_config(config_factory: ConfigFactory) -> None:
     config = _config(config_factory)
-    by_name = {resolve(spec, config): spec for spec in load_topic_specs()}
+    by_name = {resolve(spec, config): spec for spec in load_topic_specs() if spec.wanted(config)}
     expected = {
         config.input.topic: (4, "delete", SEVEN_DAYS_MS, "event.schema.json"),
         config.output.topic: (3, "delete", SEVEN_DAYS_MS, "output.schema.json"),
@@ -57,6 +57,33 @@ def test_definitions_match_the_config(config_factory: ConfigFactory) -> None:
     assert all(t.replication_factor is None and t.spec.description for t in resolved.values())
     assert [s.is_input for s in by_name.values()].count(True) == 1
     assert by_name[config.input.topic].is_input
+
+
+def test_erasure_topics_exist_only_with_erasure_enabled(config_factory: ConfigFactory) -> None:
+    off = load_config(config_factory())
+    assert not any("erasure" in name for name in resolve_all(off))
+    on = load_config(config_factory({"erasure": {"enabled": True}}))
+    topics = resolve_all(on)
+    group = on.kafka.group_id
+    # the erasure log keeps erasures for erasure.retention_s: by default 7 days plus the
+    # privacy horizon (24 windows of the test config's 10 s)
+    retention_ms = str((7 * 86_400 + 24 * 10) * 1000)
+    got = {
+        name: (t.partitions, t.config["cleanup.policy"], t.config["retention.ms"], t.spec.schema)
+        for name, t in topics.items()
+        if "erasure" in name
+    }
+    assert got == {
+        f"{group}.erasure-requests": (1, "delete", SEVEN_DAYS_MS, "erasure.schema.json"),
+        f"{group}.erasures": (1, "compact,delete", retention_ms, "erasure_log.schema.json"),
+        f"{group}.erasure-responses": (
+            1,
+            "delete",
+            str(30 * 86_400 * 1000),
+            "erasure_response.schema.json",
+        ),
+    }
+    assert on.erasure.log_topic == f"{group}.erasures"
 
 
 def test_definitions_are_package_data() -> None:

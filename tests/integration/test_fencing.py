@@ -10,7 +10,8 @@ public keys), so a second draw would show as a second value with overwhelming pr
 two independent discrete Laplace draws of scale 5 agree with probability < 0.1 per key, so
 all 20 keys of a window agree by chance with probability < 1e-20.
 
-``STREAM_DP_FENCING_RUNS`` repeats each point (``make chaos`` runs 24 in all).
+``FENCING_RUNS`` repeats each point (``make chaos`` runs four of each; not a ``STREAM_DP_``
+variable, which the workers would refuse as an unknown configuration key).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ T0 = 1_596_240_000
 DOMAINS = [f"d{i:02d}.example" for i in range(20)]
 WINDOWS = 6
 PAUSE_S = 6.0  # three times the session timeout
-RUNS = int(os.environ.get("STREAM_DP_FENCING_RUNS", "1"))
+RUNS = int(os.environ.get("FENCING_RUNS", "1"))
 
 
 def _events(window: int) -> list[dict[str, Any]]:

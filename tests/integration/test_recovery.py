@@ -173,3 +173,59 @@ async def test_sigterm_mid_window_then_restart_releases_once_with_all_events(
     assert w1[0]["value"] == 35  # all of window 1's events, across the restart
     ids = _ledger_release_ids(await read_topic(kafka_bootstrap, topics["ledger"]))
     assert all(len(v) == 1 for v in ids.values())
+
+
+async def test_a_failed_ledger_read_keeps_new_partitions_paused_until_it_succeeds(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    """Issue 13, 3: aiokafka logs and swallows an exception from the assignment callback, so
+    a failed ledger read there let the worker take partials with a stale ledger. Now taking
+    happens in the loop; a failure keeps the new partitions paused (nothing fetched, nothing
+    released) and is retried until the ledger has been read."""
+    cfg = config_factory(
+        {
+            "privacy": {
+                "unsafe_test_mode": True,
+                "epsilon_per_window": 1e6,
+                "max_epsilon_per_horizon": 1e12,
+            },
+            "queries": [
+                {
+                    "name": "visits",
+                    "group_by": ["domain"],
+                    "epsilon": 1e6,
+                    "keys": {"domain": ["a", "b"]},
+                }
+            ],
+        }
+    )
+    config = load_config(cfg)
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    t0 = 1_596_240_000
+    events = [
+        {"user_id": f"u{u}", "timestamp": t0 + w * 10 + 1 + u % 5, "domain": "ab"[u % 2]}
+        for w in range(3)
+        for u in range(20)
+    ] + [{"user_id": "x", "timestamp": t0 + 35, "domain": "a"}]
+    await produce_events(kafka_bootstrap, topics_of(cfg)["input"], events)
+    out, worker = await run_worker_until_windows(
+        kafka_bootstrap,
+        cfg,
+        tmp_path / "worker.log",
+        ["visits"],
+        3,
+        env={**TEST_MODE, "STREAM_DP_TEST_TAKE_FAILURES": "3"},
+        timeout_s=120,
+    )
+    log = worker.log()
+    assert log.count("taking new partitions failed") == 3, log
+    taken = log.index("partitions taken")
+    assert log.rfind("taking new partitions failed") < taken
+    assert "window released" not in log[:taken], "a window was released before the ledger read"
+    exact: dict[tuple[int, str], int] = defaultdict(int)
+    for e in events[:-1]:
+        exact[((e["timestamp"] - t0) // 10, e["domain"])] += 1
+    for _, v in decode_values(out):
+        if v["kind"] == "release" and v["window_start"] < "2020-08-01T00:00:30Z":
+            window = (int(v["window_start"][17:19]) // 10, v["group"]["domain"])
+            assert v["value"] == exact[window], (v, exact)

@@ -19,6 +19,8 @@ from stream_dp.pipeline import columns, ingest_columns
 from stream_dp.pipeline.decode import Decoder
 from stream_dp.pipeline.ingest import IngestStage, InputRecord, user_key
 from stream_dp.pipeline.placement import murmur2_partition
+from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
+from stream_dp.privacy.release import KeyAggregate
 from tests.pipeline.support import KEYRING, NOW, T0, config
 
 QUERIES: list[dict[str, Any]] = [
@@ -189,3 +191,38 @@ def test_keyed_batches_with_a_wrong_key_or_partition_are_dead_lettered_as_before
     spelled = [(60, b"user-0", _event(" USER-0", 1, "a"))]
     if home["user-0"] == 0:
         assert stage.ingest(0, spelled, now_s=NOW, now_mono_s=0) == []
+
+
+def test_erased_users_are_dropped_by_the_column_path_as_record_by_record() -> None:
+    """Erasure (README, Erasure) on the column path: an erased user's events never enter a
+    sample, are no activity, and are counted as erased — as on the per-record path; an
+    erasure applied later removes the user from the samples, seen events included."""
+    erasures = ErasureSet()
+    erasures.add(Erasure(0, erasure_pseudonyms("alice", KEYRING, "nfkc_casefold_strip"), T0 + 3600))
+    events = [("Alice ", 1.0, "a", None, "s"), ("bob", 2.0, "b", None, "s")] * 3
+    events += [("alice", 5.0, "a", None, "ms"), ("carol", 12.0, "a", True, "s")]
+    outcomes = []
+    for columns_on in (True, False):
+        stage = _stage(_config(k=40))
+        stage.erasures = erasures
+        with pytest.MonkeyPatch.context() as mp:
+            if not columns_on:
+                mp.setattr(ingest_columns, "decode_columns", lambda *a: None)
+            assert stage.ingest(0, _records(events), now_s=NOW, now_mono_s=0.5) == []
+        assert stage.metrics.erased_events_dropped._value.get() == 4
+        outcomes.append(_outcome(stage))
+    assert outcomes[0] == outcomes[1]
+    (all_t0,) = [v for (p, ws, q), v in outcomes[0]["totals"].items() if q == "all" and ws == T0]
+    assert all_t0[0] == {(): KeyAggregate(3, 1, 0)}  # bob's three: alice is gone
+
+
+def test_a_later_erasure_removes_events_compaction_had_already_left_out() -> None:
+    stage = _stage(_config(k=2))
+    heavy = [("dave", i / 1000, "a", None, "s") for i in range(5000)]
+    stage.ingest(0, _records(heavy), now_s=NOW, now_mono_s=0.5)
+    (part,) = stage._state[0].values()
+    part.samples._compact()  # as a large window is compacted while it runs
+    assert part.samples.events_retained == 2
+    removed = part.samples.remove(KEYRING.current.pseudonym("dave"))
+    assert removed == 5000  # every event seen, not just the two kept
+    assert part.samples.events_seen == 0 and part.samples.events_retained == 0

@@ -15,6 +15,7 @@ from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ingest import IngestStage, InputRecord
 from stream_dp.pipeline.packed import PACKED_KEY_PREFIX
+from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from tests.helpers import schema_validator
 from tests.pipeline.support import KEYRING, NOW, T0, TEST_KEY, config, numbered
@@ -217,3 +218,25 @@ def test_routing_dead_letters_and_progress_match_the_per_event_router() -> None:
     assert packed.progress_marks(5) == one.progress_marks(5)
     assert sum(orjson.loads(v)["n"] for _, v, _ in out) == 3
     assert packed.metrics.events_consumed._value.get() == 5
+
+
+def test_erased_users_are_not_repartitioned_and_not_taken_from_packed_records() -> None:
+    """Erasure (README, Erasure): stage 0 does not even repartition an erased user's events,
+    as the per-event router; stage 1 drops them from packed records written before."""
+    erasures = ErasureSet()
+    erasures.add(Erasure(0, erasure_pseudonyms("alice", KEYRING, "nfkc_casefold_strip"), T0 + 3600))
+    before, _ = _router(0).route_packed(0, numbered(_EVENTS), now_s=NOW, now_mono_s=0)
+    one, packed = _router(0), _router(0)
+    one.erasures = packed.erasures = erasures
+    one_each, _ = one.route(0, numbered(_EVENTS), now_s=NOW, now_mono_s=1)
+    records, _ = packed.route_packed(0, numbered(_EVENTS), now_s=NOW, now_mono_s=1)
+    assert sum(orjson.loads(v)["n"] for _, v, _ in records) == len(one_each) == 3
+    assert packed.metrics.erased_events_dropped._value.get() == 3  # "Alice ", "alice" x2
+    assert packed.progress_marks(2) == one.progress_marks(2)
+    owner = _owner(1)
+    owner.erasures = erasures
+    _feed(owner, [v for _, v, _ in before])  # written before the erasure was known
+    assert owner.metrics.erased_events_dropped._value.get() == 3
+    fresh = _owner(1)
+    _feed(fresh, [v for _, v, _ in records])
+    assert _totals(owner) == _totals(fresh)

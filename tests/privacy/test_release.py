@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Any
 
 import pytest
@@ -199,17 +198,6 @@ def test_one_vectorised_noise_call_per_component(monkeypatch: pytest.MonkeyPatch
     private = plan(selection="laplace_threshold")
     out = release_query({(f"k{i}",): agg(400, 200) for i in range(300)}, private)
     assert calls == [300, len(out.values)]  # one for selection, one for the kept values
-
-
-def test_release_of_100k_private_keys_is_fast() -> None:
-    p = plan()
-    data = {(f"d{i}",): agg(1 + i % 400, 1 + i % 200) for i in range(100_000)}
-    release_query(data, p)  # warm the thread pool
-    start = time.perf_counter()
-    out = release_query(data, p)
-    elapsed = time.perf_counter() - start
-    assert len(out.values) + out.suppressed == 100_000
-    assert elapsed < 3.0, elapsed  # ~0.6 s on 2 cores; generous for a loaded CI machine
 
 
 # ------------------------------------------------------- empirical privacy
