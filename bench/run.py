@@ -151,6 +151,7 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
             runs=cfg["runs"],
             faust_events=cfg["faust_events"],
             log=_log,
+            profile_dir=out,
         )
         _log(
             f"[bench] scale-out: 1, 2, 3 worker processes, {workers.PARTITIONS} partitions, "
