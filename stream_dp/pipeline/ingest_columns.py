@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,6 +50,59 @@ ACCEPT, LATE, REPLAYED = 0, 1, 2
 
 #: (offset, Kafka record key, value)
 InputRecord = tuple[int, bytes | None, bytes | None]
+
+
+class FetchedRecords(Sequence[InputRecord]):
+    """A partition's fetched records (anything with ``offset``, ``key`` and ``value``, as
+    aiokafka's ConsumerRecord) as a sequence of (offset, key, value) — built only if a
+    per-record path asks — whose columns the column paths take directly."""
+
+    __slots__ = ("_messages", "_tuples")
+
+    def __init__(self, messages: Sequence[Any]) -> None:
+        self._messages = messages
+        self._tuples: list[InputRecord] | None = None
+
+    def _all(self) -> list[InputRecord]:
+        if self._tuples is None:
+            self._tuples = [(m.offset, m.key, m.value) for m in self._messages]
+        return self._tuples
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[InputRecord]:
+        return iter(self._all())
+
+    def values(self) -> list[bytes | None]:
+        return [m.value for m in self._messages]
+
+    def keys(self) -> list[bytes | None]:
+        return [m.key for m in self._messages]
+
+    def offsets(self) -> list[int]:
+        return [m.offset for m in self._messages]
+
+
+def _values(records: Sequence[InputRecord]) -> list[bytes | None]:
+    if isinstance(records, FetchedRecords):
+        return records.values()
+    return [v for _, _, v in records]
+
+
+def _keys(records: Sequence[InputRecord]) -> list[bytes | None]:
+    if isinstance(records, FetchedRecords):
+        return records.keys()
+    return [k for _, k, _ in records]
+
+
+def _offsets(records: Sequence[InputRecord]) -> list[int]:
+    if isinstance(records, FetchedRecords):
+        return records.offsets()
+    return [o for o, _, _ in records]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +191,9 @@ class ColumnIngest:
         metrics = self.metrics
         metrics.events_consumed.inc(len(records))
         dead: list[DeadLetter] = []
-        cols = decode_columns(self.decoder, self._fields, [v for _, _, v in records], now_s)
+        cols = decode_columns(self.decoder, self._fields, _values(records), now_s)
         if cols is not None:
-            offsets = np.fromiter((o for o, _, _ in records), np.int64, len(records))
+            offsets = np.array(_offsets(records), dtype=np.int64)
         else:
             cols, offsets = self._decode_each(partition, records, now_s, dead)
         out: list[tuple[bytes, bytes, int]] = []
@@ -286,7 +339,7 @@ class ColumnIngest:
         """Raw input as columns when every record is a good event of the common form (and,
         keyed, keyed and placed right); False leaves the batch, untouched, to the per-record
         path, which would give the same result record by record."""
-        cols = decode_columns(self.decoder, self._fields, [v for _, _, v in records], now_s)
+        cols = decode_columns(self.decoder, self._fields, _values(records), now_s)
         if cols is None:
             return False
         starts = self._window_starts(cols.times)
@@ -301,8 +354,7 @@ class ColumnIngest:
             return False  # an id that normalises to nothing is dead-lettered there
         if self.enforce_user_keys:
             expected = [n.encode() if type(n) is str else str(n).encode() for n in normal]
-            keys = [k for _, k, _ in records]
-            if keys != [expected[i] for i in index.tolist()]:
+            if _keys(records) != list(map(expected.__getitem__, index.tolist())):
                 return False
             homes = self._partitions_of_keys(expected, self.source_partitions)
             if (homes != partition).any():
@@ -314,7 +366,7 @@ class ColumnIngest:
             if pseudonyms is None:
                 return False
             words = np.frombuffer(pseudonyms, dtype=np.uint64).reshape(-1, 2)[index]
-            offsets = [o for o, _, _ in records]
+            offsets = _offsets(records)
             everything = len(accepted) == len(fates)
             mask = None if everything else np.isin(starts, accepted)
             fields = (
@@ -348,7 +400,8 @@ class ColumnIngest:
                 skipped += int(np.count_nonzero(starts == ws))
         metrics = self.metrics
         metrics.events_consumed.inc(len(records))
-        self._positions[partition] = records[-1][0] + 1
+        last = records._messages[-1].offset if isinstance(records, FetchedRecords) else None
+        self._positions[partition] = (records[-1][0] if last is None else last) + 1
         tracker = self._tracker(partition, now_mono_s, routed=False)
         if max_time is not None:
             tracker.observe(partition, min(max_time, now_s), now_mono_s)

@@ -70,6 +70,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.decode import REASONS
 from stream_dp.pipeline.erasure_worker import WorkerErasure
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
+from stream_dp.pipeline.ingest_columns import FetchedRecords
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
@@ -113,7 +114,10 @@ LEDGER_DELAY_ENV = "STREAM_DP_TEST_LEDGER_DELAY_S"
 #: taking partitions). Same switch as the crash points.
 TAKE_FAILURES_ENV = "STREAM_DP_TEST_TAKE_FAILURES"
 
-MAX_RECORDS_PER_FETCH = 10_000
+MAX_RECORDS_PER_FETCH = 40_000
+#: Bytes fetched per partition and request: the consumer fetches a partition again only once
+#: what it holds of it is consumed, so larger fetches mean fewer waits for the broker.
+FETCH_PARTITION_BYTES = 4 * 1_048_576
 FETCH_TIMEOUT_MS = 200
 RETRY_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 BROKER_PROBE_INTERVAL_S = 1.0
@@ -267,6 +271,9 @@ class Worker:
         self._partials_topic = out.partials_topic
         self._ledger_topic = out.ledger_topic
         self._max_bytes = config.kafka.max_message_bytes
+        #: Progress and watermark marks are re-sent this often: at least every second, and
+        #: twice per idle_close_s, so that a partition going idle is seen soon after.
+        self._marks_interval_s = min(WATERMARK_INTERVAL_S, config.window.idle_close_s / 2)
         #: Erasure requests, log and release gate (README, Erasure); None when off.
         self._erasure: WorkerErasure | None = None
         self._requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
@@ -306,7 +313,7 @@ class Worker:
                 auto_offset_reset="earliest",
                 session_timeout_ms=kafka.session_timeout_ms,
                 heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-                max_partition_fetch_bytes=max(1_048_576, self._max_bytes),
+                max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, self._max_bytes),
                 metadata_max_age_ms=METADATA_MAX_AGE_MS,
                 **common,
             )
@@ -1049,7 +1056,7 @@ class Worker:
             if tp.topic == self._requests_topic:
                 requests.append((tp.partition, [(m.offset, m.value) for m in msgs]))
                 continue
-            records = [(m.offset, m.key, m.value) for m in msgs]
+            records = FetchedRecords(msgs)
             if tp.topic == self._stage1_topic:
                 dead.extend(
                     ingest.ingest(
@@ -1087,7 +1094,7 @@ class Worker:
         if dead:
             await self._publish_dead_letters(dead)
         if not self._keyed and (
-            routed or routed_positions or mono - self._progress_sent_mono >= WATERMARK_INTERVAL_S
+            routed or routed_positions or mono - self._progress_sent_mono >= self._marks_interval_s
         ):
             # Progress marks follow the records they cover on every partition.
             routed.extend(
@@ -1111,7 +1118,7 @@ class Worker:
             resealed = ingest.reseal_due()  # erasures reached sealed, unreleased windows
             if resealed:
                 await self._publish_partials(resealed)
-            if sealed or mono - self._marks_sent_mono >= WATERMARK_INTERVAL_S:
+            if sealed or mono - self._marks_sent_mono >= self._marks_interval_s:
                 await self._publish_watermarks(mono)
             for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
                 if not await self._release_window(ws):
