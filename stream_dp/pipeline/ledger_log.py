@@ -39,6 +39,9 @@ FETCH_MAX_WAIT_MS = 20
 SendOne = Callable[[str, bytes, int], Awaitable[None]]
 
 
+#: After feeding a ledger record larger than this, the reader yields to the event loop.
+YIELD_AFTER_BYTES = 64 * 1024
+
 class LedgerReadError(StreamDPError):
     """The ledger could not be read to its fences (retriable: the broker may come back)."""
 
@@ -118,6 +121,8 @@ class LedgerLog:
             for m in messages:
                 self.index.feed(m.key.decode() if m.key else "", m.value)
                 fed += 1
+                if len(m.value or b"") > YIELD_AFTER_BYTES:
+                    await asyncio.sleep(0)
         return fed
 
     async def _read_to_fences(self, pending: set[int], fence_key: bytes) -> int:
@@ -141,4 +146,8 @@ class LedgerLog:
                         continue
                     self.index.feed(m.key.decode() if m.key else "", m.value)
                     fed += 1
+                    if len(m.value or b"") > YIELD_AFTER_BYTES:
+                        # A large release's parts: let the loop's other tasks (heartbeats)
+                        # run between them.
+                        await asyncio.sleep(0)
         return fed

@@ -36,6 +36,7 @@ async def send_all(producer: AIOKafkaProducer, topic: str, items: Sequence[Outgo
             continue
         if batch.record_count() > 0:  # full: submit it, start the next one
             futures.append(await producer.send_batch(batch, topic, partition=partition))
+            await asyncio.sleep(0)  # let the loop's other tasks (heartbeats) run meanwhile
             batch = batches[partition] = producer.create_batch()
             if batch.append(key=k, value=value, timestamp=None) is not None:
                 continue
