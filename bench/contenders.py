@@ -12,9 +12,9 @@ last result, with wall time (``time.perf_counter``) and its own CPU time
   included, every stage in the one process (it owns every partition of the input, of the
   partials topic and, for input not keyed by user, of the repartition topic), until the
   window record of its last window is acknowledged on the output topic and its published
-  marker is in the ledger. Its phases are: startup (start → first
-  batch ingested by stage 1), processing (first → last batch ingested by stage 1) and close
-  (last batch → last window finished by stage 2: grace, ``idle_close_s``, sealing the last
+  marker is in the ledger. Its phases are: startup (start → first batch taken by stage 1,
+  or by stage 0 when it repartitions), processing (→ the last event taken by stage 1) and
+  close (→ last window finished by stage 2: grace, ``idle_close_s``, sealing the last
   windows' partials, the round trip through the partials topic, the release and its
   acknowledged writes). Timed by hooking :meth:`IngestStage.ingest` (and, for repartitioned
   input, the packed records it takes) and :meth:`ReleaseStage.finish_window` (the worker's
@@ -116,6 +116,18 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
             counts["dead"] += len(dead)
             self._note_progress()
             return dead
+
+        def route_packed(
+            self,
+            partition: int,
+            records: Sequence[InputRecord],
+            *,
+            now_s: float,
+            now_mono_s: float,
+        ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
+            # Repartitioned input: processing starts with stage 0's first batch.
+            marks.setdefault("first_ingest", time.perf_counter())
+            return super().route_packed(partition, records, now_s=now_s, now_mono_s=now_mono_s)
 
         def _ingest_packed(
             self,

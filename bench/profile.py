@@ -154,6 +154,7 @@ def profile_default_path(
         "config": config,
         "timeout_s": 900,
     }
+    out.mkdir(parents=True, exist_ok=True)
     raw = out / f"profile-{suffix}.raw"
     broker_cpu = cpu_seconds_of(broker_pid)
     try:
