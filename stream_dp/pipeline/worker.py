@@ -271,8 +271,8 @@ class Worker:
         self._partials_topic = out.partials_topic
         self._ledger_topic = out.ledger_topic
         self._max_bytes = config.kafka.max_message_bytes
-        #: Progress and watermark marks are re-sent this often: at least every second, and
-        #: twice per idle_close_s, so that a partition going idle is seen soon after.
+        #: Stage 0's progress marks are re-sent this often: at least every second, and twice
+        #: per idle_close_s, so that an input partition going idle is seen soon after.
         self._marks_interval_s = min(WATERMARK_INTERVAL_S, config.window.idle_close_s / 2)
         #: Erasure requests, log and release gate (README, Erasure); None when off.
         self._erasure: WorkerErasure | None = None
@@ -1118,7 +1118,7 @@ class Worker:
             resealed = ingest.reseal_due()  # erasures reached sealed, unreleased windows
             if resealed:
                 await self._publish_partials(resealed)
-            if sealed or mono - self._marks_sent_mono >= self._marks_interval_s:
+            if sealed or mono - self._marks_sent_mono >= WATERMARK_INTERVAL_S:
                 await self._publish_watermarks(mono)
             for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
                 if not await self._release_window(ws):
