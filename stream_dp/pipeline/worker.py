@@ -5,7 +5,8 @@ partials topic and (for input not keyed by user) the repartition topic; Kafka sp
 partitions of all of them over the members. One code path: a single worker runs every stage.
 
 * Stage 0 (input partitions, ``input.keyed_by_user: false``): pseudonymize, re-key by
-  pseudonym to the repartition topic; input offsets are committed once that is acknowledged.
+  pseudonym to the repartition topic (packed records: one per fetched batch and repartition
+  partition); input offsets are committed once that is acknowledged.
 * Stage 1 (partitions of the input, or of the repartition topic): window and bound
   (:class:`IngestStage`). When a partition's watermark passes a window's end, its bounded
   partial totals go to the window's partials partition; once they are acknowledged, the
@@ -21,6 +22,10 @@ partitions of all of them over the members. One code path: a single worker runs 
 4. publish the ledger's *winner* of each (query, window) — the first complete draw in log
    order, ours or an earlier one — then its ``published`` marker;
 5. drop the window's state, write the partition's ``progress`` record, commit.
+
+Sealing (stage 1) and the draw of step 1 with its ledger encoding run in a thread
+(:mod:`stream_dp.pipeline.offload`) while the iteration waits for them: the event loop keeps
+fetching, answering the group coordinator and serving /metrics during a large window.
 
 Two members racing for one window (one paused past the session timeout, then resumed)
 therefore publish the same values (:mod:`stream_dp.pipeline.ledger`). A crash before 2 leaves
