@@ -9,14 +9,16 @@ last result, with wall time (``time.perf_counter``) and its own CPU time
 * ``raw``: an aiokafka consumer (manual assignment, no group) that fetches the whole topic
   with the worker's fetch settings and JSON-decodes every value with orjson: the floor.
 * ``worker``: the stream-dp :class:`~stream_dp.pipeline.worker.Worker`, consumer group
-  included, both stages in the one process (it owns every partition of the input and of the
-  partials topic), until the window record of its last window is acknowledged on the output
-  topic and its published marker is in the ledger. Its phases are: startup (start → first
-  batch ingested by stage 1), processing (first → last batch ingested by stage 1) and close
-  (last batch → last window finished by stage 2: grace, ``idle_close_s``, sealing the last
+  included, every stage in the one process (it owns every partition of the input, of the
+  partials topic and, for input not keyed by user, of the repartition topic), until the
+  window record of its last window is acknowledged on the output topic and its published
+  marker is in the ledger. Its phases are: startup (start → first batch taken by stage 1,
+  or by stage 0 when it repartitions), processing (→ the last event taken by stage 1) and
+  close (→ last window finished by stage 2: grace, ``idle_close_s``, sealing the last
   windows' partials, the round trip through the partials topic, the release and its
-  acknowledged writes). Timed by hooking :meth:`IngestStage.ingest` and
-  :meth:`ReleaseStage.finish_window` (the worker's ``self.release``) in the worker process.
+  acknowledged writes). Timed by hooking :meth:`IngestStage.ingest` (and, for repartitioned
+  input, the packed records it takes) and :meth:`ReleaseStage.finish_window` (the worker's
+  ``self.release``) in the worker process.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-FETCH_MAX_RECORDS = 10_000  # as the worker (stream_dp.pipeline.worker.MAX_RECORDS_PER_FETCH)
+FETCH_MAX_RECORDS = 40_000  # as the worker (stream_dp.pipeline.worker.MAX_RECORDS_PER_FETCH)
 FETCH_TIMEOUT_MS = 200
 
 
@@ -44,7 +46,7 @@ async def run_raw(spec: dict[str, Any]) -> dict[str, Any]:
         bootstrap_servers=spec["bootstrap"],
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        max_partition_fetch_bytes=1_048_576,
+        max_partition_fetch_bytes=4 * 1_048_576,  # as the worker (FETCH_PARTITION_BYTES)
     )
     await consumer.start()
     try:
@@ -81,6 +83,7 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from stream_dp.pipeline import worker as worker_module
     from stream_dp.pipeline.ingest import DeadLetter, IngestStage, InputRecord
     from stream_dp.pipeline.ledger import LedgerRelease
+    from stream_dp.pipeline.packed import PackedEvents
     from stream_dp.pipeline.release_stage import ReleaseStage
     from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 
@@ -108,11 +111,40 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
             dead = super().ingest(
                 partition, records, now_s=now_s, now_mono_s=now_mono_s, routed=routed, topic=topic
             )
-            counts["events"] += len(records)
+            if not routed:
+                counts["events"] += len(records)
             counts["dead"] += len(dead)
+            self._note_progress()
+            return dead
+
+        def route_packed(
+            self,
+            partition: int,
+            records: Sequence[InputRecord],
+            *,
+            now_s: float,
+            now_mono_s: float,
+        ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
+            # Repartitioned input: processing starts with stage 0's first batch.
+            marks.setdefault("first_ingest", time.perf_counter())
+            return super().route_packed(partition, records, now_s=now_s, now_mono_s=now_mono_s)
+
+        def _ingest_packed(
+            self,
+            partition: int,
+            offset: int,
+            packed: PackedEvents,
+            topic: str | None,
+            seen: dict[int, int],
+        ) -> list[DeadLetter]:
+            # Repartitioned input: stage 1 takes the events of packed records.
+            dead = super()._ingest_packed(partition, offset, packed, topic, seen)
+            counts["events"] += len(packed)
+            return dead
+
+        def _note_progress(self) -> None:
             if counts["events"] >= expected_events and "last_ingest" not in marks:
                 marks["last_ingest"] = time.perf_counter()
-            return dead
 
     class TimedRelease(ReleaseStage):
         """Stage 2, noting when windows are finished."""

@@ -13,15 +13,22 @@ import orjson
 
 from bench import continual
 
-#: (name, how it is measured, target text, check on the results)
-TARGETS: list[tuple[str, str, str]] = [
-    ("stream-dp vs raw fetch+decode", "ratio_worker_to_raw", "≥ 50%"),
-    ("stream-dp vs Faust", "ratio_worker_to_faust", "≥ 30×"),
-    ("release of a 100k-key window", "release_seconds", "< 1 s"),
-    ("state per retained event (1M users × k=40)", "bytes_per_event", "≤ 64 bytes"),
-    ("utility: keys kept ≥ PipelineDP's", "utility_keys", "all bounds"),
-    ("utility: MAE ≤ PipelineDP's", "utility_mae", "all bounds"),
+#: (name, goal) of every target, in the order of the results table (issue 15's table, then
+#: utility against PipelineDP).
+TARGETS: list[tuple[str, str]] = [
+    ("default configuration (repartitioned input), 1 worker vs raw fetch+decode", "≥ 0.5×"),
+    ("keyed input, 1 worker vs raw fetch+decode", "≥ 0.6×"),
+    ("stream-dp vs the Faust windowed-count peer, identical input, end to end", "≥ 30×"),
+    ("release of one window with 100,000 keys (seal + merge + noise + records)", "< 1 s"),
+    ("release of one window with 1,000,000 keys", "measured; linear in keys"),
+    ("state per retained event, heavy-tailed stream", "≤ 64 bytes"),
+    ("state per retained event, 1M users × k=40", "≤ 64 bytes"),
+    ("scale-out, 2 workers vs 1, default path", "≥ 1.8×"),
+    ("utility: keys kept ≥ PipelineDP's", "all bounds"),
+    ("utility: MAE ≤ PipelineDP's", "all bounds"),
 ]
+#: "Linear in keys": seconds per key of the large release within this factor of the 100k one.
+LINEAR_FACTOR = 1.5
 
 
 def loadavg() -> list[float]:
@@ -79,7 +86,12 @@ def _best_stream_dp(rows: list[dict[str, Any]], bounds: str) -> tuple[dict[str, 
 def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Pass/fail per target. Utility compares stream-dp's default strategy (truncated
     geometric, the same as PipelineDP's) against PipelineDP, per bounds variant."""
-    tp, sc, ut = results["throughput"], results["scaling"], results["utility"]
+    tp, sc, ut, wk = (
+        results["throughput"],
+        results["scaling"],
+        results["utility"],
+        results["workers"],
+    )
     bounds = sorted({r["bounds"] for r in ut["rows"]})
     keys_ok, mae_ok, keys_txt, mae_txt = True, True, [], []
     for b in bounds:
@@ -88,36 +100,62 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         mae_ok &= mine["mae"] <= ref["mae"]
         keys_txt.append(f"{b}: {mine['keys_kept']:.2f} vs {ref['keys_kept']:.2f}")
         mae_txt.append(f"{b}: {mine['mae']:.1f} vs {ref['mae']:.1f}")
+    rel, large = sc["release"], sc["release_large"]
+    per_key = rel["seconds"] / rel["keys"]
+    large_per_key = large["seconds"] / large["keys"]
+    heavy, mem = sc["memory_heavy_tailed"], sc["memory"]
+    scale = _two_vs_one(wk, "repartitioned")
     rows = [
         (
-            TARGETS[0],
-            tp["ratio_worker_to_raw"] >= 0.5,
-            f"{100 * tp['ratio_worker_to_raw']:.0f}% end to end "
-            f"({100 * tp['ratio_worker_to_raw_steady']:.0f}% while processing)",
+            tp["ratio_default_to_raw"] >= 0.5,
+            f"{tp['ratio_default_to_raw']:.2f}× end to end "
+            f"({tp['ratio_default_to_raw_steady']:.2f}× while processing)",
         ),
         (
-            TARGETS[1],
+            tp["ratio_worker_to_raw"] >= 0.6,
+            f"{tp['ratio_worker_to_raw']:.2f}× end to end "
+            f"({tp['ratio_worker_to_raw_steady']:.2f}× while processing)",
+        ),
+        (
             tp["ratio_worker_to_faust"] >= 30,
-            f"{tp['ratio_worker_to_faust']:.1f}× end to end on the same input "
-            f"({tp['ratio_worker_to_faust_steady']:.0f}× while processing)",
+            f"{tp['ratio_worker_to_faust']:.1f}× on {tp['faust_events']:,} events "
+            f"({tp['ratio_worker_to_faust_steady']:.0f}× while processing; the worker on the "
+            f"full topic: {tp['ratio_worker_full_to_faust']:.0f}×)",
+        ),
+        (rel["seconds"] < 1.0, f"{rel['seconds']:.3f} s for {rel['keys']:,} keys"),
+        (
+            large_per_key <= LINEAR_FACTOR * per_key,
+            f"{large['seconds']:.2f} s for {large['keys']:,} keys: "
+            f"{1e6 * large_per_key:.2f} µs per key against {1e6 * per_key:.2f} at "
+            f"{rel['keys']:,}",
         ),
         (
-            TARGETS[2],
-            sc["release"]["seconds"] < 1.0,
-            f"{sc['release']['seconds']:.3f} s for {sc['release']['keys']:,} keys",
+            heavy["bytes_per_retained_event"] <= 64,
+            f"{heavy['bytes_per_retained_event']:.1f} bytes ({heavy['events']:,} events, "
+            f"{heavy['user_windows']:,} user-windows)",
         ),
         (
-            TARGETS[3],
-            sc["memory"]["bytes_per_retained_event"] <= 64,
-            f"{sc['memory']['bytes_per_retained_event']:.1f} bytes "
-            f"({sc['memory']['users']:,} users × k={sc['memory']['k']})",
+            mem["bytes_per_retained_event"] <= 64,
+            f"{mem['bytes_per_retained_event']:.1f} bytes ({mem['users']:,} users × k={mem['k']})",
         ),
-        (TARGETS[4], keys_ok, "; ".join(keys_txt)),
-        (TARGETS[5], mae_ok, "; ".join(mae_txt)),
+        (
+            scale is not None and scale >= 1.8,
+            "not measured" if scale is None else f"{scale:.2f}×",
+        ),
+        (keys_ok, "; ".join(keys_txt)),
+        (mae_ok, "; ".join(mae_txt)),
     ]
     return [
-        {"target": t[0], "goal": t[2], "measured": text, "passed": bool(ok)} for t, ok, text in rows
+        {"target": name, "goal": goal, "measured": text, "passed": bool(ok)}
+        for (name, goal), (ok, text) in zip(TARGETS, rows, strict=True)
     ]
+
+
+def _two_vs_one(wk: dict[str, Any], mode: str) -> float | None:
+    points = {p["workers"]: p for p in wk["modes"].get(mode, {}).get("points", [])}
+    if 1 not in points or 2 not in points:
+        return None
+    return float(points[2]["events_per_s"] / points[1]["events_per_s"])
 
 
 def _load(values: list[float] | None) -> str:
@@ -246,6 +284,11 @@ def write_workers_plot(results: dict[str, Any], path: Path) -> None:
 
 def write(results: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    from bench import profile  # (it needs the bench's throughput helpers)
+
+    after = results["throughput"].pop("profile", {}) or {}
+    results["throughput"]["profile"] = {k: v for k, v in after.items() if k != "stacks"}
+    results["profiles"] = profile.write_profiles(after, out)
     results["targets"] = evaluate(results)
     (out / "results.json").write_bytes(
         orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
@@ -292,10 +335,12 @@ def markdown(r: dict[str, Any]) -> str:
         f"domains, {tp['windows']} windows of {tp['window_size_s']} s event time, "
         f"{tp['partitions']} partitions, keyed by user; preloaded with confluent-kafka at "
         f"{_fmt(tp['produce_events_per_s'])} events/s. Every contender runs in a fresh "
-        "process; CPU is that process's user+system time over the measured span. Worker: "
-        "one `Worker` with `input.keyed_by_user: true` (stage 1 reads the input partitions "
-        "directly; the repartition path is measured in section 2), running both stages: it "
-        "owns every input partition and every partials partition, so each window's partials "
+        "process; CPU is that process's user+system time over the measured span. Workers: "
+        "one `Worker` with `input.keyed_by_user: true` (b: stage 1 reads the input partitions "
+        "directly) and one in the default configuration, `input.keyed_by_user: false` (b2: "
+        "stage 0 repartitions every event by pseudonym through the repartition topic, stage 1 "
+        "reads it), each running every stage: it owns every partition of the input, "
+        "repartition and partials topics, so each window's partials "
         "make a round trip through the partials topic before stage 2 releases it; "
         f"k = {tp['k']}, grace {tp['grace_s']} s, idle_close_s {tp['idle_close_s']}, one "
         "count query by domain (private keys, truncated geometric selection), consumer group "
@@ -309,7 +354,8 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     names = {
         "raw": "(a) raw aiokafka fetch + orjson decode",
-        "worker": "(b) stream-dp worker",
+        "worker": "(b) stream-dp worker, input keyed by user",
+        "worker_default": "(b2) stream-dp worker, default configuration (repartitioned)",
         "worker_on_faust_input": "(b') stream-dp worker on the Faust input",
         "faust": "(c) faust-streaming windowed table",
     }
@@ -324,11 +370,15 @@ def markdown(r: dict[str, Any]) -> str:
             f"{_fmt(med.get('close_seconds', math.nan), 2)} |"
         )
     w = c["worker"]["median"]
+    d = c["worker_default"]["median"]
     lines += [
         "",
-        f"- **b/a = {100 * tp['ratio_worker_to_raw']:.0f}%** end to end "
-        f"({100 * tp['ratio_worker_to_raw_steady']:.0f}% over the worker's processing phase "
-        "against the raw consumer's whole run).",
+        f"- **b2/a = {tp['ratio_default_to_raw']:.2f}×** end to end "
+        f"({tp['ratio_default_to_raw_steady']:.2f}× over the worker's processing phase "
+        "against the raw consumer's whole run): the default configuration.",
+        f"- **b/a = {tp['ratio_worker_to_raw']:.2f}×** end to end "
+        f"({tp['ratio_worker_to_raw_steady']:.2f}× over the worker's processing phase): "
+        "input keyed by user.",
         f"- **b/c = {tp['ratio_worker_to_faust']:.1f}×** end to end on identical input "
         f"({tp['faust_events']:,} events), {tp['ratio_worker_to_faust_steady']:.0f}× over the "
         f"processing phases; the worker on the full topic against Faust: "
@@ -338,7 +388,10 @@ def markdown(r: dict[str, Any]) -> str:
         f"JoinGroup ~1 s), processing {w.get('processing_seconds', 0):.2f} s, close "
         f"{w.get('close_seconds', 0):.2f} s (idle_close_s and grace before the last window "
         "is sealed, then its partials and watermarks written to and read back from the "
-        "partials topic, the release and its acknowledged writes).",
+        "partials topic, the release and its acknowledged writes). Default configuration: "
+        f"startup {d.get('startup_seconds', 0):.2f} s, processing "
+        f"{d.get('processing_seconds', 0):.2f} s, close {d.get('close_seconds', 0):.2f} s "
+        "(stage 0's progress marks must first say the input partitions are idle).",
     ]
     if "late_events" in w:
         lines.append(
@@ -371,16 +424,14 @@ def markdown(r: dict[str, Any]) -> str:
     lines += [
         "",
         "## 3. Scaling in-process (stage 1 and 2 without Kafka, one partition, "
-        "10,000-record batches, 1 core)",
+        "40,000-record batches, 1 core)",
         "",
         "events/s: `IngestStage.ingest` (stage 1: decode, key check, window, pseudonym, "
-        "reservoir) fed the same JSON records, keyed by user id, without Kafka. Release "
-        "s/window: `LocalPipeline.finish` over all windows of the point divided by their "
-        "number; a release is now seal (merge of reservoirs, L0/Linf bounding, exact totals "
-        "per key: one partial per query) + the partial's topic encoding and decoding + merge "
-        "of partials, selection, noise and records in stage 2. Before the scale-out split it "
-        "was `Engine.compute_release` (the same bounding and release, no partials), so the "
-        "figures are comparable but include the partials' encoding now.",
+        "samples; a batch of good events as columns) fed the same JSON records, keyed by user "
+        "id, without Kafka. Release s/window: `LocalPipeline.finish` over all windows of the "
+        "point divided by their number: seal (compaction of the samples, L0/Linf bounding, "
+        "exact totals per key: one partial per query), the partials' topic encoding and "
+        "decoding, merge, selection, noise and records in stage 2.",
         "",
         "| users | keys | events | distinct users | distinct keys | events/s | release s/window |",
         "|---|---|---|---|---|---|---|",
@@ -391,8 +442,9 @@ def markdown(r: dict[str, Any]) -> str:
             f"{p['distinct_keys']:,} | {_fmt(p['events_per_s'])} | "
             f"{p['release_seconds_per_window']:.3f} |"
         )
-    rel, mem, mt, heavy = (
+    rel, large, mem, mt, heavy = (
         sc["release"],
+        sc["release_large"],
         sc["memory"],
         sc["memory_traced"],
         sc["memory_heavy_tailed"],
@@ -404,25 +456,38 @@ def markdown(r: dict[str, Any]) -> str:
         f"{rel['public']['seconds']:.3f} s with the keys as a public list (all "
         f"{rel['public']['released_keys']:,} get noise and a record), "
         f"{rel['private']['seconds']:.3f} s with private keys (selection over every key, "
-        f"{rel['private']['released_keys']:,} pass with k = 40 and no L0 bound). Covers "
-        "seal + merge + release: for the public list, seal (merge of reservoirs, bounding, "
-        f"exact totals) {rel['public']['seal_seconds']:.3f} s, the partial's encoding and "
-        f"decoding {rel['public']['transport_seconds']:.3f} s, stage 2 (merge, noise, "
-        f"records) {rel['public']['release_seconds']:.3f} s; private keys: "
-        f"{rel['private']['seal_seconds']:.3f} + {rel['private']['transport_seconds']:.3f} + "
-        f"{rel['private']['release_seconds']:.3f} s. Writing to Kafka is not included; in "
-        "the worker the seal runs where the partition's events are and the rest on the "
-        "window's partials partition.",
+        f"{rel['private']['released_keys']:,} pass with k = 40 and no L0 bound). Steps, public "
+        f"list: seal and encode the partials {rel['public']['seal_seconds']:.3f} s, decode "
+        f"them in stage 2 {rel['public']['transport_seconds']:.3f} s, merge, noise, records "
+        f"and their ledger and output encoding {rel['public']['release_seconds']:.3f} s; "
+        f"private keys: {rel['private']['seal_seconds']:.3f} + "
+        f"{rel['private']['transport_seconds']:.3f} + {rel['private']['release_seconds']:.3f} "
+        "s. These are the worker's own functions (`stream_dp.pipeline.offload`), which it "
+        "runs in a thread: the event loop keeps fetching, committing and heartbeating "
+        "meanwhile (`tests/integration/test_large_release.py`: two workers with a 2 s "
+        "session timeout release a 200,000-key window without a rebalance). Writing to "
+        "Kafka is not included.",
+        f"- **Release of one window with {large['keys']:,} keys** ({large['events']:,} "
+        f"events, {large['users']:,} users, one run): {large['public']['seconds']:.2f} s "
+        f"with a public list, {large['private']['seconds']:.2f} s with private keys — "
+        f"{1e6 * large['seconds'] / large['keys']:.2f} µs per key against "
+        f"{1e6 * rel['seconds'] / rel['keys']:.2f} at {rel['keys']:,} keys (steps, public "
+        f"list: {large['public']['seal_seconds']:.2f} + "
+        f"{large['public']['transport_seconds']:.2f} + "
+        f"{large['public']['release_seconds']:.2f} s).",
         f"- **State per retained event**: {mem['bytes_per_retained_event']:.1f} bytes "
         f"(RSS growth of a fresh process, {mem['users']:,} users each offering "
-        f"{mem['events_per_user']} events to a k = {mem['k']} reservoir: "
-        f"{mem['retained_events']:,} retained events, pseudonyms included); tracemalloc at "
-        f"{mt['users']:,} users: {mt['bytes_per_retained_event']:.1f} bytes.",
+        f"{mem['events_per_user']} events to a k = {mem['k']} sample: "
+        f"{mem['retained_events']:,} retained events, pseudonyms included, rows not yet "
+        f"compacted included); tracemalloc at {mt['users']:,} users: "
+        f"{mt['bytes_per_retained_event']:.1f} bytes. A row is 28 bytes (pseudonym 16, random "
+        "priority 8, signature id 4); compaction keeps each user's k rows of smallest "
+        "priority once the new rows are as many as the kept ones.",
     ]
     if mem["users"] < sc["memory_target_users"]:
         lines.append(
             f"  Measured at {mem['users']:,} users (size `{r['size']}`), not 1M: the state "
-            "is a dict of per-user lists, linear in users, so the figure per event carries "
+            "is columns of rows, linear in retained events, so the figure per event carries "
             f"over; 1M users × k=40 would take about "
             f"{mem['bytes_per_retained_event'] * 40e6 / 2**20:,.0f} MiB."
         )
@@ -430,19 +495,20 @@ def markdown(r: dict[str, Any]) -> str:
         f"- Heavy-tailed stream (the throughput data's shape, {heavy['events']:,} events, "
         f"{heavy['user_windows']:,} user-windows, most with a few events): "
         f"{heavy['bytes_per_retained_event']:.1f} bytes per retained event (tracemalloc of "
-        "stage 1's whole open state), the per-user overhead (16-byte pseudonym, dict "
-        "slot, list header) weighing more when users keep few events.",
+        "stage 1's whole open state, the interned signatures included): rows are per event, "
+        "so a user with few events costs no more per event than a heavy one.",
     ]
     rp = sc.get("repartition")
     if rp:
         lines.append(
-            f"- Repartition path in-process ({rp['events']:,} events, {rp['users']:,} users, "
-            f"{rp['keys']:,} keys): stage 0 (`IngestStage.route`: decode, pseudonymize, "
-            f"re-encode keyed by pseudonym, mean {rp['mean_routed_bytes']:.0f} bytes) "
-            f"{_fmt(rp['route_events_per_s'])} events/s, then stage 1 on the routed records "
-            f"{_fmt(rp['routed_ingest_events_per_s'])} events/s; both "
-            f"{_fmt(rp['both_events_per_s'])} events/s, before any Kafka cost of the extra "
-            "topic (a produce and a second fetch per event)."
+            f"- Default path in-process ({rp['events']:,} events, {rp['users']:,} users, "
+            f"{rp['keys']:,} keys): stage 0 (`IngestStage.route_packed`: decode, "
+            "pseudonymize, one packed record per repartition partition and batch, "
+            f"{rp['routed_bytes_per_event']:.0f} bytes per event, {rp['routed_records']:,} "
+            f"records) {_fmt(rp['route_events_per_s'])} events/s, then stage 1 on the packed "
+            f"records {_fmt(rp['routed_ingest_events_per_s'])} events/s; both "
+            f"{_fmt(rp['both_events_per_s'])} events/s, before the Kafka cost of the extra "
+            "topic."
         )
     lines += [
         "",
@@ -468,9 +534,45 @@ def markdown(r: dict[str, Any]) -> str:
         )
     if "continual" in r:
         lines += ["", *continual.section(r["continual"])]
+    lines += _profile_section(r)
     lines += ["", "## What limits throughput", ""]
     lines += [f"- {note}" for note in r.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+def _profile_section(r: dict[str, Any]) -> list[str]:
+    prof = r.get("profiles") or {}
+    tp = r["throughput"]
+    lines = [
+        "",
+        "## 6. Profiles of the default path, before and after",
+        "",
+        "py-spy samples (200 Hz) of one worker process in the default configuration "
+        "(`input.keyed_by_user: false`), as contender b2 runs it, reduced to functions; "
+        "self: samples in the function itself, inclusive: with what it calls. *Before*: the "
+        "same measurement on the code before issue 15 (commit 5060a91: one producer `send` "
+        "per repartitioned event, one record per event for stage 1 to decode again), "
+        "recorded once on 400,000 events of this stream and kept in "
+        "`bench/profiles/default_path_before.folded`. *After*: this run, on the full topic.",
+    ]
+    error = tp.get("profile", {}).get("error")
+    if error:
+        lines += ["", f"No profile of this run: {error}."]
+    for label in ("before", "after"):
+        p = prof.get(label)
+        if not p:
+            continue
+        lines += [
+            "",
+            f"**{label}** ({p['samples']:,} samples; flame graph: [{p['svg']}]({p['svg']}))",
+            "",
+            "| function | self | inclusive |",
+            "|---|---|---|",
+        ]
+        for t in p["top"]:
+            name = t["function"].replace("|", "\\|")
+            lines.append(f"| `{name}` | {100 * t['self']:.1f}% | {100 * t['inclusive']:.1f}% |")
+    return lines
 
 
 def _workers_section(r: dict[str, Any]) -> list[str]:
@@ -562,10 +664,11 @@ def _workers_section(r: dict[str, Any]) -> list[str]:
         lines.append(
             "- Repartitioning costs "
             f"{per_event['repartitioned'] / per_event['keyed_by_user']:.1f}× the worker CPU "
-            "per event of keyed input (one worker): stage 0 decodes, pseudonymizes and "
-            "re-encodes every event and produces it to the repartition topic (one aiokafka "
-            "`send` per event), which stage 1 then fetches and decodes again; the repartition "
-            "topic has 4 partitions, so stage 1 splits unevenly over 3 workers."
+            "per event of keyed input (one worker): stage 0 decodes and pseudonymizes every "
+            "event and writes it, packed with the others of its batch and repartition "
+            "partition, to the repartition topic, which stage 1 then fetches; the broker "
+            "stores and serves every event twice. The repartition topic has 4 partitions, so "
+            "stage 1 splits unevenly over 3 workers."
         )
     lines += ["", "![scale-out over worker processes](scaling_workers.png)"]
     return lines

@@ -38,6 +38,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "release_events": 40_000,
         "release_keys": 4_000,
         "release_users": 5_000,
+        "large_release_events": 60_000,
+        "large_release_keys": 40_000,
+        "large_release_users": 40_000,
         "memory_users": 10_000,
         "memory_events_per_user": 48,
         "heavy_events": 20_000,
@@ -60,6 +63,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "release_events": 500_000,
         "release_keys": 100_000,
         "release_users": 100_000,
+        "large_release_events": 1_000_000,
+        "large_release_keys": 400_000,
+        "large_release_users": 400_000,
         "memory_users": 100_000,
         "memory_events_per_user": 48,
         "heavy_events": 200_000,
@@ -82,6 +88,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "release_events": 1_000_000,
         "release_keys": 100_000,
         "release_users": 100_000,
+        "large_release_events": 2_000_000,
+        "large_release_keys": 1_000_000,
+        "large_release_users": 1_000_000,
         "memory_users": 1_000_000,
         "memory_events_per_user": 48,
         "heavy_events": 1_000_000,
@@ -92,29 +101,36 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 NOTES = [
-    "Python work per event. The raw consumer spends its time in aiokafka's record parsing "
-    "and one orjson call; the worker adds, per event, validation of the decoded object, "
-    "the check that its Kafka key is its user id (keyed input), the window of its time, the "
-    "interned signature of its group fields, an HMAC-SHA256 pseudonym (cached per batch and "
-    "user) and a reservoir update — each a few hundred nanoseconds of interpreted code. "
-    "Profiles (cProfile, py-spy) of the former `Engine.ingest`, whose per-event loop "
-    "`IngestStage.ingest` keeps: decode+validate ≈ 1.0 µs, pseudonym ≈ 0.8 µs per new "
-    "(user, batch), loop body ≈ 1 µs, reservoir ≈ 0.5 µs per event.",
-    "Two cores shared with the broker: the broker process serving the fetches takes a good "
-    "part of a core while the client runs (its CPU seconds are in results.json as "
-    "`broker_cpu_seconds_whole_process_run`), so client and broker compete.",
+    "The Kafka client's work per record. aiokafka builds a Python `ConsumerRecord` for every "
+    "record it hands out (its `getmany` parses the fetched batches) and its producer takes "
+    "tens of microseconds of Python per `send`; the raw consumer pays the first, and it is "
+    "the largest single item in the worker's profile (section 6). The worker never sends "
+    "one record per event any more: stage 0 writes packed records and record batches "
+    "(`send_batch`) carry the output.",
+    "Python work per event that cannot be batched away: one orjson decode per record (as the "
+    "raw consumer), and per distinct user and batch a normalisation and an HMAC-SHA256 "
+    "pseudonym (raw ids live only in a batch-local cache, never in state, so each fetched "
+    "batch pseudonymizes its users again). Everything else — validation of the decoded "
+    "columns, the key and placement checks, windows, signatures, the samples' bottom-k "
+    "compaction, bounding and totals — is per batch and column (numpy).",
+    "Two cores shared with the broker and with other work on the machine (the load average "
+    "is in the header): the broker serves every fetch and stores every produced record (the "
+    "default path writes every event once more), so client and broker compete.",
     "Fixed costs that do not shrink with the topic: the consumer-group join (the broker "
-    "holds JoinGroup for about 1 s) and the close of the last window (grace plus "
-    "idle_close_s, then sealing its partials, their round trip through the partials topic, "
-    "a release and its acknowledged writes). The raw consumer uses manual assignment and "
-    "has neither.",
-    "A worker process is single-threaded: one process cannot use the second core. Several "
-    "`stream-dp run` processes in one consumer group share the input and partials "
-    "partitions (section 2); on this machine they share 2 cores with each other and with "
-    "the broker, so a third process adds contention, not cores.",
+    "holds JoinGroup for about 1 s), the ledger read-back behind fences, and the close of the "
+    "last window (idle_close_s; with repartitioned input stage 0's progress marks must first "
+    "say that the input partitions are idle; then its partials' round trip through the "
+    "partials topic, the release and its acknowledged writes). The raw consumer uses manual "
+    "assignment and has none of them; on a topic that the raw consumer reads in 3 s they "
+    "are a large share of the worker's end-to-end time (the processing-phase ratios leave "
+    "them out).",
+    "A worker process runs its stages in one thread (the release's CPU-heavy steps run in a "
+    "second one, off the event loop): one process cannot use the second core. Several "
+    "`stream-dp run` processes in one consumer group share the partitions (section 2).",
     "Faust: about 200 µs per event in its stream machinery, table bookkeeping (a heap entry "
     "and a changelog record per update) and producer, so its rate is bound by its own "
-    "per-event overhead, not by Kafka.",
+    "per-event overhead, not by Kafka. On a topic small enough for Faust to read in a few "
+    "runs, the worker's fixed startup and close costs weigh in the end-to-end ratio.",
 ]
 
 
@@ -151,6 +167,7 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
             runs=cfg["runs"],
             faust_events=cfg["faust_events"],
             log=_log,
+            profile_dir=out,
         )
         _log(
             f"[bench] scale-out: 1, 2, 3 worker processes, {workers.PARTITIONS} partitions, "

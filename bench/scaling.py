@@ -4,14 +4,15 @@ release time of a window with 100k keys, and the state kept per retained event.
 Ingest is stage 1, :class:`~stream_dp.pipeline.ingest.IngestStage`: what a worker runs for
 every fetched batch of a partition it owns. Here it is fed the same JSON records, keyed by
 user id (``input.keyed_by_user: true``, so the key check runs as in the worker), in batches of
-10,000 (the worker's ``MAX_RECORDS_PER_FETCH``) from one partition, so the figures leave out
+40,000 (the worker's ``MAX_RECORDS_PER_FETCH``) from one partition, so the figures leave out
 the Kafka client (the throughput sections measure that).
 
-A release is now three steps, timed together: stage 1 seals the window (reservoir merge,
-L0/Linf bounding, exact totals per key: one partial per query), the partial is encoded and
-decoded as on the partials topic, and stage 2
-(:class:`~stream_dp.pipeline.release_stage.ReleaseStage`) merges the partials, draws noise and
-selection and builds the output records. Writing to Kafka is not included.
+A release is three steps, timed together, each the worker's own function
+(:mod:`stream_dp.pipeline.offload`): stage 1 seals the window (compaction of the samples,
+L0/Linf bounding, exact totals per key: one partial per query) and encodes its partials;
+stage 2 (:class:`~stream_dp.pipeline.release_stage.ReleaseStage`) decodes them; then it
+merges them, draws selection and noise, builds the records and encodes them for the ledger
+and the output topic. Writing to Kafka is not included.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ from stream_dp.config import parse_config
 from stream_dp.config.model import Config
 from stream_dp.pipeline.ingest import IngestStage
 from stream_dp.pipeline.local import LocalPipeline
-from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
+from stream_dp.pipeline.offload import draw_window, gc_paused, output_values, seal_windows
+from stream_dp.pipeline.partials import SourceWatermark, encode_watermark
 from stream_dp.pipeline.release_stage import ReleaseStage
-from stream_dp.privacy.bounding import Reservoirs
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
+from stream_dp.privacy.user_samples import UserSamples
 from stream_dp.windows.tumbling import iso_utc
 
-BATCH = 10_000
+BATCH = 40_000  # as the worker's MAX_RECORDS_PER_FETCH
 K = 40
 
 
@@ -124,8 +126,8 @@ def throughput_point(spec: StreamSpec) -> dict[str, Any]:
 
 def repartition_point(spec: StreamSpec) -> dict[str, Any]:
     """The path of input not keyed by user (``keyed_by_user: false``), in-process: stage 0
-    (:meth:`IngestStage.route`: decode, pseudonymize, re-encode keyed by pseudonym) and stage 1
-    on the routed records, each in worker-sized batches of one partition."""
+    (:meth:`IngestStage.route_packed`: decode, pseudonymize, packed records per repartition
+    partition) and stage 1 on those records, each in worker-sized batches of one partition."""
     values, _ = encode(spec)
     stage = IngestStage(stage_config(spec.window_size_s, keyed_by_user=False), _keyring())
     now = time.time()
@@ -133,7 +135,7 @@ def repartition_point(spec: StreamSpec) -> dict[str, Any]:
     routed: list[tuple[int, bytes | None, bytes | None]] = []
     started = time.perf_counter()
     for i in range(0, len(raw), BATCH):
-        out, dead = stage.route(0, raw[i : i + BATCH], now_s=now, now_mono_s=0.0)
+        out, dead = stage.route_packed(0, raw[i : i + BATCH], now_s=now, now_mono_s=0.0)
         if dead:
             raise RuntimeError(f"bench records dead-lettered: {dead[0].reason}")
         # As the worker sends them: the batch's events, then the progress marks.
@@ -145,11 +147,13 @@ def repartition_point(spec: StreamSpec) -> dict[str, Any]:
     for i in range(0, len(routed), BATCH):
         stage.ingest(0, routed[i : i + BATCH], now_s=now, now_mono_s=0.0, routed=True)
     ingest_s = time.perf_counter() - started
+    routed_bytes = sum(len(v or b"") for _, _, v in routed)
     return {
         "users": spec.users,
         "keys": spec.keys,
         "events": spec.events,
-        "mean_routed_bytes": sum(len(v or b"") for _, _, v in routed) / max(1, len(routed)),
+        "routed_records": len(routed),
+        "routed_bytes_per_event": routed_bytes / spec.events,
         "route_seconds": route_s,
         "route_events_per_s": spec.events / route_s,
         "routed_ingest_seconds": ingest_s,
@@ -162,23 +166,35 @@ def _release_once(
     stage: IngestStage, config: Config, window_start_s: int
 ) -> tuple[dict[str, float], int]:
     """Seal the window's partials from the stage's (kept) state, pass them through their
-    topic encoding to a fresh ReleaseStage and release; (seconds per step, keys released)."""
+    topic encoding to a fresh ReleaseStage and release; (seconds per step, keys released).
+
+    The steps are the worker's own (:mod:`stream_dp.pipeline.offload`), with the garbage
+    collector paused as the worker's off-loop thread runs them: seal and encode the
+    partials; decode them into stage 2 (on the worker's loop); draw the release and encode
+    its ledger records and output records.
+    """
+    max_bytes = config.kafka.max_message_bytes
+    release = ReleaseStage(config)  # the worker's lives on: its plan is not a release's work
+    release.assign([0])
     t0 = time.perf_counter()
-    partials = stage.seal(0, window_start_s)
+    with gc_paused():
+        ((_, records),) = seal_windows(
+            stage, [(0, window_start_s)], lambda ws: 0, max_bytes=max_bytes
+        )
     t1 = time.perf_counter()
-    values = [
-        v for p in partials for _, v in encode_partial(p, max_bytes=config.kafka.max_message_bytes)
-    ]
+    values = [v for _, v in records]
     # What the worker writes after the partials: the partition has sealed up to the end.
     sealed = float(stage.windows.end_of(window_start_s))
     values.append(encode_watermark(SourceWatermark(0, 1, sealed, True, False))[1])
-    release = ReleaseStage(config)
-    release.assign([0])
     release.ingest(0, list(enumerate(values)))
     t2 = time.perf_counter()
     if release.due_windows() != [window_start_s]:
         raise RuntimeError("the sealed window is not due in stage 2")
-    (rel,) = release.compute_release(window_start_s, now_s=time.time())
+    with gc_paused():
+        ((rel, _ledger),) = draw_window(
+            release, window_start_s, now_s=time.time(), max_bytes=max_bytes
+        )
+        output_values(rel)
     t3 = time.perf_counter()
     steps = {"seal": t1 - t0, "transport": t2 - t1, "release": t3 - t2, "total": t3 - t0}
     return steps, len(rel.records) - 1
@@ -192,9 +208,9 @@ def release_time(events: int, keys: int, users: int, repeats: int) -> dict[str, 
     k = 40 and no L0 bound few keys pass) and the same keys as a public list (every key gets
     noise and a record: the most work). Each is ingested once into its own IngestStage; each
     repeat seals the window anew from that state (sealing does not consume it) and releases
-    it from a fresh ReleaseStage (a window is released once per stage). Timed: seal (merge
-    of reservoirs, bounding, exact totals), transport (the partial's topic encoding and
-    decoding, as between the stages), release (merge of partials, selection, noise, records).
+    it from a fresh ReleaseStage (a window is released once per stage). Timed: seal
+    (compaction, bounding, exact totals, the partials' encoding), transport (their decoding
+    in stage 2), release (merge of partials, selection, noise, records and their encoding).
     """
     spec = StreamSpec(events=events, users=users, keys=keys, windows=1, window_size_s=3600)
     cols = columns(spec)
@@ -205,19 +221,25 @@ def release_time(events: int, keys: int, users: int, repeats: int) -> dict[str, 
     del values, user_keys
     names = [f"site{d:05d}.example" for d in range(keys)]
     out: dict[str, Any] = {"events": events, "users": users, "keys": int(np.unique(shuffled).size)}
+    stages = []
     for label, config in (
         ("private", stage_config(spec.window_size_s)),
         ("public", stage_config(spec.window_size_s, public_keys=names)),
     ):
         stage = IngestStage(config, _keyring())
         ingest_all(stage, records)
+        stages.append((label, config, stage))
+    # As in a worker, the input records are gone when a window is released: a million of
+    # them kept alive here would make every garbage collection during the release scan them.
+    del records, stage
+    gc.collect()
+    for label, config, stage in stages:
         (ws,) = stage.open_windows()
         runs: list[dict[str, float]] = []
         released = 0
         for _ in range(repeats):
             steps, released = _release_once(stage, config, ws)
             runs.append(steps)
-        del stage
         gc.collect()
         out[label] = {
             "seconds": statistics.median(r["total"] for r in runs),
@@ -240,36 +262,33 @@ def _rss_bytes() -> int:
 def state_per_event(
     users: int, events_per_user: int, k: int = K, *, traced: bool = False
 ) -> dict[str, Any]:
-    """Memory of one window's reservoirs when ``users`` users each offer ``events_per_user``
-    events (≥ k: every reservoir full): RSS growth, or with ``traced`` the bytes tracemalloc
-    counts. Run it in a fresh process (:func:`state_per_event_in_subprocess`) so that freed
-    memory of earlier work does not hide growth.
-
-    Pseudonyms are 16 random bytes (as HMAC output) created after the first reading: they
-    are part of the state (the reservoirs' keys). Items are interned signature ids, shared
-    int objects, as in :class:`IngestStage`.
+    """Memory of one window's samples (:class:`UserSamples`, stage 1's state) when ``users``
+    users each offer ``events_per_user`` events (≥ k: every user keeps k): RSS growth, or
+    with ``traced`` the bytes tracemalloc counts. Run it in a fresh process
+    (:func:`state_per_event_in_subprocess`) so that freed memory of earlier work does not
+    hide growth. Events arrive as the worker hands them over, in batches of 100,000 rows
+    (pseudonyms as 16 random bytes, items interned signature ids); what is measured includes
+    the rows not compacted yet.
     """
     rng = np.random.default_rng(2)
-    items = list(range(1000))
     chunk = 100_000
     gc.collect()
     if traced:
         tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0] if traced else _rss_bytes()
-    blob = rng.bytes(16 * users)
-    pseudonyms = [blob[i * 16 : i * 16 + 16] for i in range(users)]
-    del blob
-    reservoirs = Reservoirs(k)
+    words = np.frombuffer(rng.bytes(16 * users), dtype=np.uint64).reshape(users, 2)
+    samples = UserSamples(k)
     for _ in range(events_per_user):
         for start in range(0, users, chunk):
-            part = pseudonyms[start : start + chunk]
-            reservoirs.add_many(part, [items[i % 1000] for i in range(start, start + len(part))])
-    del pseudonyms
+            part = words[start : start + chunk]
+            items = (np.arange(start, start + len(part)) % 1000).astype(np.int32)
+            samples.add_columns(part, items)
+    del words
     gc.collect()
     after = tracemalloc.get_traced_memory()[0] if traced else _rss_bytes()
     if traced:
         tracemalloc.stop()
-    retained = reservoirs.events_retained
+    retained = samples.events_retained  # compacts: the figure above is before that
     out = {
         "users": users,
         "events_per_user": events_per_user,
@@ -279,7 +298,7 @@ def state_per_event(
         "delta_bytes": after - before,
         "bytes_per_retained_event": (after - before) / retained,
     }
-    del reservoirs
+    del samples
     gc.collect()
     return out
 
@@ -318,8 +337,8 @@ def ingest_state_per_event(spec: StreamSpec) -> dict[str, Any]:
     tracemalloc.stop()
     allocated = sum(s.size_diff for s in snap.compare_to(base, "filename"))
     parts = [p for s in stage._state.values() for p in s.values()]
-    retained = sum(p.reservoirs.events_retained for p in parts)
-    users = sum(p.reservoirs.users for p in parts)
+    retained = sum(p.samples.events_retained for p in parts)
+    users = sum(p.samples.users for p in parts)
     return {
         "events": spec.events,
         "users": spec.users,
@@ -348,6 +367,13 @@ def measure(size: dict[str, Any], log: Callable[[str], None] = print) -> dict[st
         int(size["release_events"]), int(size["release_keys"]), int(size["release_users"]), 3
     )
     log(f"  release of {release['keys']:,} keys: {release['seconds']:.3f} s")
+    large = release_time(
+        int(size["large_release_events"]),
+        int(size["large_release_keys"]),
+        int(size["large_release_users"]),
+        1,
+    )
+    log(f"  release of {large['keys']:,} keys: {large['seconds']:.3f} s")
     repartition = repartition_point(
         StreamSpec(events=events, users=int(size["keys_sweep_users"]), keys=1000, windows=4)
     )
@@ -373,6 +399,7 @@ def measure(size: dict[str, Any], log: Callable[[str], None] = print) -> dict[st
         "keys_sweep": keys_sweep,
         "keys_sweep_users": int(size["keys_sweep_users"]),
         "release": release,
+        "release_large": large,
         "repartition": repartition,
         "memory": memory,
         "memory_traced": memory_traced,

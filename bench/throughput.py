@@ -1,7 +1,9 @@
 """Throughput against the embedded broker: raw fetch+decode, the stream-dp worker, Faust.
 
-All three read the same preloaded topic in the same bench run, each in a fresh process, in
-turn (raw, worker, Faust) for every run; the figures are medians over the runs. Faust is
+All read the same preloaded topic in the same bench run, each in a fresh process, in turn
+(raw, worker on keyed input, worker in the default configuration — input not keyed by
+user, repartitioned by pseudonym — and Faust) for every run; the figures are medians over
+the runs. A last, profiled run of the default configuration gives the profile section. Faust is
 ~100× slower than the others, so when the main topic is larger than ``faust_events`` it
 reads a second topic holding the first ``faust_events`` records of the same stream (same
 keys, same partitions), and the worker is timed on that topic too, so that the b/c ratio
@@ -19,6 +21,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -256,10 +259,17 @@ def run_raw(bootstrap: str, topic: str, events: int, broker_pid: int) -> dict[st
 
 
 def run_worker(
-    bootstrap: str, topic: str, events: int, windows: int, window_size_s: int, broker_pid: int
+    bootstrap: str,
+    topic: str,
+    events: int,
+    windows: int,
+    window_size_s: int,
+    broker_pid: int,
+    *,
+    keyed_by_user: bool = True,
 ) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:10]
-    config = worker_config(bootstrap, topic, suffix, window_size_s)
+    config = worker_config(bootstrap, topic, suffix, window_size_s, keyed_by_user=keyed_by_user)
     asyncio.run(apply_topics(parse_config(config), bootstrap, include_input=False))
     spec = {
         "bootstrap": bootstrap,
@@ -319,6 +329,7 @@ def measure(
     runs: int,
     faust_events: int,
     log: Any = print,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Preload the topic(s), run every contender ``runs`` times, delete the topics."""
     cols = columns(spec)
@@ -365,6 +376,7 @@ def measure(
         del values, keys
         raw = Contender("raw", spec.events)
         worker = Contender("worker", spec.events)
+        default = Contender("worker_default", spec.events)
         worker_prefix = Contender("worker_on_faust_input", prefix_events)
         faust = Contender("faust", prefix_events)
         for r in range(runs):
@@ -376,7 +388,21 @@ def measure(
                 )
             )
             w = worker.runs[-1]
-            log(f"  run {r + 1}: worker {w['events'] / w['seconds']:,.0f}/s")
+            log(f"  run {r + 1}: worker (keyed input) {w['events'] / w['seconds']:,.0f}/s")
+            default.runs.append(
+                run_worker(
+                    bootstrap,
+                    main_topic,
+                    spec.events,
+                    windows,
+                    spec.window_size_s,
+                    broker_pid,
+                    keyed_by_user=False,
+                )
+            )
+            d = default.runs[-1]
+            rate = d["events"] / d["seconds"]
+            log(f"  run {r + 1}: worker (default, repartitioned) {rate:,.0f}/s")
             if separate:
                 worker_prefix.runs.append(
                     run_worker(
@@ -402,10 +428,25 @@ def measure(
             log(f"  run {r + 1}: faust {f['events'] / f['seconds']:,.0f}/s")
         if not separate:
             worker_prefix = Contender("worker_on_faust_input", prefix_events, worker.runs)
+        if profile_dir is not None:
+            from bench import profile  # (it uses this module's helpers)
+
+            log("  profile of the default path (py-spy)")
+            out["profile"] = profile.profile_default_path(
+                bootstrap,
+                main_topic,
+                spec.events,
+                windows,
+                spec.window_size_s,
+                broker_pid,
+                profile_dir,
+            )
     finally:
         asyncio.run(delete_topics(bootstrap, names=topics))
-    out["contenders"] = {c.name: c.describe() for c in (raw, worker, worker_prefix, faust)}
+    out["contenders"] = {c.name: c.describe() for c in (raw, worker, default, worker_prefix, faust)}
     out["ratio_worker_to_raw"] = worker.events_per_s / raw.events_per_s
+    out["ratio_default_to_raw"] = default.events_per_s / raw.events_per_s
+    out["ratio_default_to_raw_steady"] = default.steady_events_per_s / raw.events_per_s
     out["ratio_worker_to_raw_steady"] = worker.steady_events_per_s / raw.events_per_s
     out["ratio_worker_to_faust"] = worker_prefix.events_per_s / faust.events_per_s
     out["ratio_worker_to_faust_steady"] = (

@@ -1,8 +1,9 @@
 """Stage 1 of the worker, without Kafka: decode, pseudonymize, window, bound → partials.
 
 Whoever owns a partition of the stage-1 topic (the input topic when producers key by user
-id, else the repartition topic) keeps, per open window, a :class:`Reservoirs` of pseudonym →
-≤ k compact items (ids of interned event signatures) and the first offset the window needs.
+id, else the repartition topic) keeps, per open window, a :class:`UserSamples` — columns of
+(pseudonym, random priority, item), at most k items per pseudonym once compacted, items being
+ids of interned event signatures — and the first offset the window needs.
 A user's events all live in one partition, so bounding per partition bounds per user.
 
 Each partition has its own watermark (largest event time − grace; by wall clock once the
@@ -12,7 +13,7 @@ version id), and after they are published the window's state is dropped. Stage 2
 the partials of every source partition and adds noise once.
 
 Offsets are committed only up to the earliest offset a window not yet sealed (published)
-still needs; after a crash the replayed records rebuild the reservoirs.
+still needs; after a crash the replayed records rebuild the samples.
 
 Only valid, accepted events move a partition's activity clock and watermark: a partition
 that delivers nothing but bad, late or replayed records is idle (it cannot stall every
@@ -45,64 +46,52 @@ from __future__ import annotations
 
 import logging
 import math
-import random  # only the type of the reservoir/L0 sampling PRNG (see new_sampling_rng)
+import random  # only the type of a seed for the sampling PRNG (see new_sampling_generator)
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+import numpy as np
 import orjson
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.decode import BadRecord, Decoder
-from stream_dp.pipeline.partials import Partial, SourceWatermark, new_version
-from stream_dp.pipeline.placement import partition_function, pseudonym_partition
-from stream_dp.pipeline.queries import CompiledQuery, needed_fields
-from stream_dp.privacy.bounding import (
-    Reservoirs,
-    aggregate_bounded,
-    merge_reservoirs,
-    new_sampling_rng,
+from stream_dp.pipeline.ingest_columns import (
+    ACCEPT,
+    LATE,
+    REPLAYED,
+    ColumnIngest,
+    DeadLetter,
+    InputRecord,
+    ReleasedWindows,
+    WindowPart,
 )
+from stream_dp.pipeline.packed import PACKED_KIND, decode_events
+from stream_dp.pipeline.partials import Partial, SourceWatermark, new_version
+from stream_dp.pipeline.placement import (
+    partition_function,
+    partitions_function,
+    pseudonym_partition,
+)
+from stream_dp.pipeline.queries import CompiledQuery, needed_fields
+from stream_dp.privacy.bounding import bounded_totals_columns
 from stream_dp.privacy.erasure import Erasure, ErasureSet
 from stream_dp.privacy.group_values import canonical_value, json_default
+from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
-from stream_dp.privacy.release import KeyAggregate
+from stream_dp.privacy.user_samples import UserSamples, new_sampling_generator
 from stream_dp.windows import TumblingWindows, WatermarkTracker
+
+__all__ = ["DeadLetter", "IngestStage", "InputRecord", "ReleasedWindows", "user_key"]
 
 log = logging.getLogger(__name__)
 
-#: What ingest does with an event, decided once per window: keep it, or count it as late
-#: (its partition already sealed the window) or replayed (the window is already released).
-_ACCEPT, _LATE, _REPLAYED = 0, 1, 2
-
-#: (offset, Kafka record key, value)
-InputRecord = tuple[int, bytes | None, bytes | None]
 
 #: The signature table is compacted once it holds at least this many entries and has doubled
 #: since it was last compacted.
 SIGNATURES_COMPACT_MIN = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    reason: str
-    detail: str
-    partition: int
-    offset: int
-    payload: bytes | None
-    #: The topic it was read from; None: the input topic.
-    topic: str | None = None
-
-
-class ReleasedWindows(Protocol):
-    """What stage 1 needs to know of stage 2 (implemented by ReleaseStage)."""
-
-    coverage_start_s: int | None
-
-    def released(self, window_start_s: int) -> bool: ...
-
-    def released_earlier(self, window_start_s: int) -> bool: ...
 
 
 class _NothingReleased:
@@ -115,10 +104,6 @@ class _NothingReleased:
         return False
 
 
-@dataclass(slots=True)
-class _WindowPart:
-    reservoirs: Reservoirs
-    first_offset: int
 
 
 def user_key(user: str | int, normalization: UserIdNormalization = "none") -> bytes:
@@ -148,7 +133,7 @@ _EMPTY_ID = b""
 _NONE_ERASED: frozenset[Any] = frozenset()
 
 
-class IngestStage:
+class IngestStage(ColumnIngest):
     def __init__(
         self,
         config: Config,
@@ -168,7 +153,7 @@ class IngestStage:
             released if released is not None else _NothingReleased()
         )
         self.metrics = metrics if metrics is not None else Metrics()
-        self._rng = sampling_rng if sampling_rng is not None else new_sampling_rng()
+        self._rng = new_sampling_generator(sampling_rng)
         self.k = config.bounds.max_contributions_per_window
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
         #: Partitions of the stage-1 topic (what stage 2 waits for, and what placement is
@@ -179,6 +164,7 @@ class IngestStage:
         #: Off where one partition holds everything (replay).
         self.enforce_user_keys = config.input.keyed_by_user
         self._partition_of_key = partition_function(config.input.partitioner)
+        self._partitions_of_keys = partitions_function(config.input.partitioner)
         #: Partitions of the input topic (the sources of each repartition partition).
         self.input_partitions = 1
         #: Partitions of the repartition topic (where stage 0 routes); set by the transport.
@@ -207,7 +193,7 @@ class IngestStage:
         self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
         for q in self.queries:
             q.bind(self._signatures)
-        self._state: dict[int, dict[int, _WindowPart]] = {}
+        self._state: dict[int, dict[int, WindowPart]] = {}
         self._trackers: dict[int, WatermarkTracker] = {}
         self._sealed_s: dict[int, float] = {}
         self._positions: dict[int, int] = {}
@@ -417,6 +403,8 @@ class IngestStage:
         """
         if not records:
             return []
+        if not routed and self._ingest_columns(partition, records, now_s, now_mono_s):
+            return []
         metrics = self.metrics
         if not routed:
             metrics.events_consumed.inc(len(records))
@@ -449,11 +437,11 @@ class IngestStage:
         late = skipped = duplicates = stale_key = 0
         max_time: float | None = None
         # Events arrive mostly in event-time order, so the per-window lookups (lateness,
-        # key, reservoirs) are redone only when the window changes, and a window's events
-        # are handed to its reservoirs in runs, in arrival order (same draws as one by one).
+        # key, samples) are redone only when the window changes, and a window's events are
+        # handed to its samples in runs.
         current_ws: int | None = None
-        fate = _ACCEPT
-        part: _WindowPart | None = None
+        fate = ACCEPT
+        part: WindowPart | None = None
         cache: dict[str | int, bytes] = {}
         key_id = ""
         pseudonymize: Callable[[str | int], bytes] | None = None
@@ -468,6 +456,10 @@ class IngestStage:
             if routed:
                 try:
                     body = orjson.loads(value or b"null")
+                    if type(body) is dict and body.get("kind") == PACKED_KIND:
+                        packed = decode_events(body, fields)
+                        dead.extend(self._ingest_packed(partition, offset, packed, topic, seen))
+                        continue
                     src_partition, src_offset = body["src"]
                     if "u" not in body:  # a progress mark of one input partition
                         mark_t = body["t"]
@@ -549,28 +541,28 @@ class IngestStage:
             if ws != current_ws:
                 if run_items:
                     assert part is not None
-                    part.reservoirs.add_many(run_pseudonyms, run_items)
+                    part.samples.add_many(run_pseudonyms, run_items)
                     run_pseudonyms, run_items = [], []
                 current_ws = ws
                 if (sealed is not None and ws + size <= sealed) or (
                     coverage is not None and ws < coverage
                 ):
-                    fate = _LATE
+                    fate = LATE
                 elif windows_released.released(ws):
-                    fate = _REPLAYED if windows_released.released_earlier(ws) else _LATE
+                    fate = REPLAYED if windows_released.released_earlier(ws) else LATE
                 else:
-                    fate = _ACCEPT
+                    fate = ACCEPT
                     part = state.get(ws)
                     if part is None:
-                        part = state[ws] = _WindowPart(Reservoirs(self.k, self._rng), offset)
+                        part = state[ws] = WindowPart(UserSamples(self.k, self._rng), offset)
                     pseudonymizer = self.keyring.for_window(ws)
                     key_id = pseudonymizer.key_id
                     cache = pseudonyms.setdefault(key_id, {})
                     pseudonymize = pseudonymizer.pseudonym
                     if erasures is not None:
                         erased = erasures.erased(key_id, ws)
-            if fate != _ACCEPT:
-                if fate == _LATE:
+            if fate != ACCEPT:
+                if fate == LATE:
                     late += 1
                 else:
                     skipped += 1
@@ -608,7 +600,7 @@ class IngestStage:
             run_items.append(sid)
         if run_items:
             assert part is not None
-            part.reservoirs.add_many(run_pseudonyms, run_items)
+            part.samples.add_many(run_pseudonyms, run_items)
         self._positions[partition] = records[-1][0] + 1
         tracker = self._tracker(partition, now_mono_s, routed=routed)
         if routed:
@@ -646,17 +638,19 @@ class IngestStage:
         topic: str | None = None,
     ) -> DeadLetter:
         return self._dead(
-            BadRecord(
-                "misplaced_key",
-                f"the record's key maps to another of the topic's {self.source_partitions} "
-                "partitions: a producer used another partitioner than input.partitioner, or "
-                "partitions were added; its user would be bounded once per partition",
-            ),
+            BadRecord("misplaced_key", self._misplaced_detail()),
             partition,
             offset,
             value,
             include_payload,
             topic,
+        )
+
+    def _misplaced_detail(self) -> str:
+        return (
+            f"the record's key maps to another of the topic's {self.source_partitions} "
+            "partitions: a producer used another partitioner than input.partitioner, or "
+            "partitions were added; its user would be bounded once per partition"
         )
 
     def _tracker(self, partition: int, now_mono_s: float, *, routed: bool) -> WatermarkTracker:
@@ -697,33 +691,45 @@ class IngestStage:
         )
 
     def seal(self, partition: int, window_start_s: int) -> list[Partial]:
-        """The partition's exact bounded totals for the window, one partial per query."""
+        """The partition's exact bounded totals for the window, one partial per query.
+
+        Column work only (numpy): the sample's users and items, each query's key and value
+        per item, L0/Linf bounding and the totals per key. Sealing does not consume the
+        window's state (:meth:`drop` does, once the partials are published).
+        """
         part = self._state[partition][window_start_s]
-        users = list(merge_reservoirs([part.reservoirs], self.k, self._rng).values())
-        seen = part.reservoirs.events_seen
-        retained = sum(len(items) for items in users)
+        users, items = part.samples.sample()
+        seen = part.samples.events_seen
+        retained = len(items)
         bounds = self.config.bounds
         key_id = self.keyring.for_window(window_start_s).key_id
         version = new_version()
         out = []
         for q in self.queries:
-            totals = aggregate_bounded(
-                users,
-                q.project,
+            keys, values, groups = q.project_columns(items)
+            taken = keys >= 0
+            events, users_per_key, value_sums = bounded_totals_columns(
+                users[taken],
+                keys[taken],
+                values[taken] if q.has_values else None,
+                n_keys=len(groups),
                 max_keys=bounds.max_keys_per_user,
                 max_per_key=bounds.max_contributions_per_key,
                 rng=self._rng,
             )
+            present = np.flatnonzero(users_per_key)
             out.append(
                 Partial(
                     query=q.name,
                     window_start_s=window_start_s,
                     source_partition=partition,
                     version=version,
-                    totals={
-                        key: KeyAggregate(t.events, t.users, t.value_sum)
-                        for key, t in totals.items()
-                    },
+                    totals=KeyTotals(
+                        [groups[i] for i in present.tolist()],
+                        events[present],
+                        users_per_key[present],
+                        value_sums[present],
+                    ),
                     events_seen=seen,
                     events_retained=retained,
                     source_partitions=self.source_partitions,
@@ -749,16 +755,15 @@ class IngestStage:
         """Forget interned signatures no open window uses (they went with their windows),
         renumbering the live ones: the table stays proportional to open state. Runs when the
         table doubled since the last run, so its cost is amortised over the interning."""
-        live: set[int] = set()
-        for parts in self._state.values():
-            for part in parts.values():
-                live.update(part.reservoirs.item_ids())
-        order = sorted(live)
+        parts = [part for parts in self._state.values() for part in parts.values()]
+        held = [part.samples.item_ids() for part in parts]
+        live = np.unique(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+        order = live.tolist()
         if 2 * len(order) <= len(self._signatures):
-            remap = {old: new for new, old in enumerate(order)}
-            for parts in self._state.values():
-                for part in parts.values():
-                    part.reservoirs.remap(remap)
+            remap = np.full(len(self._signatures), -1, dtype=np.int64)
+            remap[live] = np.arange(len(order))
+            for part in parts:
+                part.samples.remap(remap)
             self._signatures[:] = [self._signatures[old] for old in order]  # shared in place
             self._signature_ids = {sig: i for i, sig in enumerate(self._signatures)}
             for q in self.queries:
@@ -799,7 +804,7 @@ class IngestStage:
                 for e in covering:
                     pseudonym = e.pseudonyms.get(key_id)
                     if pseudonym is not None:
-                        removed += part.reservoirs.remove(pseudonym)
+                        removed += part.samples.remove(pseudonym)
                 if ws in kept:
                     self._reseal.add((p, ws))
         self.erasures_applied = max(self.erasures_applied, position)

@@ -36,8 +36,8 @@ from typing import Any, Final
 
 import orjson
 
-from stream_dp.pipeline.partials import RECORD_OVERHEAD_BYTES, split_by_size
-from stream_dp.pipeline.records import SCHEMA_VERSION
+from stream_dp.pipeline.partials import RECORD_OVERHEAD_BYTES, join_in_parts
+from stream_dp.pipeline.records import SCHEMA_VERSION, dumps
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
 FENCE_PREFIX: Final = "__fence__|"
@@ -69,6 +69,15 @@ class LedgerRelease:
     published: bool = False
     #: Erasure-log position its partials had applied (README, Erasure; 0 with erasure off).
     erasures_through: int = 0
+    #: The records' values as the output topic's bytes, once encoded (by the ledger's
+    #: encoding of a fresh draw; the publication reuses them).
+    encoded: list[bytes] | None = field(default=None, compare=False, repr=False)
+
+    def output_values(self) -> list[bytes]:
+        """Each record's value as canonical JSON (encoded once, then kept)."""
+        if self.encoded is None:
+            self.encoded = [dumps(r.value) for r in self.records]
+        return self.encoded
 
 
 @dataclass
@@ -98,9 +107,10 @@ def encode_release(
     ``max_bytes`` (parts are cut by encoded size: group keys may be long)."""
     created = datetime.fromtimestamp(now_s, tz=UTC).isoformat().replace("+00:00", "Z")
     base = f"{release_key(release.query, release.window_start_s)}|{release.release_id}"
+    # {"key": …, "value": …} with sorted keys, the value spliced in as the output's bytes.
     entries = [
-        orjson.dumps({"key": r.key, "value": r.value}, option=orjson.OPT_SORT_KEYS)
-        for r in release.records
+        b'{"key":' + orjson.dumps(r.key) + b',"value":' + value + b"}"
+        for r, value in zip(release.records, release.output_values(), strict=True)
     ]
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -119,11 +129,11 @@ def encode_release(
     if release.erasures_through:
         header["erasures_through"] = release.erasures_through
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - len(orjson.dumps(header)) - 32
-    chunks = split_by_size(entries, budget, what=f"a release of query {release.query}")
+    chunks = join_in_parts(entries, budget, what=f"a release of query {release.query}")
     out = []
     for i, chunk in enumerate(chunks):
         head = orjson.dumps({**header, "part": i, "parts": len(chunks)})
-        out.append((f"{base}|part-{i}", head[:-1] + b',"records":[' + b",".join(chunk) + b"]}"))
+        out.append((f"{base}|part-{i}", head[:-1] + b',"records":' + chunk + b"}"))
     return out
 
 

@@ -40,6 +40,10 @@ FETCH_MAX_WAIT_MS = 20
 SendOne = Callable[[str, bytes, int], Awaitable[None]]
 
 
+#: After feeding a ledger record larger than this, the reader yields to the event loop.
+YIELD_AFTER_BYTES = 64 * 1024
+
+
 class LogIndex(Protocol):
     """What a read log feeds: the ledger's index, or the continual topic's store."""
 
@@ -125,6 +129,8 @@ class LedgerLog:
             for m in messages:
                 self.index.feed(m.key.decode() if m.key else "", m.value)
                 fed += 1
+                if len(m.value or b"") > YIELD_AFTER_BYTES:
+                    await asyncio.sleep(0)
         return fed
 
     async def _read_to_fences(self, pending: set[int], fence_key: bytes) -> int:
@@ -148,4 +154,8 @@ class LedgerLog:
                         continue
                     self.index.feed(m.key.decode() if m.key else "", m.value)
                     fed += 1
+                    if len(m.value or b"") > YIELD_AFTER_BYTES:
+                        # A large release's parts: let the loop's other tasks (heartbeats)
+                        # run between them.
+                        await asyncio.sleep(0)
         return fed

@@ -20,21 +20,29 @@ Partials hold exact counts per key and no raw id: the topic is internal and acce
 Group keys travel as JSON arrays of their values and are read back in canonical form
 (:mod:`stream_dp.privacy.group_values`), so stage 2 merges the totals of ``true`` and of 1
 into two keys, as stage 1 kept them.
+
+Totals stay columns (:class:`~stream_dp.privacy.key_totals.KeyTotals`) from the seal to the
+release: a part is encoded with one orjson call and decoded into columns, with no Python
+object per key on the way (a 100,000-key window's partial took 1.9 s to encode and decode
+one key at a time).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, overload
 
+import numpy as np
 import orjson
 
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.records import SCHEMA_VERSION
 from stream_dp.privacy.group_values import canonical_key, json_default
-from stream_dp.privacy.release import KeyAggregate
+from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
 WATERMARK_KEY_PREFIX: Final = "__watermark__|"
@@ -79,7 +87,7 @@ class PartialPart:
     parts: int
     events_seen: int
     events_retained: int
-    totals: list[tuple[GroupKey, KeyAggregate]]
+    totals: Sequence[tuple[GroupKey, KeyAggregate]]
     source_partitions: int = 1
     key_id: str = ""
     erasures_through: int = 0
@@ -121,10 +129,8 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
     """
     window = iso_utc(partial.window_start_s)
     key = f"{partial.query}|{window}|{partial.source_partition}"
-    entries = [
-        orjson.dumps([list(g), a.events, a.users, a.value_sum], default=json_default)
-        for g, a in partial.totals.items()
-    ]
+    totals = KeyTotals.of(partial.totals)
+    entries = [[list(g), e, u, v] for g, e, u, v in totals.rows()]
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "partial",
@@ -142,11 +148,13 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
     if partial.erasures_through:
         header["erasures_through"] = partial.erasures_through
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
-    chunks = split_by_size(entries, budget, what=f"a partial of query {partial.query}")
+    chunks = encode_in_parts(
+        entries, budget, what=f"a partial of query {partial.query}", default=json_default
+    )
     out = []
     for i, chunk in enumerate(chunks):
         head = orjson.dumps({**header, "part": i, "parts": len(chunks)})
-        out.append((key, head[:-1] + b',"totals":[' + b",".join(chunk) + b"]}"))
+        out.append((key, head[:-1] + b',"totals":' + chunk + b"}"))
     return out
 
 
@@ -154,28 +162,66 @@ class RecordTooLargeError(StreamDPError):
     """One entry of an internal record cannot fit under ``kafka.max_message_bytes``."""
 
 
-def split_by_size(entries: Sequence[bytes], budget: int, *, what: str) -> list[list[bytes]]:
-    """Consecutive chunks of encoded entries whose sizes (plus separators) fit ``budget``.
+def _too_large(what: str, size: int) -> RecordTooLargeError:
+    return RecordTooLargeError(
+        f"{what} has an entry of {size} bytes that cannot fit in one record of "
+        "kafka.max_message_bytes; raise it (and the brokers' message.max.bytes) or "
+        "lower input.max_record_bytes"
+    )
 
-    Always at least one (possibly empty) chunk. An entry that alone exceeds the budget can
-    never be written: :class:`RecordTooLargeError` names it and the setting to change.
+
+def join_in_parts(entries: Sequence[bytes], budget: int, *, what: str) -> list[bytes]:
+    """Encoded entries joined into JSON arrays of at most ``budget`` bytes each, in order.
+
+    Always at least one (possibly empty) array; an entry that alone exceeds the budget can
+    never be written (:class:`RecordTooLargeError`).
     """
     chunks: list[list[bytes]] = [[]]
-    size = 0
+    size = 2
     for entry in entries:
         n = len(entry) + 1
-        if n > budget:
-            raise RecordTooLargeError(
-                f"{what} has an entry of {len(entry)} bytes that cannot fit in one record of "
-                "kafka.max_message_bytes; raise it (and the brokers' message.max.bytes) or "
-                "lower input.max_record_bytes"
-            )
+        if n + 2 > budget:
+            raise _too_large(what, len(entry))
         if size + n > budget and chunks[-1]:
             chunks.append([])
-            size = 0
+            size = 2
         chunks[-1].append(entry)
         size += n
-    return chunks
+    return [b"[" + b",".join(chunk) + b"]" for chunk in chunks]
+
+
+def encode_in_parts(
+    entries: Sequence[Any],
+    budget: int,
+    *,
+    what: str,
+    option: int = 0,
+    default: Callable[[Any], Any] | None = None,
+) -> list[bytes]:
+    """Consecutive entries as JSON arrays of at most ``budget`` bytes each, in order.
+
+    Always at least one (possibly empty) array. Encoded a chunk at a time (one orjson call
+    each), halving a chunk that is too large. An entry that alone exceeds the budget can
+    never be written: :class:`RecordTooLargeError` names it and the setting to change.
+    """
+    whole = orjson.dumps(entries, option=option, default=default)
+    if len(whole) <= budget:
+        return [whole]
+    out: list[bytes] = []
+    pieces = math.ceil(len(whole) * 1.05 / budget)
+    bounds = np.linspace(0, len(entries), pieces + 1).astype(int).tolist()
+    pending = list(itertools.pairwise(bounds))[::-1]
+    while pending:
+        lo, hi = pending.pop()
+        blob = orjson.dumps(entries[lo:hi], option=option, default=default)
+        if len(blob) <= budget:
+            out.append(blob)
+        elif hi - lo == 1:
+            raise _too_large(what, len(blob) - 2)
+        else:
+            mid = (lo + hi) // 2
+            pending += [(mid, hi), (lo, mid)]
+    return out
 
 
 def encode_watermark(mark: SourceWatermark) -> tuple[str, bytes]:
@@ -224,14 +270,62 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 source_partitions=int(obj.get("source_partitions", 1)),
                 key_id=str(obj.get("key_id", "")),
                 erasures_through=int(obj.get("erasures_through", 0)),
-                totals=[
-                    (canonical_key(g), KeyAggregate(int(e), int(u), int(s)))
-                    for g, e, u, s in obj["totals"]
-                ],
+                totals=TotalsRows(_decode_totals(obj["totals"])),
             )
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
         raise PartialFormatError(f"malformed partials record: {exc}") from None
     raise PartialFormatError(f"unknown partials record kind {kind!r}")
+
+
+_PLAIN_VALUE_TYPES = frozenset((str, int, type(None)))
+
+
+def _decode_totals(entries: Any) -> KeyTotals:
+    """[[group values, events, users, value sum], …] into columns, keys in canonical form."""
+    if type(entries) is not list:
+        raise TypeError("totals must be a list")
+    groups, events, users, sums = [], [], [], []
+    for group, e, u, v in entries:
+        if type(group) is not list:
+            raise TypeError("a group key must be a list")
+        groups.append(group)
+        events.append(e)
+        users.append(u)
+        sums.append(v)
+    if {type(x) for g in groups for x in g} <= _PLAIN_VALUE_TYPES:
+        keys = list(map(tuple, groups))  # already canonical
+    else:
+        keys = list(map(canonical_key, groups))
+    if len(set(keys)) != len(keys):
+        raise ValueError("a group key appears twice in one part")
+    columns = [np.fromiter(map(int, c), np.int64, len(c)) for c in (events, users, sums)]
+    return KeyTotals(keys, *columns)
+
+
+class TotalsRows(Sequence[tuple[GroupKey, KeyAggregate]]):
+    """A part's totals as (group key, aggregate) pairs, backed by columns."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self, columns: KeyTotals) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __iter__(self) -> Iterator[tuple[GroupKey, KeyAggregate]]:
+        for g, e, u, v in self.columns.rows():
+            yield g, KeyAggregate(e, u, v)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[GroupKey, KeyAggregate]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[GroupKey, KeyAggregate]]: ...
+    def __getitem__(
+        self, i: int | slice
+    ) -> tuple[GroupKey, KeyAggregate] | list[tuple[GroupKey, KeyAggregate]]:
+        rows = list(self)
+        return rows[i]
 
 
 class PartialAssembler:
@@ -258,9 +352,7 @@ class PartialAssembler:
         received[part.part] = part
         if len(received) < part.parts:
             return False
-        totals: dict[GroupKey, KeyAggregate] = {}
-        for i in range(part.parts):
-            totals.update(received[i].totals)
+        totals = KeyTotals.concat([_columns(received[i].totals) for i in range(part.parts)])
         self.taken = Partial(
             query=part.query,
             window_start_s=part.window_start_s,
@@ -282,19 +374,12 @@ class PartialAssembler:
         return True
 
 
-def merge_totals(partials: Sequence[Partial]) -> dict[GroupKey, KeyAggregate]:
+def _columns(totals: Sequence[tuple[GroupKey, KeyAggregate]]) -> KeyTotals:
+    if isinstance(totals, TotalsRows):
+        return totals.columns
+    return KeyTotals.of(dict(totals))
+
+
+def merge_totals(partials: Sequence[Partial]) -> KeyTotals:
     """Per-key sums over source partitions (a user's events all live in one partition)."""
-    merged: dict[GroupKey, KeyAggregate] = {}
-    for partial in partials:
-        for key, agg in partial.totals.items():
-            prev = merged.get(key)
-            merged[key] = (
-                agg
-                if prev is None
-                else KeyAggregate(
-                    prev.events + agg.events,
-                    prev.users + agg.users,
-                    prev.value_sum + agg.value_sum,
-                )
-            )
-    return merged
+    return KeyTotals.merge([p.totals for p in partials])

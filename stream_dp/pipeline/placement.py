@@ -13,9 +13,10 @@ topic's current partition count, and dead-letters a record found elsewhere
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
+import numpy as np
 from aiokafka.partitioner import murmur2
 
 Partitioner = Literal["murmur2", "crc32"]
@@ -42,3 +43,59 @@ def pseudonym_partition(pseudonym: bytes, partitions: int) -> int:
     """The repartition topic's partition of a pseudonym: its first 8 bytes, which are
     uniform (HMAC output), modulo the partition count."""
     return int.from_bytes(pseudonym[:8], "big") % partitions
+
+
+_M = np.uint32(0x5BD1E995)
+_SEED = 0x9747B28C
+
+
+def murmur2_partitions(keys: Sequence[bytes], partitions: int) -> np.ndarray:
+    """:func:`murmur2_partition` of many keys at once (numpy, 32-bit words; keys of one
+    length hashed together): the same values, without a Python loop per byte."""
+    out = np.empty(len(keys), dtype=np.int64)
+    if not keys:
+        return out
+    lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+    for length in np.unique(lengths).tolist():
+        where = np.flatnonzero(lengths == length)
+        data = np.frombuffer(b"".join([keys[i] for i in where.tolist()]), dtype=np.uint8)
+        data = data.reshape(len(where), length).astype(np.uint32)
+        with np.errstate(over="ignore"):
+            h = np.full(len(where), (_SEED ^ length) & 0xFFFFFFFF, dtype=np.uint32)
+            for i in range(length // 4):
+                b = data[:, 4 * i : 4 * i + 4]
+                k = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+                k = k * _M
+                k ^= k >> 24
+                k = k * _M
+                h = h * _M
+                h ^= k
+            tail = length & ~3
+            extra = length % 4
+            if extra >= 3:
+                h ^= data[:, tail + 2] << 16
+            if extra >= 2:
+                h ^= data[:, tail + 1] << 8
+            if extra >= 1:
+                h ^= data[:, tail]
+                h = h * _M
+            h ^= h >> 13
+            h = h * _M
+            h ^= h >> 15
+        out[where] = (h & np.uint32(0x7FFFFFFF)).astype(np.int64) % partitions
+    return out
+
+
+def crc32_partitions(keys: Sequence[bytes], partitions: int) -> np.ndarray:
+    """:func:`crc32_partition` of many keys (zlib per key: already C)."""
+    return np.fromiter((zlib.crc32(k) % partitions for k in keys), np.int64, len(keys))
+
+
+def partitions_function(name: Partitioner) -> Callable[[Sequence[bytes], int], np.ndarray]:
+    return murmur2_partitions if name == "murmur2" else crc32_partitions
+
+
+def pseudonym_partitions(pseudonyms: bytes, partitions: int) -> np.ndarray:
+    """:func:`pseudonym_partition` of concatenated 16-byte pseudonyms."""
+    first = np.frombuffer(pseudonyms, dtype=">u8")[::2]
+    return (first % np.uint64(partitions)).astype(np.int64)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from stream_dp.config.model import BoundsConfig, QueryConfig
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.planner import QueryPlan, plan_query
@@ -46,6 +48,13 @@ class CompiledQuery:
             self._granularity = query.value_granularity
         self._cache: list[Any] = []
         self._signatures: list[tuple[Any, ...]] = []
+        # Column form of the projections (see project_columns): per signature id, the key's
+        # number (-1: not taken) and the value; keys numbered in order of first projection.
+        self._key_of: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._value_of: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._key_ids: dict[GroupKey, int] = {}
+        self._keys: list[GroupKey] = []
+        self.has_values = self._value is not None
 
     def bind(self, signatures: list[tuple[Any, ...]]) -> None:
         """Share the engine's signature table (grows as new signatures are interned)."""
@@ -69,6 +78,36 @@ class CompiledQuery:
     def forget_projections(self) -> None:
         """The signature table was renumbered: cached projections no longer apply."""
         self._cache = []
+        self._key_of = np.zeros(0, dtype=np.int64)
+        self._value_of = np.zeros(0, dtype=np.int64)
+        self._key_ids = {}
+        self._keys = []
+
+    def project_columns(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[GroupKey]]:
+        """:meth:`project` for a column of signature ids: per item the number of its key
+        (-1 when the query does not take it) and its value in units, and the keys by
+        number. Each signature is projected once (then looked up by array indexing)."""
+        n = len(self._signatures)
+        done = len(self._key_of)
+        if done < n:
+            key_of = np.empty(n - done, dtype=np.int64)
+            value_of = np.zeros(n - done, dtype=np.int64)
+            ids, keys = self._key_ids, self._keys
+            for j, sid in enumerate(range(done, n)):
+                p = self.project(sid)
+                if p is None:
+                    key_of[j] = -1
+                    continue
+                key, units = p
+                kid = ids.get(key)
+                if kid is None:
+                    kid = ids[key] = len(keys)
+                    keys.append(key)
+                key_of[j] = kid
+                value_of[j] = units
+            self._key_of = np.concatenate((self._key_of, key_of))
+            self._value_of = np.concatenate((self._value_of, value_of))
+        return self._key_of[items], self._value_of[items], self._keys
 
     def project(self, signature_id: int) -> Projection:
         cache = self._cache

@@ -8,14 +8,15 @@ JSON Schemas of all of them live in ``stream_dp/topics/``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 
 from stream_dp.privacy.continual.planning import ContinualPlan
-from stream_dp.privacy.group_values import json_value
+from stream_dp.privacy.group_values import JsonBool, json_value
+from stream_dp.privacy.release import ReleasedValue
 from stream_dp.windows.horizon import HorizonPosition
 from stream_dp.windows.tumbling import iso_utc
 
@@ -85,6 +86,59 @@ def release_record(
     if extra:
         record.update(extra)
     return record
+
+
+def release_records(
+    *,
+    release_id: str,
+    query: str,
+    window_start_s: int,
+    window_end_s: int,
+    group_by: Sequence[str],
+    statistic: str,
+    epsilon: float,
+    delta: float,
+    mechanism: str,
+    selection: Mapping[str, Any] | None,
+    values: Iterable[ReleasedValue],
+) -> list[tuple[str, dict[str, Any]]]:
+    """(:func:`output_key`, :func:`release_record`) of every released value of one query and
+    window — the same keys and records, built from one template (a window may release
+    100,000 keys: the per-key work is a dict copy, four fields and the group's JSON)."""
+    start, end = iso_utc(window_start_s), iso_utc(window_end_s)
+    template: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "release",
+        "release_id": release_id,
+        "query": query,
+        "window_start": start,
+        "window_end": end,
+        "statistic": statistic,
+        "epsilon": epsilon,
+        "delta": delta,
+        "mechanism": mechanism,
+        "selection": None,
+    }
+    prefix = f"{query}|{start}|"
+    single = group_by[0] if len(group_by) == 1 else None
+    out = []
+    for v in values:
+        if single is not None:
+            x = v.group[0]
+            group = {single: x.value if type(x) is JsonBool else x}
+        else:
+            group = group_dict(group_by, v.group)
+        record = template.copy()
+        record["group"] = group
+        record["value"] = v.value
+        record["noise_scale"] = v.noise_scale
+        record["ci95"] = v.ci95
+        if selection is not None:
+            record["selection"] = dict(selection)
+        if v.clamped:
+            record["clamped"] = True
+        out.append((prefix + dumps(group).decode("utf-8"), record))
+    return out
 
 
 def cumulative_release_fields(plan: ContinualPlan, position: HorizonPosition) -> dict[str, Any]:

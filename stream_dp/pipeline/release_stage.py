@@ -51,7 +51,7 @@ from stream_dp.pipeline.partials import (
     merge_totals,
 )
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
-from stream_dp.pipeline.records import group_dict, output_key, release_record, window_record
+from stream_dp.pipeline.records import output_key, release_records, window_record
 from stream_dp.privacy.budget import BudgetAccountant
 from stream_dp.privacy.continual.counter import NoiseSource
 from stream_dp.privacy.release import KeyAggregate, release_query
@@ -554,29 +554,24 @@ class ReleaseStage:
             self._observe_exact(q.name, window_start_s, aggregates)
         result = release_query(aggregates, q.plan)
         release_id = new_release_id()
-        selection = q.plan.selection.record_parameters() if q.plan.selection is not None else None
-        groups = [group_dict(cfg.group_by, v.group) for v in result.values]
+        selection = (
+            q.plan.selection.record_parameters() if q.plan.selection is not None else None
+        )
         records = [
-            OutputRecord(
-                output_key(q.name, window_start_s, group),
-                release_record(
-                    release_id=release_id,
-                    query=q.name,
-                    window_start_s=window_start_s,
-                    window_end_s=window_end_s,
-                    group=group,
-                    statistic=cfg.statistic,
-                    value=v.value,
-                    epsilon=cfg.epsilon,
-                    delta=cfg.delta,
-                    mechanism=cfg.mechanism,
-                    noise_scale=v.noise_scale,
-                    ci95=v.ci95,
-                    selection=selection,
-                    clamped=v.clamped,
-                ),
+            OutputRecord(key, value)
+            for key, value in release_records(
+                release_id=release_id,
+                query=q.name,
+                window_start_s=window_start_s,
+                window_end_s=window_end_s,
+                group_by=cfg.group_by,
+                statistic=cfg.statistic,
+                epsilon=cfg.epsilon,
+                delta=cfg.delta,
+                mechanism=cfg.mechanism,
+                selection=selection,
+                values=result.values,
             )
-            for v, group in zip(result.values, groups, strict=True)
         ]
         records.append(
             OutputRecord(

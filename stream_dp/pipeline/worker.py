@@ -5,7 +5,8 @@ partials topic and (for input not keyed by user) the repartition topic; Kafka sp
 partitions of all of them over the members. One code path: a single worker runs every stage.
 
 * Stage 0 (input partitions, ``input.keyed_by_user: false``): pseudonymize, re-key by
-  pseudonym to the repartition topic; input offsets are committed once that is acknowledged.
+  pseudonym to the repartition topic (packed records: one per fetched batch and repartition
+  partition); input offsets are committed once that is acknowledged.
 * Stage 1 (partitions of the input, or of the repartition topic): window and bound
   (:class:`IngestStage`). When a partition's watermark passes a window's end, its bounded
   partial totals go to the window's partials partition; once they are acknowledged, the
@@ -24,6 +25,10 @@ partitions of all of them over the members. One code path: a single worker runs 
 4. publish the ledger's *winner* of each (query, window) — the first complete draw in log
    order, ours or an earlier one — then its ``published`` marker;
 5. drop the window's state, write the partition's ``progress`` record, commit.
+
+Sealing (stage 1) and the draw of step 1 with its ledger encoding run in a thread
+(:mod:`stream_dp.pipeline.offload`) while the iteration waits for them: the event loop keeps
+fetching, answering the group coordinator and serving /metrics during a large window.
 
 Two members racing for one window (one paused past the session timeout, then resumed)
 therefore publish the same values (:mod:`stream_dp.pipeline.ledger`). A crash before 2 leaves
@@ -74,6 +79,7 @@ from stream_dp.pipeline.continual_state import ContinualStore, encode_state
 from stream_dp.pipeline.decode import REASONS
 from stream_dp.pipeline.erasure_worker import WorkerErasure
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
+from stream_dp.pipeline.ingest_columns import FetchedRecords
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
@@ -81,11 +87,12 @@ from stream_dp.pipeline.ledger import (
     encode_cut,
     encode_progress,
     encode_published,
-    encode_release,
     encode_rotation,
 )
 from stream_dp.pipeline.ledger_log import LedgerLog, LedgerReadError
-from stream_dp.pipeline.partials import RecordTooLargeError, encode_partial, encode_watermark
+from stream_dp.pipeline.offload import draw_window, output_values, run_off_loop, seal_windows
+from stream_dp.pipeline.partials import RecordTooLargeError, encode_watermark
+from stream_dp.pipeline.producing import Outgoing, send_all
 from stream_dp.pipeline.records import dead_letter_record, dumps, output_partition
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
@@ -117,7 +124,10 @@ LEDGER_DELAY_ENV = "STREAM_DP_TEST_LEDGER_DELAY_S"
 #: taking partitions). Same switch as the crash points.
 TAKE_FAILURES_ENV = "STREAM_DP_TEST_TAKE_FAILURES"
 
-MAX_RECORDS_PER_FETCH = 10_000
+MAX_RECORDS_PER_FETCH = 40_000
+#: Bytes fetched per partition and request: the consumer fetches a partition again only once
+#: what it holds of it is consumed, so larger fetches mean fewer waits for the broker.
+FETCH_PARTITION_BYTES = 4 * 1_048_576
 FETCH_TIMEOUT_MS = 200
 RETRY_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 BROKER_PROBE_INTERVAL_S = 1.0
@@ -132,6 +142,10 @@ MAX_RELEASES_PER_ITERATION = 32
 #: A window waiting for its predecessor's running-total state is looked at again after
 #: this long (each look writes fences to the continual and ledger topics).
 CONTINUAL_WAIT_RETRY_S = 0.5
+#: Largest record batch the producer builds (fewer, larger produce requests).
+MAX_BATCH_BYTES = 512 * 1024
+#: A release with more records than this is encoded for the output topic off the loop.
+OFF_LOOP_RECORDS = 2_000
 #: A graceful stop (flush, commit, leave the group, close) takes at most this long in all,
 #: below the service's SHUTDOWN_TIMEOUT_S, even when the broker does not answer.
 SHUTDOWN_BUDGET_S = 20.0
@@ -145,9 +159,6 @@ MEMBERSHIP_ERRORS = (
     UnknownMemberIdError,
     RebalanceInProgressError,
 )
-
-#: (key, value, partition or None for the key's partition)
-Outgoing = tuple[str | bytes | None, bytes, int | None]
 
 
 class BrokerUnavailableError(StreamDPError):
@@ -280,6 +291,9 @@ class Worker:
         self._partials_topic = out.partials_topic
         self._ledger_topic = out.ledger_topic
         self._max_bytes = config.kafka.max_message_bytes
+        #: Stage 0's progress marks are re-sent this often: at least every second, and twice
+        #: per idle_close_s, so that an input partition going idle is seen soon after.
+        self._marks_interval_s = min(WATERMARK_INTERVAL_S, config.window.idle_close_s / 2)
         #: Erasure requests, log and release gate (README, Erasure); None when off.
         self._erasure: WorkerErasure | None = None
         self._requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
@@ -299,7 +313,11 @@ class Worker:
         kafka = self.config.kafka
         common = self._common = client_kwargs(kafka, bootstrap_servers=self.bootstrap)
         self._producer = AIOKafkaProducer(
-            acks="all", linger_ms=5, max_request_size=self._max_bytes, **common
+            acks="all",
+            linger_ms=5,
+            max_request_size=self._max_bytes,
+            max_batch_size=min(self._max_bytes, MAX_BATCH_BYTES),
+            **common,
         )
         await self._retry("start producer", self._producer.start, bounded=False)
         self.health.set("producer_connected", True)
@@ -315,7 +333,7 @@ class Worker:
                 auto_offset_reset="earliest",
                 session_timeout_ms=kafka.session_timeout_ms,
                 heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-                max_partition_fetch_bytes=max(1_048_576, self._max_bytes),
+                max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, self._max_bytes),
                 metadata_max_age_ms=METADATA_MAX_AGE_MS,
                 **common,
             )
@@ -637,16 +655,7 @@ class Worker:
         if topic == self._ledger_topic and self._faults.ledger_delay_s:
             await asyncio.sleep(self._faults.ledger_delay_s)
 
-        async def once() -> None:
-            futures = [
-                await producer.send(
-                    topic, v, key=k.encode() if isinstance(k, str) else k, partition=p
-                )
-                for k, v, p in items
-            ]
-            await asyncio.gather(*futures)
-
-        await self._retry(f"produce to {topic}", once)
+        await self._retry(f"produce to {topic}", lambda: send_all(producer, topic, items))
         self.health.set("producer_connected", True)
 
     async def _publish(self, rel: LedgerRelease) -> None:
@@ -654,9 +663,11 @@ class Worker:
         then the ``published`` marker in the ledger."""
         parts = self._output_partitions
         target = parts[output_partition(rel.query, rel.window_start_s, len(parts))]
-        await self._send_many(
-            self.config.output.topic, [(r.key, dumps(r.value), target) for r in rel.records]
-        )
+        if len(rel.records) > OFF_LOOP_RECORDS:
+            values = await run_off_loop(output_values, rel)
+        else:
+            values = output_values(rel)
+        await self._send_many(self.config.output.topic, [(k, v, target) for k, v in values])
         self._faults.reached("after_output_write")
         key, value = encode_published(rel)
         await self._send_many(
@@ -692,15 +703,17 @@ class Worker:
         return parts[self.windows.partition_of(window_start_s, len(parts))]
 
     async def _publish_partials(self, sealed: Sequence[tuple[int, int]]) -> None:
-        """Stage 1: each sealed (partition, window)'s partials to the window's partition."""
+        """Stage 1: each sealed (partition, window)'s partials to the window's partition
+        (sealed and encoded off the event loop)."""
         assert self.ingest is not None
-        items: list[Outgoing] = []
-        for p, ws in sealed:
-            r = self._partials_partition_of(ws)
-            for partial in self.ingest.seal(p, ws):
-                items.extend(
-                    (k, v, r) for k, v in encode_partial(partial, max_bytes=self._max_bytes)
-                )
+        encoded = await run_off_loop(
+            seal_windows,
+            self.ingest,
+            sealed,
+            self._partials_partition_of,
+            max_bytes=self._max_bytes,
+        )
+        items: list[Outgoing] = [(k, v, r) for r, records in encoded for k, v in records]
         await self._send_many(self._partials_topic, items)
         for p, ws in sealed:
             self.ingest.drop(p, ws)
@@ -760,10 +773,14 @@ class Worker:
         self._faults.reached("before_draw")
         if not await self._continue_running_totals(window_start_s):
             return False
-        drawn = stage.compute_release(window_start_s, now_s=time.time())
+        # The draw (merge, selection, noise, records, their ledger encoding) runs off the
+        # event loop: fetching, commits' heartbeats and /metrics go on meanwhile.
+        drawn_records = await run_off_loop(
+            draw_window, stage, window_start_s, now_s=time.time(), max_bytes=self._max_bytes
+        )
+        drawn = [rel for rel, _ in drawn_records]
         ledger_partition = self._ledger_partition_of(window_start_s)
-        for rel in drawn:
-            records = encode_release(rel, now_s=time.time(), max_bytes=self._max_bytes)
+        for _, records in drawn_records:
             await self._send_many(
                 self._ledger_topic, [(k, v, ledger_partition) for k, v in records]
             )
@@ -1154,7 +1171,7 @@ class Worker:
             if tp.topic == self._requests_topic:
                 requests.append((tp.partition, [(m.offset, m.value) for m in msgs]))
                 continue
-            records = [(m.offset, m.key, m.value) for m in msgs]
+            records = FetchedRecords(msgs)
             if tp.topic == self._stage1_topic:
                 dead.extend(
                     ingest.ingest(
@@ -1167,7 +1184,7 @@ class Worker:
                     )
                 )
             elif tp.topic == self._input_topic:
-                out, bad = ingest.route(tp.partition, records, now_s=now, now_mono_s=mono)
+                out, bad = ingest.route_packed(tp.partition, records, now_s=now, now_mono_s=mono)
                 routed.extend((k, v, self._routed_to[target]) for k, v, target in out)
                 dead.extend(bad)
                 routed_positions[tp.partition] = msgs[-1].offset + 1
@@ -1192,7 +1209,7 @@ class Worker:
         if dead:
             await self._publish_dead_letters(dead)
         if not self._keyed and (
-            routed or routed_positions or mono - self._progress_sent_mono >= WATERMARK_INTERVAL_S
+            routed or routed_positions or mono - self._progress_sent_mono >= self._marks_interval_s
         ):
             # Progress marks follow the records they cover on every partition.
             routed.extend(

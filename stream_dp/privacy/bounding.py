@@ -18,7 +18,12 @@ import os
 import random
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from stream_dp.privacy.user_samples import SamplingGenerator
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -211,3 +216,55 @@ def aggregate_bounded(
             t.users += 1
             t.value_sum += sum(values)
     return totals
+
+
+def bounded_totals_columns(
+    users: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray | None,
+    *,
+    n_keys: int,
+    max_keys: int | None,
+    max_per_key: int | None,
+    rng: SamplingGenerator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`aggregate_bounded` on columns: exact (events, users, value sums) per key.
+
+    One row per kept event that the query takes: ``users`` (0, 1, … grouped, each user's
+    rows in uniformly random order — what :meth:`UserSamples.sample` gives), ``keys`` in
+    [0, n_keys), ``values`` in units (None: all 0). L0 keeps ``max_keys`` of a user's
+    distinct keys chosen uniformly (a random priority per (user, key) pair); Linf keeps the
+    first ``max_per_key`` rows of each (user, key) in the rows' random order — a uniform
+    subset. Integer arithmetic throughout: the totals are exact.
+    """
+    zeros = np.zeros(n_keys, dtype=np.int64)
+    if len(keys) == 0:
+        return zeros, zeros.copy(), zeros.copy()
+    pair = users.astype(np.int64) * n_keys + keys.astype(np.int64)
+    keep = np.ones(len(pair), dtype=bool)
+    distinct, inverse = np.unique(pair, return_inverse=True)
+    kept_pairs = np.ones(len(distinct), dtype=bool)
+    if max_keys is not None:
+        pair_user = distinct // n_keys
+        priority = rng.random(len(distinct))
+        order = np.lexsort((priority, pair_user))
+        _, first, counts = np.unique(pair_user[order], return_index=True, return_counts=True)
+        rank = np.arange(len(order)) - np.repeat(first, counts)
+        kept_pairs[order] = rank < max_keys
+        keep &= kept_pairs[inverse.reshape(-1)]
+    if max_per_key is not None:
+        order = np.argsort(pair, kind="stable")  # each pair's rows in their random order
+        sorted_pairs = pair[order]
+        boundary = np.concatenate(([True], sorted_pairs[1:] != sorted_pairs[:-1]))
+        starts = np.flatnonzero(boundary)
+        rank = np.arange(len(order)) - starts[np.cumsum(boundary) - 1]
+        within = np.empty(len(order), dtype=bool)
+        within[order] = rank < max_per_key
+        keep &= within
+    taken = keys[keep].astype(np.int64)
+    events = np.bincount(taken, minlength=n_keys).astype(np.int64)
+    users_per_key = np.bincount(distinct[kept_pairs] % n_keys, minlength=n_keys).astype(np.int64)
+    value_sums = zeros.copy()
+    if values is not None:
+        np.add.at(value_sums, taken, values[keep].astype(np.int64))
+    return events, users_per_key, value_sums

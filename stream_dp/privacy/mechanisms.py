@@ -3,24 +3,32 @@ cryptographically secure source; and an exact Bernoulli draw for partition selec
 
 Why the samples are exact and come from a CSPRNG
 ------------------------------------------------
-Noise is drawn by OpenDP (``opendp.measurements.make_laplace`` / ``make_gaussian`` on
-``vector_domain(atom_domain(T="i64"))``), whose integer samplers implement Canonne, Kamath &
-Steinke 2020 ("The Discrete Gaussian for Differential Privacy", Algorithms 1–3):
-the scale (a binary64 float) is converted *exactly* to a rational number, and the sampler
-only ever draws Bernoulli(exp(−γ)) and Bernoulli(γ) for rational γ and uniform integers,
-each by rejection sampling on random bits with arbitrary-precision integer arithmetic. No
-floating-point operation touches a sample, so the output distribution is exactly
-P(z) ∝ exp(−|z|/b) (discrete Laplace) or P(z) ∝ exp(−z²/(2σ²)) (discrete Gaussian) — the
-low-bit leak of floating-point Laplace noise (Mironov 2012) cannot occur. The bits come
-from OpenDP's ``fill_bytes``; the 0.16 wheel on PyPI is built with OpenDP's default
-``use-openssl`` feature (the library links ``openssl::rand``), so they are OpenSSL's
-``RAND_bytes``: a NIST SP 800-90A CTR-DRBG seeded from the operating system. OpenDP's
-proofs of these samplers are linked from its documentation ("Proof Definition").
+Both laws are sampled with Canonne, Kamath & Steinke 2020 ("The Discrete Gaussian for
+Differential Privacy", Algorithms 1–3): the scale (a binary64 float) is converted *exactly*
+to a rational number, and the sampler only ever draws Bernoulli(exp(−γ)) and Bernoulli(γ)
+for rational γ and uniform integers, each by rejection sampling on random bits with integer
+arithmetic. No floating-point operation touches a sample, so the output distribution is
+exactly P(z) ∝ exp(−|z|/b) (discrete Laplace) or P(z) ∝ exp(−z²/(2σ²)) (discrete Gaussian)
+— the low-bit leak of floating-point Laplace noise (Mironov 2012) cannot occur.
 
-Released values are ``value + noise`` computed by OpenDP on 64-bit integers (saturating at
-±2⁶³, far outside any bounded count).
+* Discrete Laplace: :mod:`stream_dp.privacy.exact_laplace` runs Algorithms 1 and 2 on whole
+  vectors with numpy on 64-bit integers (its docstring gives the exactness argument), bits
+  from ``secrets.token_bytes`` (the OS CSPRNG): ~0.3 µs a value, so a 100,000-key release
+  draws its noise in tens of milliseconds. Scales it cannot hold in 64 bits (below about
+  2⁻¹⁰ or above 2⁵³) go to OpenDP, as the discrete Gaussian does. The tests check
+  its samples against the pmf and against OpenDP's samples of the same scales.
+* Discrete Gaussian: OpenDP (``opendp.measurements.make_gaussian`` on
+  ``vector_domain(atom_domain(T="i64"))``), with arbitrary-precision rationals (σ² needs
+  more than 64 bits). The 0.16 wheel on PyPI is built with OpenDP's default
+  ``use-openssl`` feature (the library links ``openssl::rand``), so its bits are OpenSSL's
+  ``RAND_bytes``: a NIST SP 800-90A CTR-DRBG seeded from the operating system. OpenDP's
+  proofs of these samplers are linked from its documentation ("Proof Definition").
+  ``make_laplace`` is the reference for the discrete Laplace (its privacy map is tested).
 
-Speed: OpenDP's exact samplers cost ~7 µs per value in Rust. One measurement call takes the
+Released values are ``value + noise`` on 64-bit integers (saturating at the int64 limits,
+far outside any bounded count).
+
+Speed of OpenDP's samplers: ~7–9 µs per value in Rust. One measurement call takes the
 whole vector (never one FFI call per key); vectors of more than :data:`PARALLEL_MIN_VALUES`
 values are split over a small thread pool — ctypes releases the GIL during the call, so two
 cores sample in half the time. Each value still gets exactly one independent draw.
@@ -54,6 +62,7 @@ from stream_dp.privacy.calibration import (
     zcdp_epsilon,
     zcdp_rho,
 )
+from stream_dp.privacy.exact_laplace import add_noise, discrete_laplace, exact_parameters
 
 # OpenDP gates its integer noise mechanisms behind the "contrib" feature flag.
 dp.enable_features("contrib")
@@ -83,7 +92,9 @@ def _get_executor() -> ThreadPoolExecutor:
         return _executor
 
 
-def _invoke_vectorised(measurement: Callable[[Any], Any], values: Sequence[int]) -> list[int]:
+def _invoke_vectorised(
+    measurement: Callable[[Any], Any], values: Sequence[int] | np.ndarray
+) -> list[int]:
     """One OpenDP call per chunk; chunks run in parallel for long vectors."""
     n = len(values)
     if n == 0:
@@ -170,7 +181,7 @@ class _IntegerNoise(ABC):
             self._measurement = self._make_measurement()
         return self._measurement
 
-    def sample(self, values: Sequence[int]) -> list[int]:
+    def sample(self, values: Sequence[int] | np.ndarray) -> list[int]:
         """``values[i] + Z_i`` with independent Z_i, one vectorised OpenDP call."""
         return _invoke_vectorised(self.opendp_measurement(), values)
 
@@ -190,6 +201,7 @@ class DiscreteLaplace(_IntegerNoise):
         if not (scale > 0 and math.isfinite(scale)):
             raise ValueError(f"scale must be a positive finite number, got {scale}")
         self._scale = float(scale)
+        self._exact = exact_parameters(self._scale)
 
     @classmethod
     def for_epsilon(cls, *, l1_sensitivity: float, epsilon: float) -> DiscreteLaplace:
@@ -235,6 +247,15 @@ class DiscreteLaplace(_IntegerNoise):
     def _make_measurement(self) -> Any:
         space = dp.vector_domain(dp.atom_domain(T="i64")), dp.l1_distance(T="i64")
         return dp.m.make_laplace(*space, scale=self._scale)
+
+    def sample(self, values: Sequence[int] | np.ndarray) -> list[int]:
+        """``values[i] + Z_i`` with independent exact Z_i: this module's vectorised CKS20
+        sampler (:mod:`stream_dp.privacy.exact_laplace`), or OpenDP's for scales it leaves
+        out (below about 2⁻¹⁰ or above 2⁵³)."""
+        if self._exact is None:
+            return super().sample(values)
+        t, s = self._exact
+        return add_noise(values, discrete_laplace(len(values), t, s))
 
     def __repr__(self) -> str:
         return f"DiscreteLaplace(scale={self._scale!r})"

@@ -26,9 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 from stream_dp.errors import PrivacyError
 from stream_dp.privacy.group_values import group_sort_key
+from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
 from stream_dp.privacy.partition_selection import CountThreshold, UserCountSelection
 from stream_dp.privacy.planner import GroupKey, NoiseComponent, QueryPlan
 
@@ -38,23 +42,7 @@ __all__ = ["GroupKey", "KeyAggregate", "QueryRelease", "ReleasedValue", "release
 _MEAN_COMPONENT_LEVEL = 0.975
 
 
-@dataclass(frozen=True)
-class KeyAggregate:
-    """Exact bounded values for one group key in one window (internal, never published)."""
-
-    #: Bounded event count (≤ Linf per user, ≤ k per user over all keys).
-    events: int
-    #: Distinct users contributing to the key.
-    users: int
-    #: Bounded sum of the values, in granularity units.
-    value_sum: int
-
-
-_EMPTY = KeyAggregate(events=0, users=0, value_sum=0)
-
-
-@dataclass(frozen=True)
-class ReleasedValue:
+class ReleasedValue(NamedTuple):
     group: GroupKey
     value: int | float
     #: Noise scale in the value's units (for a mean: the sum's scale over the noisy count).
@@ -76,63 +64,69 @@ class QueryRelease:
     delta_spent: float
 
 
-def _quantity(aggregate: KeyAggregate, component: NoiseComponent, plan: QueryPlan) -> int:
+def _column(totals: KeyTotals, component: NoiseComponent, plan: QueryPlan) -> np.ndarray:
+    """The exact quantity the component adds noise to, per key."""
     if component.target == "count":
-        return aggregate.events
+        return totals.events
     if component.target == "sum":
-        return aggregate.value_sum
+        return totals.value_sums
     if plan.statistic == "count":
-        return aggregate.events
+        return totals.events
     if plan.statistic == "count_distinct_users":
-        return aggregate.users
-    return aggregate.value_sum  # sum
+        return totals.users
+    return totals.value_sums  # sum
 
 
 def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) -> QueryRelease:
-    """Release one query for one window (see the module docstring)."""
+    """Release one query for one window (see the module docstring).
+
+    Works on columns (:class:`KeyTotals`): a key's numbers are looked up, tested and noised
+    as array elements, the noise of a component drawn in one vectorised call.
+    """
     if plan.continual is not None:
         raise PrivacyError(
             f"query {plan.name} is cumulative: its running totals come from a "
             "stream_dp.privacy.continual counter, never from per-window noise"
         )
+    totals = KeyTotals.of(aggregates)
     suppressed = 0
     precomputed: list[int] | None = None  # count_threshold: the released counts themselves
 
     if plan.public_keys is not None:
         groups: list[GroupKey] = list(plan.public_keys)
-        rows = [aggregates.get(g, _EMPTY) for g in groups]
+        index = totals.index()
+        rows = np.fromiter((index.get(g, -1) for g in groups), np.int64, len(groups))
     else:
-        candidates = list(aggregates.items())
+        candidates = totals.groups
         selection = plan.selection
         if isinstance(selection, CountThreshold):
-            tested = [_quantity(a, plan.noise[0], plan) for _, a in candidates]
+            tested = _column(totals, plan.noise[0], plan).tolist()
             outcome = selection.release(tested)
-            kept = [(c, v) for c, v in zip(candidates, outcome, strict=True) if v is not None]
-            precomputed = [v for _, v in kept]
-            groups = [g for (g, _), _ in kept]
-            rows = [a for (_, a), _ in kept]
+            kept = [i for i, v in enumerate(outcome) if v is not None]
+            precomputed = [outcome[i] for i in kept]  # type: ignore[misc]
         elif isinstance(selection, UserCountSelection):
-            decisions = selection.select([a.users for _, a in candidates])
-            groups = [g for (g, _), keep in zip(candidates, decisions, strict=True) if keep]
-            rows = [a for (_, a), keep in zip(candidates, decisions, strict=True) if keep]
+            decisions = selection.select(totals.users.tolist())
+            kept = [i for i, keep in enumerate(decisions) if keep]
         else:  # pragma: no cover - planner always sets a selection for private keys
             raise TypeError("a plan for private keys needs a partition selection")
-        suppressed = len(candidates) - len(groups)
+        suppressed = len(candidates) - len(kept)
         # deterministic order that depends only on the released keys (canonical values,
         # ranked by type where keys mix types), never on the order in which keys arrived
-        sort_keys = [group_sort_key(g) for g in groups]
-        order = sorted(range(len(groups)), key=sort_keys.__getitem__)
-        groups = [groups[i] for i in order]
-        rows = [rows[i] for i in order]
+        order = sorted(range(len(kept)), key=lambda j: group_sort_key(candidates[kept[j]]))
+        groups = [candidates[kept[j]] for j in order]
+        rows = np.fromiter((kept[j] for j in order), np.int64, len(order))
         if precomputed is not None:
-            precomputed = [precomputed[i] for i in order]
+            precomputed = [precomputed[j] for j in order]
 
+    present = rows >= 0
     noisy: list[list[int]] = []
-    for index, component in enumerate(plan.noise):
-        if index == 0 and precomputed is not None:
+    for position, component in enumerate(plan.noise):
+        if position == 0 and precomputed is not None:
             noisy.append(precomputed)
         else:
-            noisy.append(component.mechanism.sample([_quantity(a, component, plan) for a in rows]))
+            exact = np.zeros(len(rows), dtype=np.int64)
+            exact[present] = _column(totals, component, plan)[rows[present]]
+            noisy.append(component.mechanism.sample(exact))
 
     values = _post_process(groups, noisy, plan)
     return QueryRelease(

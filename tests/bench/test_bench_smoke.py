@@ -43,19 +43,21 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
 
 def test_throughput_lines_and_ratios(smoke: tuple[Path, dict[str, Any]]) -> None:
     tp = smoke[1]["throughput"]
-    for name in ("raw", "worker", "worker_on_faust_input", "faust"):
+    for name in ("raw", "worker", "worker_default", "worker_on_faust_input", "faust"):
         c = tp["contenders"][name]
         assert c["runs"], name
         _finite(c["events_per_s"], f"{name} events/s")
         assert c["events_per_s"] > 0
         _finite(c["median"]["cpu_seconds"], f"{name} cpu")
         _finite(c["median"]["seconds"], f"{name} seconds")
-    for name in ("worker", "worker_on_faust_input", "faust"):
+    for name in ("worker", "worker_default", "worker_on_faust_input", "faust"):
         c = tp["contenders"][name]
         for phase in ("startup_seconds", "processing_seconds", "close_seconds"):
             _finite(c["median"][phase], f"{name} {phase}")
         _finite(c["steady_events_per_s"], f"{name} steady")
     for ratio in (
+        "ratio_default_to_raw",
+        "ratio_default_to_raw_steady",
         "ratio_worker_to_raw",
         "ratio_worker_to_raw_steady",
         "ratio_worker_to_faust",
@@ -97,11 +99,13 @@ def test_scaling_release_and_memory(smoke: tuple[Path, dict[str, Any]]) -> None:
         _finite(row["events_per_s"], "scaling events/s")
         _finite(row["release_seconds_per_window"], "scaling release")
     _finite(sc["release"]["seconds"], "release seconds")
+    _finite(sc["release_large"]["seconds"], "large release seconds")
+    assert sc["release_large"]["public"]["released_keys"] == sc["release_large"]["keys"]
     _finite(sc["release"]["public"]["seconds"], "public release seconds")
     assert sc["release"]["public"]["released_keys"] == sc["release"]["keys"]
     for step in ("seal_seconds", "transport_seconds", "release_seconds"):
         _finite(sc["release"]["public"][step], f"public release {step}")
-    for rate in ("route_events_per_s", "routed_ingest_events_per_s"):
+    for rate in ("route_events_per_s", "routed_ingest_events_per_s", "routed_bytes_per_event"):
         _finite(sc["repartition"][rate], f"repartition {rate}")
     for memory in (sc["memory"], sc["memory_traced"], sc["memory_heavy_tailed"]):
         _finite(memory["bytes_per_retained_event"], "bytes per event")
@@ -144,7 +148,7 @@ def test_report_and_plot(smoke: tuple[Path, dict[str, Any]]) -> None:
     out, results = smoke
     text = (out / "RESULTS.md").read_text(encoding="utf-8")
     assert "## Targets" in text and "--size smoke" in text
-    assert len(results["targets"]) == 6
+    assert len(results["targets"]) == 10
     assert all(isinstance(t["passed"], bool) for t in results["targets"])
     assert "## 2. Scale-out: 1, 2 and 3 worker processes" in text
     assert "(scaling_workers.png)" in text
@@ -152,3 +156,11 @@ def test_report_and_plot(smoke: tuple[Path, dict[str, Any]]) -> None:
     for name in ("throughput.png", "scaling_workers.png", "continual_rmse.png"):
         png = (out / name).read_bytes()
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000, name
+    assert "## 6. Profiles of the default path, before and after" in text
+    # The profile of the old code ships with the bench; this run's is drawn beside it
+    # (unless py-spy may not attach here, which the report then says).
+    before = (out / "profiles" / "default_path_before.svg").read_text(encoding="utf-8")
+    assert before.startswith("<svg") and "samples" in before
+    if "error" not in results["throughput"]["profile"]:
+        after = (out / "profiles" / "default_path_after.svg").read_text(encoding="utf-8")
+        assert after.startswith("<svg") and results["profiles"]["after"]["top"]

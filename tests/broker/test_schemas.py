@@ -125,6 +125,18 @@ CONTINUAL: dict[str, Any] = {
         "exact_totals": [1190, 0, 22],
     },
 }
+PACKED: dict[str, Any] = {
+    "kind": "events",
+    "src": [1, 1041],
+    "k": "k1",
+    "n": 2,
+    "fields": ["domain", "mobile"],
+    "sig": [["mail.com", None], ["bank.com", True]],
+    "u": "OjojOjo6Ojo6Ojo6Ojo6OjrLy8vLy8vLy8vLy8vLy8vL",
+    "t": "AAAAQL+c2EEAAABAv5zYQQ==",
+    "o": "AAAAAAEAAAA=",
+    "s": "AAAAAAEAAAA=",
+}
 ERASURE_REQUEST: dict[str, Any] = {
     "user_id": "alice@example.com",
     "requested_at": "2020-08-01T12:00:00+02:00",
@@ -366,6 +378,8 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**REPARTITIONED, "e": {}, "t": 1596283200},
             PROGRESS,
             {**PROGRESS, "t": None, "idle_s": 0},
+            PACKED,
+            {**PACKED, "sig": [], "fields": []},
         ],
         [
             _without(REPARTITIONED, "src"),
@@ -381,6 +395,13 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**PROGRESS, "idle_s": -1},
             {**PROGRESS, "src": [1, 0]},
             {**PROGRESS, "u": "3a" * 16},
+            _without(PACKED, "o"),
+            {**PACKED, "n": 0},
+            {**PACKED, "u": "alice@example.com"},
+            {**PACKED, "user_id": "alice"},
+            {**PACKED, "sig": [["mail.com", ["nested"]]]},
+            {**PACKED, "src": [1, -1]},
+            {**PACKED, "kind": "event"},
         ],
     ),
 }

@@ -1,0 +1,505 @@
+"""Stages 0 and 1 a batch at a time: the column paths of :class:`IngestStage`.
+
+:class:`IngestStage` (``ingest.py``) holds the state and the per-record paths; this mixin
+adds the paths that take a whole fetched batch as columns (:mod:`stream_dp.pipeline.columns`,
+:mod:`stream_dp.pipeline.packed`):
+
+* stage 1 on raw input (:meth:`ColumnIngest._ingest_columns`), when every record is a good
+  event of the common form — else the per-record path takes the batch, with the same
+  result;
+* stage 1 on a packed repartition record (:meth:`ColumnIngest._ingest_packed`);
+* stage 0 writing packed records (:meth:`ColumnIngest.route_packed`).
+
+The privacy-relevant checks are the per-record path's, done on columns: placement of keyed
+records and of repartitioned pseudonyms, re-sent events, the window's pseudonym key, late
+and replayed windows; a user is bounded in one partition's samples only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from stream_dp.config.model import Config
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.columns import (
+    EventColumns,
+    decode_columns,
+    distinct_index,
+    intern_signatures,
+    pseudonym_columns,
+)
+from stream_dp.pipeline.decode import BadRecord, Decoder
+from stream_dp.pipeline.packed import PACKED_KEY_PREFIX, PackedEvents, encode_events
+from stream_dp.pipeline.placement import pseudonym_partitions
+from stream_dp.privacy.erasure import ErasureSet
+from stream_dp.privacy.pseudonymize import KeyRing
+from stream_dp.privacy.user_samples import SamplingGenerator, UserSamples
+from stream_dp.windows import TumblingWindows, WatermarkTracker
+
+log = logging.getLogger(__name__)
+
+#: What ingest does with an event, decided once per window: keep it, or count it as late
+#: (its partition already sealed the window) or replayed (the window is already released).
+ACCEPT, LATE, REPLAYED = 0, 1, 2
+
+#: (offset, Kafka record key, value)
+InputRecord = tuple[int, bytes | None, bytes | None]
+
+
+class FetchedRecords(Sequence[InputRecord]):
+    """A partition's fetched records (anything with ``offset``, ``key`` and ``value``, as
+    aiokafka's ConsumerRecord) as a sequence of (offset, key, value) — built only if a
+    per-record path asks — whose columns the column paths take directly."""
+
+    __slots__ = ("_messages", "_tuples")
+
+    def __init__(self, messages: Sequence[Any]) -> None:
+        self._messages = messages
+        self._tuples: list[InputRecord] | None = None
+
+    def _all(self) -> list[InputRecord]:
+        if self._tuples is None:
+            self._tuples = [(m.offset, m.key, m.value) for m in self._messages]
+        return self._tuples
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[InputRecord]:
+        return iter(self._all())
+
+    def values(self) -> list[bytes | None]:
+        return [m.value for m in self._messages]
+
+    def keys(self) -> list[bytes | None]:
+        return [m.key for m in self._messages]
+
+    def offsets(self) -> list[int]:
+        return [m.offset for m in self._messages]
+
+
+def _values(records: Sequence[InputRecord]) -> list[bytes | None]:
+    if isinstance(records, FetchedRecords):
+        return records.values()
+    return [v for _, _, v in records]
+
+
+def _keys(records: Sequence[InputRecord]) -> list[bytes | None]:
+    if isinstance(records, FetchedRecords):
+        return records.keys()
+    return [k for _, k, _ in records]
+
+
+def _offsets(records: Sequence[InputRecord]) -> list[int]:
+    if isinstance(records, FetchedRecords):
+        return records.offsets()
+    return [o for o, _, _ in records]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    reason: str
+    detail: str
+    partition: int
+    offset: int
+    payload: bytes | None
+    #: The topic it was read from; None: the input topic.
+    topic: str | None = None
+
+
+@dataclass(slots=True)
+class WindowPart:
+    samples: UserSamples
+    first_offset: int
+
+
+class ReleasedWindows(Protocol):
+    """What stage 1 needs to know of stage 2 (implemented by ReleaseStage)."""
+
+    coverage_start_s: int | None
+
+    def released(self, window_start_s: int) -> bool: ...
+
+    def released_earlier(self, window_start_s: int) -> bool: ...
+
+
+class ColumnIngest:
+    """The column paths; :class:`~stream_dp.pipeline.ingest.IngestStage` provides the rest."""
+
+    # Provided by IngestStage.
+    config: Config
+    keyring: KeyRing
+    metrics: Metrics
+    decoder: Decoder
+    windows: TumblingWindows
+    k: int
+    enforce_user_keys: bool
+    source_partitions: int
+    routed_partitions: int
+    _rng: SamplingGenerator
+    _fields: list[str]
+    _signatures: list[tuple[Any, ...]]
+    _signature_ids: dict[tuple[Any, ...], int]
+    _state: dict[int, dict[int, WindowPart]]
+    _sealed_s: dict[int, float]
+    _positions: dict[int, int]
+    _routed_max: dict[int, float]
+    _routed_activity: dict[int, float]
+    _windows_released: ReleasedWindows
+    _normalize: Callable[[str | int], str | int]
+    _partitions_of_keys: Callable[[Sequence[bytes], int], np.ndarray]
+    _empty_user: BadRecord
+    erasures: ErasureSet | None
+
+    def _tracker(self, partition: int, now_mono_s: float, *, routed: bool) -> WatermarkTracker:
+        raise NotImplementedError
+
+    def _update_gauges(self) -> None:
+        raise NotImplementedError
+
+    def _dead(
+        self,
+        bad: BadRecord,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        include_payload: bool,
+        topic: str | None = None,
+    ) -> DeadLetter:
+        raise NotImplementedError
+
+    def _misplaced_detail(self) -> str:
+        raise NotImplementedError
+
+    # -- stage 0 ---------------------------------------------------------------------------
+    def route_packed(
+        self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
+    ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
+        """:meth:`route` with packed output (:mod:`stream_dp.pipeline.packed`): per
+        repartition partition (and pseudonym key id) one record holding the batch's events
+        that go there, as columns. The validation is :meth:`route`'s, a batch of good events
+        being checked column-wise; dead letters are the same."""
+        metrics = self.metrics
+        metrics.events_consumed.inc(len(records))
+        dead: list[DeadLetter] = []
+        cols = decode_columns(self.decoder, self._fields, _values(records), now_s)
+        if cols is not None:
+            offsets = np.array(_offsets(records), dtype=np.int64)
+        else:
+            cols, offsets = self._decode_each(partition, records, now_s, dead)
+        out: list[tuple[bytes, bytes, int]] = []
+        routed = erased = 0
+        sent = np.zeros(len(offsets), dtype=bool)
+        if len(offsets):
+            starts = self._window_starts(cols.times)
+            key_of = {ws: self.keyring.for_window(ws) for ws in np.unique(starts).tolist()}
+            users, index = distinct_index(cols.users)
+            normal = list(map(self._normalize, users))
+            empty = np.array([n == "" for n in normal], dtype=bool)[index]
+            if empty.any():  # ids that normalise to nothing: dead letters, in place
+                include_payload = self.config.output.dead_letter_include_payload
+                payloads = {o: v for o, _, v in records}
+                for o in offsets[empty].tolist():
+                    dead.append(
+                        self._dead(self._empty_user, partition, o, payloads[o], include_payload)
+                    )
+                dead.sort(key=lambda d: d.offset)
+            signatures, sig_index = distinct_index(
+                list(zip(*cols.fields, strict=True)) if cols.fields else [()] * len(offsets)
+            )
+            for pseudonymizer in {p.key_id: p for p in key_of.values()}.values():
+                rows = ~empty
+                if len(key_of) > 1:
+                    ids = [ws for ws, p in key_of.items() if p.key_id == pseudonymizer.key_id]
+                    rows &= np.isin(starts, ids)
+                if not rows.any():
+                    continue
+                present = np.unique(index[rows])
+                local = np.full(len(users), -1, dtype=np.int64)
+                local[present] = np.arange(len(present))
+                listed = [pseudonymizer.pseudonym(normal[i]) for i in present.tolist()]
+                if self.erasures is not None:  # erased: not even repartitioned
+                    for ws in np.unique(starts[rows]).tolist():
+                        gone_users = self.erasures.erased(pseudonymizer.key_id, ws)
+                        if not gone_users:
+                            continue
+                        gone = np.array([p in gone_users for p in listed], dtype=bool)
+                        hit = rows & (starts == ws) & gone[np.maximum(local[index], 0)]
+                        erased += int(np.count_nonzero(hit))
+                        rows &= ~hit
+                    if not rows.any():
+                        continue
+                per_event = np.frombuffer(b"".join(listed), dtype=np.uint8).reshape(-1, 16)
+                per_event = per_event[local[index[rows]]]
+                targets = pseudonym_partitions(per_event.tobytes(), self.routed_partitions)
+                sent |= rows
+                chosen = np.flatnonzero(rows)
+                for target in np.unique(targets).tolist():
+                    here = chosen[targets == target]
+                    for value in encode_events(
+                        src_partition=partition,
+                        offsets=offsets[here],
+                        key_id=pseudonymizer.key_id,
+                        fields=self._fields,
+                        pseudonyms=per_event[targets == target].tobytes(),
+                        times=cols.times[here],
+                        signatures=signatures,
+                        signature_index=sig_index[here],
+                        max_bytes=self.config.kafka.max_message_bytes,
+                    ):
+                        out.append(((PACKED_KEY_PREFIX + str(partition)).encode(), value, target))
+                    routed += len(here)
+            if routed:
+                # Valid events only: a partition delivering only bad records is idle, and a
+                # time stamped ahead of the clock moves its progress no further than the clock.
+                self._routed_activity[partition] = now_mono_s
+                batch_max = min(float(cols.times[sent].max()), now_s)
+                if batch_max > self._routed_max.get(partition, -math.inf):
+                    self._routed_max[partition] = batch_max
+        metrics.events_repartitioned.inc(routed)
+        if erased:
+            metrics.erased_events_dropped.inc(erased)
+        return out, dead
+
+    def _decode_each(
+        self,
+        partition: int,
+        records: Sequence[InputRecord],
+        now_s: float,
+        dead: list[DeadLetter],
+    ) -> tuple[EventColumns, np.ndarray]:
+        """The per-record decoder over a batch: its good events as columns, the others as
+        dead letters (appended to ``dead``)."""
+        include_payload = self.config.output.dead_letter_include_payload
+        decode = self.decoder.decode_parts
+        users: list[str | int] = []
+        times: list[float] = []
+        offsets: list[int] = []
+        objs: list[dict[str, Any]] = []
+        for offset, _key, value in records:
+            parsed = decode(value, now_s)
+            if isinstance(parsed, BadRecord):
+                dead.append(self._dead(parsed, partition, offset, value, include_payload))
+                continue
+            user, t, obj = parsed
+            users.append(user)
+            times.append(t)
+            offsets.append(offset)
+            objs.append(obj)
+        fields = [[obj.get(f) for obj in objs] for f in self._fields]
+        return (
+            EventColumns(users, np.array(times, dtype=np.float64), fields),
+            np.array(offsets, dtype=np.int64),
+        )
+
+    # -- stage 1 ---------------------------------------------------------------------------
+    def _fate(self, partition: int, window_start_s: int) -> int:
+        """What happens to a partition's events of this window (as in :meth:`ingest`)."""
+        sealed = self._sealed_s.get(partition)
+        coverage = self._windows_released.coverage_start_s
+        if (sealed is not None and window_start_s + self.windows.size_s <= sealed) or (
+            coverage is not None and window_start_s < coverage
+        ):
+            return LATE
+        if self._windows_released.released(window_start_s):
+            return REPLAYED if self._windows_released.released_earlier(window_start_s) else LATE
+        return ACCEPT
+
+    def _accept(
+        self,
+        partition: int,
+        window_start_s: int,
+        first_offset: int,
+        words: np.ndarray,
+        signature_ids: np.ndarray,
+    ) -> None:
+        """Offer accepted events of one window to its samples (creating its state)."""
+        state = self._state.setdefault(partition, {})
+        part = state.get(window_start_s)
+        if part is None:
+            part = state[window_start_s] = WindowPart(UserSamples(self.k, self._rng), first_offset)
+        part.samples.add_columns(words, signature_ids)
+
+    def _window_starts(self, times: np.ndarray) -> np.ndarray:
+        size = self.windows.size_s
+        return (np.floor(times / size) * size).astype(np.int64)
+
+    def _ingest_columns(
+        self, partition: int, records: Sequence[InputRecord], now_s: float, now_mono_s: float
+    ) -> bool:
+        """Raw input as columns when every record is a good event of the common form (and,
+        keyed, keyed and placed right); False leaves the batch, untouched, to the per-record
+        path, which would give the same result record by record."""
+        cols = decode_columns(self.decoder, self._fields, _values(records), now_s)
+        if cols is None:
+            return False
+        starts = self._window_starts(cols.times)
+        fates = {ws: self._fate(partition, ws) for ws in np.unique(starts).tolist()}
+        accepted = [ws for ws, fate in fates.items() if fate == ACCEPT]
+        key_ids = {self.keyring.for_window(ws).key_id for ws in accepted}
+        if len(key_ids) > 1:
+            return False  # a key rotation inside the batch: the per-record path
+        users, index = distinct_index(cols.users)
+        normal = list(map(self._normalize, users))
+        if "" in normal:
+            return False  # an id that normalises to nothing is dead-lettered there
+        if self.enforce_user_keys:
+            expected = [n.encode() if type(n) is str else str(n).encode() for n in normal]
+            if _keys(records) != list(map(expected.__getitem__, index.tolist())):
+                return False
+            homes = self._partitions_of_keys(expected, self.source_partitions)
+            if (homes != partition).any():
+                return False
+        late = skipped = erased = 0
+        max_time: float | None = None
+        if accepted:
+            pseudonyms = pseudonym_columns(normal, self.keyring.for_window(accepted[0]).pseudonym)
+            if pseudonyms is None:
+                return False
+            words = np.frombuffer(pseudonyms, dtype=np.uint64).reshape(-1, 2)[index]
+            offsets = _offsets(records)
+            everything = len(accepted) == len(fates)
+            mask = None if everything else np.isin(starts, accepted)
+            fields = (
+                cols.fields
+                if mask is None
+                else [[v for v, m in zip(c, mask.tolist(), strict=True) if m] for c in cols.fields]
+            )
+            sids = np.empty(len(records), dtype=np.int32)
+            if mask is None:
+                sids[:] = intern_signatures(fields, self._signature_ids, self._signatures)
+            else:
+                sids[mask] = intern_signatures(fields, self._signature_ids, self._signatures)
+            kept = np.zeros(len(records), dtype=bool)
+            key_id = self.keyring.for_window(accepted[0]).key_id
+            for ws in accepted:
+                rows = starts == ws
+                first = offsets[int(np.argmax(rows))]  # the window's first record
+                gone = self._erased_rows(key_id, ws, words)
+                if gone is not None:  # erased: never enters a sample (and is no activity)
+                    erased += int(np.count_nonzero(rows & gone))
+                    rows &= ~gone
+                # (State for the window even if all its events were erased, as record by
+                # record: it is sealed and released like any other.)
+                self._accept(partition, ws, first, words[rows], sids[rows])
+                kept |= rows
+            max_time = float(cols.times[kept].max()) if kept.any() else None
+        for ws, fate in fates.items():
+            if fate == LATE:
+                late += int(np.count_nonzero(starts == ws))
+            elif fate == REPLAYED:
+                skipped += int(np.count_nonzero(starts == ws))
+        metrics = self.metrics
+        metrics.events_consumed.inc(len(records))
+        last = records._messages[-1].offset if isinstance(records, FetchedRecords) else None
+        self._positions[partition] = (records[-1][0] if last is None else last) + 1
+        tracker = self._tracker(partition, now_mono_s, routed=False)
+        if max_time is not None:
+            tracker.observe(partition, min(max_time, now_s), now_mono_s)
+        if erased:
+            metrics.erased_events_dropped.inc(erased)
+        if late:
+            metrics.late_events.inc(late)
+        if skipped:
+            metrics.replayed_events_skipped.inc(skipped)
+        self._update_gauges()
+        return True
+
+    def _ingest_packed(
+        self,
+        partition: int,
+        offset: int,
+        packed: PackedEvents,
+        topic: str | None,
+        seen: dict[int, int],
+    ) -> list[DeadLetter]:
+        """Stage 1 on a packed repartition record (see :mod:`stream_dp.pipeline.packed`):
+        per event the placement check, re-sent events dropped, the window's key id, then
+        the accepted events offered to their windows' samples."""
+        metrics = self.metrics
+        dead: list[DeadLetter] = []
+        n = len(packed)
+        home = pseudonym_partitions(packed.pseudonyms, self.source_partitions) == partition
+        if not home.all():
+            # One dead letter per misplaced event, naming its place on the input topic.
+            misplaced = BadRecord("misplaced_key", self._misplaced_detail())
+            for src_offset in packed.offsets[~home].tolist():
+                dead.append(self._dead(misplaced, packed.src_partition, src_offset, None, False))
+        last = seen.get(packed.src_partition, -1)
+        fresh = home & (packed.offsets > last)
+        duplicates = int(np.count_nonzero(home)) - int(np.count_nonzero(fresh))
+        if fresh.any():
+            seen[packed.src_partition] = max(last, int(packed.offsets[fresh].max()))
+        if duplicates:
+            metrics.repartition_duplicates_skipped.inc(duplicates)
+        words = np.frombuffer(packed.pseudonyms, dtype=np.uint64).reshape(n, 2)
+        table = np.fromiter(
+            (self._intern(sig) for sig in packed.signatures), np.int32, len(packed.signatures)
+        )
+        sids = table[packed.signature_index]
+        starts = self._window_starts(packed.times)
+        late = skipped = stale = erased = 0
+        for ws in np.unique(starts[fresh]).tolist():
+            rows = fresh & (starts == ws)
+            count = int(np.count_nonzero(rows))
+            fate = self._fate(partition, ws)
+            if fate == LATE:
+                late += count
+            elif fate == REPLAYED:
+                skipped += count
+            elif packed.key_id != self.keyring.for_window(ws).key_id:
+                stale += count
+            else:
+                gone = self._erased_rows(packed.key_id, ws, words)
+                if gone is not None:  # erased: never enters a sample
+                    erased += int(np.count_nonzero(rows & gone))
+                    rows &= ~gone
+                if rows.any():
+                    self._accept(partition, ws, offset, words[rows], sids[rows])
+        if erased:
+            metrics.erased_events_dropped.inc(erased)
+        if late or stale:
+            metrics.late_events.inc(late + stale)
+        if skipped:
+            metrics.replayed_events_skipped.inc(skipped)
+        if stale:
+            log.warning(
+                "dropped %d repartitioned events pseudonymized under another key than their "
+                "window's (pseudonymization.rotate_at changed while the window was open)",
+                stale,
+                extra={"partition": partition},
+            )
+        return dead
+
+    def _erased_rows(
+        self, key_id: str, window_start_s: int, words: np.ndarray
+    ) -> np.ndarray | None:
+        """Which rows (pseudonyms as (n, 2) words) belong to users erased for the window
+        (README, Erasure); None when nobody is."""
+        if self.erasures is None:
+            return None
+        erased = self.erasures.erased(key_id, window_start_s)
+        if not erased:
+            return None
+        targets = np.frombuffer(b"".join(sorted(erased)), dtype=np.uint64).reshape(-1, 2)
+        candidates = np.flatnonzero(np.isin(words[:, 0], targets[:, 0]))
+        rows = np.zeros(len(words), dtype=bool)
+        for i in candidates.tolist():
+            rows[i] = words[i].tobytes() in erased
+        return rows
+
+    def _intern(self, signature: tuple[Any, ...]) -> int:
+        sid = self._signature_ids.get(signature)
+        if sid is None:
+            sid = self._signature_ids[signature] = len(self._signatures)
+            self._signatures.append(signature)
+        return sid

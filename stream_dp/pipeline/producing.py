@@ -1,0 +1,49 @@
+"""Many records to Kafka at once: record batches built by the caller, not one ``send`` each.
+
+aiokafka's ``send`` costs tens of microseconds of Python per record (its accumulator, a
+future per record, key hashing): a 200,000-key release took 18 s to publish that way. Records
+bound for a known partition are appended to :class:`BatchBuilder` batches here and each batch
+is submitted once (``send_batch``); within a partition the batches go out in order, so the
+records keep theirs (a window's releases before its window record). Records without a
+partition (keyed by the producer) still go through ``send``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+#: (key, value, partition or None for the key's partition)
+Outgoing = tuple[str | bytes | None, bytes, int | None]
+
+
+async def send_all(producer: AIOKafkaProducer, topic: str, items: Sequence[Outgoing]) -> None:
+    """Send every record and wait for every acknowledgement."""
+    futures: list[asyncio.Future[Any]] = []
+    batches: dict[int, Any] = {}
+    for key, value, partition in items:
+        k = key.encode() if isinstance(key, str) else key
+        if partition is None:
+            futures.append(await producer.send(topic, value, key=k))
+            continue
+        batch = batches.get(partition)
+        if batch is None:
+            batch = batches[partition] = producer.create_batch()
+        if batch.append(key=k, value=value, timestamp=None) is not None:
+            continue
+        if batch.record_count() > 0:  # full: submit it, start the next one
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+            await asyncio.sleep(0)  # let the loop's other tasks (heartbeats) run meanwhile
+            batch = batches[partition] = producer.create_batch()
+            if batch.append(key=k, value=value, timestamp=None) is not None:
+                continue
+        # Larger than a batch on its own: the producer's own path (up to max_request_size).
+        futures.append(await producer.send(topic, value, key=k, partition=partition))
+        batches[partition] = producer.create_batch()
+    for partition, batch in batches.items():
+        if batch.record_count() > 0:
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+    await asyncio.gather(*futures)

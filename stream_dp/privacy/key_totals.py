@@ -1,0 +1,149 @@
+"""Exact bounded totals per group key, held as columns (internal: never published).
+
+A window with 100,000 keys has 100,000 (events, users, value sum) triples: one Python object
+per key and per step (seal, partial encoding, merge, release) was most of a release's time.
+:class:`KeyTotals` keeps the keys in a list and the three numbers in int64 arrays, and is a
+read-only ``Mapping[GroupKey, KeyAggregate]`` for code that wants one key at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stream_dp.privacy.planner import GroupKey
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class KeyAggregate:
+    """Exact bounded values for one group key in one window (internal, never published)."""
+
+    #: Bounded event count (≤ Linf per user, ≤ k per user over all keys).
+    events: int
+    #: Distinct users contributing to the key.
+    users: int
+    #: Bounded sum of the values, in granularity units.
+    value_sum: int
+
+
+class KeyTotals(Mapping[GroupKey, KeyAggregate]):
+    """Distinct group keys and their exact bounded events, distinct users and value sums."""
+
+    __slots__ = ("_index", "events", "groups", "users", "value_sums")
+
+    def __init__(
+        self,
+        groups: Sequence[GroupKey],
+        events: np.ndarray,
+        users: np.ndarray,
+        value_sums: np.ndarray,
+    ) -> None:
+        self.groups: list[GroupKey] = list(groups)
+        self.events = np.asarray(events, dtype=np.int64)
+        self.users = np.asarray(users, dtype=np.int64)
+        self.value_sums = np.asarray(value_sums, dtype=np.int64)
+        n = len(self.groups)
+        if not (self.events.shape == self.users.shape == self.value_sums.shape == (n,)):
+            raise ValueError("one events, users and value sum per group key")
+        self._index: dict[GroupKey, int] | None = None
+
+    @classmethod
+    def empty(cls) -> KeyTotals:
+        return cls([], _EMPTY, _EMPTY, _EMPTY)
+
+    @classmethod
+    def of(cls, totals: Mapping[GroupKey, KeyAggregate]) -> KeyTotals:
+        """Columns of any mapping (itself if it already is)."""
+        if isinstance(totals, KeyTotals):
+            return totals
+        aggregates = list(totals.values())
+        return cls(
+            list(totals),
+            np.fromiter((a.events for a in aggregates), np.int64, len(aggregates)),
+            np.fromiter((a.users for a in aggregates), np.int64, len(aggregates)),
+            np.fromiter((a.value_sum for a in aggregates), np.int64, len(aggregates)),
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[KeyTotals]) -> KeyTotals:
+        """Totals of disjoint key sets side by side (the parts of one partial)."""
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls.empty()
+        return cls(
+            [g for p in parts for g in p.groups],
+            np.concatenate([p.events for p in parts]),
+            np.concatenate([p.users for p in parts]),
+            np.concatenate([p.value_sums for p in parts]),
+        )
+
+    @classmethod
+    def merge(cls, parts: Sequence[Mapping[GroupKey, KeyAggregate]]) -> KeyTotals:
+        """Per-key sums over several totals (one per source partition)."""
+        columns = [cls.of(p) for p in parts]
+        if len(columns) == 1:
+            return columns[0]
+        index: dict[GroupKey, int] = {}
+        groups: list[GroupKey] = []
+        positions = []
+        for c in columns:
+            pos = np.empty(len(c.groups), dtype=np.int64)
+            for i, g in enumerate(c.groups):
+                j = index.get(g)
+                if j is None:
+                    j = index[g] = len(groups)
+                    groups.append(g)
+                pos[i] = j
+            positions.append(pos)
+        n = len(groups)
+        sums = []
+        for name in ("events", "users", "value_sums"):
+            out = np.zeros(n, dtype=np.int64)
+            for c, pos in zip(columns, positions, strict=True):
+                np.add.at(out, pos, getattr(c, name))
+            sums.append(out)
+        merged = cls(groups, *sums)
+        merged._index = index
+        return merged
+
+    # -- Mapping --------------------------------------------------------------------------
+    def index(self) -> dict[GroupKey, int]:
+        """Group key → its position in the columns."""
+        if self._index is None:
+            self._index = {g: i for i, g in enumerate(self.groups)}
+        return self._index
+
+    def __getitem__(self, key: GroupKey) -> KeyAggregate:
+        i = self.index()[key]
+        return KeyAggregate(int(self.events[i]), int(self.users[i]), int(self.value_sums[i]))
+
+    def __iter__(self) -> Iterator[GroupKey]:
+        return iter(self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.index()
+
+    def rows(self) -> Iterator[tuple[GroupKey, int, int, int]]:
+        """(group key, events, users, value sum) per key, as Python integers."""
+        return zip(
+            self.groups,
+            self.events.tolist(),
+            self.users.tolist(),
+            self.value_sums.tolist(),
+            strict=True,
+        )
+
+    def __repr__(self) -> str:
+        return f"KeyTotals({dict(self.items())!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (KeyTotals, (self.groups, self.events, self.users, self.value_sums))

@@ -1,0 +1,242 @@
+"""Stage 0's packed repartition records: many events per record, as columns. What stage 1
+makes of them equals what it made of one record per event — totals, re-sent events,
+misplaced events, stale keys — and a malformed one is dead-lettered, never fatal."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from stream_dp.config.model import Config
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.ingest import IngestStage, InputRecord
+from stream_dp.pipeline.packed import PACKED_KEY_PREFIX
+from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
+from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
+from tests.helpers import schema_validator
+from tests.pipeline.support import KEYRING, NOW, T0, TEST_KEY, config, numbered
+
+QUERIES: list[dict[str, Any]] = [
+    {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6},
+    {"name": "all", "epsilon": 1e6, "keys": {}},
+]
+
+
+def _cfg(**kw: Any) -> Config:
+    return config(queries=QUERIES, delta_per_window=1e-6, **kw)
+
+
+def _router(*partitions: int, cfg: Config | None = None, routed_partitions: int = 1) -> IngestStage:
+    stage = IngestStage(cfg or _cfg(), KEYRING, metrics=Metrics())
+    stage.assign_routed(partitions, 0.0)
+    stage.routed_partitions = routed_partitions
+    return stage
+
+
+def _owner(
+    input_partitions: int,
+    *,
+    cfg: Config | None = None,
+    partitions: int = 1,
+    keyring: KeyRing = KEYRING,
+) -> IngestStage:
+    stage = IngestStage(
+        cfg or _cfg(k=50), keyring, metrics=Metrics(), sampling_rng=random.Random(0)
+    )
+    stage.input_partitions = input_partitions
+    stage.source_partitions = partitions
+    stage.assign([0], 0.0, routed=True)
+    return stage
+
+
+def _feed(owner: IngestStage, values: Sequence[bytes], first: int = 0) -> list[Any]:
+    batch = [(first + i, None, v) for i, v in enumerate(values)]
+    return owner.ingest(0, batch, now_s=NOW, now_mono_s=0, routed=True, topic="rp")
+
+
+def _totals(owner: IngestStage) -> dict[tuple[int, str], Any]:
+    return {
+        (ws, partial.query): (dict(partial.totals), partial.events_seen)
+        for p, ws in owner.all_open()
+        for partial in owner.seal(p, ws)
+    }
+
+
+_EVENTS = [
+    ("alice", 1.0, "a"),
+    ("bob", 2.5, "b"),
+    ("alice", 3.0, "b"),
+    (42, 4.0, "a"),
+    ("Alice ", 12.0, "a"),
+    ("carol", 15.5, "c"),
+]
+
+
+def test_packed_records_give_the_totals_of_one_record_per_event() -> None:
+    per_event, packed = _owner(2), _owner(2)
+    for partition, events in ((0, _EVENTS), (1, [("dave", 5.0, "a"), ("alice", 6.0, "c")])):
+        router = _router(partition)
+        one_each, dead = router.route(partition, numbered(events), now_s=NOW, now_mono_s=0)
+        assert dead == []
+        _feed(per_event, [v for _, v, _ in one_each])
+        router = _router(partition)
+        records, dead = router.route_packed(partition, numbered(events), now_s=NOW, now_mono_s=0)
+        assert dead == []
+        assert len(records) == 1  # one repartition partition, one key: one record
+        assert router.metrics.events_repartitioned._value.get() == len(events)
+        assert _feed(packed, [v for _, v, _ in records]) == []
+    assert _totals(packed) == _totals(per_event)
+    assert packed.metrics.late_events._value.get() == 0
+
+
+def test_packed_records_validate_and_hold_no_raw_id() -> None:
+    validator = schema_validator("repartition.schema.json")
+    router = _router(3, routed_partitions=4)
+    events = [(f"user-{i}@example.com", i / 10, f"d{i % 3}") for i in range(200)]
+    records, _ = router.route_packed(3, numbered(events, first=70), now_s=NOW, now_mono_s=0)
+    assert {target for _, _, target in records} == {0, 1, 2, 3}
+    for key, value, _target in records:
+        body = orjson.loads(value)
+        validator.validate(body)
+        assert key == (PACKED_KEY_PREFIX + "3").encode()
+        assert body["k"] == "k1" and body["src"][0] == 3
+        assert b"example.com" not in value and b"user-" not in value
+    assert sum(orjson.loads(v)["n"] for _, v, _ in records) == 200
+    for mark in router.progress_marks(1.0):
+        validator.validate(orjson.loads(mark))
+
+
+def test_a_batch_sent_again_after_a_crash_is_dropped_event_by_event() -> None:
+    owner = _owner(1)
+    events = numbered(_EVENTS)
+    first, _ = _router(0).route_packed(0, events[:4], now_s=NOW, now_mono_s=0)
+    _feed(owner, [v for _, v, _ in first])
+    # The router crashed before committing offset 4: its successor routes 2..5 again.
+    again, _ = _router(0).route_packed(0, events[2:], now_s=NOW, now_mono_s=0)
+    _feed(owner, [v for _, v, _ in again], first=1)
+    assert owner.metrics.repartition_duplicates_skipped._value.get() == 2
+    once = _owner(1)
+    records, _ = _router(0).route_packed(0, events, now_s=NOW, now_mono_s=0)
+    _feed(once, [v for _, v, _ in records])
+    assert _totals(owner) == _totals(once)
+
+
+def test_events_on_a_partition_their_pseudonym_does_not_map_to_are_dead_lettered() -> None:
+    """The repartition topic gained partitions while windows were open: events placed under
+    the old count are dead-lettered one by one, with their input position."""
+    owner = _owner(1, partitions=4)
+    router = _router(0)  # still believes in one repartition partition
+    events = numbered([(f"user-{i}", 1, "a") for i in range(40)], first=100)
+    records, _ = router.route_packed(0, events, now_s=NOW, now_mono_s=0)
+    dead = _feed(owner, [v for _, v, _ in records])
+    here = 40 - len(dead)
+    assert 0 < here < 40
+    assert {(d.reason, d.topic, d.partition) for d in dead} == {("misplaced_key", None, 0)}
+    assert {d.offset for d in dead} < set(range(100, 140))
+    assert _totals(owner)[(T0, "all")][0] == {(): _agg(here, here)}
+
+
+def _agg(events: int, users: int) -> Any:
+    from stream_dp.privacy.release import KeyAggregate
+
+    return KeyAggregate(events, users, 0)
+
+
+def test_packed_events_of_another_pseudonym_key_are_dropped() -> None:
+    old = KeyRing(Pseudonymizer(TEST_KEY, "k0"))
+    stale_router = IngestStage(_cfg(), old, metrics=Metrics())
+    stale_router.assign_routed([0], 0.0)
+    records, _ = stale_router.route_packed(0, numbered(_EVENTS), now_s=NOW, now_mono_s=0)
+    owner = _owner(1)
+    assert _feed(owner, [v for _, v, _ in records]) == []
+    assert owner.open_windows() == []
+    assert owner.metrics.late_events._value.get() == len(_EVENTS)
+
+
+def _packed_body() -> dict[str, Any]:
+    records, _ = _router(0).route_packed(0, numbered(_EVENTS), now_s=NOW, now_mono_s=0)
+    body: dict[str, Any] = orjson.loads(records[0][1])
+    return body
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"u": "not base64!"},
+        {"u": "AAAA"},
+        {"n": 0},
+        {"n": "6"},
+        {"t": "AAAA"},
+        {"s": "////////////////////////////////"},
+        {"sig": [["a"], [["nested"]]]},
+        {"sig": "a"},
+        {"src": [0, -3]},
+        {"fields": None},
+        {"k": 1},
+    ],
+)
+def test_malformed_packed_records_are_dead_lettered_not_fatal(change: dict[str, Any]) -> None:
+    owner = _owner(1)
+    good = _packed_body()
+    bad = orjson.dumps({**good, **change})
+    dead = _feed(owner, [bad, orjson.dumps(good)])
+    assert [(d.reason, d.offset, d.topic) for d in dead] == [("bad_internal_record", 0, "rp")]
+    assert owner.open_windows() == [T0, T0 + 10]  # the good one was taken
+
+
+def test_large_batches_are_split_under_the_message_limit() -> None:
+    cfg = _cfg(output={})
+    router = _router(0, cfg=cfg)
+    limit = cfg.kafka.max_message_bytes
+    long = "x" * 3000
+    events = [(f"u{i}", i / 1000, f"{long}{i}") for i in range(1000)]  # 3 MB of domains
+    records, _ = router.route_packed(0, numbered(events), now_s=NOW, now_mono_s=0)
+    assert len(records) >= 3
+    assert all(len(k) + len(v) <= limit - 512 for k, v, _ in records)
+    owner = _owner(1)
+    assert _feed(owner, [v for _, v, _ in records]) == []
+    (partial,) = [p for p in owner.seal(0, T0) if p.query == "visits"]
+    assert len(partial.totals) == 1000
+
+
+def test_routing_dead_letters_and_progress_match_the_per_event_router() -> None:
+    records: list[InputRecord] = [
+        *numbered([("u", 1, "a"), ("v", 2, "b")]),
+        (2, None, b"not json"),
+        (3, None, orjson.dumps({"user_id": "   ", "timestamp": T0 + 3, "domain": "a"})),
+        (4, None, orjson.dumps({"user_id": "w", "timestamp": T0 + 40, "domain": "a"})),
+    ]
+    one, packed = _router(0, 1), _router(0, 1)
+    _, dead_one = one.route(0, records, now_s=NOW, now_mono_s=2)
+    out, dead_packed = packed.route_packed(0, records, now_s=NOW, now_mono_s=2)
+    assert [(d.reason, d.offset) for d in dead_packed] == [(d.reason, d.offset) for d in dead_one]
+    assert [(d.reason, d.offset) for d in dead_one] == [("not_json", 2), ("bad_user", 3)]
+    assert packed.progress_marks(5) == one.progress_marks(5)
+    assert sum(orjson.loads(v)["n"] for _, v, _ in out) == 3
+    assert packed.metrics.events_consumed._value.get() == 5
+
+
+def test_erased_users_are_not_repartitioned_and_not_taken_from_packed_records() -> None:
+    """Erasure (README, Erasure): stage 0 does not even repartition an erased user's events,
+    as the per-event router; stage 1 drops them from packed records written before."""
+    erasures = ErasureSet()
+    erasures.add(Erasure(0, erasure_pseudonyms("alice", KEYRING, "nfkc_casefold_strip"), T0 + 3600))
+    before, _ = _router(0).route_packed(0, numbered(_EVENTS), now_s=NOW, now_mono_s=0)
+    one, packed = _router(0), _router(0)
+    one.erasures = packed.erasures = erasures
+    one_each, _ = one.route(0, numbered(_EVENTS), now_s=NOW, now_mono_s=1)
+    records, _ = packed.route_packed(0, numbered(_EVENTS), now_s=NOW, now_mono_s=1)
+    assert sum(orjson.loads(v)["n"] for _, v, _ in records) == len(one_each) == 3
+    assert packed.metrics.erased_events_dropped._value.get() == 3  # "Alice ", "alice" x2
+    assert packed.progress_marks(2) == one.progress_marks(2)
+    owner = _owner(1)
+    owner.erasures = erasures
+    _feed(owner, [v for _, v, _ in before])  # written before the erasure was known
+    assert owner.metrics.erased_events_dropped._value.get() == 3
+    fresh = _owner(1)
+    _feed(fresh, [v for _, v, _ in records])
+    assert _totals(owner) == _totals(fresh)

@@ -1,0 +1,184 @@
+"""The vectorised exact discrete Laplace sampler (stream_dp.privacy.exact_laplace).
+
+Exactness pieces are checked deterministically where they can be (the rejection bound of
+the uniform integers, the paths a lane takes when its counters grow), the laws by
+goodness-of-fit tests against the closed-form pmf and against OpenDP's own sampler of the
+same scale. Every statistical test uses a p-value threshold of 1e-8; there are 14 of them,
+so the file fails by chance with probability below 1e-6.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest, chi2_contingency, chisquare
+
+from stream_dp.privacy import exact_laplace
+from stream_dp.privacy.exact_laplace import (
+    COUNTER_LIMIT,
+    add_noise,
+    bernoulli_exp,
+    discrete_laplace,
+    exact_parameters,
+    uniform_below,
+)
+from stream_dp.privacy.mechanisms import DiscreteLaplace
+
+P_THRESHOLD = 1e-8
+
+
+class Scripted:
+    """A word source that hands out fixed words (then fails loudly when it runs out)."""
+
+    def __init__(self, words: list[int]) -> None:
+        self._words: Iterator[int] = iter(words)
+
+    def __call__(self, n: int) -> np.ndarray:
+        return np.array([next(self._words) for _ in range(n)], dtype=np.uint64)
+
+
+# -- uniform integers ------------------------------------------------------------------------
+
+
+def test_uniform_below_rejects_the_words_that_would_bias_the_remainder() -> None:
+    # 2^64 mod 3 = 1: the one word 2^64 - 1 must be drawn again, every other word is kept.
+    words = Scripted([2**64 - 1, 2**64 - 2, 5])
+    assert uniform_below(np.array([3, 3], dtype=np.uint64), words).tolist() == [
+        (2**64 - 2) % 3,
+        5 % 3,
+    ]
+    # m = 3·2^62: words from 3·2^62 up (a quarter of them) are rejected.
+    m = 3 * 2**62
+    words = Scripted([3 * 2**62, 2**64 - 1, 3 * 2**62 - 1])
+    assert uniform_below(np.array([m], dtype=np.uint64), words).tolist() == [3 * 2**62 - 1]
+    # Powers of two never reject.
+    words = Scripted([2**64 - 1])
+    assert uniform_below(np.array([2**10], dtype=np.uint64), words).tolist() == [2**10 - 1]
+
+
+def test_uniform_below_a_large_modulus_is_uniform() -> None:
+    # With m = 3·2^62, a plain "w mod m" lands in [0, 2^62) half of the time instead of a
+    # third; the exact sampler must show a third (binomial test, false failure ≤ 1e-8).
+    n = 200_000
+    m = np.full(n, 3 * 2**62, dtype=np.uint64)
+    low = int(np.sum(uniform_below(m) < np.uint64(2**62)))
+    assert binomtest(low, n, 1 / 3).pvalue > P_THRESHOLD
+
+
+def test_uniform_below_small_moduli_are_uniform() -> None:
+    # chi-square over the 7 values, false failure ≤ 1e-8
+    draws = uniform_below(np.full(140_000, 7, dtype=np.uint64))
+    counts = np.bincount(draws.astype(np.int64), minlength=7)
+    assert counts.size == 7
+    assert chisquare(counts).pvalue > P_THRESHOLD
+
+
+# -- Bernoulli(exp(−γ)) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("num", "den"), [(0, 1), (1, 3), (2, 3), (1, 1), (999_999, 1_000_000)])
+def test_bernoulli_exp_matches_exp_minus_gamma(num: int, den: int) -> None:
+    # exact binomial test per γ (γ = 0 must always succeed), false failure ≤ 1e-8 each
+    n = 100_000
+    draws = bernoulli_exp(np.full(n, num, dtype=np.uint64), np.full(n, den, dtype=np.uint64))
+    if num == 0:
+        assert draws.all()
+    else:
+        assert binomtest(int(draws.sum()), n, math.exp(-num / den)).pvalue > P_THRESHOLD
+
+
+def test_a_lane_whose_counter_reaches_the_limit_finishes_exactly() -> None:
+    # Words of 0 make every Bernoulli(γ/K) succeed, so K climbs to the limit; the lane then
+    # continues in Python integers (OS bits) and still returns a draw.
+    words = Scripted([0] * (COUNTER_LIMIT + 10))
+    (draw,) = bernoulli_exp(np.array([1], dtype=np.uint64), np.array([1], dtype=np.uint64), words)
+    assert isinstance(bool(draw), bool)
+
+
+def test_a_geometric_count_at_the_limit_switches_to_python_integers() -> None:
+    # Bernoulli(exp(−1)) succeeds when Algorithm 1 stops at an odd K: draws 0 (below 1),
+    # 0 (below 2), 1 (below 3) stop it at K = 3. Scripted so, every trial succeeds until
+    # the count reaches the limit.
+    words = Scripted([0, 0, 1] * (COUNTER_LIMIT + 5))
+    counts = exact_laplace._geometric_exp_minus_one(1, words)
+    assert counts.dtype == object and int(counts[0]) >= COUNTER_LIMIT
+
+
+# -- the discrete Laplace law -----------------------------------------------------------------
+
+
+def _pmf(scale: float, z: np.ndarray) -> np.ndarray:
+    q = math.exp(-1.0 / scale)
+    return (1 - q) / (1 + q) * np.exp(-np.abs(z) / scale)
+
+
+def _fit_pvalue(samples: np.ndarray, scale: float) -> float:
+    """Chi-square of the samples against the pmf; bins with ≥ 20 expected, tails pooled."""
+    n = len(samples)
+    half = 0
+    while 2 * half + 3 <= 200 and _pmf(scale, np.array([half + 1]))[0] * n >= 20:
+        half += 1
+    values = np.arange(-half, half + 1)
+    probs = _pmf(scale, values)
+    tail = (1.0 - probs.sum()) / 2
+    observed = [
+        np.sum(samples < -half),
+        *np.bincount(samples[np.abs(samples) <= half] + half, minlength=values.size),
+        np.sum(samples > half),
+    ]
+    expected = np.array([tail, *probs, tail]) * n
+    keep = expected > 0
+    return float(chisquare(np.array(observed)[keep], expected[keep]).pvalue)
+
+
+@pytest.mark.parametrize("scale", [0.7, 1 / 3, 3.0, 30 / 0.3, 1234.5])
+def test_samples_fit_the_discrete_laplace_pmf(scale: float) -> None:
+    # 30/0.3 is 100.00000000000001: a scale whose exact rational has a 2^46 denominator.
+    params = exact_parameters(scale)
+    assert params is not None
+    samples = discrete_laplace(200_000, *params)
+    assert samples.dtype == np.int64
+    assert _fit_pvalue(samples, scale) > P_THRESHOLD
+
+
+def test_samples_match_opendps_sampler_of_the_same_scale() -> None:
+    # chi-square test of homogeneity (contingency table of the two samples' bins), false
+    # failure ≤ 1e-8; OpenDP draws by the same algorithms in arbitrary precision.
+    scale = 6.0
+    mech = DiscreteLaplace(scale)
+    ours = np.asarray(mech.sample([0] * 100_000))
+    theirs = np.asarray(mech.opendp_measurement()(np.zeros(100_000, dtype=np.int64)))
+    edges = np.array([-np.inf, *range(-15, 16), np.inf])
+    table = np.array([np.histogram(ours, edges)[0], np.histogram(theirs, edges)[0]])
+    assert table.min() >= 5
+    assert chi2_contingency(table).pvalue > P_THRESHOLD
+
+
+def test_the_fit_test_detects_a_small_scale_error() -> None:
+    # Samples of scale 3.15 judged against the pmf of scale 3.0 must be rejected (a 5%
+    # error; not rejecting would need a deviation of > 10 standard deviations).
+    samples = discrete_laplace(400_000, *exact_parameters(3.15))  # type: ignore[misc]
+    assert _fit_pvalue(samples, 3.0) < P_THRESHOLD
+
+
+def test_a_tiny_scale_is_almost_always_zero_and_exact_scales_cover_the_config_range() -> None:
+    # scale 0.05: P(Z ≠ 0) = 2e^-20/(1+e^-20) ≈ 4e-9 per draw
+    samples = discrete_laplace(100_000, *exact_parameters(0.05))  # type: ignore[misc]
+    assert not samples.any()
+    for scale in (0.003, 0.05, 1.0, 33.333333333333336, 2**52 + 0.5, 1e12, 1e12 / 3):
+        assert exact_parameters(scale) is not None, scale
+    # Beyond 64-bit room the scale is OpenDP's, and sampling still works.
+    assert exact_parameters(1e-10) is None
+    assert exact_parameters(2.0**60) is None
+    assert len(DiscreteLaplace(1e-10).sample([3, 4])) == 2
+
+
+def test_values_plus_noise_saturate_like_64_bit_integers() -> None:
+    big = 2**63 - 1
+    noise = np.array([5, -5, 0, 7], dtype=np.int64)
+    assert add_noise([big - 2, -big, 12, -(2**40)], noise) == [big, -(2**63), 12, -(2**40) + 7]
+    wide = np.array([2**70, -3], dtype=object)
+    assert add_noise([1, 1], wide) == [big, -2]
