@@ -46,11 +46,14 @@ from typing import Any, Protocol
 import orjson
 
 from stream_dp.config.model import Config
+from stream_dp.errors import StreamDPError
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.auto_bounds import auto_seal_plan
 from stream_dp.pipeline.decode import BadRecord, Decoder
 from stream_dp.pipeline.partials import Partial, SourceWatermark, new_version
 from stream_dp.pipeline.placement import partition_function, pseudonym_partition
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
+from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.bounding import (
     Reservoirs,
     aggregate_bounded,
@@ -70,6 +73,10 @@ _ACCEPT, _LATE, _REPLAYED = 0, 1, 2
 
 #: (offset, Kafka record key, value)
 InputRecord = tuple[int, bytes | None, bytes | None]
+
+#: A partition holding a window for its bounds reports itself sealed this far before the
+#: window's end (the watermark of a source means: windows ending at or before it are out).
+HELD_MARGIN_S = 0.001
 
 #: The signature table is compacted once it holds at least this many entries and has doubled
 #: since it was last compacted.
@@ -96,6 +103,10 @@ class ReleasedWindows(Protocol):
 
     def released_earlier(self, window_start_s: int) -> bool: ...
 
+    def bounds_for(self, window_start_s: int) -> BoundsTriple | None:
+        """``bounds: auto``: the window's bounds, None while undecided (stage 1 waits)."""
+        ...
+
 
 class _NothingReleased:
     coverage_start_s: int | None = None
@@ -105,6 +116,9 @@ class _NothingReleased:
 
     def released_earlier(self, window_start_s: int) -> bool:
         return False
+
+    def bounds_for(self, window_start_s: int) -> BoundsTriple | None:
+        return None
 
 
 @dataclass(slots=True)
@@ -159,7 +173,11 @@ class IngestStage:
         )
         self.metrics = metrics if metrics is not None else Metrics()
         self._rng = sampling_rng if sampling_rng is not None else new_sampling_rng()
-        self.k = config.bounds.max_contributions_per_window
+        # reservoirs of k (under bounds: auto, of the cap: a window's k is applied at seal)
+        self._bounds = config.bounds.start_bounds().values()
+        self.k = config.bounds.cap_bounds().values()[0]
+        #: bounds: auto — windows due but held until their bounds are decided
+        self.awaiting_bounds: set[int] = set()
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
         #: Partitions of the stage-1 topic (what stage 2 waits for, and what placement is
         #: checked against); set by the transport.
@@ -197,6 +215,7 @@ class IngestStage:
         self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
         for q in self.queries:
             q.bind(self._signatures)
+        self._auto = auto_seal_plan(config, self.queries)
         self._state: dict[int, dict[int, _WindowPart]] = {}
         self._trackers: dict[int, WatermarkTracker] = {}
         self._sealed_s: dict[int, float] = {}
@@ -630,12 +649,23 @@ class IngestStage:
     def due(self, now_mono_s: float) -> list[tuple[int, int]]:
         """(partition, window) pairs whose partition watermark passed the window's end."""
         out: list[tuple[int, int]] = []
+        self.awaiting_bounds = set()
         for p, tracker in self._trackers.items():
             wm = tracker.watermark(now_mono_s)
             if wm is None:
                 continue
+            closed = sorted(ws for ws in self._state.get(p, {}) if self.windows.is_closed(ws, wm))
+            if self._auto is not None:
+                for i, ws in enumerate(closed):
+                    if self._windows_released.bounds_for(ws) is None:
+                        # bounds: auto — held until its bounds are decided; the partition
+                        # reports itself sealed up to (not including) this window
+                        self.awaiting_bounds.add(ws)
+                        wm = min(wm, self.windows.end_of(ws) - HELD_MARGIN_S)
+                        closed = closed[:i]
+                        break
             self._sealed_s[p] = wm
-            out.extend((p, ws) for ws in self._state.get(p, {}) if self.windows.is_closed(ws, wm))
+            out.extend((p, ws) for ws in closed)
         return sorted(out, key=lambda pw: (pw[1], pw[0]))
 
     def all_open(self) -> list[tuple[int, int]]:
@@ -648,10 +678,21 @@ class IngestStage:
     def seal(self, partition: int, window_start_s: int) -> list[Partial]:
         """The partition's exact bounded totals for the window, one partial per query."""
         part = self._state[partition][window_start_s]
-        users = list(merge_reservoirs([part.reservoirs], self.k, self._rng).values())
+        users: list[Sequence[int]] = list(
+            merge_reservoirs([part.reservoirs], self.k, self._rng).values()
+        )
         seen = part.reservoirs.events_seen
+        histograms: dict[str, list[int]] | None = None
+        bounds = self._bounds
+        if self._auto is not None:
+            decided = self._windows_released.bounds_for(window_start_s)
+            if decided is None:
+                raise StreamDPError("a window's bounds must be decided before it is sealed")
+            bounds = decided
+            histograms = self._auto.histograms(users, self._rng)
+            users = self._auto.subsample(users, bounds[0], self._rng)
+        _, max_keys, max_per_key = bounds
         retained = sum(len(items) for items in users)
-        bounds = self.config.bounds
         key_id = self.keyring.for_window(window_start_s).key_id
         version = new_version()
         out = []
@@ -659,8 +700,8 @@ class IngestStage:
             totals = aggregate_bounded(
                 users,
                 q.project,
-                max_keys=bounds.max_keys_per_user,
-                max_per_key=bounds.max_contributions_per_key,
+                max_keys=max_keys,
+                max_per_key=max_per_key,
                 rng=self._rng,
             )
             out.append(
@@ -677,6 +718,8 @@ class IngestStage:
                     events_retained=retained,
                     source_partitions=self.source_partitions,
                     key_id=key_id,
+                    bounds=bounds if self._auto is not None else None,
+                    histograms=histograms,
                 )
             )
         return out

@@ -35,12 +35,16 @@ import orjson
 
 from stream_dp.pipeline.partials import RECORD_OVERHEAD_BYTES, split_by_size
 from stream_dp.pipeline.records import SCHEMA_VERSION
+from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
 FENCE_PREFIX: Final = "__fence__|"
 PROGRESS_PREFIX: Final = "__progress__|"
 COVERAGE_KEY: Final = "__coverage__"
 ROTATION_PREFIX: Final = "__rotation__|"
+BOUNDS_PREFIX: Final = "__bounds__|"
+#: Decision records kept in the index (a few days of hourly windows; each is small).
+MAX_BOUNDS_DECISIONS: Final = 4096
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,67 @@ def encode_coverage(first_window_start_s: int, window_size_s: int) -> tuple[str,
     return COVERAGE_KEY, orjson.dumps(value)
 
 
+@dataclass(frozen=True)
+class BoundsDecision:
+    """The bounds a window uses under ``bounds: auto``, chosen from the window before it.
+
+    A deterministic function of that window's ledgered winners (its histograms and released
+    key counts): two owners racing for it write the same record; the first in log order
+    counts. ``means`` is what the choice read (the next choice compares against it).
+    """
+
+    window_start_s: int
+    max_contributions_per_window: int
+    max_keys_per_user: int | None
+    max_contributions_per_key: int | None
+    chosen_from_s: int
+    reason: str
+    means: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def bounds(self) -> tuple[int, int | None, int | None]:
+        return (
+            self.max_contributions_per_window,
+            self.max_keys_per_user,
+            self.max_contributions_per_key,
+        )
+
+
+def encode_bounds_decision(decision: BoundsDecision) -> tuple[str, bytes]:
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "bounds",
+        "window_start": iso_utc(decision.window_start_s),
+        "chosen_from": iso_utc(decision.chosen_from_s),
+        "max_contributions_per_window": decision.max_contributions_per_window,
+        "max_keys_per_user": decision.max_keys_per_user,
+        "max_contributions_per_key": decision.max_contributions_per_key,
+        "reason": decision.reason,
+        "means": dict(decision.means),
+    }
+    key = BOUNDS_PREFIX + iso_utc(decision.window_start_s)
+    return key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def _decode_bounds_decision(obj: Mapping[str, Any]) -> BoundsDecision:
+    def bound(name: str) -> int | None:
+        value = obj[name]
+        return None if value is None else int(value)
+
+    k = bound("max_contributions_per_window")
+    if k is None:
+        raise ValueError("a bounds record needs max_contributions_per_window")
+    return BoundsDecision(
+        window_start_s=epoch_of_iso(str(obj["window_start"])),
+        max_contributions_per_window=k,
+        max_keys_per_user=bound("max_keys_per_user"),
+        max_contributions_per_key=bound("max_contributions_per_key"),
+        chosen_from_s=epoch_of_iso(str(obj["chosen_from"])),
+        reason=str(obj["reason"]),
+        means={str(n): float(v) for n, v in obj.get("means", {}).items()},
+    )
+
+
 def encode_rotation(key_id: str, previous_key_id: str, rotate_at_s: float) -> tuple[str, bytes]:
     """A key rotation this deployment has applied (so a restart after it is not refused)."""
     value = {
@@ -193,6 +258,8 @@ class LedgerIndex:
         self.coverage_start_s: int | None = None
         #: Key rotations applied: (previous key id, key id, rotate_at epoch s).
         self.rotations: set[tuple[str, str, int]] = set()
+        #: ``bounds: auto``: per window, the bounds it uses (first record in log order).
+        self.bounds: dict[int, BoundsDecision] = {}
         #: Complete draws that lost to an earlier complete draw of the same (query, window).
         self.losing_draws = 0
         #: Records read, for the loaded-records metric and start-up logs.
@@ -230,6 +297,12 @@ class LedgerIndex:
         elif kind == "coverage":
             if self.coverage_start_s is None:
                 self.coverage_start_s = epoch_of_iso(str(obj["first_window_start"]))
+        elif kind == "bounds":
+            decision = _decode_bounds_decision(obj)
+            if decision.window_start_s not in self.bounds:
+                self.bounds[decision.window_start_s] = decision
+                if len(self.bounds) > MAX_BOUNDS_DECISIONS:
+                    del self.bounds[min(self.bounds)]
         elif kind == "rotation":
             self.rotations.add(
                 (
@@ -274,7 +347,8 @@ class LedgerIndex:
             delta_spent=parts.delta_spent,
             records=[r for i in range(parts.parts) for r in parts.received[i]],
             sources=parts.sources,
-            published=self._published.get(ident) == rid,
+            # a window's bounds histograms are ledgered like a query, never published
+            published=self._published.get(ident) == rid or ident[0] == BOUNDS_CHARGE,
         )
 
     def get(self, query: str, window_start_s: int) -> LedgerRelease | None:

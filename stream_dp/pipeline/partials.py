@@ -63,6 +63,10 @@ class Partial:
     #: partition, under one pseudonym, only within one layout).
     source_partitions: int = 1
     key_id: str = ""
+    #: ``bounds: auto``: the (k, L0, Linf) the totals were bounded with, and the source
+    #: partition's exact histograms of the window's users (internal, like the totals).
+    bounds: tuple[int, int | None, int | None] | None = None
+    histograms: Mapping[str, Sequence[int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,8 @@ class PartialPart:
     totals: list[tuple[GroupKey, KeyAggregate]]
     source_partitions: int = 1
     key_id: str = ""
+    bounds: tuple[int, int | None, int | None] | None = None
+    histograms: Mapping[str, Sequence[int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +140,10 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
         "events_seen": partial.events_seen,
         "events_retained": partial.events_retained,
     }
+    if partial.bounds is not None:
+        header["bounds"] = list(partial.bounds)
+    if partial.histograms is not None:
+        header["histograms"] = {n: list(v) for n, v in partial.histograms.items()}
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
     chunks = split_by_size(entries, budget, what=f"a partial of query {partial.query}")
     out = []
@@ -216,6 +226,8 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 events_retained=int(obj["events_retained"]),
                 source_partitions=int(obj.get("source_partitions", 1)),
                 key_id=str(obj.get("key_id", "")),
+                bounds=_bounds(obj.get("bounds")),
+                histograms=_histograms(obj.get("histograms")),
                 totals=[
                     (canonical_key(g), KeyAggregate(int(e), int(u), int(s)))
                     for g, e, u, s in obj["totals"]
@@ -224,6 +236,21 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise PartialFormatError(f"malformed partials record: {exc}") from None
     raise PartialFormatError(f"unknown partials record kind {kind!r}")
+
+
+def _bounds(value: Any) -> tuple[int, int | None, int | None] | None:
+    if value is None:
+        return None
+    k, l0, linf = value
+    return (int(k), None if l0 is None else int(l0), None if linf is None else int(linf))
+
+
+def _histograms(value: Any) -> dict[str, tuple[int, ...]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError("histograms must be an object")
+    return {str(n): tuple(int(v) for v in values) for n, values in value.items()}
 
 
 class PartialAssembler:
@@ -254,6 +281,8 @@ class PartialAssembler:
             events_retained=part.events_retained,
             source_partitions=part.source_partitions,
             key_id=part.key_id,
+            bounds=part.bounds,
+            histograms=part.histograms,
         )
         self._parts.clear()
         return True

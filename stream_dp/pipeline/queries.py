@@ -39,7 +39,9 @@ class CompiledQuery:
             )
         self.config = query
         self.name = query.name
-        self.plan: QueryPlan = plan_query(query, bounds)
+        # the first window's plan (under bounds: auto every window has its own: see
+        # ReleaseStage.plan_for)
+        self.plan: QueryPlan = plan_query(query, bounds.start_bounds())
         index = {f: i for i, f in enumerate(fields)}
         self._where = [
             (index[f], frozenset(map(canonical_value, v if isinstance(v, list) else [v])))

@@ -33,6 +33,7 @@ from stream_dp.pipeline.ingest import DeadLetter, InputRecord
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
 from stream_dp.pipeline.local import LocalPipeline
 from stream_dp.pipeline.records import dead_letter_record
+from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.privacy.pseudonymize import KeyRing
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ class ReplayResult:
     coverage_start_s: int | None = None
     lines_read: int = 0
     notes: list[str] = field(default_factory=list)
+    #: ``bounds: auto``: each window's ledgered histograms (``#bounds``, never published;
+    #: their ε is charged to the window like a query's).
+    bounds_releases: list[LedgerRelease] = field(default_factory=list)
 
     @property
     def usable(self) -> int:
@@ -136,7 +140,9 @@ def replay_file(
             ledger_sink=append if sink is not None else None,
             retain_ledger=True,
         )
-        result.releases = _run(pipeline, path, result)
+        covered = _run(pipeline, path, result)
+        result.releases = [r for r in covered if r.query != BOUNDS_CHARGE]
+        result.bounds_releases = [r for r in covered if r.query == BOUNDS_CHARGE]
     finally:
         if sink is not None:
             sink.close()
