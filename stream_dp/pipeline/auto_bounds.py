@@ -158,6 +158,32 @@ def noisy_from_release(release: LedgerRelease) -> NoisyHistograms:
     )
 
 
+def _carried(noisy: NoisyHistograms) -> dict[str, Any]:
+    """Released histograms as a decision record carries them to the next choice."""
+    return {
+        "counts": {n: list(v) for n, v in noisy.counts.items()},
+        "noise_scales": dict(noisy.scales),
+        "epsilon": noisy.epsilon,
+    }
+
+
+def _from_carried(
+    carried: Mapping[str, Any] | None, layout: HistogramLayout
+) -> NoisyHistograms | None:
+    """The histograms a decision record carries, if they fit the layout (a record written
+    under another configuration does not)."""
+    if carried is None:
+        return None
+    counts = {str(n): tuple(int(v) for v in c) for n, c in carried["counts"].items()}
+    if {n: len(v) for n, v in counts.items()} != layout.sizes():
+        return None
+    return NoisyHistograms(
+        counts=counts,
+        epsilon=float(carried["epsilon"]),
+        scales={str(n): float(v) for n, v in carried["noise_scales"].items()},
+    )
+
+
 def decide_next(
     schedule: BoundsSchedule,
     *,
@@ -178,14 +204,16 @@ def decide_next(
         )
         return encode_bounds_decision(decision)
     before = schedule.decision_of(window_start_s)
+    noisy = noisy_from_release(histograms)
     choice = choose_bounds(
-        noisy_from_release(histograms),
+        noisy,
         plan.layout,
         spec=plan.spec,
         current=current,
         queries=plan.models,
         released=released,
         means_before=None if before is None else before.means,
+        previous=None if before is None else _from_carried(before.histograms, plan.layout),
     )
     decision = BoundsDecision(
         nxt,
@@ -193,6 +221,7 @@ def decide_next(
         chosen_from_s=window_start_s,
         reason=choice.reason,
         means={n: round(v, 6) for n, v in choice.means.items()},
+        histograms=_carried(noisy),
     )
     return encode_bounds_decision(decision)
 

@@ -169,8 +169,10 @@ class BoundsDecision:
     """The bounds a window uses under ``bounds: auto``, chosen from the window before it.
 
     A deterministic function of that window's ledgered winners (its histograms and released
-    key counts): two owners racing for it write the same record; the first in log order
-    counts. ``means`` is what the choice read (the next choice compares against it).
+    values): two owners racing for it write the same record; the first in log order counts.
+    ``means`` is what the choice read and ``histograms`` what it read them from (the noisy
+    histograms of ``chosen_from``, already released): the next choice compares its own with
+    them and averages over both.
     """
 
     window_start_s: int
@@ -180,6 +182,8 @@ class BoundsDecision:
     chosen_from_s: int
     reason: str
     means: Mapping[str, float] = field(default_factory=dict)
+    #: {"counts": {name: [bins]}, "noise_scales": {name: b}, "epsilon": ε} or None
+    histograms: Mapping[str, Any] | None = None
 
     @property
     def bounds(self) -> tuple[int, int | None, int | None]:
@@ -201,6 +205,7 @@ def encode_bounds_decision(decision: BoundsDecision) -> tuple[str, bytes]:
         "max_contributions_per_key": decision.max_contributions_per_key,
         "reason": decision.reason,
         "means": dict(decision.means),
+        "histograms": None if decision.histograms is None else dict(decision.histograms),
     }
     key = BOUNDS_PREFIX + iso_utc(decision.window_start_s)
     return key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
@@ -222,6 +227,7 @@ def _decode_bounds_decision(obj: Mapping[str, Any]) -> BoundsDecision:
         chosen_from_s=epoch_of_iso(str(obj["chosen_from"])),
         reason=str(obj["reason"]),
         means={str(n): float(v) for n, v in obj.get("means", {}).items()},
+        histograms=obj.get("histograms"),
     )
 
 

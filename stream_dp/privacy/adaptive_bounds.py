@@ -94,6 +94,9 @@ MIN_SIGNAL_SDS = 4.0
 SUPPORT_Z = 2.0
 
 
+#: With events and keys per user (no per-key histograms), the events histogram's share of ε_h.
+EVENTS_WEIGHT = 0.7
+
 #: Keys per user are small numbers where one more key matters: their bins are exact up to
 #: here (then doubling, like the others).
 EXACT_KEY_BINS = 8
@@ -186,7 +189,16 @@ def make_layout(
         if per_key_cap is not None:
             names.append(PER_KEY_PREFIX + p)
             edges[PER_KEY_PREFIX + p] = geometric_edges(per_key_cap)
-    return HistogramLayout(tuple(names), edges, {p: tuple(q) for p, q in projections.items()})
+    weights: dict[str, float] = {}
+    keyed = [n for n in names if n.startswith(KEYS_PREFIX)]
+    if events and keyed and not any(n.startswith(PER_KEY_PREFIX) for n in names):
+        # events and keys per user only: keys per user sit in a few exact bins holding
+        # most users, while k is decided in the sparse tail of events per user, which gets
+        # the larger share (measured: bench/auto_bounds.py)
+        weights = {EVENTS: EVENTS_WEIGHT, **{n: (1 - EVENTS_WEIGHT) / len(keyed) for n in keyed}}
+    return HistogramLayout(
+        tuple(names), edges, {p: tuple(q) for p, q in projections.items()}, weights
+    )
 
 
 class UserHistograms:
@@ -208,14 +220,14 @@ class UserHistograms:
             if not counts:
                 continue
             keys = self._counts.get(KEYS_PREFIX + p)
+            if keys is not None:
+                keys[bin_of(self.layout.edges[KEYS_PREFIX + p], len(counts))] += 1
             per_key = self._counts.get(PER_KEY_PREFIX + p)
-            if keys is None or per_key is None:
-                continue
-            keys[bin_of(self.layout.edges[KEYS_PREFIX + p], len(counts))] += 1
-            # which key stands for the user is the user's own business (like the
-            # reservoir's choice): it cannot change the sensitivity
-            picked = counts[self._rng.randrange(len(counts))]
-            per_key[bin_of(self.layout.edges[PER_KEY_PREFIX + p], picked)] += 1
+            if per_key is not None:
+                # which key stands for the user is the user's own business (like the
+                # reservoir's choice): it cannot change the sensitivity
+                picked = counts[self._rng.randrange(len(counts))]
+                per_key[bin_of(self.layout.edges[PER_KEY_PREFIX + p], picked)] += 1
 
     def counts(self) -> dict[str, list[int]]:
         return {n: list(v) for n, v in self._counts.items()}
@@ -511,32 +523,73 @@ def choose_bounds(
     queries: Sequence[QueryModel],
     released: Mapping[str, Sequence[float]],
     means_before: Mapping[str, float] | None = None,
+    previous: NoisyHistograms | None = None,
 ) -> BoundsChoice:
-    """The next window's bounds from this window's released histograms (post-processing).
+    """The next window's bounds from released histograms (post-processing).
 
     ``released``: per query, the values the window released (K_q is how many; for private
     keys they say how far each key stood above the selection threshold).
-    ``means_before``: the means the previous window's choice read (its ``means``). The
-    values are stretched by the trend from there to here — the next window is expected to
-    move on as this one did (events per user doubling over a day, say) — clamped to a
-    factor of MAX_TREND.
+    ``means_before``: what the previous window's choice read (its ``means``). The values are
+    stretched by the trend from there to here — the next window is expected to move on as
+    this one did (events per user growing through a day, say) — clamped to MAX_TREND.
+    ``previous``: the previous window's histograms. When given, the estimate is the mean of
+    this window's and the previous window's (stretched by the trend twice): two noisy
+    estimates of the next window, so half the variance when the stream holds its course.
     """
     fitted = distributions(noisy, layout)
     means = {n: d.quantile(TREND_QUANTILE) for n, d in fitted.items()}
     if _too_little_signal(noisy, layout):
         return BoundsChoice(current, "kept: too few users in the histograms", means=means)
     before = means_before or {}
-    dists = {
-        n: Distribution(d.edges, d.counts, trend_stretch(means[n], before.get(n)))
-        for n, d in fitted.items()
-    }
+    trend = {n: trend_stretch(means[n], before.get(n)) for n in fitted}
+    sources = [{n: Distribution(d.edges, d.counts, trend[n]) for n, d in fitted.items()}]
+    if previous is not None and before and not _too_little_signal(previous, layout):
+        earlier = distributions(previous, layout)
+        sources.append(
+            {
+                n: Distribution(d.edges, d.counts, min(MAX_TREND, trend[n] ** 2))
+                for n, d in earlier.items()
+            }
+        )
+    grids = _grids(layout, spec, fitted)
+    objective = np.mean(
+        [_objective(dists, grids, queries, released) for dists in sources], axis=0
+    )
+    # The smallest estimate; ties go to the smallest bounds (a larger L0 that costs no
+    # noise still raises the users a private key needs). Deterministic: a function of the
+    # releases alone.
+    K, L0, LINF = grids.K, grids.L0, grids.LINF
+    flat = objective.ravel()
+    order = np.lexsort((LINF.ravel(), L0.ravel(), K.ravel(), np.round(flat, 9)))
+    best = int(order[0])
+    k, l0, linf = int(K.ravel()[best]), int(L0.ravel()[best]), int(LINF.ravel()[best])
+    chosen: BoundsTriple = (k, l0 or None, linf or None)
+    return BoundsChoice(chosen, "min_expected_error", float(flat[best]), means)
 
+
+@dataclass(frozen=True)
+class _Grids:
+    """Every candidate (k, L0, Linf) as arrays of one shape (0: the bound is not set)."""
+
+    ks: np.ndarray
+    l0s: np.ndarray
+    linfs: np.ndarray
+    K: np.ndarray
+    L0: np.ndarray
+    LINF: np.ndarray
+    l0_eff: np.ndarray
+    l1_count: np.ndarray
+    l2_count: np.ndarray
+
+
+def _grids(
+    layout: HistogramLayout, spec: AutoSpec, dists: Mapping[str, Distribution]
+) -> _Grids:
     def grid(name: str, hist: str | None, fixed: int | None, cap: int) -> np.ndarray:
         if name not in spec.auto or hist is None:
             return np.array([fixed if fixed is not None else 0], dtype=np.int64)
         if name == "l0":
-            # keys: the bins' edges (powers of two) — a margin against a user taking up
-            # one more key next window, which drops far more than one more key costs
+            # keys: the bins' edges (exact up to 8, then powers of two)
             return np.array([e for e in layout.edges[hist] if e <= cap], dtype=np.int64)
         return np.array(candidates(cap), dtype=np.int64)
 
@@ -546,16 +599,33 @@ def choose_bounds(
     ks = grid("k", EVENTS if EVENTS in dists else None, spec.k, spec.k)
     l0s = grid("l0", keys_hist if keys_hist in dists else None, spec.l0, spec.l0 or 0)
     linfs = grid("linf", per_key_hist if per_key_hist in dists else None, spec.linf, spec.linf or 0)
-    # 0 stands for "not set" in the arrays
     mesh = np.meshgrid(ks, l0s, linfs, indexing="ij")
     K: np.ndarray = mesh[0]
     L0: np.ndarray = mesh[1]
     LINF: np.ndarray = mesh[2]
     l0_eff = np.where(L0 == 0, K, np.minimum(L0, K))
     linf_eff = np.where(LINF == 0, K, np.minimum(LINF, K))
-    l1_count = np.minimum(K, l0_eff * linf_eff)
-    l2_count = np.sqrt(_count_l2_squared(K, l0_eff, linf_eff).astype(np.float64))
+    return _Grids(
+        ks,
+        l0s,
+        linfs,
+        K,
+        L0,
+        LINF,
+        l0_eff,
+        np.minimum(K, l0_eff * linf_eff),
+        np.sqrt(_count_l2_squared(K, l0_eff, linf_eff).astype(np.float64)),
+    )
 
+
+def _objective(
+    dists: Mapping[str, Distribution],
+    g: _Grids,
+    queries: Sequence[QueryModel],
+    released: Mapping[str, Sequence[float]],
+) -> np.ndarray:
+    """J of every candidate (see the module docstring) from one estimate of the data."""
+    ks, l0s, linfs, K, l0_eff = g.ks, g.l0s, g.linfs, g.K, g.l0_eff
     events = dists.get(EVENTS)
     drop_k = np.array([events.excess(int(k)) if events else 0.0 for k in ks])
     total_events = events.total if events else 0.0
@@ -597,7 +667,7 @@ def choose_bounds(
                 + per_pair[:, :, None] * drop_per_key[:, None, :]
             )
             sensitivity = (
-                l1_count.astype(np.float64) if q.mechanism == "discrete_laplace" else l2_count
+                g.l1_count.astype(np.float64) if q.mechanism == "discrete_laplace" else g.l2_count
             )
         error = dropped / n_keys + mean_abs_noise(
             q.mechanism, sensitivity * q.scale_per_sensitivity
@@ -612,21 +682,8 @@ def choose_bounds(
             )
             error = error + costs[np.searchsorted(options, l0_eff)] / n_keys
         objective = objective + error
-    # Near-ties (within NEAR_TIE of the smallest estimate) go to the smallest k, then the
-    # largest L0 and Linf: once k binds, a looser L0 or Linf costs no noise, and it keeps
-    # a user who takes up one more key next window. Deterministic: a function of the
-    # release alone.
-    flat = objective.ravel()
-    near = flat <= flat.min() * (1 + NEAR_TIE) + 1e-12
-    order = np.lexsort((-LINF.ravel(), -L0.ravel(), K.ravel(), ~near))
-    best = int(order[0])
-    k, l0, linf = int(K.ravel()[best]), int(L0.ravel()[best]), int(LINF.ravel()[best])
-    chosen: BoundsTriple = (k, l0 or None, linf or None)
-    return BoundsChoice(chosen, "min_expected_error", float(flat[best]), means)
+    return objective
 
-
-#: Candidates whose estimate is within this fraction of the smallest count as tied.
-NEAR_TIE = 0.01
 
 #: The selection term looks at this many released keys, the smallest (the ones at risk).
 MAX_KEYS_AT_RISK = 2000
