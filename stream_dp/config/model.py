@@ -383,7 +383,7 @@ class AutoBoundsConfig(_Section):
     """
 
     epsilon_share: float = Field(
-        0.1,
+        0.2,
         ge=0.01,
         le=0.5,
         allow_inf_nan=False,

@@ -28,7 +28,7 @@ SCHEMA = Path(__file__).parents[2] / "stream_dp" / "privacy" / "plan.schema.json
 
 def _data(bounds: dict[str, Any], *queries: dict[str, Any], **privacy: Any) -> dict[str, Any]:
     qs = list(queries) or [
-        {"name": "visits", "group_by": ["domain"], "epsilon": 0.9, "delta": 1e-6}
+        {"name": "visits", "group_by": ["domain"], "epsilon": 0.8, "delta": 1e-6}
     ]
     return {
         "privacy": {"epsilon_per_window": 1.0, "delta_per_window": 1e-6, **privacy},
@@ -69,21 +69,21 @@ def test_auto_bounds_start_at_their_start_values_and_stop_at_their_caps() -> Non
 def test_the_histograms_share_is_charged_to_every_window_exactly() -> None:
     config = parse_config(
         _data(
-            {**ALL_AUTO, "auto": {"epsilon_share": 0.1}},
+            {**ALL_AUTO, "auto": {"epsilon_share": 0.2}},
             horizon_windows=24,
             max_epsilon_per_horizon=24.0,
         )
     )
     plan = plan_config(config)
-    assert config.bounds_epsilon == 0.1
+    assert config.bounds_epsilon == 0.2
     assert plan.auto_bounds is not None
-    assert plan.auto_bounds.epsilon == 0.1
+    assert plan.auto_bounds.epsilon == 0.2
     assert plan.window.epsilon == pytest.approx(1.0, rel=1e-15)
     assert plan.horizon.epsilon == pytest.approx(24.0, rel=1e-15)
     assert plan.window.delta == 1e-6  # the histograms are pure ε-DP
     # 1 + 2 projections' worth of histograms: events, keys/p0, per_key/p0 → H = 3
     assert plan.auto_bounds.layout.names == ("events", "keys/p0", "per_key/p0")
-    assert plan.auto_bounds.noise_scales == {n: 3 / 0.1 for n in plan.auto_bounds.layout.names}
+    assert plan.auto_bounds.noise_scales == {n: 3 / 0.2 for n in plan.auto_bounds.layout.names}
 
 
 def test_queries_and_histograms_over_the_window_budget_are_refused_naming_the_share() -> None:
@@ -95,8 +95,8 @@ def test_queries_and_histograms_over_the_window_budget_are_refused_naming_the_sh
             )
         )
     message = str(info.value)
-    assert f"{BOUNDS_CHARGE} (bounds.auto.epsilon_share)=0.1" in message
-    assert "1.1" in message
+    assert f"{BOUNDS_CHARGE} (bounds.auto.epsilon_share)=0.2" in message  # the default
+    assert "1.2" in message
 
 
 def test_auto_bounds_are_refused_with_cumulative_queries() -> None:
@@ -145,7 +145,7 @@ def test_a_cap_whose_noise_would_leave_64_bit_arithmetic_is_refused_at_load() ->
         "granularity": 1,
         "group_by": ["shop"],
         "keys": {"shop": ["a"]},
-        "epsilon": 0.9,
+        "epsilon": 0.8,
     }
     parse_config(_data({"max_contributions_per_window": 10}, {**query, "epsilon": 1.0}))
     with pytest.raises(ConfigError, match="query spend"):
@@ -187,12 +187,12 @@ def test_plan_shows_the_split_and_its_json_validates(
     assert main(["plan", "--config", str(path)]) == 0
     text = capsys.readouterr().out
     assert "auto bounds" in text
-    assert "split: queries eps=0.9 + bounds histograms eps=0.1" in text
+    assert "split: queries eps=0.8 + bounds histograms eps=0.2" in text
     assert main(["plan", "--config", str(path), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     jsonschema.validate(plan, json.loads(SCHEMA.read_text(encoding="utf-8")))
     auto = plan["bounds"]["auto"]
-    assert auto["epsilon"] == 0.1
+    assert auto["epsilon"] == 0.2
     assert auto["l1_sensitivity"] == 3
     assert auto["start"] == {
         "max_contributions_per_window": 40,

@@ -5,6 +5,7 @@ stage-2 check, the exact accounting of the histograms and the records' schemas."
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -15,9 +16,16 @@ from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.auto_bounds import bounds_config, decide_next, released_values
 from stream_dp.pipeline.ingest import InputRecord
-from stream_dp.pipeline.ledger import LedgerRelease, encode_release
+from stream_dp.pipeline.ledger import (
+    BoundsDecision,
+    LedgerIndex,
+    LedgerRelease,
+    encode_bounds_decision,
+    encode_release,
+)
 from stream_dp.pipeline.local import LocalPipeline
 from stream_dp.pipeline.partials import Partial, encode_partial
+from stream_dp.pipeline.replay import replay_file
 from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.privacy.planner import plan_config, plan_query
 from stream_dp.privacy.release import KeyAggregate
@@ -304,3 +312,38 @@ def test_every_record_of_an_auto_window_matches_its_schema() -> None:
     for rel in pipeline.release.ledger.releases():
         for _key, value in encode_release(rel, now_s=NOW, max_bytes=MB):
             ledger_schema.validate(orjson.loads(value))
+
+
+def test_the_first_bounds_record_in_log_order_counts_for_every_reader() -> None:
+    first = BoundsDecision(T0 + SIZE, 50, 3, None, chosen_from_s=T0, reason="min_expected_error")
+    later = BoundsDecision(T0 + SIZE, 900, 8, 40, chosen_from_s=T0, reason="min_expected_error")
+    log = [encode_bounds_decision(first), encode_bounds_decision(later)]
+    for reader in (LedgerIndex(), LedgerIndex()):
+        reader.load(log)
+        assert reader.bounds[T0 + SIZE].bounds == (50, 3, None)
+    again = LedgerIndex()
+    again.load(log[:1])
+    assert again.bounds[T0 + SIZE] == first  # the record reads back as written
+
+
+def test_replay_with_a_ledger_keeps_every_windows_bounds_and_draws(tmp_path: Path) -> None:
+    config = _config(
+        {"max_contributions_per_window": "auto", "max_keys_per_user": "auto"},
+        exact=False,
+        share=0.2,
+    )
+    events = tmp_path / "events.jsonl"
+    records = _events(0, 500, 4) + _events(1, 500, 7, 5000) + _events(2, 500, 9, 10_000)
+    events.write_bytes(b"\n".join(v for _, _, v in records) + b"\n")
+    ledger = tmp_path / "ledger.jsonl"
+    first = replay_file(config, KEYRING, events, ledger_path=ledger)
+    second = replay_file(config, KEYRING, events, ledger_path=ledger)
+    assert first.drawn == 3 and second.drawn == 0 and second.from_ledger == 3
+
+    def shown(result: Any) -> list[Any]:
+        return [r.value for rel in result.releases for r in rel.records]
+
+    assert shown(second) == shown(first)  # the same values and the same bounds per window
+    bounds = [rel.records[-1].value["bounds"] for rel in first.releases]
+    assert bounds[0]["chosen"] == "start"
+    assert all(b["chosen"] == "min_expected_error" for b in bounds[1:])
