@@ -567,7 +567,9 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     drift = result["drift"]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
     for row in drift["rows"]:
         xs = list(range(1, len(row["per_window"]) + 1))
         top.plot(xs, [w["mae"] for w in row["per_window"]], marker="o", label=row["method"])
@@ -578,6 +580,8 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
     top.set_title("Drifting stream: error per window at equal ε (mean over runs)")
     top.legend(fontsize=8)
     bottom.set_ylabel("keys kept")
+    bottom.set_ylim(0, drift["true_keys"] + 1)
+    top.set_ylim(bottom=0)
     bottom.set_xlabel("window")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
