@@ -172,8 +172,26 @@ class ReleaseStage:
         return window_start_s < self._cursor_read.get(r, self._first_on(r))
 
     def bounds_for(self, window_start_s: int) -> BoundsTriple | None:
-        """The bounds of a window (None under bounds: auto until they are decided)."""
-        return self.schedule.bounds_for(window_start_s, self.coverage_start_s)
+        """The bounds of a window (None under bounds: auto until they are decided).
+
+        The releaser of the window before writes the decision to that window's ledger
+        partition before its progress record. So once a progress record read from the ledger
+        says the window before is released and no decision came before it, none will: that
+        window was released by a version or configuration without ``bounds: auto`` (a
+        deployment switching to it), and the start values apply — a held window must not
+        wait for ever.
+        """
+        bounds = self.schedule.bounds_for(window_start_s, self.coverage_start_s)
+        if bounds is None and self._released_in_ledger(window_start_s - self.windows.size_s):
+            return self.schedule.start
+        return bounds
+
+    def _released_in_ledger(self, window_start_s: int) -> bool:
+        """Whether a progress record read from the ledger covers the window."""
+        if self.ledger.partials_partitions != self.partials_partitions:
+            return False
+        r = self.windows.partition_of(window_start_s, self.partials_partitions)
+        return window_start_s < self.ledger.progress.get(r, window_start_s)
 
     def plan_for(self, q: CompiledQuery, bounds: BoundsTriple) -> QueryPlan:
         """The query's plan for a window bounded with ``bounds`` (noise calibrated to them)."""

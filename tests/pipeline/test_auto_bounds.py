@@ -21,6 +21,7 @@ from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
     encode_bounds_decision,
+    encode_progress,
     encode_release,
 )
 from stream_dp.pipeline.local import LocalPipeline
@@ -63,7 +64,9 @@ def _config(
             "horizon_windows": 4,
             "max_epsilon_per_horizon": 4 * epsilon,
         },
-        "bounds": {**bounds, "auto": {"epsilon_share": share}},
+        "bounds": {**bounds, "auto": {"epsilon_share": share}}
+        if "auto" in bounds.values()
+        else bounds,
         "queries": [q],
         "metrics": {"enabled": False},
     }
@@ -347,3 +350,34 @@ def test_replay_with_a_ledger_keeps_every_windows_bounds_and_draws(tmp_path: Pat
     bounds = [rel.records[-1].value["bounds"] for rel in first.releases]
     assert bounds[0]["chosen"] == "start"
     assert all(b["chosen"] == "min_expected_error" for b in bounds[1:])
+
+
+def test_a_deployment_switching_to_auto_starts_from_the_start_values() -> None:
+    # Windows released before the switch have no bounds decision in the ledger, and none
+    # will come: once the ledger says the window before was released, the start values
+    # apply (a held window never waits for ever).
+    before, _ = _pipeline(_config({"max_contributions_per_window": 5}, share=0.0))
+    before.ingest(0, _events(0, 20, 3), now_s=NOW, now_mono_s=0.0)
+    released = before.finish(now_s=NOW)
+    assert {r.window_start_s for r in released} == {T0}
+    log = [
+        kv
+        for rel in before.release.ledger.releases()
+        for kv in encode_release(rel, now_s=NOW, max_bytes=MB)
+    ]
+    progress = encode_progress(0, 1, T0 + SIZE)
+    ledger = LedgerIndex()
+    ledger.load([*log, progress])
+    auto = LocalPipeline(
+        _config({"max_contributions_per_window": "auto"}),
+        KEYRING,
+        ledger=ledger,
+        metrics=Metrics(),
+        sampling_rng=random.Random(0),
+        retain_ledger=True,
+    )
+    assert auto.release.bounds_for(T0 + SIZE) == (40, None, None)
+    auto.ingest(0, _events(1, 20, 3, 100), now_s=NOW, now_mono_s=0.0)
+    (rel,) = [r for r in auto.finish(now_s=NOW) if r.query == "visits"]
+    assert rel.window_start_s == T0 + SIZE
+    assert _window_record(rel)["bounds"]["max_contributions_per_window"] == 40
