@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from bench import continual
+from bench import auto_bounds, continual
 
 #: (name, goal) of every target, in the order of the results table (issue 15's table, then
 #: utility against PipelineDP).
@@ -297,6 +297,8 @@ def write(results: dict[str, Any], out: Path) -> None:
     write_workers_plot(results, out / "scaling_workers.png")
     if "continual" in results:
         continual.write_plot(results["continual"], out / continual.PLOT_NAME)
+    if "auto_bounds" in results:
+        auto_bounds.write_plot(results["auto_bounds"], out / auto_bounds.PLOT_NAME)
     (out / "RESULTS.md").write_text(markdown(results), encoding="utf-8")
 
 
@@ -534,6 +536,8 @@ def markdown(r: dict[str, Any]) -> str:
         )
     if "continual" in r:
         lines += ["", *continual.section(r["continual"])]
+    if "auto_bounds" in r:
+        lines += ["", *auto_bounds.section(r["auto_bounds"])]
     lines += _profile_section(r)
     lines += ["", "## What limits throughput", ""]
     lines += [f"- {note}" for note in r.get("notes", [])]

@@ -2,7 +2,8 @@
 
 Starts its own embedded broker, measures throughput (raw consumer, worker, Faust), scale-out
 over 1, 2 and 3 worker processes, in-process scaling of the pipeline stages, state size and
-utility against PipelineDP and continual release (running totals, simulated without Kafka),
+utility against PipelineDP, automatic bounds against fixed bounds and PipelineDP (section 6)
+and continual release (running totals, simulated without Kafka),
 deletes its topics, stops the broker and writes ``RESULTS.md``, ``results.json``,
 ``throughput.png``, ``scaling_workers.png`` and ``continual_rmse.png`` into ``--out``
 (default: the ``bench`` folder). ``smoke`` takes about a minute and exists for the test.
@@ -186,6 +187,7 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
         sizes["windows"], sizes["keys"], sizes["keys_long"], log=_log
     )
     results["continual"]["size"] = size
+    results["auto_bounds"] = utility.measure_auto_bounds(size, log=_log)
     results["total_seconds"] = time.perf_counter() - started
     results["machine"]["loadavg_at_end"] = report.loadavg()
     report.write(results, out)

@@ -155,6 +155,16 @@ def pipeline_dp_run(events: list[dict[str, Any]], bounds: dict[str, int]) -> dic
     return {domain: round(metrics.count) for domain, metrics in result}
 
 
+def measure_auto_bounds(size: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Automatic bounds (``bounds: auto``) on the anchor data and a drifting stream against
+    fixed bounds and PipelineDP at equal ε per window: see :mod:`bench.auto_bounds`."""
+    from bench import auto_bounds
+
+    result = auto_bounds.measure(auto_bounds.SIZES[size], log=log)
+    result["size"] = size
+    return result
+
+
 def _score(released: dict[str, int], truth: Counter[str]) -> tuple[float, int]:
     if not released:
         return float("nan"), 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -236,6 +237,31 @@ def _continual_block(q: QueryPlan) -> list[str]:
     return lines
 
 
+def _auto_bounds_lines(plan: ConfigPlan) -> list[str]:
+    """bounds: auto — start values, caps, the histograms and what they cost."""
+    auto = plan.auto_bounds
+    assert auto is not None
+    d = auto.describe()
+    short = {
+        "max_contributions_per_window": "k",
+        "max_keys_per_user": "L0",
+        "max_contributions_per_key": "Linf",
+    }
+    chosen = ", ".join(
+        f"{short[n]} (start {d['start'][n]}, at most {d['cap'][n]})" for n in d["chosen"]
+    )
+    names = ", ".join(h["name"] for h in d["histograms"])
+    scales = "/".join(sorted({_num(v) for v in auto.noise_scales.values()}))
+    return [
+        f"auto bounds  {chosen}: the first window uses the start values; each window spends "
+        f"eps={_num(auto.epsilon)} on {auto.layout.count} DP histograms ({names}; discrete "
+        f"Laplace, scale {scales} per bin) and the bounds that minimise the "
+        "estimated error apply to the next window",
+        "             the noise below is the first window's; every window record states the "
+        "bounds it used",
+    ]
+
+
 def _origin_lines(origin: ConfigOrigin) -> list[str]:
     """Which keys the environment set (their values are not shown: they may be secrets)."""
     if not origin.environment:
@@ -264,6 +290,8 @@ def render_table(
         f"L0={b.max_keys_per_user or '-'} keys/user, Linf={b.max_contributions_per_key or '-'} "
         "events/key"
     )
+    if plan.auto_bounds is not None:
+        lines.extend(_auto_bounds_lines(plan))
     lines.append("")
     rows = [["query", "statistic", "eps", "delta", "mechanism", "scale", "95% CI", "selection"]]
     for q in plan.queries:
@@ -291,6 +319,13 @@ def render_table(
     )
     if w.epsilon_zcdp is not None:
         lines.append(f"             eps={_num(w.epsilon_zcdp)} with Gaussian parts in zCDP")
+    if plan.auto_bounds is not None:
+        auto = plan.auto_bounds
+        queries = math.fsum(q.epsilon for q in plan.queries)
+        lines.append(
+            f"             split: queries eps={_num(queries)} + bounds histograms "
+            f"eps={_num(auto.epsilon)} ({_num(100 * auto.epsilon_share)}% of the window budget)"
+        )
     lines.append(
         f"horizon      {h.windows} windows: eps={_num(h.epsilon)} of cap "
         f"{_num(plan.max_epsilon_per_horizon)}, delta={_num(h.delta)} (basic composition)"

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -31,7 +32,13 @@ from pydantic import (
 )
 
 from stream_dp.config.erasure import ErasureConfig, erasure_problem, fill_erasure_defaults
-from stream_dp.privacy.budget import QueryShare, check_horizon_budget, check_window_budget
+from stream_dp.errors import ConfigError
+from stream_dp.privacy.budget import (
+    BOUNDS_CHARGE,
+    QueryShare,
+    check_horizon_budget,
+    check_window_budget,
+)
 from stream_dp.privacy.continual.binary_tree import MAX_TREE_HORIZON, MIN_HORIZON_WINDOWS
 from stream_dp.privacy.continual.sqrt_factorization import MAX_SQRT_HORIZON
 from stream_dp.privacy.group_values import (
@@ -387,16 +394,158 @@ class PrivacyConfig(_Section):
         return value
 
 
+#: A bound chosen by the service, window by window (see :class:`AutoBoundsConfig`).
+Auto = Literal["auto"]
+#: Default start values of bounds set to ``auto`` (the first covered window uses them).
+AUTO_START_DEFAULTS = {
+    "max_contributions_per_window": 40,
+    "max_keys_per_user": 5,
+    "max_contributions_per_key": 10,
+}
+#: Default caps of bounds set to ``auto``: the largest value auto may choose. Stage 1 keeps
+#: reservoirs of the k cap, so it costs memory for heavy users.
+AUTO_CAP_DEFAULTS = {
+    "max_contributions_per_window": 1000,
+    "max_keys_per_user": 64,
+    "max_contributions_per_key": 1000,
+}
+BOUND_NAMES = tuple(AUTO_START_DEFAULTS)
+
+
+class BoundValues(_Section):
+    """One value per bound (``bounds.auto.start`` / ``bounds.auto.cap``); unset keys take
+    the defaults."""
+
+    max_contributions_per_window: int | None = Field(None, ge=1, le=MAX_CONTRIBUTIONS)
+    max_keys_per_user: int | None = Field(None, ge=1, le=MAX_CONTRIBUTIONS)
+    max_contributions_per_key: int | None = Field(None, ge=1, le=MAX_CONTRIBUTIONS)
+
+
+class AutoBoundsConfig(_Section):
+    """How bounds set to ``auto`` are chosen (README "Automatic bounds").
+
+    Every window spends ``epsilon_share`` × ``privacy.epsilon_per_window`` on differentially
+    private histograms of its users' contributions; the bounds that minimise the expected
+    error of the released values, estimated from them, apply to the *next* window. The first
+    covered window uses ``start``; no window uses more than ``cap``.
+    """
+
+    epsilon_share: float = Field(
+        0.2,
+        ge=0.01,
+        le=0.5,
+        allow_inf_nan=False,
+        description="share of privacy.epsilon_per_window each window spends on the histograms "
+        "that choose the next window's bounds",
+    )
+    start: BoundValues = Field(default_factory=BoundValues)
+    cap: BoundValues = Field(default_factory=BoundValues)
+
+    def start_value(self, name: str) -> int:
+        value = getattr(self.start, name)
+        return int(AUTO_START_DEFAULTS[name] if value is None else value)
+
+    def cap_value(self, name: str) -> int:
+        value = getattr(self.cap, name)
+        return int(AUTO_CAP_DEFAULTS[name] if value is None else value)
+
+
+def _bound_or_auto(value: Any) -> Any:
+    """A contribution bound: an integer in 1 … MAX_CONTRIBUTIONS, or ``auto`` (one clear
+    message instead of one per member of the union)."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"must be an integer in 1 … {MAX_CONTRIBUTIONS}, or auto; got {value!r}")
+    if value < 1:
+        raise ValueError(f"must be at least 1 (or auto), got {value}")
+    if value > MAX_CONTRIBUTIONS:
+        raise ValueError(
+            f"must be at most {MAX_CONTRIBUTIONS} (or auto), got {value}: a bound of millions "
+            "bounds nothing and makes planning slow"
+        )
+    return value
+
+
+#: A contribution bound: 1 … MAX_CONTRIBUTIONS, or auto.
+BoundValue = Annotated[int | Literal["auto"], BeforeValidator(_bound_or_auto)]
+
+
 class BoundsConfig(_Section):
-    max_contributions_per_window: int = Field(
-        40, ge=1, le=MAX_CONTRIBUTIONS, description="k: events kept per user"
+    max_contributions_per_window: BoundValue = Field(
+        40, description="k: events kept per user, or auto"
     )
-    max_keys_per_user: int | None = Field(
-        None, ge=1, le=MAX_CONTRIBUTIONS, description="L0: keys per user"
+    max_keys_per_user: BoundValue | None = Field(None, description="L0: keys per user, or auto")
+    max_contributions_per_key: BoundValue | None = Field(
+        None, description="Linf: events per key, or auto"
     )
-    max_contributions_per_key: int | None = Field(
-        None, ge=1, le=MAX_CONTRIBUTIONS, description="Linf: events per key"
+    auto: AutoBoundsConfig | None = Field(
+        None, description="how bounds set to auto are chosen (only with a bound set to auto)"
     )
+
+    @property
+    def auto_fields(self) -> tuple[str, ...]:
+        """The bounds set to ``auto``, in the order k, L0, Linf."""
+        return tuple(n for n in BOUND_NAMES if getattr(self, n) == "auto")
+
+    @property
+    def is_auto(self) -> bool:
+        return bool(self.auto_fields)
+
+    @property
+    def auto_settings(self) -> AutoBoundsConfig:
+        """``bounds.auto`` with its defaults (meaningful when a bound is auto)."""
+        return self.auto if self.auto is not None else AutoBoundsConfig()
+
+    def _resolved(self, pick: str) -> BoundsConfig:
+        if not self.is_auto:
+            return self
+        settings = self.auto_settings
+        values: dict[str, int | None] = {}
+        for name in BOUND_NAMES:
+            value = getattr(self, name)
+            if value == "auto":
+                value = settings.start_value(name) if pick == "start" else settings.cap_value(name)
+            values[name] = value
+        return BoundsConfig.model_validate(values)
+
+    def start_bounds(self) -> BoundsConfig:
+        """Concrete bounds of the first covered window: ``auto`` replaced by its start value
+        (the configuration itself when nothing is auto)."""
+        return self._resolved("start")
+
+    def cap_bounds(self) -> BoundsConfig:
+        """The largest bounds auto may choose: ``auto`` replaced by its cap."""
+        return self._resolved("cap")
+
+    def values(self) -> tuple[int, int | None, int | None]:
+        """(k, L0, Linf) of concrete bounds (ConfigError if one is auto)."""
+        k, l0, linf = (getattr(self, n) for n in BOUND_NAMES)
+        if "auto" in (k, l0, linf):
+            raise ConfigError("bounds set to auto have no single value; use start_bounds()")
+        return int(k), l0, linf
+
+    @model_validator(mode="after")
+    def _auto_consistent(self) -> BoundsConfig:
+        auto = self.auto_fields
+        if self.auto is not None and not auto:
+            raise ValueError(
+                "bounds.auto applies only when a bound is auto (e.g. max_contributions_per_window: "
+                "auto); remove bounds.auto or set a bound to auto"
+            )
+        if not auto:
+            return self
+        settings = self.auto_settings
+        for name in BOUND_NAMES:
+            start, cap = settings.start_value(name), settings.cap_value(name)
+            if name in auto and start > cap:
+                raise ValueError(
+                    f"bounds.auto.start.{name} = {start} is above bounds.auto.cap.{name} = "
+                    f"{cap}; the first window's bound must be one auto may choose"
+                )
+        return self
 
 
 class QueryConfig(_Section):
@@ -790,6 +939,11 @@ class Config(BaseModel):
             raise ValueError(erasure)
         self._check_erasure_with_running_totals()
         shares = [QueryShare(q.name, q.epsilon, q.delta) for q in self.queries]
+        if self.bounds.is_auto:
+            self._check_auto_bounds()
+            shares.append(
+                QueryShare(f"{BOUNDS_CHARGE} (bounds.auto.epsilon_share)", self.bounds_epsilon, 0.0)
+            )
         check_window_budget(
             shares,
             epsilon_per_window=self.privacy.epsilon_per_window,
@@ -837,6 +991,22 @@ class Config(BaseModel):
                 f"cumulative horizon ({max(spans)} s) plus output.internal_retention_s "
                 f"({self.output.internal_retention_s} s): running totals would lose their "
                 f"state mid-horizon; set it to at least {needed} or remove it (forever)"
+            )
+
+    @property
+    def bounds_epsilon(self) -> float:
+        """ε each window spends choosing the next window's bounds (0 unless a bound is auto)."""
+        if not self.bounds.is_auto:
+            return 0.0
+        return self.bounds.auto_settings.epsilon_share * self.privacy.epsilon_per_window
+
+    def _check_auto_bounds(self) -> None:
+        cumulative = [q.name for q in self.queries if q.cumulative]
+        if cumulative:
+            raise ValueError(
+                f"bounds set to auto change from window to window, but the cumulative queries "
+                f"{', '.join(cumulative)} need one noise scale over their horizon; set the "
+                "bounds to numbers or use release: window"
             )
 
     def redacted(self) -> dict[str, Any]:

@@ -49,6 +49,7 @@ PARTIALS_IGNORED_REASONS = (
     "layout_changed",
     "superseded",
     "erasure_stale",
+    "bounds_mismatch",
 )
 
 #: Release delay: from a window's end to its publication. Grace and idle-close put it in the
@@ -222,6 +223,31 @@ class Metrics:
             registry=r,
         )
 
+        # --- bounds: auto (the bounds are differentially private: chosen from released
+        # histograms; NaN while no window was released with them) --------------------------
+        self.bounds_contributions_per_window = Gauge(
+            "stream_dp_bounds_max_contributions_per_window",
+            "k (events kept per user) the most recently released window was bounded with.",
+            registry=r,
+        )
+        self.bounds_keys_per_user = Gauge(
+            "stream_dp_bounds_max_keys_per_user",
+            "L0 (keys per user) the most recently released window was bounded with; 0: unset.",
+            registry=r,
+        )
+        self.bounds_contributions_per_key = Gauge(
+            "stream_dp_bounds_max_contributions_per_key",
+            "Linf (events per user and key) the most recently released window was bounded "
+            "with; 0: unset.",
+            registry=r,
+        )
+        self.bounds_epsilon_spent = Gauge(
+            "stream_dp_bounds_epsilon_spent",
+            "Epsilon the most recently released window spent on the histograms that choose "
+            "the next window's bounds (bounds: auto; 0 otherwise).",
+            registry=r,
+        )
+
         # --- latency ------------------------------------------------------------------------
         self.release_delay = Histogram(
             "stream_dp_release_delay_seconds",
@@ -377,6 +403,12 @@ class Metrics:
         self.build_info.info({"version": __version__, "python": platform.python_version()})
 
         self.oldest_open_window_end.set(math.nan)
+        for gauge in (
+            self.bounds_contributions_per_window,
+            self.bounds_keys_per_user,
+            self.bounds_contributions_per_key,
+        ):
+            gauge.set(math.nan)
         for query in queries:
             self.add_query(query)
         for topic, partition in partitions:
@@ -401,6 +433,14 @@ class Metrics:
         ):
             counter.labels(query=query)
         self.epsilon_spent.labels(query=query).set(0)
+
+    def set_bounds(self, bounds: tuple[int, int | None, int | None], epsilon: float) -> None:
+        """The bounds (and histogram ε) of the most recently released window."""
+        k, l0, linf = bounds
+        self.bounds_contributions_per_window.set(k)
+        self.bounds_keys_per_user.set(l0 or 0)
+        self.bounds_contributions_per_key.set(linf or 0)
+        self.bounds_epsilon_spent.set(epsilon)
 
     def set_open_windows(self, count: int, oldest_end_s: float | None) -> None:
         """Record how many windows are open and when the oldest ends (None: none open)."""

@@ -54,7 +54,9 @@ import numpy as np
 import orjson
 
 from stream_dp.config.model import Config
+from stream_dp.errors import StreamDPError
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.auto_bounds import auto_seal_plan
 from stream_dp.pipeline.decode import BadRecord, Decoder
 from stream_dp.pipeline.ingest_columns import (
     ACCEPT,
@@ -74,7 +76,8 @@ from stream_dp.pipeline.placement import (
     pseudonym_partition,
 )
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
-from stream_dp.privacy.bounding import bounded_totals_columns
+from stream_dp.privacy.adaptive_bounds import BoundsTriple
+from stream_dp.privacy.bounding import bounded_totals_columns, new_sampling_rng
 from stream_dp.privacy.erasure import Erasure, ErasureSet
 from stream_dp.privacy.group_values import canonical_value, json_default
 from stream_dp.privacy.key_totals import KeyTotals
@@ -87,11 +90,13 @@ __all__ = ["DeadLetter", "IngestStage", "InputRecord", "ReleasedWindows", "user_
 log = logging.getLogger(__name__)
 
 
+#: A partition holding a window for its bounds reports itself sealed this far before the
+#: window's end (the watermark of a source means: windows ending at or before it are out).
+HELD_MARGIN_S = 0.001
+
 #: The signature table is compacted once it holds at least this many entries and has doubled
 #: since it was last compacted.
 SIGNATURES_COMPACT_MIN = 4096
-
-
 
 
 class _NothingReleased:
@@ -103,7 +108,30 @@ class _NothingReleased:
     def released_earlier(self, window_start_s: int) -> bool:
         return False
 
+    def bounds_for(self, window_start_s: int) -> BoundsTriple | None:
+        return None
 
+
+def per_user_items(users: np.ndarray, items: np.ndarray) -> list[list[int]]:
+    """A sample's columns (users numbered 0, 1, … and grouped) as one item list per user."""
+    if len(users) == 0:
+        return []
+    starts = np.flatnonzero(np.diff(users)) + 1
+    return [part.tolist() for part in np.split(items, starts)]
+
+
+def first_k_per_user(
+    users: np.ndarray, items: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """At most k events per user of a sample (:meth:`UserSamples.sample`): each user's
+    events come in uniformly random order, so their first k are a uniform k-subset (a
+    uniform subsample of a uniform sample of the cap is a uniform sample of all)."""
+    if len(users) == 0:
+        return users, items
+    first = np.concatenate(([0], np.flatnonzero(np.diff(users)) + 1))
+    rank = np.arange(len(users)) - first[users]
+    keep = rank < k
+    return users[keep], items[keep]
 
 
 def user_key(user: str | int, normalization: UserIdNormalization = "none") -> bytes:
@@ -154,7 +182,13 @@ class IngestStage(ColumnIngest):
         )
         self.metrics = metrics if metrics is not None else Metrics()
         self._rng = new_sampling_generator(sampling_rng)
-        self.k = config.bounds.max_contributions_per_window
+        #: bounds: auto draws its histograms' L0 picks with this one (not a DP draw either)
+        self._py_rng = sampling_rng if sampling_rng is not None else new_sampling_rng()
+        # samples of k (under bounds: auto, of the cap: a window's k is applied at seal)
+        self._bounds = config.bounds.start_bounds().values()
+        self.k = config.bounds.cap_bounds().values()[0]
+        #: bounds: auto — windows due but held until their bounds are decided
+        self.awaiting_bounds: set[int] = set()
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
         #: Partitions of the stage-1 topic (what stage 2 waits for, and what placement is
         #: checked against); set by the transport.
@@ -193,6 +227,7 @@ class IngestStage(ColumnIngest):
         self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
         for q in self.queries:
             q.bind(self._signatures)
+        self._auto = auto_seal_plan(config, self.queries)
         self._state: dict[int, dict[int, WindowPart]] = {}
         self._trackers: dict[int, WatermarkTracker] = {}
         self._sealed_s: dict[int, float] = {}
@@ -665,17 +700,24 @@ class IngestStage(ColumnIngest):
     def due(self, now_mono_s: float) -> list[tuple[int, int]]:
         """(partition, window) pairs whose partition watermark passed the window's end."""
         out: list[tuple[int, int]] = []
+        self.awaiting_bounds = set()
         for p, tracker in self._trackers.items():
             wm = tracker.watermark(now_mono_s)
             if wm is None:
                 continue
+            closed = sorted(ws for ws in self._state.get(p, {}) if self.windows.is_closed(ws, wm))
+            if self._auto is not None:
+                for i, ws in enumerate(closed):
+                    if self._windows_released.bounds_for(ws) is None:
+                        # bounds: auto — held until its bounds are decided; the partition
+                        # reports itself sealed up to (not including) this window
+                        self.awaiting_bounds.add(ws)
+                        wm = min(wm, self.windows.end_of(ws) - HELD_MARGIN_S)
+                        closed = closed[:i]
+                        break
             self._sealed_s[p] = wm
             kept = self._kept.get(p, ())
-            out.extend(
-                (p, ws)
-                for ws in self._state.get(p, {})
-                if ws not in kept and self.windows.is_closed(ws, wm)
-            )
+            out.extend((p, ws) for ws in closed if ws not in kept)
         return sorted(out, key=lambda pw: (pw[1], pw[0]))
 
     def all_open(self) -> list[tuple[int, int]]:
@@ -700,8 +742,17 @@ class IngestStage(ColumnIngest):
         part = self._state[partition][window_start_s]
         users, items = part.samples.sample()
         seen = part.samples.events_seen
+        histograms: dict[str, list[int]] | None = None
+        bounds = self._bounds
+        if self._auto is not None:
+            decided = self._windows_released.bounds_for(window_start_s)
+            if decided is None:
+                raise StreamDPError("a window's bounds must be decided before it is sealed")
+            bounds = decided
+            histograms = self._auto.histograms(per_user_items(users, items), self._py_rng)
+            users, items = first_k_per_user(users, items, bounds[0])
+        _, max_keys, max_per_key = bounds
         retained = len(items)
-        bounds = self.config.bounds
         key_id = self.keyring.for_window(window_start_s).key_id
         version = new_version()
         out = []
@@ -713,8 +764,8 @@ class IngestStage(ColumnIngest):
                 keys[taken],
                 values[taken] if q.has_values else None,
                 n_keys=len(groups),
-                max_keys=bounds.max_keys_per_user,
-                max_per_key=bounds.max_contributions_per_key,
+                max_keys=max_keys,
+                max_per_key=max_per_key,
                 rng=self._rng,
             )
             present = np.flatnonzero(users_per_key)
@@ -735,6 +786,8 @@ class IngestStage(ColumnIngest):
                     source_partitions=self.source_partitions,
                     key_id=key_id,
                     erasures_through=self.erasures_applied,
+                    bounds=bounds if self._auto is not None else None,
+                    histograms=histograms,
                 )
             )
         return out

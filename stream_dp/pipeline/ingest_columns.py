@@ -37,6 +37,7 @@ from stream_dp.pipeline.columns import (
 from stream_dp.pipeline.decode import BadRecord, Decoder
 from stream_dp.pipeline.packed import PACKED_KEY_PREFIX, PackedEvents, encode_events
 from stream_dp.pipeline.placement import pseudonym_partitions
+from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.pseudonymize import KeyRing
 from stream_dp.privacy.user_samples import SamplingGenerator, UserSamples
@@ -130,6 +131,10 @@ class ReleasedWindows(Protocol):
     def released(self, window_start_s: int) -> bool: ...
 
     def released_earlier(self, window_start_s: int) -> bool: ...
+
+    def bounds_for(self, window_start_s: int) -> BoundsTriple | None:
+        """``bounds: auto``: the window's bounds, None while undecided (stage 1 waits)."""
+        ...
 
 
 class ColumnIngest:

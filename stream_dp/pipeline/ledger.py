@@ -38,6 +38,7 @@ import orjson
 
 from stream_dp.pipeline.partials import RECORD_OVERHEAD_BYTES, join_in_parts
 from stream_dp.pipeline.records import SCHEMA_VERSION, dumps
+from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
 FENCE_PREFIX: Final = "__fence__|"
@@ -45,6 +46,9 @@ PROGRESS_PREFIX: Final = "__progress__|"
 COVERAGE_KEY: Final = "__coverage__"
 ROTATION_PREFIX: Final = "__rotation__|"
 CUT_PREFIX: Final = "__cut__|"
+BOUNDS_PREFIX: Final = "__bounds__|"
+#: Decision records kept in the index (a few days of hourly windows; each is small).
+MAX_BOUNDS_DECISIONS: Final = 4096
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,73 @@ def encode_cut(window_start_s: int) -> tuple[str, bytes]:
     return f"{CUT_PREFIX}{iso_utc(window_start_s)}", orjson.dumps(value)
 
 
+@dataclass(frozen=True)
+class BoundsDecision:
+    """The bounds a window uses under ``bounds: auto``, chosen from the window before it.
+
+    A deterministic function of that window's ledgered winners (its histograms and released
+    values): two owners racing for it write the same record; the first in log order counts.
+    ``means`` is what the choice read and ``histograms`` what it read them from (the noisy
+    histograms of ``chosen_from``, already released): the next choice compares its own with
+    them and averages over both.
+    """
+
+    window_start_s: int
+    max_contributions_per_window: int
+    max_keys_per_user: int | None
+    max_contributions_per_key: int | None
+    chosen_from_s: int
+    reason: str
+    means: Mapping[str, float] = field(default_factory=dict)
+    #: {"counts": {name: [bins]}, "noise_scales": {name: b}, "epsilon": ε} or None
+    histograms: Mapping[str, Any] | None = None
+
+    @property
+    def bounds(self) -> tuple[int, int | None, int | None]:
+        return (
+            self.max_contributions_per_window,
+            self.max_keys_per_user,
+            self.max_contributions_per_key,
+        )
+
+
+def encode_bounds_decision(decision: BoundsDecision) -> tuple[str, bytes]:
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "bounds",
+        "window_start": iso_utc(decision.window_start_s),
+        "chosen_from": iso_utc(decision.chosen_from_s),
+        "max_contributions_per_window": decision.max_contributions_per_window,
+        "max_keys_per_user": decision.max_keys_per_user,
+        "max_contributions_per_key": decision.max_contributions_per_key,
+        "reason": decision.reason,
+        "means": dict(decision.means),
+        "histograms": None if decision.histograms is None else dict(decision.histograms),
+    }
+    key = BOUNDS_PREFIX + iso_utc(decision.window_start_s)
+    return key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def _decode_bounds_decision(obj: Mapping[str, Any]) -> BoundsDecision:
+    def bound(name: str) -> int | None:
+        value = obj[name]
+        return None if value is None else int(value)
+
+    k = bound("max_contributions_per_window")
+    if k is None:
+        raise ValueError("a bounds record needs max_contributions_per_window")
+    return BoundsDecision(
+        window_start_s=epoch_of_iso(str(obj["window_start"])),
+        max_contributions_per_window=k,
+        max_keys_per_user=bound("max_keys_per_user"),
+        max_contributions_per_key=bound("max_contributions_per_key"),
+        chosen_from_s=epoch_of_iso(str(obj["chosen_from"])),
+        reason=str(obj["reason"]),
+        means={str(n): float(v) for n, v in obj.get("means", {}).items()},
+        histograms=obj.get("histograms"),
+    )
+
+
 def encode_rotation(key_id: str, previous_key_id: str, rotate_at_s: float) -> tuple[str, bytes]:
     """A key rotation this deployment has applied (so a restart after it is not refused)."""
     value = {
@@ -225,6 +296,8 @@ class LedgerIndex:
         self.latest_cut_s: int | None = None
         #: Key rotations applied: (previous key id, key id, rotate_at epoch s).
         self.rotations: set[tuple[str, str, int]] = set()
+        #: ``bounds: auto``: per window, the bounds it uses (first record in log order).
+        self.bounds: dict[int, BoundsDecision] = {}
         #: Complete draws that lost to an earlier complete draw of the same (query, window).
         self.losing_draws = 0
         #: Records read, for the loaded-records metric and start-up logs.
@@ -266,6 +339,12 @@ class LedgerIndex:
             ws = epoch_of_iso(str(obj["window_start"]))
             if self.latest_cut_s is None or ws > self.latest_cut_s:
                 self.latest_cut_s = ws
+        elif kind == "bounds":
+            decision = _decode_bounds_decision(obj)
+            if decision.window_start_s not in self.bounds:
+                self.bounds[decision.window_start_s] = decision
+                if len(self.bounds) > MAX_BOUNDS_DECISIONS:
+                    del self.bounds[min(self.bounds)]
         elif kind == "rotation":
             self.rotations.add(
                 (
@@ -311,7 +390,8 @@ class LedgerIndex:
             delta_spent=parts.delta_spent,
             records=[r for i in range(parts.parts) for r in parts.received[i]],
             sources=parts.sources,
-            published=self._published.get(ident) == rid,
+            # a window's bounds histograms are ledgered like a query, never published
+            published=self._published.get(ident) == rid or ident[0] == BOUNDS_CHARGE,
             erasures_through=parts.erasures_through,
         )
 

@@ -135,18 +135,29 @@ class LocalPipeline:
 
     def finish(self, *, now_s: float) -> list[LedgerRelease]:
         """End of a finite input: seal and release every open window (and every empty one
-        before the last)."""
-        stage = self.ingest_stage
-        pending = stage.all_open()
-        for p, ws in pending:
-            self._send_partials(p, ws)
-        # Every partial is out: each partition has sealed everything up to the last end.
-        ends = [*self.release.open_windows(), *(ws for _, ws in pending)]
-        if ends:
-            sealed = float(max(ends) + self._windows.size_s)
-            for p in range(self._partitions):
-                self._send_mark(SourceWatermark(p, self._partitions, sealed, True, False))
-        return self._release_due(now_s)
+        before the last). Under ``bounds: auto`` a window is sealed only once the window
+        before it is released (its bounds come from there), so this goes window by window."""
+        out: list[LedgerRelease] = []
+        while True:
+            pending = self.ingest_stage.all_open()
+            held = [ws for _, ws in pending if self.release.bounds_for(ws) is None]
+            first_held = min(held) if held else None
+            for p, ws in pending:
+                if first_held is None or ws < first_held:
+                    self._send_partials(p, ws)
+            # Every partial is out: each partition has sealed everything up to the last
+            # end (or up to the first window still waiting for its bounds).
+            ends = [*self.release.open_windows(), *(ws for _, ws in pending)]
+            if ends:
+                last = max(ends) + self._windows.size_s
+                sealed = float(last if first_held is None else first_held)
+                for p in range(self._partitions):
+                    mark = SourceWatermark(p, self._partitions, sealed, True, held != [])
+                    self._send_mark(mark)
+            released = self._release_due(now_s)
+            out.extend(released)
+            if first_held is None or not released:
+                return out
 
     def _send_partials(self, partition: int, window_start_s: int) -> None:
         r = self._windows.partition_of(window_start_s, self._n_partials)
@@ -206,6 +217,9 @@ class LocalPipeline:
         for rel in stage.compute_release(window_start_s, now_s=now_s):
             self._write_ledger(encode_release(rel, now_s=now_s, max_bytes=self._max_bytes))
         winners = stage.winners(window_start_s)
+        decision = stage.bounds_decision(window_start_s)
+        if decision is not None:  # bounds: auto — the next window's bounds
+            self._write_ledger([decision])
         for rel in winners:
             if not rel.published:
                 self._write_ledger([encode_published(rel)])

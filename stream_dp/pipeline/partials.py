@@ -75,6 +75,10 @@ class Partial:
     key_id: str = ""
     #: Erasure-log position the source had applied when it computed the totals.
     erasures_through: int = 0
+    #: ``bounds: auto``: the (k, L0, Linf) the totals were bounded with, and the source
+    #: partition's exact histograms of the window's users (internal, like the totals).
+    bounds: tuple[int, int | None, int | None] | None = None
+    histograms: Mapping[str, Sequence[int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,8 @@ class PartialPart:
     source_partitions: int = 1
     key_id: str = ""
     erasures_through: int = 0
+    bounds: tuple[int, int | None, int | None] | None = None
+    histograms: Mapping[str, Sequence[int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +153,10 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
     }
     if partial.erasures_through:
         header["erasures_through"] = partial.erasures_through
+    if partial.bounds is not None:
+        header["bounds"] = list(partial.bounds)
+    if partial.histograms is not None:
+        header["histograms"] = {n: list(v) for n, v in partial.histograms.items()}
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
     chunks = encode_in_parts(
         entries, budget, what=f"a partial of query {partial.query}", default=json_default
@@ -270,6 +280,8 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 source_partitions=int(obj.get("source_partitions", 1)),
                 key_id=str(obj.get("key_id", "")),
                 erasures_through=int(obj.get("erasures_through", 0)),
+                bounds=_bounds(obj.get("bounds")),
+                histograms=_histograms(obj.get("histograms")),
                 totals=TotalsRows(_decode_totals(obj["totals"])),
             )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -328,6 +340,21 @@ class TotalsRows(Sequence[tuple[GroupKey, KeyAggregate]]):
         return rows[i]
 
 
+def _bounds(value: Any) -> tuple[int, int | None, int | None] | None:
+    if value is None:
+        return None
+    k, l0, linf = value
+    return (int(k), None if l0 is None else int(l0), None if linf is None else int(linf))
+
+
+def _histograms(value: Any) -> dict[str, tuple[int, ...]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError("histograms must be an object")
+    return {str(n): tuple(int(v) for v in values) for n, values in value.items()}
+
+
 class PartialAssembler:
     """Collects parts per (query, window, source partition): the first complete version is
     taken, and replaced only by a later complete version that applied more erasures."""
@@ -364,6 +391,8 @@ class PartialAssembler:
             source_partitions=part.source_partitions,
             key_id=part.key_id,
             erasures_through=part.erasures_through,
+            bounds=part.bounds,
+            histograms=part.histograms,
         )
         # Versions that could no longer replace this one are dropped; later ones may come.
         self._parts = {

@@ -32,7 +32,9 @@ class CompiledQuery:
     def __init__(self, query: QueryConfig, bounds: BoundsConfig, fields: Sequence[str]) -> None:
         self.config = query
         self.name = query.name
-        self.plan: QueryPlan = plan_query(query, bounds)
+        # the first window's plan (under bounds: auto every window has its own: see
+        # ReleaseStage.plan_for)
+        self.plan: QueryPlan = plan_query(query, bounds.start_bounds())
         index = {f: i for i, f in enumerate(fields)}
         self._where = [
             (index[f], frozenset(map(canonical_value, v if isinstance(v, list) else [v])))

@@ -171,8 +171,10 @@ def window_record(
     epsilon_spent: float,
     delta_spent: float,
     horizon_epsilon_spent: float,
+    bounds: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """``bounds`` (``bounds: auto`` only): the bounds the window used and their cost."""
+    record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "window",
         "release_id": release_id,
@@ -184,6 +186,9 @@ def window_record(
         "delta_spent": delta_spent,
         "horizon_epsilon_spent": horizon_epsilon_spent,
     }
+    if bounds is not None:
+        record["bounds"] = dict(bounds)
+    return record
 
 
 def dead_letter_record(

@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream_dp.config.model import Config
+from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.auto_bounds import (
+    BoundsSchedule,
+    bounds_config,
+    decide_next,
+    histograms_release,
+    released_values,
+)
 from stream_dp.pipeline.continual_state import ContinualStore
 from stream_dp.pipeline.cumulative import (
     CumulativeQuery,
@@ -52,8 +60,10 @@ from stream_dp.pipeline.partials import (
 )
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
 from stream_dp.pipeline.records import output_key, release_records, window_record
-from stream_dp.privacy.budget import BudgetAccountant
+from stream_dp.privacy.adaptive_bounds import BoundsTriple, merge_counts, release_histograms
+from stream_dp.privacy.budget import BOUNDS_CHARGE, BudgetAccountant
 from stream_dp.privacy.continual.counter import NoiseSource
+from stream_dp.privacy.planner import QueryPlan, plan_query
 from stream_dp.privacy.release import KeyAggregate, release_query
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
@@ -138,7 +148,13 @@ class ReleaseStage:
             horizon_windows=config.privacy.horizon_windows,
             max_epsilon_per_horizon=config.privacy.max_epsilon_per_horizon,
         )
-        self._epsilon_per_window = sum(q.epsilon for q in config.queries)
+        self._epsilon_per_window = sum(q.epsilon for q in config.queries) + config.bounds_epsilon
+        #: Which bounds each window uses (bounds: auto: decided window by window).
+        self.schedule = BoundsSchedule(config, self.ledger)
+        self._plans: dict[tuple[str, BoundsTriple], QueryPlan] = {}
+        #: bounds: auto — due windows waiting for their bounds (the worker reads the
+        #: ledger partition of the window before, where the decision is written)
+        self.awaiting_bounds: set[int] = set()
         #: The first covered window: from the configuration, else set by the transport
         #: (from the ledger's coverage record). Nothing is released while it is unknown.
         self.coverage_start_s: int | None = config.window.first_window_start()
@@ -184,6 +200,42 @@ class ReleaseStage:
             return False
         r = self.windows.partition_of(window_start_s, self.partials_partitions)
         return window_start_s < self._cursor_read.get(r, self._first_on(r))
+
+    def bounds_for(self, window_start_s: int) -> BoundsTriple | None:
+        """The bounds of a window (None under bounds: auto until they are decided).
+
+        The releaser of the window before writes the decision to that window's ledger
+        partition before its progress record. So once a progress record read from the ledger
+        says the window before is released and no decision came before it, none will: that
+        window was released by a version or configuration without ``bounds: auto`` (a
+        deployment switching to it), and the start values apply — a held window must not
+        wait for ever.
+        """
+        bounds = self.schedule.bounds_for(window_start_s, self.coverage_start_s)
+        if bounds is None and self._released_in_ledger(window_start_s - self.windows.size_s):
+            return self.schedule.start
+        return bounds
+
+    def _released_in_ledger(self, window_start_s: int) -> bool:
+        """Whether a progress record read from the ledger covers the window."""
+        if self.ledger.partials_partitions != self.partials_partitions:
+            return False
+        r = self.windows.partition_of(window_start_s, self.partials_partitions)
+        return window_start_s < self.ledger.progress.get(r, window_start_s)
+
+    def plan_for(self, q: CompiledQuery, bounds: BoundsTriple) -> QueryPlan:
+        """The query's plan for a window bounded with ``bounds`` (noise calibrated to them)."""
+        if not self.schedule.auto:
+            return q.plan
+        key = (q.name, bounds)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 256:
+                self._plans.clear()
+            plan = self._plans[key] = plan_query(
+                q.config, bounds_config(bounds), unsafe_test_mode=q.plan.unsafe_test_mode
+            )
+        return plan
 
     def adopt_ledger(self) -> None:
         """Take in what the ledger says (at start, and after each read): cursors, charges,
@@ -347,6 +399,7 @@ class ReleaseStage:
         size = self.windows.size_s
         step = size * self.partials_partitions
         due: list[int] = []
+        self.awaiting_bounds = set()
         for r in sorted(self._windows):
             through = self.passed_through(r)
             if through is None:
@@ -354,6 +407,9 @@ class ReleaseStage:
             ws = self.cursor(r)
             taken = 0
             while ws + size <= through and (limit is None or taken < limit):
+                if self.bounds_for(ws) is None:
+                    self.awaiting_bounds.add(ws)  # released in order: the rest waits too
+                    break
                 due.append(ws)
                 ws += step
                 taken += 1
@@ -369,6 +425,10 @@ class ReleaseStage:
         """
         window_end_s = self.windows.end_of(window_start_s)
         pending = self._pending(window_start_s)
+        bounds = self.bounds_for(window_start_s)
+        if bounds is None:
+            raise PrivacyError("a window's bounds must be decided before it is released")
+        draw_histograms = self._charge_histograms(window_start_s)
         to_draw: list[tuple[CompiledQuery, CumulativeValues | None]] = []
         for q in self.queries:
             if self.ledger.get(q.name, window_start_s) is not None:
@@ -394,7 +454,7 @@ class ReleaseStage:
         horizon = self.horizon_spent(window_start_s)
         out = []
         for q, found in to_draw:
-            taken = self._taken(pending, q.name, window_start_s)
+            taken = self._taken(pending, q.name, window_start_s, bounds)
             sources = {p.source_partition: p.version for p in taken}
             if found is not None:
                 out.append(
@@ -409,9 +469,13 @@ class ReleaseStage:
                 )
                 continue
             aggregates = merge_totals(taken)
-            rel = self._release(q, window_start_s, window_end_s, aggregates, sources, horizon)
+            rel = self._release(
+                q, window_start_s, window_end_s, aggregates, sources, horizon, bounds
+            )
             rel.erasures_through = min((p.erasures_through for p in taken), default=0)
             out.append(rel)
+        if draw_histograms:
+            out.append(self._release_histograms(pending, window_start_s, window_end_s, bounds))
         return out
 
     # -- cumulative queries (stream_dp.pipeline.cumulative) ---------------------------------
@@ -500,6 +564,73 @@ class ReleaseStage:
             else cursor - self.windows.size_s * self.partials_partitions
         )
 
+    def _charge_histograms(self, window_start_s: int) -> bool:
+        """bounds: auto — charge the window's histograms (once; False: nothing to draw)."""
+        if not self.schedule.auto or self.ledger.get(BOUNDS_CHARGE, window_start_s) is not None:
+            return False
+        epsilon = self.schedule.epsilon
+        if self.accountant.query_spent(window_start_s, BOUNDS_CHARGE) != (0.0, 0.0):
+            return False
+        if not self.accountant.can_charge(window_start_s, BOUNDS_CHARGE, epsilon, 0.0):
+            log.error(
+                "budget exhausted: the window's bounds histograms are not drawn (the next "
+                "window keeps this one's bounds)",
+                extra={"window": iso_utc(window_start_s)},
+            )
+            return False
+        self.accountant.charge(window_start_s, BOUNDS_CHARGE, epsilon, 0.0)
+        return True
+
+    def _release_histograms(
+        self,
+        pending: _PendingWindow | None,
+        window_start_s: int,
+        window_end_s: int,
+        bounds: BoundsTriple,
+    ) -> LedgerRelease:
+        """The window's histograms, merged over source partitions and noised once."""
+        layout = self.schedule.layout
+        assert layout is not None
+        # one partial per source partition (every partial of a seal carries the same
+        # histograms): each user is in one partition, so it counts once
+        per_source: dict[int, Partial] = {}
+        for q in self.queries:
+            for partial in self._taken(pending, q.name, window_start_s, bounds):
+                if partial.histograms is not None:
+                    per_source.setdefault(partial.source_partition, partial)
+        exact = merge_counts(
+            layout, [p.histograms for p in per_source.values() if p.histograms is not None]
+        )
+        noisy = release_histograms(exact, layout, epsilon=self.schedule.epsilon)
+        return histograms_release(
+            release_id=new_release_id(),
+            window_start_s=window_start_s,
+            window_end_s=window_end_s,
+            noisy=noisy,
+            bounds=bounds,
+            sources={p: partial.version for p, partial in sorted(per_source.items())},
+        )
+
+    def bounds_decision(self, window_start_s: int) -> tuple[str, bytes] | None:
+        """bounds: auto — the ledger record of the next window's bounds, from this window's
+        winners (call once they are decided: after the ledger read-back). None when not
+        auto or already decided."""
+        if not self.schedule.auto:
+            return None
+        nxt = window_start_s + self.windows.size_s
+        if nxt in self.ledger.bounds:
+            return None
+        current = self.bounds_for(window_start_s)
+        assert current is not None
+        return decide_next(
+            self.schedule,
+            window_start_s=window_start_s,
+            window_size_s=self.windows.size_s,
+            current=current,
+            histograms=self.ledger.get(BOUNDS_CHARGE, window_start_s),
+            released=released_values(self.winners(window_start_s)),
+        )
+
     def winners(self, window_start_s: int) -> list[LedgerRelease]:
         """The ledger's release of each query of the window (first complete draw in log
         order), in query order; queries the budget suppressed are missing."""
@@ -523,7 +654,11 @@ class ReleaseStage:
         return None
 
     def _taken(
-        self, pending: _PendingWindow | None, query: str, window_start_s: int
+        self,
+        pending: _PendingWindow | None,
+        query: str,
+        window_start_s: int,
+        bounds: BoundsTriple | None = None,
     ) -> list[Partial]:
         if pending is None:
             return []
@@ -537,8 +672,32 @@ class ReleaseStage:
                     extra={"query": query, "window": iso_utc(window_start_s), "source": source},
                 )
                 continue
+            if self.schedule.auto and not self._bounded_with(assembler, bounds):
+                continue
             taken.append(assembler.taken)
         return taken
+
+    def _bounded_with(self, assembler: PartialAssembler, bounds: BoundsTriple | None) -> bool:
+        """bounds: auto — a partial is merged only if bounded with the window's bounds (the
+        noise is calibrated to them) and its histograms fit the layout; else it is left
+        out, counted once (``bounds_mismatch``)."""
+        partial = assembler.taken
+        assert partial is not None
+        layout = self.schedule.layout
+        ok = partial.bounds == bounds and partial.histograms is not None and layout is not None
+        if ok and layout is not None and partial.histograms is not None:
+            try:
+                merge_counts(layout, [partial.histograms])
+            except PrivacyError:
+                ok = False
+        if not ok:
+            assembler.taken = None
+            self.metrics.partials_ignored.labels(reason="bounds_mismatch").inc()
+            log.error(
+                "a partial bounded with other bounds than its window's was left out",
+                extra={"query": partial.query, "window": iso_utc(partial.window_start_s)},
+            )
+        return ok
 
     def _release(
         self,
@@ -548,15 +707,15 @@ class ReleaseStage:
         aggregates: Mapping[tuple[Any, ...], KeyAggregate],
         sources: dict[int, str],
         horizon: float,
+        bounds: BoundsTriple,
     ) -> LedgerRelease:
         cfg = q.config
+        plan = self.plan_for(q, bounds)
         if self._observe_exact is not None:
             self._observe_exact(q.name, window_start_s, aggregates)
-        result = release_query(aggregates, q.plan)
+        result = release_query(aggregates, plan)
         release_id = new_release_id()
-        selection = (
-            q.plan.selection.record_parameters() if q.plan.selection is not None else None
-        )
+        selection = plan.selection.record_parameters() if plan.selection is not None else None
         records = [
             OutputRecord(key, value)
             for key, value in release_records(
@@ -585,6 +744,7 @@ class ReleaseStage:
                     epsilon_spent=cfg.epsilon,
                     delta_spent=cfg.delta,
                     horizon_epsilon_spent=horizon,
+                    bounds=self._bounds_field(window_start_s, bounds),
                 ),
             )
         )
@@ -598,6 +758,21 @@ class ReleaseStage:
             records=records,
             sources=sources,
         )
+
+    def _bounds_field(self, window_start_s: int, bounds: BoundsTriple) -> dict[str, Any] | None:
+        """bounds: auto — what the window record states: the bounds the window used, how
+        they were chosen, and the ε this window spends choosing the next window's."""
+        if not self.schedule.auto:
+            return None
+        k, l0, linf = bounds
+        decision = self.schedule.decision_of(window_start_s)
+        return {
+            "max_contributions_per_window": k,
+            "max_keys_per_user": l0,
+            "max_contributions_per_key": linf,
+            "chosen": "start" if decision is None else decision.reason,
+            "epsilon": self.schedule.epsilon,
+        }
 
     def finish_window(
         self, window_start_s: int, releases: Sequence[LedgerRelease], now_s: float
@@ -615,6 +790,10 @@ class ReleaseStage:
             self.metrics.releases_published.labels(query=rel.query).inc(len(rel.records) - 1)
             self.metrics.keys_released.labels(query=rel.query).inc(len(rel.records) - 1)
             self.metrics.epsilon_spent.labels(query=rel.query).set(rel.epsilon_spent)
+        bounds = self.bounds_for(window_start_s)
+        if self.schedule.auto and bounds is not None:
+            charged = self.accountant.query_spent(window_start_s, BOUNDS_CHARGE)[0]
+            self.metrics.set_bounds(bounds, charged)
         spent = self.accountant.window_spent(window_start_s)[0]
         self.metrics.epsilon_remaining.set(max(0.0, self.config.privacy.epsilon_per_window - spent))
         horizon = self.horizon_spent(window_start_s)

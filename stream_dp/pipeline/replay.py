@@ -40,6 +40,7 @@ from stream_dp.pipeline.ingest import DeadLetter, InputRecord
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
 from stream_dp.pipeline.local import LocalPipeline
 from stream_dp.pipeline.records import dead_letter_record
+from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.privacy.pseudonymize import KeyRing
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ class ReplayResult:
     notes: list[str] = field(default_factory=list)
     #: The response record of each erasure request (``--erasures``), as the worker's.
     erasure_responses: list[dict[str, Any]] = field(default_factory=list)
+    #: ``bounds: auto``: each window's ledgered histograms (``#bounds``, never published;
+    #: their ε is charged to the window like a query's).
+    bounds_releases: list[LedgerRelease] = field(default_factory=list)
 
     @property
     def usable(self) -> int:
@@ -168,7 +172,9 @@ def replay_file(
             retain_ledger=True,
             erasures=None if erasures is None else erasures.erasures,
         )
-        result.releases = _run(pipeline, path, result)
+        covered = _run(pipeline, path, result)
+        result.releases = [r for r in covered if r.query != BOUNDS_CHARGE]
+        result.bounds_releases = [r for r in covered if r.query == BOUNDS_CHARGE]
     finally:
         if sink is not None:
             sink.close()

@@ -149,6 +149,8 @@ OFF_LOOP_RECORDS = 2_000
 #: A graceful stop (flush, commit, leave the group, close) takes at most this long in all,
 #: below the service's SHUTDOWN_TIMEOUT_S, even when the broker does not answer.
 SHUTDOWN_BUDGET_S = 20.0
+#: bounds: auto — how often the ledger is read again for bounds still awaited (the same set)
+BOUNDS_READ_INTERVAL_S = 1.0
 #: Topic metadata is refreshed this often, so partition-count changes are seen soon.
 METADATA_MAX_AGE_MS = 10_000
 
@@ -277,6 +279,8 @@ class Worker:
         #: The ledger had no coverage record at start: a new deployment, or a lost ledger.
         self._ledger_was_empty = False
         self._marks_sent_mono = -math.inf
+        #: bounds: auto — the windows last read for, and when (see _read_awaited_bounds)
+        self._bounds_read: tuple[frozenset[int], float] = (frozenset(), -math.inf)
         self._silent: set[int] = set()
         self._progress_sent_mono = -math.inf
         #: Partition counts seen at start per topic, and when a change stops settling.
@@ -790,6 +794,10 @@ class Worker:
         await self._catch_up_ledger([ledger_partition], bounded=True)
         self._faults.reached("after_ledger_readback")
         winners = stage.winners(window_start_s)
+        decision = stage.bounds_decision(window_start_s)
+        if decision is not None:  # bounds: auto — the next window's bounds, from the winners
+            key, value = decision
+            await self._send_many(self._ledger_topic, [(key, value, ledger_partition)])
         won = {w.release_id for w in winners}
         lost = [rel for rel in drawn if rel.release_id not in won]
         if lost:
@@ -877,6 +885,24 @@ class Worker:
         await self._send_many(
             self._ledger_topic, [(key, value, self._ledger_partition_of(window_start_s))]
         )
+
+    async def _read_awaited_bounds(self, now_mono: float) -> None:
+        """bounds: auto — windows due in either stage wait for their bounds, which the
+        releaser of the window before writes to that window's ledger partition: read those
+        partitions (when the set of awaited windows changed, else at most once a second)."""
+        assert self.ingest is not None and self.release is not None
+        awaited = self.ingest.awaiting_bounds | self.release.awaiting_bounds
+        awaited = {ws for ws in awaited if self.release.bounds_for(ws) is None}
+        if not awaited:
+            self._bounds_read = (frozenset(), -math.inf)
+            return
+        last_set, last_mono = self._bounds_read
+        if awaited == last_set and now_mono - last_mono < BOUNDS_READ_INTERVAL_S:
+            return
+        self._bounds_read = (frozenset(awaited), now_mono)
+        size = self.windows.size_s
+        partitions = sorted({self._ledger_partition_of(ws - size) for ws in awaited})
+        await self._catch_up_ledger(partitions, bounded=True)
 
     # -- consuming ------------------------------------------------------------------------
     def _split(self, tps: Sequence[TopicPartition]) -> tuple[list[int], list[int], list[int]]:
@@ -1242,6 +1268,7 @@ class Worker:
                 ledger_log = self._ledger_log
                 assert ledger_log is not None
                 await self._erasure.housekeeping(ingest, release, ledger_log.poll, mono)
+            await self._read_awaited_bounds(mono)
             watermark = release.watermark_s()
             if watermark is not None:
                 self.metrics.watermark.set(watermark)

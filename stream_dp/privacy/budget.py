@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 from stream_dp.errors import BudgetExceededError
 
+#: The charge of the histograms that choose automatic bounds (``bounds: auto``), in budget
+#: checks, the accountant and the ledger. Query names cannot start with "#".
+BOUNDS_CHARGE = "#bounds"
+
 #: Relative slack for float sums: 0.1 + 0.2 + 0.7 must fit a budget of 1.0.
 _REL_TOLERANCE = 1e-9
 

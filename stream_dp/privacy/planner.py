@@ -43,14 +43,23 @@ composed in zCDP (tighter over a long horizon).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from stream_dp.config.model import BoundsConfig, Config, QueryConfig, Statistic
 from stream_dp.errors import ConfigError
+from stream_dp.privacy.adaptive_bounds import (
+    AutoSpec,
+    BoundsTriple,
+    HistogramLayout,
+    QueryModel,
+    make_layout,
+    noise_scales,
+)
 from stream_dp.privacy.calibration import zcdp_epsilon
 from stream_dp.privacy.continual.planning import (
     ContinualPlan,
@@ -260,10 +269,8 @@ class QueryPlan:
 
 
 def _effective_bounds(bounds: BoundsConfig) -> tuple[int, int, int]:
-    k = bounds.max_contributions_per_window
-    l0 = min(bounds.max_keys_per_user or k, k)
-    linf = min(bounds.max_contributions_per_key or k, k)
-    return k, l0, linf
+    k, l0, linf = bounds.values()  # concrete bounds: a window's, never "auto"
+    return k, min(l0 or k, k), min(linf or k, k)
 
 
 def count_l2_squared(k: int, l0: int, linf: int) -> int:
@@ -642,6 +649,8 @@ class ConfigPlan:
     horizon: BudgetTotals
     bounds: BoundsConfig
     unsafe_test_mode: bool
+    #: ``bounds: auto``: the histograms each window releases and what they cost.
+    auto_bounds: AutoBoundsPlan | None = None
 
     def query(self, name: str) -> QueryPlan:
         for plan in self.queries:
@@ -659,6 +668,7 @@ class ConfigPlan:
                 "max_contributions_per_window": self.bounds.max_contributions_per_window,
                 "max_keys_per_user": self.bounds.max_keys_per_user,
                 "max_contributions_per_key": self.bounds.max_contributions_per_key,
+                "auto": None if self.auto_bounds is None else self.auto_bounds.describe(),
             },
             "window": {
                 "size_s": self.window_size_s,
@@ -675,10 +685,24 @@ class ConfigPlan:
 
 
 def plan_config(config: Config) -> ConfigPlan:
-    """Plan every query of a validated configuration (budgets were checked at load)."""
+    """Plan every query of a validated configuration (budgets were checked at load).
+
+    With ``bounds: auto`` the query plans are those of the first covered window (the start
+    values; later windows are planned with their own bounds), the caps are planned too (so
+    that a bound auto may choose is refused now, not mid-stream), and the window totals
+    include the histograms' charge.
+    """
     unsafe = config.privacy.unsafe_test_mode
-    plans = tuple(plan_query(q, config.bounds, unsafe_test_mode=unsafe) for q in config.queries)
+    start = config.bounds.start_bounds()
+    plans = tuple(plan_query(q, start, unsafe_test_mode=unsafe) for q in config.queries)
     charges = [c for p in plans for c in p.charges]
+    auto: AutoBoundsPlan | None = None
+    if config.bounds.is_auto:
+        cap = config.bounds.cap_bounds()
+        for q in config.queries:
+            plan_query(q, cap, unsafe_test_mode=unsafe)
+        auto = plan_auto_bounds(config, plans)
+        charges.append(PrivacyCharge("bounds:histograms", auto.epsilon, 0.0))
     horizon = config.privacy.horizon_windows
     return ConfigPlan(
         queries=plans,
@@ -691,4 +715,141 @@ def plan_config(config: Config) -> ConfigPlan:
         horizon=compose(charges, horizon),
         bounds=config.bounds,
         unsafe_test_mode=unsafe,
+        auto_bounds=auto,
+    )
+
+
+# ------------------------------------------------------------------ automatic bounds
+
+_BOUND_KEYS = {
+    "max_contributions_per_window": "k",
+    "max_keys_per_user": "l0",
+    "max_contributions_per_key": "linf",
+}
+
+
+@dataclass(frozen=True)
+class AutoBoundsPlan:
+    """``bounds: auto``: what each window releases to choose the next window's bounds."""
+
+    epsilon: float
+    epsilon_share: float
+    layout: HistogramLayout
+    spec: AutoSpec
+    start: BoundsTriple
+    #: query name → projection id (queries sharing where, group_by and keys share one)
+    projection_of: dict[str, str]
+    models: tuple[QueryModel, ...]
+
+    @property
+    def noise_scales(self) -> dict[str, float]:
+        return noise_scales(self.layout, self.epsilon)
+
+    def describe(self) -> dict[str, Any]:
+        k, l0, linf = self.start
+        caps = {
+            "max_contributions_per_window": self.spec.k if "k" in self.spec.auto else None,
+            "max_keys_per_user": self.spec.l0 if "l0" in self.spec.auto else None,
+            "max_contributions_per_key": self.spec.linf if "linf" in self.spec.auto else None,
+        }
+        return {
+            "chosen": [n for n, key in _BOUND_KEYS.items() if key in self.spec.auto],
+            "epsilon": self.epsilon,
+            "epsilon_share": self.epsilon_share,
+            "mechanism": "discrete_laplace",
+            "noise_scales": self.noise_scales,
+            "start": {
+                "max_contributions_per_window": k,
+                "max_keys_per_user": l0,
+                "max_contributions_per_key": linf,
+            },
+            "cap": caps,
+            "rule": "minimise the estimated error per released key (clipping bias + noise "
+            "+ selection threshold); the choice applies to the next window",
+            **self.layout.describe(),
+        }
+
+
+def projection_ids(queries: Sequence[QueryConfig]) -> dict[str, str]:
+    """Query name → ``p0``, ``p1``, …: queries that select the same events and keys (same
+    group_by, where, public key list and value field) share one projection."""
+    seen: dict[str, str] = {}
+    out: dict[str, str] = {}
+    for q in queries:
+        ident = repr((q.group_by, sorted(q.where.items()), q.keys, q.value_field))
+        out[q.name] = seen.setdefault(ident, f"p{len(seen)}")
+    return out
+
+
+def _auto_spec(bounds: BoundsConfig) -> AutoSpec:
+    cap = bounds.cap_bounds()
+    k, l0, linf = cap.values()
+    auto = frozenset(_BOUND_KEYS[n] for n in bounds.auto_fields)
+    return AutoSpec(auto=auto, k=k, l0=l0, linf=linf)
+
+
+def _query_model(query: QueryConfig, plan: QueryPlan, projection: str) -> QueryModel:
+    primary = plan.noise[0]
+    if plan.mechanism == "discrete_laplace":
+        per_unit = primary.mechanism.scale / primary.sensitivity.l1
+    else:
+        per_unit = primary.mechanism.scale / primary.sensitivity.l2
+    keep: Callable[[int, int], float] | None = None
+    selection = plan.selection
+    if selection is not None and not isinstance(selection, CountThreshold):
+        strategy = query.selection
+        assert strategy != "count_threshold"
+        eps, delta = plan.selection_epsilon, plan.selection_delta
+
+        @functools.lru_cache(maxsize=64)
+        def rule(l0: int) -> PartitionSelection:
+            return make_selection(
+                strategy, epsilon=eps, delta=delta, max_partitions_contributed=l0
+            )
+
+        def keep(l0: int, users: int) -> float:
+            return rule(l0).keep_probability(users)
+
+    return QueryModel(
+        name=query.name,
+        projection=projection,
+        distinct_users=plan.statistic == "count_distinct_users",
+        mechanism=plan.mechanism,
+        scale_per_sensitivity=per_unit,
+        public_keys=None if plan.public_keys is None else len(plan.public_keys),
+        keep_probability=keep,
+    )
+
+
+def plan_auto_bounds(config: Config, plans: Sequence[QueryPlan]) -> AutoBoundsPlan:
+    """The histograms (layout), spend and choice inputs of a configuration with auto bounds."""
+    bounds = config.bounds
+    spec = _auto_spec(bounds)
+    k_cap = spec.k
+    projection_of = projection_ids(config.queries)
+    projections: dict[str, list[str]] = {}
+    for name, p in projection_of.items():
+        projections.setdefault(p, []).append(name)
+    # only what the choice needs: events for k (and for events per key when L0 is chosen
+    # without Linf), keys per user for L0 and Linf, per-key counts for Linf
+    keyed = bool({"l0", "linf"} & spec.auto)
+    layout = make_layout(
+        k_cap=k_cap,
+        keys_cap=min(spec.l0 or k_cap, k_cap) if keyed else None,
+        per_key_cap=min(spec.linf or k_cap, k_cap) if "linf" in spec.auto else None,
+        projections=projections,
+        events="k" in spec.auto or "linf" not in spec.auto,
+    )
+    models = tuple(
+        _query_model(q, plan, projection_of[q.name])
+        for q, plan in zip(config.queries, plans, strict=True)
+    )
+    return AutoBoundsPlan(
+        epsilon=config.bounds_epsilon,
+        epsilon_share=bounds.auto_settings.epsilon_share,
+        layout=layout,
+        spec=spec,
+        start=bounds.start_bounds().values(),
+        projection_of=projection_of,
+        models=models,
     )

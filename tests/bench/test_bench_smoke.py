@@ -153,7 +153,9 @@ def test_report_and_plot(smoke: tuple[Path, dict[str, Any]]) -> None:
     assert "## 2. Scale-out: 1, 2 and 3 worker processes" in text
     assert "(scaling_workers.png)" in text
     assert "## 5. Continual release: running totals (simulated, no Kafka)" in text
-    for name in ("throughput.png", "scaling_workers.png", "continual_rmse.png"):
+    assert "## 6. Automatic bounds (bounds: auto)" in text
+    plots = ("throughput.png", "scaling_workers.png", "continual_rmse.png", "auto_bounds_drift.png")
+    for name in plots:
         png = (out / name).read_bytes()
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000, name
     assert "## 6. Profiles of the default path, before and after" in text
