@@ -223,8 +223,8 @@ class Metrics:
             registry=r,
         )
 
-        # --- bounds: auto (the bounds are differentially private: chosen from released
-        # histograms; NaN while no window was released with them) --------------------------
+        # --- bounds (fixed, or under bounds: auto differentially private: chosen from
+        # released histograms; NaN while no window was released with them) ---------------
         self.bounds_contributions_per_window = Gauge(
             "stream_dp_bounds_max_contributions_per_window",
             "k (events kept per user) the most recently released window was bounded with.",

@@ -791,8 +791,12 @@ class ReleaseStage:
             self.metrics.keys_released.labels(query=rel.query).inc(len(rel.records) - 1)
             self.metrics.epsilon_spent.labels(query=rel.query).set(rel.epsilon_spent)
         bounds = self.bounds_for(window_start_s)
-        if self.schedule.auto and bounds is not None:
-            charged = self.accountant.query_spent(window_start_s, BOUNDS_CHARGE)[0]
+        if bounds is not None:  # fixed bounds too: the gauges say what a window used
+            charged = (
+                self.accountant.query_spent(window_start_s, BOUNDS_CHARGE)[0]
+                if self.schedule.auto
+                else 0.0
+            )
             self.metrics.set_bounds(bounds, charged)
         spent = self.accountant.window_spent(window_start_s)[0]
         self.metrics.epsilon_remaining.set(max(0.0, self.config.privacy.epsilon_per_window - spent))
