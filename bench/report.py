@@ -549,7 +549,7 @@ def _profile_section(r: dict[str, Any]) -> list[str]:
     tp = r["throughput"]
     lines = [
         "",
-        "## 6. Profiles of the default path, before and after",
+        "## 7. Profiles of the default path, before and after",
         "",
         "py-spy samples (200 Hz) of one worker process in the default configuration "
         "(`input.keyed_by_user: false`), as contender b2 runs it, reduced to functions; "

@@ -105,7 +105,7 @@ NOTES = [
     "The Kafka client's work per record. aiokafka builds a Python `ConsumerRecord` for every "
     "record it hands out (its `getmany` parses the fetched batches) and its producer takes "
     "tens of microseconds of Python per `send`; the raw consumer pays the first, and it is "
-    "the largest single item in the worker's profile (section 6). The worker never sends "
+    "the largest single item in the worker's profile (section 7). The worker never sends "
     "one record per event any more: stage 0 writes packed records and record batches "
     "(`send_batch`) carry the output.",
     "Python work per event that cannot be batched away: one orjson decode per record (as the "
