@@ -158,7 +158,7 @@ def test_report_and_plot(smoke: tuple[Path, dict[str, Any]]) -> None:
     for name in plots:
         png = (out / name).read_bytes()
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000, name
-    assert "## 6. Profiles of the default path, before and after" in text
+    assert "## 7. Profiles of the default path, before and after" in text
     # The profile of the old code ships with the bench; this run's is drawn beside it
     # (unless py-spy may not attach here, which the report then says).
     before = (out / "profiles" / "default_path_before.svg").read_text(encoding="utf-8")
