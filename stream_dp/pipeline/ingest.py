@@ -82,7 +82,12 @@ from stream_dp.privacy.erasure import Erasure, ErasureSet
 from stream_dp.privacy.group_values import canonical_value, json_default
 from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
-from stream_dp.privacy.user_samples import UserSamples, new_sampling_generator
+from stream_dp.privacy.user_samples import (
+    UserSamples,
+    first_k_per_user,
+    new_sampling_generator,
+    per_user_items,
+)
 from stream_dp.windows import TumblingWindows, WatermarkTracker
 
 __all__ = ["DeadLetter", "IngestStage", "InputRecord", "ReleasedWindows", "user_key"]
@@ -110,28 +115,6 @@ class _NothingReleased:
 
     def bounds_for(self, window_start_s: int) -> BoundsTriple | None:
         return None
-
-
-def per_user_items(users: np.ndarray, items: np.ndarray) -> list[list[int]]:
-    """A sample's columns (users numbered 0, 1, … and grouped) as one item list per user."""
-    if len(users) == 0:
-        return []
-    starts = np.flatnonzero(np.diff(users)) + 1
-    return [part.tolist() for part in np.split(items, starts)]
-
-
-def first_k_per_user(
-    users: np.ndarray, items: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """At most k events per user of a sample (:meth:`UserSamples.sample`): each user's
-    events come in uniformly random order, so their first k are a uniform k-subset (a
-    uniform subsample of a uniform sample of the cap is a uniform sample of all)."""
-    if len(users) == 0:
-        return users, items
-    first = np.concatenate(([0], np.flatnonzero(np.diff(users)) + 1))
-    rank = np.arange(len(users)) - first[users]
-    keep = rank < k
-    return users[keep], items[keep]
 
 
 def user_key(user: str | int, normalization: UserIdNormalization = "none") -> bytes:

@@ -21,7 +21,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -165,25 +165,25 @@ class ColumnIngest:
     _empty_user: BadRecord
     erasures: ErasureSet | None
 
-    def _tracker(self, partition: int, now_mono_s: float, *, routed: bool) -> WatermarkTracker:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by IngestStage
 
-    def _update_gauges(self) -> None:
-        raise NotImplementedError
+        def _tracker(
+            self, partition: int, now_mono_s: float, *, routed: bool
+        ) -> WatermarkTracker: ...
 
-    def _dead(
-        self,
-        bad: BadRecord,
-        partition: int,
-        offset: int,
-        value: bytes | None,
-        include_payload: bool,
-        topic: str | None = None,
-    ) -> DeadLetter:
-        raise NotImplementedError
+        def _update_gauges(self) -> None: ...
 
-    def _misplaced_detail(self) -> str:
-        raise NotImplementedError
+        def _dead(
+            self,
+            bad: BadRecord,
+            partition: int,
+            offset: int,
+            value: bytes | None,
+            include_payload: bool,
+            topic: str | None = None,
+        ) -> DeadLetter: ...
+
+        def _misplaced_detail(self) -> str: ...
 
     # -- stage 0 ---------------------------------------------------------------------------
     def route_packed(

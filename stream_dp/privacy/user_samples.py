@@ -213,3 +213,23 @@ class UserSamples:
         parts = ([self._kept] if self._kept is not None else []) + self._buffer
         dropped = 0 if self._dropped is None else sum(a.nbytes for a in self._dropped)
         return sum(a.nbytes for part in parts for a in part) + dropped
+
+
+def per_user_items(users: np.ndarray, items: np.ndarray) -> list[list[int]]:
+    """A sample's columns (users numbered 0, 1, … and grouped) as one item list per user."""
+    if len(users) == 0:
+        return []
+    starts = np.flatnonzero(np.diff(users)) + 1
+    return [part.tolist() for part in np.split(items, starts)]
+
+
+def first_k_per_user(users: np.ndarray, items: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most k events per user of a sample (:meth:`UserSamples.sample`): each user's
+    events come in uniformly random order, so their first k are a uniform k-subset (a
+    uniform subsample of a uniform sample of the cap is a uniform sample of all)."""
+    if len(users) == 0:
+        return users, items
+    first = np.concatenate(([0], np.flatnonzero(np.diff(users)) + 1))
+    rank = np.arange(len(users)) - first[users]
+    keep = rank < k
+    return users[keep], items[keep]

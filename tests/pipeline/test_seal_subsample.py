@@ -10,8 +10,7 @@ from collections import Counter
 
 import numpy as np
 
-from stream_dp.pipeline.ingest import first_k_per_user, per_user_items
-from stream_dp.privacy.user_samples import UserSamples
+from stream_dp.privacy.user_samples import UserSamples, first_k_per_user, per_user_items
 
 A = bytes([1]) * 16
 B = bytes([2]) * 16
