@@ -22,7 +22,7 @@ The rule (PRIVACY.md, Budget; :mod:`stream_dp.privacy.adaptive_bounds` has the a
 from __future__ import annotations
 
 import functools
-import random
+import random  # only the type of the sampling PRNG that picks a user's per-key bin (not a DP draw)
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -237,7 +237,8 @@ def released_values(releases: Sequence[LedgerRelease]) -> dict[str, list[float]]
 
 
 class AutoSeal:
-    """Stage 1's part: a sealed window's exact histograms, and its users cut to its k."""
+    """Stage 1's part: a sealed window's exact histograms (the cut to its k:
+    :func:`stream_dp.privacy.user_samples.first_k_per_user`)."""
 
     def __init__(self, layout: HistogramLayout, projections: Mapping[str, Projection]) -> None:
         self.layout = layout
@@ -247,14 +248,6 @@ class AutoSeal:
         self, users: Sequence[Sequence[int]], rng: random.Random
     ) -> dict[str, list[int]]:
         return user_histograms(self.layout, users, self.projections, rng)
-
-    @staticmethod
-    def subsample(
-        users: Sequence[Sequence[int]], k: int, rng: random.Random
-    ) -> list[Sequence[int]]:
-        """At most k items per user, uniformly: a uniform subsample of a uniform reservoir
-        (of the cap) is a uniform sample of all the user's events."""
-        return [items if len(items) <= k else rng.sample(list(items), k) for items in users]
 
 
 def auto_seal_plan(config: Config, queries: Sequence[Any]) -> AutoSeal | None:

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import bisect
 import math
-import random
+import random  # only the type of the sampling PRNG that picks a user's per-key bin (not a DP draw)
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any

@@ -15,7 +15,7 @@ each event stamped with the clock at the moment it is generated.
 
 from __future__ import annotations
 
-import random
+import random  # synthetic test and bench data, seeded for reproducibility: never a DP draw
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any

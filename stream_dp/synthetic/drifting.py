@@ -21,7 +21,7 @@ event-time order.
 
 from __future__ import annotations
 
-import random
+import random  # synthetic test and bench data, seeded for reproducibility: never a DP draw
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
