@@ -202,3 +202,17 @@ def test_plan_shows_the_split_and_its_json_validates(
     assert math.isclose(plan["window"]["epsilon"], 1.0)
     # the queries are planned at the first window's bounds (the start values)
     assert plan["queries"][0]["sensitivity"]["l1"] == 40
+
+
+@pytest.mark.parametrize(
+    "spelling", ["AUTO", "Auto", "' auto'", "yes", "on", "true", "40.5", "1e3"]
+)
+@pytest.mark.parametrize("bound", sorted(ALL_AUTO))
+def test_only_the_exact_word_auto_or_an_integer_is_a_bound(bound: str, spelling: str) -> None:
+    """YAML turns `yes`/`on`/`true` into True and `40.0` into a float: none of these, nor
+    another spelling of auto, may silently become a bound (a True read as 1, a fraction
+    rounded, or a misspelt auto taken as fixed) — each is refused with what to write."""
+    text = f"bounds:\n  {bound}: {spelling}\n"
+    data = _data(yaml.safe_load(text)["bounds"])
+    with pytest.raises(ConfigError, match="or auto"):
+        parse_config(data)
