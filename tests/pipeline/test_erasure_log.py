@@ -4,6 +4,7 @@ an erasure, and positions that count fences (a partial's ``erasures_through``)."
 from __future__ import annotations
 
 import asyncio
+import time
 
 from aiokafka import AIOKafkaProducer
 
@@ -11,6 +12,7 @@ from stream_dp.pipeline.erasure_log import ErasureLog
 from stream_dp.pipeline.erasure_records import encode_erasure
 from stream_dp.privacy.erasure import ErasureSet, erasure_pseudonyms
 from tests.helpers import TopicFactory
+from tests.integration.support import HANG_GUARD_S
 from tests.pipeline.support import KEYRING, T0
 
 
@@ -43,11 +45,12 @@ async def test_catch_up_reads_every_erasure_recorded_before_it(
         bob = erasure_pseudonyms("bob", KEYRING, "nfkc_casefold_strip")
         await send(*encode_erasure(bob, recorded_at_s=T0, expires_at_s=T0 + 3600))
         followed = []
-        for _ in range(600):  # poll never waits; the background fetch brings it (hang guard)
+        # poll never waits; the background fetch brings it (the deadline is a hang guard)
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not followed and time.monotonic() < deadline:
             followed += await reader.poll()
-            if followed:
-                break
-            await asyncio.sleep(0.05)
+            if not followed:
+                await asyncio.sleep(0.05)
         assert [dict(e.pseudonyms) for e in followed] == [bob]
         assert erasures.erased("k1", T0) == {alice["k1"], bob["k1"]}
     finally:
