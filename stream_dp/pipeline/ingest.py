@@ -220,6 +220,12 @@ class IngestStage(ColumnIngest):
         # Stage 0, per input partition: largest event time routed, last record (monotonic).
         self._routed_max: dict[int, float] = {}
         self._routed_activity: dict[int, float] = {}
+        #: Idleness (of stage 0's input partitions and of stage 1's own, read directly)
+        #: counts only as far as :meth:`read_to_end` proves it (the worker, which reads
+        #: Kafka); otherwise silence up to now is idleness (offline use, unit tests).
+        self.require_read_proof = False
+        # Stage 0, per input partition: when its reader was last at the log's end.
+        self._routed_read_through: dict[int, float] = {}
         #: Erasures in force (README, Erasure): set by the transport when erasure is on.
         self.erasures: ErasureSet | None = None
         #: The erasure-log position this stage's state has applied (stamped on partials).
@@ -244,6 +250,7 @@ class IngestStage(ColumnIngest):
                 tracker = WatermarkTracker(
                     grace_s=self.config.window.grace_s,
                     idle_timeout_s=self.config.window.idle_close_s,
+                    require_read_proof=self.require_read_proof,
                 )
                 if routed:
                     tracker.expect(range(self.input_partitions))
@@ -271,6 +278,18 @@ class IngestStage(ColumnIngest):
     @property
     def partitions(self) -> list[int]:
         return sorted(self._trackers)
+
+    def read_to_end(self, partition: int, at_mono_s: float, *, input_topic: bool) -> None:
+        """A fetch answer at ``at_mono_s`` found this worker's reader at the end of the
+        partition (of the input topic read by stage 0 if ``input_topic``, else of the
+        stage-1 topic): silence before it is the partition's own, so it may count as idle."""
+        if input_topic:
+            if at_mono_s > self._routed_read_through.get(partition, -math.inf):
+                self._routed_read_through[partition] = at_mono_s
+        else:
+            tracker = self._trackers.get(partition)
+            if tracker is not None:
+                tracker.read_to_end(partition, at_mono_s)
 
     def restart_idle_clocks(self, now_mono_s: float) -> None:
         for tracker in self._trackers.values():
@@ -369,18 +388,28 @@ class IngestStage(ColumnIngest):
             orjson.dumps(
                 {
                     "t": self._routed_max.get(p),
-                    "idle_s": max(0.0, now_mono_s - last),
+                    "idle_s": self._routed_quiet_s(p, last, now_mono_s),
                     "src": [p, -1],
                 }
             )
             for p, last in sorted(self._routed_activity.items())
         ]
 
+    def _routed_quiet_s(self, partition: int, last_activity_s: float, now_mono_s: float) -> float:
+        """How long stage 0 knows an input partition to have been quiet: until now, or
+        with :attr:`require_read_proof` until the last fetch that found its reader at the
+        log's end — a reader that cannot fetch must not call its input idle."""
+        known = now_mono_s
+        if self.require_read_proof:
+            known = min(now_mono_s, self._routed_read_through.get(partition, -math.inf))
+        return max(0.0, known - last_activity_s)
+
     def forget_routed(self, partitions: Iterable[int]) -> None:
         """Input partitions stage 0 no longer owns."""
         for p in partitions:
             self._routed_max.pop(p, None)
             self._routed_activity.pop(p, None)
+            self._routed_read_through.pop(p, None)
 
     def _pseudonym(self, user: str | int, pseudonymize: Callable[[str | int], bytes]) -> bytes:
         """The pseudonym of a raw id (normalised first); ``_EMPTY_ID`` if nothing is left."""

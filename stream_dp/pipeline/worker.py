@@ -71,6 +71,7 @@ from aiokafka.errors import (
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
+from stream_dp.clients.read_to_end import read_to_end_at
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
 from stream_dp.ops.health import Health
@@ -123,6 +124,10 @@ LEDGER_DELAY_ENV = "STREAM_DP_TEST_LEDGER_DELAY_S"
 #: Test-only: the first N ledger reads when partitions arrive fail (a broker hiccup while
 #: taking partitions). Same switch as the crash points.
 TAKE_FAILURES_ENV = "STREAM_DP_TEST_TAKE_FAILURES"
+#: Test-only: ``<partition>:<seconds>`` — once taken, that partition of the topic the worker
+#: reads events from (the input) fetches nothing for that long: a reader that cannot fetch
+#: (a stalled connection, a slow rejoin) while events wait. Same switch as the crash points.
+STALL_INPUT_ENV = "STREAM_DP_TEST_STALL_INPUT"
 
 MAX_RECORDS_PER_FETCH = 40_000
 #: Bytes fetched per partition and request: the consumer fetches a partition again only once
@@ -181,6 +186,11 @@ class _TestFaults:
         self.pause = self._parse(os.environ.get(PAUSE_POINT_ENV, "") if allowed else "")
         self.ledger_delay_s = float(os.environ.get(LEDGER_DELAY_ENV, "0") or 0) if allowed else 0.0
         self.take_failures = int(os.environ.get(TAKE_FAILURES_ENV, "0") or 0) if allowed else 0
+        stall = os.environ.get(STALL_INPUT_ENV, "") if allowed else ""
+        partition, _, seconds = stall.partition(":")
+        self.stall_input: tuple[int, float] | None = (
+            (int(partition), float(seconds or "0")) if partition else None
+        )
 
     @staticmethod
     def _parse(spec: str) -> list[Any] | None:
@@ -440,6 +450,8 @@ class Worker:
         self.ingest = IngestStage(
             self.config, self.keyring, released=self.release, metrics=self.metrics
         )
+        # Silence is idleness only where a fetch found the reader at the log's end.
+        self.ingest.require_read_proof = True
         self.ingest.routed_partitions = max(1, len(self._routed_to))
         if self.config.erasure.enabled:
             self._erasure = WorkerErasure(
@@ -987,7 +999,28 @@ class Worker:
         if pending:
             self._consumer.resume(*pending)
             log.info("partitions taken: ledger read, state built, fetching resumed")
+            self._stall_input_once(pending)
         self.health.set("partitions_assigned", bool(current))
+
+    def _stall_input_once(self, taken: list[TopicPartition]) -> None:
+        """The STALL_INPUT_ENV test fault: pause one input partition for a while."""
+        stall, consumer = self._faults.stall_input, self._consumer
+        assert consumer is not None
+        if stall is None:
+            return
+        tp = TopicPartition(self._input_topic, stall[0])
+        if tp not in taken:
+            return
+        self._faults.stall_input = None
+        consumer.pause(tp)
+        log.warning("test fault: input partition %d fetches nothing for %g s", *stall)
+
+        def resume() -> None:
+            if tp in consumer.assignment() and tp not in self._to_take:
+                consumer.resume(tp)
+                log.warning("test fault: input partition %d fetches again", stall[0])
+
+        asyncio.get_running_loop().call_later(stall[1], resume)
 
     async def _take(self, assigned: list[TopicPartition]) -> None:
         assert self.ingest is not None and self.release is not None
@@ -1147,6 +1180,23 @@ class Worker:
                     await fetch
         return fetch.result() if not fetch.cancelled() else None
 
+    def _prove_read_to_end(
+        self, owned: set[TopicPartition], waiting: set[TopicPartition], now: float, mono: float
+    ) -> None:
+        """Tell the ingest stage which partitions it reads (stage 0's input, stage 1's own
+        in keyed mode) a fetch found at their end, and when: only that silence is idleness."""
+        ingest = self.ingest
+        assert self._consumer is not None and ingest is not None
+        read_topic = self._input_topic if not self._keyed else self._stage1_topic
+        for tp in owned:
+            if tp.topic != read_topic or tp in waiting:
+                continue
+            at = read_to_end_at(self._consumer, tp)
+            if at is not None:
+                ingest.read_to_end(
+                    tp.partition, mono - max(0.0, now - at), input_topic=not self._keyed
+                )
+
     async def _loop(self) -> None:
         assert self._consumer is not None
         while not self._stopping.is_set():
@@ -1216,6 +1266,7 @@ class Worker:
                 routed_positions[tp.partition] = msgs[-1].offset + 1
             else:
                 continue
+        self._prove_read_to_end(owned, waiting, now, mono)
         if sum(len(msgs) for msgs in batch.values()) >= MAX_RECORDS_PER_FETCH or self._leaderless:
             # A full fetch: the worker is behind, so a partition that delivered nothing may
             # just not have had its turn; a partition without a leader is an outage. Nothing

@@ -9,6 +9,11 @@ watermark = min over assigned partitions of the largest event time seen, minus g
   runs only while the whole stream is idle: replaying old data at full speed never closes
   windows early.
 * The watermark never moves backwards.
+* Silence is idleness only as far as it is proven (``require_read_proof``): a partition is
+  quiet through the last fetch answer that found its reader at the log's end, not through
+  "now" — a reader that cannot fetch (a broker stall, a paused or reassigned partition)
+  proves nothing, and its unread events must not become late. A reported partition is
+  quiet through its last report.
 
 Times are passed in (``now_s`` from a monotonic clock), so the tracker is pure and testable.
 """
@@ -33,20 +38,46 @@ class _PartitionClock:
     reported: bool = False
     #: Idle duration in its first idle report since another partition last woke up.
     idle_base_s: float | None = None
+    #: Silence up to here is the partition's own (its reader was at the log's end then, or
+    #: its last report said so); inf: silence is trusted up to now.
+    read_through_s: float = math.inf
 
 
 class WatermarkTracker:
-    def __init__(self, *, grace_s: float, idle_timeout_s: float) -> None:
+    def __init__(
+        self, *, grace_s: float, idle_timeout_s: float, require_read_proof: bool = False
+    ) -> None:
         self.grace_s = grace_s
         self.idle_timeout_s = idle_timeout_s
+        #: Silence counts only through :meth:`read_to_end` proofs (the worker); without it
+        #: (offline use, tests of the rules) silence counts up to now.
+        self.require_read_proof = require_read_proof
         self._partitions: dict[int, _PartitionClock] = {}
         self._max_event_time_s: float | None = None
         self._last_record_s: float | None = None
         self._watermark_s: float | None = None
 
+    def _clock(self, now_s: float) -> _PartitionClock:
+        clock = _PartitionClock(None, now_s)
+        if self.require_read_proof:
+            clock.read_through_s = -math.inf
+        return clock
+
     def assign(self, partitions: Iterable[int], now_s: float) -> None:
         for p in partitions:
-            self._partitions.setdefault(p, _PartitionClock(None, now_s))
+            if p not in self._partitions:
+                self._partitions[p] = self._clock(now_s)
+
+    def read_to_end(self, partition: int, at_s: float) -> None:
+        """The partition's reader was at the log's end at ``at_s``: its silence until then
+        is the partition's, not a stalled reader's."""
+        clock = self._partitions.get(partition)
+        if clock is not None and not clock.reported and at_s > clock.read_through_s:
+            clock.read_through_s = at_s
+
+    def _quiet_for(self, clock: _PartitionClock, now_s: float) -> float:
+        """How long the partition is known to have been quiet at ``now_s``."""
+        return min(now_s, clock.read_through_s) - clock.last_activity_s
 
     def start_at(self, first_event_time_s: float, now_s: float) -> None:
         """Event time begins here (the first covered window), not at the first event: with
@@ -97,6 +128,8 @@ class WatermarkTracker:
             clock.idle_base_s = None
             confirmed = False
         clock.last_activity_s = now_s - idle_for_s if confirmed else math.inf
+        # Quiet as far as this report: if reports stop, idleness stops growing here.
+        clock.read_through_s = now_s
         activity = [c.last_activity_s for c in self._partitions.values()]
         # The whole stream is idle (wall-clock rule) only when every partition is reported so.
         self._last_record_s = max(activity) if activity else None
@@ -113,7 +146,7 @@ class WatermarkTracker:
         """Record that ``partition`` delivered events up to ``max_event_time_s`` at ``now_s``."""
         clock = self._partitions.get(partition)
         if clock is None:
-            clock = self._partitions[partition] = _PartitionClock(None, now_s)
+            clock = self._partitions[partition] = self._clock(now_s)
         if clock.max_event_time_s is None or max_event_time_s > clock.max_event_time_s:
             clock.max_event_time_s = max_event_time_s
         clock.last_activity_s = now_s
@@ -132,12 +165,13 @@ class WatermarkTracker:
         """How long every partition has been idle (0 while any is active)."""
         if not self._partitions or not all(self.is_idle(p, now_s) for p in self._partitions):
             return 0.0
-        return max(0.0, now_s - max(c.last_activity_s for c in self._partitions.values()))
+        return max(0.0, min(self._quiet_for(c, now_s) for c in self._partitions.values()))
 
     def is_idle(self, partition: int, now_s: float) -> bool:
-        """Whether the partition delivered nothing for the idle timeout (unknown: idle)."""
+        """Whether the partition is known to have delivered nothing for the idle timeout
+        (unknown: idle)."""
         clock = self._partitions.get(partition)
-        return clock is None or now_s - clock.last_activity_s >= self.idle_timeout_s
+        return clock is None or self._quiet_for(clock, now_s) >= self.idle_timeout_s
 
     def restart_idle_clocks(self, now_s: float) -> None:
         """Forget idleness, e.g. after a broker outage: silence then was not an idle stream."""
@@ -154,16 +188,17 @@ class WatermarkTracker:
     def watermark(self, now_s: float) -> float | None:
         """The current watermark in event-time seconds (None before any event)."""
         candidate: float | None = None
-        active = [
-            c for c in self._partitions.values() if now_s - c.last_activity_s < self.idle_timeout_s
-        ]
+        clocks = self._partitions.values()
+        active = [c for c in clocks if self._quiet_for(c, now_s) < self.idle_timeout_s]
         if active and all(c.max_event_time_s is not None for c in active):
             candidate = min(c.max_event_time_s for c in active if c.max_event_time_s is not None)
             candidate -= self.grace_s
         elif not active and self._max_event_time_s is not None:
             # Every partition is idle: the slowest no longer holds the others back.
             candidate = self._max_event_time_s - self.grace_s
-        stream_idle_s = None if self._last_record_s is None else now_s - self._last_record_s
+        # The stream is idle as far as every partition's silence is proven.
+        known_s = min((min(now_s, c.read_through_s) for c in clocks), default=now_s)
+        stream_idle_s = None if self._last_record_s is None else known_s - self._last_record_s
         if (
             stream_idle_s is not None
             and stream_idle_s >= self.idle_timeout_s

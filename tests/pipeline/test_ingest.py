@@ -278,6 +278,33 @@ def test_progress_marks_report_the_largest_time_routed_and_idleness() -> None:
     assert [m["src"] for m in marks(11)] == [[1, -1]]
 
 
+def test_progress_marks_call_an_input_partition_idle_only_as_far_as_a_fetch_proved_it() -> None:
+    """In the worker, silence counts as idleness only up to the last fetch answer that found
+    the reader at the partition's end: a reader that cannot fetch (a broker stall, a paused
+    partition) proves nothing, and its unread events must not become late (the CI chaos
+    smoke lost a third of a window that way)."""
+    router = _router(0, 1, now_mono_s=0)
+    router.require_read_proof = True
+
+    def idle(now_mono_s: float) -> list[float]:
+        return [orjson.loads(m)["idle_s"] for m in router.progress_marks(now_mono_s)]
+
+    router.route(0, numbered([("u", 20, "a")]), now_s=NOW, now_mono_s=1)
+    assert idle(60) == [0.0, 0.0]  # a minute of silence, no fetch at the end: not idle
+    router.read_to_end(0, 15, input_topic=True)
+    router.read_to_end(1, 12, input_topic=True)
+    assert idle(60) == [14.0, 12.0]  # quiet from the last activity to the last proof
+    router.read_to_end(0, 10, input_topic=True)  # an older proof changes nothing
+    assert idle(60) == [14.0, 12.0]
+    router.read_to_end(0, 59, input_topic=True)
+    assert idle(50)[0] == 49.0  # never beyond now
+    router.route(0, numbered([("v", 21, "a")], first=1), now_s=NOW, now_mono_s=61)
+    assert idle(70)[0] == 0.0  # activity after the last proof: quiet for none of it yet
+    router.forget_routed([1])  # moved away: its proof goes with it
+    router.assign_routed([1], 70)
+    assert idle(80)[1] == 0.0
+
+
 def test_progress_marks_let_a_partition_without_a_sources_users_advance() -> None:
     """Input partition 1's users all go to other repartition partitions; its progress
     marks, written to every repartition partition, still move its clock here."""

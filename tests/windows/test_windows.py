@@ -59,6 +59,35 @@ def test_watermark_never_moves_back() -> None:
     assert t.watermark(now_s=1) == 1000
 
 
+def test_silence_is_idleness_only_as_far_as_a_read_to_the_end_proves_it() -> None:
+    """With ``require_read_proof`` (the worker) a partition is idle only through the last
+    fetch that found its reader at the log's end: a reader that cannot fetch proves
+    nothing, so its unread events cannot become late."""
+    t = WatermarkTracker(grace_s=0, idle_timeout_s=30, require_read_proof=True)
+    t.assign([0, 1], now_s=0)
+    t.observe(0, 100, now_s=1)
+    t.observe(1, 50, now_s=1)
+    t.observe(0, 500, now_s=60)  # partition 1 silent since t=1, never read to its end
+    assert t.watermark(now_s=60) == 50 and not t.is_idle(1, now_s=60)
+    t.read_to_end(1, at_s=20)  # proven quiet 19 s < 30
+    assert t.watermark(now_s=60) == 50
+    t.read_to_end(1, at_s=31)  # proven quiet 30 s
+    assert t.is_idle(1, now_s=60) and t.watermark(now_s=60) == 500
+    assert t.idle_for(now_s=60) == 0.0  # partition 0 is active
+
+
+def test_the_wall_clock_rule_advances_only_as_far_as_reads_prove_silence() -> None:
+    t = WatermarkTracker(grace_s=5, idle_timeout_s=2, require_read_proof=True)
+    t.assign([0], now_s=0)
+    t.observe(0, 1000, now_s=0)
+    assert t.watermark(now_s=100) == 995  # 100 s without a fetch: no advance
+    t.read_to_end(0, at_s=10)
+    assert t.watermark(now_s=100) == 1000 + 10 - 5
+    assert t.idle_for(now_s=100) == 10
+    t.read_to_end(0, at_s=20)
+    assert t.watermark(now_s=100) == 1000 + 20 - 5
+
+
 def _reported(*partitions: int) -> WatermarkTracker:
     """A tracker of partitions whose idleness only their readers' reports establish."""
     t = WatermarkTracker(grace_s=1, idle_timeout_s=5)
@@ -133,3 +162,15 @@ def test_a_quiet_reported_partition_does_not_stall_one_that_keeps_advancing() ->
         t.report(1, min(now, 3), max(0.0, now - 3.0), now_s=now)  # its last event at 3
     watermark = t.watermark(now_s=59)
     assert watermark is not None and watermark >= 50  # the rule before confirmation: 58
+
+
+def test_a_reported_partition_is_quiet_only_as_far_as_its_last_report() -> None:
+    """Reports stop when its reader stops (a stalled worker): idleness is not extrapolated
+    past the last one by this tracker's clock."""
+    t = _reported(0)
+    t.report(0, 20, 10.0, now_s=10)
+    t.report(0, 20, 10.0 + IDLE_CONFIRM_S, now_s=11)
+    assert t.watermark(now_s=11) == 20 + 11 - 1
+    assert t.watermark(now_s=100) == 20 + 11 - 1  # no report since t=11
+    t.report(0, 20, 15.0, now_s=15)
+    assert t.watermark(now_s=100) == 20 + 15 - 1
