@@ -155,6 +155,7 @@ def _event_time(event: Any = None) -> float:
 app = faust.App(
     SPEC.get("app_id", "bench-faust"),
     broker=f"kafka://{SPEC.get('bootstrap', '127.0.0.1:9092')}",
+    datadir=SPEC.get("datadir", "{conf.name}-data"),
     store="memory://",
     value_serializer="raw",
     key_serializer="raw",

@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -300,8 +301,11 @@ def run_faust(
     bootstrap: str, topic: str, events: int, windows: int, window_size_s: int, broker_pid: int
 ) -> dict[str, Any]:
     app_id = f"bench-faust-{uuid.uuid4().hex[:10]}"
+    # Faust keeps table metadata in a data directory (cwd by default): a temporary one.
+    datadir = tempfile.TemporaryDirectory(prefix=f"{app_id}-")
     spec = {
         "app_id": app_id,
+        "datadir": datadir.name,
         "bootstrap": bootstrap,
         "topic": topic,
         "output_topic": f"{app_id}-out",
@@ -318,6 +322,7 @@ def run_faust(
             raise RuntimeError(f"faust processed {result['events']} of {events} events")
     finally:
         asyncio.run(delete_topics(bootstrap, prefix=app_id))
+        datadir.cleanup()
     return result
 
 

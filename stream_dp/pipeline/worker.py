@@ -283,6 +283,10 @@ class Worker:
         #: Partitions assigned but not taken yet (ledger read, state built): paused until
         #: the loop has taken them (see on_assigned).
         self._to_take: list[TopicPartition] = []
+        #: Partitions taken and not revoked since. During a rejoin aiokafka's assignment()
+        #: still lists partitions already revoked: records fetched for them must not
+        #: rebuild their state (a second, stale owner; a commit of an unassigned partition).
+        self._owned: set[TopicPartition] = set()
         #: An error found in a rebalance callback that must stop the worker (raised by the
         #: loop: aiokafka would swallow it in the callback).
         self._fatal: StreamDPError | None = None
@@ -983,6 +987,10 @@ class Worker:
         topology error stops the worker."""
         assert self._consumer is not None
         current = self._consumer.assignment()
+        stale = self._owned - current
+        if stale:  # gone without a revocation this worker saw: drop their state too
+            self._drop(sorted(stale))
+            self._owned -= stale
         pending = [tp for tp in self._to_take if tp in current]
         try:
             await self._take(pending)
@@ -996,6 +1004,7 @@ class Worker:
             )
             return
         self._to_take = []
+        self._owned |= set(pending)
         if pending:
             self._consumer.resume(*pending)
             log.info("partitions taken: ledger read, state built, fetching resumed")
@@ -1090,6 +1099,7 @@ class Worker:
                     with contextlib.suppress(KafkaError):
                         await self._commit(only=set(revoked))
                 self._drop(revoked)
+            self._owned -= set(revoked)
             self.health.set("partitions_assigned", False)
             log.info(
                 "partitions revoked: %s",
@@ -1135,10 +1145,11 @@ class Worker:
 
     async def _commit(self, only: set[TopicPartition] | None = None) -> None:
         assert self._consumer is not None
+        assigned = self._consumer.assignment()
         offsets = {
             tp: off
             for tp, off in self._safe_offsets().items()
-            if (only is None or tp in only) and self._committed.get(tp) != off
+            if (only is None or tp in only) and self._committed.get(tp) != off and tp in assigned
         }
         if offsets:
             await self._consumer.commit(offsets)
@@ -1234,7 +1245,7 @@ class Worker:
         dead: list[DeadLetter] = []
         routed: list[Outgoing] = []
         routed_positions: dict[int, int] = {}
-        owned = consumer.assignment()
+        owned = consumer.assignment() & self._owned
         for tp, msgs in batch.items():
             if not msgs or tp not in owned or tp in waiting:
                 continue  # revoked while fetched (its new owner reads it), or not taken yet

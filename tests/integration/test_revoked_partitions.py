@@ -1,0 +1,94 @@
+"""Records of a partition revoked at the start of a rejoin are not processed.
+
+aiokafka calls the revocation callback when a rejoin begins but keeps listing the old
+assignment until the new one arrives; a fetch answered in between still holds records of
+the revoked partitions. The chaos soak caught a worker processing them: it rebuilt state
+for a partition it no longer owned and, once the new assignment came, crashed committing
+an offset of an unassigned partition (IllegalStateError) — a second, stale owner until
+then. The worker now processes only partitions it has taken and not seen revoked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+from stream_dp.broker.topics import apply_topics
+from stream_dp.config import load_config
+from stream_dp.pipeline.worker import Worker
+from tests.helpers import ConfigFactory
+from tests.integration.support import HANG_GUARD_S
+from tests.pipeline.support import KEYRING
+
+pytestmark = pytest.mark.kafka
+
+T0 = 1_596_240_000  # the factory's start_at
+
+
+async def _until(condition: Any, task: asyncio.Task[None], what: str) -> None:
+    """Wait for a condition of the running worker (hang guard only)."""
+    deadline = asyncio.get_running_loop().time() + HANG_GUARD_S
+    while not condition():
+        assert not task.done(), f"the worker stopped while waiting for {what}: {task!r}"
+        assert asyncio.get_running_loop().time() < deadline, f"hang guard: {what}"
+        await asyncio.sleep(0.05)
+
+
+async def _produce(bootstrap: str, topic: str, partition: int, n: int) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for i in range(n):
+            event = {"user_id": f"u{partition}-{i}", "timestamp": T0 + 1, "domain": "a"}
+            await producer.send_and_wait(topic, orjson.dumps(event), partition=partition)
+    finally:
+        await producer.stop()
+
+
+async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
+    kafka_bootstrap: str, config_factory: ConfigFactory
+) -> None:
+    config = load_config(config_factory({"input": {"keyed_by_user": False}}))
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    worker = Worker(config, KEYRING, bootstrap_servers=kafka_bootstrap)
+    iterations = 0
+    iterate = worker._iteration
+
+    async def counted(batch: dict[TopicPartition, list[Any]]) -> None:
+        nonlocal iterations
+        await iterate(batch)
+        iterations += 1
+
+    worker._iteration = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(worker.run())
+    revoked, kept = TopicPartition(config.input.topic, 0), TopicPartition(config.input.topic, 1)
+    try:
+        await _until(lambda: {revoked, kept} <= worker._owned, task, "the partitions taken")
+        # The start of a rejoin, as aiokafka runs it: the callback, assignment unchanged.
+        await worker.on_revoked([revoked])
+        consumer = worker._consumer
+        assert consumer is not None and revoked in consumer.assignment()
+        await _produce(kafka_bootstrap, config.input.topic, revoked.partition, 5)
+        await _produce(kafka_bootstrap, config.input.topic, kept.partition, 5)
+        # Both batches fetched (positions move when getmany returns them), and two more
+        # iterations done: the one that got the revoked partition's records has run.
+        await _until(
+            lambda: consumer.highwater(revoked) is not None
+            and consumer._subscription.subscription.assignment.state_value(revoked).position
+            >= 5,
+            task,
+            "the revoked partition's records fetched",
+        )
+        seen = iterations
+        await _until(lambda: iterations >= seen + 2, task, "two more iterations")
+        assert worker.metrics.events_repartitioned._value.get() == 5  # the kept partition's
+        assert revoked not in worker._safe_offsets()
+        assert kept in worker._safe_offsets()
+        assert revoked.partition not in worker.ingest._routed_activity  # type: ignore[union-attr]
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, timeout=HANG_GUARD_S)
