@@ -274,6 +274,16 @@ class Metrics:
             registry=r,
         )
 
+        self.fetch_age = Gauge(
+            "stream_dp_fetch_age_seconds",
+            "Seconds since the broker last answered a fetch (records or not) for an assigned "
+            "partition of the topic events are read from (the input), or since it was taken "
+            "if never. Grows while the worker cannot read the partition (a broker stall, a "
+            "stuck fetch); its windows wait meanwhile, since silence there is not idleness.",
+            ["topic", "partition"],
+            registry=r,
+        )
+
         # --- release ledger ---------------------------------------------------------------
         self.ledger_windows_loaded = Counter(
             "stream_dp_ledger_windows_loaded",
@@ -452,9 +462,12 @@ class Metrics:
         self.consumer_lag.labels(topic=topic, partition=str(partition)).set(max(0, lag_records))
 
     def forget_partition(self, topic: str, partition: int) -> None:
-        """Drop the lag series of a revoked partition, so a stale value doesn't linger."""
+        """Drop the lag and fetch-age series of a revoked partition, so a stale value doesn't
+        linger."""
         with contextlib.suppress(KeyError):
             self.consumer_lag.remove(topic, str(partition))
+        with contextlib.suppress(KeyError):
+            self.fetch_age.remove(topic, str(partition))
 
     def exposition(self) -> bytes:
         """All metrics in the Prometheus text format 0.0.4 (what ``/metrics`` serves)."""

@@ -287,6 +287,8 @@ class Worker:
         #: still lists partitions already revoked: records fetched for them must not
         #: rebuild their state (a second, stale owner; a commit of an unassigned partition).
         self._owned: set[TopicPartition] = set()
+        #: When each owned partition was taken (wall clock): its fetch age before any answer.
+        self._taken_at: dict[TopicPartition, float] = {}
         #: An error found in a rebalance callback that must stop the worker (raised by the
         #: loop: aiokafka would swallow it in the callback).
         self._fatal: StreamDPError | None = None
@@ -991,6 +993,8 @@ class Worker:
         if stale:  # gone without a revocation this worker saw: drop their state too
             self._drop(sorted(stale))
             self._owned -= stale
+            for tp in stale:
+                self._taken_at.pop(tp, None)
         pending = [tp for tp in self._to_take if tp in current]
         try:
             await self._take(pending)
@@ -1005,6 +1009,8 @@ class Worker:
             return
         self._to_take = []
         self._owned |= set(pending)
+        taken_at = time.time()
+        self._taken_at.update((tp, taken_at) for tp in pending)
         if pending:
             self._consumer.resume(*pending)
             log.info("partitions taken: ledger read, state built, fetching resumed")
@@ -1100,6 +1106,8 @@ class Worker:
                         await self._commit(only=set(revoked))
                 self._drop(revoked)
             self._owned -= set(revoked)
+            for tp in revoked:
+                self._taken_at.pop(tp, None)
             self.health.set("partitions_assigned", False)
             log.info(
                 "partitions revoked: %s",
@@ -1195,14 +1203,21 @@ class Worker:
         self, owned: set[TopicPartition], waiting: set[TopicPartition], now: float, mono: float
     ) -> None:
         """Tell the ingest stage which partitions it reads (stage 0's input, stage 1's own
-        in keyed mode) a fetch found at their end, and when: only that silence is idleness."""
-        ingest = self.ingest
-        assert self._consumer is not None and ingest is not None
+        in keyed mode) a fetch found at their end, and when: only that silence is idleness.
+        Each one's fetch age goes to /metrics: a growing one is a partition that waits."""
+        ingest, consumer = self.ingest, self._consumer
+        assert consumer is not None and ingest is not None
         read_topic = self._input_topic if not self._keyed else self._stage1_topic
         for tp in owned:
             if tp.topic != read_topic or tp in waiting:
                 continue
-            at = read_to_end_at(self._consumer, tp)
+            answered_ms = consumer.last_poll_timestamp(tp)
+            since = answered_ms / 1000 if answered_ms is not None else self._taken_at.get(tp)
+            if since is not None:
+                self.metrics.fetch_age.labels(topic=tp.topic, partition=str(tp.partition)).set(
+                    max(0.0, now - since)
+                )
+            at = read_to_end_at(consumer, tp)
             if at is not None:
                 ingest.read_to_end(
                     tp.partition, mono - max(0.0, now - at), input_topic=not self._keyed

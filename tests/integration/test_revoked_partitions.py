@@ -89,6 +89,38 @@ async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
         assert revoked not in worker._safe_offsets()
         assert kept in worker._safe_offsets()
         assert revoked.partition not in worker.ingest._routed_activity  # type: ignore[union-attr]
+        series = {tuple(labels) for labels in worker.metrics.fetch_age._metrics}
+        assert (revoked.topic, str(revoked.partition)) not in series  # its series went with it
+        assert (kept.topic, str(kept.partition)) in series
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, timeout=HANG_GUARD_S)
+
+
+async def test_a_partition_without_fetch_answers_shows_a_growing_fetch_age(
+    kafka_bootstrap: str, config_factory: ConfigFactory
+) -> None:
+    """Its windows wait for it (silence there is not idleness): /metrics must say why."""
+    config = load_config(config_factory({"input": {"keyed_by_user": False}}))
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    worker = Worker(config, KEYRING, bootstrap_servers=kafka_bootstrap)
+    task = asyncio.create_task(worker.run())
+    stalled = TopicPartition(config.input.topic, 0)
+
+    def age() -> float:
+        labels = (stalled.topic, str(stalled.partition))
+        child = worker.metrics.fetch_age._metrics.get(labels)
+        return -1.0 if child is None else float(child._value.get())
+
+    try:
+        await _until(lambda: stalled in worker._owned and age() >= 0, task, "a fetch age")
+        consumer = worker._consumer
+        assert consumer is not None
+        consumer.pause(stalled)  # no more fetch answers for it
+        await _until(lambda: age() >= 2.0, task, "the age to grow past 2 s")
+        grown = age()
+        consumer.resume(stalled)
+        await _until(lambda: age() < grown, task, "a fresh fetch answer")
     finally:
         worker.request_stop()
         await asyncio.wait_for(task, timeout=HANG_GUARD_S)

@@ -43,7 +43,7 @@ INPUT_RECORD_COUNTERS = {
 #: Samples that measure time or the process, not the data.
 TIMING = re.compile(
     r"^(process_|python_|stream_dp_(batch_processing_seconds|release_delay_seconds|"
-    r"last_release_timestamp_seconds|consumer_lag_records|watermark_timestamp_seconds|"
+    r"last_release_timestamp_seconds|consumer_lag_records|fetch_age_seconds|watermark_timestamp_seconds|"
     r"oldest_open_window_end_timestamp_seconds|build_info))"
 )
 

@@ -55,6 +55,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "release_delay": ("stream_dp_release_delay_seconds", "histogram", ()),
     "batch_processing": ("stream_dp_batch_processing_seconds", "histogram", ()),
     "consumer_lag": ("stream_dp_consumer_lag_records", "gauge", ("topic", "partition")),
+    "fetch_age": ("stream_dp_fetch_age_seconds", "gauge", ("topic", "partition")),
     "ledger_windows_loaded": ("stream_dp_ledger_windows_loaded_total", "counter", ()),
     "ledger_republished": ("stream_dp_ledger_republished_total", "counter", ()),
     "watermark": ("stream_dp_watermark_timestamp_seconds", "gauge", ()),
@@ -140,6 +141,7 @@ def populated() -> Metrics:
     m.release_delay.observe(42.0)
     m.batch_processing.observe(0.002)
     m.set_consumer_lag("events", 0, 12)
+    m.fetch_age.labels(topic="events", partition="0").set(0.4)
     m.ledger_windows_loaded.inc()
     m.ledger_republished.inc()
     m.watermark.set(1_596_283_200.0)
