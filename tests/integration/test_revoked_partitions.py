@@ -49,12 +49,18 @@ async def _produce(bootstrap: str, topic: str, partition: int, n: int) -> None:
         await producer.stop()
 
 
+async def _default_path_worker(bootstrap: str, config_factory: ConfigFactory) -> Worker:
+    """An in-process worker on unkeyed input (topics created), not started."""
+    config = load_config(config_factory({"input": {"keyed_by_user": False}}))
+    await apply_topics(config, bootstrap, include_input=True)
+    return Worker(config, KEYRING, bootstrap_servers=bootstrap)
+
+
 async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
     kafka_bootstrap: str, config_factory: ConfigFactory
 ) -> None:
-    config = load_config(config_factory({"input": {"keyed_by_user": False}}))
-    await apply_topics(config, kafka_bootstrap, include_input=True)
-    worker = Worker(config, KEYRING, bootstrap_servers=kafka_bootstrap)
+    worker = await _default_path_worker(kafka_bootstrap, config_factory)
+    config = worker.config
     iterations = 0
     iterate = worker._iteration
 
@@ -77,9 +83,11 @@ async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
         # Both batches fetched (positions move when getmany returns them), and two more
         # iterations done: the one that got the revoked partition's records has run.
         await _until(
-            lambda: consumer.highwater(revoked) is not None
-            and consumer._subscription.subscription.assignment.state_value(revoked).position
-            >= 5,
+            lambda: (
+                consumer.highwater(revoked) is not None
+                and consumer._subscription.subscription.assignment.state_value(revoked).position
+                >= 5
+            ),
             task,
             "the revoked partition's records fetched",
         )
@@ -101,11 +109,9 @@ async def test_a_partition_without_fetch_answers_shows_a_growing_fetch_age(
     kafka_bootstrap: str, config_factory: ConfigFactory
 ) -> None:
     """Its windows wait for it (silence there is not idleness): /metrics must say why."""
-    config = load_config(config_factory({"input": {"keyed_by_user": False}}))
-    await apply_topics(config, kafka_bootstrap, include_input=True)
-    worker = Worker(config, KEYRING, bootstrap_servers=kafka_bootstrap)
+    worker = await _default_path_worker(kafka_bootstrap, config_factory)
     task = asyncio.create_task(worker.run())
-    stalled = TopicPartition(config.input.topic, 0)
+    stalled = TopicPartition(worker.config.input.topic, 0)
 
     def age() -> float:
         labels = (stalled.topic, str(stalled.partition))
