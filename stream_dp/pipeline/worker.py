@@ -283,12 +283,11 @@ class Worker:
         #: Partitions assigned but not taken yet (ledger read, state built): paused until
         #: the loop has taken them (see on_assigned).
         self._to_take: list[TopicPartition] = []
-        #: Partitions taken and not revoked since. During a rejoin aiokafka's assignment()
-        #: still lists partitions already revoked: records fetched for them must not
-        #: rebuild their state (a second, stale owner; a commit of an unassigned partition).
-        self._owned: set[TopicPartition] = set()
-        #: When each owned partition was taken (wall clock): its fetch age before any answer.
-        self._taken_at: dict[TopicPartition, float] = {}
+        #: Partitions taken and not revoked since, with when (wall clock: a partition's
+        #: fetch age before any answer). During a rejoin aiokafka's assignment() still lists
+        #: partitions already revoked: records fetched for them must not rebuild their
+        #: state (a second, stale owner; a commit of an unassigned partition).
+        self._owned: dict[TopicPartition, float] = {}
         #: An error found in a rebalance callback that must stop the worker (raised by the
         #: loop: aiokafka would swallow it in the callback).
         self._fatal: StreamDPError | None = None
@@ -989,12 +988,11 @@ class Worker:
         topology error stops the worker."""
         assert self._consumer is not None
         current = self._consumer.assignment()
-        stale = self._owned - current
+        stale = sorted(self._owned.keys() - current)
         if stale:  # gone without a revocation this worker saw: drop their state too
-            self._drop(sorted(stale))
-            self._owned -= stale
+            self._drop(stale)
             for tp in stale:
-                self._taken_at.pop(tp, None)
+                del self._owned[tp]
         pending = [tp for tp in self._to_take if tp in current]
         try:
             await self._take(pending)
@@ -1008,9 +1006,7 @@ class Worker:
             )
             return
         self._to_take = []
-        self._owned |= set(pending)
-        taken_at = time.time()
-        self._taken_at.update((tp, taken_at) for tp in pending)
+        self._owned.update(dict.fromkeys(pending, time.time()))
         if pending:
             self._consumer.resume(*pending)
             log.info("partitions taken: ledger read, state built, fetching resumed")
@@ -1105,9 +1101,8 @@ class Worker:
                     with contextlib.suppress(KafkaError):
                         await self._commit(only=set(revoked))
                 self._drop(revoked)
-            self._owned -= set(revoked)
             for tp in revoked:
-                self._taken_at.pop(tp, None)
+                self._owned.pop(tp, None)
             self.health.set("partitions_assigned", False)
             log.info(
                 "partitions revoked: %s",
@@ -1212,11 +1207,10 @@ class Worker:
             if tp.topic != read_topic or tp in waiting:
                 continue
             answered_ms = consumer.last_poll_timestamp(tp)
-            since = answered_ms / 1000 if answered_ms is not None else self._taken_at.get(tp)
-            if since is not None:
-                self.metrics.fetch_age.labels(topic=tp.topic, partition=str(tp.partition)).set(
-                    max(0.0, now - since)
-                )
+            since = answered_ms / 1000 if answered_ms is not None else self._owned[tp]
+            self.metrics.fetch_age.labels(topic=tp.topic, partition=str(tp.partition)).set(
+                max(0.0, now - since)
+            )
             at = read_to_end_at(consumer, tp)
             if at is not None:
                 ingest.read_to_end(
@@ -1260,7 +1254,7 @@ class Worker:
         dead: list[DeadLetter] = []
         routed: list[Outgoing] = []
         routed_positions: dict[int, int] = {}
-        owned = consumer.assignment() & self._owned
+        owned = consumer.assignment() & self._owned.keys()
         for tp, msgs in batch.items():
             if not msgs or tp not in owned or tp in waiting:
                 continue  # revoked while fetched (its new owner reads it), or not taken yet

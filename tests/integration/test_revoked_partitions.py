@@ -73,7 +73,7 @@ async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
     task = asyncio.create_task(worker.run())
     revoked, kept = TopicPartition(config.input.topic, 0), TopicPartition(config.input.topic, 1)
     try:
-        await _until(lambda: {revoked, kept} <= worker._owned, task, "the partitions taken")
+        await _until(lambda: {revoked, kept} <= worker._owned.keys(), task, "the partitions taken")
         # The start of a rejoin, as aiokafka runs it: the callback, assignment unchanged.
         await worker.on_revoked([revoked])
         consumer = worker._consumer
