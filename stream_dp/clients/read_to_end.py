@@ -33,3 +33,14 @@ def read_to_end_at(consumer: Any, tp: TopicPartition) -> float | None:
     if highwater is None or stamp_ms is None or position is None or position < highwater:
         return None
     return float(stamp_ms) / 1000.0
+
+
+def answered_at_mono(answered_wall_s: float, now_wall_s: float, now_mono_s: float) -> float | None:
+    """A fetch answer's wall-clock stamp on the monotonic clock; None when the stamp is
+    ahead of the wall clock now (the clock was set back): such a stamp cannot be placed,
+    and taking it as "now" would prove silence afresh on every call while the reader
+    stalls. Answers stamped after the jump are placed again, a fetch interval later."""
+    age_s = now_wall_s - answered_wall_s
+    if age_s < 0:
+        return None
+    return now_mono_s - age_s

@@ -71,7 +71,7 @@ from aiokafka.errors import (
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
-from stream_dp.clients.read_to_end import read_to_end_at
+from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
 from stream_dp.ops.health import Health
@@ -188,9 +188,14 @@ class _TestFaults:
         self.take_failures = int(os.environ.get(TAKE_FAILURES_ENV, "0") or 0) if allowed else 0
         stall = os.environ.get(STALL_INPUT_ENV, "") if allowed else ""
         partition, _, seconds = stall.partition(":")
-        self.stall_input: tuple[int, float] | None = (
-            (int(partition), float(seconds or "0")) if partition else None
-        )
+        try:
+            self.stall_input: tuple[int, float] | None = (
+                (int(partition), float(seconds or "0")) if partition else None
+            )
+        except ValueError:
+            raise ConfigError(
+                f"{STALL_INPUT_ENV} = {stall!r}: write <partition>:<seconds>, e.g. 1:25"
+            ) from None
 
     @staticmethod
     def _parse(spec: str) -> list[Any] | None:
@@ -1212,10 +1217,9 @@ class Worker:
                 max(0.0, now - since)
             )
             at = read_to_end_at(consumer, tp)
-            if at is not None:
-                ingest.read_to_end(
-                    tp.partition, mono - max(0.0, now - at), input_topic=not self._keyed
-                )
+            at_mono = None if at is None else answered_at_mono(at, now, mono)
+            if at_mono is not None:
+                ingest.read_to_end(tp.partition, at_mono, input_topic=not self._keyed)
 
     async def _loop(self) -> None:
         assert self._consumer is not None
