@@ -423,6 +423,11 @@ class Distribution:
 
 #: The trend read from two consecutive windows is clamped to this factor either way.
 MAX_TREND = 2.0
+#: The next window is not the one measured: its values may lie a little below or above what
+#: the trend predicts. The objective is averaged over these stretches of the prediction
+#: (−20%, as predicted, +25%), so a bound whose error climbs steeply when the values move
+#: (an L0 right at the keys users have) loses to one that is flat there.
+NEXT_WINDOW_SPREAD = (0.8, 1.0, 1.25)
 #: The trend compares this quantile of each histogram (the bulk of users: the noise in
 #: sparse high bins barely moves it).
 TREND_QUANTILE = 0.75
@@ -535,6 +540,9 @@ def choose_bounds(
     ``previous``: the previous window's histograms. When given, the estimate is the mean of
     this window's and the previous window's (stretched by the trend twice): two noisy
     estimates of the next window, so half the variance when the stream holds its course.
+    Each estimate is also read at NEXT_WINDOW_SPREAD's stretches and the objective averaged
+    over all of them: the expected error over where the next window may lie, not the error
+    at one guess of it.
     """
     fitted = distributions(noisy, layout)
     means = {n: d.quantile(TREND_QUANTILE) for n, d in fitted.items()}
@@ -542,15 +550,15 @@ def choose_bounds(
         return BoundsChoice(current, "kept: too few users in the histograms", means=means)
     before = means_before or {}
     trend = {n: trend_stretch(means[n], before.get(n)) for n in fitted}
-    sources = [{n: Distribution(d.edges, d.counts, trend[n]) for n, d in fitted.items()}]
+    estimates = [(fitted, trend)]
     if previous is not None and before and not _too_little_signal(previous, layout):
         earlier = distributions(previous, layout)
-        sources.append(
-            {
-                n: Distribution(d.edges, d.counts, min(MAX_TREND, trend[n] ** 2))
-                for n, d in earlier.items()
-            }
-        )
+        estimates.append((earlier, {n: min(MAX_TREND, t**2) for n, t in trend.items()}))
+    sources = [
+        {n: Distribution(d.edges, d.counts, stretch[n] * spread) for n, d in dists.items()}
+        for dists, stretch in estimates
+        for spread in NEXT_WINDOW_SPREAD
+    ]
     grids = _grids(layout, spec, fitted)
     objective = np.mean(
         [_objective(dists, grids, queries, released) for dists in sources], axis=0

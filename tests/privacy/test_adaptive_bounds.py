@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 from scipy.stats import chisquare
 
 from stream_dp.errors import PrivacyError
+from stream_dp.privacy import adaptive_bounds
 from stream_dp.privacy.adaptive_bounds import (
     EVENTS,
+    NEXT_WINDOW_SPREAD,
     AutoSpec,
     Distribution,
     QueryModel,
@@ -257,9 +259,13 @@ def _noise_free(exact: dict[str, list[int]], layout):  # ε so large the noise i
     return released
 
 
+@pytest.mark.parametrize("spread", [(1.0,), NEXT_WINDOW_SPREAD], ids=["as-read", "spread"])
 @pytest.mark.parametrize(("heavy_per_value", "region"), [(0, (64, 128)), (1, (256, 512))])
 def test_k_alone_minimises_the_exact_bias_plus_noise(
-    heavy_per_value: int, region: tuple[int, int]
+    heavy_per_value: int,
+    region: tuple[int, int],
+    spread: tuple[float, ...],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Bias−variance (Amin et al. 2019): J(k) = Σ max(0, n_u − k)/K + E|Z(k)| falls while
     # more than about K/ε users lie above k and rises after. 10 keys, ε = 0.5: K/ε = 20.
@@ -267,6 +273,9 @@ def test_k_alone_minimises_the_exact_bias_plus_noise(
     # the estimate is exact and the choice must be the brute-force minimum over the
     # candidates: with no heavy users it lies among the 192 users of 64…127 (up to 128);
     # with one user on each of 256…511 (256 users, more than 20) k goes up among them.
+    # With the next window's spread the bias is averaged over the values read s times
+    # larger (Σ max(0, s·n_u − k)), which moves k up, never down.
+    monkeypatch.setattr(adaptive_bounds, "NEXT_WINDOW_SPREAD", spread)
     layout = make_layout(k_cap=1000, keys_cap=None, per_key_cap=None, projections={}, events=True)
     values = [v for v in range(4, 8) for _ in range(2500)]
     values += [v for v in range(64, 128) for _ in range(3)]
@@ -284,13 +293,16 @@ def test_k_alone_minimises_the_exact_bias_plus_noise(
     )
 
     def exact_j(k: int) -> float:
-        bias = sum(max(0, v - k) for v in values) / 10
+        bias = sum(sum(max(0.0, s * v - k) for v in values) for s in spread) / len(spread) / 10
         return bias + 1 / math.sinh(0.5 / k)  # E|Z| of discrete Laplace, b = k/0.5
 
     best = min(candidates(1000), key=exact_j)
     assert choice.reason == "min_expected_error"
     assert choice.bounds == (best, None, None)
-    assert region[0] <= best <= region[1]
+    if spread == (1.0,):
+        assert region[0] <= best <= region[1]
+    else:
+        assert region[0] <= best <= region[1] * max(spread)
     assert choice.objective == pytest.approx(exact_j(best))
 
 
@@ -309,9 +321,20 @@ def test_a_window_without_enough_users_keeps_its_bounds() -> None:
     assert choice.reason.startswith("kept")
 
 
-def test_keys_per_user_pick_l0_and_per_key_counts_pick_linf() -> None:
+@pytest.mark.parametrize(
+    ("spread", "expected"),
+    [((1.0,), (40, 3, 1)), (NEXT_WINDOW_SPREAD, (40, 4, 2))],
+    ids=["as-read", "spread"],
+)
+def test_keys_per_user_pick_l0_and_per_key_counts_pick_linf(
+    spread: tuple[float, ...], expected: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 20,000 users each touching 3 keys with 1 event on each: nothing to drop at L0 ≥ 3
-    # and Linf ≥ 1, and anything larger only adds noise (k is fixed at 40 here).
+    # and Linf ≥ 1, and anything larger only adds noise (k is fixed at 40 here). Read as
+    # they are, L0 = 3 and Linf = 1; with the next window's spread, values a quarter higher
+    # (3.75 keys, 1.25 events per key) are possible and cost far more bias than one more
+    # key or event of sensitivity costs noise: L0 = 4, Linf = 2.
+    monkeypatch.setattr(adaptive_bounds, "NEXT_WINDOW_SPREAD", spread)
     layout = make_layout(
         k_cap=40, keys_cap=40, per_key_cap=40, projections={"p0": ("q",)}, events=False
     )
@@ -326,8 +349,8 @@ def test_keys_per_user_pick_l0_and_per_key_counts_pick_linf() -> None:
         queries=[_count_model(0.5)],
         released={"q": [1000.0] * 5},
     )
-    # keys per user have exact bins up to 8: L0 = 3 keeps every key and adds no noise
-    assert choice.bounds == (40, 3, 1)
+    # keys per user have exact bins up to 8, so L0 is chosen to the key
+    assert choice.bounds == expected
 
 
 def test_the_choice_is_deterministic_post_processing_of_the_release() -> None:
