@@ -56,6 +56,11 @@ estimated as (kept pairs / users) × the per-user sample. This is the bias–var
 of Amin, Kulesza, Muñoz and Vassilvitskii (ICML 2019, "Bounding user contributions"): at the
 optimum the number of contributions above the bound equals the noise's marginal cost, K/ε for
 Laplace counts — a quantile that depends on the data, the keys and ε, not a fixed one.
+J is an estimate for the *next* window, which is not the one measured: the histograms are
+stretched by the trend from the window before, averaged with that window's (stretched
+twice), and J is averaged over the prediction read 20% lower, as is and 25% higher
+(NEXT_WINDOW_SPREAD) — the expected error over where the next window may lie. All of it
+reads released values only.
 Approximations (stated in the README): values are taken uniform within a bin; the bounds'
 drops are added (events two bounds would both drop count twice); the sampled key stands for
 the user's keys; where-filters are approximated by the projection's share of events.
