@@ -59,6 +59,7 @@ def test_alert_rules_parse_and_cover_the_agreed_alerts() -> None:
         "StreamDPTopologyChanged",
         "StreamDPLedgerDrawDiscarded",
         "StreamDPRecordTooLarge",
+        "StreamDPInputFetchStalled",
     } <= names
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations", "keep_firing_for"}
