@@ -25,6 +25,14 @@ Record = tuple[str | None, dict[str, Any]]
 #: against a hang, and must hold on a loaded 2-core CI machine.
 HANG_GUARD_S = 300.0
 
+#: ``privacy`` of a noise-free test run (the workers get STREAM_DP_ALLOW_UNSAFE_TEST_MODE from
+#: the fixtures): released values equal the exact bounded ones, so tests compare counts.
+NOISE_FREE = {"unsafe_test_mode": True, "epsilon_per_window": 2e6, "max_epsilon_per_horizon": 1e12}
+#: One count query, visits per domain, on the single public key ``a.example``.
+ONE_PUBLIC_KEY_QUERY = [
+    {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a.example"]}}
+]
+
 
 async def produce(
     bootstrap: str, topic: str, values: Iterable[bytes], key_of: Callable[[bytes], bytes | None]

@@ -23,6 +23,8 @@ from stream_dp.broker.embedded import EmbeddedBroker
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from tests.integration.support import (
+    NOISE_FREE,
+    ONE_PUBLIC_KEY_QUERY,
     decode_values,
     produce,
     produce_events,
@@ -36,10 +38,6 @@ from tests.integration.test_recovery import _ledger_release_ids
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 T0 = 1_596_240_000
-NOISE_FREE = {"unsafe_test_mode": True, "epsilon_per_window": 2e6, "max_epsilon_per_horizon": 1e12}
-QUERY = [
-    {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a.example"]}}
-]
 
 
 def _free_port() -> int:
@@ -95,7 +93,7 @@ async def test_metrics_count_what_the_events_say(
             "metrics": {"port": port},
             "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 30},
             "bounds": {"max_contributions_per_window": 100},
-            "queries": QUERY,
+            "queries": ONE_PUBLIC_KEY_QUERY,
         }
     )
     await apply_topics(load_config(cfg), kafka_bootstrap, include_input=True)
@@ -157,7 +155,7 @@ async def test_paused_broker_not_ready_then_resumes_exactly_once(
             "metrics": {"port": port},
             "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 5},
             "bounds": {"max_contributions_per_window": 100},
-            "queries": QUERY,
+            "queries": ONE_PUBLIC_KEY_QUERY,
         }
     )
     await apply_topics(load_config(cfg), bootstrap, include_input=True)

@@ -32,6 +32,7 @@ from stream_dp.config import load_config
 from stream_dp.pipeline.placement import crc32_partition, murmur2_partition
 from stream_dp.windows.tumbling import iso_utc
 from tests.integration.support import (
+    NOISE_FREE,
     decode_values,
     produce_events,
     read_topic,
@@ -43,7 +44,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 T0 = 1_596_240_000
 K = 5
-NOISE_FREE = {"unsafe_test_mode": True, "epsilon_per_window": 2e6, "max_epsilon_per_horizon": 1e12}
 
 
 def _keyed_config(config_factory: MakeConfig, partitioner: str = "murmur2") -> Path:

@@ -16,6 +16,8 @@ from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
 from tests.integration.support import (
+    NOISE_FREE,
+    ONE_PUBLIC_KEY_QUERY,
     decode_values,
     produce_events,
     read_topic,
@@ -118,21 +120,10 @@ async def test_sigterm_mid_window_then_restart_releases_once_with_all_events(
 ) -> None:
     cfg = config_factory(
         {
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 2e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": NOISE_FREE,
             "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 20},
             "bounds": {"max_contributions_per_window": 100},
-            "queries": [
-                {
-                    "name": "visits",
-                    "group_by": ["domain"],
-                    "epsilon": 1e6,
-                    "keys": {"domain": ["a.example"]},
-                }
-            ],
+            "queries": ONE_PUBLIC_KEY_QUERY,
         }
     )
     await apply_topics(load_config(cfg), kafka_bootstrap, include_input=True)

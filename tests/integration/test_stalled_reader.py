@@ -24,6 +24,8 @@ from stream_dp.pipeline.placement import partition_function
 from tests.helpers import ConfigFactory
 from tests.integration.support import (
     HANG_GUARD_S,
+    NOISE_FREE,
+    ONE_PUBLIC_KEY_QUERY,
     decode_values,
     run_worker_until_windows,
     topics_of,
@@ -58,20 +60,9 @@ async def test_a_window_waits_for_a_partition_whose_reader_cannot_fetch(
     cfg = config_factory(
         {
             "input": {"keyed_by_user": keyed},
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 1e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": NOISE_FREE,
             "bounds": {"max_contributions_per_window": 100},
-            "queries": [
-                {
-                    "name": "visits",
-                    "group_by": ["domain"],
-                    "epsilon": 1e6,
-                    "keys": {"domain": ["a.example"]},
-                }
-            ],
+            "queries": ONE_PUBLIC_KEY_QUERY,
         }
     )
     config = load_config(cfg)

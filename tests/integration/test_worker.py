@@ -19,6 +19,7 @@ from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import LEAVER, BrowserLogSpec, browser_log_events
 from tests.helpers import schema_validator
 from tests.integration.support import (
+    NOISE_FREE,
     decode_values,
     produce,
     produce_events,
@@ -34,11 +35,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 TOPICS = Path(__file__).resolve().parents[2] / "stream_dp" / "topics"
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 TEST_MODE = {"STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"}
-LARGE_EPSILON = {
-    "unsafe_test_mode": True,
-    "epsilon_per_window": 2e6,
-    "max_epsilon_per_horizon": 1e12,
-}
 
 
 def _validator(name: str) -> jsonschema.Draft202012Validator:
@@ -138,7 +134,7 @@ async def test_bounding_caps_one_heavy_user(
     k = 5
     cfg = config_factory(
         {
-            "privacy": LARGE_EPSILON,
+            "privacy": NOISE_FREE,
             "bounds": {"max_contributions_per_window": k},
             "queries": [
                 {
@@ -175,7 +171,7 @@ async def test_bad_input_goes_to_dead_letter(
 ) -> None:
     cfg = config_factory(
         {
-            "privacy": LARGE_EPSILON,
+            "privacy": NOISE_FREE,
             "input": {"max_record_bytes": 512},
             "bounds": {"max_contributions_per_window": 1000},
             "queries": [
