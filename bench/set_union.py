@@ -26,6 +26,7 @@ Not wired into the pipeline: this measures whether it is worth building.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import random  # synthetic populations, seeded: never a DP draw
 import statistics
@@ -34,7 +35,11 @@ from collections.abc import Sequence
 from statistics import NormalDist
 
 from stream_dp.privacy.calibration import analytic_gaussian_sigma, normal_upper_quantile
-from stream_dp.privacy.partition_selection import GaussianThreshold, TruncatedGeometric
+from stream_dp.privacy.partition_selection import (
+    GaussianThreshold,
+    TruncatedGeometric,
+    adjusted_delta,
+)
 
 _NORMAL = NormalDist()
 
@@ -45,7 +50,7 @@ def weighted_gaussian_parameters(
     """(σ, ρ) of the weighted Gaussian set union for (ε, δ) and Δ0 = ``max_keys``."""
     sigma = analytic_gaussian_sigma(epsilon, delta / 2, 1.0)
     rho = max(
-        1 / math.sqrt(t) + sigma * normal_upper_quantile(-math.expm1(math.log1p(-delta / 2) / t))
+        1 / math.sqrt(t) + sigma * normal_upper_quantile(adjusted_delta(delta / 2, t))
         for t in range(1, max_keys + 1)
     )
     return sigma, rho
@@ -57,12 +62,7 @@ def population(
     """Per user the distinct keys it touches: key popularity Zipf(s) over ``keys`` keys,
     keys per user geometric with mean ``mean_keys`` (many users touch few, some many)."""
     rng = random.Random(seed)  # synthetic data, not a DP draw
-    weights = [1 / (r + 1) ** zipf_s for r in range(keys)]
-    cumulative: list[float] = []
-    total = 0.0
-    for w in weights:
-        total += w
-        cumulative.append(total)
+    cumulative = list(itertools.accumulate(1 / (r + 1) ** zipf_s for r in range(keys)))
     out = []
     p = 1 / mean_keys
     for _ in range(users):
