@@ -371,3 +371,33 @@ def test_the_choice_is_deterministic_post_processing_of_the_release() -> None:
     again = choose_bounds(released, layout, **kwargs)  # type: ignore[arg-type]
     assert first == again
     assert math.isfinite(first.objective or math.nan)
+
+
+def test_the_largest_trend_and_spread_never_choose_beyond_the_caps() -> None:
+    # Every user at the caps, and a window before that read 100× smaller: the trend (×2) and
+    # the top of the next window's spread (×1.25) read the values far above the caps. The
+    # bounds, which set the next window's noise and reservoir, still stay within them.
+    layout = make_layout(
+        k_cap=200, keys_cap=16, per_key_cap=50, projections={"p0": ("q",)}, events=True
+    )
+    h = UserHistograms(layout, random.Random(0))
+    for _ in range(5000):
+        h.add_user(200, {"p0": [50] * 4})
+    noisy = _noise_free(h.counts(), layout)
+    kwargs = {
+        "spec": AutoSpec(frozenset({"k", "l0", "linf"}), k=200, l0=16, linf=50),
+        "current": (40, 5, 10),
+        "queries": [_count_model(0.45)],
+        "released": {"q": [1e6] * 20},
+    }
+    first = choose_bounds(noisy, layout, **kwargs)  # type: ignore[arg-type]
+    smaller = {n: v / 100 for n, v in first.means.items()}
+    choice = choose_bounds(
+        noisy,
+        layout,
+        means_before=smaller,
+        previous=noisy,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    k, l0, linf = choice.bounds
+    assert k <= 200 and l0 is not None and l0 <= 16 and linf is not None and linf <= 50
