@@ -70,7 +70,11 @@ UNSAFE_TEST_MODE_ENV = "STREAM_DP_ALLOW_UNSAFE_TEST_MODE"
 Scalar = str | int | float | bool
 Statistic = Literal["count", "count_distinct_users", "sum", "mean"]
 SelectionStrategy = Literal[
-    "truncated_geometric", "laplace_threshold", "gaussian_threshold", "count_threshold"
+    "truncated_geometric",
+    "laplace_threshold",
+    "gaussian_threshold",
+    "count_threshold",
+    "weighted_gaussian",
 ]
 MechanismName = Literal["discrete_laplace", "discrete_gaussian"]
 ReleaseMode = Literal["window", "cumulative"]

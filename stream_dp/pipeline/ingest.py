@@ -771,7 +771,7 @@ class IngestStage(ColumnIngest):
         for q in self.queries:
             keys, values, groups = q.project_columns(items)
             taken = keys >= 0
-            events, users_per_key, value_sums = bounded_totals_columns(
+            events, users_per_key, value_sums, weights = bounded_totals_columns(
                 users[taken],
                 keys[taken],
                 values[taken] if q.has_values else None,
@@ -779,6 +779,7 @@ class IngestStage(ColumnIngest):
                 max_keys=max_keys,
                 max_per_key=max_per_key,
                 rng=self._rng,
+                weights=q.weighted_selection,
             )
             present = np.flatnonzero(users_per_key)
             out.append(
@@ -792,6 +793,7 @@ class IngestStage(ColumnIngest):
                         events[present],
                         users_per_key[present],
                         value_sums[present],
+                        weights[present],
                     ),
                     events_seen=seen,
                     events_retained=retained,

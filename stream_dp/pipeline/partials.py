@@ -136,7 +136,12 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
     window = iso_utc(partial.window_start_s)
     key = f"{partial.query}|{window}|{partial.source_partition}"
     totals = KeyTotals.of(partial.totals)
-    entries = [[list(g), e, u, v] for g, e, u, v in totals.rows()]
+    if totals.selection_weights.any():
+        weights = totals.selection_weights.tolist()
+        rows = zip(totals.rows(), weights, strict=True)
+        entries = [[list(g), e, u, v, w] for (g, e, u, v), w in rows]
+    else:
+        entries = [[list(g), e, u, v] for g, e, u, v in totals.rows()]
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "partial",
@@ -293,24 +298,33 @@ _PLAIN_VALUE_TYPES = frozenset((str, int, type(None)))
 
 
 def _decode_totals(entries: Any) -> KeyTotals:
-    """[[group values, events, users, value sum], …] into columns, keys in canonical form."""
+    """[[group values, events, users, value sum(, selection weight)], …] into columns, keys
+    in canonical form (the weight is there for ``selection: weighted_gaussian`` only)."""
     if type(entries) is not list:
         raise TypeError("totals must be a list")
-    groups, events, users, sums = [], [], [], []
-    for group, e, u, v in entries:
+    groups, events, users, sums, weights = [], [], [], [], []
+    for entry in entries:
+        if type(entry) is not list or len(entry) not in (4, 5):
+            raise TypeError("a totals entry must be a list of 4 or 5 items")
+        group = entry[0]
         if type(group) is not list:
             raise TypeError("a group key must be a list")
         groups.append(group)
-        events.append(e)
-        users.append(u)
-        sums.append(v)
+        events.append(entry[1])
+        users.append(entry[2])
+        sums.append(entry[3])
+        weights.append(entry[4] if len(entry) == 5 else 0)
     if {type(x) for g in groups for x in g} <= _PLAIN_VALUE_TYPES:
         keys = list(map(tuple, groups))  # already canonical
     else:
         keys = list(map(canonical_key, groups))
     if len(set(keys)) != len(keys):
         raise ValueError("a group key appears twice in one part")
-    columns = [np.fromiter(map(int, c), np.int64, len(c)) for c in (events, users, sums)]
+    columns = [
+        np.fromiter(map(int, c), np.int64, len(c)) for c in (events, users, sums, weights)
+    ]
+    if (columns[3] < 0).any():
+        raise ValueError("a selection weight is negative")
     return KeyTotals(keys, *columns)
 
 
@@ -326,8 +340,9 @@ class TotalsRows(Sequence[tuple[GroupKey, KeyAggregate]]):
         return len(self.columns)
 
     def __iter__(self) -> Iterator[tuple[GroupKey, KeyAggregate]]:
-        for g, e, u, v in self.columns.rows():
-            yield g, KeyAggregate(e, u, v)
+        weights = self.columns.selection_weights.tolist()
+        for (g, e, u, v), w in zip(self.columns.rows(), weights, strict=True):
+            yield g, KeyAggregate(e, u, v, w)
 
     @overload
     def __getitem__(self, i: int) -> tuple[GroupKey, KeyAggregate]: ...

@@ -57,6 +57,8 @@ class CompiledQuery:
         self._key_ids: dict[GroupKey, int] = {}
         self._keys: list[GroupKey] = []
         self.has_values = self._value is not None
+        #: Stage 1 sums the users' key weights for this query's partition selection.
+        self.weighted_selection = query.selection == "weighted_gaussian" and public is None
 
     def bind(self, signatures: list[tuple[Any, ...]]) -> None:
         """Share the engine's signature table (grows as new signatures are interned)."""

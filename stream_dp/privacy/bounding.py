@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from stream_dp.privacy.partition_selection import user_key_weight
+
 if TYPE_CHECKING:
     from stream_dp.privacy.user_samples import SamplingGenerator
 
@@ -227,8 +229,10 @@ def bounded_totals_columns(
     max_keys: int | None,
     max_per_key: int | None,
     rng: SamplingGenerator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`aggregate_bounded` on columns: exact (events, users, value sums) per key.
+    weights: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`aggregate_bounded` on columns: exact (events, users, value sums, weight sums)
+    per key.
 
     One row per kept event that the query takes: ``users`` (0, 1, … grouped, each user's
     rows in uniformly random order — what :meth:`UserSamples.sample` gives), ``keys`` in
@@ -236,10 +240,14 @@ def bounded_totals_columns(
     distinct keys chosen uniformly (a random priority per (user, key) pair); Linf keeps the
     first ``max_per_key`` rows of each (user, key) in the rows' random order — a uniform
     subset. Integer arithmetic throughout: the totals are exact.
+
+    With ``weights`` the fourth array holds, per key, the sum over its users of
+    :func:`~stream_dp.privacy.partition_selection.user_key_weight` of the number of keys the
+    user kept (after L0) — what ``selection: weighted_gaussian`` tests; otherwise zeros.
     """
     zeros = np.zeros(n_keys, dtype=np.int64)
     if len(keys) == 0:
-        return zeros, zeros.copy(), zeros.copy()
+        return zeros, zeros.copy(), zeros.copy(), zeros.copy()
     pair = users.astype(np.int64) * n_keys + keys.astype(np.int64)
     keep = np.ones(len(pair), dtype=bool)
     distinct, inverse = np.unique(pair, return_inverse=True)
@@ -267,4 +275,14 @@ def bounded_totals_columns(
     value_sums = zeros.copy()
     if values is not None:
         np.add.at(value_sums, taken, values[keep].astype(np.int64))
-    return events, users_per_key, value_sums
+    weight_sums = zeros.copy()
+    if weights:
+        kept = distinct[kept_pairs]
+        owners, keys_of_owner = np.unique(kept // n_keys, return_inverse=True)
+        per_owner = np.bincount(keys_of_owner.reshape(-1), minlength=len(owners))
+        table = np.array(
+            [0, *(user_key_weight(d) for d in range(1, int(per_owner.max()) + 1))],
+            dtype=np.int64,
+        )
+        np.add.at(weight_sums, kept % n_keys, table[per_owner][keys_of_owner.reshape(-1)])
+    return events, users_per_key, value_sums, weight_sums

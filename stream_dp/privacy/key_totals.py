@@ -29,12 +29,16 @@ class KeyAggregate:
     users: int
     #: Bounded sum of the values, in granularity units.
     value_sum: int
+    #: ``selection: weighted_gaussian``: the sum of the users' fixed-point key weights
+    #: (0 for the other strategies, which do not compute it).
+    selection_weight: int = 0
 
 
 class KeyTotals(Mapping[GroupKey, KeyAggregate]):
-    """Distinct group keys and their exact bounded events, distinct users and value sums."""
+    """Distinct group keys and their exact bounded events, distinct users, value sums and
+    selection weight sums (all zero unless the query's selection is weighted)."""
 
-    __slots__ = ("_index", "events", "groups", "users", "value_sums")
+    __slots__ = ("_index", "events", "groups", "selection_weights", "users", "value_sums")
 
     def __init__(
         self,
@@ -42,14 +46,21 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         events: np.ndarray,
         users: np.ndarray,
         value_sums: np.ndarray,
+        selection_weights: np.ndarray | None = None,
     ) -> None:
         self.groups: list[GroupKey] = list(groups)
         self.events = np.asarray(events, dtype=np.int64)
         self.users = np.asarray(users, dtype=np.int64)
         self.value_sums = np.asarray(value_sums, dtype=np.int64)
         n = len(self.groups)
-        if not (self.events.shape == self.users.shape == self.value_sums.shape == (n,)):
-            raise ValueError("one events, users and value sum per group key")
+        self.selection_weights = (
+            np.zeros(n, dtype=np.int64)
+            if selection_weights is None
+            else np.asarray(selection_weights, dtype=np.int64)
+        )
+        shapes = {c.shape for c in (self.events, self.users, self.value_sums)}
+        if shapes != {(n,)} or self.selection_weights.shape != (n,):
+            raise ValueError("one events, users, value sum and weight per group key")
         self._index: dict[GroupKey, int] | None = None
 
     @classmethod
@@ -67,6 +78,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             np.fromiter((a.events for a in aggregates), np.int64, len(aggregates)),
             np.fromiter((a.users for a in aggregates), np.int64, len(aggregates)),
             np.fromiter((a.value_sum for a in aggregates), np.int64, len(aggregates)),
+            np.fromiter((a.selection_weight for a in aggregates), np.int64, len(aggregates)),
         )
 
     @classmethod
@@ -81,6 +93,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             np.concatenate([p.events for p in parts]),
             np.concatenate([p.users for p in parts]),
             np.concatenate([p.value_sums for p in parts]),
+            np.concatenate([p.selection_weights for p in parts]),
         )
 
     @classmethod
@@ -103,7 +116,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             positions.append(pos)
         n = len(groups)
         sums = []
-        for name in ("events", "users", "value_sums"):
+        for name in ("events", "users", "value_sums", "selection_weights"):
             out = np.zeros(n, dtype=np.int64)
             for c, pos in zip(columns, positions, strict=True):
                 np.add.at(out, pos, getattr(c, name))
@@ -121,7 +134,12 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
 
     def __getitem__(self, key: GroupKey) -> KeyAggregate:
         i = self.index()[key]
-        return KeyAggregate(int(self.events[i]), int(self.users[i]), int(self.value_sums[i]))
+        return KeyAggregate(
+            int(self.events[i]),
+            int(self.users[i]),
+            int(self.value_sums[i]),
+            int(self.selection_weights[i]),
+        )
 
     def __iter__(self) -> Iterator[GroupKey]:
         return iter(self.groups)
@@ -146,4 +164,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         return f"KeyTotals({dict(self.items())!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (KeyTotals, (self.groups, self.events, self.users, self.value_sums))
+        return (
+            KeyTotals,
+            (self.groups, self.events, self.users, self.value_sums, self.selection_weights),
+        )

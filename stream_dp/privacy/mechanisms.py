@@ -338,6 +338,25 @@ class DiscreteGaussian(_IntegerNoise):
             return 1.0 - self.tail(1 - t)
         return self._tail_sum(t) / self._normalizer
 
+    def tail_table(self) -> Callable[[int], float]:
+        """P(Z ≥ t) for many t at one cost: the suffix sums of the pmf over [0, 39σ + 8),
+        built once (σ ≤ 50,000: at most 2M terms, summed from the far end up so the small
+        tails keep their relative precision); beyond the table, or for larger σ, ``tail``."""
+        sigma = self._sigma
+        if sigma > _DIRECT_TAIL_MAX_SIGMA:
+            return self.tail
+        z = np.arange(0, math.ceil(_TAIL_CUTOFF_SIGMAS * sigma) + 8, dtype=np.float64)
+        terms = np.exp(-(z * z) / (2 * sigma * sigma))
+        suffix = np.cumsum(terms[::-1])[::-1] / self._normalizer
+        size = len(suffix)
+
+        def tail(t: int) -> float:
+            if t <= 0:
+                return 1.0 - tail(1 - t)
+            return float(suffix[t]) if t < size else self.tail(t)
+
+        return tail
+
     def _guess_halfwidth(self, level: float) -> float:
         # Tails are sums of the pmf; the continuous quantile only starts the search.
         return self._sigma * normal_upper_quantile((1 - level) / 2) - 1

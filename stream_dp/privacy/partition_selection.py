@@ -51,6 +51,26 @@ user's ≤ L0 keys together stay within δ).
     Linf=10) is one below the δ-exact one applied here (438). With discrete Gaussian noise
     the same test uses σ from the zCDP conversion of (ε, δ/2) and the threshold from the
     discrete Gaussian tail for the other δ/2 (no published reference for that variant).
+
+``weighted_gaussian`` (DP set union; Gopi, Gulhane, Kulkarni, Shen, Shokouhi & Yekhanin,
+"Differentially Private Set Union", ICML 2020, the non-sequential weighted Gaussian)
+    Each user gives each of its d ≤ L0 kept keys the weight 1/√d, so its weight vector has
+    ℓ2 norm ≤ 1 however many keys it touches, and a key is kept iff its weight sum plus
+    Gaussian noise reaches a threshold ρ. Users who touch few keys weigh more, which is
+    what keeps more keys than a distinct-user count at the same (ε, δ) when users touch
+    many. Reference: σ_ref the analytic Gaussian (ε, δ/2) at ℓ2 sensitivity 1 and
+    ρ_ref = max over t ≤ L0 of 1/√t + σ_ref·Φ⁻¹((1 − δ/2)^(1/t)).
+    Applied, in integers: weights are fixed point, w(d) = ⌊Q/√d⌋ with Q = ``WEIGHT_SCALE``
+    (d·w(d)² ≤ Q², so one user still moves the vector of weight sums by ≤ Q in ℓ2, and the
+    weights depend on that user's own kept keys only); noise is the discrete Gaussian with
+    σ from the zCDP conversion of (ε, δ/2) at ℓ2 sensitivity Q (CKS20: independent
+    discrete Gaussians are Δ2²/(2σ²)-zCDP for any integer shift of ℓ2 norm Δ2); T is the
+    smallest integer with 1 − (1 − P(Z ≥ T − w(t)))^t ≤ δ/2 for every t = 1 … L0, from the
+    exact discrete Gaussian tail. Argument: on the keys both neighbouring inputs share, the
+    weight sums move by the user's vector (ℓ2 ≤ Q), so the noisy sums are (ε, δ/2)-DP and
+    the keep decisions are post-processing; the t ≤ d keys present only with the user have
+    weight sum w(d) ≤ w(t) each, and are kept with probability at most 1 − (1 − P(Z ≥ T −
+    w(t)))^t ≤ δ/2 together. The reference's ρ_ref·Q is reported as ``reference_threshold``.
 """
 
 from __future__ import annotations
@@ -59,6 +79,8 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
+
+import numpy as np
 
 from stream_dp.privacy.calibration import (
     MAX_EXACT_SUPPORT,
@@ -76,8 +98,28 @@ from stream_dp.privacy.mechanisms import (
 )
 
 SelectionStrategyName = Literal[
-    "truncated_geometric", "laplace_threshold", "gaussian_threshold", "count_threshold"
+    "truncated_geometric",
+    "laplace_threshold",
+    "gaussian_threshold",
+    "count_threshold",
+    "weighted_gaussian",
 ]
+#: What a strategy tests: a key's distinct users, its released noisy count, or the sum of its
+#: users' fixed-point weights (``weighted_gaussian``).
+Tested = Literal["users", "released_count", "user_weights"]
+
+#: Q: a user's weight on each of its d kept keys is ⌊Q/√d⌋ (``weighted_gaussian``).
+WEIGHT_SCALE = 4096
+#: ``weighted_gaussian``: the threshold is exact for lone-key counts t up to this (above it,
+#: slightly conservative; see WeightedGaussian._threshold).
+EXACT_THROUGH = 256
+
+
+def user_key_weight(keys_kept: int) -> int:
+    """⌊Q/√d⌋ exactly, the fixed-point weight of each of a user's d kept keys."""
+    if keys_kept < 1:
+        raise ValueError("a user with a weight keeps at least one key")
+    return math.isqrt(WEIGHT_SCALE * WEIGHT_SCALE // keys_kept)
 
 
 def adjusted_delta(delta: float, max_partitions_contributed: int) -> float:
@@ -133,7 +175,7 @@ class PartitionSelection(ABC):
 
     strategy: ClassVar[SelectionStrategyName]
     #: What is tested: the key's distinct users, or its released noisy count.
-    tested: ClassVar[Literal["users", "released_count"]] = "users"
+    tested: ClassVar[Tested] = "users"
 
     def __init__(self, *, epsilon: float, delta: float, max_partitions_contributed: int) -> None:
         _validate(epsilon, delta, max_partitions_contributed)
@@ -177,7 +219,9 @@ class PartitionSelection(ABC):
             "rule": rule,
             "reference_threshold": reference_threshold,
             "reference": reference,
-            "users_for_half_keep": None if self.tested != "users" else self.users_for_half_keep,
+            "users_for_half_keep": (
+                None if self.tested == "released_count" else self.users_for_half_keep
+            ),
             "users_for_certain_keep": self.users_for_certain_keep,
             "noise": None if noise is None else {"mechanism": noise.name, "scale": noise.scale},
         }
@@ -202,6 +246,7 @@ RECORD_PARAMETERS = (
     "max_partitions_contributed",
     "max_contributions_per_partition",
     "threshold",
+    "weight_scale",
     "noise",
 )
 
@@ -419,7 +464,7 @@ class CountThreshold(PartitionSelection):
     """τ-thresholding of the released noisy count (OpenDP make_laplace_threshold's rule)."""
 
     strategy: ClassVar[SelectionStrategyName] = "count_threshold"
-    tested: ClassVar[Literal["users", "released_count"]] = "released_count"
+    tested: ClassVar[Tested] = "released_count"
 
     def __init__(
         self,
@@ -523,18 +568,119 @@ class CountThreshold(PartitionSelection):
         }
 
 
+class WeightedGaussian(PartitionSelection):
+    """Gopi et al. 2020 weighted Gaussian DP set union, in fixed point with discrete noise."""
+
+    strategy: ClassVar[SelectionStrategyName] = "weighted_gaussian"
+    tested: ClassVar[Tested] = "user_weights"
+
+    def __init__(self, *, epsilon: float, delta: float, max_partitions_contributed: int) -> None:
+        super().__init__(
+            epsilon=epsilon, delta=delta, max_partitions_contributed=max_partitions_contributed
+        )
+        l0 = self.max_partitions_contributed
+        self.weight_scale = WEIGHT_SCALE
+        self.threshold_delta = self.delta / 2
+        self.noise_delta = self.delta - self.threshold_delta
+        self.l2_sensitivity = float(WEIGHT_SCALE)
+        self.reference_sigma = analytic_gaussian_sigma(self.epsilon, self.noise_delta, 1.0)
+        self.reference_threshold = WEIGHT_SCALE * max(
+            1 / math.sqrt(t)
+            + self.reference_sigma * normal_upper_quantile(adjusted_delta(self.threshold_delta, t))
+            for t in range(1, l0 + 1)
+        )
+        self.mechanism = DiscreteGaussian.for_epsilon_delta(
+            l2_sensitivity=self.l2_sensitivity, epsilon=self.epsilon, delta=self.noise_delta
+        )
+        self.threshold = self._threshold()
+
+    def _threshold(self) -> int:
+        """Smallest T with P(any of t lone keys kept) ≤ δ/2 for every t ≤ L0.
+
+        For one t the condition is P(Z ≥ T − w(t)) ≤ 1 − (1 − δ/2)^(1/t); it holds from
+        some T on, so the answer is the largest of the per-t smallest T. Each t up to
+        ``EXACT_THROUGH`` is solved exactly; above it (L0 may be 100,000) t runs in blocks
+        [lo, hi] of ratio 1 + 1/EXACT_THROUGH, each solved for the block's heaviest weight
+        w(lo) and smallest per-key δ, δ'(hi): that T satisfies every t of the block (tails
+        fall as T − w grows, and δ'(t) ≥ δ'(hi)), and is above the exact one by at most
+        the block's spread (well under 0.1% of T).
+        """
+        tail = self.mechanism.tail_table()
+        sigma = self.mechanism.sigma
+        l0 = self.max_partitions_contributed
+        blocks = [(t, t) for t in range(1, min(l0, EXACT_THROUGH) + 1)]
+        lo = EXACT_THROUGH + 1
+        while lo <= l0:
+            hi = min(l0, lo + lo // EXACT_THROUGH)
+            blocks.append((lo, hi))
+            lo = hi + 1
+        best = 1
+        for lo, hi in blocks:
+            weight = user_key_weight(lo)
+            target = adjusted_delta(self.threshold_delta, hi)
+
+            def lone_keys_safe(x: int, weight: int = weight, target: float = target) -> bool:
+                return tail(x - weight) <= target
+
+            start = weight + math.ceil(sigma * normal_upper_quantile(target))
+            best = max(best, _smallest_integer(lone_keys_safe, start))
+        return best
+
+    def keep_probability(self, n: int) -> float:
+        """Probability that a key whose users' weights sum to n (in units of 1/Q) is kept."""
+        return self.mechanism.tail(self.threshold - n)
+
+    @property
+    def users_for_half_keep(self) -> int:
+        """Users needed for a 0.5 keep probability when each of them keeps L0 keys (the
+        lightest weight; users with fewer keys weigh more)."""
+        w = user_key_weight(self.max_partitions_contributed)
+        return max(1, -(-self.threshold // w))
+
+    def keep_probability_for_users(self, users: int) -> float:
+        """Keep probability of a key with ``users`` users who each keep L0 keys."""
+        return self.keep_probability(users * user_key_weight(self.max_partitions_contributed))
+
+    def select_weights(self, weight_sums: Sequence[int] | np.ndarray) -> list[bool]:
+        """One independent CSPRNG decision per key from its users' weight sum."""
+        noisy = self.mechanism.sample(weight_sums)
+        return [v >= self.threshold for v in noisy]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self._base(
+                threshold=self.threshold,
+                rule=f"keep iff the users' weight sum (each of a user's d keys weighs "
+                f"floor({WEIGHT_SCALE}/sqrt(d))) + discrete Gaussian noise >= {self.threshold}",
+                reference_threshold=self.reference_threshold,
+                reference="Gopi et al. ICML 2020 weighted Gaussian set union: keep iff "
+                "weights 1/sqrt(d) + N(0, reference_sigma^2) > reference_threshold / "
+                "weight_scale",
+                noise=self.mechanism,
+            ),
+            "weight_scale": self.weight_scale,
+            "reference_sigma": self.reference_sigma,
+            "noise_delta": self.noise_delta,
+            "threshold_delta": self.threshold_delta,
+            "sigma_calibration": "zcdp",
+        }
+
+
 def make_selection(
-    strategy: Literal["truncated_geometric", "laplace_threshold", "gaussian_threshold"],
+    strategy: Literal[
+        "truncated_geometric", "laplace_threshold", "gaussian_threshold", "weighted_gaussian"
+    ],
     *,
     epsilon: float,
     delta: float,
     max_partitions_contributed: int,
-) -> UserCountSelection:
-    """The distinct-user strategy of that name."""
-    classes: dict[str, type[UserCountSelection]] = {
+) -> UserCountSelection | WeightedGaussian:
+    """The strategy of that name that tests users (their count, or their weights)."""
+    classes: dict[str, type[UserCountSelection | WeightedGaussian]] = {
         "truncated_geometric": TruncatedGeometric,
         "laplace_threshold": LaplaceThreshold,
         "gaussian_threshold": GaussianThreshold,
+        "weighted_gaussian": WeightedGaussian,
     }
     return classes[strategy](
         epsilon=epsilon, delta=delta, max_partitions_contributed=max_partitions_contributed

@@ -21,9 +21,10 @@ touches at most k keys):
 Budget split of one query's (ε, δ):
 
 - public keys: the noise gets everything (Laplace noise uses no δ).
-- private keys with a distinct-user strategy (``truncated_geometric``, ``laplace_threshold``,
-  ``gaussian_threshold``): selection gets ``selection_epsilon_share``·ε, the noise the rest;
-  with Laplace noise the selection gets all of δ, with Gaussian noise δ is split in half.
+- private keys with a strategy that tests users (``truncated_geometric``,
+  ``laplace_threshold``, ``gaussian_threshold``, ``weighted_gaussian``): selection gets
+  ``selection_epsilon_share``·ε, the noise the rest; with Laplace noise the selection
+  gets all of δ, with Gaussian noise δ is split in half.
 - ``count_threshold``: the released count uses all of ε and the threshold all of δ
   (Gaussian noise: δ/2 each), because the threshold tests the released count itself.
 - mean: ``mean_count_share`` of the noise ε (and δ) goes to the count, the rest to the sum.
@@ -79,6 +80,7 @@ from stream_dp.privacy.partition_selection import (
     CountThreshold,
     GaussianThreshold,
     PartitionSelection,
+    WeightedGaussian,
     make_selection,
 )
 
@@ -496,7 +498,7 @@ def plan_query(
                 max_partitions_contributed=users.max_partitions_contributed,
             )
             selection = chosen
-            if isinstance(chosen, GaussianThreshold):
+            if isinstance(chosen, GaussianThreshold | WeightedGaussian):
                 sel_rho = chosen.mechanism.rho(chosen.l2_sensitivity)
                 charges.append(
                     PrivacyCharge("selection:noise", selection_eps, chosen.noise_delta, sel_rho)
@@ -808,7 +810,10 @@ def _query_model(query: QueryConfig, plan: QueryPlan, projection: str) -> QueryM
             )
 
         def keep(l0: int, users: int) -> float:
-            return rule(l0).keep_probability(users)
+            chosen = rule(l0)
+            if isinstance(chosen, WeightedGaussian):  # as if each user kept L0 keys
+                return chosen.keep_probability_for_users(users)
+            return chosen.keep_probability(users)
 
     return QueryModel(
         name=query.name,

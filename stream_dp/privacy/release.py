@@ -33,7 +33,11 @@ import numpy as np
 from stream_dp.errors import PrivacyError
 from stream_dp.privacy.group_values import group_sort_key
 from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
-from stream_dp.privacy.partition_selection import CountThreshold, UserCountSelection
+from stream_dp.privacy.partition_selection import (
+    CountThreshold,
+    UserCountSelection,
+    WeightedGaussian,
+)
 from stream_dp.privacy.planner import GroupKey, NoiseComponent, QueryPlan
 
 __all__ = ["GroupKey", "KeyAggregate", "QueryRelease", "ReleasedValue", "release_query"]
@@ -106,6 +110,9 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
             precomputed = [outcome[i] for i in kept]  # type: ignore[misc]
         elif isinstance(selection, UserCountSelection):
             decisions = selection.select(totals.users.tolist())
+            kept = [i for i, keep in enumerate(decisions) if keep]
+        elif isinstance(selection, WeightedGaussian):
+            decisions = selection.select_weights(totals.selection_weights)
             kept = [i for i, keep in enumerate(decisions) if keep]
         else:  # pragma: no cover - planner always sets a selection for private keys
             raise TypeError("a plan for private keys needs a partition selection")

@@ -15,6 +15,7 @@ from scipy.stats import binomtest
 
 from stream_dp.config import BoundsConfig, QueryConfig
 from stream_dp.privacy.mechanisms import DiscreteLaplace
+from stream_dp.privacy.partition_selection import WEIGHT_SCALE
 from stream_dp.privacy.planner import QueryPlan, plan_query
 from stream_dp.privacy.release import KeyAggregate, QueryRelease, ReleasedValue, release_query
 
@@ -31,7 +32,11 @@ def plan(*, unsafe: bool = False, **kw: Any) -> QueryPlan:
 
 
 def agg(events: int, users: int, value_sum: int = 0) -> KeyAggregate:
-    return KeyAggregate(events=events, users=users, value_sum=value_sum)
+    """Each user keeps this key only: the heaviest weight weighted_gaussian gives (its worst
+    case for a key's privacy; the other strategies ignore the weight)."""
+    return KeyAggregate(
+        events=events, users=users, value_sum=value_sum, selection_weight=users * WEIGHT_SCALE
+    )
 
 
 # -------------------------------------------------------------- public keys
@@ -62,12 +67,19 @@ def test_public_keys_with_clamping_never_release_negative_values() -> None:
 
 @pytest.mark.parametrize(
     "selection",
-    ["truncated_geometric", "laplace_threshold", "gaussian_threshold", "count_threshold"],
+    [
+        "truncated_geometric",
+        "laplace_threshold",
+        "gaussian_threshold",
+        "count_threshold",
+        "weighted_gaussian",
+    ],
 )
 def test_a_private_key_with_one_user_is_not_released(selection: str) -> None:
     # 100 000 independent single-user keys in one release. Each may survive with probability
-    # at most δ' = 1 − (1 − δ)^(1/3) ≈ 3.3e-7 (for count_threshold ≤ 1e-6 / 3 as well), so the
-    # expected number released is ≤ 0.034; P(≥ 4 released) < 6e-8 (Poisson tail), which is
+    # at most δ' = 1 − (1 − δ)^(1/3) ≈ 3.3e-7 (for count_threshold ≤ 1e-6 / 3 as well; for
+    # weighted_gaussian, whose user here weighs the most it can, ≤ δ/2 = 5e-7), so the
+    # expected number released is ≤ 0.05; P(≥ 4 released) < 3e-7 (Poisson tail), which is
     # this test's false-failure probability.
     p = plan(selection=selection)
     data = {(f"user-secret-{i}",): agg(10, 1) for i in range(100_000)}
