@@ -103,7 +103,9 @@ def _selection_summary(q: QueryPlan) -> str:
             f"{sel.strategy}: p>=0.5 at {d['users_for_half_keep']} users, "
             f"p=1 at {d['users_for_certain_keep']}"
         )
-    unit = "count" if sel.tested == "released_count" else "users"
+    unit = {"released_count": "count", "users": "users", "user_weights": "user weights"}[
+        sel.tested
+    ]
     return f"{sel.strategy}: keep if noisy {unit} >= {d['threshold']}"
 
 

@@ -164,7 +164,13 @@ def test_limits_are_inclusive_and_unsafe_test_mode_still_lifts_the_epsilon_ceili
         parse_config(_data(privacy={"unsafe_test_mode": True}, epsilon=1e-4))
 
 
-STRATEGIES = ["truncated_geometric", "laplace_threshold", "gaussian_threshold", "count_threshold"]
+STRATEGIES = [
+    "truncated_geometric",
+    "laplace_threshold",
+    "gaussian_threshold",
+    "count_threshold",
+    "weighted_gaussian",
+]
 MECHANISMS = ["discrete_laplace", "discrete_gaussian"]
 
 

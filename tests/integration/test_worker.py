@@ -287,3 +287,64 @@ async def test_idle_stream_closes_window_by_wall_clock(
     # Bound: window end + grace, or the idle timeout after the last event, plus slack for
     # polling and publishing. No new event arrived after the window.
     assert released_at <= max(window_end + grace, now + idle) + 5.0
+
+
+async def test_weighted_selection_end_to_end_with_weights_on_the_partials_topic(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    """selection: weighted_gaussian through a real worker: stage 1 writes each key's weight
+    sum as the fifth item of the partials' totals (schema-valid), stage 2 adds them and keeps
+    the keys whose noisy sum reaches the threshold. In test mode the noise is a few units of
+    a ~4,117 threshold (P(any decision here flips) < 1e-12): one user alone never suffices
+    (4,096 at most), two users do, and so do two users on three keys each (2 × 2,364)."""
+    cfg = config_factory(
+        {
+            "privacy": {**NOISE_FREE, "delta_per_window": 1e-6},
+            "bounds": {"max_contributions_per_window": 20, "max_keys_per_user": 3},
+            "queries": [
+                {
+                    "name": "visits",
+                    "group_by": ["domain"],
+                    "epsilon": 1e6,
+                    "delta": 1e-6,
+                    "selection": "weighted_gaussian",
+                }
+            ],
+        }
+    )
+    topics = await _prepare(cfg, kafka_bootstrap)
+    t0 = 1_596_240_000
+
+    def visit(user: str, domain: str) -> dict[str, Any]:
+        return {"user_id": user, "timestamp": t0 + 5, "domain": domain}
+
+    events = [visit("solo", "lonely.example"), visit("a", "pair.example")]
+    events += [visit("b", "pair.example")]
+    events += [visit(u, f"{d}.example") for u in ("m1", "m2") for d in "xyz"]
+    events += [visit("heavy", f"h{i}.example") for i in range(10)]
+    await produce_events(kafka_bootstrap, topics["input"], events)
+    out, _ = await run_worker_until_windows(
+        kafka_bootstrap, cfg, tmp_path / "worker.log", ["visits"], 1, env=TEST_MODE
+    )
+    releases = _releases(decode_values(out))
+    assert {r["group"]["domain"]: r["value"] for r in releases} == {
+        "pair.example": 2,
+        "x.example": 2,
+        "y.example": 2,
+        "z.example": 2,
+    }
+    assert {r["selection"]["strategy"] for r in releases} == {"weighted_gaussian"}
+    partials_schema = schema_validator("partials.schema.json")
+    entries = []
+    for _, raw in await read_topic(kafka_bootstrap, load_config(cfg).output.partials_topic):
+        value = orjson.loads(raw)
+        partials_schema.validate(value)
+        if value["kind"] == "partial":
+            entries += value["totals"]
+    weights = {e[0][0]: e[4] for e in entries}
+    assert weights["lonely.example"] == 4096  # ⌊4096/√1⌋: solo kept one key
+    heavy = [d for d in weights if d.startswith("h")]
+    assert len(heavy) == 3 and {weights[d] for d in heavy} == {2364}  # L0 = 3: ⌊4096/√3⌋
+    # the two users of pair.example may sit on different stage-1 partitions: stage 2 adds
+    pair = [e[4] for e in entries if e[0] == ["pair.example"]]
+    assert sum(pair) == 2 * 4096

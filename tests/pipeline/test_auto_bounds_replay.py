@@ -136,3 +136,61 @@ def _pvalue(samples: list[int], scale: float) -> float:
     probs[0] = probs[-1] = mech.tail(40)
     expected = probs / probs.sum() * len(samples)
     return float(chisquare([clipped.get(z, 0) for z in support], expected).pvalue)
+
+
+def test_weighted_selection_follows_each_windows_automatic_key_bound(tmp_path: Path) -> None:
+    """With bounds: auto the weighted set union's Δ0 is the L0 chosen for the window: its
+    threshold covers a user alone on up to that many keys, and stage 1 weighed every user
+    by the keys it kept under that same L0 (a mismatch would break the δ/2 bound)."""
+    data = {
+        "window": {
+            "size_s": SIZE,
+            "grace_s": 0,
+            "idle_close_s": 5,
+            "start_at": "2020-08-01T00:00:00Z",
+        },
+        "privacy": {
+            "epsilon_per_window": 1.0,
+            "delta_per_window": 1e-6,
+            "horizon_windows": 10,
+            "max_epsilon_per_horizon": 10.0,
+        },
+        "bounds": {
+            "max_contributions_per_window": "auto",
+            "max_keys_per_user": "auto",
+            "auto": {"epsilon_share": 0.3, "start": {"max_keys_per_user": 6}},
+        },
+        "queries": [
+            {
+                "name": "visits",
+                "group_by": ["domain"],
+                "epsilon": 0.7,
+                "delta": 1e-6,
+                "selection": "weighted_gaussian",
+            }
+        ],
+    }
+    config = parse_config(data)
+    rng = random.Random(1)
+    lines = [
+        {"user_id": f"u{u}", "timestamp": T0 + w * SIZE + 1, "domain": f"d{rng.randint(0, 20)}"}
+        for w in range(3)
+        for u in range(2000)
+        for _ in range(rng.randint(1, 3))
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(e) for e in lines) + b"\n")
+    result = replay_file(config, KEYRING, path)
+    chosen = []
+    for rel in result.releases:
+        *values, window = (r.value for r in rel.records)
+        assert values, "popular keys (~190 users each) are released"
+        l0 = window["bounds"]["max_keys_per_user"]
+        chosen.append(l0)
+        for v in values:
+            assert v["selection"]["strategy"] == "weighted_gaussian"
+            assert v["selection"]["max_partitions_contributed"] == l0
+    assert chosen[0] == 6 and len(chosen) == 3
+    # users keep ≤ 3 keys: staying at 6 would take noise of hundreds of users in the keys
+    # histogram (scale ~10): P < 1e-12. So the thresholds above followed a moved L0.
+    assert chosen[1] < 6

@@ -295,3 +295,48 @@ def test_partitioning_never_changes_a_release(
     assert _released_values(single) == _exact(events)
     for partitions, partials in [(1, 4), (3, 1), (3, 4)]:
         assert _run(events, cuts, partitions, partials) == single, (partitions, partials)
+
+
+def test_weighted_selection_adds_each_users_weights_over_partitions_and_keys() -> None:
+    """selection: weighted_gaussian through both stages (partials encoded and decoded): a key
+    is released on its users' weight sum, summed over stage-1 partitions. In test mode the
+    noise is a few units of a threshold of ~4,117: one user alone (weight 4,096 at most) is
+    never enough, two users on one key each are, and so are two users on three keys each
+    (2 × 2,364); a user with ten keys is cut to L0 = 3 and its keys weigh 2,364 alone.
+    P(any of these decisions flips) < 1e-12 (tails beyond 5σ and 100σ)."""
+    queries = [
+        {
+            "name": "visits",
+            "group_by": ["domain"],
+            "epsilon": 1e6,
+            "delta": 1e-6,
+            "selection": "weighted_gaussian",
+        }
+    ]
+    p = LocalPipeline(
+        config(queries=queries, k=20, bounds={"max_keys_per_user": 3}),
+        KEYRING,
+        partitions=2,
+        metrics=Metrics(),
+        sampling_rng=random.Random(0),
+    )
+    first = [rec(0, "solo", 1, "lonely"), rec(1, "p", 1, "pair")]
+    first += [rec(2 + i, "m1", 2, d) for i, d in enumerate("xyz")]
+    first += [rec(5 + i, "heavy", 3, f"h{i}") for i in range(10)]
+    second = [rec(0, "q", 1, "pair")] + [rec(1 + i, "m2", 2, d) for i, d in enumerate("xyz")]
+    p.ingest(0, first, now_s=NOW, now_mono_s=1)
+    p.ingest(1, second, now_s=NOW, now_mono_s=1)
+    releases = p.finish(now_s=NOW)
+    released = values(releases, "visits")
+    assert released == {
+        '{"domain":"pair"}': 2,
+        '{"domain":"x"}': 2,
+        '{"domain":"y"}': 2,
+        '{"domain":"z"}': 2,
+        "null": "window",
+    }
+    (rel,) = releases
+    selection = next(r.value for r in rel.records if "group" in r.value)["selection"]
+    assert selection["strategy"] == "weighted_gaussian"
+    assert selection["weight_scale"] == 4096
+    assert 4096 < selection["threshold"] < 2 * 2364

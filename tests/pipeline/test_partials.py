@@ -122,6 +122,64 @@ def test_round_trip_of_mixed_group_values_and_empty_totals() -> None:
         assert sorted(map(repr, assembler.taken.totals)) == sorted(map(repr, partial.totals))
 
 
+def test_selection_weights_travel_only_when_the_query_has_them() -> None:
+    """weighted_gaussian's per-key weight sums are a fifth item of each totals entry: they
+    survive the parts, and the other strategies' partials stay four items long."""
+    weighted = {(f"d{i}",): KeyAggregate(i + 2, i + 1, 0, 4096 * (i + 1) - i) for i in range(600)}
+    partial = _partial(weighted)
+    parts = _parts(partial)
+    assert len(parts) >= 2
+    records = [orjson.loads(v) for _, v in encode_partial(partial, max_bytes=SMALL_BYTES)]
+    assert {len(entry) for r in records for entry in r["totals"]} == {5}
+    for record in records:
+        VALIDATOR.validate(record)
+    assembler = PartialAssembler()
+    assert [assembler.add(p) for p in parts][-1]
+    assert assembler.taken == partial
+    plain = encode_partial(_partial(_many_keys(10)), max_bytes=SMALL_BYTES)
+    assert {len(e) for _, v in plain for e in orjson.loads(v)["totals"]} == {4}
+    # stage 2 sums them per key, like the counts
+    other = _partial({("d0",): KeyAggregate(1, 1, 0, 2896)}, source=3)
+    assert merge_totals([partial, other])[("d0",)] == KeyAggregate(3, 2, 0, 4096 + 2896)
+    assert not VALIDATOR.is_valid({**records[0], "totals": [[["a"], 1, 1, 0, -1]]})
+
+
+def test_a_weighted_query_seals_its_users_weights() -> None:
+    queries = [
+        {
+            "name": "visits",
+            "group_by": ["domain"],
+            "epsilon": 1e6,
+            "delta": 1e-6,
+            "selection": "weighted_gaussian",
+        },
+        {"name": "plain", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6},
+    ]
+    cfg = config(queries=queries, k=10, delta_per_window=2e-6)
+    stage = IngestStage(cfg, KEYRING, sampling_rng=random.Random(0))
+    # u visits a, b, c; v visits a twice; w visits b
+    records = [
+        rec(0, "u", 1),
+        rec(1, "u", 2, "b"),
+        rec(2, "u", 3, "c"),
+        rec(3, "v", 4),
+        rec(4, "v", 5),
+        rec(5, "w", 6, "b"),
+    ]
+    stage.ingest(0, records, now_s=NOW, now_mono_s=0)
+    weighted, plain = stage.seal(0, T0)
+    w1, w3 = 4096, 2364  # floor(4096 / sqrt(d)) for d = 1, 3
+    assert dict(weighted.totals) == {
+        ("a",): KeyAggregate(3, 2, 0, w3 + w1),
+        ("b",): KeyAggregate(2, 2, 0, w3 + w1),
+        ("c",): KeyAggregate(1, 1, 0, w3),
+    }
+    assert all(a.selection_weight == 0 for a in plain.totals.values())
+    for partial in (weighted, plain):
+        for _, value in encode_partial(partial, max_bytes=SMALL_BYTES):
+            VALIDATOR.validate(orjson.loads(value))
+
+
 def test_partials_keep_json_true_apart_from_one_when_stage_2_merges() -> None:
     """Break 7 at stage 2: totals arrive keyed by decoded JSON arrays; a Python dict would
     merge [true] and [1] (True == 1) into one key labelled by whichever came first."""
@@ -230,6 +288,9 @@ def _without(base: dict[str, Any], key: str) -> bytes:
         _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1]]),
         _broken(_GOOD_PARTIAL, totals=[[["a"], "many", 1, 0]]),
         _broken(_GOOD_PARTIAL, totals={"a": 1}),
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, -4096]]),  # a negative weight
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, 4096, 1]]),  # six items
+        _broken(_GOOD_PARTIAL, totals=[["a", 1, 1, 0]]),  # group key not a list
         _without(_GOOD_MARK, "idle"),
         _broken(_GOOD_MARK, watermark_s="soon"),
         _broken(_GOOD_MARK, source_partitions=[1]),

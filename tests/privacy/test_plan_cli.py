@@ -14,6 +14,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from stream_dp.cli.main import main
+from stream_dp.privacy.partition_selection import WEIGHT_SCALE, WeightedGaussian
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "stream_dp" / "examples" / "browser-logs.yaml"
 
@@ -78,6 +79,13 @@ ALL_KINDS: dict[str, Any] = {
             "mechanism": "discrete_gaussian",
             "epsilon": 1.0,
             "delta": 2e-6,
+        },
+        {
+            "name": "wg_count",
+            "group_by": ["domain"],
+            "selection": "weighted_gaussian",
+            "epsilon": 0.5,
+            "delta": 1e-6,
         },
     ],
 }
@@ -146,6 +154,19 @@ def test_json_reference_values_for_every_strategy(
     assert lt["reference_threshold"] == pytest.approx(1 - 12 * math.log(2 * 3.333334444e-7))
     public = queries["public_mean"]
     assert public["selection"] is None and public["public_key_count"] == 6
+    wg = queries["wg_count"]
+    selection = WeightedGaussian(epsilon=0.25, delta=1e-6, max_partitions_contributed=3)
+    assert wg["selection"]["threshold"] == selection.threshold
+    assert wg["selection"]["weight_scale"] == WEIGHT_SCALE
+    by_name = {c["part"]: c for c in wg["charges"]}
+    assert by_name["selection:noise"]["epsilon"] == pytest.approx(0.25)
+    assert by_name["selection:noise"]["delta"] == pytest.approx(0.5e-6)
+    assert by_name["selection:noise"]["rho"] == pytest.approx(
+        WEIGHT_SCALE**2 / (2 * selection.mechanism.sigma**2), rel=1e-12
+    )
+    assert by_name["selection:threshold"]["delta"] == pytest.approx(0.5e-6)
+    assert math.fsum(c["epsilon"] for c in wg["charges"]) == pytest.approx(0.5, rel=1e-12)
+    assert math.fsum(c["delta"] for c in wg["charges"]) == pytest.approx(1e-6, rel=1e-12)
 
 
 def test_table_mentions_every_query_and_the_totals(
@@ -158,6 +179,7 @@ def test_table_mentions_every_query_and_the_totals(
     assert "horizon" in out and "24 windows" in out
     assert "with Gaussian parts in zCDP" in out
     assert "keep if noisy count >= 438" in out
+    assert "weighted_gaussian: keep if noisy user weights >= " in out
 
 
 def test_disclosure_risk_prints_the_equivalent_epsilon(
