@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from bench import auto_bounds, continual
+from bench import auto_bounds, continual, set_union
 
 #: (name, goal) of every target, in the order of the results table (issue 15's table, then
 #: utility against PipelineDP).
@@ -539,6 +539,9 @@ def markdown(r: dict[str, Any]) -> str:
     if "auto_bounds" in r:
         lines += ["", *auto_bounds.section(r["auto_bounds"])]
     lines += _profile_section(r)
+    if set_union.RESULTS_FILE.exists():  # its own bench (python -m bench.set_union --write)
+        kept = orjson.loads(set_union.RESULTS_FILE.read_bytes())
+        lines += ["", *set_union.section(kept)]
     lines += ["", "## What limits throughput", ""]
     lines += [f"- {note}" for note in r.get("notes", [])]
     return "\n".join(lines) + "\n"

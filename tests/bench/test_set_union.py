@@ -10,17 +10,21 @@ every user shares, and a lone user's key has keep probability ≤ δ.
 
 from __future__ import annotations
 
+import json
 import math
 from statistics import NormalDist
 
 import pytest
 
 from bench.set_union import (
+    MAX_KEYS,
     STRATEGIES,
     expected_keys,
+    measure,
     pipeline_keys,
     population,
     product_plan,
+    section,
     weighted_gaussian_parameters,
 )
 from stream_dp.privacy.calibration import analytic_gaussian_delta
@@ -95,3 +99,14 @@ def test_keys_every_user_shares_are_released_and_a_lone_users_key_is_not() -> No
     assert alone["weighted_gaussian rule"] <= 1e-6 / 2
     for name in STRATEGIES:
         assert alone[f"{name} rule"] <= 1e-6
+
+
+def test_the_results_section_renders_every_row_and_survives_json() -> None:
+    result = measure(users=300, keys=200, runs=2, draws=1, epsilon=1.0, delta=1e-6, log=len)
+    kept = json.loads(json.dumps(result))  # what --write keeps and bench.report reads back
+    lines = section(kept)
+    assert lines[0].startswith("## 8. ")
+    rows = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
+    assert [int(r.split("|")[1]) for r in rows] == list(MAX_KEYS)
+    assert all(r.count("|") == 2 + 2 * len(STRATEGIES) + 1 for r in rows)
+    assert "--runs 2 --draws 1 --write" in "\n".join(lines)
