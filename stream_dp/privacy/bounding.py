@@ -278,11 +278,11 @@ def bounded_totals_columns(
     weight_sums = zeros.copy()
     if weights:
         kept = distinct[kept_pairs]
-        owners, keys_of_owner = np.unique(kept // n_keys, return_inverse=True)
-        per_owner = np.bincount(keys_of_owner.reshape(-1), minlength=len(owners))
+        owners = kept // n_keys
+        keys_of_user = np.bincount(owners)  # users are small integers (see above)
         table = np.array(
-            [0, *(user_key_weight(d) for d in range(1, int(per_owner.max()) + 1))],
+            [0, *(user_key_weight(d) for d in range(1, int(keys_of_user.max()) + 1))],
             dtype=np.int64,
         )
-        np.add.at(weight_sums, kept % n_keys, table[per_owner][keys_of_owner.reshape(-1)])
+        np.add.at(weight_sums, kept % n_keys, table[keys_of_user[owners]])
     return events, users_per_key, value_sums, weight_sums

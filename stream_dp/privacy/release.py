@@ -108,11 +108,12 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
             outcome = selection.release(tested)
             kept = [i for i, v in enumerate(outcome) if v is not None]
             precomputed = [outcome[i] for i in kept]  # type: ignore[misc]
-        elif isinstance(selection, UserCountSelection):
-            decisions = selection.select(totals.users.tolist())
-            kept = [i for i, keep in enumerate(decisions) if keep]
-        elif isinstance(selection, WeightedGaussian):
-            decisions = selection.select_weights(totals.selection_weights)
+        elif isinstance(selection, UserCountSelection | WeightedGaussian):
+            decisions = (
+                selection.select_weights(totals.selection_weights)
+                if isinstance(selection, WeightedGaussian)
+                else selection.select(totals.users.tolist())
+            )
             kept = [i for i, keep in enumerate(decisions) if keep]
         else:  # pragma: no cover - planner always sets a selection for private keys
             raise TypeError("a plan for private keys needs a partition selection")

@@ -29,6 +29,15 @@ QUERIES: list[dict[str, Any]] = [
     {"name": "all", "epsilon": 1e6, "keys": {}},
 ]
 
+#: A count per domain on private keys chosen by weighted DP set union (exact in test mode).
+WEIGHTED_VISITS: dict[str, Any] = {
+    "name": "visits",
+    "group_by": ["domain"],
+    "epsilon": 1e6,
+    "delta": 1e-6,
+    "selection": "weighted_gaussian",
+}
+
 
 def config(
     *,

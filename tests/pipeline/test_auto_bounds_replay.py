@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -30,7 +31,16 @@ WINDOWS = 100
 USERS = 40
 
 
-def _config() -> Config:
+AUTO_ALL = {
+    "max_contributions_per_window": "auto",
+    "max_keys_per_user": "auto",
+    "max_contributions_per_key": "auto",
+    "auto": {"epsilon_share": 0.3},
+}
+VISITS = {"name": "visits", "group_by": ["domain"], "epsilon": 0.7, "delta": 1e-6}
+
+
+def _config(bounds: dict[str, Any] = AUTO_ALL, query: dict[str, Any] = VISITS) -> Config:
     return parse_config(
         {
             "window": {
@@ -45,13 +55,8 @@ def _config() -> Config:
                 "horizon_windows": WINDOWS,
                 "max_epsilon_per_horizon": float(WINDOWS),
             },
-            "bounds": {
-                "max_contributions_per_window": "auto",
-                "max_keys_per_user": "auto",
-                "max_contributions_per_key": "auto",
-                "auto": {"epsilon_share": 0.3},
-            },
-            "queries": [{"name": "visits", "group_by": ["domain"], "epsilon": 0.7, "delta": 1e-6}],
+            "bounds": bounds,
+            "queries": [query],
         }
     )
 
@@ -142,35 +147,14 @@ def test_weighted_selection_follows_each_windows_automatic_key_bound(tmp_path: P
     """With bounds: auto the weighted set union's Δ0 is the L0 chosen for the window: its
     threshold covers a user alone on up to that many keys, and stage 1 weighed every user
     by the keys it kept under that same L0 (a mismatch would break the δ/2 bound)."""
-    data = {
-        "window": {
-            "size_s": SIZE,
-            "grace_s": 0,
-            "idle_close_s": 5,
-            "start_at": "2020-08-01T00:00:00Z",
-        },
-        "privacy": {
-            "epsilon_per_window": 1.0,
-            "delta_per_window": 1e-6,
-            "horizon_windows": 10,
-            "max_epsilon_per_horizon": 10.0,
-        },
-        "bounds": {
+    config = _config(
+        {
             "max_contributions_per_window": "auto",
             "max_keys_per_user": "auto",
             "auto": {"epsilon_share": 0.3, "start": {"max_keys_per_user": 6}},
         },
-        "queries": [
-            {
-                "name": "visits",
-                "group_by": ["domain"],
-                "epsilon": 0.7,
-                "delta": 1e-6,
-                "selection": "weighted_gaussian",
-            }
-        ],
-    }
-    config = parse_config(data)
+        {**VISITS, "selection": "weighted_gaussian"},
+    )
     rng = random.Random(1)
     lines = [
         {"user_id": f"u{u}", "timestamp": T0 + w * SIZE + 1, "domain": f"d{rng.randint(0, 20)}"}

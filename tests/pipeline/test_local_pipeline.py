@@ -25,7 +25,16 @@ from stream_dp.pipeline.ledger import (
 )
 from stream_dp.pipeline.local import LocalPipeline
 from stream_dp.pipeline.placement import murmur2_partition
-from tests.pipeline.support import KEYRING, NOW, T0, comparable, config, rec, values
+from tests.pipeline.support import (
+    KEYRING,
+    NOW,
+    T0,
+    WEIGHTED_VISITS,
+    comparable,
+    config,
+    rec,
+    values,
+)
 
 MB = 1_000_000
 
@@ -304,17 +313,8 @@ def test_weighted_selection_adds_each_users_weights_over_partitions_and_keys() -
     never enough, two users on one key each are, and so are two users on three keys each
     (2 × 2,364); a user with ten keys is cut to L0 = 3 and its keys weigh 2,364 alone.
     P(any of these decisions flips) < 1e-12 (tails beyond 5σ and 100σ)."""
-    queries = [
-        {
-            "name": "visits",
-            "group_by": ["domain"],
-            "epsilon": 1e6,
-            "delta": 1e-6,
-            "selection": "weighted_gaussian",
-        }
-    ]
     p = LocalPipeline(
-        config(queries=queries, k=20, bounds={"max_keys_per_user": 3}),
+        config(queries=[WEIGHTED_VISITS], k=20, bounds={"max_keys_per_user": 3}),
         KEYRING,
         partitions=2,
         metrics=Metrics(),

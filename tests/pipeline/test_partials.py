@@ -29,7 +29,7 @@ from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE, JsonBool
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows import TumblingWindows
 from tests.helpers import schema_validator
-from tests.pipeline.support import KEYRING, NOW, T0, config, rec
+from tests.pipeline.support import KEYRING, NOW, T0, WEIGHTED_VISITS, config, rec
 
 VALIDATOR = schema_validator("partials.schema.json")
 #: A small record limit, so that a few hundred keys already need several parts.
@@ -146,13 +146,7 @@ def test_selection_weights_travel_only_when_the_query_has_them() -> None:
 
 def test_a_weighted_query_seals_its_users_weights() -> None:
     queries = [
-        {
-            "name": "visits",
-            "group_by": ["domain"],
-            "epsilon": 1e6,
-            "delta": 1e-6,
-            "selection": "weighted_gaussian",
-        },
+        WEIGHTED_VISITS,
         {"name": "plain", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6},
     ]
     cfg = config(queries=queries, k=10, delta_per_window=2e-6)
