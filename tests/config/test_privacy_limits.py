@@ -200,3 +200,13 @@ def test_every_corner_of_the_allowed_range_plans_and_releases_inside_int64(
     release = release_query({("a",): KeyAggregate(10**6, 10**5, 0)}, plan)
     for value in release.values:
         assert abs(value.value) < 2**62
+
+
+@pytest.mark.parametrize("spelling", ["Weighted_Gaussian", "weighted-gaussian", "weighted", True])
+def test_a_selection_strategy_is_spelled_exactly_or_refused_with_the_choices(
+    spelling: object,
+) -> None:
+    """A near-miss spelling must not fall back to another rule (whose threshold was planned
+    for distinct users while the data carries weights, or the reverse)."""
+    with pytest.raises(ConfigError, match="weighted_gaussian"):
+        parse_config(_data(selection=spelling))
