@@ -5,10 +5,11 @@ environment variable) and what is allowed.
 YAML 1.1 (what PyYAML reads) turns some unquoted words into values nobody meant: ``yes``,
 ``no``, ``on``, ``off`` are booleans (the country code ``NO`` becomes ``false``), ``010`` is
 the octal 8, ``1:30`` the sexagesimal 90, while ``1e3`` (no dot) stays the *string* "1e3".
-For ordinary settings the model converts these as intended (``keyed_by_user: yes`` is true,
-``delta: 1e-6`` is a number). In the values of ``queries[].keys`` and ``queries[].where``,
-which are compared with event values exactly, they are refused with the spelling that says
-what was meant.
+For ordinary settings: ``keyed_by_user: yes`` is true; an unquoted ``1e-6`` given to a
+number field is the number; a boolean is never a number (``horizon_windows: yes`` is
+refused, see :mod:`stream_dp.config.numbers`). In the values of ``queries[].keys`` and
+``queries[].where``, which are compared with event values exactly, they are refused with
+the spelling that says what was meant.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from stream_dp.config.environment import (
     read_environment,
 )
 from stream_dp.config.model import Config, ConfigOrigin
+from stream_dp.config.numbers import field_kind
 from stream_dp.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -97,8 +99,19 @@ def _settle(data: Any, path: tuple[str | int, ...] = ()) -> Any:
     if isinstance(data, _Ambiguous):
         if len(path) >= 4 and path[0] == "queries" and path[2] in ("keys", "where"):
             raise ConfigError(_ambiguous_message(data, path))
+        if isinstance(data.value, str) and _number_field(path):
+            return float(data.text)  # an unquoted 1e-6 for δ is the number
         return data.value
     return data
+
+
+def _number_field(path: tuple[str | int, ...]) -> bool:
+    """Whether the key at ``path`` is a number field (an integer or a number)."""
+    if not path or not isinstance(path[-1], str):
+        return False
+    model = _model_at(path[:-1])
+    field = None if model is None else model.model_fields.get(path[-1])
+    return field is not None and field_kind(field) in ("integer", "number")
 
 
 def _yaml_float(value: float) -> str:
@@ -190,9 +203,16 @@ def _describe(error: Mapping[str, Any], origin: ConfigOrigin, source: str) -> st
         return f"{path}: required but missing"
     value = error.get("input")
     secret = any("password" in str(part) for part in loc)
-    shown = "" if isinstance(value, Mapping) or secret else f" = {value!r}"
+    shown = "" if isinstance(value, Mapping) or secret else f" = {_spelled(value)}"
     msg = str(error["msg"]).removeprefix("Value error, ")
     return f"{path}{shown} ({where}): {msg}"
+
+
+def _spelled(value: Any) -> str:
+    """A value as the user wrote it (YAML spells booleans true and false)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
 
 
 def _heading(source: str, origin: ConfigOrigin) -> str:
