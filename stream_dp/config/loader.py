@@ -34,6 +34,7 @@ from stream_dp.config.environment import (
 from stream_dp.config.model import Config, ConfigOrigin
 from stream_dp.config.numbers import field_kind
 from stream_dp.errors import ConfigError
+from stream_dp.privacy.planner import plan_config
 
 log = logging.getLogger(__name__)
 
@@ -240,14 +241,11 @@ def parse_config(
     check_leftovers(leftovers, [v for v in key_variables if isinstance(v, str)])
     origin = ConfigOrigin(file=file, environment=origins(overrides))
     _report_replaced_queries(data, origin, source)
-    # Imported here: the planner imports this package's model.
-    from stream_dp.privacy.planner import plan_config
-
     try:
         config = Config(**merged)
         # Planning checks what follows from several settings at once (noise scales,
         # value ranges in noise units, public key products): refused at load, not later.
-        plan_config(config)
+        plan_config(config.spec())
     except ValidationError as exc:
         lines = "\n  ".join(_describe(e, origin, source) for e in exc.errors())
         raise ConfigError(f"{_heading(source, origin)}:\n  {lines}") from None

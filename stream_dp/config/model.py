@@ -56,6 +56,18 @@ from stream_dp.privacy.group_values import (
     JsonBool,
     python_equal_duplicates,
 )
+from stream_dp.privacy.mechanisms import MechanismName
+from stream_dp.privacy.specs import BOUND_NAMES as SPEC_BOUND_NAMES
+from stream_dp.privacy.specs import (
+    AutoBoundsSpec,
+    BoundsSpec,
+    ConfigSpec,
+    ContinualMechanism,
+    QuerySpec,
+    Scalar,
+    SelectionStrategy,
+    Statistic,
+)
 
 #: ε above this is meaningless as privacy; allowed only in the test mode below.
 MAX_SAFE_EPSILON = 100.0
@@ -76,18 +88,7 @@ MAX_HORIZON_WINDOWS = 1_000_000
 #: Environment switch that tests set to allow ``privacy.unsafe_test_mode``.
 UNSAFE_TEST_MODE_ENV = "STREAM_DP_ALLOW_UNSAFE_TEST_MODE"
 
-Scalar = str | int | float | bool
-Statistic = Literal["count", "count_distinct_users", "sum", "mean"]
-SelectionStrategy = Literal[
-    "truncated_geometric",
-    "laplace_threshold",
-    "gaussian_threshold",
-    "count_threshold",
-    "weighted_gaussian",
-]
-MechanismName = Literal["discrete_laplace", "discrete_gaussian"]
 ReleaseMode = Literal["window", "cumulative"]
-ContinualMechanism = Literal["auto", "per_window_sum", "tree", "tree_honaker", "sqrt_factorization"]
 
 DEFAULT_GROUP_ID = "stream-dp"
 #: Topics named ``<kafka.group_id>.<suffix>`` unless the config names them.
@@ -423,6 +424,7 @@ AUTO_CAP_DEFAULTS = {
     "max_contributions_per_key": 1000,
 }
 BOUND_NAMES = tuple(AUTO_START_DEFAULTS)
+assert BOUND_NAMES == SPEC_BOUND_NAMES
 
 
 class BoundValues(_Section):
@@ -550,6 +552,23 @@ class BoundsConfig(_Section):
             raise ConfigError("bounds set to auto have no single value; use start_bounds()")
         return int(k), l0, linf
 
+    def spec(self) -> BoundsSpec:
+        """Concrete bounds as the planner takes them (ConfigError if one is auto)."""
+        return BoundsSpec(*self.values())
+
+    def auto_spec(self, epsilon_per_window: float) -> AutoBoundsSpec | None:
+        """What the planner needs to know of ``bounds: auto`` (None when nothing is auto)."""
+        if not self.is_auto:
+            return None
+        share = self.auto_settings.epsilon_share
+        return AutoBoundsSpec(
+            auto_fields=self.auto_fields,
+            start=self.start_bounds().spec(),
+            cap=self.cap_bounds().spec(),
+            epsilon=share * epsilon_per_window,
+            epsilon_share=share,
+        )
+
     @model_validator(mode="after")
     def _auto_consistent(self) -> BoundsConfig:
         auto = self.auto_fields
@@ -636,6 +655,38 @@ class QueryConfig(_Section):
     @property
     def public_keys(self) -> bool:
         return self.keys != "private"
+
+    def spec(self) -> QuerySpec:
+        """The query as the planner takes it (:class:`stream_dp.privacy.specs.QuerySpec`)."""
+        keys = self.keys
+        return QuerySpec(
+            name=self.name,
+            epsilon=self.epsilon,
+            statistic=self.statistic,
+            group_by=tuple(self.group_by),
+            key_values=(
+                None if isinstance(keys, str) else tuple(tuple(keys[f]) for f in self.group_by)
+            ),
+            where=tuple(
+                (f, tuple(v) if isinstance(v, list) else v) for f, v in sorted(self.where.items())
+            ),
+            selection=self.selection,
+            selection_epsilon_share=self.selection_epsilon_share,
+            delta=self.delta,
+            mechanism=self.mechanism,
+            value_field=self.value_field,
+            lower=self.lower,
+            upper=self.upper,
+            granularity=self.granularity,
+            mean_count_share=self.mean_count_share,
+            clamp_negative=self.clamp_negative,
+            cumulative=self.cumulative,
+            horizon_windows=self.horizon_windows,
+            continual_mechanism=self.continual_mechanism,
+            horizon_origin_s=(
+                0 if self.horizon_origin is None else int(self.horizon_origin.timestamp())
+            ),
+        )
 
     @property
     def value_granularity(self) -> float:
@@ -1012,6 +1063,20 @@ class Config(BaseModel):
                 f"({self.output.internal_retention_s} s): running totals would lose their "
                 f"state mid-horizon; set it to at least {needed} or remove it (forever)"
             )
+
+    def spec(self) -> ConfigSpec:
+        """What the planner plans (:func:`stream_dp.privacy.planner.plan_config`)."""
+        return ConfigSpec(
+            queries=tuple(q.spec() for q in self.queries),
+            bounds=self.bounds.start_bounds().spec(),
+            window_size_s=self.window.size_s,
+            epsilon_per_window=self.privacy.epsilon_per_window,
+            delta_per_window=self.privacy.delta_per_window,
+            horizon_windows=self.privacy.horizon_windows,
+            max_epsilon_per_horizon=self.privacy.max_epsilon_per_horizon,
+            unsafe_test_mode=self.privacy.unsafe_test_mode,
+            auto_bounds=self.bounds.auto_spec(self.privacy.epsilon_per_window),
+        )
 
     @property
     def bounds_epsilon(self) -> float:
