@@ -239,7 +239,8 @@ def _wrappers(owner: object) -> list[MetricWrapperBase]:
 
 
 def _metric_rows(owner: object, registry: CollectorRegistry) -> list[str]:
-    labels_of = {w._name: tuple(w._labelnames) for w in _wrappers(owner)}  # noqa: SLF001
+    # prometheus_client keeps a metric's name and label names on the wrapper only.
+    labels_of = {w._name: tuple(w._labelnames) for w in _wrappers(owner)}
     rows = []
     for family in registry.collect():
         if family.name not in labels_of:
@@ -263,20 +264,16 @@ def _metric_rows(owner: object, registry: CollectorRegistry) -> list[str]:
         help_text = family.documentation
         if preset:
             help_text += " Series from the start: " + "; ".join(preset) + "."
-        rows.append(
-            f"| `{shown}` | {family.type} | {label_text} | {_escape_cell(help_text)} |"
-        )
+        rows.append(f"| `{shown}` | {family.type} | {label_text} | {_escape_cell(help_text)} |")
     return rows
 
 
 def metrics_reference(which: Literal["worker", "sink"]) -> str:
     """The metrics of the worker (``stream-dp run``) or of the sink (``stream-dp sink``) as a
     Markdown table, read from a fresh registry of each."""
-    owner: Metrics | SinkMetrics
-    if which == "worker":
-        owner = Metrics(reasons=REASONS, process=False)
-    else:
-        owner = SinkMetrics()
+    owner: Metrics | SinkMetrics = (
+        Metrics(reasons=REASONS, process=False) if which == "worker" else SinkMetrics()
+    )
     rows = _metric_rows(owner, owner.registry)
     head = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     return "\n".join([*head, *rows]) + "\n"
