@@ -13,6 +13,7 @@ A marker that names nothing known fails the build, as ``--strict`` does for brok
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import Path
 from typing import Any
@@ -52,12 +53,15 @@ def _included(root: Path, relative: str) -> tuple[str, list[str]]:
         target = match.group(2)
         if not _local(target):
             return match.group(0)
-        file_part = target.split("#", 1)[0]
-        moved = (base / file_part).as_posix()
+        file_part, _, anchor = target.partition("#")
+        moved = posixpath.normpath((base / file_part).as_posix())
         if not (root / moved).is_file():
             raise PluginError(f"include: {relative} links to {target}, which does not exist")
-        assets.append(moved)
-        return f"{match.group(1)}{moved}{match.group(3)}"
+        if moved.startswith("docs/"):
+            moved = moved.removeprefix("docs/")  # a page of the site itself
+        else:
+            assets.append(moved)
+        return f"{match.group(1)}{moved}{'#' + anchor if anchor else ''}{match.group(3)}"
 
     text = LINK.sub(rewrite, path.read_text(encoding="utf-8"))
     return text, assets
