@@ -4,7 +4,8 @@ Reads the configuration (an over-budget one is refused by ``load_config`` with e
 plans every query (:func:`stream_dp.privacy.planner.plan_config`) and prints a readable
 table, or with ``--json`` the stable machine form described by
 ``stream_dp/privacy/plan.schema.json``. ``--disclosure-risk RHO [--worlds M]`` also prints
-the ε that keeps an adversary's posterior below RHO among M possible worlds (seed 003).
+the ε that keeps an adversary's posterior below RHO among M possible worlds
+(docs/privacy.md#budget).
 """
 
 from __future__ import annotations

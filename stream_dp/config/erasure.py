@@ -1,4 +1,4 @@
-"""The ``erasure`` section: the right of erasure for windows not yet released (README, Erasure).
+"""The ``erasure`` section: the right of erasure for windows not yet released (docs/erasure.md).
 
 Off by default: turning it on adds a topic of raw user ids (the requests, which the operator
 must protect like the input topic) and makes every worker keep a sealed window's state until
@@ -35,7 +35,7 @@ class ErasureConfig(BaseModel):
     enabled: bool = Field(
         False,
         description="read erasure requests and remove the requesting users' events from "
-        "every window not yet released (README, Erasure)",
+        "every window not yet released (docs/erasure.md)",
     )
     requests_topic: str = Field(
         "stream-dp.erasure-requests",

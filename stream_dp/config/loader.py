@@ -198,7 +198,7 @@ def _describe(error: Mapping[str, Any], origin: ConfigOrigin, source: str) -> st
     where = _came_from(loc, origin, source)
     if error["type"] == "extra_forbidden":
         owner = _model_at(loc[:-1])
-        allowed = ", ".join(owner.model_fields) if owner else "see README"
+        allowed = ", ".join(owner.model_fields) if owner else "see docs/configuration.md"
         return f"{path} ({where}): unknown key; allowed here: {allowed}"
     if error["type"] == "missing":
         return f"{path}: required but missing"

@@ -1,4 +1,5 @@
-"""The pipeline specification (CONTRACT.md): a frozen pydantic model, one class per section.
+"""The pipeline specification (docs/configuration.md): a frozen pydantic model, one class
+per section.
 
 Every key may come from the YAML file or from an environment variable
 ``STREAM_DP_<SECTION>__<KEY>`` (the environment wins; :mod:`stream_dp.config.environment`
@@ -437,7 +438,7 @@ class BoundValues(_Section):
 
 
 class AutoBoundsConfig(_Section):
-    """How bounds set to ``auto`` are chosen (README "Automatic bounds").
+    """How bounds set to ``auto`` are chosen (docs/automatic-bounds.md).
 
     Every window spends ``epsilon_share`` × ``privacy.epsilon_per_window`` on differentially
     private histograms of its users' contributions; the bounds that minimise the expected
@@ -619,7 +620,7 @@ class QueryConfig(_Section):
     release: ReleaseMode = Field(
         "window",
         description="window: one value per window; cumulative: the running total since the "
-        "start of the horizon (continual release, see README 'Continual release')",
+        "start of the horizon (continual release, see docs/continual-release.md)",
     )
     horizon_windows: OptionalInteger = Field(
         None,
@@ -826,7 +827,7 @@ def _public_key_duplicates(query: str, field: str, values: list[Scalar]) -> None
     raise ValueError(
         f"query {query}: keys.{field} lists the value {_show(again)} twice "
         f"(as {_show(first)} and {_show(again)}); a public key list must hold distinct "
-        "values — 1, 1.0 and true count as one value (PRIVACY.md invariant 5), each "
+        "values — 1, 1.0 and true count as one value (docs/privacy.md#invariant-5), each "
         "listed value is released as its own key — so remove the repeat (quote it, e.g. "
         '"1", if you mean a string)'
     )

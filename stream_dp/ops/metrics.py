@@ -268,7 +268,8 @@ class Metrics:
             "Records between the worker's position and the partition's high watermark, per "
             "topic and assigned partition of every topic the worker reads (input, "
             "repartition, partials). Approximate on the embedded broker, whose high "
-            "watermark is the last batch's base offset + 1, not the log end (BROKER.md); "
+            "watermark is the last batch's base offset + 1, not the log end "
+            "(docs/architecture.md#embedded-broker); "
             "exact on Apache Kafka.",
             ["topic", "partition"],
             registry=r,
@@ -331,7 +332,7 @@ class Metrics:
             registry=r,
         )
 
-        # --- erasure (README, "Erasure") ----------------------------------------------------
+        # --- erasure (docs/erasure.md) ----------------------------------------------------
         self.erasure_requests_applied = Counter(
             "stream_dp_erasure_requests_applied",
             "Erasure requests this worker recorded in the erasure log and answered (bad "

@@ -1,6 +1,6 @@
 """``bounds: auto`` in the pipeline: which bounds each window uses, and where they come from.
 
-The rule (PRIVACY.md, Budget; :mod:`stream_dp.privacy.adaptive_bounds` has the argument):
+The rule (docs/privacy.md#budget; :mod:`stream_dp.privacy.adaptive_bounds` has the argument):
 
 - the first covered window uses the configured start values;
 - every later window w uses the bounds decided from window w − 1: a ``bounds`` record in

@@ -34,7 +34,7 @@ normalisation runs once per distinct id and batch, not per event. With keyed inp
 record key must be the *normalised* id: two spellings of one user keyed by their raw ids
 could sit on two partitions and be bounded twice.
 
-Erasure (README, "Erasure"; on when the transport sets :attr:`IngestStage.erasures`): both
+Erasure (docs/erasure.md; on when the transport sets :attr:`IngestStage.erasures`): both
 stages drop the events of erased pseudonyms on arrival, :meth:`IngestStage.apply_erasures`
 removes newly erased users from every window held, and with :attr:`keep_sealed` a sealed
 window's state stays until its release is known, so that an erasure arriving in between
@@ -226,7 +226,7 @@ class IngestStage(ColumnIngest):
         self.require_read_proof = False
         # Stage 0, per input partition: when its reader was last at the log's end.
         self._routed_read_through: dict[int, float] = {}
-        #: Erasures in force (README, Erasure): set by the transport when erasure is on.
+        #: Erasures in force (docs/erasure.md): set by the transport when erasure is on.
         self.erasures: ErasureSet | None = None
         #: The erasure-log position this stage's state has applied (stamped on partials).
         self.erasures_applied = 0
@@ -851,7 +851,7 @@ class IngestStage(ColumnIngest):
             )
         return marks
 
-    # -- erasure (README, "Erasure") -------------------------------------------------------
+    # -- erasure (docs/erasure.md) -------------------------------------------------------
     def apply_erasures(self, erasures: Sequence[Erasure], position: int) -> None:
         """Take in erasures just added to :attr:`erasures` (the log read up to ``position``):
         remove their users from every window held, and mark the sealed windows kept for

@@ -483,7 +483,7 @@ class ColumnIngest:
         self, key_id: str, window_start_s: int, words: np.ndarray
     ) -> np.ndarray | None:
         """Which rows (pseudonyms as (n, 2) words) belong to users erased for the window
-        (README, Erasure); None when nobody is."""
+        (docs/erasure.md); None when nobody is."""
         if self.erasures is None:
             return None
         erased = self.erasures.erased(key_id, window_start_s)

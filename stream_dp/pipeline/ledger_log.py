@@ -1,10 +1,11 @@
 """Reading the ledger topic (or the continual topic) to a known point, on any
 Kafka-protocol broker.
 
-End offsets cannot be trusted to say "everything is read" (BROKER.md: the embedded broker
-reports the last batch's base offset + 1). So a reader writes a fence record with a fresh id
-to each partition it must be current on, and reads until each fence comes back: everything
-written to that partition before the fence has then been fed to the index, in log order.
+End offsets cannot be trusted to say "everything is read" (docs/architecture.md#embedded-broker:
+the embedded broker reports the last batch's base offset + 1). So a reader writes a fence record
+with a fresh id to each partition it must be current on, and reads until each fence comes back:
+everything written to that partition before the fence has then been fed to the index, in log
+order.
 
 One reader lives as long as the worker (manual assignment of every ledger partition, no
 group): the first catch-up reads from the beginning, later ones continue from where the

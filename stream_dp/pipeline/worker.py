@@ -36,7 +36,7 @@ no complete draw: nothing was published, the window is rebuilt from the re-read 
 drawn then. A crash after 2 leaves a draw in the ledger: it is read back at start and
 whenever partials partitions move here, republished unchanged, never recomputed.
 
-Erasure (README, "Erasure"; ``erasure.enabled``): :class:`WorkerErasure` reads requests and
+Erasure (docs/erasure.md; ``erasure.enabled``): :class:`WorkerErasure` reads requests and
 the erasure log; before step 1 the releaser writes the window's ``cut`` and draws only once
 the window's partials applied the erasures recorded before it.
 
@@ -318,7 +318,7 @@ class Worker:
         #: Stage 0's progress marks are re-sent this often: at least every second, and twice
         #: per idle_close_s, so that an input partition going idle is seen soon after.
         self._marks_interval_s = min(WATERMARK_INTERVAL_S, config.window.idle_close_s / 2)
-        #: Erasure requests, log and release gate (README, Erasure); None when off.
+        #: Erasure requests, log and release gate (docs/erasure.md); None when off.
         self._erasure: WorkerErasure | None = None
         self._requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
         for q in config.queries:

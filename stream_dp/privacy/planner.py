@@ -4,7 +4,7 @@ A :class:`QueryPlan` is computed once at start (and by ``stream-dp plan``); the 
 it to :func:`stream_dp.privacy.release.release_query` for every window. Everything here is
 deterministic arithmetic on the configuration: no data, no randomness.
 
-Sensitivities (PRIVACY.md, "Bounding a user's contribution"), with k =
+Sensitivities (docs/privacy.md#bounding), with k =
 ``max_contributions_per_window``, L0 = ``max_keys_per_user`` and Linf =
 ``max_contributions_per_key`` (each k when unset, and never above k — a user with k events
 touches at most k keys):

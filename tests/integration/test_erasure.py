@@ -1,4 +1,4 @@
-"""The right of erasure end to end on the embedded broker (README, "Erasure"; issue 18).
+"""The right of erasure end to end on the embedded broker (docs/erasure.md; issue 18).
 
 Alice has a public key of her own (``own.example``); with ε = 1e6 in the unsafe test mode
 every released value is the exact bounded count (discrete Laplace noise of scale ≤ 3e-6

@@ -194,7 +194,7 @@ def test_keyed_batches_with_a_wrong_key_or_partition_are_dead_lettered_as_before
 
 
 def test_erased_users_are_dropped_by_the_column_path_as_record_by_record() -> None:
-    """Erasure (README, Erasure) on the column path: an erased user's events never enter a
+    """Erasure (docs/erasure.md) on the column path: an erased user's events never enter a
     sample, are no activity, and leave no count of their own — as on the per-record path; an
     erasure applied later removes the user from the samples, seen events included."""
     erasures = ErasureSet()

@@ -1,4 +1,4 @@
-"""Erasure below the transport (README, "Erasure"): stage 0 and stage 1 drop erased users'
+"""Erasure below the transport (docs/erasure.md): stage 0 and stage 1 drop erased users'
 events, a sealed window is sealed again without them, stage 2 releases a window only once
 its partials applied every erasure of its cut, and replay applies requests by their time.
 

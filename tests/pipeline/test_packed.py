@@ -221,7 +221,7 @@ def test_routing_dead_letters_and_progress_match_the_per_event_router() -> None:
 
 
 def test_erased_users_are_not_repartitioned_and_not_taken_from_packed_records() -> None:
-    """Erasure (README, Erasure): stage 0 does not even repartition an erased user's events,
+    """Erasure (docs/erasure.md): stage 0 does not even repartition an erased user's events,
     as the per-event router; stage 1 drops them from packed records written before."""
     erasures = ErasureSet()
     erasures.add(Erasure(0, erasure_pseudonyms("alice", KEYRING, "nfkc_casefold_strip"), T0 + 3600))

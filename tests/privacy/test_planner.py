@@ -1,5 +1,5 @@
-"""Planner: PRIVACY.md's sensitivity table (checked against pipeline_dp's sensitivity
-functions), noise scales against OpenDP's privacy maps, the ε/δ split rules, public key
+"""Planner: the sensitivity table of docs/privacy.md#bounding (checked against pipeline_dp's
+sensitivity functions), noise scales against OpenDP's privacy maps, the ε/δ split rules, public key
 products, and the window/horizon totals (naive and zCDP, the latter against OpenDP)."""
 
 from __future__ import annotations
