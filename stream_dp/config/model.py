@@ -472,7 +472,7 @@ def _bound_or_auto(value: Any) -> Any:
     as a number (``max_contributions_per_window: yes`` is not a bound of 1)."""
     if value is None or value == "auto":
         return value
-    if type(value) is not int:
+    if isinstance(value, bool) or not isinstance(value, int):
         fix = "write it as digits without quotes (e.g. 40), or auto"
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             fix = f"write {int(value)}, or auto"

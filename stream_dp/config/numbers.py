@@ -59,7 +59,7 @@ def describe_value(value: Any) -> str:
 
 
 def _integer(value: Any) -> Any:
-    if type(value) is int:  # bool is a subclass of int, and refused
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
     fix = "write it as digits, without quotes or a decimal point (e.g. 3600)"
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
@@ -70,7 +70,7 @@ def _integer(value: Any) -> Any:
 
 
 def _number(value: Any) -> Any:
-    if type(value) is int or type(value) is float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return value
     fix = "write it as a number without quotes (e.g. 0.5 or 1.0e-6)"
     if isinstance(value, str) and _NUMBER_TEXT.match(value.strip()):
