@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 _NUMBER_LIKE = re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)$")
 #: Plain integers whose YAML 1.1 value differs from their decimal reading.
 _ODD_INT = re.compile(r"^[-+]?(?:0[0-9_]+|0[xXbBoO].*|.*[:_].*)$")
+#: Plain integers YAML 1.1 reads in octal (a leading zero).
+_OCTAL = re.compile(r"^[-+]?0[0-9_]+$")
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,27 @@ def _settle(data: Any, path: tuple[str | int, ...] = ()) -> Any:
     if isinstance(data, _Ambiguous):
         if len(path) >= 4 and path[0] == "queries" and path[2] in ("keys", "where"):
             raise ConfigError(_ambiguous_message(data, path))
-        if isinstance(data.value, str) and _number_field(path):
-            return float(data.text)  # an unquoted 1e-6 for δ is the number
+        if _number_field(path):
+            return _settle_number(data, path)
         return data.value
     return data
+
+
+def _settle_number(item: _Ambiguous, path: tuple[str | int, ...]) -> Any:
+    """An ambiguous plain scalar given to a number field: an unquoted 1e-6 is the number;
+    an octal (010) or base-60 (1:30) integer is refused with the fix. Booleans are left to
+    the field, which refuses them."""
+    if isinstance(item.value, str):
+        return float(item.text)  # an unquoted 1e-6 for δ is the number
+    if isinstance(item.value, int) and not isinstance(item.value, bool):
+        base = "base 60" if ":" in item.text else "octal" if _OCTAL.match(item.text) else None
+        if base is not None:
+            raise ConfigError(
+                f"{_format_loc(path)} = {item.text}: YAML 1.1 reads this unquoted number in "
+                f"{base}, as {item.value}; write the number you mean in plain decimal digits "
+                f"(e.g. {item.value}, if that is it)"
+            )
+    return item.value
 
 
 def _number_field(path: tuple[str | int, ...]) -> bool:

@@ -98,12 +98,16 @@ VALID: dict[FieldPath, tuple[dict[str, Any], Any]] = {
     ("erasure", "retention_s"): (BASE, 700_000),
 }
 
-#: Aliases YAML or a careless hand produce, by the kind of field: none of them is a number.
-#: (YAML text, what it is.) 1e3 without a dot is text in YAML 1.1, read as 1000.0 for
-#: number fields: a decimal, refused where an integer belongs.
+#: Aliases YAML or a careless hand produce, by the kind of field: none of them is the number
+#: it seems. 1e3 without a dot is text in YAML 1.1, read as 1000.0 for number fields: a
+#: decimal, refused where an integer belongs; 010 and 1:30 are YAML 1.1's octal 8 and
+#: base-60 90.
 ALIASES = {
-    "integer": ["yes", "on", "true", "false", "no", '"1"', "'40'", "1.0", "3600.0", "1e3"],
-    "number": ["yes", "on", "true", "off", '"1"', "'0.5'", '"1e-6"'],
+    "integer": [
+        *("yes", "on", "true", "false", "no", '"1"', "'40'", "1.0", "3600.0", "1e3"),
+        *("010", "1:30"),  # YAML 1.1: octal 8, base-60 90
+    ],
+    "number": ["yes", "on", "true", "off", '"1"', "'0.5'", '"1e-6"', "010", "1:30"],
     "timestamp": ["0", "1596240000", "1596240000.0", "yes", "2020-08-01", '"1596240000"'],
 }
 
