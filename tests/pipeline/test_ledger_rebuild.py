@@ -38,7 +38,11 @@ def _released_windows() -> list[LedgerRelease]:
 
 def _published(releases: list[LedgerRelease]) -> list[RawRecord]:
     """What the worker writes to the output topic for these releases."""
-    return [(r.key, v) for rel in releases for r, v in zip(rel.records, rel.output_values())]
+    return [
+        (r.key, v)
+        for rel in releases
+        for r, v in zip(rel.records, rel.output_values(), strict=True)
+    ]
 
 
 def _apply(plan: RebuildPlan, ledger: LedgerIndex | None = None) -> LedgerIndex:
