@@ -109,9 +109,9 @@ class LedgerGuard:
                 f"output topic {self.config.output.topic} already holds a release of query "
                 f"{query} for window {iso_utc(window_start_s)} (at or after the first window "
                 f"this start would cover, {iso_utc(first_window_s)}): the ledger was deleted, "
-                "recreated or renamed, and those windows would be drawn again with new noise. "
-                "(A new deployment on a shared output topic: set window.start_at after the "
-                "last window the output topic holds for these queries.)"
+                "recreated or renamed, and those windows would be drawn again with new noise; "
+                "a new deployment that shares this output topic needs window.start_at after "
+                "the last window the output topic holds for these queries"
             )
 
     async def _committed(self, topics: Sequence[str]) -> list[TopicPartition]:
