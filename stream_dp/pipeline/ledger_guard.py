@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -86,11 +86,32 @@ class LedgerGuard:
         self._options = dict(client_options)
         self.lost = False
 
-    async def check_new_ledger(self, first_window_s: int, topics: Collection[str]) -> None:
-        """The ledger has no coverage record: raise :class:`LedgerLostError` if this
+    async def check_new_ledger(
+        self,
+        first_window_s: int,
+        topics: Collection[str],
+        *,
+        reread: Callable[[], Awaitable[int | None]],
+    ) -> int | None:
+        """The ledger had no coverage record: raise :class:`LedgerLostError` if this
         deployment ran before (its group committed offsets on one of ``topics``, or the
         output topic holds a release of its queries for a window at or after
-        ``first_window_s``). A new deployment passes."""
+        ``first_window_s``). A new deployment passes (None).
+
+        Workers of a new deployment started together race: another may record the
+        coverage, then commit and publish, while this one looks. So a sign of an earlier
+        run is believed only if the ledger, read again to fresh fences (``reread``), still
+        has no coverage record; if it has one now, that is returned."""
+        try:
+            await self._look_for_earlier_runs(first_window_s, topics)
+        except LedgerLostError:
+            recorded = await reread()
+            if recorded is None:
+                raise
+            return recorded
+        return None
+
+    async def _look_for_earlier_runs(self, first_window_s: int, topics: Collection[str]) -> None:
         ledger_topic = self.config.output.ledger_topic
         committed = await self._committed(sorted(topics))
         if committed:

@@ -491,10 +491,13 @@ class Worker:
         anything is recorded, so that every restart finds the same loss."""
         configured = self.config.window.first_window_start()
         recorded = self.ledger.coverage_start_s
+        start = configured if configured is not None else self.windows.start_of(time.time())
         if recorded is None:
-            start = configured if configured is not None else self.windows.start_of(time.time())
             assert self._ledger_guard is not None
-            await self._ledger_guard.check_new_ledger(start, self._group_topics())
+            recorded = await self._ledger_guard.check_new_ledger(
+                start, self._group_topics(), reread=self._reread_coverage
+            )
+        if recorded is None:
             key, value = encode_coverage(start, self.windows.size_s)
             partition = self._ledger_partitions[0]
             await self._retry(
@@ -515,6 +518,11 @@ class Worker:
                 iso_utc(recorded),
             )
         return configured
+
+    async def _reread_coverage(self) -> int | None:
+        """The coverage record, after reading the whole ledger to fresh fences again."""
+        await self._catch_up_ledger(None, bounded=False)
+        return self.ledger.coverage_start_s
 
     def _group_topics(self) -> list[str]:
         """The topics this worker's consumer group reads (and commits offsets on)."""
