@@ -81,13 +81,29 @@ async def _wait(condition: Callable[[], bool], what: str, worker: WorkerProcess)
         await asyncio.sleep(0.2)
 
 
-async def _wait_outage(port: int, worker: WorkerProcess) -> None:
-    """The worker holds: stream_dp_ledger_lost is 1, /health/ready says 503 and why."""
+def _released(worker: WorkerProcess, window: str) -> bool:
+    """Whether the worker's log says it released ``window``."""
+    for line in worker.log().splitlines():
+        if line.startswith("{"):
+            entry = orjson.loads(line)
+            if entry.get("msg") == "window released" and entry.get("window") == window:
+                return True
+    return False
 
-    def held_or_ready() -> bool:
-        return _gauge(port, "stream_dp_ledger_lost") == 1.0 or _get(port, "/health/ready")[0] == 200
 
-    await _wait(held_or_ready, "ledger_lost = 1", worker)
+async def _wait_outage(port: int, worker: WorkerProcess, *, running: bool = False) -> None:
+    """The worker holds: stream_dp_ledger_lost is 1, /health/ready says 503 and why. (A
+    worker that does not hold fails this early: started on the lost ledger, it becomes
+    ready; running when the ledger goes, it releases window 2.)"""
+
+    def held_or_not() -> bool:
+        if _gauge(port, "stream_dp_ledger_lost") == 1.0:
+            return True
+        if running:
+            return _released(worker, W[2])
+        return _get(port, "/health/ready")[0] == 200
+
+    await _wait(held_or_not, "ledger_lost = 1", worker)
     assert _gauge(port, "stream_dp_ledger_lost") == 1.0, worker.log()[-4000:]
     code, body = _get(port, "/health/ready")
     assert code == 503 and orjson.loads(body)["components"]["ledger_loaded"] is False
@@ -228,7 +244,7 @@ async def test_a_ledger_topic_deleted_under_a_running_worker_stops_its_releases(
         # Window 2 closes: its release finds the ledger's log gone backwards, before any
         # output record is written.
         await produce_events(kafka_bootstrap, topics["input"], _events(2, range(30)))
-        await _wait_outage(port, worker)
+        await _wait_outage(port, worker, running=True)
     finally:
         assert worker.terminate() == 0, worker.log()
     out = await read_topic(kafka_bootstrap, topics["output"])
