@@ -45,7 +45,9 @@ keeps running and lets the group's rejoin hand it its partitions again (their st
 dropped and rebuilt). A broker write that keeps failing for ``kafka.give_up_after_s`` stops
 the worker *without committing* (a supervisor restarts it): nothing is retried for ever
 while holding the lock the rebalance callbacks need. A ledger read that fails when
-partitions arrive pauses those partials partitions until it succeeds.
+partitions arrive pauses those partials partitions until it succeeds. A ledger found lost
+(at start, or going backwards under the worker) is an outage, never a re-release
+(:mod:`stream_dp.pipeline.ledger_guard`): nothing more is released until it is rebuilt.
 """
 
 from __future__ import annotations
