@@ -389,6 +389,13 @@ class Metrics:
             ["topic"],
             registry=r,
         )
+        self.ledger_lost = Gauge(
+            "stream_dp_ledger_lost",
+            "1 while the worker releases nothing because the ledger topic lost this "
+            "deployment's records (deleted, recreated or renamed) while its group or output "
+            "topic shows earlier releases: see the runbook (stream-dp ledger rebuild).",
+            registry=r,
+        )
         self.ledger_draws_discarded = Counter(
             "stream_dp_ledger_draws_discarded",
             "Draws this worker ledgered (or wrote as a running total's state) that lost to "

@@ -37,6 +37,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "keys_released": ("stream_dp_keys_released_total", "counter", ("query",)),
     "membership_lost": ("stream_dp_membership_lost_total", "counter", ()),
     "topology_changes": ("stream_dp_topology_changes_total", "counter", ("topic",)),
+    "ledger_lost": ("stream_dp_ledger_lost", "gauge", ()),
     "ledger_draws_discarded": ("stream_dp_ledger_draws_discarded_total", "counter", ()),
     "records_too_large": ("stream_dp_records_too_large_total", "counter", ()),
     "budget_exhausted": ("stream_dp_budget_exhausted_total", "counter", ("query",)),
