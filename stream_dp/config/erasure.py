@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from stream_dp.config.numbers import Integer
+
 #: Kafka's default ``retention.ms`` (7 days): how long an input topic usually keeps events.
 DEFAULT_INPUT_RETENTION_S = 7 * 86_400
 #: Erasure topics named ``<kafka.group_id>.<suffix>`` unless the configuration names them.
@@ -48,7 +50,7 @@ class ErasureConfig(BaseModel):
         "stream-dp.erasure-responses",
         description="one response per request: status and the windows it affected",
     )
-    retention_s: int = Field(
+    retention_s: Integer = Field(
         DEFAULT_INPUT_RETENTION_S,
         ge=60,
         description="how long an erasure is kept after it was applied: at least the input "

@@ -301,8 +301,10 @@ class Metrics:
         # --- scale-out: repartition and partials --------------------------------------------
         self.events_repartitioned = Counter(
             "stream_dp_events_repartitioned",
-            "Valid events re-keyed by pseudonym to the repartition topic (unkeyed input), so "
-            "that one user's events meet in one worker.",
+            "Valid events stage 0 took from the input (unkeyed input): re-keyed by pseudonym "
+            "to the repartition topic, so that one user's events meet in one worker, or "
+            "dropped there because their user is erased. Both count alike, so that the "
+            "counter never tells whether an erased user is still sending.",
             registry=r,
         )
         self.repartition_duplicates_skipped = Counter(
@@ -335,12 +337,6 @@ class Metrics:
             "stream_dp_erasure_requests_applied",
             "Erasure requests this worker recorded in the erasure log and answered (bad "
             "requests count as bad_records{reason=\"bad_erasure_request\"}).",
-            registry=r,
-        )
-        self.erased_events_dropped = Counter(
-            "stream_dp_erased_events_dropped",
-            "Raw input events of erased users dropped on arrival or removed from open "
-            "windows (like events_consumed, a count of raw records, never of whose).",
             registry=r,
         )
         self.erasures_active = Gauge(

@@ -35,7 +35,6 @@ from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.auto_bounds import (
     BoundsSchedule,
-    bounds_config,
     decide_next,
     histograms_release,
     released_values,
@@ -65,6 +64,7 @@ from stream_dp.privacy.budget import BOUNDS_CHARGE, BudgetAccountant
 from stream_dp.privacy.continual.counter import NoiseSource
 from stream_dp.privacy.planner import QueryPlan, plan_query
 from stream_dp.privacy.release import KeyAggregate, release_query
+from stream_dp.privacy.specs import BoundsSpec
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
@@ -233,7 +233,7 @@ class ReleaseStage:
             if len(self._plans) > 256:
                 self._plans.clear()
             plan = self._plans[key] = plan_query(
-                q.config, bounds_config(bounds), unsafe_test_mode=q.plan.unsafe_test_mode
+                q.spec, BoundsSpec(*bounds), unsafe_test_mode=q.plan.unsafe_test_mode
             )
         return plan
 

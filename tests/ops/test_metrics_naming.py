@@ -77,7 +77,6 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "partials_published": ("stream_dp_partials_published_total", "counter", ()),
     "partials_ignored": ("stream_dp_partials_ignored_total", "counter", ("reason",)),
     "erasure_requests_applied": ("stream_dp_erasure_requests_applied_total", "counter", ()),
-    "erased_events_dropped": ("stream_dp_erased_events_dropped_total", "counter", ()),
     "erasures_active": ("stream_dp_erasures_active", "gauge", ()),
     "build_info": ("stream_dp_build_info", "info", ("version", "python")),
 }
@@ -156,7 +155,6 @@ def populated() -> Metrics:
     m.partials_ignored.labels(reason="duplicate_version").inc()
     m.topology_changes.labels(topic="events").inc()
     m.erasure_requests_applied.inc()
-    m.erased_events_dropped.inc(3)
     m.erasures_active.set(1)
     return m
 
