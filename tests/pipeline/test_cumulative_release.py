@@ -546,3 +546,36 @@ def test_with_erasure_a_per_window_sum_leaves_the_erased_user_out_and_records_th
     winner = store.winner("running", T0)
     assert winner is not None and winner.erasures_through == 1
     schema_validator("continual.schema.json").validate(orjson.loads(log[0][2]))
+
+
+def test_a_window_refused_for_budget_never_enters_a_later_running_total(tmp_path: Any) -> None:
+    """Charges before state (issue 25, break 4): a ledger from a looser configuration is
+    continued under a lower cap. Window 1's cumulative release alone would fit the horizon,
+    but the per-window query before it is charged first, so the cumulative one is refused:
+    its exact totals must not enter the running total of window 2 (or any later one)."""
+    from stream_dp.pipeline.replay import replay_file
+
+    def two_queries(hourly_epsilon: float, *, cap: float) -> Config:
+        hourly = {"name": "hourly", "epsilon": hourly_epsilon, "keys": {}}
+        return config(
+            queries=[hourly, cumulative(horizon_windows=8)],
+            epsilon_per_window=hourly_epsilon + 1e6,
+            horizon_windows=2,
+            max_epsilon_per_horizon=cap,
+        )
+
+    counts: list[dict[str, int]] = [{"a": 3}, {"b": 4}, {"c": 2}]
+    lines = [orjson.loads(v) for _, _, v in events(counts)]
+    first_window, every_window = tmp_path / "w0.jsonl", tmp_path / "all.jsonl"
+    first_window.write_bytes(b"\n".join(orjson.dumps(e) for e in lines if e["timestamp"] < T0 + S))
+    every_window.write_bytes(b"\n".join(orjson.dumps(e) for e in lines))
+    ledger = tmp_path / "ledger.jsonl"
+    # looser: window 0 spends 2e6 + 1e6 of a 6e6 horizon cap
+    replay_file(two_queries(2e6, cap=6e6), KEYRING, first_window, ledger_path=ledger)
+    # stricter: 4e6 per 2 windows; in window 1 "hourly" (1e6) fits, then "running" does not
+    result = replay_file(two_queries(1e6, cap=4e6), KEYRING, every_window, ledger_path=ledger)
+    values = running(result.releases)
+    assert 1 not in values  # refused for budget: nothing published
+    assert values[0] == [3, 0, 0]
+    assert values[2] == [3, 0, 2]  # window 1's 4 events of "b" are not in it
+    assert running(result.releases, "hourly") == {0: [3], 1: [4], 2: [2]}
