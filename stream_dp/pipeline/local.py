@@ -59,9 +59,13 @@ class LocalPipeline:
         continual_sink: LedgerSink | None = None,
         continual_noise: NoiseSource | None = None,
         erasures: ErasureSet | None = None,
+        window_sync: Callable[[], None] | None = None,
     ) -> None:
         self.metrics = metrics if metrics is not None else Metrics()
         self._ledger_sink = ledger_sink
+        #: Called once each window's ledger and continual records are written (replay makes
+        #: them durable there, before the next window).
+        self._window_sync = window_sync
         self._continual_sink = continual_sink
         self.release = ReleaseStage(
             config,
@@ -226,4 +230,6 @@ class LocalPipeline:
         cursor = stage.finish_window(window_start_s, winners, now_s)
         r = self._windows.partition_of(window_start_s, self._n_partials)
         self._write_ledger([encode_progress(r, self._n_partials, cursor)])
+        if self._window_sync is not None:
+            self._window_sync()
         return winners
