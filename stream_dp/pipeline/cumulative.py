@@ -50,6 +50,8 @@ its session and the one that took over; "crash" = kill -9 at any point):
   window waits for nothing, so the earliest unreleased window can always go (no deadlock).
 - A window whose budget cannot be charged (never with a valid configuration) still writes
   its step, with zero totals (no data used) and is not published, so the chain continues.
+  Whether it can is decided, and the charge made, before the step is drawn
+  (:mod:`.window_charges`: ``may_spend``), never after its totals entered the state.
 
 Every window is charged the query's (ε, δ) like a per-window query (the guarantee is in
 :mod:`stream_dp.privacy.continual.planning`); only public keys are supported.
