@@ -17,7 +17,8 @@ One value per window, whoever runs replay on the file and however a run ends:
   disk.
 - **A torn last line is ignored.** A crash mid-append leaves a last line without its newline:
   that line was never synced, so its window was never printed. It is left out with a
-  warning and cut off the file before anything is appended. A line that is not a ledger
+  warning and cut off the file before anything is appended. (A last line that is a whole
+  record, only its newline missing, is kept and given its newline.) A line that is not a ledger
   record anywhere else is an error: something other than replay changed the file, and the
   way out is the file's backup — never a new file, which would draw every window already
   shared again.
@@ -79,6 +80,15 @@ def parse_ledger_lines(
     return index
 
 
+def _is_record(line: bytes) -> bool:
+    """Whether a line is a whole ledger-file record (JSON with a key and a value)."""
+    try:
+        entry = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(entry, dict) and "key" in entry and "value" in entry
+
+
 def complete_part(data: bytes) -> tuple[bytes, bytes]:
     """(the complete lines, the torn rest): a last line without its newline is torn."""
     cut = data.rfind(b"\n") + 1
@@ -130,7 +140,13 @@ class ReplayLedgerFile:
         except OSError as exc:
             raise ConfigError(f"cannot read --ledger {self.path}: {exc.strerror}") from None
         complete, torn = complete_part(data)
-        if torn:
+        if torn and _is_record(torn):
+            # whole, only its newline missing (or removed by hand): a record like any other —
+            # dropping it could leave a printed release incomplete, and so drawn again
+            handle.write(b"\n")
+            complete = data + b"\n"
+            self.sync()
+        elif torn:
             if torn.strip():
                 log.warning(
                     "--ledger %s: its last line (%d bytes) was cut off by a crash mid-write; "

@@ -176,3 +176,29 @@ def test_every_window_is_on_disk_before_the_next_is_released(
     assert windows >= 2
     progress = sorted(set(synced) - {0})
     assert progress == list(range(1, windows + 1))
+
+
+def test_a_whole_last_record_without_its_newline_is_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only a line that is not a whole record is torn: a last record whose newline is
+    missing (an editor strips it) stays — dropping the last part of a printed release would
+    make it incomplete, and its window would be drawn again."""
+    ledger = tmp_path / "ledger.jsonl"
+    code, out, _ = _replay_json(ledger, capsys)
+    assert code == 0
+    first, _ = _parse(out)
+    complete = ledger.read_bytes()
+    last_release_part = max(
+        i
+        for i, line in enumerate(complete.splitlines())
+        if orjson.loads(line)["value"].get("kind") == "ledger"
+    )
+    # everything up to and including the last part of a release, its newline removed
+    cut = b"\n".join(complete.splitlines()[: last_release_part + 1])
+    ledger.write_bytes(cut)
+    code, out, err = _replay_json(ledger, capsys)
+    assert code == 0, err
+    second, summary = _parse(out)
+    assert summary["releases_drawn"] == 0 and _values(second) == _values(first)
+    assert "cut off" not in err
