@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ import pytest
 
 from stream_dp.cli.main import main
 from stream_dp.config import load_config
-from stream_dp.pipeline.replay import replay_file
+from stream_dp.pipeline.replay import read_ledger_file, replay_file
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
+from stream_dp.windows.tumbling import iso_utc
 from tests.cli.support import LineReader, cli_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +51,15 @@ def _values(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], Any]:
             assert ident not in out, f"two values for {ident}"
             out[ident] = r["value"]
     return out
+
+
+def _replay_json_on(
+    events: Path, ledger: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    argv = ["replay", "--config", str(CONFIG), "--input", str(events), "--json"]
+    code = main([*argv, "--ledger", str(ledger)])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def _replay_json(ledger: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -202,3 +213,43 @@ def test_a_whole_last_record_without_its_newline_is_kept(
     second, summary = _parse(out)
     assert summary["releases_drawn"] == 0 and _values(second) == _values(first)
     assert "cut off" not in err
+
+
+def test_a_run_killed_mid_way_leaves_a_file_the_next_run_continues(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kill -9 while a run appends: the next run reads the file (a torn tail, if any, is
+    left out), reprints every release that was whole on disk, and draws only the rest."""
+    ledger = tmp_path / "ledger.jsonl"
+    events = _long_input(tmp_path / "events.jsonl", copies=40)
+    argv = cli_argv(
+        "replay", "--config", str(CONFIG), "--input", str(events), "--json", "--ledger", str(ledger)
+    )
+    env = {**os.environ, "STREAM_DP_PSEUDONYM_KEY": KEY_HEX}
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while b'"kind":"progress"' not in (ledger.read_bytes() if ledger.exists() else b""):
+            assert proc.poll() is None, "the run ended before it was killed"
+            assert time.monotonic() < deadline, "no window on disk within the deadline"
+            time.sleep(0.01)  # polling a condition, with the hard deadline above
+        proc.kill()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=DEADLINE_S)
+    on_disk = read_ledger_file(ledger)
+    whole = {(r.query, r.window_start_s): r for r in on_disk.releases()}
+    assert whole  # at least the first window's releases
+    code, out, err = _replay_json_on(events, ledger, capsys)
+    assert code == 0, err
+    records, summary = _parse(out)
+    assert summary["releases_from_ledger"] >= len(whole)
+    reprinted = {
+        (r["query"], r["window_start"]): r["release_id"] for r in records if r["kind"] == "window"
+    }
+    for (query, window_start_s), rel in whole.items():
+        assert reprinted[(query, iso_utc(window_start_s))] == rel.release_id  # not redrawn
+    code, out, _ = _replay_json_on(events, ledger, capsys)
+    again, summary = _parse(out)
+    assert code == 0 and summary["releases_drawn"] == 0 and _values(again) == _values(records)
