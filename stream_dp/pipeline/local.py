@@ -158,10 +158,15 @@ class LocalPipeline:
                 for p in range(self._partitions):
                     mark = SourceWatermark(p, self._partitions, sealed, True, held != [])
                     self._send_mark(mark)
-            released = self._release_due(now_s)
-            out.extend(released)
-            if first_held is None or not released:
+            before = self._progress()
+            out.extend(self._release_due(now_s))
+            # a window whose every query was refused for budget releases nothing, yet it
+            # is released (its bounds decided): go on to the windows it held
+            if first_held is None or self._progress() == before:
                 return out
+
+    def _progress(self) -> tuple[int | None, ...]:
+        return tuple(self.release.last_released(r) for r in range(self._n_partials))
 
     def _send_partials(self, partition: int, window_start_s: int) -> None:
         r = self._windows.partition_of(window_start_s, self._n_partials)
