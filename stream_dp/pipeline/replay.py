@@ -40,12 +40,7 @@ from stream_dp.pipeline.ingest import DeadLetter, InputRecord
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
 from stream_dp.pipeline.local import LocalPipeline
 from stream_dp.pipeline.records import dead_letter_record
-from stream_dp.pipeline.replay_ledger import (
-    CONTINUAL_TOPIC,
-    ReplayLedgerFile,
-    complete_part,
-    parse_ledger_lines,
-)
+from stream_dp.pipeline.replay_ledger import ReplayLedgerFile, complete_part, parse_ledger_lines
 from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.privacy.pseudonymize import KeyRing
 
@@ -98,9 +93,6 @@ def _batches(path: Path, result: ReplayResult) -> Iterator[list[InputRecord]]:
                 batch = []
         if batch:
             yield batch
-
-
-__all__ = ["CONTINUAL_TOPIC", "ReplayResult", "read_ledger_file", "replay_file"]
 
 
 def read_ledger_file(path: Path, continual: ContinualStore | None = None) -> LedgerIndex:
