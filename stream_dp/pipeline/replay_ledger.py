@@ -90,8 +90,11 @@ def _is_record(line: bytes) -> bool:
 
 
 def complete_part(data: bytes) -> tuple[bytes, bytes]:
-    """(the complete lines, the torn rest): a last line without its newline is torn."""
+    """(the complete lines, the torn rest, empty when none): a last line without its
+    newline is torn unless it is a whole record (then it is complete, newline added)."""
     cut = data.rfind(b"\n") + 1
+    if cut < len(data) and _is_record(data[cut:]):
+        return data + b"\n", b""
     return data[:cut], data[cut:]
 
 
@@ -140,11 +143,10 @@ class ReplayLedgerFile:
         except OSError as exc:
             raise ConfigError(f"cannot read --ledger {self.path}: {exc.strerror}") from None
         complete, torn = complete_part(data)
-        if torn and _is_record(torn):
+        if len(complete) > len(data):
             # whole, only its newline missing (or removed by hand): a record like any other —
             # dropping it could leave a printed release incomplete, and so drawn again
             handle.write(b"\n")
-            complete = data + b"\n"
             self.sync()
         elif torn:
             if torn.strip():

@@ -98,8 +98,9 @@ class WindowCharges:
             )
             return
         self.metrics.budget_exhausted.labels(query=name).inc()
+        cumulative = any(q.name == name and q.cumulative for q in self.queries)
         log.error(
-            "budget exhausted: release suppressed (a cumulative query's running total "
-            "continues without this window's data)",
+            "budget exhausted: release suppressed%s",
+            " (its running total continues without this window's data)" if cumulative else "",
             extra={"query": name, "window": iso_utc(window_start_s)},
         )
