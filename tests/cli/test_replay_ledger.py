@@ -109,6 +109,8 @@ def test_two_runs_on_one_ledger_file_at_once_print_one_value_per_window(tmp_path
         for _ in range(2)
     ]
     try:
+        assert all(p.stdout is not None and p.stderr is not None for p in procs)
+        outs = [LineReader(p.stdout) for p in procs if p.stdout is not None]
         errors = [LineReader(p.stderr) for p in procs if p.stderr is not None]
         waited = []
         for reader in errors:  # each says it waits for the file (or ends: nothing to wait on)
@@ -117,7 +119,12 @@ def test_two_runs_on_one_ledger_file_at_once_print_one_value_per_window(tmp_path
                 line = reader.next(DEADLINE_S)
             waited.append(line is not None)
         holder.close()  # the third "run" ends: the two go one after the other
-        outputs = [p.communicate(timeout=DEADLINE_S)[0] for p in procs]
+        outputs = ["".join(reader.rest(DEADLINE_S)) for reader in outs]
+        for p, out_reader, err_reader in zip(procs, outs, errors, strict=True):
+            p.wait(timeout=DEADLINE_S)
+            err_reader.rest(DEADLINE_S)
+            out_reader.close()
+            err_reader.close()
     finally:
         holder.close()
         for p in procs:
