@@ -19,6 +19,7 @@ from typing import Any
 from stream_dp.config import load_config
 from stream_dp.config.model import ConfigOrigin
 from stream_dp.errors import ConfigError
+from stream_dp.privacy.continual.counter import MAX_TOTAL
 from stream_dp.privacy.planner import ConfigPlan, QueryPlan, plan_config
 from stream_dp.privacy.risk import disclosure_risk_from_epsilon, epsilon_from_disclosure_risk
 from stream_dp.windows.tumbling import iso_utc
@@ -237,7 +238,32 @@ def _continual_block(q: QueryPlan) -> list[str]:
         f"delta={_num(acc['delta_per_window'])} charged to every window, as for a per-window "
         f"query; a user present in all {t} windows of a horizon: {spent}"
     )
+    lines.extend(_range_warning(q))
     return lines
+
+
+#: ``plan`` warns when this few users at the bound can reach a running total's range.
+RANGE_WARNING_USERS = 10**9
+
+
+def users_to_reach_range(q: QueryPlan) -> int:
+    """How many users, each contributing the bound to one key in one window, take that
+    key's exact window total past ±MAX_TOTAL units (the counters' range)."""
+    s = q.sensitivity
+    per_user = s.max_contributions_per_partition * (s.value_units_per_event or 1)
+    return MAX_TOTAL // max(1, per_user) + 1
+
+
+def _range_warning(q: QueryPlan) -> list[str]:
+    users = users_to_reach_range(q)
+    if users > RANGE_WARNING_USERS:
+        return []
+    return [
+        f"  WARNING      a window's exact total per key is kept within +/-{MAX_TOTAL} units "
+        f"(2^42); {users} users at the bound on one key exceed it, and such a total is "
+        "clamped (the running total is then low; the release logs an error). If that many "
+        "users are possible, coarsen granularity or narrow lower/upper"
+    ]
 
 
 def _auto_bounds_lines(plan: ConfigPlan) -> list[str]:

@@ -50,6 +50,8 @@ its session and the one that took over; "crash" = kill -9 at any point):
   window waits for nothing, so the earliest unreleased window can always go (no deadlock).
 - A window whose budget cannot be charged (never with a valid configuration) still writes
   its step, with zero totals (no data used) and is not published, so the chain continues.
+  Whether it can is decided, and the charge made, before the step is drawn
+  (:mod:`.window_charges`: ``may_spend``), never after its totals entered the state.
 
 Every window is charged the query's (ε, δ) like a per-window query (the guarantee is in
 :mod:`stream_dp.privacy.continual.planning`); only public keys are supported.
@@ -80,6 +82,7 @@ from stream_dp.pipeline.records import (
     window_record,
 )
 from stream_dp.privacy.continual.counter import (
+    MAX_TOTAL,
     ContinualCounter,
     ContinualStateError,
     NoiseSource,
@@ -123,15 +126,23 @@ class CumulativeQuery:
             origin_s=self.plan.horizon_origin_s,
         )
 
-    def totals(self, aggregates: Mapping[GroupKey, KeyAggregate]) -> np.ndarray:
-        """The window's exact bounded totals, one per key (counts, or sums in units)."""
+    def totals(self, aggregates: Mapping[GroupKey, KeyAggregate]) -> tuple[np.ndarray, int]:
+        """The window's exact bounded totals, one per key (counts, or sums in units), and
+        how many were clamped to ±:data:`MAX_TOTAL` (the counters' exact range).
+
+        Clamping a total is a 1-Lipschitz map of it: no user moves it further than the
+        bounded total, so the noise stays calibrated; only the value is low. A total this
+        large must not stop the releases of every later window (``plan`` warns when the
+        configured bounds can reach it)."""
         sums = self.config.statistic == "sum"
-        out = np.zeros(len(self.keys), dtype=np.int64)
+        raw = [0] * len(self.keys)
         for i, key in enumerate(self.keys):
             agg = aggregates.get(key)
             if agg is not None:
-                out[i] = agg.value_sum if sums else agg.events
-        return out
+                raw[i] = int(agg.value_sum if sums else agg.events)
+        clamped = sum(1 for v in raw if abs(v) > MAX_TOTAL)
+        out = np.array([max(-MAX_TOTAL, min(MAX_TOTAL, v)) for v in raw], dtype=np.int64)
+        return out, clamped
 
 
 @dataclass
@@ -238,8 +249,18 @@ class CumulativeReleases:
                 )
             if chain is None:
                 chain = _Chain(window_start_s, make_counter(q.continual, q.keys, noise=self._noise))
-            totals = q.totals(totals_of(name)) if may_spend(name) else np.zeros(len(q.keys))
-            step = chain.counter.advance(totals.astype(np.int64))
+            totals = np.zeros(len(q.keys), dtype=np.int64)
+            if may_spend(name):
+                totals, clamped = q.totals(totals_of(name))
+                if clamped:
+                    log.error(
+                        "a running total's window total exceeds %d units and was clamped to "
+                        "it (%d keys): this window's values are low; see `stream-dp plan`",
+                        MAX_TOTAL,
+                        clamped,
+                        extra={"query": name, "window": iso_utc(window_start_s)},
+                    )
+            step = chain.counter.advance(totals)
             draw = StateDraw(
                 query=name,
                 window_start_s=window_start_s,

@@ -59,9 +59,13 @@ class LocalPipeline:
         continual_sink: LedgerSink | None = None,
         continual_noise: NoiseSource | None = None,
         erasures: ErasureSet | None = None,
+        window_sync: Callable[[], None] | None = None,
     ) -> None:
         self.metrics = metrics if metrics is not None else Metrics()
         self._ledger_sink = ledger_sink
+        #: Called once each window's ledger and continual records are written (replay makes
+        #: them durable there, before the next window).
+        self._window_sync = window_sync
         self._continual_sink = continual_sink
         self.release = ReleaseStage(
             config,
@@ -154,10 +158,15 @@ class LocalPipeline:
                 for p in range(self._partitions):
                     mark = SourceWatermark(p, self._partitions, sealed, True, held != [])
                     self._send_mark(mark)
-            released = self._release_due(now_s)
-            out.extend(released)
-            if first_held is None or not released:
+            before = self._progress()
+            out.extend(self._release_due(now_s))
+            # a window whose every query was refused for budget releases nothing, yet it
+            # is released (its bounds decided): go on to the windows it held
+            if first_held is None or self._progress() == before:
                 return out
+
+    def _progress(self) -> tuple[int | None, ...]:
+        return tuple(self.release.last_released(r) for r in range(self._n_partials))
 
     def _send_partials(self, partition: int, window_start_s: int) -> None:
         r = self._windows.partition_of(window_start_s, self._n_partials)
@@ -226,4 +235,6 @@ class LocalPipeline:
         cursor = stage.finish_window(window_start_s, winners, now_s)
         r = self._windows.partition_of(window_start_s, self._n_partials)
         self._write_ledger([encode_progress(r, self._n_partials, cursor)])
+        if self._window_sync is not None:
+            self._window_sync()
         return winners

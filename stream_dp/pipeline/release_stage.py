@@ -59,6 +59,7 @@ from stream_dp.pipeline.partials import (
 )
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
 from stream_dp.pipeline.records import output_key, release_records, window_record
+from stream_dp.pipeline.window_charges import WindowCharges
 from stream_dp.privacy.adaptive_bounds import BoundsTriple, merge_counts, release_histograms
 from stream_dp.privacy.budget import BOUNDS_CHARGE, BudgetAccountant
 from stream_dp.privacy.continual.counter import NoiseSource
@@ -151,6 +152,14 @@ class ReleaseStage:
         self._epsilon_per_window = sum(q.epsilon for q in config.queries) + config.bounds_epsilon
         #: Which bounds each window uses (bounds: auto: decided window by window).
         self.schedule = BoundsSchedule(config, self.ledger)
+        #: Charges before state: each window's draws are charged once, in order, before
+        #: anything (a running total's state) takes its data in.
+        self.charges = WindowCharges(
+            self.accountant,
+            config.queries,
+            bounds_epsilon=self.schedule.epsilon if self.schedule.auto else None,
+            metrics=self.metrics,
+        )
         self._plans: dict[tuple[str, BoundsTriple], QueryPlan] = {}
         #: bounds: auto — due windows waiting for their bounds (the worker reads the
         #: ledger partition of the window before, where the decision is written)
@@ -428,28 +437,21 @@ class ReleaseStage:
         bounds = self.bounds_for(window_start_s)
         if bounds is None:
             raise PrivacyError("a window's bounds must be decided before it is released")
-        draw_histograms = self._charge_histograms(window_start_s)
+        charged = self._charge(window_start_s)
+        draw_histograms = BOUNDS_CHARGE in charged and self.charges.take(
+            window_start_s, BOUNDS_CHARGE
+        )
         to_draw: list[tuple[CompiledQuery, CumulativeValues | None]] = []
         for q in self.queries:
-            if self.ledger.get(q.name, window_start_s) is not None:
-                continue
-            cfg = q.config
-            if self.accountant.query_spent(window_start_s, q.name) != (0.0, 0.0):
-                continue  # drawn by this process already; its draw lost or is in flight
+            if self.ledger.get(q.name, window_start_s) is not None or q.name not in charged:
+                continue  # ledgered, refused, or drawn by this process already
             found: CumulativeValues | None = None
-            if cfg.cumulative:
+            if q.config.cumulative:
                 # from the winning draw in the continual state (prepare_continual first)
                 found = self.cumulative.values(q.name, window_start_s)
                 if found is None:
-                    continue
-            if not self.accountant.can_charge(window_start_s, q.name, cfg.epsilon, cfg.delta):
-                self.metrics.budget_exhausted.labels(query=q.name).inc()
-                log.error(
-                    "budget exhausted: release suppressed",
-                    extra={"query": q.name, "window": iso_utc(window_start_s)},
-                )
-                continue
-            self.accountant.charge(window_start_s, q.name, cfg.epsilon, cfg.delta)
+                    continue  # stays charged: nothing is drawn, the spend is over-stated
+            self.charges.take(window_start_s, q.name)
             to_draw.append((q, found))
         horizon = self.horizon_spent(window_start_s)
         out = []
@@ -511,9 +513,12 @@ class ReleaseStage:
         def totals_of(name: str) -> Mapping[tuple[Any, ...], KeyAggregate]:
             return merge_totals(self._taken(pending, name, window_start_s))
 
+        # charges before state: the window's totals go into a running total only once its
+        # release of the query is charged; a refused query's step takes zeros
+        charged = self._charge(window_start_s)
+
         def may_spend(name: str) -> bool:
-            cfg = self.cumulative.queries[name].config
-            return self.accountant.can_charge(window_start_s, name, cfg.epsilon, cfg.delta)
+            return name in charged
 
         def erasures_of(name: str) -> int:
             taken = self._taken(pending, name, window_start_s)
@@ -564,22 +569,12 @@ class ReleaseStage:
             else cursor - self.windows.size_s * self.partials_partitions
         )
 
-    def _charge_histograms(self, window_start_s: int) -> bool:
-        """bounds: auto — charge the window's histograms (once; False: nothing to draw)."""
-        if not self.schedule.auto or self.ledger.get(BOUNDS_CHARGE, window_start_s) is not None:
-            return False
-        epsilon = self.schedule.epsilon
-        if self.accountant.query_spent(window_start_s, BOUNDS_CHARGE) != (0.0, 0.0):
-            return False
-        if not self.accountant.can_charge(window_start_s, BOUNDS_CHARGE, epsilon, 0.0):
-            log.error(
-                "budget exhausted: the window's bounds histograms are not drawn (the next "
-                "window keeps this one's bounds)",
-                extra={"window": iso_utc(window_start_s)},
-            )
-            return False
-        self.accountant.charge(window_start_s, BOUNDS_CHARGE, epsilon, 0.0)
-        return True
+    def _charge(self, window_start_s: int) -> frozenset[str]:
+        """Charge the window's draws not charged yet (:mod:`.window_charges`): the draws
+        charged and not yet drawn (``#bounds``: the histograms)."""
+        return self.charges.charge(
+            window_start_s, ledgered=lambda name: self.ledger.get(name, window_start_s) is not None
+        )
 
     def _release_histograms(
         self,
@@ -809,6 +804,7 @@ class ReleaseStage:
         self.metrics.last_release.set(now_s)
         if not self._retain_ledger:
             self.ledger.forget(self.released)
+        self.charges.forget(self.released)
         self.forget_finished_horizons()
         return self.cursor(r)
 

@@ -11,7 +11,9 @@ ledger file (the ledger topic's records as JSON lines): windows already in it ar
 with their recorded values and never drawn again, and new draws are appended to it. The
 running-total state of cumulative queries goes into the same file (lines marked
 ``"topic": "continual"``; they hold exact per-window totals: keep the file as private as
-the input), so a later run continues their horizons without drawing any window again.
+the input), so a later run continues their horizons without drawing any window again. The
+file is locked for the whole run (a second run on it waits, then reprints), each window is
+fsync-ed before the next, and a torn last line is left out (:mod:`.replay_ledger`).
 
 The first covered window is ``window.start_at``, else the ledger's, else the window of the
 first event read — which depends on the data: set ``window.start_at`` for output you share.
@@ -27,9 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-import orjson
+from typing import Any
 
 from stream_dp.config.model import Config
 from stream_dp.errors import ConfigError
@@ -40,6 +40,7 @@ from stream_dp.pipeline.ingest import DeadLetter, InputRecord
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
 from stream_dp.pipeline.local import LocalPipeline
 from stream_dp.pipeline.records import dead_letter_record
+from stream_dp.pipeline.replay_ledger import ReplayLedgerFile, complete_part, parse_ledger_lines
 from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.privacy.pseudonymize import KeyRing
 
@@ -94,37 +95,17 @@ def _batches(path: Path, result: ReplayResult) -> Iterator[list[InputRecord]]:
             yield batch
 
 
-#: The marker of continual-topic records in a ledger file.
-CONTINUAL_TOPIC = "continual"
-
-
 def read_ledger_file(path: Path, continual: ContinualStore | None = None) -> LedgerIndex:
-    """A ledger file's records (JSON lines of ``{"key": ..., "value": {...}}``) in order;
-    lines marked ``"topic": "continual"`` go to ``continual`` (skipped without one)."""
-    index = LedgerIndex()
+    """A ledger file's records in order, read without the lock (inspection only: a run
+    reads its file through :class:`~.replay_ledger.ReplayLedgerFile`); a torn last line is
+    left out, lines marked ``"topic": "continual"`` go to ``continual``."""
     if not path.exists():
-        return index
+        return LedgerIndex()
     try:
-        lines = path.read_bytes().splitlines()
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read --ledger {path}: {exc.strerror}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = orjson.loads(line)
-            value = orjson.dumps(entry["value"])
-            if entry.get("topic") == CONTINUAL_TOPIC:
-                if continual is not None:
-                    continual.feed(str(entry["key"]), value)
-            else:
-                index.feed(str(entry["key"]), value)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(
-                f"--ledger {path} line {number} is not a ledger record ({exc}); pass the "
-                "file an earlier `stream-dp replay --ledger` wrote, or a new path"
-            ) from None
-    return index
+    return parse_ledger_lines(path, complete_part(data)[0], continual)
 
 
 def replay_file(
@@ -142,35 +123,22 @@ def replay_file(
         read_erasure_file(erasures_path, config, keyring) if erasures_path is not None else None
     )
     continual = ContinualStore()
-    ledger = read_ledger_file(ledger_path, continual) if ledger_path is not None else None
-    recorded = {(r.query, r.window_start_s) for r in ledger.releases()} if ledger else set()
-    sink: IO[bytes] | None = None
-    if ledger_path is not None:
-        try:
-            sink = ledger_path.open("ab")
-        except OSError as exc:
-            raise ConfigError(f"cannot write --ledger {ledger_path}: {exc.strerror}") from None
-
-    def append(key: str, value: bytes) -> None:
-        assert sink is not None
-        sink.write(orjson.dumps({"key": key, "value": orjson.Fragment(value)}) + b"\n")
-
-    def append_continual(key: str, value: bytes) -> None:
-        assert sink is not None
-        line = {"topic": CONTINUAL_TOPIC, "key": key, "value": orjson.Fragment(value)}
-        sink.write(orjson.dumps(line) + b"\n")
-
+    # locked for the whole run: a second run on the file waits, then reprints our windows
+    sink = ReplayLedgerFile.open(ledger_path) if ledger_path is not None else None
     try:
+        ledger = sink.read(continual) if sink is not None else None
+        recorded = {(r.query, r.window_start_s) for r in ledger.releases()} if ledger else set()
         pipeline = LocalPipeline(
             config,
             keyring,
             metrics=metrics,
             ledger=ledger,
-            ledger_sink=append if sink is not None else None,
+            ledger_sink=sink.append if sink is not None else None,
             continual_store=continual,
-            continual_sink=append_continual if sink is not None else None,
+            continual_sink=sink.append_continual if sink is not None else None,
             retain_ledger=True,
             erasures=None if erasures is None else erasures.erasures,
+            window_sync=sink.sync if sink is not None else None,
         )
         covered = _run(pipeline, path, result)
         result.releases = [r for r in covered if r.query != BOUNDS_CHARGE]

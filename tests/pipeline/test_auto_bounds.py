@@ -384,3 +384,25 @@ def test_a_deployment_switching_to_auto_starts_from_the_start_values() -> None:
     (rel,) = [r for r in auto.finish(now_s=NOW) if r.query == "visits"]
     assert rel.window_start_s == T0 + SIZE
     assert _window_record(rel)["bounds"]["max_contributions_per_window"] == 40
+
+
+def test_histograms_refused_for_budget_are_never_drawn_and_the_bounds_are_kept() -> None:
+    """Charges before state, for bounds: auto: a window whose budget cannot pay for its
+    histograms draws none (nothing of its users' contributions reaches the ledger or the
+    next window's bounds); the next window keeps this window's bounds."""
+    config = _config({"max_contributions_per_window": "auto"}, exact=False, share=0.2)
+    pipeline, _ledger = _pipeline(config)
+    # something else spent window 1's whole budget (never so with a valid configuration)
+    pipeline.release.accountant.charge(T0 + SIZE, "other", 1.0, 0.0)
+    records = [r for w in range(3) for r in _events(w, 200, 4, 10_000 * w)]
+    pipeline.ingest(0, records, now_s=NOW, now_mono_s=0.0)
+    releases = pipeline.finish(now_s=NOW)
+    histograms = {
+        r.window_start_s for r in pipeline.release.ledger.releases() if r.query == BOUNDS_CHARGE
+    }
+    assert histograms == {T0, T0 + 2 * SIZE}
+    assert pipeline.release.accountant.query_spent(T0 + SIZE, BOUNDS_CHARGE) == (0.0, 0.0)
+    decision = pipeline.release.ledger.bounds[T0 + 2 * SIZE]
+    assert decision.reason == "kept: no histograms"
+    assert decision.bounds == pipeline.release.bounds_for(T0 + SIZE)
+    assert set(_by_window(releases)) == {T0, T0 + 2 * SIZE}  # window 1's query refused too

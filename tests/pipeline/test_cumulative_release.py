@@ -546,3 +546,72 @@ def test_with_erasure_a_per_window_sum_leaves_the_erased_user_out_and_records_th
     winner = store.winner("running", T0)
     assert winner is not None and winner.erasures_through == 1
     schema_validator("continual.schema.json").validate(orjson.loads(log[0][2]))
+
+
+def test_a_window_refused_for_budget_never_enters_a_later_running_total(tmp_path: Any) -> None:
+    """Charges before state (issue 25, break 4): a ledger from a looser configuration is
+    continued under a lower cap. Window 1's cumulative release alone would fit the horizon,
+    but the per-window query before it is charged first, so the cumulative one is refused:
+    its exact totals must not enter the running total of window 2 (or any later one)."""
+    from stream_dp.pipeline.replay import replay_file
+
+    def two_queries(hourly_epsilon: float, *, cap: float) -> Config:
+        hourly = {"name": "hourly", "epsilon": hourly_epsilon, "keys": {}}
+        return config(
+            queries=[hourly, cumulative(horizon_windows=8)],
+            epsilon_per_window=hourly_epsilon + 1e6,
+            horizon_windows=2,
+            max_epsilon_per_horizon=cap,
+        )
+
+    counts: list[dict[str, int]] = [{"a": 3}, {"b": 4}, {"c": 2}]
+    lines = [orjson.loads(v) for _, _, v in events(counts)]
+    first_window, every_window = tmp_path / "w0.jsonl", tmp_path / "all.jsonl"
+    first_window.write_bytes(b"\n".join(orjson.dumps(e) for e in lines if e["timestamp"] < T0 + S))
+    every_window.write_bytes(b"\n".join(orjson.dumps(e) for e in lines))
+    ledger = tmp_path / "ledger.jsonl"
+    # looser: window 0 spends 2e6 + 1e6 of a 6e6 horizon cap
+    replay_file(two_queries(2e6, cap=6e6), KEYRING, first_window, ledger_path=ledger)
+    # stricter: 4e6 per 2 windows; in window 1 "hourly" (1e6) fits, then "running" does not
+    result = replay_file(two_queries(1e6, cap=4e6), KEYRING, every_window, ledger_path=ledger)
+    values = running(result.releases)
+    assert 1 not in values  # refused for budget: nothing published
+    assert values[0] == [3, 0, 0]
+    assert values[2] == [3, 0, 2]  # window 1's 4 events of "b" are not in it
+    assert running(result.releases, "hourly") == {0: [3], 1: [4], 2: [2]}
+
+
+def test_large_sums_on_a_square_root_running_total_never_stop_the_releases() -> None:
+    """Issue 25: a window total of 3·10¹² units (beyond 2⁴¹) raised ContinualStateError out
+    of the release on the first window, and since windows release in order nothing was
+    released after it, not even other queries. Now the encoding is exact; a total beyond
+    the counters' range (2⁴² units) is clamped to it and logged, never raised."""
+    per_window = {"name": "hourly", "epsilon": 1e6, "keys": {}}
+    running_sum = cumulative(
+        statistic="sum", option="sqrt_factorization", mechanism="discrete_gaussian"
+    )
+    node = Node(config(queries=[per_window, running_sum]), Topics(), [0, 1])
+    big, bigger = 3 * 10**12, 5 * 10**12
+    for window, value_sum in enumerate([big, bigger, 1]):
+        ws = T0 + window * S
+        r = node.stage.windows.partition_of(ws, 2)
+        records: list[bytes] = []
+        for query in ("hourly", "running"):
+            key: tuple[str, ...] = ("a",) if query == "running" else ()
+            totals = {key: KeyAggregate(1, 1, value_sum if query == "running" else 0)}
+            partial = Partial(query, ws, 0, f"v{window}", totals, 1, 1)
+            records.extend(v for _, v in encode_partial(partial, max_bytes=MB))
+        records.append(encode_watermark(SourceWatermark(0, 1, ws + S, False, True))[1])
+        start = node._offsets.get(r, 0)
+        node._offsets[r] = start + len(records)
+        node.stage.ingest(r, [(start + i, v) for i, v in enumerate(records)])
+    released = [node.release(w) for w in range(3)]
+    by_query = [{rel.query: rel for rel in rels or []} for rels in released]
+    assert [sorted(q) for q in by_query] == [["hourly", "running"]] * 3
+    values = [_values([q["running"]]) for q in by_query]
+    cap = 1 << 42
+    expected = [[big, 0, 0], [big + cap, 0, 0], [big + cap + 1, 0, 0]]
+    # noise: sd ≤ 0.2 units per value at ε = 1e6, so |error| > 2 has probability < 1e-20
+    # per value; the output's B̃ is floating point (post-processing): ~1e-13 relative here
+    assert values == [pytest.approx(row, rel=1e-12, abs=2) for row in expected]
+    assert values[1] != pytest.approx([big + bigger, 0, 0], rel=1e-6)  # clamped, not summed

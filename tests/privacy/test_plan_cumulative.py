@@ -172,3 +172,17 @@ def test_the_per_window_path_refuses_cumulative_queries_and_replay_runs_them(
     assert {(r["horizon_step"], r["horizon_start"]) for r in cumulative} == {
         (1, "2024-01-01T00:00:00Z")
     }
+
+
+def test_the_table_warns_where_a_running_total_s_range_can_be_reached(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A window total beyond 2^42 units is clamped (it no longer stops every release): plan
+    says how many users at the bound reach it, when that is few enough to happen."""
+    assert main(["plan", "--config", str(write(tmp_path, CONFIG))]) == 0
+    assert "WARNING      a window's exact total" not in capsys.readouterr().out
+    data = json.loads(json.dumps(CONFIG))
+    data["queries"][1].update(upper=10**8, granularity=1)  # 10 events × 10⁸ units per user
+    assert main(["plan", "--config", str(write(tmp_path, data))]) == 0
+    out = capsys.readouterr().out
+    assert f"{2**42 // 10**9 + 1} users at the bound on one key exceed it" in out

@@ -18,7 +18,8 @@ What a :class:`WindowDraws` holds, and who may read it
 ------------------------------------------------------
 - ``noisy``: the window's new noisy values (tree nodes; per-window noisy totals; the
   √-factorisation's encoded values w). Each is an output of the mechanism: safe to keep with
-  the releases.
+  the releases. The √-factorisation's encoded values of large sums exceed int64: they are
+  exact Python integers then (an ``object`` array), and decimal strings in JSON.
 - ``exact_totals``: the window's exact bounded totals per key — the tree's open nodes and the
   √-factorisation's later encoded values depend on them, and after a crash nothing else has
   them (released windows' events are not replayed). They are as sensitive as the partials
@@ -43,10 +44,15 @@ from stream_dp.privacy.mechanisms import NoiseMechanism
 #: ``noise(mechanism, values) -> values + independent noise`` (int64, same shape).
 NoiseSource = Callable[[NoiseMechanism, np.ndarray], np.ndarray]
 
-#: Encoded values of the √-factorisation must stay below this (OpenDP samples on int64).
+#: Encoded values of the √-factorisation below this are computed and perturbed in int64
+#: (OpenDP samples on int64); larger ones exactly in Python integers (:func:`_perturb`).
 _MAX_ENCODED = 1 << 61
+#: Stored values beyond int64 are written as decimal strings (JSON numbers there are not
+#: portable, and orjson writes at most 64-bit integers).
+_INT64_MAX = (1 << 63) - 1
 #: Exact totals must be integers of at most this magnitude.
-_MAX_TOTAL = 1 << 42  # × at most 2^20 windows stays inside int64
+MAX_TOTAL = 1 << 42  # × at most 2^20 windows stays inside int64
+_MAX_TOTAL = MAX_TOTAL
 DRAWS_SCHEMA_VERSION = 1
 
 
@@ -104,7 +110,7 @@ class WindowDraws:
             "fingerprint": self.fingerprint,
             "step": self.step,
             "key_offset": self.key_offset,
-            "noisy": [[int(v) for v in row] for row in self.noisy.tolist()],
+            "noisy": [[_json_int(v) for v in row] for row in self.noisy.tolist()],
             "exact_totals": None
             if self.exact_totals is None
             else [int(v) for v in self.exact_totals.tolist()],
@@ -114,8 +120,7 @@ class WindowDraws:
     def from_json(cls, data: Mapping[str, Any]) -> WindowDraws:
         if data.get("kind") != "continual_draws" or data.get("schema_version") != 1:
             raise ContinualStateError("not a continual_draws record of schema version 1")
-        rows = data["noisy"]
-        noisy = np.asarray(rows, dtype=np.int64)
+        noisy = _int_rows(data["noisy"])
         if noisy.ndim != 2 or noisy.shape[0] == 0:
             raise ContinualStateError("continual_draws.noisy must be a non-empty list of rows")
         exact = data.get("exact_totals")
@@ -172,7 +177,7 @@ def merge_draws(parts: Iterable[WindowDraws]) -> WindowDraws:
     return WindowDraws(
         first.fingerprint,
         first.step,
-        np.concatenate([p.noisy for p in ordered], axis=1),
+        _int_array(np.concatenate([p.noisy for p in ordered], axis=1)),
         exact,
         0,
     )
@@ -215,8 +220,7 @@ class ContinualCounter(ABC):
         x = _as_totals(totals, self.key_count)
         t = self.step + 1
         exact_rows = self._exact_rows(t, x)
-        drawn = self._noise(self.plan.mechanism, exact_rows.reshape(-1))
-        noisy = np.asarray(drawn, dtype=np.int64).reshape(exact_rows.shape)
+        noisy = _perturb(self._noise, self.plan.mechanism, exact_rows)
         self._update(t, x, noisy)
         self.step = t
         values = self._values(t)
@@ -262,7 +266,7 @@ class ContinualCounter(ABC):
             x = _as_totals(draws.exact_totals, self.key_count)
         else:
             x = np.zeros(self.key_count, dtype=np.int64)
-        self._update(t, x, np.asarray(draws.noisy, dtype=np.int64))
+        self._update(t, x, _int_array(draws.noisy))
         self.step = t
 
     @abstractmethod
@@ -373,15 +377,13 @@ class _SqrtFactorization(ContinualCounter):
 
     def _exact_rows(self, t: int, x: np.ndarray) -> np.ndarray:
         largest = max(self._max_abs_total, int(np.abs(x).max(initial=0)))
-        if largest * float(self._c_sum[t - 1]) >= _MAX_ENCODED:
-            raise ContinualStateError(
-                f"per-window totals up to {largest} are too large for the square-root "
-                "factorisation's exact integer encoding; use continual_mechanism "
-                "tree_honaker or per_window_sum"
-            )
         history = np.concatenate([self._x[: t - 1], x.reshape(1, -1)])
-        encoded: np.ndarray = self._c[:t][::-1] @ history  # exact: |values| < 2^61 (above)
-        return encoded.astype(np.int64).reshape(1, -1)
+        if largest * float(self._c_sum[t - 1]) < _MAX_ENCODED / 2:  # margin for the float
+            encoded: np.ndarray = self._c[:t][::-1] @ history  # exact: |values| < 2^61
+            return encoded.astype(np.int64).reshape(1, -1)
+        # large sums: the same products and sums in Python integers (never wraps or rounds)
+        exact: np.ndarray = self._c[:t][::-1].astype(object) @ history.astype(object)
+        return exact.reshape(1, -1)
 
     def _update(self, t: int, x: np.ndarray, noisy: np.ndarray) -> None:
         self._x[t - 1] = x
@@ -443,6 +445,50 @@ def restore_counter(
         values = counter._values(counter.step)
         values.setflags(write=False)
     return RestoredCounter(counter, values)
+
+
+def _perturb(noise: NoiseSource, mechanism: NoiseMechanism, exact_rows: np.ndarray) -> np.ndarray:
+    """``exact_rows`` + independent noise, same shape: int64, or exact Python integers
+    (``object``) when the exact values are (the noise is then drawn on zeros — the same law
+    — and added exactly, since the samplers work on int64)."""
+    flat = exact_rows.reshape(-1)
+    if exact_rows.dtype != object:
+        drawn = noise(mechanism, flat)
+        return np.asarray(drawn, dtype=np.int64).reshape(exact_rows.shape)
+    z = np.asarray(noise(mechanism, np.zeros(flat.shape, dtype=np.int64)), dtype=np.int64)
+    noisy = [int(v) + int(d) for v, d in zip(flat.tolist(), z.tolist(), strict=True)]
+    return _int_array(noisy).reshape(exact_rows.shape)
+
+
+def _int_array(values: np.ndarray | Sequence[Any]) -> np.ndarray:
+    """Integers as int64, or as exact Python integers (``object``) when one exceeds int64."""
+    items = np.asarray(values, dtype=object)
+    if all(-_INT64_MAX - 1 <= int(v) <= _INT64_MAX for v in items.reshape(-1).tolist()):
+        return np.asarray(values, dtype=np.int64)
+    exact: np.ndarray = np.vectorize(int, otypes=[object])(items)
+    return exact
+
+
+def _json_int(value: int) -> int | str:
+    """An integer for JSON: as is within int64, else its decimal string."""
+    return int(value) if -_INT64_MAX - 1 <= value <= _INT64_MAX else str(int(value))
+
+
+def _int_rows(rows: Any) -> np.ndarray:
+    """Rows of JSON integers (or decimal strings, beyond int64) as :func:`_int_array`."""
+    if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+        raise ContinualStateError("continual_draws.noisy must be a list of rows of integers")
+    if len({len(row) for row in rows}) > 1:
+        raise ContinualStateError("continual_draws.noisy rows must have one value per key")
+    parsed = []
+    for row in rows:
+        values = []
+        for v in row:
+            if isinstance(v, bool) or not isinstance(v, int | str):
+                raise ContinualStateError(f"continual_draws.noisy holds a non-integer {v!r}")
+            values.append(int(v))  # a string that is not an integer raises ValueError
+        parsed.append(values)
+    return _int_array(parsed)
 
 
 def _as_totals(totals: Sequence[int] | np.ndarray, key_count: int) -> np.ndarray:

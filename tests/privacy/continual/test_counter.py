@@ -20,6 +20,7 @@ from stream_dp.privacy.continual.counter import (
     split_draws,
 )
 from stream_dp.privacy.continual.planning import ContinualOption, ContinualPlan, plan_continual
+from stream_dp.privacy.continual.sqrt_factorization import quantized_coefficients
 from stream_dp.privacy.mechanisms import NoiseMechanism
 from tests.privacy.continual.noise import FastNoise, Impulse, Recorder, forbidden
 
@@ -240,13 +241,50 @@ def test_totals_are_checked() -> None:
     assert counter.step == 1
 
 
-def test_square_root_refuses_totals_beyond_its_exact_encoding() -> None:
-    plan = make_plan("sqrt_factorization", "discrete_gaussian", 64)
+def test_square_root_encodes_large_sums_exactly_at_every_step() -> None:
+    """Issue 25: 6,200 users adding 10^7 each per window overflowed the fixed-point encoding
+    (int64) at step 989 — ContinualStateError out of the release, and windows release in
+    order, so nothing was released after it. The encoded values are exact integers now."""
+    horizon, total = 1024, 6_200 * 10**7
+    plan = make_plan("sqrt_factorization", "discrete_gaussian", horizon)
+    c = quantized_coefficients(horizon).tolist()
     counter = make_counter(plan, ["a"], noise=identity)
-    with pytest.raises(ContinualStateError, match="too large for the square-root"):
-        counter.advance([2**41])  # below the general 2^42 limit; × ĉ_0 = 2^20 reaches 2^61
-    assert counter.step == 0
-    assert counter.advance([2**30]).values.tolist() == [2**30]
+    for t in range(1, horizon + 1):
+        step = counter.advance([total])
+        assert int(step.draws.noisy[0][0]) == total * sum(c[:t])  # Python integers: exact
+        assert step.values.tolist() == [total * t]
+
+
+def shift_by_seven(mechanism: NoiseMechanism, values: np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64) + 7
+
+
+def test_square_root_values_beyond_int64_are_exact_in_draws_records_and_restores() -> None:
+    horizon = 64
+    plan = make_plan("sqrt_factorization", "discrete_gaussian", horizon)
+    c = quantized_coefficients(horizon).tolist()
+    big = 1 << 42  # the largest total a counter takes; × Σ ĉ over 64 steps exceeds int64
+    counter = make_counter(plan, ["up", "down"], noise=shift_by_seven)
+    validator = Draft202012Validator(SCHEMA)
+    steps = [counter.advance([big, -big]) for _ in range(horizon)]
+    last = steps[-1].draws
+    encoded = big * sum(c)
+    assert encoded > 2**63
+    assert [int(v) for v in last.noisy[0]] == [encoded + 7, -encoded + 7]  # drawn, exactly
+    record = last.to_json()
+    assert record["noisy"] == [[str(encoded + 7), str(-encoded + 7)]]
+    validator.validate(record)
+    assert not validator.is_valid(record | {"noisy": [["12x"]]})
+    again = WindowDraws.from_json(json.loads(json.dumps(record)))
+    assert again == last
+    parts = split_draws(last, 1)
+    assert merge_draws([WindowDraws.from_json(p.to_json()) for p in parts]) == last
+    restored = restore_counter(
+        plan, ["up", "down"], [WindowDraws.from_json(s.draws.to_json()) for s in steps]
+    )
+    assert restored.values is not None
+    assert restored.values.tolist() == steps[-1].values.tolist()
+    assert abs(steps[-1].values[0] - big * horizon) <= 1  # +7 per draw moves it < 1 unit
 
 
 def test_the_default_source_is_opendp() -> None:
