@@ -36,6 +36,7 @@ from stream_dp.errors import ConfigError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.continual_state import ContinualStore
 from stream_dp.pipeline.erasure_replay import read_erasure_file
+from stream_dp.pipeline.fingerprint_gate import replay_ledger_fingerprint
 from stream_dp.pipeline.ingest import DeadLetter, InputRecord
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
 from stream_dp.pipeline.local import LocalPipeline
@@ -144,6 +145,11 @@ def replay_file(
     continual = ContinualStore()
     ledger = read_ledger_file(ledger_path, continual) if ledger_path is not None else None
     recorded = {(r.query, r.window_start_s) for r in ledger.releases()} if ledger else set()
+    fingerprint = (
+        replay_ledger_fingerprint(ledger, config, ledger_path)
+        if ledger is not None and ledger_path is not None
+        else None
+    )
     sink: IO[bytes] | None = None
     if ledger_path is not None:
         try:
@@ -161,6 +167,10 @@ def replay_file(
         sink.write(orjson.dumps(line) + b"\n")
 
     try:
+        if fingerprint is not None:  # a new ledger file, or one from before fingerprints
+            append(*fingerprint)
+            assert ledger is not None
+            ledger.feed(*fingerprint)
         pipeline = LocalPipeline(
             config,
             keyring,

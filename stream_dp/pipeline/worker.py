@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -72,6 +73,7 @@ from aiokafka.errors import (
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
+from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
 from stream_dp.ops.health import Health
@@ -79,6 +81,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.continual_state import ContinualStore, encode_state
 from stream_dp.pipeline.decode import REASONS
 from stream_dp.pipeline.erasure_worker import WorkerErasure
+from stream_dp.pipeline.fingerprint_gate import settle_fingerprint
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.ingest_columns import FetchedRecords
 from stream_dp.pipeline.ledger import (
@@ -296,6 +299,9 @@ class Worker:
         #: An error found in a rebalance callback that must stop the worker (raised by the
         #: loop: aiokafka would swallow it in the callback).
         self._fatal: StreamDPError | None = None
+        #: What this worker's partials and releases mean (set at start, from the
+        #: configuration and the internal topics' partition counts).
+        self.fingerprint: Fingerprint | None = None
         #: The ledger had no coverage record at start: a new deployment, or a lost ledger.
         self._ledger_was_empty = False
         self._marks_sent_mono = -math.inf
@@ -425,7 +431,16 @@ class Worker:
             bounded=False,
         )
         await self._catch_up_ledger(None, bounded=False)
+        fingerprint = self.fingerprint = deployment_fingerprint(
+            self.config,
+            Topology(
+                partials_partitions=len(self._partials_partitions),
+                ledger_partitions=len(self._ledger_partitions),
+                continual_partitions=len(self._continual_partitions),
+            ),
+        )
         coverage = await self._coverage()
+        await self._settle_fingerprint(fingerprint)
         await self._check_rotation()
         self.release = ReleaseStage(
             self.config,
@@ -436,6 +451,7 @@ class Worker:
             key_id_of=lambda ws: self.keyring.for_window(ws).key_id,
             continual_store=self.continual_store,
             continual_partitions=max(1, len(self._continual_partitions)),
+            fingerprint=fingerprint.digest,
         )
         if self.ledger.partials_partitions not in (None, len(self._partials_partitions)):
             raise TopologyError(
@@ -463,6 +479,7 @@ class Worker:
         # Silence is idleness only where a fetch found the reader at the log's end.
         self.ingest.require_read_proof = True
         self.ingest.routed_partitions = max(1, len(self._routed_to))
+        self.ingest.fingerprint = fingerprint.digest
         if self.config.erasure.enabled:
             self._erasure = WorkerErasure(
                 self.config,
@@ -490,7 +507,7 @@ class Worker:
         if recorded is None:
             self._ledger_was_empty = True
             start = configured if configured is not None else self.windows.start_of(time.time())
-            key, value = encode_coverage(start, self.windows.size_s)
+            key, value = encode_coverage(start, self.windows.size_s, self.fingerprint)
             partition = self._ledger_partitions[0]
             await self._retry(
                 "record the first covered window",
@@ -510,6 +527,42 @@ class Worker:
                 iso_utc(recorded),
             )
         return configured
+
+    async def _settle_fingerprint(self, fingerprint: Fingerprint) -> None:
+        """Refuse to start under other meaning-bearing settings than the deployment's
+        (:mod:`stream_dp.pipeline.fingerprint_gate`); record this configuration's
+        fingerprint for a deployment from before fingerprints existed."""
+        progress = self.ledger.progress.values()
+        resume = f" at or after {iso_utc(max(progress))}" if progress else ""
+        where = (
+            f"this worker cannot join deployment {self.config.kafka.group_id!r} (ledger topic "
+            f"{self._ledger_topic})"
+        )
+        way_out = (
+            "start a new deployment: a new kafka.group_id with window.start_at after the last "
+            f"window this one released{resume}, once its workers are stopped (see the "
+            "operations guide, changing a meaning-bearing setting)"
+        )
+        for _ in range(2):
+            record = settle_fingerprint(
+                self.ledger, fingerprint, self.config, where=where, way_out=way_out
+            )
+            if record is None:
+                return
+            key, value = record
+            partition = self._ledger_partitions[0]
+            log.warning(
+                "the deployment was recorded without a fingerprint (an earlier version); "
+                "recording this configuration's — its window size matches, its other "
+                "settings cannot be checked"
+            )
+            await self._retry(
+                "record the deployment fingerprint",
+                functools.partial(self._send, self._ledger_topic, key, value, partition=partition),
+                bounded=False,
+            )
+            await self._catch_up_ledger([partition], bounded=False)
+        raise StreamDPError("the deployment fingerprint written was not read back")
 
     async def _check_rotation(self) -> None:
         """Refuse a new key rotation that would split a window already begun."""
