@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import orjson
 
-from stream_dp.config.model import Config
+from stream_dp.config.model import BOUND_NAMES, Config
 from stream_dp.errors import ConfigError
 
 #: Characters of a part's hash kept in the record (64 bits: a part is compared with the
@@ -114,7 +114,15 @@ def meaning_fields(config: Config, topology: Topology) -> dict[str, Any]:
     for name in _INPUT_FIELDS:
         fields[f"input.{name}"] = getattr(config.input, name)
     _flatten("privacy", config.privacy.model_dump(), fields)
-    _flatten("bounds", config.bounds.model_dump(), fields)
+    bounds = config.bounds
+    for name in BOUND_NAMES:
+        fields[f"bounds.{name}"] = getattr(bounds, name)
+    if bounds.is_auto:  # with its defaults filled in: an explicit default is no change
+        auto = bounds.auto_settings
+        fields["bounds.auto.epsilon_share"] = auto.epsilon_share
+        for name in bounds.auto_fields:
+            fields[f"bounds.auto.start.{name}"] = auto.start_value(name)
+            fields[f"bounds.auto.cap.{name}"] = auto.cap_value(name)
     for q in config.queries:
         for key, value in q.model_dump().items():
             fields[f"queries.{q.name}.{key}"] = value
