@@ -533,14 +533,14 @@ class Worker:
         (:mod:`stream_dp.pipeline.fingerprint_gate`); record this configuration's
         fingerprint for a deployment from before fingerprints existed."""
         progress = self.ledger.progress.values()
-        resume = f" at or after {iso_utc(max(progress))}" if progress else ""
+        resume = f"at or after {iso_utc(max(progress))} (" if progress else "("
         where = (
             f"this worker cannot join deployment {self.config.kafka.group_id!r} (ledger topic "
             f"{self._ledger_topic})"
         )
         way_out = (
-            "start a new deployment: a new kafka.group_id with window.start_at after the last "
-            f"window this one released{resume}, once its workers are stopped (see the "
+            f"start a new deployment: a new kafka.group_id with window.start_at {resume}after "
+            "the last window this one released), once its workers are stopped (see the "
             "operations guide, changing a meaning-bearing setting)"
         )
         for _ in range(2):
