@@ -15,11 +15,18 @@ from stream_dp.config.fingerprint import FingerprintMismatchError, deployment_fi
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ingest import IngestStage
-from stream_dp.pipeline.ledger import LedgerRelease, encode_published, encode_release
+from stream_dp.pipeline.ledger import (
+    LedgerRelease,
+    encode_coverage,
+    encode_fingerprint,
+    encode_published,
+    encode_release,
+)
 from stream_dp.pipeline.local import local_topology
 from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
 from stream_dp.pipeline.release_stage import ReleaseStage
 from stream_dp.pipeline.replay import replay_file
+from tests.helpers import schema_validator
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 
 MB = 1_000_000
@@ -244,3 +251,16 @@ def test_a_ledger_file_from_before_fingerprints_is_held_to_its_window_size(
             events,
             ledger_path=ledger,
         )
+
+
+def test_the_records_carrying_a_fingerprint_follow_their_schemas() -> None:
+    cfg = config(k=4)
+    fp = deployment_fingerprint(cfg, local_topology(cfg))
+    ledger = schema_validator("ledger.schema.json")
+    for _, value in (encode_coverage(T0, 10, fp), encode_fingerprint(fp), encode_coverage(T0, 10)):
+        ledger.validate(orjson.loads(value))
+    partials = schema_validator("partials.schema.json")
+    for value in _heavy_user_partials(cfg, 0, 1, "u"):
+        record = orjson.loads(value)
+        assert record["fingerprint"] == fp.digest
+        partials.validate(record)
