@@ -15,6 +15,10 @@ differ. Settings that change nothing a number means (log level, ports, metrics, 
 timeouts, retention, topic names) are left out: a rolling restart that changes only those
 still works.
 
+``erasure.enabled`` is left out too: turning erasure on between windows is a documented
+in-place change, and partials carry their own guard (the erasure-log position they applied,
+checked against each window's cut).
+
 The pseudonym key id is kept apart from the digest: partials already carry the key id they
 were pseudonymized under and stage 2 merges only the window's key, and a key *rotation* is a
 planned change (recorded in the ledger), not a mismatch. :func:`key_id_problem` says when a
@@ -126,7 +130,6 @@ def meaning_fields(config: Config, topology: Topology) -> dict[str, Any]:
     for q in config.queries:
         for key, value in q.model_dump().items():
             fields[f"queries.{q.name}.{key}"] = value
-    fields["erasure.enabled"] = config.erasure.enabled
     fields["topics.partials_partitions"] = topology.partials_partitions
     fields["topics.ledger_partitions"] = topology.ledger_partitions
     fields["topics.continual_partitions"] = topology.continual_partitions

@@ -73,7 +73,6 @@ MEANING: dict[str, dict[str, Any]] = {
     "privacy.max_epsilon_per_horizon": {"privacy": {"max_epsilon_per_horizon": 20.0}},
     "input.user_field": {"input": {"user_field": "account"}},
     "input.user_id_normalization": {"input": {"user_id_normalization": "none"}},
-    "erasure.enabled": {"erasure": {"enabled": True}},
 }
 
 
@@ -134,6 +133,8 @@ NOT_MEANING: dict[str, dict[str, Any]] = {
     "window.start_at (the coverage record keeps it)": {
         "window": {"start_at": "2021-01-01T00:00:00Z"}
     },
+    # turned on between windows in place; partials carry the erasures they applied
+    "erasure.enabled": {"erasure": {"enabled": True}},
     "key source": {"pseudonymization": {"key_env": "OTHER_KEY_VARIABLE"}},
 }
 
