@@ -63,6 +63,23 @@ def settle_fingerprint(
     return encode_fingerprint(mine)
 
 
+def worker_refusal(config: Config, ledger: LedgerIndex, ledger_topic: str) -> tuple[str, str]:
+    """What a worker's refusal says: which deployment it cannot join, and the way out (a
+    new deployment starting after the last window the ledger's progress records show)."""
+    progress = ledger.progress.values()
+    resume = f"at or after {iso_utc(max(progress))} (" if progress else "("
+    where = (
+        f"this worker cannot join deployment {config.kafka.group_id!r} (ledger topic "
+        f"{ledger_topic})"
+    )
+    way_out = (
+        f"start a new deployment: a new kafka.group_id with window.start_at {resume}after "
+        "the last window this one released), once its workers are stopped (see the "
+        "operations guide, changing a meaning-bearing setting)"
+    )
+    return where, way_out
+
+
 def replay_ledger_fingerprint(
     ledger: LedgerIndex, config: Config, path: Path
 ) -> tuple[str, bytes] | None:

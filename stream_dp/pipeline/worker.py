@@ -81,7 +81,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.continual_state import ContinualStore, encode_state
 from stream_dp.pipeline.decode import REASONS
 from stream_dp.pipeline.erasure_worker import WorkerErasure
-from stream_dp.pipeline.fingerprint_gate import settle_fingerprint
+from stream_dp.pipeline.fingerprint_gate import settle_fingerprint, worker_refusal
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.ingest_columns import FetchedRecords
 from stream_dp.pipeline.ledger import (
@@ -532,35 +532,21 @@ class Worker:
         """Refuse to start under other meaning-bearing settings than the deployment's
         (:mod:`stream_dp.pipeline.fingerprint_gate`); record this configuration's
         fingerprint for a deployment from before fingerprints existed."""
-        progress = self.ledger.progress.values()
-        resume = f"at or after {iso_utc(max(progress))} (" if progress else "("
-        where = (
-            f"this worker cannot join deployment {self.config.kafka.group_id!r} (ledger topic "
-            f"{self._ledger_topic})"
-        )
-        way_out = (
-            f"start a new deployment: a new kafka.group_id with window.start_at {resume}after "
-            "the last window this one released), once its workers are stopped (see the "
-            "operations guide, changing a meaning-bearing setting)"
-        )
+        where, way_out = worker_refusal(self.config, self.ledger, self._ledger_topic)
         for _ in range(2):
             record = settle_fingerprint(
                 self.ledger, fingerprint, self.config, where=where, way_out=way_out
             )
             if record is None:
                 return
-            key, value = record
-            partition = self._ledger_partitions[0]
             log.warning(
                 "the deployment was recorded without a fingerprint (an earlier version); "
                 "recording this configuration's — its window size matches, its other "
                 "settings cannot be checked"
             )
-            await self._retry(
-                "record the deployment fingerprint",
-                functools.partial(self._send, self._ledger_topic, key, value, partition=partition),
-                bounded=False,
-            )
+            partition = self._ledger_partitions[0]
+            send = functools.partial(self._send, self._ledger_topic, *record, partition=partition)
+            await self._retry("record the deployment fingerprint", send, bounded=False)
             await self._catch_up_ledger([partition], bounded=False)
         raise StreamDPError("the deployment fingerprint written was not read back")
 
