@@ -41,8 +41,9 @@ from stream_dp.errors import ConfigError
 #: Characters of a part's hash kept in the record (64 bits: a part is compared with the
 #: same part of another configuration, never searched for).
 PART_HASH_CHARS: Final = 16
-#: Input settings that decide who a user is and which window an event is in.
-_INPUT_FIELDS: Final = ("user_field", "time_field", "user_id_normalization")
+#: Input settings that decide who a user is, which window an event is in, and which topic
+#: a partial's source partition is a partition of (the input, or the repartition topic).
+_INPUT_FIELDS: Final = ("user_field", "time_field", "user_id_normalization", "keyed_by_user")
 
 
 class FingerprintMismatchError(ConfigError):

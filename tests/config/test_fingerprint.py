@@ -73,6 +73,7 @@ MEANING: dict[str, dict[str, Any]] = {
     "privacy.max_epsilon_per_horizon": {"privacy": {"max_epsilon_per_horizon": 20.0}},
     "input.user_field": {"input": {"user_field": "account"}},
     "input.user_id_normalization": {"input": {"user_id_normalization": "none"}},
+    "input.keyed_by_user": {"input": {"keyed_by_user": True}},
 }
 
 
