@@ -318,3 +318,23 @@ async def test_a_deployment_from_before_fingerprints_is_held_to_its_window_size(
     assert await _refused_or_joined(workers[1:]) == [workers[2]]
     _assert_refused(workers[2], "bounds.max_contributions_per_window")
     assert workers[1].terminate() == 0, workers[1].log()
+
+
+async def test_a_worker_on_a_partials_topic_of_another_partition_count_is_refused(
+    kafka_bootstrap: str,
+    topic_factory: TopicFactory,
+    config_factory: ConfigFactory,
+    workers: list[WorkerProcess],
+    tmp_path: Path,
+) -> None:
+    """A window's partials live on one partials partition: a worker that maps windows to
+    partitions of another count would release them from a second owner. Refused, named."""
+    path, shared = await _prepare(kafka_bootstrap, topic_factory, config_factory, 5)
+    workers.append(start_worker(path, tmp_path / "first.log"))
+    await wait_for_group(workers, shared)
+    other = await topic_factory(partitions=3)
+    moved = _variant(path, "moved", {"output": {"partials_topic": other}})
+    workers.append(start_worker(moved, tmp_path / "moved.log"))
+    assert await _refused_or_joined(workers) == [workers[1]]
+    _assert_refused(workers[1], "topics.partials_partitions")
+    assert workers[0].terminate() == 0, workers[0].log()
