@@ -18,11 +18,12 @@ winning draw's part in favour of a losing one's.
 
 Other records: ``published`` markers (latest per key wins: which draw reached the output),
 ``progress`` (per partials partition, the next window its owner has not released — every
-window before it was released and published), ``coverage`` (the first covered window and the
-deployment fingerprint, :mod:`stream_dp.config.fingerprint`; the first such record in log
-order wins), ``fingerprint`` (of a deployment recorded before fingerprints existed), ``cut`` (with erasure on: written before a window's
-releaser reads the erasure log, so an erasure recorded after it may not apply to that
-window — :mod:`stream_dp.pipeline.erasure_gate`) and ``fence`` records. Readers treat the
+window before it was released and published), ``coverage`` (the first covered window and
+the deployment fingerprint, :mod:`stream_dp.config.fingerprint`; the first such record in
+log order wins), ``fingerprint`` (of a deployment recorded before fingerprints existed),
+``cut`` (with erasure on: written before a window's releaser reads the erasure log, so an
+erasure recorded after it may not apply to that window —
+:mod:`stream_dp.pipeline.erasure_gate`) and ``fence`` records. Readers treat the
 topic as a log: the embedded broker accepts ``cleanup.policy=compact`` but does not apply
 it (BROKER.md).
 """
