@@ -50,6 +50,7 @@ PARTIALS_IGNORED_REASONS = (
     "superseded",
     "erasure_stale",
     "bounds_mismatch",
+    "fingerprint_mismatch",
 )
 
 #: Release delay: from a window's end to its publication. Grace and idle-close put it in the
@@ -327,7 +328,10 @@ class Metrics:
             "covered one (before_coverage), bounded under another pseudonym key "
             "(key_mismatch) or another partition layout than the window's (layout_changed), a "
             "version replaced by one that applied more erasures (superseded), or one left "
-            "out because no version applied an erasure in time (erasure_stale).",
+            "out because no version applied an erasure in time (erasure_stale), bounded with other "
+            "bounds than its window's under bounds: auto (bounds_mismatch), or stamped with "
+            "another deployment fingerprint: a worker with other meaning-bearing settings "
+            "(fingerprint_mismatch).",
             ["reason"],
             registry=r,
         )

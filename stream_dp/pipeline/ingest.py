@@ -176,6 +176,9 @@ class IngestStage(ColumnIngest):
         #: Partitions of the stage-1 topic (what stage 2 waits for, and what placement is
         #: checked against); set by the transport.
         self.source_partitions = 1
+        #: The deployment fingerprint's digest stamped on every partial (set by the
+        #: transport; :mod:`stream_dp.config.fingerprint`).
+        self.fingerprint = ""
         #: Dead-letter raw records whose Kafka key is not their user id or that sit on a
         #: partition their key does not map to (a user's events must share a partition).
         #: Off where one partition holds everything (replay).
@@ -798,6 +801,7 @@ class IngestStage(ColumnIngest):
                     erasures_through=self.erasures_applied,
                     bounds=bounds if self._auto is not None else None,
                     histograms=histograms,
+                    fingerprint=self.fingerprint,
                 )
             )
         return out

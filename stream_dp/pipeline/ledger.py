@@ -18,10 +18,12 @@ winning draw's part in favour of a losing one's.
 
 Other records: ``published`` markers (latest per key wins: which draw reached the output),
 ``progress`` (per partials partition, the next window its owner has not released — every
-window before it was released and published), ``coverage`` (the first covered window; the
-first such record in log order wins), ``cut`` (with erasure on: written before a window's
-releaser reads the erasure log, so an erasure recorded after it may not apply to that
-window — :mod:`stream_dp.pipeline.erasure_gate`) and ``fence`` records. Readers treat the
+window before it was released and published), ``coverage`` (the first covered window and
+the deployment fingerprint, :mod:`stream_dp.config.fingerprint`; the first such record in
+log order wins), ``fingerprint`` (of a deployment recorded before fingerprints existed),
+``cut`` (with erasure on: written before a window's releaser reads the erasure log, so an
+erasure recorded after it may not apply to that window —
+:mod:`stream_dp.pipeline.erasure_gate`) and ``fence`` records. Readers treat the
 topic as a log: the embedded broker accepts ``cleanup.policy=compact`` but does not apply
 it (docs/architecture.md#embedded-broker).
 """
@@ -36,6 +38,7 @@ from typing import Any, Final
 
 import orjson
 
+from stream_dp.config.fingerprint import Fingerprint
 from stream_dp.pipeline.partials import RECORD_OVERHEAD_BYTES, join_in_parts
 from stream_dp.pipeline.records import SCHEMA_VERSION, dumps
 from stream_dp.privacy.budget import BOUNDS_CHARGE
@@ -44,6 +47,7 @@ from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 FENCE_PREFIX: Final = "__fence__|"
 PROGRESS_PREFIX: Final = "__progress__|"
 COVERAGE_KEY: Final = "__coverage__"
+FINGERPRINT_KEY: Final = "__fingerprint__"
 ROTATION_PREFIX: Final = "__rotation__|"
 CUT_PREFIX: Final = "__cut__|"
 BOUNDS_PREFIX: Final = "__bounds__|"
@@ -172,15 +176,32 @@ def encode_progress(
     return f"{PROGRESS_PREFIX}{partials_partition}", orjson.dumps(value)
 
 
-def encode_coverage(first_window_start_s: int, window_size_s: int) -> tuple[str, bytes]:
-    """The first window the deployment covers (the first such record in log order wins)."""
-    value = {
+def encode_coverage(
+    first_window_start_s: int, window_size_s: int, fingerprint: Fingerprint | None = None
+) -> tuple[str, bytes]:
+    """The first window the deployment covers (the first such record in log order wins),
+    with the deployment's fingerprint (:mod:`stream_dp.config.fingerprint`)."""
+    value: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "coverage",
         "first_window_start": iso_utc(first_window_start_s),
         "window_size_s": window_size_s,
     }
+    if fingerprint is not None:
+        value["fingerprint"] = fingerprint.record()
     return COVERAGE_KEY, orjson.dumps(value)
+
+
+def encode_fingerprint(fingerprint: Fingerprint) -> tuple[str, bytes]:
+    """The fingerprint of a deployment whose coverage record has none (recorded before
+    fingerprints existed), or of a replay ledger file: the first one in log order counts,
+    and one in the coverage record before it."""
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "fingerprint",
+        "fingerprint": fingerprint.record(),
+    }
+    return FINGERPRINT_KEY, orjson.dumps(value)
 
 
 def encode_cut(window_start_s: int) -> tuple[str, bytes]:
@@ -292,6 +313,11 @@ class LedgerIndex:
         self.partials_partitions: int | None = None
         #: The first covered window (first coverage record in log order), if recorded.
         self.coverage_start_s: int | None = None
+        #: The window size the coverage record states.
+        self.coverage_window_size_s: int | None = None
+        #: The deployment's fingerprint: of the first coverage or fingerprint record in log
+        #: order that carries one (None: recorded before fingerprints existed, or new).
+        self.fingerprint: Fingerprint | None = None
         #: The latest window whose release had begun (a cut record), with erasure on.
         self.latest_cut_s: int | None = None
         #: Key rotations applied: (previous key id, key id, rotate_at epoch s).
@@ -335,6 +361,10 @@ class LedgerIndex:
         elif kind == "coverage":
             if self.coverage_start_s is None:
                 self.coverage_start_s = epoch_of_iso(str(obj["first_window_start"]))
+                self.coverage_window_size_s = int(obj["window_size_s"])
+                self._feed_fingerprint(obj)
+        elif kind == "fingerprint":
+            self._feed_fingerprint(obj)
         elif kind == "cut":
             ws = epoch_of_iso(str(obj["window_start"]))
             if self.latest_cut_s is None or ws > self.latest_cut_s:
@@ -353,6 +383,10 @@ class LedgerIndex:
                     epoch_of_iso(str(obj["rotate_at"])),
                 )
             )
+
+    def _feed_fingerprint(self, obj: Mapping[str, Any]) -> None:
+        if self.fingerprint is None and obj.get("fingerprint") is not None:
+            self.fingerprint = Fingerprint.from_record(obj["fingerprint"])
 
     def _feed_part(self, value: Mapping[str, Any]) -> None:
         ident = (str(value["query"]), epoch_of_iso(str(value["window_start"])))

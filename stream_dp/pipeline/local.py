@@ -17,6 +17,7 @@ from __future__ import annotations
 import random  # only the type of the reservoir/L0 sampling PRNG (see new_sampling_rng)
 from collections.abc import Callable, Sequence
 
+from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import Config
 from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
@@ -39,6 +40,15 @@ from stream_dp.privacy.pseudonymize import KeyRing
 
 #: Receives every ledger record written, as (key, value), in log order.
 LedgerSink = Callable[[str, bytes], None]
+
+
+def local_topology(config: Config, partials_partitions: int = 1) -> Topology:
+    """The internal topics' shape in one process: one ledger partition, one continual
+    partition when there are cumulative queries."""
+    continual = 1 if any(q.cumulative for q in config.queries) else 0
+    return Topology(
+        partials_partitions=partials_partitions, ledger_partitions=1, continual_partitions=continual
+    )
 
 
 class LocalPipeline:
@@ -67,6 +77,10 @@ class LocalPipeline:
         #: them durable there, before the next window).
         self._window_sync = window_sync
         self._continual_sink = continual_sink
+        #: What the partials and the ledger mean here (one ledger and continual partition).
+        self.fingerprint: Fingerprint = deployment_fingerprint(
+            config, local_topology(config, partials_partitions)
+        )
         self.release = ReleaseStage(
             config,
             partials_partitions=partials_partitions,
@@ -77,6 +91,7 @@ class LocalPipeline:
             key_id_of=lambda ws: keyring.for_window(ws).key_id,
             continual_store=continual_store,
             continual_noise=continual_noise,
+            fingerprint=self.fingerprint.digest,
         )
         self.ingest_stage = IngestStage(
             config,
@@ -86,6 +101,7 @@ class LocalPipeline:
             sampling_rng=sampling_rng,
         )
         self.ingest_stage.source_partitions = partitions
+        self.ingest_stage.fingerprint = self.fingerprint.digest
         self.erasures = erasures
         if erasures is not None:
             self.ingest_stage.erasures = erasures
@@ -113,7 +129,8 @@ class LocalPipeline:
             self.release.set_coverage(first_window_start_s)
             coverage = self.release.coverage_start_s
             assert coverage is not None
-            self._write_ledger([encode_coverage(coverage, self._windows.size_s)])
+            size = self._windows.size_s
+            self._write_ledger([encode_coverage(coverage, size, self.fingerprint)])
 
     def ingest(
         self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float

@@ -79,6 +79,9 @@ class Partial:
     #: partition's exact histograms of the window's users (internal, like the totals).
     bounds: tuple[int, int | None, int | None] | None = None
     histograms: Mapping[str, Sequence[int]] | None = None
+    #: The digest of the deployment fingerprint the totals were bounded under
+    #: (:mod:`stream_dp.config.fingerprint`); stage 2 merges only its own.
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,7 @@ class PartialPart:
     erasures_through: int = 0
     bounds: tuple[int, int | None, int | None] | None = None
     histograms: Mapping[str, Sequence[int]] | None = None
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,8 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
         header["erasures_through"] = partial.erasures_through
     if partial.bounds is not None:
         header["bounds"] = list(partial.bounds)
+    if partial.fingerprint:
+        header["fingerprint"] = partial.fingerprint
     if partial.histograms is not None:
         header["histograms"] = {n: list(v) for n, v in partial.histograms.items()}
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
@@ -287,6 +293,7 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 erasures_through=int(obj.get("erasures_through", 0)),
                 bounds=_bounds(obj.get("bounds")),
                 histograms=_histograms(obj.get("histograms")),
+                fingerprint=str(obj.get("fingerprint", "")),
                 totals=TotalsRows(_decode_totals(obj["totals"])),
             )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -408,6 +415,7 @@ class PartialAssembler:
             erasures_through=part.erasures_through,
             bounds=part.bounds,
             histograms=part.histograms,
+            fingerprint=part.fingerprint,
         )
         # Versions that could no longer replace this one are dropped; later ones may come.
         self._parts = {

@@ -11,7 +11,9 @@ with nothing open (confirmed, see :func:`_quiet_confirmed`); if every source is 
 furthest idle watermark (which advances by wall clock) bounds the range.
 
 Per (query, source partition) the first complete version of a partial is taken and the
-others ignored. A window merges partials of one layout only — one stage-1 partition count
+others ignored. A partial stamped with another deployment fingerprint (bounded under other
+bounds, queries or window grid: :mod:`stream_dp.config.fingerprint`) is never merged.
+A window merges partials of one layout only — one stage-1 partition count
 and one pseudonym key id — the layout of the first partial taken: a user's events are on
 one partition under one pseudonym only within a layout, so mixing two would bound a user
 twice. The merged exact totals go through the privacy core once — noise, τ-threshold,
@@ -111,8 +113,13 @@ class ReleaseStage:
         continual_store: ContinualStore | None = None,
         continual_partitions: int = 1,
         continual_noise: NoiseSource | None = None,
+        fingerprint: str | None = None,
     ) -> None:
         self.config = config
+        #: The deployment fingerprint's digest (:mod:`stream_dp.config.fingerprint`): only
+        #: partials stamped with it are merged. The worker and replay always set it; None
+        #: (unit tests of other rules) merges partials whatever their stamp.
+        self.fingerprint = fingerprint
         #: The pseudonym key id of a window (the keyring's; by default the configuration's).
         self._key_id_of = key_id_of or (lambda ws: expected_key_id(config, ws))
         #: Keep every release read or made in the ledger index (replay prints them); the
@@ -334,6 +341,16 @@ class ReleaseStage:
             return
         if self.coverage_start_s is not None and ws < self.coverage_start_s:
             ignored.labels(reason="before_coverage").inc()
+            return
+        if self.fingerprint is not None and part.fingerprint != self.fingerprint:
+            # Bounded under other meaning-bearing settings (another worker's bounds,
+            # queries or window grid), or by a worker from before fingerprints: the noise
+            # here is calibrated for this worker's settings, so it is never merged.
+            ignored.labels(reason="fingerprint_mismatch").inc()
+            log.error(
+                "a partial stamped with another deployment fingerprint was left out",
+                extra={"window": iso_utc(ws), "query": part.query},
+            )
             return
         if part.key_id and part.key_id != self._key_id_of(ws):
             # Bounded under another pseudonym key (a rotation changed): never merged.

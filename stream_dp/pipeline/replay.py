@@ -36,6 +36,7 @@ from stream_dp.errors import ConfigError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.continual_state import ContinualStore
 from stream_dp.pipeline.erasure_replay import read_erasure_file
+from stream_dp.pipeline.fingerprint_gate import replay_ledger_fingerprint
 from stream_dp.pipeline.ingest import DeadLetter, InputRecord
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
 from stream_dp.pipeline.local import LocalPipeline
@@ -128,6 +129,16 @@ def replay_file(
     try:
         ledger = sink.read(continual) if sink is not None else None
         recorded = {(r.query, r.window_start_s) for r in ledger.releases()} if ledger else set()
+        fingerprint = (
+            replay_ledger_fingerprint(ledger, config, ledger_path)
+            if ledger is not None and ledger_path is not None
+            else None
+        )
+        if fingerprint is not None:  # a new ledger file, or one from before fingerprints
+            assert sink is not None and ledger is not None
+            sink.append(*fingerprint)
+            sink.sync()
+            ledger.feed(*fingerprint)
         pipeline = LocalPipeline(
             config,
             keyring,

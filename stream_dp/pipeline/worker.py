@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -74,6 +75,7 @@ from aiokafka.errors import (
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
+from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
 from stream_dp.ops.health import Health
@@ -81,6 +83,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.continual_state import ContinualStore, encode_state
 from stream_dp.pipeline.decode import REASONS
 from stream_dp.pipeline.erasure_worker import WorkerErasure
+from stream_dp.pipeline.fingerprint_gate import settle_fingerprint, worker_refusal
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.ingest_columns import FetchedRecords
 from stream_dp.pipeline.ledger import (
@@ -301,6 +304,9 @@ class Worker:
         self._fatal: StreamDPError | None = None
         #: A lost ledger (deleted, recreated, renamed) is an outage: see ledger_guard.
         self._ledger_guard: LedgerGuard | None = None
+        #: What this worker's partials and releases mean (set at start, from the
+        #: configuration and the internal topics' partition counts).
+        self.fingerprint: Fingerprint | None = None
         self._marks_sent_mono = -math.inf
         #: bounds: auto — the windows last read for, and when (see _read_awaited_bounds)
         self._bounds_read: tuple[frozenset[int], float] = (frozenset(), -math.inf)
@@ -430,7 +436,16 @@ class Worker:
             bounded=False,
         )
         await self._catch_up_ledger(None, bounded=False)
+        fingerprint = self.fingerprint = deployment_fingerprint(
+            self.config,
+            Topology(
+                partials_partitions=len(self._partials_partitions),
+                ledger_partitions=len(self._ledger_partitions),
+                continual_partitions=len(self._continual_partitions),
+            ),
+        )
         coverage = await self._coverage()
+        await self._settle_fingerprint(fingerprint)
         await self._check_rotation()
         self.release = ReleaseStage(
             self.config,
@@ -441,6 +456,7 @@ class Worker:
             key_id_of=lambda ws: self.keyring.for_window(ws).key_id,
             continual_store=self.continual_store,
             continual_partitions=max(1, len(self._continual_partitions)),
+            fingerprint=fingerprint.digest,
         )
         if self.ledger.partials_partitions not in (None, len(self._partials_partitions)):
             raise TopologyError(
@@ -468,6 +484,7 @@ class Worker:
         # Silence is idleness only where a fetch found the reader at the log's end.
         self.ingest.require_read_proof = True
         self.ingest.routed_partitions = max(1, len(self._routed_to))
+        self.ingest.fingerprint = fingerprint.digest
         if self.config.erasure.enabled:
             self._erasure = WorkerErasure(
                 self.config,
@@ -500,7 +517,7 @@ class Worker:
                 start, self._group_topics(), reread=self._reread_coverage
             )
         if recorded is None:
-            key, value = encode_coverage(start, self.windows.size_s)
+            key, value = encode_coverage(start, self.windows.size_s, self.fingerprint)
             partition = self._ledger_partitions[0]
             await self._retry(
                 "record the first covered window",
@@ -532,6 +549,28 @@ class Worker:
         if self._requests_topic is not None:
             topics.add(self._requests_topic)
         return sorted(topics)
+
+    async def _settle_fingerprint(self, fingerprint: Fingerprint) -> None:
+        """Refuse to start under other meaning-bearing settings than the deployment's
+        (:mod:`stream_dp.pipeline.fingerprint_gate`); record this configuration's
+        fingerprint for a deployment from before fingerprints existed."""
+        where, way_out = worker_refusal(self.config, self.ledger, self._ledger_topic)
+        for _ in range(2):
+            record = settle_fingerprint(
+                self.ledger, fingerprint, self.config, where=where, way_out=way_out
+            )
+            if record is None:
+                return
+            log.warning(
+                "the deployment was recorded without a fingerprint (an earlier version); "
+                "recording this configuration's — its window size matches, its other "
+                "settings cannot be checked"
+            )
+            partition = self._ledger_partitions[0]
+            send = functools.partial(self._send, self._ledger_topic, *record, partition=partition)
+            await self._retry("record the deployment fingerprint", send, bounded=False)
+            await self._catch_up_ledger([partition], bounded=False)
+        raise StreamDPError("the deployment fingerprint written was not read back")
 
     async def _check_rotation(self) -> None:
         """Refuse a new key rotation that would split a window already begun."""

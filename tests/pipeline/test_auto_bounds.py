@@ -229,6 +229,8 @@ def test_partials_bounded_with_other_bounds_are_left_out() -> None:
         key_id="k1",
         bounds=(1000, None, None),  # the cap, not the window's start value 40
         histograms={"events": [0] * 11},
+        # of this deployment (another one's is left out before its bounds are looked at)
+        fingerprint=pipeline.fingerprint.digest,
     )
     values = [v for _, v in encode_partial(forged, max_bytes=MB)]
     stage.ingest(0, [(i, v) for i, v in enumerate(values)])

@@ -1,0 +1,242 @@
+"""The deployment fingerprint: what a partial or a release means, hashed.
+
+Workers of one deployment (one ``kafka.group_id``) hand each other bounded exact totals
+(partials) and release them with noise calibrated to the bounds and queries *they* were
+configured with. If two workers disagree on any setting that changes what those numbers
+mean — the window grid, a contribution bound, a query's ε, its filter or public keys, the
+internal topics' partition counts — one seals data under one meaning and the other adds
+noise for another: a release can be under-noised, or silently under-count. So every setting
+that changes meaning is canonicalised and hashed here, in one pure function, and the hash
+is recorded with the deployment's coverage record, stamped on every partial, and compared
+at start and at every merge.
+
+The per-field parts are kept beside the digest so that a mismatch names the settings that
+differ. Settings that change nothing a number means (log level, ports, metrics, client
+timeouts, retention, topic names) are left out: a rolling restart that changes only those
+still works.
+
+``erasure.enabled`` is left out too: turning erasure on between windows is a documented
+in-place change, and partials carry their own guard (the erasure-log position they applied,
+checked against each window's cut).
+
+The pseudonym key id is kept apart from the digest: partials already carry the key id they
+were pseudonymized under and stage 2 merges only the window's key, and a key *rotation* is a
+planned change (recorded in the ledger), not a mismatch. :func:`key_id_problem` says when a
+configured key is not the recorded one or a rotation from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+import orjson
+
+from stream_dp.config.model import BOUND_NAMES, Config
+from stream_dp.errors import ConfigError
+
+#: Characters of a part's hash kept in the record (64 bits: a part is compared with the
+#: same part of another configuration, never searched for).
+PART_HASH_CHARS: Final = 16
+#: Input settings that decide who a user is, which window an event is in, and which topic
+#: a partial's source partition is a partition of (the input, or the repartition topic).
+_INPUT_FIELDS: Final = ("user_field", "time_field", "user_id_normalization", "keyed_by_user")
+
+
+class FingerprintMismatchError(ConfigError):
+    """This worker's meaning-bearing settings differ from those the deployment recorded."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Partition counts of the internal topics whose shape is part of a window's meaning:
+    a window's partials and ledger records live on one partition each, and a cumulative
+    query's state on one continual partition (0: no cumulative queries)."""
+
+    partials_partitions: int
+    ledger_partitions: int
+    continual_partitions: int = 0
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The digest stamped on partials, its parts (field path → hash of the canonical value)
+    and the pseudonym key id (kept out of the digest: see the module docstring)."""
+
+    digest: str
+    parts: Mapping[str, str]
+    key_id: str
+
+    def record(self) -> dict[str, Any]:
+        """As stored in the ledger (coverage or fingerprint record)."""
+        parts = dict(sorted(self.parts.items()))
+        return {"digest": self.digest, "parts": parts, "key_id": self.key_id}
+
+    @classmethod
+    def from_record(cls, value: Mapping[str, Any]) -> Fingerprint:
+        parts = value["parts"]
+        if not isinstance(parts, Mapping):
+            raise TypeError("fingerprint parts must be an object")
+        return cls(
+            digest=str(value["digest"]),
+            parts={str(k): str(v) for k, v in parts.items()},
+            key_id=str(value["key_id"]),
+        )
+
+
+def _plain(value: Any) -> Any:
+    """Canonical JSON-able form: instants as epoch seconds (two spellings of one instant
+    are one value), mappings with sorted keys (orjson sorts them on output)."""
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _hash(value: Any) -> str:
+    blob = orjson.dumps(_plain(value), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    """Nested mappings as dotted paths (a mismatch then names the innermost field)."""
+    if isinstance(value, Mapping) and value:
+        for key, inner in value.items():
+            _flatten(f"{prefix}.{key}", inner, out)
+    else:
+        out[prefix] = value
+
+
+def meaning_fields(config: Config, topology: Topology) -> dict[str, Any]:
+    """Every setting that changes what a partial or a release means, by field path."""
+    fields: dict[str, Any] = {"window.size_s": config.window.size_s}
+    for name in _INPUT_FIELDS:
+        fields[f"input.{name}"] = getattr(config.input, name)
+    _flatten("privacy", config.privacy.model_dump(), fields)
+    bounds = config.bounds
+    for name in BOUND_NAMES:
+        fields[f"bounds.{name}"] = getattr(bounds, name)
+    if bounds.is_auto:  # with its defaults filled in: an explicit default is no change
+        auto = bounds.auto_settings
+        fields["bounds.auto.epsilon_share"] = auto.epsilon_share
+        for name in bounds.auto_fields:
+            fields[f"bounds.auto.start.{name}"] = auto.start_value(name)
+            fields[f"bounds.auto.cap.{name}"] = auto.cap_value(name)
+    for q in config.queries:
+        for key, value in q.model_dump().items():
+            fields[f"queries.{q.name}.{key}"] = value
+    fields["topics.partials_partitions"] = topology.partials_partitions
+    fields["topics.ledger_partitions"] = topology.ledger_partitions
+    fields["topics.continual_partitions"] = topology.continual_partitions
+    return fields
+
+
+def deployment_fingerprint(config: Config, topology: Topology) -> Fingerprint:
+    """The fingerprint of a configuration on a topology (pure: same inputs, same digest)."""
+    parts = {
+        path: _hash(value)[:PART_HASH_CHARS]
+        for path, value in meaning_fields(config, topology).items()
+    }
+    digest = _hash(dict(sorted(parts.items())))
+    return Fingerprint(digest=digest, parts=parts, key_id=config.pseudonymization.key_id)
+
+
+def differing_fields(recorded: Fingerprint, mine: Fingerprint) -> list[str]:
+    """The field paths whose values differ, or that only one side has (sorted)."""
+    names = recorded.parts.keys() | mine.parts.keys()
+    return sorted(n for n in names if recorded.parts.get(n) != mine.parts.get(n))
+
+
+def _describe(recorded: Fingerprint, mine: Fingerprint, fields: Iterable[str]) -> str:
+    out = []
+    for name in fields:
+        if name not in mine.parts:
+            out.append(f"{name} (recorded, missing here)")
+        elif name not in recorded.parts:
+            out.append(f"{name} (set here, not recorded)")
+        else:
+            out.append(name)
+    return ", ".join(out)
+
+
+def key_id_problem(
+    recorded_key_id: str,
+    config: Config,
+    rotations: Iterable[tuple[str, str, int]],
+) -> str | None:
+    """Why the configured pseudonym key cannot continue the recorded one, or None.
+
+    It can when it is the recorded key, or reached from it by rotations: this
+    configuration's own (``previous_key_id``) or ones the ledger recorded as applied.
+    """
+    p = config.pseudonymization
+    reachable = {p.key_id}
+    if p.previous_key_id is not None:
+        reachable.add(p.previous_key_id)
+    applied = list(rotations)
+    grew = True
+    while grew:
+        grew = False
+        for previous, new, _ in applied:
+            if new in reachable and previous not in reachable:
+                reachable.add(previous)
+                grew = True
+    if recorded_key_id in reachable:
+        return None
+    return (
+        f"pseudonymization.key_id is {p.key_id!r} but the deployment's users were "
+        f"pseudonymized under {recorded_key_id!r}, with no rotation from it (a user would be "
+        "two users, bounded twice); restore the key, or rotate to the new one with "
+        "pseudonymization.previous_key_id and rotate_at"
+    )
+
+
+def check_fingerprint(
+    recorded: Fingerprint,
+    mine: Fingerprint,
+    *,
+    config: Config,
+    rotations: Iterable[tuple[str, str, int]],
+    where: str,
+    way_out: str,
+) -> None:
+    """Refuse (:class:`FingerprintMismatchError`) a configuration that does not continue
+    the recorded one; ``where`` names what was recorded, ``way_out`` what to do instead."""
+    problems = []
+    fields = differing_fields(recorded, mine)
+    if fields:
+        problems.append(
+            "these settings differ from the ones it was started with: "
+            + _describe(recorded, mine, fields)
+        )
+    key = key_id_problem(recorded.key_id, config, rotations)
+    if key is not None:
+        problems.append(key)
+    if not problems:
+        return
+    raise FingerprintMismatchError(
+        f"{where}: " + "; ".join(problems) + ". Workers (or runs) under different settings "
+        "would merge data bounded under one meaning and release it with noise calibrated for "
+        f"another. Restore the recorded settings, or {way_out}"
+    )
+
+
+def check_legacy_window_size(
+    recorded_size_s: int | None, config: Config, *, where: str, way_out: str
+) -> None:
+    """A deployment recorded before fingerprints existed: only its window size is known;
+    refuse another one (its windows would be released on the old grid and events lost)."""
+    if recorded_size_s is None or recorded_size_s == config.window.size_s:
+        return
+    raise FingerprintMismatchError(
+        f"{where}: window.size_s is {config.window.size_s} but the deployment recorded "
+        f"windows of {recorded_size_s} s; releases would continue on the old grid and lose "
+        f"the events of every later window. Restore window.size_s: {recorded_size_s}, or "
+        f"{way_out}"
+    )
