@@ -95,10 +95,10 @@ def _log() -> LedgerLog:
 def test_a_record_or_fence_below_what_was_read_is_a_rewound_log() -> None:
     log = _log()
     for offset in range(5):
-        log._advance(0, offset)
-    log._check_forward(0, 5)  # the next record: fine
-    log._check_forward(1, 0)  # another partition, nothing read there yet: fine
+        log.reader.advance(0, offset)
+    log.reader.check_forward(0, 5)  # the next record: fine
+    log.reader.check_forward(1, 0)  # another partition, nothing read there yet: fine
     with pytest.raises(LogRewoundError, match="deleted or recreated"):
-        log._check_forward(0, 0)  # a fence written to a recreated partition
+        log.reader.check_forward(0, 0)  # a fence written to a recreated partition
     with pytest.raises(LogRewoundError):
-        log._advance(0, 2)  # a record read again from a reset position
+        log.reader.advance(0, 2)  # a record read again from a reset position
