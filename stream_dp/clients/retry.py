@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_system_random = random.SystemRandom()
+#: Jitter needs no secrecy, but the OS source keeps every draw in the package a CSPRNG one.
+_system_random = secrets.SystemRandom()
 
 
 @dataclass(frozen=True)
