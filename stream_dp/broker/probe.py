@@ -125,8 +125,11 @@ async def wait_for_broker(
     addresses = parse_bootstrap(bootstrap)
     deadline = time.monotonic() + timeout_s
 
+    last_error = "no attempt finished"
+
     async def ask_each() -> None:
         """One round over the addresses; the last one's error when none answers."""
+        nonlocal last_error
         attempt_s = max(0.1, min(deadline - time.monotonic(), 5.0))
         error: OSError | ValueError | None = None
         for host, port in addresses:
@@ -134,14 +137,14 @@ async def wait_for_broker(
                 await probe(host, port, attempt_s, kafka=kafka)
                 return
             except (OSError, ValueError) as exc:
-                error = type(exc)(f"{host}:{port}: {exc}")
+                last_error, error = f"{host}:{port}: {exc}", exc
         assert error is not None  # parse_bootstrap returns at least one address
         raise error
 
     def exhausted(exc: BaseException) -> BaseException:
         return BrokerError(
             f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s "
-            f"(last error: {exc}); check that the broker is running and that "
+            f"(last error: {last_error}); check that the broker is running and that "
             "kafka.bootstrap_servers (and the kafka security options) point at it"
         )
 
