@@ -11,6 +11,7 @@ consumer group, no topic: it works on any listener.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 
+from stream_dp.clients.retry import Backoff, retry
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError, ConfigError
 
@@ -32,6 +34,9 @@ _CONNECTION_OPTIONS = (
     "sasl_plain_username",
     "sasl_plain_password",
 )
+
+#: Waits between rounds while a broker starts: ceilings 0.05, 0.1, … up to 1 s.
+PROBE_BACKOFF = Backoff(base_s=0.05, cap_s=1.0)
 
 
 @dataclass(frozen=True)
@@ -119,22 +124,36 @@ async def wait_for_broker(
     request; BrokerError after ``timeout_s``. Pass ``kafka`` for its security options."""
     addresses = parse_bootstrap(bootstrap)
     deadline = time.monotonic() + timeout_s
-    backoff_s, last_error = 0.05, "no attempt finished"
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        attempt_s = min(remaining, 5.0)
+
+    last_error = "no attempt finished"
+
+    async def ask_each() -> None:
+        """One round over the addresses; the last one's error when none answers."""
+        nonlocal last_error
+        attempt_s = max(0.1, min(deadline - time.monotonic(), 5.0))
+        error: OSError | ValueError | None = None
         for host, port in addresses:
             try:
                 await probe(host, port, attempt_s, kafka=kafka)
                 return
             except (OSError, ValueError) as exc:
-                last_error = f"{host}:{port}: {exc}"
-        await asyncio.sleep(min(backoff_s, max(0.0, deadline - time.monotonic())))
-        backoff_s = min(backoff_s * 2, 1.0)
-    raise BrokerError(
-        f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s "
-        f"(last error: {last_error}); check that the broker is running and that "
-        "kafka.bootstrap_servers (and the kafka security options) point at it"
+                last_error, error = f"{host}:{port}: {exc}", exc
+        assert error is not None  # parse_bootstrap returns at least one address
+        raise error
+
+    def exhausted(exc: BaseException) -> BaseException:
+        return BrokerError(
+            f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s "
+            f"(last error: {last_error}); check that the broker is running and that "
+            "kafka.bootstrap_servers (and the kafka security options) point at it"
+        )
+
+    await retry(
+        f"ask {bootstrap} for metadata",
+        ask_each,
+        retry_on=(OSError, ValueError),
+        backoff=PROBE_BACKOFF,
+        deadline_s=timeout_s,
+        exhausted=exhausted,
+        log_level=logging.DEBUG,  # waiting for a broker that starts is expected, not a warning
     )

@@ -1,7 +1,8 @@
-"""A minimal HTTP/1.1 server for ``/metrics``, ``/health/live`` and ``/health/ready``.
+"""A small HTTP/1.1 server for ``/metrics``, ``/health/live`` and ``/health/ready``.
 
-Built on :func:`asyncio.start_server` so it runs in the worker's event loop without a thread
-or a new dependency. It answers GET and HEAD, one request per connection
+Built on :func:`asyncio.start_server` so it runs in the worker's event loop without a thread.
+Requests are parsed by httptools, the Python binding of llhttp (the parser of Node.js), not
+by code of ours. It answers GET and HEAD, one request per connection
 (``Connection: close``), and turns anything malformed into a 4xx answer rather than an
 exception. If the event loop is blocked, this server cannot answer either: a liveness probe
 then times out, which is the right outcome for a stuck worker.
@@ -28,6 +29,8 @@ import logging
 from http import HTTPStatus
 from typing import Protocol
 
+import httptools
+
 from stream_dp.ops.health import Health
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,9 @@ TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
 #: Limits on what a client may send before it gets a 4xx and the connection is closed.
 MAX_LINE_BYTES = 8192
 MAX_HEADERS = 100
+#: At most this much is read before the request head (request line and headers) must end.
+MAX_HEAD_BYTES = 32 * 1024
+_READ_CHUNK_BYTES = 4096
 REQUEST_TIMEOUT_S = 5.0
 #: Connections served at once; at the cap the oldest still sending its request is dropped.
 MAX_CONNECTIONS = 32
@@ -75,9 +81,7 @@ class HttpServer:
         self.port = 0
 
     async def _start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(
-            self._on_connection, host, port, limit=MAX_LINE_BYTES
-        )
+        self._server = await asyncio.start_server(self._on_connection, host, port)
         sockname = self._server.sockets[0].getsockname()
         self.host, self.port = str(sockname[0]), int(sockname[1])
 
@@ -168,38 +172,70 @@ class HttpServer:
         )
 
 
-async def _read_line(reader: asyncio.StreamReader) -> bytes:
-    try:
-        line = await reader.readuntil(b"\n")
-    except asyncio.LimitOverrunError:
-        raise _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "line too long") from None
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise _BadRequest(HTTPStatus.BAD_REQUEST, "incomplete request") from None
-        raise
-    return line.rstrip(b"\r\n")
+class _RequestHead:
+    """The httptools callbacks for one request head: the target, the header count and the
+    moment the head is complete. Bodies are not kept."""
+
+    def __init__(self) -> None:
+        self.target = b""
+        self.headers = 0
+        self.longest_header = 0
+        self.complete = False
+
+    def on_url(self, url: bytes) -> None:
+        self.target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers += 1
+        self.longest_header = max(self.longest_header, len(name) + len(value))
+
+    def on_headers_complete(self) -> None:
+        self.complete = True
+
+
+def _check_limits(head: _RequestHead, head_bytes: int) -> None:
+    if len(head.target) > MAX_LINE_BYTES or head.longest_header > MAX_LINE_BYTES:
+        raise _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "line too long")
+    if head.headers > MAX_HEADERS:
+        raise _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "too many headers")
+    if head_bytes > MAX_HEAD_BYTES:
+        raise _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "request head too large")
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
-    """Read the request line and headers; return (method, path). Bodies are not read."""
-    request_line = await _read_line(reader)
+    """Read the request line and headers with httptools (llhttp); return (method, path).
+
+    Bodies are not read. Only HTTP/1.x requests in origin form (a path starting with ``/``)
+    are served; anything the parser rejects, or that breaks a limit, is a :class:`_BadRequest`.
+    """
+    head = _RequestHead()
+    parser = httptools.HttpRequestParser(head)
+    head_bytes = 0
+    while not head.complete:
+        chunk = await reader.read(_READ_CHUNK_BYTES)
+        if not chunk:
+            if head_bytes:
+                raise _BadRequest(HTTPStatus.BAD_REQUEST, "incomplete request")
+            raise asyncio.IncompleteReadError(b"", None)
+        head_bytes += len(chunk)
+        try:
+            parser.feed_data(chunk)
+        except httptools.HttpParserUpgrade:
+            pass  # an Upgrade request: its head is complete; it is answered as plain HTTP
+        except httptools.HttpParserError as exc:
+            _check_limits(head, head_bytes)
+            raise _BadRequest(HTTPStatus.BAD_REQUEST, f"malformed request: {exc}") from None
+        _check_limits(head, head_bytes)
+    if not parser.get_http_version().startswith("1."):
+        raise _BadRequest(HTTPStatus.BAD_REQUEST, "not an HTTP/1.x request")
+    method = parser.get_method().decode("ascii")
     try:
-        text = request_line.decode("ascii")
+        path = head.target.decode("ascii")
     except UnicodeDecodeError:
-        raise _BadRequest(HTTPStatus.BAD_REQUEST, "request line is not ASCII") from None
-    parts = text.split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
-        raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed request line")
-    method, path, _version = parts
-    if not method.isalpha() or not method.isupper():
-        raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed method")
-    for _ in range(MAX_HEADERS + 1):
-        header = await _read_line(reader)
-        if not header:
-            return method, path
-        if b":" not in header:
-            raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed header line")
-    raise _BadRequest(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "too many headers")
+        raise _BadRequest(HTTPStatus.BAD_REQUEST, "request target is not ASCII") from None
+    if not path.startswith("/"):
+        raise _BadRequest(HTTPStatus.BAD_REQUEST, "request target must be a path")
+    return method, path
 
 
 async def _respond(

@@ -184,7 +184,14 @@ class LedgerGuard:
         self.lost = True
         self.metrics.ledger_lost.set(1)
         self.health.set("ledger_loaded", False)
-        if isinstance(exc, LogRewoundError) and exc.topic != self.config.output.ledger_topic:
+        rewound = exc.topic if isinstance(exc, LogRewoundError) else None
+        if rewound is not None and rewound == self.config.erasure.log_topic:
+            recovery = (
+                f"Nothing more is released. The erasure log {rewound} lost the erasures it "
+                "held, and a restarted worker would count those users again: restore the "
+                "topic, or send their erasure requests again, before starting the workers"
+            )
+        elif rewound is not None and rewound != self.config.output.ledger_topic:
             recovery = (
                 f"Nothing more is released. The running-total state on {exc.topic} cannot be "
                 "rebuilt: restore the topic, or start a new deployment (a new kafka.group_id) "

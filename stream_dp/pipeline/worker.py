@@ -75,6 +75,7 @@ from aiokafka.errors import (
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
+from stream_dp.clients.retry import retry
 from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
@@ -661,32 +662,33 @@ class Worker:
     async def _retry(
         self, what: str, op: Callable[[], Awaitable[Any]], *, bounded: bool = True
     ) -> Any:
-        """Retry a broker operation with backoff. ``bounded``: give up after
+        """Retry a broker operation (:func:`~stream_dp.clients.retry.retry`: exponential
+        back-off with full jitter). ``bounded``: give up after
         ``kafka.give_up_after_s`` (BrokerUnavailableError — the caller holds state that must
         not wait for ever); otherwise until it succeeds or the worker stops."""
-        attempt = 0
-        deadline = time.monotonic() + self.config.kafka.give_up_after_s
-        while True:
-            try:
-                return await op()
-            except KafkaError as exc:
-                if isinstance(exc, MEMBERSHIP_ERRORS):
-                    raise
-                self.metrics.broker_errors.inc()
-                self.health.set("producer_connected", False)
-                if self._stopping.is_set() and attempt >= 2:
-                    raise
-                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
-                if bounded and time.monotonic() + delay > deadline:
-                    raise BrokerUnavailableError(
-                        f"{what} kept failing for {self.config.kafka.give_up_after_s:g} s "
-                        f"({type(exc).__name__}); stopping without committing so that a "
-                        "restart redoes what was not safely done (raise "
-                        "kafka.give_up_after_s to wait longer)"
-                    ) from exc
-                log.warning("%s failed (%s); retrying in %.1f s", what, type(exc).__name__, delay)
-                attempt += 1
-                await asyncio.sleep(delay)
+        give_up_after_s = self.config.kafka.give_up_after_s
+
+        def failed(exc: BaseException) -> None:
+            self.metrics.broker_errors.inc()
+            self.health.set("producer_connected", False)
+
+        def exhausted(exc: BaseException) -> BaseException:
+            return BrokerUnavailableError(
+                f"{what} kept failing for {give_up_after_s:g} s ({type(exc).__name__}); "
+                "stopping without committing so that a restart redoes what was not safely "
+                "done (raise kafka.give_up_after_s to wait longer)"
+            )
+
+        return await retry(
+            what,
+            op,
+            retry_on=(KafkaError,),
+            never_retry=MEMBERSHIP_ERRORS,
+            deadline_s=give_up_after_s if bounded else None,
+            exhausted=exhausted,
+            give_up=lambda failures: self._stopping.is_set() and failures > 2,
+            on_failure=failed,
+        )
 
     # -- ledger ---------------------------------------------------------------------------
     async def _catch_up_ledger(self, partitions: Sequence[int] | None, *, bounded: bool) -> None:

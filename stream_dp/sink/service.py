@@ -31,6 +31,7 @@ from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
+from stream_dp.clients.retry import retry
 from stream_dp.config import Config
 from stream_dp.errors import BrokerError, StreamDPError
 from stream_dp.ops.health import Health
@@ -63,7 +64,8 @@ BROKER_PROBE_TIMEOUT_S: Final = 2.0
 APPLICATION_NAME: Final = "stream-dp sink"
 MAX_RECORDS_PER_BATCH: Final = 5_000
 FETCH_TIMEOUT_MS: Final = 500
-RETRY_BACKOFF_S: Final = (0.2, 0.5, 1.0, 2.0, 5.0)
+#: Wait after a failed fetch before fetching again (the consumer reconnects meanwhile).
+FETCH_RETRY_S: Final = 0.5
 #: Transient conflicts between concurrent sinks: retried at once.
 _RETRY_AT_ONCE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 #: The database refused the data itself (a value it cannot hold, an index entry too large):
@@ -217,54 +219,73 @@ class Sink:
         """The open connection; (re)connects and migrates with back-off until it works."""
         if self._conn is not None and not self._conn.closed:
             return self._conn
-        attempt = 0
-        while True:
+        conn = await retry(
+            "connect to the database",
+            self._connect_and_migrate,
+            retry_on=(psycopg.OperationalError,),
+            give_up=lambda failures: self.stopping,
+            on_failure=self._database_failed,
+            describe=_describe_connect_error,
+        )
+        self._conn = conn
+        self.health.set("database_connected", True)
+        self.health.set("schema_ready", True)
+        return conn
+
+    async def _connect_and_migrate(self) -> Conn:
+        try:
+            conn: Conn = await psycopg.AsyncConnection.connect(
+                self._dsn, application_name=APPLICATION_NAME
+            )
             try:
-                conn: Conn = await psycopg.AsyncConnection.connect(
-                    self._dsn, application_name=APPLICATION_NAME
-                )
-                try:
-                    applied = await migrate(conn)
-                except BaseException:
-                    with contextlib.suppress(psycopg.Error):
-                        await conn.close()
-                    raise
-            except psycopg.OperationalError as exc:
-                self.metrics.database_errors.inc()
-                self.health.set("database_connected", False)
-                if self.stopping:
-                    raise
-                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
-                # libpq's connection messages name host, user and cause, never row data.
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                log.warning(
-                    "cannot reach the database (%s%s); retrying in %.1f s",
-                    _describe(exc),
-                    f": {reason}" if reason else "",
-                    delay,
-                )
-                attempt += 1
-                await asyncio.sleep(delay)
-                continue
-            except psycopg.Error as exc:
-                raise SinkError(
-                    f"cannot create or migrate the {SCHEMA} schema ({_describe(exc)}); the "
-                    "sink's database user needs CREATE on the database, or the schema must "
-                    "exist and belong to that user"
-                ) from None
-            if applied:
-                log.info("database schema migrated to version %d", applied[-1])
-            self._conn = conn
-            self.health.set("database_connected", True)
-            self.health.set("schema_ready", True)
-            return conn
+                applied = await migrate(conn)
+            except BaseException:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+                raise
+        except psycopg.OperationalError:
+            raise  # retried by _database
+        except psycopg.Error as exc:
+            raise SinkError(
+                f"cannot create or migrate the {SCHEMA} schema ({_describe(exc)}); the "
+                "sink's database user needs CREATE on the database, or the schema must "
+                "exist and belong to that user"
+            ) from None
+        if applied:
+            log.info("database schema migrated to version %d", applied[-1])
+        return conn
+
+    def _database_failed(self, exc: BaseException) -> None:
+        self.metrics.database_errors.inc()
+        self.health.set("database_connected", False)
 
     async def _store(self, batch: Batch) -> StoreResult:
         """Store with retries: at once after a deadlock, with back-off after a lost
         connection, record by record when the database refuses the data."""
-        attempt = 0
+        try:
+            return await retry(
+                "store a batch",
+                lambda: self._store_once(batch),
+                retry_on=(psycopg.OperationalError,),
+                # some are OperationalErrors (SQLSTATE class 54); retrying cannot help them
+                never_retry=_REFUSED_DATA,
+                give_up=lambda failures: self.stopping and failures > 2,
+                on_failure=self._database_failed,
+                describe=_describe,
+            )
+        except _ConnectGaveUp as gave_up:
+            raise gave_up.error from None
+
+    async def _store_once(self, batch: Batch) -> StoreResult:
+        """One try at storing ``batch``; an OperationalError (connection lost) closes the
+        connection and is raised for :meth:`_store` to retry after a back-off."""
         while True:
-            conn = await self._database()
+            try:
+                conn = await self._database()
+            except psycopg.OperationalError as exc:
+                # _database already retried (it gives up only when the sink stops): not a
+                # failure of this store for _store to retry again
+                raise _ConnectGaveUp(exc) from exc
             started = time.perf_counter()
             try:
                 result = await store_batch(conn, batch)
@@ -281,19 +302,11 @@ class Sink:
                     _describe(exc),
                 )
                 return await self._store_one_by_one(batch)
-            except psycopg.OperationalError as exc:
-                self.metrics.database_errors.inc()
-                self.health.set("database_connected", False)
+            except psycopg.OperationalError:
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
                 self._conn = None
-                if self.stopping and attempt >= 2:
-                    raise
-                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
-                log.warning("database error (%s); retrying in %.1f s", _describe(exc), delay)
-                attempt += 1
-                await asyncio.sleep(delay)
-                continue
+                raise
             self.metrics.transaction.observe(time.perf_counter() - started)
             return result
 
@@ -328,7 +341,7 @@ class Sink:
             except KafkaError as exc:
                 self.metrics.broker_errors.inc()
                 log.warning("fetch failed (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(RETRY_BACKOFF_S[1])
+                await asyncio.sleep(FETCH_RETRY_S)
                 continue
             if fetched:
                 try:
@@ -404,24 +417,37 @@ class Sink:
             log.info("window complete", extra={"query": query, "window": window_start.isoformat()})
 
     async def _retry_broker(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        attempt = 0
-        while True:
-            try:
-                return await op()
-            except KafkaError as exc:
-                self.metrics.broker_errors.inc()
-                if self.stopping and attempt >= 2:
-                    raise
-                delay = RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)]
-                log.warning("%s failed (%s); retrying in %.1f s", what, type(exc).__name__, delay)
-                attempt += 1
-                await asyncio.sleep(delay)
+        def failed(exc: BaseException) -> None:
+            self.metrics.broker_errors.inc()
+
+        return await retry(
+            what,
+            op,
+            retry_on=(KafkaError,),
+            give_up=lambda failures: self.stopping and failures > 2,
+            on_failure=failed,
+        )
+
+
+class _ConnectGaveUp(Exception):
+    """Carries the OperationalError with which :meth:`Sink._database` gave up."""
+
+    def __init__(self, error: psycopg.OperationalError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _describe(exc: BaseException) -> str:
     """The error's class and SQLSTATE, never its message (which may quote a value)."""
     state = getattr(exc, "sqlstate", None)
     return f"{type(exc).__name__}" + (f", SQLSTATE {state}" if state else "")
+
+
+def _describe_connect_error(exc: BaseException) -> str:
+    """A failed connection's class and libpq's first line: it names host, user and cause,
+    never row data."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return _describe(exc) + (f": {reason}" if reason else "")
 
 
 def _log_bad(bad: BadPosition) -> None:

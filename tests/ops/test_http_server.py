@@ -144,6 +144,8 @@ async def test_head_sends_headers_only(served: Served) -> None:
         b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n",
         b"GET /metrics SPDY/3\r\n\r\n",
         b"GET /metrics HTTP/1.1",  # closed before the line ended
+        b"GET http://localhost/metrics HTTP/1.1\r\n\r\n",  # absolute form: not a proxy
+        b"GET * HTTP/1.1\r\n\r\n",
     ],
 )
 async def test_malformed_requests_get_400_and_the_server_keeps_serving(
@@ -165,6 +167,21 @@ async def test_oversized_request_line_gets_431(served: Served) -> None:
     reply = await get(served.server.port, long_path)
     assert reply.status == 431
     assert (await get(served.server.port, "/metrics")).status == 200
+
+
+async def test_oversized_header_gets_431(served: Served) -> None:
+    value = b"v" * (ops_http.MAX_LINE_BYTES + 1)
+    reply = await raw(served.server.port, b"GET /metrics HTTP/1.1\r\nX-Big: " + value + b"\r\n\r\n")
+    assert reply.status == 431
+
+
+async def test_oversized_request_head_gets_431(served: Served) -> None:
+    """Many headers, each under the line limit, together over the head limit."""
+    header = b"X-H: " + b"v" * 1000 + b"\r\n"
+    count = ops_http.MAX_HEAD_BYTES // len(header) + 1
+    assert count <= ops_http.MAX_HEADERS  # the head limit, not the header count, must trip
+    reply = await raw(served.server.port, b"GET /metrics HTTP/1.1\r\n" + header * count + b"\r\n")
+    assert reply.status == 431
 
 
 async def test_too_many_headers_get_431(served: Served) -> None:

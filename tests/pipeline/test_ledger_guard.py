@@ -95,10 +95,37 @@ def _log() -> LedgerLog:
 def test_a_record_or_fence_below_what_was_read_is_a_rewound_log() -> None:
     log = _log()
     for offset in range(5):
-        log._advance(0, offset)
-    log._check_forward(0, 5)  # the next record: fine
-    log._check_forward(1, 0)  # another partition, nothing read there yet: fine
+        log.reader.advance(0, offset)
+    log.reader.check_forward(0, 5)  # the next record: fine
+    log.reader.check_forward(1, 0)  # another partition, nothing read there yet: fine
     with pytest.raises(LogRewoundError, match="deleted or recreated"):
-        log._check_forward(0, 0)  # a fence written to a recreated partition
+        log.reader.check_forward(0, 0)  # a fence written to a recreated partition
     with pytest.raises(LogRewoundError):
-        log._advance(0, 2)  # a record read again from a reset position
+        log.reader.advance(0, 2)  # a record read again from a reset position
+
+
+@pytest.mark.parametrize(
+    ("topic", "says"),
+    [
+        ("erasure log", "send their erasure requests again"),
+        ("continual", "running-total state"),
+        ("ledger", "stream-dp ledger rebuild --config"),
+    ],
+)
+async def test_a_rewound_log_holds_and_names_the_way_out_for_its_topic(
+    caplog: pytest.LogCaptureFixture, topic: str, says: str
+) -> None:
+    guard, metrics, _ = _guard(found=False)
+    name = {
+        "erasure log": guard.config.erasure.log_topic,
+        "continual": "stream-dp.continual",
+        "ledger": guard.config.output.ledger_topic,
+    }[topic]
+    stopping = asyncio.Event()
+    stopping.set()  # the hold logs, then ends at once
+    with caplog.at_level(logging.ERROR):
+        await asyncio.wait_for(guard.hold(LogRewoundError(name, 0, 1, 5), None, stopping), 30)
+    assert metrics.ledger_lost._value.get() == 1
+    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "deleted or recreated" in record.getMessage()
+    assert says in record.getMessage()
