@@ -21,9 +21,9 @@ from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 
-from stream_dp.clients.retry import Backoff, retry
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError, ConfigError
+from stream_dp.retry import Backoff, retry
 
 #: client_kwargs keys that a single connection takes as they are.
 _CONNECTION_OPTIONS = (

@@ -193,7 +193,7 @@ class LedgerGuard:
             )
         elif rewound is not None and rewound != self.config.output.ledger_topic:
             recovery = (
-                f"Nothing more is released. The running-total state on {exc.topic} cannot be "
+                f"Nothing more is released. The running-total state on {rewound} cannot be "
                 "rebuilt: restore the topic, or start a new deployment (a new kafka.group_id) "
                 "with window.start_at after the last window on the output topic"
             )

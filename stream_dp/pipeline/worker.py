@@ -75,7 +75,6 @@ from aiokafka.errors import (
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
-from stream_dp.clients.retry import retry
 from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
@@ -104,6 +103,7 @@ from stream_dp.pipeline.producing import Outgoing, send_all
 from stream_dp.pipeline.records import dead_letter_record, dumps, output_partition
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
+from stream_dp.retry import retry
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
 
@@ -662,7 +662,7 @@ class Worker:
     async def _retry(
         self, what: str, op: Callable[[], Awaitable[Any]], *, bounded: bool = True
     ) -> Any:
-        """Retry a broker operation (:func:`~stream_dp.clients.retry.retry`: exponential
+        """Retry a broker operation (:func:`~stream_dp.retry.retry`: exponential
         back-off with full jitter). ``bounded``: give up after
         ``kafka.give_up_after_s`` (BrokerUnavailableError — the caller holds state that must
         not wait for ever); otherwise until it succeeds or the worker stops."""

@@ -31,10 +31,10 @@ from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
-from stream_dp.clients.retry import retry
 from stream_dp.config import Config
 from stream_dp.errors import BrokerError, StreamDPError
 from stream_dp.ops.health import Health
+from stream_dp.retry import retry
 from stream_dp.sink.batch import BadPosition, Batch, Consumed, assemble
 from stream_dp.sink.metrics import SinkMetrics
 from stream_dp.sink.rows import BadRecord

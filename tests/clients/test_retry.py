@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream_dp.clients.retry import BROKER_BACKOFF, Backoff, retry
+from stream_dp.retry import BROKER_BACKOFF, Backoff, retry
 
 
 class Flaky(Exception):

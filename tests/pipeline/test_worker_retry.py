@@ -1,4 +1,4 @@
-"""The worker's broker retry is the one policy (stream_dp/clients/retry.py), with the worker's
+"""The worker's broker retry is the one policy (stream_dp/retry.py), with the worker's
 rules: bounded calls give up after ``kafka.give_up_after_s`` with BrokerUnavailableError,
 membership errors are not retried, a stopping worker gives up at the third failure, and each
 failure is counted and marks the producer disconnected. The clock and sleep are fakes."""
