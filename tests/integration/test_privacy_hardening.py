@@ -270,9 +270,11 @@ async def test_a_rotation_that_would_split_a_begun_window_is_refused(
     proc = _run_cli(accepted, env, 60)
     try:
         ledger = await read_topic(
-            kafka_bootstrap, topics_of(accepted)["ledger"], until=rotation_recorded
+            kafka_bootstrap,
+            topics_of(accepted)["ledger"],
+            until=lambda records: rotation_recorded(records) or proc.poll() is not None,
         )
-        assert proc.poll() is None  # past the check, and still running
+        assert proc.poll() is None  # past the check, and still running (not refused)
     finally:
         proc.terminate()
         _, err = await asyncio.to_thread(proc.communicate, timeout=60)
