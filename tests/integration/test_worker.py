@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -250,7 +251,7 @@ async def test_idle_stream_closes_window_by_wall_clock(
     """A window is released with no event after it, by the wall clock alone, and not
     before the clock allows (its end plus the grace, and the idle timeout after the last
     event): waited for on its record, checked on the records' own time stamps."""
-    size, grace, idle = 4, 1, 2
+    size, grace, idle = 8, 1, 2
     first = math.floor(time.time() / size) * size
     cfg = config_factory(
         {
@@ -278,6 +279,11 @@ async def test_idle_stream_closes_window_by_wall_clock(
         while "partitions assigned" not in worker.log():
             assert time.monotonic() < deadline, worker.log()
             await read_topic(kafka_bootstrap, topics["output"], timeout_s=0.3)
+        # Send at the start of a window (a wait on the clock, at most one window long), so
+        # that the window may close only well after the idle timeout: a release that waits
+        # for the idle timeout alone would come before the window's end and be seen.
+        while time.time() % size > 0.5:
+            await asyncio.sleep(0.02)
         now = time.time()
         window_end = (math.floor(now / size) + 1) * size
         await produce_events(
