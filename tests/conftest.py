@@ -29,6 +29,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_dp.broker import EmbeddedBroker
 from tests.helpers import ConfigFactory, GroupIdFactory, TopicFactory, deep_merge
+from tests.threat_model_plugin import install as install_threat_model_guard
 
 
 def _unique(prefix: str) -> str:
@@ -57,6 +58,12 @@ def _start_rank(item: pytest.Item) -> int:
         if path.startswith(prefix):
             return rank
     return len(LONGEST_FIRST) + (0 if item.get_closest_marker("slow") else 1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A test docs/THREAT_MODEL.md names that is skipped or xfailed fails the session
+    (tests/threat_model_plugin.py)."""
+    install_threat_model_guard(config)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,24 +1,28 @@
 """docs/THREAT_MODEL.md names, for every claim, the test that guards it: each named test must
-exist (a renamed or deleted test would leave a claim unguarded without anyone noticing)."""
+exist (a renamed or deleted test would leave a claim unguarded without anyone noticing), carry
+no skip or xfail mark, and run: tests/threat_model_plugin.py fails any session in which a
+named test was skipped or xfailed, with or without pytest-xdist (checked here on a small
+project of its own)."""
 
 from __future__ import annotations
 
+import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+
+from tests.threat_model_plugin import named_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "THREAT_MODEL.md"
-#: `tests/a/b.py::test_name` or a continuation `::test_name` (same file as the last one).
-REFERENCE = re.compile(r"`(tests/[\w/]+\.py)?::(\w+)`")
 
 
 def _references() -> list[tuple[str, str]]:
-    out = []
-    current = ""
-    for path, name in REFERENCE.findall(DOC.read_text(encoding="utf-8")):
-        current = path or current
-        out.append((current, name))
-    return out
+    return named_tests(DOC.read_text(encoding="utf-8"))
 
 
 def test_every_claim_names_a_test_that_exists() -> None:
@@ -42,3 +46,151 @@ def test_every_claims_table_row_names_a_test() -> None:
     ]
     unguarded = [r for r in rows if "tests/" not in r and "::" not in r and "| — |" not in r]
     assert unguarded == []
+
+
+_SKIPPING = {"skip", "skipif", "xfail", "importorskip"}
+
+
+def _skip_marks(node: ast.AST) -> list[str]:
+    """Every ``pytest.mark.skip/skipif/xfail`` and ``pytest.skip/xfail/importorskip`` in
+    ``node`` (decorators, ``pytest.param(marks=…)``, calls in the body)."""
+    found = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and sub.attr in _SKIPPING:
+            base = sub.value
+            if (isinstance(base, ast.Name) and base.id == "pytest") or (
+                isinstance(base, ast.Attribute) and base.attr == "mark"
+            ):
+                found.append(f"line {sub.lineno}: {ast.unparse(sub)}")
+    return found
+
+
+def named_tests_with_skip_marks(root: Path, references: list[tuple[str, str]]) -> list[str]:
+    """Named tests marked or written to skip or xfail: on the test, its class, or the
+    module's ``pytestmark``."""
+    out = []
+    for path, name in sorted(set(references)):
+        tree = ast.parse((root / path).read_text(encoding="utf-8"))
+        module_marks = [
+            mark
+            for node in tree.body
+            if isinstance(node, ast.Assign | ast.AnnAssign)
+            and "pytestmark" in ast.unparse(node).split("=")[0]
+            for mark in _skip_marks(node)
+        ]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                owned = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                if name in owned:
+                    module_marks += [m for d in node.decorator_list for m in _skip_marks(d)]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+                marks = module_marks + _skip_marks(node)
+                out += [f"{path}::{name}: {mark}" for mark in marks]
+    return out
+
+
+def test_no_named_test_is_marked_to_skip_or_xfail() -> None:
+    assert named_tests_with_skip_marks(ROOT, _references()) == []
+
+
+def test_the_mark_scan_finds_skips_and_xfails(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.skip(reason='later')\ndef test_marked() -> None: ...\n"
+        "@pytest.mark.parametrize('x', [1, pytest.param(2, marks=pytest.mark.xfail)])\n"
+        "def test_param(x: int) -> None: ...\n"
+        "def test_body() -> None:\n    pytest.importorskip('nothing')\n"
+        "def test_clean() -> None:\n    assert 'skip' != 'xfail'\n"
+    )
+    (tmp_path / "tests" / "test_b.py").write_text(
+        "import pytest\npytestmark = [pytest.mark.slow, pytest.mark.skipif(True, reason='x')]\n"
+        "def test_in_a_skipped_module() -> None: ...\n"
+    )
+    refs = [
+        ("tests/test_a.py", n) for n in ("test_marked", "test_param", "test_body", "test_clean")
+    ] + [("tests/test_b.py", "test_in_a_skipped_module")]
+    found = {line.split(":", 3)[2] for line in named_tests_with_skip_marks(tmp_path, refs)}
+    assert found == {"test_marked", "test_param", "test_body", "test_in_a_skipped_module"}
+
+
+# -- the plugin, on a project of its own --------------------------------------------------
+
+_PROJECT_TESTS = """\
+import pytest
+
+def test_runs() -> None:
+    assert True
+
+@pytest.mark.skip(reason="not today")
+def test_skipped() -> None:
+    assert True
+
+@pytest.mark.xfail(reason="known bug")
+def test_xfailed() -> None:
+    assert False
+
+@pytest.mark.parametrize("x", [1, 2])
+def test_param(x: int) -> None:
+    if x == 2:
+        pytest.skip("the second one skips at run time")
+
+def test_not_named() -> None:
+    pytest.skip("not a guard: may skip")
+"""
+
+
+def _project(tmp_path: Path, named: list[str]) -> Path:
+    (tmp_path / "docs").mkdir()
+    rows = "\n".join(f"| claim {i} | `tests/test_guards.py::{n}` |" for i, n in enumerate(named))
+    doc = tmp_path / "docs" / "THREAT_MODEL.md"
+    doc.write_text(f"| claim | guarded by |\n|---|---|\n{rows}\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_guards.py").write_text(_PROJECT_TESTS)
+    (tmp_path / "conftest.py").write_text(
+        "from tests.threat_model_plugin import install\n\n"
+        "def pytest_configure(config):\n    install(config)\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    return tmp_path
+
+
+def _pytest(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_named_test_that_is_skipped_or_xfailed_fails_the_session(
+    tmp_path: Path, workers: str
+) -> None:
+    project = _project(tmp_path, ["test_runs", "test_skipped", "test_xfailed", "test_param"])
+    result = _pytest(project, "-n", workers, "-p", "xdist")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "threat model guards that did not run" in out, out
+    for nodeid, why in [
+        ("tests/test_guards.py::test_skipped", "not today"),
+        ("tests/test_guards.py::test_xfailed", "xfailed"),
+        ("tests/test_guards.py::test_param[2]", "the second one skips at run time"),
+    ]:
+        assert re.search(rf"{re.escape(nodeid)}: .*{why}", out), out
+    assert "test_param[1]:" not in out and "test_runs:" not in out
+    assert "test_not_named:" not in out
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_session_whose_named_tests_all_ran_passes(tmp_path: Path, workers: str) -> None:
+    project = _project(tmp_path, ["test_runs"])
+    result = _pytest(project, "-n", workers, "-p", "xdist")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "threat model guards" not in result.stdout

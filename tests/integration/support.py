@@ -306,3 +306,41 @@ async def wait_for_group(
             logs = "\n\n".join(w.log()[-3000:] for w in workers)
             raise AssertionError(f"group did not settle in {timeout_s} s: {shares}\n{logs}")
         await asyncio.sleep(0.1)
+
+
+def _log_entries(log: str) -> list[dict[str, Any]]:
+    entries = []
+    for line in log.splitlines():
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("msg"), str):
+            entries.append(entry)
+    return entries
+
+
+def _assigned(entry: dict[str, Any]) -> set[str]:
+    return set(entry["msg"].removeprefix("partitions assigned: ").split(", ")) - {""}
+
+
+def partitions_taken_over(stalled_log: str, other_log: str, marker: str) -> set[str]:
+    """Partitions the stalled worker held when it logged ``marker`` (its last assignment
+    before it) that the other worker was assigned after that moment: non-empty when the
+    group evicted the stalled member and handed its work over (JSON log time stamps of one
+    machine's clock)."""
+    stalled = _log_entries(stalled_log)
+    (at,) = [e["ts"] for e in stalled if e["msg"] == marker][:1] or [None]
+    if at is None:
+        return set()
+    held: set[str] = set()
+    for e in stalled:
+        if e["ts"] > at:
+            break
+        if e["msg"].startswith("partitions assigned: "):
+            held = _assigned(e)
+    later: set[str] = set()
+    for e in _log_entries(other_log):
+        if e["ts"] >= at and e["msg"].startswith("partitions assigned: "):
+            later |= _assigned(e)
+    return held & later

@@ -31,6 +31,7 @@ from stream_dp.pipeline.ledger import LedgerIndex
 from stream_dp.pipeline.worker import CRASH_POINTS, PAUSE_POINT_ENV
 from tests.integration.support import (
     decode_values,
+    partitions_taken_over,
     produce_events,
     read_topic,
     start_worker,
@@ -117,6 +118,12 @@ async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
         assert f"test fault point {point} reached" in paused.log(), (
             "the paused worker never reached the point: the run proves nothing"
         )
+        # The pause outlasted the session: the group handed the paused worker's partitions
+        # to the other one, which could then release the same windows (else: nothing tested).
+        taken = partitions_taken_over(
+            paused.log(), steady.log(), f"test fault point {point} reached"
+        )
+        assert taken, f"no takeover during the pause\n{steady.log()[-4000:]}"
         # Both are alive and working: a later window is released after the pause.
         await produce_events(
             kafka_bootstrap,

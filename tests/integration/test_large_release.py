@@ -25,7 +25,9 @@ import yaml
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
+from stream_dp.pipeline.worker import PAUSE_POINT_ENV
 from tests.integration.support import (
+    partitions_taken_over,
     produce_events,
     read_topic,
     start_worker,
@@ -71,9 +73,12 @@ def _log_messages(log: str) -> list[str]:
     return out
 
 
-async def test_a_200k_key_release_costs_no_membership(
-    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
-) -> None:
+async def _release_200k_keys(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path, env: dict[str, str]
+) -> tuple[list[float | None], list[list[str]], list[tuple[str | None, bytes]], str, list[str]]:
+    """Two members release a 200,000-key window; ``env`` is given to both. Returns the
+    membership-lost counters, each worker's log messages after the group settled, the
+    output records, the logs' tails and the whole logs."""
     ports = [_free_port(), _free_port()]
     base = {
         # Session timeout 2 s, heartbeats every 0.5 s (the factory's), windows of a minute:
@@ -104,8 +109,8 @@ async def test_a_200k_key_release_costs_no_membership(
         for p in await topic_partitions(kafka_bootstrap, t)
     }
     workers = [
-        start_worker(cfg, tmp_path / "worker-0.log"),
-        start_worker(second, tmp_path / "worker-1.log"),
+        start_worker(cfg, tmp_path / "worker-0.log", env),
+        start_worker(second, tmp_path / "worker-1.log", env),
     ]
     try:
         await wait_for_group(workers, shared)
@@ -139,15 +144,55 @@ async def test_a_200k_key_release_costs_no_membership(
         codes = [w.terminate() for w in workers]
     logs = "\n".join(w.log()[-3000:] for w in workers)
     assert codes == [0, 0], logs
+    return lost, after, out, logs, [w.log() for w in workers]
+
+
+MOVED = ("partitions assigned", "partitions revoked")
+
+
+async def test_a_200k_key_release_costs_no_membership(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    lost, after, out, logs, _ = await _release_200k_keys(
+        kafka_bootstrap, config_factory, tmp_path, {}
+    )
     # Both members kept their membership and partitions through the release.
     assert lost == [0, 0], logs
-    moved = ("partitions assigned", "partitions revoked")
     for messages in after:
-        assert not [m for m in messages if m.startswith(moved)], logs
+        assert not [m for m in messages if m.startswith(MOVED)], logs
     assert sum(m == "window released" for messages in after for m in messages) == 1, logs
     (window,) = [orjson.loads(v) for _, v in out if b'"kind":"window"' in v]
     assert window["released_keys"] == 200_000
     assert sum(1 for _, v in out if b'"kind":"release"' in v) == 200_000
+
+
+async def test_a_member_stalled_mid_release_is_evicted_and_seen_so(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    """Positive control of the test above: the same two members and release, with the
+    releasing worker frozen just before its draw for three session timeouts (as a release
+    computed on the event loop stalled it). The broker evicts it and hands its partitions
+    to the other member, and the checks above see it — so their silence in the test above
+    means the membership was kept, not that an eviction went unseen."""
+    point = "before_draw"
+    env = {PAUSE_POINT_ENV: f"{point}:1:6", "STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"}
+    lost, after, _, logs, whole = await _release_200k_keys(
+        kafka_bootstrap, config_factory, tmp_path, env
+    )
+    marker = f"test fault point {point} reached"
+    # The first to reach the point froze (the other may reach it later, on taking over).
+    reached = sorted(
+        (line.split('"ts": "')[1][:23], i)
+        for i, log in enumerate(whole)
+        for line in log.splitlines()
+        if marker in line and '"ts": "' in line
+    )
+    assert reached, logs
+    stalled = reached[0][1]
+    taken = partitions_taken_over(whole[stalled], whole[1 - stalled], marker)
+    assert taken, logs
+    seen = lost != [0, 0] or any(m.startswith(MOVED) for messages in after for m in messages)
+    assert seen, logs
 
 
 async def _wait_metric(port: int, name: str) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -17,6 +18,7 @@ import pytest
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import LEAVER, BrowserLogSpec, browser_log_events
+from stream_dp.windows.tumbling import iso_utc
 from tests.helpers import schema_validator
 from tests.integration.support import (
     NOISE_FREE,
@@ -246,10 +248,19 @@ async def test_bad_input_goes_to_dead_letter(
 async def test_idle_stream_closes_window_by_wall_clock(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
-    size, grace, idle = 4, 1, 2
+    """A window is released with no event after it, by the wall clock alone, and not
+    before the clock allows (its end plus the grace, and the idle timeout after the last
+    event): waited for on its record, checked on the records' own time stamps."""
+    size, grace, idle = 8, 1, 2
+    first = math.floor(time.time() / size) * size
     cfg = config_factory(
         {
-            "window": {"size_s": size, "grace_s": grace, "idle_close_s": idle},
+            "window": {
+                "size_s": size,
+                "grace_s": grace,
+                "idle_close_s": idle,
+                "start_at": iso_utc(first),
+            },
             "queries": [
                 {
                     "name": "visits",
@@ -268,6 +279,11 @@ async def test_idle_stream_closes_window_by_wall_clock(
         while "partitions assigned" not in worker.log():
             assert time.monotonic() < deadline, worker.log()
             await read_topic(kafka_bootstrap, topics["output"], timeout_s=0.3)
+        # Send at the start of a window (a wait on the clock, at most one window long), so
+        # that the window may close only well after the idle timeout: a release that waits
+        # for the idle timeout alone would come before the window's end and be seen.
+        while time.time() % size > 0.5:
+            await asyncio.sleep(0.02)
         now = time.time()
         window_end = (math.floor(now / size) + 1) * size
         await produce_events(
@@ -275,18 +291,26 @@ async def test_idle_stream_closes_window_by_wall_clock(
             topics["input"],
             [{"user_id": f"u{i}", "timestamp": now, "domain": "a.example"} for i in range(5)],
         )
-        await read_topic(
-            kafka_bootstrap,
-            topics["output"],
-            until=windows_done(["visits"], 1),
-            timeout_s=window_end + grace + idle + 15 - time.time(),
-        )
-        released_at = time.time()
+        start = iso_utc(window_end - size)
+
+        def released(records: list[tuple[str | None, bytes]]) -> bool:
+            return any(v["kind"] == "window" and v["window_start"] == start
+                       for _, v in decode_values(records))  # fmt: skip
+
+        # No event arrives after these: the wall clock alone must close the window (the
+        # deadline is a hang guard only; the read returns once the window is released).
+        out = await read_topic(kafka_bootstrap, topics["output"], until=released, timeout_s=120)
     finally:
         assert worker.terminate() == 0, worker.log()
-    # Bound: window end + grace, or the idle timeout after the last event, plus slack for
-    # polling and publishing. No new event arrived after the window.
-    assert released_at <= max(window_end + grace, now + idle) + 5.0
+    (window,) = [
+        v for _, v in decode_values(out) if v["kind"] == "window" and v["window_start"] == start
+    ]
+    assert any(v["kind"] == "release" and v["window_start"] == start for _, v in decode_values(out))
+    # ... and not before the clock allowed it: the window's end plus the grace, and the
+    # idle timeout after the last event (the records' own time stamps, in ms).
+    earliest_s = math.floor(max(window_end + grace, now + idle) * 1000) / 1000
+    late_enough = await read_topic(kafka_bootstrap, topics["output"], since_s=earliest_s)
+    assert window in [v for _, v in decode_values(late_enough) if v["kind"] == "window"]
 
 
 async def test_weighted_selection_end_to_end_with_weights_on_the_partials_topic(

@@ -732,6 +732,46 @@ def test_an_event_stamped_ahead_of_the_clock_moves_the_watermark_no_further_than
     assert [d.reason for d in far] == ["timestamp_out_of_range"]  # beyond max_future_s
 
 
+AHEAD_PATHS = ("stage-0 rows", "stage-0 columns", "stage-1 columns", "stage-1 per record")
+
+
+@pytest.mark.parametrize("path", AHEAD_PATHS)
+def test_an_event_stamped_ahead_of_the_clock_closes_no_window_on_any_path(path: str) -> None:
+    """The guard of the test above on every path an event can take: stage 0's router (one
+    record per event, and packed columns) and stage 1 on raw input (the column path, and the
+    per-record path it leaves a batch to). Stage 0 reports its progress in marks that stage 1
+    turns into its watermark: a mark ahead of the clock would close the window there."""
+    now = T0 + 5.0
+    events = [rec(0, "u", 1), rec(1, "v", 5 + 240)]  # 4 minutes ahead, within max_future_s
+    if path.startswith("stage-0"):
+        router = _router(0)
+        route = router.route if path == "stage-0 rows" else router.route_packed
+        routed, dead = route(0, events, now_s=now, now_mono_s=0)
+        assert dead == [] and routed
+        marks = router.progress_marks(0)
+        assert [orjson.loads(m)["t"] for m in marks] == [now]  # the clock, not T0 + 245
+        owner = _owner(1)
+        batch = [(i, k, v) for i, (k, v, _) in enumerate(routed)]
+        batch += [(len(batch) + i, None, m) for i, m in enumerate(marks)]
+        assert owner.ingest(0, batch, now_s=now, now_mono_s=0, routed=True) == []
+        assert owner.due(0) == []  # the watermark is at most now - grace: T0 is still open
+        return
+    stage = _stage(partitions=(0,))
+    took_columns: list[bool] = []
+    by_columns = stage._ingest_columns
+
+    def spy(*args: Any) -> bool:
+        took_columns.append(by_columns(*args) if path == "stage-1 columns" else False)
+        return took_columns[-1]
+
+    stage._ingest_columns = spy  # type: ignore[method-assign]
+    assert stage.ingest(0, events, now_s=now, now_mono_s=0) == []
+    assert took_columns == [path == "stage-1 columns"]
+    assert stage.due(0) == []  # the watermark is at most now - grace: T0 is still open
+    assert stage.ingest(0, [rec(2, "w", 4)], now_s=now, now_mono_s=0) == []
+    assert stage.metrics.late_events._value.get() == 0
+
+
 def test_events_before_the_first_covered_window_are_late() -> None:
     class Released:
         coverage_start_s = T0 + 10

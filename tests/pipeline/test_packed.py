@@ -14,7 +14,7 @@ import pytest
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ingest import IngestStage, InputRecord
-from stream_dp.pipeline.packed import PACKED_KEY_PREFIX
+from stream_dp.pipeline.packed import PACKED_KEY_PREFIX, decode_events
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from tests.helpers import schema_validator
@@ -94,18 +94,43 @@ def test_packed_records_give_the_totals_of_one_record_per_event() -> None:
 
 
 def test_packed_records_validate_and_hold_no_raw_id() -> None:
+    """Decoded, every packed event is its input event with the user id replaced by the
+    keyed pseudonym (computed here with the test key), and no column of any record — the
+    decoded pseudonyms, times, offsets, signatures and the JSON around them — holds a raw
+    id or any 8 bytes of one."""
     validator = schema_validator("repartition.schema.json")
     router = _router(3, routed_partitions=4)
     events = [(f"user-{i}@example.com", i / 10, f"d{i % 3}") for i in range(200)]
     records, _ = router.route_packed(3, numbered(events, first=70), now_s=NOW, now_mono_s=0)
     assert {target for _, _, target in records} == {0, 1, 2, 3}
+    pseudonymizer = KEYRING.for_window(T0)
+    raw_ids = [u.encode() for u, _, _ in events]
+    seen: dict[int, tuple[bytes, float, tuple[Any, ...]]] = {}
     for key, value, _target in records:
         body = orjson.loads(value)
         validator.validate(body)
         assert key == (PACKED_KEY_PREFIX + "3").encode()
         assert body["k"] == "k1" and body["src"][0] == 3
-        assert b"example.com" not in value and b"user-" not in value
-    assert sum(orjson.loads(v)["n"] for _, v, _ in records) == 200
+        packed = decode_events(body, ["domain"])
+        columns = [
+            packed.pseudonyms,
+            packed.times.tobytes(),
+            packed.offsets.tobytes(),
+            orjson.dumps(packed.signatures),
+            orjson.dumps({k: v for k, v in body.items() if k not in ("u", "t", "o", "s")}),
+        ]
+        for raw in raw_ids:
+            pieces = {raw[i : i + 8] for i in range(len(raw) - 7)}
+            assert not any(piece in column for piece in pieces for column in columns), raw
+        for j, offset in enumerate(packed.offsets.tolist()):
+            pseudonym = packed.pseudonyms[16 * j : 16 * (j + 1)]
+            signature = packed.signatures[packed.signature_index[j]]
+            assert offset not in seen
+            seen[offset] = (pseudonym, float(packed.times[j]), signature)
+    assert seen == {
+        70 + i: (pseudonymizer.pseudonym(user), T0 + t, (domain,))
+        for i, (user, t, domain) in enumerate(events)
+    }
     for mark in router.progress_marks(1.0):
         validator.validate(orjson.loads(mark))
 

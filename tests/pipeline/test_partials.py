@@ -94,10 +94,23 @@ def test_round_trip_in_parts_cut_by_encoded_size() -> None:
 def test_long_group_keys_fit_under_the_message_limit() -> None:
     """~200-character keys (URLs) made a partial record exceed 1 MiB when parts were cut by
     key count, and the broker refused it for ever (issue 13, break 6)."""
-    totals = {(f"https://example.com/{i:0180d}",): KeyAggregate(1, 1, 0) for i in range(20_000)}
-    encoded = encode_partial(_partial(totals), max_bytes=1_000_000)
+    totals = {
+        (f"https://example.com/{i:0180d}",): KeyAggregate(i % 7 + 1, i % 5 + 1, i)
+        for i in range(20_000)
+    }
+    partial = _partial(totals)
+    encoded = encode_partial(partial, max_bytes=1_000_000)
     assert len(encoded) >= 5
     assert all(len(key) + len(value) <= 1_000_000 - 512 for key, value in encoded)
+    # Decoded, the parts hold every key once with its totals: the partial, nothing lost.
+    parts = [decode(value) for _, value in encoded]
+    assert all(isinstance(p, PartialPart) for p in parts)
+    assembler = PartialAssembler()
+    added = [assembler.add(p) for p in parts if isinstance(p, PartialPart)]
+    assert added == [False] * (len(encoded) - 1) + [True]
+    assert assembler.taken is not None
+    assert assembler.taken.totals == totals
+    assert assembler.taken == partial
 
 
 def test_a_key_that_can_never_fit_is_a_clear_error() -> None:

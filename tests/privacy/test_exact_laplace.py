@@ -90,12 +90,28 @@ def test_bernoulli_exp_matches_exp_minus_gamma(num: int, den: int) -> None:
         assert binomtest(int(draws.sum()), n, math.exp(-num / den)).pvalue > P_THRESHOLD
 
 
-def test_a_lane_whose_counter_reaches_the_limit_finishes_exactly() -> None:
-    # Words of 0 make every Bernoulli(γ/K) succeed, so K climbs to the limit; the lane then
-    # continues in Python integers (OS bits) and still returns a draw.
-    words = Scripted([0] * (COUNTER_LIMIT + 10))
+@pytest.mark.parametrize("successes_after_the_limit", [0, 1, 2, 3])
+def test_a_lane_whose_counter_reaches_the_limit_finishes_exactly(
+    monkeypatch: pytest.MonkeyPatch, successes_after_the_limit: int
+) -> None:
+    """Words of 0 make every Bernoulli(γ/K) succeed, so K climbs to the limit in exactly
+    COUNTER_LIMIT − 1 words; the lane then continues Algorithm 1 in Python integers from
+    K = COUNTER_LIMIT (draws below den·K for K = limit, limit + 1, …, scripted here) and
+    returns whether it stopped at an odd K."""
+    calls: list[int] = []
+    answers = iter([0] * successes_after_the_limit + [1])  # < num = 1 succeeds, 1 stops
+
+    def randbelow(n: int) -> int:
+        calls.append(n)
+        return next(answers)
+
+    monkeypatch.setattr(exact_laplace.secrets, "randbelow", randbelow)
+    words = Scripted([0] * (COUNTER_LIMIT - 1))
     (draw,) = bernoulli_exp(np.array([1], dtype=np.uint64), np.array([1], dtype=np.uint64), words)
-    assert isinstance(bool(draw), bool)
+    stopped_at = COUNTER_LIMIT + successes_after_the_limit
+    assert calls == list(range(COUNTER_LIMIT, stopped_at + 1))  # den·K, K from the limit on
+    assert bool(draw) is (stopped_at % 2 == 1)
+    assert next(words._words, None) is None  # every scripted word used, none more
 
 
 def test_a_geometric_count_at_the_limit_switches_to_python_integers() -> None:

@@ -7,9 +7,12 @@ from __future__ import annotations
 import base64
 import itertools
 import logging
+import math
+import random
 import secrets
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,14 +94,99 @@ def test_random_keys_in_hex_or_base64_are_accepted(key: str) -> None:
     assert key_problem(key.encode("ascii")) is None
 
 
+def _exact_fewer_distinct(alphabet: int, draws: int, fewer_than: int) -> Fraction:
+    """Exact P(fewer than ``fewer_than`` distinct values among ``draws`` uniform draws from
+    ``alphabet`` values), by Stirling numbers of the second kind (an independent count,
+    not the module's union bound)."""
+    stirling = [[0] * (fewer_than + 1) for _ in range(draws + 1)]
+    stirling[0][0] = 1
+    for n in range(1, draws + 1):
+        for k in range(1, fewer_than + 1):
+            stirling[n][k] = k * stirling[n - 1][k] + stirling[n - 1][k - 1]
+    ways = sum(
+        math.perm(alphabet, m) * stirling[draws][m] for m in range(1, min(fewer_than, draws + 1))
+    )
+    return Fraction(ways, alphabet**draws)
+
+
+def _independent_refusal_probability(encoding: str, key_bytes: int) -> Fraction:
+    """P(a random key is refused), computed here rule by rule from the documented rules: <
+    16 distinct byte values, < 16 distinct steps, a repeated pattern, all-printable bytes;
+    hex: digits only or letters only; base64: one case only or only hex characters. The
+    exact terms are added (a union bound); the dictionary rule, which has no closed form, is
+    taken from the module's bound and checked empirically below."""
+    n = key_bytes
+    p = _exact_fewer_distinct(256, n, 16)  # distinct byte values
+    p += _exact_fewer_distinct(256, n - 1, 16)  # steps of i.i.d. bytes are i.i.d.
+    p += sum((Fraction(1, 256) ** (n - q) for q in range(1, n // 2 + 1)), Fraction(0))
+    p += Fraction(95, 256) ** n  # printable ASCII 0x20..0x7e
+    if encoding == "hex":
+        p += Fraction(10, 16) ** (2 * n) + Fraction(6, 16) ** (2 * n)
+    else:
+        chars = math.ceil(4 * n / 3)
+        p += 2 * Fraction(26, 64) ** (chars - 1) + Fraction(22, 64) ** (chars - 1)
+    return p
+
+
 @pytest.mark.parametrize("encoding", ["hex", "base64"])
 @pytest.mark.parametrize("key_bytes", [32, 33, 40, 48, 64])
 def test_false_refusal_probability_of_random_keys_is_below_1e_9(
     encoding: str, key_bytes: int
 ) -> None:
-    """Computed: a union bound over the rules, each bounded by counting."""
-    bound = false_refusal_bound(encoding, key_bytes)  # type: ignore[arg-type]
-    assert 0 < bound < 1e-12
+    """The exact probabilities of the documented rules, counted here (Stirling numbers for
+    the distinct-value rules), add up to < 1e-12, and the module's bound covers them; the
+    rules as implemented are the documented ones (the boundary test below), so the
+    probability of refusing a random key is below 1e-9."""
+    independent = _independent_refusal_probability(encoding, key_bytes)
+    assert 0 < independent < Fraction(1, 10**12)
+    assert false_refusal_bound(encoding, key_bytes) >= float(independent)  # type: ignore[arg-type]
+    assert false_refusal_bound(encoding, key_bytes) < 1e-9  # type: ignore[arg-type]
+
+
+def test_the_stirling_count_is_exact_on_small_alphabets() -> None:
+    for alphabet, draws, fewer in [(4, 5, 2), (5, 6, 4), (6, 4, 3), (3, 7, 4)]:
+        outcomes = list(itertools.product(range(alphabet), repeat=draws))
+        exact = Fraction(sum(len(set(o)) < fewer for o in outcomes), len(outcomes))
+        assert _exact_fewer_distinct(alphabet, draws, fewer) == exact
+
+
+def _key_with(distinct_values: int, distinct_steps: int | None = None) -> bytes:
+    """32 random-looking bytes (not printable, no repeated pattern) with exactly this many
+    distinct byte values or, given ``distinct_steps``, this many distinct steps (and ≥ 16
+    values)."""
+    while True:
+        if distinct_steps is None:
+            values = random.sample(range(256), distinct_values)
+            raw = bytes(values + random.choices(values, k=32 - distinct_values))
+            raw = bytes(random.sample(raw, 32))
+            ok = len(set(raw)) == distinct_values and len(_steps(raw)) >= 16
+        else:
+            steps = random.sample(range(1, 256), distinct_steps)
+            walk = [random.randrange(256)]
+            for step in steps + random.choices(steps, k=31 - distinct_steps):
+                walk.append((walk[-1] + step) % 256)
+            raw = bytes(walk)
+            ok = len(_steps(raw)) == distinct_steps and len(set(raw)) >= 16
+        if ok and any(b >= 0x80 for b in raw) and raw[1:] != raw[:-1]:
+            return raw
+
+
+def _steps(raw: bytes) -> set[int]:
+    return {(b - a) % 256 for a, b in itertools.pairwise(raw)}
+
+
+@pytest.mark.parametrize("encode", [bytes.hex, base64.b64encode], ids=["hex", "base64"])
+def test_the_rules_refuse_exactly_at_the_documented_boundaries(encode: Any) -> None:
+    """What the computation above assumes of the rules: 15 distinct byte values (or steps)
+    are refused, 16 are not. A stricter rule in the code than in the computation would
+    refuse random keys more often than computed."""
+    for _ in range(50):
+        for distinct, steps in [(15, None), (16, None), (20, 15), (20, 16)]:
+            raw = _key_with(distinct, steps)
+            text = encode(raw)
+            problem = key_problem(text.encode() if isinstance(text, str) else text)
+            refused = (steps if steps is not None else distinct) < 16
+            assert (problem is not None) == refused, (raw.hex(), problem)
 
 
 def test_fresh_random_keys_are_never_refused() -> None:

@@ -11,11 +11,17 @@ import math
 from typing import Any
 
 import pytest
-from scipy.stats import binomtest
+from scipy.stats import binom, binomtest
 
 from stream_dp.config import BoundsConfig, QueryConfig
 from stream_dp.privacy.mechanisms import DiscreteLaplace
-from stream_dp.privacy.partition_selection import WEIGHT_SCALE
+from stream_dp.privacy.partition_selection import (
+    WEIGHT_SCALE,
+    CountThreshold,
+    UserCountSelection,
+    WeightedGaussian,
+    user_key_weight,
+)
 from stream_dp.privacy.planner import QueryPlan, plan_query
 from stream_dp.privacy.release import KeyAggregate, QueryRelease, ReleasedValue, release_query
 
@@ -76,16 +82,96 @@ def test_public_keys_with_clamping_never_release_negative_values() -> None:
     ],
 )
 def test_a_private_key_with_one_user_is_not_released(selection: str) -> None:
-    # 100 000 independent single-user keys in one release. Each may survive with probability
-    # at most δ' = 1 − (1 − δ)^(1/3) ≈ 3.3e-7 (for count_threshold ≤ 1e-6 / 3 as well; for
-    # weighted_gaussian, whose user here weighs the most it can, ≤ δ/2 = 5e-7), so the
-    # expected number released is ≤ 0.05; P(≥ 4 released) < 3e-7 (Poisson tail), which is
-    # this test's false-failure probability.
+    """A key only one user produced is kept with probability at most δ' = 1 − (1 − δ)^(1/L0)
+    (weighted_gaussian: δ/2 for a user whose whole weight is on it), computed here from δ
+    and L0, not from the module: an exact check, so a keep probability 10 δ' (or any
+    excess) fails it always. The release then keeps next to none of 100,000 such keys: each
+    survives with probability ≤ 5e-7, so P(≥ 4 released) < 3e-7 (Poisson tail), this part's
+    false-failure probability. test_single_user_keys_are_drawn_with_at_most_delta_prime
+    checks the draw itself against δ'."""
     p = plan(selection=selection)
+    assert p.selection is not None
+    delta, l0 = p.delta, BOUNDS.max_keys_per_user
+    assert (delta, l0) == (1e-6, 3)
+    if selection == "weighted_gaussian":
+        bound = delta / 2
+        alone = p.selection.keep_probability(WEIGHT_SCALE)
+    else:
+        bound = -math.expm1(math.log1p(-delta) / l0)  # 1 − (1 − δ)^(1/L0) ≈ 3.33e-7
+        alone = p.selection.keep_probability(1)
+    assert 0 < alone <= bound * (1 + 1e-12)
     data = {(f"user-secret-{i}",): agg(10, 1) for i in range(100_000)}
     out = release_query(data, p)
     assert len(out.values) <= 3
     assert out.suppressed == 100_000 - len(out.values)
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [
+        "truncated_geometric",
+        "laplace_threshold",
+        "gaussian_threshold",
+        "count_threshold",
+        "weighted_gaussian",
+    ],
+)
+def test_each_selection_draws_with_the_keep_probability_it_states(selection: str) -> None:
+    """The draw keeps keys with the probability keep_probability states (which the test
+    above bounds exactly at one user): 20,000 keys at the point of keep probability ≈ 1/2,
+    an exact binomial test at 1e-7 (false-failure probability 1e-7). A threshold moved in
+    the draw only — by the one user a 10 δ' keep probability at one user needs, or more —
+    moves the frequency by far more than the test's resolution (≈ 0.02)."""
+    p = plan(selection=selection)
+    s = p.selection
+    assert s is not None
+    trials = 20_000
+    if isinstance(s, WeightedGaussian):
+        weight = s.users_for_half_keep * user_key_weight(BOUNDS.max_keys_per_user)
+        kept = sum(s.select_weights([weight] * trials))
+        q = s.keep_probability(weight)
+    elif isinstance(s, CountThreshold):
+        n = s.users_for_half_keep
+        kept = sum(v is not None for v in s.release([n] * trials))
+        q = s.keep_probability(n)
+    else:
+        assert isinstance(s, UserCountSelection)
+        n = s.users_for_half_keep
+        kept = sum(s.select([n] * trials))
+        q = s.keep_probability(n)
+    assert 0.05 < q < 0.95
+    assert binomtest(kept, trials, q).pvalue > P_THRESHOLD, (kept, trials * q)
+
+
+#: Single-user keys drawn by the default selection (truncated geometric), in chunks.
+SINGLE_USER_TRIALS = 15_000_000
+SINGLE_USER_CHUNK = 1_000_000
+
+
+def test_single_user_keys_are_drawn_with_at_most_delta_prime() -> None:
+    """The draw, not only its stated probability: 15 million single-user keys through the
+    default selection's own draw. With δ' = 1 − (1 − 1e-6)^(1/3) ≈ 3.33e-7 the expected
+    number kept is ≤ 5; the test fails above the smallest c with P(Binomial(N, δ') > c) <
+    1e-6 (c = 19): the false-failure probability is < 1e-6 (3.5e-7). A draw that keeps
+    single-user keys with probability 10 δ' (expected 50) stays at or below c with
+    probability < 1e-6 (4.8e-7): that error is caught but for that chance. Both tails are
+    computed here with scipy's binomial distribution."""
+    p = plan()
+    selection = p.selection
+    assert isinstance(selection, UserCountSelection)
+    assert selection.strategy == "truncated_geometric"
+    delta_prime = -math.expm1(math.log1p(-1e-6) / BOUNDS.max_keys_per_user)
+    n = SINGLE_USER_TRIALS
+    c = int(binom.isf(1e-6, n, delta_prime))
+    while binom.sf(c, n, delta_prime) >= 1e-6:
+        c += 1
+    assert binom.sf(c, n, delta_prime) < 1e-6  # false failure
+    assert binom.cdf(c, n, 10 * delta_prime) < 1e-6  # a 10× keep probability goes unseen
+    kept = 0
+    chunk = [1] * SINGLE_USER_CHUNK
+    for _ in range(n // SINGLE_USER_CHUNK):
+        kept += sum(selection.select(chunk))
+    assert kept <= c, (kept, c)
 
 
 def test_private_keys_with_many_users_are_released_and_suppressed_count_is_exact() -> None:
