@@ -23,6 +23,7 @@ import pytest
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.windows.tumbling import iso_utc
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.helpers import ConfigFactory, TopicFactory
 from tests.integration.support import (
     WorkerProcess,
@@ -38,7 +39,7 @@ from tests.integration.support import (
     windows_done,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 
 #: 2020-08-01T00:00:00Z: a multiple of 6 windows (of 10 s or 30 s), so window i goes to
 #: partials partition i (partials_partition) and 6 windows give every worker some to release.
