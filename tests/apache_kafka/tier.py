@@ -84,6 +84,14 @@ def _container() -> Iterator[str]:  # pragma: no cover - needs a Docker engine
         yield str(kafka.get_bootstrap_server())
 
 
+def apache_kafka_problem() -> str | None:
+    """Why the launcher cannot start Apache Kafka here (a skip reason), or None."""
+    problem = _jvm_problem()
+    if problem is None:
+        return None
+    return f"Apache Kafka tier skipped: {problem}; to enable it, {HOW_TO_ENABLE}"
+
+
 @contextmanager
 def apache_kafka_bootstrap_servers() -> Iterator[str]:
     """A running Apache Kafka broker's bootstrap address; pytest.skip when none can run."""
