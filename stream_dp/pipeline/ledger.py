@@ -19,11 +19,13 @@ winning draw's part in favour of a losing one's.
 Other records: ``published`` markers (latest per key wins: which draw reached the output),
 ``progress`` (per partials partition, the next window its owner has not released — every
 window before it was released and published), ``coverage`` (the first covered window; the
-first such record in log order wins), ``cut`` (with erasure on: written before a window's
+first such record in log order wins, each under a key of its own so that no compaction drops
+the winner for a later racer's record), ``cut`` (with erasure on: written before a window's
 releaser reads the erasure log, so an erasure recorded after it may not apply to that
 window — :mod:`stream_dp.pipeline.erasure_gate`) and ``fence`` records. Readers treat the
 topic as a log: the embedded broker accepts ``cleanup.policy=compact`` but does not apply
-it (BROKER.md).
+it, Apache Kafka keeps the last record of each key, and every decision above reads the
+same before and after compaction (tests/apache_kafka/test_compaction.py).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
 FENCE_PREFIX: Final = "__fence__|"
 PROGRESS_PREFIX: Final = "__progress__|"
+#: Coverage records are keyed ``__coverage__|<writer id>``: one key per record. (Records of
+#: earlier versions are keyed ``__coverage__`` alone, and read the same way.)
 COVERAGE_KEY: Final = "__coverage__"
 ROTATION_PREFIX: Final = "__rotation__|"
 CUT_PREFIX: Final = "__cut__|"
@@ -173,14 +177,19 @@ def encode_progress(
 
 
 def encode_coverage(first_window_start_s: int, window_size_s: int) -> tuple[str, bytes]:
-    """The first window the deployment covers (the first such record in log order wins)."""
+    """The first window the deployment covers (the first such record in log order wins).
+
+    Keyed by a fresh id: workers racing at a deployment's first start write one record each,
+    and compaction (which keeps the *last* record of a key) keeps them all, in log order, so
+    the first stays first. Under one shared key it would keep the last racer's instead.
+    """
     value = {
         "schema_version": SCHEMA_VERSION,
         "kind": "coverage",
         "first_window_start": iso_utc(first_window_start_s),
         "window_size_s": window_size_s,
     }
-    return COVERAGE_KEY, orjson.dumps(value)
+    return f"{COVERAGE_KEY}|{uuid.uuid4().hex}", orjson.dumps(value)
 
 
 def encode_cut(window_start_s: int) -> tuple[str, bytes]:

@@ -151,6 +151,24 @@ def test_progress_coverage_and_rotation_records() -> None:
     assert idx.rotations == {("k1", "k2", 86400)}
 
 
+def _compacted(records: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """What Apache Kafka's log compaction leaves: the last record of each key, in log order."""
+    last = {key: i for i, (key, _) in enumerate(records)}
+    return [r for i, r in enumerate(records) if last[r[0]] == i]
+
+
+def test_racing_coverage_records_decide_the_same_after_compaction() -> None:
+    """Compaction keeps the last record of a key; readers take the first coverage record.
+    Each coverage record has a key of its own, so compaction never changes the decision
+    (on Apache Kafka: tests/apache_kafka/test_compaction.py)."""
+    racers = [encode_coverage(7200, 3600), encode_coverage(3600, 3600)]
+    assert len({key for key, _ in racers}) == 2
+    before, after = LedgerIndex(), LedgerIndex()
+    before.load(racers)
+    after.load(_compacted(racers))
+    assert before.coverage_start_s == after.coverage_start_s == 7200
+
+
 def test_forget_keeps_only_recent_windows() -> None:
     idx = LedgerIndex()
     for ws in range(0, 36000, 3600):
