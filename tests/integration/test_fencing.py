@@ -55,7 +55,9 @@ APACHE_KAFKA_POINTS = ("after_ledger_write", "before_draw", "after_ledger_readba
 BROKER_AND_POINT = [
     *(pytest.param(TANSU, point, id=f"{point}-{TANSU}") for point in CRASH_POINTS),
     *(
-        pytest.param(APACHE_KAFKA, point, id=f"{point}-{APACHE_KAFKA}", marks=pytest.mark.apache_kafka)
+        pytest.param(
+            APACHE_KAFKA, point, id=f"{point}-{APACHE_KAFKA}", marks=pytest.mark.apache_kafka
+        )
         for point in APACHE_KAFKA_POINTS
     ),
 ]
