@@ -14,7 +14,7 @@ from stream_dp.broker.apache_kafka import ApacheKafkaBroker
 from stream_dp.broker.apache_kafka_jars import APACHE_KAFKA_VERSION, fetch_jars
 from stream_dp.broker.probe import probe_sync
 from stream_dp.errors import BrokerError
-from tests.apache_kafka.tier import apache_kafka_problem
+from tests.apache_kafka.tier import apache_kafka_bootstrap_servers, apache_kafka_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,3 +62,15 @@ def test_the_launcher_starts_a_broker_and_stops_it_leaving_nothing() -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the JVM is gone (signal 0 only checks that the process exists)
     broker.stop()  # idempotent
+
+
+def test_without_java_or_docker_the_tier_skips_saying_how_to_enable_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java, no mvn, no docker
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(pytest.skip.Exception) as skipped, apache_kafka_bootstrap_servers():
+        pass
+    reason = str(skipped.value)
+    assert "no Java on PATH" in reason and "no docker CLI" in reason
+    assert "apt-get install openjdk-17-jre-headless maven" in reason and "make kafka-jars" in reason

@@ -75,7 +75,7 @@ def _docker_problem() -> str | None:
 
 @contextmanager
 def _container() -> Iterator[str]:  # pragma: no cover - needs a Docker engine
-    from testcontainers.kafka import KafkaContainer
+    from testcontainers.community.kafka import KafkaContainer
 
     container = KafkaContainer(f"apache/kafka:{APACHE_KAFKA_VERSION}").with_kraft()
     for key, value in TEST_BROKER_CONFIG.items():
