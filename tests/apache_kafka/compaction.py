@@ -1,7 +1,9 @@
 """Watching Apache Kafka's log cleaner compact a topic, in a test's time.
 
-A topic created with :data:`COMPACT_QUICKLY` rolls a segment 100 ms after it was opened and
-is cleanable as soon as anything in it is superseded. :func:`compact` writes a probe key twice
+A topic is created with :data:`COMPACT_LATER` (compacted, kept forever, segments of Kafka's
+default week: nothing is cleaned while the test writes, so a first read shows the log as
+written). :func:`compact` then sets :data:`COMPACT_QUICKLY` (a segment rolls 100 ms after it
+was opened and is cleanable as soon as anything in it is superseded), writes a probe key twice
 on each partition, then a "roll" record every 200 ms (a segment rolls only when a record
 arrives after ``segment.ms``) until the first probe is gone: the cleaner has then compacted
 every record written before the second probe. The waits are conditions with a hard timeout;
@@ -20,9 +22,13 @@ from collections.abc import Iterable, Sequence
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from tests.integration.support import HANG_GUARD_S
 
+#: A compacted topic as stream-dp defines the ledger: nothing cleaned within a test's time.
+COMPACT_LATER = {"cleanup.policy": "compact", "retention.ms": "-1"}
 #: Topic settings under which the cleaner compacts within a second or two of a roll.
 COMPACT_QUICKLY = {
     "cleanup.policy": "compact",
@@ -77,6 +83,16 @@ def is_probe(key: str) -> bool:
 
 async def compact(bootstrap: str, topic: str, partitions: Sequence[int]) -> None:
     """Block until the cleaner has compacted what each partition held before the call."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        settings = {**COMPACT_QUICKLY, **_delete_policy_kept(await _policy(admin, topic))}
+        (response,) = await admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, configs=settings)]
+        )
+        assert all(r[0] == 0 for r in response.resources), response
+    finally:
+        await admin.close()
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()
     try:
@@ -98,6 +114,18 @@ async def compact(bootstrap: str, topic: str, partitions: Sequence[int]) -> None
             await asyncio.sleep(0.2)
     finally:
         await producer.stop()
+
+
+async def _policy(admin: AIOKafkaAdminClient, topic: str) -> str:
+    (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    (resource,) = response.to_object()["resources"]
+    entries = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
+    return str(entries["cleanup.policy"])
+
+
+def _delete_policy_kept(policy: str) -> dict[str, str]:
+    """A topic that also deletes by time (the erasure log) keeps doing so."""
+    return {"cleanup.policy": policy} if "delete" in policy else {}
 
 
 def kinds(records: Iterable[Stored]) -> Counter[str]:

@@ -24,7 +24,7 @@ from stream_dp.pipeline.erasure_records import decode_log_record, encode_erasure
 from stream_dp.pipeline.ledger import LedgerIndex, encode_coverage
 from stream_dp.privacy.erasure import ErasureSet
 from tests.apache_kafka.compaction import (
-    COMPACT_QUICKLY,
+    COMPACT_LATER,
     Stored,
     compact,
     is_probe,
@@ -90,7 +90,7 @@ async def test_racing_coverage_records_keep_their_winner_through_compaction(
     compaction keeps the last record of a key: with one key for every writer, the loser's
     record would replace the winner's, and a worker restarted after compaction would
     cover windows the first workers never did."""
-    topic = await topic_factory(1, config=COMPACT_QUICKLY, prefix="ledger")
+    topic = await topic_factory(1, config=COMPACT_LATER, prefix="ledger")
     racers = [encode_coverage(HOUR, HOUR), encode_coverage(2 * HOUR, HOUR)]
     # Two producers at once, as two workers: the broker decides the order.
     await asyncio.gather(
@@ -115,7 +115,7 @@ async def test_compaction_keeps_every_decision_of_a_real_ledger(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
     """A worker releases windows into a ledger topic as defined (3 partitions, compact, kept
-    forever) whose segments roll at once; after the cleaner ran, the ledger decides exactly
+    forever); after the cleaner ran, the ledger decides exactly
     what it decided before, and a worker restarted on it releases no window again."""
     windows = 6
     cfg = config_factory(
@@ -135,7 +135,7 @@ async def test_compaction_keeps_every_decision_of_a_real_ledger(
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(ledger, 3, 1, None, COMPACT_QUICKLY)])
+        await admin.create_topics([NewTopic(ledger, 3, 1, None, COMPACT_LATER)])
     finally:
         await admin.close()
     await apply_topics(config, kafka_bootstrap, include_input=True)
@@ -187,7 +187,7 @@ async def test_compacting_the_erasure_log_erases_the_same_pseudonyms(
     replaces the first when Apache Kafka compacts. Each window must still exclude the same
     pseudonyms; the user's erasure moves to the later request's position in the log."""
     topic = await topic_factory(
-        1, config={**COMPACT_QUICKLY, "cleanup.policy": "compact,delete"}, prefix="erasure-log"
+        1, config={**COMPACT_LATER, "cleanup.policy": "compact,delete"}, prefix="erasure-log"
     )
     alice = {"k1": bytes(range(16))}
     bob = {"k1": bytes(range(16, 32))}
