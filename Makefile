@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck pytest demo bench chaos clean test-tools demo-screenshot \
+.PHONY: setup test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
 	kafka-jars test-kafka
 
 $(STAMP): pyproject.toml
@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# ruff, then the import layers of pyproject.toml's [tool.importlinter] (the privacy core
+# imports nothing of stream-dp above it).
 lint: setup
-	$(BIN)/ruff check stream_dp tests $(wildcard bench) $(wildcard chaos)
+	$(BIN)/ruff check stream_dp tests $(wildcard bench) $(wildcard chaos) docs/hooks
+	$(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy
@@ -54,7 +57,14 @@ PYTEST_WORKERS ?= 3
 pytest: setup test-tools kafka-jars
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --maxschedchunk 2
 
-test: lint typecheck pytest
+# The documentation site (mkdocs.yml; MkDocs with the Material theme, from the dev extra or
+# `pip install -e ".[docs]"`) into site/. --strict: a broken link or anchor, a page left out of
+# the navigation, or a generated reference (configuration, metrics) that no longer matches the
+# code fails the build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint typecheck pytest docs
 
 # The tests that run on a real Apache Kafka broker, alone (`make test` runs them too).
 test-kafka: setup kafka-jars
@@ -83,4 +93,4 @@ chaos: setup
 	  > chaos/FENCING.txt 2>&1; status=$$?; cat chaos/FENCING.txt; exit $$status
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

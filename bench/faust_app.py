@@ -8,7 +8,7 @@ closes, the app sums its users' bounded counts and writes one window record to i
 topic. It does no pseudonymization, grouping by domain, noise or ledger: less work than the
 stream-dp worker does, which favours Faust.
 
-Made correct for this comparison (BROKER.md):
+Made correct for this comparison (docs/architecture.md#embedded-broker):
 
 * settings: ``broker_session_timeout=2.0``, ``broker_heartbeat_interval=0.5`` (defaults
   take 30 s joins here), ``producer_linger=0.05``, ``table_cleanup_interval`` short;

@@ -151,7 +151,7 @@ def product_plan(strategy: str, epsilon: float, delta: float, max_keys: int) -> 
         max_keys_per_user=max_keys,
         max_contributions_per_key=1,
     )
-    plan = plan_query(query, bounds)
+    plan = plan_query(query.spec(), bounds.spec())
     selection = plan.selection
     if (
         selection is None

@@ -11,7 +11,7 @@ config's ``kafka.replication_factor`` for every topic, or the broker's
 ``default.replication.factor`` when unset (CreateTopics with -1, KIP-464).
 
 Existing topics are never changed: a different partition count cannot be fixed without
-breaking open windows (README, Limitations), and a config change is the operator's decision.
+breaking open windows (docs/limitations.md), and a config change is the operator's decision.
 ``inspect`` reports the differences; ``stream-dp topics apply`` prints them.
 """
 

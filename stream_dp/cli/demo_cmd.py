@@ -58,8 +58,8 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo",
         help="embedded broker + synthetic browser logs + worker: private vs true results",
-        description="Start an embedded broker, produce synthetic browser logs (seed 000's "
-        f"example: employees, rare domains, an employee on leave) in {WINDOW_SIZE_S} s "
+        description="Start an embedded broker, produce synthetic browser logs ("
+        f"employees, rare domains, an employee on leave) in {WINDOW_SIZE_S} s "
         "event-time windows, run the worker with an ephemeral pseudonym key, and print each "
         "window's private results beside the true ones. Ctrl-C stops it cleanly.",
     )

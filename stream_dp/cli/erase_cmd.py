@@ -1,4 +1,4 @@
-"""``stream-dp erase --config FILE --user-id ID``: send an erasure request (README, Erasure).
+"""``stream-dp erase --config FILE --user-id ID``: send an erasure request (docs/erasure.md).
 
 Writes one request ``{user_id, requested_at, request_id}`` to ``erasure.requests_topic``,
 acknowledged, and prints its request id; with ``--wait S`` it then reads
@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
         help="ask a deployment to erase one user from every window not yet released",
         description="Send an erasure request for one user id to erasure.requests_topic. The "
         "deployment removes the user's events from every window released after the request "
-        "is applied; windows released before are not recomputed (README, Erasure). Needs "
+        "is applied; windows released before are not recomputed (docs/erasure.md). Needs "
         "erasure.enabled: true.",
     )
     p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if not config.erasure.enabled:
         raise ConfigError(
             "erasure is off in this configuration: set erasure.enabled: true (and restart the "
-            "workers) before sending erasure requests (README, Erasure)"
+            "workers) before sending erasure requests (docs/erasure.md)"
         )
     if args.wait is not None and args.wait <= 0:
         raise ConfigError("--wait must be a positive number of seconds")

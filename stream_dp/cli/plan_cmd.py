@@ -4,7 +4,8 @@ Reads the configuration (an over-budget one is refused by ``load_config`` with e
 plans every query (:func:`stream_dp.privacy.planner.plan_config`) and prints a readable
 table, or with ``--json`` the stable machine form described by
 ``stream_dp/privacy/plan.schema.json``. ``--disclosure-risk RHO [--worlds M]`` also prints
-the ε that keeps an adversary's posterior below RHO among M possible worlds (seed 003).
+the ε that keeps an adversary's posterior below RHO among M possible worlds
+(docs/privacy.md#budget).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _risk(args: argparse.Namespace, plan: ConfigPlan) -> dict[str, Any] | None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    plan = plan_config(config)
+    plan = plan_config(config.spec())
     risk = _risk(args, plan)
     if args.json:
         document = plan.describe()
@@ -282,15 +283,15 @@ def render_table(
     source: str,
     origin: ConfigOrigin | None = None,
 ) -> str:
-    b = plan.bounds
+    b = plan.configured_bounds()
     lines = [f"stream-dp plan for {source}"]
     lines.extend(_origin_lines(origin if origin is not None else ConfigOrigin()))
     if plan.unsafe_test_mode:
         lines.append("WARNING: privacy.unsafe_test_mode is on: these numbers are for tests only")
     lines.append(
-        f"window {plan.window_size_s} s; bounds k={b.max_contributions_per_window} events/user, "
-        f"L0={b.max_keys_per_user or '-'} keys/user, Linf={b.max_contributions_per_key or '-'} "
-        "events/key"
+        f"window {plan.window_size_s} s; bounds k={b['max_contributions_per_window']} "
+        f"events/user, L0={b['max_keys_per_user'] or '-'} keys/user, "
+        f"Linf={b['max_contributions_per_key'] or '-'} events/key"
     )
     if plan.auto_bounds is not None:
         lines.extend(_auto_bounds_lines(plan))

@@ -60,7 +60,8 @@ def register(sub: Any) -> None:
         "produce",
         help="load synthetic or recorded events into the input topic",
         description="Produce events to input.topic of the config, keyed by user id: synthetic "
-        "browser logs (seed 000's example, event-time windows of window.size_s) or the lines "
+        "browser logs (employees visiting domains, event-time windows of window.size_s) or "
+        "the lines "
         "of a JSON-lines file (sent as they are). Needs a running broker and an existing "
         "input topic (`stream-dp topics apply --config FILE` creates it).",
     )
@@ -95,7 +96,7 @@ def register(sub: Any) -> None:
         type=_start_time,
         metavar="ISO|now",
         help="synthetic: event time of the first window, rounded down to window.size_s "
-        "(default 2020-08-01T00:00:00Z, seed 000's August)",
+        "(default 2020-08-01T00:00:00Z)",
     )
     p.add_argument("--events", type=_positive(int), metavar="N", help="send at most N events")
     p.add_argument("--rate", type=_positive(float), metavar="R", help="at most R events per second")

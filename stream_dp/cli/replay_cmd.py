@@ -53,7 +53,7 @@ def register(sub: Any) -> None:
         "--erasures",
         type=Path,
         help="erasure requests (JSON lines of {user_id, requested_at, request_id}): each "
-        "removes its user from every window released after requested_at (README, Erasure)",
+        "removes its user from every window released after requested_at (docs/erasure.md)",
     )
     p.add_argument("--json", action="store_true", help="one JSON record per line")
     p.set_defaults(func=run)

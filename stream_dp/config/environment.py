@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from stream_dp.config.model import Config
+from stream_dp.config.numbers import env_value, field_kind
 from stream_dp.errors import ConfigError
 
 ENV_PREFIX = "STREAM_DP_"
@@ -106,7 +107,9 @@ def _classify(variable: str, raw: str) -> EnvOverride | str:
         )
     if NESTING in key or key not in model.model_fields:
         return f"{section} has no key {key!r}{_suggest(key, model.model_fields)}"
-    return EnvOverride(variable, section, key, raw)
+    # Text as the number it spells for a number field (digits; a decimal for ε, δ, ...);
+    # anything else (``yes``) stays text, and the number field refuses it with the fix.
+    return EnvOverride(variable, section, key, env_value(field_kind(model.model_fields[key]), raw))
 
 
 def read_environment(environ: Mapping[str, str]) -> tuple[list[EnvOverride], dict[str, str]]:

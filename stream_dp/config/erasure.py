@@ -1,4 +1,4 @@
-"""The ``erasure`` section: the right of erasure for windows not yet released (README, Erasure).
+"""The ``erasure`` section: the right of erasure for windows not yet released (docs/erasure.md).
 
 Off by default: turning it on adds a topic of raw user ids (the requests, which the operator
 must protect like the input topic) and makes every worker keep a sealed window's state until
@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from stream_dp.config.numbers import Integer
 
 #: Kafka's default ``retention.ms`` (7 days): how long an input topic usually keeps events.
 DEFAULT_INPUT_RETENTION_S = 7 * 86_400
@@ -33,7 +35,7 @@ class ErasureConfig(BaseModel):
     enabled: bool = Field(
         False,
         description="read erasure requests and remove the requesting users' events from "
-        "every window not yet released (README, Erasure)",
+        "every window not yet released (docs/erasure.md)",
     )
     requests_topic: str = Field(
         "stream-dp.erasure-requests",
@@ -48,7 +50,7 @@ class ErasureConfig(BaseModel):
         "stream-dp.erasure-responses",
         description="one response per request: status and the windows it affected",
     )
-    retention_s: int = Field(
+    retention_s: Integer = Field(
         DEFAULT_INPUT_RETENTION_S,
         ge=60,
         description="how long an erasure is kept after it was applied: at least the input "

@@ -5,10 +5,11 @@ environment variable) and what is allowed.
 YAML 1.1 (what PyYAML reads) turns some unquoted words into values nobody meant: ``yes``,
 ``no``, ``on``, ``off`` are booleans (the country code ``NO`` becomes ``false``), ``010`` is
 the octal 8, ``1:30`` the sexagesimal 90, while ``1e3`` (no dot) stays the *string* "1e3".
-For ordinary settings the model converts these as intended (``keyed_by_user: yes`` is true,
-``delta: 1e-6`` is a number). In the values of ``queries[].keys`` and ``queries[].where``,
-which are compared with event values exactly, they are refused with the spelling that says
-what was meant.
+For ordinary settings: ``keyed_by_user: yes`` is true; an unquoted ``1e-6`` given to a
+number field is the number; a boolean is never a number (``horizon_windows: yes`` is
+refused, see :mod:`stream_dp.config.numbers`). In the values of ``queries[].keys`` and
+``queries[].where``, which are compared with event values exactly, they are refused with
+the spelling that says what was meant.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from stream_dp.config.environment import (
     read_environment,
 )
 from stream_dp.config.model import Config, ConfigOrigin
+from stream_dp.config.numbers import field_kind
 from stream_dp.errors import ConfigError
+from stream_dp.privacy.planner import plan_config
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 _NUMBER_LIKE = re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)$")
 #: Plain integers whose YAML 1.1 value differs from their decimal reading.
 _ODD_INT = re.compile(r"^[-+]?(?:0[0-9_]+|0[xXbBoO].*|.*[:_].*)$")
+#: Plain integers YAML 1.1 reads in octal (a leading zero).
+_OCTAL = re.compile(r"^[-+]?0[0-9_]+$")
 
 
 @dataclass(frozen=True)
@@ -97,8 +102,36 @@ def _settle(data: Any, path: tuple[str | int, ...] = ()) -> Any:
     if isinstance(data, _Ambiguous):
         if len(path) >= 4 and path[0] == "queries" and path[2] in ("keys", "where"):
             raise ConfigError(_ambiguous_message(data, path))
+        if _number_field(path):
+            return _settle_number(data, path)
         return data.value
     return data
+
+
+def _settle_number(item: _Ambiguous, path: tuple[str | int, ...]) -> Any:
+    """An ambiguous plain scalar given to a number field: an unquoted 1e-6 is the number;
+    an octal (010) or base-60 (1:30) integer is refused with the fix. Booleans are left to
+    the field, which refuses them."""
+    if isinstance(item.value, str):
+        return float(item.text)  # an unquoted 1e-6 for δ is the number
+    if isinstance(item.value, int) and not isinstance(item.value, bool):
+        base = "base 60" if ":" in item.text else "octal" if _OCTAL.match(item.text) else None
+        if base is not None:
+            raise ConfigError(
+                f"{_format_loc(path)} = {item.text}: YAML 1.1 reads this unquoted number in "
+                f"{base}, as {item.value}; write the number you mean in plain decimal digits "
+                f"(e.g. {item.value}, if that is it)"
+            )
+    return item.value
+
+
+def _number_field(path: tuple[str | int, ...]) -> bool:
+    """Whether the key at ``path`` is a number field (an integer or a number)."""
+    if not path or not isinstance(path[-1], str):
+        return False
+    model = _model_at(path[:-1])
+    field = None if model is None else model.model_fields.get(path[-1])
+    return field is not None and field_kind(field) in ("integer", "number")
 
 
 def _yaml_float(value: float) -> str:
@@ -184,15 +217,22 @@ def _describe(error: Mapping[str, Any], origin: ConfigOrigin, source: str) -> st
     where = _came_from(loc, origin, source)
     if error["type"] == "extra_forbidden":
         owner = _model_at(loc[:-1])
-        allowed = ", ".join(owner.model_fields) if owner else "see README"
+        allowed = ", ".join(owner.model_fields) if owner else "see docs/configuration.md"
         return f"{path} ({where}): unknown key; allowed here: {allowed}"
     if error["type"] == "missing":
         return f"{path}: required but missing"
     value = error.get("input")
     secret = any("password" in str(part) for part in loc)
-    shown = "" if isinstance(value, Mapping) or secret else f" = {value!r}"
+    shown = "" if isinstance(value, Mapping) or secret else f" = {_spelled(value)}"
     msg = str(error["msg"]).removeprefix("Value error, ")
     return f"{path}{shown} ({where}): {msg}"
+
+
+def _spelled(value: Any) -> str:
+    """A value as the user wrote it (YAML spells booleans true and false)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
 
 
 def _heading(source: str, origin: ConfigOrigin) -> str:
@@ -220,14 +260,11 @@ def parse_config(
     check_leftovers(leftovers, [v for v in key_variables if isinstance(v, str)])
     origin = ConfigOrigin(file=file, environment=origins(overrides))
     _report_replaced_queries(data, origin, source)
-    # Imported here: the planner imports this package's model.
-    from stream_dp.privacy.planner import plan_config
-
     try:
         config = Config(**merged)
         # Planning checks what follows from several settings at once (noise scales,
         # value ranges in noise units, public key products): refused at load, not later.
-        plan_config(config)
+        plan_config(config.spec())
     except ValidationError as exc:
         lines = "\n  ".join(_describe(e, origin, source) for e in exc.errors())
         raise ConfigError(f"{_heading(source, origin)}:\n  {lines}") from None

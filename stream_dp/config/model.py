@@ -1,4 +1,5 @@
-"""The pipeline specification (CONTRACT.md): a frozen pydantic model, one class per section.
+"""The pipeline specification (docs/configuration.md): a frozen pydantic model, one class
+per section.
 
 Every key may come from the YAML file or from an environment variable
 ``STREAM_DP_<SECTION>__<KEY>`` (the environment wins; :mod:`stream_dp.config.environment`
@@ -32,6 +33,15 @@ from pydantic import (
 )
 
 from stream_dp.config.erasure import ErasureConfig, erasure_problem, fill_erasure_defaults
+from stream_dp.config.numbers import (
+    INTEGER,
+    Integer,
+    Number,
+    OptionalInteger,
+    OptionalNumber,
+    Timestamp,
+    describe_value,
+)
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.budget import (
     BOUNDS_CHARGE,
@@ -46,6 +56,18 @@ from stream_dp.privacy.group_values import (
     INT_MIN,
     JsonBool,
     python_equal_duplicates,
+)
+from stream_dp.privacy.mechanisms import MechanismName
+from stream_dp.privacy.specs import BOUND_NAMES as SPEC_BOUND_NAMES
+from stream_dp.privacy.specs import (
+    AutoBoundsSpec,
+    BoundsSpec,
+    ConfigSpec,
+    ContinualMechanism,
+    QuerySpec,
+    Scalar,
+    SelectionStrategy,
+    Statistic,
 )
 
 #: ε above this is meaningless as privacy; allowed only in the test mode below.
@@ -67,18 +89,7 @@ MAX_HORIZON_WINDOWS = 1_000_000
 #: Environment switch that tests set to allow ``privacy.unsafe_test_mode``.
 UNSAFE_TEST_MODE_ENV = "STREAM_DP_ALLOW_UNSAFE_TEST_MODE"
 
-Scalar = str | int | float | bool
-Statistic = Literal["count", "count_distinct_users", "sum", "mean"]
-SelectionStrategy = Literal[
-    "truncated_geometric",
-    "laplace_threshold",
-    "gaussian_threshold",
-    "count_threshold",
-    "weighted_gaussian",
-]
-MechanismName = Literal["discrete_laplace", "discrete_gaussian"]
 ReleaseMode = Literal["window", "cumulative"]
-ContinualMechanism = Literal["auto", "per_window_sum", "tree", "tree_honaker", "sqrt_factorization"]
 
 DEFAULT_GROUP_ID = "stream-dp"
 #: Topics named ``<kafka.group_id>.<suffix>`` unless the config names them.
@@ -114,23 +125,23 @@ class KafkaConfig(_Section):
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     ssl_key_password: SecretStr | None = None
-    session_timeout_ms: int = Field(10_000, ge=1000)
-    heartbeat_interval_ms: int = Field(3_000, ge=100)
-    request_timeout_ms: int = Field(30_000, ge=1000)
-    max_message_bytes: int = Field(
+    session_timeout_ms: Integer = Field(10_000, ge=1000)
+    heartbeat_interval_ms: Integer = Field(3_000, ge=100)
+    request_timeout_ms: Integer = Field(30_000, ge=1000)
+    max_message_bytes: Integer = Field(
         1_000_000,
         ge=65_536,
         le=100 * 1024 * 1024,
         description="largest record the worker writes (the brokers' message.max.bytes); "
         "partials and ledger records are split by their encoded size to stay under it",
     )
-    give_up_after_s: float = Field(
+    give_up_after_s: Number = Field(
         120.0,
         ge=5,
         description="a broker write retried this long without success stops the worker "
         "without committing (a supervisor restarts it); reads are retried while it waits",
     )
-    replication_factor: int | None = Field(
+    replication_factor: OptionalInteger = Field(
         None,
         ge=1,
         le=32767,
@@ -173,7 +184,7 @@ class InputConfig(_Section):
         "whose key is not its user id is dead-lettered); false repartitions by pseudonym "
         "through output.repartition_topic so one user's events meet in one worker",
     )
-    max_record_bytes: int = Field(65_536, gt=0, le=16 * 1024 * 1024)
+    max_record_bytes: Integer = Field(65_536, gt=0, le=16 * 1024 * 1024)
     partitioner: Literal["murmur2", "crc32"] = Field(
         "murmur2",
         description="with keyed_by_user: how producers map a key to a partition — murmur2 "
@@ -181,7 +192,7 @@ class InputConfig(_Section):
         "consistent/consistent_random default); a record on another partition is "
         "dead-lettered (misplaced_key)",
     )
-    max_future_s: float = Field(
+    max_future_s: Number = Field(
         300.0,
         ge=0,
         le=86_400,
@@ -211,7 +222,7 @@ class OutputConfig(_Section):
         f"{DEFAULT_GROUP_ID}.repartition",
         description="internal: events re-keyed by pseudonym (unkeyed input)",
     )
-    internal_retention_s: int = Field(
+    internal_retention_s: Integer = Field(
         MIN_DEFAULT_INTERNAL_RETENTION_S,
         ge=60,
         description="retention of the partials and repartition topics; default "
@@ -223,7 +234,7 @@ class OutputConfig(_Section):
         description="internal: the running-total state of cumulative queries (exact "
         "per-window totals of their public keys and noisy tree nodes; access-controlled)",
     )
-    continual_retention_s: int | None = Field(
+    continual_retention_s: OptionalInteger = Field(
         None,
         ge=60,
         description="retention of the continual topic; unset: twice the longest cumulative "
@@ -244,10 +255,10 @@ class OutputConfig(_Section):
 
 
 class WindowConfig(_Section):
-    size_s: int = Field(3600, gt=0, le=366 * 86_400)
-    grace_s: int = Field(60, ge=0)
-    idle_close_s: float = Field(30.0, gt=0)
-    start_at: datetime | None = Field(
+    size_s: Integer = Field(3600, gt=0, le=366 * 86_400)
+    grace_s: Integer = Field(60, ge=0)
+    idle_close_s: Number = Field(30.0, gt=0)
+    start_at: Timestamp = Field(
         None,
         description="the first window the deployment covers (rounded down to a window "
         "start); unset: the window of the wall clock when the deployment first starts, "
@@ -319,7 +330,7 @@ class PseudonymizationConfig(_Section):
     previous_key_env: str | None = None
     previous_key_file: Path | None = None
     previous_key_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,32}$")
-    rotate_at: datetime | None = Field(
+    rotate_at: Timestamp = Field(
         None, description="windows starting before this instant use the previous key"
     )
 
@@ -367,10 +378,10 @@ def _check_delta(value: float) -> float:
 
 
 class PrivacyConfig(_Section):
-    epsilon_per_window: float = Field(1.0, gt=0, allow_inf_nan=False)
-    delta_per_window: float = Field(1e-6, ge=0, lt=1, allow_inf_nan=False)
-    horizon_windows: int = Field(24, ge=1, le=MAX_HORIZON_WINDOWS)
-    max_epsilon_per_horizon: float = Field(24.0, gt=0, allow_inf_nan=False)
+    epsilon_per_window: Number = Field(1.0, gt=0, allow_inf_nan=False)
+    delta_per_window: Number = Field(1e-6, ge=0, lt=1, allow_inf_nan=False)
+    horizon_windows: Integer = Field(24, ge=1, le=MAX_HORIZON_WINDOWS)
+    max_epsilon_per_horizon: Number = Field(24.0, gt=0, allow_inf_nan=False)
     unsafe_test_mode: bool = Field(
         False,
         description="allows ε > 100 so tests can make noise negligible; refused unless "
@@ -414,19 +425,20 @@ AUTO_CAP_DEFAULTS = {
     "max_contributions_per_key": 1000,
 }
 BOUND_NAMES = tuple(AUTO_START_DEFAULTS)
+assert BOUND_NAMES == SPEC_BOUND_NAMES
 
 
 class BoundValues(_Section):
     """One value per bound (``bounds.auto.start`` / ``bounds.auto.cap``); unset keys take
     the defaults."""
 
-    max_contributions_per_window: int | None = Field(None, ge=1, le=MAX_CONTRIBUTIONS)
-    max_keys_per_user: int | None = Field(None, ge=1, le=MAX_CONTRIBUTIONS)
-    max_contributions_per_key: int | None = Field(None, ge=1, le=MAX_CONTRIBUTIONS)
+    max_contributions_per_window: OptionalInteger = Field(None, ge=1, le=MAX_CONTRIBUTIONS)
+    max_keys_per_user: OptionalInteger = Field(None, ge=1, le=MAX_CONTRIBUTIONS)
+    max_contributions_per_key: OptionalInteger = Field(None, ge=1, le=MAX_CONTRIBUTIONS)
 
 
 class AutoBoundsConfig(_Section):
-    """How bounds set to ``auto`` are chosen (README "Automatic bounds").
+    """How bounds set to ``auto`` are chosen (docs/automatic-bounds.md).
 
     Every window spends ``epsilon_share`` × ``privacy.epsilon_per_window`` on differentially
     private histograms of its users' contributions; the bounds that minimise the expected
@@ -434,7 +446,7 @@ class AutoBoundsConfig(_Section):
     covered window uses ``start``; no window uses more than ``cap``.
     """
 
-    epsilon_share: float = Field(
+    epsilon_share: Number = Field(
         0.2,
         ge=0.01,
         le=0.5,
@@ -456,13 +468,20 @@ class AutoBoundsConfig(_Section):
 
 def _bound_or_auto(value: Any) -> Any:
     """A contribution bound: an integer in 1 … MAX_CONTRIBUTIONS, or ``auto`` (one clear
-    message instead of one per member of the union)."""
+    message instead of one per member of the union). No boolean, text or decimal is read
+    as a number (``max_contributions_per_window: yes`` is not a bound of 1)."""
     if value is None or value == "auto":
         return value
-    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
-        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"must be an integer in 1 … {MAX_CONTRIBUTIONS}, or auto; got {value!r}")
+        fix = "write it as digits without quotes (e.g. 40), or auto"
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            fix = f"write {int(value)}, or auto"
+        elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            fix = f"write {int(value)} without quotes, or auto"
+        raise ValueError(
+            f"must be an integer in 1 … {MAX_CONTRIBUTIONS}, or auto; got "
+            f"{describe_value(value)}; {fix}"
+        )
     if value < 1:
         raise ValueError(f"must be at least 1 (or auto), got {value}")
     if value > MAX_CONTRIBUTIONS:
@@ -474,15 +493,18 @@ def _bound_or_auto(value: Any) -> Any:
 
 
 #: A contribution bound: 1 … MAX_CONTRIBUTIONS, or auto.
-BoundValue = Annotated[int | Literal["auto"], BeforeValidator(_bound_or_auto)]
+BoundValue = Annotated[int | Literal["auto"], BeforeValidator(_bound_or_auto), INTEGER]
+OptionalBoundValue = Annotated[
+    int | Literal["auto"] | None, BeforeValidator(_bound_or_auto), INTEGER
+]
 
 
 class BoundsConfig(_Section):
     max_contributions_per_window: BoundValue = Field(
         40, description="k: events kept per user, or auto"
     )
-    max_keys_per_user: BoundValue | None = Field(None, description="L0: keys per user, or auto")
-    max_contributions_per_key: BoundValue | None = Field(
+    max_keys_per_user: OptionalBoundValue = Field(None, description="L0: keys per user, or auto")
+    max_contributions_per_key: OptionalBoundValue = Field(
         None, description="Linf: events per key, or auto"
     )
     auto: AutoBoundsConfig | None = Field(
@@ -531,6 +553,23 @@ class BoundsConfig(_Section):
             raise ConfigError("bounds set to auto have no single value; use start_bounds()")
         return int(k), l0, linf
 
+    def spec(self) -> BoundsSpec:
+        """Concrete bounds as the planner takes them (ConfigError if one is auto)."""
+        return BoundsSpec(*self.values())
+
+    def auto_spec(self, epsilon_per_window: float) -> AutoBoundsSpec | None:
+        """What the planner needs to know of ``bounds: auto`` (None when nothing is auto)."""
+        if not self.is_auto:
+            return None
+        share = self.auto_settings.epsilon_share
+        return AutoBoundsSpec(
+            auto_fields=self.auto_fields,
+            start=self.start_bounds().spec(),
+            cap=self.cap_bounds().spec(),
+            epsilon=share * epsilon_per_window,
+            epsilon_share=share,
+        )
+
     @model_validator(mode="after")
     def _auto_consistent(self) -> BoundsConfig:
         auto = self.auto_fields
@@ -559,31 +598,31 @@ class QueryConfig(_Section):
     where: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
     keys: Literal["private"] | dict[str, list[Scalar]] = "private"
     selection: SelectionStrategy = "truncated_geometric"
-    selection_epsilon_share: float = Field(
+    selection_epsilon_share: Number = Field(
         0.5, ge=0.01, le=0.99, description="share of ε spent on choosing private keys"
     )
-    epsilon: float = Field(gt=0, allow_inf_nan=False)
-    delta: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
+    epsilon: Number = Field(gt=0, allow_inf_nan=False)
+    delta: Number = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
     mechanism: MechanismName = "discrete_laplace"
     value_field: str | None = None
-    lower: float | None = Field(None, allow_inf_nan=False)
-    upper: float | None = Field(None, allow_inf_nan=False)
-    granularity: float | None = Field(
+    lower: OptionalNumber = Field(None, allow_inf_nan=False)
+    upper: OptionalNumber = Field(None, allow_inf_nan=False)
+    granularity: OptionalNumber = Field(
         None,
         gt=0,
         allow_inf_nan=False,
         description="sum/mean values are rounded to multiples of this before noise",
     )
-    mean_count_share: float = Field(
+    mean_count_share: Number = Field(
         0.5, ge=0.01, le=0.99, description="mean: share of the noise ε spent on the count"
     )
     clamp_negative: bool = Field(False, description="post-process negative values to 0")
     release: ReleaseMode = Field(
         "window",
         description="window: one value per window; cumulative: the running total since the "
-        "start of the horizon (continual release, see README 'Continual release')",
+        "start of the horizon (continual release, see docs/continual-release.md)",
     )
-    horizon_windows: int | None = Field(
+    horizon_windows: OptionalInteger = Field(
         None,
         ge=MIN_HORIZON_WINDOWS,
         le=MAX_TREE_HORIZON,
@@ -594,7 +633,7 @@ class QueryConfig(_Section):
         description="cumulative: how running totals are noised; auto picks the smallest "
         "predicted error at the horizon's worst window (stream-dp plan shows every option)",
     )
-    horizon_origin: datetime | None = Field(
+    horizon_origin: Timestamp = Field(
         None,
         description="cumulative: an instant at which a horizon starts (window-aligned; "
         "default the Unix epoch); horizons are consecutive blocks of T windows around it",
@@ -617,6 +656,38 @@ class QueryConfig(_Section):
     @property
     def public_keys(self) -> bool:
         return self.keys != "private"
+
+    def spec(self) -> QuerySpec:
+        """The query as the planner takes it (:class:`stream_dp.privacy.specs.QuerySpec`)."""
+        keys = self.keys
+        return QuerySpec(
+            name=self.name,
+            epsilon=self.epsilon,
+            statistic=self.statistic,
+            group_by=tuple(self.group_by),
+            key_values=(
+                None if isinstance(keys, str) else tuple(tuple(keys[f]) for f in self.group_by)
+            ),
+            where=tuple(
+                (f, tuple(v) if isinstance(v, list) else v) for f, v in sorted(self.where.items())
+            ),
+            selection=self.selection,
+            selection_epsilon_share=self.selection_epsilon_share,
+            delta=self.delta,
+            mechanism=self.mechanism,
+            value_field=self.value_field,
+            lower=self.lower,
+            upper=self.upper,
+            granularity=self.granularity,
+            mean_count_share=self.mean_count_share,
+            clamp_negative=self.clamp_negative,
+            cumulative=self.cumulative,
+            horizon_windows=self.horizon_windows,
+            continual_mechanism=self.continual_mechanism,
+            horizon_origin_s=(
+                0 if self.horizon_origin is None else int(self.horizon_origin.timestamp())
+            ),
+        )
 
     @property
     def value_granularity(self) -> float:
@@ -756,7 +827,7 @@ def _public_key_duplicates(query: str, field: str, values: list[Scalar]) -> None
     raise ValueError(
         f"query {query}: keys.{field} lists the value {_show(again)} twice "
         f"(as {_show(first)} and {_show(again)}); a public key list must hold distinct "
-        "values — 1, 1.0 and true count as one value (PRIVACY.md invariant 5), each "
+        "values — 1, 1.0 and true count as one value (docs/privacy.md#invariant-5), each "
         "listed value is released as its own key — so remove the repeat (quote it, e.g. "
         '"1", if you mean a string)'
     )
@@ -772,7 +843,7 @@ def _show(value: object) -> str:
 class MetricsConfig(_Section):
     enabled: bool = True
     host: str = "127.0.0.1"
-    port: int = Field(9108, ge=0, le=65535, description="0 picks a free port")
+    port: Integer = Field(9108, ge=0, le=65535, description="0 picks a free port")
 
 
 class LoggingConfig(_Section):
@@ -815,12 +886,9 @@ def _horizon_or_none(privacy: Any) -> int | None:
     raw = privacy.get("horizon_windows", default) if isinstance(privacy, Mapping) else None
     if privacy is None:
         raw = default
-    if isinstance(raw, bool) or not isinstance(raw, int | str):
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        return None
+    if type(raw) is not int:
+        return None  # a boolean, text or decimal: refused with its path
+    value = raw
     return value if 1 <= value <= MAX_HORIZON_WINDOWS else None
 
 
@@ -996,6 +1064,20 @@ class Config(BaseModel):
                 f"({self.output.internal_retention_s} s): running totals would lose their "
                 f"state mid-horizon; set it to at least {needed} or remove it (forever)"
             )
+
+    def spec(self) -> ConfigSpec:
+        """What the planner plans (:func:`stream_dp.privacy.planner.plan_config`)."""
+        return ConfigSpec(
+            queries=tuple(q.spec() for q in self.queries),
+            bounds=self.bounds.start_bounds().spec(),
+            window_size_s=self.window.size_s,
+            epsilon_per_window=self.privacy.epsilon_per_window,
+            delta_per_window=self.privacy.delta_per_window,
+            horizon_windows=self.privacy.horizon_windows,
+            max_epsilon_per_horizon=self.privacy.max_epsilon_per_horizon,
+            unsafe_test_mode=self.privacy.unsafe_test_mode,
+            auto_bounds=self.bounds.auto_spec(self.privacy.epsilon_per_window),
+        )
 
     @property
     def bounds_epsilon(self) -> float:

@@ -123,7 +123,7 @@ class ConsoleReporter:
         leave = _leave_window(opts.windows)
         if leave is not None:
             p(
-                f"           employee-0000 goes on leave after window {leave} (seed 000): "
+                f"           employee-0000 goes on leave after window {leave}: "
                 "the numbers must not give that away"
             )
         p(

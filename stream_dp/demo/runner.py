@@ -148,7 +148,7 @@ async def run_demo(options: DemoOptions, reporter: Reporter, *, stop: asyncio.Ev
                 events=len(events),
                 rare_domains=spec.rare_domains,
                 config=config,
-                plan=plan_config(config),
+                plan=plan_config(config.spec()),
             )
         )
         await _unless_stopped(

@@ -1,4 +1,4 @@
-"""What the demo runs: seed 000's browser logs and a configuration built in code.
+"""What the demo runs: synthetic browser logs and a configuration built in code.
 
 Data (:mod:`stream_dp.synthetic.browser_logs`): employees visiting a few popular domains
 (Zipf), heavy-tailed activity, rare domains each visited by one employee, and employee-0000
@@ -84,7 +84,8 @@ def config_data(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any]:
             "bootstrap_servers": bootstrap_servers,
             "group_id": "stream-dp-demo",
             "client_id": "stream-dp-demo",
-            # The embedded broker holds every JoinGroup for session_timeout/2 (BROKER.md).
+            # The embedded broker holds every JoinGroup for session_timeout/2
+            # (docs/architecture.md#embedded-broker).
             "session_timeout_ms": 2000,
             "heartbeat_interval_ms": 500,
         },

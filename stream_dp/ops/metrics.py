@@ -268,7 +268,8 @@ class Metrics:
             "Records between the worker's position and the partition's high watermark, per "
             "topic and assigned partition of every topic the worker reads (input, "
             "repartition, partials). Approximate on the embedded broker, whose high "
-            "watermark is the last batch's base offset + 1, not the log end (BROKER.md); "
+            "watermark is the last batch's base offset + 1, not the log end "
+            "(docs/architecture.md#embedded-broker); "
             "exact on Apache Kafka.",
             ["topic", "partition"],
             registry=r,
@@ -300,8 +301,10 @@ class Metrics:
         # --- scale-out: repartition and partials --------------------------------------------
         self.events_repartitioned = Counter(
             "stream_dp_events_repartitioned",
-            "Valid events re-keyed by pseudonym to the repartition topic (unkeyed input), so "
-            "that one user's events meet in one worker.",
+            "Valid events stage 0 took from the input (unkeyed input): re-keyed by pseudonym "
+            "to the repartition topic, so that one user's events meet in one worker, or "
+            "dropped there because their user is erased. Both count alike, so that the "
+            "counter never tells whether an erased user is still sending.",
             registry=r,
         )
         self.repartition_duplicates_skipped = Counter(
@@ -329,17 +332,11 @@ class Metrics:
             registry=r,
         )
 
-        # --- erasure (README, "Erasure") ----------------------------------------------------
+        # --- erasure (docs/erasure.md) ----------------------------------------------------
         self.erasure_requests_applied = Counter(
             "stream_dp_erasure_requests_applied",
             "Erasure requests this worker recorded in the erasure log and answered (bad "
             "requests count as bad_records{reason=\"bad_erasure_request\"}).",
-            registry=r,
-        )
-        self.erased_events_dropped = Counter(
-            "stream_dp_erased_events_dropped",
-            "Raw input events of erased users dropped on arrival or removed from open "
-            "windows (like events_consumed, a count of raw records, never of whose).",
             registry=r,
         )
         self.erasures_active = Gauge(
@@ -390,6 +387,13 @@ class Metrics:
             "Partition-count changes (or disappearances) of a topic the worker reads, seen "
             "while running: see the runbook.",
             ["topic"],
+            registry=r,
+        )
+        self.ledger_lost = Gauge(
+            "stream_dp_ledger_lost",
+            "1 while the worker releases nothing because the ledger topic lost this "
+            "deployment's records (deleted, recreated or renamed) while its group or output "
+            "topic shows earlier releases: see the runbook (stream-dp ledger rebuild).",
             registry=r,
         )
         self.ledger_draws_discarded = Counter(

@@ -1,6 +1,6 @@
 """``bounds: auto`` in the pipeline: which bounds each window uses, and where they come from.
 
-The rule (PRIVACY.md, Budget; :mod:`stream_dp.privacy.adaptive_bounds` has the argument):
+The rule (docs/privacy.md#budget; :mod:`stream_dp.privacy.adaptive_bounds` has the argument):
 
 - the first covered window uses the configured start values;
 - every later window w uses the bounds decided from window w − 1: a ``bounds`` record in
@@ -21,13 +21,12 @@ The rule (PRIVACY.md, Budget; :mod:`stream_dp.privacy.adaptive_bounds` has the a
 
 from __future__ import annotations
 
-import functools
 import random  # only the type of the sampling PRNG that picks a user's per-key bin (not a DP draw)
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from stream_dp.config.model import BoundsConfig, Config
+from stream_dp.config.model import Config
 from stream_dp.pipeline.ledger import (
     BoundsDecision,
     LedgerIndex,
@@ -43,24 +42,11 @@ from stream_dp.privacy.adaptive_bounds import (
     choose_bounds,
 )
 from stream_dp.privacy.budget import BOUNDS_CHARGE
-from stream_dp.privacy.planner import AutoBoundsPlan, plan_auto_bounds, plan_config
+from stream_dp.privacy.planner import AutoBoundsPlan, plan_config
 from stream_dp.windows.tumbling import iso_utc
 
 #: (group key, value) of an item for a query, or None when the query does not count it.
 Projection = Callable[[int], "tuple[Any, int] | None"]
-
-
-def bounds_config(bounds: BoundsTriple) -> BoundsConfig:
-    """Concrete bounds as the planner takes them."""
-    k, l0, linf = bounds
-    return _bounds_config(k, l0, linf)
-
-
-@functools.lru_cache(maxsize=1024)
-def _bounds_config(k: int, l0: int | None, linf: int | None) -> BoundsConfig:
-    return BoundsConfig(
-        max_contributions_per_window=k, max_keys_per_user=l0, max_contributions_per_key=linf
-    )
 
 
 class BoundsSchedule:
@@ -72,7 +58,7 @@ class BoundsSchedule:
         self.ledger = ledger
         self.auto = config.bounds.is_auto
         self.plan: AutoBoundsPlan | None = (
-            plan_auto_bounds(config, plan_config(config).queries) if self.auto else None
+            plan_config(config.spec()).auto_bounds if self.auto else None
         )
         self.start: BoundsTriple = config.bounds.start_bounds().values()
         #: The bounds reservoirs hold (the caps under auto).
@@ -255,7 +241,8 @@ def auto_seal_plan(config: Config, queries: Sequence[Any]) -> AutoSeal | None:
     queries (``name`` and ``project``), in configuration order."""
     if not config.bounds.is_auto:
         return None
-    plan = plan_auto_bounds(config, plan_config(config).queries)
+    plan = plan_config(config.spec()).auto_bounds
+    assert plan is not None  # a bound is auto
     projections: dict[str, Projection] = {}
     for q in queries:
         projections.setdefault(plan.projection_of[q.name], q.project)

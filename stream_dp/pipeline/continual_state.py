@@ -10,8 +10,8 @@ and read back *before* any value derived from them is ledgered.
 
 Why a topic of its own, not the ledger: the draws hold the window's exact bounded totals
 per public key (``exact_totals``), as sensitive as the partials topic, while the ledger holds
-only what the output topic may hold (ARCHITECTURE.md, "Where each number goes"). The topic is
-internal and access-controlled (README "Attack model"; docs/THREAT_MODEL.md).
+only what the output topic may hold (docs/architecture.md#where-each-number-goes). The topic is
+internal and access-controlled (docs/attack-model.md; docs/THREAT_MODEL.md).
 
 Records, keyed ``<query>|<window_start>|<draw id>|part-<i>``: one *draw* of one (query,
 window) in parts (large key lists are split by encoded size), each part carrying the draw id,
@@ -69,8 +69,8 @@ class StateDraw:
     #: the previous window's winning draw this one extends (None: the chain's first window)
     after: str | None
     draws: WindowDraws
-    #: the erasure-log position every partial of the window's totals had applied (README,
-    #: Erasure); 0 when erasure is off
+    #: the erasure-log position every partial of the window's totals had applied
+    #: (docs/erasure.md); 0 when erasure is off
     erasures_through: int = 0
 
     @property

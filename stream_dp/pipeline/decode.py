@@ -1,4 +1,4 @@
-"""Decode and validate one input record (CONTRACT.md, "Input records").
+"""Decode and validate one input record (docs/topics.md#input-records).
 
 Anything that is not a usable event becomes a :class:`BadRecord` with a reason code from
 :data:`REASONS`; the caller sends it to the dead-letter topic. Details never quote values
@@ -41,7 +41,7 @@ REASONS: Final = (
     "bad_erasure_request",
 )
 
-#: Epoch numbers below this are seconds, at or above it milliseconds (CONTRACT.md).
+#: Epoch numbers below this are seconds, at or above it milliseconds (docs/topics.md#input-records).
 EPOCH_MS_CUTOFF = 1e11
 #: Earliest accepted event time (1990-01-01): older stamps are absurd for live streams.
 MIN_EVENT_TIME_S = 631_152_000.0

@@ -1,4 +1,4 @@
-"""When an erasure applies to a window's release: the exact cut-off (README, "Erasure").
+"""When an erasure applies to a window's release: the exact cut-off (docs/erasure.md).
 
 **The rule.** Before drawing a window, its releaser (the owner of the window's partials
 partition) writes a ``cut`` record for the window to the ledger and waits for the broker's
@@ -11,7 +11,7 @@ erasure reaches it, and stage 2 takes the version that applied the most erasures
 So an erasure recorded (acknowledged in the erasure log) at time *t* is applied to every
 window whose cut is acknowledged after *t* — in particular to every window whose release
 had not begun at *t*. A window whose cut came first is released as it was drawn and never
-recomputed: a second noise draw would let anyone average the two (PRIVACY.md invariant 3),
+recomputed: a second noise draw would let anyone average the two (docs/privacy.md#invariant-3),
 and its values are differentially private for the user already.
 
 **The response.** The worker that records a request then reads the ledger to fresh fences:

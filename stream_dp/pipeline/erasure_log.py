@@ -3,10 +3,10 @@
 Every worker reads the whole log — partition 0, the only one (one order of erasures: a
 position says "everything before it is applied") — by manual assignment, from the beginning
 at start. :meth:`ErasureLog.catch_up` writes a fence and reads until it comes back (end
-offsets are unreliable on some brokers, BROKER.md), so afterwards every erasure recorded
-before the call is known; :meth:`ErasureLog.poll` takes whatever has arrived, without
-waiting. Both return the erasures new to the set, in log order, for the caller to apply —
-also those a failed earlier call read but could not hand over.
+offsets are unreliable on some brokers, docs/architecture.md#embedded-broker), so
+afterwards every erasure recorded before the call is known; :meth:`ErasureLog.poll` takes
+whatever has arrived, without waiting. Both return the erasures new to the set, in log order,
+for the caller to apply — also those a failed earlier call read but could not hand over.
 """
 
 from __future__ import annotations

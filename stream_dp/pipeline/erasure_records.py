@@ -1,4 +1,4 @@
-"""The erasure topics' records: requests, the erasure log and responses (README, "Erasure").
+"""The erasure topics' records: requests, the erasure log and responses (docs/erasure.md).
 
 - A **request** (``erasure.requests_topic``, ``topics/erasure.schema.json``):
   ``{"user_id", "requested_at", "request_id"}`` — the only record after the input that holds
@@ -7,7 +7,7 @@
   pseudonym under every key a window it affects may use, when it was recorded and until
   when it is kept — keyed by the pseudonym, with no request id, so the log says which
   pseudonyms are erased and nothing that links them to a person. Fence records find the
-  log's end, as in the ledger (BROKER.md).
+  log's end, as in the ledger (docs/architecture.md#embedded-broker).
 - A **response** (``erasure.responses_topic``, ``topics/erasure_response.schema.json``),
   keyed by request id: ``applied`` with the windows released before (not recomputed) and the
   windows released without the user, or ``rejected`` with a reason. No id, no pseudonym.

@@ -1,4 +1,4 @@
-"""``stream-dp replay --erasures FILE``: erasure requests applied offline (README, "Erasure").
+"""``stream-dp replay --erasures FILE``: erasure requests applied offline (docs/erasure.md).
 
 The file holds request records as on ``erasure.requests_topic``, one JSON object per line.
 Offline there is no wall clock to order a request against releases, so its

@@ -1,4 +1,4 @@
-"""The worker's erasure duties (README, "Erasure"), with Kafka at the edges.
+"""The worker's erasure duties (docs/erasure.md), with Kafka at the edges.
 
 - **Requests** (``erasure.requests_topic``, read in the deployment's consumer group: one
   worker per partition): each request is validated, its user id normalised and

@@ -34,7 +34,7 @@ normalisation runs once per distinct id and batch, not per event. With keyed inp
 record key must be the *normalised* id: two spellings of one user keyed by their raw ids
 could sit on two partitions and be bounded twice.
 
-Erasure (README, "Erasure"; on when the transport sets :attr:`IngestStage.erasures`): both
+Erasure (docs/erasure.md; on when the transport sets :attr:`IngestStage.erasures`): both
 stages drop the events of erased pseudonyms on arrival, :meth:`IngestStage.apply_erasures`
 removes newly erased users from every window held, and with :attr:`keep_sealed` a sealed
 window's state stays until its release is known, so that an erasure arriving in between
@@ -226,7 +226,7 @@ class IngestStage(ColumnIngest):
         self.require_read_proof = False
         # Stage 0, per input partition: when its reader was last at the log's end.
         self._routed_read_through: dict[int, float] = {}
-        #: Erasures in force (README, Erasure): set by the transport when erasure is on.
+        #: Erasures in force (docs/erasure.md): set by the transport when erasure is on.
         self.erasures: ErasureSet | None = None
         #: The erasure-log position this stage's state has applied (stamped on partials).
         self.erasures_applied = 0
@@ -372,9 +372,9 @@ class IngestStage(ColumnIngest):
             batch_max = min(batch_max, now_s)
             if batch_max > self._routed_max.get(partition, -math.inf):
                 self._routed_max[partition] = batch_max
-        metrics.events_repartitioned.inc(len(out))
-        if n_erased:
-            metrics.erased_events_dropped.inc(n_erased)
+        # An erased user's events count as taken, like any valid event: the counter must not
+        # tell whether someone erased is still sending (no per-person count on /metrics).
+        metrics.events_repartitioned.inc(len(out) + n_erased)
         return out, dead
 
     def progress_marks(self, now_mono_s: float) -> list[bytes]:
@@ -496,7 +496,6 @@ class IngestStage(ColumnIngest):
         run_items: list[int] = []
         erasures = self.erasures
         erased: frozenset[bytes] = _NONE_ERASED
-        n_erased = 0
         for offset, key, value in records:
             pseudonym: bytes | None
             record_key_id: str | None = None
@@ -639,8 +638,7 @@ class IngestStage(ColumnIngest):
                     )
                     continue
             if erased and pseudonym in erased:
-                n_erased += 1  # erased: never enters a reservoir (and is no activity)
-                continue
+                continue  # erased: never enters a reservoir (and is no activity, no count)
             if max_time is None or t > max_time:
                 max_time = t
             run_pseudonyms.append(pseudonym)
@@ -663,8 +661,6 @@ class IngestStage(ColumnIngest):
             metrics.replayed_events_skipped.inc(skipped)
         if duplicates:
             metrics.repartition_duplicates_skipped.inc(duplicates)
-        if n_erased:
-            metrics.erased_events_dropped.inc(n_erased)
         if stale_key:
             metrics.late_events.inc(stale_key)
             log.warning(
@@ -855,12 +851,13 @@ class IngestStage(ColumnIngest):
             )
         return marks
 
-    # -- erasure (README, "Erasure") -------------------------------------------------------
+    # -- erasure (docs/erasure.md) -------------------------------------------------------
     def apply_erasures(self, erasures: Sequence[Erasure], position: int) -> None:
         """Take in erasures just added to :attr:`erasures` (the log read up to ``position``):
         remove their users from every window held, and mark the sealed windows kept for
-        their release to be sealed again (every partial must say it applied them)."""
-        removed = 0
+        their release to be sealed again (every partial must say it applied them). Nothing
+        on /metrics says how many events were removed: that would tell how active the
+        erased person was."""
         for p, windows in self._state.items():
             kept = self._kept.get(p, ())
             for ws, part in windows.items():
@@ -871,12 +868,10 @@ class IngestStage(ColumnIngest):
                 for e in covering:
                     pseudonym = e.pseudonyms.get(key_id)
                     if pseudonym is not None:
-                        removed += part.samples.remove(pseudonym)
+                        part.samples.remove(pseudonym)
                 if ws in kept:
                     self._reseal.add((p, ws))
         self.erasures_applied = max(self.erasures_applied, position)
-        if removed:
-            self.metrics.erased_events_dropped.inc(removed)
 
     def reseal_due(self) -> list[tuple[int, int]]:
         """Sealed windows to seal again (an erasure reached them before their release):

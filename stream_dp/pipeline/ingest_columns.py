@@ -270,9 +270,8 @@ class ColumnIngest:
                 batch_max = min(float(cols.times[sent].max()), now_s)
                 if batch_max > self._routed_max.get(partition, -math.inf):
                     self._routed_max[partition] = batch_max
-        metrics.events_repartitioned.inc(routed)
-        if erased:
-            metrics.erased_events_dropped.inc(erased)
+        # An erased user's events count as taken, like any valid event (see ingest.route).
+        metrics.events_repartitioned.inc(routed + erased)
         return out, dead
 
     def _decode_each(
@@ -364,7 +363,7 @@ class ColumnIngest:
             homes = self._partitions_of_keys(expected, self.source_partitions)
             if (homes != partition).any():
                 return False
-        late = skipped = erased = 0
+        late = skipped = 0
         max_time: float | None = None
         if accepted:
             pseudonyms = pseudonym_columns(normal, self.keyring.for_window(accepted[0]).pseudonym)
@@ -390,8 +389,7 @@ class ColumnIngest:
                 rows = starts == ws
                 first = offsets[int(np.argmax(rows))]  # the window's first record
                 gone = self._erased_rows(key_id, ws, words)
-                if gone is not None:  # erased: never enters a sample (and is no activity)
-                    erased += int(np.count_nonzero(rows & gone))
+                if gone is not None:  # erased: never enters a sample (no activity, no count)
                     rows &= ~gone
                 # (State for the window even if all its events were erased, as record by
                 # record: it is sealed and released like any other.)
@@ -410,8 +408,6 @@ class ColumnIngest:
         tracker = self._tracker(partition, now_mono_s, routed=False)
         if max_time is not None:
             tracker.observe(partition, min(max_time, now_s), now_mono_s)
-        if erased:
-            metrics.erased_events_dropped.inc(erased)
         if late:
             metrics.late_events.inc(late)
         if skipped:
@@ -452,7 +448,7 @@ class ColumnIngest:
         )
         sids = table[packed.signature_index]
         starts = self._window_starts(packed.times)
-        late = skipped = stale = erased = 0
+        late = skipped = stale = 0
         for ws in np.unique(starts[fresh]).tolist():
             rows = fresh & (starts == ws)
             count = int(np.count_nonzero(rows))
@@ -465,13 +461,11 @@ class ColumnIngest:
                 stale += count
             else:
                 gone = self._erased_rows(packed.key_id, ws, words)
-                if gone is not None:  # erased: never enters a sample
-                    erased += int(np.count_nonzero(rows & gone))
+                if gone is not None:  # erased: never enters a sample (no count)
                     rows &= ~gone
-                if rows.any():
-                    self._accept(partition, ws, offset, words[rows], sids[rows])
-        if erased:
-            metrics.erased_events_dropped.inc(erased)
+                # State for the window even if all its events were erased, as record by
+                # record: whether a window opens must not tell that an erased user sent.
+                self._accept(partition, ws, offset, words[rows], sids[rows])
         if late or stale:
             metrics.late_events.inc(late + stale)
         if skipped:
@@ -489,7 +483,7 @@ class ColumnIngest:
         self, key_id: str, window_start_s: int, words: np.ndarray
     ) -> np.ndarray | None:
         """Which rows (pseudonyms as (n, 2) words) belong to users erased for the window
-        (README, Erasure); None when nobody is."""
+        (docs/erasure.md); None when nobody is."""
         if self.erasures is None:
             return None
         erased = self.erasures.erased(key_id, window_start_s)

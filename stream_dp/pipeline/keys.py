@@ -1,4 +1,4 @@
-"""Load the pseudonym key(s) from the environment or a file (PRIVACY.md invariant 8).
+"""Load the pseudonym key(s) from the environment or a file (docs/privacy.md#invariant-8).
 
 The worker refuses to start without a key; only ``stream-dp demo`` makes an ephemeral one,
 and says so. Keys are never logged or printed: errors name the variable or file, not the key.

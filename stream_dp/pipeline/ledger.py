@@ -1,4 +1,4 @@
-"""The release ledger: why a window's noise is drawn once, ever (PRIVACY.md invariant 3).
+"""The release ledger: why a window's noise is drawn once, ever (docs/privacy.md#invariant-3).
 
 A (query, window) release is computed once; its full noisy result is written to the ledger
 topic *before* anything reaches the output topic. Large releases are split into parts by
@@ -24,8 +24,9 @@ the winner for a later racer's record), ``cut`` (with erasure on: written before
 releaser reads the erasure log, so an erasure recorded after it may not apply to that
 window — :mod:`stream_dp.pipeline.erasure_gate`) and ``fence`` records. Readers treat the
 topic as a log: the embedded broker accepts ``cleanup.policy=compact`` but does not apply
-it, Apache Kafka keeps the last record of each key, and every decision above reads the
-same before and after compaction (tests/apache_kafka/test_compaction.py).
+it (docs/architecture.md#embedded-broker), Apache Kafka keeps the last record of each key,
+and every decision above reads the same before and after compaction
+(tests/apache_kafka/test_compaction.py).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class LedgerRelease:
     #: The partial version taken per source partition (stage 2 takes exactly one each).
     sources: dict[int, str] = field(default_factory=dict)
     published: bool = False
-    #: Erasure-log position its partials had applied (README, Erasure; 0 with erasure off).
+    #: Erasure-log position its partials had applied (docs/erasure.md; 0 with erasure off).
     erasures_through: int = 0
     #: The records' values as the output topic's bytes, once encoded (by the ledger's
     #: encoding of a fresh draw; the publication reuses them).

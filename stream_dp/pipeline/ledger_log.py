@@ -1,10 +1,11 @@
 """Reading the ledger topic (or the continual topic) to a known point, on any
 Kafka-protocol broker.
 
-End offsets cannot be trusted to say "everything is read" (BROKER.md: the embedded broker
-reports the last batch's base offset + 1). So a reader writes a fence record with a fresh id
-to each partition it must be current on, and reads until each fence comes back: everything
-written to that partition before the fence has then been fed to the index, in log order.
+End offsets cannot be trusted to say "everything is read" (docs/architecture.md#embedded-broker:
+the embedded broker reports the last batch's base offset + 1). So a reader writes a fence record
+with a fresh id to each partition it must be current on, and reads until each fence comes back:
+everything written to that partition before the fence has then been fed to the index, in log
+order.
 
 One reader lives as long as the worker (manual assignment of every ledger partition, no
 group): the first catch-up reads from the beginning, later ones continue from where the
@@ -36,8 +37,9 @@ DEFAULT_STALL_TIMEOUT_S = 60.0
 #: written must come back fast (every release waits for one).
 FETCH_MAX_WAIT_MS = 20
 
-#: Writes one record (key, value) to one partition of the ledger topic, acknowledged.
-SendOne = Callable[[str, bytes, int], Awaitable[None]]
+#: Writes one record (key, value) to one partition of the ledger topic, acknowledged; returns
+#: the record's offset (None if the writer cannot tell).
+SendOne = Callable[[str, bytes, int], Awaitable[int | None]]
 
 
 #: After feeding a ledger record larger than this, the reader yields to the event loop.
@@ -54,6 +56,21 @@ class LedgerReadError(StreamDPError):
     """The ledger could not be read to its fences (retriable: the broker may come back)."""
 
     retriable = True
+
+
+class LogRewoundError(StreamDPError):
+    """The topic's log went backwards under a running reader: it was deleted or recreated.
+
+    Not retriable: the records read before are gone from the topic. The worker stops
+    releasing (see :mod:`stream_dp.pipeline.ledger_guard`)."""
+
+    def __init__(self, topic: str, partition: int, offset: int, read_to: int) -> None:
+        super().__init__(
+            f"topic {topic} partition {partition}: offset {offset} is below {read_to}, "
+            "where this reader already was; the topic was deleted or recreated while the "
+            "worker ran"
+        )
+        self.topic = topic
 
 
 class LedgerLog:
@@ -73,6 +90,8 @@ class LedgerLog:
         self._stall_timeout_s = stall_timeout_s
         self._reader: AIOKafkaConsumer | None = None
         self.partitions: list[int] = []
+        #: Per partition, the offset after the last record read (the log only grows).
+        self._read_to: dict[int, int] = {}
 
     async def start(self, partitions: Iterable[int]) -> None:
         """Assign every ledger partition from the beginning (no records read yet)."""
@@ -104,7 +123,9 @@ class LedgerLog:
         fence_id = uuid.uuid4().hex
         key, value = encode_fence(fence_id)
         # All fences at once: a slow ledger partition delays a catch-up once, not per partition.
-        await asyncio.gather(*(self._send(key, value, p) for p in targets))
+        offsets = await asyncio.gather(*(self._send(key, value, p) for p in targets))
+        for p, offset in zip(targets, offsets, strict=True):
+            self._check_forward(p, offset)
         tps = [TopicPartition(self.topic, p) for p in targets]
         reader.resume(*tps)
         try:
@@ -125,8 +146,9 @@ class LedgerLog:
         finally:
             reader.pause(*tps)
         fed = 0
-        for messages in batch.values():
+        for tp, messages in batch.items():
             for m in messages:
+                self._advance(tp.partition, m.offset)
                 self.index.feed(m.key.decode() if m.key else "", m.value)
                 fed += 1
                 if len(m.value or b"") > YIELD_AFTER_BYTES:
@@ -149,6 +171,7 @@ class LedgerLog:
                 )
             for tp, messages in batch.items():
                 for m in messages:
+                    self._advance(tp.partition, m.offset)
                     if m.key == fence_key:
                         pending.discard(tp.partition)
                         continue
@@ -159,3 +182,13 @@ class LedgerLog:
                         # run between them.
                         await asyncio.sleep(0)
         return fed
+
+    def _check_forward(self, partition: int, offset: int | None) -> None:
+        """A record just written lands at or after every offset already read."""
+        read_to = self._read_to.get(partition, 0)
+        if offset is not None and offset < read_to:
+            raise LogRewoundError(self.topic, partition, offset, read_to)
+
+    def _advance(self, partition: int, offset: int) -> None:
+        self._check_forward(partition, offset)
+        self._read_to[partition] = offset + 1

@@ -7,7 +7,7 @@ included: a release is "ledgered" by feeding its encoded records to the ledger i
 what is published is the index's winner, as in the worker. Cumulative queries' state goes
 the same way through the continual topic's records (:mod:`.continual_state`).
 
-With ``erasures`` (README, "Erasure") both stages drop the erased users' events in the
+With ``erasures`` (docs/erasure.md) both stages drop the erased users' events in the
 windows each erasure covers; every erasure is known before the first event, so every partial
 has applied them all, and each window's release writes its ``cut`` as the worker's does.
 """

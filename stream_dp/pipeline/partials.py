@@ -11,11 +11,11 @@ a stage-2 owner that has read a watermark has read every partial it covers.
 A partial may be published twice for one (query, window, source partition): stage 1
 replays its input after a crash and its reservoirs sample anew. Each publication carries a
 fresh ``version``; stage 2 takes the first complete version, never a sum of two — unless a
-later version applied more erasures (``erasures_through``, README "Erasure"): stage 1
+later version applied more erasures (``erasures_through``, docs/erasure.md): stage 1
 publishes one when an erasure reaches a window it sealed, and stage 2 takes that instead.
 
 Partials hold exact counts per key and no raw id: the topic is internal and access-controlled
-(ARCHITECTURE.md, "Where each number goes"). Schema: ``stream_dp/topics/partials.schema.json``.
+(docs/architecture.md#where-each-number-goes). Schema: ``stream_dp/topics/partials.schema.json``.
 
 Group keys travel as JSON arrays of their values and are read back in canonical form
 (:mod:`stream_dp.privacy.group_values`), so stage 2 merges the totals of ``true`` and of 1

@@ -1,7 +1,7 @@
 """Which partition a record belongs on: the checks that make keyed input safe, not trusted.
 
 A user's events must all sit on one partition of the stage-1 topic, or bounding per
-partition bounds the user once per partition (PRIVACY.md invariant 2). Producers that key
+partition bounds the user once per partition (docs/privacy.md#invariant-2). Producers that key
 by user id put them there only if every producer uses the same partitioner and the topic's
 partition count does not change; nothing guarantees either. So stage 1 recomputes, for
 every keyed record, the partition its key maps to under the configured partitioner and the

@@ -34,7 +34,9 @@ class CompiledQuery:
         self.name = query.name
         # the first window's plan (under bounds: auto every window has its own: see
         # ReleaseStage.plan_for)
-        self.plan: QueryPlan = plan_query(query, bounds.start_bounds())
+        #: What the planner takes (also for the plans of later windows under bounds: auto).
+        self.spec = query.spec()
+        self.plan: QueryPlan = plan_query(self.spec, bounds.start_bounds().spec())
         index = {f: i for i, f in enumerate(fields)}
         self._where = [
             (index[f], frozenset(map(canonical_value, v if isinstance(v, list) else [v])))

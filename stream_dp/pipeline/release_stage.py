@@ -2,7 +2,7 @@
 
 The owner of a partials partition sees every partial of the windows mapped to it, plus a
 :class:`SourceWatermark` from each source partition. **Which windows are released never
-depends on the data** (PRIVACY.md, "Keys nobody listed"; issue 12): every window from the
+depends on the data** (docs/privacy.md#partition-selection; issue 12): every window from the
 first covered one (``window.start_at`` or the deployment's recorded start) up to the point
 all sources have passed is released in order, with or without events — public keys get
 their noisy values in every window, and every window gets its ``window`` record. A source
@@ -35,7 +35,6 @@ from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.auto_bounds import (
     BoundsSchedule,
-    bounds_config,
     decide_next,
     histograms_release,
     released_values,
@@ -65,6 +64,7 @@ from stream_dp.privacy.budget import BOUNDS_CHARGE, BudgetAccountant
 from stream_dp.privacy.continual.counter import NoiseSource
 from stream_dp.privacy.planner import QueryPlan, plan_query
 from stream_dp.privacy.release import KeyAggregate, release_query
+from stream_dp.privacy.specs import BoundsSpec
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
@@ -233,7 +233,7 @@ class ReleaseStage:
             if len(self._plans) > 256:
                 self._plans.clear()
             plan = self._plans[key] = plan_query(
-                q.config, bounds_config(bounds), unsafe_test_mode=q.plan.unsafe_test_mode
+                q.spec, BoundsSpec(*bounds), unsafe_test_mode=q.plan.unsafe_test_mode
             )
         return plan
 
@@ -346,8 +346,8 @@ class ReleaseStage:
             taken = assembler.taken
             assert taken is not None
             if before is not None:
-                # A version that applied more erasures replaces the one taken (README,
-                # Erasure): still one version per source, never a sum of two.
+                # A version that applied more erasures replaces the one taken
+                # (docs/erasure.md): still one version per source, never a sum of two.
                 ignored.labels(reason="superseded").inc()
             layout = (taken.source_partitions, taken.key_id)
             if pending.layout is None:
@@ -531,7 +531,7 @@ class ReleaseStage:
 
     def erasures_applied(self, window_start_s: int) -> int:
         """The erasure-log position every partial the window would merge has applied: the
-        least ``erasures_through`` of the versions taken (README, Erasure). A window whose
+        least ``erasures_through`` of the versions taken (docs/erasure.md). A window whose
         partials have not applied an erasure it must exclude waits for newer versions."""
         pending = self._pending(window_start_s)
         if pending is None:
@@ -541,7 +541,7 @@ class ReleaseStage:
 
     def drop_stale_partials(self, window_start_s: int, required: int) -> int:
         """Leave out of the window every partial that did not apply the erasure log up to
-        ``required`` (README, Erasure: when no newer version came in time). That source's
+        ``required`` (docs/erasure.md: when no newer version came in time). That source's
         data is missing from the window — never the erased user's. Returns how many."""
         pending = self._pending(window_start_s)
         dropped = 0

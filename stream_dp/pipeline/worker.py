@@ -36,7 +36,7 @@ no complete draw: nothing was published, the window is rebuilt from the re-read 
 drawn then. A crash after 2 leaves a draw in the ledger: it is read back at start and
 whenever partials partitions move here, republished unchanged, never recomputed.
 
-Erasure (README, "Erasure"; ``erasure.enabled``): :class:`WorkerErasure` reads requests and
+Erasure (docs/erasure.md; ``erasure.enabled``): :class:`WorkerErasure` reads requests and
 the erasure log; before step 1 the releaser writes the window's ``cut`` and draws only once
 the window's partials applied the erasures recorded before it.
 
@@ -45,7 +45,9 @@ keeps running and lets the group's rejoin hand it its partitions again (their st
 dropped and rebuilt). A broker write that keeps failing for ``kafka.give_up_after_s`` stops
 the worker *without committing* (a supervisor restarts it): nothing is retried for ever
 while holding the lock the rebalance callbacks need. A ledger read that fails when
-partitions arrive pauses those partials partitions until it succeeds.
+partitions arrive pauses those partials partitions until it succeeds. A ledger found lost
+(at start, or going backwards under the worker) is an outage, never a re-release
+(:mod:`stream_dp.pipeline.ledger_guard`): nothing more is released until it is rebuilt.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ from stream_dp.pipeline.ledger import (
     encode_published,
     encode_rotation,
 )
-from stream_dp.pipeline.ledger_log import LedgerLog, LedgerReadError
+from stream_dp.pipeline.ledger_guard import LedgerGuard, LedgerLostError
+from stream_dp.pipeline.ledger_log import LedgerLog, LedgerReadError, LogRewoundError
 from stream_dp.pipeline.offload import draw_window, output_values, run_off_loop, seal_windows
 from stream_dp.pipeline.partials import RecordTooLargeError, encode_watermark
 from stream_dp.pipeline.producing import Outgoing, send_all
@@ -297,8 +300,8 @@ class Worker:
         #: An error found in a rebalance callback that must stop the worker (raised by the
         #: loop: aiokafka would swallow it in the callback).
         self._fatal: StreamDPError | None = None
-        #: The ledger had no coverage record at start: a new deployment, or a lost ledger.
-        self._ledger_was_empty = False
+        #: A lost ledger (deleted, recreated, renamed) is an outage: see ledger_guard.
+        self._ledger_guard: LedgerGuard | None = None
         self._marks_sent_mono = -math.inf
         #: bounds: auto — the windows last read for, and when (see _read_awaited_bounds)
         self._bounds_read: tuple[frozenset[int], float] = (frozenset(), -math.inf)
@@ -319,7 +322,7 @@ class Worker:
         #: Stage 0's progress marks are re-sent this often: at least every second, and twice
         #: per idle_close_s, so that an input partition going idle is seen soon after.
         self._marks_interval_s = min(WATERMARK_INTERVAL_S, config.window.idle_close_s / 2)
-        #: Erasure requests, log and release gate (README, Erasure); None when off.
+        #: Erasure requests, log and release gate (docs/erasure.md); None when off.
         self._erasure: WorkerErasure | None = None
         self._requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
         for q in config.queries:
@@ -348,6 +351,9 @@ class Worker:
             "start producer", lambda: start_producer(common, options), bounded=False
         )
         self.health.set("producer_connected", True)
+        guard = self._ledger_guard = LedgerGuard(
+            self.config, metrics=self.metrics, health=self.health, client_options=common
+        )
         monitor = asyncio.create_task(self._monitor_broker())
         graceful = False
         try:
@@ -364,16 +370,15 @@ class Worker:
                 metadata_max_age_ms=METADATA_MAX_AGE_MS,
                 **common,
             )
-            topics = {self._input_topic, self._stage1_topic, self._partials_topic}
-            if self._requests_topic is not None:
-                topics.add(self._requests_topic)
-            self._consumer.subscribe(sorted(topics), listener=_Rebalance(self))
+            self._consumer.subscribe(self._group_topics(), listener=_Rebalance(self))
             await self._retry("start consumer", self._consumer.start, bounded=False)
             await self._loop()
             graceful = True
         except RecordTooLargeError:
             self.metrics.records_too_large.inc()
             raise
+        except (LedgerLostError, LogRewoundError) as exc:
+            await guard.hold(exc, self._consumer, self._stopping)
         finally:
             monitor.cancel()
             await self._shutdown(commit=graceful)
@@ -487,12 +492,17 @@ class Worker:
     async def _coverage(self) -> int:
         """The first covered window: configured, else recorded, else now's. A deployment's
         first start records it (the first coverage record in log order wins if workers
-        race), so a ledger without one is new — or lost, which on_assigned reports."""
+        race), so a ledger without one is new — or lost: then LedgerLostError, before
+        anything is recorded, so that every restart finds the same loss."""
         configured = self.config.window.first_window_start()
         recorded = self.ledger.coverage_start_s
+        start = configured if configured is not None else self.windows.start_of(time.time())
         if recorded is None:
-            self._ledger_was_empty = True
-            start = configured if configured is not None else self.windows.start_of(time.time())
+            assert self._ledger_guard is not None
+            recorded = await self._ledger_guard.check_new_ledger(
+                start, self._group_topics(), reread=self._reread_coverage
+            )
+        if recorded is None:
             key, value = encode_coverage(start, self.windows.size_s)
             partition = self._ledger_partitions[0]
             await self._retry(
@@ -513,6 +523,18 @@ class Worker:
                 iso_utc(recorded),
             )
         return configured
+
+    async def _reread_coverage(self) -> int | None:
+        """The coverage record, after reading the whole ledger to fresh fences again."""
+        await self._catch_up_ledger(None, bounded=False)
+        return self.ledger.coverage_start_s
+
+    def _group_topics(self) -> list[str]:
+        """The topics this worker's consumer group reads (and commits offsets on)."""
+        topics = {self._input_topic, self._stage1_topic, self._partials_topic}
+        if self._requests_topic is not None:
+            topics.add(self._requests_topic)
+        return sorted(topics)
 
     async def _check_rotation(self) -> None:
         """Refuse a new key rotation that would split a window already begun."""
@@ -669,13 +691,15 @@ class Worker:
     # -- producing ------------------------------------------------------------------------
     async def _send(
         self, topic: str, key: str | None, value: bytes, *, partition: int | None = None
-    ) -> None:
+    ) -> int:
+        """Send one record and wait for its acknowledgement; returns its offset."""
         assert self._producer is not None
         if topic == self._ledger_topic and self._faults.ledger_delay_s:
             await asyncio.sleep(self._faults.ledger_delay_s)
-        await self._producer.send_and_wait(
+        sent = await self._producer.send_and_wait(
             topic, value, key=None if key is None else key.encode(), partition=partition
         )
+        return int(sent.offset)
 
     async def _send_many(self, topic: str, items: Sequence[Outgoing]) -> None:
         """Send a batch and wait for every acknowledgement (retried as a whole, bounded)."""
@@ -1004,7 +1028,7 @@ class Worker:
         pending = [tp for tp in self._to_take if tp in current]
         try:
             await self._take(pending)
-        except TopologyError as exc:
+        except (TopologyError, LogRewoundError) as exc:
             self._fatal = exc
             return
         except (KafkaError, StreamDPError) as exc:
@@ -1059,7 +1083,6 @@ class Worker:
         self.ingest.assign(stage1, now_mono, routed=not self._keyed)
         self.ingest.assign_routed(routed, now_mono)
         await self._apply_start_from(assigned)
-        await self._check_ledger_not_lost(assigned)
         if partials:
             # Another worker may have released windows of these partitions: read the
             # ledger to fresh fences before taking any of their partials.
@@ -1081,26 +1104,6 @@ class Worker:
                 continue
             if await self._consumer.committed(tp) is None:
                 await self._consumer.seek_to_end(tp)
-
-    async def _check_ledger_not_lost(self, assigned: list[TopicPartition]) -> None:
-        """A ledger without the deployment's first record, where this group has already
-        committed offsets, was deleted or recreated: loud, never silent."""
-        assert self._consumer is not None
-        if not self._ledger_was_empty:
-            return
-        for tp in assigned:
-            if await self._consumer.committed(tp):
-                self._ledger_was_empty = False
-                self.metrics.topology_changes.labels(topic=self._ledger_topic).inc()
-                self.health.set("topology_stable", False)
-                log.error(
-                    "the ledger topic %s had no record of this deployment, but the group has "
-                    "committed offsets: it was deleted or recreated. Windows released before "
-                    "cannot be republished, and the first covered window was recorded anew",
-                    self._ledger_topic,
-                )
-                return
-        self._ledger_was_empty = False
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:

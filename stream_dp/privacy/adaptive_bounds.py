@@ -15,12 +15,12 @@ cap — the largest k auto may choose — so at most ``cap`` events per user):
   ``per_key/p``: bin of the user's events on one of those keys picked uniformly (chooses
   Linf; one key per user so that the user still moves one bin).
 
-Bins are geometric (1, 2, 3, 4, 6, 8, 12, 16, 24, …, the cap; the last bin holds everything
-from the cap up), fixed by the configuration alone. **Sensitivity:** PRIVACY.md's neighbours
-differ in all events of one user. Adding or removing that user adds or removes exactly one
-unit in one bin of each of the H histograms (and nothing else: which key is picked, like
-which events the reservoir keeps, is a function of that user's events only), so the
-concatenated histogram vector has L1 sensitivity H. Discrete Laplace noise of scale H/ε_h
+Bins are geometric (1, 2, 3, 4, 6, 8, 12, 16, 24, …, the cap; the last bin holds everything from
+the cap up), fixed by the configuration alone. **Sensitivity:** the neighbours of
+docs/privacy.md#unit-of-privacy differ in all events of one user. Adding or removing that user
+adds or removes exactly one unit in one bin of each of the H histograms (and nothing else: which
+key is picked, like which events the reservoir keeps, is a function of that user's events only),
+so the concatenated histogram vector has L1 sensitivity H. Discrete Laplace noise of scale H/ε_h
 (:mod:`stream_dp.privacy.mechanisms`, exact, CSPRNG) makes it ε_h-DP. (Under "replace one
 user" the same vector would move by 2H; the project's relation is add/remove throughout, as
 for the counts' sensitivities.) A user's events all live in one stage-1 partition, so the
@@ -60,10 +60,10 @@ J is an estimate for the *next* window, which is not the one measured: the histo
 stretched by the trend from the window before, averaged with that window's (stretched
 twice), and J is averaged over the prediction read 20% lower, as is and 25% higher
 (NEXT_WINDOW_SPREAD) — the expected error over where the next window may lie. All of it
-reads released values only.
-Approximations (stated in the README): values are taken uniform within a bin; the bounds'
-drops are added (events two bounds would both drop count twice); the sampled key stands for
-the user's keys; where-filters are approximated by the projection's share of events.
+reads released values only. Approximations (stated in docs/automatic-bounds.md): values are
+taken uniform within a bin; the bounds' drops are added (events two bounds would both drop count
+twice); the sampled key stands for the user's keys; where-filters are approximated by the
+projection's share of events.
 
 Noisy counts are made consistent before use: tail sums are fitted non-increasing and
 non-negative (pool-adjacent-violators), which only post-processes. When the histograms hold

@@ -1,4 +1,4 @@
-"""Contribution bounding (PRIVACY.md, "Bounding a user's contribution"; seed 000).
+"""Contribution bounding (docs/privacy.md#bounding).
 
 Per (window, user) a reservoir keeps at most ``k`` = ``max_contributions_per_window`` of the
 user's events, uniformly at random over all of them (Algorithm R — never "first k", which

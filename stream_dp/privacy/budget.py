@@ -1,4 +1,4 @@
-"""Budget accounting by basic composition (PRIVACY.md, "Budget").
+"""Budget accounting by basic composition (docs/privacy.md#budget).
 
 Two checks run when the configuration loads: the queries of one window must fit the
 window budget (ε_w, δ_w), and a user's loss over any rolling horizon of windows must fit

@@ -1,17 +1,17 @@
-"""Choosing k (``max_contributions_per_window``) from a DP histogram (seed 000).
+"""Choosing k (``max_contributions_per_window``) from a DP histogram (docs/privacy.md#budget).
 
 A small k cuts noise but biases counts (users' extra events are dropped); a large k keeps
-the data but every count needs noise proportional to k. Seed 000's remedy: spend a little
+the data but every count needs noise proportional to k. The remedy: spend a little
 budget on a differentially private histogram of events per user, then take the k that
 covers most users.
 
-Histogram: bins 1 … max_k, bin j counts the users with j events in the window; users with
-more than max_k events go into the last bin, so the bins are public and fixed. Under
-PRIVACY.md's neighbouring relation (add or remove one user with all their events) one user
-changes exactly one bin by one: the L1 sensitivity is 1 and discrete Laplace noise of scale
-1/ε makes the whole histogram ε-DP. (Seed 000 divides ε by k for this histogram; that is
-not needed — it would only add noise — because the user appears once in the histogram,
-not once per event.)
+Histogram: bins 1 … max_k, bin j counts the users with j events in the window; users with more
+than max_k events go into the last bin, so the bins are public and fixed. Under the neighbouring
+relation of docs/privacy.md#unit-of-privacy (add or remove one user with all their events) one
+user changes exactly one bin by one: the L1 sensitivity is 1 and discrete Laplace noise of scale
+1/ε makes the whole histogram ε-DP. (The original design divided ε by k for this histogram; that
+is not needed — it would only add noise — because the user appears once in the histogram, not
+once per event.)
 
 Post-processing (free): k is the smallest value whose cumulative noisy mass reaches
 ``quantile`` of the total noisy mass. The noisy counts are summed as they are, negative ones
@@ -20,7 +20,7 @@ would add about E[max(0, Z)] phantom users to every empty bin and, over hundreds
 bins up to max_k, push k far too high. If the total noisy mass is not positive, nothing is
 known and k = max_k.
 
-This spend is charged like any other query (PRIVACY.md, Budget).
+This spend is charged like any other query (docs/privacy.md#budget).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The right of erasure for windows not yet released (README, "Erasure"; seed 002).
+"""The right of erasure for windows not yet released (docs/erasure.md).
 
 An erasure names one user by pseudonym only: the raw id of a request is normalised
 (``input.user_id_normalization``) and pseudonymized at once under every key a window it can
@@ -11,7 +11,7 @@ Which windows an erasure affects:
 - windows whose release had not begun when the erasure was recorded (the cut-off is exact
   and lives in the release protocol, :mod:`stream_dp.pipeline.erasure_gate`); a released
   window is never recomputed — redrawing its noise would let an observer average the two
-  draws (PRIVACY.md invariant 3), and its values are already differentially private for
+  draws (docs/privacy.md#invariant-3), and its values are already differentially private for
   the user;
 - windows starting before ``expires_at_s`` (the time it was recorded plus
   ``erasure.retention_s``): the user is counted again in later windows if their events keep

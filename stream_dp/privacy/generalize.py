@@ -1,4 +1,4 @@
-"""Generalisation of quasi-identifiers used as group keys (seed 002: date of birth → year).
+"""Generalisation of quasi-identifiers used as group keys (date of birth → year).
 
 Coarser group keys mean more users per key, so fewer keys fall below the selection
 threshold and the released keys say less about any one person.

@@ -140,7 +140,7 @@ def python_equal_duplicates(values: Iterable[Any]) -> list[tuple[Any, Any]]:
     """Pairs (first, repeated) of values equal under Python equality (1 == 1.0 == True),
     canonical or as configured.
 
-    Public key lists refuse these (PRIVACY.md invariant 5): each listed value is released
+    Public key lists refuse these (docs/privacy.md#invariant-5): each listed value is released
     as its own key, so two spellings of one value would be released twice.
     """
     seen: dict[Any, Any] = {}

@@ -1,5 +1,5 @@
-"""Partition selection: which keys outside a public list may appear at all (PRIVACY.md,
-"Keys nobody listed").
+"""Partition selection: which keys outside a public list may appear at all
+(docs/privacy.md#partition-selection).
 
 Four strategies, each matched to an independent reference. Notation: L0 = keys a user may
 touch in a window (``max_partitions_contributed``), Linf = events a user may add to one key
@@ -40,11 +40,12 @@ user's ≤ L0 keys together stay within δ).
     (or the zCDP conversion when the exact curve is too large to compute). T is the
     smallest integer with P(Z ≥ T − 1) ≤ δ'_thr from the discrete Gaussian tail.
 
-``count_threshold`` (seed 000's literal τ-thresholding)
+``count_threshold`` (literal τ-thresholding)
     The released noisy event count itself is tested: keep iff c + Z ≥ T with discrete
     Laplace Z of scale s = min(L1, L0·Linf)/ε. A key present only with the user has c ≤
     Linf, so it survives with probability P(Z ≥ T − Linf); T is the smallest integer with
-    1 − (1 − P(Z ≥ T − Linf))^L0 ≤ δ (PRIVACY.md's formula). Reference: OpenDP
+    1 − (1 − P(Z ≥ T − Linf))^L0 ≤ δ (the formula of docs/privacy.md#partition-selection).
+    Reference: OpenDP
     ``make_laplace_threshold``, which keeps c + Z ≥ T but accounts P(Z > T − Linf) — one
     integer less of tail (OpenDP issue #2922: the mass exactly at the threshold is not
     counted) — so its threshold (``reference_threshold``, e.g. 437 for ε=1, δ=1e-6, L0=3,

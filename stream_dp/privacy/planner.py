@@ -4,7 +4,7 @@ A :class:`QueryPlan` is computed once at start (and by ``stream-dp plan``); the 
 it to :func:`stream_dp.privacy.release.release_query` for every window. Everything here is
 deterministic arithmetic on the configuration: no data, no randomness.
 
-Sensitivities (PRIVACY.md, "Bounding a user's contribution"), with k =
+Sensitivities (docs/privacy.md#bounding), with k =
 ``max_contributions_per_window``, L0 = ``max_keys_per_user`` and Linf =
 ``max_contributions_per_key`` (each k when unset, and never above k — a user with k events
 touches at most k keys):
@@ -51,7 +51,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from stream_dp.config.model import BoundsConfig, Config, QueryConfig, Statistic
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.adaptive_bounds import (
     AutoSpec,
@@ -82,6 +81,14 @@ from stream_dp.privacy.partition_selection import (
     PartitionSelection,
     WeightedGaussian,
     make_selection,
+)
+from stream_dp.privacy.specs import (
+    BOUND_NAMES,
+    AutoBoundsSpec,
+    BoundsSpec,
+    ConfigSpec,
+    QuerySpec,
+    Statistic,
 )
 
 GroupKey = tuple[Any, ...]
@@ -270,7 +277,7 @@ class QueryPlan:
         }
 
 
-def _effective_bounds(bounds: BoundsConfig) -> tuple[int, int, int]:
+def _effective_bounds(bounds: BoundsSpec) -> tuple[int, int, int]:
     k, l0, linf = bounds.values()  # concrete bounds: a window's, never "auto"
     return k, min(l0 or k, k), min(linf or k, k)
 
@@ -288,7 +295,7 @@ def count_l2_squared(k: int, l0: int, linf: int) -> int:
     return full * linf * linf + rest * rest
 
 
-def count_sensitivity(bounds: BoundsConfig) -> Sensitivity:
+def count_sensitivity(bounds: BoundsSpec) -> Sensitivity:
     """Bounded event counts per key."""
     k, l0, linf = _effective_bounds(bounds)
     return Sensitivity(
@@ -299,7 +306,7 @@ def count_sensitivity(bounds: BoundsConfig) -> Sensitivity:
     )
 
 
-def distinct_users_sensitivity(bounds: BoundsConfig) -> Sensitivity:
+def distinct_users_sensitivity(bounds: BoundsSpec) -> Sensitivity:
     """Distinct users per key: one user adds one to at most L0 keys."""
     _, l0, _ = _effective_bounds(bounds)
     return Sensitivity(
@@ -307,14 +314,14 @@ def distinct_users_sensitivity(bounds: BoundsConfig) -> Sensitivity:
     )
 
 
-def value_units_per_event(query: QueryConfig) -> int:
+def value_units_per_event(query: QuerySpec) -> int:
     """U = ⌈max(|lower|, |upper|) / granularity⌉."""
     assert query.lower is not None and query.upper is not None
     bound = max(abs(query.lower), abs(query.upper))
     return max(1, math.ceil(bound / query.value_granularity))
 
 
-def sum_sensitivity(query: QueryConfig, bounds: BoundsConfig) -> Sensitivity:
+def sum_sensitivity(query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
     counts = count_sensitivity(bounds)
     units = value_units_per_event(query)
     return Sensitivity(
@@ -331,13 +338,13 @@ def sum_sensitivity(query: QueryConfig, bounds: BoundsConfig) -> Sensitivity:
 MAX_PUBLIC_KEYS = 2_000_000
 
 
-def public_key_product(query: QueryConfig) -> tuple[GroupKey, ...] | None:
+def public_key_product(query: QuerySpec) -> tuple[GroupKey, ...] | None:
     """Every combination of the listed values, in group_by order, in canonical form
     (:mod:`stream_dp.privacy.group_values`: ``true`` stays a boolean, ``1.0`` becomes 1);
     None for private keys. The lists hold distinct values (checked at config load)."""
-    if not isinstance(query.keys, dict):
+    if query.key_values is None:
         return None
-    lists = [query.keys[name] for name in query.group_by]
+    lists = query.key_values
     size = math.prod(len(values) for values in lists)
     if size > MAX_PUBLIC_KEYS:
         raise ConfigError(
@@ -368,8 +375,8 @@ def _noise_component(
 
 
 def _plan_cumulative(
-    query: QueryConfig,
-    bounds: BoundsConfig,
+    query: QuerySpec,
+    bounds: BoundsSpec,
     primary: Sensitivity,
     public_keys: tuple[GroupKey, ...],
     unit: float,
@@ -401,7 +408,7 @@ def _plan_cumulative(
     return chosen, options
 
 
-def _check_numeric_range(query: QueryConfig, part: NoiseComponent) -> None:
+def _check_numeric_range(query: QuerySpec, part: NoiseComponent) -> None:
     """Refuse settings whose noise or per-user values leave safe 64-bit arithmetic."""
     l1 = part.sensitivity.l1
     if l1 > MAX_L1_SENSITIVITY_UNITS:
@@ -423,7 +430,7 @@ def _check_numeric_range(query: QueryConfig, part: NoiseComponent) -> None:
 
 
 def plan_query(
-    query: QueryConfig, bounds: BoundsConfig, *, unsafe_test_mode: bool = False
+    query: QuerySpec, bounds: BoundsSpec, *, unsafe_test_mode: bool = False
 ) -> QueryPlan:
     """The noise, selection and budget split for one query (see the module docstring)."""
     gaussian = query.mechanism == "discrete_gaussian"
@@ -592,9 +599,7 @@ def plan_query(
         continual=continual,
         continual_options=continual_options,
         continual_auto=query.continual_mechanism == "auto",
-        horizon_origin_s=(
-            int(query.horizon_origin.timestamp()) if query.horizon_origin is not None else 0
-        ),
+        horizon_origin_s=query.horizon_origin_s,
     )
 
 
@@ -649,7 +654,8 @@ class ConfigPlan:
     max_epsilon_per_horizon: float
     window: BudgetTotals
     horizon: BudgetTotals
-    bounds: BoundsConfig
+    #: The first covered window's bounds (the configured ones when nothing is auto).
+    bounds: BoundsSpec
     unsafe_test_mode: bool
     #: ``bounds: auto``: the histograms each window releases and what they cost.
     auto_bounds: AutoBoundsPlan | None = None
@@ -660,6 +666,14 @@ class ConfigPlan:
                 return plan
         raise KeyError(name)
 
+    def configured_bounds(self) -> dict[str, int | str | None]:
+        """Each bound as configured: its value, or ``auto``."""
+        auto = () if self.auto_bounds is None else self.auto_bounds.auto_fields
+        return {
+            name: "auto" if name in auto else value
+            for name, value in zip(BOUND_NAMES, self.bounds.values(), strict=True)
+        }
+
     def describe(self) -> dict[str, Any]:
         """The stable machine form of ``stream-dp plan --json``."""
         return {
@@ -667,9 +681,7 @@ class ConfigPlan:
             "kind": "plan",
             "unsafe_test_mode": self.unsafe_test_mode,
             "bounds": {
-                "max_contributions_per_window": self.bounds.max_contributions_per_window,
-                "max_keys_per_user": self.bounds.max_keys_per_user,
-                "max_contributions_per_key": self.bounds.max_contributions_per_key,
+                **self.configured_bounds(),
                 "auto": None if self.auto_bounds is None else self.auto_bounds.describe(),
             },
             "window": {
@@ -686,36 +698,35 @@ class ConfigPlan:
         }
 
 
-def plan_config(config: Config) -> ConfigPlan:
-    """Plan every query of a validated configuration (budgets were checked at load).
+def plan_config(spec: ConfigSpec) -> ConfigPlan:
+    """Plan every query of a validated configuration (``Config.spec()``; budgets were
+    checked at load).
 
     With ``bounds: auto`` the query plans are those of the first covered window (the start
     values; later windows are planned with their own bounds), the caps are planned too (so
     that a bound auto may choose is refused now, not mid-stream), and the window totals
     include the histograms' charge.
     """
-    unsafe = config.privacy.unsafe_test_mode
-    start = config.bounds.start_bounds()
-    plans = tuple(plan_query(q, start, unsafe_test_mode=unsafe) for q in config.queries)
+    unsafe = spec.unsafe_test_mode
+    plans = tuple(plan_query(q, spec.bounds, unsafe_test_mode=unsafe) for q in spec.queries)
     charges = [c for p in plans for c in p.charges]
     auto: AutoBoundsPlan | None = None
-    if config.bounds.is_auto:
-        cap = config.bounds.cap_bounds()
-        for q in config.queries:
-            plan_query(q, cap, unsafe_test_mode=unsafe)
-        auto = plan_auto_bounds(config, plans)
+    if spec.auto_bounds is not None:
+        for q in spec.queries:
+            plan_query(q, spec.auto_bounds.cap, unsafe_test_mode=unsafe)
+        auto = plan_auto_bounds(spec, plans)
         charges.append(PrivacyCharge("bounds:histograms", auto.epsilon, 0.0))
-    horizon = config.privacy.horizon_windows
+    horizon = spec.horizon_windows
     return ConfigPlan(
         queries=plans,
-        window_size_s=config.window.size_s,
-        epsilon_per_window=config.privacy.epsilon_per_window,
-        delta_per_window=config.privacy.delta_per_window,
+        window_size_s=spec.window_size_s,
+        epsilon_per_window=spec.epsilon_per_window,
+        delta_per_window=spec.delta_per_window,
         horizon_windows=horizon,
-        max_epsilon_per_horizon=config.privacy.max_epsilon_per_horizon,
+        max_epsilon_per_horizon=spec.max_epsilon_per_horizon,
         window=compose(charges, 1),
         horizon=compose(charges, horizon),
-        bounds=config.bounds,
+        bounds=spec.bounds,
         unsafe_test_mode=unsafe,
         auto_bounds=auto,
     )
@@ -738,6 +749,8 @@ class AutoBoundsPlan:
     epsilon_share: float
     layout: HistogramLayout
     spec: AutoSpec
+    #: The bounds set to auto (names in the order k, L0, Linf).
+    auto_fields: tuple[str, ...]
     start: BoundsTriple
     #: query name → projection id (queries sharing where, group_by and keys share one)
     projection_of: dict[str, str]
@@ -772,25 +785,24 @@ class AutoBoundsPlan:
         }
 
 
-def projection_ids(queries: Sequence[QueryConfig]) -> dict[str, str]:
+def projection_ids(queries: Sequence[QuerySpec]) -> dict[str, str]:
     """Query name → ``p0``, ``p1``, …: queries that select the same events and keys (same
     group_by, where, public key list and value field) share one projection."""
     seen: dict[str, str] = {}
     out: dict[str, str] = {}
     for q in queries:
-        ident = repr((q.group_by, sorted(q.where.items()), q.keys, q.value_field))
+        ident = repr((q.group_by, q.where, q.key_values, q.value_field))
         out[q.name] = seen.setdefault(ident, f"p{len(seen)}")
     return out
 
 
-def _auto_spec(bounds: BoundsConfig) -> AutoSpec:
-    cap = bounds.cap_bounds()
-    k, l0, linf = cap.values()
+def _auto_spec(bounds: AutoBoundsSpec) -> AutoSpec:
+    k, l0, linf = bounds.cap.values()
     auto = frozenset(_BOUND_KEYS[n] for n in bounds.auto_fields)
     return AutoSpec(auto=auto, k=k, l0=l0, linf=linf)
 
 
-def _query_model(query: QueryConfig, plan: QueryPlan, projection: str) -> QueryModel:
+def _query_model(query: QuerySpec, plan: QueryPlan, projection: str) -> QueryModel:
     primary = plan.noise[0]
     if plan.mechanism == "discrete_laplace":
         per_unit = primary.mechanism.scale / primary.sensitivity.l1
@@ -826,9 +838,11 @@ def _query_model(query: QueryConfig, plan: QueryPlan, projection: str) -> QueryM
     )
 
 
-def plan_auto_bounds(config: Config, plans: Sequence[QueryPlan]) -> AutoBoundsPlan:
+def plan_auto_bounds(config: ConfigSpec, plans: Sequence[QueryPlan]) -> AutoBoundsPlan:
     """The histograms (layout), spend and choice inputs of a configuration with auto bounds."""
-    bounds = config.bounds
+    bounds = config.auto_bounds
+    if bounds is None:
+        raise ConfigError("plan_auto_bounds needs a configuration with a bound set to auto")
     spec = _auto_spec(bounds)
     k_cap = spec.k
     projection_of = projection_ids(config.queries)
@@ -850,11 +864,12 @@ def plan_auto_bounds(config: Config, plans: Sequence[QueryPlan]) -> AutoBoundsPl
         for q, plan in zip(config.queries, plans, strict=True)
     )
     return AutoBoundsPlan(
-        epsilon=config.bounds_epsilon,
-        epsilon_share=bounds.auto_settings.epsilon_share,
+        epsilon=bounds.epsilon,
+        epsilon_share=bounds.epsilon_share,
         layout=layout,
         spec=spec,
-        start=bounds.start_bounds().values(),
+        auto_fields=bounds.auto_fields,
+        start=bounds.start.values(),
         projection_of=projection_of,
         models=models,
     )

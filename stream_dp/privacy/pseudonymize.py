@@ -1,4 +1,4 @@
-"""Keyed pseudonyms (seed 002): HMAC-SHA256 of the user id under a secret key.
+"""Keyed pseudonyms (docs/privacy.md#invariant-1): HMAC-SHA256 of the user id under a secret key.
 
 String ids are first normalised (``input.user_id_normalization``, default
 ``nfkc_casefold_strip``) so that spellings of one id — case, surrounding whitespace,

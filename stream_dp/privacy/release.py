@@ -2,7 +2,7 @@
 
 The worker calls :func:`release_query` exactly once per (query, window) with the exact
 bounded aggregates of that window and stores the result in the release ledger before
-publishing it (PRIVACY.md invariant 3: one noise draw per (query, window, key), ever).
+publishing it (docs/privacy.md#invariant-3: one noise draw per (query, window, key), ever).
 
 - Public keys: every listed key is released (a key without data counts as 0); keys in the
   data but not on the list are ignored.
@@ -62,7 +62,7 @@ class QueryRelease:
     values: list[ReleasedValue]
     #: Private keys present in the data but not released. INTERNAL ONLY: this number is
     #: not differentially private — never publish it (no record, metric or log line;
-    #: PRIVACY.md invariant 5). It exists for tests and in-process accounting.
+    #: docs/privacy.md#invariant-5). It exists for tests and in-process accounting.
     suppressed: int
     epsilon_spent: float
     delta_spent: float

@@ -1,4 +1,4 @@
-"""ε from a tolerated disclosure risk (seed 003: Lee & Clifton 2012, "Differential
+"""ε from a tolerated disclosure risk (docs/privacy.md#budget; Lee & Clifton 2012, "Differential
 Identifiability").
 
 The adversary knows every record but one user's and the mechanism; it lists the m possible

@@ -1,6 +1,6 @@
 """Per (window, source partition): at most k events per user, a uniform sample — as columns.
 
-Contribution bounding (PRIVACY.md, "Bounding a user's contribution"; seed 000) keeps, per
+Contribution bounding (docs/privacy.md#bounding) keeps, per
 (window, user), at most ``k`` of the user's events, chosen uniformly at random among all of
 them. This is the bottom-k form of reservoir sampling: every event gets an independent
 uniform random 64-bit *priority*, and a user keeps the k events of smallest priority. The

@@ -1,11 +1,11 @@
-"""Browser logs shaped like seed 000's example: employees visiting domains over time.
+"""Browser logs shaped like the project's motivating example: employees visiting domains over time.
 
 * a few popular domains (Zipf-distributed popularity) that most employees visit;
 * heavy-tailed activity: most employees make a handful of visits per window, a few make
   hundreds (the users a contribution bound exists for);
 * a long tail of rare domains, each visited by exactly one employee — the keys whose mere
   presence would reveal that person (they must never be released);
-* one employee who stops browsing half-way (seed 000's leave-of-absence example): the
+* one employee who stops browsing half-way (the leave-of-absence case): the
   output must not let anyone tell that from the released numbers.
 
 Deterministic for a given seed; not a DP draw (a plain PRNG is right here).

@@ -1,5 +1,6 @@
-"""``stream-dp erase`` and ``stream-dp replay --erasures`` from the command line (README,
-Erasure): refusals with the fix, the response records, and a request nobody answers."""
+"""``stream-dp erase`` and ``stream-dp replay --erasures`` from the command line
+(docs/erasure.md): refusals with the fix, the response records, and a request nobody
+answers."""
 
 from __future__ import annotations
 

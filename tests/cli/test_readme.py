@@ -6,9 +6,10 @@
   there with the documented ``STREAM_DP_*`` overrides) until they are up, then Ctrl-C /
   SIGTERM, which must end them with 0. (tests/packaging runs the same lines with an
   installed wheel.)
-- Quick start: ``make -n`` shows that ``make demo`` / ``make test`` run what it promises.
-- Every ``stream-dp …`` in the Commands table or in the text names a command and options
-  that exist.
+- Quick start: ``make -n`` shows that ``make demo`` / ``make test`` run what it promises
+  (the test, the strict docs build included).
+- Every ``stream-dp …`` in the README or in a docs page (docs/commands.md holds the table of
+  commands) names a command and options that exist.
 
 ``stream_dp/examples/sample-events.jsonl`` is reproducible from :data:`SAMPLE_SPEC`; to regenerate:
 ``python -c "from tests.cli.test_readme import write_sample; write_sample()"``.
@@ -38,6 +39,8 @@ from tests.helpers import schema_validator, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: The docs site's pages (docs/changes holds drafts the site leaves out).
+DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
 SAMPLE = ROOT / "stream_dp" / "examples" / "sample-events.jsonl"
 SAMPLE_SPEC = BrowserLogSpec(
     users=400, windows=2, window_size_s=3600, median_events_per_user=1.0, max_events_per_user=20
@@ -257,14 +260,21 @@ def test_quick_start_make_targets() -> None:
     assert "-m venv .venv" in demo and 'pip install --quiet -e ".[dev,bench,embedded]"' in demo
     assert demo.strip().splitlines()[-1] == ".venv/bin/stream-dp demo"
     test = _make_n("test")
-    for step in (".venv/bin/ruff check", ".venv/bin/mypy", ".venv/bin/pytest"):
+    for step in (
+        ".venv/bin/ruff check",
+        ".venv/bin/mypy",
+        ".venv/bin/pytest",
+        ".venv/bin/mkdocs build --strict",
+    ):
         assert step in test, f"make test does not run {step}"
 
 
 def _documented_commands() -> Iterator[str]:
-    """Every ``stream-dp …`` code span of the README, table rows included."""
-    for span in re.findall(r"`(stream-dp [^`]+)`", README):
-        yield span.replace("\\|", "|")
+    """Every ``stream-dp …`` code span of the README and the docs pages, table rows
+    included."""
+    for text in [README, *(page.read_text(encoding="utf-8") for page in DOC_PAGES)]:
+        for span in re.findall(r"`(stream-dp [^`]+)`", text):
+            yield span.replace("\\|", "|")
 
 
 def test_documented_commands_and_options_exist(capsys: pytest.CaptureFixture[str]) -> None:

@@ -74,7 +74,7 @@ def test_the_histograms_share_is_charged_to_every_window_exactly() -> None:
             max_epsilon_per_horizon=24.0,
         )
     )
-    plan = plan_config(config)
+    plan = plan_config(config.spec())
     assert config.bounds_epsilon == 0.2
     assert plan.auto_bounds is not None
     assert plan.auto_bounds.epsilon == 0.2

@@ -159,7 +159,7 @@ def test_limits_are_inclusive_and_unsafe_test_mode_still_lifts_the_epsilon_ceili
             epsilon=2e6,
         )
     )
-    assert plan_config(config).queries[0].noise_scale < 1e-4
+    assert plan_config(config.spec()).queries[0].noise_scale < 1e-4
     with pytest.raises(ConfigError, match=r"\[0\.001, 100\]"):  # the floor stays
         parse_config(_data(privacy={"unsafe_test_mode": True}, epsilon=1e-4))
 
@@ -194,7 +194,7 @@ def test_every_corner_of_the_allowed_range_plans_and_releases_inside_int64(
             mechanism=mechanism,
         )
     )
-    (plan,) = plan_config(config).queries
+    (plan,) = plan_config(config.spec()).queries
     plan.describe()  # computes every milestone (keep-probability searches included)
     assert plan.noise_scale <= MAX_NOISE_SCALE_UNITS
     release = release_query({("a",): KeyAggregate(10**6, 10**5, 0)}, plan)

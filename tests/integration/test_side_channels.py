@@ -9,7 +9,7 @@ by the user's surplus events. The common keys have far more users than selection
 
 The counters allowed to differ count input records (events consumed, repartitioned): they
 move with any record, of any user, whether its key is ever released or not; they hold no
-user or key and are documented as operators-only (README, Attack model).
+user or key and are documented as operators-only (docs/attack-model.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
   see its README), after the interpolation Compose does, plus the cross-references a schema
   cannot express (depends_on targets, named volumes, image or build, restart policies).
   Broken copies of the real file must be rejected — by the schema alone where it can tell.
-- Debian's ``docker-compose`` (1.29), when on PATH, must agree (ENVIRONMENT.md).
+- Debian's ``docker-compose`` (1.29), when on PATH, must agree (docs/development.md#test-tools).
 - Every stream-dp service's ``command`` parses with the CLI's real argument parser.
 - The same commands, run as plain processes on the embedded broker (topics-init, then the
   worker and the live producer, with ``stream-dp tail`` reading), release live windows one

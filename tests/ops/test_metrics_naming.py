@@ -37,6 +37,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "keys_released": ("stream_dp_keys_released_total", "counter", ("query",)),
     "membership_lost": ("stream_dp_membership_lost_total", "counter", ()),
     "topology_changes": ("stream_dp_topology_changes_total", "counter", ("topic",)),
+    "ledger_lost": ("stream_dp_ledger_lost", "gauge", ()),
     "ledger_draws_discarded": ("stream_dp_ledger_draws_discarded_total", "counter", ()),
     "records_too_large": ("stream_dp_records_too_large_total", "counter", ()),
     "budget_exhausted": ("stream_dp_budget_exhausted_total", "counter", ("query",)),
@@ -76,7 +77,6 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "partials_published": ("stream_dp_partials_published_total", "counter", ()),
     "partials_ignored": ("stream_dp_partials_ignored_total", "counter", ("reason",)),
     "erasure_requests_applied": ("stream_dp_erasure_requests_applied_total", "counter", ()),
-    "erased_events_dropped": ("stream_dp_erased_events_dropped_total", "counter", ()),
     "erasures_active": ("stream_dp_erasures_active", "gauge", ()),
     "build_info": ("stream_dp_build_info", "info", ("version", "python")),
 }
@@ -155,7 +155,6 @@ def populated() -> Metrics:
     m.partials_ignored.labels(reason="duplicate_version").inc()
     m.topology_changes.labels(topic="events").inc()
     m.erasure_requests_applied.inc()
-    m.erased_events_dropped.inc(3)
     m.erasures_active.set(1)
     return m
 

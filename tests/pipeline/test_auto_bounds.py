@@ -14,7 +14,7 @@ import pytest
 from stream_dp.config import parse_config
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.auto_bounds import bounds_config, decide_next, released_values
+from stream_dp.pipeline.auto_bounds import decide_next, released_values
 from stream_dp.pipeline.ingest import InputRecord
 from stream_dp.pipeline.ledger import (
     BoundsDecision,
@@ -31,6 +31,7 @@ from stream_dp.privacy.adaptive_bounds import NEXT_WINDOW_SPREAD
 from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.privacy.planner import plan_config, plan_query
 from stream_dp.privacy.release import KeyAggregate
+from stream_dp.privacy.specs import BoundsSpec
 from tests.helpers import schema_validator
 from tests.pipeline.support import KEYRING, NOW, T0
 
@@ -157,7 +158,7 @@ def test_each_window_is_bounded_with_the_bounds_chosen_from_the_window_before() 
     # the noise of each window is calibrated to its own bounds
     query = config.queries[0]
     for ws, k in [(T0, 40), (T0 + SIZE, k1), (T0 + 2 * SIZE, k2)]:
-        plan = plan_query(query, bounds_config((k, None, None)), unsafe_test_mode=True)
+        plan = plan_query(query.spec(), BoundsSpec(k), unsafe_test_mode=True)
         scales = {
             r.value["noise_scale"] for r in windows[ws].records if r.value["kind"] == "release"
         }
@@ -254,7 +255,7 @@ def test_the_histograms_are_charged_to_every_window_exactly_and_never_published(
         exact=False,
         share=0.2,
     )
-    plan = plan_config(config)
+    plan = plan_config(config.spec())
     assert plan.auto_bounds is not None
     pipeline, _ledger = _pipeline(config)
     records = [r for w in range(3) for r in _events(w, 200, 4, 10_000 * w)]

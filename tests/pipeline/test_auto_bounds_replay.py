@@ -94,7 +94,7 @@ def test_replay_spends_on_the_histograms_exactly_what_plan_says_with_its_noise(
     tmp_path: Path,
 ) -> None:
     config = _config()
-    plan = plan_config(config).auto_bounds
+    plan = plan_config(config.spec()).auto_bounds
     assert plan is not None
     path = tmp_path / "events.jsonl"
     exact = _stream(path)

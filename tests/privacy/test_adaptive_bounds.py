@@ -108,10 +108,10 @@ LAYOUTS = {
 def test_one_user_moves_exactly_one_bin_of_each_histogram_by_one(
     layout_name: str, others: list[tuple[int, list[int]]], events: int, key_counts: list[int]
 ) -> None:
-    # PRIVACY.md's neighbours: add or remove all events of one user. The histograms of the
-    # stream with the user differ from those without in exactly one bin of each histogram
-    # (the events one always; the keyed ones when the user has an event in the projection),
-    # whichever histograms the configuration releases.
+    # The neighbours of docs/privacy.md#unit-of-privacy: add or remove all events of one user.
+    # The histograms of the stream with the user differ from those without in exactly one bin of
+    # each histogram (the events one always; the keyed ones when the user has an event in the
+    # projection), whichever histograms the configuration releases.
     layout = make_layout(k_cap=1000, projections={"p0": ("q0",)}, **LAYOUTS[layout_name])
     seed = 7
 

@@ -1,4 +1,4 @@
-"""Choosing k from a DP histogram of events per user (seed 000).
+"""Choosing k from a DP histogram of events per user (docs/privacy.md#budget).
 
 Statistical tests state their false-failure probability (each ≤ 1e-7)."""
 

@@ -1,4 +1,4 @@
-"""The erasure set (README, "Erasure"): pseudonyms of a request, which windows an erasure
+"""The erasure set (docs/erasure.md): pseudonyms of a request, which windows an erasure
 covers, what a window's partials must have applied, and the memory bound."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Noise and selection draws must come from a CSPRNG (PRIVACY.md invariant 6).
+"""Noise and selection draws must come from a CSPRNG (docs/privacy.md#invariant-6).
 
 Scans every module under stream_dp/ for the non-cryptographic generators — calls into the
 ``random`` module, ``from random import …``, aliasing it, and anything from

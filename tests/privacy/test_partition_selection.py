@@ -1,5 +1,5 @@
-"""Partition selection: PRIVACY.md's reference values, then each strategy against an
-independent implementation over a grid of (ε, δ, L0, Linf):
+"""Partition selection: the reference values of docs/privacy.md#reference-values, then each
+strategy against an independent implementation over a grid of (ε, δ, L0, Linf):
 
 - count_threshold   ↔ OpenDP make_laplace_threshold's privacy map (and scipy's dlaplace for
                       the δ-exact applied threshold);
@@ -58,7 +58,7 @@ def _dgauss_tail(sigma: float, t: int) -> float:
     return float(w[z >= t].sum() / w.sum())
 
 
-# ------------------------------------------------------- PRIVACY.md reference values
+# ------------------------------------ reference values (docs/privacy.md#reference-values)
 
 
 def test_reference_count_threshold() -> None:
@@ -71,7 +71,7 @@ def test_reference_count_threshold() -> None:
     )
     assert sel.mechanism.scale == 30
     assert sel.reference_threshold == 437  # OpenDP make_laplace_threshold
-    assert sel.threshold == 438  # δ-exact: PRIVACY.md's formula, mass at T included
+    assert sel.threshold == 438  # δ-exact (docs/privacy.md#reference-values), mass at T included
 
 
 def test_reference_laplace_threshold() -> None:

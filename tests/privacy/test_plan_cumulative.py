@@ -70,7 +70,7 @@ def write(tmp_path: Path, data: dict[str, Any]) -> Path:
 
 def test_planner_chooses_by_predicted_error_and_charges_like_a_window_query() -> None:
     config = parse_config(CONFIG)
-    plan = plan_config(config)
+    plan = plan_config(config.spec())
     long, week, window = plan.queries
     assert long.continual is not None and long.continual_auto
     assert long.continual.option == "tree_honaker"  # pure ε, T = 2048
@@ -84,7 +84,9 @@ def test_planner_chooses_by_predicted_error_and_charges_like_a_window_query() ->
         q = next(q for q in CONFIG["queries"] if q["name"] == cumulative.name)
         as_window = {k: v for k, v in q.items() if k not in ("release", "horizon_windows",
                                                                "horizon_origin")}  # fmt: skip
-        reference = plan_query(parse_config({"queries": [as_window]}).queries[0], config.bounds)
+        reference = plan_query(
+            parse_config({"queries": [as_window]}).queries[0].spec(), config.bounds.spec()
+        )
         assert compose(cumulative.charges, 1) == compose(reference.charges, 1)
     assert plan.window.epsilon == 2.0 and plan.horizon.epsilon == 48.0
     # the plan's headline figures for a cumulative query: a draw and the last window's CI
@@ -152,7 +154,7 @@ def test_the_per_window_path_refuses_cumulative_queries_and_replay_runs_them(
     monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", secrets.token_hex(32))
     config = parse_config(CONFIG)
     with pytest.raises(PrivacyError, match="is cumulative"):
-        release_query({}, plan_query(config.queries[0], config.bounds))
+        release_query({}, plan_query(config.queries[0].spec(), config.bounds.spec()))
     # the release stage takes cumulative queries (stream_dp.pipeline.cumulative): replay
     # prints their running totals with the horizon fields
     events = tmp_path / "events.jsonl"

@@ -1,5 +1,5 @@
-"""Planner: PRIVACY.md's sensitivity table (checked against pipeline_dp's sensitivity
-functions), noise scales against OpenDP's privacy maps, the ε/δ split rules, public key
+"""Planner: the sensitivity table of docs/privacy.md#bounding (checked against pipeline_dp's
+sensitivity functions), noise scales against OpenDP's privacy maps, the ε/δ split rules, public key
 products, and the window/horizon totals (naive and zCDP, the latter against OpenDP)."""
 
 from __future__ import annotations
@@ -30,20 +30,22 @@ from stream_dp.privacy.planner import (
     public_key_product,
     sum_sensitivity,
 )
+from stream_dp.privacy.specs import BoundsSpec, QuerySpec
 
 dp.enable_features("contrib")
 
 
-def query(**kw: Any) -> QueryConfig:
+def query(**kw: Any) -> QuerySpec:
+    """A query validated by the configuration, as the planner takes it."""
     base: dict[str, Any] = {"name": "q", "epsilon": 1.0, "delta": 1e-6, "group_by": ["domain"]}
     base.update(kw)
-    return QueryConfig(**base)
+    return QueryConfig(**base).spec()
 
 
-def bounds(k: int = 40, l0: int | None = 3, linf: int | None = 10) -> BoundsConfig:
+def bounds(k: int = 40, l0: int | None = 3, linf: int | None = 10) -> BoundsSpec:
     return BoundsConfig(
         max_contributions_per_window=k, max_keys_per_user=l0, max_contributions_per_key=linf
-    )
+    ).spec()
 
 
 # ------------------------------------------------------------ sensitivities
@@ -279,7 +281,7 @@ def _config(**privacy: Any) -> dict[str, Any]:
 
 
 def test_plan_config_totals_naive_and_zcdp() -> None:
-    plan = plan_config(parse_config(_config()))
+    plan = plan_config(parse_config(_config()).spec())
     assert [q.name for q in plan.queries] == ["a", "g"]
     assert plan.window.epsilon == pytest.approx(1.5)
     assert plan.window.delta == pytest.approx(2e-6)
@@ -303,7 +305,7 @@ def test_plan_config_totals_naive_and_zcdp() -> None:
 def test_plan_config_without_gaussian_has_no_zcdp_total() -> None:
     data = _config()
     data["queries"] = data["queries"][:1]
-    plan = plan_config(parse_config(data))
+    plan = plan_config(parse_config(data).spec())
     assert plan.window.epsilon_zcdp is None and plan.horizon.rho == 0.0
 
 
@@ -314,7 +316,7 @@ def test_unsafe_test_mode_is_passed_through_and_huge_epsilon_plans(
     data = _config(unsafe_test_mode=True, epsilon_per_window=2e6, max_epsilon_per_horizon=1e8)
     for q in data["queries"]:
         q["epsilon"] = 1e6
-    plan = plan_config(parse_config(data))
+    plan = plan_config(parse_config(data).spec())
     assert plan.unsafe_test_mode and all(q.unsafe_test_mode for q in plan.queries)
     assert plan.query("a").noise_scale < 1e-3
     assert plan.describe()["unsafe_test_mode"] is True

@@ -28,7 +28,7 @@ BOUNDS = BoundsConfig(
 def plan(*, unsafe: bool = False, **kw: Any) -> QueryPlan:
     base: dict[str, Any] = {"name": "q", "epsilon": 1.0, "delta": 1e-6, "group_by": ["domain"]}
     base.update(kw)
-    return plan_query(QueryConfig(**base), BOUNDS, unsafe_test_mode=unsafe)
+    return plan_query(QueryConfig(**base).spec(), BOUNDS.spec(), unsafe_test_mode=unsafe)
 
 
 def agg(events: int, users: int, value_sum: int = 0) -> KeyAggregate:
@@ -253,8 +253,8 @@ def test_empirical_privacy_holds_for_the_count_mechanism_and_detects_doubled_eps
             delta=0.0,
             group_by=["slot"],
             keys={"slot": [f"slot{i}" for i in range(draws)]},
-        ),
-        bounds,
+        ).spec(),
+        bounds.spec(),
     )
     assert p.noise_scale == 40.0
     violated, ratio = _violates_epsilon(p, 1_000, draws=draws)

@@ -32,7 +32,7 @@ def _plan(**kw: Any) -> QueryPlan:
         "keys": {"domain": ["a"]},
     }
     base.update(kw)
-    return plan_query(QueryConfig(**base), BOUNDS)
+    return plan_query(QueryConfig(**base).spec(), BOUNDS.spec())
 
 
 def _fixed_draws(monkeypatch: pytest.MonkeyPatch, noisy_sum: int, noisy_count: int) -> None:

@@ -1,4 +1,4 @@
-"""ε from a disclosure risk (seed 003, Lee & Clifton 2012)."""
+"""ε from a disclosure risk (docs/privacy.md#budget; Lee & Clifton 2012)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_round_trip_and_monotonic(m: int, rho: float) -> None:
 @pytest.mark.parametrize("m", [2, 5, 50])
 @pytest.mark.parametrize("rho", [0.55, 0.8, 0.95])
 def test_the_worst_case_posterior_of_the_laplace_mechanism_equals_rho(m: int, rho: float) -> None:
-    """Seed 003's adversary: m worlds, uniform prior, the true world's answer differs from
+    """The adversary of Lee & Clifton: m worlds, uniform prior, the true world's answer differs from
     every other world's by the sensitivity S; after seeing a far-away release R on the true
     world's side, its posterior is e^0 / (e^0 + (m − 1)·e^{−S/λ}) with λ = S/ε."""
     if rho <= 1 / m:

@@ -30,7 +30,7 @@ def window_records(
     rid = release_id or f"{query}-{window}"
     selection: dict[str, Any] = {"strategy": "truncated_geometric", "epsilon": 0.25, "delta": 1e-6}
     if not lean:
-        selection["description"] = "kept with probability p(users); see PRIVACY.md"
+        selection["description"] = "kept with probability p(users); see docs/privacy.md"
     out = []
     for i, g in enumerate(groups):
         value = release_record(

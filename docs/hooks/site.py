@@ -1,0 +1,107 @@
+"""MkDocs hooks of the documentation site (``mkdocs.yml``: ``hooks:``).
+
+- ``<!-- generated: configuration -->`` becomes the configuration reference, rendered from the
+  pydantic model with the notes in ``configuration-notes.yaml`` beside this file;
+  ``<!-- generated: metrics worker -->`` / ``<!-- generated: metrics sink -->`` the metrics
+  reference, rendered from the registries (both in :mod:`stream_dp.reference`).
+- ``<!-- include: PATH -->`` becomes the repository file PATH (``ops/RUNBOOK.md``,
+  ``bench/RESULTS.md``), its relative links pointing into the site and the files they name
+  (plots, flame graphs) copied with it, so those files keep one home in the repository.
+
+A marker that names nothing known fails the build, as ``--strict`` does for broken links.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
+
+from stream_dp.reference import configuration_reference, metrics_reference
+
+HERE = Path(__file__).resolve().parent
+NOTES = HERE / "configuration-notes.yaml"
+MARKER = re.compile(r"<!-- (generated|include): ([^>]+?) -->")
+LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
+
+
+def _root(config: MkDocsConfig) -> Path:
+    return Path(config.config_file_path).resolve().parent
+
+
+def _local(target: str) -> bool:
+    return not target.startswith(("#", "/", "http://", "https://", "mailto:"))
+
+
+def _included(root: Path, relative: str) -> tuple[str, list[str]]:
+    """A repository file's text with its relative links made relative to the site root,
+    and the linked files that are not Markdown (to copy into the site)."""
+    path = root / relative
+    if not path.is_file():
+        raise PluginError(f"include: {relative} does not exist in the repository")
+    base = Path(relative).parent
+    assets: list[str] = []
+
+    def rewrite(match: re.Match[str]) -> str:
+        target = match.group(2)
+        if not _local(target):
+            return match.group(0)
+        file_part, _, anchor = target.partition("#")
+        moved = posixpath.normpath((base / file_part).as_posix())
+        if not (root / moved).is_file():
+            raise PluginError(f"include: {relative} links to {target}, which does not exist")
+        if moved.startswith("docs/"):
+            moved = moved.removeprefix("docs/")  # a page of the site itself
+        else:
+            assets.append(moved)
+        return f"{match.group(1)}{moved}{'#' + anchor if anchor else ''}{match.group(3)}"
+
+    text = LINK.sub(rewrite, path.read_text(encoding="utf-8"))
+    return text, assets
+
+
+def _generated(what: str) -> str:
+    if what == "configuration":
+        notes = yaml.safe_load(NOTES.read_text(encoding="utf-8"))
+        return configuration_reference(notes)
+    if what == "metrics worker":
+        return metrics_reference("worker")
+    if what == "metrics sink":
+        return metrics_reference("sink")
+    raise PluginError(f"generated: unknown reference {what!r}")
+
+
+def on_files(files: Files, config: MkDocsConfig) -> Files:
+    """Copy into the site the files that included repository files link to."""
+    root = _root(config)
+    docs = Path(config.docs_dir)
+    for page in docs.glob("*.md"):
+        for kind, argument in MARKER.findall(page.read_text(encoding="utf-8")):
+            if kind != "include":
+                continue
+            for asset in _included(root, argument.strip())[1]:
+                if files.get_file_from_path(asset) is None:
+                    files.append(File.generated(config, asset, abs_src_path=str(root / asset)))
+    return files
+
+
+def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, **_: Any) -> str:
+    """Expand the markers of one page."""
+    root = _root(config)
+
+    def expand(match: re.Match[str]) -> str:
+        kind, argument = match.group(1), match.group(2).strip()
+        if kind == "generated":
+            return _generated(argument)
+        text, _assets = _included(root, argument)
+        # The included file's own title is the page's: drop it, keep the rest.
+        return re.sub(r"\A# [^\n]*\n", "", text)
+
+    return MARKER.sub(expand, markdown)

@@ -1,0 +1,291 @@
+"""A lost ledger is an outage, never a re-release: a worker that finds the ledger topic
+recreated (at start) or deleted under it (while running) releases nothing more, is not
+ready, says so on /metrics and in its log; ``stream-dp ledger rebuild`` restores the ledger
+from the output topic and the worker then releases only later windows — no (query, window,
+key) on the output topic ever gets a second value."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from stream_dp.broker.topics import apply_topics
+from stream_dp.config import load_config
+from tests.integration.support import (
+    HANG_GUARD_S,
+    NOISE_FREE,
+    ONE_PUBLIC_KEY_QUERY,
+    WorkerProcess,
+    ledger_release_ids,
+    produce_events,
+    read_topic,
+    start_worker,
+    topics_of,
+    windows_done,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+MakeConfig = Callable[[dict[str, Any] | None], Path]
+T0 = 1_596_240_000
+W = ["2020-08-01T00:00:00Z", "2020-08-01T00:00:10Z", "2020-08-01T00:00:20Z"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
+            return int(r.status), bytes(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
+
+
+def _gauge(port: int, name: str) -> float | None:
+    code, body = _get(port, "/metrics")
+    if code != 200:
+        return None
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    return None
+
+
+async def _wait(condition: Callable[[], bool], what: str, worker: WorkerProcess) -> None:
+    """Until ``condition`` holds (the bound is a hang guard only)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not await asyncio.to_thread(condition):
+        assert worker.proc.poll() is None, f"worker exited:\n{worker.log()}"
+        assert time.monotonic() < deadline, f"{what} never happened:\n{worker.log()[-4000:]}"
+        await asyncio.sleep(0.2)
+
+
+def _released(worker: WorkerProcess, window: str) -> bool:
+    """Whether the worker's log says it released ``window``."""
+    for line in worker.log().splitlines():
+        if line.startswith("{"):
+            entry = orjson.loads(line)
+            if entry.get("msg") == "window released" and entry.get("window") == window:
+                return True
+    return False
+
+
+async def _wait_outage(port: int, worker: WorkerProcess, *, running: bool = False) -> None:
+    """The worker holds: stream_dp_ledger_lost is 1, /health/ready says 503 and why. (A
+    worker that does not hold fails this early: started on the lost ledger, it becomes
+    ready; running when the ledger goes, it releases window 2.)"""
+
+    def held_or_not() -> bool:
+        if _gauge(port, "stream_dp_ledger_lost") == 1.0:
+            return True
+        if running:
+            return _released(worker, W[2])
+        return _get(port, "/health/ready")[0] == 200
+
+    await _wait(held_or_not, "ledger_lost = 1", worker)
+    assert _gauge(port, "stream_dp_ledger_lost") == 1.0, worker.log()[-4000:]
+    code, body = _get(port, "/health/ready")
+    assert code == 503 and orjson.loads(body)["components"]["ledger_loaded"] is False
+    assert _get(port, "/health/live")[0] == 200  # alive: a restart would find the same loss
+    assert "ledger rebuild" in worker.log()
+
+
+def _events(window: int, users: range) -> list[dict[str, Any]]:
+    return [
+        {"user_id": f"u{u}", "timestamp": T0 + window * 10 + 3, "domain": "a.example"}
+        for u in users
+    ]
+
+
+def _config(config_factory: MakeConfig, port: int) -> Path:
+    return config_factory(
+        {
+            "privacy": NOISE_FREE,
+            "metrics": {"port": port},
+            "bounds": {"max_contributions_per_window": 100},
+            "queries": ONE_PUBLIC_KEY_QUERY,
+        }
+    )
+
+
+def _rebuild(cfg: Path, bootstrap: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stream_dp.cli.main",
+            "ledger",
+            "rebuild",
+            "--config",
+            str(cfg),
+            "--bootstrap-servers",
+            bootstrap,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=False,
+    )
+
+
+def _one_value_per_key(out: list[tuple[str | None, bytes]]) -> dict[str, dict[str, Any]]:
+    """Every output key has one value (republished copies are byte-identical)."""
+    by_key: dict[str | None, set[bytes]] = defaultdict(set)
+    for key, value in out:
+        by_key[key].add(value)
+    twice = {k: v for k, v in by_key.items() if len(v) > 1}
+    assert not twice, f"a (query, window, key) got a second value: {twice}"
+    return {str(k): orjson.loads(next(iter(v))) for k, v in by_key.items()}
+
+
+async def _recover_and_release_window_2(
+    cfg: Path, bootstrap: str, port: int, tmp_path: Path, first: dict[str, dict[str, Any]]
+) -> None:
+    """Rebuild (twice: idempotent), start a worker: ready, window 2 released once, windows
+    0 and 1 never again."""
+    topics = topics_of(cfg)
+    rebuilt = _rebuild(cfg, bootstrap)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "restored 2 releases" in rebuilt.stdout, rebuilt.stdout
+    again = _rebuild(cfg, bootstrap)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to write" in again.stdout, again.stdout
+    worker = start_worker(cfg, tmp_path / "recovered.log")
+    try:
+        await _wait(lambda: _get(port, "/health/ready")[0] == 200, "ready", worker)
+        assert _gauge(port, "stream_dp_ledger_lost") == 0.0
+        await produce_events(bootstrap, topics["input"], _events(2, range(30)))
+        out = await read_topic(
+            bootstrap, topics["output"], until=windows_done(["visits"], 3), settle_s=1.0
+        )
+    finally:
+        code = worker.terminate()
+    assert code == 0, worker.log()
+    values = _one_value_per_key(out)
+    for key, record in first.items():
+        assert values[key] == record  # windows 0 and 1: the first draw, unchanged
+    released = {v["window_start"]: v["value"] for v in values.values() if v["kind"] == "release"}
+    assert released == {W[0]: 20, W[1]: 20, W[2]: 30}
+    ids = ledger_release_ids(await read_topic(bootstrap, topics["ledger"]))
+    assert all(len(v) == 1 for v in ids.values()), ids
+
+
+async def _release_windows_0_and_1(
+    cfg: Path, bootstrap: str, port: int, tmp_path: Path
+) -> tuple[WorkerProcess, dict[str, dict[str, Any]]]:
+    topics = topics_of(cfg)
+    await apply_topics(load_config(cfg), bootstrap, include_input=True)
+    await produce_events(bootstrap, topics["input"], _events(0, range(20)) + _events(1, range(20)))
+    worker = start_worker(cfg, tmp_path / "first.log")
+    out = await read_topic(bootstrap, topics["output"], until=windows_done(["visits"], 2))
+    await _wait(lambda: _get(port, "/health/ready")[0] == 200, "ready", worker)
+    return worker, _one_value_per_key(out)
+
+
+async def _delete_topic(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+
+
+async def test_a_recreated_ledger_topic_holds_the_worker_until_it_is_rebuilt(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    port = _free_port()
+    cfg = _config(config_factory, port)
+    topics = topics_of(cfg)
+    worker, first = await _release_windows_0_and_1(cfg, kafka_bootstrap, port, tmp_path)
+    assert worker.terminate() == 0, worker.log()
+    # The ledger topic is deleted and created again, empty; group and output live on.
+    await _delete_topic(kafka_bootstrap, topics["ledger"])
+    await apply_topics(load_config(cfg), kafka_bootstrap, include_input=True)
+    held = start_worker(cfg, tmp_path / "held.log")
+    try:
+        await _wait_outage(port, held)
+    finally:
+        assert held.terminate() == 0, held.log()
+    _one_value_per_key(await read_topic(kafka_bootstrap, topics["output"]))
+    await _recover_and_release_window_2(cfg, kafka_bootstrap, port, tmp_path, first)
+
+
+async def test_a_ledger_topic_deleted_under_a_running_worker_stops_its_releases(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    port = _free_port()
+    cfg = _config(config_factory, port)
+    topics = topics_of(cfg)
+    worker, first = await _release_windows_0_and_1(cfg, kafka_bootstrap, port, tmp_path)
+    try:
+        await _delete_topic(kafka_bootstrap, topics["ledger"])
+        # Window 2 closes: its release finds the ledger's log gone backwards, before any
+        # output record is written.
+        await produce_events(kafka_bootstrap, topics["input"], _events(2, range(30)))
+        await _wait_outage(port, worker, running=True)
+    finally:
+        assert worker.terminate() == 0, worker.log()
+    out = await read_topic(kafka_bootstrap, topics["output"])
+    assert {v["window_start"] for v in _one_value_per_key(out).values()} == {W[0], W[1]}
+    # The operator rebuilds into a new ledger topic (the embedded broker keeps a deleted
+    # topic that was written to afterwards unwritable under its name, even once created
+    # again; on Apache Kafka `stream-dp topics apply` could create the same name again).
+    data = yaml.safe_load(cfg.read_text())
+    data["output"]["ledger_topic"] += "-restored"
+    restored = tmp_path / "restored.yaml"
+    restored.write_text(yaml.safe_dump(data))
+    await apply_topics(load_config(restored), kafka_bootstrap, include_input=True)
+    await _recover_and_release_window_2(restored, kafka_bootstrap, port, tmp_path, first)
+
+
+async def test_a_new_ledger_and_group_on_an_output_that_shows_releases_holds(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    """A typo'd ledger topic with a new group: no committed offsets, but the output topic
+    shows the deployment's releases for windows this start would cover. With window.start_at
+    after them, a new deployment on the same output topic starts normally."""
+    port = _free_port()
+    cfg = _config(config_factory, port)
+    worker, _ = await _release_windows_0_and_1(cfg, kafka_bootstrap, port, tmp_path)
+    assert worker.terminate() == 0, worker.log()
+    data = yaml.safe_load(cfg.read_text())
+    data["kafka"]["group_id"] += "-new"
+    data["output"]["ledger_topic"] += "-typo"
+    renamed = tmp_path / "renamed.yaml"
+    renamed.write_text(yaml.safe_dump(data))
+    held = start_worker(renamed, tmp_path / "renamed.log")
+    try:
+        await _wait_outage(port, held)
+    finally:
+        assert held.terminate() == 0, held.log()
+    data["window"]["start_at"] = W[2]  # after the last window on the output topic
+    later = tmp_path / "later.yaml"
+    later.write_text(yaml.safe_dump(data))
+    fresh = start_worker(later, tmp_path / "later.log")
+    try:
+        await _wait(lambda: _get(port, "/health/ready")[0] == 200, "ready", fresh)
+        assert _gauge(port, "stream_dp_ledger_lost") == 0.0
+    finally:
+        assert fresh.terminate() == 0, fresh.log()
