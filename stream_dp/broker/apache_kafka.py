@@ -95,6 +95,16 @@ _PORT_ATTEMPTS = 3
 _FORMAT_TIMEOUT_S = 120.0
 
 
+def _cluster_id() -> str:
+    """A random cluster id as Kafka spells them (URL-safe base64 of 16 bytes), never starting
+    with "-" (Kafka's own ``Uuid.randomUuid`` avoids it too: a command line would take it for
+    an option)."""
+    while True:
+        cluster_id = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class ApacheKafkaBroker:
     """A single-node KRaft Apache Kafka broker on loopback ports, its data in a temp folder."""
 
@@ -274,9 +284,10 @@ class ApacheKafkaBroker:
         base = [java, *self._jvm_options, log4j, "-cp", f"{libs}/*"]
         env = broker_environment(os.environ)
         # Kafka's own storage tool writes meta.properties and the bootstrap metadata.
-        cluster_id = urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         formatted = subprocess.run(  # noqa: S603 - a fixed argv, no shell
-            [*base, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)],
+            [*base, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+             f"--config={properties}"],
             capture_output=True, env=env, timeout=_FORMAT_TIMEOUT_S, check=False,
         )  # fmt: skip
         if formatted.returncode != 0:
