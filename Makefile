@@ -7,7 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot
+.PHONY: setup test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
+	kafka-jars test-kafka
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,13 +40,21 @@ test-tools:
 	    || echo "could not install$$missing: the tests that need them will skip"; \
 	else echo "missing$$missing and not root: the tests that need them will skip"; fi
 
+# The Apache Kafka broker of the `apache_kafka` test tier (stream_dp/broker/apache_kafka.py):
+# its jars, pinned in ops/apache-kafka/pom.xml, fetched once from Maven Central by Maven into
+# .venv/apache-kafka-VERSION/libs. Without Java 17+ and Maven the tier's tests skip and say so.
+kafka-jars: setup
+	@if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then \
+	  $(BIN)/python -m stream_dp.broker.apache_kafka_jars >/dev/null; \
+	else echo "no java or mvn on PATH: the apache_kafka tests will skip (install Java 17+ and Maven)"; fi
+
 # pytest exits 5 when it collected no test; make treats that as a failure. Three pytest-xdist
 # processes: most tests wait on a broker, a consumer group or a subprocess, so three share a
 # 2-core machine well. The slowest tests come first (tests/conftest.py) and are handed out
 # two at a time (--maxschedchunk), so that they spread over the processes and none of them
 # runs alone at the end. Every test has its own broker topics, groups and ports.
 PYTEST_WORKERS ?= 3
-pytest: setup test-tools
+pytest: setup test-tools kafka-jars
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --maxschedchunk 2
 
 # The documentation site (mkdocs.yml; MkDocs with the Material theme, from the dev extra or
@@ -56,6 +65,10 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 test: lint typecheck pytest docs
+
+# The tests that run on a real Apache Kafka broker, alone (`make test` runs them too).
+test-kafka: setup kafka-jars
+	$(BIN)/pytest -m apache_kafka -n $(PYTEST_WORKERS) --maxschedchunk 2
 
 demo: setup
 	$(BIN)/stream-dp demo

@@ -1,6 +1,9 @@
-"""``python -m chaos.run [--minutes M] [--smoke] [--out DIR] [--seed N]``: the chaos run.
+"""``python -m chaos.run [--minutes M] [--smoke] [--out DIR] [--seed N] [--broker B]``: the
+chaos run.
 
-Three ``stream-dp run`` workers in one group on the embedded broker, fed by a live producer
+Three ``stream-dp run`` workers in one group on the embedded broker (``--broker tansu``, the
+default) or on a real single-node Apache Kafka (``--broker apache-kafka``: Java 17+ and the
+jars of ``make kafka-jars``), fed by a live producer
 (events stamped now, 1,000 users, ten public domains), and every 20–60 s one fault at random:
 
 - ``kill``: SIGKILL a worker, restart it a second later;
@@ -48,6 +51,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_dp.broker import EmbeddedBroker
+from stream_dp.broker.apache_kafka import ApacheKafkaBroker
 from stream_dp.pipeline.ledger import LedgerIndex
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
@@ -59,6 +63,7 @@ USERS = 1000
 DOMAINS = [f"d{i}.example" for i in range(10)]
 INPUT_PARTITIONS = 6
 WORKERS = 3
+BROKERS = ("tansu", "apache-kafka")
 USER_PREFIX = "chaos-user-"
 FAULTS = ("kill", "pause", "broker_pause", "malformed", "slow_ledger")
 QUERIES = ("visits", "total")
@@ -496,14 +501,22 @@ def _report(run: Run, checks: list[Check], path: Path, command: str) -> None:
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
-async def chaos(settings: Settings, out: Path, seed: int, command: str) -> bool:
+async def _start_broker(kind: str) -> EmbeddedBroker | ApacheKafkaBroker:
+    if kind == "apache-kafka":
+        # Started from this (the main) thread: the JVM dies with it (PR_SET_PDEATHSIG).
+        return ApacheKafkaBroker().start()
+    return await EmbeddedBroker().astart()
+
+
+async def chaos(
+    settings: Settings, out: Path, seed: int, command: str, broker_kind: str = "tansu"
+) -> bool:
     out.mkdir(parents=True, exist_ok=True)
     workdir = out / "run"
     workdir.mkdir(exist_ok=True)
     run = Run(settings, out, workdir, random.Random(seed))
     suffix = secrets.token_hex(4)
-    broker = EmbeddedBroker()
-    await broker.astart()
+    broker = await _start_broker(broker_kind)
     bootstrap = broker.bootstrap_servers
     os.environ["STREAM_DP_PSEUDONYM_KEY"] = secrets.token_hex(32)
     first_s = int(time.time() // WINDOW_S) * WINDOW_S
@@ -595,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="short faults, for make test")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--broker", choices=BROKERS, default="tansu", help="which broker")
     args = parser.parse_args(argv)
     base = SMOKE if args.smoke else FULL
     settings = Settings(
@@ -605,8 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     command = " ".join(["python -m chaos.run", *(argv if argv is not None else sys.argv[1:])])
-    print(f"[chaos] seed {seed}; {settings}", flush=True)
-    ok = asyncio.run(chaos(settings, args.out, seed, command))
+    print(f"[chaos] seed {seed}; broker {args.broker}; {settings}", flush=True)
+    ok = asyncio.run(chaos(settings, args.out, seed, command, args.broker))
     return 0 if ok else 1
 
 

@@ -3,7 +3,9 @@ that give every test its own topics, consumer groups and config file, so tests n
 state.
 
 - ``kafka_bootstrap`` → "127.0.0.1:PORT" of the session's broker (``embedded_broker`` is the
-  EmbeddedBroker itself).
+  EmbeddedBroker itself). Tests marked ``ON_BOTH_BROKERS`` / ``ON_APACHE_KAFKA``
+  (tests/apache_kafka/tier.py) get it parametrised: ``[tansu]`` and/or ``[apache_kafka]``, the
+  latter a real Apache Kafka broker, one per pytest process (``apache_kafka_bootstrap``).
 - ``await topic_factory(partitions=1, config=None, prefix="test")`` → a new topic's name;
   deleted after the test.
 - ``group_id_factory()`` → a new consumer group id.
@@ -28,6 +30,7 @@ import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_dp.broker import EmbeddedBroker
+from tests.apache_kafka.tier import APACHE_KAFKA, apache_kafka_bootstrap_servers
 from tests.helpers import ConfigFactory, GroupIdFactory, TopicFactory, deep_merge
 from tests.threat_model_plugin import install as install_threat_model_guard
 
@@ -92,8 +95,19 @@ def embedded_broker() -> Iterator[EmbeddedBroker]:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(embedded_broker: EmbeddedBroker) -> str:
-    return embedded_broker.bootstrap_servers
+def apache_kafka_bootstrap() -> Iterator[str]:
+    """A real Apache Kafka broker for this pytest process (skips when none can run here)."""
+    with apache_kafka_bootstrap_servers() as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(request: pytest.FixtureRequest) -> str:
+    """The embedded broker's address, or Apache Kafka's where the test is parametrised so."""
+    if getattr(request, "param", None) == APACHE_KAFKA:
+        return str(request.getfixturevalue("apache_kafka_bootstrap"))
+    broker: EmbeddedBroker = request.getfixturevalue("embedded_broker")
+    return broker.bootstrap_servers
 
 
 @pytest.fixture

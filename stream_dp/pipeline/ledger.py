@@ -20,12 +20,15 @@ Other records: ``published`` markers (latest per key wins: which draw reached th
 ``progress`` (per partials partition, the next window its owner has not released — every
 window before it was released and published), ``coverage`` (the first covered window and
 the deployment fingerprint, :mod:`stream_dp.config.fingerprint`; the first such record in
-log order wins), ``fingerprint`` (of a deployment recorded before fingerprints existed),
-``cut`` (with erasure on: written before a window's releaser reads the erasure log, so an
-erasure recorded after it may not apply to that window —
+log order wins, each under a key of its own so that no compaction drops the winner for a
+later racer's record), ``fingerprint`` (of a deployment recorded before fingerprints
+existed; keyed the same way), ``cut`` (with erasure on: written before a window's releaser
+reads the erasure log, so an erasure recorded after it may not apply to that window —
 :mod:`stream_dp.pipeline.erasure_gate`) and ``fence`` records. Readers treat the
 topic as a log: the embedded broker accepts ``cleanup.policy=compact`` but does not apply
-it (docs/architecture.md#embedded-broker).
+it (docs/architecture.md#embedded-broker), Apache Kafka keeps the last record of each key,
+and every decision above reads the same before and after compaction
+(tests/apache_kafka/test_compaction.py).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
 FENCE_PREFIX: Final = "__fence__|"
 PROGRESS_PREFIX: Final = "__progress__|"
+#: Coverage records are keyed ``__coverage__|<writer id>``: one key per record. (Records of
+#: earlier versions are keyed ``__coverage__`` alone, and read the same way.)
 COVERAGE_KEY: Final = "__coverage__"
 FINGERPRINT_KEY: Final = "__fingerprint__"
 ROTATION_PREFIX: Final = "__rotation__|"
@@ -180,7 +185,12 @@ def encode_coverage(
     first_window_start_s: int, window_size_s: int, fingerprint: Fingerprint | None = None
 ) -> tuple[str, bytes]:
     """The first window the deployment covers (the first such record in log order wins),
-    with the deployment's fingerprint (:mod:`stream_dp.config.fingerprint`)."""
+    with the deployment's fingerprint (:mod:`stream_dp.config.fingerprint`).
+
+    Keyed by a fresh id: workers racing at a deployment's first start write one record each,
+    and compaction (which keeps the *last* record of a key) keeps them all, in log order, so
+    the first stays first. Under one shared key it would keep the last racer's instead.
+    """
     value: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "coverage",
@@ -189,19 +199,20 @@ def encode_coverage(
     }
     if fingerprint is not None:
         value["fingerprint"] = fingerprint.record()
-    return COVERAGE_KEY, orjson.dumps(value)
+    return f"{COVERAGE_KEY}|{uuid.uuid4().hex}", orjson.dumps(value)
 
 
 def encode_fingerprint(fingerprint: Fingerprint) -> tuple[str, bytes]:
     """The fingerprint of a deployment whose coverage record has none (recorded before
     fingerprints existed), or of a replay ledger file: the first one in log order counts,
-    and one in the coverage record before it."""
+    and one in the coverage record before it. Keyed by a fresh id, as coverage records are,
+    so that compaction keeps the first."""
     value = {
         "schema_version": SCHEMA_VERSION,
         "kind": "fingerprint",
         "fingerprint": fingerprint.record(),
     }
-    return FINGERPRINT_KEY, orjson.dumps(value)
+    return f"{FINGERPRINT_KEY}|{uuid.uuid4().hex}", orjson.dumps(value)
 
 
 def encode_cut(window_start_s: int) -> tuple[str, bytes]:

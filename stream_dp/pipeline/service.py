@@ -13,6 +13,7 @@ import os
 import signal
 from collections.abc import AsyncIterator
 
+from stream_dp.broker.durability import verify_durable_topics
 from stream_dp.broker.embedded import EmbeddedBroker
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config.model import Config
@@ -70,6 +71,8 @@ async def run_worker(
         created = await apply_topics(config, bootstrap, include_input=config.kafka.embedded)
         if created:
             log.info("created topics: %s", ", ".join(created))
+        # Refuse a ledger (or erasure log, cumulative state) the broker would delete from.
+        await verify_durable_topics(config, bootstrap)
         server = None
         if config.metrics.enabled:
             server = await start_http_server(

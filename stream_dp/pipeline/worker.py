@@ -74,6 +74,7 @@ from aiokafka.errors import (
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
+from stream_dp.clients.idempotence import start_producer
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
@@ -346,14 +347,16 @@ class Worker:
         """
         kafka = self.config.kafka
         common = self._common = client_kwargs(kafka, bootstrap_servers=self.bootstrap)
-        self._producer = AIOKafkaProducer(
-            acks="all",
-            linger_ms=5,
-            max_request_size=self._max_bytes,
-            max_batch_size=min(self._max_bytes, MAX_BATCH_BYTES),
-            **common,
+        options = {
+            "acks": "all",
+            "linger_ms": 5,
+            "max_request_size": self._max_bytes,
+            "max_batch_size": min(self._max_bytes, MAX_BATCH_BYTES),
+        }
+        # Idempotent where the broker gives producer ids (not the embedded broker).
+        self._producer = await self._retry(
+            "start producer", lambda: start_producer(common, options), bounded=False
         )
-        await self._retry("start producer", self._producer.start, bounded=False)
         self.health.set("producer_connected", True)
         guard = self._ledger_guard = LedgerGuard(
             self.config, metrics=self.metrics, health=self.health, client_options=common

@@ -1,5 +1,6 @@
 """The chaos run, short (``make chaos`` runs it for 20 minutes): three workers, a live
-producer and random faults on the embedded broker; every check of its report must pass.
+producer and random faults, on the embedded broker and on Apache Kafka (``--broker``); every
+check of its report must pass.
 
 Generous hang guard only: the run waits on conditions (every window released), and a busy
 2-core machine only makes it slower."""
@@ -12,14 +13,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.apache_kafka.tier import apache_kafka_problem
+
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(1200)
-def test_a_short_chaos_run_passes_every_check(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "broker", ["tansu", pytest.param("apache-kafka", marks=pytest.mark.apache_kafka)]
+)
+def test_a_short_chaos_run_passes_every_check(broker: str, tmp_path: Path) -> None:
+    if broker == "apache-kafka" and (problem := apache_kafka_problem()) is not None:
+        pytest.skip(problem)
     done = subprocess.run(
-        [sys.executable, "-m", "chaos.run", "--smoke", "--minutes", "1.5", "--out", str(tmp_path)],
+        [sys.executable, "-m", "chaos.run", "--smoke", "--minutes", "1.5", "--out", str(tmp_path),
+         "--broker", broker],
         cwd=ROOT,
         capture_output=True,
         text=True,

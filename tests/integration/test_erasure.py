@@ -23,6 +23,7 @@ import pytest
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import Config, load_config
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.helpers import schema_validator
 from tests.integration.support import (
     decode_values,
@@ -38,7 +39,7 @@ from tests.integration.support import (
 )
 from tests.integration.test_operations import _free_port, _get, _wait_status
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 T0 = 1_596_240_000  # 2020-08-01T00:00:00Z
 FILLERS = 40

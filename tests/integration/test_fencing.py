@@ -29,6 +29,7 @@ from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.pipeline.ledger import LedgerIndex
 from stream_dp.pipeline.worker import CRASH_POINTS, PAUSE_POINT_ENV
+from tests.apache_kafka.tier import APACHE_KAFKA, ON_BOTH_BROKERS, TANSU
 from tests.integration.support import (
     decode_values,
     partitions_taken_over,
@@ -48,6 +49,19 @@ DOMAINS = [f"d{i:02d}.example" for i in range(20)]
 WINDOWS = 6
 PAUSE_S = 6.0  # three times the session timeout
 RUNS = int(os.environ.get("FENCING_RUNS", "1"))
+#: On Apache Kafka (its own group coordinator evicts the frozen member), the points around
+#: the ledger's draw and publication; every point on the embedded broker.
+APACHE_KAFKA_POINTS = ("after_ledger_write", "before_draw", "after_ledger_readback",
+                       "after_output_write")  # fmt: skip
+BROKER_AND_POINT = [
+    *(pytest.param(TANSU, point, id=f"{point}-{TANSU}") for point in CRASH_POINTS),
+    *(
+        pytest.param(
+            APACHE_KAFKA, point, id=f"{point}-{APACHE_KAFKA}", marks=pytest.mark.apache_kafka
+        )
+        for point in APACHE_KAFKA_POINTS
+    ),
+]
 
 
 def _events(window: int) -> list[dict[str, Any]]:
@@ -59,7 +73,9 @@ def _events(window: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("run", range(RUNS))
-@pytest.mark.parametrize("point", CRASH_POINTS)
+@pytest.mark.parametrize(
+    ("kafka_bootstrap", "point"), BROKER_AND_POINT, indirect=["kafka_bootstrap"]
+)
 async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
     point: str,
     run: int,
@@ -177,6 +193,7 @@ def _epoch(iso: str) -> int:
     return epoch_of_iso(iso)
 
 
+@ON_BOTH_BROKERS
 async def test_a_slow_ledger_never_starts_a_rebalance_storm(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:

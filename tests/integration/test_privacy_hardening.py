@@ -31,6 +31,7 @@ from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.pipeline.placement import crc32_partition, murmur2_partition
 from stream_dp.windows.tumbling import iso_utc
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.integration.support import (
     NOISE_FREE,
     decode_values,
@@ -73,6 +74,7 @@ def _released(out: list[tuple[str | None, bytes]]) -> dict[tuple[str, str, str],
     return values
 
 
+@ON_BOTH_BROKERS
 async def test_one_users_keyed_records_on_four_partitions_are_bounded_once(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
@@ -133,6 +135,7 @@ def _confluent_produce(bootstrap: str, topic: str, events: list[dict[str, Any]])
 
 
 @pytest.mark.parametrize("partitioner", ["crc32", "murmur2"])
+@ON_BOTH_BROKERS
 async def test_a_librdkafka_producer_is_safe_with_the_crc32_setting_only(
     partitioner: str, kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:

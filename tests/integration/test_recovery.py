@@ -15,6 +15,7 @@ import pytest
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.integration.support import (
     NOISE_FREE,
     ONE_PUBLIC_KEY_QUERY,
@@ -27,7 +28,7 @@ from tests.integration.support import (
     windows_done,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 TEST_MODE = {"STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"}
 QUERIES = ["visits_by_domain", "visits_by_country"]

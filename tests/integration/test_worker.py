@@ -1,4 +1,5 @@
-"""The streaming worker end to end on the embedded broker, as a real `stream-dp run` process."""
+"""The streaming worker end to end, as a real `stream-dp run` process, on the embedded broker
+and on Apache Kafka."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import LEAVER, BrowserLogSpec, browser_log_events
 from stream_dp.windows.tumbling import iso_utc
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.helpers import schema_validator
 from tests.integration.support import (
     NOISE_FREE,
@@ -32,7 +34,7 @@ from tests.integration.support import (
     windows_done,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 
 TOPICS = Path(__file__).resolve().parents[2] / "stream_dp" / "topics"
 MakeConfig = Callable[[dict[str, Any] | None], Path]

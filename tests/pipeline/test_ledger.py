@@ -8,12 +8,14 @@ import itertools
 import orjson
 import pytest
 
+from stream_dp.config.fingerprint import Fingerprint
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
     OutputRecord,
     encode_coverage,
     encode_fence,
+    encode_fingerprint,
     encode_progress,
     encode_published,
     encode_release,
@@ -149,6 +151,37 @@ def test_progress_coverage_and_rotation_records() -> None:
     assert idx.progress == {0: 10800, 1: 14400}
     assert idx.partials_partitions == 2
     assert idx.rotations == {("k1", "k2", 86400)}
+
+
+def _compacted(records: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """What Apache Kafka's log compaction leaves: the last record of each key, in log order."""
+    last = {key: i for i, (key, _) in enumerate(records)}
+    return [r for i, r in enumerate(records) if last[r[0]] == i]
+
+
+def test_racing_coverage_records_decide_the_same_after_compaction() -> None:
+    """Compaction keeps the last record of a key; readers take the first coverage record.
+    Each coverage record has a key of its own, so compaction never changes the decision
+    (on Apache Kafka: tests/apache_kafka/test_compaction.py)."""
+    racers = [encode_coverage(7200, 3600), encode_coverage(3600, 3600)]
+    assert len({key for key, _ in racers}) == 2
+    before, after = LedgerIndex(), LedgerIndex()
+    before.load(racers)
+    after.load(_compacted(racers))
+    assert before.coverage_start_s == after.coverage_start_s == 7200
+
+
+def test_racing_fingerprint_records_decide_the_same_after_compaction() -> None:
+    """Two workers adopting a deployment recorded before fingerprints each write one: the
+    first in log order counts, before and after compaction keeps the last of each key."""
+    first = Fingerprint(digest="a" * 16, parts={"window.size_s": "1"}, key_id="k")
+    second = Fingerprint(digest="b" * 16, parts={"window.size_s": "2"}, key_id="k")
+    racers = [encode_fingerprint(first), encode_fingerprint(second)]
+    assert len({key for key, _ in racers}) == 2
+    before, after = LedgerIndex(), LedgerIndex()
+    before.load(racers)
+    after.load(_compacted(racers))
+    assert before.fingerprint == after.fingerprint == first
 
 
 def test_forget_keeps_only_recent_windows() -> None:

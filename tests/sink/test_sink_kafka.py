@@ -34,6 +34,7 @@ from stream_dp.sink.rows import ReleaseRow, WindowRow, parse_output_record
 from stream_dp.sink.schema import migrate
 from stream_dp.sink.service import APPLICATION_NAME, Sink, default_group_id
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.helpers import ConfigFactory, TopicFactory
 from tests.integration.support import (
     produce_events,
@@ -44,7 +45,7 @@ from tests.integration.support import (
 )
 from tests.sink.support import releases, window_records, windows
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 
 DEADLINE_S = 90.0
 

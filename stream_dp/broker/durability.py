@@ -1,0 +1,133 @@
+"""Topics whose records the privacy guarantee needs, verified on the broker at start.
+
+The ledger is read at every start so that a window's noise is drawn once, ever: a ledger
+record the broker deletes is a window that may be drawn again. The erasure log must keep an
+erasure as long as ``erasure.retention_s`` says, and the cumulative state as long as a horizon
+needs it. stream-dp creates these topics with the right settings, but an existing topic keeps
+whatever it was created with (by hand, by a platform's defaults, by an older version), and a
+broker default (``log.retention.hours=168`` with ``cleanup.policy=delete``) is exactly the
+wrong one. So the worker asks the broker (DescribeConfigs) and refuses to start when a topic
+would delete records earlier than its definition allows.
+
+What counts is what the broker does: records are deleted only under ``cleanup.policy``
+containing ``delete``, by age past ``retention.ms`` or by size past ``retention.bytes`` (-1:
+never). Compaction alone keeps the last record of every key, which the readers are built for.
+A broker that does not describe a setting (the embedded broker describes only settings given
+at creation) cannot be checked: that is logged, not refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+
+from stream_dp.broker.client_options import client_kwargs
+from stream_dp.broker.topics import Topic, resolve_all
+from stream_dp.config import Config
+from stream_dp.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Definitions (``name`` templates) of the topics checked, and why their records matter.
+DURABLE_TOPICS: Mapping[str, str] = {
+    "{output.ledger_topic}": "a window whose ledger record is deleted may be drawn again with "
+    "fresh noise",
+    "{erasure.log_topic}": "an erasure deleted early lets the erased user's events count again",
+    "{output.continual_topic}": "a running total whose state is deleted mid-horizon is drawn "
+    "again",
+}
+NEVER = -1
+
+
+class TopicRetentionError(ConfigError):
+    """A topic the privacy guarantee reads back would have records deleted too early."""
+
+
+def _number(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def retention_problem(topic: Topic, actual: Mapping[str, str | None]) -> str | None:
+    """How the broker's settings (``actual``) delete records earlier than ``topic``'s
+    definition allows; None when they do not (or cannot be known)."""
+    policy = actual.get("cleanup.policy")
+    if policy is None:
+        return None  # not described: nothing to compare
+    if "delete" not in {p.strip() for p in policy.split(",")}:
+        return None  # compaction only: the last record of every key is kept
+    wanted_policy = {p.strip() for p in topic.config.get("cleanup.policy", "delete").split(",")}
+    wanted_ms = _number(topic.config.get("retention.ms")) if "delete" in wanted_policy else NEVER
+    have_ms = _number(actual.get("retention.ms"))
+    have_bytes = _number(actual.get("retention.bytes"))
+    found = []
+    if have_ms not in (None, NEVER) and (wanted_ms == NEVER or have_ms < (wanted_ms or 0)):
+        wanted = "never" if wanted_ms == NEVER else f"not before {wanted_ms} ms"
+        found.append(f"retention.ms={have_ms} deletes records after {have_ms} ms ({wanted} wanted)")
+    if have_bytes not in (None, NEVER):
+        found.append(f"retention.bytes={have_bytes} deletes the oldest records past that size")
+    if not found:
+        return None
+    settings = ",".join(
+        f"{k}=[{v}]" if "," in v else f"{k}={v}" for k, v in sorted(topic.config.items())
+    )
+    drop = " --delete-config retention.bytes" if have_bytes not in (None, NEVER) else ""
+    return (
+        f"topic {topic.name} has cleanup.policy={policy}: {'; '.join(found)}; "
+        f"{DURABLE_TOPICS[topic.spec.name]}. Set it as stream-dp defines it, e.g. "
+        f"kafka-configs.sh --alter --entity-type topics --entity-name {topic.name} "
+        f"--add-config {settings}{drop}"
+    )
+
+
+def durable_topics(config: Config) -> list[Topic]:
+    """The topics of ``config`` whose retention the guarantee depends on."""
+    cumulative = any(q.cumulative for q in config.queries)
+    return [
+        t
+        for t in resolve_all(config, include_input=False).values()
+        if t.spec.name in DURABLE_TOPICS
+        and (cumulative or t.spec.name != "{output.continual_topic}")
+    ]
+
+
+async def verify_durable_topics(config: Config, bootstrap_servers: str | None = None) -> None:
+    """TopicRetentionError when the broker would delete records of the ledger, the erasure
+    log or the cumulative state earlier than their definitions allow (checked with
+    DescribeConfigs; a broker that refuses it is logged and not refused)."""
+    topics = durable_topics(config)
+    kwargs = client_kwargs(config.kafka, bootstrap_servers=bootstrap_servers)
+    admin = AIOKafkaAdminClient(**kwargs)
+    try:
+        await admin.start()
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t.name) for t in topics]
+        )
+    except (KafkaError, OSError) as exc:
+        log.warning(
+            "cannot check the retention of %s on the broker (%s: %s); make sure they never "
+            "delete records earlier than stream_dp/topics defines",
+            ", ".join(t.name for t in topics), type(exc).__name__, exc,
+        )  # fmt: skip
+        return
+    finally:
+        await admin.close()
+    actual: dict[str, dict[str, str | None]] = {}
+    for response in responses:
+        for resource in response.to_object()["resources"]:
+            if resource["error_code"] == 0:
+                actual[resource["resource_name"]] = {
+                    e["config_names"]: e["config_value"] for e in resource["config_entries"]
+                }
+    problems = [p for t in topics if (p := retention_problem(t, actual.get(t.name, {})))]
+    unchecked = [t.name for t in topics if "cleanup.policy" not in actual.get(t.name, {})]
+    if unchecked:
+        log.info("the broker does not describe cleanup.policy of %s", ", ".join(unchecked))
+    if problems:
+        raise TopicRetentionError("; ".join(problems))
