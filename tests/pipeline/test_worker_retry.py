@@ -10,7 +10,7 @@ import functools
 import pytest
 from aiokafka.errors import IllegalGenerationError, KafkaConnectionError
 
-from stream_dp.clients import retry as retry_module
+from stream_dp import retry as retry_module
 from stream_dp.pipeline import worker as worker_module
 from stream_dp.pipeline.worker import BrokerUnavailableError, Worker
 from tests.clients.test_retry import FakeTime
