@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from stream_dp.ops.metrics import Metrics
+from stream_dp.sink.metrics import SinkMetrics
 from tests.ops.test_compose import load_compose
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,29 +71,93 @@ def test_alert_rules_parse_and_cover_the_agreed_alerts() -> None:
     # group last released (every covered window is released), not now minus event time.
     stalled = next(r for r in rules if r["alert"] == "StreamDPReleaseStalled")
     assert "time() - max(stream_dp_last_release_timestamp_seconds" in stalled["expr"]
+    assert "2 * max(stream_dp_config_window_size_seconds)" in stalled["expr"]
     assert "oldest_open_window_end" not in stalled["expr"]
     misplaced = next(r for r in rules if r["alert"] == "StreamDPMisplacedKeyedRecords")
     assert "misplaced_key" in misplaced["expr"]
 
 
-def test_every_alert_has_a_runbook_section() -> None:
+RUNBOOK_URL = "{{ $externalLabels.runbook_base_url }}/runbook/#"
+
+
+def _runbook_anchors() -> set[str]:
+    """The ids the docs site gives the runbook's headings (docs/runbook.md includes
+    ops/RUNBOOK.md; MkDocs' toc extension makes the ids with Python-Markdown's slugify)."""
+    from markdown.extensions.toc import slugify
+
+    text = RUNBOOK.read_text(encoding="utf-8")
+    return {slugify(h, "-") for h in re.findall(r"^#{1,6} (.+?)\s*$", text, re.M)}
+
+
+def test_every_alert_links_its_runbook_section_on_the_docs_site() -> None:
     headings = set(re.findall(r"^## (\S+)", RUNBOOK.read_text(encoding="utf-8"), re.M))
+    anchors = _runbook_anchors()
     for rule in _alert_rules():
         assert rule["alert"] in headings, f"RUNBOOK.md lacks '## {rule['alert']}'"
-        assert rule["annotations"]["runbook_url"] == "ops/RUNBOOK.md#" + rule["alert"].lower()
+        url = rule["annotations"]["runbook_url"]
+        assert url.startswith(RUNBOOK_URL), f"{rule['alert']}: {url}"
+        anchor = url.removeprefix(RUNBOOK_URL)
+        assert anchor in anchors, f"{rule['alert']}: no #{anchor} on the runbook page"
+        assert anchor == rule["alert"].lower()
+    # the page the URLs name: docs/runbook.md, in the site's nav, made of ops/RUNBOOK.md
+    page = (REPO / "docs" / "runbook.md").read_text(encoding="utf-8")
+    assert "<!-- include: ops/RUNBOOK.md -->" in page
+    assert "runbook.md" in (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    # and the URL base the annotations read is set in the shipped Prometheus config
+    labels = yaml.safe_load(PROMETHEUS.read_text(encoding="utf-8"))["global"]["external_labels"]
+    assert labels["runbook_base_url"].startswith("http")
+
+
+def test_the_anchor_check_catches_a_missing_section() -> None:
+    assert "streamdpsinkdown" in _runbook_anchors()
+    assert "streamdpsinkdwn" not in _runbook_anchors()
+
+
+def _scrape_jobs() -> set[str]:
+    jobs = yaml.safe_load(PROMETHEUS.read_text(encoding="utf-8"))["scrape_configs"]
+    return {job["job_name"] for job in jobs}
 
 
 def test_alerts_reference_only_existing_metrics() -> None:
-    known = Metrics().names()
+    worker, sink = Metrics().names(), SinkMetrics().names()
     for rule in _alert_rules():
         used = set(METRIC_NAME.findall(rule["expr"]))
-        if rule["alert"] == "StreamDPDown":  # Prometheus' own `up` of the scrape job
-            jobs = yaml.safe_load(PROMETHEUS.read_text(encoding="utf-8"))["scrape_configs"]
-            assert 'job="stream-dp"' in rule["expr"]
-            assert "stream-dp" in {job["job_name"] for job in jobs}
+        job = re.fullmatch(r'up\{job="([a-z-]+)"\} == 0', rule["expr"].strip())
+        if job:  # Prometheus' own `up` of a scrape job
+            assert job[1] in _scrape_jobs(), rule["alert"]
             continue
         assert used, f"{rule['alert']} uses no stream_dp metric"
+        known = sink if rule["alert"].startswith("StreamDPSink") else worker
         assert used <= known, f"{rule['alert']}: unknown {sorted(used - known)}"
+
+
+def test_the_sink_has_alerts() -> None:
+    rules = {r["alert"]: r for r in _alert_rules()}
+    assert rules["StreamDPSinkDown"]["expr"].strip() == 'up{job="stream-dp-sink"} == 0'
+    assert "stream_dp_sink_consumer_lag_records" in rules["StreamDPSinkBehind"]["expr"]
+    assert "stream_dp_sink_bad_records_total" in rules["StreamDPSinkRecordsRefused"]["expr"]
+    assert "stream_dp_sink_database_errors_total" in rules["StreamDPSinkDatabaseErrors"]["expr"]
+    assert "stream_dp_sink_ready" in rules["StreamDPSinkNotReady"]["expr"]
+
+
+WINDOW_GAUGES = {
+    "stream_dp_config_window_size_seconds",
+    "stream_dp_config_window_grace_seconds",
+    "stream_dp_config_window_idle_close_seconds",
+}
+
+
+def test_time_thresholds_are_derived_from_the_window_config() -> None:
+    # A release is due once per window: a fixed number of seconds fires every window for
+    # long windows (3,600 s: a critical alert each hour) and far too late for short ones.
+    # Every "time since" that waits for a release compares against the exported settings.
+    for rule in _alert_rules():
+        expr = rule["expr"]
+        if "stream_dp_last_release_timestamp_seconds" not in expr:
+            continue
+        assert WINDOW_GAUGES <= set(METRIC_NAME.findall(expr)), rule["alert"]
+        numbers = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])", expr))
+        assert numbers <= {"0", "2"}, f"{rule['alert']}: hard-coded {sorted(numbers)}"
 
 
 def _dashboard_exprs() -> list[str]:
