@@ -160,19 +160,37 @@ def test_time_thresholds_are_derived_from_the_window_config() -> None:
         assert numbers <= {"0", "2"}, f"{rule['alert']}: hard-coded {sorted(numbers)}"
 
 
+def _dashboard() -> dict[str, Any]:
+    return dict(json.loads(DASHBOARD.read_text(encoding="utf-8")))
+
+
 def _dashboard_exprs() -> list[str]:
-    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    return [t["expr"] for p in _dashboard()["panels"] for t in p.get("targets", [])]
 
 
-def test_dashboard_parses_and_uses_the_provisioned_datasource() -> None:
-    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+def test_dashboard_parses_and_chooses_its_datasource() -> None:
+    # No hard-coded datasource uid: a datasource variable (the compose stack's default
+    # Prometheus is chosen by itself), and the ${DS_PROMETHEUS} input for an import elsewhere.
+    dashboard = _dashboard()
     assert dashboard["uid"] == "stream-dp"
-    datasource = yaml.safe_load(DATASOURCE.read_text(encoding="utf-8"))["datasources"][0]
+    assert [i["name"] for i in dashboard["__inputs"]] == ["DS_PROMETHEUS"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert (variables["datasource"]["type"], variables["datasource"]["query"]) == (
+        "datasource",
+        "prometheus",
+    )
+    chosen = {"type": "prometheus", "uid": "${datasource}"}
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
-            assert panel["datasource"]["uid"] == datasource["uid"], panel["title"]
+            assert panel["datasource"] == chosen, panel["title"]
             assert panel["targets"], panel["title"]
+            for target in panel["targets"]:
+                assert target["datasource"] == chosen, panel["title"]
+    for name in ("job", "instance", "sink_job", "sink_instance"):
+        assert variables[name]["datasource"] == chosen, name
+    provisioned = yaml.safe_load(DATASOURCE.read_text(encoding="utf-8"))["datasources"][0]
+    assert provisioned["isDefault"] and provisioned["type"] == "prometheus"
+    assert f'"uid": "{provisioned["uid"]}"' not in DASHBOARD.read_text(encoding="utf-8")
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     provider = yaml.safe_load(DASHBOARD_PROVIDER.read_text(encoding="utf-8"))
@@ -180,12 +198,53 @@ def test_dashboard_parses_and_uses_the_provisioned_datasource() -> None:
     assert f"./ops/grafana/dashboards:{provider['providers'][0]['options']['path']}:ro" in mounted
 
 
+SELECTOR = re.compile(r"\b(stream_dp_[a-z0-9_]+)(\{[^}]*\})?")
+
+
+def test_every_dashboard_query_is_scoped_to_the_chosen_job_and_instances() -> None:
+    # Two deployments (or a worker and its sink) in one Prometheus must not be summed
+    # together: every series selector carries the job and instance variables.
+    for expr in _dashboard_exprs():
+        for name, labels in SELECTOR.findall(expr):
+            prefix = "sink_" if name.startswith("stream_dp_sink_") else ""
+            assert f'job="${prefix}job"' in labels, expr
+            assert f'instance=~"${prefix}instance"' in labels, expr
+    variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+    assert variables["instance"]["multi"] and variables["instance"]["allValue"] == ".*"
+    assert "stream_dp_build_info" in variables["job"]["definition"]
+    assert "stream_dp_sink_build_info" in variables["sink_job"]["definition"]
+
+
 def test_dashboard_references_only_existing_metrics() -> None:
-    known = Metrics().names()
+    known = Metrics().names() | SinkMetrics().names()
     for expr in _dashboard_exprs():
         assert _balanced(expr), expr
         used = set(METRIC_NAME.findall(expr))
         assert used <= known, f"unknown {sorted(used - known)} in {expr}"
+    for variable in _dashboard()["templating"]["list"]:
+        used = set(METRIC_NAME.findall(variable.get("definition", "")))
+        assert used <= known, variable["name"]
+
+
+def test_dashboard_has_a_sink_row() -> None:
+    panels = _dashboard()["panels"]
+    rows = [i for i, p in enumerate(panels) if p["type"] == "row"]
+    (start,) = [i for i in rows if panels[i]["title"].startswith("Sink")]
+    end = next((i for i in rows if i > start), len(panels))
+    used = {
+        name
+        for panel in panels[start + 1 : end]
+        for target in panel["targets"]
+        for name in METRIC_NAME.findall(target["expr"])
+    }
+    assert {
+        "stream_dp_sink_ready",
+        "stream_dp_sink_consumer_lag_records",
+        "stream_dp_sink_last_commit_timestamp_seconds",
+        "stream_dp_sink_bad_records_total",
+        "stream_dp_sink_database_errors_total",
+        "stream_dp_sink_releases_stored_total",
+    } <= used
 
 
 def test_dashboard_has_the_agreed_panels() -> None:
