@@ -367,7 +367,7 @@ def test_the_worker_scales() -> None:
     worker = load_compose()["services"]["stream-dp"]
     assert "container_name" not in worker
     for port in worker.get("ports", []):
-        ip, host_port, container_port = port.split(":")
+        ip, host_port, _container_port = port.split(":")
         assert (ip, host_port) == ("127.0.0.1", ""), f"fixed host port in {port!r}"
     assert worker["ports"] == [f"127.0.0.1::{config.metrics.port}"]
 
