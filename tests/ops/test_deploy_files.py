@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import promql_parser
+import pytest
 import yaml
 
 from stream_dp.ops.metrics import Metrics
@@ -32,17 +34,37 @@ def _alert_rules() -> list[dict[str, Any]]:
     return [rule for group in doc["groups"] for rule in group["rules"]]
 
 
-def _balanced(expr: str) -> bool:
-    depth = {"(": 0, "[": 0, "{": 0}
-    closing = {")": "(", "]": "[", "}": "{"}
-    for char in re.sub(r'"[^"]*"', "", expr):
-        if char in depth:
-            depth[char] += 1
-        elif char in closing:
-            depth[closing[char]] -= 1
-            if depth[closing[char]] < 0:
-                return False
-    return not any(depth.values())
+#: Grafana's variables that stand where PromQL needs a duration (label values such as "$job"
+#: are strings to the parser); replaced by a duration before parsing.
+GRAFANA_DURATIONS = re.compile(r"\$__(?:rate_)?interval|\$__range")
+
+
+def _parse(expr: str) -> promql_parser.Expr:
+    """The expression's syntax tree (promql-parser, a port of Prometheus' own parser);
+    ValueError with the reason when Prometheus would refuse it."""
+    return promql_parser.parse(GRAFANA_DURATIONS.sub("1m", expr))
+
+
+def _selectors(expr: str) -> list[promql_parser.VectorSelector]:
+    found: list[promql_parser.VectorSelector] = []
+
+    def visit(node: object) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            found.append(node)
+
+    promql_parser.walk(_parse(expr), pre_visit=visit)
+    return found
+
+
+def _metrics(expr: str) -> set[str]:
+    return {s.name for s in _selectors(expr) if s.name}
+
+
+def test_the_parser_refuses_what_prometheus_refuses() -> None:
+    for broken in ("sum(rate(x[5m])", "x >", "rate(x)[5m]]", "sum by (instance (x)"):
+        with pytest.raises(ValueError):
+            _parse(broken)
+    assert _metrics('sum(rate(a_total{job="$job"}[$__rate_interval])) / b') == {"a_total", "b"}
 
 
 def test_alert_rules_parse_and_cover_the_agreed_alerts() -> None:
@@ -66,7 +88,7 @@ def test_alert_rules_parse_and_cover_the_agreed_alerts() -> None:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations", "keep_firing_for"}
         assert rule["labels"]["severity"] in {"warning", "critical"}
         assert rule["annotations"]["summary"]
-        assert _balanced(rule["expr"]), rule["alert"]
+        _parse(rule["expr"])  # raises on anything Prometheus would refuse to load
     # Release lag in wall-clock terms that holds for backfilled input too: time since the
     # group last released (every covered window is released), not now minus event time.
     stalled = next(r for r in rules if r["alert"] == "StreamDPReleaseStalled")
@@ -121,7 +143,7 @@ def _scrape_jobs() -> set[str]:
 def test_alerts_reference_only_existing_metrics() -> None:
     worker, sink = Metrics().names(), SinkMetrics().names()
     for rule in _alert_rules():
-        used = set(METRIC_NAME.findall(rule["expr"]))
+        used = _metrics(rule["expr"])
         job = re.fullmatch(r'up\{job="([a-z-]+)"\} == 0', rule["expr"].strip())
         if job:  # Prometheus' own `up` of a scrape job
             assert job[1] in _scrape_jobs(), rule["alert"]
@@ -155,7 +177,7 @@ def test_time_thresholds_are_derived_from_the_window_config() -> None:
         expr = rule["expr"]
         if "stream_dp_last_release_timestamp_seconds" not in expr:
             continue
-        assert set(METRIC_NAME.findall(expr)) >= WINDOW_GAUGES, rule["alert"]
+        assert _metrics(expr) >= WINDOW_GAUGES, rule["alert"]
         numbers = set(re.findall(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])", expr))
         assert numbers <= {"0", "2"}, f"{rule['alert']}: hard-coded {sorted(numbers)}"
 
@@ -198,17 +220,15 @@ def test_dashboard_parses_and_chooses_its_datasource() -> None:
     assert f"./ops/grafana/dashboards:{provider['providers'][0]['options']['path']}:ro" in mounted
 
 
-SELECTOR = re.compile(r"\b(stream_dp_[a-z0-9_]+)(\{[^}]*\})?")
-
-
 def test_every_dashboard_query_is_scoped_to_the_chosen_job_and_instances() -> None:
     # Two deployments (or a worker and its sink) in one Prometheus must not be summed
     # together: every series selector carries the job and instance variables.
     for expr in _dashboard_exprs():
-        for name, labels in SELECTOR.findall(expr):
-            prefix = "sink_" if name.startswith("stream_dp_sink_") else ""
-            assert f'job="${prefix}job"' in labels, expr
-            assert f'instance=~"${prefix}instance"' in labels, expr
+        for selector in _selectors(expr):
+            prefix = "sink_" if selector.name.startswith("stream_dp_sink_") else ""
+            matchers = [(m.name, m.op, m.value) for m in selector.matchers.matchers]
+            assert ("job", promql_parser.MatchOp.Equal, f"${prefix}job") in matchers, expr
+            assert ("instance", promql_parser.MatchOp.Re, f"${prefix}instance") in matchers, expr
     variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
     assert variables["instance"]["multi"] and variables["instance"]["allValue"] == ".*"
     assert "stream_dp_build_info" in variables["job"]["definition"]
@@ -218,8 +238,7 @@ def test_every_dashboard_query_is_scoped_to_the_chosen_job_and_instances() -> No
 def test_dashboard_references_only_existing_metrics() -> None:
     known = Metrics().names() | SinkMetrics().names()
     for expr in _dashboard_exprs():
-        assert _balanced(expr), expr
-        used = set(METRIC_NAME.findall(expr))
+        used = _metrics(expr)
         assert used <= known, f"unknown {sorted(used - known)} in {expr}"
     for variable in _dashboard()["templating"]["list"]:
         used = set(METRIC_NAME.findall(variable.get("definition", "")))
@@ -235,7 +254,7 @@ def test_dashboard_has_a_sink_row() -> None:
         name
         for panel in panels[start + 1 : end]
         for target in panel["targets"]
-        for name in METRIC_NAME.findall(target["expr"])
+        for name in _metrics(target["expr"])
     }
     assert {
         "stream_dp_sink_ready",
@@ -248,7 +267,7 @@ def test_dashboard_has_a_sink_row() -> None:
 
 
 def test_dashboard_has_the_agreed_panels() -> None:
-    used = {name for expr in _dashboard_exprs() for name in METRIC_NAME.findall(expr)}
+    used = {name for expr in _dashboard_exprs() for name in _metrics(expr)}
     assert {
         "stream_dp_events_consumed_total",
         "stream_dp_bad_records_total",
