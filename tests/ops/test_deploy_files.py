@@ -284,3 +284,21 @@ def test_dashboard_has_the_agreed_panels() -> None:
         "stream_dp_consumer_lag_records",
         "stream_dp_ready",
     } <= used
+
+
+def test_alertmanager_routes_to_a_declared_receiver() -> None:
+    # Prometheus' alerting block points at the compose Alertmanager, whose route must name
+    # a receiver it declares (Alertmanager refuses to start otherwise).
+    config = yaml.safe_load(
+        (REPO / "ops" / "alertmanager" / "alertmanager.yml").read_text(encoding="utf-8")
+    )
+    receivers = {r["name"] for r in config["receivers"]}
+    assert config["route"]["receiver"] in receivers
+    (manager,) = yaml.safe_load(PROMETHEUS.read_text(encoding="utf-8"))["alerting"]["alertmanagers"]
+    (target,) = manager["static_configs"][0]["targets"]
+    host, port = target.split(":")
+    alertmanager = load_compose()["services"][host]
+    assert f"127.0.0.1:{port}:{port}" in alertmanager["ports"]
+    assert "./ops/alertmanager/alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro" in (
+        alertmanager["volumes"]
+    )
