@@ -367,6 +367,19 @@ class Metrics:
             registry=r,
         )
 
+        # --- configuration: alert thresholds derive from these, for any window size -----
+        self.config_window_size = Gauge(
+            "stream_dp_config_window_size_seconds", "Configured window.size_s.", registry=r
+        )
+        self.config_window_grace = Gauge(
+            "stream_dp_config_window_grace_seconds", "Configured window.grace_s.", registry=r
+        )
+        self.config_window_idle_close = Gauge(
+            "stream_dp_config_window_idle_close_seconds",
+            "Configured window.idle_close_s.",
+            registry=r,
+        )
+
         # --- health -----------------------------------------------------------------------
         self.ready = Gauge(
             "stream_dp_ready",
@@ -459,6 +472,12 @@ class Metrics:
         self.bounds_keys_per_user.set(l0 or 0)
         self.bounds_contributions_per_key.set(linf or 0)
         self.bounds_epsilon_spent.set(epsilon)
+
+    def set_window_config(self, size_s: float, grace_s: float, idle_close_s: float) -> None:
+        """Export the window settings, so alert rules can scale their thresholds with them."""
+        self.config_window_size.set(size_s)
+        self.config_window_grace.set(grace_s)
+        self.config_window_idle_close.set(idle_close_s)
 
     def set_open_windows(self, count: int, oldest_end_s: float | None) -> None:
         """Record how many windows are open and when the oldest ends (None: none open)."""

@@ -266,6 +266,8 @@ class Worker:
         self.keyring = keyring
         self.bootstrap = bootstrap_servers or config.kafka.bootstrap_servers
         self.metrics = metrics if metrics is not None else Metrics(reasons=REASONS)
+        window = config.window
+        self.metrics.set_window_config(window.size_s, window.grace_s, window.idle_close_s)
         self.health = health if health is not None else Health(metrics=self.metrics)
         self.health.set("topology_stable", True)
         self.ingest: IngestStage | None = None

@@ -318,6 +318,7 @@ def test_stack_services_and_wiring() -> None:
         "stream-dp",
         "producer",
         "prometheus",
+        "alertmanager",
         "grafana",
         "postgres",
         "sink",
@@ -355,9 +356,20 @@ def test_every_port_is_published_on_the_loopback_only() -> None:
     for name, service in load_compose()["services"].items():
         for port in service.get("ports", []):
             assert isinstance(port, str) and port.startswith("127.0.0.1:"), (name, port)
+
+
+
+def test_the_worker_scales() -> None:
+    # `docker compose up --scale stream-dp=3` fails on a fixed host port (the second
+    # container cannot bind it) or a container_name: the worker publishes its ops port on
+    # an ephemeral loopback port instead.
     config = load_config(COMPOSE_CONFIG)
-    worker_ports = load_compose()["services"]["stream-dp"]["ports"]
-    assert f"127.0.0.1:{config.metrics.port}:{config.metrics.port}" in worker_ports
+    worker = load_compose()["services"]["stream-dp"]
+    assert "container_name" not in worker
+    for port in worker.get("ports", []):
+        ip, host_port, _container_port = port.split(":")
+        assert (ip, host_port) == ("127.0.0.1", ""), f"fixed host port in {port!r}"
+    assert worker["ports"] == [f"127.0.0.1::{config.metrics.port}"]
 
 
 def test_images_are_pinned() -> None:
@@ -387,14 +399,19 @@ def test_compose_config_loads_and_matches_the_stack(monkeypatch: pytest.MonkeyPa
     assert config.kafka.bootstrap_servers == "kafka:9092"
     assert config.input.keyed_by_user  # the producer keys by user id
     assert config.metrics.enabled and config.metrics.host == "0.0.0.0"
+    # Prometheus finds every worker of a scaled service by DNS, on the configured port; no
+    # static target would follow `--scale`.
     prometheus = yaml.safe_load(PROMETHEUS.read_text(encoding="utf-8"))
-    targets = [
-        t
-        for job in prometheus["scrape_configs"]
-        for sc in job["static_configs"]
-        for t in sc["targets"]
-    ]
-    assert f"stream-dp:{config.metrics.port}" in targets
+    (job,) = [j for j in prometheus["scrape_configs"] if j["job_name"] == "stream-dp"]
+    assert "static_configs" not in job
+    (sd,) = job["dns_sd_configs"]
+    assert sd["names"] == ["stream-dp"] and sd["type"] == "A"
+    assert sd["port"] == config.metrics.port
+    assert set(sd["names"]) <= set(load_compose()["services"])
+    # alerts go to the stack's Alertmanager
+    (manager,) = prometheus["alerting"]["alertmanagers"]
+    (target,) = manager["static_configs"][0]["targets"]
+    assert target.split(":")[0] in load_compose()["services"]
 
 
 # --- the services' commands as processes on the embedded broker ----------------------------

@@ -66,6 +66,9 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
         (),
     ),
     "last_release": ("stream_dp_last_release_timestamp_seconds", "gauge", ()),
+    "config_window_size": ("stream_dp_config_window_size_seconds", "gauge", ()),
+    "config_window_grace": ("stream_dp_config_window_grace_seconds", "gauge", ()),
+    "config_window_idle_close": ("stream_dp_config_window_idle_close_seconds", "gauge", ()),
     "ready": ("stream_dp_ready", "gauge", ()),
     "broker_errors": ("stream_dp_broker_errors_total", "counter", ()),
     "events_repartitioned": ("stream_dp_events_repartitioned_total", "counter", ()),
@@ -147,6 +150,7 @@ def populated() -> Metrics:
     m.watermark.set(1_596_283_200.0)
     m.set_open_windows(2, 1_596_286_800.0)
     m.last_release.set(1_596_283_260.0)
+    m.set_window_config(300, 30, 30.0)
     m.ready.set(1)
     m.broker_errors.inc()
     m.events_repartitioned.inc(9)
@@ -310,3 +314,21 @@ def test_process_metrics_and_every_bad_record_reason_exist_from_the_start() -> N
         assert f"\n{name} " in text, name
     for reason in REASONS:  # pre-initialised: rate() sees the series before the first one
         assert f'stream_dp_bad_records_total{{reason="{reason}"}} 0.0' in text, reason
+
+
+def test_the_worker_exports_its_window_settings_for_the_alert_thresholds() -> None:
+    # Alert rules derive StreamDPReleaseStalled's threshold from these gauges, so they must
+    # carry the worker's own configuration (not the defaults, not zero).
+    from stream_dp.pipeline.worker import Worker
+    from tests.pipeline.support import KEYRING, config
+
+    cfg = config()
+    worker = Worker(cfg, KEYRING, bootstrap_servers="127.0.0.1:1")
+    text = worker.metrics.exposition().decode()
+    samples = {
+        s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+    }
+    assert samples["stream_dp_config_window_size_seconds"] == cfg.window.size_s
+    assert samples["stream_dp_config_window_grace_seconds"] == cfg.window.grace_s
+    assert samples["stream_dp_config_window_idle_close_seconds"] == cfg.window.idle_close_s
+    assert (cfg.window.size_s, cfg.window.grace_s) != (3600, 60)  # not the defaults

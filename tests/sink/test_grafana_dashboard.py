@@ -113,13 +113,22 @@ def test_the_dashboard_uses_the_provisioned_postgres_datasource() -> None:
     assert f"ROLE {source['user']} LOGIN PASSWORD '{source['secureJsonData']['password']}'" in (
         INIT_SQL.read_text(encoding="utf-8")
     )
+    # No hard-coded uid: a datasource variable of the provisioned type (it picks that
+    # datasource in the compose stack), and the ${DS_POSTGRES} input when imported elsewhere.
     dashboard = _dashboard()
+    assert [i["pluginId"] for i in dashboard["__inputs"]] == [source["type"]]
+    chooser, *queries = dashboard["templating"]["list"]
+    assert (chooser["type"], chooser["query"]) == ("datasource", source["type"])
+    used = f"${{{chooser['name']}}}"
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
-            assert panel["datasource"]["uid"] == source["uid"], panel["title"]
+            assert panel["datasource"]["uid"] == used, panel["title"]
             assert panel["targets"], panel["title"]
-    for variable in dashboard["templating"]["list"]:
-        assert variable["datasource"]["uid"] == source["uid"]
+            for target in panel["targets"]:
+                assert target.get("datasource", {"uid": used})["uid"] == used, panel["title"]
+    for variable in queries:
+        assert variable["datasource"]["uid"] == used
+    assert source["uid"] not in json.dumps(dashboard)
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
 
@@ -141,6 +150,8 @@ def test_the_dashboard_has_the_agreed_panels() -> None:
 def test_every_panel_query_runs_on_the_sink_schema_as_the_reader(filled_dsn: str) -> None:
     variables: dict[str, list[str]] = {}
     for variable in _dashboard()["templating"]["list"]:
+        if variable["type"] == "datasource":
+            continue
         names, rows = _run(filled_dsn, expand(variable["query"], variables))
         assert rows, variable["name"]
         variables[variable["name"]] = [str(r[0]) for r in rows]
