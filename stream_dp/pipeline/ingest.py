@@ -22,11 +22,12 @@ but moves the watermark no further than the clock. Events before the first cover
 are late. Keyed input is checked, not trusted: a record on a partition its key does not map
 to is dead-lettered (``misplaced_key``, see :mod:`~stream_dp.pipeline.placement`).
 
-Stage 0 (:meth:`IngestStage.route`), for input not keyed by user: decode and pseudonymize,
-then re-key by pseudonym onto :func:`pseudonym_partition`; the raw id goes no further.
-Repartitioned records carry their source partition and offset (a record re-sent after a
-crash is recognised and dropped) and their pseudonym key id (stage 1 keeps only those of
-the window's key: a user is never split over two pseudonyms in one window).
+Stage 0, for input not keyed by user, is :class:`~stream_dp.pipeline.router.RoutingStage`
+(decode, pseudonymize, re-key by pseudonym onto the repartition topic); an
+:class:`IngestStage` holds one as :attr:`IngestStage.router` and passes the transport's
+stage-0 calls (:meth:`IngestStage.route_packed`, :meth:`IngestStage.progress_marks`, …) to
+it. Stage 1 drops a repartitioned record it already saw (by source partition and offset)
+and keeps only those pseudonymized under the window's key.
 
 String user ids are normalised (``input.user_id_normalization``) before they are
 pseudonymized, in both stages: the batch-local pseudonym cache is keyed by the raw id, so
@@ -57,7 +58,7 @@ from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.auto_bounds import auto_seal_plan
-from stream_dp.pipeline.decode import BadRecord, Decoder
+from stream_dp.pipeline.decode import BadRecord
 from stream_dp.pipeline.ingest_columns import (
     ACCEPT,
     LATE,
@@ -67,6 +68,10 @@ from stream_dp.pipeline.ingest_columns import (
     InputRecord,
     ReleasedWindows,
     WindowPart,
+    dead_letter,
+    empty_user_record,
+    input_decoder,
+    pseudonym_of,
 )
 from stream_dp.pipeline.packed import PACKED_KIND, decode_events
 from stream_dp.pipeline.partials import Partial, SourceWatermark, new_version
@@ -75,11 +80,12 @@ from stream_dp.pipeline.placement import (
     partitions_function,
     pseudonym_partition,
 )
-from stream_dp.pipeline.queries import CompiledQuery, needed_fields
+from stream_dp.pipeline.queries import CompiledQuery
+from stream_dp.pipeline.router import RoutingStage
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.bounding import bounded_totals_columns, new_sampling_rng
 from stream_dp.privacy.erasure import Erasure, ErasureSet
-from stream_dp.privacy.group_values import canonical_value, json_default
+from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
 from stream_dp.privacy.user_samples import (
@@ -187,30 +193,15 @@ class IngestStage(ColumnIngest):
         self._partitions_of_keys = partitions_function(config.input.partitioner)
         #: Partitions of the input topic (the sources of each repartition partition).
         self.input_partitions = 1
-        #: Partitions of the repartition topic (where stage 0 routes); set by the transport.
-        self.routed_partitions = 1
         self._normalization: UserIdNormalization = config.input.user_id_normalization
         self._normalize = user_id_normalizer(self._normalization)
-        self._empty_user = BadRecord(
-            "bad_user",
-            f"field {config.input.user_field!r} is empty once input.user_id_normalization "
-            "removes its surrounding whitespace",
-        )
-        fields, scalar, numeric = needed_fields(config.queries)
+        self._empty_user = empty_user_record(config)
+        self.decoder, self._fields, scalar = input_decoder(config)
         self._scalar_fields = tuple(scalar)
-        self._fields = fields
-        self.decoder = Decoder(
-            user_field=config.input.user_field,
-            time_field=config.input.time_field,
-            max_record_bytes=config.input.max_record_bytes,
-            max_future_s=config.input.max_future_s,
-            scalar_fields=scalar,
-            numeric_fields=numeric,
-        )
         self._signatures: list[tuple[Any, ...]] = []
         self._signature_ids: dict[tuple[Any, ...], int] = {}
         self._compact_signatures_at = SIGNATURES_COMPACT_MIN
-        self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
+        self.queries = [CompiledQuery(q, config.bounds, self._fields) for q in config.queries]
         for q in self.queries:
             q.bind(self._signatures)
         self._auto = auto_seal_plan(config, self.queries)
@@ -220,17 +211,10 @@ class IngestStage(ColumnIngest):
         self._positions: dict[int, int] = {}
         # Per repartition partition: source partition → largest source offset seen.
         self._routed_seen: dict[int, dict[int, int]] = {}
-        # Stage 0, per input partition: largest event time routed, last record (monotonic).
-        self._routed_max: dict[int, float] = {}
-        self._routed_activity: dict[int, float] = {}
-        #: Idleness (of stage 0's input partitions and of stage 1's own, read directly)
-        #: counts only as far as :meth:`read_to_end` proves it (the worker, which reads
-        #: Kafka); otherwise silence up to now is idleness (offline use, unit tests).
-        self.require_read_proof = False
-        # Stage 0, per input partition: when its reader was last at the log's end.
-        self._routed_read_through: dict[int, float] = {}
-        #: Erasures in force (docs/erasure.md): set by the transport when erasure is on.
-        self.erasures: ErasureSet | None = None
+        #: Stage 0, routing this worker's input partitions (input not keyed by user).
+        self.router = RoutingStage(config, keyring, metrics=self.metrics)
+        self._require_read_proof = False
+        self._erasures: ErasureSet | None = None
         #: The erasure-log position this stage's state has applied (stamped on partials).
         self.erasures_applied = 0
         #: Keep sealed windows until their release is known (the worker, with erasure on).
@@ -287,8 +271,7 @@ class IngestStage(ColumnIngest):
         partition (of the input topic read by stage 0 if ``input_topic``, else of the
         stage-1 topic): silence before it is the partition's own, so it may count as idle."""
         if input_topic:
-            if at_mono_s > self._routed_read_through.get(partition, -math.inf):
-                self._routed_read_through[partition] = at_mono_s
+            self.router.read_to_end(partition, at_mono_s)
         else:
             tracker = self._trackers.get(partition)
             if tracker is not None:
@@ -297,129 +280,62 @@ class IngestStage(ColumnIngest):
     def restart_idle_clocks(self, now_mono_s: float) -> None:
         for tracker in self._trackers.values():
             tracker.restart_idle_clocks(now_mono_s)
-        for p in self._routed_activity:
-            self._routed_activity[p] = now_mono_s
+        self.router.restart_idle_clocks(now_mono_s)
 
-    # -- stage 0: repartition by pseudonym ----------------------------------------------
+    # -- stage 0 (kept here for the transport: the routing stage does the work) --------
     def assign_routed(self, partitions: Iterable[int], now_mono_s: float) -> None:
         """Input partitions stage 0 now owns."""
-        for p in partitions:
-            self._routed_activity.setdefault(p, now_mono_s)
+        self.router.assign_routed(partitions, now_mono_s)
+
+    def forget_routed(self, partitions: Iterable[int]) -> None:
+        """Input partitions stage 0 no longer owns."""
+        self.router.forget_routed(partitions)
 
     def route(
         self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
     ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
-        """Decode and pseudonymize raw input: (key, value, repartition partition) records
-        keyed by pseudonym, and dead letters. Follow them with :meth:`progress_marks` to
-        every repartition partition. Only valid events count as the partition's activity.
-        """
-        metrics = self.metrics
-        n_routed = self.routed_partitions
-        metrics.events_consumed.inc(len(records))
-        decode = self.decoder.decode_parts
-        size = self.windows.size_s
-        fields = self._fields
-        include_payload = self.config.output.dead_letter_include_payload
-        # Raw ids live only in this batch-local cache, per key id (never in state).
-        pseudonyms: dict[str, dict[str | int, str]] = {}
-        out: list[tuple[bytes, bytes, int]] = []
-        dead: list[DeadLetter] = []
-        batch_max = -math.inf
-        current_ws: int | None = None
-        cache: dict[str | int, str] = {}
-        key_id = ""
-        pseudonymize: Callable[[str | int], bytes] | None = None
-        erasures = self.erasures
-        erased: frozenset[str] = _NONE_ERASED
-        n_erased = 0
-        for offset, _key, value in records:
-            parsed = decode(value, now_s)
-            if isinstance(parsed, BadRecord):
-                dead.append(self._dead(parsed, partition, offset, value, include_payload))
-                continue
-            user, t, obj = parsed
-            ws = math.floor(t / size) * size
-            if ws != current_ws:  # the key (rotation) is looked up once per window run
-                current_ws = ws
-                pseudonymizer = self.keyring.for_window(ws)
-                key_id = pseudonymizer.key_id
-                cache = pseudonyms.setdefault(key_id, {})
-                pseudonymize = pseudonymizer.pseudonym
-                if erasures is not None:
-                    erased = erasures.erased_hex(key_id, ws)
-            pseudonym = cache.get(user)
-            if pseudonym is None:
-                assert pseudonymize is not None
-                pseudonym = cache[user] = self._pseudonym(user, pseudonymize).hex()
-            if not pseudonym:
-                dead.append(self._dead(self._empty_user, partition, offset, value, include_payload))
-                continue
-            if erased and pseudonym in erased:
-                n_erased += 1  # erased: not even repartitioned
-                continue
-            body = {
-                "u": pseudonym,
-                "t": t,
-                "e": {f: obj.get(f) for f in fields},
-                "src": [partition, offset],
-                "k": key_id,
-            }
-            target = pseudonym_partition(bytes.fromhex(pseudonym[:16]), n_routed)
-            out.append((pseudonym.encode(), orjson.dumps(body, default=json_default), target))
-            if t > batch_max:
-                batch_max = t
-        if out:
-            # Valid events only: a partition delivering only bad records is idle, and a
-            # time stamped ahead of the clock moves its progress no further than the clock.
-            self._routed_activity[partition] = now_mono_s
-            batch_max = min(batch_max, now_s)
-            if batch_max > self._routed_max.get(partition, -math.inf):
-                self._routed_max[partition] = batch_max
-        # An erased user's events count as taken, like any valid event: the counter must not
-        # tell whether someone erased is still sending (no per-person count on /metrics).
-        metrics.events_repartitioned.inc(len(out) + n_erased)
-        return out, dead
+        """Stage 0, one JSON record per event: :meth:`.RoutingStage.route`."""
+        return self.router.route(partition, records, now_s=now_s, now_mono_s=now_mono_s)
+
+    def route_packed(
+        self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
+    ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
+        """Stage 0, packed records: :meth:`.RoutingStage.route_packed`."""
+        return self.router.route_packed(partition, records, now_s=now_s, now_mono_s=now_mono_s)
 
     def progress_marks(self, now_mono_s: float) -> list[bytes]:
-        """Per owned input partition: largest event time routed and how long it has been idle.
+        """Stage 0's progress marks: :meth:`.RoutingStage.progress_marks`."""
+        return self.router.progress_marks(now_mono_s)
 
-        Sent to every repartition partition after the records they cover, they let one that
-        received none of a partition's users still see it advance, or go idle: idleness is
-        judged here, where the input is read, never by silence downstream.
-        """
-        return [
-            orjson.dumps(
-                {
-                    "t": self._routed_max.get(p),
-                    "idle_s": self._routed_quiet_s(p, last, now_mono_s),
-                    "src": [p, -1],
-                }
-            )
-            for p, last in sorted(self._routed_activity.items())
-        ]
+    @property
+    def routed_partitions(self) -> int:
+        """Partitions of the repartition topic (where stage 0 routes); set by the transport."""
+        return self.router.routed_partitions
 
-    def _routed_quiet_s(self, partition: int, last_activity_s: float, now_mono_s: float) -> float:
-        """How long stage 0 knows an input partition to have been quiet: until now, or
-        with :attr:`require_read_proof` until the last fetch that found its reader at the
-        log's end — a reader that cannot fetch must not call its input idle."""
-        known = now_mono_s
-        if self.require_read_proof:
-            known = min(now_mono_s, self._routed_read_through.get(partition, -math.inf))
-        return max(0.0, known - last_activity_s)
+    @routed_partitions.setter
+    def routed_partitions(self, n: int) -> None:
+        self.router.routed_partitions = n
 
-    def forget_routed(self, partitions: Iterable[int]) -> None:
-        """Input partitions stage 0 no longer owns."""
-        for p in partitions:
-            self._routed_max.pop(p, None)
-            self._routed_activity.pop(p, None)
-            self._routed_read_through.pop(p, None)
+    @property
+    def require_read_proof(self) -> bool:
+        """Idleness (of stage 0's input partitions and of stage 1's own, read directly)
+        counts only as far as :meth:`read_to_end` proves it (the worker, which reads
+        Kafka); otherwise silence up to now is idleness (offline use, unit tests)."""
+        return self._require_read_proof
 
-    def _pseudonym(self, user: str | int, pseudonymize: Callable[[str | int], bytes]) -> bytes:
-        """The pseudonym of a raw id (normalised first); ``_EMPTY_ID`` if nothing is left."""
-        normal = self._normalize(user)
-        if normal == "":
-            return _EMPTY_ID
-        return pseudonymize(normal)
+    @require_read_proof.setter
+    def require_read_proof(self, required: bool) -> None:
+        self._require_read_proof = self.router.require_read_proof = required
+
+    @property
+    def erasures(self) -> ErasureSet | None:
+        """Erasures in force (docs/erasure.md), in both stages: set by the transport when
+        erasure is on."""
+        return self._erasures
+
+    @erasures.setter
+    def erasures(self, erasures: ErasureSet | None) -> None:
+        self._erasures = self.router.erasures = erasures
 
     def _dead(
         self,
@@ -430,10 +346,7 @@ class IngestStage(ColumnIngest):
         include_payload: bool,
         topic: str | None = None,
     ) -> DeadLetter:
-        self.metrics.bad_records.labels(reason=bad.reason).inc()
-        return DeadLetter(
-            bad.reason, bad.detail, partition, offset, value if include_payload else None, topic
-        )
+        return dead_letter(self.metrics, bad, partition, offset, value, include_payload, topic)
 
     # -- stage 1: window and bound ------------------------------------------------------
     def ingest(
@@ -470,6 +383,7 @@ class IngestStage(ColumnIngest):
         windows_released = self._windows_released
         coverage = windows_released.coverage_start_s
         fields = self._fields
+        normalize = self._normalize
         single_field = fields[0] if len(fields) == 1 else None
         signatures = self._signatures
         signature_ids = self._signature_ids
@@ -634,7 +548,7 @@ class IngestStage(ColumnIngest):
                 pseudonym = cache.get(user)
                 if pseudonym is None:
                     assert pseudonymize is not None
-                    pseudonym = cache[user] = self._pseudonym(user, pseudonymize)
+                    pseudonym = cache[user] = pseudonym_of(user, normalize, pseudonymize)
                 if not pseudonym:
                     dead.append(
                         self._dead(self._empty_user, partition, offset, value, include_payload)
