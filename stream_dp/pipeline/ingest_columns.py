@@ -188,7 +188,10 @@ class WindowPart:
 class ReleasedWindows(Protocol):
     """What stage 1 needs to know of stage 2 (implemented by ReleaseStage)."""
 
-    coverage_start_s: int | None
+    @property
+    def coverage_start_s(self) -> int | None:
+        """The first covered window (None while unknown)."""
+        ...
 
     def released(self, window_start_s: int) -> bool: ...
 

@@ -48,6 +48,7 @@ from stream_dp.pipeline.partials import Partial, PartialAssembler, PartialPart, 
 from stream_dp.pipeline.partials_inbox import PartialsInbox, PendingWindow
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
 from stream_dp.pipeline.records import output_key, release_records, window_record
+from stream_dp.pipeline.release_cursors import ReleaseCursors
 from stream_dp.pipeline.window_charges import WindowCharges
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.budget import BOUNDS_CHARGE, BudgetAccountant
@@ -138,14 +139,10 @@ class ReleaseStage:
         #: bounds: auto — due windows waiting for their bounds (the worker reads the
         #: ledger partition of the window before, where the decision is written)
         self.awaiting_bounds: set[int] = set()
-        #: The first covered window: from the configuration, else set by the transport
-        #: (from the ledger's coverage record). Nothing is released while it is unknown.
-        self.coverage_start_s: int | None = config.window.first_window_start()
-        #: Per partials partition, the next window not yet released (own and ledger-read).
-        self._cursor: dict[int, int] = {}
-        #: The cursors as last read from the ledger: windows before them were released by
-        #: an earlier run or another worker (their events are replays, not late).
-        self._cursor_read: dict[int, int] = {}
+        #: The first covered window and each partials partition's next window to release.
+        self.cursors = ReleaseCursors(
+            self.windows, partials_partitions, config.window.first_window_start()
+        )
         #: The partials and source watermarks of the owned partials partitions. Only
         #: partials stamped with ``fingerprint`` (:mod:`stream_dp.config.fingerprint`) are
         #: merged; the worker and replay always set it, None (unit tests of other rules)
@@ -159,69 +156,45 @@ class ReleaseStage:
         )
         self.adopt_ledger()
 
-    # -- coverage and cursors -------------------------------------------------------------
-    def set_coverage(self, first_window_start_s: int) -> None:
-        self.coverage_start_s = self.windows.start_of(first_window_start_s)
+    # -- coverage and cursors (ReleaseCursors) --------------------------------------------
+    @property
+    def coverage_start_s(self) -> int | None:
+        """The first covered window (None: not known yet, nothing is released)."""
+        return self.cursors.coverage_start_s
 
-    def _first_on(self, r: int) -> int:
-        """The first covered window that maps to partials partition ``r``."""
-        assert self.coverage_start_s is not None
-        size, parts = self.windows.size_s, self.partials_partitions
-        first = self.coverage_start_s
-        return first + ((r - self.windows.partition_of(first, parts)) % parts) * size
+    def set_coverage(self, first_window_start_s: int) -> None:
+        self.cursors.set_coverage(first_window_start_s)
 
     def cursor(self, r: int) -> int:
         """The next window of partials partition ``r`` not yet released."""
-        first = self._first_on(r)
-        return max(first, self._cursor.get(r, first))
+        return self.cursors.cursor(r)
 
     def released(self, window_start_s: int) -> bool:
         """Whether a covered window is known released (by anyone, as far as read)."""
-        if self.coverage_start_s is None or window_start_s < self.coverage_start_s:
-            return False
-        r = self.windows.partition_of(window_start_s, self.partials_partitions)
-        return window_start_s < self.cursor(r)
+        return self.cursors.released(window_start_s)
 
     def released_earlier(self, window_start_s: int) -> bool:
         """Released before this process read the ledger (its events are replays)."""
-        if self.coverage_start_s is None or window_start_s < self.coverage_start_s:
-            return False
-        r = self.windows.partition_of(window_start_s, self.partials_partitions)
-        return window_start_s < self._cursor_read.get(r, self._first_on(r))
+        return self.cursors.released_earlier(window_start_s)
+
+    def last_released(self, r: int) -> int | None:
+        """The latest window of partials partition ``r`` known released (None: none yet)."""
+        return self.cursors.last_released(r)
 
     def bounds_for(self, window_start_s: int) -> BoundsTriple | None:
         """The bounds of a window (None under bounds: auto until they are decided:
         :meth:`AutoBounds.bounds_for <stream_dp.pipeline.auto_bounds.AutoBounds.bounds_for>`)."""
         return self.auto_bounds.bounds_for(
-            window_start_s, self.coverage_start_s, self._released_in_ledger
+            window_start_s,
+            self.coverage_start_s,
+            lambda ws: self.cursors.released_in_ledger(self.ledger, ws),
         )
-
-    def _released_in_ledger(self, window_start_s: int) -> bool:
-        """Whether a progress record read from the ledger covers the window."""
-        if self.ledger.partials_partitions != self.partials_partitions:
-            return False
-        r = self.windows.partition_of(window_start_s, self.partials_partitions)
-        return window_start_s < self.ledger.progress.get(r, window_start_s)
 
     def adopt_ledger(self) -> None:
         """Take in what the ledger says (at start, and after each read): cursors, charges,
         the coverage; then forget releases of windows behind the cursors."""
         ledger = self.ledger
-        if self.coverage_start_s is None and ledger.coverage_start_s is not None:
-            self.set_coverage(ledger.coverage_start_s)
-        if ledger.partials_partitions not in (None, self.partials_partitions):
-            log.error(
-                "the ledger's progress records were written for %s partials partitions, "
-                "this worker sees %d: the partials topic changed while windows were open",
-                ledger.partials_partitions,
-                self.partials_partitions,
-            )
-        else:
-            for r, nxt in ledger.progress.items():
-                if nxt > self._cursor.get(r, nxt - 1):
-                    self._cursor[r] = nxt
-                if nxt > self._cursor_read.get(r, nxt - 1):
-                    self._cursor_read[r] = nxt
+        self.cursors.adopt(ledger)
         for rel in ledger.releases():
             if self.accountant.query_spent(rel.window_start_s, rel.query) == (0.0, 0.0):
                 self.accountant.record(
@@ -423,17 +396,6 @@ class ReleaseStage:
         data is missing from the window — never the erased user's. Returns how many."""
         return self.inbox.drop_stale_partials(window_start_s, required)
 
-    def last_released(self, r: int) -> int | None:
-        """The latest window of partials partition ``r`` known released (None: none yet)."""
-        if self.coverage_start_s is None:
-            return None
-        cursor = self.cursor(r)
-        return (
-            None
-            if cursor <= self._first_on(r)
-            else cursor - self.windows.size_s * self.partials_partitions
-        )
-
     def _charge(self, window_start_s: int) -> frozenset[str]:
         """Charge the window's draws not charged yet (:mod:`.window_charges`): the draws
         charged and not yet drawn (``#bounds``: the histograms)."""
@@ -505,32 +467,24 @@ class ReleaseStage:
         """The window's releases are ledgered and published: drop its state, advance its
         partition's cursor, note metrics. Returns the partition's new cursor."""
         self.inbox.drop_window(window_start_s)
-        r = self.windows.partition_of(window_start_s, self.partials_partitions)
-        if window_start_s >= self.cursor(r):
-            self._cursor[r] = window_start_s + self.windows.size_s * self.partials_partitions
-        end = self.windows.end_of(window_start_s)
-        for rel in releases:
-            self.metrics.windows_released.labels(query=rel.query).inc()
-            self.metrics.releases_published.labels(query=rel.query).inc(len(rel.records) - 1)
-            self.metrics.keys_released.labels(query=rel.query).inc(len(rel.records) - 1)
-            self.metrics.epsilon_spent.labels(query=rel.query).set(rel.epsilon_spent)
+        r = self.cursors.advance(window_start_s)
         bounds = self.bounds_for(window_start_s)
-        if bounds is not None:  # fixed bounds too: the gauges say what a window used
-            charged = (
+        note_release(
+            self.metrics,
+            releases,
+            bounds=bounds,
+            bounds_epsilon=(
                 self.accountant.query_spent(window_start_s, BOUNDS_CHARGE)[0]
                 if self.schedule.auto
                 else 0.0
-            )
-            self.metrics.set_bounds(bounds, charged)
-        spent = self.accountant.window_spent(window_start_s)[0]
-        self.metrics.epsilon_remaining.set(max(0.0, self.config.privacy.epsilon_per_window - spent))
-        horizon = self.horizon_spent(window_start_s)
-        self.metrics.horizon_epsilon_spent.set(horizon)
-        self.metrics.horizon_epsilon_remaining.set(
-            max(0.0, self.config.privacy.max_epsilon_per_horizon - horizon)
+            ),
+            epsilon_remaining=self.config.privacy.epsilon_per_window
+            - self.accountant.window_spent(window_start_s)[0],
+            horizon_epsilon_spent=self.horizon_spent(window_start_s),
+            max_epsilon_per_horizon=self.config.privacy.max_epsilon_per_horizon,
+            release_delay_s=now_s - self.windows.end_of(window_start_s),
+            now_s=now_s,
         )
-        self.metrics.release_delay.observe(max(0.0, now_s - end))
-        self.metrics.last_release.set(now_s)
         if not self._retain_ledger:
             self.ledger.forget(self.released)
         self.charges.forget(self.released)
@@ -611,3 +565,31 @@ def draw_release(
         records=records,
         sources=sources,
     )
+
+
+def note_release(
+    metrics: Metrics,
+    releases: Sequence[LedgerRelease],
+    *,
+    bounds: BoundsTriple | None,
+    bounds_epsilon: float,
+    epsilon_remaining: float,
+    horizon_epsilon_spent: float,
+    max_epsilon_per_horizon: float,
+    release_delay_s: float,
+    now_s: float,
+) -> None:
+    """A finished window on /metrics: its releases, the bounds it used (fixed bounds too:
+    the gauges say what a window used) and the budget left."""
+    for rel in releases:
+        metrics.windows_released.labels(query=rel.query).inc()
+        metrics.releases_published.labels(query=rel.query).inc(len(rel.records) - 1)
+        metrics.keys_released.labels(query=rel.query).inc(len(rel.records) - 1)
+        metrics.epsilon_spent.labels(query=rel.query).set(rel.epsilon_spent)
+    if bounds is not None:
+        metrics.set_bounds(bounds, bounds_epsilon)
+    metrics.epsilon_remaining.set(max(0.0, epsilon_remaining))
+    metrics.horizon_epsilon_spent.set(horizon_epsilon_spent)
+    metrics.horizon_epsilon_remaining.set(max(0.0, max_epsilon_per_horizon - horizon_epsilon_spent))
+    metrics.release_delay.observe(max(0.0, release_delay_s))
+    metrics.last_release.set(now_s)
