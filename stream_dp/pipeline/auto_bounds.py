@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import random  # only the type of the sampling PRNG that picks a user's per-key bin (not a DP draw)
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from stream_dp.config.model import Config
@@ -334,16 +334,20 @@ class AutoBounds:
 
     def histograms(
         self,
-        per_source: Mapping[int, Partial],
+        taken: Iterable[Partial],
         window_start_s: int,
         window_end_s: int,
         bounds: BoundsTriple,
     ) -> LedgerRelease:
-        """The window's histograms, merged over source partitions (one partial each: every
-        partial of a seal carries the same histograms, and each user is in one partition, so
-        it counts once) and noised once."""
+        """The window's histograms from the partials ``taken``, merged over source
+        partitions (one partial each: every partial of a seal carries the same histograms,
+        and each user is in one partition, so it counts once) and noised once."""
         layout = self.schedule.layout
         assert layout is not None
+        per_source: dict[int, Partial] = {}
+        for partial in taken:
+            if partial.histograms is not None:
+                per_source.setdefault(partial.source_partition, partial)
         exact = merge_counts(
             layout, [p.histograms for p in per_source.values() if p.histograms is not None]
         )

@@ -65,8 +65,11 @@ class PartialsInbox:
         self.metrics = metrics
         #: Why the stage takes no partial of a window (released, before coverage), or None.
         self._refusal = refusal
+        #: The pseudonym key id of a window (the keyring's; by default the configuration's).
         self._key_id_of = key_id_of
-        #: Only partials stamped with this digest are merged (None: any stamp).
+        #: The deployment fingerprint's digest (:mod:`stream_dp.config.fingerprint`): only
+        #: partials stamped with it are merged. The worker and replay always set it; None
+        #: (unit tests of other rules) merges partials whatever their stamp.
         self.fingerprint = fingerprint
         self._windows: dict[int, dict[int, PendingWindow]] = {}
         self._marks: dict[int, dict[int, SourceWatermark]] = {}
@@ -240,7 +243,9 @@ class PartialsInbox:
         return taken
 
     def erasures_applied(self, window_start_s: int) -> int:
-        """The least ``erasures_through`` of the versions the window takes (docs/erasure.md)."""
+        """The erasure-log position every partial the window would merge has applied: the
+        least ``erasures_through`` of the versions taken (docs/erasure.md). A window whose
+        partials have not applied an erasure it must exclude waits for newer versions."""
         pending = self.pending(window_start_s)
         if pending is None:
             return NO_PARTIALS
@@ -249,7 +254,8 @@ class PartialsInbox:
 
     def drop_stale_partials(self, window_start_s: int, required: int) -> int:
         """Leave out of the window every partial that did not apply the erasure log up to
-        ``required``. Returns how many."""
+        ``required`` (docs/erasure.md: when no newer version came in time). That source's
+        data is missing from the window — never the erased user's. Returns how many."""
         pending = self.pending(window_start_s)
         dropped = 0
         for assembler in pending.assemblers.values() if pending is not None else ():

@@ -1,34 +1,37 @@
 """Stage 2 of the worker, without Kafka: merge partials, release every window once.
 
 The owner of a partials partition sees every partial of the windows mapped to it, plus a
-:class:`SourceWatermark` from each source partition. **Which windows are released never
+:class:`~stream_dp.pipeline.partials.SourceWatermark` from each source partition. **Which windows are released never
 depends on the data** (docs/privacy.md#partition-selection; issue 12): every window from the
 first covered one (``window.start_at`` or the deployment's recorded start) up to the point
 all sources have passed is released in order, with or without events — public keys get
-their noisy values in every window, and every window gets its ``window`` record. A source
-has passed a window when its watermark is at or past the window's end, or when it is idle
-with nothing open (confirmed, see :func:`_quiet_confirmed`); if every source is idle, the
-furthest idle watermark (which advances by wall clock) bounds the range.
+their noisy values in every window, and every window gets its ``window`` record.
 
-Per (query, source partition) the first complete version of a partial is taken and the
-others ignored. A partial stamped with another deployment fingerprint (bounded under other
-bounds, queries or window grid: :mod:`stream_dp.config.fingerprint`) is never merged.
-A window merges partials of one layout only — one stage-1 partition count
-and one pseudonym key id — the layout of the first partial taken: a user's events are on
-one partition under one pseudonym only within a layout, so mixing two would bound a user
-twice. The merged exact totals go through the privacy core once — noise, τ-threshold,
-budget — and the versions taken are recorded in the ledger.
+:class:`ReleaseStage` decides and draws; it holds four parts, each a module:
 
-Per partials partition a *cursor* is the next window not yet released (every window before
-it is released and published, and a ``progress`` record in the ledger says so); windows
-are released strictly in cursor order. Offsets of the partials topic are committed only up
-to the earliest partial an unreleased window still needs.
+* :class:`~stream_dp.pipeline.partials_inbox.PartialsInbox` — the partials and source
+  watermarks read, which version of each (query, source partition) is taken, which are
+  never merged (another fingerprint, pseudonym key or partition layout), and how far every
+  source has passed;
+* :class:`~stream_dp.pipeline.release_cursors.ReleaseCursors` — the first covered window
+  and per partials partition a *cursor*, the next window not yet released (every window
+  before it is released and published, and a ``progress`` record in the ledger says so);
+  windows are released strictly in cursor order;
+* :class:`~stream_dp.pipeline.auto_bounds.AutoBounds` — which bounds a window is released
+  with (``bounds: auto``: decided from the window before), plans calibrated to them;
+* :class:`~stream_dp.pipeline.window_charges.WindowCharges` — each window's draws charged
+  to the budget once, in order, before anything takes their data in.
+
+The merged exact totals go through the privacy core once (:func:`draw_release`: noise,
+τ-threshold) and the versions taken are recorded in the ledger. Offsets of the partials
+topic are committed only up to the earliest partial an unreleased window still needs.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from stream_dp.config.model import Config
@@ -44,7 +47,7 @@ from stream_dp.pipeline.cumulative import (
     cumulative_release,
 )
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease, OutputRecord, new_release_id
-from stream_dp.pipeline.partials import Partial, PartialAssembler, PartialPart, merge_totals
+from stream_dp.pipeline.partials import Partial, PartialPart, merge_totals
 from stream_dp.pipeline.partials_inbox import PartialsInbox, PendingWindow
 from stream_dp.pipeline.queries import CompiledQuery, needed_fields
 from stream_dp.pipeline.records import output_key, release_records, window_record
@@ -104,25 +107,15 @@ class ReleaseStage:
         self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
         #: Cumulative queries' running totals (module stream_dp.pipeline.cumulative): their
         #: state lives in the continual topic, read and written by the transport.
-        store = continual_store if continual_store is not None else ContinualStore()
-        self.continual_store = store
-        cumulative = [
-            CumulativeQuery.of(q.config, q.plan) for q in self.queries if q.plan.continual
-        ]
+        self.continual_store = continual_store or ContinualStore()
         self.cumulative = CumulativeReleases(
-            cumulative,
+            [CumulativeQuery.of(q.config, q.plan) for q in self.queries if q.plan.continual],
             window_size_s=config.window.size_s,
             partitions=continual_partitions,
-            store=store,
+            store=self.continual_store,
             noise=continual_noise,
         )
-        self.accountant = BudgetAccountant(
-            window_size_s=config.window.size_s,
-            epsilon_per_window=config.privacy.epsilon_per_window,
-            delta_per_window=config.privacy.delta_per_window,
-            horizon_windows=config.privacy.horizon_windows,
-            max_epsilon_per_horizon=config.privacy.max_epsilon_per_horizon,
-        )
+        self.accountant = budget_accountant(config)
         self._epsilon_per_window = sum(q.epsilon for q in config.queries) + config.bounds_epsilon
         #: bounds: auto — which bounds each window uses, plans calibrated to them, the
         #: histograms and the next window's decision (with fixed bounds: the configured).
@@ -143,11 +136,7 @@ class ReleaseStage:
         self.cursors = ReleaseCursors(
             self.windows, partials_partitions, config.window.first_window_start()
         )
-        #: The partials and source watermarks of the owned partials partitions. Only
-        #: partials stamped with ``fingerprint`` (:mod:`stream_dp.config.fingerprint`) are
-        #: merged; the worker and replay always set it, None (unit tests of other rules)
-        #: merges partials whatever their stamp. ``key_id_of``: the pseudonym key id of a
-        #: window (the keyring's; by default the configuration's).
+        #: The partials and source watermarks of the owned partials partitions.
         self.inbox = PartialsInbox(
             self.metrics,
             refusal=self._refusal,
@@ -236,10 +225,6 @@ class ReleaseStage:
     def open_windows(self) -> list[int]:
         return self.inbox.open_windows()
 
-    def passed_through(self, r: int) -> float | None:
-        """How far every source of partials partition ``r`` has passed (event time)."""
-        return self.inbox.passed_through(r)
-
     # -- closing --------------------------------------------------------------------------
     def due_windows(self, limit: int | None = None) -> list[int]:
         """Covered windows every source has passed, in order, from each partition's cursor
@@ -251,7 +236,7 @@ class ReleaseStage:
         due: list[int] = []
         self.awaiting_bounds = set()
         for r in self.inbox.partitions:
-            through = self.passed_through(r)
+            through = self.inbox.passed_through(r)
             if through is None:
                 continue
             ws = self.cursor(r)
@@ -326,8 +311,13 @@ class ReleaseStage:
             )
             rel.erasures_through = min((p.erasures_through for p in taken), default=0)
             out.append(rel)
-        if draw_histograms:
-            out.append(self._release_histograms(pending, window_start_s, window_end_s, bounds))
+        if draw_histograms:  # from the partials of every query
+            every = (
+                p
+                for q in self.queries
+                for p in self._taken(pending, q.name, window_start_s, bounds)
+            )
+            out.append(self.auto_bounds.histograms(every, window_start_s, window_end_s, bounds))
         return out
 
     # -- cumulative queries (stream_dp.pipeline.cumulative) ---------------------------------
@@ -385,15 +375,11 @@ class ReleaseStage:
         )
 
     def erasures_applied(self, window_start_s: int) -> int:
-        """The erasure-log position every partial the window would merge has applied: the
-        least ``erasures_through`` of the versions taken (docs/erasure.md). A window whose
-        partials have not applied an erasure it must exclude waits for newer versions."""
+        """:meth:`.PartialsInbox.erasures_applied` (docs/erasure.md)."""
         return self.inbox.erasures_applied(window_start_s)
 
     def drop_stale_partials(self, window_start_s: int, required: int) -> int:
-        """Leave out of the window every partial that did not apply the erasure log up to
-        ``required`` (docs/erasure.md: when no newer version came in time). That source's
-        data is missing from the window — never the erased user's. Returns how many."""
+        """:meth:`.PartialsInbox.drop_stale_partials` (docs/erasure.md)."""
         return self.inbox.drop_stale_partials(window_start_s, required)
 
     def _charge(self, window_start_s: int) -> frozenset[str]:
@@ -402,21 +388,6 @@ class ReleaseStage:
         return self.charges.charge(
             window_start_s, ledgered=lambda name: self.ledger.get(name, window_start_s) is not None
         )
-
-    def _release_histograms(
-        self,
-        pending: PendingWindow | None,
-        window_start_s: int,
-        window_end_s: int,
-        bounds: BoundsTriple,
-    ) -> LedgerRelease:
-        """The window's histograms: one partial per source partition."""
-        per_source: dict[int, Partial] = {}
-        for q in self.queries:
-            for partial in self._taken(pending, q.name, window_start_s, bounds):
-                if partial.histograms is not None:
-                    per_source.setdefault(partial.source_partition, partial)
-        return self.auto_bounds.histograms(per_source, window_start_s, window_end_s, bounds)
 
     def bounds_decision(self, window_start_s: int) -> tuple[str, bytes] | None:
         """bounds: auto — the ledger record of the next window's bounds, from this window's
@@ -453,12 +424,7 @@ class ReleaseStage:
     ) -> list[Partial]:
         """The query's partials taken for the window (bounds: auto — bounded with
         ``bounds``)."""
-        keep = None
-        if self.schedule.auto:
-
-            def keep(assembler: PartialAssembler) -> bool:
-                return self.auto_bounds.bounded_with(assembler, bounds)
-
+        keep = partial(self.auto_bounds.bounded_with, bounds=bounds) if self.schedule.auto else None
         return self.inbox.taken(pending, query, window_start_s, keep)
 
     def finish_window(
@@ -593,3 +559,14 @@ def note_release(
     metrics.horizon_epsilon_remaining.set(max(0.0, max_epsilon_per_horizon - horizon_epsilon_spent))
     metrics.release_delay.observe(max(0.0, release_delay_s))
     metrics.last_release.set(now_s)
+
+
+def budget_accountant(config: Config) -> BudgetAccountant:
+    """The privacy budget of the configuration, per window and per horizon."""
+    return BudgetAccountant(
+        window_size_s=config.window.size_s,
+        epsilon_per_window=config.privacy.epsilon_per_window,
+        delta_per_window=config.privacy.delta_per_window,
+        horizon_windows=config.privacy.horizon_windows,
+        max_epsilon_per_horizon=config.privacy.max_epsilon_per_horizon,
+    )
