@@ -1,11 +1,12 @@
 """Stage 2 of the worker, without Kafka: merge partials, release every window once.
 
 The owner of a partials partition sees every partial of the windows mapped to it, plus a
-:class:`~stream_dp.pipeline.partials.SourceWatermark` from each source partition. **Which windows are released never
-depends on the data** (docs/privacy.md#partition-selection; issue 12): every window from the
-first covered one (``window.start_at`` or the deployment's recorded start) up to the point
-all sources have passed is released in order, with or without events — public keys get
-their noisy values in every window, and every window gets its ``window`` record.
+:class:`~stream_dp.pipeline.partials.SourceWatermark` from each source partition. **Which
+windows are released never depends on the data** (docs/privacy.md#partition-selection;
+issue 12): every window from the first covered one (``window.start_at`` or the
+deployment's recorded start) up to the point all sources have passed is released in order,
+with or without events — public keys get their noisy values in every window, and every
+window gets its ``window`` record.
 
 :class:`ReleaseStage` decides and draws; it holds four parts, each a module:
 
