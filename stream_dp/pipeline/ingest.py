@@ -5,6 +5,10 @@ id, else the repartition topic) keeps, per open window, a :class:`UserSamples` �
 (pseudonym, random priority, item), at most k items per pseudonym once compacted, items being
 ids of interned event signatures — and the first offset the window needs.
 A user's events all live in one partition, so bounding per partition bounds per user.
+Records come in through :meth:`IngestStage.ingest` (the per-record path and entry point,
+:mod:`~stream_dp.pipeline.ingest_records`; whole batches as columns where possible,
+:mod:`~stream_dp.pipeline.ingest_columns`); this module holds the state, sealing, erasure
+and the offsets to commit.
 
 Each partition has its own watermark (largest event time − grace; by wall clock once the
 partition is idle). When it passes a window's end the partition *seals* the window: its

@@ -1,8 +1,9 @@
 """Stage 1 a batch at a time: the column paths of :class:`IngestStage`, and what stages 0
 and 1 share (records, dead letters, the decoder, pseudonyms of raw ids).
 
-:class:`IngestStage` (``ingest.py``) holds the state and the per-record path; this mixin
-adds the paths that take a whole fetched batch as columns (:mod:`stream_dp.pipeline.columns`,
+:class:`IngestStage` (``ingest.py``) holds the state, and its per-record path is
+:class:`~stream_dp.pipeline.ingest_records.RecordIngest`; this mixin adds the paths that
+take a whole fetched batch as columns (:mod:`stream_dp.pipeline.columns`,
 :mod:`stream_dp.pipeline.packed`):
 
 * stage 1 on raw input (:meth:`ColumnIngest._ingest_columns`), when every record is a good
