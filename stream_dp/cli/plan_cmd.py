@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
         "plan",
         help="show each query's ε, δ, noise scale, 95%% interval and selection threshold",
         description="Plan the releases of a configuration: per query the sensitivity, the "
-        "ε/δ split, the mechanism, the noise scale, the 95%% interval and the partition "
+        "ε/δ split, the mechanism, the noise scale, the 95% interval and the partition "
         "selection; then the window and horizon totals. Refuses an over-budget config.",
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="YAML configuration")
