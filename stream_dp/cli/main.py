@@ -17,6 +17,7 @@ Command = Callable[[argparse.Namespace], int]
 def _command_modules() -> list[ModuleType]:
     from stream_dp.cli import (
         broker_cmd,
+        check_cmd,
         demo_cmd,
         erase_cmd,
         examples_cmd,
@@ -35,6 +36,7 @@ def _command_modules() -> list[ModuleType]:
         run_cmd,
         replay_cmd,
         plan_cmd,
+        check_cmd,
         demo_cmd,
         produce_cmd,
         tail_cmd,

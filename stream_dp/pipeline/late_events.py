@@ -72,8 +72,6 @@ class LateEventsNotice:
             return None
         self._reported_total = late_total
         self._warned_mono_s = now_mono_s
-        message = late_events_message(
-            dropped, coverage_start_s, start_at_set=self._start_at_set
-        )
+        message = late_events_message(dropped, coverage_start_s, start_at_set=self._start_at_set)
         log.warning("%s", message)
         return message
