@@ -30,7 +30,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from stream_dp.broker.topics import apply_topics
 from stream_dp.cli.main import main
 from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
@@ -121,7 +120,15 @@ def readme_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 
 def test_the_block_is_the_one_tested_here() -> None:
-    assert list(_own_topic_commands()) == ["examples", "plan", "replay", "run", "tail"]
+    assert list(_own_topic_commands()) == [
+        "examples",
+        "plan",
+        "replay",
+        "topics",
+        "run",
+        "produce",
+        "tail",
+    ]
 
 
 def test_sample_events_file_is_the_documented_synthetic_sample() -> None:
@@ -148,7 +155,7 @@ def workdir(tmp_path: Path, readme_env: dict[str, str]) -> Path:
 def test_examples_line_writes_the_packaged_examples(workdir: Path) -> None:
     args = own_topic_lines()["examples"]
     written = workdir / args[1]
-    for name in ("browser-logs.yaml", "sample-events.jsonl"):
+    for name in ("browser-logs.yaml", "browser-logs-live.yaml", "sample-events.jsonl"):
         assert (written / name).read_bytes() == (
             ROOT / "stream_dp" / "examples" / name
         ).read_bytes()
@@ -190,14 +197,23 @@ def test_plan_and_replay_lines(readme_env: dict[str, str], workdir: Path) -> Non
 
 
 @pytest.mark.kafka
-async def test_run_and_tail_lines(
+async def test_topics_run_produce_and_tail_lines_end_with_released_windows(
     kafka_bootstrap: str,
     readme_env: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,
     workdir: Path,
 ) -> None:
+    """The block's last four lines as written, each in its own process: the topics, the
+    worker, live events, and tail, which prints released windows. Only the broker, the
+    names and (to keep the test short) the window size are changed, through the documented
+    STREAM_DP_* overrides."""
     suffix = uuid.uuid4().hex[:12]
-    overrides = broker_overrides(kafka_bootstrap, suffix)
+    overrides = {
+        **broker_overrides(kafka_bootstrap, suffix),
+        "STREAM_DP_WINDOW__SIZE_S": "10",
+        "STREAM_DP_WINDOW__GRACE_S": "1",
+        "STREAM_DP_WINDOW__IDLE_CLOSE_S": "2",
+    }
     for name, value in overrides.items():
         monkeypatch.setenv(name, value)
     env = {**readme_env, **overrides}
@@ -205,24 +221,36 @@ async def test_run_and_tail_lines(
     config = load_config(workdir / commands["run"][-1])
     assert config.output.topic == f"releases-{suffix}"  # the overrides apply
     assert config.output.ledger_topic == f"readme-{suffix}.ledger"  # named after the group
-    await apply_topics(config, kafka_bootstrap, include_input=True)
+    assert config.window.start_at is None  # covered from the first start, as a user's
+    topics = subprocess.run(
+        commands["topics"], cwd=workdir, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert topics.returncode == 0, topics.stderr
     with _Running(commands["run"], env, workdir / "run.log", workdir) as (run, run_log):
         wait_until(
             lambda: "partitions assigned" in run_log.read_text() or run.poll() is not None,
-            30,
+            60,
             "the worker to get its partitions",
         )
         assert run.poll() is None, run_log.read_text()
-        with _Running(commands["tail"], env, workdir / "tail.log", workdir) as (tail, tail_log):
-            wait_until(
-                lambda: "reading" in tail_log.read_text() or tail.poll() is not None,
-                30,
-                "tail to start reading",
-            )
-            tail.send_signal(signal.SIGINT)
-            assert tail.wait(timeout=30) == 0, tail_log.read_text()
+        produce_log = workdir / "produce.log"
+        with _Running(commands["produce"], env, produce_log, workdir) as (produce, _):
+            with _Running(commands["tail"], env, workdir / "tail.log", workdir) as (tail, tail_log):
+                wait_until(
+                    lambda: "95% CI" in tail_log.read_text() or tail.poll() is not None,
+                    120,
+                    "tail to print a released window",
+                )
+                assert tail.poll() is None, tail_log.read_text()
+                tail.send_signal(signal.SIGINT)
+                assert tail.wait(timeout=30) == 0, tail_log.read_text()
+            shown = tail_log.read_text()
+            assert "users_by_country · " in shown and "country" in shown, shown
+            produce.send_signal(signal.SIGINT)
+            assert produce.wait(timeout=30) in (0, 130), produce_log.read_text()
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=30) == 0, run_log.read_text()
+    assert "events dropped as late" not in run_log.read_text()  # live events: none late
 
 
 class _Running:
