@@ -28,7 +28,7 @@ def examples_dir() -> Traversable:
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "examples",
-        help="write an example configuration and sample events into a folder",
+        help="write example configurations (replay and live) and sample events into a folder",
         description="Write browser-logs.yaml (a complete, commented configuration with hourly "
         "windows, for replaying recorded files), browser-logs-live.yaml (the same with "
         "one-minute windows, for a live topic) and sample-events.jsonl (synthetic browser logs "

@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stream-dp",
         description="Differentially private live statistics from event-level Kafka streams.",
+        epilog="New here? `stream-dp demo` shows it working in seconds (it needs the "
+        "[embedded] extra); `stream-dp examples DIR` writes configurations to adapt to your "
+        "topic, and `stream-dp check --config FILE` tests one against your topic before the "
+        "first run. `stream-dp COMMAND --help` lists a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"stream-dp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
