@@ -25,7 +25,7 @@ from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.connection_errors import describe_error
-from stream_dp.cli._common import running_broker
+from stream_dp.cli._common import running_broker, text_table
 from stream_dp.clients.connect import start_client
 from stream_dp.config import Config, load_config
 from stream_dp.errors import BrokerError, ConfigError
@@ -108,16 +108,6 @@ async def sample_values(
     return values[:max_events], len(partitions)
 
 
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for n, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return lines
-
-
 def render(config: Config, report: InputReport) -> list[str]:
     """The check's report as text lines (counts, names and windows only)."""
     inp = config.input
@@ -128,7 +118,7 @@ def render(config: Config, report: InputReport) -> list[str]:
     for f in report.fields.values():
         types = ", ".join(f"{name} {n}" for name, n in f.types.most_common()) or "-"
         rows.append([f.name, "query field", str(f.missing), types])
-    lines = [f"{report.events} events sampled, {report.usable} usable", "", *_table(rows), ""]
+    lines = [f"{report.events} events sampled, {report.usable} usable", "", *text_table(rows), ""]
     if report.earliest_window_s is not None and report.latest_window_s is not None:
         lines.append(
             f"event windows: {iso_utc(report.earliest_window_s)} … "
