@@ -550,9 +550,10 @@ def test_with_erasure_a_per_window_sum_leaves_the_erased_user_out_and_records_th
 
 def test_a_window_refused_for_budget_never_enters_a_later_running_total(tmp_path: Any) -> None:
     """Charges before state (issue 25, break 4): a ledger from a looser configuration (one
-    written before fingerprints, which would refuse it now) is continued under a lower cap. Window 1's cumulative release alone would fit the horizon,
-    but the per-window query before it is charged first, so the cumulative one is refused:
-    its exact totals must not enter the running total of window 2 (or any later one)."""
+    written before fingerprints, which would refuse it now) is continued under a lower cap.
+    Window 1's cumulative release alone would fit the horizon, but the per-window query
+    before it is charged first, so the cumulative one is refused: its exact totals must not
+    enter the running total of window 2 (or any later one)."""
     from stream_dp.pipeline.replay import replay_file
 
     def two_queries(hourly_epsilon: float, *, cap: float) -> Config:
