@@ -5,8 +5,9 @@ and the ledger topic; here the same records (encoded and decoded exactly as on t
 go through lists, so replay and the worker share every step but the transport — the ledger
 included: each window is released by the same :class:`~.release_driver.ReleaseDriver` as in
 the worker, on :class:`MemoryTransport`, where a release is "ledgered" by feeding its
-encoded records to the ledger index, and what is published is the index's winner. Cumulative queries' state goes
-the same way through the continual topic's records (:mod:`.continual_state`).
+encoded records to the ledger index, and what is published is the index's winner.
+Cumulative queries' state goes the same way through the continual topic's records
+(:mod:`.continual_state`).
 
 With ``erasures`` (docs/erasure.md) both stages drop the erased users' events in the
 windows each erasure covers; every erasure is known before the first event, so every partial

@@ -81,9 +81,7 @@ class ReleaseTransport(Protocol):
     async def publish_output(self, release: LedgerRelease) -> None:
         """Write a release's output records (all on its partition, the window record last)."""
 
-    async def draw(
-        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
-    ) -> T:
+    async def draw(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a CPU-heavy step of the release (in a thread, or right here)."""
 
     def window_released(self, window_start_s: int) -> None:
@@ -230,9 +228,7 @@ class ReleaseDriver:
     async def write_cut(self, window_start_s: int) -> None:
         """The window's ``cut`` (erasure on): acknowledged before the erasure log is read."""
         key, value = encode_cut(window_start_s)
-        await self.transport.write_ledger(
-            [(key, value, self.ledger_partition_of(window_start_s))]
-        )
+        await self.transport.write_ledger([(key, value, self.ledger_partition_of(window_start_s))])
 
     async def _continue_running_totals(self, window_start_s: int) -> bool:
         """Cumulative queries of a due window: read their state to a fence, draw the
