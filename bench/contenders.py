@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-FETCH_MAX_RECORDS = 40_000  # as the worker (stream_dp.pipeline.worker.MAX_RECORDS_PER_FETCH)
+FETCH_MAX_RECORDS = 40_000  # as the worker (stream_dp.pipeline.membership.MAX_RECORDS_PER_FETCH)
 FETCH_TIMEOUT_MS = 200
 
 

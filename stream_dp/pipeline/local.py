@@ -3,9 +3,11 @@
 The worker joins :class:`IngestStage` and :class:`ReleaseStage` through the partials topic
 and the ledger topic; here the same records (encoded and decoded exactly as on the topics)
 go through lists, so replay and the worker share every step but the transport — the ledger
-included: a release is "ledgered" by feeding its encoded records to the ledger index, and
-what is published is the index's winner, as in the worker. Cumulative queries' state goes
-the same way through the continual topic's records (:mod:`.continual_state`).
+included: each window is released by the same :class:`~.release_driver.ReleaseDriver` as in
+the worker, on :class:`MemoryTransport`, where a release is "ledgered" by feeding its
+encoded records to the ledger index, and what is published is the index's winner.
+Cumulative queries' state goes the same way through the continual topic's records
+(:mod:`.continual_state`).
 
 With ``erasures`` (docs/erasure.md) both stages drop the erased users' events in the
 windows each erasure covers; every erasure is known before the first event, so every partial
@@ -15,28 +17,25 @@ has applied them all, and each window's release writes its ``cut`` as the worker
 from __future__ import annotations
 
 import random  # only the type of the reservoir/L0 sampling PRNG (see new_sampling_rng)
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import ParamSpec, TypeVar
 
 from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import Config
 from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.continual_state import ContinualStore, encode_state
+from stream_dp.pipeline.continual_state import ContinualStore
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage, InputRecord
-from stream_dp.pipeline.ledger import (
-    LedgerIndex,
-    LedgerRelease,
-    encode_coverage,
-    encode_cut,
-    encode_progress,
-    encode_published,
-    encode_release,
-)
+from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease, encode_coverage
 from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
+from stream_dp.pipeline.release_driver import Placed, ReleaseDriver, run_now
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.continual.counter import NoiseSource
 from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.pseudonymize import KeyRing
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: Receives every ledger record written, as (key, value), in log order.
 LedgerSink = Callable[[str, bytes], None]
@@ -117,6 +116,17 @@ class LocalPipeline:
         self._offsets = [0] * partials_partitions
         self._windows = self.release.windows
         self._max_bytes = config.kafka.max_message_bytes
+        self._driver = ReleaseDriver(
+            self.release,
+            MemoryTransport(self),
+            partials_partitions=range(partials_partitions),
+            ledger_partitions=[0],
+            continual_partitions=[0],
+            max_bytes=self._max_bytes,
+            metrics=self.metrics,
+            erasure=LocalErasureGate(erasures) if erasures is not None else None,
+            continual_wait_retry_s=0.0,
+        )
 
     @property
     def coverage_start_s(self) -> int | None:
@@ -224,34 +234,65 @@ class LocalPipeline:
         return out
 
     def release_window(self, window_start_s: int, *, now_s: float) -> list[LedgerRelease] | None:
-        """What the worker does with a due window: cumulative queries' state first (drawn,
-        written, read back), then draw, ledger, publish the ledger's winners, record
-        progress. None when a cumulative query must wait for its previous window."""
-        stage = self.release
-        if self.erasures is not None:
-            self._write_ledger([encode_cut(window_start_s)])
-            if stage.erasures_applied(window_start_s) < self.erasures.required_position(
-                window_start_s
-            ):  # every erasure was known before the first event: cannot happen
-                raise PrivacyError("a partial missed an erasure it must apply")
-        if stage.continual_pending(window_start_s):
-            prepared = stage.prepare_continual(window_start_s)
-            if prepared.waiting:
-                return None
-            for draw in prepared.to_write:
-                self._write_continual(encode_state(draw, max_bytes=self._max_bytes))
-        for rel in stage.compute_release(window_start_s, now_s=now_s):
-            self._write_ledger(encode_release(rel, now_s=now_s, max_bytes=self._max_bytes))
-        winners = stage.winners(window_start_s)
-        decision = stage.bounds_decision(window_start_s)
-        if decision is not None:  # bounds: auto — the next window's bounds
-            self._write_ledger([decision])
-        for rel in winners:
-            if not rel.published:
-                self._write_ledger([encode_published(rel)])
-        cursor = stage.finish_window(window_start_s, winners, now_s)
-        r = self._windows.partition_of(window_start_s, self._n_partials)
-        self._write_ledger([encode_progress(r, self._n_partials, cursor)])
-        if self._window_sync is not None:
-            self._window_sync()
-        return winners
+        """The release protocol (:mod:`.release_driver`) on the in-memory transport: the
+        winners published, or None when a cumulative query must wait for its previous
+        window."""
+        return run_now(self._driver.release_window(window_start_s, now_s=now_s))
+
+
+class MemoryTransport:
+    """:class:`~stream_dp.pipeline.release_driver.ReleaseTransport` in memory: a record
+    written is fed to its index at once (and to the sinks), so every read is already at the
+    fence; nothing is published here — the caller gets the winners. It never suspends."""
+
+    def __init__(self, pipeline: LocalPipeline) -> None:
+        self._pipeline = pipeline
+
+    def owns(self, window_start_s: int) -> bool:
+        return True
+
+    async def write_ledger(self, records: Sequence[Placed]) -> None:
+        self._pipeline._write_ledger([(k, v) for k, v, _ in records])
+
+    async def read_ledger(self, partitions: Sequence[int]) -> None:
+        return None
+
+    async def write_continual(self, records: Sequence[Placed]) -> None:
+        self._pipeline._write_continual([(k, v) for k, v, _ in records])
+
+    async def read_continual(self, partitions: Sequence[int]) -> None:
+        return None
+
+    async def publish_output(self, release: LedgerRelease) -> None:
+        return None
+
+    async def draw(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return fn(*args, **kwargs)
+
+    def window_released(self, window_start_s: int) -> None:
+        if self._pipeline._window_sync is not None:
+            self._pipeline._window_sync()
+
+
+class LocalErasureGate:
+    """Every erasure is known before the first event here: the window's ``cut`` is written
+    and every partial has applied what it requires (else a PrivacyError: cannot happen)."""
+
+    def __init__(self, erasures: ErasureSet) -> None:
+        self._erasures = erasures
+
+    async def ready_to_draw(
+        self,
+        window_start_s: int,
+        release: ReleaseStage,
+        write_cut: Callable[[int], Awaitable[None]],
+    ) -> bool:
+        await write_cut(window_start_s)
+        if release.erasures_applied(window_start_s) < self._erasures.required_position(
+            window_start_s
+        ):
+            raise PrivacyError("a partial missed an erasure it must apply")
+        return True
+
+    def released(self, window_start_s: int) -> None:
+        return None

@@ -21,7 +21,7 @@ from stream_dp.config import load_config
 from stream_dp.config.environment import NON_CONFIG_VARIABLES, RETIRED_VARIABLES
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV
 from stream_dp.errors import ConfigError
-from stream_dp.pipeline.worker import CRASH_POINT_ENV, PAUSE_POINT_ENV
+from stream_dp.pipeline.faults import CRASH_POINT_ENV, PAUSE_POINT_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 PLAN_SCHEMA = REPO / "stream_dp" / "privacy" / "plan.schema.json"

@@ -73,10 +73,12 @@ async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
     task = asyncio.create_task(worker.run())
     revoked, kept = TopicPartition(config.input.topic, 0), TopicPartition(config.input.topic, 1)
     try:
-        await _until(lambda: {revoked, kept} <= worker._owned.keys(), task, "the partitions taken")
+        await _until(
+            lambda: {revoked, kept} <= worker.membership.owned.keys(), task, "the partitions taken"
+        )
         # The start of a rejoin, as aiokafka runs it: the callback, assignment unchanged.
-        await worker.on_revoked([revoked])
-        consumer = worker._consumer
+        await worker.membership.on_revoked([revoked])
+        consumer = worker.membership.consumer
         assert consumer is not None and revoked in consumer.assignment()
         await _produce(kafka_bootstrap, config.input.topic, revoked.partition, 5)
         await _produce(kafka_bootstrap, config.input.topic, kept.partition, 5)
@@ -94,8 +96,8 @@ async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
         seen = iterations
         await _until(lambda: iterations >= seen + 2, task, "two more iterations")
         assert worker.metrics.events_repartitioned._value.get() == 5  # the kept partition's
-        assert revoked not in worker._safe_offsets()
-        assert kept in worker._safe_offsets()
+        assert revoked not in worker.membership.safe_offsets()
+        assert kept in worker.membership.safe_offsets()
         assert revoked.partition not in worker.ingest.router._routed_activity  # type: ignore[union-attr]
         series = {tuple(labels) for labels in worker.metrics.fetch_age._metrics}
         assert (revoked.topic, str(revoked.partition)) not in series  # its series went with it
@@ -119,8 +121,8 @@ async def test_a_partition_without_fetch_answers_shows_a_growing_fetch_age(
         return -1.0 if child is None else float(child._value.get())
 
     try:
-        await _until(lambda: stalled in worker._owned and age() >= 0, task, "a fetch age")
-        consumer = worker._consumer
+        await _until(lambda: stalled in worker.membership.owned and age() >= 0, task, "a fetch age")
+        consumer = worker.membership.consumer
         assert consumer is not None
         consumer.pause(stalled)  # no more fetch answers for it
         await _until(lambda: age() >= 2.0, task, "the age to grow past 2 s")

@@ -43,9 +43,9 @@ async def test_a_stop_does_not_wait_for_the_group_to_assign_partitions(
     )
     await consumer.start()
     consumer.subscribe([topic])
-    worker._consumer = consumer
+    worker.membership.consumer = consumer
     try:
-        fetch = asyncio.create_task(worker._fetch())
+        fetch = asyncio.create_task(worker.membership.fetch())
         await asyncio.sleep(0)  # the fetch is waiting
         worker.request_stop()
         # Far below the ~10 s the join is held and far above the milliseconds a stop takes:

@@ -11,8 +11,9 @@ import pytest
 from aiokafka.errors import IllegalGenerationError, KafkaConnectionError
 
 from stream_dp import retry as retry_module
-from stream_dp.pipeline import worker as worker_module
-from stream_dp.pipeline.worker import BrokerUnavailableError, Worker
+from stream_dp.pipeline import publisher as publisher_module
+from stream_dp.pipeline.publisher import BrokerUnavailableError
+from stream_dp.pipeline.worker import Worker
 from tests.clients.test_retry import FakeTime
 from tests.pipeline.support import KEYRING, config
 
@@ -33,7 +34,7 @@ class AlwaysFailing:
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
     fake = FakeTime()
     patched = functools.partial(retry_module.retry, sleep=fake.sleep, clock=fake.clock)
-    monkeypatch.setattr(worker_module, "retry", patched)
+    monkeypatch.setattr(publisher_module, "retry", patched)
     return fake
 
 
@@ -47,7 +48,7 @@ async def test_a_bounded_call_gives_up_after_give_up_after_s(fake: FakeTime) -> 
     worker.health.set("producer_connected", True)
     op = AlwaysFailing(KafkaConnectionError())
     with pytest.raises(BrokerUnavailableError, match=r"kafka\.give_up_after_s") as caught:
-        await worker._retry("produce to t", op, bounded=True)
+        await worker.publisher.retry("produce to t", op, bounded=True)
     assert isinstance(caught.value.__cause__, KafkaConnectionError)
     assert sum(fake.waits) == pytest.approx(give_up_after_s, abs=1e-9)
     assert worker.metrics.broker_errors._value.get() == op.calls
@@ -58,12 +59,12 @@ async def test_an_unbounded_call_waits_on_until_the_worker_stops(fake: FakeTime)
     worker = _worker()
     op = AlwaysFailing(KafkaConnectionError())
     with pytest.raises(RuntimeError, match="more than 1000"):
-        await worker._retry("start producer", op, bounded=False)  # no give-up of its own
+        await worker.publisher.retry("start producer", op, bounded=False)  # no give-up of its own
     assert sum(fake.waits) > worker.config.kafka.give_up_after_s
     stopping = AlwaysFailing(KafkaConnectionError())
     worker._stopping.set()
     with pytest.raises(KafkaConnectionError):
-        await worker._retry("start producer", stopping, bounded=False)
+        await worker.publisher.retry("start producer", stopping, bounded=False)
     assert stopping.calls == 3
 
 
@@ -71,6 +72,6 @@ async def test_membership_errors_are_not_retried(fake: FakeTime) -> None:
     worker = _worker()
     op = AlwaysFailing(IllegalGenerationError())
     with pytest.raises(IllegalGenerationError):
-        await worker._retry("commit", op)
+        await worker.publisher.retry("commit", op)
     assert op.calls == 1 and fake.waits == []
     assert worker.metrics.broker_errors._value.get() == 0
