@@ -323,8 +323,8 @@ class Sink:
             raise gave_up.error from None
 
     async def _store_once(self, batch: Batch) -> StoreResult:
-        """One try at storing ``batch``; an OperationalError (connection lost) closes the
-        connection and is raised for :meth:`_store` to retry after a back-off."""
+        """One try at storing ``batch``; an OperationalError (connection lost, a timeout)
+        closes the connection and is raised for :meth:`_store` to retry after a back-off."""
         try:
             conn = await self._database()
         except psycopg.OperationalError as exc:
@@ -333,16 +333,15 @@ class Sink:
             raise _ConnectGaveUp(exc) from exc
         started = time.perf_counter()
         try:
-            result = await self._store_resolving_conflicts(conn, batch)
-        except _REFUSED_DATA as exc:
-            self.metrics.database_errors.inc()
-            if batch.records <= 1:
-                raise
-            log.warning(
-                "the database refused the batch (%s); storing it record by record",
-                _describe(exc),
-            )
-            return await self._store_one_by_one(batch)
+            try:
+                result = await self._resolving_conflicts(lambda: store_batch(conn, batch))
+            except _REFUSED_DATA as exc:
+                self.metrics.database_errors.inc()
+                log.warning(
+                    "the database refused the batch (%s); storing it record by record",
+                    _describe(exc),
+                )
+                result = await self._resolving_conflicts(lambda: self._one_by_one(conn, batch))
         except psycopg.OperationalError:
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
@@ -351,9 +350,9 @@ class Sink:
         self.metrics.transaction.observe(time.perf_counter() - started)
         return result
 
-    async def _store_resolving_conflicts(self, conn: Conn, batch: Batch) -> StoreResult:
-        """store_batch, retried after a deadlock or serialization failure with jittered
-        back-off, at most ``max_conflict_tries`` times in a row; then a SinkError."""
+    async def _resolving_conflicts(self, op: Callable[[], Awaitable[T]]) -> T:
+        """``op`` (one transaction), retried after a deadlock or serialization failure with
+        jittered back-off, at most ``max_conflict_tries`` times in a row; then a SinkError."""
         tries = self._max_conflict_tries
 
         def conflict(exc: BaseException) -> None:
@@ -362,7 +361,7 @@ class Sink:
         try:
             return await retry(
                 "store a batch (transaction conflict)",
-                lambda: store_batch(conn, batch),
+                op,
                 retry_on=_CONFLICTS,
                 backoff=self._conflict_backoff,
                 give_up=lambda failures: failures >= tries or self.stopping,
@@ -380,43 +379,48 @@ class Sink:
                 "pg_locks) or a stricter default_transaction_isolation for the sink's user"
             ) from None
 
-    async def _store_one_by_one(self, batch: Batch) -> StoreResult:
-        """Store each record alone; dead-letter the ones the database refuses — unless the
-        refusals say the tables changed (:class:`DatabaseChangedError`, nothing stored)."""
+    async def _one_by_one(self, conn: Conn, batch: Batch) -> StoreResult:
+        """Store each record under a savepoint of one transaction and dead-letter the ones
+        the database refuses — unless the refusals say the tables changed: then
+        :class:`DatabaseChangedError` and the whole transaction is rolled back (nothing
+        stored, nothing dead-lettered)."""
         total = StoreResult()
         refused: list[tuple[Consumed, str, str]] = []
-        for single in batch.split():
-            try:
-                total.merge(await self._store(single))
-            except _REFUSED_DATA as exc:
-                (record,) = single.consumed
-                refused.append((record, _describe(exc), getattr(exc, "sqlstate", None) or ""))
-        states = {state for _, _, state in refused}
-        if _NOT_NULL_VIOLATION in states or (
-            len(refused) == batch.records >= 2 and len(states) == 1
-        ):
-            raise DatabaseChangedError(
-                f"the database refused {len(refused)} of the {batch.records} records of a "
-                f"batch ({refused[0][1]}): its tables have changed under the sink (e.g. a "
-                "column added NOT NULL without a default), this is not bad data. Nothing was "
-                "dead-lettered and no offset committed; the sink stopped consuming. Give the "
-                "column a default or drop it (see the sink's start-up check in the log of a "
-                "restart), then restart the sink: it stores the batch then"
-            )
-        if refused:
-            bad = [
-                BadPosition(
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    BadRecord("rejected_by_database", f"PostgreSQL refused it: {described}"),
+        bad: list[BadPosition] = []
+        async with conn.transaction():
+            for single in batch.split():
+                try:
+                    total.merge(await store_batch(conn, single))  # a savepoint
+                except _REFUSED_DATA as exc:
+                    (record,) = single.consumed
+                    state = getattr(exc, "sqlstate", None) or ""
+                    refused.append((record, _describe(exc), state))
+            states = {state for _, _, state in refused}
+            if _NOT_NULL_VIOLATION in states or (
+                len(refused) == batch.records >= 2 and len(states) == 1
+            ):
+                raise DatabaseChangedError(
+                    f"the database refused {len(refused)} of the {batch.records} records of a "
+                    f"batch ({refused[0][1]}): its tables have changed under the sink (e.g. a "
+                    "column added NOT NULL without a default), this is not bad data. Nothing "
+                    "was stored or dead-lettered and no offset committed; the sink stopped "
+                    "consuming. Give the column a default or drop it (a restarted sink checks "
+                    "the tables and names what it cannot write), then restart the sink"
                 )
-                for record, described, _ in refused
-            ]
-            for position in bad:
-                _log_bad(position)
-                self.metrics.bad_records.labels(reason=position.bad.reason).inc()
-            total.merge(await self._store(Batch(bad=bad, records=len(bad))))
+            if refused:
+                bad = [
+                    BadPosition(
+                        record.topic,
+                        record.partition,
+                        record.offset,
+                        BadRecord("rejected_by_database", f"PostgreSQL refused it: {described}"),
+                    )
+                    for record, described, _ in refused
+                ]
+                total.merge(await store_batch(conn, Batch(bad=bad, records=len(bad))))
+        for position in bad:
+            _log_bad(position)
+            self.metrics.bad_records.labels(reason=position.bad.reason).inc()
         return total
 
     # -- loop -----------------------------------------------------------------------------
@@ -461,9 +465,7 @@ class Sink:
             self._consumer = None
         await self._stopping.wait()
 
-    async def _fetch(
-        self, consumer: AIOKafkaConsumer
-    ) -> dict[TopicPartition, list[Any]] | None:
+    async def _fetch(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, list[Any]] | None:
         """The next batch, or None once a stop is requested: aiokafka's ``getmany`` ignores
         its timeout while the member has no assignment, and a stop must not wait for the
         group (the worker's loop does the same)."""
