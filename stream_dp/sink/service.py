@@ -43,6 +43,7 @@ from stream_dp.config import Config
 from stream_dp.errors import BrokerError, StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.retry import Backoff, retry
+from stream_dp.sink import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S
 from stream_dp.sink.batch import BadPosition, Batch, Consumed, assemble
 from stream_dp.sink.metrics import SinkMetrics
 from stream_dp.sink.rows import BadRecord
@@ -83,10 +84,6 @@ FETCH_RETRY_S: Final = 0.5
 _CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 MAX_CONFLICT_TRIES: Final = 8
 CONFLICT_BACKOFF: Final = Backoff(base_s=0.05, cap_s=2.0)
-#: Session settings: a lock held elsewhere (a migration, a long report) or a statement that
-#: hangs fails instead of stalling the sink; both are retried with back-off.
-LOCK_TIMEOUT_S: Final = 10.0
-STATEMENT_TIMEOUT_S: Final = 120.0
 #: SQLSTATE not_null_violation: the sink writes every column it knows, so this names a
 #: column added under it (the parser already refused records with a missing field).
 _NOT_NULL_VIOLATION: Final = "23502"
