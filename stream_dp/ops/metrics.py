@@ -118,6 +118,24 @@ def _sample_names(family: Metric) -> set[str]:
     return {name}
 
 
+def _clock_gauges(r: CollectorRegistry) -> tuple[Gauge, Gauge]:
+    """input.max_future_s and the worker's clock against the input's record timestamps
+    (:mod:`stream_dp.pipeline.clock_skew`)."""
+    max_future = Gauge(
+        "stream_dp_config_input_max_future_seconds",
+        "Configured input.max_future_s.",
+        registry=r,
+    )
+    skew = Gauge(
+        "stream_dp_input_clock_skew_seconds",
+        "Newest input record timestamp (CreateTime or LogAppendTime) of the last fetch minus "
+        "the worker's clock: ~0 when live, < 0 in a backlog, > 0 by as much as this worker's "
+        "clock is slow (past input.max_future_s every live event is dead-lettered).",
+        registry=r,
+    )
+    return max_future, skew
+
+
 class Metrics:
     """All metrics of one stream-dp worker, in a registry of its own.
 
@@ -379,6 +397,8 @@ class Metrics:
             "Configured window.idle_close_s.",
             registry=r,
         )
+
+        self.config_input_max_future, self.input_clock_skew = _clock_gauges(r)
 
         # --- health -----------------------------------------------------------------------
         self.ready = Gauge(

@@ -81,6 +81,7 @@ from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.clock_skew import input_clock_skew_s
 from stream_dp.pipeline.continual_state import ContinualStore, encode_state
 from stream_dp.pipeline.decode import REASONS
 from stream_dp.pipeline.erasure_worker import WorkerErasure
@@ -268,6 +269,7 @@ class Worker:
         self.metrics = metrics if metrics is not None else Metrics(reasons=REASONS)
         window = config.window
         self.metrics.set_window_config(window.size_s, window.grace_s, window.idle_close_s)
+        self.metrics.config_input_max_future.set(config.input.max_future_s)
         self.health = health if health is not None else Health(metrics=self.metrics)
         self.health.set("topology_stable", True)
         self.ingest: IngestStage | None = None
@@ -1304,6 +1306,9 @@ class Worker:
         requests: list[tuple[int, list[tuple[int, bytes | None]]]] = []
         started = time.perf_counter()
         now, mono = time.time(), time.monotonic()
+        skew_s = input_clock_skew_s(batch, self._input_topic, now)
+        if skew_s is not None:
+            self.metrics.input_clock_skew.set(skew_s)
         dead: list[DeadLetter] = []
         routed: list[Outgoing] = []
         routed_positions: dict[int, int] = {}
