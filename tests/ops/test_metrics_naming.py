@@ -69,6 +69,8 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "config_window_size": ("stream_dp_config_window_size_seconds", "gauge", ()),
     "config_window_grace": ("stream_dp_config_window_grace_seconds", "gauge", ()),
     "config_window_idle_close": ("stream_dp_config_window_idle_close_seconds", "gauge", ()),
+    "config_input_max_future": ("stream_dp_config_input_max_future_seconds", "gauge", ()),
+    "input_clock_skew": ("stream_dp_input_clock_skew_seconds", "gauge", ()),
     "ready": ("stream_dp_ready", "gauge", ()),
     "broker_errors": ("stream_dp_broker_errors_total", "counter", ()),
     "events_repartitioned": ("stream_dp_events_repartitioned_total", "counter", ()),
