@@ -377,44 +377,7 @@ class Sink:
             ) from None
 
     async def _one_by_one(self, conn: Conn, batch: Batch) -> StoreResult:
-        """Store each record under a savepoint of one transaction and dead-letter the ones
-        the database refuses — unless the refusals say the tables changed: then
-        :class:`DatabaseChangedError` and the whole transaction is rolled back (nothing
-        stored, nothing dead-lettered)."""
-        total = StoreResult()
-        refused: list[tuple[Consumed, str, str]] = []
-        bad: list[BadPosition] = []
-        async with conn.transaction():
-            for single in batch.split():
-                try:
-                    total.merge(await store_batch(conn, single))  # a savepoint
-                except _REFUSED_DATA as exc:
-                    (record,) = single.consumed
-                    state = getattr(exc, "sqlstate", None) or ""
-                    refused.append((record, _describe(exc), state))
-            states = {state for _, _, state in refused}
-            if _NOT_NULL_VIOLATION in states or (
-                len(refused) == batch.records >= 2 and len(states) == 1
-            ):
-                raise DatabaseChangedError(
-                    f"the database refused {len(refused)} of the {batch.records} records of a "
-                    f"batch ({refused[0][1]}): its tables have changed under the sink (e.g. a "
-                    "column added NOT NULL without a default), this is not bad data. Nothing "
-                    "was stored or dead-lettered and no offset committed; the sink stopped "
-                    "consuming. Give the column a default or drop it (a restarted sink checks "
-                    "the tables and names what it cannot write), then restart the sink"
-                )
-            if refused:
-                bad = [
-                    BadPosition(
-                        record.topic,
-                        record.partition,
-                        record.offset,
-                        BadRecord("rejected_by_database", f"PostgreSQL refused it: {described}"),
-                    )
-                    for record, described, _ in refused
-                ]
-                total.merge(await store_batch(conn, Batch(bad=bad, records=len(bad))))
+        total, bad = await store_record_by_record(conn, batch)
         for position in bad:
             _log_bad(position)
             self.metrics.bad_records.labels(reason=position.bad.reason).inc()
@@ -531,6 +494,47 @@ class Sink:
             give_up=lambda failures: self.stopping and failures > 2,
             on_failure=failed,
         )
+
+
+async def store_record_by_record(conn: Conn, batch: Batch) -> tuple[StoreResult, list[BadPosition]]:
+    """Store each record under a savepoint of one transaction and dead-letter the ones the
+    database refuses (returned) — unless the refusals say the tables changed: then
+    :class:`DatabaseChangedError` and the whole transaction is rolled back (nothing stored,
+    nothing dead-lettered)."""
+    total = StoreResult()
+    refused: list[tuple[Consumed, str, str]] = []
+    bad: list[BadPosition] = []
+    async with conn.transaction():
+        for single in batch.split():
+            try:
+                total.merge(await store_batch(conn, single))  # a savepoint
+            except _REFUSED_DATA as exc:
+                (record,) = single.consumed
+                refused.append((record, _describe(exc), getattr(exc, "sqlstate", None) or ""))
+        states = {state for _, _, state in refused}
+        if _NOT_NULL_VIOLATION in states or (
+            len(refused) == batch.records >= 2 and len(states) == 1
+        ):
+            raise DatabaseChangedError(
+                f"the database refused {len(refused)} of the {batch.records} records of a "
+                f"batch ({refused[0][1]}): its tables have changed under the sink (e.g. a "
+                "column added NOT NULL without a default), this is not bad data. Nothing "
+                "was stored or dead-lettered and no offset committed; the sink stopped "
+                "consuming. Give the column a default or drop it (a restarted sink checks "
+                "the tables and names what it cannot write), then restart the sink"
+            )
+        if refused:
+            bad = [
+                BadPosition(
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    BadRecord("rejected_by_database", f"PostgreSQL refused it: {described}"),
+                )
+                for record, described, _ in refused
+            ]
+            total.merge(await store_batch(conn, Batch(bad=bad, records=len(bad))))
+    return total, bad
 
 
 class _ConnectGaveUp(Exception):
