@@ -220,9 +220,11 @@ async def test_running_totals_are_stored_with_their_continual_release_fields(
                *window_records("visits", 0, ["a"])]  # fmt: skip
     try:
         result = await sink._store(_batch(records))
+        again = await sink._store(_batch(records))  # read again after a restart
     finally:
         await sink._shutdown()
     assert result.releases_inserted == 3
+    assert (again.releases_inserted, again.duplicates, again.conflicts) == (0, 4, 0)
     with psycopg.connect(postgres_dsn) as c:
         rows = c.execute(
             "SELECT query, value, release, horizon_start, horizon_step FROM stream_dp.releases "
