@@ -46,7 +46,7 @@ async def run_raw(spec: dict[str, Any]) -> dict[str, Any]:
         bootstrap_servers=spec["bootstrap"],
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        max_partition_fetch_bytes=4 * 1_048_576,  # as the worker (FETCH_PARTITION_BYTES)
+        max_partition_fetch_bytes=4 * 1_048_576,  # as the worker (membership.FETCH_PARTITION_BYTES)
     )
     await consumer.start()
     try:

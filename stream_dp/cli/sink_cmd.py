@@ -13,6 +13,7 @@ from stream_dp.cli._common import running_broker
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
 from stream_dp.ops.logging import configure_logging
+from stream_dp.sink import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,22 @@ def register(sub: Any) -> None:
         "0 picks a free port)",
     )
     p.add_argument(
+        "--lock-timeout-s",
+        type=float,
+        default=LOCK_TIMEOUT_S,
+        metavar="S",
+        help="PostgreSQL lock_timeout of the sink's session: a lock held longer by another "
+        f"session fails the try, which is retried with back-off (default {LOCK_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--statement-timeout-s",
+        type=float,
+        default=STATEMENT_TIMEOUT_S,
+        metavar="S",
+        help="PostgreSQL statement_timeout of the sink's session "
+        f"(default {STATEMENT_TIMEOUT_S:g})",
+    )
+    p.add_argument(
         "--log-format", choices=["json", "console"], help="override logging.format from config"
     )
     p.set_defaults(func=run)
@@ -89,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
     dsn = _dsn(args)
     if not 0 <= args.metrics_port <= 65535:
         raise ConfigError(f"--metrics-port {args.metrics_port}: use 0 to 65535")
+    for flag, seconds in (
+        ("--lock-timeout-s", args.lock_timeout_s),
+        ("--statement-timeout-s", args.statement_timeout_s),
+    ):
+        if not seconds > 0:
+            raise ConfigError(f"{flag} {seconds}: use a positive number of seconds")
     bootstrap = running_broker(config, args.bootstrap_servers, "sink")
     from stream_dp.sink.run import run_sink
 
@@ -99,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
             group_id=args.group_id,
             bootstrap_servers=bootstrap,
             metrics_port=args.metrics_port,
+            lock_timeout_s=args.lock_timeout_s,
+            statement_timeout_s=args.statement_timeout_s,
         )
     )
     return 0

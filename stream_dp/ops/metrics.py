@@ -118,6 +118,24 @@ def _sample_names(family: Metric) -> set[str]:
     return {name}
 
 
+def _clock_gauges(r: CollectorRegistry) -> tuple[Gauge, Gauge]:
+    """input.max_future_s and the worker's clock against the input's record timestamps
+    (:mod:`stream_dp.pipeline.clock_skew`)."""
+    max_future = Gauge(
+        "stream_dp_config_input_max_future_seconds",
+        "Configured input.max_future_s.",
+        registry=r,
+    )
+    skew = Gauge(
+        "stream_dp_input_clock_skew_seconds",
+        "Newest input record timestamp (CreateTime or LogAppendTime) of the last fetch minus "
+        "the worker's clock: ~0 when live, < 0 in a backlog, > 0 by as much as this worker's "
+        "clock is slow (past input.max_future_s every live event is dead-lettered).",
+        registry=r,
+    )
+    return max_future, skew
+
+
 class Metrics:
     """All metrics of one stream-dp worker, in a registry of its own.
 
@@ -381,6 +399,8 @@ class Metrics:
             registry=r,
         )
 
+        self.config_input_max_future, self.input_clock_skew = _clock_gauges(r)
+
         # --- health -----------------------------------------------------------------------
         self.ready = Gauge(
             "stream_dp_ready",
@@ -474,11 +494,15 @@ class Metrics:
         self.bounds_contributions_per_key.set(linf or 0)
         self.bounds_epsilon_spent.set(epsilon)
 
-    def set_window_config(self, size_s: float, grace_s: float, idle_close_s: float) -> None:
-        """Export the window settings, so alert rules can scale their thresholds with them."""
+    def set_config(
+        self, size_s: float, grace_s: float, idle_close_s: float, max_future_s: float
+    ) -> None:
+        """Export the window settings and the future cap, so alert rules can scale their
+        thresholds with them."""
         self.config_window_size.set(size_s)
         self.config_window_grace.set(grace_s)
         self.config_window_idle_close.set(idle_close_s)
+        self.config_input_max_future.set(max_future_s)
 
     def set_open_windows(self, count: int, oldest_end_s: float | None) -> None:
         """Record how many windows are open and when the oldest ends (None: none open)."""

@@ -49,6 +49,11 @@ log = logging.getLogger(__name__)
 
 FETCH_TIMEOUT_MS = 200
 MAX_RECORDS_PER_FETCH = 40_000
+#: Bytes fetched per partition and request: the consumer fetches a partition again only once
+#: what it holds of it is consumed, so larger fetches mean fewer waits for the broker.
+FETCH_PARTITION_BYTES = 4 * 1_048_576
+#: Topic metadata is refreshed this often, so partition-count changes are seen soon.
+METADATA_MAX_AGE_MS = 10_000
 
 
 @dataclass
@@ -119,6 +124,25 @@ class Membership:
 
     def listener(self) -> ConsumerRebalanceListener:
         return _Rebalance(self)
+
+    def subscribe(self, client_options: dict[str, Any]) -> AIOKafkaConsumer:
+        """The group's consumer (not started yet), subscribed to :meth:`group_topics` with
+        this membership as its rebalance listener."""
+        kafka = self.config.kafka
+        consumer = self.consumer = AIOKafkaConsumer(
+            group_id=kafka.group_id,
+            enable_auto_commit=False,
+            # Internal topics are always read from their beginning; input.start_from is
+            # applied to input partitions without a committed offset (on_assigned).
+            auto_offset_reset="earliest",
+            session_timeout_ms=kafka.session_timeout_ms,
+            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+            max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, kafka.max_message_bytes),
+            metadata_max_age_ms=METADATA_MAX_AGE_MS,
+            **client_options,
+        )
+        consumer.subscribe(self.group_topics(), listener=self.listener())
+        return consumer
 
     def owns(self, tp: TopicPartition) -> bool:
         """Whether this member owns ``tp`` in a generation it still belongs to."""

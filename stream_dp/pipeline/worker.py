@@ -71,7 +71,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
@@ -81,6 +81,7 @@ from stream_dp.config.model import Config
 from stream_dp.errors import BrokerError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.clock_skew import observe_clock_skew
 from stream_dp.pipeline.continual_state import ContinualStore
 from stream_dp.pipeline.decode import REASONS
 from stream_dp.pipeline.deployment import Deployment
@@ -108,9 +109,6 @@ from stream_dp.windows.tumbling import iso_utc
 
 log = logging.getLogger(__name__)
 
-#: Bytes fetched per partition and request: the consumer fetches a partition again only once
-#: what it holds of it is consumed, so larger fetches mean fewer waits for the broker.
-FETCH_PARTITION_BYTES = 4 * 1_048_576
 #: The wait after a fetch failed, before the next fetch.
 FETCH_RETRY_S = 0.5
 BROKER_PROBE_INTERVAL_S = 1.0
@@ -121,8 +119,6 @@ MAX_RELEASES_PER_ITERATION = 32
 #: A graceful stop (flush, commit, leave the group, close) takes at most this long in all,
 #: below the service's SHUTDOWN_TIMEOUT_S, even when the broker does not answer.
 SHUTDOWN_BUDGET_S = 20.0
-#: Topic metadata is refreshed this often, so partition-count changes are seen soon.
-METADATA_MAX_AGE_MS = 10_000
 
 __all__ = ["TopologyError", "Worker"]
 
@@ -146,8 +142,8 @@ class Worker:
         self.keyring = keyring
         self.bootstrap = bootstrap_servers or config.kafka.bootstrap_servers
         self.metrics = metrics if metrics is not None else Metrics(reasons=REASONS)
-        window = config.window
-        self.metrics.set_window_config(window.size_s, window.grace_s, window.idle_close_s)
+        w = config.window
+        self.metrics.set_config(w.size_s, w.grace_s, w.idle_close_s, config.input.max_future_s)
         self.health = health if health is not None else Health(metrics=self.metrics)
         self.health.set("topology_stable", True)
         self.ingest: IngestStage | None = None
@@ -218,19 +214,7 @@ class Worker:
         membership = self.membership
         try:
             await self._start_stages()
-            consumer = membership.consumer = AIOKafkaConsumer(
-                group_id=kafka.group_id,
-                enable_auto_commit=False,
-                # Internal topics are always read from their beginning; input.start_from
-                # is applied to input partitions without a committed offset (on_assigned).
-                auto_offset_reset="earliest",
-                session_timeout_ms=kafka.session_timeout_ms,
-                heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-                max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, self._max_bytes),
-                metadata_max_age_ms=METADATA_MAX_AGE_MS,
-                **common,
-            )
-            consumer.subscribe(membership.group_topics(), listener=membership.listener())
+            consumer = membership.subscribe(common)
             await self.publisher.retry("start consumer", consumer.start, bounded=False)
             await self._loop()
             graceful = True
@@ -448,6 +432,7 @@ class Worker:
         requests: list[tuple[int, list[tuple[int, bytes | None]]]] = []
         started = time.perf_counter()
         now, mono = time.time(), time.monotonic()
+        observe_clock_skew(self.metrics, batch, self._input_topic, now)
         dead: list[DeadLetter] = []
         routed: list[Outgoing] = []
         routed_positions: dict[int, int] = {}

@@ -12,3 +12,12 @@ psycopg is an optional dependency (``pip install "stream-dp[sink]"``): only
 :mod:`~stream_dp.sink.schema`, :mod:`~stream_dp.sink.store`, :mod:`~stream_dp.sink.service`
 and :mod:`~stream_dp.sink.run` import it.
 """
+
+from typing import Final
+
+#: The sink session's PostgreSQL ``lock_timeout`` and ``statement_timeout`` by default (here,
+#: free of psycopg, so that the CLI can show them without importing it): a lock held
+#: elsewhere (a migration, a long report) or a hung statement fails the try, which is retried
+#: with back-off, instead of stalling the sink.
+LOCK_TIMEOUT_S: Final = 10.0
+STATEMENT_TIMEOUT_S: Final = 120.0

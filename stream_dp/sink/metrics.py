@@ -105,6 +105,13 @@ class SinkMetrics:
             "reachable, output partitions assigned), else 0.",
             registry=r,
         )
+        self.halted = Gauge(
+            "stream_dp_sink_halted",
+            "1 when the sink stopped consuming because the database refused a whole batch "
+            "alike (its tables changed, e.g. a NOT NULL column added): nothing was committed "
+            "or dead-lettered; fix the table and restart the sink. Else 0.",
+            registry=r,
+        )
         self.build_info = Info(
             "stream_dp_sink_build", "Version of stream-dp and of Python this sink runs.", registry=r
         )

@@ -73,6 +73,12 @@ class ReleaseRow:
     selection: str | None  #: canonical JSON or None (public keys), stored as JSONB
     clamped: bool
     release_id: str
+    #: ``window`` (value is this window's statistic) or ``cumulative`` (value is the running
+    #: total from ``horizon_start`` to ``window_end``: never add these up).
+    release: str = "window"
+    horizon_start: datetime | None = None
+    #: cumulative: windows of the horizon covered by ``value`` (1 … T).
+    horizon_step: int | None = None
 
     @property
     def window_id(self) -> WindowId:
@@ -162,6 +168,16 @@ def _release(record: Mapping[str, Any]) -> ReleaseRow:
     clamped = record.get("clamped", False)
     if not isinstance(clamped, bool):
         raise _Invalid("invalid_field", "clamped is not a boolean")
+    release = record.get("release", "window")
+    horizon_start: datetime | None = None
+    horizon_step: int | None = None
+    if release == "cumulative":
+        horizon_start = _timestamp(record, "horizon_start")
+        horizon_step = _field(record, "horizon_step", int)
+        if not 1 <= horizon_step <= MAX_RELEASED_KEYS:
+            raise _Invalid("invalid_field", "horizon_step is out of range")
+    elif release != "window":
+        raise _Invalid("invalid_field", 'release is neither "window" nor "cumulative"')
     return ReleaseRow(
         query=_text(record, "query"),
         window_start=_timestamp(record, "window_start"),
@@ -179,6 +195,9 @@ def _release(record: Mapping[str, Any]) -> ReleaseRow:
         selection=None if selection is None else canonical_group(selection),
         clamped=clamped,
         release_id=_text(record, "release_id"),
+        release=release,
+        horizon_start=horizon_start,
+        horizon_step=horizon_step,
     )
 
 

@@ -16,6 +16,7 @@ from stream_dp.config import Config
 from stream_dp.ops.health import Health
 from stream_dp.ops.http import start_http_server
 from stream_dp.pipeline.service import install_signal_handlers
+from stream_dp.sink import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S
 from stream_dp.sink.metrics import SinkMetrics
 from stream_dp.sink.service import SINK_COMPONENTS, Sink
 
@@ -40,6 +41,8 @@ async def run_sink(
     bootstrap_servers: str | None = None,
     metrics_port: int = 0,
     stop: asyncio.Event | None = None,
+    lock_timeout_s: float = LOCK_TIMEOUT_S,
+    statement_timeout_s: float = STATEMENT_TIMEOUT_S,
 ) -> None:
     """Run one sink until ``stop`` is set (or a signal arrives)."""
     stop = stop if stop is not None else asyncio.Event()
@@ -57,6 +60,8 @@ async def run_sink(
         bootstrap_servers=bootstrap_servers,
         metrics=metrics,
         health=health,
+        lock_timeout_s=lock_timeout_s,
+        statement_timeout_s=statement_timeout_s,
     )
     log.info("sink writing to PostgreSQL at %s", describe_dsn(dsn))
     task = asyncio.create_task(sink.run())

@@ -15,6 +15,15 @@ Tables (version 1):
   sink's bookkeeping: ``releases_stored``, ``complete``, ``status``.
 - ``dead_letters`` — records the sink could not store: topic, partition, offset, reason.
 - view ``complete_releases`` — the releases of complete windows only (what dashboards read).
+
+Version 2 adds the continual-release fields to ``releases`` (and the view): ``release``
+(``window``: ``value`` is this window's statistic; ``cumulative``: ``value`` is the running
+total from ``horizon_start`` to ``window_end``), ``horizon_start`` and ``horizon_step``.
+Rows stored before it are per-window values (``release = 'window'``).
+
+At every start :func:`check_tables` compares the tables with what this sink writes: a
+column missing, of another type, or added NOT NULL without a default (every insert would
+fail) is refused with a message naming it, before anything is read.
 """
 
 from __future__ import annotations
@@ -119,8 +128,29 @@ COMMENT ON VIEW stream_dp.complete_releases IS
     'stream-dp: releases of complete windows only (for dashboards)';
 """
 
+_V2 = """
+ALTER TABLE stream_dp.releases
+    ADD COLUMN IF NOT EXISTS release text NOT NULL DEFAULT 'window'
+        CHECK (release IN ('window', 'cumulative')),
+    ADD COLUMN IF NOT EXISTS horizon_start timestamptz,
+    ADD COLUMN IF NOT EXISTS horizon_step integer CHECK (horizon_step >= 1);
+COMMENT ON COLUMN stream_dp.releases.release IS
+    'window: value is this window''s statistic; cumulative: value is the running total from '
+    'horizon_start to window_end (never add cumulative values up)';
+CREATE OR REPLACE VIEW stream_dp.complete_releases AS
+SELECT r.query, r.window_start, r.window_end, r.group_key, r.group_values, r.group_label,
+       r.statistic, r.value, r.ci95, r.ci95_low, r.ci95_high, r.epsilon, r.delta,
+       r.mechanism, r.noise_scale, r.selection, r.clamped, r.release_id,
+       r.release, r.horizon_start, r.horizon_step
+FROM stream_dp.releases AS r
+JOIN stream_dp.windows AS w
+  ON w.query = r.query AND w.window_start = r.window_start AND w.release_id = r.release_id
+WHERE w.complete;
+"""
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "releases, windows, dead_letters, view complete_releases", _V1),
+    Migration(2, "releases: continual-release fields release, horizon_start, horizon_step", _V2),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 
@@ -167,3 +197,74 @@ async def migrate(conn: Conn) -> list[int]:
             )
             applied.append(migration.version)
     return applied
+
+
+#: What the sink writes and reads: table → column → PostgreSQL type (``format_type``).
+EXPECTED_COLUMNS: Final[dict[str, dict[str, str]]] = {
+    "releases": {
+        "query": "text", "window_start": "timestamp with time zone",
+        "window_end": "timestamp with time zone", "group_key": "text", "group_values": "jsonb",
+        "group_label": "text", "statistic": "text", "value": "double precision",
+        "ci95": "double precision", "ci95_low": "double precision",
+        "ci95_high": "double precision", "epsilon": "double precision",
+        "delta": "double precision", "mechanism": "text", "noise_scale": "double precision",
+        "selection": "jsonb", "clamped": "boolean", "release_id": "text",
+        "stored_at": "timestamp with time zone", "release": "text",
+        "horizon_start": "timestamp with time zone", "horizon_step": "integer",
+    },
+    "windows": {
+        "query": "text", "window_start": "timestamp with time zone",
+        "window_end": "timestamp with time zone", "release_id": "text",
+        "released_keys": "integer", "epsilon_spent": "double precision",
+        "delta_spent": "double precision", "horizon_epsilon_spent": "double precision",
+        "releases_stored": "integer", "complete": "boolean", "status": "text",
+        "first_seen_at": "timestamp with time zone",
+        "window_record_at": "timestamp with time zone",
+        "completed_at": "timestamp with time zone",
+    },
+    "dead_letters": {
+        "source_topic": "text", "source_partition": "integer", "source_offset": "bigint",
+        "reason": "text", "detail": "text", "received_at": "timestamp with time zone",
+    },
+}  # fmt: skip
+
+_COLUMNS = """
+SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       a.atthasdef OR a.attgenerated <> '' OR a.attidentity <> ''
+FROM pg_attribute AS a
+JOIN pg_class AS c ON c.oid = a.attrelid
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
+async def check_tables(conn: Conn) -> None:
+    """Refuse tables the sink cannot write (:class:`SchemaError` naming every problem): a
+    column it needs missing or of another type, or a column it does not know that is NOT
+    NULL without a default (every insert would fail)."""
+    cur = await conn.execute(_COLUMNS, (SCHEMA, list(EXPECTED_COLUMNS)))
+    found: dict[str, dict[str, tuple[str, bool, bool]]] = {t: {} for t in EXPECTED_COLUMNS}
+    for table, column, type_name, not_null, has_default in await cur.fetchall():
+        found[table][column] = (type_name, not_null, has_default)
+    problems: list[str] = []
+    for table, columns in EXPECTED_COLUMNS.items():
+        for column, type_name in columns.items():
+            if column not in found[table]:
+                problems.append(f"{SCHEMA}.{table}.{column} is missing")
+            elif found[table][column][0] != type_name:
+                problems.append(
+                    f"{SCHEMA}.{table}.{column} is {found[table][column][0]}, not {type_name}"
+                )
+        for column, (_, not_null, has_default) in sorted(found[table].items()):
+            if column not in columns and not_null and not has_default:
+                problems.append(
+                    f"{SCHEMA}.{table}.{column} is NOT NULL without a default and the sink "
+                    "does not write it"
+                )
+    if problems:
+        raise SchemaError(
+            f"the sink cannot write the {SCHEMA} tables as they are: "
+            + "; ".join(problems)
+            + ". Give the added column a default (ALTER TABLE … ALTER COLUMN … SET DEFAULT …) "
+            "or drop NOT NULL, or restore the column the sink needs, then start the sink again"
+        )

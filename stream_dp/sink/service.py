@@ -11,8 +11,16 @@ tables hold every record of the topic once, whatever the crashes.
 A record that cannot be stored is kept out, logged (topic, partition, offset, reason — never
 its content) and written to ``stream_dp.dead_letters``; the sink goes on. When the database
 refuses a batch for its data (a value PostgreSQL cannot hold), the batch is stored record by
-record so that only the culprit is dead-lettered. When the database or the broker is
-unreachable, the sink retries with back-off and is not ready meanwhile.
+record so that only the culprit is dead-lettered — unless every record of the batch is
+refused with the same SQLSTATE (or one names a NOT NULL column the sink does not write):
+that is a changed table, not bad data, so the sink stops consuming without committing or
+dead-lettering anything, is not ready, sets ``stream_dp_sink_halted`` and logs what to fix;
+a restart after the fix stores the batch. When the database or the broker is unreachable,
+the sink retries with back-off and is not ready meanwhile. Deadlocks and serialization
+failures are retried a bounded number of times with jittered back-off, then the sink stops
+with an error (nothing committed). Every session sets ``lock_timeout`` and
+``statement_timeout``, and the tables are checked at start
+(:func:`~stream_dp.sink.schema.check_tables`).
 """
 
 from __future__ import annotations
@@ -34,11 +42,12 @@ from stream_dp.broker.probe import wait_for_broker
 from stream_dp.config import Config
 from stream_dp.errors import BrokerError, StreamDPError
 from stream_dp.ops.health import Health
-from stream_dp.retry import retry
+from stream_dp.retry import Backoff, retry
+from stream_dp.sink import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S
 from stream_dp.sink.batch import BadPosition, Batch, Consumed, assemble
 from stream_dp.sink.metrics import SinkMetrics
 from stream_dp.sink.rows import BadRecord
-from stream_dp.sink.schema import SCHEMA, Conn, migrate
+from stream_dp.sink.schema import SCHEMA, Conn, check_tables, migrate
 from stream_dp.sink.store import StoreResult, store_batch
 
 log = logging.getLogger(__name__)
@@ -48,6 +57,10 @@ T = TypeVar("T")
 
 class SinkError(StreamDPError):
     """The sink cannot go on (the message says what to change)."""
+
+
+class DatabaseChangedError(SinkError):
+    """The database refused a whole batch alike: its tables changed under the sink."""
 
 
 #: Readiness of the sink: all three must hold.
@@ -66,8 +79,14 @@ MAX_RECORDS_PER_BATCH: Final = 5_000
 FETCH_TIMEOUT_MS: Final = 500
 #: Wait after a failed fetch before fetching again (the consumer reconnects meanwhile).
 FETCH_RETRY_S: Final = 0.5
-#: Transient conflicts between concurrent sinks: retried at once.
-_RETRY_AT_ONCE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+#: Transient conflicts between concurrent writers: retried with jittered back-off, a bounded
+#: number of times in a row, then the sink stops (nothing committed).
+_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+MAX_CONFLICT_TRIES: Final = 8
+CONFLICT_BACKOFF: Final = Backoff(base_s=0.05, cap_s=2.0)
+#: SQLSTATE not_null_violation: the sink writes every column it knows, so this names a
+#: column added under it (the parser already refused records with a missing field).
+_NOT_NULL_VIOLATION: Final = "23502"
 #: The database refused the data itself (a value it cannot hold, an index entry too large):
 #: retrying the same records cannot help.
 _REFUSED_DATA = (
@@ -106,7 +125,23 @@ class Sink:
         metrics: SinkMetrics | None = None,
         health: Health | None = None,
         max_records_per_batch: int = MAX_RECORDS_PER_BATCH,
+        lock_timeout_s: float = LOCK_TIMEOUT_S,
+        statement_timeout_s: float = STATEMENT_TIMEOUT_S,
+        max_conflict_tries: int = MAX_CONFLICT_TRIES,
+        conflict_backoff: Backoff = CONFLICT_BACKOFF,
     ) -> None:
+        for name, timeout_s in (
+            ("lock_timeout_s", lock_timeout_s),
+            ("statement_timeout_s", statement_timeout_s),
+        ):
+            if not timeout_s > 0:
+                raise SinkError(f"{name} must be a positive number of seconds, got {timeout_s}")
+        if max_conflict_tries < 1:
+            raise SinkError(f"max_conflict_tries must be at least 1, got {max_conflict_tries}")
+        self.lock_timeout_s = lock_timeout_s
+        self.statement_timeout_s = statement_timeout_s
+        self._max_conflict_tries = max_conflict_tries
+        self._conflict_backoff = conflict_backoff
         self.config = config
         self.topic = config.output.topic
         self.group_id = group_id or default_group_id(config)
@@ -238,7 +273,15 @@ class Sink:
                 self._dsn, application_name=APPLICATION_NAME
             )
             try:
+                await conn.execute(
+                    "SELECT set_config('lock_timeout', %s, false),"
+                    " set_config('statement_timeout', %s, false)",
+                    (_ms(self.lock_timeout_s), _ms(self.statement_timeout_s)),
+                )
+                await conn.commit()
                 applied = await migrate(conn)
+                await check_tables(conn)
+                await conn.commit()
             except BaseException:
                 with contextlib.suppress(psycopg.Error):
                     await conn.close()
@@ -260,8 +303,8 @@ class Sink:
         self.health.set("database_connected", False)
 
     async def _store(self, batch: Batch) -> StoreResult:
-        """Store with retries: at once after a deadlock, with back-off after a lost
-        connection, record by record when the database refuses the data."""
+        """Store with retries: bounded and jittered after a deadlock, with back-off after a
+        lost connection or a timeout, record by record when the database refuses the data."""
         try:
             return await retry(
                 "store a batch",
@@ -277,56 +320,67 @@ class Sink:
             raise gave_up.error from None
 
     async def _store_once(self, batch: Batch) -> StoreResult:
-        """One try at storing ``batch``; an OperationalError (connection lost) closes the
-        connection and is raised for :meth:`_store` to retry after a back-off."""
-        while True:
+        """One try at storing ``batch``; an OperationalError (connection lost, a timeout)
+        closes the connection and is raised for :meth:`_store` to retry after a back-off."""
+        try:
+            conn = await self._database()
+        except psycopg.OperationalError as exc:
+            # _database already retried (it gives up only when the sink stops): not a
+            # failure of this store for _store to retry again
+            raise _ConnectGaveUp(exc) from exc
+        started = time.perf_counter()
+        try:
             try:
-                conn = await self._database()
-            except psycopg.OperationalError as exc:
-                # _database already retried (it gives up only when the sink stops): not a
-                # failure of this store for _store to retry again
-                raise _ConnectGaveUp(exc) from exc
-            started = time.perf_counter()
-            try:
-                result = await store_batch(conn, batch)
-            except _RETRY_AT_ONCE as exc:
-                self.metrics.database_errors.inc()
-                log.info("transaction aborted (%s); retrying", _describe(exc))
-                continue
+                result = await self._resolving_conflicts(lambda: store_batch(conn, batch))
             except _REFUSED_DATA as exc:
                 self.metrics.database_errors.inc()
-                if batch.records <= 1:
-                    raise
                 log.warning(
                     "the database refused the batch (%s); storing it record by record",
                     _describe(exc),
                 )
-                return await self._store_one_by_one(batch)
-            except psycopg.OperationalError:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.close()
-                self._conn = None
-                raise
-            self.metrics.transaction.observe(time.perf_counter() - started)
-            return result
+                result = await self._resolving_conflicts(lambda: self._one_by_one(conn, batch))
+        except psycopg.OperationalError:
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+            self._conn = None
+            raise
+        self.metrics.transaction.observe(time.perf_counter() - started)
+        return result
 
-    async def _store_one_by_one(self, batch: Batch) -> StoreResult:
-        total = StoreResult()
-        for single in batch.split():
-            try:
-                result = await self._store(single)
-            except _REFUSED_DATA as exc:
-                (record,) = single.consumed
-                bad = BadPosition(
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    BadRecord("rejected_by_database", f"PostgreSQL refused it: {_describe(exc)}"),
-                )
-                _log_bad(bad)
-                self.metrics.bad_records.labels(reason=bad.bad.reason).inc()
-                result = await self._store(Batch(bad=[bad], records=1))
-            total.merge(result)
+    async def _resolving_conflicts(self, op: Callable[[], Awaitable[T]]) -> T:
+        """``op`` (one transaction), retried after a deadlock or serialization failure with
+        jittered back-off, at most ``max_conflict_tries`` times in a row; then a SinkError."""
+        tries = self._max_conflict_tries
+
+        def conflict(exc: BaseException) -> None:
+            self.metrics.database_errors.inc()
+
+        try:
+            return await retry(
+                "store a batch (transaction conflict)",
+                op,
+                retry_on=_CONFLICTS,
+                backoff=self._conflict_backoff,
+                give_up=lambda failures: failures >= tries or self.stopping,
+                on_failure=conflict,
+                describe=_describe,
+                log_level=logging.INFO,
+            )
+        except _CONFLICTS as exc:
+            if self.stopping:
+                raise
+            raise SinkError(
+                f"the database aborted the batch's transaction {tries} times in a row "
+                f"({_describe(exc)}); nothing was committed and the next sink reads the batch "
+                "again. Look for another writer locking the stream_dp tables (pg_stat_activity, "
+                "pg_locks) or a stricter default_transaction_isolation for the sink's user"
+            ) from None
+
+    async def _one_by_one(self, conn: Conn, batch: Batch) -> StoreResult:
+        total, bad = await store_record_by_record(conn, batch)
+        for position in bad:
+            _log_bad(position)
+            self.metrics.bad_records.labels(reason=position.bad.reason).inc()
         return total
 
     # -- loop -----------------------------------------------------------------------------
@@ -346,6 +400,9 @@ class Sink:
             if fetched:
                 try:
                     await self._handle(consumer, fetched)
+                except DatabaseChangedError as exc:
+                    await self._halt(exc)
+                    return
                 except psycopg.OperationalError:
                     if not self.stopping:
                         raise
@@ -356,9 +413,19 @@ class Sink:
                     return
             self.health.beat()
 
-    async def _fetch(
-        self, consumer: AIOKafkaConsumer
-    ) -> dict[TopicPartition, list[Any]] | None:
+    async def _halt(self, exc: DatabaseChangedError) -> None:
+        """Stop consuming (leave the group, commit nothing), stay up not ready with
+        ``stream_dp_sink_halted`` 1 until asked to stop."""
+        self.metrics.halted.set(1)
+        self.health.set("schema_ready", False)
+        log.error("%s", exc)
+        if self._consumer is not None:
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._consumer.stop(), timeout=10)
+            self._consumer = None
+        await self._stopping.wait()
+
+    async def _fetch(self, consumer: AIOKafkaConsumer) -> dict[TopicPartition, list[Any]] | None:
         """The next batch, or None once a stop is requested: aiokafka's ``getmany`` ignores
         its timeout while the member has no assignment, and a stop must not wait for the
         group (the worker's loop does the same)."""
@@ -429,12 +496,58 @@ class Sink:
         )
 
 
+async def store_record_by_record(conn: Conn, batch: Batch) -> tuple[StoreResult, list[BadPosition]]:
+    """Store each record under a savepoint of one transaction and dead-letter the ones the
+    database refuses (returned) — unless the refusals say the tables changed: then
+    :class:`DatabaseChangedError` and the whole transaction is rolled back (nothing stored,
+    nothing dead-lettered)."""
+    total = StoreResult()
+    refused: list[tuple[Consumed, str, str]] = []
+    bad: list[BadPosition] = []
+    async with conn.transaction():
+        for single in batch.split():
+            try:
+                total.merge(await store_batch(conn, single))  # a savepoint
+            except _REFUSED_DATA as exc:
+                (record,) = single.consumed
+                refused.append((record, _describe(exc), getattr(exc, "sqlstate", None) or ""))
+        states = {state for _, _, state in refused}
+        if _NOT_NULL_VIOLATION in states or (
+            len(refused) == batch.records >= 2 and len(states) == 1
+        ):
+            raise DatabaseChangedError(
+                f"the database refused {len(refused)} of the {batch.records} records of a "
+                f"batch ({refused[0][1]}): its tables have changed under the sink (e.g. a "
+                "column added NOT NULL without a default), this is not bad data. Nothing "
+                "was stored or dead-lettered and no offset committed; the sink stopped "
+                "consuming. Give the column a default or drop it (a restarted sink checks "
+                "the tables and names what it cannot write), then restart the sink"
+            )
+        if refused:
+            bad = [
+                BadPosition(
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    BadRecord("rejected_by_database", f"PostgreSQL refused it: {described}"),
+                )
+                for record, described, _ in refused
+            ]
+            total.merge(await store_batch(conn, Batch(bad=bad, records=len(bad))))
+    return total, bad
+
+
 class _ConnectGaveUp(Exception):
     """Carries the OperationalError with which :meth:`Sink._database` gave up."""
 
     def __init__(self, error: psycopg.OperationalError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+def _ms(seconds: float) -> str:
+    """A PostgreSQL duration setting in whole milliseconds (at least 1: 0 would disable it)."""
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def _describe(exc: BaseException) -> str:

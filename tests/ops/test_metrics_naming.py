@@ -69,6 +69,8 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "config_window_size": ("stream_dp_config_window_size_seconds", "gauge", ()),
     "config_window_grace": ("stream_dp_config_window_grace_seconds", "gauge", ()),
     "config_window_idle_close": ("stream_dp_config_window_idle_close_seconds", "gauge", ()),
+    "config_input_max_future": ("stream_dp_config_input_max_future_seconds", "gauge", ()),
+    "input_clock_skew": ("stream_dp_input_clock_skew_seconds", "gauge", ()),
     "ready": ("stream_dp_ready", "gauge", ()),
     "broker_errors": ("stream_dp_broker_errors_total", "counter", ()),
     "events_repartitioned": ("stream_dp_events_repartitioned_total", "counter", ()),
@@ -150,7 +152,7 @@ def populated() -> Metrics:
     m.watermark.set(1_596_283_200.0)
     m.set_open_windows(2, 1_596_286_800.0)
     m.last_release.set(1_596_283_260.0)
-    m.set_window_config(300, 30, 30.0)
+    m.set_config(300, 30, 30.0, 300.0)
     m.ready.set(1)
     m.broker_errors.inc()
     m.events_repartitioned.inc(9)

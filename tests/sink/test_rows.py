@@ -117,3 +117,36 @@ def test_details_never_quote_values() -> None:
     bad = parse_output_record(_release(group={"domain": {"x": rare}}, value=rare))
     assert isinstance(bad, BadRecord)
     assert rare not in bad.detail
+
+
+def test_a_running_total_keeps_its_continual_release_fields() -> None:
+    row = parse_output_record(
+        _release(release="cumulative", horizon_start="2020-08-01T00:00:00Z", horizon_step=3)
+    )
+    assert isinstance(row, ReleaseRow)
+    assert row.release == "cumulative" and row.horizon_step == 3
+    assert row.horizon_start == datetime(2020, 8, 1, tzinfo=UTC)
+    per_window = parse_output_record(_release(release="window"))
+    assert isinstance(per_window, ReleaseRow)
+    assert (per_window.release, per_window.horizon_start, per_window.horizon_step) == (
+        "window", None, None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"release": "cumulative", "horizon_step": 2}, "missing_field"),
+        ({"release": "cumulative", "horizon_start": "2020-08-01T00:00:00Z"}, "missing_field"),
+        (
+            {"release": "cumulative", "horizon_start": "2020-08-01T00:00:00Z", "horizon_step": 0},
+            "invalid_field",
+        ),
+        ({"release": "rolling"}, "invalid_field"),
+    ],
+)
+def test_a_running_total_without_its_fields_is_refused(
+    changes: dict[str, object], reason: str
+) -> None:
+    row = parse_output_record(_release(**changes))
+    assert isinstance(row, BadRecord) and row.reason == reason

@@ -395,3 +395,64 @@ async def test_two_sinks_in_one_group_complete_every_window(
     assert set(stored_wins) == wins
     assert all(s.metrics.releases_stored._value.get() > 0 for s in sinks)  # both worked
     assert sum(s.metrics.conflicts._value.get() for s in sinks) == 0
+
+
+async def test_a_not_null_column_added_while_running_halts_the_sink_without_loss(
+    kafka_bootstrap: str,
+    topic_factory: TopicFactory,
+    config_factory: ConfigFactory,
+    postgres_dsn: str,
+) -> None:
+    """A migration adds a NOT NULL column under a running sink: every insert fails alike.
+    Nothing is stored, nothing dead-lettered, no offset committed, the sink is not ready and
+    says why; once the column has a default, a new sink stores every record."""
+    topic = await topic_factory(partitions=2, prefix="releases")
+    config = load_config(_output_config(config_factory, topic))
+    sink = Sink(config, postgres_dsn, bootstrap_servers=kafka_bootstrap)
+    task = asyncio.create_task(sink.run())
+    try:
+        await _wait_for("the sink ready", sink.health.ready)
+        with psycopg.connect(postgres_dsn) as c:
+            c.execute("ALTER TABLE stream_dp.releases ADD COLUMN tenant text NOT NULL DEFAULT ''")
+            c.execute("ALTER TABLE stream_dp.releases ALTER COLUMN tenant DROP DEFAULT")
+        records = [
+            (k.encode(), v) for w in range(2) for k, v in window_records("visits", w, ["a", "b"])
+        ]
+        await produce_records(kafka_bootstrap, topic, records)
+        await _wait_for("the sink to halt", lambda: sink.metrics.halted._value.get() == 1)
+        assert not sink.health.ready()
+        assert b"stream_dp_sink_ready 0.0" in sink.metrics.exposition()
+        assert not task.done()  # up, not ready, /metrics says why
+    finally:
+        sink.request_stop()
+        await asyncio.wait_for(task, timeout=30)
+    assert not task.exception()
+    assert _count(postgres_dsn, "SELECT count(*) FROM stream_dp.releases") == 0
+    assert _count(postgres_dsn, "SELECT count(*) FROM stream_dp.windows") == 0
+    assert _count(postgres_dsn, "SELECT count(*) FROM stream_dp.dead_letters") == 0
+    assert sink.metrics.bad_records.labels(reason="rejected_by_database")._value.get() == 0
+    group = default_group_id(config)
+    assert await _committed(kafka_bootstrap, group, topic, 2) == [None, None]
+
+    with psycopg.connect(postgres_dsn) as c:
+        c.execute("ALTER TABLE stream_dp.releases ALTER COLUMN tenant SET DEFAULT 'main'")
+    sink = Sink(config, postgres_dsn, bootstrap_servers=kafka_bootstrap)
+    task = asyncio.create_task(sink.run())
+    try:
+        await _wait_for(
+            "both windows complete after the fix",
+            lambda: (
+                _count(postgres_dsn, "SELECT count(*) FROM stream_dp.windows WHERE complete") == 2
+            ),
+        )
+    finally:
+        sink.request_stop()
+        await asyncio.wait_for(task, timeout=30)
+    assert not task.exception()
+    rels, wins = _expected_rows([(None, v) for _, v in records])
+    stored_rels, stored_wins = _stored_rows(postgres_dsn)
+    assert set(stored_rels) == rels and len(stored_rels) == 4
+    assert set(stored_wins) == wins
+    assert _count(postgres_dsn, "SELECT count(*) FROM stream_dp.dead_letters") == 0
+    committed = await _committed(kafka_bootstrap, group, topic, 2)
+    assert sum(c or 0 for c in committed) == len(records)

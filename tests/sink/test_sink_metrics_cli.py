@@ -51,3 +51,12 @@ def test_sink_refuses_a_malformed_dsn(tmp_path: Path) -> None:
     result = run_cli("sink", "--config", str(_config(tmp_path)), "--postgres", "host localhost")
     assert result.returncode == 2
     assert "not a valid libpq connection string" in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--lock-timeout-s", "--statement-timeout-s"])
+def test_sink_refuses_a_timeout_that_is_not_positive(tmp_path: Path, flag: str) -> None:
+    result = run_cli(
+        "sink", "--config", str(_config(tmp_path)), "--postgres", "host=localhost", flag, "0"
+    )
+    assert result.returncode == 2
+    assert f"{flag} 0" in result.stderr and "positive number of seconds" in result.stderr

@@ -1,0 +1,65 @@
+"""How far the worker's clock is behind the broker's record timestamps.
+
+An event is refused as ``timestamp_out_of_range`` when it is stamped more than
+``input.max_future_s`` ahead of the worker's clock, so a worker clock that is that much *slow*
+dead-letters every live event. The records of a fetched batch carry a timestamp the worker
+does not set: the producer's ``CreateTime`` or the broker's ``LogAppendTime`` (per topic,
+``message.timestamp.type``). For live input the newest of them is "now" on the producers' or
+the broker's clock, a moment ago; so
+
+    skew_s = newest record timestamp of the batch − the worker's clock
+
+is about 0 on a healthy worker, negative while it reads a backlog, and positive by the
+amount its clock is slow. It is exported as ``stream_dp_input_clock_skew_seconds`` and
+alerted on (``StreamDPClockSkew``) well before it reaches ``input.max_future_s``.
+
+It is only measured and shown, never used as the clock: a ``CreateTime`` is set by whoever
+produces to the input topic, so letting it move "now" forward would let one record stamped
+ahead close the current window early (the threat the future cap exists for). A forged
+timestamp can at most raise this gauge and a false alert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from stream_dp.ops.metrics import Metrics
+
+#: Kafka's "no timestamp" (records of message format v0).
+NO_TIMESTAMP_MS = -1
+
+
+def newest_record_timestamp_s(records: Iterable[Any]) -> float | None:
+    """The newest ``timestamp`` (ms, as aiokafka gives it) of the records, in seconds; None
+    when no record has one."""
+    newest = max(
+        (
+            t
+            for t in (getattr(r, "timestamp", None) for r in records)
+            if isinstance(t, int) and t > NO_TIMESTAMP_MS
+        ),
+        default=None,
+    )
+    return None if newest is None else newest / 1000.0
+
+
+def input_clock_skew_s(
+    batch: Mapping[Any, Iterable[Any]], topic: str, now_s: float
+) -> float | None:
+    """Newest record timestamp of ``topic``'s records in ``batch`` (TopicPartition → records)
+    minus ``now_s``; None when the batch holds no timestamped record of ``topic``."""
+    newest = newest_record_timestamp_s(
+        record for tp, records in batch.items() if tp.topic == topic for record in records
+    )
+    return None if newest is None else newest - now_s
+
+
+def observe_clock_skew(
+    metrics: Metrics, batch: Mapping[Any, Iterable[Any]], topic: str, now_s: float
+) -> None:
+    """Set ``stream_dp_input_clock_skew_seconds`` from a fetched batch (unchanged when the
+    batch holds no timestamped record of ``topic``)."""
+    skew_s = input_clock_skew_s(batch, topic, now_s)
+    if skew_s is not None:
+        metrics.input_clock_skew.set(skew_s)
