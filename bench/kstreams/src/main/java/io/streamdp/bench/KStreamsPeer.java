@@ -49,7 +49,8 @@ import org.apache.kafka.streams.state.Stores;
  *       window's end plus grace, or, once the partition has been idle for idle_close_s, its
  *       latest event time plus the idle time does: stream-dp's rule), it reads the window's
  *       bounded counts from the store and forwards one partial (users, bounded events) keyed
- *       by window start;
+ *       by window start (it needs no record from the aggregate: it looks at the task's stream
+ *       time on a wall-clock schedule);
  *   <li>the partials through a repartition topic into a table of window totals; once every
  *       input partition has reported a window, one window record goes to the output topic.
  * </ol>
@@ -120,6 +121,7 @@ public final class KStreamsPeer {
     long k = s.k;
     builder.stream(s.topic, Consumed.with(Serdes.String(), Event.SERDE)
             .withTimestampExtractor(new EventTime()))
+        .peek((user, event) -> timing.noteEvent())
         .groupByKey(Grouped.with(Serdes.String(), Event.SERDE))
         .windowedBy(windows)
         .aggregate(
@@ -128,10 +130,9 @@ public final class KStreamsPeer {
             Materialized.<String, Long>as(
                     Stores.inMemoryWindowStore(COUNTS_STORE, retention, size, false))
                 .withKeySerde(Serdes.String())
-                .withValueSerde(Serdes.Long())
-                .withCachingDisabled())
+                .withValueSerde(Serdes.Long()))
         .toStream()
-        .process(() -> new WindowCloser(s, timing), COUNTS_STORE)
+        .process(() -> new WindowCloser(s), COUNTS_STORE)
         .repartition(Repartitioned.with(Serdes.Long(), Counts.SERDE).withName("partials"))
         .groupByKey(Grouped.with(Serdes.Long(), Counts.SERDE))
         .aggregate(
@@ -155,8 +156,9 @@ public final class KStreamsPeer {
     p.put(StreamsConfig.STATE_DIR_CONFIG, spec.get("state_dir").asText());
     // One stream thread: one process, as one stream-dp worker and the Faust peer.
     p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
-    p.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
     p.put(StreamsConfig.REPLICATION_FACTOR_CONFIG, 1);
+    // Record caches as Kafka Streams' defaults (10 MiB): the window store's updates reach its
+    // changelog topic at commits and evictions, not one changelog record per event.
     p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, 1000);
     p.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");
     p.put(StreamsConfig.consumerPrefix(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG), 2000);

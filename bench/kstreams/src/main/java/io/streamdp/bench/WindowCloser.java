@@ -14,10 +14,13 @@ import org.apache.kafka.streams.state.ValueAndTimestamp;
 
 /**
  * Closes the windows of one input partition (one task) and forwards each closed window's
- * partial: its users and their bounded counts summed, read from the windowed store.
+ * partial: its users and their bounded counts summed, read from the windowed store (through its
+ * record cache, so the counts are current).
  *
- * <p>A window closes when the task's stream time (its latest event time) minus grace passes the
- * window's end. Kafka Streams advances stream time only with new records, so the last window of
+ * <p>Every 50 ms of wall-clock time, and on every update the aggregate forwards, it compares the
+ * task's stream time (its latest event time: the stream is in event-time order per partition,
+ * so every event of a window has been aggregated once stream time is past the window's end) with
+ * the windows still open. A window closes when the stream time minus grace passes its end. Kafka Streams advances stream time only with new records, so the last window of
  * a stream that falls silent would never close by event time; as in stream-dp (and the Faust
  * peer), once the partition has been idle for idle_close_s of wall-clock time, its watermark
  * advances with the wall clock from its latest event time. This is what {@code
@@ -26,18 +29,16 @@ import org.apache.kafka.streams.state.ValueAndTimestamp;
 final class WindowCloser implements Processor<Windowed<String>, Long, Long, Counts> {
   private static final Duration IDLE_CHECK = Duration.ofMillis(50);
 
-  private final Timing timing;
   private final long sizeMs;
   private final long graceMs;
   private final long idleCloseNanos;
   private ProcessorContext<Long, Counts> context;
   private TimestampedWindowStore<String, Long> store;
   private long nextWindowMs;
-  private long lastWindowSeenMs = Long.MIN_VALUE;
-  private long lastEventNanos;
+  private long lastStreamTimeMs = Long.MIN_VALUE;
+  private long lastAdvanceNanos;
 
-  WindowCloser(Settings settings, Timing timing) {
-    this.timing = timing;
+  WindowCloser(Settings settings) {
     this.sizeMs = settings.windowSizeS * 1000;
     this.graceMs = settings.graceS * 1000;
     this.idleCloseNanos = (long) (settings.idleCloseS * 1e9);
@@ -48,30 +49,37 @@ final class WindowCloser implements Processor<Windowed<String>, Long, Long, Coun
   public void init(ProcessorContext<Long, Counts> context) {
     this.context = context;
     this.store = context.getStateStore(KStreamsPeer.COUNTS_STORE);
-    context.schedule(IDLE_CHECK, PunctuationType.WALL_CLOCK_TIME, now -> closeIdle());
+    context.schedule(IDLE_CHECK, PunctuationType.WALL_CLOCK_TIME, now -> check());
   }
 
   @Override
   public void process(Record<Windowed<String>, Long> record) {
-    timing.noteEvent();
-    lastEventNanos = System.nanoTime();
-    lastWindowSeenMs = Math.max(lastWindowSeenMs, record.key().window().start());
-    closeUpTo(context.currentStreamTimeMs() - graceMs);
+    check();
   }
 
-  private void closeIdle() {
-    if (lastEventNanos == 0) {
-      return;
+  private void check() {
+    long streamTimeMs = context.currentStreamTimeMs();
+    if (streamTimeMs < 0) {
+      return; // no event yet
     }
-    long idleNanos = System.nanoTime() - lastEventNanos;
+    long now = System.nanoTime();
+    if (streamTimeMs > lastStreamTimeMs) {
+      lastStreamTimeMs = streamTimeMs;
+      lastAdvanceNanos = now;
+    }
+    long watermarkMs = streamTimeMs - graceMs;
+    long idleNanos = now - lastAdvanceNanos;
     if (idleNanos >= idleCloseNanos) {
-      closeUpTo(context.currentStreamTimeMs() + idleNanos / 1_000_000 - graceMs);
+      watermarkMs += idleNanos / 1_000_000;
     }
+    // Windows up to the one holding the latest event, so a silent stream emits no empty ones.
+    long lastWindowMs = Math.floorDiv(streamTimeMs, sizeMs) * sizeMs;
+    closeUpTo(watermarkMs, lastWindowMs);
   }
 
-  /** Forward a partial for every window seen here that ends at or before the watermark. */
-  private void closeUpTo(long watermarkMs) {
-    while (nextWindowMs <= lastWindowSeenMs && nextWindowMs + sizeMs <= watermarkMs) {
+  /** Forward a partial for every window up to lastWindowMs that ends by the watermark. */
+  private void closeUpTo(long watermarkMs, long lastWindowMs) {
+    while (nextWindowMs <= lastWindowMs && nextWindowMs + sizeMs <= watermarkMs) {
       long users = 0;
       long events = 0;
       try (KeyValueIterator<Windowed<String>, ValueAndTimestamp<Long>> it =
