@@ -20,6 +20,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -119,10 +120,11 @@ def run_kstreams(
     grace_s: int,
     idle_close_s: float,
     k: int,
-    broker_pid: int,
     timeout_s: float,
+    broker_pid: int | None = None,
 ) -> dict[str, Any]:
-    """One run of the peer on ``topic`` (a fresh application id and state folder)."""
+    """One run of the peer on ``topic`` (a fresh application id and state folder); with
+    ``broker_pid``, the broker's CPU time over the run too."""
     from bench.throughput import cpu_seconds_of, create_topics, delete_topics
 
     expected = expected_windows(cols, window_size_s, k)
@@ -150,14 +152,15 @@ def run_kstreams(
     }
     argv = [java(), *JVM_OPTIONS, "-cp", f"{JAR}:{TARGET}/libs/*", MAIN_CLASS,
             orjson.dumps(spec).decode()]  # fmt: skip
-    broker_cpu = cpu_seconds_of(broker_pid)
+    broker_cpu = cpu_seconds_of(broker_pid) if broker_pid is not None else 0.0
     try:
         proc = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout_s, check=False,
             env={**os.environ, "JAVA_TOOL_OPTIONS": ""},
         )  # fmt: skip
     finally:
-        broker_cpu = cpu_seconds_of(broker_pid) - broker_cpu
+        if broker_pid is not None:
+            broker_cpu = cpu_seconds_of(broker_pid) - broker_cpu
         asyncio.run(delete_topics(bootstrap, names=[output_topic], prefix=app_id))
         state_dir.cleanup()
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -177,5 +180,19 @@ def run_kstreams(
             f"{sorted(expected.items())}"
         )
     result["windows_checked"] = len(found)
-    result["broker_cpu_seconds_whole_process_run"] = broker_cpu
+    if broker_pid is not None:
+        result["broker_cpu_seconds_whole_process_run"] = broker_cpu
     return result
+
+
+def main() -> int:
+    """``python -m bench.kstreams`` (``make kstreams-peer``): build the peer when out of date."""
+    try:
+        print(ensure_built())
+    except PeerUnavailable as exc:
+        print(f"the bench will leave the Kafka Streams peer out: {exc}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
