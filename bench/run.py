@@ -269,9 +269,13 @@ def run_throughput_only(size: str, out: Path, command: str) -> dict[str, Any]:
     folded = out / "profiles" / "default_path_after.folded"
     if folded.exists():
         kept_profile = {**kept_profile, "stacks": profile.read_folded(folded)}
-    whole_run = {k: results[k] for k in ("size", "command", "date", "total_seconds")}
-    results["sections_from"] = {"whole_run": whole_run}
-    results["machine"] = {**report.machine(), "whole_run": results["machine"]}
+    # A second --only run keeps pointing at the whole run the other sections come from.
+    sources = results.get("sections_from") or {
+        "whole_run": {k: results[k] for k in ("size", "command", "date", "total_seconds")}
+    }
+    results["sections_from"] = {"whole_run": sources["whole_run"]}
+    whole_machine = results["machine"].get("whole_run", results["machine"])
+    results["machine"] = {**report.machine(), "whole_run": whole_machine}
     spec = _spec(cfg)
     _log(f"[bench] throughput: {spec.events:,} events, {cfg['runs']} run(s)")
     with EmbeddedBroker() as broker:
