@@ -46,7 +46,7 @@ import org.apache.kafka.streams.state.Stores;
  *       count in that window, bounded at k (a per-user contribution bound, as the Faust peer and
  *       stream-dp's reservoir of k);
  *   <li>{@link WindowCloser}: when a window closes on a partition (its stream time passes the
- *       window's end plus grace, or, once the partition has been idle for idle_close_s, its
+ *       window's end plus grace, or, once the whole stream has been idle for idle_close_s, its
  *       latest event time plus the idle time does: stream-dp's rule), it reads the window's
  *       bounded counts from the store and forwards one partial (users, bounded events) keyed
  *       by window start (it needs no record from the aggregate: it looks at the task's stream
@@ -132,7 +132,7 @@ public final class KStreamsPeer {
                 .withKeySerde(Serdes.String())
                 .withValueSerde(Serdes.Long()))
         .toStream()
-        .process(() -> new WindowCloser(s), COUNTS_STORE)
+        .process(() -> new WindowCloser(s, timing), COUNTS_STORE)
         .repartition(Repartitioned.with(Serdes.Long(), Counts.SERDE).withName("partials"))
         .groupByKey(Grouped.with(Serdes.Long(), Counts.SERDE))
         .aggregate(

@@ -20,25 +20,30 @@ import org.apache.kafka.streams.state.ValueAndTimestamp;
  * <p>Every 50 ms of wall-clock time, and on every update the aggregate forwards, it compares the
  * task's stream time (its latest event time: the stream is in event-time order per partition,
  * so every event of a window has been aggregated once stream time is past the window's end) with
- * the windows still open. A window closes when the stream time minus grace passes its end. Kafka Streams advances stream time only with new records, so the last window of
- * a stream that falls silent would never close by event time; as in stream-dp (and the Faust
- * peer), once the partition has been idle for idle_close_s of wall-clock time, its watermark
- * advances with the wall clock from its latest event time. This is what {@code
+ * the windows still open. A window closes when the stream time minus grace passes its end.
+ *
+ * <p>Kafka Streams advances stream time only with new records, so the last window of a stream
+ * that falls silent would never close by event time. As in stream-dp and the Faust peer, once
+ * the whole stream (every partition: the one stream thread has taken no event) has been idle for
+ * idle_close_s of wall-clock time, the watermark advances with the wall clock from the latest
+ * event time. Idleness is the whole stream's, not one partition's: a partition that only waits
+ * while the thread serves the others (or while the machine is busy) is not idle, and closing
+ * its window then would miss events still to come. This is what {@code
  * suppress(untilWindowCloses)} does on event time, plus the idle close it lacks.
  */
 final class WindowCloser implements Processor<Windowed<String>, Long, Long, Counts> {
   private static final Duration IDLE_CHECK = Duration.ofMillis(50);
 
+  private final Timing timing;
   private final long sizeMs;
   private final long graceMs;
   private final long idleCloseNanos;
   private ProcessorContext<Long, Counts> context;
   private TimestampedWindowStore<String, Long> store;
   private long nextWindowMs;
-  private long lastStreamTimeMs = Long.MIN_VALUE;
-  private long lastAdvanceNanos;
 
-  WindowCloser(Settings settings) {
+  WindowCloser(Settings settings, Timing timing) {
+    this.timing = timing;
     this.sizeMs = settings.windowSizeS * 1000;
     this.graceMs = settings.graceS * 1000;
     this.idleCloseNanos = (long) (settings.idleCloseS * 1e9);
@@ -62,13 +67,8 @@ final class WindowCloser implements Processor<Windowed<String>, Long, Long, Coun
     if (streamTimeMs < 0) {
       return; // no event yet
     }
-    long now = System.nanoTime();
-    if (streamTimeMs > lastStreamTimeMs) {
-      lastStreamTimeMs = streamTimeMs;
-      lastAdvanceNanos = now;
-    }
     long watermarkMs = streamTimeMs - graceMs;
-    long idleNanos = now - lastAdvanceNanos;
+    long idleNanos = System.nanoTime() - timing.latestNanos();
     if (idleNanos >= idleCloseNanos) {
       watermarkMs += idleNanos / 1_000_000;
     }
