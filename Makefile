@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: setup setup-demo test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
-	kafka-jars test-kafka
+	kafka-jars test-kafka kstreams-peer
 
 $(DEMO_STAMP): pyproject.toml
 	@test -x $(BIN)/python || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
@@ -60,13 +60,20 @@ kafka-jars: setup
 	  $(BIN)/python -m stream_dp.broker.apache_kafka_jars >/dev/null; \
 	else echo "no java or mvn on PATH: the apache_kafka tests will skip (install Java 17+ and Maven)"; fi
 
+# The Kafka Streams peer of the throughput bench (bench/kstreams, Java 17): `mvn -q clean
+# package` when its jar is missing or older than its sources, kafka-streams at the broker's
+# version from Maven Central (cached in ~/.m2). Without Java 17+ and Maven it says so, and the
+# bench leaves the Kafka Streams rows out.
+kstreams-peer: setup
+	$(BIN)/python -m bench.kstreams >/dev/null
+
 # pytest exits 5 when it collected no test; make treats that as a failure. Three pytest-xdist
 # processes: most tests wait on a broker, a consumer group or a subprocess, so three share a
 # 2-core machine well. The slowest tests come first (tests/conftest.py) and are handed out
 # two at a time (--maxschedchunk), so that they spread over the processes and none of them
 # runs alone at the end. Every test has its own broker topics, groups and ports.
 PYTEST_WORKERS ?= 3
-pytest: setup test-tools kafka-jars
+pytest: setup test-tools kafka-jars kstreams-peer
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --maxschedchunk 2
 
 # The documentation site (mkdocs.yml; MkDocs with the Material theme, from the dev extra or
@@ -91,7 +98,7 @@ demo-screenshot: setup test-tools
 	$(BIN)/stream-dp demo --html $(VENV)/demo-report.html
 	$(BIN)/python -m tests.demo.browser $(VENV)/demo-report.html docs/demo-report.png
 
-bench: setup
+bench: setup kafka-jars kstreams-peer
 	$(BIN)/python -m bench.run
 
 # The chaos run (default 20 minutes of faults; `make chaos CHAOS_MINUTES=5` for less): three

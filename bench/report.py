@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from bench import auto_bounds, continual, set_union
+from bench import auto_bounds, brokers_report, continual, set_union
 
 #: (name, goal) of every target, in the order of the results table (issue 15's table, then
 #: utility against PipelineDP).
@@ -319,6 +319,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"and end of the run: {_load(m.get('loadavg_at_start'))} and "
         f"{_load(m.get('loadavg_at_end'))} (other work on the machine competes for the same "
         "cores).",
+        *brokers_report.provenance(r),
         "",
         "## Targets",
         "",
@@ -423,6 +424,7 @@ def markdown(r: dict[str, Any]) -> str:
         "on_window_close reports every partition's keys (Faust keeps one "
         "`last_closed_window` for all partitions and skips the other partitions' keys).",
     ]
+    lines += brokers_report.section(r)
     lines += _workers_section(r)
     lines += [
         "",

@@ -1,12 +1,18 @@
-"""``python -m bench.run [--size {smoke,small,full}] [--out DIR]``: the whole benchmark.
+"""``python -m bench.run [--size {smoke,small,full}] [--out DIR] [--only throughput]``.
 
-Starts its own embedded broker, measures throughput (raw consumer, worker, Faust), scale-out
+The whole benchmark. Starts its own embedded broker, measures throughput (raw consumer,
+worker, Faust, the Kafka Streams peer), then the same throughput section on an Apache Kafka
+broker (stream_dp.broker.apache_kafka; left out, saying why, without Java), scale-out
 over 1, 2 and 3 worker processes, in-process scaling of the pipeline stages, state size and
 utility against PipelineDP, automatic bounds against fixed bounds and PipelineDP (section 6)
 and continual release (running totals, simulated without Kafka),
 deletes its topics, stops the broker and writes ``RESULTS.md``, ``results.json``,
 ``throughput.png``, ``scaling_workers.png`` and ``continual_rmse.png`` into ``--out``
-(default: the ``bench`` folder). ``smoke`` takes about a minute and exists for the test.
+(default: the ``bench`` folder). ``smoke`` takes a few minutes and exists for the test.
+
+``--only throughput`` runs the throughput sections alone (both brokers) and merges them into
+the ``results.json`` already in ``--out``: the other sections keep the figures of the run that
+wrote them, and RESULTS.md says which run wrote which section.
 """
 
 from __future__ import annotations
@@ -19,9 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from bench import continual, report, scaling, throughput, utility, workers
 from bench.data import StreamSpec
 from stream_dp.broker import EmbeddedBroker
+from stream_dp.broker.apache_kafka import ApacheKafkaBroker
+from stream_dp.errors import BrokerError
 
 SIZES: dict[str, dict[str, Any]] = {
     "smoke": {
@@ -135,9 +145,59 @@ NOTES = [
 ]
 
 
+#: The Apache Kafka broker's JVM in the bench: the heap and collector flags Kafka's own start
+#: scripts use (KAFKA_HEAP_OPTS, KAFKA_JVM_PERFORMANCE_OPTS) and the full JIT, not the test
+#: tier's small-heap, quick-start-JIT flags.
+BENCH_BROKER_JVM_OPTIONS = (
+    "-Xms1g",
+    "-Xmx1g",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-Djava.awt.headless=true",
+)
+
+
 def _log(message: str) -> None:
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
+
+
+def _spec(cfg: dict[str, Any]) -> StreamSpec:
+    return StreamSpec(
+        events=cfg["events"],
+        users=cfg["users"],
+        keys=cfg["keys"],
+        windows=cfg["windows"],
+        window_size_s=cfg["window_size_s"],
+    )
+
+
+def throughput_on_apache_kafka(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The throughput section on a fresh single-node Apache Kafka broker (KRaft), or
+    ``{"unavailable": reason}`` where it cannot start here (no Java, no jars)."""
+    spec = _spec(cfg)
+    _log(f"[bench] throughput on Apache Kafka: {spec.events:,} events, {cfg['runs']} run(s)")
+    broker = ApacheKafkaBroker(jvm_options=BENCH_BROKER_JVM_OPTIONS)
+    try:
+        broker.start()
+    except BrokerError as exc:
+        _log(f"[bench] Apache Kafka throughput left out: {exc}")
+        return {"unavailable": str(exc)}
+    try:
+        section = throughput.measure(
+            broker.bootstrap_servers,
+            broker.pid,
+            spec,
+            runs=cfg["runs"],
+            faust_events=cfg["faust_events"],
+            log=_log,
+        )
+    finally:
+        broker.stop()
+    section["broker"] = f"Apache Kafka {broker.version} (single-node KRaft)"
+    section["broker_jvm_options"] = list(BENCH_BROKER_JVM_OPTIONS)
+    return section
 
 
 def run(size: str, out: Path, command: str) -> dict[str, Any]:
@@ -152,13 +212,7 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
         "sizes": cfg,
         "notes": NOTES,
     }
-    spec = StreamSpec(
-        events=cfg["events"],
-        users=cfg["users"],
-        keys=cfg["keys"],
-        windows=cfg["windows"],
-        window_size_s=cfg["window_size_s"],
-    )
+    spec = _spec(cfg)
     _log(f"[bench] throughput: {spec.events:,} events, {cfg['runs']} run(s)")
     with EmbeddedBroker() as broker:
         results["throughput"] = throughput.measure(
@@ -170,6 +224,7 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
             log=_log,
             profile_dir=out,
         )
+        results["throughput"]["broker"] = "Tansu (embedded, memory storage)"
         _log(
             f"[bench] scale-out: 1, 2, 3 worker processes, {workers.PARTITIONS} partitions, "
             f"{cfg['runs']} run(s)"
@@ -177,6 +232,7 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
         results["workers"] = workers.measure(
             broker.bootstrap_servers, broker.pid, spec, runs=cfg["runs"], log=_log
         )
+    results["throughput_apache_kafka"] = throughput_on_apache_kafka(cfg)
     _log("[bench] scaling (stages in-process)")
     results["scaling"] = scaling.measure(cfg, log=_log)
     _log(f"[bench] utility: {cfg['utility_users']:,} users, {cfg['utility_runs']} runs")
@@ -190,21 +246,85 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
     results["auto_bounds"] = utility.measure_auto_bounds(size, log=_log)
     results["total_seconds"] = time.perf_counter() - started
     results["machine"]["loadavg_at_end"] = report.loadavg()
+    _finish(results, out)
+    return results
+
+
+def run_throughput_only(size: str, out: Path, command: str) -> dict[str, Any]:
+    """The throughput sections alone (Tansu, then Apache Kafka), merged into the results
+    already in ``out`` (their other sections, profile included, are kept as they were)."""
+    previous = out / "results.json"
+    if not previous.exists():
+        raise SystemExit(
+            f"--only throughput merges into {previous}, which does not exist: run the whole "
+            "bench (without --only) into that folder first"
+        )
+    from bench import profile
+
+    results: dict[str, Any] = orjson.loads(previous.read_bytes())
+    cfg = SIZES[size]
+    logging.getLogger("stream_dp").setLevel(logging.ERROR)
+    started = time.perf_counter()
+    kept_profile = results["throughput"].get("profile") or {}
+    folded = out / "profiles" / "default_path_after.folded"
+    if folded.exists():
+        kept_profile = {**kept_profile, "stacks": profile.read_folded(folded)}
+    # A second --only run keeps pointing at the whole run the other sections come from.
+    sources = results.get("sections_from") or {
+        "whole_run": {k: results[k] for k in ("size", "command", "date", "total_seconds")}
+    }
+    results["sections_from"] = {"whole_run": sources["whole_run"]}
+    whole_machine = results["machine"].get("whole_run", results["machine"])
+    results["machine"] = {**report.machine(), "whole_run": whole_machine}
+    spec = _spec(cfg)
+    _log(f"[bench] throughput: {spec.events:,} events, {cfg['runs']} run(s)")
+    with EmbeddedBroker() as broker:
+        results["throughput"] = throughput.measure(
+            broker.bootstrap_servers,
+            broker.pid,
+            spec,
+            runs=cfg["runs"],
+            faust_events=cfg["faust_events"],
+            log=_log,
+        )
+    results["throughput"]["broker"] = "Tansu (embedded, memory storage)"
+    results["throughput"]["profile"] = kept_profile
+    results["throughput_apache_kafka"] = throughput_on_apache_kafka(cfg)
+    results["sections_from"]["throughput"] = {
+        "size": size,
+        "command": command,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "sizes": cfg,
+        "seconds": time.perf_counter() - started,
+    }
+    results["machine"]["loadavg_at_end"] = report.loadavg()
+    _finish(results, out)
+    return results
+
+
+def _finish(results: dict[str, Any], out: Path) -> None:
     report.write(results, out)
     for t in results["targets"]:
         verdict = "PASS" if t["passed"] else "FAIL"
         _log(f"[bench] {verdict}  {t['target']} ({t['goal']}): {t['measured']}")
-    _log(f"[bench] wrote {out / 'RESULTS.md'} in {results['total_seconds']:.0f} s")
-    return results
+    _log(f"[bench] wrote {out / 'RESULTS.md'}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    parser.add_argument(
+        "--only",
+        choices=["throughput"],
+        help="run only this section (on both brokers) and merge it into --out's results.json",
+    )
     args = parser.parse_args(argv)
     shown = ["python -m bench.run", *(sys.argv[1:] if argv is None else argv)]
-    run(args.size, args.out, " ".join(shown))
+    if args.only == "throughput":
+        run_throughput_only(args.size, args.out, " ".join(shown))
+    else:
+        run(args.size, args.out, " ".join(shown))
     return 0
 
 

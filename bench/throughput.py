@@ -1,9 +1,12 @@
-"""Throughput against the embedded broker: raw fetch+decode, the stream-dp worker, Faust.
+"""Throughput on one broker: raw fetch+decode, the stream-dp worker, Faust, Kafka Streams.
 
 All read the same preloaded topic in the same bench run, each in a fresh process, in turn
 (raw, worker on keyed input, worker in the default configuration — input not keyed by
-user, repartitioned by pseudonym — and Faust) for every run; the figures are medians over
-the runs. A last, profiled run of the default configuration gives the profile section. Faust is
+user, repartitioned by pseudonym — Faust and the Kafka Streams peer of bench/kstreams.py)
+for every run; the figures are medians over the runs. bench/run.py measures on the embedded
+Tansu broker and on an Apache Kafka broker, in the same run.
+
+A last, profiled run of the default configuration gives the profile section. Faust is
 ~100× slower than the others, so when the main topic is larger than ``faust_events`` it
 reads a second topic holding the first ``faust_events`` records of the same stream (same
 keys, same partitions), and the worker is timed on that topic too, so that the b/c ratio
@@ -42,6 +45,11 @@ IDLE_CLOSE_S = 0.5
 #: Faust's event delivery stalls for more than 0.5 s now and then in mid-stream (seen here:
 #: windows closed by idleness before the input was read), so its idle close is longer.
 FAUST_IDLE_CLOSE_S = 2.0
+#: The Kafka Streams peer's too: at 1M events on a loaded machine its stream thread has been
+#: seen to take no event for more than 0.5 s in mid-stream (commits, collections, the machine's
+#: other work), which closed a window before its last events were read (the check of its
+#: window records caught it).
+KSTREAMS_IDLE_CLOSE_S = 2.0
 CONTENDER_TIMEOUT_S = 1800.0
 
 
@@ -335,8 +343,12 @@ def measure(
     faust_events: int,
     log: Any = print,
     profile_dir: Path | None = None,
+    kstreams_peer: bool = True,
 ) -> dict[str, Any]:
-    """Preload the topic(s), run every contender ``runs`` times, delete the topics."""
+    """Preload the topic(s), run every contender ``runs`` times, delete the topics.
+
+    ``kstreams_peer``: run the Kafka Streams peer too (when Java and its build are there;
+    otherwise ``kstreams_unavailable`` says why and its rows are left out)."""
     cols = columns(spec)
     values, keys = encode(spec, cols)
     windows = distinct_windows(spec, cols)
@@ -366,6 +378,7 @@ def measure(
         "grace_s": GRACE_S,
         "idle_close_s": IDLE_CLOSE_S,
         "faust_idle_close_s": FAUST_IDLE_CLOSE_S,
+        "kstreams_idle_close_s": KSTREAMS_IDLE_CLOSE_S,
         "runs": runs,
         "mean_value_bytes": sum(map(len, values)) / len(values),
         "faust_events": prefix_events,
@@ -384,6 +397,7 @@ def measure(
         default = Contender("worker_default", spec.events)
         worker_prefix = Contender("worker_on_faust_input", prefix_events)
         faust = Contender("faust", prefix_events)
+        peer = _kstreams_contender(spec.events, kstreams_peer, out, log)
         for r in range(runs):
             raw.runs.append(run_raw(bootstrap, main_topic, spec.events, broker_pid))
             log(f"  run {r + 1}: raw {raw.runs[-1]['events'] / raw.runs[-1]['seconds']:,.0f}/s")
@@ -431,6 +445,10 @@ def measure(
             )
             f = faust.runs[-1]
             log(f"  run {r + 1}: faust {f['events'] / f['seconds']:,.0f}/s")
+            if peer is not None:
+                _run_kstreams(peer, bootstrap, main_topic, cols, spec.window_size_s, broker_pid)
+                ks = peer.runs[-1]
+                log(f"  run {r + 1}: kafka streams {ks['events'] / ks['seconds']:,.0f}/s")
         if not separate:
             worker_prefix = Contender("worker_on_faust_input", prefix_events, worker.runs)
         if profile_dir is not None:
@@ -449,6 +467,9 @@ def measure(
     finally:
         asyncio.run(delete_topics(bootstrap, names=topics))
     out["contenders"] = {c.name: c.describe() for c in (raw, worker, default, worker_prefix, faust)}
+    if peer is not None:
+        out["contenders"]["kstreams"] = peer.describe()
+        out.update(kstreams_ratios(raw, worker, default, peer))
     out["ratio_worker_to_raw"] = worker.events_per_s / raw.events_per_s
     out["ratio_default_to_raw"] = default.events_per_s / raw.events_per_s
     out["ratio_default_to_raw_steady"] = default.steady_events_per_s / raw.events_per_s
@@ -459,3 +480,63 @@ def measure(
     )
     out["ratio_worker_full_to_faust"] = worker.events_per_s / faust.events_per_s
     return out
+
+
+def _kstreams_contender(
+    events: int, wanted: bool, out: dict[str, Any], log: Any
+) -> Contender | None:
+    """The Kafka Streams contender, its jar built first; None (the reason in ``out``) if not."""
+    from bench import kstreams
+
+    if not wanted:
+        out["kstreams_unavailable"] = "not asked for"
+        return None
+    try:
+        kstreams.ensure_built()
+    except kstreams.PeerUnavailable as exc:
+        out["kstreams_unavailable"] = str(exc)
+        log(f"  Kafka Streams peer left out: {exc}")
+        return None
+    return Contender("kstreams", events)
+
+
+def _run_kstreams(
+    peer: Contender,
+    bootstrap: str,
+    topic: str,
+    cols: Any,
+    window_size_s: int,
+    broker_pid: int,
+) -> None:
+    from bench import kstreams
+
+    peer.runs.append(
+        kstreams.run_kstreams(
+            bootstrap,
+            topic,
+            cols,
+            partitions=PARTITIONS,
+            window_size_s=window_size_s,
+            grace_s=GRACE_S,
+            idle_close_s=KSTREAMS_IDLE_CLOSE_S,
+            k=K,
+            broker_pid=broker_pid,
+            timeout_s=CONTENDER_TIMEOUT_S,
+        )
+    )
+
+
+def kstreams_ratios(
+    raw: Contender, worker: Contender, default: Contender, peer: Contender
+) -> dict[str, float]:
+    """stream-dp against the Kafka Streams peer (end to end and over the processing phases),
+    and the peer against the raw consumer."""
+    return {
+        "ratio_worker_to_kstreams": worker.events_per_s / peer.events_per_s,
+        "ratio_default_to_kstreams": default.events_per_s / peer.events_per_s,
+        "ratio_worker_to_kstreams_steady": worker.steady_events_per_s / peer.steady_events_per_s,
+        "ratio_default_to_kstreams_steady": (
+            default.steady_events_per_s / peer.steady_events_per_s
+        ),
+        "ratio_kstreams_to_raw": peer.events_per_s / raw.events_per_s,
+    }

@@ -1,8 +1,11 @@
 """The benchmark's smallest size end to end: every figure is produced and is a finite number.
 
 Runs ``python -m bench.run --size smoke`` in a subprocess (its own embedded broker, worker,
-1, 2 and 3 ``stream-dp run`` processes, Faust peer and PipelineDP comparison), writing into a
-temporary folder.
+1, 2 and 3 ``stream-dp run`` processes, Faust and Kafka Streams peers, the throughput section
+again on an Apache Kafka broker, and the PipelineDP comparison), writing into a temporary
+folder. Where Java cannot run (no JVM, no Maven to build the peer or fetch the broker's jars)
+the bench leaves the Kafka Streams and Apache Kafka rows out and says why; then only those
+checks skip, with that reason.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 
 import orjson
 import pytest
+
+from bench.brokers_report import CONTENDERS, RATIOS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +70,36 @@ def test_throughput_lines_and_ratios(smoke: tuple[Path, dict[str, Any]]) -> None
     ):
         _finite(tp[ratio], ratio)
         assert tp[ratio] > 0
+
+
+def test_kafka_streams_and_apache_kafka_rows(smoke: tuple[Path, dict[str, Any]]) -> None:
+    out, results = smoke
+    sections = {"tansu": results["throughput"], "apache_kafka": results["throughput_apache_kafka"]}
+    missing = {
+        name: sec.get("unavailable") or sec.get("kstreams_unavailable")
+        for name, sec in sections.items()
+        if "unavailable" in sec or "kstreams_unavailable" in sec
+    }
+    if missing:
+        pytest.skip(f"no Java here for the Kafka Streams / Apache Kafka rows: {missing}")
+    for name, sec in sections.items():
+        for key, _label in CONTENDERS:
+            c = sec["contenders"][key]
+            _finite(c["events_per_s"], f"{name} {key} events/s")
+            assert c["events_per_s"] > 0 and c["runs"], (name, key)
+        ks = sec["contenders"]["kstreams"]
+        assert ks["events"] == sec["events"], name  # the peer reads the whole topic
+        for run in ks["runs"]:
+            # bench/kstreams.py compared every window record with the stream itself.
+            assert run["windows_checked"] == sec["windows"], (name, run)
+        for phase in ("startup_seconds", "processing_seconds", "close_seconds"):
+            _finite(ks["median"][phase], f"{name} kstreams {phase}")
+        for key, _label in RATIOS:
+            _finite(sec[key], f"{name} {key}")
+            assert sec[key] > 0
+    text = (out / "RESULTS.md").read_text(encoding="utf-8")
+    assert "## 1b. Throughput on Apache Kafka and on Tansu, with the Kafka Streams peer" in text
+    assert "(d) Kafka Streams windowed count" in text
 
 
 def test_worker_processes_release_every_window_exactly_once(
