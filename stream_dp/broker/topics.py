@@ -1,5 +1,5 @@
-"""Topic definitions (``stream_dp/topics/*.yaml``, package data) and bringing a cluster in line
-with them: create the missing topics, report the existing ones whose settings differ.
+"""Topic definitions (``topics/*.yaml``, package data ``stream_dp/topics``) and bringing a
+cluster in line with them: create the missing topics, report the existing ones whose settings differ.
 
 Each YAML file defines one topic: its ``name`` as a template resolved against the Config
 (``"{output.topic}"``), ``partitions``, the topic ``config`` (values may be templates too,
@@ -48,14 +48,14 @@ _HINTS = {
     "TOPIC_AUTHORIZATION_FAILED": "grant the client CREATE on the topic, or create it by hand",
     "CLUSTER_AUTHORIZATION_FAILED": "grant the client CREATE on the cluster, or create topics "
     "by hand",
-    "INVALID_CONFIG": "fix the config entries in the topic's definition (stream_dp/topics/)",
+    "INVALID_CONFIG": "fix the config entries in the topic's definition (topics/)",
     "POLICY_VIOLATION": "the cluster's topic policy refuses these settings; ask its operators",
 }
 
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """One topic definition as read from ``stream_dp/topics/<file>.yaml``."""
+    """One topic definition as read from ``topics/<file>.yaml``."""
 
     name: str  #: template, e.g. "{output.topic}"
     partitions: int
@@ -126,7 +126,8 @@ class _TopicFile(BaseModel):
 
 
 def default_topics_dir() -> Traversable:
-    """The definitions shipped in the package (``stream_dp/topics``), wherever it is
+    """The definitions shipped in the package (``stream_dp/topics``: in a source checkout a
+    link to the top-level ``topics/``, in the wheel its files), wherever it is
     installed: read through importlib.resources."""
     return resources.files("stream_dp").joinpath("topics")
 

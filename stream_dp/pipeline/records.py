@@ -2,7 +2,7 @@
 
 Every value is canonical JSON (sorted keys, orjson), so the same record is always the same
 bytes: a duplicate after a crash is byte-identical and consumers can deduplicate by key.
-JSON Schemas of all of them live in ``stream_dp/topics/``.
+JSON Schemas of all of them live in ``topics/``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Topic definitions in stream_dp/topics/ and creating them: `apply_topics`, `inspect_topics`
+"""Topic definitions in topics/ and creating them: `apply_topics`, `inspect_topics`
 and `stream-dp topics apply [--dry-run]`."""
 
 from __future__ import annotations
@@ -93,7 +93,11 @@ def test_definitions_are_package_data() -> None:
     folder = default_topics_dir()
     assert folder.joinpath("ledger.yaml").is_file()
     assert Path(str(folder)).resolve() == TOPICS_DIR.resolve()  # the source tree's copy here
-    assert not (REPO / "topics").exists(), "topics/ moved into the package: stream_dp/topics"
+    # One copy in the tree: the top-level topics/ folder, which the package links to (the
+    # sdist and the wheel resolve the link: tests/packaging/test_installed_wheel.py).
+    assert (REPO / "topics").is_dir() and not (REPO / "topics").is_symlink()
+    assert (REPO / "stream_dp" / "topics").is_symlink()
+    assert TOPICS_DIR.resolve() == (REPO / "topics").resolve()
 
 
 def test_replication_factor_and_retention_come_from_the_config(

@@ -87,7 +87,8 @@ class Installed:
 
 
 def _checkout_files() -> list[str]:
-    """The files a clone holds (tracked and new, ignored ones left out)."""
+    """The files a clone holds (tracked and new, ignored ones left out), symlinks included
+    (``stream_dp/topics`` is a link to the top-level ``topics/``)."""
     done = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=REPO,
@@ -95,7 +96,8 @@ def _checkout_files() -> list[str]:
         check=True,
         timeout=60,
     )
-    return [f for f in done.stdout.decode().split("\0") if f and (REPO / f).is_file()]
+    names = done.stdout.decode().split("\0")
+    return [f for f in names if f and ((REPO / f).is_file() or (REPO / f).is_symlink())]
 
 
 def _constraints(path: Path) -> Path:
@@ -119,7 +121,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     for name in _checkout_files():
         target = source / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, target)
+        if (REPO / name).is_symlink():  # as git checks it out: a link, not a second copy
+            target.symlink_to(os.readlink(REPO / name))
+        else:
+            shutil.copy2(REPO / name, target)
     dist = root / "dist"
     built = subprocess.run(
         [sys.executable, "-m", "build", "--outdir", str(dist), str(source)],
