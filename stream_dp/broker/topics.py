@@ -1,5 +1,6 @@
 """Topic definitions (``topics/*.yaml``, package data ``stream_dp/topics``) and bringing a
-cluster in line with them: create the missing topics, report the existing ones whose settings differ.
+cluster in line with them: create the missing topics, report the existing ones whose settings
+differ.
 
 Each YAML file defines one topic: its ``name`` as a template resolved against the Config
 (``"{output.topic}"``), ``partitions``, the topic ``config`` (values may be templates too,
