@@ -21,6 +21,15 @@ from stream_dp.windows.horizon import HorizonPosition
 from stream_dp.windows.tumbling import iso_utc
 
 SCHEMA_VERSION: Final = 1
+#: The headers on every output record (Kafka headers: name, bytes): the value's media type and
+#: its ``schema_version``, so a consumer in any language can route a record, or refuse a
+#: version it does not know, before parsing it (docs/topics.md, "The output contract").
+CONTENT_TYPE_HEADER: Final = "content-type"
+SCHEMA_VERSION_HEADER: Final = "stream-dp-schema-version"
+OUTPUT_HEADERS: Final[tuple[tuple[str, bytes], ...]] = (
+    (CONTENT_TYPE_HEADER, b"application/json"),
+    (SCHEMA_VERSION_HEADER, str(SCHEMA_VERSION).encode()),
+)
 WINDOW_GROUP: Final = "#window"
 
 

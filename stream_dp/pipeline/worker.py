@@ -100,8 +100,13 @@ from stream_dp.pipeline.ledger_guard import LedgerGuard, LedgerLostError
 from stream_dp.pipeline.ledger_log import LedgerLog, LedgerReadError, LogRewoundError
 from stream_dp.pipeline.offload import draw_window, output_values, run_off_loop, seal_windows
 from stream_dp.pipeline.partials import RecordTooLargeError, encode_watermark
-from stream_dp.pipeline.producing import Outgoing, send_all
-from stream_dp.pipeline.records import dead_letter_record, dumps, output_partition
+from stream_dp.pipeline.producing import Headers, Outgoing, send_all
+from stream_dp.pipeline.records import (
+    OUTPUT_HEADERS,
+    dead_letter_record,
+    dumps,
+    output_partition,
+)
 from stream_dp.pipeline.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
 from stream_dp.retry import retry
@@ -744,14 +749,16 @@ class Worker:
         )
         return int(sent.offset)
 
-    async def _send_many(self, topic: str, items: Sequence[Outgoing]) -> None:
+    async def _send_many(
+        self, topic: str, items: Sequence[Outgoing], headers: Headers = ()
+    ) -> None:
         """Send a batch and wait for every acknowledgement (retried as a whole, bounded)."""
         assert self._producer is not None
         producer = self._producer
         if topic == self._ledger_topic and self._faults.ledger_delay_s:
             await asyncio.sleep(self._faults.ledger_delay_s)
 
-        await self._retry(f"produce to {topic}", lambda: send_all(producer, topic, items))
+        await self._retry(f"produce to {topic}", lambda: send_all(producer, topic, items, headers))
         self.health.set("producer_connected", True)
 
     async def _publish(self, rel: LedgerRelease) -> None:
@@ -763,7 +770,8 @@ class Worker:
             values = await run_off_loop(output_values, rel)
         else:
             values = output_values(rel)
-        await self._send_many(self.config.output.topic, [(k, v, target) for k, v in values])
+        items = [(k, v, target) for k, v in values]
+        await self._send_many(self.config.output.topic, items, OUTPUT_HEADERS)
         self._faults.reached("after_output_write")
         key, value = encode_published(rel)
         await self._send_many(
