@@ -66,6 +66,8 @@ class TopicSpec:
     source: str | None = field(default=None, compare=False)
     #: A boolean setting ("erasure.enabled") the topic is wanted only with; None: always.
     requires: str | None = None
+    #: The config key that, when set, overrides ``partitions`` ("topics.partials_partitions").
+    partitions_setting: str | None = None
 
     def wanted(self, config: Config) -> bool:
         """Whether ``config`` uses this topic."""
@@ -88,10 +90,10 @@ class Topic:
     spec: TopicSpec
     replication_factor: int | None  #: None: the broker's default
     config: Mapping[str, str]
-
-    @property
-    def partitions(self) -> int:
-        return self.spec.partitions
+    partitions: int
+    #: The config key that set ``partitions`` ("topics.output_partitions"); None: the
+    #: definition's count.
+    partitions_set_by: str | None = None
 
     def describe(self) -> str:
         replication = (
@@ -124,6 +126,7 @@ class _TopicFile(BaseModel):
     schema_file: str = Field(alias="schema", min_length=1)
     description: str = Field(min_length=1)
     requires: str | None = Field(None, pattern=r"^[a-z_]+\.[a-z_]+$")
+    partitions_setting: str | None = Field(None, pattern=r"^[a-z_]+\.[a-z_]+$")
 
 
 def default_topics_dir() -> Traversable:
@@ -172,6 +175,8 @@ def _load_one(path: Traversable, folder: Traversable) -> TopicSpec:
     _check_template(parsed.name, where, "name")
     if parsed.requires is not None:
         _check_template("{" + parsed.requires + "}", where, "requires")
+    if parsed.partitions_setting is not None:
+        _check_template("{" + parsed.partitions_setting + "}", where, "partitions_setting")
     for key, value in parsed.config.items():
         _check_template(value, where, f"config.{key}")
     if "retention.ms" not in parsed.config:
@@ -189,6 +194,7 @@ def _load_one(path: Traversable, folder: Traversable) -> TopicSpec:
         description=parsed.description.strip(),
         source=str(path),
         requires=parsed.requires,
+        partitions_setting=parsed.partitions_setting,
     )
 
 
@@ -244,12 +250,21 @@ def resolve(spec: TopicSpec, config: Config) -> str:
 
 
 def resolve_topic(spec: TopicSpec, config: Config) -> Topic:
-    """``spec`` for ``config``: name, replication factor and topic config resolved."""
+    """``spec`` for ``config``: name, replication factor, partitions and topic config
+    resolved."""
+    partitions, set_by = spec.partitions, None
+    if spec.partitions_setting is not None:
+        section, _, key = spec.partitions_setting.partition(".")
+        configured = getattr(getattr(config, section), key)
+        if configured is not None:
+            partitions, set_by = int(configured), spec.partitions_setting
     return Topic(
         name=resolve(spec, config),
         spec=spec,
         replication_factor=config.kafka.replication_factor,
         config={k: _substitute(v, config) for k, v in spec.config.items()},
+        partitions=partitions,
+        partitions_set_by=set_by,
     )
 
 
@@ -351,6 +366,31 @@ async def _differences(
     return out
 
 
+async def _refuse_partition_conflicts(admin: AIOKafkaAdminClient, topics: list[Topic]) -> None:
+    """ConfigError when a configured partition count (``topics.*_partitions``) differs from
+    an existing topic's: the count cannot change under open windows, and the worker would
+    otherwise run on a shape the operator did not ask for."""
+    configured = [t for t in topics if t.partitions_set_by is not None]
+    if not configured:
+        return
+    described = {t["topic"]: t for t in await admin.describe_topics([t.name for t in configured])}
+    conflicts = []
+    for topic in configured:
+        have = len(described.get(topic.name, {}).get("partitions") or [])
+        if have and have != topic.partitions:
+            conflicts.append(
+                f"{topic.partitions_set_by} is {topic.partitions} but topic {topic.name} "
+                f"already has {have} partitions: set {topic.partitions_set_by}: {have} (or "
+                "remove it), or give the deployment new topics (a new kafka.group_id or "
+                "output topic names) to start with the new count"
+            )
+    if conflicts:
+        raise ConfigError(
+            "; ".join(conflicts) + ". A topic's partition count is never changed in place: a "
+            "window's records live on one partition (see Limitations)"
+        )
+
+
 async def inspect_topics(
     config: Config,
     bootstrap_servers: str | None = None,
@@ -371,6 +411,10 @@ async def inspect_topics(
         await admin.start()
         existing = set(await admin.list_topics())
         missing = [t for name, t in wanted.items() if name not in existing]
+        # before creating anything: a refused configuration leaves the cluster as it was
+        await _refuse_partition_conflicts(
+            admin, [t for name, t in wanted.items() if name in existing]
+        )
         created: set[str] = set()
         if create and missing:
             created = set(

@@ -363,6 +363,73 @@ async def test_apply_reports_existing_topics_that_differ(
     assert "0 created, 7 already present" in again.stdout
 
 
+async def test_configured_partition_counts_are_the_created_ones(
+    config_factory: ConfigFactory, kafka_bootstrap: str
+) -> None:
+    counts = {"output_partitions": 5, "partials_partitions": 2, "repartition_partitions": 7}
+    path = config_factory({"topics": counts})
+    config = load_config(path)
+    listed = _stream_dp("topics", "list", "--config", str(path))
+    assert f"{config.output.partials_topic}: 2 partitions" in listed.stdout, listed.stderr
+    result = _stream_dp("topics", "apply", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    names = [
+        config.output.topic,
+        config.output.partials_topic,
+        config.output.repartition_topic,
+        config.output.ledger_topic,  # unset: the definition's 3
+    ]
+    assert await _partitions(kafka_bootstrap, names) == dict(
+        zip(names, [5, 2, 7, 3], strict=True)
+    )
+    again = _stream_dp("topics", "apply", "--config", str(path))  # the same counts: fine
+    assert again.returncode == 0, again.stderr
+    assert "0 created, 7 already present" in again.stdout
+
+
+async def test_a_configured_count_unlike_the_existing_topic_is_refused(
+    config_factory: ConfigFactory, kafka_bootstrap: str
+) -> None:
+    path = config_factory({"topics": {"partials_partitions": 8}})
+    config = load_config(path)
+    partials = config.output.partials_topic
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:  # an earlier deployment's partials topic with 2 partitions
+        await admin.create_topics(
+            [NewTopic(partials, 2, 1, topic_configs={"retention.ms": SIX_HOURS_MS})]
+        )
+    finally:
+        await admin.close()
+    before = await _existing(kafka_bootstrap)
+
+    result = _stream_dp("topics", "apply", "--config", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        f"topics.partials_partitions is 8 but topic {partials} already has 2 partitions: set "
+        "topics.partials_partitions: 2 (or remove it)"
+    ) in result.stderr
+    for dry in (True, False):  # the worker's own creation (run_worker) is apply_topics
+        with pytest.raises(ConfigError, match="topics.partials_partitions is 8"):
+            await inspect_topics(config, create=not dry)
+    with pytest.raises(ConfigError, match="topics.partials_partitions is 8"):
+        await apply_topics(config)
+    assert await _existing(kafka_bootstrap) == before  # refused before creating anything
+    assert (await _partitions(kafka_bootstrap, [partials]))[partials] == 2
+
+    fixed = config_factory({"topics": {"partials_partitions": 2}})
+    assert _stream_dp("topics", "apply", "--config", str(fixed)).returncode == 0
+
+
+def test_config_partition_defaults_are_the_definitions() -> None:
+    # The defaults the configuration reference states are the definitions' counts.
+    by_setting = {s.partitions_setting: s.partitions for s in load_topic_specs()}
+    fields = Config.model_fields["topics"].annotation.model_fields  # type: ignore[union-attr]
+    assert {f"topics.{k}" for k in fields} == {k for k in by_setting if k is not None}
+    for key, field in fields.items():
+        assert f"unset: {by_setting[f'topics.{key}']}." in str(field.description), key
+
+
 def test_cli_apply_refuses_embedded(config_factory: ConfigFactory) -> None:
     path = config_factory({"kafka": {"bootstrap_servers": "embedded"}})
     result = _stream_dp("topics", "apply", "--config", str(path))
