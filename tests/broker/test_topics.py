@@ -410,9 +410,9 @@ async def test_a_configured_count_unlike_the_existing_topic_is_refused(
         "topics.partials_partitions: 2 (or remove it)"
     ) in result.stderr
     for dry in (True, False):  # the worker's own creation (run_worker) is apply_topics
-        with pytest.raises(ConfigError, match="topics.partials_partitions is 8"):
+        with pytest.raises(ConfigError, match=r"topics\.partials_partitions is 8"):
             await inspect_topics(config, create=not dry)
-    with pytest.raises(ConfigError, match="topics.partials_partitions is 8"):
+    with pytest.raises(ConfigError, match=r"topics\.partials_partitions is 8"):
         await apply_topics(config)
     assert await _existing(kafka_bootstrap) == before  # refused before creating anything
     assert (await _partitions(kafka_bootstrap, [partials]))[partials] == 2
