@@ -11,6 +11,7 @@ of the environment running the tests, so pip finds them in its cache.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -170,8 +171,33 @@ def test_the_wheel_and_sdist_carry_the_package_data(installed: Installed) -> Non
     assert not any("pydantic-settings" in ln for ln in requires)
     with tarfile.open(installed.sdist) as sdist:
         members = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
+        links = [m.name for m in sdist.getmembers() if m.issym() or m.islnk()]
     for name in ("LICENSE", "stream_dp/topics/ledger.yaml", "stream_dp/examples/browser-logs.yaml"):
         assert name in members
+    assert links == []  # the topics/ link resolved into real files
+
+
+def test_the_installed_wheel_finds_the_topics_and_prints_schemas(
+    installed: Installed, workdir: Path
+) -> None:
+    # stream_dp/topics is a link to topics/ in the tree: installed, it is a real folder that
+    # importlib.resources reads, with no topics/ beside it.
+    found = subprocess.run(
+        [str(installed.bin / "python"), "-c",
+         "from stream_dp.broker.topics import default_topics_dir, load_topic_specs; "
+         "import pathlib; d = pathlib.Path(str(default_topics_dir())); "
+         "print(d.is_symlink(), d.resolve(), len(load_topic_specs()))"],
+        cwd=workdir, env=installed.env(), capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    is_link, folder, count = found.stdout.split()
+    assert is_link == "False" and Path(folder).is_relative_to(installed.venv.resolve())
+    assert int(count) == len(list((REPO / "topics").glob("*.yaml")))
+    printed = installed.run(["schema", "output"], workdir)
+    assert printed.returncode == 0, printed.stderr
+    schema = json.loads(printed.stdout)
+    assert schema["$id"] == "urn:stream-dp:schema:v1:output"
+    assert {"stream-dp:release", "stream-dp:window"} <= set(schema["$defs"])
 
 
 def test_the_installed_package_is_the_one_that_runs(installed: Installed, workdir: Path) -> None:
