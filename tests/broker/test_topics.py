@@ -417,6 +417,14 @@ async def test_a_configured_count_unlike_the_existing_topic_is_refused(
     assert await _existing(kafka_bootstrap) == before  # refused before creating anything
     assert (await _partitions(kafka_bootstrap, [partials]))[partials] == 2
 
+    worker = subprocess.run(  # the worker's own creation refuses it too, before starting
+        [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env=os.environ.copy(),
+    )  # fmt: skip
+    assert worker.returncode == 2, worker.stdout + worker.stderr
+    assert "topics.partials_partitions is 8" in worker.stderr
+    assert await _existing(kafka_bootstrap) == before
+
     fixed = config_factory({"topics": {"partials_partitions": 2}})
     assert _stream_dp("topics", "apply", "--config", str(fixed)).returncode == 0
 
