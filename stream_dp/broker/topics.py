@@ -34,6 +34,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stream_dp.broker.client_options import client_kwargs
+from stream_dp.broker.connection_errors import connection_reason, held_connection_errors
 from stream_dp.config import Config
 from stream_dp.config.model import DERIVED_TOPICS
 from stream_dp.errors import BrokerError, ConfigError
@@ -408,7 +409,8 @@ async def inspect_topics(
     bootstrap = kwargs["bootstrap_servers"]
     admin = AIOKafkaAdminClient(**kwargs)
     try:
-        await admin.start()
+        with held_connection_errors() as held:
+            await admin.start()
         existing = set(await admin.list_topics())
         missing = [t for name, t in wanted.items() if name not in existing]
         # before creating anything: a refused configuration leaves the cluster as it was
@@ -424,8 +426,9 @@ async def inspect_topics(
         differences = await _differences(admin, present) if compare else {}
     except (KafkaError, OSError) as exc:
         raise BrokerError(
-            f"cannot manage topics on {bootstrap}: {type(exc).__name__}: {exc}; check "
-            "kafka.bootstrap_servers and the kafka security options"
+            f"cannot manage topics on {bootstrap}: {connection_reason(held, exc)}; check "
+            "kafka.bootstrap_servers (or --bootstrap-servers), that the broker is up, and the "
+            "kafka security options"
         ) from None
     finally:
         await admin.close()

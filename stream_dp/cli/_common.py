@@ -1,4 +1,4 @@
-"""Helpers shared by the client commands (``demo``, ``produce``, ``tail``)."""
+"""Helpers shared by the commands: signals, the broker to use, text tables."""
 
 from __future__ import annotations
 
@@ -47,3 +47,14 @@ def running_broker(config: Config, override: str | None, command: str) -> str:
             "kafka.bootstrap_servers to your cluster's host:port"
         )
     return config.kafka.bootstrap_servers
+
+
+def text_table(rows: list[list[str]]) -> list[str]:
+    """Rows as aligned text columns, the first row a header underlined with dashes."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines

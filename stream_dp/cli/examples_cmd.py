@@ -2,7 +2,9 @@
 
 They ship inside the package (``stream_dp/examples``, read with importlib.resources), so an
 installed wheel has them as well as a clone: ``browser-logs.yaml``, a complete commented
-configuration, and ``sample-events.jsonl``, synthetic browser logs for ``replay``.
+configuration with hourly windows for recorded files, ``browser-logs-live.yaml``, the same
+with one-minute windows for a live topic, and ``sample-events.jsonl``, synthetic browser
+logs for ``replay``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from stream_dp.errors import ConfigError
 
-EXAMPLE_FILES = ("browser-logs.yaml", "sample-events.jsonl")
+EXAMPLE_FILES = ("browser-logs.yaml", "browser-logs-live.yaml", "sample-events.jsonl")
 
 
 def examples_dir() -> Traversable:
@@ -26,10 +28,12 @@ def examples_dir() -> Traversable:
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "examples",
-        help="write an example configuration and sample events into a folder",
-        description="Write browser-logs.yaml (a complete, commented configuration to adapt to "
-        "your topic) and sample-events.jsonl (synthetic browser logs for `stream-dp replay`) "
-        "into DIR, creating it. Existing files are left alone unless --force.",
+        help="write example configurations (replay and live) and sample events into a folder",
+        description="Write browser-logs.yaml (a complete, commented configuration with hourly "
+        "windows, for replaying recorded files), browser-logs-live.yaml (the same with "
+        "one-minute windows, for a live topic) and sample-events.jsonl (synthetic browser logs "
+        "for `stream-dp replay`) into DIR, creating it. Existing files are left alone unless "
+        "--force.",
     )
     p.add_argument("dir", type=Path, metavar="DIR", help="folder to write them into")
     p.add_argument("--force", action="store_true", help="overwrite files that differ")

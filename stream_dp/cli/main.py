@@ -17,6 +17,7 @@ Command = Callable[[argparse.Namespace], int]
 def _command_modules() -> list[ModuleType]:
     from stream_dp.cli import (
         broker_cmd,
+        check_cmd,
         demo_cmd,
         erase_cmd,
         examples_cmd,
@@ -36,6 +37,7 @@ def _command_modules() -> list[ModuleType]:
         run_cmd,
         replay_cmd,
         plan_cmd,
+        check_cmd,
         demo_cmd,
         produce_cmd,
         tail_cmd,
@@ -54,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stream-dp",
         description="Differentially private live statistics from event-level Kafka streams.",
+        epilog="New here? `stream-dp demo` shows it working in seconds (it needs the "
+        "[embedded] extra); `stream-dp examples DIR` writes configurations to adapt to your "
+        "topic, and `stream-dp check --config FILE` tests one against your topic before the "
+        "first run. `stream-dp COMMAND --help` lists a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"stream-dp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

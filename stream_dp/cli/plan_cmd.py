@@ -16,6 +16,7 @@ import math
 import sys
 from typing import Any
 
+from stream_dp.cli._common import text_table
 from stream_dp.config import load_config
 from stream_dp.config.model import ConfigOrigin
 from stream_dp.errors import ConfigError
@@ -30,7 +31,7 @@ def register(subparsers: Any) -> None:
         "plan",
         help="show each query's ε, δ, noise scale, 95%% interval and selection threshold",
         description="Plan the releases of a configuration: per query the sensitivity, the "
-        "ε/δ split, the mechanism, the noise scale, the 95%% interval and the partition "
+        "ε/δ split, the mechanism, the noise scale, the 95% interval and the partition "
         "selection; then the window and horizon totals. Refuses an over-budget config.",
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="YAML configuration")
@@ -109,16 +110,6 @@ def _selection_summary(q: QueryPlan) -> str:
         sel.tested
     ]
     return f"{sel.strategy}: keep if noisy {unit} >= {d['threshold']}"
-
-
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for n, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return lines
 
 
 def _query_block(q: QueryPlan) -> list[str]:
@@ -225,7 +216,7 @@ def _continual_block(q: QueryPlan) -> list[str]:
                 "+/-" + _num(chosen.ci95(t)),
             ]
         )
-    lines.extend("               " + line for line in _table(rows))
+    lines.extend("               " + line for line in text_table(rows))
     acc = chosen.accounting()
     spent = f"eps={_num(acc['epsilon_over_horizon'])}, delta={_num(acc['delta_over_horizon'])}"
     if acc["rho_over_horizon"] is not None:
@@ -336,7 +327,7 @@ def render_table(
                 _selection_summary(q),
             ]
         )
-    lines.extend(_table(rows))
+    lines.extend(text_table(rows))
     for q in plan.queries:
         lines.append("")
         lines.extend(_query_block(q))

@@ -27,6 +27,7 @@ from stream_dp.clients.producer import KeyValue, ProduceReport, produce_records
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
 from stream_dp.pipeline.ingest import user_key
+from stream_dp.pipeline.input_check import check_values
 from stream_dp.privacy.pseudonymize import UserIdNormalization
 from stream_dp.synthetic.browser_logs import (
     BrowserLogSpec,
@@ -38,6 +39,8 @@ DEFAULT_USERS = 1000
 DEFAULT_WINDOWS = 4
 #: --live without --rate: events per second.
 DEFAULT_LIVE_RATE = 100.0
+#: --file: the lines read before sending to check event times against coverage.
+CHECK_MAX_LINES = 100_000
 #: Loads at least this large get a progress bar (on a terminal).
 PROGRESS_MIN_RECORDS = 10_000
 
@@ -166,12 +169,16 @@ class FileRecords:
         self.bytes_read = 0
         try:
             self.size = path.stat().st_size
-            self._handle: IO[bytes] = path.open("rb")
         except OSError as exc:
             raise ConfigError(f"--file {path}: cannot read it ({exc.strerror})") from None
 
     def __iter__(self) -> Iterator[KeyValue]:
-        with self._handle as handle:
+        # Opened when sending starts: a load that fails before (no broker) leaves no file open.
+        try:
+            opened: IO[bytes] = self.path.open("rb")
+        except OSError as exc:
+            raise ConfigError(f"--file {self.path}: cannot read it ({exc.strerror})") from None
+        with opened as handle:
             for raw in handle:
                 self.bytes_read += len(raw)
                 line = raw.strip()
@@ -189,6 +196,25 @@ class FileRecords:
             return user_key(uid, self.normalization)
         self.unkeyed += 1  # the worker dead-letters it; send it anyway, unkeyed
         return None
+
+
+def warn_before_coverage(
+    config: Config, path: Path, *, max_lines: int = CHECK_MAX_LINES
+) -> str | None:
+    """On stderr (and returned): how many of the file's first lines the worker would drop
+    as stamped before the first window it covers, and what to change."""
+    try:
+        with path.open("rb") as handle:
+            lines = [raw.strip() for raw, _ in zip(handle, range(max_lines), strict=False)]
+    except OSError as exc:
+        raise ConfigError(f"--file {path}: cannot read it ({exc.strerror})") from None
+    report = check_values(config, (line for line in lines if line), time.time())
+    if not report.before_coverage:
+        return None
+    problem = next(p for p in report.problems() if "before the first window" in p)
+    message = f"stream-dp produce: warning: in {path}, {problem}"
+    print(message, file=sys.stderr)
+    return message
 
 
 # -- progress -----------------------------------------------------------------------------
@@ -251,6 +277,7 @@ def run(args: argparse.Namespace) -> int:
     files: FileRecords | None = None
     rate: float | None = args.rate
     if args.file is not None:
+        warn_before_coverage(config, args.file)
         files = FileRecords(args.file, config.input.user_field, config.input.user_id_normalization)
         records: Any = files
         total: int | None = args.events

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ from stream_dp.config import load_config
 from stream_dp.ops.logging import configure_logging
 from stream_dp.pipeline.keys import load_keyring
 from stream_dp.pipeline.service import run_worker
+
+# --bootstrap-servers is applied as this variable, so it is validated like any override.
+BOOTSTRAP_VARIABLE = "STREAM_DP_KAFKA__BOOTSTRAP_SERVERS"
 
 
 def register(sub: Any) -> None:
@@ -23,13 +27,21 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
     p.add_argument(
+        "--bootstrap-servers",
+        metavar="HOST:PORT",
+        help="override kafka.bootstrap_servers (as STREAM_DP_KAFKA__BOOTSTRAP_SERVERS does)",
+    )
+    p.add_argument(
         "--log-format", choices=["json", "console"], help="override logging.format from config"
     )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    environ = dict(os.environ)
+    if args.bootstrap_servers:
+        environ[BOOTSTRAP_VARIABLE] = args.bootstrap_servers
+    config = load_config(args.config, environ)
     configure_logging(config.logging.level, args.log_format or config.logging.format)
     keyring = load_keyring(config.pseudonymization)
     asyncio.run(run_worker(config, keyring))

@@ -68,7 +68,8 @@ def _section_model(section: str) -> type[BaseModel] | None:
     )
 
 
-def _suggest(word: str, choices: Iterable[str]) -> str:
+def suggest(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean X?)' for the closest of ``choices`` to a mistyped ``word``, else ''."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
@@ -92,7 +93,7 @@ def _classify(variable: str, raw: str) -> EnvOverride | str:
     section, sep, key = rest.partition(NESTING)
     sections = list(Config.model_fields)
     if section not in Config.model_fields:
-        return f"no configuration section {section!r}{_suggest(section, sections)}"
+        return f"no configuration section {section!r}{suggest(section, sections)}"
     model = _section_model(section)
     if not sep:
         if model is None:  # queries: a JSON list replaces the file's list
@@ -106,7 +107,7 @@ def _classify(variable: str, raw: str) -> EnvOverride | str:
             f"{section} cannot be set key by key; set {ENV_PREFIX}{section.upper()} to a JSON list"
         )
     if NESTING in key or key not in model.model_fields:
-        return f"{section} has no key {key!r}{_suggest(key, model.model_fields)}"
+        return f"{section} has no key {key!r}{suggest(key, model.model_fields)}"
     # Text as the number it spells for a number field (digits; a decimal for ε, δ, ...);
     # anything else (``yes``) stays text, and the number field refuses it with the fix.
     return EnvOverride(variable, section, key, env_value(field_kind(model.model_fields[key]), raw))

@@ -30,6 +30,7 @@ from stream_dp.config.environment import (
     merge_overrides,
     origins,
     read_environment,
+    suggest,
 )
 from stream_dp.config.model import Config, ConfigOrigin
 from stream_dp.config.numbers import field_kind
@@ -218,7 +219,8 @@ def _describe(error: Mapping[str, Any], origin: ConfigOrigin, source: str) -> st
     if error["type"] == "extra_forbidden":
         owner = _model_at(loc[:-1])
         allowed = ", ".join(owner.model_fields) if owner else "see docs/configuration.md"
-        return f"{path} ({where}): unknown key; allowed here: {allowed}"
+        hint = suggest(str(loc[-1]), owner.model_fields) if owner else ""
+        return f"{path} ({where}): unknown key{hint}; allowed here: {allowed}"
     if error["type"] == "missing":
         return f"{path}: required but missing"
     value = error.get("input")
@@ -280,8 +282,9 @@ def parse_config(
     return config
 
 
-def load_config(path: str | Path) -> Config:
-    """Read a YAML configuration file; raises ConfigError (exit code 2) with the fix."""
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Read a YAML configuration file, with the ``STREAM_DP_*`` overrides of ``environ``
+    (default: the process environment); raises ConfigError (exit code 2) with the fix."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -308,7 +311,7 @@ def load_config(path: str | Path) -> Config:
             f"config file {p} must hold a mapping of sections (kafka, input, ...), "
             f"not a {type(data).__name__}"
         )
-    return parse_config(data, source=str(p), file=str(p))
+    return parse_config(data, source=str(p), environ=environ, file=str(p))
 
 
 def _report_replaced_queries(data: Mapping[str, Any], origin: ConfigOrigin, source: str) -> None:

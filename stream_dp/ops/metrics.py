@@ -155,8 +155,9 @@ class Metrics:
         )
         self.late_events = Counter(
             "stream_dp_late_events",
-            "Valid events dropped because their window had already closed "
-            "(event time older than the watermark).",
+            "Valid events dropped because their window had already closed (event time "
+            "older than the watermark) or comes before the first covered window "
+            "(window.start_at, or the first start); the worker logs a WARNING with the fix.",
             registry=r,
         )
         self.replayed_events_skipped = Counter(

@@ -21,29 +21,40 @@ The rule (docs/privacy.md#budget; :mod:`stream_dp.privacy.adaptive_bounds` has t
 
 from __future__ import annotations
 
+import logging
 import random  # only the type of the sampling PRNG that picks a user's per-key bin (not a DP draw)
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from stream_dp.config.model import Config
+from stream_dp.errors import PrivacyError
+from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.ledger import (
     BoundsDecision,
     LedgerIndex,
     LedgerRelease,
     OutputRecord,
     encode_bounds_decision,
+    new_release_id,
 )
+from stream_dp.pipeline.partials import Partial, PartialAssembler
+from stream_dp.pipeline.queries import CompiledQuery
 from stream_dp.privacy.adaptive_bounds import (
     BoundsTriple,
     HistogramLayout,
     NoisyHistograms,
     UserHistograms,
     choose_bounds,
+    merge_counts,
+    release_histograms,
 )
 from stream_dp.privacy.budget import BOUNDS_CHARGE
-from stream_dp.privacy.planner import AutoBoundsPlan, plan_config
+from stream_dp.privacy.planner import AutoBoundsPlan, QueryPlan, plan_config, plan_query
+from stream_dp.privacy.specs import BoundsSpec
 from stream_dp.windows.tumbling import iso_utc
+
+log = logging.getLogger(__name__)
 
 #: (group key, value) of an item for a query, or None when the query does not count it.
 Projection = Callable[[int], "tuple[Any, int] | None"]
@@ -247,3 +258,136 @@ def auto_seal_plan(config: Config, queries: Sequence[Any]) -> AutoSeal | None:
     for q in queries:
         projections.setdefault(plan.projection_of[q.name], q.project)
     return AutoSeal(plan.layout, projections)
+
+
+class AutoBounds:
+    """Stage 2's part of ``bounds: auto`` (held by
+    :class:`~stream_dp.pipeline.release_stage.ReleaseStage`; with fixed bounds it answers
+    the configured ones): which bounds a window is released with, each query's plan
+    calibrated to them, which partials were bounded with them, the window's noisy
+    histograms, and the decision of the next window's bounds."""
+
+    def __init__(self, config: Config, ledger: LedgerIndex, metrics: Metrics) -> None:
+        #: Which bounds each window uses (bounds: auto: decided window by window).
+        self.schedule = BoundsSchedule(config, ledger)
+        self.auto = self.schedule.auto
+        self.ledger = ledger
+        self.metrics = metrics
+        self.window_size_s = config.window.size_s
+        self._plans: dict[tuple[str, BoundsTriple], QueryPlan] = {}
+
+    def bounds_for(
+        self,
+        window_start_s: int,
+        coverage_start_s: int | None,
+        released_in_ledger: Callable[[int], bool],
+    ) -> BoundsTriple | None:
+        """The bounds of a window (None under bounds: auto until they are decided).
+
+        The releaser of the window before writes the decision to that window's ledger
+        partition before its progress record. So once a progress record read from the ledger
+        says the window before is released (``released_in_ledger``) and no decision came
+        before it, none will: that window was released by a version or configuration without
+        ``bounds: auto`` (a deployment switching to it), and the start values apply — a held
+        window must not wait for ever.
+        """
+        bounds = self.schedule.bounds_for(window_start_s, coverage_start_s)
+        if bounds is None and released_in_ledger(window_start_s - self.window_size_s):
+            return self.schedule.start
+        return bounds
+
+    def plan_for(self, q: CompiledQuery, bounds: BoundsTriple) -> QueryPlan:
+        """The query's plan for a window bounded with ``bounds`` (noise calibrated to them)."""
+        if not self.auto:
+            return q.plan
+        key = (q.name, bounds)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 256:
+                self._plans.clear()
+            plan = self._plans[key] = plan_query(
+                q.spec, BoundsSpec(*bounds), unsafe_test_mode=q.plan.unsafe_test_mode
+            )
+        return plan
+
+    def bounded_with(self, assembler: PartialAssembler, bounds: BoundsTriple | None) -> bool:
+        """bounds: auto — a partial is merged only if bounded with the window's bounds (the
+        noise is calibrated to them) and its histograms fit the layout; else it is left
+        out, counted once (``bounds_mismatch``)."""
+        partial = assembler.taken
+        assert partial is not None
+        layout = self.schedule.layout
+        ok = partial.bounds == bounds and partial.histograms is not None and layout is not None
+        if ok and layout is not None and partial.histograms is not None:
+            try:
+                merge_counts(layout, [partial.histograms])
+            except PrivacyError:
+                ok = False
+        if not ok:
+            assembler.taken = None
+            self.metrics.partials_ignored.labels(reason="bounds_mismatch").inc()
+            log.error(
+                "a partial bounded with other bounds than its window's was left out",
+                extra={"query": partial.query, "window": iso_utc(partial.window_start_s)},
+            )
+        return ok
+
+    def histograms(
+        self,
+        taken: Iterable[Partial],
+        window_start_s: int,
+        window_end_s: int,
+        bounds: BoundsTriple,
+    ) -> LedgerRelease:
+        """The window's histograms from the partials ``taken``, merged over source
+        partitions (one partial each: every partial of a seal carries the same histograms,
+        and each user is in one partition, so it counts once) and noised once."""
+        layout = self.schedule.layout
+        assert layout is not None
+        per_source: dict[int, Partial] = {}
+        for partial in taken:
+            if partial.histograms is not None:
+                per_source.setdefault(partial.source_partition, partial)
+        exact = merge_counts(
+            layout, [p.histograms for p in per_source.values() if p.histograms is not None]
+        )
+        noisy = release_histograms(exact, layout, epsilon=self.schedule.epsilon)
+        return histograms_release(
+            release_id=new_release_id(),
+            window_start_s=window_start_s,
+            window_end_s=window_end_s,
+            noisy=noisy,
+            bounds=bounds,
+            sources={p: partial.version for p, partial in sorted(per_source.items())},
+        )
+
+    def decision(
+        self, window_start_s: int, current: BoundsTriple, winners: Sequence[LedgerRelease]
+    ) -> tuple[str, bytes] | None:
+        """The ledger record of the next window's bounds from this window's ``winners``;
+        None when not auto or already decided."""
+        if not self.auto or window_start_s + self.window_size_s in self.ledger.bounds:
+            return None
+        return decide_next(
+            self.schedule,
+            window_start_s=window_start_s,
+            window_size_s=self.window_size_s,
+            current=current,
+            histograms=self.ledger.get(BOUNDS_CHARGE, window_start_s),
+            released=released_values(winners),
+        )
+
+    def window_field(self, window_start_s: int, bounds: BoundsTriple) -> dict[str, Any] | None:
+        """bounds: auto — what the window record states: the bounds the window used, how
+        they were chosen, and the ε this window spends choosing the next window's."""
+        if not self.auto:
+            return None
+        k, l0, linf = bounds
+        decision = self.schedule.decision_of(window_start_s)
+        return {
+            "max_contributions_per_window": k,
+            "max_keys_per_user": l0,
+            "max_contributions_per_key": linf,
+            "chosen": "start" if decision is None else decision.reason,
+            "epsilon": self.schedule.epsilon,
+        }

@@ -5,6 +5,10 @@ id, else the repartition topic) keeps, per open window, a :class:`UserSamples` �
 (pseudonym, random priority, item), at most k items per pseudonym once compacted, items being
 ids of interned event signatures — and the first offset the window needs.
 A user's events all live in one partition, so bounding per partition bounds per user.
+Records come in through :meth:`IngestStage.ingest` (the per-record path and entry point,
+:mod:`~stream_dp.pipeline.ingest_records`; whole batches as columns where possible,
+:mod:`~stream_dp.pipeline.ingest_columns`); this module holds the state, sealing, erasure
+and the offsets to commit.
 
 Each partition has its own watermark (largest event time − grace; by wall clock once the
 partition is idle). When it passes a window's end the partition *seals* the window: its
@@ -22,11 +26,12 @@ but moves the watermark no further than the clock. Events before the first cover
 are late. Keyed input is checked, not trusted: a record on a partition its key does not map
 to is dead-lettered (``misplaced_key``, see :mod:`~stream_dp.pipeline.placement`).
 
-Stage 0 (:meth:`IngestStage.route`), for input not keyed by user: decode and pseudonymize,
-then re-key by pseudonym onto :func:`pseudonym_partition`; the raw id goes no further.
-Repartitioned records carry their source partition and offset (a record re-sent after a
-crash is recognised and dropped) and their pseudonym key id (stage 1 keeps only those of
-the window's key: a user is never split over two pseudonyms in one window).
+Stage 0, for input not keyed by user, is :class:`~stream_dp.pipeline.router.RoutingStage`
+(decode, pseudonymize, re-key by pseudonym onto the repartition topic); an
+:class:`IngestStage` holds one as :attr:`IngestStage.router` and passes the transport's
+stage-0 calls (:meth:`IngestStage.route_packed`, :meth:`IngestStage.progress_marks`, …) to
+it. Stage 1 drops a repartitioned record it already saw (by source partition and offset)
+and keeps only those pseudonymized under the window's key.
 
 String user ids are normalised (``input.user_id_normalization``) before they are
 pseudonymized, in both stages: the batch-local pseudonym cache is keyed by the raw id, so
@@ -45,45 +50,42 @@ which erasure-log position it applied erasures (``erasures_through``).
 from __future__ import annotations
 
 import logging
-import math
 import random  # only the type of a seed for the sampling PRNG (see new_sampling_generator)
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
-import orjson
 
 from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.auto_bounds import auto_seal_plan
-from stream_dp.pipeline.decode import BadRecord, Decoder
+from stream_dp.pipeline.decode import BadRecord
 from stream_dp.pipeline.ingest_columns import (
-    ACCEPT,
-    LATE,
-    REPLAYED,
-    ColumnIngest,
     DeadLetter,
     InputRecord,
     ReleasedWindows,
     WindowPart,
+    dead_letter,
+    empty_user_record,
+    input_decoder,
 )
-from stream_dp.pipeline.packed import PACKED_KIND, decode_events
+from stream_dp.pipeline.ingest_records import RecordIngest, user_key
 from stream_dp.pipeline.partials import Partial, SourceWatermark, new_version
 from stream_dp.pipeline.placement import (
     partition_function,
     partitions_function,
-    pseudonym_partition,
 )
-from stream_dp.pipeline.queries import CompiledQuery, needed_fields
+from stream_dp.pipeline.queries import CompiledQuery
+from stream_dp.pipeline.router import RoutingStage
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.bounding import bounded_totals_columns, new_sampling_rng
 from stream_dp.privacy.erasure import Erasure, ErasureSet
-from stream_dp.privacy.group_values import canonical_value, json_default
 from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
 from stream_dp.privacy.user_samples import (
-    UserSamples,
+    SamplingGenerator,
     first_k_per_user,
     new_sampling_generator,
     per_user_items,
@@ -117,34 +119,7 @@ class _NothingReleased:
         return None
 
 
-def user_key(user: str | int, normalization: UserIdNormalization = "none") -> bytes:
-    """The Kafka record key a producer keying by user id writes for this user: the id as
-    normalised by ``input.user_id_normalization`` (pass it), integers in decimal."""
-    normal = user_id_normalizer(normalization)(user)
-    return (normal if isinstance(normal, str) else str(normal)).encode()
-
-
-def _not_keyed_detail(normalization: UserIdNormalization) -> str:
-    if normalization == "none":
-        expected = "its user id"
-    else:
-        expected = (
-            f"its user id as input.user_id_normalization ({normalization}) normalises it "
-            "(Unicode NFKC, case-folded, surrounding whitespace removed)"
-        )
-    return (
-        f"input.keyed_by_user is true but the record key is not {expected}: key records by "
-        "the normalised user id, or set input.keyed_by_user: false to repartition"
-    )
-
-
-#: Pseudonym cache entry of a user id that normalises to nothing (dead-lettered).
-_EMPTY_ID = b""
-#: No erased pseudonyms (erasure off, or none covers the window).
-_NONE_ERASED: frozenset[Any] = frozenset()
-
-
-class IngestStage(ColumnIngest):
+class IngestStage(RecordIngest):
     def __init__(
         self,
         config: Config,
@@ -187,30 +162,15 @@ class IngestStage(ColumnIngest):
         self._partitions_of_keys = partitions_function(config.input.partitioner)
         #: Partitions of the input topic (the sources of each repartition partition).
         self.input_partitions = 1
-        #: Partitions of the repartition topic (where stage 0 routes); set by the transport.
-        self.routed_partitions = 1
         self._normalization: UserIdNormalization = config.input.user_id_normalization
         self._normalize = user_id_normalizer(self._normalization)
-        self._empty_user = BadRecord(
-            "bad_user",
-            f"field {config.input.user_field!r} is empty once input.user_id_normalization "
-            "removes its surrounding whitespace",
-        )
-        fields, scalar, numeric = needed_fields(config.queries)
+        self._empty_user = empty_user_record(config)
+        self.decoder, self._fields, scalar = input_decoder(config)
         self._scalar_fields = tuple(scalar)
-        self._fields = fields
-        self.decoder = Decoder(
-            user_field=config.input.user_field,
-            time_field=config.input.time_field,
-            max_record_bytes=config.input.max_record_bytes,
-            max_future_s=config.input.max_future_s,
-            scalar_fields=scalar,
-            numeric_fields=numeric,
-        )
         self._signatures: list[tuple[Any, ...]] = []
         self._signature_ids: dict[tuple[Any, ...], int] = {}
         self._compact_signatures_at = SIGNATURES_COMPACT_MIN
-        self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
+        self.queries = [CompiledQuery(q, config.bounds, self._fields) for q in config.queries]
         for q in self.queries:
             q.bind(self._signatures)
         self._auto = auto_seal_plan(config, self.queries)
@@ -220,17 +180,10 @@ class IngestStage(ColumnIngest):
         self._positions: dict[int, int] = {}
         # Per repartition partition: source partition → largest source offset seen.
         self._routed_seen: dict[int, dict[int, int]] = {}
-        # Stage 0, per input partition: largest event time routed, last record (monotonic).
-        self._routed_max: dict[int, float] = {}
-        self._routed_activity: dict[int, float] = {}
-        #: Idleness (of stage 0's input partitions and of stage 1's own, read directly)
-        #: counts only as far as :meth:`read_to_end` proves it (the worker, which reads
-        #: Kafka); otherwise silence up to now is idleness (offline use, unit tests).
-        self.require_read_proof = False
-        # Stage 0, per input partition: when its reader was last at the log's end.
-        self._routed_read_through: dict[int, float] = {}
-        #: Erasures in force (docs/erasure.md): set by the transport when erasure is on.
-        self.erasures: ErasureSet | None = None
+        #: Stage 0, routing this worker's input partitions (input not keyed by user).
+        self.router = RoutingStage(config, keyring, metrics=self.metrics)
+        self._require_read_proof = False
+        self._erasures: ErasureSet | None = None
         #: The erasure-log position this stage's state has applied (stamped on partials).
         self.erasures_applied = 0
         #: Keep sealed windows until their release is known (the worker, with erasure on).
@@ -287,8 +240,7 @@ class IngestStage(ColumnIngest):
         partition (of the input topic read by stage 0 if ``input_topic``, else of the
         stage-1 topic): silence before it is the partition's own, so it may count as idle."""
         if input_topic:
-            if at_mono_s > self._routed_read_through.get(partition, -math.inf):
-                self._routed_read_through[partition] = at_mono_s
+            self.router.read_to_end(partition, at_mono_s)
         else:
             tracker = self._trackers.get(partition)
             if tracker is not None:
@@ -297,129 +249,62 @@ class IngestStage(ColumnIngest):
     def restart_idle_clocks(self, now_mono_s: float) -> None:
         for tracker in self._trackers.values():
             tracker.restart_idle_clocks(now_mono_s)
-        for p in self._routed_activity:
-            self._routed_activity[p] = now_mono_s
+        self.router.restart_idle_clocks(now_mono_s)
 
-    # -- stage 0: repartition by pseudonym ----------------------------------------------
+    # -- stage 0 (kept here for the transport: the routing stage does the work) --------
     def assign_routed(self, partitions: Iterable[int], now_mono_s: float) -> None:
         """Input partitions stage 0 now owns."""
-        for p in partitions:
-            self._routed_activity.setdefault(p, now_mono_s)
+        self.router.assign_routed(partitions, now_mono_s)
+
+    def forget_routed(self, partitions: Iterable[int]) -> None:
+        """Input partitions stage 0 no longer owns."""
+        self.router.forget_routed(partitions)
 
     def route(
         self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
     ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
-        """Decode and pseudonymize raw input: (key, value, repartition partition) records
-        keyed by pseudonym, and dead letters. Follow them with :meth:`progress_marks` to
-        every repartition partition. Only valid events count as the partition's activity.
-        """
-        metrics = self.metrics
-        n_routed = self.routed_partitions
-        metrics.events_consumed.inc(len(records))
-        decode = self.decoder.decode_parts
-        size = self.windows.size_s
-        fields = self._fields
-        include_payload = self.config.output.dead_letter_include_payload
-        # Raw ids live only in this batch-local cache, per key id (never in state).
-        pseudonyms: dict[str, dict[str | int, str]] = {}
-        out: list[tuple[bytes, bytes, int]] = []
-        dead: list[DeadLetter] = []
-        batch_max = -math.inf
-        current_ws: int | None = None
-        cache: dict[str | int, str] = {}
-        key_id = ""
-        pseudonymize: Callable[[str | int], bytes] | None = None
-        erasures = self.erasures
-        erased: frozenset[str] = _NONE_ERASED
-        n_erased = 0
-        for offset, _key, value in records:
-            parsed = decode(value, now_s)
-            if isinstance(parsed, BadRecord):
-                dead.append(self._dead(parsed, partition, offset, value, include_payload))
-                continue
-            user, t, obj = parsed
-            ws = math.floor(t / size) * size
-            if ws != current_ws:  # the key (rotation) is looked up once per window run
-                current_ws = ws
-                pseudonymizer = self.keyring.for_window(ws)
-                key_id = pseudonymizer.key_id
-                cache = pseudonyms.setdefault(key_id, {})
-                pseudonymize = pseudonymizer.pseudonym
-                if erasures is not None:
-                    erased = erasures.erased_hex(key_id, ws)
-            pseudonym = cache.get(user)
-            if pseudonym is None:
-                assert pseudonymize is not None
-                pseudonym = cache[user] = self._pseudonym(user, pseudonymize).hex()
-            if not pseudonym:
-                dead.append(self._dead(self._empty_user, partition, offset, value, include_payload))
-                continue
-            if erased and pseudonym in erased:
-                n_erased += 1  # erased: not even repartitioned
-                continue
-            body = {
-                "u": pseudonym,
-                "t": t,
-                "e": {f: obj.get(f) for f in fields},
-                "src": [partition, offset],
-                "k": key_id,
-            }
-            target = pseudonym_partition(bytes.fromhex(pseudonym[:16]), n_routed)
-            out.append((pseudonym.encode(), orjson.dumps(body, default=json_default), target))
-            if t > batch_max:
-                batch_max = t
-        if out:
-            # Valid events only: a partition delivering only bad records is idle, and a
-            # time stamped ahead of the clock moves its progress no further than the clock.
-            self._routed_activity[partition] = now_mono_s
-            batch_max = min(batch_max, now_s)
-            if batch_max > self._routed_max.get(partition, -math.inf):
-                self._routed_max[partition] = batch_max
-        # An erased user's events count as taken, like any valid event: the counter must not
-        # tell whether someone erased is still sending (no per-person count on /metrics).
-        metrics.events_repartitioned.inc(len(out) + n_erased)
-        return out, dead
+        """Stage 0, one JSON record per event: :meth:`.RoutingStage.route`."""
+        return self.router.route(partition, records, now_s=now_s, now_mono_s=now_mono_s)
+
+    def route_packed(
+        self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
+    ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
+        """Stage 0, packed records: :meth:`.RoutingStage.route_packed`."""
+        return self.router.route_packed(partition, records, now_s=now_s, now_mono_s=now_mono_s)
 
     def progress_marks(self, now_mono_s: float) -> list[bytes]:
-        """Per owned input partition: largest event time routed and how long it has been idle.
+        """Stage 0's progress marks: :meth:`.RoutingStage.progress_marks`."""
+        return self.router.progress_marks(now_mono_s)
 
-        Sent to every repartition partition after the records they cover, they let one that
-        received none of a partition's users still see it advance, or go idle: idleness is
-        judged here, where the input is read, never by silence downstream.
-        """
-        return [
-            orjson.dumps(
-                {
-                    "t": self._routed_max.get(p),
-                    "idle_s": self._routed_quiet_s(p, last, now_mono_s),
-                    "src": [p, -1],
-                }
-            )
-            for p, last in sorted(self._routed_activity.items())
-        ]
+    @property
+    def routed_partitions(self) -> int:
+        """Partitions of the repartition topic (where stage 0 routes); set by the transport."""
+        return self.router.routed_partitions
 
-    def _routed_quiet_s(self, partition: int, last_activity_s: float, now_mono_s: float) -> float:
-        """How long stage 0 knows an input partition to have been quiet: until now, or
-        with :attr:`require_read_proof` until the last fetch that found its reader at the
-        log's end — a reader that cannot fetch must not call its input idle."""
-        known = now_mono_s
-        if self.require_read_proof:
-            known = min(now_mono_s, self._routed_read_through.get(partition, -math.inf))
-        return max(0.0, known - last_activity_s)
+    @routed_partitions.setter
+    def routed_partitions(self, n: int) -> None:
+        self.router.routed_partitions = n
 
-    def forget_routed(self, partitions: Iterable[int]) -> None:
-        """Input partitions stage 0 no longer owns."""
-        for p in partitions:
-            self._routed_max.pop(p, None)
-            self._routed_activity.pop(p, None)
-            self._routed_read_through.pop(p, None)
+    @property
+    def require_read_proof(self) -> bool:
+        """Idleness (of stage 0's input partitions and of stage 1's own, read directly)
+        counts only as far as :meth:`read_to_end` proves it (the worker, which reads
+        Kafka); otherwise silence up to now is idleness (offline use, unit tests)."""
+        return self._require_read_proof
 
-    def _pseudonym(self, user: str | int, pseudonymize: Callable[[str | int], bytes]) -> bytes:
-        """The pseudonym of a raw id (normalised first); ``_EMPTY_ID`` if nothing is left."""
-        normal = self._normalize(user)
-        if normal == "":
-            return _EMPTY_ID
-        return pseudonymize(normal)
+    @require_read_proof.setter
+    def require_read_proof(self, required: bool) -> None:
+        self._require_read_proof = self.router.require_read_proof = required
+
+    @property
+    def erasures(self) -> ErasureSet | None:
+        """Erasures in force (docs/erasure.md), in both stages: set by the transport when
+        erasure is on."""
+        return self._erasures
+
+    @erasures.setter
+    def erasures(self, erasures: ErasureSet | None) -> None:
+        self._erasures = self.router.erasures = erasures
 
     def _dead(
         self,
@@ -430,274 +315,7 @@ class IngestStage(ColumnIngest):
         include_payload: bool,
         topic: str | None = None,
     ) -> DeadLetter:
-        self.metrics.bad_records.labels(reason=bad.reason).inc()
-        return DeadLetter(
-            bad.reason, bad.detail, partition, offset, value if include_payload else None, topic
-        )
-
-    # -- stage 1: window and bound ------------------------------------------------------
-    def ingest(
-        self,
-        partition: int,
-        records: Sequence[InputRecord],
-        *,
-        now_s: float,
-        now_mono_s: float,
-        routed: bool = False,
-        topic: str | None = None,
-    ) -> list[DeadLetter]:
-        """Window and bound one partition's batch of (offset, key, value).
-
-        ``routed``: the records come from the repartition topic (``topic``; pseudonymized
-        and validated by :meth:`route`); otherwise they are raw input, decoded here.
-        """
-        if not records:
-            return []
-        if not routed and self._ingest_columns(partition, records, now_s, now_mono_s):
-            return []
-        metrics = self.metrics
-        if not routed:
-            metrics.events_consumed.inc(len(records))
-        decode = self.decoder.decode_parts
-        check_keys = self.enforce_user_keys and not routed
-        partition_of_key = self._partition_of_key
-        n_partitions = self.source_partitions
-        # Batch-local, raw id → the record key it must carry (never kept in state).
-        expected_keys: dict[str | int, bytes] = {}
-        scalar_fields = self._scalar_fields
-        size = self.windows.size_s
-        sealed = self._sealed_s.get(partition)
-        windows_released = self._windows_released
-        coverage = windows_released.coverage_start_s
-        fields = self._fields
-        single_field = fields[0] if len(fields) == 1 else None
-        signatures = self._signatures
-        signature_ids = self._signature_ids
-        state = self._state.setdefault(partition, {})
-        seen = self._routed_seen.setdefault(partition, {}) if routed else {}
-        # Routed records interleave input partitions that progress at their own pace: the
-        # partition's watermark is the slowest input partition's, as stage 0's progress
-        # marks report it (each follows the records it covers).
-        marks: list[tuple[int, float | None, float]] = []
-        # Raw ids live only in this batch-local cache, per key id (never in state).
-        pseudonyms: dict[str, dict[str | int, bytes]] = {}
-        key_partitions: dict[bytes, int] = {}
-        include_payload = self.config.output.dead_letter_include_payload
-        dead: list[DeadLetter] = []
-        late = skipped = duplicates = stale_key = 0
-        max_time: float | None = None
-        # Events arrive mostly in event-time order, so the per-window lookups (lateness,
-        # key, samples) are redone only when the window changes, and a window's events are
-        # handed to its samples in runs.
-        current_ws: int | None = None
-        fate = ACCEPT
-        part: WindowPart | None = None
-        cache: dict[str | int, bytes] = {}
-        key_id = ""
-        pseudonymize: Callable[[str | int], bytes] | None = None
-        run_pseudonyms: list[bytes] = []
-        run_items: list[int] = []
-        erasures = self.erasures
-        erased: frozenset[bytes] = _NONE_ERASED
-        for offset, key, value in records:
-            pseudonym: bytes | None
-            record_key_id: str | None = None
-            if routed:
-                try:
-                    body = orjson.loads(value or b"null")
-                    if type(body) is dict and body.get("kind") == PACKED_KIND:
-                        packed = decode_events(body, fields)
-                        dead.extend(self._ingest_packed(partition, offset, packed, topic, seen))
-                        continue
-                    src_partition, src_offset = body["src"]
-                    if "u" not in body:  # a progress mark of one input partition
-                        mark_t = body["t"]
-                        marks.append(
-                            (
-                                int(src_partition),
-                                None if mark_t is None else float(mark_t),
-                                float(body["idle_s"]),
-                            )
-                        )
-                        continue
-                    t = float(body["t"])
-                    obj = body["e"]
-                    pseudonym = bytes.fromhex(body["u"])
-                    stamped_key = body.get("k")  # absent in records of earlier versions
-                    record_key_id = None if stamped_key is None else str(stamped_key)
-                    if type(obj) is not dict or not math.isfinite(t) or type(src_offset) is not int:
-                        raise TypeError("not a repartitioned event")
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-                    dead.append(
-                        self._dead(
-                            BadRecord(
-                                "bad_internal_record",
-                                "not a repartitioned event of this schema (a writer other "
-                                "than stream-dp, or a format from another version)",
-                            ),
-                            partition,
-                            offset,
-                            value,
-                            include_payload,
-                            topic,
-                        )
-                    )
-                    continue
-                if pseudonym_partition(pseudonym, n_partitions) != partition:
-                    dead.append(self._misplaced(partition, offset, value, include_payload, topic))
-                    continue
-                if src_offset <= seen.get(src_partition, -1):
-                    duplicates += 1
-                    continue
-                seen[src_partition] = src_offset
-                for name in scalar_fields:  # JSON true/1.0 back to canonical form
-                    field_value = obj.get(name)
-                    if isinstance(field_value, bool | float):
-                        obj[name] = canonical_value(field_value)
-                user: str | int = ""
-            else:
-                parsed = decode(value, now_s)
-                if isinstance(parsed, BadRecord):
-                    dead.append(self._dead(parsed, partition, offset, value, include_payload))
-                    continue
-                user, t, obj = parsed
-                if check_keys:
-                    expected = expected_keys.get(user)
-                    if expected is None:
-                        expected = expected_keys[user] = user_key(user, self._normalization)
-                    if key != expected:
-                        dead.append(
-                            self._dead(
-                                BadRecord(
-                                    "not_keyed_by_user", _not_keyed_detail(self._normalization)
-                                ),
-                                partition,
-                                offset,
-                                value,
-                                include_payload,
-                            )
-                        )
-                        continue
-                    assert key is not None
-                    home = key_partitions.get(key)
-                    if home is None:
-                        home = key_partitions[key] = partition_of_key(key, n_partitions)
-                    if home != partition:
-                        dead.append(self._misplaced(partition, offset, value, include_payload))
-                        continue
-                pseudonym = None
-            ws = math.floor(t / size) * size
-            if ws != current_ws:
-                if run_items:
-                    assert part is not None
-                    part.samples.add_many(run_pseudonyms, run_items)
-                    run_pseudonyms, run_items = [], []
-                current_ws = ws
-                if (sealed is not None and ws + size <= sealed) or (
-                    coverage is not None and ws < coverage
-                ):
-                    fate = LATE
-                elif windows_released.released(ws):
-                    fate = REPLAYED if windows_released.released_earlier(ws) else LATE
-                else:
-                    fate = ACCEPT
-                    part = state.get(ws)
-                    if part is None:
-                        part = state[ws] = WindowPart(UserSamples(self.k, self._rng), offset)
-                    pseudonymizer = self.keyring.for_window(ws)
-                    key_id = pseudonymizer.key_id
-                    cache = pseudonyms.setdefault(key_id, {})
-                    pseudonymize = pseudonymizer.pseudonym
-                    if erasures is not None:
-                        erased = erasures.erased(key_id, ws)
-            if fate != ACCEPT:
-                if fate == LATE:
-                    late += 1
-                else:
-                    skipped += 1
-                continue
-            if record_key_id is not None and record_key_id != key_id:
-                # Pseudonymized under another key than this window's (a rotation changed
-                # while it was open): one user must not appear under two pseudonyms.
-                stale_key += 1
-                continue
-            sig = (
-                (obj.get(single_field),)
-                if single_field is not None
-                else tuple(map(obj.get, fields))
-            )
-            sid = signature_ids.get(sig)
-            if sid is None:
-                sid = signature_ids[sig] = len(signatures)
-                signatures.append(sig)
-            if pseudonym is None:
-                pseudonym = cache.get(user)
-                if pseudonym is None:
-                    assert pseudonymize is not None
-                    pseudonym = cache[user] = self._pseudonym(user, pseudonymize)
-                if not pseudonym:
-                    dead.append(
-                        self._dead(self._empty_user, partition, offset, value, include_payload)
-                    )
-                    continue
-            if erased and pseudonym in erased:
-                continue  # erased: never enters a reservoir (and is no activity, no count)
-            if max_time is None or t > max_time:
-                max_time = t
-            run_pseudonyms.append(pseudonym)
-            run_items.append(sid)
-        if run_items:
-            assert part is not None
-            part.samples.add_many(run_pseudonyms, run_items)
-        self._positions[partition] = records[-1][0] + 1
-        tracker = self._tracker(partition, now_mono_s, routed=routed)
-        if routed:
-            for source, t_max, idle_s in marks:
-                tracker.report(source, t_max, idle_s, now_mono_s)
-        elif max_time is not None:
-            # Only accepted events are activity; one stamped ahead of the clock moves the
-            # watermark no further than the clock (it may not close the current window).
-            tracker.observe(partition, min(max_time, now_s), now_mono_s)
-        if late:
-            metrics.late_events.inc(late)
-        if skipped:
-            metrics.replayed_events_skipped.inc(skipped)
-        if duplicates:
-            metrics.repartition_duplicates_skipped.inc(duplicates)
-        if stale_key:
-            metrics.late_events.inc(stale_key)
-            log.warning(
-                "dropped %d repartitioned events pseudonymized under another key than their "
-                "window's (pseudonymization.rotate_at changed while the window was open)",
-                stale_key,
-                extra={"partition": partition},
-            )
-        self._update_gauges()
-        return dead
-
-    def _misplaced(
-        self,
-        partition: int,
-        offset: int,
-        value: bytes | None,
-        include_payload: bool,
-        topic: str | None = None,
-    ) -> DeadLetter:
-        return self._dead(
-            BadRecord("misplaced_key", self._misplaced_detail()),
-            partition,
-            offset,
-            value,
-            include_payload,
-            topic,
-        )
-
-    def _misplaced_detail(self) -> str:
-        return (
-            f"the record's key maps to another of the topic's {self.source_partitions} "
-            "partitions: a producer used another partitioner than input.partitioner, or "
-            "partitions were added; its user would be bounded once per partition"
-        )
+        return dead_letter(self.metrics, bad, partition, offset, value, include_payload, topic)
 
     def _tracker(self, partition: int, now_mono_s: float, *, routed: bool) -> WatermarkTracker:
         if partition not in self._trackers:
@@ -752,7 +370,6 @@ class IngestStage(ColumnIngest):
         """
         part = self._state[partition][window_start_s]
         users, items = part.samples.sample()
-        seen = part.samples.events_seen
         histograms: dict[str, list[int]] | None = None
         bounds = self._bounds
         if self._auto is not None:
@@ -762,49 +379,24 @@ class IngestStage(ColumnIngest):
             bounds = decided
             histograms = self._auto.histograms(per_user_items(users, items), self._py_rng)
             users, items = first_k_per_user(users, items, bounds[0])
-        _, max_keys, max_per_key = bounds
-        retained = len(items)
-        key_id = self.keyring.for_window(window_start_s).key_id
-        version = new_version()
-        out = []
-        for q in self.queries:
-            keys, values, groups = q.project_columns(items)
-            taken = keys >= 0
-            events, users_per_key, value_sums, weights = bounded_totals_columns(
-                users[taken],
-                keys[taken],
-                values[taken] if q.has_values else None,
-                n_keys=len(groups),
-                max_keys=max_keys,
-                max_per_key=max_per_key,
-                rng=self._rng,
-                weights=q.weighted_selection,
-            )
-            present = np.flatnonzero(users_per_key)
-            out.append(
-                Partial(
-                    query=q.name,
-                    window_start_s=window_start_s,
-                    source_partition=partition,
-                    version=version,
-                    totals=KeyTotals(
-                        [groups[i] for i in present.tolist()],
-                        events[present],
-                        users_per_key[present],
-                        value_sums[present],
-                        weights[present],
-                    ),
-                    events_seen=seen,
-                    events_retained=retained,
-                    source_partitions=self.source_partitions,
-                    key_id=key_id,
-                    erasures_through=self.erasures_applied,
-                    bounds=bounds if self._auto is not None else None,
-                    histograms=histograms,
-                    fingerprint=self.fingerprint,
-                )
-            )
-        return out
+        stamp = partial(
+            Partial,
+            window_start_s=window_start_s,
+            source_partition=partition,
+            version=new_version(),
+            events_seen=part.samples.events_seen,
+            events_retained=len(items),
+            source_partitions=self.source_partitions,
+            key_id=self.keyring.for_window(window_start_s).key_id,
+            erasures_through=self.erasures_applied,
+            bounds=bounds if self._auto is not None else None,
+            histograms=histograms,
+            fingerprint=self.fingerprint,
+        )
+        return [
+            stamp(query=q.name, totals=bounded_totals(q, users, items, bounds, self._rng))
+            for q in self.queries
+        ]
 
     def drop(self, partition: int, window_start_s: int) -> None:
         """The window's partials are published: its state goes — or, with
@@ -922,3 +514,35 @@ class IngestStage(ColumnIngest):
     @property
     def signature_count(self) -> int:
         return len(self._signatures)
+
+
+def bounded_totals(
+    q: CompiledQuery,
+    users: np.ndarray,
+    items: np.ndarray,
+    bounds: BoundsTriple,
+    rng: SamplingGenerator,
+) -> KeyTotals:
+    """One query's exact totals per key over a window's sample (users and item ids as
+    columns), each user bounded to L0 keys and Linf contributions per key."""
+    _, max_keys, max_per_key = bounds
+    keys, values, groups = q.project_columns(items)
+    taken = keys >= 0
+    events, users_per_key, value_sums, weights = bounded_totals_columns(
+        users[taken],
+        keys[taken],
+        values[taken] if q.has_values else None,
+        n_keys=len(groups),
+        max_keys=max_keys,
+        max_per_key=max_per_key,
+        rng=rng,
+        weights=q.weighted_selection,
+    )
+    present = np.flatnonzero(users_per_key)
+    return KeyTotals(
+        [groups[i] for i in present.tolist()],
+        events[present],
+        users_per_key[present],
+        value_sums[present],
+        weights[present],
+    )

@@ -1,14 +1,17 @@
-"""Stages 0 and 1 a batch at a time: the column paths of :class:`IngestStage`.
+"""Stage 1 a batch at a time: the column paths of :class:`IngestStage`, and what stages 0
+and 1 share (records, dead letters, the decoder, pseudonyms of raw ids).
 
-:class:`IngestStage` (``ingest.py``) holds the state and the per-record paths; this mixin
-adds the paths that take a whole fetched batch as columns (:mod:`stream_dp.pipeline.columns`,
+:class:`IngestStage` (``ingest.py``) holds the state, and its per-record path is
+:class:`~stream_dp.pipeline.ingest_records.RecordIngest`; this mixin adds the paths that
+take a whole fetched batch as columns (:mod:`stream_dp.pipeline.columns`,
 :mod:`stream_dp.pipeline.packed`):
 
 * stage 1 on raw input (:meth:`ColumnIngest._ingest_columns`), when every record is a good
   event of the common form — else the per-record path takes the batch, with the same
   result;
-* stage 1 on a packed repartition record (:meth:`ColumnIngest._ingest_packed`);
-* stage 0 writing packed records (:meth:`ColumnIngest.route_packed`).
+* stage 1 on a packed repartition record (:meth:`ColumnIngest._ingest_packed`).
+
+Stage 0 writing packed records is :meth:`~stream_dp.pipeline.router.RoutingStage.route_packed`.
 
 The privacy-relevant checks are the per-record path's, done on columns: placement of keyed
 records and of repartitioned pseudonyms, re-sent events, the window's pseudonym key, late
@@ -18,7 +21,6 @@ and replayed windows; a user is bounded in one partition's samples only.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,15 +30,15 @@ import numpy as np
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.columns import (
-    EventColumns,
     decode_columns,
     distinct_index,
     intern_signatures,
     pseudonym_columns,
 )
 from stream_dp.pipeline.decode import BadRecord, Decoder
-from stream_dp.pipeline.packed import PACKED_KEY_PREFIX, PackedEvents, encode_events
+from stream_dp.pipeline.packed import PackedEvents
 from stream_dp.pipeline.placement import pseudonym_partitions
+from stream_dp.pipeline.queries import needed_fields
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.pseudonymize import KeyRing
@@ -117,6 +119,67 @@ class DeadLetter:
     topic: str | None = None
 
 
+def dead_letter(
+    metrics: Metrics,
+    bad: BadRecord,
+    partition: int,
+    offset: int,
+    value: bytes | None,
+    include_payload: bool,
+    topic: str | None = None,
+) -> DeadLetter:
+    """A bad record as a dead letter (its payload only if configured), counted by reason."""
+    metrics.bad_records.labels(reason=bad.reason).inc()
+    return DeadLetter(
+        bad.reason, bad.detail, partition, offset, value if include_payload else None, topic
+    )
+
+
+def input_decoder(config: Config) -> tuple[Decoder, list[str], list[str]]:
+    """The decoder of raw input records, the event fields the queries need, and which of
+    them are scalar (both stages decode raw input the same way)."""
+    fields, scalar, numeric = needed_fields(config.queries)
+    decoder = Decoder(
+        user_field=config.input.user_field,
+        time_field=config.input.time_field,
+        max_record_bytes=config.input.max_record_bytes,
+        max_future_s=config.input.max_future_s,
+        scalar_fields=scalar,
+        numeric_fields=numeric,
+    )
+    return decoder, fields, scalar
+
+
+def empty_user_record(config: Config) -> BadRecord:
+    """The dead letter of a user id that normalises to nothing."""
+    return BadRecord(
+        "bad_user",
+        f"field {config.input.user_field!r} is empty once input.user_id_normalization "
+        "removes its surrounding whitespace",
+    )
+
+
+#: Pseudonym of a user id that normalises to nothing (dead-lettered).
+EMPTY_ID = b""
+
+
+def pseudonym_of(
+    user: str | int,
+    normalize: Callable[[str | int], str | int],
+    pseudonymize: Callable[[str | int], bytes],
+) -> bytes:
+    """The pseudonym of a raw id (normalised first); :data:`EMPTY_ID` if nothing is left."""
+    normal = normalize(user)
+    if normal == "":
+        return EMPTY_ID
+    return pseudonymize(normal)
+
+
+def window_starts(times: np.ndarray, window_size_s: int) -> np.ndarray:
+    """The start of each event time's tumbling window."""
+    return (np.floor(times / window_size_s) * window_size_s).astype(np.int64)
+
+
 @dataclass(slots=True)
 class WindowPart:
     samples: UserSamples
@@ -126,7 +189,10 @@ class WindowPart:
 class ReleasedWindows(Protocol):
     """What stage 1 needs to know of stage 2 (implemented by ReleaseStage)."""
 
-    coverage_start_s: int | None
+    @property
+    def coverage_start_s(self) -> int | None:
+        """The first covered window (None while unknown)."""
+        ...
 
     def released(self, window_start_s: int) -> bool: ...
 
@@ -138,7 +204,8 @@ class ReleasedWindows(Protocol):
 
 
 class ColumnIngest:
-    """The column paths; :class:`~stream_dp.pipeline.ingest.IngestStage` provides the rest."""
+    """Stage 1's column paths; :class:`~stream_dp.pipeline.ingest.IngestStage` provides the
+    rest."""
 
     # Provided by IngestStage.
     config: Config
@@ -149,7 +216,6 @@ class ColumnIngest:
     k: int
     enforce_user_keys: bool
     source_partitions: int
-    routed_partitions: int
     _rng: SamplingGenerator
     _fields: list[str]
     _signatures: list[tuple[Any, ...]]
@@ -157,8 +223,6 @@ class ColumnIngest:
     _state: dict[int, dict[int, WindowPart]]
     _sealed_s: dict[int, float]
     _positions: dict[int, int]
-    _routed_max: dict[int, float]
-    _routed_activity: dict[int, float]
     _windows_released: ReleasedWindows
     _normalize: Callable[[str | int], str | int]
     _partitions_of_keys: Callable[[Sequence[bytes], int], np.ndarray]
@@ -184,126 +248,6 @@ class ColumnIngest:
         ) -> DeadLetter: ...
 
         def _misplaced_detail(self) -> str: ...
-
-    # -- stage 0 ---------------------------------------------------------------------------
-    def route_packed(
-        self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
-    ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
-        """:meth:`route` with packed output (:mod:`stream_dp.pipeline.packed`): per
-        repartition partition (and pseudonym key id) one record holding the batch's events
-        that go there, as columns. The validation is :meth:`route`'s, a batch of good events
-        being checked column-wise; dead letters are the same."""
-        metrics = self.metrics
-        metrics.events_consumed.inc(len(records))
-        dead: list[DeadLetter] = []
-        cols = decode_columns(self.decoder, self._fields, _values(records), now_s)
-        if cols is not None:
-            offsets = np.array(_offsets(records), dtype=np.int64)
-        else:
-            cols, offsets = self._decode_each(partition, records, now_s, dead)
-        out: list[tuple[bytes, bytes, int]] = []
-        routed = erased = 0
-        sent = np.zeros(len(offsets), dtype=bool)
-        if len(offsets):
-            starts = self._window_starts(cols.times)
-            key_of = {ws: self.keyring.for_window(ws) for ws in np.unique(starts).tolist()}
-            users, index = distinct_index(cols.users)
-            normal = list(map(self._normalize, users))
-            empty = np.array([n == "" for n in normal], dtype=bool)[index]
-            if empty.any():  # ids that normalise to nothing: dead letters, in place
-                include_payload = self.config.output.dead_letter_include_payload
-                payloads = {o: v for o, _, v in records}
-                for o in offsets[empty].tolist():
-                    dead.append(
-                        self._dead(self._empty_user, partition, o, payloads[o], include_payload)
-                    )
-                dead.sort(key=lambda d: d.offset)
-            signatures, sig_index = distinct_index(
-                list(zip(*cols.fields, strict=True)) if cols.fields else [()] * len(offsets)
-            )
-            for pseudonymizer in {p.key_id: p for p in key_of.values()}.values():
-                rows = ~empty
-                if len(key_of) > 1:
-                    ids = [ws for ws, p in key_of.items() if p.key_id == pseudonymizer.key_id]
-                    rows &= np.isin(starts, ids)
-                if not rows.any():
-                    continue
-                present = np.unique(index[rows])
-                local = np.full(len(users), -1, dtype=np.int64)
-                local[present] = np.arange(len(present))
-                listed = [pseudonymizer.pseudonym(normal[i]) for i in present.tolist()]
-                if self.erasures is not None:  # erased: not even repartitioned
-                    for ws in np.unique(starts[rows]).tolist():
-                        gone_users = self.erasures.erased(pseudonymizer.key_id, ws)
-                        if not gone_users:
-                            continue
-                        gone = np.array([p in gone_users for p in listed], dtype=bool)
-                        hit = rows & (starts == ws) & gone[np.maximum(local[index], 0)]
-                        erased += int(np.count_nonzero(hit))
-                        rows &= ~hit
-                    if not rows.any():
-                        continue
-                per_event = np.frombuffer(b"".join(listed), dtype=np.uint8).reshape(-1, 16)
-                per_event = per_event[local[index[rows]]]
-                targets = pseudonym_partitions(per_event.tobytes(), self.routed_partitions)
-                sent |= rows
-                chosen = np.flatnonzero(rows)
-                for target in np.unique(targets).tolist():
-                    here = chosen[targets == target]
-                    for value in encode_events(
-                        src_partition=partition,
-                        offsets=offsets[here],
-                        key_id=pseudonymizer.key_id,
-                        fields=self._fields,
-                        pseudonyms=per_event[targets == target].tobytes(),
-                        times=cols.times[here],
-                        signatures=signatures,
-                        signature_index=sig_index[here],
-                        max_bytes=self.config.kafka.max_message_bytes,
-                    ):
-                        out.append(((PACKED_KEY_PREFIX + str(partition)).encode(), value, target))
-                    routed += len(here)
-            if routed:
-                # Valid events only: a partition delivering only bad records is idle, and a
-                # time stamped ahead of the clock moves its progress no further than the clock.
-                self._routed_activity[partition] = now_mono_s
-                batch_max = min(float(cols.times[sent].max()), now_s)
-                if batch_max > self._routed_max.get(partition, -math.inf):
-                    self._routed_max[partition] = batch_max
-        # An erased user's events count as taken, like any valid event (see ingest.route).
-        metrics.events_repartitioned.inc(routed + erased)
-        return out, dead
-
-    def _decode_each(
-        self,
-        partition: int,
-        records: Sequence[InputRecord],
-        now_s: float,
-        dead: list[DeadLetter],
-    ) -> tuple[EventColumns, np.ndarray]:
-        """The per-record decoder over a batch: its good events as columns, the others as
-        dead letters (appended to ``dead``)."""
-        include_payload = self.config.output.dead_letter_include_payload
-        decode = self.decoder.decode_parts
-        users: list[str | int] = []
-        times: list[float] = []
-        offsets: list[int] = []
-        objs: list[dict[str, Any]] = []
-        for offset, _key, value in records:
-            parsed = decode(value, now_s)
-            if isinstance(parsed, BadRecord):
-                dead.append(self._dead(parsed, partition, offset, value, include_payload))
-                continue
-            user, t, obj = parsed
-            users.append(user)
-            times.append(t)
-            offsets.append(offset)
-            objs.append(obj)
-        fields = [[obj.get(f) for obj in objs] for f in self._fields]
-        return (
-            EventColumns(users, np.array(times, dtype=np.float64), fields),
-            np.array(offsets, dtype=np.int64),
-        )
 
     # -- stage 1 ---------------------------------------------------------------------------
     def _fate(self, partition: int, window_start_s: int) -> int:
@@ -334,8 +278,7 @@ class ColumnIngest:
         part.samples.add_columns(words, signature_ids)
 
     def _window_starts(self, times: np.ndarray) -> np.ndarray:
-        size = self.windows.size_s
-        return (np.floor(times / size) * size).astype(np.int64)
+        return window_starts(times, self.windows.size_s)
 
     def _ingest_columns(
         self, partition: int, records: Sequence[InputRecord], now_s: float, now_mono_s: float

@@ -33,7 +33,7 @@ class CompiledQuery:
         self.config = query
         self.name = query.name
         # the first window's plan (under bounds: auto every window has its own: see
-        # ReleaseStage.plan_for)
+        # AutoBounds.plan_for)
         #: What the planner takes (also for the plans of later windows under bounds: auto).
         self.spec = query.spec()
         self.plan: QueryPlan = plan_query(self.spec, bounds.start_bounds().spec())

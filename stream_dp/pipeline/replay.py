@@ -38,6 +38,7 @@ from stream_dp.pipeline.continual_state import ContinualStore
 from stream_dp.pipeline.erasure_replay import read_erasure_file
 from stream_dp.pipeline.fingerprint_gate import replay_ledger_fingerprint
 from stream_dp.pipeline.ingest import DeadLetter, InputRecord
+from stream_dp.pipeline.late_events import LateEventsNotice
 from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
 from stream_dp.pipeline.local import LocalPipeline
 from stream_dp.pipeline.records import dead_letter_record
@@ -158,6 +159,11 @@ def replay_file(
         if sink is not None:
             sink.close()
     result.coverage_start_s = pipeline.coverage_start_s
+    late = LateEventsNotice(pipeline.metrics, config.window.start_at).observe(
+        pipeline.coverage_start_s, now_mono_s=0.0
+    )
+    if late is not None:
+        result.notes.append(late)
     if erasures is not None:
         result.erasure_responses = erasures.responses(config, pipeline.coverage_start_s)
     if ledger is not None:

@@ -87,6 +87,7 @@ from stream_dp.pipeline.erasure_worker import WorkerErasure
 from stream_dp.pipeline.fingerprint_gate import settle_fingerprint, worker_refusal
 from stream_dp.pipeline.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.ingest_columns import FetchedRecords
+from stream_dp.pipeline.late_events import LateEventsNotice
 from stream_dp.pipeline.ledger import (
     LedgerIndex,
     LedgerRelease,
@@ -341,6 +342,7 @@ class Worker:
         self._requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
         for q in config.queries:
             self.metrics.add_query(q.name)
+        self._late_notice = LateEventsNotice(self.metrics, config.window.start_at)
 
     # -- lifecycle ------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -1407,6 +1409,7 @@ class Worker:
                 if self._unsettled_until_s is not None and watermark >= self._unsettled_until_s:
                     self._unsettled_until_s = None
                     self.health.set("topology_stable", True)
+        self._late_notice.observe(release.coverage_start_s, mono)
         await self._commit_in_loop()
         if batch:
             self.metrics.batch_processing.observe(time.perf_counter() - started)

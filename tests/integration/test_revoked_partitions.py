@@ -96,7 +96,7 @@ async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
         assert worker.metrics.events_repartitioned._value.get() == 5  # the kept partition's
         assert revoked not in worker._safe_offsets()
         assert kept in worker._safe_offsets()
-        assert revoked.partition not in worker.ingest._routed_activity  # type: ignore[union-attr]
+        assert revoked.partition not in worker.ingest.router._routed_activity  # type: ignore[union-attr]
         series = {tuple(labels) for labels in worker.metrics.fetch_age._metrics}
         assert (revoked.topic, str(revoked.partition)) not in series  # its series went with it
         assert (kept.topic, str(kept.partition)) in series

@@ -37,16 +37,17 @@ def test_the_base_image_is_pinned() -> None:
 
 def test_a_source_edit_does_not_rebuild_the_dependency_layers() -> None:
     requirements, build, image = STAGES
-    # the requirements list depends on pyproject.toml alone
+    # the requirements list depends on pyproject.toml and the pinned constraints alone
     assert [i for i in _instructions(requirements) if i.startswith("COPY")] == [
-        "COPY pyproject.toml ./"
+        "COPY pyproject.toml ./",
+        "COPY ops/constraints.txt /constraints.txt",
     ]
     steps = _instructions(image)
     install_deps = next(i for i, s in enumerate(steps) if "pip install" in s and "-r" in s)
     copies = [i for i, s in enumerate(steps) if s.startswith("COPY")]
-    # before the dependencies, only the requirements list is copied into the image
+    # before the dependencies, only the requirements list and constraints are copied
     assert [steps[i] for i in copies if i < install_deps] == [
-        "COPY --from=requirements /requirements.txt /tmp/requirements.txt"
+        "COPY --from=requirements /requirements.txt /constraints.txt /tmp/"
     ]
     assert not any("stream_dp" in steps[i] for i in copies)  # sources arrive as a wheel
     own = next(i for i, s in enumerate(steps) if "pip install" in s and "/wheels" in s)

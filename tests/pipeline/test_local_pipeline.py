@@ -200,7 +200,7 @@ def test_state_holds_no_raw_user_id() -> None:
     blob = pickle.dumps((stage._state, stage._signatures, stage._signature_ids))
     assert b"alice" not in blob
     assert p.step(0, now_s=NOW) != []  # T0 sealed into partials and released
-    blob = pickle.dumps((stage._state, p.release._windows, p.release.ledger.releases()))
+    blob = pickle.dumps((stage._state, p.release.inbox._windows, p.release.ledger.releases()))
     assert b"alice" not in blob and b"bob" not in blob
 
 

@@ -29,7 +29,8 @@ from stream_dp.pipeline.partials import (
     encode_watermark,
     new_version,
 )
-from stream_dp.pipeline.release_stage import ReleaseStage, _newer
+from stream_dp.pipeline.partials_inbox import _newer
+from stream_dp.pipeline.release_stage import ReleaseStage
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
 from tests.helpers import schema_validator

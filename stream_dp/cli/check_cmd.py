@@ -1,0 +1,151 @@
+"""``stream-dp check --config FILE``: what a sample of the input topic says before the first run.
+
+Reads at most ``--max-events`` of the newest events of ``input.topic`` (split over its
+partitions) for at most ``--timeout`` seconds, without joining a consumer group or
+committing anything, and decodes them with the worker's own decoder
+(:mod:`stream_dp.pipeline.input_check`). Prints a table of the fields the queries need
+(missing counts, JSON types), the windows the events fall in against the first window a
+worker covers, and each problem with what to change. It prints counts, field names, type
+names and window starts only — never a user id or a field value.
+
+Exit code 0 when no problem was found, 1 when some were (or the broker could not be
+read), 2 for a bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from stream_dp.broker.client_options import client_kwargs
+from stream_dp.broker.connection_errors import describe_error
+from stream_dp.cli._common import running_broker, text_table
+from stream_dp.clients.connect import start_client
+from stream_dp.config import Config, load_config
+from stream_dp.errors import BrokerError, ConfigError
+from stream_dp.pipeline.input_check import InputReport, check_values
+from stream_dp.windows.tumbling import iso_utc
+
+DEFAULT_MAX_EVENTS = 1000
+DEFAULT_TIMEOUT_S = 10.0
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "check",
+        help="check a sample of the input topic against the config before the first run",
+        description="Read a sample of the newest events of input.topic (no consumer group, "
+        "nothing committed) and report, before the first run, events the worker could not "
+        "use (wrong user or time field, bad timestamps), fields the queries need that are "
+        "missing or of the wrong type, and events stamped before the first window the "
+        "worker covers (set window.start_at for those). Prints counts and field names, "
+        "never user ids or values. Exit code 1 when it found a problem.",
+    )
+    p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    p.add_argument(
+        "--max-events",
+        type=int,
+        default=DEFAULT_MAX_EVENTS,
+        metavar="N",
+        help=f"read at most N events (default {DEFAULT_MAX_EVENTS})",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"stop reading after this long (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--bootstrap-servers", metavar="HOST:PORT", help="override kafka.bootstrap_servers"
+    )
+    p.set_defaults(func=run)
+
+
+async def sample_values(
+    config: Config, bootstrap: str, max_events: int, timeout_s: float
+) -> tuple[list[bytes | None], int]:
+    """Up to ``max_events`` of the newest record values of the input topic, and its
+    partition count; BrokerError when the topic does not exist or cannot be read."""
+    topic = config.input.topic
+    options = client_kwargs(config.kafka, bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, group_id=None, **options)
+    await start_client(consumer, bootstrap)
+    values: list[bytes | None] = []
+    try:
+        partitions = sorted(consumer.partitions_for_topic(topic) or ())
+        if not partitions:
+            raise BrokerError(
+                f"topic {topic} does not exist on {bootstrap}: set input.topic to the topic "
+                "your producers write to"
+            )
+        tps = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        starts = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+        share = max(1, max_events // len(tps))
+        remaining = 0
+        for tp in tps:
+            first = max(starts[tp], ends[tp] - share)
+            consumer.seek(tp, first)
+            remaining += ends[tp] - first
+        deadline = time.monotonic() + timeout_s
+        wanted = min(remaining, max_events)
+        while len(values) < wanted and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=200, max_records=max_events)
+            for msgs in batch.values():
+                values.extend(m.value for m in msgs)
+    except KafkaError as exc:
+        raise BrokerError(f"reading {topic} failed: {describe_error(exc)}") from None
+    finally:
+        await consumer.stop()
+    return values[:max_events], len(partitions)
+
+
+def render(config: Config, report: InputReport) -> list[str]:
+    """The check's report as text lines (counts, names and windows only)."""
+    inp = config.input
+    bad = report.bad
+    rows = [["field", "role", "missing", "types"]]
+    rows.append([inp.user_field, "user (input.user_field)", str(bad["missing_user"]), "-"])
+    rows.append([inp.time_field, "time (input.time_field)", str(bad["missing_timestamp"]), "-"])
+    for f in report.fields.values():
+        types = ", ".join(f"{name} {n}" for name, n in f.types.most_common()) or "-"
+        rows.append([f.name, "query field", str(f.missing), types])
+    lines = [f"{report.events} events sampled, {report.usable} usable", "", *text_table(rows), ""]
+    if report.earliest_window_s is not None and report.latest_window_s is not None:
+        lines.append(
+            f"event windows: {iso_utc(report.earliest_window_s)} … "
+            f"{iso_utc(report.latest_window_s)} ({report.window_size_s} s windows)"
+        )
+    origin = "window.start_at" if report.start_at_set else "a worker started now"
+    lines.append(f"first covered window ({origin}): {iso_utc(report.coverage_start_s)}")
+    problems = report.problems()
+    lines.append("")
+    if problems:
+        lines.append(f"{len(problems)} problem{'s' if len(problems) > 1 else ''}:")
+        lines.extend(f"  - {p}" for p in problems)
+    else:
+        lines.append("no problems found")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    bootstrap = running_broker(config, args.bootstrap_servers, "check")
+    if args.max_events < 1 or args.timeout <= 0:
+        raise ConfigError("--max-events must be at least 1 and --timeout above 0")
+    values, partitions = asyncio.run(
+        sample_values(config, bootstrap, args.max_events, args.timeout)
+    )
+    report = check_values(config, values, time.time())
+    print(f"stream-dp check: {config.input.topic} on {bootstrap} ({partitions} partitions)")
+    for line in render(config, report):
+        print(line)
+    return 1 if report.problems() else 0

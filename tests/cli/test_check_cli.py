@@ -1,0 +1,80 @@
+"""``stream-dp check`` on the embedded broker: a sample of the input topic, decoded as the
+worker would, with field, type, timestamp and coverage problems reported — and no user id
+or value printed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from stream_dp.broker.topics import apply_topics
+from stream_dp.config import load_config
+from tests.cli.support import arun_cli
+from tests.integration.support import produce_records
+
+pytestmark = [pytest.mark.kafka]
+
+MakeConfig = Callable[[dict[str, Any] | None], Path]
+T0_MS = 1_596_240_000_000  # 2020-08-01T00:00:00Z
+RAW_ID = "secret-user"
+
+
+def _good(i: int) -> dict[str, Any]:
+    return {"user_id": f"{RAW_ID}-{i}", "timestamp": T0_MS + 1000 * i, "domain": "private.example"}
+
+
+async def _topic_with(bootstrap: str, path: Path, events: list[dict[str, Any]]) -> None:
+    config = load_config(path)
+    await apply_topics(config, bootstrap, include_input=True)
+    records = [(None, orjson.dumps(e)) for e in events]
+    await produce_records(bootstrap, config.input.topic, records)
+
+
+async def test_reports_field_type_and_coverage_problems(
+    kafka_bootstrap: str, config_factory: MakeConfig
+) -> None:
+    path = config_factory(None)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    del data["window"]["start_at"]  # a worker started now would not cover 2020
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    events = [_good(i) for i in range(20)]
+    events += [{"timestamp": T0_MS, "domain": "x.example"}] * 3  # no user field
+    events += [{"user_id": f"{RAW_ID}-x", "timestamp": T0_MS, "domain": ["a", "b"]}] * 2
+    events += [{"user_id": f"{RAW_ID}-y", "timestamp": T0_MS}] * 4  # no domain
+    await _topic_with(kafka_bootstrap, path, events)
+    done = await arun_cli("check", "--config", str(path), timeout_s=120)
+    assert done.returncode == 1, done.stderr
+    out = done.stdout
+    assert "29 events sampled, 24 usable" in out
+    assert "3 of 29 events are not usable (missing_user): set input.user_field" in out
+    assert "2 of 29 events are not usable (bad_field)" in out
+    assert "field 'domain'" in out and "missing in 4 of 24 usable events" in out
+    assert "24 of 24 usable events are stamped before the first window" in out
+    assert "window.start_at: 2020-08-01T00:00:00Z" in out
+    assert RAW_ID not in out + done.stderr and "private.example" not in out + done.stderr
+
+
+async def test_a_good_topic_has_no_problems(
+    kafka_bootstrap: str, config_factory: MakeConfig
+) -> None:
+    path = config_factory(None)  # window.start_at 2020-08-01: the events are covered
+    await _topic_with(kafka_bootstrap, path, [_good(i) for i in range(50)])
+    done = await arun_cli("check", "--config", str(path), "--max-events", "30", timeout_s=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "30 events sampled, 30 usable" in done.stdout
+    assert "no problems found" in done.stdout
+    assert "domain" in done.stdout and "string 30" in done.stdout
+
+
+async def test_missing_topic_says_to_set_input_topic(
+    kafka_bootstrap: str, config_factory: MakeConfig
+) -> None:
+    path = config_factory(None)
+    done = await arun_cli("check", "--config", str(path), timeout_s=120)
+    assert done.returncode == 1
+    assert "does not exist" in done.stderr and "input.topic" in done.stderr

@@ -1,0 +1,89 @@
+"""The small things a new user meets first: help text, `python -m stream_dp`, `run
+--bootstrap-servers`, a typo in a config file key, and an unreachable broker in one line."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stream_dp.cli.main import main
+from tests.cli.support import run_cli
+
+UNREACHABLE = "127.0.0.1:1"
+CONFIG = {
+    "kafka": {"bootstrap_servers": UNREACHABLE},
+    "queries": [{"name": "q", "epsilon": 1.0, "group_by": ["d"], "keys": {"d": ["a"]}}],
+    "metrics": {"enabled": False},
+}
+
+
+def _write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def _key_env() -> dict[str, str]:
+    return {**os.environ, "STREAM_DP_PSEUDONYM_KEY": secrets.token_hex(32)}
+
+
+def test_plan_help_prints_single_percent_signs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = capsys.readouterr().out
+    assert "95% interval" in out and "%%" not in out
+
+
+def test_python_dash_m_stream_dp_is_the_cli() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stream_dp", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("stream-dp ")
+
+
+def test_config_file_key_typo_gets_did_you_mean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = {**CONFIG, "window": {"size_sec": 60}, "qeries": []}
+    assert main(["plan", "--config", str(_write(tmp_path, data))]) == 2
+    err = capsys.readouterr().err
+    assert "window.size_sec" in err and "did you mean size_s?" in err
+    assert "did you mean queries?" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tail"],
+        ["produce", "--synthetic", "browser-logs", "--events", "3"],
+        ["run"],
+    ],
+)
+def test_unreachable_broker_is_one_clean_line(argv: list[str], tmp_path: Path) -> None:
+    done = run_cli(*argv, "--config", str(_write(tmp_path, CONFIG)), timeout_s=120, env=_key_env())
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("stream-dp: error: cannot ")
+    assert UNREACHABLE in lines[0] and "kafka.bootstrap_servers" in lines[0]
+    assert "KafkaConnectionError: KafkaConnectionError" not in lines[0]
+
+
+def test_run_bootstrap_servers_overrides_the_config(tmp_path: Path) -> None:
+    """The file names a broker that does not exist: --bootstrap-servers is the one tried."""
+    data = {**CONFIG, "kafka": {"bootstrap_servers": "127.0.0.1:2"}}
+    argv = ["run", "--config", str(_write(tmp_path, data)), "--bootstrap-servers", UNREACHABLE]
+    done = run_cli(*argv, timeout_s=120, env=_key_env())
+    assert done.returncode == 1, done.stderr
+    assert f"on {UNREACHABLE}:" in done.stderr and "127.0.0.1:2" not in done.stderr

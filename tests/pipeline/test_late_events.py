@@ -1,0 +1,50 @@
+"""Late and uncovered events are never silent: the rate-limited WARNING and its text."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+import pytest
+
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.late_events import LateEventsNotice
+
+COVERAGE_S = 1_764_201_600  # 2025-11-27T00:00:00Z
+
+
+def test_first_late_events_warn_at_once_with_count_coverage_and_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = Metrics()
+    notice = LateEventsNotice(metrics, None, interval_s=300.0)
+    assert notice.observe(COVERAGE_S, now_mono_s=10.0) is None  # nothing late: silent
+    metrics.late_events.inc(1662)
+    with caplog.at_level(logging.WARNING, logger="stream_dp.pipeline.late_events"):
+        message = notice.observe(COVERAGE_S, now_mono_s=11.0)
+    assert message is not None
+    assert [r.getMessage() for r in caplog.records] == [message]
+    assert caplog.records[0].levelno == logging.WARNING
+    assert message.startswith("1662 events dropped as late")
+    assert "2025-11-27T00:00:00Z" in message and "window.start_at unset" in message
+    assert "window.start_at:" in message and "stream-dp replay" in message
+
+
+def test_rate_limited_and_counts_only_new_drops() -> None:
+    metrics = Metrics()
+    notice = LateEventsNotice(metrics, None, interval_s=300.0)
+    metrics.late_events.inc(5)
+    assert notice.observe(COVERAGE_S, now_mono_s=0.0) is not None
+    metrics.late_events.inc(7)
+    assert notice.observe(COVERAGE_S, now_mono_s=299.0) is None  # within the interval
+    later = notice.observe(COVERAGE_S, now_mono_s=300.0)
+    assert later is not None and later.startswith("7 events dropped")
+    assert notice.observe(COVERAGE_S, now_mono_s=10_000.0) is None  # no new drops
+
+
+def test_names_start_at_as_the_origin_when_set() -> None:
+    metrics = Metrics()
+    start = datetime(2025, 11, 27, tzinfo=UTC)
+    metrics.late_events.inc(1)
+    message = LateEventsNotice(metrics, start).observe(COVERAGE_S, now_mono_s=0.0)
+    assert message is not None and "(from window.start_at)" in message
