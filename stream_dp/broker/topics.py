@@ -101,8 +101,9 @@ class Topic:
             "broker default" if self.replication_factor is None else str(self.replication_factor)
         )
         settings = ", ".join(f"{k}={v}" for k, v in sorted(self.config.items()))
+        source = f" ({self.partitions_set_by})" if self.partitions_set_by else ""
         return (
-            f"{self.partitions} partition{'s' if self.partitions != 1 else ''}, "
+            f"{self.partitions} partition{'s' if self.partitions != 1 else ''}{source}, "
             f"replication {replication}, {settings}"
         )
 

@@ -370,7 +370,10 @@ async def test_configured_partition_counts_are_the_created_ones(
     path = config_factory({"topics": counts})
     config = load_config(path)
     listed = _stream_dp("topics", "list", "--config", str(path))
-    assert f"{config.output.partials_topic}: 2 partitions" in listed.stdout, listed.stderr
+    assert (
+        f"{config.output.partials_topic}: 2 partitions (topics.partials_partitions), "
+        in listed.stdout
+    ), listed.stderr
     result = _stream_dp("topics", "apply", "--config", str(path))
     assert result.returncode == 0, result.stderr
     names = [
