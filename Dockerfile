@@ -24,6 +24,8 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY stream_dp ./stream_dp
+# stream_dp/topics is a link to the top-level topics/ (the topic definitions' one copy)
+COPY topics ./topics
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}

@@ -14,7 +14,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
 #: The topic definitions and JSON Schemas (package data of stream_dp).
-TOPICS_DIR = Path(__file__).resolve().parents[1] / "stream_dp" / "topics"
+TOPICS_DIR = Path(__file__).resolve().parents[1] / "topics"
 
 #: ``await topic_factory(partitions=1, *, config=None, prefix="test") -> name``
 TopicFactory = Callable[..., Awaitable[str]]

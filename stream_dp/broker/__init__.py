@@ -1,6 +1,6 @@
 """The Kafka-protocol edge that knows nothing of DP: the embedded broker for the demo and the
 tests, broker readiness checks, client security options and the topics of
-``stream_dp/topics`` (created, compared)."""
+``topics/`` (created, compared)."""
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.embedded import EmbeddedBroker

@@ -112,7 +112,7 @@ async def verify_durable_topics(config: Config, bootstrap_servers: str | None = 
     except (KafkaError, OSError) as exc:
         log.warning(
             "cannot check the retention of %s on the broker (%s: %s); make sure they never "
-            "delete records earlier than stream_dp/topics defines",
+            "delete records earlier than their definitions (topics/) say",
             ", ".join(t.name for t in topics), type(exc).__name__, exc,
         )  # fmt: skip
         return

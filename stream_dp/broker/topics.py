@@ -1,5 +1,6 @@
-"""Topic definitions (``stream_dp/topics/*.yaml``, package data) and bringing a cluster in line
-with them: create the missing topics, report the existing ones whose settings differ.
+"""Topic definitions (``topics/*.yaml``, package data ``stream_dp/topics``) and bringing a
+cluster in line with them: create the missing topics, report the existing ones whose settings
+differ.
 
 Each YAML file defines one topic: its ``name`` as a template resolved against the Config
 (``"{output.topic}"``), ``partitions``, the topic ``config`` (values may be templates too,
@@ -49,14 +50,14 @@ _HINTS = {
     "TOPIC_AUTHORIZATION_FAILED": "grant the client CREATE on the topic, or create it by hand",
     "CLUSTER_AUTHORIZATION_FAILED": "grant the client CREATE on the cluster, or create topics "
     "by hand",
-    "INVALID_CONFIG": "fix the config entries in the topic's definition (stream_dp/topics/)",
+    "INVALID_CONFIG": "fix the config entries in the topic's definition (topics/)",
     "POLICY_VIOLATION": "the cluster's topic policy refuses these settings; ask its operators",
 }
 
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """One topic definition as read from ``stream_dp/topics/<file>.yaml``."""
+    """One topic definition as read from ``topics/<file>.yaml``."""
 
     name: str  #: template, e.g. "{output.topic}"
     partitions: int
@@ -66,6 +67,8 @@ class TopicSpec:
     source: str | None = field(default=None, compare=False)
     #: A boolean setting ("erasure.enabled") the topic is wanted only with; None: always.
     requires: str | None = None
+    #: The config key that, when set, overrides ``partitions`` ("topics.partials_partitions").
+    partitions_setting: str | None = None
 
     def wanted(self, config: Config) -> bool:
         """Whether ``config`` uses this topic."""
@@ -88,18 +91,19 @@ class Topic:
     spec: TopicSpec
     replication_factor: int | None  #: None: the broker's default
     config: Mapping[str, str]
-
-    @property
-    def partitions(self) -> int:
-        return self.spec.partitions
+    partitions: int
+    #: The config key that set ``partitions`` ("topics.output_partitions"); None: the
+    #: definition's count.
+    partitions_set_by: str | None = None
 
     def describe(self) -> str:
         replication = (
             "broker default" if self.replication_factor is None else str(self.replication_factor)
         )
         settings = ", ".join(f"{k}={v}" for k, v in sorted(self.config.items()))
+        source = f" ({self.partitions_set_by})" if self.partitions_set_by else ""
         return (
-            f"{self.partitions} partition{'s' if self.partitions != 1 else ''}, "
+            f"{self.partitions} partition{'s' if self.partitions != 1 else ''}{source}, "
             f"replication {replication}, {settings}"
         )
 
@@ -124,10 +128,12 @@ class _TopicFile(BaseModel):
     schema_file: str = Field(alias="schema", min_length=1)
     description: str = Field(min_length=1)
     requires: str | None = Field(None, pattern=r"^[a-z_]+\.[a-z_]+$")
+    partitions_setting: str | None = Field(None, pattern=r"^[a-z_]+\.[a-z_]+$")
 
 
 def default_topics_dir() -> Traversable:
-    """The definitions shipped in the package (``stream_dp/topics``), wherever it is
+    """The definitions shipped in the package (``stream_dp/topics``: in a source checkout a
+    link to the top-level ``topics/``, in the wheel its files), wherever it is
     installed: read through importlib.resources."""
     return resources.files("stream_dp").joinpath("topics")
 
@@ -171,6 +177,8 @@ def _load_one(path: Traversable, folder: Traversable) -> TopicSpec:
     _check_template(parsed.name, where, "name")
     if parsed.requires is not None:
         _check_template("{" + parsed.requires + "}", where, "requires")
+    if parsed.partitions_setting is not None:
+        _check_template("{" + parsed.partitions_setting + "}", where, "partitions_setting")
     for key, value in parsed.config.items():
         _check_template(value, where, f"config.{key}")
     if "retention.ms" not in parsed.config:
@@ -188,6 +196,7 @@ def _load_one(path: Traversable, folder: Traversable) -> TopicSpec:
         description=parsed.description.strip(),
         source=str(path),
         requires=parsed.requires,
+        partitions_setting=parsed.partitions_setting,
     )
 
 
@@ -243,12 +252,21 @@ def resolve(spec: TopicSpec, config: Config) -> str:
 
 
 def resolve_topic(spec: TopicSpec, config: Config) -> Topic:
-    """``spec`` for ``config``: name, replication factor and topic config resolved."""
+    """``spec`` for ``config``: name, replication factor, partitions and topic config
+    resolved."""
+    partitions, set_by = spec.partitions, None
+    if spec.partitions_setting is not None:
+        section, _, key = spec.partitions_setting.partition(".")
+        configured = getattr(getattr(config, section), key)
+        if configured is not None:
+            partitions, set_by = int(configured), spec.partitions_setting
     return Topic(
         name=resolve(spec, config),
         spec=spec,
         replication_factor=config.kafka.replication_factor,
         config={k: _substitute(v, config) for k, v in spec.config.items()},
+        partitions=partitions,
+        partitions_set_by=set_by,
     )
 
 
@@ -350,6 +368,31 @@ async def _differences(
     return out
 
 
+async def _refuse_partition_conflicts(admin: AIOKafkaAdminClient, topics: list[Topic]) -> None:
+    """ConfigError when a configured partition count (``topics.*_partitions``) differs from
+    an existing topic's: the count cannot change under open windows, and the worker would
+    otherwise run on a shape the operator did not ask for."""
+    configured = [t for t in topics if t.partitions_set_by is not None]
+    if not configured:
+        return
+    described = {t["topic"]: t for t in await admin.describe_topics([t.name for t in configured])}
+    conflicts = []
+    for topic in configured:
+        have = len(described.get(topic.name, {}).get("partitions") or [])
+        if have and have != topic.partitions:
+            conflicts.append(
+                f"{topic.partitions_set_by} is {topic.partitions} but topic {topic.name} "
+                f"already has {have} partitions: set {topic.partitions_set_by}: {have} (or "
+                "remove it), or give the deployment new topics (a new kafka.group_id or "
+                "output topic names) to start with the new count"
+            )
+    if conflicts:
+        raise ConfigError(
+            "; ".join(conflicts) + ". A topic's partition count is never changed in place: a "
+            "window's records live on one partition (see Limitations)"
+        )
+
+
 async def inspect_topics(
     config: Config,
     bootstrap_servers: str | None = None,
@@ -371,6 +414,10 @@ async def inspect_topics(
             await admin.start()
         existing = set(await admin.list_topics())
         missing = [t for name, t in wanted.items() if name not in existing]
+        # before creating anything: a refused configuration leaves the cluster as it was
+        await _refuse_partition_conflicts(
+            admin, [t for name, t in wanted.items() if name in existing]
+        )
         created: set[str] = set()
         if create and missing:
             created = set(

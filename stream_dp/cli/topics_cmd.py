@@ -1,4 +1,4 @@
-"""``stream-dp topics apply|list``: the topics defined in ``stream_dp/topics``, named by the
+"""``stream-dp topics apply|list``: the topics defined in ``topics/``, named by the
 config. ``apply`` creates the missing ones and reports how existing ones differ from their
 definitions (it never changes them); ``--dry-run`` only reports."""
 
@@ -13,7 +13,7 @@ from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
 
 _EPILOG = """\
-Topic definitions ship inside stream-dp (stream_dp/topics/*.yaml). Their names come from the
+Topic definitions ship inside stream-dp (topics/*.yaml). Their names come from the
 config: input.topic, output.topic, and output.dead_letter_topic, ledger_topic, partials_topic
 and repartition_topic, which default to <kafka.group_id>.dead-letter, .ledger, .partials and
 .repartition. kafka.replication_factor sets every topic's replication factor (unset: the

@@ -125,7 +125,7 @@ async def produce_records(
 
 async def _require_topic(producer: AIOKafkaProducer, topic: str, bootstrap: str) -> None:
     """Refuse a missing topic: brokers that auto-create topics would make it with their
-    default partition count instead of the one in ``stream_dp/topics``."""
+    default partition count instead of the one in ``topics/``."""
     try:
         metadata = await producer.client.fetch_all_metadata()
     except KafkaError as exc:

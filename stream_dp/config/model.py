@@ -840,6 +840,30 @@ def _show(value: object) -> str:
     return repr(value)
 
 
+def _partitions(topic: str, default: int) -> Any:
+    return Field(
+        None,
+        ge=1,
+        le=10_000,
+        description=f"partitions of the {topic} topic when stream-dp creates it; unset: "
+        f"{default}. Checked against an existing topic",
+    )
+
+
+class TopicsConfig(_Section):
+    """Partition counts of the topics stream-dp creates (``topics apply`` and the worker at
+    start). Unset: the count in the topic's definition (``topics/*.yaml``). A count cannot
+    change once the topic exists (a window's records live on one partition): when a set count
+    differs from an existing topic's, the worker and ``topics apply`` stop with an error."""
+
+    output_partitions: OptionalInteger = _partitions("output", 3)
+    dead_letter_partitions: OptionalInteger = _partitions("dead-letter", 1)
+    ledger_partitions: OptionalInteger = _partitions("ledger", 3)
+    partials_partitions: OptionalInteger = _partitions("partials", 6)
+    repartition_partitions: OptionalInteger = _partitions("repartition", 4)
+    continual_partitions: OptionalInteger = _partitions("continual", 3)
+
+
 class MetricsConfig(_Section):
     enabled: bool = True
     host: str = "127.0.0.1"
@@ -902,6 +926,7 @@ class Config(BaseModel):
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     input: InputConfig = Field(default_factory=InputConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    topics: TopicsConfig = Field(default_factory=TopicsConfig)
     window: WindowConfig = Field(default_factory=WindowConfig)
     pseudonymization: PseudonymizationConfig = Field(default_factory=PseudonymizationConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)

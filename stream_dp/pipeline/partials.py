@@ -15,7 +15,7 @@ later version applied more erasures (``erasures_through``, docs/erasure.md): sta
 publishes one when an erasure reaches a window it sealed, and stage 2 takes that instead.
 
 Partials hold exact counts per key and no raw id: the topic is internal and access-controlled
-(docs/architecture.md#where-each-number-goes). Schema: ``stream_dp/topics/partials.schema.json``.
+(docs/architecture.md#where-each-number-goes). Schema: ``topics/partials.schema.json``.
 
 Group keys travel as JSON arrays of their values and are read back in canonical form
 (:mod:`stream_dp.privacy.group_values`), so stage 2 merges the totals of ``true`` and of 1

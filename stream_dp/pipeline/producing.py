@@ -18,30 +18,38 @@ from aiokafka import AIOKafkaProducer
 
 #: (key, value, partition or None for the key's partition)
 Outgoing = tuple[str | bytes | None, bytes, int | None]
+#: Kafka record headers: (name, value bytes), the same on every record of one call.
+Headers = Sequence[tuple[str, bytes]]
 
 
-async def send_all(producer: AIOKafkaProducer, topic: str, items: Sequence[Outgoing]) -> None:
-    """Send every record and wait for every acknowledgement."""
+async def send_all(
+    producer: AIOKafkaProducer, topic: str, items: Sequence[Outgoing], headers: Headers = ()
+) -> None:
+    """Send every record, each with ``headers``, and wait for every acknowledgement."""
+    header_list = list(headers) or None  # send(): None for none
+    batch_headers = list(headers)  # BatchBuilder.append(): a list
     futures: list[asyncio.Future[Any]] = []
     batches: dict[int, Any] = {}
     for key, value, partition in items:
         k = key.encode() if isinstance(key, str) else key
         if partition is None:
-            futures.append(await producer.send(topic, value, key=k))
+            futures.append(await producer.send(topic, value, key=k, headers=header_list))
             continue
         batch = batches.get(partition)
         if batch is None:
             batch = batches[partition] = producer.create_batch()
-        if batch.append(key=k, value=value, timestamp=None) is not None:
+        if batch.append(key=k, value=value, timestamp=None, headers=batch_headers) is not None:
             continue
         if batch.record_count() > 0:  # full: submit it, start the next one
             futures.append(await producer.send_batch(batch, topic, partition=partition))
             await asyncio.sleep(0)  # let the loop's other tasks (heartbeats) run meanwhile
             batch = batches[partition] = producer.create_batch()
-            if batch.append(key=k, value=value, timestamp=None) is not None:
+            if batch.append(key=k, value=value, timestamp=None, headers=batch_headers) is not None:
                 continue
         # Larger than a batch on its own: the producer's own path (up to max_request_size).
-        futures.append(await producer.send(topic, value, key=k, partition=partition))
+        futures.append(
+            await producer.send(topic, value, key=k, partition=partition, headers=header_list)
+        )
         batches[partition] = producer.create_batch()
     for partition, batch in batches.items():
         if batch.record_count() > 0:

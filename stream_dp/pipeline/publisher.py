@@ -34,8 +34,13 @@ from stream_dp.pipeline.faults import NO_FAULTS, Faults
 from stream_dp.pipeline.ingest import DeadLetter
 from stream_dp.pipeline.ledger import LedgerRelease
 from stream_dp.pipeline.offload import output_values, run_off_loop
-from stream_dp.pipeline.producing import Outgoing, send_all
-from stream_dp.pipeline.records import dead_letter_record, dumps, output_partition
+from stream_dp.pipeline.producing import Headers, Outgoing, send_all
+from stream_dp.pipeline.records import (
+    OUTPUT_HEADERS,
+    dead_letter_record,
+    dumps,
+    output_partition,
+)
 from stream_dp.retry import retry
 
 #: Largest record batch the producer builds (fewer, larger produce requests).
@@ -147,13 +152,18 @@ class Publisher:
         )
         return int(sent.offset)
 
-    async def send_many(self, topic: str, items: Sequence[Outgoing]) -> None:
-        """Send a batch and wait for every acknowledgement (retried as a whole, bounded)."""
+    async def send_many(
+        self, topic: str, items: Sequence[Outgoing], headers: Headers = ()
+    ) -> None:
+        """Send a batch, each record with ``headers``, and wait for every acknowledgement
+        (retried as a whole, bounded)."""
         assert self.producer is not None
         producer = self.producer
         if topic == self._ledger_topic and self._faults.ledger_delay_s:
             await asyncio.sleep(self._faults.ledger_delay_s)
-        await self.retry(f"produce to {topic}", lambda: send_all(producer, topic, items))
+        await self.retry(
+            f"produce to {topic}", lambda: send_all(producer, topic, items, headers)
+        )
         self.health.set("producer_connected", True)
 
     async def publish_output(self, rel: LedgerRelease) -> None:
@@ -165,7 +175,8 @@ class Publisher:
             values = await run_off_loop(output_values, rel)
         else:
             values = output_values(rel)
-        await self.send_many(self.config.output.topic, [(k, v, target) for k, v in values])
+        items = [(k, v, target) for k, v in values]
+        await self.send_many(self.config.output.topic, items, OUTPUT_HEADERS)
 
     async def publish_dead_letters(self, dead: Sequence[DeadLetter]) -> None:
         """Bad input to the dead-letter topic, keyed by where it came from."""

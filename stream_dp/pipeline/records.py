@@ -2,7 +2,7 @@
 
 Every value is canonical JSON (sorted keys, orjson), so the same record is always the same
 bytes: a duplicate after a crash is byte-identical and consumers can deduplicate by key.
-JSON Schemas of all of them live in ``stream_dp/topics/``.
+JSON Schemas of all of them live in ``topics/``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,15 @@ from stream_dp.windows.horizon import HorizonPosition
 from stream_dp.windows.tumbling import iso_utc
 
 SCHEMA_VERSION: Final = 1
+#: The headers on every output record (Kafka headers: name, bytes): the value's media type and
+#: its ``schema_version``, so a consumer in any language can route a record, or refuse a
+#: version it does not know, before parsing it (docs/topics.md, "The output contract").
+CONTENT_TYPE_HEADER: Final = "content-type"
+SCHEMA_VERSION_HEADER: Final = "stream-dp-schema-version"
+OUTPUT_HEADERS: Final[tuple[tuple[str, bytes], ...]] = (
+    (CONTENT_TYPE_HEADER, b"application/json"),
+    (SCHEMA_VERSION_HEADER, str(SCHEMA_VERSION).encode()),
+)
 WINDOW_GROUP: Final = "#window"
 
 

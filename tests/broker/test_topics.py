@@ -1,4 +1,4 @@
-"""Topic definitions in stream_dp/topics/ and creating them: `apply_topics`, `inspect_topics`
+"""Topic definitions in topics/ and creating them: `apply_topics`, `inspect_topics`
 and `stream-dp topics apply [--dry-run]`."""
 
 from __future__ import annotations
@@ -93,7 +93,11 @@ def test_definitions_are_package_data() -> None:
     folder = default_topics_dir()
     assert folder.joinpath("ledger.yaml").is_file()
     assert Path(str(folder)).resolve() == TOPICS_DIR.resolve()  # the source tree's copy here
-    assert not (REPO / "topics").exists(), "topics/ moved into the package: stream_dp/topics"
+    # One copy in the tree: the top-level topics/ folder, which the package links to (the
+    # sdist and the wheel resolve the link: tests/packaging/test_installed_wheel.py).
+    assert (REPO / "topics").is_dir() and not (REPO / "topics").is_symlink()
+    assert (REPO / "stream_dp" / "topics").is_symlink()
+    assert TOPICS_DIR.resolve() == (REPO / "topics").resolve()
 
 
 def test_replication_factor_and_retention_come_from_the_config(
@@ -357,6 +361,84 @@ async def test_apply_reports_existing_topics_that_differ(
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("already present: ") == 6
     assert "0 created, 7 already present" in again.stdout
+
+
+async def test_configured_partition_counts_are_the_created_ones(
+    config_factory: ConfigFactory, kafka_bootstrap: str
+) -> None:
+    counts = {"output_partitions": 5, "partials_partitions": 2, "repartition_partitions": 7}
+    path = config_factory({"topics": counts})
+    config = load_config(path)
+    listed = _stream_dp("topics", "list", "--config", str(path))
+    assert (
+        f"{config.output.partials_topic}: 2 partitions (topics.partials_partitions), "
+        in listed.stdout
+    ), listed.stderr
+    result = _stream_dp("topics", "apply", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    names = [
+        config.output.topic,
+        config.output.partials_topic,
+        config.output.repartition_topic,
+        config.output.ledger_topic,  # unset: the definition's 3
+    ]
+    assert await _partitions(kafka_bootstrap, names) == dict(
+        zip(names, [5, 2, 7, 3], strict=True)
+    )
+    again = _stream_dp("topics", "apply", "--config", str(path))  # the same counts: fine
+    assert again.returncode == 0, again.stderr
+    assert "0 created, 7 already present" in again.stdout
+
+
+async def test_a_configured_count_unlike_the_existing_topic_is_refused(
+    config_factory: ConfigFactory, kafka_bootstrap: str
+) -> None:
+    path = config_factory({"topics": {"partials_partitions": 8}})
+    config = load_config(path)
+    partials = config.output.partials_topic
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:  # an earlier deployment's partials topic with 2 partitions
+        await admin.create_topics(
+            [NewTopic(partials, 2, 1, topic_configs={"retention.ms": SIX_HOURS_MS})]
+        )
+    finally:
+        await admin.close()
+    before = await _existing(kafka_bootstrap)
+
+    result = _stream_dp("topics", "apply", "--config", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        f"topics.partials_partitions is 8 but topic {partials} already has 2 partitions: set "
+        "topics.partials_partitions: 2 (or remove it)"
+    ) in result.stderr
+    for dry in (True, False):  # the worker's own creation (run_worker) is apply_topics
+        with pytest.raises(ConfigError, match=r"topics\.partials_partitions is 8"):
+            await inspect_topics(config, create=not dry)
+    with pytest.raises(ConfigError, match=r"topics\.partials_partitions is 8"):
+        await apply_topics(config)
+    assert await _existing(kafka_bootstrap) == before  # refused before creating anything
+    assert (await _partitions(kafka_bootstrap, [partials]))[partials] == 2
+
+    worker = subprocess.run(  # the worker's own creation refuses it too, before starting
+        [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env=os.environ.copy(),
+    )  # fmt: skip
+    assert worker.returncode == 2, worker.stdout + worker.stderr
+    assert "topics.partials_partitions is 8" in worker.stderr
+    assert await _existing(kafka_bootstrap) == before
+
+    fixed = config_factory({"topics": {"partials_partitions": 2}})
+    assert _stream_dp("topics", "apply", "--config", str(fixed)).returncode == 0
+
+
+def test_config_partition_defaults_are_the_definitions() -> None:
+    # The defaults the configuration reference states are the definitions' counts.
+    by_setting = {s.partitions_setting: s.partitions for s in load_topic_specs()}
+    fields = Config.model_fields["topics"].annotation.model_fields  # type: ignore[union-attr]
+    assert {f"topics.{k}" for k in fields} == {k for k in by_setting if k is not None}
+    for key, field in fields.items():
+        assert f"unset: {by_setting[f'topics.{key}']}." in str(field.description), key
 
 
 def test_cli_apply_refuses_embedded(config_factory: ConfigFactory) -> None:

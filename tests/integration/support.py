@@ -84,9 +84,12 @@ async def read_topic(
     timeout_s: float = 60.0,
     settle_s: float = 0.0,
     since_s: float | None = None,
+    headers_out: list[dict[str, bytes]] | None = None,
 ) -> list[tuple[str | None, bytes]]:
     """All records of a topic from the beginning (manual assignment, no group); with
     ``since_s``, only those stamped at or after that wall-clock time (``time.time()``).
+    ``headers_out``, when given, receives each returned record's headers (name → value), in
+    the same order.
 
     Reads until ``until(records)`` holds (then ``settle_s`` more to catch duplicates) or the
     deadline passes; without ``until``, reads until nothing new arrives for 1 s. With
@@ -112,6 +115,8 @@ async def read_topic(
                 for m in msgs:
                     if m.timestamp >= since_ms:
                         out.append((m.key.decode() if m.key else None, m.value))
+                        if headers_out is not None:
+                            headers_out.append(dict(m.headers))
             now = time.monotonic()
             if batch:
                 quiet_since = now

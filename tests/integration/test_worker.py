@@ -4,6 +4,8 @@ and on Apache Kafka."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import math
 import time
@@ -17,6 +19,7 @@ import orjson
 import pytest
 
 from stream_dp.broker.topics import apply_topics
+from stream_dp.cli.main import main
 from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import LEAVER, BrowserLogSpec, browser_log_events
 from stream_dp.windows.tumbling import iso_utc
@@ -36,7 +39,7 @@ from tests.integration.support import (
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 
-TOPICS = Path(__file__).resolve().parents[2] / "stream_dp" / "topics"
+TOPICS = Path(__file__).resolve().parents[2] / "topics"
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 TEST_MODE = {"STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"}
 
@@ -117,6 +120,7 @@ async def check_end_to_end(bootstrap: str, config_factory: MakeConfig, tmp_path:
         domains = {v["group"]["domain"] for v in by_window[("visits_by_domain", start)]}
         assert "site00.example" in domains
         assert not any(d.startswith("rare-") for d in domains), domains
+    await check_output_contract(kafka_bootstrap, topics["output"], len(records))
     ledger = await read_topic(kafka_bootstrap, topics["ledger"])
     ledger_schema = schema_validator("ledger.schema.json")
     kinds = set()
@@ -130,6 +134,42 @@ async def check_end_to_end(bootstrap: str, config_factory: MakeConfig, tmp_path:
         blob = b"".join(v for _, v in await read_topic(kafka_bootstrap, topic))
         assert b"employee-" not in blob and b"@corp.example" not in blob
     assert "employee-" not in worker.log() and LEAVER not in worker.log()
+
+
+def _printed_schema(*args: str) -> dict[str, Any]:
+    """What `stream-dp schema ARGS` prints, parsed."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["schema", *args]) == 0
+    schema: dict[str, Any] = json.loads(printed.getvalue())
+    return schema
+
+
+async def check_output_contract(bootstrap: str, output_topic: str, expected: int) -> None:
+    """Every record on the output topic carries the content-type and schema-version headers
+    and validates against what `stream-dp schema output` prints, with a plain validator: no
+    registry, no resolver (the schema is self-contained)."""
+    headers: list[dict[str, bytes]] = []
+    records = await read_topic(bootstrap, output_topic, headers_out=headers)
+    assert len(records) >= expected > 0
+    assert len(headers) == len(records)
+    for record_headers in headers:
+        assert record_headers.get("content-type") == b"application/json", record_headers
+        assert record_headers.get("stream-dp-schema-version") == b"1", record_headers
+    strict, consumer = _printed_schema("output", "--strict"), _printed_schema("output")
+    for schema in (strict, consumer):
+        jsonschema.Draft202012Validator.check_schema(schema)
+        validator = jsonschema.Draft202012Validator(
+            schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+        )
+        for _, raw in records:
+            validator.validate(orjson.loads(raw))
+    # The consumer form accepts an added field (the policy); the strict one refuses it.
+    value = orjson.loads(records[0][1])
+    added = {**value, "a_field_of_a_later_version": 1}
+    jsonschema.Draft202012Validator(consumer).validate(added)
+    assert not jsonschema.Draft202012Validator(strict).is_valid(added)
+    assert not jsonschema.Draft202012Validator(consumer).is_valid({**value, "kind": "other"})
 
 
 async def test_bounding_caps_one_heavy_user(

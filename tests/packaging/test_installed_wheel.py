@@ -11,6 +11,7 @@ of the environment running the tests, so pip finds them in its cache.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -87,7 +88,8 @@ class Installed:
 
 
 def _checkout_files() -> list[str]:
-    """The files a clone holds (tracked and new, ignored ones left out)."""
+    """The files a clone holds (tracked and new, ignored ones left out), symlinks included
+    (``stream_dp/topics`` is a link to the top-level ``topics/``)."""
     done = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=REPO,
@@ -95,7 +97,8 @@ def _checkout_files() -> list[str]:
         check=True,
         timeout=60,
     )
-    return [f for f in done.stdout.decode().split("\0") if f and (REPO / f).is_file()]
+    names = done.stdout.decode().split("\0")
+    return [f for f in names if f and ((REPO / f).is_file() or (REPO / f).is_symlink())]
 
 
 def _constraints(path: Path) -> Path:
@@ -119,7 +122,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     for name in _checkout_files():
         target = source / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, target)
+        if (REPO / name).is_symlink():  # as git checks it out: a link, not a second copy
+            target.symlink_to(os.readlink(REPO / name))
+        else:
+            shutil.copy2(REPO / name, target)
     dist = root / "dist"
     built = subprocess.run(
         [sys.executable, "-m", "build", "--outdir", str(dist), str(source)],
@@ -165,8 +171,33 @@ def test_the_wheel_and_sdist_carry_the_package_data(installed: Installed) -> Non
     assert not any("pydantic-settings" in ln for ln in requires)
     with tarfile.open(installed.sdist) as sdist:
         members = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
+        links = [m.name for m in sdist.getmembers() if m.issym() or m.islnk()]
     for name in ("LICENSE", "stream_dp/topics/ledger.yaml", "stream_dp/examples/browser-logs.yaml"):
         assert name in members
+    assert links == []  # the topics/ link resolved into real files
+
+
+def test_the_installed_wheel_finds_the_topics_and_prints_schemas(
+    installed: Installed, workdir: Path
+) -> None:
+    # stream_dp/topics is a link to topics/ in the tree: installed, it is a real folder that
+    # importlib.resources reads, with no topics/ beside it.
+    found = subprocess.run(
+        [str(installed.bin / "python"), "-c",
+         "from stream_dp.broker.topics import default_topics_dir, load_topic_specs; "
+         "import pathlib; d = pathlib.Path(str(default_topics_dir())); "
+         "print(d.is_symlink(), d.resolve(), len(load_topic_specs()))"],
+        cwd=workdir, env=installed.env(), capture_output=True, text=True, timeout=60,
+        check=True,
+    )  # fmt: skip
+    is_link, folder, count = found.stdout.split()
+    assert is_link == "False" and Path(folder).is_relative_to(installed.venv.resolve())
+    assert int(count) == len(list((REPO / "topics").glob("*.yaml")))
+    printed = installed.run(["schema", "output"], workdir)
+    assert printed.returncode == 0, printed.stderr
+    schema = json.loads(printed.stdout)
+    assert schema["$id"] == "urn:stream-dp:schema:v1:output"
+    assert {"stream-dp:release", "stream-dp:window"} <= set(schema["$defs"])
 
 
 def test_the_installed_package_is_the_one_that_runs(installed: Installed, workdir: Path) -> None:
