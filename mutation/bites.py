@@ -1,0 +1,189 @@
+"""`python -m mutation.bites`: for every test the threat model names, a mutant it kills alone.
+
+A threat-model row is guarded only if its named test fails when the guard is broken. After
+`make mutate` (which leaves the mutated copy and mutmut's test↔function map in
+``mutants/``), this runs each named test *by itself* against mutants of the functions it
+reaches, most specific functions first, until one mutant makes it fail, and writes the
+result to ``mutation/threat_model_bites.json``:
+
+- ``bites``: the test failed with that mutant (its name and its one-line change), and passed
+  with no mutant active (so the failure is the mutant's doing);
+- ``survives``: no mutant tried made it fail (the candidates tried are listed);
+- ``outside``: the test reaches no mutated function, or is not in the mutation run (a broker,
+  subprocess or slow test): it is guarded by the tests of section "outside the run" of
+  docs/MUTATION.md, not by this map.
+
+``tests/test_threat_model.py`` reads the file to check each row's tests bite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mutation.report import MUTANTS, ROOT, mutant_change, read_mutants
+
+DOC = ROOT / "docs" / "THREAT_MODEL.md"
+OUT = ROOT / "mutation" / "threat_model_bites.json"
+#: `tests/a/b.py::test_name` or a continuation `::test_name` (same file as the last one).
+REFERENCE = re.compile(r"`(tests/[\w/]+\.py)?::(\w+)`")
+#: mutants tried per test before it is reported as surviving them all
+MAX_TRIES = 12
+#: a named test run against one mutant is stopped after this (a hang counts as a kill)
+RUN_TIMEOUT_S = 120
+PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir=."]
+
+
+def named_tests(doc: Path = DOC) -> list[tuple[int, str]]:
+    """(row number, `path::name`) for every test the threat model's rows name."""
+    out = []
+    row = 0
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("| ") or line.startswith(("| claim", "| who")) or "---" in line:
+            continue
+        row += 1
+        current = ""
+        for path, name in REFERENCE.findall(line):
+            current = path or current
+            out.append((row, f"{current}::{name}"))
+    return out
+
+
+@dataclass
+class Verdict:
+    """What running one named test against mutants showed."""
+
+    test: str
+    rows: list[int]
+    status: str
+    mutant: str | None = None
+    change: str | None = None
+    tried: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+def _base_name(node_id: str) -> str:
+    return node_id.split("[", 1)[0]
+
+
+def candidates(test: str, stats: dict[str, list[str]], killed: set[str]) -> list[str]:
+    """Killed mutants of the functions `test` reaches, most specific function first.
+
+    A function reached by few tests is the one a claim's own guard most likely lives in;
+    a helper every test calls (a config builder) comes last.
+    """
+    reached = [
+        (len(tests), function)
+        for function, tests in stats.items()
+        if any(_base_name(t) == test for t in tests)
+    ]
+    out = []
+    for _, function in sorted(reached):
+        prefix = function + "__mutmut_"
+        out += sorted(
+            (m for m in killed if m.startswith(prefix)), key=lambda m: int(m.rsplit("_", 1)[1])
+        )
+    return out
+
+
+@contextlib.contextmanager
+def _in_mutants() -> Iterator[None]:
+    previous = Path.cwd()
+    os.chdir(MUTANTS)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def run_test(test: str, mutant: str) -> int:
+    """The exit code of pytest running `test` alone with `mutant` active ("" for none)."""
+    pid = os.fork()
+    if pid == 0:  # the child: run the test and report only its exit code
+        os.environ["MUTANT_UNDER_TEST"] = mutant
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        signal.alarm(RUN_TIMEOUT_S)
+        import pytest
+
+        os._exit(int(pytest.main([*PYTEST_ARGS, test])))
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def judge(test: str, rows: list[int], stats: dict[str, list[str]], killed: set[str]) -> Verdict:
+    """Run `test` clean, then against its candidate mutants until one kills it."""
+    verdict = Verdict(test=test, rows=rows, status="outside")
+    reached = candidates(test, stats, killed)
+    if not any(_base_name(t) == test for ts in stats.values() for t in ts):
+        verdict.note = "not in the mutation run, or reaches no mutated function"
+        return verdict
+    if not reached:
+        verdict.note = "reaches mutated functions, none of whose mutants any test killed"
+        verdict.status = "survives"
+        return verdict
+    clean = run_test(test, "")
+    if clean != 0:
+        verdict.status = "broken"
+        verdict.note = f"fails with no mutant active (pytest exit {clean})"
+        return verdict
+    for mutant in reached[:MAX_TRIES]:
+        verdict.tried.append(mutant)
+        if run_test(test, mutant) != 0:
+            verdict.status = "bites"
+            verdict.mutant = mutant
+            verdict.tried = []
+            return verdict
+    verdict.status = "survives"
+    return verdict
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("tests", nargs="*", help="only these `path::name` (default: all named)")
+    args = parser.parse_args(argv)
+    stats_file = MUTANTS / "mutmut-stats.json"
+    if not stats_file.exists():
+        print("no mutants/mutmut-stats.json: run `make mutate` first", file=sys.stderr)
+        return 2
+    stats = json.loads(stats_file.read_text(encoding="utf-8"))["tests_by_mangled_function_name"]
+    mutants = read_mutants()
+    killed = {m.name for m in mutants if m.outcome == "killed"}
+    by_name = {m.name: m for m in mutants}
+    rows_by_test: dict[str, list[int]] = {}
+    for row, test in named_tests():
+        rows_by_test.setdefault(test, []).append(row)
+    previous = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
+    verdicts: dict[str, dict[str, object]] = previous.get("tests", {})
+    sys.path.insert(0, str(MUTANTS))
+    with _in_mutants():
+        for test, rows in rows_by_test.items():
+            if args.tests and test not in args.tests:
+                continue
+            start = time.monotonic()
+            verdict = judge(test, rows, stats, killed)
+            if verdict.mutant is not None:
+                verdict.change = mutant_change(by_name[verdict.mutant])
+            print(f"{verdict.status:8} {time.monotonic() - start:5.1f}s {test}", flush=True)
+            verdicts[test] = {k: v for k, v in verdict.__dict__.items() if k != "test" and v}
+    document = {
+        "generated_by": "python -m mutation.bites (after make mutate)",
+        "tests": {t: verdicts[t] for t in sorted(verdicts) if t in rows_by_test},
+    }
+    args.out.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
