@@ -11,10 +11,13 @@ privacy change that leaves an unguarded mutant behind is seen.
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import fnmatch
 import json
+import math
 import sys
+import textwrap
 import tomllib
 from collections import Counter
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "mutants"
 EQUIVALENT = ROOT / "mutation" / "equivalent.toml"
 REPORT = ROOT / "docs" / "MUTATION.md"
+SAMPLE = ROOT / "mutation" / "sample.txt"
 #: The privacy core, whose kill rate must stay at or above this.
 CORE_PREFIX = "stream_dp/privacy/"
 CORE_MIN_KILL_RATE = 0.90
@@ -88,26 +92,110 @@ def reason_for(name: str, reasons: dict[str, str]) -> str | None:
     return None
 
 
-def mutant_change(mutant: Mutant, mutants_dir: Path = MUTANTS) -> str:
-    """The lines a mutant changes, as ``- old`` / ``+ new`` (from mutmut's mutated copy)."""
+def _function_sources(mutant: Mutant, mutants_dir: Path) -> tuple[str, str] | None:
+    """The source of the original function and of the mutant, from mutmut's mutated copy."""
     spans_file = mutants_dir / (mutant.path + ".spans")
     source_file = mutants_dir / mutant.path
     if not spans_file.exists() or not source_file.exists():
-        return "(mutated copy not found)"
+        return None
     spans = json.loads(spans_file.read_text(encoding="utf-8"))["spans"]
     local = mutant.name.rsplit(".", 1)[1]
     original = local.rsplit("__mutmut_", 1)[0] + "__mutmut_orig"
     if local not in spans or original not in spans:
-        return "(function not found in the mutated copy)"
+        return None
     lines = source_file.read_text(encoding="utf-8").splitlines()
 
-    def body(key: str) -> list[str]:
+    def text(key: str) -> str:
         start, end = spans[key]
-        return [line.strip() for line in lines[start - 1 : end]][1:]  # without the def line
+        return "\n".join(lines[start - 1 : end])
+
+    return text(original), text(local)
+
+
+def _first_difference(a: object, b: object, path: list[ast.AST]) -> list[ast.AST] | None:
+    """The chain of nodes from the root to the first place two syntax trees differ."""
+    if type(a) is not type(b):
+        return path + ([a] if isinstance(a, ast.AST) else [])
+    if isinstance(a, ast.AST):
+        for name in a._fields:
+            found = _first_difference(getattr(a, name), getattr(b, name), [*path, a])
+            if found is not None:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return path
+        for x, y in zip(a, b, strict=True):
+            found = _first_difference(x, y, path)
+            if found is not None:
+                return found
+        return None
+    return path if a != b else None
+
+
+LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical"}
+
+
+def classify(mutant: Mutant, mutants_dir: Path = MUTANTS) -> str | None:
+    """A reason that holds for the mutant by its form alone, or None.
+
+    Two forms change no released number, no budget and nothing a log or a dead letter
+    carries: a change inside the message of a ``raise`` (the exception's class and the
+    condition that raises it are untouched: the input is still refused), and a change of a
+    log call's message text (its ``extra=`` fields, which the log filter checks, excluded).
+    """
+    sources = _function_sources(mutant, mutants_dir)
+    if sources is None:
+        return None
+    try:
+        original, changed = (ast.parse(textwrap.dedent(s)).body[0] for s in sources)
+    except SyntaxError:
+        return None
+    if not isinstance(original, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    assert isinstance(changed, ast.FunctionDef | ast.AsyncFunctionDef)
+    path = _first_difference(original.args, changed.args, [original])
+    if path is None:
+        path = _first_difference(original.body, changed.body, [original])
+    if path is None:
+        return None
+    for i, node in enumerate(path[:-1]):
+        below = path[i + 1]
+        if (
+            isinstance(node, ast.Raise)
+            and isinstance(node.exc, ast.Call)
+            and below is node.exc
+            and len(path) > i + 2
+            and path[i + 2] is not node.exc.func
+        ):
+            return (
+                "message text of a refusal: the exception's class and the condition "
+                "raising it are unchanged, so the input is refused as before"
+            )
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in LOG_METHODS
+            and node.args
+            and below is node.args[0]
+        ):
+            return "wording of a log message (not its extra= fields): carries no value"
+    return None
+
+
+def mutant_change(mutant: Mutant, mutants_dir: Path = MUTANTS) -> str:
+    """The lines a mutant changes, as ``- old`` / ``+ new`` (from mutmut's mutated copy)."""
+    sources = _function_sources(mutant, mutants_dir)
+    if sources is None:
+        return "(function not found in the mutated copy)"
+
+    def body(source: str) -> list[str]:
+        text = [line.strip() for line in source.splitlines()]
+        return [line for line in text if not line.startswith(("def x", "async def x"))]
 
     diff = [
         line
-        for line in difflib.unified_diff(body(original), body(local), lineterm="", n=0)
+        for line in difflib.unified_diff(body(sources[0]), body(sources[1]), lineterm="", n=0)
         if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]
     return " / ".join(f"{line[0]} {line[1:].strip()}" for line in diff) or "(no textual change)"
@@ -120,7 +208,19 @@ def kill_rate(counts: Counter[str]) -> float:
     return detected / considered if considered else 0.0
 
 
-def render(mutants: list[Mutant], reasons: dict[str, str]) -> tuple[str, list[Mutant]]:
+def wilson_interval(detected: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion (the kill rate of a random sample)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = detected / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def render(
+    mutants: list[Mutant], reasons: dict[str, str], *, sampled: bool = False
+) -> tuple[str, list[Mutant]]:
     """The report's Markdown and the survivors no reason explains."""
     by_path: dict[str, Counter[str]] = {}
     for m in mutants:
@@ -144,6 +244,18 @@ def render(mutants: list[Mutant], reasons: dict[str, str]) -> tuple[str, list[Mu
         f"**Privacy core (`{CORE_PREFIX}`) kill rate: {kill_rate(core):.1%}** "
         f"(required: at least {CORE_MIN_KILL_RATE:.0%}); all modules: {kill_rate(total):.1%}.",
         "",
+    ]
+    if sampled:
+        n = sum(c for o, c in core.items() if o != "not run")
+        low, high = wilson_interval(core["killed"] + core["timeout"], n)
+        lines += [
+            f"These are the mutants of the fixed random sample `mutation/sample.txt` "
+            f"({sum(total.values())} mutants; `python -m mutation.sample`). The privacy core's "
+            f"kill rate over all its mutants lies in [{low:.1%}, {high:.1%}] with 95% "
+            f"confidence ({n} core mutants run).",
+            "",
+        ]
+    lines += [
         "| module | mutants | killed | timeout | survived | no tests | not run | kill rate |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -162,7 +274,7 @@ def render(mutants: list[Mutant], reasons: dict[str, str]) -> tuple[str, list[Mu
     for m in sorted(mutants, key=lambda m: (m.path, m.name)):
         if m.outcome not in ("survived", "no tests", "suspicious"):
             continue
-        reason = reason_for(m.name, reasons)
+        reason = reason_for(m.name, reasons) or classify(m)
         if reason is None:
             unexplained.append(m)
         if m.path != current:
@@ -179,17 +291,24 @@ def render(mutants: list[Mutant], reasons: dict[str, str]) -> tuple[str, list[Mu
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPORT)
+    parser.add_argument(
+        "--all", action="store_true", help="every mutant with a result, not only the sample"
+    )
     args = parser.parse_args(argv)
     mutants = read_mutants()
     if not mutants:
         print("no mutmut results under mutants/: run `make mutate` first", file=sys.stderr)
         return 2
-    text, unexplained = render(mutants, read_reasons())
+    sampled = not args.all and SAMPLE.exists()
+    if sampled:
+        chosen = set(SAMPLE.read_text(encoding="utf-8").split())
+        mutants = [m for m in mutants if m.name in chosen]
+    text, unexplained = render(mutants, read_reasons(), sampled=sampled)
     args.out.write_text(text, encoding="utf-8")
     core = Counter(m.outcome for m in mutants if m.path.startswith(CORE_PREFIX))
     print(f"wrote {args.out}: privacy core kill rate {kill_rate(core):.1%}")
-    for m in unexplained:
-        print(f"unexplained survivor: {m.name} ({m.outcome})", file=sys.stderr)
+    if unexplained:
+        print(f"{len(unexplained)} survivors without a reason: see {args.out}", file=sys.stderr)
     if unexplained or kill_rate(core) < CORE_MIN_KILL_RATE:
         return 1
     return 0

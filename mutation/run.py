@@ -15,9 +15,14 @@ def _node_id(node: Node) -> str:
     return node.nodeid
 
 
-def main() -> None:
+def patch_pytest() -> None:
+    """Give pytest's nodes the ``_nodeid`` mutmut 3.7 reads."""
     if not hasattr(Node, "_nodeid"):
         Node._nodeid = property(_node_id)  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    patch_pytest()
     from mutmut.__main__ import cli
 
     cli()
