@@ -1,0 +1,37 @@
+"""An erasure removes exactly one user from the samples, also beside users whose
+pseudonyms share one of its two 64-bit words, and counts every event of the user it saw."""
+
+from __future__ import annotations
+
+import random
+
+from stream_dp.privacy.user_samples import UserSamples, new_sampling_generator
+
+# a and b share their first word, a and c their second: only whole pseudonyms are users.
+A = b"A" * 8 + b"B" * 8
+B = b"A" * 8 + b"C" * 8
+C = b"D" * 8 + b"B" * 8
+
+
+def _samples() -> UserSamples:
+    samples = UserSamples(2, new_sampling_generator(random.Random(5)))
+    for p in (A, B, C):
+        samples.add_many([p] * 5, list(range(5)))
+    samples.sample()  # compaction: 2 kept and 3 left out per user
+    return samples
+
+
+def test_removing_one_user_leaves_users_sharing_half_its_pseudonym() -> None:
+    samples = _samples()
+    assert samples.remove(A) == 5
+    assert (samples.users, samples.events_retained, samples.events_seen) == (2, 4, 10)
+    assert samples.remove(A) == 0
+
+
+def test_the_left_out_events_of_the_others_are_still_counted_after_a_removal() -> None:
+    samples = _samples()
+    samples.remove(A)
+    samples.add_many([B] * 3, [7, 8, 9])
+    assert samples.remove(B) == 8
+    assert samples.remove(C) == 5
+    assert (samples.users, samples.events_retained, samples.events_seen) == (0, 0, 0)
