@@ -37,24 +37,23 @@ OUT = ROOT / "mutation" / "threat_model_bites.json"
 #: `tests/a/b.py::test_name` or a continuation `::test_name` (same file as the last one).
 REFERENCE = re.compile(r"`(tests/[\w/]+\.py)?::(\w+)`")
 #: mutants tried per test before it is reported as surviving them all
-MAX_TRIES = 12
+MAX_TRIES = 8
 #: a named test run against one mutant is stopped after this (a hang counts as a kill)
 RUN_TIMEOUT_S = 120
 PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--rootdir=."]
 
 
-def named_tests(doc: Path = DOC) -> list[tuple[int, str]]:
-    """(row number, `path::name`) for every test the threat model's rows name."""
+def named_tests(doc: Path = DOC) -> list[tuple[str, str]]:
+    """(the row's claim, `path::name`) for every test the threat model's rows name."""
     out = []
-    row = 0
     for line in doc.read_text(encoding="utf-8").splitlines():
         if not line.startswith("| ") or line.startswith(("| claim", "| who")) or "---" in line:
             continue
-        row += 1
+        claim = line.split("|")[1].strip()
         current = ""
         for path, name in REFERENCE.findall(line):
             current = path or current
-            out.append((row, f"{current}::{name}"))
+            out.append((claim, f"{current}::{name}"))
     return out
 
 
@@ -63,7 +62,7 @@ class Verdict:
     """What running one named test against mutants showed."""
 
     test: str
-    rows: list[int]
+    claims: list[str]
     status: str
     mutant: str | None = None
     change: str | None = None
@@ -76,7 +75,8 @@ def _base_name(node_id: str) -> str:
 
 
 def candidates(test: str, stats: dict[str, list[str]], killed: set[str]) -> list[str]:
-    """Killed mutants of the functions `test` reaches, most specific function first.
+    """Mutants of the functions `test` reaches that some test may kill, most specific
+    function first (`killed`: every mutant not known to survive all tests).
 
     A function reached by few tests is the one a claim's own guard most likely lives in;
     a helper every test calls (a config builder) comes last.
@@ -86,12 +86,19 @@ def candidates(test: str, stats: dict[str, list[str]], killed: set[str]) -> list
         for function, tests in stats.items()
         if any(_base_name(t) == test for t in tests)
     ]
-    out = []
+    per_function = []
     for _, function in sorted(reached):
         prefix = function + "__mutmut_"
-        out += sorted(
+        mine = sorted(
             (m for m in killed if m.startswith(prefix)), key=lambda m: int(m.rsplit("_", 1)[1])
         )
+        if mine:
+            per_function.append(mine)
+    # Round robin: the first mutant of each function, then the second of each, …, so that
+    # the tries spread over the functions the test reaches.
+    out = []
+    for i in range(max((len(m) for m in per_function), default=0)):
+        out += [mine[i] for mine in per_function if i < len(mine)]
     return out
 
 
@@ -121,9 +128,11 @@ def run_test(test: str, mutant: str) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def judge(test: str, rows: list[int], stats: dict[str, list[str]], killed: set[str]) -> Verdict:
+def judge(
+    test: str, claims: list[str], stats: dict[str, list[str]], killed: set[str]
+) -> Verdict:
     """Run `test` clean, then against its candidate mutants until one kills it."""
-    verdict = Verdict(test=test, rows=rows, status="outside")
+    verdict = Verdict(test=test, claims=claims, status="outside")
     reached = candidates(test, stats, killed)
     if not any(_base_name(t) == test for ts in stats.values() for t in ts):
         verdict.note = "not in the mutation run, or reaches no mutated function"
@@ -159,11 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stats = json.loads(stats_file.read_text(encoding="utf-8"))["tests_by_mangled_function_name"]
     mutants = read_mutants()
-    killed = {m.name for m in mutants if m.outcome == "killed"}
+    killed = {m.name for m in mutants if m.outcome in ("killed", "not run", "timeout")}
     by_name = {m.name: m for m in mutants}
-    rows_by_test: dict[str, list[int]] = {}
-    for row, test in named_tests():
-        rows_by_test.setdefault(test, []).append(row)
+    rows_by_test: dict[str, list[str]] = {}
+    for claim, test in named_tests():
+        rows_by_test.setdefault(test, []).append(claim)
     previous = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
     verdicts: dict[str, dict[str, object]] = previous.get("tests", {})
     sys.path.insert(0, str(MUTANTS))
