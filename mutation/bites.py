@@ -128,9 +128,7 @@ def run_test(test: str, mutant: str) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def judge(
-    test: str, claims: list[str], stats: dict[str, list[str]], killed: set[str]
-) -> Verdict:
+def judge(test: str, claims: list[str], stats: dict[str, list[str]], killed: set[str]) -> Verdict:
     """Run `test` clean, then against its candidate mutants until one kills it."""
     verdict = Verdict(test=test, claims=claims, status="outside")
     reached = candidates(test, stats, killed)

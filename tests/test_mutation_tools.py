@@ -12,12 +12,12 @@ from scipy.stats import binomtest
 from mutation.bites import OUT, named_tests
 from mutation.report import Mutant, classify, mutant_change, render, wilson_interval
 
-ORIGINAL = '''def x_f__mutmut_orig(n):
+ORIGINAL = """def x_f__mutmut_orig(n):
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     log.info("counted %d", n, extra={"n": n})
     return n + 1
-'''
+"""
 
 
 def _mutants_dir(tmp_path: Path, mutants: dict[str, str]) -> Path:
