@@ -56,14 +56,23 @@ def test_only_message_text_mutants_are_explained_by_their_form(
 
 def test_an_unexplained_survivor_is_reported_as_such(tmp_path: Path) -> None:
     mutants = [
-        Mutant(name="stream_dp.privacy.a.x_f__mutmut_1", path="stream_dp/privacy/a.py", outcome=o)
-        for o in ("killed", "killed", "survived")
+        Mutant(
+            name=f"stream_dp.privacy.a.x_f__mutmut_{i}", path="stream_dp/privacy/a.py", outcome=o
+        )
+        for i, o in enumerate(("killed", "killed", "survived"), start=1)
     ]
-    text, unexplained = render(mutants, {})
-    assert unexplained == [mutants[2]]
-    assert "66.7%" in text and "**UNEXPLAINED**" in text
-    text, unexplained = render(mutants, {"stream_dp.privacy.a.x_f__*": "equivalent: why"})
-    assert unexplained == [] and "equivalent: why" in text
+    text, unexplained, score = render(mutants, {})
+    assert unexplained == [mutants[2]] and score == pytest.approx(2 / 3)
+    assert "**UNEXPLAINED**" in text
+    text, unexplained, score = render(
+        mutants, {"stream_dp.privacy.a.x_f__mutmut_3": "gap: no test"}
+    )
+    assert unexplained == [] and score == pytest.approx(2 / 3) and "gap: no test" in text
+    # a mutant shown equivalent leaves the score's denominator; the raw rate keeps it
+    text, unexplained, score = render(
+        mutants, {"stream_dp.privacy.a.x_f__mutmut_3": "equivalent: why"}
+    )
+    assert unexplained == [] and score == 1.0 and "equivalent: why" in text and "66.7%" in text
 
 
 @pytest.mark.parametrize(("k", "n"), [(0, 20), (90, 100), (431, 498), (500, 500)])
