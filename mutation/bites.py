@@ -155,9 +155,18 @@ def judge(test: str, claims: list[str], stats: dict[str, list[str]], killed: set
     return verdict
 
 
+def _write(out: Path, verdicts: dict[str, dict[str, object]], named: dict[str, list[str]]) -> None:
+    document = {
+        "generated_by": "python -m mutation.bites (after make mutate)",
+        "tests": {t: verdicts[t] for t in sorted(verdicts) if t in named},
+    }
+    out.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--again", action="store_true", help="redo tests shown to bite")
     parser.add_argument("tests", nargs="*", help="only these `path::name` (default: all named)")
     args = parser.parse_args(argv)
     stats_file = MUTANTS / "mutmut-stats.json"
@@ -178,17 +187,17 @@ def main(argv: list[str] | None = None) -> int:
         for test, rows in rows_by_test.items():
             if args.tests and test not in args.tests:
                 continue
+            done = verdicts.get(test, {}).get("status") in ("bites", "outside")
+            if done and not args.again and not args.tests:
+                continue  # a test already shown to bite keeps its verdict (--again to redo)
             start = time.monotonic()
             verdict = judge(test, rows, stats, killed)
             if verdict.mutant is not None:
                 verdict.change = mutant_change(by_name[verdict.mutant])
             print(f"{verdict.status:8} {time.monotonic() - start:5.1f}s {test}", flush=True)
             verdicts[test] = {k: v for k, v in verdict.__dict__.items() if k != "test" and v}
-    document = {
-        "generated_by": "python -m mutation.bites (after make mutate)",
-        "tests": {t: verdicts[t] for t in sorted(verdicts) if t in rows_by_test},
-    }
-    args.out.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            _write(args.out, verdicts, rows_by_test)  # after each test: a long run can stop
+    _write(args.out, verdicts, rows_by_test)
     return 0
 
 
