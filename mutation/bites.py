@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mutation.report import MUTANTS, ROOT, mutant_change, read_mutants
+from mutation.run import make_forks_safe
 
 DOC = ROOT / "docs" / "THREAT_MODEL.md"
 OUT = ROOT / "mutation" / "threat_model_bites.json"
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else {}
     verdicts: dict[str, dict[str, object]] = previous.get("tests", {})
     sys.path.insert(0, str(MUTANTS))
+    make_forks_safe()
     with _in_mutants():
         for test, rows in rows_by_test.items():
             if args.tests and test not in args.tests:

@@ -8,11 +8,30 @@ attribute back as an alias of the public ``nodeid`` and then runs mutmut unchang
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+
 from _pytest.nodes import Node
 
 
 def _node_id(node: Node) -> str:
     return node.nodeid
+
+
+def _fresh_noise_pool() -> None:
+    """In a forked child: forget the parent's noise thread pool (its threads do not exist
+    in the child, so a task handed to it would wait for ever); the child makes its own."""
+    mechanisms = sys.modules.get("stream_dp.privacy.mechanisms")
+    if mechanisms is not None:
+        mechanisms._executor = None  # type: ignore[attr-defined]
+        mechanisms._executor_lock = threading.Lock()  # type: ignore[attr-defined]
+
+
+def make_forks_safe() -> None:
+    """mutmut (and mutation.bites) fork a child per mutant from a process that has run
+    tests: reset, in each child, the state that does not survive a fork."""
+    os.register_at_fork(after_in_child=_fresh_noise_pool)
 
 
 def patch_pytest() -> None:
@@ -23,6 +42,7 @@ def patch_pytest() -> None:
 
 def main() -> None:
     patch_pytest()
+    make_forks_safe()
     from mutmut.__main__ import cli
 
     cli()
