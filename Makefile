@@ -72,7 +72,7 @@ chaos: setup
 # Mutation testing of the privacy-critical modules (configuration: [tool.mutmut] in
 # pyproject.toml; report: docs/MUTATION.md). mutmut mutates a copy under mutants/ and runs
 # each mutant against only the fast tests that reach its function. `make mutate` runs the
-# fixed random sample of mutation/sample.txt (about 740 mutants, 20-40 minutes on two
+# fixed random sample of mutation/sample.txt (about 740 mutants, about an hour on two busy
 # cores), each test the threat model names alone against mutants of what it reaches
 # (mutation/threat_model_bites.json), and writes the report, which fails on a survivor
 # without a reason in mutation/equivalent.toml or a privacy-core score under 90%.
