@@ -84,12 +84,12 @@ mutate: setup
 	$(BIN)/python -m mutation.sample > /dev/null
 	$(BIN)/python -m mutation.run run --max-children $(MUTATE_CHILDREN) \
 	  $(if $(MUTANTS),'$(MUTANTS)',$$(cat mutation/sample.txt))
-	$(BIN)/python -m mutation.bites
+	$(BIN)/python -m mutation.bites --after-mutmut
 	$(BIN)/python -m mutation.report
 
 mutate-all: setup
 	$(BIN)/python -m mutation.run run --max-children $(MUTATE_CHILDREN)
-	$(BIN)/python -m mutation.bites
+	$(BIN)/python -m mutation.bites --after-mutmut
 	$(BIN)/python -m mutation.report --all
 
 clean:
