@@ -129,8 +129,16 @@ def run_test(test: str, mutant: str) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def judge(test: str, claims: list[str], stats: dict[str, list[str]], killed: set[str]) -> Verdict:
-    """Run `test` clean, then against its candidate mutants until one kills it."""
+def judge(
+    test: str,
+    claims: list[str],
+    stats: dict[str, list[str]],
+    killed: set[str],
+    *,
+    check_clean: bool = True,
+) -> Verdict:
+    """Run `test` clean (unless mutmut's own clean run just did), then against its candidate
+    mutants until one kills it."""
     verdict = Verdict(test=test, claims=claims, status="outside")
     reached = candidates(test, stats, killed)
     if not any(_base_name(t) == test for ts in stats.values() for t in ts):
