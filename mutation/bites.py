@@ -157,7 +157,13 @@ def judge(
     verdict = Verdict(test=test, claims=claims, status="outside")
     reached = candidates(test, stats, killed)
     if not any(_base_name(t) == test for ts in stats.values() for t in ts):
-        verdict.note = "not in the mutation run, or reaches no mutated function"
+        path = test.split("::", 1)[0]
+        in_run = any(t.startswith(path + "::") for ts in stats.values() for t in ts)
+        verdict.note = (
+            "in the mutation run but reaches no mutated function (e.g. a source scan)"
+            if in_run
+            else "not in the mutation run: a broker, subprocess or slow test"
+        )
         return verdict
     if not reached:
         verdict.note = "reaches mutated functions, none of whose mutants any test killed"
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         for test, rows in rows_by_test.items():
             if args.tests and test not in args.tests:
                 continue
-            done = verdicts.get(test, {}).get("status") in ("bites", "outside")
+            done = verdicts.get(test, {}).get("status") == "bites"
             if done and not args.again and not args.tests:
                 continue  # a test already shown to bite keeps its verdict (--again to redo)
             start = time.monotonic()
