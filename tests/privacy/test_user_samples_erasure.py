@@ -35,3 +35,14 @@ def test_the_left_out_events_of_the_others_are_still_counted_after_a_removal() -
     assert samples.remove(B) == 8
     assert samples.remove(C) == 5
     assert (samples.users, samples.events_retained, samples.events_seen) == (0, 0, 0)
+
+
+def test_events_left_out_by_two_compactions_are_all_counted() -> None:
+    samples = UserSamples(1, new_sampling_generator(random.Random(6)))
+    samples.add_many([A] * 3, [0, 1, 2])
+    samples.sample()  # 1 kept, 2 left out
+    samples.add_many([A] * 4 + [B] * 2, [3, 4, 5, 6, 7, 8])
+    samples.sample()  # still 1 kept of A: 3 + 2 more left out; 1 of B kept, 1 left out
+    assert samples.remove(A) == 7
+    assert samples.remove(B) == 2
+    assert samples.events_seen == 0
