@@ -333,6 +333,35 @@ def render(
     return "\n".join(lines) + "\n", unexplained, kill_rate(core)
 
 
+BITES = ROOT / "mutation" / "threat_model_bites.json"
+
+
+def bites_section(path: Path = BITES) -> str:
+    """Per threat-model claim, how many of its named tests killed a mutant alone."""
+    if not path.exists():
+        return ""
+    verdicts = json.loads(path.read_text(encoding="utf-8"))["tests"]
+    claims: dict[str, list[str]] = {}
+    for verdict in verdicts.values():
+        for claim in verdict.get("claims", []):
+            claims.setdefault(claim, []).append(verdict["status"])
+    biting = sum(1 for v in verdicts.values() if v["status"] == "bites")
+    lines = [
+        "",
+        "## The threat model's tests",
+        "",
+        f"`python -m mutation.bites` ran each of the {len(verdicts)} tests docs/THREAT_MODEL.md "
+        f"names alone against mutants of what it reaches: {biting} killed one (test, mutant and "
+        "change in `mutation/threat_model_bites.json`); the others run on a broker, in a "
+        "subprocess or are slow (outside the mutation run), or reach no mutated code (a "
+        "source scan). Claims none of whose tests is in the run:",
+        "",
+    ]
+    alone = sorted(c for c, statuses in claims.items() if "bites" not in statuses)
+    lines += [f"- {c}" for c in alone] or ["- none"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPORT)
@@ -349,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = set(SAMPLE.read_text(encoding="utf-8").split())
         mutants = [m for m in mutants if m.name in chosen]
     text, unexplained, core_score = render(mutants, read_reasons(), sampled=sampled)
+    text += bites_section()
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out}: privacy core mutation score {core_score:.1%}")
     if unexplained:
