@@ -291,6 +291,15 @@ def render(
             f"confidence ({n} non-equivalent core mutants run).",
             "",
         ]
+        if total["not run"]:
+            lines += [
+                f"**{total['not run']} mutants of the sample were not run** (column *not run*): "
+                "the run was stopped first. mutmut runs the mutants whose tests take least "
+                "time first, so those left are in functions that many tests reach (the "
+                "planner, calibration, noise); the interval above holds for the mutants run, "
+                "not for the whole sample.",
+                "",
+            ]
     lines += [
         "| module | mutants | killed | timeout | survived | no tests | of these equivalent "
         "| not run | score |",
