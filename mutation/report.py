@@ -133,14 +133,16 @@ def _first_difference(a: object, b: object, path: list[ast.AST]) -> list[ast.AST
     return path if a != b else None
 
 
+METRIC_TYPES = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
 LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical"}
 
 
 def classify(mutant: Mutant, mutants_dir: Path = MUTANTS) -> str | None:
     """A reason that holds for the mutant by its form alone, or None.
 
-    Three forms change no released number, no budget and no value a log or a dead letter
-    carries: a change inside the message of a ``raise`` (the exception's class and the
+    Four forms change no released number, no budget and no value a log, a metric or a dead
+    letter carries: a change of a metric's HELP text (its second argument); a change
+    inside the message of a ``raise`` (the exception's class and the
     condition that raises it are untouched: the input is still refused), a change of a log
     call's message text (its ``extra=`` fields, which the log filter checks, excluded), and a
     change of a dead letter's detail text (``BadRecord(reason, detail)``, reason excluded).
@@ -181,6 +183,14 @@ def classify(mutant: Mutant, mutants_dir: Path = MUTANTS) -> str | None:
             and below is node.args[0]
         ):
             return "wording of a log message (not its extra= fields): carries no value"
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in METRIC_TYPES
+            and len(node.args) >= 2
+            and below is node.args[1]
+        ):
+            return "HELP text of a metric (its documentation line on /metrics): no value, no label"
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)

@@ -16,6 +16,7 @@ ORIGINAL = """def x_f__mutmut_orig(n):
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     log.info("counted %d", n, extra={"n": n})
+    Gauge("stream_dp_n", "How many.", ["query"], registry=r)
     return n + 1
 """
 
@@ -42,6 +43,9 @@ def _mutants_dir(tmp_path: Path, mutants: dict[str, str]) -> Path:
         ("raise ValueError(", "raise TypeError(", False),  # the refusal's class
         ('extra={"n": n}', 'extra={"n": None}', False),  # a log record's fields
         ("return n + 1", "return n - 1", False),
+        ('"How many."', '"XXHow many.XX"', True),  # a metric's HELP text
+        ('"stream_dp_n"', '"XXstream_dp_nXX"', False),  # a metric's name
+        ('["query"]', '["XXqueryXX"]', False),  # its labels
     ],
 )
 def test_only_message_text_mutants_are_explained_by_their_form(

@@ -38,3 +38,16 @@ def test_weighted_keys_with_the_half_keep_user_count_are_kept_at_least_half_the_
     n = sel.users_for_half_keep
     assert sel.keep_probability_for_users(n) >= 0.5
     assert sel.keep_probability_for_users(1) <= sel.threshold_delta
+
+
+def test_weighted_selection_keeps_a_weight_sum_equal_to_the_threshold_and_none_below(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sel = WeightedGaussian(epsilon=1.0, delta=1e-6, max_partitions_contributed=2)
+
+    def no_noise(counts: Sequence[int]) -> list[int]:
+        return list(counts)
+
+    monkeypatch.setattr(sel.mechanism, "sample", no_noise)
+    t = sel.threshold
+    assert sel.select_weights([t - 1, t, t + 1]) == [False, True, True]
