@@ -46,3 +46,12 @@ def test_events_left_out_by_two_compactions_are_all_counted() -> None:
     assert samples.remove(A) == 7
     assert samples.remove(B) == 2
     assert samples.events_seen == 0
+
+
+def test_an_empty_sample_is_empty_and_takes_events_afterwards() -> None:
+    samples = UserSamples(2, new_sampling_generator(random.Random(7)))
+    users, items = samples.sample()
+    assert (len(users), len(items), samples.users) == (0, 0, 0)
+    assert samples.remove(A) == 0
+    samples.add_many([A] * 3, [1, 2, 3])
+    assert (samples.users, samples.events_retained) == (1, 2)
