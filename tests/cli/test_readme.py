@@ -38,7 +38,7 @@ from tests.helpers import schema_validator, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-#: The docs site's pages (docs/changes holds drafts the site leaves out).
+#: The docs site's pages.
 DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
 SAMPLE = ROOT / "stream_dp" / "examples" / "sample-events.jsonl"
 #: 1,300 employees and four popular domains: under browser-logs.yaml, two private domains

@@ -1,0 +1,1 @@
+"""Mutation testing of the privacy-critical modules: `make mutate` (mutmut) and its report."""

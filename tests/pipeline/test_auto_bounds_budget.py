@@ -1,0 +1,25 @@
+"""bounds: auto — when the window's budget cannot pay for the histograms that choose the next
+bounds, they are neither charged nor drawn (the next window keeps this one's bounds)."""
+
+from __future__ import annotations
+
+from stream_dp.privacy.budget import BOUNDS_CHARGE
+from tests.pipeline.support import T0
+from tests.pipeline.test_auto_bounds import _config, _pipeline
+
+
+def test_histograms_the_budget_cannot_pay_for_are_not_drawn() -> None:
+    config = _config({"max_contributions_per_window": "auto"}, exact=False)
+    stage = _pipeline(config)[0].release
+    # another charge leaves the window less than the histograms' ε
+    stage.accountant.record(T0, "earlier", config.privacy.epsilon_per_window, 0.0)
+    assert stage._charge_histograms(T0) is False
+    assert stage.accountant.query_spent(T0, BOUNDS_CHARGE) == (0.0, 0.0)
+
+
+def test_histograms_the_budget_can_pay_for_are_charged_once_and_drawn() -> None:
+    config = _config({"max_contributions_per_window": "auto"}, exact=False)
+    stage = _pipeline(config)[0].release
+    assert stage._charge_histograms(T0) is True
+    assert stage.accountant.query_spent(T0, BOUNDS_CHARGE) == (stage.schedule.epsilon, 0.0)
+    assert stage._charge_histograms(T0) is False  # charged already: not drawn again

@@ -1,0 +1,97 @@
+"""The mutation-testing tools (`make mutate`): the report's reasons, its interval, and the
+committed map from the threat model's tests to the mutants they kill."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from scipy.stats import binomtest
+
+from mutation.bites import OUT, named_tests
+from mutation.report import Mutant, classify, mutant_change, render, wilson_interval
+
+ORIGINAL = """def x_f__mutmut_orig(n):
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    log.info("counted %d", n, extra={"n": n})
+    Gauge("stream_dp_n", "How many.", ["query"], registry=r)
+    return n + 1
+"""
+
+
+def _mutants_dir(tmp_path: Path, mutants: dict[str, str]) -> Path:
+    """A mutated copy in mutmut's layout: the functions one after another, and their spans."""
+    lines: list[str] = []
+    spans = {}
+    for name, source in {"x_f__mutmut_orig": ORIGINAL, **mutants}.items():
+        text = source.replace("x_f__mutmut_orig", name).splitlines()
+        spans[name] = [len(lines) + 1, len(lines) + len(text)]
+        lines += text
+    (tmp_path / "m.py").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "m.py.spans").write_text(json.dumps({"spans": spans}), encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "explained"),
+    [
+        ('f"n must be >= 0, got {n}"', "None", True),  # the refusal's message only
+        ('"counted %d"', '"XXcounted %dXX"', True),  # a log message's wording
+        ("n < 0", "n <= 0", False),  # the condition that refuses
+        ("raise ValueError(", "raise TypeError(", False),  # the refusal's class
+        ('extra={"n": n}', 'extra={"n": None}', False),  # a log record's fields
+        ("return n + 1", "return n - 1", False),
+        ('"How many."', '"XXHow many.XX"', True),  # a metric's HELP text
+        ('"stream_dp_n"', '"XXstream_dp_nXX"', False),  # a metric's name
+        ('["query"]', '["XXqueryXX"]', False),  # its labels
+    ],
+)
+def test_only_message_text_mutants_are_explained_by_their_form(
+    tmp_path: Path, old: str, new: str, explained: bool
+) -> None:
+    assert old in ORIGINAL
+    mutants = _mutants_dir(tmp_path, {"x_f__mutmut_1": ORIGINAL.replace(old, new, 1)})
+    mutant = Mutant(name="pkg.m.x_f__mutmut_1", path="m.py", outcome="survived")
+    assert (classify(mutant, mutants) is not None) is explained
+    assert mutant_change(mutant, mutants).startswith("- ")
+
+
+def test_an_unexplained_survivor_is_reported_as_such(tmp_path: Path) -> None:
+    mutants = [
+        Mutant(
+            name=f"stream_dp.privacy.a.x_f__mutmut_{i}", path="stream_dp/privacy/a.py", outcome=o
+        )
+        for i, o in enumerate(("killed", "killed", "survived"), start=1)
+    ]
+    text, unexplained, score = render(mutants, {})
+    assert unexplained == [mutants[2]] and score == pytest.approx(2 / 3)
+    assert "**UNEXPLAINED**" in text
+    text, unexplained, score = render(
+        mutants, {"stream_dp.privacy.a.x_f__mutmut_3": "gap: no test"}
+    )
+    assert unexplained == [] and score == pytest.approx(2 / 3) and "gap: no test" in text
+    # a mutant shown equivalent leaves the score's denominator; the raw rate keeps it
+    text, unexplained, score = render(
+        mutants, {"stream_dp.privacy.a.x_f__mutmut_3": "equivalent: why"}
+    )
+    assert unexplained == [] and score == 1.0 and "equivalent: why" in text and "66.7%" in text
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 20), (90, 100), (431, 498), (500, 500)])
+def test_the_kill_rate_interval_is_the_wilson_interval(k: int, n: int) -> None:
+    expected = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    low, high = wilson_interval(k, n)
+    assert low == pytest.approx(expected.low, abs=1e-4)
+    assert high == pytest.approx(expected.high, abs=1e-4)
+
+
+def test_the_committed_bites_map_names_only_threat_model_tests_and_says_what_bit() -> None:
+    verdicts = json.loads(OUT.read_text(encoding="utf-8"))["tests"]
+    named = {test for _, test in named_tests()}
+    assert verdicts and set(verdicts) <= named
+    for test, verdict in verdicts.items():
+        assert verdict["status"] in {"bites", "survives", "outside", "broken"}, test
+        if verdict["status"] == "bites":
+            assert verdict["mutant"].startswith("stream_dp.") and verdict["change"], test
