@@ -129,8 +129,15 @@ async def test_produce_then_tail(
         )
 
         # Byte for byte what an independent reader finds on the topic (deduplicated).
-        on_topic = await read_topic(kafka_bootstrap, topics["output"])
         raw_lines = [line.encode() for line in done.stdout.splitlines()]
+        # Wait for at least what tail showed (a loaded machine can pause the reader for more
+        # than its quiet second), then a second more for any extra record (a second draw).
+        on_topic = await read_topic(
+            kafka_bootstrap,
+            topics["output"],
+            until=lambda r: len({v for _, v in r}) >= len(set(raw_lines)),
+            settle_s=1.0,
+        )
         assert sorted(raw_lines) == sorted({v for _, v in on_topic})
 
         # The readable form: one table per (query, window).
