@@ -54,7 +54,7 @@ import numpy as np
 import orjson
 
 from stream_dp.config import parse_config
-from stream_dp.pipeline.local import LocalPipeline
+from stream_dp.pipeline.local.local import LocalPipeline
 from stream_dp.privacy.partition_selection import TruncatedGeometric
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events

@@ -8,7 +8,7 @@ last result, with wall time (``time.perf_counter``) and its own CPU time
 
 * ``raw``: an aiokafka consumer (manual assignment, no group) that fetches the whole topic
   with the worker's fetch settings and JSON-decodes every value with orjson: the floor.
-* ``worker``: the stream-dp :class:`~stream_dp.pipeline.worker.Worker`, consumer group
+* ``worker``: the stream-dp :class:`~stream_dp.pipeline.kafka.worker.Worker`, consumer group
   included, every stage in the one process (it owns every partition of the input, of the
   partials topic and, for input not keyed by user, of the repartition topic), until the
   window record of its last window is acknowledged on the output topic and its published
@@ -34,7 +34,8 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-FETCH_MAX_RECORDS = 40_000  # as the worker (stream_dp.pipeline.membership.MAX_RECORDS_PER_FETCH)
+# as the worker (stream_dp.pipeline.kafka.membership.MAX_RECORDS_PER_FETCH)
+FETCH_MAX_RECORDS = 40_000
 FETCH_TIMEOUT_MS = 200
 
 
@@ -80,11 +81,11 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Run the stream-dp worker on ``spec["topic"]`` until its last window is released."""
     from stream_dp.config import parse_config
     from stream_dp.ops.metrics import Metrics
-    from stream_dp.pipeline import worker as worker_module
-    from stream_dp.pipeline.ingest import DeadLetter, IngestStage, InputRecord
-    from stream_dp.pipeline.ledger import LedgerRelease
-    from stream_dp.pipeline.packed import PackedEvents
-    from stream_dp.pipeline.release_stage import ReleaseStage
+    from stream_dp.pipeline.formats.ledger import LedgerRelease
+    from stream_dp.pipeline.formats.packed import PackedEvents
+    from stream_dp.pipeline.kafka import worker as worker_module
+    from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage, InputRecord
+    from stream_dp.pipeline.stages.release_stage import ReleaseStage
     from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 
     logging.basicConfig(level=logging.WARNING)

@@ -467,7 +467,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"and their ledger and output encoding {rel['public']['release_seconds']:.3f} s; "
         f"private keys: {rel['private']['seal_seconds']:.3f} + "
         f"{rel['private']['transport_seconds']:.3f} + {rel['private']['release_seconds']:.3f} "
-        "s. These are the worker's own functions (`stream_dp.pipeline.offload`), which it "
+        "s. These are the worker's own functions (`stream_dp.pipeline.stages.offload`), which it "
         "runs in a thread: the event loop keeps fetching, committing and heartbeating "
         "meanwhile (`tests/integration/test_large_release.py`: two workers with a 2 s "
         "session timeout release a 200,000-key window without a rebalance). Writing to "

@@ -1,16 +1,16 @@
 """Scaling of the pipeline stages in-process (no Kafka): events/s against users and keys, the
 release time of a window with 100k keys, and the state kept per retained event.
 
-Ingest is stage 1, :class:`~stream_dp.pipeline.ingest.IngestStage`: what a worker runs for
+Ingest is stage 1, :class:`~stream_dp.pipeline.stages.ingest.IngestStage`: what a worker runs for
 every fetched batch of a partition it owns. Here it is fed the same JSON records, keyed by
 user id (``input.keyed_by_user: true``, so the key check runs as in the worker), in batches of
 40,000 (the worker's ``MAX_RECORDS_PER_FETCH``) from one partition, so the figures leave out
 the Kafka client (the throughput sections measure that).
 
 A release is three steps, timed together, each the worker's own function
-(:mod:`stream_dp.pipeline.offload`): stage 1 seals the window (compaction of the samples,
+(:mod:`stream_dp.pipeline.stages.offload`): stage 1 seals the window (compaction of the samples,
 L0/Linf bounding, exact totals per key: one partial per query) and encodes its partials;
-stage 2 (:class:`~stream_dp.pipeline.release_stage.ReleaseStage`) decodes them; then it
+stage 2 (:class:`~stream_dp.pipeline.stages.release_stage.ReleaseStage`) decodes them; then it
 merges them, draws selection and noise, builds the records and encodes them for the ledger
 and the output topic. Writing to Kafka is not included.
 """
@@ -33,11 +33,11 @@ import orjson
 from bench.data import START_S, StreamSpec, columns, encode
 from stream_dp.config import parse_config
 from stream_dp.config.model import Config
-from stream_dp.pipeline.ingest import IngestStage
-from stream_dp.pipeline.local import LocalPipeline
-from stream_dp.pipeline.offload import draw_window, gc_paused, output_values, seal_windows
-from stream_dp.pipeline.partials import SourceWatermark, encode_watermark
-from stream_dp.pipeline.release_stage import ReleaseStage
+from stream_dp.pipeline.formats.partials import SourceWatermark, encode_watermark
+from stream_dp.pipeline.local.local import LocalPipeline
+from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.offload import draw_window, gc_paused, output_values, seal_windows
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from stream_dp.privacy.user_samples import UserSamples
 from stream_dp.windows.tumbling import iso_utc
@@ -168,7 +168,7 @@ def _release_once(
     """Seal the window's partials from the stage's (kept) state, pass them through their
     topic encoding to a fresh ReleaseStage and release; (seconds per step, keys released).
 
-    The steps are the worker's own (:mod:`stream_dp.pipeline.offload`), with the garbage
+    The steps are the worker's own (:mod:`stream_dp.pipeline.stages.offload`), with the garbage
     collector paused as the worker's off-loop thread runs them: seal and encode the
     partials; decode them into stage 2 (on the worker's loop); draw the release and encode
     its ledger records and output records.

@@ -14,7 +14,7 @@ Bounds, two variants, the same sensitivity on both sides:
 * ``k only``: stream-dp ``max_contributions_per_window=k``; PipelineDP
   ``max_contributions=k`` (a total per user across keys), k = 10.
 
-stream-dp runs in-process through :class:`~stream_dp.pipeline.local.LocalPipeline`, both
+stream-dp runs in-process through :class:`~stream_dp.pipeline.local.local.LocalPipeline`, both
 worker stages joined in memory (stage 1: decode, pseudonymize, reservoir, L0/Linf, exact
 partial totals; stage 2: merge, selection, noise), one query per selection strategy, each
 with its own (ε, δ) — every query is a separate release of the same window, drawn
@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from stream_dp.config import parse_config
-from stream_dp.pipeline.local import LocalPipeline
+from stream_dp.pipeline.local.local import LocalPipeline
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
 from stream_dp.windows.tumbling import iso_utc

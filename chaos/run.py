@@ -52,7 +52,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_dp.broker import EmbeddedBroker
 from stream_dp.broker.apache_kafka import ApacheKafkaBroker
-from stream_dp.pipeline.ledger import LedgerIndex
+from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
 WINDOW_S = 5

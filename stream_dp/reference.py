@@ -36,7 +36,7 @@ from pydantic_core import PydanticUndefined
 from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.decode import REASONS
+from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.sink.metrics import SinkMetrics
 
 

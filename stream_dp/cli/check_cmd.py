@@ -3,7 +3,7 @@
 Reads at most ``--max-events`` of the newest events of ``input.topic`` (split over its
 partitions) for at most ``--timeout`` seconds, without joining a consumer group or
 committing anything, and decodes them with the worker's own decoder
-(:mod:`stream_dp.pipeline.input_check`). Prints a table of the fields the queries need
+(:mod:`stream_dp.pipeline.kafka.input_check`). Prints a table of the fields the queries need
 (missing counts, JSON types), the windows the events fall in against the first window a
 worker covers, and each problem with what to change. It prints counts, field names, type
 names and window starts only — never a user id or a field value.
@@ -29,7 +29,7 @@ from stream_dp.cli._common import running_broker, text_table
 from stream_dp.clients.connect import start_client
 from stream_dp.config import Config, load_config
 from stream_dp.errors import BrokerError, ConfigError
-from stream_dp.pipeline.input_check import InputReport, check_values
+from stream_dp.pipeline.kafka.input_check import InputReport, check_values
 from stream_dp.windows.tumbling import iso_utc
 
 DEFAULT_MAX_EVENTS = 1000

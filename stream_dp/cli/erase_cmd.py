@@ -24,8 +24,8 @@ from stream_dp.broker.client_options import client_kwargs
 from stream_dp.cli._common import running_broker
 from stream_dp.config import Config, load_config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
-from stream_dp.pipeline.decode import parse_event_time
-from stream_dp.pipeline.erasure_records import encode_request, new_request_id
+from stream_dp.pipeline.formats.decode import parse_event_time
+from stream_dp.pipeline.formats.erasure_records import encode_request, new_request_id
 
 
 def register(sub: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from stream_dp.cli._common import running_broker
 from stream_dp.config import load_config
-from stream_dp.pipeline.ledger_rebuild import RebuildPlan, rebuild_ledger
+from stream_dp.pipeline.kafka.ledger_rebuild import RebuildPlan, rebuild_ledger
 from stream_dp.windows.tumbling import iso_utc
 
 

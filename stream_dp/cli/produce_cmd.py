@@ -26,8 +26,8 @@ from stream_dp.cli._common import running_broker, stop_on_signals
 from stream_dp.clients.producer import KeyValue, ProduceReport, produce_records
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
-from stream_dp.pipeline.ingest import user_key
-from stream_dp.pipeline.input_check import check_values
+from stream_dp.pipeline.kafka.input_check import check_values
+from stream_dp.pipeline.stages.ingest import user_key
 from stream_dp.privacy.pseudonymize import UserIdNormalization
 from stream_dp.synthetic.browser_logs import (
     BrowserLogSpec,

@@ -24,9 +24,9 @@ import orjson
 
 from stream_dp.config import load_config
 from stream_dp.errors import StreamDPError
-from stream_dp.pipeline.ingest import DeadLetter
-from stream_dp.pipeline.keys import load_keyring
-from stream_dp.pipeline.replay import ReplayResult, dead_letter_values, replay_file
+from stream_dp.pipeline.local.replay import ReplayResult, dead_letter_values, replay_file
+from stream_dp.pipeline.stages.ingest import DeadLetter
+from stream_dp.pipeline.stages.keys import load_keyring
 from stream_dp.windows.tumbling import iso_utc
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from stream_dp.config import load_config
 from stream_dp.ops.logging import configure_logging
-from stream_dp.pipeline.keys import load_keyring
-from stream_dp.pipeline.service import run_worker
+from stream_dp.pipeline.kafka.service import run_worker
+from stream_dp.pipeline.stages.keys import load_keyring
 
 # --bootstrap-servers is applied as this variable, so it is validated like any override.
 BOOTSTRAP_VARIABLE = "STREAM_DP_KAFKA__BOOTSTRAP_SERVERS"

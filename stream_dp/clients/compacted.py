@@ -45,7 +45,7 @@ class LogRewoundError(StreamDPError):
     """The topic's log went backwards under a running reader: it was deleted or recreated.
 
     Not retriable: the records read before are gone from the topic. The worker stops
-    releasing (see :mod:`stream_dp.pipeline.ledger_guard`)."""
+    releasing (see :mod:`stream_dp.pipeline.kafka.ledger_guard`)."""
 
     def __init__(self, topic: str, partition: int, offset: int, read_to: int) -> None:
         super().__init__(

@@ -33,8 +33,8 @@ from stream_dp.demo.results import (
 )
 from stream_dp.demo.scenario import DemoOptions, data_spec, demo_config
 from stream_dp.errors import StreamDPError
-from stream_dp.pipeline.keys import ephemeral_keyring
-from stream_dp.pipeline.worker import Worker
+from stream_dp.pipeline.kafka.worker import Worker
+from stream_dp.pipeline.stages.keys import ephemeral_keyring
 from stream_dp.privacy.planner import ConfigPlan, plan_config
 from stream_dp.privacy.pseudonymize import KeyRing
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events

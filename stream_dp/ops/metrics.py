@@ -120,7 +120,7 @@ def _sample_names(family: Metric) -> set[str]:
 
 def _clock_gauges(r: CollectorRegistry) -> tuple[Gauge, Gauge]:
     """input.max_future_s and the worker's clock against the input's record timestamps
-    (:mod:`stream_dp.pipeline.clock_skew`)."""
+    (:mod:`stream_dp.pipeline.kafka.clock_skew`)."""
     max_future = Gauge(
         "stream_dp_config_input_max_future_seconds",
         "Configured input.max_future_s.",

@@ -26,8 +26,8 @@ from stream_dp.config.fingerprint import (
     deployment_fingerprint,
 )
 from stream_dp.config.model import Config
-from stream_dp.pipeline.ledger import LedgerIndex, encode_fingerprint
-from stream_dp.pipeline.local import local_topology
+from stream_dp.pipeline.formats.ledger import LedgerIndex, encode_fingerprint
+from stream_dp.pipeline.local.local import local_topology
 from stream_dp.windows.tumbling import iso_utc
 
 

@@ -7,7 +7,7 @@ Every due window is released by :meth:`ReleaseDriver.release_window`, in this or
    (:class:`ErasureGate`);
 2. cumulative queries' running totals: their state is read to a fence, the window's step is
    drawn once, written and read back — or the window waits while the previous window's
-   state is not durable (:mod:`stream_dp.pipeline.cumulative`);
+   state is not durable (:mod:`stream_dp.pipeline.stages.cumulative`);
 3. the draw (noise, budget charged — in memory only) with its ledger encoding;
 4. every ledger part is written and acknowledged, then the window's ledger partition is read
    back to a fresh fence: the ledger's *winners* — the first complete draw of each
@@ -17,9 +17,9 @@ Every due window is released by :meth:`ReleaseDriver.release_window`, in this or
 7. the window's state is dropped and the partials partition's ``progress`` written.
 
 The transport is what differs: the Kafka worker writes to topics and reads them back
-(:class:`stream_dp.pipeline.kafka_transport.KafkaTransport`); the in-memory pipeline
+(:class:`stream_dp.pipeline.kafka.kafka_transport.KafkaTransport`); the in-memory pipeline
 (replay, tests) feeds the same encoded records to its indexes
-(:class:`stream_dp.pipeline.local.MemoryTransport`). PipelineDP's ``DPEngine`` over a
+(:class:`stream_dp.pipeline.local.local.MemoryTransport`). PipelineDP's ``DPEngine`` over a
 ``PipelineBackend`` is the model.
 
 The driver is a coroutine. The worker awaits it on its event loop (writes wait for the
@@ -39,11 +39,16 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.continual_state import encode_state
 from stream_dp.pipeline.faults import NO_FAULTS, Faults
-from stream_dp.pipeline.ledger import LedgerRelease, encode_cut, encode_progress, encode_published
-from stream_dp.pipeline.offload import draw_window
-from stream_dp.pipeline.release_stage import ReleaseStage
+from stream_dp.pipeline.formats.continual_state import encode_state
+from stream_dp.pipeline.formats.ledger import (
+    LedgerRelease,
+    encode_cut,
+    encode_progress,
+    encode_published,
+)
+from stream_dp.pipeline.stages.offload import draw_window
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
 
@@ -233,7 +238,7 @@ class ReleaseDriver:
     async def _continue_running_totals(self, window_start_s: int) -> bool:
         """Cumulative queries of a due window: read their state to a fence, draw the
         window's step on the previous window's winning draw, write it and read it back —
-        so that compute_release takes the winning draw (stream_dp.pipeline.cumulative).
+        so that compute_release takes the winning draw (stream_dp.pipeline.stages.cumulative).
         False when the previous window's state is not durable yet: the window waits."""
         stage = self.stage
         if not stage.continual_pending(window_start_s):

@@ -9,7 +9,7 @@ arrival, until the erasure expires.
 Which windows an erasure affects:
 
 - windows whose release had not begun when the erasure was recorded (the cut-off is exact
-  and lives in the release protocol, :mod:`stream_dp.pipeline.erasure_gate`); a released
+  and lives in the release protocol, :mod:`stream_dp.pipeline.stages.erasure_gate`); a released
   window is never recomputed — redrawing its noise would let an observer average the two
   draws (docs/privacy.md#invariant-3), and its values are already differentially private for
   the user;

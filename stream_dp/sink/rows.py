@@ -21,7 +21,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from stream_dp.pipeline.records import SCHEMA_VERSION, canonical_group
+from stream_dp.pipeline.formats.records import SCHEMA_VERSION, canonical_group
 
 #: Why a record could not be stored (the ``reason`` label of the bad-records metric).
 BadReason = Literal[

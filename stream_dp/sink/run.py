@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict
 from stream_dp.config import Config
 from stream_dp.ops.health import Health
 from stream_dp.ops.http import start_http_server
-from stream_dp.pipeline.service import install_signal_handlers
+from stream_dp.pipeline.kafka.service import install_signal_handlers
 from stream_dp.sink import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S
 from stream_dp.sink.metrics import SinkMetrics
 from stream_dp.sink.service import SINK_COMPONENTS, Sink

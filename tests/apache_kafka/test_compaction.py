@@ -20,8 +20,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
-from stream_dp.pipeline.erasure_records import decode_log_record, encode_erasure
-from stream_dp.pipeline.ledger import LedgerIndex, encode_coverage
+from stream_dp.pipeline.formats.erasure_records import decode_log_record, encode_erasure
+from stream_dp.pipeline.formats.ledger import LedgerIndex, encode_coverage
 from stream_dp.privacy.erasure import ErasureSet
 from tests.apache_kafka.compaction import (
     COMPACT_LATER,

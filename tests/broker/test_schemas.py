@@ -463,8 +463,8 @@ def test_record_schemas_work_alone(schema_file: str) -> None:
 
 def test_the_dead_letter_schema_lists_every_reason_the_worker_writes() -> None:
     """misplaced_key and bad_internal_record were written but missing from the enum."""
-    from stream_dp.pipeline.decode import REASONS
-    from stream_dp.pipeline.erasure_records import BAD_REQUEST
+    from stream_dp.pipeline.formats.decode import REASONS
+    from stream_dp.pipeline.formats.erasure_records import BAD_REQUEST
 
     schema = json.loads((TOPICS_DIR / "dead_letter.schema.json").read_text(encoding="utf-8"))
     assert schema["properties"]["reason"]["enum"] == list(REASONS)

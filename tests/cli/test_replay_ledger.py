@@ -18,7 +18,7 @@ import pytest
 
 from stream_dp.cli.main import main
 from stream_dp.config import load_config
-from stream_dp.pipeline.replay import read_ledger_file, replay_file
+from stream_dp.pipeline.local.replay import read_ledger_file, replay_file
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from stream_dp.windows.tumbling import iso_utc
 from tests.cli.support import LineReader, cli_argv

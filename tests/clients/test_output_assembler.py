@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from stream_dp.clients.output import OutputAssembler
-from stream_dp.pipeline.records import dumps, output_key, release_record, window_record
+from stream_dp.pipeline.formats.records import dumps, output_key, release_record, window_record
 
 W0 = 1_596_240_000
 

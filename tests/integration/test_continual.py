@@ -22,9 +22,9 @@ import pytest
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
-from stream_dp.pipeline.continual_state import ContinualStore
 from stream_dp.pipeline.faults import CRASH_POINTS
-from stream_dp.pipeline.release_stage import ReleaseStage
+from stream_dp.pipeline.formats.continual_state import ContinualStore
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.continual.counter import restore_counter
 from stream_dp.windows.tumbling import iso_utc
 from tests.helpers import ConfigFactory, TopicFactory

@@ -28,7 +28,7 @@ import pytest
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.pipeline.faults import CRASH_POINTS, PAUSE_POINT_ENV
-from stream_dp.pipeline.ledger import LedgerIndex
+from stream_dp.pipeline.formats.ledger import LedgerIndex
 from tests.apache_kafka.tier import APACHE_KAFKA, ON_BOTH_BROKERS, TANSU
 from tests.integration.support import (
     decode_values,

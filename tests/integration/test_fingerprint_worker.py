@@ -20,8 +20,8 @@ import yaml
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.config.fingerprint import Topology, deployment_fingerprint
-from stream_dp.pipeline.ledger import encode_coverage
-from stream_dp.pipeline.release_stage import ReleaseStage
+from stream_dp.pipeline.formats.ledger import encode_coverage
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.windows.tumbling import iso_utc
 from tests.helpers import ConfigFactory, TopicFactory
 from tests.integration.support import (

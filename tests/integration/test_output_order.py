@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
-from stream_dp.pipeline.records import output_partition
+from stream_dp.pipeline.formats.records import output_partition
 from stream_dp.windows.tumbling import epoch_of_iso
 from tests.integration.support import (
     produce_events,

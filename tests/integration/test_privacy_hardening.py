@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaProducer
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
-from stream_dp.pipeline.placement import crc32_partition, murmur2_partition
+from stream_dp.pipeline.stages.placement import crc32_partition, murmur2_partition
 from stream_dp.windows.tumbling import iso_utc
 from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.integration.support import (

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
-from stream_dp.pipeline.worker import Worker
+from stream_dp.pipeline.kafka.worker import Worker
 from tests.helpers import ConfigFactory
 from tests.integration.support import HANG_GUARD_S
 from tests.pipeline.support import KEYRING

@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from stream_dp.config import load_config
-from stream_dp.pipeline.worker import Worker
+from stream_dp.pipeline.kafka.worker import Worker
 from tests.pipeline.support import KEYRING
 
 pytestmark = pytest.mark.kafka

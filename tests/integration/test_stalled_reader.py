@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaProducer
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
-from stream_dp.pipeline.placement import partition_function
+from stream_dp.pipeline.stages.placement import partition_function
 from tests.helpers import ConfigFactory
 from tests.integration.support import (
     HANG_GUARD_S,

@@ -309,7 +309,7 @@ def test_revoked_partition_lag_series_is_removed() -> None:
 
 
 def test_process_metrics_and_every_bad_record_reason_exist_from_the_start() -> None:
-    from stream_dp.pipeline.decode import REASONS
+    from stream_dp.pipeline.formats.decode import REASONS
 
     text = Metrics(reasons=REASONS).exposition().decode()
     for name in ("process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total"):
@@ -321,7 +321,7 @@ def test_process_metrics_and_every_bad_record_reason_exist_from_the_start() -> N
 def test_the_worker_exports_its_window_settings_for_the_alert_thresholds() -> None:
     # Alert rules derive StreamDPReleaseStalled's threshold from these gauges, so they must
     # carry the worker's own configuration (not the defaults, not zero).
-    from stream_dp.pipeline.worker import Worker
+    from stream_dp.pipeline.kafka.worker import Worker
     from tests.pipeline.support import KEYRING, config
 
     cfg = config()

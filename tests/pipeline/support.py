@@ -10,8 +10,8 @@ import pytest
 
 from stream_dp.config import parse_config
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
-from stream_dp.pipeline.ingest import InputRecord
-from stream_dp.pipeline.ledger import LedgerRelease
+from stream_dp.pipeline.formats.ledger import LedgerRelease
+from stream_dp.pipeline.stages.ingest import InputRecord
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 
 #: A window start for size_s = 10 (2020-08-01T00:00:00Z).

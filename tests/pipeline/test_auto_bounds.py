@@ -14,9 +14,7 @@ import pytest
 from stream_dp.config import parse_config
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.auto_bounds import decide_next, released_values
-from stream_dp.pipeline.ingest import InputRecord
-from stream_dp.pipeline.ledger import (
+from stream_dp.pipeline.formats.ledger import (
     BoundsDecision,
     LedgerIndex,
     LedgerRelease,
@@ -24,9 +22,11 @@ from stream_dp.pipeline.ledger import (
     encode_progress,
     encode_release,
 )
-from stream_dp.pipeline.local import LocalPipeline
-from stream_dp.pipeline.partials import Partial, encode_partial
-from stream_dp.pipeline.replay import replay_file
+from stream_dp.pipeline.formats.partials import Partial, encode_partial
+from stream_dp.pipeline.local.local import LocalPipeline
+from stream_dp.pipeline.local.replay import replay_file
+from stream_dp.pipeline.stages.auto_bounds import decide_next, released_values
+from stream_dp.pipeline.stages.ingest import InputRecord
 from stream_dp.privacy.adaptive_bounds import NEXT_WINDOW_SPREAD
 from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.privacy.planner import plan_config, plan_query

@@ -1,4 +1,4 @@
-"""Through `replay` (stream_dp.pipeline.replay.replay_file, what `stream-dp replay` runs): the
+"""Through `replay` (stream_dp.pipeline.local.replay.replay_file, what `stream-dp replay` runs): the
 histograms that choose automatic bounds cost exactly what `plan` says, and their noise is
 discrete Laplace of the scale the plan states.
 
@@ -19,7 +19,7 @@ from scipy.stats import chisquare
 
 from stream_dp.config import parse_config
 from stream_dp.config.model import Config
-from stream_dp.pipeline.replay import replay_file
+from stream_dp.pipeline.local.replay import replay_file
 from stream_dp.privacy.adaptive_bounds import bin_of
 from stream_dp.privacy.mechanisms import DiscreteLaplace
 from stream_dp.privacy.planner import plan_config

@@ -3,7 +3,7 @@ choice averages over its means and histograms, so a restart must not lose them."
 
 from __future__ import annotations
 
-from stream_dp.pipeline.ledger import BoundsDecision, LedgerIndex, encode_bounds_decision
+from stream_dp.pipeline.formats.ledger import BoundsDecision, LedgerIndex, encode_bounds_decision
 
 
 def test_a_bounds_decision_round_trips_through_the_ledger_whole() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from stream_dp.pipeline.clock_skew import input_clock_skew_s, newest_record_timestamp_s
+from stream_dp.pipeline.kafka.clock_skew import input_clock_skew_s, newest_record_timestamp_s
 
 
 def _record(topic: str, timestamp_ms: int, timestamp_type: int = 0) -> ConsumerRecord[bytes, bytes]:

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline import columns, ingest_columns
-from stream_dp.pipeline.decode import Decoder
-from stream_dp.pipeline.ingest import IngestStage, InputRecord, user_key
-from stream_dp.pipeline.placement import murmur2_partition
+from stream_dp.pipeline.formats.decode import Decoder
+from stream_dp.pipeline.stages import columns, ingest_columns
+from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord, user_key
+from stream_dp.pipeline.stages.placement import murmur2_partition
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.release import KeyAggregate
 from tests.pipeline.support import KEYRING, NOW, T0, config

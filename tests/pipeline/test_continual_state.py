@@ -7,14 +7,14 @@ import numpy as np
 import orjson
 import pytest
 
-from stream_dp.pipeline.continual_state import (
+from stream_dp.pipeline.formats.continual_state import (
     ContinualStore,
     StateDraw,
     continual_partition,
     encode_state,
 )
-from stream_dp.pipeline.ledger import encode_fence
-from stream_dp.pipeline.partials import RecordTooLargeError
+from stream_dp.pipeline.formats.ledger import encode_fence
+from stream_dp.pipeline.formats.partials import RecordTooLargeError
 from stream_dp.privacy.continual.counter import ContinualStateError, WindowDraws
 from tests.helpers import schema_validator
 

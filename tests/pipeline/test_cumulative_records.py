@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from stream_dp.pipeline.records import cumulative_release_fields, release_record
+from stream_dp.pipeline.formats.records import cumulative_release_fields, release_record
 from stream_dp.privacy.continual.planning import plan_continual
 from stream_dp.windows.horizon import horizon_position
 from tests.helpers import schema_validator

@@ -20,19 +20,24 @@ import pytest
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.continual_state import ContinualStore, encode_state
-from stream_dp.pipeline.cumulative import Preparation
-from stream_dp.pipeline.ingest import InputRecord
-from stream_dp.pipeline.ledger import (
+from stream_dp.pipeline.formats.continual_state import ContinualStore, encode_state
+from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
     LedgerRelease,
     encode_progress,
     encode_published,
     encode_release,
 )
-from stream_dp.pipeline.local import LocalPipeline
-from stream_dp.pipeline.partials import Partial, SourceWatermark, encode_partial, encode_watermark
-from stream_dp.pipeline.release_stage import ReleaseStage
+from stream_dp.pipeline.formats.partials import (
+    Partial,
+    SourceWatermark,
+    encode_partial,
+    encode_watermark,
+)
+from stream_dp.pipeline.local.local import LocalPipeline
+from stream_dp.pipeline.stages.cumulative import Preparation
+from stream_dp.pipeline.stages.ingest import InputRecord
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.continual.counter import NoiseSource, opendp_noise, restore_counter
 from stream_dp.privacy.mechanisms import NoiseMechanism
 from stream_dp.privacy.release import KeyAggregate
@@ -291,7 +296,7 @@ def test_a_sum_releases_running_sums_in_value_units() -> None:
 
 
 def test_a_second_replay_with_the_ledger_file_continues_the_horizon(tmp_path: Any) -> None:
-    from stream_dp.pipeline.replay import replay_file
+    from stream_dp.pipeline.local.replay import replay_file
 
     cfg = config(queries=[cumulative(epsilon=0.5, horizon_windows=8)])
     path_a, path_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
@@ -554,7 +559,7 @@ def test_a_window_refused_for_budget_never_enters_a_later_running_total(tmp_path
     Window 1's cumulative release alone would fit the horizon, but the per-window query
     before it is charged first, so the cumulative one is refused: its exact totals must not
     enter the running total of window 2 (or any later one)."""
-    from stream_dp.pipeline.replay import replay_file
+    from stream_dp.pipeline.local.replay import replay_file
 
     def two_queries(hourly_epsilon: float, *, cap: float) -> Config:
         hourly = {"name": "hourly", "epsilon": hourly_epsilon, "keys": {}}

@@ -3,7 +3,7 @@ it, checked on the whole dead-letter record as the worker publishes it (key and 
 
 Each bad record carries a distinctive user id and distinctive field values; none of them
 may appear anywhere in the record (payloads are off, as by default). The reasons come from
-:data:`stream_dp.pipeline.decode.REASONS`, and a scan of the source checks that every reason
+:data:`stream_dp.pipeline.formats.decode.REASONS`, and a scan of the source checks that every reason
 the code can write is listed there, so a new reason cannot go untested.
 """
 
@@ -20,17 +20,17 @@ import orjson
 from stream_dp.config.model import Config
 from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.decode import REASONS
-from stream_dp.pipeline.erasure_records import (
+from stream_dp.pipeline.formats.decode import REASONS
+from stream_dp.pipeline.formats.erasure_records import (
     BAD_REQUEST,
     BadErasureRequest,
     ErasureRequest,
     decode_request,
 )
-from stream_dp.pipeline.ingest import IngestStage, InputRecord, user_key
-from stream_dp.pipeline.ingest_columns import DeadLetter
-from stream_dp.pipeline.placement import partition_function
-from stream_dp.pipeline.records import dead_letter_record
+from stream_dp.pipeline.formats.records import dead_letter_record
+from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord, user_key
+from stream_dp.pipeline.stages.ingest_columns import DeadLetter
+from stream_dp.pipeline.stages.placement import partition_function
 from stream_dp.privacy.erasure import erasure_pseudonyms
 from tests.pipeline.support import KEYRING, NOW, T0, config
 

@@ -5,7 +5,7 @@ import time
 import orjson
 import pytest
 
-from stream_dp.pipeline.decode import BadRecord, Decoder, Event, parse_event_time
+from stream_dp.pipeline.formats.decode import BadRecord, Decoder, Event, parse_event_time
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE
 
 NOW = time.time()

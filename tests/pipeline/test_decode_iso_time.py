@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 
-from stream_dp.pipeline.decode import Decoder, Event
+from stream_dp.pipeline.formats.decode import Decoder, Event
 
 DEC = Decoder(user_field="user_id", time_field="timestamp", max_record_bytes=200, max_future_s=60)
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC).timestamp()

@@ -16,8 +16,7 @@ import pytest
 
 from stream_dp.errors import ConfigError, PrivacyError
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.erasure_gate import ErasureGate, released_until, replay_applies_from
-from stream_dp.pipeline.erasure_records import (
+from stream_dp.pipeline.formats.erasure_records import (
     BadErasureRequest,
     ErasureLogFormatError,
     ErasureRequest,
@@ -30,12 +29,13 @@ from stream_dp.pipeline.erasure_records import (
     encode_request,
     encode_response,
 )
-from stream_dp.pipeline.ingest import IngestStage
-from stream_dp.pipeline.ledger import LedgerIndex, encode_cut, encode_progress
-from stream_dp.pipeline.local import LocalPipeline
-from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
-from stream_dp.pipeline.release_stage import ReleaseStage
-from stream_dp.pipeline.replay import replay_file
+from stream_dp.pipeline.formats.ledger import LedgerIndex, encode_cut, encode_progress
+from stream_dp.pipeline.formats.partials import SourceWatermark, encode_partial, encode_watermark
+from stream_dp.pipeline.local.local import LocalPipeline
+from stream_dp.pipeline.local.replay import replay_file
+from stream_dp.pipeline.stages.erasure_gate import ErasureGate, released_until, replay_applies_from
+from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from tests.helpers import schema_validator

@@ -21,8 +21,8 @@ from collections.abc import Callable
 import pytest
 
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline import ingest_columns
-from stream_dp.pipeline.ingest import IngestStage, InputRecord
+from stream_dp.pipeline.stages import ingest_columns
+from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 

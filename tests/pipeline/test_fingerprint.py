@@ -14,18 +14,18 @@ from stream_dp.config import parse_config
 from stream_dp.config.fingerprint import FingerprintMismatchError, deployment_fingerprint
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.ingest import IngestStage
-from stream_dp.pipeline.ledger import (
+from stream_dp.pipeline.formats.ledger import (
     LedgerRelease,
     encode_coverage,
     encode_fingerprint,
     encode_published,
     encode_release,
 )
-from stream_dp.pipeline.local import local_topology
-from stream_dp.pipeline.partials import SourceWatermark, encode_partial, encode_watermark
-from stream_dp.pipeline.release_stage import ReleaseStage
-from stream_dp.pipeline.replay import replay_file
+from stream_dp.pipeline.formats.partials import SourceWatermark, encode_partial, encode_watermark
+from stream_dp.pipeline.local.local import local_topology
+from stream_dp.pipeline.local.replay import replay_file
+from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from tests.helpers import schema_validator
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 

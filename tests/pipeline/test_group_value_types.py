@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.ingest import IngestStage, InputRecord
-from stream_dp.pipeline.local import LocalPipeline
-from stream_dp.pipeline.partials import Partial
+from stream_dp.pipeline.formats.partials import Partial
+from stream_dp.pipeline.local.local import LocalPipeline
+from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
 from stream_dp.privacy.group_values import JSON_TRUE
 from stream_dp.privacy.release import KeyAggregate
 from tests.pipeline.support import KEYRING, NOW, T0, config

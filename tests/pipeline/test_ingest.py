@@ -12,9 +12,13 @@ import pytest
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.ingest import IngestStage, user_key
-from stream_dp.pipeline.partials import Partial, SourceWatermark
-from stream_dp.pipeline.placement import crc32_partition, murmur2_partition, partition_function
+from stream_dp.pipeline.formats.partials import Partial, SourceWatermark
+from stream_dp.pipeline.stages.ingest import IngestStage, user_key
+from stream_dp.pipeline.stages.placement import (
+    crc32_partition,
+    murmur2_partition,
+    partition_function,
+)
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
 from tests.helpers import schema_validator

@@ -12,7 +12,7 @@ import pytest
 from stream_dp.cli.main import main
 from stream_dp.config import parse_config
 from stream_dp.errors import ConfigError
-from stream_dp.pipeline.keys import ephemeral_keyring, load_keyring
+from stream_dp.pipeline.stages.keys import ephemeral_keyring, load_keyring
 
 CONFIG = "queries: [{name: q, epsilon: 0.5, delta: 1.0e-6}]\n"
 

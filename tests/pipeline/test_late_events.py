@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.late_events import LateEventsNotice
+from stream_dp.pipeline.stages.late_events import LateEventsNotice
 
 COVERAGE_S = 1_764_201_600  # 2025-11-27T00:00:00Z
 
@@ -20,7 +20,7 @@ def test_first_late_events_warn_at_once_with_count_coverage_and_fix(
     notice = LateEventsNotice(metrics, None, interval_s=300.0)
     assert notice.observe(COVERAGE_S, now_mono_s=10.0) is None  # nothing late: silent
     metrics.late_events.inc(1662)
-    with caplog.at_level(logging.WARNING, logger="stream_dp.pipeline.late_events"):
+    with caplog.at_level(logging.WARNING, logger="stream_dp.pipeline.stages.late_events"):
         message = notice.observe(COVERAGE_S, now_mono_s=11.0)
     assert message is not None
     assert [r.getMessage() for r in caplog.records] == [message]

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from stream_dp.config.fingerprint import Fingerprint
-from stream_dp.pipeline.ledger import (
+from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
     LedgerRelease,
     OutputRecord,
@@ -21,8 +21,8 @@ from stream_dp.pipeline.ledger import (
     encode_release,
     encode_rotation,
 )
-from stream_dp.pipeline.partials import RecordTooLargeError
-from stream_dp.pipeline.records import dumps
+from stream_dp.pipeline.formats.partials import RecordTooLargeError
+from stream_dp.pipeline.formats.records import dumps
 
 MB = 1_000_000
 

@@ -12,9 +12,9 @@ import pytest
 
 from stream_dp.ops.health import COMPONENTS, Health
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.ledger import LedgerIndex
-from stream_dp.pipeline.ledger_guard import LedgerGuard, LedgerLostError
-from stream_dp.pipeline.ledger_log import LedgerLog, LogRewoundError
+from stream_dp.pipeline.formats.ledger import LedgerIndex
+from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard, LedgerLostError
+from stream_dp.pipeline.kafka.ledger_log import LedgerLog, LogRewoundError
 from tests.pipeline.support import T0, config
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream_dp.pipeline.ledger import (
+from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
     LedgerRelease,
     OutputRecord,

@@ -10,10 +10,10 @@ import orjson
 import pytest
 
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.ledger import LedgerIndex, LedgerRelease
-from stream_dp.pipeline.ledger_rebuild import NothingToRebuildError, RebuildPlan, plan_rebuild
-from stream_dp.pipeline.local import LocalPipeline
-from stream_dp.pipeline.output_scan import RawRecord, decode_output
+from stream_dp.pipeline.formats.ledger import LedgerIndex, LedgerRelease
+from stream_dp.pipeline.kafka.ledger_rebuild import NothingToRebuildError, RebuildPlan, plan_rebuild
+from stream_dp.pipeline.kafka.output_scan import RawRecord, decode_output
+from stream_dp.pipeline.local.local import LocalPipeline
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 
 QUERIES = {"visits", "all"}

@@ -15,16 +15,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.ingest import InputRecord, user_key
-from stream_dp.pipeline.ledger import (
+from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
     LedgerRelease,
     encode_progress,
     encode_published,
     encode_release,
 )
-from stream_dp.pipeline.local import LocalPipeline
-from stream_dp.pipeline.placement import murmur2_partition
+from stream_dp.pipeline.local.local import LocalPipeline
+from stream_dp.pipeline.stages.ingest import InputRecord, user_key
+from stream_dp.pipeline.stages.placement import murmur2_partition
 from tests.pipeline.support import (
     KEYRING,
     NOW,

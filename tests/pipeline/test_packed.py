@@ -13,8 +13,8 @@ import pytest
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.ingest import IngestStage, InputRecord
-from stream_dp.pipeline.packed import PACKED_KEY_PREFIX, decode_events
+from stream_dp.pipeline.formats.packed import PACKED_KEY_PREFIX, decode_events
+from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from tests.helpers import schema_validator

@@ -9,8 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from stream_dp.pipeline.ingest import IngestStage
-from stream_dp.pipeline.partials import (
+from stream_dp.pipeline.formats.partials import (
     WATERMARK_KEY_PREFIX,
     GroupKey,
     Partial,
@@ -25,6 +24,7 @@ from stream_dp.pipeline.partials import (
     merge_totals,
     new_version,
 )
+from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE, JsonBool
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows import TumblingWindows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 
-from stream_dp.pipeline.placement import (
+from stream_dp.pipeline.stages.placement import (
     crc32_partition,
     crc32_partitions,
     murmur2_partition,

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 
 from stream_dp.config import parse_config
-from stream_dp.pipeline.replay import replay_file
+from stream_dp.pipeline.local.replay import replay_file
 from tests.pipeline.support import KEYRING, T0
 
 USERS = 1000

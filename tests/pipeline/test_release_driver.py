@@ -16,8 +16,8 @@ from stream_dp.errors import ConfigError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline import faults as faults_module
 from stream_dp.pipeline.faults import CRASH_POINT_ENV, STALL_INPUT_ENV, Faults
-from stream_dp.pipeline.ledger import PROGRESS_PREFIX, LedgerRelease
-from stream_dp.pipeline.local import LocalPipeline
+from stream_dp.pipeline.formats.ledger import PROGRESS_PREFIX, LedgerRelease
+from stream_dp.pipeline.local.local import LocalPipeline
 from stream_dp.pipeline.release_driver import Placed, ReleaseTransport, SuspendedError, run_now
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from stream_dp.pipeline.records import dumps, output_key, release_record, release_records
+from stream_dp.pipeline.formats.records import dumps, output_key, release_record, release_records
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE
 from stream_dp.privacy.release import ReleasedValue
 

@@ -13,15 +13,14 @@ import pytest
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.ingest import IngestStage, InputRecord
-from stream_dp.pipeline.ledger import (
+from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
     LedgerRelease,
     encode_progress,
     encode_published,
     encode_release,
 )
-from stream_dp.pipeline.partials import (
+from stream_dp.pipeline.formats.partials import (
     GroupKey,
     Partial,
     SourceWatermark,
@@ -29,8 +28,9 @@ from stream_dp.pipeline.partials import (
     encode_watermark,
     new_version,
 )
-from stream_dp.pipeline.partials_inbox import _newer
-from stream_dp.pipeline.release_stage import ReleaseStage
+from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
+from stream_dp.pipeline.stages.partials_inbox import _newer
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
 from tests.helpers import schema_validator

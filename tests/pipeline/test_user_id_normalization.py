@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from stream_dp.cli.produce_cmd import FileRecords
 from stream_dp.config import parse_config
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.ingest import IngestStage, InputRecord, user_key
-from stream_dp.pipeline.local import LocalPipeline
+from stream_dp.pipeline.local.local import LocalPipeline
+from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord, user_key
 from stream_dp.privacy.pseudonymize import nfkc_casefold_strip
 from stream_dp.privacy.release import KeyAggregate
 from tests.pipeline.support import KEYRING, NOW, T0, config

@@ -11,9 +11,9 @@ import pytest
 from aiokafka.errors import IllegalGenerationError, KafkaConnectionError
 
 from stream_dp import retry as retry_module
-from stream_dp.pipeline import publisher as publisher_module
-from stream_dp.pipeline.publisher import BrokerUnavailableError
-from stream_dp.pipeline.worker import Worker
+from stream_dp.pipeline.kafka import publisher as publisher_module
+from stream_dp.pipeline.kafka.publisher import BrokerUnavailableError
+from stream_dp.pipeline.kafka.worker import Worker
 from tests.clients.test_retry import FakeTime
 from tests.pipeline.support import KEYRING, config
 

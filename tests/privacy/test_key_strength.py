@@ -19,7 +19,7 @@ import pytest
 from stream_dp.cli.main import main
 from stream_dp.config import parse_config
 from stream_dp.errors import ConfigError, PrivacyError
-from stream_dp.pipeline.keys import load_keyring
+from stream_dp.pipeline.stages.keys import load_keyring
 from stream_dp.privacy.key_strength import (
     HOW_TO,
     _occupancy_at_most,

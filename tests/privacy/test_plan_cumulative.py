@@ -155,7 +155,7 @@ def test_the_per_window_path_refuses_cumulative_queries_and_replay_runs_them(
     config = parse_config(CONFIG)
     with pytest.raises(PrivacyError, match="is cumulative"):
         release_query({}, plan_query(config.queries[0].spec(), config.bounds.spec()))
-    # the release stage takes cumulative queries (stream_dp.pipeline.cumulative): replay
+    # the release stage takes cumulative queries (stream_dp.pipeline.stages.cumulative): replay
     # prints their running totals with the horizon fields
     events = tmp_path / "events.jsonl"
     events.write_text(

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from stream_dp.pipeline.records import dumps, output_key, release_record, window_record
+from stream_dp.pipeline.formats.records import dumps, output_key, release_record, window_record
 
 W0 = 1_596_240_000  # 2020-08-01T00:00:00Z
 SIZE_S = 10

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from stream_dp.config import Config, load_config
-from stream_dp.pipeline.records import dumps, release_record
+from stream_dp.pipeline.formats.records import dumps, release_record
 from stream_dp.retry import Backoff
 from stream_dp.sink import schema
 from stream_dp.sink.batch import Consumed, assemble

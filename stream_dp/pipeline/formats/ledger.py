@@ -1,0 +1,461 @@
+"""The release ledger: why a window's noise is drawn once, ever (docs/privacy.md#invariant-3).
+
+A (query, window) release is computed once; its full noisy result is written to the ledger
+topic *before* anything reaches the output topic. Large releases are split into parts by
+encoded size, each keyed ``<query>|<window>|<release id>|part-<i>`` and carrying the release
+id and the number of parts. Every record of one window goes to one ledger partition
+(:meth:`TumblingWindows.partition_of`), so the window's draws have one log order.
+
+**One value per (query, window), decided by the log itself.** A draw counts only once all
+its parts are in the log, and of several complete draws of one (query, window) the *first
+complete in log order* wins — for every reader, whenever it reads. A writer publishes only
+after a fence record written behind its parts has come back on that partition: everything
+before its fence is then known, so if its own draw completed first it has won for good, and
+if another draw completed earlier it publishes that one instead (its own is never shown).
+Two owners racing for one window (a paused worker that lost its partitions and resumed)
+therefore publish the same values. Keys carry the release id, so compaction never removes a
+winning draw's part in favour of a losing one's.
+
+Other records: ``published`` markers (latest per key wins: which draw reached the output),
+``progress`` (per partials partition, the next window its owner has not released — every
+window before it was released and published), ``coverage`` (the first covered window and
+the deployment fingerprint, :mod:`stream_dp.config.fingerprint`; the first such record in
+log order wins, each under a key of its own so that no compaction drops the winner for a
+later racer's record), ``fingerprint`` (of a deployment recorded before fingerprints
+existed; keyed the same way), ``cut`` (with erasure on: written before a window's releaser
+reads the erasure log, so an erasure recorded after it may not apply to that window —
+:mod:`stream_dp.pipeline.stages.erasure_gate`) and ``fence`` records. Readers treat the
+topic as a log: the embedded broker accepts ``cleanup.policy=compact`` but does not apply
+it (docs/architecture.md#embedded-broker), Apache Kafka keeps the last record of each key,
+and every decision above reads the same before and after compaction
+(tests/apache_kafka/test_compaction.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+
+from stream_dp.config.fingerprint import Fingerprint
+from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES, join_in_parts
+from stream_dp.pipeline.formats.records import SCHEMA_VERSION, dumps
+from stream_dp.privacy.budget import BOUNDS_CHARGE
+from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
+
+FENCE_PREFIX: Final = "__fence__|"
+PROGRESS_PREFIX: Final = "__progress__|"
+#: Coverage records are keyed ``__coverage__|<writer id>``: one key per record. (Records of
+#: earlier versions are keyed ``__coverage__`` alone, and read the same way.)
+COVERAGE_KEY: Final = "__coverage__"
+FINGERPRINT_KEY: Final = "__fingerprint__"
+ROTATION_PREFIX: Final = "__rotation__|"
+CUT_PREFIX: Final = "__cut__|"
+BOUNDS_PREFIX: Final = "__bounds__|"
+#: Decision records kept in the index (a few days of hourly windows; each is small).
+MAX_BOUNDS_DECISIONS: Final = 4096
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    key: str
+    value: Mapping[str, Any]
+
+
+@dataclass
+class LedgerRelease:
+    """One (query, window) release as ledgered: what the output topic must show."""
+
+    release_id: str
+    query: str
+    window_start_s: int
+    window_end_s: int
+    epsilon_spent: float
+    delta_spent: float
+    records: list[OutputRecord]
+    #: The partial version taken per source partition (stage 2 takes exactly one each).
+    sources: dict[int, str] = field(default_factory=dict)
+    published: bool = False
+    #: Erasure-log position its partials had applied (docs/erasure.md; 0 with erasure off).
+    erasures_through: int = 0
+    #: The records' values as the output topic's bytes, once encoded (by the ledger's
+    #: encoding of a fresh draw; the publication reuses them).
+    encoded: list[bytes] | None = field(default=None, compare=False, repr=False)
+
+    def output_values(self) -> list[bytes]:
+        """Each record's value as canonical JSON (encoded once, then kept)."""
+        if self.encoded is None:
+            self.encoded = [dumps(r.value) for r in self.records]
+        return self.encoded
+
+
+@dataclass
+class _Parts:
+    parts: int
+    release_id: str
+    window_end_s: int
+    epsilon_spent: float
+    delta_spent: float
+    sources: dict[int, str]
+    erasures_through: int = 0
+    received: dict[int, list[OutputRecord]] = field(default_factory=dict)
+
+
+def new_release_id() -> str:
+    return uuid.uuid4().hex
+
+
+def release_key(query: str, window_start_s: int) -> str:
+    return f"{query}|{iso_utc(window_start_s)}"
+
+
+def encode_release(
+    release: LedgerRelease, *, now_s: float, max_bytes: int
+) -> list[tuple[str, bytes]]:
+    """The ledger records (key, value bytes) of one release, parts in order, each under
+    ``max_bytes`` (parts are cut by encoded size: group keys may be long)."""
+    created = datetime.fromtimestamp(now_s, tz=UTC).isoformat().replace("+00:00", "Z")
+    base = f"{release_key(release.query, release.window_start_s)}|{release.release_id}"
+    # {"key": …, "value": …} with sorted keys, the value spliced in as the output's bytes.
+    entries = [
+        b'{"key":' + orjson.dumps(r.key) + b',"value":' + value + b"}"
+        for r, value in zip(release.records, release.output_values(), strict=True)
+    ]
+    header: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "ledger",
+        "release_id": release.release_id,
+        "query": release.query,
+        "window_start": iso_utc(release.window_start_s),
+        "window_end": iso_utc(release.window_end_s),
+        "part": 0,
+        "parts": 0,
+        "epsilon_spent": release.epsilon_spent,
+        "delta_spent": release.delta_spent,
+        "created_at": created,
+        "sources": {str(p): v for p, v in sorted(release.sources.items())},
+    }
+    if release.erasures_through:
+        header["erasures_through"] = release.erasures_through
+    budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - len(orjson.dumps(header)) - 32
+    chunks = join_in_parts(entries, budget, what=f"a release of query {release.query}")
+    out = []
+    for i, chunk in enumerate(chunks):
+        head = orjson.dumps({**header, "part": i, "parts": len(chunks)})
+        out.append((f"{base}|part-{i}", head[:-1] + b',"records":' + chunk + b"}"))
+    return out
+
+
+def encode_published(release: LedgerRelease) -> tuple[str, bytes]:
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "published",
+        "release_id": release.release_id,
+        "query": release.query,
+        "window_start": iso_utc(release.window_start_s),
+    }
+    key = f"{release_key(release.query, release.window_start_s)}|published"
+    return key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def encode_fence(fence_id: str) -> tuple[str, bytes]:
+    value = {"schema_version": SCHEMA_VERSION, "kind": "fence", "fence_id": fence_id}
+    return FENCE_PREFIX + fence_id, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def encode_progress(
+    partials_partition: int, partials_partitions: int, next_window_start_s: int
+) -> tuple[str, bytes]:
+    """Every window of this partials partition before ``next_window_start_s`` is released."""
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "progress",
+        "partials_partition": partials_partition,
+        "partials_partitions": partials_partitions,
+        "next_window_start": iso_utc(next_window_start_s),
+    }
+    return f"{PROGRESS_PREFIX}{partials_partition}", orjson.dumps(value)
+
+
+def encode_coverage(
+    first_window_start_s: int, window_size_s: int, fingerprint: Fingerprint | None = None
+) -> tuple[str, bytes]:
+    """The first window the deployment covers (the first such record in log order wins),
+    with the deployment's fingerprint (:mod:`stream_dp.config.fingerprint`).
+
+    Keyed by a fresh id: workers racing at a deployment's first start write one record each,
+    and compaction (which keeps the *last* record of a key) keeps them all, in log order, so
+    the first stays first. Under one shared key it would keep the last racer's instead.
+    """
+    value: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "coverage",
+        "first_window_start": iso_utc(first_window_start_s),
+        "window_size_s": window_size_s,
+    }
+    if fingerprint is not None:
+        value["fingerprint"] = fingerprint.record()
+    return f"{COVERAGE_KEY}|{uuid.uuid4().hex}", orjson.dumps(value)
+
+
+def encode_fingerprint(fingerprint: Fingerprint) -> tuple[str, bytes]:
+    """The fingerprint of a deployment whose coverage record has none (recorded before
+    fingerprints existed), or of a replay ledger file: the first one in log order counts,
+    and one in the coverage record before it. Keyed by a fresh id, as coverage records are,
+    so that compaction keeps the first."""
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "fingerprint",
+        "fingerprint": fingerprint.record(),
+    }
+    return f"{FINGERPRINT_KEY}|{uuid.uuid4().hex}", orjson.dumps(value)
+
+
+def encode_cut(window_start_s: int) -> tuple[str, bytes]:
+    """The window's release applies the erasures recorded before this record (and maybe
+    later ones): what an erasure response calls a release that had begun."""
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "cut",
+        "window_start": iso_utc(window_start_s),
+    }
+    return f"{CUT_PREFIX}{iso_utc(window_start_s)}", orjson.dumps(value)
+
+
+@dataclass(frozen=True)
+class BoundsDecision:
+    """The bounds a window uses under ``bounds: auto``, chosen from the window before it.
+
+    A deterministic function of that window's ledgered winners (its histograms and released
+    values): two owners racing for it write the same record; the first in log order counts.
+    ``means`` is what the choice read and ``histograms`` what it read them from (the noisy
+    histograms of ``chosen_from``, already released): the next choice compares its own with
+    them and averages over both.
+    """
+
+    window_start_s: int
+    max_contributions_per_window: int
+    max_keys_per_user: int | None
+    max_contributions_per_key: int | None
+    chosen_from_s: int
+    reason: str
+    means: Mapping[str, float] = field(default_factory=dict)
+    #: {"counts": {name: [bins]}, "noise_scales": {name: b}, "epsilon": ε} or None
+    histograms: Mapping[str, Any] | None = None
+
+    @property
+    def bounds(self) -> tuple[int, int | None, int | None]:
+        return (
+            self.max_contributions_per_window,
+            self.max_keys_per_user,
+            self.max_contributions_per_key,
+        )
+
+
+def encode_bounds_decision(decision: BoundsDecision) -> tuple[str, bytes]:
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "bounds",
+        "window_start": iso_utc(decision.window_start_s),
+        "chosen_from": iso_utc(decision.chosen_from_s),
+        "max_contributions_per_window": decision.max_contributions_per_window,
+        "max_keys_per_user": decision.max_keys_per_user,
+        "max_contributions_per_key": decision.max_contributions_per_key,
+        "reason": decision.reason,
+        "means": dict(decision.means),
+        "histograms": None if decision.histograms is None else dict(decision.histograms),
+    }
+    key = BOUNDS_PREFIX + iso_utc(decision.window_start_s)
+    return key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def _decode_bounds_decision(obj: Mapping[str, Any]) -> BoundsDecision:
+    def bound(name: str) -> int | None:
+        value = obj[name]
+        return None if value is None else int(value)
+
+    k = bound("max_contributions_per_window")
+    if k is None:
+        raise ValueError("a bounds record needs max_contributions_per_window")
+    return BoundsDecision(
+        window_start_s=epoch_of_iso(str(obj["window_start"])),
+        max_contributions_per_window=k,
+        max_keys_per_user=bound("max_keys_per_user"),
+        max_contributions_per_key=bound("max_contributions_per_key"),
+        chosen_from_s=epoch_of_iso(str(obj["chosen_from"])),
+        reason=str(obj["reason"]),
+        means={str(n): float(v) for n, v in obj.get("means", {}).items()},
+        histograms=obj.get("histograms"),
+    )
+
+
+def encode_rotation(key_id: str, previous_key_id: str, rotate_at_s: float) -> tuple[str, bytes]:
+    """A key rotation this deployment has applied (so a restart after it is not refused)."""
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "rotation",
+        "key_id": key_id,
+        "previous_key_id": previous_key_id,
+        "rotate_at": iso_utc(rotate_at_s),
+    }
+    return f"{ROTATION_PREFIX}{previous_key_id}>{key_id}", orjson.dumps(value)
+
+
+class LedgerIndex:
+    """What the ledger log says, fed record by record in log order (per partition).
+
+    Per (query, window) the first draw whose parts are all present wins; the draws that
+    complete later are counted (``losing_draws``) and never returned. Feed records of one
+    partition in order; records of different partitions may interleave (a window lives on
+    one partition).
+    """
+
+    def __init__(self) -> None:
+        self._drafts: dict[tuple[str, int], dict[str, _Parts]] = {}
+        self._releases: dict[tuple[str, int], LedgerRelease] = {}
+        self._published: dict[tuple[str, int], str] = {}
+        #: Per partials partition: every window before this start is released and published.
+        self.progress: dict[int, int] = {}
+        #: The partials partition count the progress records were written under.
+        self.partials_partitions: int | None = None
+        #: The first covered window (first coverage record in log order), if recorded.
+        self.coverage_start_s: int | None = None
+        #: The window size the coverage record states.
+        self.coverage_window_size_s: int | None = None
+        #: The deployment's fingerprint: of the first coverage or fingerprint record in log
+        #: order that carries one (None: recorded before fingerprints existed, or new).
+        self.fingerprint: Fingerprint | None = None
+        #: The latest window whose release had begun (a cut record), with erasure on.
+        self.latest_cut_s: int | None = None
+        #: Key rotations applied: (previous key id, key id, rotate_at epoch s).
+        self.rotations: set[tuple[str, str, int]] = set()
+        #: ``bounds: auto``: per window, the bounds it uses (first record in log order).
+        self.bounds: dict[int, BoundsDecision] = {}
+        #: Complete draws that lost to an earlier complete draw of the same (query, window).
+        self.losing_draws = 0
+        #: Records read, for the loaded-records metric and start-up logs.
+        self.records_read = 0
+
+    def __len__(self) -> int:
+        return len(self._releases)
+
+    def load(self, records: Iterable[tuple[str, bytes | None]]) -> None:
+        """Feed raw (key, value) records in log order."""
+        for key, value in records:
+            self.feed(key, value)
+
+    def feed(self, key: str, value: bytes | None) -> None:
+        """One record, in log order. Unknown kinds are ignored (newer writers may add some)."""
+        if value is None or key.startswith(FENCE_PREFIX):
+            return
+        self.records_read += 1
+        obj = orjson.loads(value)
+        kind = obj.get("kind")
+        if kind == "ledger":
+            self._feed_part(obj)
+        elif kind == "published":
+            ident = (str(obj["query"]), epoch_of_iso(str(obj["window_start"])))
+            self._published[ident] = str(obj["release_id"])
+            rel = self._releases.get(ident)
+            if rel is not None:
+                rel.published = rel.release_id == self._published[ident]
+        elif kind == "progress":
+            r = int(obj["partials_partition"])
+            nxt = epoch_of_iso(str(obj["next_window_start"]))
+            self.partials_partitions = int(obj["partials_partitions"])
+            if nxt > self.progress.get(r, nxt - 1):
+                self.progress[r] = nxt
+        elif kind == "coverage":
+            if self.coverage_start_s is None:
+                self.coverage_start_s = epoch_of_iso(str(obj["first_window_start"]))
+                self.coverage_window_size_s = int(obj["window_size_s"])
+                self._feed_fingerprint(obj)
+        elif kind == "fingerprint":
+            self._feed_fingerprint(obj)
+        elif kind == "cut":
+            ws = epoch_of_iso(str(obj["window_start"]))
+            if self.latest_cut_s is None or ws > self.latest_cut_s:
+                self.latest_cut_s = ws
+        elif kind == "bounds":
+            decision = _decode_bounds_decision(obj)
+            if decision.window_start_s not in self.bounds:
+                self.bounds[decision.window_start_s] = decision
+                if len(self.bounds) > MAX_BOUNDS_DECISIONS:
+                    del self.bounds[min(self.bounds)]
+        elif kind == "rotation":
+            self.rotations.add(
+                (
+                    str(obj["previous_key_id"]),
+                    str(obj["key_id"]),
+                    epoch_of_iso(str(obj["rotate_at"])),
+                )
+            )
+
+    def _feed_fingerprint(self, obj: Mapping[str, Any]) -> None:
+        if self.fingerprint is None and obj.get("fingerprint") is not None:
+            self.fingerprint = Fingerprint.from_record(obj["fingerprint"])
+
+    def _feed_part(self, value: Mapping[str, Any]) -> None:
+        ident = (str(value["query"]), epoch_of_iso(str(value["window_start"])))
+        rid = str(value["release_id"])
+        drafts = self._drafts.setdefault(ident, {})
+        parts = drafts.get(rid)
+        if parts is None:
+            parts = drafts[rid] = _Parts(
+                parts=int(value["parts"]),
+                release_id=rid,
+                window_end_s=epoch_of_iso(str(value["window_end"])),
+                epsilon_spent=float(value["epsilon_spent"]),
+                delta_spent=float(value["delta_spent"]),
+                sources={int(p): str(v) for p, v in value.get("sources", {}).items()},
+                erasures_through=int(value.get("erasures_through", 0)),
+            )
+        parts.received[int(value["part"])] = [
+            OutputRecord(str(r["key"]), r["value"]) for r in value["records"]
+        ]
+        if len(parts.received) < parts.parts:
+            return
+        del drafts[rid]
+        if not drafts:
+            del self._drafts[ident]
+        if ident in self._releases:
+            if self._releases[ident].release_id != rid:
+                self.losing_draws += 1
+            return
+        self._releases[ident] = LedgerRelease(
+            release_id=rid,
+            query=ident[0],
+            window_start_s=ident[1],
+            window_end_s=parts.window_end_s,
+            epsilon_spent=parts.epsilon_spent,
+            delta_spent=parts.delta_spent,
+            records=[r for i in range(parts.parts) for r in parts.received[i]],
+            sources=parts.sources,
+            # a window's bounds histograms are ledgered like a query, never published
+            published=self._published.get(ident) == rid or ident[0] == BOUNDS_CHARGE,
+            erasures_through=parts.erasures_through,
+        )
+
+    def get(self, query: str, window_start_s: int) -> LedgerRelease | None:
+        """The winning draw of (query, window), if one is complete in what was read."""
+        return self._releases.get((query, window_start_s))
+
+    def releases(self) -> list[LedgerRelease]:
+        return sorted(self._releases.values(), key=lambda r: (r.window_start_s, r.query))
+
+    def unpublished(self) -> list[LedgerRelease]:
+        return [r for r in self.releases() if not r.published]
+
+    def window_complete(self, window_start_s: int, queries: Sequence[str]) -> bool:
+        return all((q, window_start_s) in self._releases for q in queries)
+
+    def forget(self, released: Callable[[int], bool]) -> None:
+        """Drop what is kept of windows ``released`` says are done (released, published and
+        recorded by a progress record): the index then holds only recent windows."""
+        for table in (self._releases, self._drafts, self._published):
+            for ident in [i for i in table if released(i[1])]:
+                del table[ident]

@@ -1,0 +1,136 @@
+"""The records a deployment's first start writes to its ledger, and every start checks.
+
+* the first covered window (``coverage``): configured, else recorded, else now's — the first
+  coverage record in log order wins if workers race; a ledger without one is new, or lost
+  (:mod:`stream_dp.pipeline.kafka.ledger_guard`);
+* the deployment fingerprint: a worker under other meaning-bearing settings refuses to start
+  (:mod:`stream_dp.pipeline.fingerprint_gate`);
+* a key rotation: refused when it would split a window already begun, else recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+from stream_dp.config.fingerprint import Fingerprint
+from stream_dp.config.model import Config
+from stream_dp.errors import ConfigError, StreamDPError
+from stream_dp.pipeline.fingerprint_gate import settle_fingerprint, worker_refusal
+from stream_dp.pipeline.formats.ledger import LedgerIndex, encode_coverage, encode_rotation
+from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard
+from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
+from stream_dp.pipeline.kafka.publisher import Publisher
+from stream_dp.windows import TumblingWindows
+from stream_dp.windows.tumbling import iso_utc
+
+log = logging.getLogger(__name__)
+
+
+class Deployment:
+    """Settles the coverage, fingerprint and key rotation records at a worker's start."""
+
+    def __init__(
+        self,
+        config: Config,
+        ledger: LedgerIndex,
+        fingerprint: Fingerprint,
+        *,
+        publisher: Publisher,
+        reader: LedgerReader,
+        guard: LedgerGuard,
+        ledger_partition: int,
+        group_topics: list[str],
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.fingerprint = fingerprint
+        self._publisher = publisher
+        self._reader = reader
+        self._guard = guard
+        #: Where these records go: the ledger's first partition.
+        self._partition = ledger_partition
+        self._group_topics = group_topics
+        self._ledger_topic = config.output.ledger_topic
+        self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
+
+    async def _record(self, what: str, key: str, value: bytes) -> None:
+        send = functools.partial(
+            self._publisher.send, self._ledger_topic, key, value, partition=self._partition
+        )
+        await self._publisher.retry(what, send, bounded=False)
+
+    async def coverage(self) -> int:
+        """The first covered window: configured, else recorded, else now's. A deployment's
+        first start records it (the first coverage record in log order wins if workers
+        race), so a ledger without one is new — or lost: then LedgerLostError, before
+        anything is recorded, so that every restart finds the same loss."""
+        configured = self.config.window.first_window_start()
+        recorded = self.ledger.coverage_start_s
+        start = configured if configured is not None else self.windows.start_of(time.time())
+        if recorded is None:
+            recorded = await self._guard.check_new_ledger(
+                start, self._group_topics, reread=self._reread_coverage
+            )
+        if recorded is None:
+            key, value = encode_coverage(start, self.windows.size_s, self.fingerprint)
+            await self._record("record the first covered window", key, value)
+            await self._reader.catch_up_ledger([self._partition], bounded=False)
+            recorded = self.ledger.coverage_start_s
+            assert recorded is not None
+        if configured is None:
+            return recorded
+        if recorded != configured:
+            log.warning(
+                "window.start_at (%s) differs from the first window this deployment "
+                "recorded (%s); the configured one applies",
+                iso_utc(configured),
+                iso_utc(recorded),
+            )
+        return configured
+
+    async def _reread_coverage(self) -> int | None:
+        """The coverage record, after reading the whole ledger to fresh fences again."""
+        await self._reader.catch_up_ledger(None, bounded=False)
+        return self.ledger.coverage_start_s
+
+    async def settle_fingerprint(self) -> None:
+        """Refuse to start under other meaning-bearing settings than the deployment's
+        (:mod:`stream_dp.pipeline.fingerprint_gate`); record this configuration's
+        fingerprint for a deployment from before fingerprints existed."""
+        where, way_out = worker_refusal(self.config, self.ledger, self._ledger_topic)
+        for _ in range(2):
+            record = settle_fingerprint(
+                self.ledger, self.fingerprint, self.config, where=where, way_out=way_out
+            )
+            if record is None:
+                return
+            log.warning(
+                "the deployment was recorded without a fingerprint (an earlier version); "
+                "recording this configuration's — its window size matches, its other "
+                "settings cannot be checked"
+            )
+            await self._record("record the deployment fingerprint", *record)
+            await self._reader.catch_up_ledger([self._partition], bounded=False)
+        raise StreamDPError("the deployment fingerprint written was not read back")
+
+    async def check_rotation(self) -> None:
+        """Refuse a new key rotation that would split a window already begun."""
+        p = self.config.pseudonymization
+        if p.rotate_at is None:
+            return
+        assert p.previous_key_id is not None
+        rotate_at_s = int(p.rotate_at.timestamp())
+        if (p.previous_key_id, p.key_id, rotate_at_s) in self.ledger.rotations:
+            return
+        next_start = self.windows.start_of(time.time()) + self.windows.size_s
+        if rotate_at_s < next_start:
+            raise ConfigError(
+                f"pseudonymization.rotate_at = {iso_utc(rotate_at_s)} is before the next "
+                f"window start ({iso_utc(next_start)}): windows already begun would see their "
+                "users under two pseudonyms and bound them twice. Set rotate_at at or after "
+                f"{iso_utc(next_start)}"
+            )
+        key, value = encode_rotation(p.key_id, p.previous_key_id, rotate_at_s)
+        await self._record("record the key rotation", key, value)

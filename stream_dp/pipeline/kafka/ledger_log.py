@@ -1,0 +1,123 @@
+"""Reading the ledger topic (or the continual topic) to a known point, on any
+Kafka-protocol broker, with :class:`~stream_dp.clients.compacted.CompactedTopicReader`.
+
+A catch-up writes a fence record with a fresh id to each partition it must be current on and
+reads until each fence comes back: everything written to that partition before the fence has
+then been fed to the index, in log order. One reader lives as long as the worker (manual
+assignment of every ledger partition, no group): a catch-up costs what was written since the
+last one. A catch-up that makes no progress for ``stall_timeout_s`` fails (and is retried by
+the caller while it keeps the affected partitions paused); a large ledger that keeps arriving
+never times out. A log that went backwards is a :class:`LogRewoundError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from stream_dp.clients.compacted import (
+    DEFAULT_STALL_TIMEOUT_S,
+    CompactedTopicReader,
+    LogRewoundError,
+)
+from stream_dp.errors import StreamDPError
+from stream_dp.pipeline.formats.ledger import encode_fence
+
+__all__ = ["LedgerLog", "LedgerReadError", "LogIndex", "LogRewoundError", "SendOne"]
+
+#: Writes one record (key, value) to one partition of the ledger topic, acknowledged; returns
+#: the record's offset (None if the writer cannot tell).
+SendOne = Callable[[str, bytes, int], Awaitable[int | None]]
+
+
+class LogIndex(Protocol):
+    """What a read log feeds: the ledger's index, or the continual topic's store."""
+
+    def feed(self, key: str, value: bytes | None) -> None: ...
+
+
+class LedgerReadError(StreamDPError):
+    """The ledger could not be read to its fences (retriable: the broker may come back)."""
+
+    retriable = True
+
+
+class LedgerLog:
+    def __init__(
+        self,
+        topic: str,
+        index: LogIndex,
+        *,
+        client_options: dict[str, Any],
+        send: SendOne,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+    ) -> None:
+        self.topic = topic
+        self.index = index
+        self._send = send
+        self._stall_timeout_s = stall_timeout_s
+        self.reader = CompactedTopicReader(
+            topic,
+            client_options=client_options,
+            stalled=self._stalled,
+            stall_timeout_s=stall_timeout_s,
+        )
+
+    @property
+    def partitions(self) -> list[int]:
+        return self.reader.partitions
+
+    async def start(self, partitions: Iterable[int]) -> None:
+        """Assign every ledger partition from the beginning (no records read yet)."""
+        await self.reader.start(partitions)
+
+    async def stop(self) -> None:
+        await self.reader.stop()
+
+    async def catch_up(self, partitions: Iterable[int] | None = None) -> int:
+        """Fence ``partitions`` (default: all) and read until every fence is back; returns
+        the number of records fed. Raises :class:`LedgerReadError` when reading stalls."""
+        targets = sorted(self.partitions if partitions is None else set(partitions))
+        key, value = encode_fence(_fresh_id())
+        # All fences at once: a slow ledger partition delays a catch-up once, not per partition.
+        offsets = await asyncio.gather(*(self._send(key, value, p) for p in targets))
+        for p, offset in zip(targets, offsets, strict=True):
+            self.reader.check_forward(p, offset)
+        fence = key.encode()
+        fed = 0
+
+        def feed(partition: int, m: Any) -> None:
+            nonlocal fed
+            if m.key != fence:
+                self.index.feed(m.key.decode() if m.key else "", m.value)
+                fed += 1
+
+        await self.reader.read_to_fences(targets, fence, feed)
+        return fed
+
+    async def poll(self, timeout_ms: int = 100) -> int:
+        """Read what has arrived on every partition, without a fence (no promise of having
+        read everything): enough to learn, soon, of windows other workers released.
+        Returns the number of records fed."""
+        fed = 0
+
+        def feed(partition: int, m: Any) -> None:
+            nonlocal fed
+            self.index.feed(m.key.decode() if m.key else "", m.value)
+            fed += 1
+
+        await self.reader.read_available(timeout_ms, feed)
+        return fed
+
+    def _stalled(self, pending: list[int]) -> StreamDPError:
+        return LedgerReadError(
+            f"ledger topic {self.topic}: no record for {self._stall_timeout_s:g} s while "
+            f"waiting for fences on partitions {pending}; is the broker (or that "
+            "partition's leader) down?"
+        )
+
+
+def _fresh_id() -> str:
+    return uuid.uuid4().hex

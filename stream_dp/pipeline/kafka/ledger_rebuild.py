@@ -1,0 +1,302 @@
+"""``stream-dp ledger rebuild``: restore a lost ledger from the output topic.
+
+What the worker needs so that no window whose records are on the output topic is ever
+drawn again (:mod:`stream_dp.pipeline.formats.ledger`):
+
+* per released (query, window), a ledger release whose records are the very records on the
+  output topic (same ``release_id``, same bytes once re-encoded) and its ``published``
+  marker — the worker adopts it as the window's winning draw and charges its ε, δ to the
+  window's and the horizon's budget as it would have;
+* per partials partition, a ``progress`` record past the last window released on it;
+* the ``coverage`` record (``window.start_at`` if configured, else the first window on the
+  output topic).
+
+Idempotent: what the ledger already holds is left alone (a release already ledgered with
+the same draw, a coverage record, progress at or past the rebuilt one), so a second run
+writes nothing. The plan is pure (:func:`plan_rebuild`); :func:`rebuild_ledger` reads the
+topics and writes it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from stream_dp.broker.client_options import client_kwargs
+from stream_dp.clients.connect import start_client
+from stream_dp.config.model import Config
+from stream_dp.errors import BrokerError, StreamDPError
+from stream_dp.pipeline.formats.ledger import (
+    LedgerIndex,
+    LedgerRelease,
+    encode_coverage,
+    encode_progress,
+    encode_published,
+    encode_release,
+)
+from stream_dp.pipeline.kafka.ledger_log import LedgerLog, SendOne
+from stream_dp.pipeline.kafka.output_scan import (
+    OutputScan,
+    ReleasedWindow,
+    decode_output,
+    read_output,
+)
+from stream_dp.windows import TumblingWindows
+from stream_dp.windows.tumbling import iso_utc
+
+#: (key, value, ledger partition) of one record to write.
+LedgerWrite = tuple[str, bytes, int]
+#: Catch-up of the existing ledger: give up after this long without a record.
+LEDGER_STALL_TIMEOUT_S: Final = 60.0
+
+
+class NothingToRebuildError(StreamDPError):
+    """The output topic holds no release of the configured queries."""
+
+
+@dataclass
+class RebuildPlan:
+    """What a rebuild writes to the ledger, and what it found worth saying."""
+
+    writes: list[LedgerWrite] = field(default_factory=list)
+    #: (query, window start) restored as released draws.
+    restored: list[tuple[str, int]] = field(default_factory=list)
+    #: (query, window start) the ledger already held with the output topic's draw.
+    already: list[tuple[str, int]] = field(default_factory=list)
+    coverage_start_s: int | None = None
+    #: Per partials partition, the progress written (next window not released).
+    progress: dict[int, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def plan_rebuild(
+    config: Config,
+    scan: OutputScan,
+    ledger: LedgerIndex,
+    *,
+    ledger_partitions: Sequence[int],
+    partials_partitions: Sequence[int],
+    now_s: float,
+) -> RebuildPlan:
+    """The ledger records that make every (query, window) on the output topic released.
+
+    Raises :class:`NothingToRebuildError` when the output topic holds no release of the
+    configured queries (a new deployment needs no rebuild: start it)."""
+    released = scan.released()
+    if not released:
+        raise NothingToRebuildError(
+            f"the output topic {config.output.topic} holds no release of the configured "
+            f"queries ({', '.join(q.name for q in config.queries)}): there is nothing to "
+            "rebuild the ledger from. A new deployment needs no rebuild: start the workers. "
+            "If releases should be there, check output.topic and the query names"
+        )
+    windows = TumblingWindows(config.window.size_s, config.window.grace_s)
+    plan = RebuildPlan()
+    if scan.foreign:
+        plan.warnings.append(
+            f"{scan.foreign} records on {config.output.topic} belong to queries this config "
+            "does not have (another deployment's, or a query removed): they are not restored"
+        )
+    if ledger.records_read:
+        plan.warnings.append(
+            f"the ledger topic {config.output.ledger_topic} is not empty "
+            f"({ledger.records_read} records): only what it lacks is written"
+        )
+    # Releases first, coverage last: a worker started meanwhile finds either no coverage
+    # record (and holds) or every release.
+    for window in released:
+        plan.writes.extend(
+            _release(config, ledger, window, plan, windows, ledger_partitions, now_s)
+        )
+    plan.writes.extend(
+        _progress(ledger, released, plan, windows, ledger_partitions, partials_partitions)
+    )
+    plan.writes.extend(_coverage(config, ledger, released, plan, ledger_partitions[0]))
+    return plan
+
+
+def _coverage(
+    config: Config,
+    ledger: LedgerIndex,
+    released: Sequence[ReleasedWindow],
+    plan: RebuildPlan,
+    partition: int,
+) -> list[LedgerWrite]:
+    """The coverage record (the worker writes it to the first ledger partition)."""
+    configured = config.window.first_window_start()
+    first_on_output = min(w.window_start_s for w in released)
+    start = configured if configured is not None else first_on_output
+    if ledger.coverage_start_s is not None:
+        plan.coverage_start_s = ledger.coverage_start_s
+        if ledger.coverage_start_s > first_on_output and configured is None:
+            plan.warnings.append(
+                f"the ledger's first covered window ({iso_utc(ledger.coverage_start_s)}) is "
+                f"after the first on the output topic ({iso_utc(first_on_output)}): a worker "
+                "started on the lost ledger recorded it; it is kept"
+            )
+        return []
+    plan.coverage_start_s = start
+    key, value = encode_coverage(start, config.window.size_s)
+    return [(key, value, partition)]
+
+
+def _release(
+    config: Config,
+    ledger: LedgerIndex,
+    window: ReleasedWindow,
+    plan: RebuildPlan,
+    windows: TumblingWindows,
+    ledger_partitions: Sequence[int],
+    now_s: float,
+) -> list[LedgerWrite]:
+    ident = (window.query, window.window_start_s)
+    where = f"query {window.query}, window {iso_utc(window.window_start_s)}"
+    if window.other_release_ids:
+        plan.warnings.append(
+            f"{where}: the output topic holds {len(window.other_release_ids) + 1} different "
+            "draws (it was released again before this rebuild); the last one, which readers "
+            "keeping the latest value per key hold, is restored"
+        )
+    if not window.complete:
+        plan.warnings.append(
+            f"{where}: its window record (or some releases it announces) never reached the "
+            "output topic; the records found are restored as released and never drawn again"
+        )
+    existing = ledger.get(*ident)
+    if existing is not None:
+        if existing.release_id != window.release_id:
+            plan.warnings.append(
+                f"{where}: the ledger already holds another draw ({existing.release_id}) than "
+                f"the output topic ({window.release_id}); the ledger's is kept"
+            )
+        plan.already.append(ident)
+        return []
+    release = LedgerRelease(
+        release_id=window.release_id,
+        query=window.query,
+        window_start_s=window.window_start_s,
+        window_end_s=window.window_end_s,
+        epsilon_spent=window.epsilon_spent,
+        delta_spent=window.delta_spent,
+        records=window.records(),
+    )
+    partition = ledger_partitions[
+        windows.partition_of(window.window_start_s, len(ledger_partitions))
+    ]
+    records = encode_release(release, now_s=now_s, max_bytes=config.kafka.max_message_bytes)
+    plan.restored.append(ident)
+    published = encode_published(release)
+    return [(k, v, partition) for k, v in [*records, published]]
+
+
+def _progress(
+    ledger: LedgerIndex,
+    released: Sequence[ReleasedWindow],
+    plan: RebuildPlan,
+    windows: TumblingWindows,
+    ledger_partitions: Sequence[int],
+    partials_partitions: Sequence[int],
+) -> list[LedgerWrite]:
+    """Per partials partition, the window after the last one released on it (the worker's
+    cursor: windows go round-robin over the partials partitions)."""
+    n = len(partials_partitions)
+    latest: dict[int, int] = {}
+    for w in released:
+        r = partials_partitions[windows.partition_of(w.window_start_s, n)]
+        latest[r] = max(latest.get(r, w.window_start_s), w.window_start_s)
+    out: list[LedgerWrite] = []
+    for r, ws in sorted(latest.items()):
+        cursor = ws + windows.size_s * n
+        if ledger.progress.get(r, cursor - 1) >= cursor:
+            continue
+        key, value = encode_progress(r, n, cursor)
+        partition = ledger_partitions[windows.partition_of(ws, len(ledger_partitions))]
+        out.append((key, value, partition))
+        plan.progress[r] = cursor
+    return out
+
+
+async def rebuild_ledger(
+    config: Config, *, bootstrap_servers: str, dry_run: bool = False
+) -> RebuildPlan:
+    """Read the output topic and the ledger, write what the ledger lacks (unless
+    ``dry_run``), then read the ledger back to check every release is there."""
+    options = client_kwargs(config.kafka, bootstrap_servers=bootstrap_servers)
+    queries = {q.name for q in config.queries}
+    scan = decode_output(
+        await read_output(config.kafka, config.output.topic, bootstrap_servers=bootstrap_servers),
+        queries,
+    )
+    producer = AIOKafkaProducer(
+        acks="all", max_request_size=config.kafka.max_message_bytes, **options
+    )
+    await start_client(producer, bootstrap_servers)
+    try:
+        ledger_parts = await _partitions(producer, config.output.ledger_topic)
+        partials_parts = await _partitions(producer, config.output.partials_topic)
+
+        async def send(key: str, value: bytes, partition: int) -> int:
+            sent = await producer.send_and_wait(
+                config.output.ledger_topic, value, key=key.encode(), partition=partition
+            )
+            return int(sent.offset)
+
+        index = await _read_ledger(config, options, ledger_parts, send)
+        plan = plan_rebuild(
+            config,
+            scan,
+            index,
+            ledger_partitions=ledger_parts,
+            partials_partitions=partials_parts,
+            now_s=time.time(),
+        )
+        if dry_run or not plan.writes:
+            return plan
+        for key, value, partition in plan.writes:  # in order: the coverage record last
+            await send(key, value, partition)
+        check = await _read_ledger(config, options, ledger_parts, send)
+        missing = [i for i in plan.restored if check.get(*i) is None]
+        if missing or check.coverage_start_s is None:
+            raise StreamDPError(
+                f"the rebuilt ledger {config.output.ledger_topic} does not read back complete "
+                f"({len(missing)} releases missing): run the rebuild again before starting "
+                "any worker"
+            )
+        return plan
+    finally:
+        await producer.stop()
+
+
+async def _partitions(producer: AIOKafkaProducer, topic: str) -> list[int]:
+    try:
+        return sorted(await producer.partitions_for(topic))
+    except KafkaError as exc:
+        raise BrokerError(
+            f"cannot find topic {topic} ({type(exc).__name__}): create the deployment's "
+            "topics first (stream-dp topics apply --config FILE)"
+        ) from None
+
+
+async def _read_ledger(
+    config: Config, options: dict[str, Any], partitions: list[int], send: SendOne
+) -> LedgerIndex:
+    """The whole ledger, read to fresh fences."""
+    index = LedgerIndex()
+    reader = LedgerLog(
+        config.output.ledger_topic,
+        index,
+        client_options=options,
+        send=send,
+        stall_timeout_s=LEDGER_STALL_TIMEOUT_S,
+    )
+    await reader.start(partitions)
+    try:
+        await reader.catch_up()
+    finally:
+        await reader.stop()
+    return index

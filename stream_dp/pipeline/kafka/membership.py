@@ -1,0 +1,444 @@
+"""Group membership and commits: which partitions this worker owns, and what it commits.
+
+aiokafka's rebalance callbacks only pause a new assignment and note it
+(:meth:`Membership.on_assigned`): aiokafka sends no heartbeat while a callback runs, so
+anything slow there — a ledger read behind a slow ledger partition, metadata during a broker
+stall — gets the member evicted, and evicted again after every rejoin (a rebalance storm in
+which no window is released). The worker's loop *takes* the partitions
+(:meth:`Membership.take_assigned`: topic counts checked, the ledger read to fresh fences,
+unpublished winners republished, state built) and only then resumes them. Revoked partitions
+are committed (what is safe) and their state dropped; the new owner replays them from the
+committed offsets.
+
+Offsets committed are only *safe* ones (:meth:`Membership.safe_offsets`): what stage 1 has
+sealed and published, what stage 2 has released, what stage 0 has routed and had
+acknowledged. A member told it lost its membership or generation counts it and keeps running:
+the group's rejoin hands it its partitions again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
+from stream_dp.config.model import Config
+from stream_dp.errors import StreamDPError
+from stream_dp.ops.health import Health
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.faults import NO_FAULTS, Faults
+from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
+from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
+from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
+from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS
+from stream_dp.pipeline.kafka.topology_watch import TopologyError, TopologyWatch
+from stream_dp.pipeline.release_driver import ReleaseDriver
+from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
+from stream_dp.windows.tumbling import iso_utc
+
+log = logging.getLogger(__name__)
+
+FETCH_TIMEOUT_MS = 200
+MAX_RECORDS_PER_FETCH = 40_000
+#: Bytes fetched per partition and request: the consumer fetches a partition again only once
+#: what it holds of it is consumed, so larger fetches mean fewer waits for the broker.
+FETCH_PARTITION_BYTES = 4 * 1_048_576
+#: Topic metadata is refreshed this often, so partition-count changes are seen soon.
+METADATA_MAX_AGE_MS = 10_000
+
+
+@dataclass
+class Stages:
+    """What the worker built at start, that taking and dropping partitions changes."""
+
+    ingest: IngestStage
+    release: ReleaseStage
+    driver: ReleaseDriver
+    reader: LedgerReader
+    topology: TopologyWatch
+    erasure: WorkerErasure | None = None
+
+
+class Membership:
+    """The consumer's group membership: assignments taken and dropped, safe commits."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        metrics: Metrics,
+        health: Health,
+        stopping: asyncio.Event,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.health = health
+        self._stopping = stopping
+        self._faults = faults
+        self.consumer: AIOKafkaConsumer | None = None
+        self.stages: Stages | None = None
+        #: Held by the loop's iteration and by a revocation: one touches the state at a time.
+        self.lock = asyncio.Lock()
+        out = config.output
+        self.input_topic = config.input.topic
+        self.keyed = config.input.keyed_by_user
+        #: Where stage 1 reads: the input itself, or the repartition topic.
+        self.stage1_topic = self.input_topic if self.keyed else out.repartition_topic
+        self.partials_topic = out.partials_topic
+        self.requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
+        self._committed: dict[TopicPartition, int] = {}
+        #: Input offsets stage 0 routed and had acknowledged: safe to commit.
+        self.routed_positions: dict[int, int] = {}
+        #: Partitions assigned but not taken yet (ledger read, state built): paused until
+        #: the loop has taken them (see on_assigned).
+        self.to_take: list[TopicPartition] = []
+        #: Partitions taken and not revoked since, with when (wall clock: a partition's
+        #: fetch age before any answer). During a rejoin aiokafka's assignment() still lists
+        #: partitions already revoked: records fetched for them must not rebuild their
+        #: state (a second, stale owner; a commit of an unassigned partition).
+        self.owned: dict[TopicPartition, float] = {}
+        #: An error found in a rebalance callback that must stop the worker (raised by the
+        #: loop: aiokafka would swallow it in the callback).
+        self.fatal: StreamDPError | None = None
+
+    def _stages(self) -> Stages:
+        assert self.stages is not None, "the stages are built before partitions are taken"
+        return self.stages
+
+    def group_topics(self) -> list[str]:
+        """The topics this worker's consumer group reads (and commits offsets on)."""
+        topics = {self.input_topic, self.stage1_topic, self.partials_topic}
+        if self.requests_topic is not None:
+            topics.add(self.requests_topic)
+        return sorted(topics)
+
+    def listener(self) -> ConsumerRebalanceListener:
+        return _Rebalance(self)
+
+    def subscribe(self, client_options: dict[str, Any]) -> AIOKafkaConsumer:
+        """The group's consumer (not started yet), subscribed to :meth:`group_topics` with
+        this membership as its rebalance listener."""
+        kafka = self.config.kafka
+        consumer = self.consumer = AIOKafkaConsumer(
+            group_id=kafka.group_id,
+            enable_auto_commit=False,
+            # Internal topics are always read from their beginning; input.start_from is
+            # applied to input partitions without a committed offset (on_assigned).
+            auto_offset_reset="earliest",
+            session_timeout_ms=kafka.session_timeout_ms,
+            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+            max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, kafka.max_message_bytes),
+            metadata_max_age_ms=METADATA_MAX_AGE_MS,
+            **client_options,
+        )
+        consumer.subscribe(self.group_topics(), listener=self.listener())
+        return consumer
+
+    def owns(self, tp: TopicPartition) -> bool:
+        """Whether this member owns ``tp`` in a generation it still belongs to."""
+        consumer = self.consumer
+        if consumer is None or tp not in consumer.assignment():
+            return False
+        # aiokafka keeps the old assignment until the rejoin revokes it; its coordinator
+        # knows earlier that the membership is gone (no public accessor).
+        coordinator = getattr(consumer, "_coordinator", None)
+        subscription = getattr(getattr(consumer, "_subscription", None), "subscription", None)
+        if coordinator is None or subscription is None:
+            return True
+        # (Generation ids start at 0 on some brokers: the member id is the better sign.)
+        return not coordinator.need_rejoin(subscription) and bool(coordinator.member_id)
+
+    def owns_partials(self, partition: int) -> bool:
+        """Whether this member owns that partials partition now (the release's first step)."""
+        return self.owns(TopicPartition(self.partials_topic, partition))
+
+    def split(self, tps: Sequence[TopicPartition]) -> tuple[list[int], list[int], list[int]]:
+        """(stage-1 partitions, partials partitions, input partitions routed by stage 0)."""
+        stage1 = sorted(tp.partition for tp in tps if tp.topic == self.stage1_topic)
+        partials = sorted(tp.partition for tp in tps if tp.topic == self.partials_topic)
+        routed = (
+            [] if self.keyed else sorted(tp.partition for tp in tps if tp.topic == self.input_topic)
+        )
+        return stage1, partials, routed
+
+    # -- assignment ------------------------------------------------------------------------
+    async def on_assigned(self, assigned: list[TopicPartition]) -> None:
+        """Pause the new assignment and leave taking it to the loop (module docstring):
+        paused partitions fetch nothing, so no record is processed before the loop has read
+        the ledger and built their state (:meth:`take_assigned`)."""
+        if self.consumer is not None and assigned:
+            self.consumer.pause(*assigned)
+        self.to_take = list(assigned)
+        self.health.set("partitions_assigned", False)
+        log.info(
+            "partitions assigned: %s",
+            ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(assigned)),
+        )
+
+    async def take_assigned(self) -> None:
+        """Take the partitions the last assignment brought (in the loop, under the lock),
+        then resume them. A failure keeps them paused until a later iteration succeeds; a
+        topology error stops the worker."""
+        assert self.consumer is not None
+        current = self.consumer.assignment()
+        stale = sorted(self.owned.keys() - current)
+        if stale:  # gone without a revocation this worker saw: drop their state too
+            self.drop(stale)
+            for tp in stale:
+                del self.owned[tp]
+        pending = [tp for tp in self.to_take if tp in current]
+        try:
+            await self._take(pending)
+        except (TopologyError, LogRewoundError) as exc:
+            self.fatal = exc
+            return
+        except (KafkaError, StreamDPError) as exc:
+            log.warning(
+                "taking new partitions failed (%s); they stay paused until it succeeds",
+                type(exc).__name__,
+            )
+            return
+        self.to_take = []
+        self.owned.update(dict.fromkeys(pending, time.time()))
+        if pending:
+            self.consumer.resume(*pending)
+            log.info("partitions taken: ledger read, state built, fetching resumed")
+            self._stall_input_once(pending)
+        self.health.set("partitions_assigned", bool(current))
+
+    def _stall_input_once(self, taken: list[TopicPartition]) -> None:
+        """The STREAM_DP_TEST_STALL_INPUT test fault: pause one input partition a while."""
+        stall, consumer = self._faults.stall_input, self.consumer
+        assert consumer is not None
+        if stall is None:
+            return
+        tp = TopicPartition(self.input_topic, stall[0])
+        if tp not in taken:
+            return
+        self._faults.stall_input = None
+        consumer.pause(tp)
+        log.warning("test fault: input partition %d fetches nothing for %g s", *stall)
+
+        def resume() -> None:
+            if tp in consumer.assignment() and tp not in self.to_take:
+                consumer.resume(tp)
+                log.warning("test fault: input partition %d fetches again", stall[0])
+
+        asyncio.get_running_loop().call_later(stall[1], resume)
+
+    async def _take(self, assigned: list[TopicPartition]) -> None:
+        stages = self._stages()
+        ingest, release, topology = stages.ingest, stages.release, stages.topology
+        stage1, partials, routed = self.split(assigned)
+        watermark = release.watermark_s()
+        # Stage 2 waits for every stage-1 partition, and a repartition partition for every
+        # input partition: both counts must be right, never guessed.
+        ingest.source_partitions = await topology.partitions(
+            self.stage1_topic, watermark_s=watermark
+        )
+        if not self.keyed:
+            ingest.input_partitions = await topology.partitions(
+                self.input_topic, watermark_s=watermark
+            )
+            ingest.routed_partitions = ingest.source_partitions
+        for topic in sorted(topology.fixed):
+            await topology.partitions(topic, watermark_s=watermark)
+        now_mono = time.monotonic()
+        ingest.assign(stage1, now_mono, routed=not self.keyed)
+        ingest.assign_routed(routed, now_mono)
+        await self._apply_start_from(assigned)
+        if partials:
+            # Another worker may have released windows of these partitions: read the
+            # ledger to fresh fences before taking any of their partials.
+            if self._faults.take_fails():
+                raise LedgerReadError("test fault: the ledger read failed")
+            await stages.reader.catch_up_ledger(None, bounded=True)
+            release.adopt_ledger()
+            await self._republish_unpublished(set(partials))
+            release.assign(partials)
+
+    async def _republish_unpublished(self, partials: set[int]) -> None:
+        """Republish, unchanged, the ledger's unpublished winners of these partitions."""
+        stages = self._stages()
+        driver = stages.driver
+        for rel in stages.reader.ledger.unpublished():
+            if driver.partials_partition_of(rel.window_start_s) not in partials:
+                continue
+            log.info(
+                "republishing a ledgered release unchanged",
+                extra={"query": rel.query, "window": iso_utc(rel.window_start_s)},
+            )
+            await driver.publish(rel)
+            self.metrics.ledger_republished.inc()
+
+    async def _apply_start_from(self, assigned: list[TopicPartition]) -> None:
+        """``input.start_from: latest`` for input partitions this group never committed."""
+        if self.config.input.start_from != "latest":
+            return
+        assert self.consumer is not None
+        for tp in assigned:
+            if tp.topic != self.input_topic:
+                continue
+            if await self.consumer.committed(tp) is None:
+                await self.consumer.seek_to_end(tp)
+
+    async def on_revoked(self, revoked: list[TopicPartition]) -> None:
+        """Commit what is safe of the revoked partitions, then forget their state."""
+        async with self.lock:
+            if self.stages is not None:
+                if self.consumer is not None:
+                    with contextlib.suppress(KafkaError):
+                        await self.commit(only=set(revoked))
+                self.drop(revoked)
+            for tp in revoked:
+                self.owned.pop(tp, None)
+            self.health.set("partitions_assigned", False)
+            log.info(
+                "partitions revoked: %s",
+                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(revoked)),
+            )
+
+    def drop(self, revoked: Sequence[TopicPartition]) -> None:
+        """Forget the state of partitions this worker no longer owns (the new owner replays
+        them from the committed offsets)."""
+        stages = self._stages()
+        stage1, partials, routed = self.split(revoked)
+        stages.ingest.revoke(stage1)
+        stages.release.revoke(partials)
+        stages.ingest.forget_routed(routed)
+        if stages.erasure is not None:
+            requests = [tp.partition for tp in revoked if tp.topic == self.requests_topic]
+            stages.erasure.revoke(requests)
+        for p in routed:
+            self.routed_positions.pop(p, None)
+        for tp in revoked:
+            self._committed.pop(tp, None)
+            self.metrics.forget_partition(tp.topic, tp.partition)
+
+    # -- commits ---------------------------------------------------------------------------
+    def safe_offsets(self) -> dict[TopicPartition, int]:
+        """Per partition, the offset below which everything is safely done."""
+        stages = self._stages()
+        out = {
+            TopicPartition(self.stage1_topic, p): off
+            for p, off in stages.ingest.safe_offsets().items()
+        }
+        out.update(
+            (TopicPartition(self.partials_topic, r), off)
+            for r, off in stages.release.safe_offsets().items()
+        )
+        out.update(
+            (TopicPartition(self.input_topic, p), off) for p, off in self.routed_positions.items()
+        )
+        if stages.erasure is not None and self.requests_topic is not None:
+            out.update(
+                (TopicPartition(self.requests_topic, p), off)
+                for p, off in stages.erasure.safe_offsets().items()
+            )
+        return out
+
+    async def commit(self, only: set[TopicPartition] | None = None) -> None:
+        """Commit the safe offsets that moved (of ``only``, if given) and are assigned."""
+        assert self.consumer is not None
+        assigned = self.consumer.assignment()
+        offsets = {
+            tp: off
+            for tp, off in self.safe_offsets().items()
+            if (only is None or tp in only) and self._committed.get(tp) != off and tp in assigned
+        }
+        if offsets:
+            await self.consumer.commit(offsets)
+            self._committed.update(offsets)
+
+    async def commit_in_loop(self) -> None:
+        """Commit; a lost membership is routine (the rejoin redistributes the partitions
+        and their state is rebuilt), never a reason to stop."""
+        try:
+            await self.commit()
+        except MEMBERSHIP_ERRORS as exc:
+            self.membership_lost(exc)
+
+    def membership_lost(self, exc: BaseException) -> None:
+        self.metrics.membership_lost.inc()
+        log.warning(
+            "the group says this worker lost its membership (%s): rejoining; its partitions' "
+            "state is rebuilt from the committed offsets",
+            type(exc).__name__,
+        )
+
+    # -- fetching --------------------------------------------------------------------------
+    async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
+        """The next batch, or None once a stop is requested. aiokafka's ``getmany`` ignores
+        its timeout while the member has no assignment (a rebalance that the members being
+        stopped one by one keep restarting): a stop must not wait for the group."""
+        assert self.consumer is not None
+        fetch = asyncio.ensure_future(
+            self.consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH)
+        )
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not fetch.done():
+                # Nothing fetched is lost: positions move only when getmany returns records.
+                fetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, KafkaError):
+                    await fetch
+        return fetch.result() if not fetch.cancelled() else None
+
+    def prove_read_to_end(
+        self, owned: set[TopicPartition], waiting: set[TopicPartition], now: float, mono: float
+    ) -> None:
+        """Tell the ingest stage which partitions it reads (stage 0's input, stage 1's own
+        in keyed mode) a fetch found at their end, and when: only that silence is idleness.
+        Each one's fetch age goes to /metrics: a growing one is a partition that waits."""
+        ingest, consumer = self._stages().ingest, self.consumer
+        assert consumer is not None
+        read_topic = self.input_topic if not self.keyed else self.stage1_topic
+        for tp in owned:
+            if tp.topic != read_topic or tp in waiting:
+                continue
+            answered_ms = consumer.last_poll_timestamp(tp)
+            since = answered_ms / 1000 if answered_ms is not None else self.owned[tp]
+            self.metrics.fetch_age.labels(topic=tp.topic, partition=str(tp.partition)).set(
+                max(0.0, now - since)
+            )
+            at = read_to_end_at(consumer, tp)
+            at_mono = None if at is None else answered_at_mono(at, now, mono)
+            if at_mono is not None:
+                ingest.read_to_end(tp.partition, at_mono, input_topic=not self.keyed)
+
+    def partitions_without_leader(self) -> set[TopicPartition]:
+        """Assigned partitions whose leader is unknown (an outage, not idleness)."""
+        consumer = self.consumer
+        if consumer is None:
+            return set()
+        cluster = consumer._client.cluster  # aiokafka has no public accessor for leaders
+        out = set()
+        for tp in consumer.assignment():
+            leader = cluster.leader_for_partition(tp)
+            if leader is None or leader < 0:
+                out.add(tp)
+        return out
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, membership: Membership) -> None:
+        self.membership = membership
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.membership.on_revoked(list(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self.membership.on_assigned(list(assigned))

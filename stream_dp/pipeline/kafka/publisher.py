@@ -1,0 +1,205 @@
+"""The worker's producer: every write to Kafka, under the one retry policy.
+
+:class:`Publisher` owns the aiokafka producer and retries each broker operation with
+:func:`stream_dp.retry.retry` (exponential back-off with full jitter) under the worker's
+rules: a *bounded* operation gives up after ``kafka.give_up_after_s`` with
+:class:`BrokerUnavailableError` (the worker then stops without committing, and a restart
+redoes what was not safely done); an unbounded one waits until it succeeds or the worker
+stops; a membership error is never retried. Each failure is counted and marks the producer
+disconnected on /health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    KafkaError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
+
+from stream_dp.clients.idempotence import start_producer
+from stream_dp.config.model import Config
+from stream_dp.errors import StreamDPError
+from stream_dp.ops.health import Health
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.faults import NO_FAULTS, Faults
+from stream_dp.pipeline.formats.ledger import LedgerRelease
+from stream_dp.pipeline.formats.records import (
+    OUTPUT_HEADERS,
+    dead_letter_record,
+    dumps,
+    output_partition,
+)
+from stream_dp.pipeline.kafka.producing import Headers, Outgoing, send_all
+from stream_dp.pipeline.stages.ingest import DeadLetter
+from stream_dp.pipeline.stages.offload import output_values, run_off_loop
+from stream_dp.retry import retry
+
+#: Largest record batch the producer builds (fewer, larger produce requests).
+MAX_BATCH_BYTES = 512 * 1024
+#: A release with more records than this is encoded for the output topic off the loop.
+OFF_LOOP_RECORDS = 2_000
+
+#: What the group coordinator says when this member is no longer who it thinks it is.
+MEMBERSHIP_ERRORS = (
+    CommitFailedError,
+    IllegalGenerationError,
+    UnknownMemberIdError,
+    RebalanceInProgressError,
+)
+
+
+class BrokerUnavailableError(StreamDPError):
+    """A broker write kept failing for ``kafka.give_up_after_s``: the worker stops without
+    committing, and its supervisor restarts it."""
+
+
+class Publisher:
+    """Sends to Kafka with the worker's retry policy (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        metrics: Metrics,
+        health: Health,
+        stopping: asyncio.Event,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.health = health
+        self._stopping = stopping
+        self._faults = faults
+        self._ledger_topic = config.output.ledger_topic
+        self._max_bytes = config.kafka.max_message_bytes
+        self.producer: AIOKafkaProducer | None = None
+        #: The output topic's partitions (set at start).
+        self.output_partitions: list[int] = [0]
+
+    async def start(self, client_options: dict[str, Any]) -> None:
+        """Create and start the producer (retried until it starts or the worker stops):
+        idempotent where the broker gives producer ids (not the embedded broker)."""
+        options = {
+            "acks": "all",
+            "linger_ms": 5,
+            "max_request_size": self._max_bytes,
+            "max_batch_size": min(self._max_bytes, MAX_BATCH_BYTES),
+        }
+        self.producer = await self.retry(
+            "start producer", lambda: start_producer(client_options, options), bounded=False
+        )
+        self.health.set("producer_connected", True)
+
+    async def partitions(self, topic: str, *, bounded: bool = False) -> list[int]:
+        """The topic's partitions, sorted (retried)."""
+
+        async def lookup() -> list[int]:
+            assert self.producer is not None
+            return sorted(await self.producer.partitions_for(topic))
+
+        result: list[int] = await self.retry(f"{topic} metadata", lookup, bounded=bounded)
+        return result
+
+    async def retry(
+        self, what: str, op: Callable[[], Awaitable[Any]], *, bounded: bool = True
+    ) -> Any:
+        """Retry a broker operation (:func:`~stream_dp.retry.retry`: exponential
+        back-off with full jitter). ``bounded``: give up after
+        ``kafka.give_up_after_s`` (BrokerUnavailableError — the caller holds state that must
+        not wait for ever); otherwise until it succeeds or the worker stops."""
+        give_up_after_s = self.config.kafka.give_up_after_s
+
+        def failed(exc: BaseException) -> None:
+            self.metrics.broker_errors.inc()
+            self.health.set("producer_connected", False)
+
+        def exhausted(exc: BaseException) -> BaseException:
+            return BrokerUnavailableError(
+                f"{what} kept failing for {give_up_after_s:g} s ({type(exc).__name__}); "
+                "stopping without committing so that a restart redoes what was not safely "
+                "done (raise kafka.give_up_after_s to wait longer)"
+            )
+
+        return await retry(
+            what,
+            op,
+            retry_on=(KafkaError,),
+            never_retry=MEMBERSHIP_ERRORS,
+            deadline_s=give_up_after_s if bounded else None,
+            exhausted=exhausted,
+            give_up=lambda failures: self._stopping.is_set() and failures > 2,
+            on_failure=failed,
+        )
+
+    async def send(
+        self, topic: str, key: str | None, value: bytes, *, partition: int | None = None
+    ) -> int:
+        """Send one record and wait for its acknowledgement (not retried); its offset."""
+        assert self.producer is not None
+        if topic == self._ledger_topic and self._faults.ledger_delay_s:
+            await asyncio.sleep(self._faults.ledger_delay_s)
+        sent = await self.producer.send_and_wait(
+            topic, value, key=None if key is None else key.encode(), partition=partition
+        )
+        return int(sent.offset)
+
+    async def send_many(
+        self, topic: str, items: Sequence[Outgoing], headers: Headers = ()
+    ) -> None:
+        """Send a batch, each record with ``headers``, and wait for every acknowledgement
+        (retried as a whole, bounded)."""
+        assert self.producer is not None
+        producer = self.producer
+        if topic == self._ledger_topic and self._faults.ledger_delay_s:
+            await asyncio.sleep(self._faults.ledger_delay_s)
+        await self.retry(
+            f"produce to {topic}", lambda: send_all(producer, topic, items, headers)
+        )
+        self.health.set("producer_connected", True)
+
+    async def publish_output(self, rel: LedgerRelease) -> None:
+        """A release's output records, all on the (query, window)'s partition, the window
+        record last (encoded off the loop when large)."""
+        parts = self.output_partitions
+        target = parts[output_partition(rel.query, rel.window_start_s, len(parts))]
+        if len(rel.records) > OFF_LOOP_RECORDS:
+            values = await run_off_loop(output_values, rel)
+        else:
+            values = output_values(rel)
+        items = [(k, v, target) for k, v in values]
+        await self.send_many(self.config.output.topic, items, OUTPUT_HEADERS)
+
+    async def publish_dead_letters(self, dead: Sequence[DeadLetter]) -> None:
+        """Bad input to the dead-letter topic, keyed by where it came from."""
+        now = time.time()
+        items: list[Outgoing] = []
+        for d in dead:
+            topic = d.topic or self.config.input.topic
+            record = dead_letter_record(
+                reason=d.reason,
+                detail=d.detail,
+                source_topic=topic,
+                source_partition=d.partition,
+                source_offset=d.offset,
+                payload=d.payload,
+                now_s=now,
+            )
+            items.append((f"{topic}|{d.partition}|{d.offset}", dumps(record), None))
+        await self.send_many(self.config.output.dead_letter_topic, items)
+
+    async def flush(self) -> None:
+        if self.producer is not None:
+            await self.producer.flush()
+
+    async def stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()

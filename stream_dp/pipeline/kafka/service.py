@@ -1,0 +1,94 @@
+"""The worker as a service: broker (embedded if asked), topics, HTTP endpoints, signals.
+
+SIGTERM/SIGINT once: stop fetching, flush, commit what is safe, exit 0 (open windows are
+not released early — invariant 7). A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+
+from stream_dp.broker.durability import verify_durable_topics
+from stream_dp.broker.embedded import EmbeddedBroker
+from stream_dp.broker.topics import apply_topics
+from stream_dp.config.model import Config
+from stream_dp.ops.health import Health
+from stream_dp.ops.http import start_http_server
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.formats.decode import REASONS
+from stream_dp.pipeline.kafka.worker import Worker
+from stream_dp.privacy.pseudonymize import KeyRing
+
+log = logging.getLogger(__name__)
+
+#: Upper bound on a graceful shutdown before the process gives up waiting.
+SHUTDOWN_TIMEOUT_S = 30.0
+
+
+@contextlib.asynccontextmanager
+async def bootstrap_for(config: Config) -> AsyncIterator[str]:
+    """The broker address: the configured one, or an embedded broker started for this run."""
+    if not config.kafka.embedded:
+        yield config.kafka.bootstrap_servers
+        return
+    broker = EmbeddedBroker()
+    await broker.astart()
+    log.info("embedded broker started on %s", broker.bootstrap_servers)
+    try:
+        yield broker.bootstrap_servers
+    finally:
+        broker.stop()
+
+
+def install_signal_handlers(on_first: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def handler(signum: int) -> None:
+        if on_first.is_set():
+            log.warning("second signal: exiting at once")
+            os._exit(128 + signum)
+        log.info("signal %d: shutting down gracefully", signum)
+        on_first.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, handler, sig)
+
+
+async def run_worker(
+    config: Config, keyring: KeyRing, *, stop: asyncio.Event | None = None
+) -> None:
+    """Run one worker until ``stop`` is set (or a signal arrives)."""
+    stop = stop if stop is not None else asyncio.Event()
+    install_signal_handlers(stop)
+    metrics = Metrics(reasons=REASONS)
+    health = Health(metrics=metrics)
+    async with bootstrap_for(config) as bootstrap:
+        created = await apply_topics(config, bootstrap, include_input=config.kafka.embedded)
+        if created:
+            log.info("created topics: %s", ", ".join(created))
+        # Refuse a ledger (or erasure log, cumulative state) the broker would delete from.
+        await verify_durable_topics(config, bootstrap)
+        server = None
+        if config.metrics.enabled:
+            server = await start_http_server(
+                config.metrics.host, config.metrics.port, metrics, health
+            )
+            log.info("metrics and health on http://%s:%d", config.metrics.host, server.port)
+        worker = Worker(
+            config, keyring, bootstrap_servers=bootstrap, metrics=metrics, health=health
+        )
+        task = asyncio.create_task(worker.run())
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            worker.request_stop()
+            await asyncio.wait_for(task, timeout=SHUTDOWN_TIMEOUT_S)
+        finally:
+            stopper.cancel()
+            if server is not None:
+                await server.close()

@@ -1,0 +1,518 @@
+"""The streaming worker on aiokafka: the Kafka transport around the two stages.
+
+Every worker is one member of one consumer group subscribed to the input topic, the
+partials topic and (for input not keyed by user) the repartition topic; Kafka spreads the
+partitions of all of them over the members. One code path: a single worker runs every stage.
+
+* Stage 0 (input partitions, ``input.keyed_by_user: false``): pseudonymize, re-key by
+  pseudonym to the repartition topic (packed records: one per fetched batch and repartition
+  partition); input offsets are committed once that is acknowledged.
+* Stage 1 (partitions of the input, or of the repartition topic): window and bound
+  (:class:`IngestStage`). When a partition's watermark passes a window's end, its bounded
+  partial totals go to the window's partials partition; once they are acknowledged, the
+  partition's watermark goes to every partials partition, and the window's input offsets
+  may be committed. Watermarks are re-sent every second, so a restarted owner soon has them.
+* Stage 2 (partials partitions, :class:`ReleaseStage`): merge one version per source
+  partition; every covered window, once every source has passed it, is released once:
+
+1. check this member still owns the window's partials partition; for cumulative queries,
+   continue their running totals' state (:mod:`stream_dp.pipeline.stages.cumulative`: read the
+   continual partition to a fence, draw the window's step once, write it, read it back —
+   or wait while the previous window's state is not durable); then draw the release
+   (noise, budget charged) — in memory only;
+2. write every ledger part to the window's ledger partition and wait for the broker's
+   acknowledgement; 3. write a fence behind them and read that partition back to it;
+4. publish the ledger's *winner* of each (query, window) — the first complete draw in log
+   order, ours or an earlier one — then its ``published`` marker;
+5. drop the window's state, write the partition's ``progress`` record, commit.
+
+Steps 1–5 are :class:`~stream_dp.pipeline.release_driver.ReleaseDriver`'s, the one
+release protocol, here on the Kafka transport (:mod:`.kafka_transport`); ``stream-dp
+replay`` runs the same driver in memory (:mod:`.local`).
+
+The worker keeps the lifecycle and the loop; its collaborators are named parts:
+:class:`~.membership.Membership` (group membership, taking and dropping partitions, safe
+commits), :class:`~.publisher.Publisher` (every write, under the one retry policy),
+:class:`~.ledger_reader.LedgerReader` (the ledger and continual topics, read to fences),
+:class:`~.topology_watch.TopologyWatch` (partition counts), :class:`~.deployment.Deployment`
+(the records a deployment's first start writes and every start checks) and
+:class:`~.faults.Faults` (test-only fault injection, off by default).
+
+Sealing (stage 1) and the draw of step 1 with its ledger encoding run in a thread
+(:mod:`stream_dp.pipeline.stages.offload`) while the iteration waits for them: the event loop keeps
+fetching, answering the group coordinator and serving /metrics during a large window.
+
+Two members racing for one window (one paused past the session timeout, then resumed)
+therefore publish the same values (:mod:`stream_dp.pipeline.formats.ledger`). A crash
+before 2 leaves
+no complete draw: nothing was published, the window is rebuilt from the re-read partials and
+drawn then. A crash after 2 leaves a draw in the ledger: it is read back at start and
+whenever partials partitions move here, republished unchanged, never recomputed.
+
+Erasure (docs/erasure.md; ``erasure.enabled``): :class:`WorkerErasure` reads requests and
+the erasure log; before step 1 the releaser writes the window's ``cut`` and draws only once
+the window's partials applied the erasures recorded before it.
+
+Failures: a member told it lost its membership or generation (commit, heartbeat) counts it,
+keeps running and lets the group's rejoin hand it its partitions again (their state is
+dropped and rebuilt). A broker write that keeps failing for ``kafka.give_up_after_s`` stops
+the worker *without committing* (a supervisor restarts it): nothing is retried for ever
+while holding the lock the rebalance callbacks need. A ledger read that fails when
+partitions arrive pauses those partials partitions until it succeeds. A ledger found lost
+(at start, or going backwards under the worker) is an outage, never a re-release
+(:mod:`stream_dp.pipeline.kafka.ledger_guard`): nothing more is released until it is rebuilt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+
+from stream_dp.broker.client_options import client_kwargs
+from stream_dp.broker.probe import wait_for_broker
+from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
+from stream_dp.config.model import Config
+from stream_dp.errors import BrokerError
+from stream_dp.ops.health import Health
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.faults import Faults
+from stream_dp.pipeline.formats.continual_state import ContinualStore
+from stream_dp.pipeline.formats.decode import REASONS
+from stream_dp.pipeline.formats.ledger import LedgerIndex
+from stream_dp.pipeline.formats.partials import RecordTooLargeError
+from stream_dp.pipeline.kafka.clock_skew import observe_clock_skew
+from stream_dp.pipeline.kafka.deployment import Deployment
+from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
+from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
+from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard, LedgerLostError
+from stream_dp.pipeline.kafka.ledger_log import LogRewoundError
+from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
+from stream_dp.pipeline.kafka.membership import MAX_RECORDS_PER_FETCH, Membership, Stages
+from stream_dp.pipeline.kafka.producing import Outgoing
+from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS, Publisher
+from stream_dp.pipeline.kafka.stage_output import StageOutput
+from stream_dp.pipeline.kafka.topology_watch import TopologyError, TopologyWatch
+from stream_dp.pipeline.release_driver import ReleaseDriver
+from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage
+from stream_dp.pipeline.stages.ingest_columns import FetchedRecords
+from stream_dp.pipeline.stages.late_events import LateEventsNotice
+from stream_dp.pipeline.stages.release_stage import ExactTotalsObserver, ReleaseStage
+from stream_dp.privacy.pseudonymize import KeyRing
+from stream_dp.windows import TumblingWindows
+from stream_dp.windows.tumbling import iso_utc
+
+log = logging.getLogger(__name__)
+
+#: The wait after a fetch failed, before the next fetch.
+FETCH_RETRY_S = 0.5
+BROKER_PROBE_INTERVAL_S = 1.0
+BROKER_PROBE_TIMEOUT_S = 2.0
+#: Windows released per loop iteration at most (a backlog of empty windows after a long
+#: outage must not keep the loop from fetching, committing and heartbeating).
+MAX_RELEASES_PER_ITERATION = 32
+#: A graceful stop (flush, commit, leave the group, close) takes at most this long in all,
+#: below the service's SHUTDOWN_TIMEOUT_S, even when the broker does not answer.
+SHUTDOWN_BUDGET_S = 20.0
+
+__all__ = ["TopologyError", "Worker"]
+
+
+class Worker:
+    """One member of the consumer group: the lifecycle and the loop; the rest is delegated
+    to the named collaborators of the module docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        keyring: KeyRing,
+        *,
+        bootstrap_servers: str | None = None,
+        metrics: Metrics | None = None,
+        health: Health | None = None,
+        exact_totals_observer: ExactTotalsObserver | None = None,
+    ) -> None:
+        self.config = config
+        self._observe_exact = exact_totals_observer
+        self.keyring = keyring
+        self.bootstrap = bootstrap_servers or config.kafka.bootstrap_servers
+        self.metrics = metrics if metrics is not None else Metrics(reasons=REASONS)
+        w = config.window
+        self.metrics.set_config(w.size_s, w.grace_s, w.idle_close_s, config.input.max_future_s)
+        self.health = health if health is not None else Health(metrics=self.metrics)
+        self.health.set("topology_stable", True)
+        self.ingest: IngestStage | None = None
+        self.release: ReleaseStage | None = None
+        self.driver: ReleaseDriver | None = None
+        self.ledger = LedgerIndex()
+        #: Cumulative queries' running-total state (the continual topic), when there are any.
+        self.continual_store = ContinualStore()
+        self._stopping = asyncio.Event()
+        self._faults = Faults.from_environment()
+        metrics, health, stopping = self.metrics, self.health, self._stopping
+        self.publisher = Publisher(
+            config, metrics=metrics, health=health, stopping=stopping, faults=self._faults
+        )
+        self.membership = Membership(
+            config, metrics=metrics, health=health, stopping=stopping, faults=self._faults
+        )
+        size_s = config.window.size_s
+        self.topology = TopologyWatch(
+            self.publisher, metrics=metrics, health=health, window_size_s=size_s
+        )
+        self.output = StageOutput(config, self.publisher, faults=self._faults)
+        self._reader: LedgerReader | None = None
+        self._common: dict[str, Any] = {}
+        self._broker_ok = True
+        self._leaderless: set[TopicPartition] = set()
+        self._partials_partitions: list[int] = []
+        self._ledger_partitions: list[int] = []
+        self._continual_partitions: list[int] = []
+        #: A lost ledger (deleted, recreated, renamed) is an outage: see ledger_guard.
+        self._ledger_guard: LedgerGuard | None = None
+        #: What this worker's partials and releases mean (set at start, from the
+        #: configuration and the internal topics' partition counts).
+        self.fingerprint: Fingerprint | None = None
+        self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
+        out = config.output
+        self._input_topic, self._keyed = config.input.topic, config.input.keyed_by_user
+        self._stage1_topic = self.membership.stage1_topic
+        self._partials_topic = out.partials_topic
+        self._ledger_topic = out.ledger_topic
+        self._continual_topic = out.continual_topic
+        self._max_bytes = config.kafka.max_message_bytes
+        #: Erasure requests, log and release gate (docs/erasure.md); None when off.
+        self._erasure: WorkerErasure | None = None
+        self._requests_topic = self.membership.requests_topic
+        for q in config.queries:
+            self.metrics.add_query(q.name)
+        self._late_notice = LateEventsNotice(self.metrics, config.window.start_at)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Run until :meth:`request_stop`; then stop fetching, flush, commit and close.
+
+        Any other way out (an error) closes the clients *without committing*: what was
+        not safely done is redone by whoever takes the partitions next.
+        """
+        kafka = self.config.kafka
+        common = self._common = client_kwargs(kafka, bootstrap_servers=self.bootstrap)
+        await self.publisher.start(common)
+        guard = self._ledger_guard = LedgerGuard(
+            self.config, metrics=self.metrics, health=self.health, client_options=common
+        )
+        monitor = asyncio.create_task(self._monitor_broker())
+        graceful = False
+        membership = self.membership
+        try:
+            await self._start_stages()
+            consumer = membership.subscribe(common)
+            await self.publisher.retry("start consumer", consumer.start, bounded=False)
+            await self._loop()
+            graceful = True
+        except RecordTooLargeError:
+            self.metrics.records_too_large.inc()
+            raise
+        except (LedgerLostError, LogRewoundError) as exc:
+            await guard.hold(exc, membership.consumer, self._stopping)
+        finally:
+            monitor.cancel()
+            await self._shutdown(commit=graceful)
+
+    async def _internal_topics(self) -> None:
+        """The internal topics' partitions (retried until known), recorded to watch."""
+        partitions = self.publisher.partitions
+        self._ledger_partitions = await partitions(self._ledger_topic)
+        self._partials_partitions = await partitions(self._partials_topic)
+        self.output.partials_partitions = self._partials_partitions
+        self.publisher.output_partitions = await partitions(self.config.output.topic)
+        if not self._keyed:
+            self.output.routed_to = await partitions(self._stage1_topic)
+        self.topology.record(self._ledger_topic, len(self._ledger_partitions), fixed=True)
+        self.topology.record(self._partials_topic, len(self._partials_partitions), fixed=True)
+        if any(q.cumulative for q in self.config.queries):
+            self._continual_partitions = await partitions(self._continual_topic)
+            count = len(self._continual_partitions)
+            self.topology.record(self._continual_topic, count, fixed=True)
+
+    async def _start_stages(self) -> None:
+        """Read the ledger, fix the first covered window, check a key rotation, build stages."""
+        await self._internal_topics()
+        reader = self._reader = LedgerReader(
+            self._ledger_topic, self.ledger, publisher=self.publisher, client_options=self._common
+        )
+        await reader.start_ledger(self._ledger_partitions)
+        fingerprint = self.fingerprint = deployment_fingerprint(
+            self.config,
+            Topology(
+                partials_partitions=len(self._partials_partitions),
+                ledger_partitions=len(self._ledger_partitions),
+                continual_partitions=len(self._continual_partitions),
+            ),
+        )
+        assert self._ledger_guard is not None
+        deployment = Deployment(
+            self.config,
+            self.ledger,
+            fingerprint,
+            publisher=self.publisher,
+            reader=reader,
+            guard=self._ledger_guard,
+            ledger_partition=self._ledger_partitions[0],
+            group_topics=self.membership.group_topics(),
+        )
+        coverage = await deployment.coverage()
+        await deployment.settle_fingerprint()
+        await deployment.check_rotation()
+        release = self.release = ReleaseStage(
+            self.config,
+            partials_partitions=len(self._partials_partitions),
+            ledger=self.ledger,
+            metrics=self.metrics,
+            exact_totals_observer=self._observe_exact,
+            key_id_of=lambda ws: self.keyring.for_window(ws).key_id,
+            continual_store=self.continual_store,
+            continual_partitions=max(1, len(self._continual_partitions)),
+            fingerprint=fingerprint.digest,
+        )
+        if self.ledger.partials_partitions not in (None, len(self._partials_partitions)):
+            raise TopologyError(
+                f"the partials topic {self._partials_topic} has "
+                f"{len(self._partials_partitions)} partitions but this deployment's ledger was "
+                f"written with {self.ledger.partials_partitions}: windows would be released by "
+                "two owners. Restore the partition count, or start a new deployment (a new "
+                "kafka.group_id) with window.start_at after its last released window"
+            )
+        release.set_coverage(coverage)
+        release.adopt_ledger()
+        if self._continual_partitions:
+            # Horizons whose every window is released are skipped while reading.
+            release.forget_finished_horizons()
+            await reader.start_continual(
+                self._continual_topic, self.continual_store, self._continual_partitions
+            )
+        ingest = self.ingest = IngestStage(
+            self.config, self.keyring, released=release, metrics=self.metrics
+        )
+        # Silence is idleness only where a fetch found the reader at the log's end.
+        ingest.require_read_proof = True
+        ingest.routed_partitions = max(1, len(self.output.routed_to))
+        ingest.fingerprint = fingerprint.digest
+        if self.config.erasure.enabled:
+            self._erasure = WorkerErasure(
+                self.config,
+                self.keyring,
+                metrics=self.metrics,
+                client_options=self._common,
+                send_many=self.publisher.send_many,
+                retry=lambda what, op, bounded: self.publisher.retry(what, op, bounded=bounded),
+            )
+            await self._erasure.start(ingest, release)
+        self.driver = self._release_driver(release, reader)
+        self.membership.stages = Stages(
+            ingest, release, self.driver, reader, self.topology, self._erasure
+        )
+        self.metrics.ledger_windows_loaded.inc(len(self.ledger))
+        self.health.set("ledger_loaded", True)
+        log.info(
+            "ledger loaded: %d records; first covered window %s",
+            self.ledger.records_read,
+            iso_utc(coverage),
+        )
+
+    def _release_driver(self, release: ReleaseStage, reader: LedgerReader) -> ReleaseDriver:
+        """The release protocol on the Kafka transport."""
+        transport = KafkaTransport(
+            self.publisher,
+            reader,
+            ledger_topic=self._ledger_topic,
+            continual_topic=self._continual_topic,
+            owns=lambda ws: self.membership.owns_partials(self.output.partials_partition_of(ws)),
+        )
+        return ReleaseDriver(
+            release,
+            transport,
+            partials_partitions=self._partials_partitions,
+            ledger_partitions=self._ledger_partitions,
+            continual_partitions=self._continual_partitions,
+            max_bytes=self._max_bytes,
+            metrics=self.metrics,
+            erasure=self._erasure,
+            faults=self._faults,
+        )
+
+    async def _shutdown(self, *, commit: bool) -> None:
+        """Flush, commit what is safe (only on a graceful stop), leave the group. Open
+        windows are NOT released. Every step shares one deadline (SHUTDOWN_BUDGET_S), so an
+        unreachable broker cannot make the stop outlast the service's patience."""
+        deadline = time.monotonic() + SHUTDOWN_BUDGET_S
+
+        async def step(op: Callable[[], Awaitable[Any]]) -> None:
+            remaining = deadline - time.monotonic()
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(op(), timeout=max(0.1, remaining))
+
+        consumer = self.membership.consumer
+        try:
+            await step(self.publisher.flush)
+            if commit and consumer is not None and self.ingest is not None:
+                await step(self.membership.commit)
+        finally:
+            if consumer is not None:
+                await step(consumer.stop)
+            for reader in self._reader.readers() if self._reader is not None else []:
+                await step(reader.stop)
+            if self._erasure is not None:
+                await step(self._erasure.stop)
+            await step(self.publisher.stop)
+            self.health.set("partitions_assigned", False)
+            self.health.set("producer_connected", False)
+
+    async def _monitor_broker(self) -> None:
+        """Probe the broker (not ready while it does not answer; liveness is unaffected) and
+        the leaders of assigned partitions (a leaderless partition is an outage)."""
+        while not self._stopping.is_set():
+            try:
+                await wait_for_broker(
+                    self.bootstrap, BROKER_PROBE_TIMEOUT_S, kafka=self.config.kafka
+                )
+                ok = True
+            except BrokerError:
+                ok = False
+            if ok != self._broker_ok:
+                log.warning("broker %s", "reachable again" if ok else "unreachable")
+                if ok and self.ingest is not None:
+                    self.ingest.restart_idle_clocks(time.monotonic())
+            self._broker_ok = ok
+            self.health.set("producer_connected", ok)
+            self._leaderless = self.membership.partitions_without_leader()
+            await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
+
+    # -- the loop ---------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        membership = self.membership
+        while not self._stopping.is_set():
+            try:
+                batch = await membership.fetch()
+                if batch is None:
+                    break
+            except MEMBERSHIP_ERRORS as exc:
+                membership.membership_lost(exc)
+                continue
+            except KafkaError as exc:
+                self.metrics.broker_errors.inc()
+                log.warning("fetch failed (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(FETCH_RETRY_S)
+                continue
+            async with membership.lock:
+                await self._iteration(batch)
+            if membership.fatal is not None:
+                raise membership.fatal
+            self.health.beat()
+
+    async def _iteration(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        membership = self.membership
+        consumer, ingest, release = membership.consumer, self.ingest, self.release
+        assert consumer is not None and ingest is not None and release is not None
+        # Records of partitions not taken yet were fetched before they were assigned again:
+        # they are read again from the committed offset once taken.
+        waiting = set(membership.to_take)
+        if waiting:
+            await membership.take_assigned()
+        if self._erasure is not None:
+            await self._erasure.follow()
+        requests: list[tuple[int, list[tuple[int, bytes | None]]]] = []
+        started = time.perf_counter()
+        now, mono = time.time(), time.monotonic()
+        observe_clock_skew(self.metrics, batch, self._input_topic, now)
+        dead: list[DeadLetter] = []
+        routed: list[Outgoing] = []
+        routed_positions: dict[int, int] = {}
+        owned = consumer.assignment() & membership.owned.keys()
+        for tp, msgs in batch.items():
+            if not msgs or tp not in owned or tp in waiting:
+                continue  # revoked while fetched (its new owner reads it), or not taken yet
+            high = consumer.highwater(tp)
+            if high is not None:  # every topic read: input, repartition and partials
+                self.metrics.set_consumer_lag(tp.topic, tp.partition, high - msgs[-1].offset - 1)
+            if tp.topic == self._partials_topic:
+                release.ingest(tp.partition, [(m.offset, m.value) for m in msgs])
+                continue
+            if tp.topic == self._requests_topic:
+                requests.append((tp.partition, [(m.offset, m.value) for m in msgs]))
+                continue
+            records = FetchedRecords(msgs)
+            if tp.topic == self._stage1_topic:
+                dead.extend(
+                    ingest.ingest(
+                        tp.partition,
+                        records,
+                        now_s=now,
+                        now_mono_s=mono,
+                        routed=not self._keyed,
+                        topic=self._stage1_topic,
+                    )
+                )
+            elif tp.topic == self._input_topic:
+                out, bad = ingest.route_packed(tp.partition, records, now_s=now, now_mono_s=mono)
+                routed.extend((k, v, self.output.routed_to[target]) for k, v, target in out)
+                dead.extend(bad)
+                routed_positions[tp.partition] = msgs[-1].offset + 1
+        membership.prove_read_to_end(owned, waiting, now, mono)
+        if sum(len(msgs) for msgs in batch.values()) >= MAX_RECORDS_PER_FETCH or self._leaderless:
+            # A full fetch: the worker is behind, so a partition that delivered nothing may
+            # just not have had its turn; a partition without a leader is an outage. Nothing
+            # is idle then.
+            ingest.restart_idle_clocks(mono)
+        if batch:
+            self._faults.reached("after_ingest")
+        if requests and self._erasure is not None:
+            reader = self._reader
+            assert reader is not None
+            dead.extend(
+                await self._erasure.handle_requests(
+                    requests,
+                    release=release,
+                    read_ledger=lambda: reader.catch_up_ledger(None, bounded=True),
+                    include_payload=self.config.output.dead_letter_include_payload,
+                )
+            )
+        if dead:
+            await self.publisher.publish_dead_letters(dead)
+        await self.output.route(ingest, routed, bool(routed_positions), mono)
+        # Only now are the routed events acknowledged: their input may be committed.
+        membership.routed_positions.update(routed_positions)
+        # During an outage nothing can be published, and silence is not idleness.
+        if self._broker_ok:
+            await self._seal_and_release(mono)
+        self._late_notice.observe(release.coverage_start_s, mono)
+        await membership.commit_in_loop()
+        if batch:
+            self.metrics.batch_processing.observe(time.perf_counter() - started)
+
+    async def _seal_and_release(self, mono: float) -> None:
+        """Stage 1 seals due windows and sends watermarks; stage 2 releases due windows."""
+        ingest, release, driver = self.ingest, self.release, self.driver
+        assert ingest is not None and release is not None and driver is not None
+        await self.output.seal(ingest, mono)
+        for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
+            if await driver.release_window(ws) is None:
+                break
+        reader = self._reader
+        assert reader is not None
+        if self._erasure is not None:
+            await self._erasure.housekeeping(ingest, release, reader.poll, mono)
+        await reader.read_awaited_bounds(ingest, release, driver.ledger_partition_of, mono)
+        watermark = release.watermark_s()
+        if watermark is not None:
+            self.metrics.watermark.set(watermark)
+            self.topology.settle(watermark)

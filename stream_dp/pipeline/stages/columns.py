@@ -1,0 +1,160 @@
+"""A fetched batch of input records as columns: one decode call per record, the rest per batch.
+
+The per-record path (:meth:`Decoder.decode_parts`, then a loop over the events) checks and
+routes each event with a few dozen interpreted steps. Most batches are all good events of
+the common form — a JSON object with a string or integer user, an epoch-number or ISO-8601
+time, scalar query fields — and for them :func:`decode_columns` checks whole columns at
+once (the set of value types in a column, numpy range checks) and hands back the users,
+times and query fields as columns. If anything in the batch is not of that form (one bad
+record, a value of another type), it returns None and the caller takes the per-record path
+for the batch, so results — dead letters and their reasons included — are identical.
+
+:func:`intern_signatures` numbers the batch's signatures (the values of the fields queries
+use), and :func:`pseudonym_columns` pseudonymizes each distinct user of the batch once; raw
+ids live only in those batch-local tables, never in state.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from stream_dp.pipeline.formats.decode import (
+    EPOCH_MS_CUTOFF,
+    MAX_USER_ID_CHARS,
+    MIN_EVENT_TIME_S,
+    Decoder,
+    parse_event_time,
+)
+from stream_dp.privacy.group_values import canonical_value
+from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES
+
+_PLAIN_SCALARS = frozenset((str, int, type(None)))
+_SCALARS = frozenset((str, int, type(None), bool, float))
+_NUMBERS = frozenset((int, float, type(None)))
+_TIME_VALUES = frozenset((int, float, str))
+
+
+@dataclass(slots=True)
+class EventColumns:
+    """The events of a batch whose every record is a usable event."""
+
+    #: Raw user ids (batch-local only).
+    users: list[str | int]
+    #: Event times, Unix seconds.
+    times: np.ndarray
+    #: Per field the queries use (in signature order), its values (scalars canonical).
+    fields: list[list[Any]]
+
+
+def decode_columns(
+    decoder: Decoder, fields: Sequence[str], values: Sequence[bytes | None], now_s: float
+) -> EventColumns | None:
+    """The batch as columns, or None if any record needs the per-record path."""
+    n = len(values)
+    if n == 0 or None in values:
+        return None
+    if max(map(len, values)) > decoder.max_record_bytes:  # type: ignore[arg-type]
+        return None
+    try:
+        objs = list(map(orjson.loads, values))  # type: ignore[arg-type]
+    except orjson.JSONDecodeError:
+        return None
+    if set(map(type, objs)) != {dict}:
+        return None
+    users = list(map(operator.methodcaller("get", decoder.user_field), objs))
+    user_types = set(map(type, users))
+    if not user_types <= {str, int}:
+        return None
+    if str in user_types:
+        lengths = [len(u) for u in users if type(u) is str]
+        if min(lengths) < 1 or max(lengths) > MAX_USER_ID_CHARS:
+            return None
+    times = _times(list(map(operator.methodcaller("get", decoder.time_field), objs)))
+    if times is None:
+        return None
+    if (times.min() < MIN_EVENT_TIME_S or times.max() > now_s + decoder.max_future_s):
+        return None
+    columns: list[list[Any]] = []
+    scalar, numeric = set(decoder.scalar_fields), set(decoder.numeric_fields)
+    for name in fields:
+        column = list(map(operator.methodcaller("get", name), objs))
+        types = set(map(type, column))
+        if name in numeric and not types <= _NUMBERS:
+            return None
+        if name in scalar:
+            if not types <= _SCALARS:
+                return None
+            if not types <= _PLAIN_SCALARS:
+                column = list(map(canonical_value, column))
+        columns.append(column)
+    return EventColumns(users, times, columns)
+
+
+def _times(raw: list[Any]) -> np.ndarray | None:
+    """Event times in seconds (epoch s/ms numbers, ISO-8601 strings with an offset), or
+    None if one is missing or bad."""
+    types = set(map(type, raw))
+    if not types <= _TIME_VALUES:
+        return None
+    if str in types:
+        parsed = [parse_event_time(v) if type(v) is str else v for v in raw]
+        if any(type(p) is str for p in parsed):  # "bad"
+            return None
+        numbers = np.array([type(v) is not str for v in raw])
+        t = np.array(parsed, dtype=np.float64)
+    else:
+        numbers = None
+        t = np.array(raw, dtype=np.float64)
+    milliseconds = np.abs(t) >= EPOCH_MS_CUTOFF
+    if numbers is not None:
+        milliseconds &= numbers
+    t[milliseconds] /= 1000.0
+    return t
+
+
+def intern_signatures(
+    columns: Sequence[Sequence[Any]],
+    signature_ids: dict[tuple[Any, ...], int],
+    signatures: list[tuple[Any, ...]],
+) -> np.ndarray:
+    """The id of each event's signature (the tuple of its query fields), interning new ones
+    into the shared table."""
+    if len(columns) == 1:
+        sigs: Sequence[tuple[Any, ...]] = [(v,) for v in columns[0]]
+    else:
+        sigs = list(zip(*columns, strict=True))
+    get = signature_ids.get
+    ids = list(map(get, sigs))
+    if None in ids:
+        for i, sig in enumerate(sigs):
+            if ids[i] is None:
+                sid = get(sig)
+                if sid is None:
+                    sid = signature_ids[sig] = len(signatures)
+                    signatures.append(sig)
+                ids[i] = sid
+    return np.array(ids, dtype=np.int32)
+
+
+def distinct_index(values: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
+    """(distinct values in first-seen order, each value's position among them)."""
+    positions: dict[Any, int] = {}
+    setdefault = positions.setdefault
+    index = [setdefault(v, len(positions)) for v in values]
+    return list(positions), np.array(index, dtype=np.int64)
+
+
+def pseudonym_columns(
+    ids: Sequence[str | int], pseudonymize: Callable[[str | int], bytes]
+) -> bytes | None:
+    """The pseudonyms of distinct (normalised) ids, concatenated; None if one is empty."""
+    out = b"".join(map(pseudonymize, ids))
+    if len(out) != PSEUDONYM_BYTES * len(ids):
+        return None
+    return out

@@ -1,0 +1,548 @@
+"""Stage 1 of the worker, without Kafka: decode, pseudonymize, window, bound → partials.
+
+Whoever owns a partition of the stage-1 topic (the input topic when producers key by user
+id, else the repartition topic) keeps, per open window, a :class:`UserSamples` — columns of
+(pseudonym, random priority, item), at most k items per pseudonym once compacted, items being
+ids of interned event signatures — and the first offset the window needs.
+A user's events all live in one partition, so bounding per partition bounds per user.
+Records come in through :meth:`IngestStage.ingest` (the per-record path and entry point,
+:mod:`~stream_dp.pipeline.stages.ingest_records`; whole batches as columns where possible,
+:mod:`~stream_dp.pipeline.stages.ingest_columns`); this module holds the state, sealing, erasure
+and the offsets to commit.
+
+Each partition has its own watermark (largest event time − grace; by wall clock once the
+partition is idle). When it passes a window's end the partition *seals* the window: its
+exact bounded totals per query and key become one :class:`Partial` per query (a fresh
+version id), and after they are published the window's state is dropped. Stage 2 merges
+the partials of every source partition and adds noise once.
+
+Offsets are committed only up to the earliest offset a window not yet sealed (published)
+still needs; after a crash the replayed records rebuild the samples.
+
+Only valid, accepted events move a partition's activity clock and watermark: a partition
+that delivers nothing but bad, late or replayed records is idle (it cannot stall every
+window), and an event stamped ahead of the wall clock (up to ``input.max_future_s``) is kept
+but moves the watermark no further than the clock. Events before the first covered window
+are late. Keyed input is checked, not trusted: a record on a partition its key does not map
+to is dead-lettered (``misplaced_key``, see :mod:`~stream_dp.pipeline.stages.placement`).
+
+Stage 0, for input not keyed by user, is :class:`~stream_dp.pipeline.stages.router.RoutingStage`
+(decode, pseudonymize, re-key by pseudonym onto the repartition topic); an
+:class:`IngestStage` holds one as :attr:`IngestStage.router` and passes the transport's
+stage-0 calls (:meth:`IngestStage.route_packed`, :meth:`IngestStage.progress_marks`, …) to
+it. Stage 1 drops a repartitioned record it already saw (by source partition and offset)
+and keeps only those pseudonymized under the window's key.
+
+String user ids are normalised (``input.user_id_normalization``) before they are
+pseudonymized, in both stages: the batch-local pseudonym cache is keyed by the raw id, so
+normalisation runs once per distinct id and batch, not per event. With keyed input the
+record key must be the *normalised* id: two spellings of one user keyed by their raw ids
+could sit on two partitions and be bounded twice.
+
+Erasure (docs/erasure.md; on when the transport sets :attr:`IngestStage.erasures`): both
+stages drop the events of erased pseudonyms on arrival, :meth:`IngestStage.apply_erasures`
+removes newly erased users from every window held, and with :attr:`keep_sealed` a sealed
+window's state stays until its release is known, so that an erasure arriving in between
+re-seals it without the user (:meth:`IngestStage.reseal_due`). Every partial says up to
+which erasure-log position it applied erasures (``erasures_through``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random  # only the type of a seed for the sampling PRNG (see new_sampling_generator)
+from collections.abc import Iterable, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from stream_dp.config.model import Config
+from stream_dp.errors import StreamDPError
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.formats.decode import BadRecord
+from stream_dp.pipeline.formats.partials import Partial, SourceWatermark, new_version
+from stream_dp.pipeline.stages.auto_bounds import auto_seal_plan
+from stream_dp.pipeline.stages.ingest_columns import (
+    DeadLetter,
+    InputRecord,
+    ReleasedWindows,
+    WindowPart,
+    dead_letter,
+    empty_user_record,
+    input_decoder,
+)
+from stream_dp.pipeline.stages.ingest_records import RecordIngest, user_key
+from stream_dp.pipeline.stages.placement import (
+    partition_function,
+    partitions_function,
+)
+from stream_dp.pipeline.stages.queries import CompiledQuery
+from stream_dp.pipeline.stages.router import RoutingStage
+from stream_dp.privacy.adaptive_bounds import BoundsTriple
+from stream_dp.privacy.bounding import bounded_totals_columns, new_sampling_rng
+from stream_dp.privacy.erasure import Erasure, ErasureSet
+from stream_dp.privacy.key_totals import KeyTotals
+from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
+from stream_dp.privacy.user_samples import (
+    SamplingGenerator,
+    first_k_per_user,
+    new_sampling_generator,
+    per_user_items,
+)
+from stream_dp.windows import TumblingWindows, WatermarkTracker
+
+__all__ = ["DeadLetter", "IngestStage", "InputRecord", "ReleasedWindows", "user_key"]
+
+log = logging.getLogger(__name__)
+
+
+#: A partition holding a window for its bounds reports itself sealed this far before the
+#: window's end (the watermark of a source means: windows ending at or before it are out).
+HELD_MARGIN_S = 0.001
+
+#: The signature table is compacted once it holds at least this many entries and has doubled
+#: since it was last compacted.
+SIGNATURES_COMPACT_MIN = 4096
+
+
+class _NothingReleased:
+    coverage_start_s: int | None = None
+
+    def released(self, window_start_s: int) -> bool:
+        return False
+
+    def released_earlier(self, window_start_s: int) -> bool:
+        return False
+
+    def bounds_for(self, window_start_s: int) -> BoundsTriple | None:
+        return None
+
+
+class IngestStage(RecordIngest):
+    def __init__(
+        self,
+        config: Config,
+        keyring: KeyRing,
+        *,
+        released: ReleasedWindows | None = None,
+        metrics: Metrics | None = None,
+        sampling_rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.keyring = keyring
+        # Windows stage 2 knows released: replayed events of them are dropped here rather
+        # than sealed into partials nobody will take — counted as replayed when released
+        # before this process read the ledger, as late when it released them itself. The
+        # first covered window comes from there too.
+        self._windows_released: ReleasedWindows = (
+            released if released is not None else _NothingReleased()
+        )
+        self.metrics = metrics if metrics is not None else Metrics()
+        self._rng = new_sampling_generator(sampling_rng)
+        #: bounds: auto draws its histograms' L0 picks with this one (not a DP draw either)
+        self._py_rng = sampling_rng if sampling_rng is not None else new_sampling_rng()
+        # samples of k (under bounds: auto, of the cap: a window's k is applied at seal)
+        self._bounds = config.bounds.start_bounds().values()
+        self.k = config.bounds.cap_bounds().values()[0]
+        #: bounds: auto — windows due but held until their bounds are decided
+        self.awaiting_bounds: set[int] = set()
+        self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
+        #: Partitions of the stage-1 topic (what stage 2 waits for, and what placement is
+        #: checked against); set by the transport.
+        self.source_partitions = 1
+        #: The deployment fingerprint's digest stamped on every partial (set by the
+        #: transport; :mod:`stream_dp.config.fingerprint`).
+        self.fingerprint = ""
+        #: Dead-letter raw records whose Kafka key is not their user id or that sit on a
+        #: partition their key does not map to (a user's events must share a partition).
+        #: Off where one partition holds everything (replay).
+        self.enforce_user_keys = config.input.keyed_by_user
+        self._partition_of_key = partition_function(config.input.partitioner)
+        self._partitions_of_keys = partitions_function(config.input.partitioner)
+        #: Partitions of the input topic (the sources of each repartition partition).
+        self.input_partitions = 1
+        self._normalization: UserIdNormalization = config.input.user_id_normalization
+        self._normalize = user_id_normalizer(self._normalization)
+        self._empty_user = empty_user_record(config)
+        self.decoder, self._fields, scalar = input_decoder(config)
+        self._scalar_fields = tuple(scalar)
+        self._signatures: list[tuple[Any, ...]] = []
+        self._signature_ids: dict[tuple[Any, ...], int] = {}
+        self._compact_signatures_at = SIGNATURES_COMPACT_MIN
+        self.queries = [CompiledQuery(q, config.bounds, self._fields) for q in config.queries]
+        for q in self.queries:
+            q.bind(self._signatures)
+        self._auto = auto_seal_plan(config, self.queries)
+        self._state: dict[int, dict[int, WindowPart]] = {}
+        self._trackers: dict[int, WatermarkTracker] = {}
+        self._sealed_s: dict[int, float] = {}
+        self._positions: dict[int, int] = {}
+        # Per repartition partition: source partition → largest source offset seen.
+        self._routed_seen: dict[int, dict[int, int]] = {}
+        #: Stage 0, routing this worker's input partitions (input not keyed by user).
+        self.router = RoutingStage(config, keyring, metrics=self.metrics)
+        self._require_read_proof = False
+        self._erasures: ErasureSet | None = None
+        #: The erasure-log position this stage's state has applied (stamped on partials).
+        self.erasures_applied = 0
+        #: Keep sealed windows until their release is known (the worker, with erasure on).
+        self.keep_sealed = False
+        #: Per partition, sealed windows kept for a possible re-seal; and those due one.
+        self._kept: dict[int, set[int]] = {}
+        self._reseal: set[tuple[int, int]] = set()
+
+    # -- partitions ---------------------------------------------------------------------
+    def assign(self, partitions: Iterable[int], now_mono_s: float, *, routed: bool) -> None:
+        """Take partitions of the stage-1 topic; ``routed``: of the repartition topic.
+
+        A partition's watermark tracks its sources: itself, or for a repartition partition
+        every input partition (``input_partitions``), each of which must advance (or go
+        idle) before a window is sealed.
+        """
+        for p in partitions:
+            self._state.setdefault(p, {})
+            if p not in self._trackers:
+                tracker = WatermarkTracker(
+                    grace_s=self.config.window.grace_s,
+                    idle_timeout_s=self.config.window.idle_close_s,
+                    require_read_proof=self.require_read_proof,
+                )
+                if routed:
+                    tracker.expect(range(self.input_partitions))
+                else:
+                    tracker.assign([p], now_mono_s)
+                coverage = self._windows_released.coverage_start_s
+                if coverage is not None:
+                    # Time starts at the first covered window, not at the first event: an
+                    # idle stream still releases its (empty) windows by wall clock.
+                    tracker.start_at(coverage, now_mono_s)
+                self._trackers[p] = tracker
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        """Drop the state of partitions that moved away; their new owner replays them."""
+        for p in partitions:
+            self._state.pop(p, None)
+            self._trackers.pop(p, None)
+            self._sealed_s.pop(p, None)
+            self._positions.pop(p, None)
+            self._routed_seen.pop(p, None)
+            self._kept.pop(p, None)
+            self._reseal = {(q, ws) for q, ws in self._reseal if q != p}
+        self._update_gauges()
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._trackers)
+
+    def read_to_end(self, partition: int, at_mono_s: float, *, input_topic: bool) -> None:
+        """A fetch answer at ``at_mono_s`` found this worker's reader at the end of the
+        partition (of the input topic read by stage 0 if ``input_topic``, else of the
+        stage-1 topic): silence before it is the partition's own, so it may count as idle."""
+        if input_topic:
+            self.router.read_to_end(partition, at_mono_s)
+        else:
+            tracker = self._trackers.get(partition)
+            if tracker is not None:
+                tracker.read_to_end(partition, at_mono_s)
+
+    def restart_idle_clocks(self, now_mono_s: float) -> None:
+        for tracker in self._trackers.values():
+            tracker.restart_idle_clocks(now_mono_s)
+        self.router.restart_idle_clocks(now_mono_s)
+
+    # -- stage 0 (kept here for the transport: the routing stage does the work) --------
+    def assign_routed(self, partitions: Iterable[int], now_mono_s: float) -> None:
+        """Input partitions stage 0 now owns."""
+        self.router.assign_routed(partitions, now_mono_s)
+
+    def forget_routed(self, partitions: Iterable[int]) -> None:
+        """Input partitions stage 0 no longer owns."""
+        self.router.forget_routed(partitions)
+
+    def route(
+        self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
+    ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
+        """Stage 0, one JSON record per event: :meth:`.RoutingStage.route`."""
+        return self.router.route(partition, records, now_s=now_s, now_mono_s=now_mono_s)
+
+    def route_packed(
+        self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
+    ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
+        """Stage 0, packed records: :meth:`.RoutingStage.route_packed`."""
+        return self.router.route_packed(partition, records, now_s=now_s, now_mono_s=now_mono_s)
+
+    def progress_marks(self, now_mono_s: float) -> list[bytes]:
+        """Stage 0's progress marks: :meth:`.RoutingStage.progress_marks`."""
+        return self.router.progress_marks(now_mono_s)
+
+    @property
+    def routed_partitions(self) -> int:
+        """Partitions of the repartition topic (where stage 0 routes); set by the transport."""
+        return self.router.routed_partitions
+
+    @routed_partitions.setter
+    def routed_partitions(self, n: int) -> None:
+        self.router.routed_partitions = n
+
+    @property
+    def require_read_proof(self) -> bool:
+        """Idleness (of stage 0's input partitions and of stage 1's own, read directly)
+        counts only as far as :meth:`read_to_end` proves it (the worker, which reads
+        Kafka); otherwise silence up to now is idleness (offline use, unit tests)."""
+        return self._require_read_proof
+
+    @require_read_proof.setter
+    def require_read_proof(self, required: bool) -> None:
+        self._require_read_proof = self.router.require_read_proof = required
+
+    @property
+    def erasures(self) -> ErasureSet | None:
+        """Erasures in force (docs/erasure.md), in both stages: set by the transport when
+        erasure is on."""
+        return self._erasures
+
+    @erasures.setter
+    def erasures(self, erasures: ErasureSet | None) -> None:
+        self._erasures = self.router.erasures = erasures
+
+    def _dead(
+        self,
+        bad: BadRecord,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        include_payload: bool,
+        topic: str | None = None,
+    ) -> DeadLetter:
+        return dead_letter(self.metrics, bad, partition, offset, value, include_payload, topic)
+
+    def _tracker(self, partition: int, now_mono_s: float, *, routed: bool) -> WatermarkTracker:
+        if partition not in self._trackers:
+            self.assign([partition], now_mono_s, routed=routed)
+        return self._trackers[partition]
+
+    # -- sealing --------------------------------------------------------------------------
+    def open_windows(self) -> list[int]:
+        return sorted({ws for parts in self._state.values() for ws in parts})
+
+    def due(self, now_mono_s: float) -> list[tuple[int, int]]:
+        """(partition, window) pairs whose partition watermark passed the window's end."""
+        out: list[tuple[int, int]] = []
+        self.awaiting_bounds = set()
+        for p, tracker in self._trackers.items():
+            wm = tracker.watermark(now_mono_s)
+            if wm is None:
+                continue
+            closed = sorted(ws for ws in self._state.get(p, {}) if self.windows.is_closed(ws, wm))
+            if self._auto is not None:
+                for i, ws in enumerate(closed):
+                    if self._windows_released.bounds_for(ws) is None:
+                        # bounds: auto — held until its bounds are decided; the partition
+                        # reports itself sealed up to (not including) this window
+                        self.awaiting_bounds.add(ws)
+                        wm = min(wm, self.windows.end_of(ws) - HELD_MARGIN_S)
+                        closed = closed[:i]
+                        break
+            self._sealed_s[p] = wm
+            kept = self._kept.get(p, ())
+            out.extend((p, ws) for ws in closed if ws not in kept)
+        return sorted(out, key=lambda pw: (pw[1], pw[0]))
+
+    def all_open(self) -> list[tuple[int, int]]:
+        """Every (partition, window) with state: sealed at the end of a finite input."""
+        return sorted(
+            (
+                (p, ws)
+                for p, parts in self._state.items()
+                for ws in parts
+                if ws not in self._kept.get(p, ())
+            ),
+            key=lambda pw: (pw[1], pw[0]),
+        )
+
+    def seal(self, partition: int, window_start_s: int) -> list[Partial]:
+        """The partition's exact bounded totals for the window, one partial per query.
+
+        Column work only (numpy): the sample's users and items, each query's key and value
+        per item, L0/Linf bounding and the totals per key. Sealing does not consume the
+        window's state (:meth:`drop` does, once the partials are published).
+        """
+        part = self._state[partition][window_start_s]
+        users, items = part.samples.sample()
+        histograms: dict[str, list[int]] | None = None
+        bounds = self._bounds
+        if self._auto is not None:
+            decided = self._windows_released.bounds_for(window_start_s)
+            if decided is None:
+                raise StreamDPError("a window's bounds must be decided before it is sealed")
+            bounds = decided
+            histograms = self._auto.histograms(per_user_items(users, items), self._py_rng)
+            users, items = first_k_per_user(users, items, bounds[0])
+        stamp = partial(
+            Partial,
+            window_start_s=window_start_s,
+            source_partition=partition,
+            version=new_version(),
+            events_seen=part.samples.events_seen,
+            events_retained=len(items),
+            source_partitions=self.source_partitions,
+            key_id=self.keyring.for_window(window_start_s).key_id,
+            erasures_through=self.erasures_applied,
+            bounds=bounds if self._auto is not None else None,
+            histograms=histograms,
+            fingerprint=self.fingerprint,
+        )
+        return [
+            stamp(query=q.name, totals=bounded_totals(q, users, items, bounds, self._rng))
+            for q in self.queries
+        ]
+
+    def drop(self, partition: int, window_start_s: int) -> None:
+        """The window's partials are published: its state goes — or, with
+        :attr:`keep_sealed`, stays until its release is known (:meth:`drop_released`)."""
+        if self.keep_sealed and window_start_s in self._state.get(partition, {}):
+            self._kept.setdefault(partition, set()).add(window_start_s)
+        else:
+            self._state.get(partition, {}).pop(window_start_s, None)
+        self.metrics.partials_published.inc(len(self.queries))
+        if len(self._signatures) >= self._compact_signatures_at:
+            self._compact_signatures()
+        self._update_gauges()
+
+    def _compact_signatures(self) -> None:
+        """Forget interned signatures no open window uses (they went with their windows),
+        renumbering the live ones: the table stays proportional to open state. Runs when the
+        table doubled since the last run, so its cost is amortised over the interning."""
+        parts = [part for parts in self._state.values() for part in parts.values()]
+        held = [part.samples.item_ids() for part in parts]
+        live = np.unique(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+        order = live.tolist()
+        if 2 * len(order) <= len(self._signatures):
+            remap = np.full(len(self._signatures), -1, dtype=np.int64)
+            remap[live] = np.arange(len(order))
+            for part in parts:
+                part.samples.remap(remap)
+            self._signatures[:] = [self._signatures[old] for old in order]  # shared in place
+            self._signature_ids = {sig: i for i, sig in enumerate(self._signatures)}
+            for q in self.queries:
+                q.forget_projections()
+        self._compact_signatures_at = max(SIGNATURES_COMPACT_MIN, 2 * len(self._signatures))
+
+    def watermarks(self, now_mono_s: float) -> list[SourceWatermark]:
+        """What each assigned partition has sealed: written after its partials."""
+        marks = []
+        for p, tracker in sorted(self._trackers.items()):
+            kept = self._kept.get(p, ())
+            clock_idle = all(tracker.is_idle(s, now_mono_s) for s in tracker.partitions)
+            marks.append(
+                SourceWatermark(
+                    source_partition=p,
+                    source_partitions=self.source_partitions,
+                    watermark_s=self._sealed_s.get(p),
+                    idle=clock_idle,
+                    open_windows=any(ws not in kept for ws in self._state.get(p, {})),
+                    idle_for_s=tracker.idle_for(now_mono_s) if clock_idle else 0.0,
+                )
+            )
+        return marks
+
+    # -- erasure (docs/erasure.md) -------------------------------------------------------
+    def apply_erasures(self, erasures: Sequence[Erasure], position: int) -> None:
+        """Take in erasures just added to :attr:`erasures` (the log read up to ``position``):
+        remove their users from every window held, and mark the sealed windows kept for
+        their release to be sealed again (every partial must say it applied them). Nothing
+        on /metrics says how many events were removed: that would tell how active the
+        erased person was."""
+        for p, windows in self._state.items():
+            kept = self._kept.get(p, ())
+            for ws, part in windows.items():
+                covering = [e for e in erasures if e.covers(ws)]
+                if not covering:
+                    continue
+                key_id = self.keyring.for_window(ws).key_id
+                for e in covering:
+                    pseudonym = e.pseudonyms.get(key_id)
+                    if pseudonym is not None:
+                        part.samples.remove(pseudonym)
+                if ws in kept:
+                    self._reseal.add((p, ws))
+        self.erasures_applied = max(self.erasures_applied, position)
+
+    def reseal_due(self) -> list[tuple[int, int]]:
+        """Sealed windows to seal again (an erasure reached them before their release):
+        publish :meth:`seal` of each, then :meth:`drop` it as after the first seal."""
+        due = sorted(
+            ((p, ws) for p, ws in self._reseal if ws in self._state.get(p, {})),
+            key=lambda pw: (pw[1], pw[0]),
+        )
+        self._reseal.clear()
+        return due
+
+    def drop_released(self) -> int:
+        """Forget kept sealed windows whose release is now known; returns how many."""
+        gone = 0
+        released = self._windows_released.released
+        for p, kept in self._kept.items():
+            for ws in [w for w in kept if released(w)]:
+                kept.discard(ws)
+                self._state.get(p, {}).pop(ws, None)
+                gone += 1
+        if gone:
+            self._update_gauges()
+        return gone
+
+    @property
+    def kept_windows(self) -> int:
+        """Sealed windows held until their release is known."""
+        return sum(len(kept) for kept in self._kept.values())
+
+    # -- offsets --------------------------------------------------------------------------
+    def safe_offsets(self) -> dict[int, int]:
+        """Per partition, the next offset to commit: nothing an open window needs is skipped."""
+        safe: dict[int, int] = {}
+        for p, position in self._positions.items():
+            firsts = [part.first_offset for part in self._state.get(p, {}).values()]
+            safe[p] = min(firsts) if firsts else position
+        return safe
+
+    def _update_gauges(self) -> None:
+        open_windows = self.open_windows()
+        oldest_end = self.windows.end_of(open_windows[0]) if open_windows else None
+        self.metrics.set_open_windows(len(open_windows), oldest_end)
+
+    @property
+    def signature_count(self) -> int:
+        return len(self._signatures)
+
+
+def bounded_totals(
+    q: CompiledQuery,
+    users: np.ndarray,
+    items: np.ndarray,
+    bounds: BoundsTriple,
+    rng: SamplingGenerator,
+) -> KeyTotals:
+    """One query's exact totals per key over a window's sample (users and item ids as
+    columns), each user bounded to L0 keys and Linf contributions per key."""
+    _, max_keys, max_per_key = bounds
+    keys, values, groups = q.project_columns(items)
+    taken = keys >= 0
+    events, users_per_key, value_sums, weights = bounded_totals_columns(
+        users[taken],
+        keys[taken],
+        values[taken] if q.has_values else None,
+        n_keys=len(groups),
+        max_keys=max_keys,
+        max_per_key=max_per_key,
+        rng=rng,
+        weights=q.weighted_selection,
+    )
+    present = np.flatnonzero(users_per_key)
+    return KeyTotals(
+        [groups[i] for i in present.tolist()],
+        events[present],
+        users_per_key[present],
+        value_sums[present],
+        weights[present],
+    )

@@ -1,0 +1,448 @@
+"""Stage 1 a batch at a time: the column paths of :class:`IngestStage`, and what stages 0
+and 1 share (records, dead letters, the decoder, pseudonyms of raw ids).
+
+:class:`IngestStage` (``ingest.py``) holds the state, and its per-record path is
+:class:`~stream_dp.pipeline.stages.ingest_records.RecordIngest`; this mixin adds the paths that
+take a whole fetched batch as columns (:mod:`stream_dp.pipeline.stages.columns`,
+:mod:`stream_dp.pipeline.formats.packed`):
+
+* stage 1 on raw input (:meth:`ColumnIngest._ingest_columns`), when every record is a good
+  event of the common form — else the per-record path takes the batch, with the same
+  result;
+* stage 1 on a packed repartition record (:meth:`ColumnIngest._ingest_packed`).
+
+Stage 0 writing packed records is
+:meth:`~stream_dp.pipeline.stages.router.RoutingStage.route_packed`.
+
+The privacy-relevant checks are the per-record path's, done on columns: placement of keyed
+records and of repartitioned pseudonyms, re-sent events, the window's pseudonym key, late
+and replayed windows; a user is bounded in one partition's samples only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from stream_dp.config.model import Config
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.formats.decode import BadRecord, Decoder
+from stream_dp.pipeline.formats.packed import PackedEvents
+from stream_dp.pipeline.stages.columns import (
+    decode_columns,
+    distinct_index,
+    intern_signatures,
+    pseudonym_columns,
+)
+from stream_dp.pipeline.stages.placement import pseudonym_partitions
+from stream_dp.pipeline.stages.queries import needed_fields
+from stream_dp.privacy.adaptive_bounds import BoundsTriple
+from stream_dp.privacy.erasure import ErasureSet
+from stream_dp.privacy.pseudonymize import KeyRing
+from stream_dp.privacy.user_samples import SamplingGenerator, UserSamples
+from stream_dp.windows import TumblingWindows, WatermarkTracker
+
+log = logging.getLogger(__name__)
+
+#: What ingest does with an event, decided once per window: keep it, or count it as late
+#: (its partition already sealed the window) or replayed (the window is already released).
+ACCEPT, LATE, REPLAYED = 0, 1, 2
+
+#: (offset, Kafka record key, value)
+InputRecord = tuple[int, bytes | None, bytes | None]
+
+
+class FetchedRecords(Sequence[InputRecord]):
+    """A partition's fetched records (anything with ``offset``, ``key`` and ``value``, as
+    aiokafka's ConsumerRecord) as a sequence of (offset, key, value) — built only if a
+    per-record path asks — whose columns the column paths take directly."""
+
+    __slots__ = ("_messages", "_tuples")
+
+    def __init__(self, messages: Sequence[Any]) -> None:
+        self._messages = messages
+        self._tuples: list[InputRecord] | None = None
+
+    def _all(self) -> list[InputRecord]:
+        if self._tuples is None:
+            self._tuples = [(m.offset, m.key, m.value) for m in self._messages]
+        return self._tuples
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[InputRecord]:
+        return iter(self._all())
+
+    def values(self) -> list[bytes | None]:
+        return [m.value for m in self._messages]
+
+    def keys(self) -> list[bytes | None]:
+        return [m.key for m in self._messages]
+
+    def offsets(self) -> list[int]:
+        return [m.offset for m in self._messages]
+
+
+def _values(records: Sequence[InputRecord]) -> list[bytes | None]:
+    if isinstance(records, FetchedRecords):
+        return records.values()
+    return [v for _, _, v in records]
+
+
+def _keys(records: Sequence[InputRecord]) -> list[bytes | None]:
+    if isinstance(records, FetchedRecords):
+        return records.keys()
+    return [k for _, k, _ in records]
+
+
+def _offsets(records: Sequence[InputRecord]) -> list[int]:
+    if isinstance(records, FetchedRecords):
+        return records.offsets()
+    return [o for o, _, _ in records]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    reason: str
+    detail: str
+    partition: int
+    offset: int
+    payload: bytes | None
+    #: The topic it was read from; None: the input topic.
+    topic: str | None = None
+
+
+def dead_letter(
+    metrics: Metrics,
+    bad: BadRecord,
+    partition: int,
+    offset: int,
+    value: bytes | None,
+    include_payload: bool,
+    topic: str | None = None,
+) -> DeadLetter:
+    """A bad record as a dead letter (its payload only if configured), counted by reason."""
+    metrics.bad_records.labels(reason=bad.reason).inc()
+    return DeadLetter(
+        bad.reason, bad.detail, partition, offset, value if include_payload else None, topic
+    )
+
+
+def input_decoder(config: Config) -> tuple[Decoder, list[str], list[str]]:
+    """The decoder of raw input records, the event fields the queries need, and which of
+    them are scalar (both stages decode raw input the same way)."""
+    fields, scalar, numeric = needed_fields(config.queries)
+    decoder = Decoder(
+        user_field=config.input.user_field,
+        time_field=config.input.time_field,
+        max_record_bytes=config.input.max_record_bytes,
+        max_future_s=config.input.max_future_s,
+        scalar_fields=scalar,
+        numeric_fields=numeric,
+    )
+    return decoder, fields, scalar
+
+
+def empty_user_record(config: Config) -> BadRecord:
+    """The dead letter of a user id that normalises to nothing."""
+    return BadRecord(
+        "bad_user",
+        f"field {config.input.user_field!r} is empty once input.user_id_normalization "
+        "removes its surrounding whitespace",
+    )
+
+
+#: Pseudonym of a user id that normalises to nothing (dead-lettered).
+EMPTY_ID = b""
+
+
+def pseudonym_of(
+    user: str | int,
+    normalize: Callable[[str | int], str | int],
+    pseudonymize: Callable[[str | int], bytes],
+) -> bytes:
+    """The pseudonym of a raw id (normalised first); :data:`EMPTY_ID` if nothing is left."""
+    normal = normalize(user)
+    if normal == "":
+        return EMPTY_ID
+    return pseudonymize(normal)
+
+
+def window_starts(times: np.ndarray, window_size_s: int) -> np.ndarray:
+    """The start of each event time's tumbling window."""
+    return (np.floor(times / window_size_s) * window_size_s).astype(np.int64)
+
+
+@dataclass(slots=True)
+class WindowPart:
+    samples: UserSamples
+    first_offset: int
+
+
+class ReleasedWindows(Protocol):
+    """What stage 1 needs to know of stage 2 (implemented by ReleaseStage)."""
+
+    @property
+    def coverage_start_s(self) -> int | None:
+        """The first covered window (None while unknown)."""
+        ...
+
+    def released(self, window_start_s: int) -> bool: ...
+
+    def released_earlier(self, window_start_s: int) -> bool: ...
+
+    def bounds_for(self, window_start_s: int) -> BoundsTriple | None:
+        """``bounds: auto``: the window's bounds, None while undecided (stage 1 waits)."""
+        ...
+
+
+class ColumnIngest:
+    """Stage 1's column paths; :class:`~stream_dp.pipeline.stages.ingest.IngestStage` provides the
+    rest."""
+
+    # Provided by IngestStage.
+    config: Config
+    keyring: KeyRing
+    metrics: Metrics
+    decoder: Decoder
+    windows: TumblingWindows
+    k: int
+    enforce_user_keys: bool
+    source_partitions: int
+    _rng: SamplingGenerator
+    _fields: list[str]
+    _signatures: list[tuple[Any, ...]]
+    _signature_ids: dict[tuple[Any, ...], int]
+    _state: dict[int, dict[int, WindowPart]]
+    _sealed_s: dict[int, float]
+    _positions: dict[int, int]
+    _windows_released: ReleasedWindows
+    _normalize: Callable[[str | int], str | int]
+    _partitions_of_keys: Callable[[Sequence[bytes], int], np.ndarray]
+    _empty_user: BadRecord
+    erasures: ErasureSet | None
+
+    if TYPE_CHECKING:  # provided by IngestStage
+
+        def _tracker(
+            self, partition: int, now_mono_s: float, *, routed: bool
+        ) -> WatermarkTracker: ...
+
+        def _update_gauges(self) -> None: ...
+
+        def _dead(
+            self,
+            bad: BadRecord,
+            partition: int,
+            offset: int,
+            value: bytes | None,
+            include_payload: bool,
+            topic: str | None = None,
+        ) -> DeadLetter: ...
+
+        def _misplaced_detail(self) -> str: ...
+
+    # -- stage 1 ---------------------------------------------------------------------------
+    def _fate(self, partition: int, window_start_s: int) -> int:
+        """What happens to a partition's events of this window (as in :meth:`ingest`)."""
+        sealed = self._sealed_s.get(partition)
+        coverage = self._windows_released.coverage_start_s
+        if (sealed is not None and window_start_s + self.windows.size_s <= sealed) or (
+            coverage is not None and window_start_s < coverage
+        ):
+            return LATE
+        if self._windows_released.released(window_start_s):
+            return REPLAYED if self._windows_released.released_earlier(window_start_s) else LATE
+        return ACCEPT
+
+    def _accept(
+        self,
+        partition: int,
+        window_start_s: int,
+        first_offset: int,
+        words: np.ndarray,
+        signature_ids: np.ndarray,
+    ) -> None:
+        """Offer accepted events of one window to its samples (creating its state)."""
+        state = self._state.setdefault(partition, {})
+        part = state.get(window_start_s)
+        if part is None:
+            part = state[window_start_s] = WindowPart(UserSamples(self.k, self._rng), first_offset)
+        part.samples.add_columns(words, signature_ids)
+
+    def _window_starts(self, times: np.ndarray) -> np.ndarray:
+        return window_starts(times, self.windows.size_s)
+
+    def _ingest_columns(
+        self, partition: int, records: Sequence[InputRecord], now_s: float, now_mono_s: float
+    ) -> bool:
+        """Raw input as columns when every record is a good event of the common form (and,
+        keyed, keyed and placed right); False leaves the batch, untouched, to the per-record
+        path, which would give the same result record by record."""
+        cols = decode_columns(self.decoder, self._fields, _values(records), now_s)
+        if cols is None:
+            return False
+        starts = self._window_starts(cols.times)
+        fates = {ws: self._fate(partition, ws) for ws in np.unique(starts).tolist()}
+        accepted = [ws for ws, fate in fates.items() if fate == ACCEPT]
+        key_ids = {self.keyring.for_window(ws).key_id for ws in accepted}
+        if len(key_ids) > 1:
+            return False  # a key rotation inside the batch: the per-record path
+        users, index = distinct_index(cols.users)
+        normal = list(map(self._normalize, users))
+        if "" in normal:
+            return False  # an id that normalises to nothing is dead-lettered there
+        if self.enforce_user_keys:
+            expected = [n.encode() if type(n) is str else str(n).encode() for n in normal]
+            if _keys(records) != list(map(expected.__getitem__, index.tolist())):
+                return False
+            homes = self._partitions_of_keys(expected, self.source_partitions)
+            if (homes != partition).any():
+                return False
+        late = skipped = 0
+        max_time: float | None = None
+        if accepted:
+            pseudonyms = pseudonym_columns(normal, self.keyring.for_window(accepted[0]).pseudonym)
+            if pseudonyms is None:
+                return False
+            words = np.frombuffer(pseudonyms, dtype=np.uint64).reshape(-1, 2)[index]
+            offsets = _offsets(records)
+            everything = len(accepted) == len(fates)
+            mask = None if everything else np.isin(starts, accepted)
+            fields = (
+                cols.fields
+                if mask is None
+                else [[v for v, m in zip(c, mask.tolist(), strict=True) if m] for c in cols.fields]
+            )
+            sids = np.empty(len(records), dtype=np.int32)
+            if mask is None:
+                sids[:] = intern_signatures(fields, self._signature_ids, self._signatures)
+            else:
+                sids[mask] = intern_signatures(fields, self._signature_ids, self._signatures)
+            kept = np.zeros(len(records), dtype=bool)
+            key_id = self.keyring.for_window(accepted[0]).key_id
+            for ws in accepted:
+                rows = starts == ws
+                first = offsets[int(np.argmax(rows))]  # the window's first record
+                gone = self._erased_rows(key_id, ws, words)
+                if gone is not None:  # erased: never enters a sample (no activity, no count)
+                    rows &= ~gone
+                # (State for the window even if all its events were erased, as record by
+                # record: it is sealed and released like any other.)
+                self._accept(partition, ws, first, words[rows], sids[rows])
+                kept |= rows
+            max_time = float(cols.times[kept].max()) if kept.any() else None
+        for ws, fate in fates.items():
+            if fate == LATE:
+                late += int(np.count_nonzero(starts == ws))
+            elif fate == REPLAYED:
+                skipped += int(np.count_nonzero(starts == ws))
+        metrics = self.metrics
+        metrics.events_consumed.inc(len(records))
+        last = records._messages[-1].offset if isinstance(records, FetchedRecords) else None
+        self._positions[partition] = (records[-1][0] if last is None else last) + 1
+        tracker = self._tracker(partition, now_mono_s, routed=False)
+        if max_time is not None:
+            tracker.observe(partition, min(max_time, now_s), now_mono_s)
+        if late:
+            metrics.late_events.inc(late)
+        if skipped:
+            metrics.replayed_events_skipped.inc(skipped)
+        self._update_gauges()
+        return True
+
+    def _ingest_packed(
+        self,
+        partition: int,
+        offset: int,
+        packed: PackedEvents,
+        topic: str | None,
+        seen: dict[int, int],
+    ) -> list[DeadLetter]:
+        """Stage 1 on a packed repartition record (see :mod:`stream_dp.pipeline.formats.packed`):
+        per event the placement check, re-sent events dropped, the window's key id, then
+        the accepted events offered to their windows' samples."""
+        metrics = self.metrics
+        dead: list[DeadLetter] = []
+        n = len(packed)
+        home = pseudonym_partitions(packed.pseudonyms, self.source_partitions) == partition
+        if not home.all():
+            # One dead letter per misplaced event, naming its place on the input topic.
+            misplaced = BadRecord("misplaced_key", self._misplaced_detail())
+            for src_offset in packed.offsets[~home].tolist():
+                dead.append(self._dead(misplaced, packed.src_partition, src_offset, None, False))
+        last = seen.get(packed.src_partition, -1)
+        fresh = home & (packed.offsets > last)
+        duplicates = int(np.count_nonzero(home)) - int(np.count_nonzero(fresh))
+        if fresh.any():
+            seen[packed.src_partition] = max(last, int(packed.offsets[fresh].max()))
+        if duplicates:
+            metrics.repartition_duplicates_skipped.inc(duplicates)
+        words = np.frombuffer(packed.pseudonyms, dtype=np.uint64).reshape(n, 2)
+        table = np.fromiter(
+            (self._intern(sig) for sig in packed.signatures), np.int32, len(packed.signatures)
+        )
+        sids = table[packed.signature_index]
+        starts = self._window_starts(packed.times)
+        late = skipped = stale = 0
+        for ws in np.unique(starts[fresh]).tolist():
+            rows = fresh & (starts == ws)
+            count = int(np.count_nonzero(rows))
+            fate = self._fate(partition, ws)
+            if fate == LATE:
+                late += count
+            elif fate == REPLAYED:
+                skipped += count
+            elif packed.key_id != self.keyring.for_window(ws).key_id:
+                stale += count
+            else:
+                gone = self._erased_rows(packed.key_id, ws, words)
+                if gone is not None:  # erased: never enters a sample (no count)
+                    rows &= ~gone
+                # State for the window even if all its events were erased, as record by
+                # record: whether a window opens must not tell that an erased user sent.
+                self._accept(partition, ws, offset, words[rows], sids[rows])
+        if late or stale:
+            metrics.late_events.inc(late + stale)
+        if skipped:
+            metrics.replayed_events_skipped.inc(skipped)
+        if stale:
+            log.warning(
+                "dropped %d repartitioned events pseudonymized under another key than their "
+                "window's (pseudonymization.rotate_at changed while the window was open)",
+                stale,
+                extra={"partition": partition},
+            )
+        return dead
+
+    def _erased_rows(
+        self, key_id: str, window_start_s: int, words: np.ndarray
+    ) -> np.ndarray | None:
+        """Which rows (pseudonyms as (n, 2) words) belong to users erased for the window
+        (docs/erasure.md); None when nobody is."""
+        if self.erasures is None:
+            return None
+        erased = self.erasures.erased(key_id, window_start_s)
+        if not erased:
+            return None
+        targets = np.frombuffer(b"".join(sorted(erased)), dtype=np.uint64).reshape(-1, 2)
+        candidates = np.flatnonzero(np.isin(words[:, 0], targets[:, 0]))
+        rows = np.zeros(len(words), dtype=bool)
+        for i in candidates.tolist():
+            rows[i] = words[i].tobytes() in erased
+        return rows
+
+    def _intern(self, signature: tuple[Any, ...]) -> int:
+        sid = self._signature_ids.get(signature)
+        if sid is None:
+            sid = self._signature_ids[signature] = len(self._signatures)
+            self._signatures.append(signature)
+        return sid

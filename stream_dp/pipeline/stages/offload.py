@@ -1,0 +1,105 @@
+"""The CPU-heavy steps of a window, run off the event loop.
+
+Sealing a window (bounding, exact totals per key, the partials' encoding) and drawing its
+release (merge of partials, selection, noise, records, the ledger's encoding) take time in
+proportion to the window's users and keys: 100,000 keys used to hold the event loop for
+6 s, during which nothing was fetched and no other task ran. The worker now runs each in a
+thread (:func:`run_off_loop`); the loop meanwhile keeps fetching, serving /metrics and
+answering the group coordinator. The worker's iteration lock is held while a step runs, so
+no other code touches the stages' state at the same time (the state is not shared with the
+loop's other tasks), and each step still runs exactly where it ran before in the release
+protocol (the ownership check right before the draw, the ledger write after it).
+
+Each step runs with the garbage collector paused: it creates hundreds of thousands of
+short-lived, acyclic objects (records, keys), and collections triggered by them traversed
+everything the process holds, doubling the time. Reference counting frees them as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import ParamSpec, TypeVar
+
+from stream_dp.pipeline.formats.ledger import LedgerRelease, encode_release
+from stream_dp.pipeline.formats.partials import encode_partial
+from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_pause_lock = threading.Lock()
+_pauses = 0
+_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause cyclic garbage collection for the block (nested and threaded uses are fine:
+    collection resumes when the last one ends, if it was on before the first)."""
+    global _pauses, _was_enabled
+    with _pause_lock:
+        if _pauses == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _pauses += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pauses -= 1
+            if _pauses == 0 and _was_enabled:
+                gc.enable()
+
+
+async def run_off_loop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)`` in a worker thread with the garbage collector paused."""
+
+    def call() -> T:
+        with gc_paused():
+            return fn(*args, **kwargs)
+
+    return await asyncio.to_thread(call)
+
+
+#: (key, value) records for one partials partition.
+PartitionRecords = tuple[int, list[tuple[str, bytes]]]
+
+
+def seal_windows(
+    ingest: IngestStage,
+    sealed: Sequence[tuple[int, int]],
+    partials_partition_of: Callable[[int], int],
+    *,
+    max_bytes: int,
+) -> list[PartitionRecords]:
+    """Stage 1: the partials of each sealed (partition, window), encoded, per partials
+    partition. The windows' state stays until the caller drops it (after publishing)."""
+    out: list[PartitionRecords] = []
+    for p, ws in sealed:
+        records = [
+            kv
+            for partial in ingest.seal(p, ws)
+            for kv in encode_partial(partial, max_bytes=max_bytes)
+        ]
+        out.append((partials_partition_of(ws), records))
+    return out
+
+
+def draw_window(
+    release: ReleaseStage, window_start_s: int, *, now_s: float, max_bytes: int
+) -> list[tuple[LedgerRelease, list[tuple[str, bytes]]]]:
+    """Stage 2: fresh draws of a due window (:meth:`ReleaseStage.compute_release`) with
+    their ledger records."""
+    drawn = release.compute_release(window_start_s, now_s=now_s)
+    return [(rel, encode_release(rel, now_s=now_s, max_bytes=max_bytes)) for rel in drawn]
+
+
+def output_values(release: LedgerRelease) -> list[tuple[str, bytes]]:
+    """The output topic's (key, value) records of a release, in order (values encoded once:
+    a fresh draw's were encoded with its ledger records)."""
+    return [(r.key, v) for r, v in zip(release.records, release.output_values(), strict=True)]

@@ -1,0 +1,351 @@
+"""Stage 0 of the worker, without Kafka: route raw input by pseudonym to the repartition topic.
+
+For input not keyed by user (``input.keyed_by_user: false``) a user's events may sit on any
+input partition, so bounding per partition would not bound per user. Stage 0 decodes and
+pseudonymizes each raw record, then re-keys it by pseudonym onto :func:`pseudonym_partition`
+of the repartition topic, where stage 1 (:class:`~stream_dp.pipeline.stages.ingest.IngestStage`)
+finds all of a user's events in one partition. The raw id goes no further: it lives only in
+a batch-local cache.
+
+Repartitioned records carry their source partition and offset (a record re-sent after a
+crash is recognised and dropped by stage 1) and their pseudonym key id (stage 1 keeps only
+those of the window's key: a user is never split over two pseudonyms in one window).
+:meth:`RoutingStage.route` writes one JSON record per event;
+:meth:`RoutingStage.route_packed` one packed record (:mod:`stream_dp.pipeline.formats.packed`) per
+repartition partition and batch.
+
+After a batch's records, :meth:`RoutingStage.progress_marks` go to every repartition
+partition: per owned input partition the largest event time routed and how long it has been
+idle. Only valid events are activity: a partition delivering only bad records is idle, and
+an event stamped ahead of the clock moves its progress no further than the clock. Idleness
+is judged here, where the input is read, never by silence downstream.
+
+String user ids are normalised (``input.user_id_normalization``) before they are
+pseudonymized; with erasure on (:attr:`RoutingStage.erasures`), erased users' events are not
+even repartitioned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+
+from stream_dp.config.model import Config
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.formats.decode import BadRecord
+from stream_dp.pipeline.formats.packed import PACKED_KEY_PREFIX, encode_events
+from stream_dp.pipeline.stages.columns import EventColumns, decode_columns, distinct_index
+from stream_dp.pipeline.stages.ingest_columns import (
+    DeadLetter,
+    FetchedRecords,
+    InputRecord,
+    dead_letter,
+    empty_user_record,
+    input_decoder,
+    pseudonym_of,
+    window_starts,
+)
+from stream_dp.pipeline.stages.placement import pseudonym_partition, pseudonym_partitions
+from stream_dp.privacy.erasure import ErasureSet
+from stream_dp.privacy.group_values import json_default
+from stream_dp.privacy.pseudonymize import KeyRing, user_id_normalizer
+
+__all__ = ["RoutingStage"]
+
+#: No erased pseudonyms (erasure off, or none covers the window).
+_NONE_ERASED: frozenset[Any] = frozenset()
+
+
+def _values(records: Sequence[InputRecord]) -> list[bytes | None]:
+    if isinstance(records, FetchedRecords):
+        return records.values()
+    return [v for _, _, v in records]
+
+
+def _offsets(records: Sequence[InputRecord]) -> list[int]:
+    if isinstance(records, FetchedRecords):
+        return records.offsets()
+    return [o for o, _, _ in records]
+
+
+class RoutingStage:
+    """Stage 0: the input partitions this worker reads, routed to the repartition topic."""
+
+    def __init__(self, config: Config, keyring: KeyRing, *, metrics: Metrics) -> None:
+        self.config = config
+        self.keyring = keyring
+        self.metrics = metrics
+        self.window_size_s = config.window.size_s
+        self.decoder, self._fields, _ = input_decoder(config)
+        self._normalize = user_id_normalizer(config.input.user_id_normalization)
+        self._empty_user = empty_user_record(config)
+        #: Partitions of the repartition topic (where stage 0 routes); set by the transport.
+        self.routed_partitions = 1
+        #: Idleness counts only as far as :meth:`read_to_end` proves it (the worker, which
+        #: reads Kafka); otherwise silence up to now is idleness (offline use, unit tests).
+        self.require_read_proof = False
+        #: Erasures in force (docs/erasure.md): set by the transport when erasure is on.
+        self.erasures: ErasureSet | None = None
+        # Per input partition: largest event time routed, last record (monotonic), and
+        # when its reader was last at the log's end.
+        self._routed_max: dict[int, float] = {}
+        self._routed_activity: dict[int, float] = {}
+        self._routed_read_through: dict[int, float] = {}
+
+    def read_to_end(self, partition: int, at_mono_s: float) -> None:
+        """A fetch answer at ``at_mono_s`` found this worker's reader at the end of the input
+        partition: silence before it is the partition's own, so it may count as idle."""
+        if at_mono_s > self._routed_read_through.get(partition, -math.inf):
+            self._routed_read_through[partition] = at_mono_s
+
+    def restart_idle_clocks(self, now_mono_s: float) -> None:
+        for p in self._routed_activity:
+            self._routed_activity[p] = now_mono_s
+
+    def _dead(
+        self,
+        bad: BadRecord,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        include_payload: bool,
+    ) -> DeadLetter:
+        return dead_letter(self.metrics, bad, partition, offset, value, include_payload)
+
+    # -- one JSON record per event -------------------------------------------------------
+    def assign_routed(self, partitions: Iterable[int], now_mono_s: float) -> None:
+        """Input partitions stage 0 now owns."""
+        for p in partitions:
+            self._routed_activity.setdefault(p, now_mono_s)
+
+    def route(
+        self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
+    ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
+        """Decode and pseudonymize raw input: (key, value, repartition partition) records
+        keyed by pseudonym, and dead letters. Follow them with :meth:`progress_marks` to
+        every repartition partition. Only valid events count as the partition's activity.
+        """
+        metrics = self.metrics
+        n_routed = self.routed_partitions
+        metrics.events_consumed.inc(len(records))
+        decode = self.decoder.decode_parts
+        size = self.window_size_s
+        fields = self._fields
+        include_payload = self.config.output.dead_letter_include_payload
+        # Raw ids live only in this batch-local cache, per key id (never in state).
+        pseudonyms: dict[str, dict[str | int, str]] = {}
+        out: list[tuple[bytes, bytes, int]] = []
+        dead: list[DeadLetter] = []
+        batch_max = -math.inf
+        current_ws: int | None = None
+        cache: dict[str | int, str] = {}
+        key_id = ""
+        pseudonymize: Callable[[str | int], bytes] | None = None
+        erasures = self.erasures
+        erased: frozenset[str] = _NONE_ERASED
+        n_erased = 0
+        for offset, _key, value in records:
+            parsed = decode(value, now_s)
+            if isinstance(parsed, BadRecord):
+                dead.append(self._dead(parsed, partition, offset, value, include_payload))
+                continue
+            user, t, obj = parsed
+            ws = math.floor(t / size) * size
+            if ws != current_ws:  # the key (rotation) is looked up once per window run
+                current_ws = ws
+                pseudonymizer = self.keyring.for_window(ws)
+                key_id = pseudonymizer.key_id
+                cache = pseudonyms.setdefault(key_id, {})
+                pseudonymize = pseudonymizer.pseudonym
+                if erasures is not None:
+                    erased = erasures.erased_hex(key_id, ws)
+            pseudonym = cache.get(user)
+            if pseudonym is None:
+                assert pseudonymize is not None
+                pseudonym = cache[user] = pseudonym_of(user, self._normalize, pseudonymize).hex()
+            if not pseudonym:
+                dead.append(self._dead(self._empty_user, partition, offset, value, include_payload))
+                continue
+            if erased and pseudonym in erased:
+                n_erased += 1  # erased: not even repartitioned
+                continue
+            body = {
+                "u": pseudonym,
+                "t": t,
+                "e": {f: obj.get(f) for f in fields},
+                "src": [partition, offset],
+                "k": key_id,
+            }
+            target = pseudonym_partition(bytes.fromhex(pseudonym[:16]), n_routed)
+            out.append((pseudonym.encode(), orjson.dumps(body, default=json_default), target))
+            if t > batch_max:
+                batch_max = t
+        if out:
+            # Valid events only: a partition delivering only bad records is idle, and a
+            # time stamped ahead of the clock moves its progress no further than the clock.
+            self._routed_activity[partition] = now_mono_s
+            batch_max = min(batch_max, now_s)
+            if batch_max > self._routed_max.get(partition, -math.inf):
+                self._routed_max[partition] = batch_max
+        # An erased user's events count as taken, like any valid event: the counter must not
+        # tell whether someone erased is still sending (no per-person count on /metrics).
+        metrics.events_repartitioned.inc(len(out) + n_erased)
+        return out, dead
+
+    def progress_marks(self, now_mono_s: float) -> list[bytes]:
+        """Per owned input partition: largest event time routed and how long it has been idle.
+
+        Sent to every repartition partition after the records they cover, they let one that
+        received none of a partition's users still see it advance, or go idle: idleness is
+        judged here, where the input is read, never by silence downstream.
+        """
+        return [
+            orjson.dumps(
+                {
+                    "t": self._routed_max.get(p),
+                    "idle_s": self._routed_quiet_s(p, last, now_mono_s),
+                    "src": [p, -1],
+                }
+            )
+            for p, last in sorted(self._routed_activity.items())
+        ]
+
+    def _routed_quiet_s(self, partition: int, last_activity_s: float, now_mono_s: float) -> float:
+        """How long stage 0 knows an input partition to have been quiet: until now, or
+        with :attr:`require_read_proof` until the last fetch that found its reader at the
+        log's end — a reader that cannot fetch must not call its input idle."""
+        known = now_mono_s
+        if self.require_read_proof:
+            known = min(now_mono_s, self._routed_read_through.get(partition, -math.inf))
+        return max(0.0, known - last_activity_s)
+
+    def forget_routed(self, partitions: Iterable[int]) -> None:
+        """Input partitions stage 0 no longer owns."""
+        for p in partitions:
+            self._routed_max.pop(p, None)
+            self._routed_activity.pop(p, None)
+            self._routed_read_through.pop(p, None)
+
+    # -- packed records, a batch as columns ----------------------------------------------
+    def route_packed(
+        self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
+    ) -> tuple[list[tuple[bytes, bytes, int]], list[DeadLetter]]:
+        """:meth:`route` with packed output (:mod:`stream_dp.pipeline.formats.packed`): per
+        repartition partition (and pseudonym key id) one record holding the batch's events
+        that go there, as columns. The validation is :meth:`route`'s, a batch of good events
+        being checked column-wise; dead letters are the same."""
+        metrics = self.metrics
+        metrics.events_consumed.inc(len(records))
+        dead: list[DeadLetter] = []
+        cols = decode_columns(self.decoder, self._fields, _values(records), now_s)
+        if cols is not None:
+            offsets = np.array(_offsets(records), dtype=np.int64)
+        else:
+            cols, offsets = self._decode_each(partition, records, now_s, dead)
+        out: list[tuple[bytes, bytes, int]] = []
+        routed = erased = 0
+        sent = np.zeros(len(offsets), dtype=bool)
+        if len(offsets):
+            starts = window_starts(cols.times, self.window_size_s)
+            key_of = {ws: self.keyring.for_window(ws) for ws in np.unique(starts).tolist()}
+            users, index = distinct_index(cols.users)
+            normal = list(map(self._normalize, users))
+            empty = np.array([n == "" for n in normal], dtype=bool)[index]
+            if empty.any():  # ids that normalise to nothing: dead letters, in place
+                include_payload = self.config.output.dead_letter_include_payload
+                payloads = {o: v for o, _, v in records}
+                for o in offsets[empty].tolist():
+                    dead.append(
+                        self._dead(self._empty_user, partition, o, payloads[o], include_payload)
+                    )
+                dead.sort(key=lambda d: d.offset)
+            signatures, sig_index = distinct_index(
+                list(zip(*cols.fields, strict=True)) if cols.fields else [()] * len(offsets)
+            )
+            for pseudonymizer in {p.key_id: p for p in key_of.values()}.values():
+                rows = ~empty
+                if len(key_of) > 1:
+                    ids = [ws for ws, p in key_of.items() if p.key_id == pseudonymizer.key_id]
+                    rows &= np.isin(starts, ids)
+                if not rows.any():
+                    continue
+                present = np.unique(index[rows])
+                local = np.full(len(users), -1, dtype=np.int64)
+                local[present] = np.arange(len(present))
+                listed = [pseudonymizer.pseudonym(normal[i]) for i in present.tolist()]
+                if self.erasures is not None:  # erased: not even repartitioned
+                    for ws in np.unique(starts[rows]).tolist():
+                        gone_users = self.erasures.erased(pseudonymizer.key_id, ws)
+                        if not gone_users:
+                            continue
+                        gone = np.array([p in gone_users for p in listed], dtype=bool)
+                        hit = rows & (starts == ws) & gone[np.maximum(local[index], 0)]
+                        erased += int(np.count_nonzero(hit))
+                        rows &= ~hit
+                    if not rows.any():
+                        continue
+                per_event = np.frombuffer(b"".join(listed), dtype=np.uint8).reshape(-1, 16)
+                per_event = per_event[local[index[rows]]]
+                targets = pseudonym_partitions(per_event.tobytes(), self.routed_partitions)
+                sent |= rows
+                chosen = np.flatnonzero(rows)
+                for target in np.unique(targets).tolist():
+                    here = chosen[targets == target]
+                    for value in encode_events(
+                        src_partition=partition,
+                        offsets=offsets[here],
+                        key_id=pseudonymizer.key_id,
+                        fields=self._fields,
+                        pseudonyms=per_event[targets == target].tobytes(),
+                        times=cols.times[here],
+                        signatures=signatures,
+                        signature_index=sig_index[here],
+                        max_bytes=self.config.kafka.max_message_bytes,
+                    ):
+                        out.append(((PACKED_KEY_PREFIX + str(partition)).encode(), value, target))
+                    routed += len(here)
+            if routed:
+                # Valid events only: a partition delivering only bad records is idle, and a
+                # time stamped ahead of the clock moves its progress no further than the clock.
+                self._routed_activity[partition] = now_mono_s
+                batch_max = min(float(cols.times[sent].max()), now_s)
+                if batch_max > self._routed_max.get(partition, -math.inf):
+                    self._routed_max[partition] = batch_max
+        # An erased user's events count as taken, like any valid event (see route).
+        metrics.events_repartitioned.inc(routed + erased)
+        return out, dead
+
+    def _decode_each(
+        self,
+        partition: int,
+        records: Sequence[InputRecord],
+        now_s: float,
+        dead: list[DeadLetter],
+    ) -> tuple[EventColumns, np.ndarray]:
+        """The per-record decoder over a batch: its good events as columns, the others as
+        dead letters (appended to ``dead``)."""
+        include_payload = self.config.output.dead_letter_include_payload
+        decode = self.decoder.decode_parts
+        users: list[str | int] = []
+        times: list[float] = []
+        offsets: list[int] = []
+        objs: list[dict[str, Any]] = []
+        for offset, _key, value in records:
+            parsed = decode(value, now_s)
+            if isinstance(parsed, BadRecord):
+                dead.append(self._dead(parsed, partition, offset, value, include_payload))
+                continue
+            user, t, obj = parsed
+            users.append(user)
+            times.append(t)
+            offsets.append(offset)
+            objs.append(obj)
+        fields = [[obj.get(f) for obj in objs] for f in self._fields]
+        return (
+            EventColumns(users, np.array(times, dtype=np.float64), fields),
+            np.array(offsets, dtype=np.int64),
+        )
