@@ -231,7 +231,8 @@ def _budget_metrics(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge, Gauge]:
 
 
 def _bounds_metrics(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge, Gauge]:
-    """The contribution bounds the most recently released window used."""
+    """The contribution bounds the most recently released window used: fixed, or under
+    ``bounds: auto`` chosen differentially privately from released histograms."""
     bounds_contributions_per_window = Gauge(
         "stream_dp_bounds_max_contributions_per_window",
         "k (events kept per user) the most recently released window was bounded with.",
@@ -364,7 +365,7 @@ def _scale_out_metrics(r: CollectorRegistry) -> tuple[Counter, Counter, Counter,
 
 
 def _erasure_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge]:
-    """Erasure requests applied and erasures kept in memory."""
+    """Erasure requests applied and erasures kept in memory (docs/erasure.md)."""
     erasure_requests_applied = Counter(
         "stream_dp_erasure_requests_applied",
         "Erasure requests this worker recorded in the erasure log and answered (bad "
@@ -505,7 +506,6 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
 
-        # --- input ------------------------------------------------------------------------
         (
             self.events_consumed,
             self.bad_records,
@@ -513,7 +513,6 @@ class Metrics:
             self.replayed_events_skipped,
         ) = _input_metrics(r)
 
-        # --- windows and releases ---------------------------------------------------------
         (
             self.windows_open,
             self.windows_released,
@@ -522,7 +521,6 @@ class Metrics:
             self.budget_exhausted,
         ) = _release_metrics(r)
 
-        # --- privacy budget ---------------------------------------------------------------
         (
             self.epsilon_spent,
             self.epsilon_remaining,
@@ -530,8 +528,6 @@ class Metrics:
             self.horizon_epsilon_remaining,
         ) = _budget_metrics(r)
 
-        # --- bounds (fixed, or under bounds: auto differentially private: chosen from
-        # released histograms; NaN while no window was released with them) ---------------
         (
             self.bounds_contributions_per_window,
             self.bounds_keys_per_user,
@@ -539,7 +535,6 @@ class Metrics:
             self.bounds_epsilon_spent,
         ) = _bounds_metrics(r)
 
-        # --- latency ------------------------------------------------------------------------
         (
             self.release_delay,
             self.batch_processing,
@@ -547,13 +542,11 @@ class Metrics:
             self.fetch_age,
         ) = _latency_metrics(r)
 
-        # --- release ledger ---------------------------------------------------------------
         (
             self.ledger_windows_loaded,
             self.ledger_republished,
         ) = _ledger_metrics(r)
 
-        # --- scale-out: repartition and partials --------------------------------------------
         (
             self.events_repartitioned,
             self.repartition_duplicates_skipped,
@@ -561,20 +554,17 @@ class Metrics:
             self.partials_ignored,
         ) = _scale_out_metrics(r)
 
-        # --- erasure (docs/erasure.md) ----------------------------------------------------
         (
             self.erasure_requests_applied,
             self.erasures_active,
         ) = _erasure_metrics(r)
 
-        # --- time ---------------------------------------------------------------------------
         (
             self.watermark,
             self.oldest_open_window_end,
             self.last_release,
         ) = _time_metrics(r)
 
-        # --- configuration: alert thresholds derive from these, for any window size -----
         (
             self.config_window_size,
             self.config_window_grace,
@@ -583,7 +573,6 @@ class Metrics:
 
         self.config_input_max_future, self.input_clock_skew = _clock_gauges(r)
 
-        # --- health -----------------------------------------------------------------------
         (
             self.ready,
             self.broker_errors,
@@ -595,6 +584,7 @@ class Metrics:
             self.build_info,
         ) = _health_metrics(r)
 
+        # NaN until a window is released: no open window yet, no bounds used yet.
         self.oldest_open_window_end.set(math.nan)
         for gauge in (
             self.bounds_contributions_per_window,
