@@ -136,6 +136,354 @@ def _clock_gauges(r: CollectorRegistry) -> tuple[Gauge, Gauge]:
     return max_future, skew
 
 
+def _input_metrics(r: CollectorRegistry) -> tuple[Counter, Counter, Counter, Counter]:
+    """Input records: consumed, dead-lettered, late, replayed."""
+    events_consumed = Counter(
+        "stream_dp_events_consumed",
+        "Records read from the input topic, valid or not (bad records included).",
+        registry=r,
+    )
+    bad_records = Counter(
+        "stream_dp_bad_records",
+        "Input records that could not be used and went to the dead-letter topic, "
+        "by reason code (e.g. not JSON, missing user or time field, too large).",
+        ["reason"],
+        registry=r,
+    )
+    late_events = Counter(
+        "stream_dp_late_events",
+        "Valid events dropped because their window had already closed (event time "
+        "older than the watermark) or comes before the first covered window "
+        "(window.start_at, or the first start); the worker logs a WARNING with the fix.",
+        registry=r,
+    )
+    replayed_events_skipped = Counter(
+        "stream_dp_replayed_events_skipped",
+        "Events re-read after a restart that belong to windows already released; "
+        "dropped so that no window is ever computed twice.",
+        registry=r,
+    )
+    return events_consumed, bad_records, late_events, replayed_events_skipped
+
+
+def _release_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter, Counter, Counter, Counter]:
+    """Windows open and released, and what the releases published or refused."""
+    windows_open = Gauge(
+        "stream_dp_windows_open",
+        "Event-time windows currently open (collecting events, not yet released).",
+        registry=r,
+    )
+    windows_released = Counter(
+        "stream_dp_windows_released",
+        "Windows closed and released, per query.",
+        ["query"],
+        registry=r,
+    )
+    releases_published = Counter(
+        "stream_dp_releases_published",
+        "Noisy release records written to the output topic, per query "
+        "(one per released group key, ledger republications included).",
+        ["query"],
+        registry=r,
+    )
+    keys_released = Counter(
+        "stream_dp_keys_released",
+        "Group keys published with a noisy value, per query (summed over windows).",
+        ["query"],
+        registry=r,
+    )
+    budget_exhausted = Counter(
+        "stream_dp_budget_exhausted",
+        "Releases refused because the window or horizon privacy budget would be "
+        "exceeded, per query. Any increase means numbers are missing from the output.",
+        ["query"],
+        registry=r,
+    )
+    return windows_open, windows_released, releases_published, keys_released, budget_exhausted
+
+
+def _budget_metrics(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge, Gauge]:
+    """Privacy budget spent and left, per window and over the horizon."""
+    epsilon_spent = Gauge(
+        "stream_dp_window_epsilon_spent",
+        "Privacy loss epsilon spent by the query on the most recently released window.",
+        ["query"],
+        registry=r,
+    )
+    epsilon_remaining = Gauge(
+        "stream_dp_window_epsilon_remaining",
+        "Per-window epsilon budget minus what the most recently released window spent "
+        "(over all queries).",
+        registry=r,
+    )
+    horizon_epsilon_spent = Gauge(
+        "stream_dp_horizon_epsilon_spent",
+        "Epsilon one user can have lost over the rolling horizon of recent windows.",
+        registry=r,
+    )
+    horizon_epsilon_remaining = Gauge(
+        "stream_dp_horizon_epsilon_remaining",
+        "Horizon epsilon budget minus what the rolling horizon has spent. "
+        "At 0, releases are refused until old windows leave the horizon.",
+        registry=r,
+    )
+    return epsilon_spent, epsilon_remaining, horizon_epsilon_spent, horizon_epsilon_remaining
+
+
+def _bounds_metrics(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge, Gauge]:
+    """The contribution bounds the most recently released window used: fixed, or under
+    ``bounds: auto`` chosen differentially privately from released histograms."""
+    bounds_contributions_per_window = Gauge(
+        "stream_dp_bounds_max_contributions_per_window",
+        "k (events kept per user) the most recently released window was bounded with.",
+        registry=r,
+    )
+    bounds_keys_per_user = Gauge(
+        "stream_dp_bounds_max_keys_per_user",
+        "L0 (keys per user) the most recently released window was bounded with; 0: unset.",
+        registry=r,
+    )
+    bounds_contributions_per_key = Gauge(
+        "stream_dp_bounds_max_contributions_per_key",
+        "Linf (events per user and key) the most recently released window was bounded "
+        "with; 0: unset.",
+        registry=r,
+    )
+    bounds_epsilon_spent = Gauge(
+        "stream_dp_bounds_epsilon_spent",
+        "Epsilon the most recently released window spent on the histograms that choose "
+        "the next window's bounds (bounds: auto; 0 otherwise).",
+        registry=r,
+    )
+    return (
+        bounds_contributions_per_window,
+        bounds_keys_per_user,
+        bounds_contributions_per_key,
+        bounds_epsilon_spent,
+    )
+
+
+def _latency_metrics(r: CollectorRegistry) -> tuple[Histogram, Histogram, Gauge, Gauge]:
+    """Release delay, batch processing time, consumer lag and fetch age."""
+    release_delay = Histogram(
+        "stream_dp_release_delay_seconds",
+        "Wall-clock time from a window's end to the publication of its release "
+        "(grace period and idle-close wait included).",
+        buckets=RELEASE_DELAY_BUCKETS_S,
+        registry=r,
+    )
+    batch_processing = Histogram(
+        "stream_dp_batch_processing_seconds",
+        "Time to process one consumed batch of input records (decode, pseudonymize, "
+        "window, bound).",
+        buckets=BATCH_PROCESSING_BUCKETS_S,
+        registry=r,
+    )
+    consumer_lag = Gauge(
+        "stream_dp_consumer_lag_records",
+        "Records between the worker's position and the partition's high watermark, per "
+        "topic and assigned partition of every topic the worker reads (input, "
+        "repartition, partials). Approximate on the embedded broker, whose high "
+        "watermark is the last batch's base offset + 1, not the log end "
+        "(docs/architecture.md#embedded-broker); "
+        "exact on Apache Kafka.",
+        ["topic", "partition"],
+        registry=r,
+    )
+
+    fetch_age = Gauge(
+        "stream_dp_fetch_age_seconds",
+        "Seconds since the broker last answered a fetch (records or not) for an assigned "
+        "partition of the topic events are read from (the input), or since it was taken "
+        "if never. Grows while the worker cannot read the partition (a broker stall, a "
+        "stuck fetch); its windows wait meanwhile, since silence there is not idleness.",
+        ["topic", "partition"],
+        registry=r,
+    )
+    return release_delay, batch_processing, consumer_lag, fetch_age
+
+
+def _ledger_metrics(r: CollectorRegistry) -> tuple[Counter, Counter]:
+    """The release ledger read back at start-up and republished from."""
+    ledger_windows_loaded = Counter(
+        "stream_dp_ledger_windows_loaded",
+        "Released (query, window) entries read back from the release ledger at start-up.",
+        registry=r,
+    )
+    ledger_republished = Counter(
+        "stream_dp_ledger_republished",
+        "Windows whose stored release was republished from the ledger unchanged "
+        "(after a crash between ledger write and output publish). Never redrawn.",
+        registry=r,
+    )
+    return ledger_windows_loaded, ledger_republished
+
+
+def _scale_out_metrics(r: CollectorRegistry) -> tuple[Counter, Counter, Counter, Counter]:
+    """Scale-out: the repartition topic and the partials topic."""
+    events_repartitioned = Counter(
+        "stream_dp_events_repartitioned",
+        "Valid events stage 0 took from the input (unkeyed input): re-keyed by pseudonym "
+        "to the repartition topic, so that one user's events meet in one worker, or "
+        "dropped there because their user is erased. Both count alike, so that the "
+        "counter never tells whether an erased user is still sending.",
+        registry=r,
+    )
+    repartition_duplicates_skipped = Counter(
+        "stream_dp_repartition_duplicates_skipped",
+        "Repartitioned events seen a second time (re-sent after a worker crash) and "
+        "dropped, so that no event counts twice.",
+        registry=r,
+    )
+    partials_published = Counter(
+        "stream_dp_partials_published",
+        "Bounded partial aggregates (one per query, window and source partition) written "
+        "to the internal partials topic by stage 1.",
+        registry=r,
+    )
+    partials_ignored = Counter(
+        "stream_dp_partials_ignored",
+        "Partial-aggregate records stage 2 did not merge: a second version of a partial "
+        "it already took (duplicate_version), a window already released "
+        "(window_released), a malformed record (malformed), a window before the first "
+        "covered one (before_coverage), bounded under another pseudonym key "
+        "(key_mismatch) or another partition layout than the window's (layout_changed), a "
+        "version replaced by one that applied more erasures (superseded), or one left "
+        "out because no version applied an erasure in time (erasure_stale), bounded with other "
+        "bounds than its window's under bounds: auto (bounds_mismatch), or stamped with "
+        "another deployment fingerprint: a worker with other meaning-bearing settings "
+        "(fingerprint_mismatch).",
+        ["reason"],
+        registry=r,
+    )
+    return (
+        events_repartitioned,
+        repartition_duplicates_skipped,
+        partials_published,
+        partials_ignored,
+    )
+
+
+def _erasure_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge]:
+    """Erasure requests applied and erasures kept in memory (docs/erasure.md)."""
+    erasure_requests_applied = Counter(
+        "stream_dp_erasure_requests_applied",
+        "Erasure requests this worker recorded in the erasure log and answered (bad "
+        'requests count as bad_records{reason="bad_erasure_request"}).',
+        registry=r,
+    )
+    erasures_active = Gauge(
+        "stream_dp_erasures_active",
+        "Erasures kept in memory: applied and not yet past every window they affect.",
+        registry=r,
+    )
+    return erasure_requests_applied, erasures_active
+
+
+def _time_metrics(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
+    """Event time (watermark, oldest open window) and the last release."""
+    watermark = Gauge(
+        "stream_dp_watermark_timestamp_seconds",
+        "Current event-time watermark (Unix time): windows ending before it are closed.",
+        registry=r,
+    )
+    oldest_open_window_end = Gauge(
+        "stream_dp_oldest_open_window_end_timestamp_seconds",
+        "End (Unix time) of the oldest window still open; NaN when no window is open. "
+        "Release is due at this end plus the grace period.",
+        registry=r,
+    )
+    last_release = Gauge(
+        "stream_dp_last_release_timestamp_seconds",
+        "Wall-clock time (Unix) of the last window release published; 0 before the first.",
+        registry=r,
+    )
+    return watermark, oldest_open_window_end, last_release
+
+
+def _config_metrics(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
+    """Window settings, for alert thresholds that derive from them."""
+    config_window_size = Gauge(
+        "stream_dp_config_window_size_seconds", "Configured window.size_s.", registry=r
+    )
+    config_window_grace = Gauge(
+        "stream_dp_config_window_grace_seconds", "Configured window.grace_s.", registry=r
+    )
+    config_window_idle_close = Gauge(
+        "stream_dp_config_window_idle_close_seconds",
+        "Configured window.idle_close_s.",
+        registry=r,
+    )
+    return config_window_size, config_window_grace, config_window_idle_close
+
+
+def _health_metrics(
+    r: CollectorRegistry,
+) -> tuple[Gauge, Counter, Counter, Counter, Gauge, Counter, Counter, Info]:
+    """Readiness, broker and group trouble, ledger loss, build info."""
+    ready = Gauge(
+        "stream_dp_ready",
+        "1 when the worker is ready (partitions assigned, producer connected, release "
+        "ledger loaded), else 0.",
+        registry=r,
+    )
+    broker_errors = Counter(
+        "stream_dp_broker_errors",
+        "Errors talking to the Kafka broker (retried with back-off when retriable).",
+        registry=r,
+    )
+    membership_lost = Counter(
+        "stream_dp_membership_lost",
+        "Times the group told this worker it had lost its membership or generation "
+        "(a pause past the session timeout, a rebalance): it dropped the state of the "
+        "partitions it no longer owns and rejoined.",
+        registry=r,
+    )
+    topology_changes = Counter(
+        "stream_dp_topology_changes",
+        "Partition-count changes (or disappearances) of a topic the worker reads, seen "
+        "while running: see the runbook.",
+        ["topic"],
+        registry=r,
+    )
+    ledger_lost = Gauge(
+        "stream_dp_ledger_lost",
+        "1 while the worker releases nothing because the ledger topic lost this "
+        "deployment's records (deleted, recreated or renamed) while its group or output "
+        "topic shows earlier releases: see the runbook (stream-dp ledger rebuild).",
+        registry=r,
+    )
+    ledger_draws_discarded = Counter(
+        "stream_dp_ledger_draws_discarded",
+        "Draws this worker ledgered (or wrote as a running total's state) that lost to "
+        "an earlier complete draw of the same (query, window) — two owners raced; the "
+        "earlier one was used, this never.",
+        registry=r,
+    )
+    records_too_large = Counter(
+        "stream_dp_records_too_large",
+        "Internal records that cannot fit under kafka.max_message_bytes (the worker "
+        "stops: raise the limit).",
+        registry=r,
+    )
+    build_info = Info(
+        "stream_dp_build",
+        "Version of stream-dp and of Python this worker runs.",
+        registry=r,
+    )
+    build_info.info({"version": __version__, "python": platform.python_version()})
+    return (
+        ready,
+        broker_errors,
+        membership_lost,
+        topology_changes,
+        ledger_lost,
+        ledger_draws_discarded,
+        records_too_large,
+        build_info,
+    )
+
+
 class Metrics:
     """All metrics of one stream-dp worker, in a registry of its own.
 
@@ -158,302 +506,85 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
 
-        # --- input ------------------------------------------------------------------------
-        self.events_consumed = Counter(
-            "stream_dp_events_consumed",
-            "Records read from the input topic, valid or not (bad records included).",
-            registry=r,
-        )
-        self.bad_records = Counter(
-            "stream_dp_bad_records",
-            "Input records that could not be used and went to the dead-letter topic, "
-            "by reason code (e.g. not JSON, missing user or time field, too large).",
-            ["reason"],
-            registry=r,
-        )
-        self.late_events = Counter(
-            "stream_dp_late_events",
-            "Valid events dropped because their window had already closed (event time "
-            "older than the watermark) or comes before the first covered window "
-            "(window.start_at, or the first start); the worker logs a WARNING with the fix.",
-            registry=r,
-        )
-        self.replayed_events_skipped = Counter(
-            "stream_dp_replayed_events_skipped",
-            "Events re-read after a restart that belong to windows already released; "
-            "dropped so that no window is ever computed twice.",
-            registry=r,
-        )
+        (
+            self.events_consumed,
+            self.bad_records,
+            self.late_events,
+            self.replayed_events_skipped,
+        ) = _input_metrics(r)
 
-        # --- windows and releases ---------------------------------------------------------
-        self.windows_open = Gauge(
-            "stream_dp_windows_open",
-            "Event-time windows currently open (collecting events, not yet released).",
-            registry=r,
-        )
-        self.windows_released = Counter(
-            "stream_dp_windows_released",
-            "Windows closed and released, per query.",
-            ["query"],
-            registry=r,
-        )
-        self.releases_published = Counter(
-            "stream_dp_releases_published",
-            "Noisy release records written to the output topic, per query "
-            "(one per released group key, ledger republications included).",
-            ["query"],
-            registry=r,
-        )
-        self.keys_released = Counter(
-            "stream_dp_keys_released",
-            "Group keys published with a noisy value, per query (summed over windows).",
-            ["query"],
-            registry=r,
-        )
-        self.budget_exhausted = Counter(
-            "stream_dp_budget_exhausted",
-            "Releases refused because the window or horizon privacy budget would be "
-            "exceeded, per query. Any increase means numbers are missing from the output.",
-            ["query"],
-            registry=r,
-        )
+        (
+            self.windows_open,
+            self.windows_released,
+            self.releases_published,
+            self.keys_released,
+            self.budget_exhausted,
+        ) = _release_metrics(r)
 
-        # --- privacy budget ---------------------------------------------------------------
-        self.epsilon_spent = Gauge(
-            "stream_dp_window_epsilon_spent",
-            "Privacy loss epsilon spent by the query on the most recently released window.",
-            ["query"],
-            registry=r,
-        )
-        self.epsilon_remaining = Gauge(
-            "stream_dp_window_epsilon_remaining",
-            "Per-window epsilon budget minus what the most recently released window spent "
-            "(over all queries).",
-            registry=r,
-        )
-        self.horizon_epsilon_spent = Gauge(
-            "stream_dp_horizon_epsilon_spent",
-            "Epsilon one user can have lost over the rolling horizon of recent windows.",
-            registry=r,
-        )
-        self.horizon_epsilon_remaining = Gauge(
-            "stream_dp_horizon_epsilon_remaining",
-            "Horizon epsilon budget minus what the rolling horizon has spent. "
-            "At 0, releases are refused until old windows leave the horizon.",
-            registry=r,
-        )
+        (
+            self.epsilon_spent,
+            self.epsilon_remaining,
+            self.horizon_epsilon_spent,
+            self.horizon_epsilon_remaining,
+        ) = _budget_metrics(r)
 
-        # --- bounds (fixed, or under bounds: auto differentially private: chosen from
-        # released histograms; NaN while no window was released with them) ---------------
-        self.bounds_contributions_per_window = Gauge(
-            "stream_dp_bounds_max_contributions_per_window",
-            "k (events kept per user) the most recently released window was bounded with.",
-            registry=r,
-        )
-        self.bounds_keys_per_user = Gauge(
-            "stream_dp_bounds_max_keys_per_user",
-            "L0 (keys per user) the most recently released window was bounded with; 0: unset.",
-            registry=r,
-        )
-        self.bounds_contributions_per_key = Gauge(
-            "stream_dp_bounds_max_contributions_per_key",
-            "Linf (events per user and key) the most recently released window was bounded "
-            "with; 0: unset.",
-            registry=r,
-        )
-        self.bounds_epsilon_spent = Gauge(
-            "stream_dp_bounds_epsilon_spent",
-            "Epsilon the most recently released window spent on the histograms that choose "
-            "the next window's bounds (bounds: auto; 0 otherwise).",
-            registry=r,
-        )
+        (
+            self.bounds_contributions_per_window,
+            self.bounds_keys_per_user,
+            self.bounds_contributions_per_key,
+            self.bounds_epsilon_spent,
+        ) = _bounds_metrics(r)
 
-        # --- latency ------------------------------------------------------------------------
-        self.release_delay = Histogram(
-            "stream_dp_release_delay_seconds",
-            "Wall-clock time from a window's end to the publication of its release "
-            "(grace period and idle-close wait included).",
-            buckets=RELEASE_DELAY_BUCKETS_S,
-            registry=r,
-        )
-        self.batch_processing = Histogram(
-            "stream_dp_batch_processing_seconds",
-            "Time to process one consumed batch of input records (decode, pseudonymize, "
-            "window, bound).",
-            buckets=BATCH_PROCESSING_BUCKETS_S,
-            registry=r,
-        )
-        self.consumer_lag = Gauge(
-            "stream_dp_consumer_lag_records",
-            "Records between the worker's position and the partition's high watermark, per "
-            "topic and assigned partition of every topic the worker reads (input, "
-            "repartition, partials). Approximate on the embedded broker, whose high "
-            "watermark is the last batch's base offset + 1, not the log end "
-            "(docs/architecture.md#embedded-broker); "
-            "exact on Apache Kafka.",
-            ["topic", "partition"],
-            registry=r,
-        )
+        (
+            self.release_delay,
+            self.batch_processing,
+            self.consumer_lag,
+            self.fetch_age,
+        ) = _latency_metrics(r)
 
-        self.fetch_age = Gauge(
-            "stream_dp_fetch_age_seconds",
-            "Seconds since the broker last answered a fetch (records or not) for an assigned "
-            "partition of the topic events are read from (the input), or since it was taken "
-            "if never. Grows while the worker cannot read the partition (a broker stall, a "
-            "stuck fetch); its windows wait meanwhile, since silence there is not idleness.",
-            ["topic", "partition"],
-            registry=r,
-        )
+        (
+            self.ledger_windows_loaded,
+            self.ledger_republished,
+        ) = _ledger_metrics(r)
 
-        # --- release ledger ---------------------------------------------------------------
-        self.ledger_windows_loaded = Counter(
-            "stream_dp_ledger_windows_loaded",
-            "Released (query, window) entries read back from the release ledger at start-up.",
-            registry=r,
-        )
-        self.ledger_republished = Counter(
-            "stream_dp_ledger_republished",
-            "Windows whose stored release was republished from the ledger unchanged "
-            "(after a crash between ledger write and output publish). Never redrawn.",
-            registry=r,
-        )
+        (
+            self.events_repartitioned,
+            self.repartition_duplicates_skipped,
+            self.partials_published,
+            self.partials_ignored,
+        ) = _scale_out_metrics(r)
 
-        # --- scale-out: repartition and partials --------------------------------------------
-        self.events_repartitioned = Counter(
-            "stream_dp_events_repartitioned",
-            "Valid events stage 0 took from the input (unkeyed input): re-keyed by pseudonym "
-            "to the repartition topic, so that one user's events meet in one worker, or "
-            "dropped there because their user is erased. Both count alike, so that the "
-            "counter never tells whether an erased user is still sending.",
-            registry=r,
-        )
-        self.repartition_duplicates_skipped = Counter(
-            "stream_dp_repartition_duplicates_skipped",
-            "Repartitioned events seen a second time (re-sent after a worker crash) and "
-            "dropped, so that no event counts twice.",
-            registry=r,
-        )
-        self.partials_published = Counter(
-            "stream_dp_partials_published",
-            "Bounded partial aggregates (one per query, window and source partition) written "
-            "to the internal partials topic by stage 1.",
-            registry=r,
-        )
-        self.partials_ignored = Counter(
-            "stream_dp_partials_ignored",
-            "Partial-aggregate records stage 2 did not merge: a second version of a partial "
-            "it already took (duplicate_version), a window already released "
-            "(window_released), a malformed record (malformed), a window before the first "
-            "covered one (before_coverage), bounded under another pseudonym key "
-            "(key_mismatch) or another partition layout than the window's (layout_changed), a "
-            "version replaced by one that applied more erasures (superseded), or one left "
-            "out because no version applied an erasure in time (erasure_stale), bounded with other "
-            "bounds than its window's under bounds: auto (bounds_mismatch), or stamped with "
-            "another deployment fingerprint: a worker with other meaning-bearing settings "
-            "(fingerprint_mismatch).",
-            ["reason"],
-            registry=r,
-        )
+        (
+            self.erasure_requests_applied,
+            self.erasures_active,
+        ) = _erasure_metrics(r)
 
-        # --- erasure (docs/erasure.md) ----------------------------------------------------
-        self.erasure_requests_applied = Counter(
-            "stream_dp_erasure_requests_applied",
-            "Erasure requests this worker recorded in the erasure log and answered (bad "
-            "requests count as bad_records{reason=\"bad_erasure_request\"}).",
-            registry=r,
-        )
-        self.erasures_active = Gauge(
-            "stream_dp_erasures_active",
-            "Erasures kept in memory: applied and not yet past every window they affect.",
-            registry=r,
-        )
+        (
+            self.watermark,
+            self.oldest_open_window_end,
+            self.last_release,
+        ) = _time_metrics(r)
 
-        # --- time ---------------------------------------------------------------------------
-        self.watermark = Gauge(
-            "stream_dp_watermark_timestamp_seconds",
-            "Current event-time watermark (Unix time): windows ending before it are closed.",
-            registry=r,
-        )
-        self.oldest_open_window_end = Gauge(
-            "stream_dp_oldest_open_window_end_timestamp_seconds",
-            "End (Unix time) of the oldest window still open; NaN when no window is open. "
-            "Release is due at this end plus the grace period.",
-            registry=r,
-        )
-        self.last_release = Gauge(
-            "stream_dp_last_release_timestamp_seconds",
-            "Wall-clock time (Unix) of the last window release published; 0 before the first.",
-            registry=r,
-        )
-
-        # --- configuration: alert thresholds derive from these, for any window size -----
-        self.config_window_size = Gauge(
-            "stream_dp_config_window_size_seconds", "Configured window.size_s.", registry=r
-        )
-        self.config_window_grace = Gauge(
-            "stream_dp_config_window_grace_seconds", "Configured window.grace_s.", registry=r
-        )
-        self.config_window_idle_close = Gauge(
-            "stream_dp_config_window_idle_close_seconds",
-            "Configured window.idle_close_s.",
-            registry=r,
-        )
+        (
+            self.config_window_size,
+            self.config_window_grace,
+            self.config_window_idle_close,
+        ) = _config_metrics(r)
 
         self.config_input_max_future, self.input_clock_skew = _clock_gauges(r)
 
-        # --- health -----------------------------------------------------------------------
-        self.ready = Gauge(
-            "stream_dp_ready",
-            "1 when the worker is ready (partitions assigned, producer connected, release "
-            "ledger loaded), else 0.",
-            registry=r,
-        )
-        self.broker_errors = Counter(
-            "stream_dp_broker_errors",
-            "Errors talking to the Kafka broker (retried with back-off when retriable).",
-            registry=r,
-        )
-        self.membership_lost = Counter(
-            "stream_dp_membership_lost",
-            "Times the group told this worker it had lost its membership or generation "
-            "(a pause past the session timeout, a rebalance): it dropped the state of the "
-            "partitions it no longer owns and rejoined.",
-            registry=r,
-        )
-        self.topology_changes = Counter(
-            "stream_dp_topology_changes",
-            "Partition-count changes (or disappearances) of a topic the worker reads, seen "
-            "while running: see the runbook.",
-            ["topic"],
-            registry=r,
-        )
-        self.ledger_lost = Gauge(
-            "stream_dp_ledger_lost",
-            "1 while the worker releases nothing because the ledger topic lost this "
-            "deployment's records (deleted, recreated or renamed) while its group or output "
-            "topic shows earlier releases: see the runbook (stream-dp ledger rebuild).",
-            registry=r,
-        )
-        self.ledger_draws_discarded = Counter(
-            "stream_dp_ledger_draws_discarded",
-            "Draws this worker ledgered (or wrote as a running total's state) that lost to "
-            "an earlier complete draw of the same (query, window) — two owners raced; the "
-            "earlier one was used, this never.",
-            registry=r,
-        )
-        self.records_too_large = Counter(
-            "stream_dp_records_too_large",
-            "Internal records that cannot fit under kafka.max_message_bytes (the worker "
-            "stops: raise the limit).",
-            registry=r,
-        )
-        self.build_info = Info(
-            "stream_dp_build",
-            "Version of stream-dp and of Python this worker runs.",
-            registry=r,
-        )
-        self.build_info.info({"version": __version__, "python": platform.python_version()})
+        (
+            self.ready,
+            self.broker_errors,
+            self.membership_lost,
+            self.topology_changes,
+            self.ledger_lost,
+            self.ledger_draws_discarded,
+            self.records_too_large,
+            self.build_info,
+        ) = _health_metrics(r)
 
+        # NaN until a window is released: no open window yet, no bounds used yet.
         self.oldest_open_window_end.set(math.nan)
         for gauge in (
             self.bounds_contributions_per_window,

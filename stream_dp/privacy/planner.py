@@ -429,147 +429,210 @@ def _check_numeric_range(query: QuerySpec, part: NoiseComponent) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _BudgetSplit:
+    """How one query's (ε, δ) divides between partition selection and noise, and the
+    selection's charges (the noise's are added once the noise components are known)."""
+
+    selection: PartitionSelection | None
+    selection_epsilon: float
+    selection_delta: float
+    noise_epsilon: float
+    noise_delta: float
+    delta_unused: float
+    charges: tuple[PrivacyCharge, ...]
+
+
+def _primary_sensitivity(query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
+    """The released statistic's sensitivity (a mean's is its sum's)."""
+    if query.statistic == "count":
+        return count_sensitivity(bounds)
+    if query.statistic == "count_distinct_users":
+        return distinct_users_sensitivity(bounds)
+    return sum_sensitivity(query, bounds)
+
+
+def _plan_count_threshold(
+    query: QuerySpec, primary: Sensitivity
+) -> tuple[_BudgetSplit, tuple[NoiseComponent, ...]]:
+    """``count_threshold`` selection: the released count's noise is the selection's, so the
+    noise gets all of ε and the threshold its share of δ (charges: noise, then threshold)."""
+    statistic = query.statistic
+    if statistic not in ("count", "count_distinct_users"):
+        raise ConfigError(
+            f"query {query.name}: selection count_threshold tests the released count, "
+            f"so it works with statistic count or count_distinct_users, not {statistic}; "
+            "use truncated_geometric (the default) or list public keys"
+        )
+    eps = query.epsilon
+    threshold = CountThreshold(
+        epsilon=eps,
+        delta=query.delta,
+        max_partitions_contributed=primary.max_partitions_contributed,
+        max_contributions_per_partition=primary.max_contributions_per_partition,
+        l1_sensitivity=primary.l1,
+        l2_sensitivity_squared=primary.l2_squared,
+        mechanism=query.mechanism,
+    )
+    noise_delta = threshold.noise_delta
+    mech = threshold.mechanism
+    rho = mech.rho(primary.l2) if isinstance(mech, DiscreteGaussian) else None
+    noise = (NoiseComponent("value", mech, primary, eps, noise_delta, rho, 1.0),)
+    split = _BudgetSplit(
+        selection=threshold,
+        selection_epsilon=0.0,
+        selection_delta=threshold.threshold_delta,
+        noise_epsilon=eps,
+        noise_delta=noise_delta,
+        delta_unused=0.0,
+        charges=(
+            PrivacyCharge("noise:value", eps, noise_delta, rho),
+            PrivacyCharge("selection:threshold", 0.0, threshold.threshold_delta),
+        ),
+    )
+    return split, noise
+
+
+def _split_budget(
+    query: QuerySpec, bounds: BoundsSpec, public_keys: tuple[GroupKey, ...] | None
+) -> _BudgetSplit:
+    """Public keys: all to the noise (Laplace leaves δ unused). Private keys: the selection
+    strategy gets ``selection_epsilon_share``·ε and δ (Gaussian noise: δ/2), the noise the rest."""
+    eps, delta = query.epsilon, query.delta
+    gaussian = query.mechanism == "discrete_gaussian"
+    if public_keys is not None:
+        return _BudgetSplit(
+            selection=None,
+            selection_epsilon=0.0,
+            selection_delta=0.0,
+            noise_epsilon=eps,
+            noise_delta=delta if gaussian else 0.0,
+            delta_unused=0.0 if gaussian else delta,
+            charges=(),
+        )
+    strategy = query.selection
+    assert strategy != "count_threshold"
+    selection_eps = query.selection_epsilon_share * eps
+    noise_delta = delta / 2 if gaussian else 0.0
+    selection_delta = delta - noise_delta if gaussian else delta
+    chosen = make_selection(
+        strategy,
+        epsilon=selection_eps,
+        delta=selection_delta,
+        max_partitions_contributed=distinct_users_sensitivity(bounds).max_partitions_contributed,
+    )
+    charges: tuple[PrivacyCharge, ...]
+    if isinstance(chosen, GaussianThreshold | WeightedGaussian):
+        sel_rho = chosen.mechanism.rho(chosen.l2_sensitivity)
+        charges = (
+            PrivacyCharge("selection:noise", selection_eps, chosen.noise_delta, sel_rho),
+            PrivacyCharge("selection:threshold", 0.0, chosen.threshold_delta),
+        )
+    else:
+        charges = (PrivacyCharge("selection", selection_eps, selection_delta),)
+    return _BudgetSplit(
+        selection=chosen,
+        selection_epsilon=selection_eps,
+        selection_delta=selection_delta,
+        noise_epsilon=eps - selection_eps,
+        noise_delta=noise_delta,
+        delta_unused=0.0,
+        charges=charges,
+    )
+
+
+def _noise_components(
+    query: QuerySpec, bounds: BoundsSpec, primary: Sensitivity, split: _BudgetSplit, unit: float
+) -> tuple[NoiseComponent, ...]:
+    """One component for the value, or for a mean a sum and a count sharing the noise budget
+    (``mean_count_share`` of it to the count)."""
+    noise_eps, noise_delta = split.noise_epsilon, split.noise_delta
+    if query.statistic != "mean":
+        return (_noise_component("value", query.mechanism, primary, noise_eps, noise_delta, unit),)
+    count_eps = query.mean_count_share * noise_eps
+    count_delta = query.mean_count_share * noise_delta
+    return (
+        _noise_component(
+            "sum", query.mechanism, primary, noise_eps - count_eps, noise_delta - count_delta, unit
+        ),
+        _noise_component(
+            "count", query.mechanism, count_sensitivity(bounds), count_eps, count_delta, 1.0
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class _ReleaseNoise:
+    """The noise a release draws and its headline scale and 95% interval."""
+
+    noise: tuple[NoiseComponent, ...]
+    noise_scale: float
+    ci95: float
+    continual: ContinualPlan | None = None
+    continual_options: tuple[ContinualPlan, ...] = ()
+
+
+def _release_noise(
+    query: QuerySpec,
+    bounds: BoundsSpec,
+    primary: Sensitivity,
+    public_keys: tuple[GroupKey, ...] | None,
+    noise: tuple[NoiseComponent, ...],
+    unit: float,
+) -> _ReleaseNoise:
+    """Per-window noise as planned, or for a cumulative query the continual option's draw
+    (same ε, δ and ρ as the per-window component)."""
+    if not query.cumulative:
+        return _ReleaseNoise(noise, noise[0].scale, noise[0].ci95)
+    assert public_keys is not None  # the config refuses private keys for cumulative
+    continual, continual_options = _plan_cumulative(query, bounds, primary, public_keys, unit)
+    draw = NoiseComponent(
+        "value",
+        continual.mechanism,
+        primary,
+        noise[0].epsilon,
+        noise[0].delta,
+        noise[0].rho,
+        continual.draw_unit * unit,
+    )
+    return _ReleaseNoise(
+        (draw,),
+        continual.draw_scale,
+        continual.ci95(continual.horizon_windows),
+        continual,
+        continual_options,
+    )
+
+
 def plan_query(
     query: QuerySpec, bounds: BoundsSpec, *, unsafe_test_mode: bool = False
 ) -> QueryPlan:
     """The noise, selection and budget split for one query (see the module docstring)."""
-    gaussian = query.mechanism == "discrete_gaussian"
     public_keys = public_key_product(query)
-    eps, delta = query.epsilon, query.delta
     statistic = query.statistic
-
-    if statistic == "count":
-        primary = count_sensitivity(bounds)
-    elif statistic == "count_distinct_users":
-        primary = distinct_users_sensitivity(bounds)
-    else:
-        primary = sum_sensitivity(query, bounds)
-    granularity = query.value_granularity if statistic in ("sum", "mean") else None
-    value_bound = (
-        max(abs(query.lower or 0.0), abs(query.upper or 0.0))
-        if statistic in ("sum", "mean")
-        else None
-    )
-    users = distinct_users_sensitivity(bounds)
-
-    selection: PartitionSelection | None = None
-    charges: list[PrivacyCharge] = []
-    selection_eps = selection_delta = 0.0
-    noise_eps, noise_delta = eps, (delta if gaussian else 0.0)
-    delta_unused = 0.0 if gaussian else delta
+    primary = _primary_sensitivity(query, bounds)
+    sums_values = statistic in ("sum", "mean")
+    granularity = query.value_granularity if sums_values else None
+    value_bound = max(abs(query.lower or 0.0), abs(query.upper or 0.0)) if sums_values else None
 
     if public_keys is None and query.selection == "count_threshold":
-        if statistic not in ("count", "count_distinct_users"):
-            raise ConfigError(
-                f"query {query.name}: selection count_threshold tests the released count, "
-                f"so it works with statistic count or count_distinct_users, not {statistic}; "
-                "use truncated_geometric (the default) or list public keys"
-            )
-        threshold = CountThreshold(
-            epsilon=eps,
-            delta=delta,
-            max_partitions_contributed=primary.max_partitions_contributed,
-            max_contributions_per_partition=primary.max_contributions_per_partition,
-            l1_sensitivity=primary.l1,
-            l2_sensitivity_squared=primary.l2_squared,
-            mechanism=query.mechanism,
-        )
-        selection = threshold
-        noise_delta = threshold.noise_delta
-        selection_delta = threshold.threshold_delta
-        delta_unused = 0.0
-        mech = threshold.mechanism
-        rho = mech.rho(primary.l2) if isinstance(mech, DiscreteGaussian) else None
-        noise: tuple[NoiseComponent, ...] = (
-            NoiseComponent("value", mech, primary, eps, noise_delta, rho, 1.0),
-        )
-        charges.append(PrivacyCharge("noise:value", eps, noise_delta, rho))
-        charges.append(PrivacyCharge("selection:threshold", 0.0, selection_delta))
+        split, noise = _plan_count_threshold(query, primary)
+        charges = list(split.charges)
     else:
-        if public_keys is None:
-            strategy = query.selection
-            assert strategy != "count_threshold"
-            selection_eps = query.selection_epsilon_share * eps
-            noise_eps = eps - selection_eps
-            if gaussian:
-                noise_delta = delta / 2
-                selection_delta = delta - noise_delta
-            else:
-                noise_delta = 0.0
-                selection_delta = delta
-            delta_unused = 0.0
-            chosen = make_selection(
-                strategy,
-                epsilon=selection_eps,
-                delta=selection_delta,
-                max_partitions_contributed=users.max_partitions_contributed,
-            )
-            selection = chosen
-            if isinstance(chosen, GaussianThreshold | WeightedGaussian):
-                sel_rho = chosen.mechanism.rho(chosen.l2_sensitivity)
-                charges.append(
-                    PrivacyCharge("selection:noise", selection_eps, chosen.noise_delta, sel_rho)
-                )
-                charges.append(PrivacyCharge("selection:threshold", 0.0, chosen.threshold_delta))
-            else:
-                charges.append(PrivacyCharge("selection", selection_eps, selection_delta))
-        unit = granularity or 1.0
-        if statistic == "mean":
-            count_eps = query.mean_count_share * noise_eps
-            count_delta = query.mean_count_share * noise_delta
-            parts = [
-                _noise_component(
-                    "sum",
-                    query.mechanism,
-                    primary,
-                    noise_eps - count_eps,
-                    noise_delta - count_delta,
-                    unit,
-                ),
-                _noise_component(
-                    "count",
-                    query.mechanism,
-                    count_sensitivity(bounds),
-                    count_eps,
-                    count_delta,
-                    1.0,
-                ),
-            ]
-        else:
-            parts = [
-                _noise_component("value", query.mechanism, primary, noise_eps, noise_delta, unit)
-            ]
-        noise = tuple(parts)
-        for part in noise:
-            charges.append(
-                PrivacyCharge(f"noise:{part.target}", part.epsilon, part.delta, part.rho)
-            )
+        split = _split_budget(query, bounds, public_keys)
+        noise = _noise_components(query, bounds, primary, split, granularity or 1.0)
+        charges = list(split.charges)
+        charges.extend(
+            PrivacyCharge(f"noise:{part.target}", part.epsilon, part.delta, part.rho)
+            for part in noise
+        )
     for part in noise:
         _check_numeric_range(query, part)
-    continual: ContinualPlan | None = None
-    continual_options: tuple[ContinualPlan, ...] = ()
-    noise_scale, ci95 = noise[0].scale, noise[0].ci95
-    if query.cumulative:
-        assert public_keys is not None  # the config refuses private keys for cumulative
-        continual, continual_options = _plan_cumulative(
-            query, bounds, primary, public_keys, granularity or 1.0
-        )
-        draw = NoiseComponent(
-            "value",
-            continual.mechanism,
-            primary,
-            noise[0].epsilon,
-            noise[0].delta,
-            noise[0].rho,
-            continual.draw_unit * (granularity or 1.0),
-        )
-        noise = (draw,)
-        noise_scale = continual.draw_scale
-        ci95 = continual.ci95(continual.horizon_windows)
-    if delta_unused > 0:
+    released = _release_noise(query, bounds, primary, public_keys, noise, granularity or 1.0)
+    if split.delta_unused > 0:
         # charged like the rest (the load-time budget check counts it) though no mechanism
         # needs it: Laplace noise on public keys is pure ε-DP.
-        charges.append(PrivacyCharge("unused", 0.0, delta_unused))
+        charges.append(PrivacyCharge("unused", 0.0, split.delta_unused))
 
     return QueryPlan(
         name=query.name,
@@ -577,16 +640,16 @@ def plan_query(
         group_by=tuple(query.group_by),
         mechanism=query.mechanism,
         sensitivity=primary,
-        epsilon=eps,
-        delta=delta,
-        noise_epsilon=noise_eps,
-        noise_delta=noise_delta,
-        selection_epsilon=selection_eps,
-        selection_delta=selection_delta,
-        noise=noise,
-        noise_scale=noise_scale,
-        ci95=ci95,
-        selection=selection,
+        epsilon=query.epsilon,
+        delta=query.delta,
+        noise_epsilon=split.noise_epsilon,
+        noise_delta=split.noise_delta,
+        selection_epsilon=split.selection_epsilon,
+        selection_delta=split.selection_delta,
+        noise=released.noise,
+        noise_scale=released.noise_scale,
+        ci95=released.ci95,
+        selection=split.selection,
         public_keys=public_keys,
         charges=tuple(charges),
         granularity=granularity,
@@ -595,9 +658,9 @@ def plan_query(
         value_upper=query.upper if statistic == "mean" else None,
         clamp_negative=query.clamp_negative,
         unsafe_test_mode=unsafe_test_mode,
-        delta_unused=delta_unused,
-        continual=continual,
-        continual_options=continual_options,
+        delta_unused=split.delta_unused,
+        continual=released.continual,
+        continual_options=released.continual_options,
         continual_auto=query.continual_mechanism == "auto",
         horizon_origin_s=query.horizon_origin_s,
     )

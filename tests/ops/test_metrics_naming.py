@@ -196,6 +196,12 @@ def test_attribute_exposes_the_agreed_name_type_and_labels(attribute: str) -> No
     m = populated()
     metric = getattr(m, attribute)
     assert metric._type == kind  # prometheus_client's own type tag
+    # this attribute's own family (not just some metric in the registry) has the name/labels
+    family = metric.describe()[0]
+    family_suffix = {"counter": "_total", "info": "_info"}.get(kind, "")
+    assert family.name == sample_name.removesuffix(family_suffix)
+    if kind != "info":  # an Info's "labels" are its info keys, checked below
+        assert tuple(metric._labelnames) == labels
     suffix = "_count" if kind == "histogram" else ""
     assert sample_name + suffix in m.names()
     parsed = {
