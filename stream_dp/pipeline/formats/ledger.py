@@ -43,7 +43,7 @@ import orjson
 
 from stream_dp.config.fingerprint import Fingerprint
 from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES, join_in_parts
-from stream_dp.pipeline.formats.records import SCHEMA_VERSION, dumps
+from stream_dp.pipeline.formats.records import SCHEMA_VERSION, dumps, output_key, window_record
 from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
@@ -303,6 +303,48 @@ def encode_rotation(key_id: str, previous_key_id: str, rotate_at_s: float) -> tu
         "rotate_at": iso_utc(rotate_at_s),
     }
     return f"{ROTATION_PREFIX}{previous_key_id}>{key_id}", orjson.dumps(value)
+
+
+def close_release(
+    records: list[OutputRecord],
+    *,
+    release_id: str,
+    query: str,
+    window_start_s: int,
+    window_end_s: int,
+    released_keys: int,
+    epsilon_spent: float,
+    delta_spent: float,
+    horizon_epsilon_spent: float,
+    sources: dict[int, str],
+    bounds: Mapping[str, Any] | None = None,
+    erasures_through: int = 0,
+) -> LedgerRelease:
+    """A (query, window) release: its value ``records`` closed by the window record (last:
+    a reader that has it has the whole window), as the ledger keeps it. The one place a
+    window record is built, for per-window and cumulative queries alike."""
+    closing = window_record(
+        release_id=release_id,
+        query=query,
+        window_start_s=window_start_s,
+        window_end_s=window_end_s,
+        released_keys=released_keys,
+        epsilon_spent=epsilon_spent,
+        delta_spent=delta_spent,
+        horizon_epsilon_spent=horizon_epsilon_spent,
+        bounds=bounds,
+    )
+    return LedgerRelease(
+        release_id=release_id,
+        query=query,
+        window_start_s=window_start_s,
+        window_end_s=window_end_s,
+        epsilon_spent=epsilon_spent,
+        delta_spent=delta_spent,
+        records=[*records, OutputRecord(output_key(query, window_start_s, None), closing)],
+        sources=sources,
+        erasures_through=erasures_through,
+    )
 
 
 class LedgerIndex:

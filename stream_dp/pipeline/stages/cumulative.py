@@ -73,13 +73,17 @@ from stream_dp.pipeline.formats.continual_state import (
     continual_partition,
     new_draw_id,
 )
-from stream_dp.pipeline.formats.ledger import LedgerRelease, OutputRecord, new_release_id
+from stream_dp.pipeline.formats.ledger import (
+    LedgerRelease,
+    OutputRecord,
+    close_release,
+    new_release_id,
+)
 from stream_dp.pipeline.formats.records import (
     cumulative_release_fields,
     group_dict,
     output_key,
     release_record,
-    window_record,
 )
 from stream_dp.privacy.continual.counter import (
     MAX_TOTAL,
@@ -405,29 +409,16 @@ def cumulative_release(
                 ),
             )
         )
-    records.append(
-        OutputRecord(
-            output_key(cfg.name, window_start_s, None),
-            window_record(
-                release_id=release_id,
-                query=cfg.name,
-                window_start_s=window_start_s,
-                window_end_s=window_end_s,
-                released_keys=len(q.keys),
-                epsilon_spent=cfg.epsilon,
-                delta_spent=cfg.delta,
-                horizon_epsilon_spent=horizon_epsilon_spent,
-            ),
-        )
-    )
-    return LedgerRelease(
+    return close_release(
+        records,
         release_id=release_id,
         query=cfg.name,
         window_start_s=window_start_s,
         window_end_s=window_end_s,
+        released_keys=len(q.keys),
         epsilon_spent=cfg.epsilon,
         delta_spent=cfg.delta,
-        records=records,
+        horizon_epsilon_spent=horizon_epsilon_spent,
         sources=sources,
         # the values come from the window's state draw, whatever partials were taken since
         erasures_through=found.erasures_through,

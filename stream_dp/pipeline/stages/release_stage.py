@@ -43,10 +43,11 @@ from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
     LedgerRelease,
     OutputRecord,
+    close_release,
     new_release_id,
 )
 from stream_dp.pipeline.formats.partials import Partial, PartialPart, merge_totals
-from stream_dp.pipeline.formats.records import output_key, release_records, window_record
+from stream_dp.pipeline.formats.records import release_records
 from stream_dp.pipeline.stages.auto_bounds import AutoBounds
 from stream_dp.pipeline.stages.cumulative import (
     CumulativeQuery,
@@ -512,31 +513,18 @@ def draw_release(
             values=result.values,
         )
     ]
-    records.append(
-        OutputRecord(
-            output_key(q.name, window_start_s, None),
-            window_record(
-                release_id=release_id,
-                query=q.name,
-                window_start_s=window_start_s,
-                window_end_s=window_end_s,
-                released_keys=len(result.values),
-                epsilon_spent=cfg.epsilon,
-                delta_spent=cfg.delta,
-                horizon_epsilon_spent=horizon_epsilon_spent,
-                bounds=bounds_field,
-            ),
-        )
-    )
-    return LedgerRelease(
+    return close_release(
+        records,
         release_id=release_id,
         query=q.name,
         window_start_s=window_start_s,
         window_end_s=window_end_s,
+        released_keys=len(result.values),
         epsilon_spent=cfg.epsilon,
         delta_spent=cfg.delta,
-        records=records,
+        horizon_epsilon_spent=horizon_epsilon_spent,
         sources=sources,
+        bounds=bounds_field,
     )
 
 
