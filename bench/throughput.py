@@ -344,6 +344,7 @@ def measure(
     log: Any = print,
     profile_dir: Path | None = None,
     kstreams_peer: bool = True,
+    kstreams_idle_close_s: float = KSTREAMS_IDLE_CLOSE_S,
 ) -> dict[str, Any]:
     """Preload the topic(s), run every contender ``runs`` times, delete the topics.
 
@@ -378,7 +379,7 @@ def measure(
         "grace_s": GRACE_S,
         "idle_close_s": IDLE_CLOSE_S,
         "faust_idle_close_s": FAUST_IDLE_CLOSE_S,
-        "kstreams_idle_close_s": KSTREAMS_IDLE_CLOSE_S,
+        "kstreams_idle_close_s": kstreams_idle_close_s,
         "runs": runs,
         "mean_value_bytes": sum(map(len, values)) / len(values),
         "faust_events": prefix_events,
@@ -446,7 +447,15 @@ def measure(
             f = faust.runs[-1]
             log(f"  run {r + 1}: faust {f['events'] / f['seconds']:,.0f}/s")
             if peer is not None:
-                _run_kstreams(peer, bootstrap, main_topic, cols, spec.window_size_s, broker_pid)
+                _run_kstreams(
+                    peer,
+                    bootstrap,
+                    main_topic,
+                    cols,
+                    spec.window_size_s,
+                    broker_pid,
+                    idle_close_s=kstreams_idle_close_s,
+                )
                 ks = peer.runs[-1]
                 log(f"  run {r + 1}: kafka streams {ks['events'] / ks['seconds']:,.0f}/s")
         if not separate:
@@ -507,6 +516,8 @@ def _run_kstreams(
     cols: Any,
     window_size_s: int,
     broker_pid: int,
+    *,
+    idle_close_s: float,
 ) -> None:
     from bench import kstreams
 
@@ -518,7 +529,7 @@ def _run_kstreams(
             partitions=PARTITIONS,
             window_size_s=window_size_s,
             grace_s=GRACE_S,
-            idle_close_s=KSTREAMS_IDLE_CLOSE_S,
+            idle_close_s=idle_close_s,
             k=K,
             broker_pid=broker_pid,
             timeout_s=CONTENDER_TIMEOUT_S,

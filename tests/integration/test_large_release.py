@@ -25,7 +25,7 @@ import yaml
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
-from stream_dp.pipeline.kafka.worker import PAUSE_POINT_ENV
+from stream_dp.pipeline.faults import PAUSE_POINT_ENV
 from tests.integration.support import (
     partitions_taken_over,
     produce_events,

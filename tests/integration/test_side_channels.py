@@ -40,9 +40,11 @@ INPUT_RECORD_COUNTERS = {
     "stream_dp_events_consumed_total",
     "stream_dp_events_repartitioned_total",
 }
-#: Samples that measure time or the process, not the data.
+#: Samples that measure time or the process, not the data (the input clock skew is the newest
+#: input record's time stamp against the worker's clock: time, like the watermark).
 TIMING = re.compile(
     r"^(process_|python_|stream_dp_(batch_processing_seconds|release_delay_seconds|"
+    r"input_clock_skew_seconds|"
     r"last_release_timestamp_seconds|consumer_lag_records|fetch_age_seconds|watermark_timestamp_seconds|"
     r"oldest_open_window_end_timestamp_seconds|build_info))"
 )

@@ -13,6 +13,7 @@ import pytest
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
     LedgerRelease,
@@ -733,3 +734,12 @@ def test_partials_of_another_pseudonym_key_are_not_merged() -> None:
     stale = Partial("visits", T0, 0, new_version(), {A: KeyAggregate(5, 5, 0)}, 5, 5, 1, "k0")
     feed.partial(0, stale)
     assert _ignored(stage, "key_mismatch") == 1
+
+
+def test_the_stage_keeps_the_running_total_store_it_is_given_even_when_empty() -> None:
+    """The worker's continual reader feeds the store it handed the stage: an empty store (a
+    new deployment) is still that store, not replaced by a fresh one that nothing feeds
+    (which made every worker take its own running-total draw for another owner's)."""
+    store = ContinualStore()
+    assert len(store) == 0
+    assert _stage(continual_store=store).continual_store is store

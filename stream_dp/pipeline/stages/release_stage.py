@@ -114,7 +114,7 @@ class ReleaseStage:
         self.queries = [CompiledQuery(q, config.bounds, fields) for q in config.queries]
         #: Cumulative queries' running totals (module stream_dp.pipeline.stages.cumulative): their
         #: state lives in the continual topic, read and written by the transport.
-        self.continual_store = continual_store or ContinualStore()
+        self.continual_store = continual_store if continual_store is not None else ContinualStore()
         self.cumulative = CumulativeReleases(
             [CumulativeQuery.of(q.config, q.plan) for q in self.queries if q.plan.continual],
             window_size_s=config.window.size_s,
