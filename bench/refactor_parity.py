@@ -49,9 +49,7 @@ def export_tree(repo: Path, rev: str, into: Path) -> str:
         ["git", "-C", str(repo), "rev-parse", rev], capture_output=True, text=True, check=True
     ).stdout.strip()
     archive = into.with_suffix(".tar")
-    subprocess.run(
-        ["git", "-C", str(repo), "archive", "-o", str(archive), commit], check=True
-    )
+    subprocess.run(["git", "-C", str(repo), "archive", "-o", str(archive), commit], check=True)
     into.mkdir(parents=True)
     with tarfile.open(archive) as tar:
         tar.extractall(into, filter="data")
@@ -134,15 +132,22 @@ def main() -> None:
                                     "path": path,
                                     "side": side,
                                     "events_per_s": rate,
+                                    # CPU time is far less sensitive to the shared
+                                    # machine's load than wall time.
+                                    "events_per_cpu_s": spec.events / result["cpu_seconds"],
                                     "load1": os.getloadavg()[0],
                                 }
                             )
-                            sys.stderr.write(f"round {rnd + 1} {path} {side}: {rate:,.0f}/s\n")
+                            sys.stderr.write(
+                                f"round {rnd + 1} {path} {side}: {rate:,.0f}/s "
+                                f"load {os.getloadavg()[0]:.1f}\n"
+                            )
             finally:
                 asyncio.run(delete_topics(broker.bootstrap_servers, names=[topic]))
     summary: dict[str, Any] = {}
     for path in ("keyed", "default"):
-        ratios = []
+        ratios: list[float] = []
+        cpu_ratios: list[float] = []
         for rnd in range(opts.rounds):
             by_side = {
                 r["side"]: r["events_per_s"]
@@ -150,11 +155,19 @@ def main() -> None:
                 if r["round"] == rnd and r["path"] == path
             }
             ratios.append(by_side["after"] / by_side["before"])
+            cpu = {
+                r["side"]: r["events_per_cpu_s"]
+                for r in runs
+                if r["round"] == rnd and r["path"] == path
+            }
+            cpu_ratios.append(cpu["after"] / cpu["before"])
         summary[path] = {
             "ratios_after_to_before": ratios,
             "median_ratio": statistics.median(ratios),
             "min_ratio": min(ratios),
             "max_ratio": max(ratios),
+            "cpu_ratios_after_to_before": cpu_ratios,
+            "median_cpu_ratio": statistics.median(cpu_ratios),
             "median_before_events_per_s": statistics.median(
                 r["events_per_s"] for r in runs if r["path"] == path and r["side"] == "before"
             ),
