@@ -32,8 +32,10 @@ Endpoints (GET and HEAD):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any, Protocol
 
@@ -179,3 +181,19 @@ async def start_http_server(
     await server._start(host, port)
     log.info("ops HTTP server listening on %s:%d", server.host, server.port)
     return server
+
+
+@contextlib.asynccontextmanager
+async def ops_endpoints(
+    enabled: bool, host: str, port: int, metrics: MetricsSource, health: Health
+) -> AsyncIterator[HttpServer | None]:
+    """The ops server for the length of a ``with`` block (None when not ``enabled``)."""
+    if not enabled:
+        yield None
+        return
+    server = await start_http_server(host, port, metrics, health)
+    log.info("metrics and health on http://%s:%d", host, server.port)
+    try:
+        yield server
+    finally:
+        await server.close()
