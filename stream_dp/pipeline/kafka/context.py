@@ -22,3 +22,14 @@ class WorkerContext:
     stopping: asyncio.Event
     #: :data:`~stream_dp.pipeline.faults.NO_FAULTS` outside the tests.
     faults: Faults
+
+
+class WorkerPart:
+    """A collaborator of the worker: its context's parts as attributes."""
+
+    def __init__(self, context: WorkerContext) -> None:
+        self.config = context.config
+        self.metrics = context.metrics
+        self.health = context.health
+        self._stopping = context.stopping
+        self._faults = context.faults

@@ -31,7 +31,7 @@ from aiokafka.errors import KafkaError
 
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.errors import StreamDPError
-from stream_dp.pipeline.kafka.context import WorkerContext
+from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
@@ -65,15 +65,12 @@ class Stages:
     erasure: WorkerErasure | None = None
 
 
-class Membership:
+class Membership(WorkerPart):
     """The consumer's group membership: assignments taken and dropped, safe commits."""
 
     def __init__(self, context: WorkerContext) -> None:
-        config = self.config = context.config
-        self.metrics = context.metrics
-        self.health = context.health
-        self._stopping = context.stopping
-        self._faults = context.faults
+        super().__init__(context)
+        config = context.config
         self.consumer: AIOKafkaConsumer | None = None
         self.stages: Stages | None = None
         #: Held by the loop's iteration and by a revocation: one touches the state at a time.

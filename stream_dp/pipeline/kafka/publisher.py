@@ -34,7 +34,7 @@ from stream_dp.pipeline.formats.records import (
     dumps,
     output_partition,
 )
-from stream_dp.pipeline.kafka.context import WorkerContext
+from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.producing import Headers, Outgoing, send_all
 from stream_dp.pipeline.stages.ingest import DeadLetter
 from stream_dp.pipeline.stages.offload import output_values, run_off_loop
@@ -59,15 +59,12 @@ class BrokerUnavailableError(StreamDPError):
     committing, and its supervisor restarts it."""
 
 
-class Publisher:
+class Publisher(WorkerPart):
     """Sends to Kafka with the worker's retry policy (see the module docstring)."""
 
     def __init__(self, context: WorkerContext) -> None:
-        config = self.config = context.config
-        self.metrics = context.metrics
-        self.health = context.health
-        self._stopping = context.stopping
-        self._faults = context.faults
+        super().__init__(context)
+        config = context.config
         self._ledger_topic = config.output.ledger_topic
         self._max_bytes = config.kafka.max_message_bytes
         self.producer: AIOKafkaProducer | None = None
