@@ -8,6 +8,9 @@ drifting during the run weighs on both alike. Each worker run is a fresh process
 its own tree (that tree's ``bench.throughput.run_worker`` and ``bench.contenders``, so each
 tree measures its own worker with its own bench code). Prints one JSON object: every run,
 and per path the median of the after/before ratios of each round with their range.
+``--write`` keeps it in ``bench/refactor_parity.json`` and writes its section into
+``bench/RESULTS.md`` (``bench.report`` renders the kept result too); ``--render-only``
+rewrites the section from the kept result without measuring.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -41,6 +45,9 @@ _RUN_ONE = (
     "print(orjson.dumps(r).decode())\n"
 )
 RUN_TIMEOUT_S = 1800.0
+#: Where ``--write`` keeps the last measurement; ``bench.report`` renders it into RESULTS.md.
+RESULTS_FILE = Path(__file__).resolve().parent / "refactor_parity.json"
+SECTION_TITLE = "## 9. Before and after the redesign (same run, alternating)"
 
 
 def export_tree(repo: Path, rev: str, into: Path) -> str:
@@ -83,11 +90,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", default="ab08739")
     parser.add_argument("--after", default="HEAD")
-    parser.add_argument("--events", type=int, default=300_000)
-    parser.add_argument("--users", type=int, default=30_000)
+    parser.add_argument("--events", type=int, default=500_000)
+    parser.add_argument("--users", type=int, default=50_000)
     parser.add_argument("--keys", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--write", action="store_true", help=f"keep it in {RESULTS_FILE.name}")
+    parser.add_argument("--render-only", action="store_true", help="section from the kept run")
     opts = parser.parse_args()
+    if opts.render_only:
+        out = orjson.loads(RESULTS_FILE.read_bytes())
+    else:
+        out = measure(opts)
+        print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
+    if opts.write or opts.render_only:
+        RESULTS_FILE.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+        md_path = RESULTS_FILE.parent / "RESULTS.md"
+        text = md_path.read_text(encoding="utf-8")
+        md_path.write_text(splice(text, section(out)), encoding="utf-8")
+
+
+def measure(opts: argparse.Namespace) -> dict[str, Any]:
     repo = Path(__file__).resolve().parent.parent
     spec = StreamSpec(events=opts.events, users=opts.users, keys=opts.keys)
     cols = columns(spec)
@@ -175,7 +197,13 @@ def main() -> None:
                 r["events_per_s"] for r in runs if r["path"] == path and r["side"] == "after"
             ),
         }
-    out = {
+    return {
+        "command": (
+            f"python -m bench.refactor_parity --before {opts.before} --after {opts.after} "
+            f"--events {opts.events} --users {opts.users} --keys {opts.keys} "
+            f"--rounds {opts.rounds} --write"
+        ),
+        "finished_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commits": commits,
         "events": spec.events,
         "users": spec.users,
@@ -189,7 +217,67 @@ def main() -> None:
         "runs": runs,
         "summary": summary,
     }
-    print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
+
+
+def section(r: dict[str, Any]) -> list[str]:
+    """The RESULTS.md section (markdown lines, title first)."""
+    before, after = r["commits"]["before"][:7], r["commits"]["after"][:7]
+    start, end = r["load_at_start"][0], r["load_at_end"][0]
+    loads = [run["load1"] for run in r["runs"]]
+    lines = [
+        SECTION_TITLE,
+        "",
+        f"From `{r.get('command', 'python -m bench.refactor_parity')}` "
+        f"({r.get('finished_utc', 'date not kept')}, {r['wall_s']:.0f} s; its own run, kept "
+        "in bench/refactor_parity.json). The worker before the redesign of issue 26 "
+        f"(`{before}`) and after it (`{after}`), each from its own exported tree with its own "
+        f"bench code, on one embedded broker and one preloaded topic: {r['events']:,} events, "
+        f"{r['users']:,} users, {r['keys']:,} keys, {r['windows']} windows. Each round runs "
+        "the keyed path (input keyed by user) and the default path (repartitioned) for both "
+        "trees, alternating which goes first, so that the shared machine's load drift weighs "
+        f"on both. {r['cpus']} cores shared with other work: load average (1 min) "
+        f"{start:.1f} at the start, {end:.1f} at the end, {min(loads):.1f} to "
+        f"{max(loads):.1f} across the runs.",
+        "",
+        "Wall time is end to end (group join to the last window acknowledged); CPU time is the "
+        "worker process's own, which the machine's load disturbs far less.",
+        "",
+        "| path | round | before events/s | after events/s | after/before (wall) "
+        "| after/before (CPU per event) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for path in ("keyed", "default"):
+        for rnd in range(r["rounds"]):
+            side = {x["side"]: x for x in r["runs"] if x["round"] == rnd and x["path"] == path}
+            b, a = side["before"], side["after"]
+            lines.append(
+                f"| {path} | {rnd + 1} | {b['events_per_s']:,.0f} | {a['events_per_s']:,.0f} | "
+                f"{a['events_per_s'] / b['events_per_s']:.3f} | "
+                f"{a['events_per_cpu_s'] / b['events_per_cpu_s']:.3f} |"
+            )
+    lines.append("")
+    for path in ("keyed", "default"):
+        s = r["summary"][path]
+        cpu = s["cpu_ratios_after_to_before"]
+        lines.append(
+            f"- {path}: after/before median {s['median_ratio']:.3f} (range "
+            f"{s['min_ratio']:.3f} to {s['max_ratio']:.3f}) in wall time, "
+            f"{s['median_cpu_ratio']:.3f} ({min(cpu):.3f} to {max(cpu):.3f}) in events per "
+            "CPU second."
+        )
+    return lines
+
+
+def splice(markdown: str, lines: list[str]) -> str:
+    """``markdown`` with this section replaced (or inserted before the closing notes)."""
+    block = "\n".join(lines) + "\n"
+    pattern = re.compile(re.escape(SECTION_TITLE) + r".*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(markdown):
+        return pattern.sub(lambda _: block + "\n", markdown, count=1)
+    anchor = "## What limits throughput"
+    if anchor in markdown:
+        return markdown.replace(anchor, block + "\n" + anchor, 1)
+    return markdown.rstrip("\n") + "\n\n" + block
 
 
 if __name__ == "__main__":
