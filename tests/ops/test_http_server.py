@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -274,3 +275,30 @@ async def test_half_open_connections_are_capped_and_probes_still_answer(served: 
     finally:
         for _, writer in silent:
             writer.close()
+
+
+async def test_malformed_requests_are_not_logged_as_errors(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client's bad request is answered with 400; it must not put a traceback at ERROR in
+    our log (a client could flood it)."""
+    bad = [
+        b"GET /metrics HTTP/1.1\r\n\r\n",  # no Host
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 9000 + b"\r\n\r\n",
+    ]
+    with caplog.at_level(logging.DEBUG):
+        for request in bad:
+            assert (await raw(served.server.port, request)).status == 400
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_disabled_endpoints_start_no_server() -> None:
+    async with ops_http.ops_endpoints(False, "127.0.0.1", 0, Metrics(), Health()) as server:
+        assert server is None
+    async with ops_http.ops_endpoints(True, "127.0.0.1", 0, Metrics(), Health()) as server:
+        assert server is not None
+        assert (await get(server.port, "/health/live")).status == 200
+        port = server.port
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
