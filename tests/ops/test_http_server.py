@@ -302,3 +302,32 @@ async def test_disabled_endpoints_start_no_server() -> None:
         port = server.port
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_a_client_trickling_its_request_is_closed_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The timeout runs from the connection's start: sending a byte now and then does not
+    extend it (slowloris)."""
+    monkeypatch.setattr(ops_http, "REQUEST_TIMEOUT_S", 0.3)
+    server = await start_http_server("127.0.0.1", 0, Metrics(), Health())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10  # a hang guard far above the timeout
+        closed = False
+        while not closed:
+            assert loop.time() < deadline, "the server kept a trickling client open"
+            try:
+                writer.write(b"a")  # a valid path, one byte at a time, never ended
+                await writer.drain()
+            except ConnectionError:
+                break
+            with contextlib.suppress(TimeoutError):
+                closed = await asyncio.wait_for(reader.read(1), 0.05) == b""
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    finally:
+        await server.close()
