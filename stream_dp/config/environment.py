@@ -26,7 +26,6 @@ from typing import Any
 
 from pydantic import BaseModel, create_model
 from pydantic_settings import BaseSettings, EnvSettingsSource
-from pydantic_settings.sources.utils import parse_env_vars
 
 from stream_dp.config.model import Config
 from stream_dp.config.numbers import env_value, field_kind
@@ -79,7 +78,9 @@ class _Collector(EnvSettingsSource):
         )
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        return parse_env_vars(self._given, False, False, None)
+        # What the source reads instead of os.environ; names lower-cased, as it does itself
+        # when not case-sensitive.
+        return {name.lower(): value for name, value in self._given.items()}
 
 
 @functools.cache
