@@ -11,7 +11,7 @@ jars of ``make kafka-jars``), fed by a live producer
 - ``broker_pause``: SIGSTOP the broker for 10–30 s, then SIGCONT;
 - ``malformed``: a burst of 300 malformed records (holding a user id, which must not leak);
 - ``slow_ledger``: restart a worker with every ledger write delayed by 1 s;
-- ``erasure_burst``: 500 users of their own send an event each to a window a minute ahead,
+- ``erasure_burst``: 500 users of their own send an event each to a window 30 s ahead,
   then erasure requests for all of them arrive at once, then one more event each: the
   workers (erasure is on) remove them in one batch off the event loop, answer every request
   within a time limit, and the window, released later, holds none of their events (the
@@ -78,7 +78,7 @@ QUERIES = ("visits", "total")
 #: window is still open when the burst is applied); how long every request may take to be
 #: answered (generous: a rebalance after a kill may be under way).
 ERASURE_BURST_USERS = 500
-ERASURE_BURST_AHEAD_S = 60
+ERASURE_BURST_AHEAD_S = 30
 ERASURE_RESPONSE_TIMEOUT_S = 240
 
 
@@ -290,7 +290,7 @@ async def _erasure_responses(
 async def _erasure_burst(
     run: Run, bootstrap: str, input_topic: str, erasure: dict[str, Any]
 ) -> str:
-    """``erasure_burst``: events of users of their own in a window a minute ahead, erasure
+    """``erasure_burst``: events of users of their own in a window 30 s ahead, erasure
     requests for all of them at once, then one more event each once every request is
     answered. None of these events is in ``run.produced``: the window's released counts
     must leave every one of them out (removed from the open window, or dropped on arrival)."""
@@ -334,6 +334,14 @@ async def _erasure_burst(
         f"{iso_utc(window_s)}: {len(applied)} answered applied in "
         f"{time.time() - now:.0f} s"
     )
+
+
+async def _until_burst_windows_end(run: Run) -> None:
+    """The producer runs on until every burst's window has ended, so the final checks cover
+    it (the window's exact count leaves the burst's events out)."""
+    ends = [b.window_s + WINDOW_S for b in run.erasure_bursts]
+    if ends and (wait_s := max(ends) - time.time()) > 0:
+        await asyncio.sleep(wait_s)
 
 
 async def _fault(
@@ -583,7 +591,7 @@ def _plot(run: Run, path: Path) -> None:
                 label=f"worker {index}",
                 linewidth=1,
             )
-    colors = dict(zip(FAULTS, ["red", "orange", "purple", "gray", "green"], strict=True))
+    colors = dict(zip(FAULTS, ["red", "orange", "purple", "gray", "green", "blue"], strict=True))
     for kind in FAULTS:
         times = [f.at_s / 60 for f in run.faults if f.kind == kind]
         for i, t in enumerate(times):
@@ -683,6 +691,7 @@ async def chaos(
             kind = run.rng.choice(faults)
             await _fault(run, kind, slots, broker.pid, config, bootstrap, input_topic)
             print(f"[chaos] {run.elapsed():6.0f} s  {run.faults[-1].detail}", flush=True)
+        await _until_burst_windows_end(run)
         stop_producing.set()
         await producer
         last_window_s = int(run.last_event_s // WINDOW_S) * WINDOW_S
