@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from typing import Any
 import orjson
 
 from bench.data import StreamSpec, columns, distinct_windows, encode
+from bench.sections import splice_section
 from bench.throughput import PARTITIONS, create_topics, delete_topics, produce
 from stream_dp.broker import EmbeddedBroker
 
@@ -270,14 +270,7 @@ def section(r: dict[str, Any]) -> list[str]:
 
 def splice(markdown: str, lines: list[str]) -> str:
     """``markdown`` with this section replaced (or inserted before the closing notes)."""
-    block = "\n".join(lines) + "\n"
-    pattern = re.compile(re.escape(SECTION_TITLE) + r".*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(markdown):
-        return pattern.sub(lambda _: block + "\n", markdown, count=1)
-    anchor = "## What limits throughput"
-    if anchor in markdown:
-        return markdown.replace(anchor, block + "\n" + anchor, 1)
-    return markdown.rstrip("\n") + "\n\n" + block
+    return splice_section(markdown, SECTION_TITLE, lines)
 
 
 if __name__ == "__main__":
