@@ -172,7 +172,7 @@ class ReleaseDriver:
         stage = self.stage
         if not self.transport.owns(window_start_s):
             return None
-        if stage.ledger.covered(window_start_s):
+        if stage.ledger.covered(window_start_s, self.windows.size_s):
             stage.adopt_ledger()  # read released meanwhile: the cursors move past it
             return None
         if self.erasure is not None and not await self.erasure.ready_to_draw(
@@ -198,7 +198,7 @@ class ReleaseDriver:
         # draw completed earlier, it is the one that counts (and ours is never shown).
         await self.transport.read_ledger([ledger_partition])
         self.faults.reached("after_ledger_readback")
-        if stage.ledger.covered(window_start_s):
+        if stage.ledger.covered(window_start_s, self.windows.size_s):
             await self._released_elsewhere(window_start_s, drawn_records, ledger_partition)
             return None
         winners = stage.winners(window_start_s)

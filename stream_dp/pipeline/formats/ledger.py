@@ -503,11 +503,13 @@ class LedgerIndex:
                 )
             )
 
-    def covered(self, window_start_s: int) -> bool:
-        """Whether a progress record read says the window is released (and published)."""
-        # the ledger's own window size and partition count, never the configuration's: a
-        # changed configuration is refused at start, after the read
-        n, size = self.partials_partitions, self.coverage_window_size_s
+    def covered(self, window_start_s: int, window_size_s: int | None = None) -> bool:
+        """Whether a progress record read says the window is released (and published).
+        The window size is the ledger's own (its coverage record's), else ``window_size_s``
+        (the release stage's); the forgetting read uses only the ledger's: a configuration
+        that does not continue the ledger is refused at start, after the read."""
+        n = self.partials_partitions
+        size = self.coverage_window_size_s or window_size_s
         if n is None or size is None:
             return False
         return window_start_s < self.progress.get((window_start_s // size) % n, window_start_s)
