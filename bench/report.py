@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from bench import auto_bounds, brokers_report, continual, set_union
+from bench import auto_bounds, brokers_report, continual, ledger_startup, set_union
 
 #: (name, goal) of every target, in the order of the results table (issue 15's table, then
 #: utility against PipelineDP).
@@ -545,6 +545,8 @@ def markdown(r: dict[str, Any]) -> str:
     if set_union.RESULTS_FILE.exists():  # its own bench (python -m bench.set_union --write)
         kept = orjson.loads(set_union.RESULTS_FILE.read_bytes())
         lines += ["", *set_union.section(kept)]
+    if "ledger_startup" in r:
+        lines += ["", *ledger_startup.section(r["ledger_startup"])]
     lines += ["", "## What limits throughput", ""]
     lines += [f"- {note}" for note in r.get("notes", [])]
     return "\n".join(lines) + "\n"
