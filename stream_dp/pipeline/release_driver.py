@@ -242,9 +242,9 @@ class ReleaseDriver:
 
     def tombstones(self, window_start_s: int, winners: Sequence[LedgerRelease]) -> list[Placed]:
         """The window's ledger records no reader needs once its progress record is durable
-        (docs/exactly-once.md#compaction): every part read of it (the winners' and any
-        losing or incomplete draw's), its published markers and cut on its ledger
-        partition; its bounds decision (written on the previous window's partition); the
+        (docs/exactly-once.md#compaction-a-bounded-ledger): every part read of it (the
+        winners' and any losing or incomplete draw's), its published markers and cut on its
+        ledger partition; its bounds decision (written on the previous window's partition); the
         progress record of partials partition ``r`` this window's replaces on its ledger
         partition (the previous window of ``r`` mapped to it)."""
         stage = self.stage
