@@ -1,9 +1,10 @@
-"""The ledger under compaction (docs/exactly-once.md#compaction-a-bounded-ledger): a
-released window's records are tombstoned behind its durable progress record, so the compacted ledger (the last record
-of each key, tombstones removed, as Apache Kafka keeps it) is bounded by the open windows,
-decides exactly what the full log decides, and a late owner that finds the window's
-progress record never publishes a draw of its own. The worker's start-up read forgets
-released windows as it goes: its memory is bounded by the open windows, not the history."""
+"""The ledger under compaction (docs/exactly-once.md#compaction-a-bounded-ledger): a released
+window's records are tombstoned behind its durable progress record, so the compacted ledger
+(the last record of each key, tombstones removed, as Apache Kafka keeps it) is bounded by
+the open windows, decides exactly what the full log decides, and a late owner that finds the
+window's progress record never publishes a draw of its own. The worker's start-up read
+forgets released windows as it goes: its memory is bounded by the open windows, not the
+history."""
 
 from __future__ import annotations
 

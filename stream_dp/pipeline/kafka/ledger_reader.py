@@ -64,8 +64,8 @@ class LedgerReader:
         """Tombstone what the start-up read found behind the progress records (released
         windows' parts and published markers) and earlier versions' fences: none of it is
         needed again (docs/exactly-once.md#compaction-a-bounded-ledger), and compaction then
-        removes it. Returns the number of tombstones written; a failure only leaves them for the next
-        start (logged)."""
+        removes it. Returns the number of tombstones written; a failure only leaves them for
+        the next start (logged)."""
         parts = self.ledger_log.partitions
         items: list[tuple[str, bytes | None, int | None]] = [
             (key, None, parts[(ws // window_size_s) % len(parts)])
