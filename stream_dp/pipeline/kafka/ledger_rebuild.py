@@ -214,7 +214,7 @@ def _progress(
         cursor = ws + windows.size_s * n
         if ledger.progress.get(r, cursor - 1) >= cursor:
             continue
-        key, value = encode_progress(r, n, cursor)
+        key, value = encode_progress(r, n, cursor, ws)
         partition = ledger_partitions[windows.partition_of(ws, len(ledger_partitions))]
         out.append((key, value, partition))
         plan.progress[r] = cursor
