@@ -191,3 +191,24 @@ async def test_a_start_up_beats_while_it_reads() -> None:
     await asyncio.sleep(0.01)
     assert health.status()["beats"] == after  # the beating stopped with the block
     assert not health.ready()  # beats say live, never ready
+
+
+def test_the_ledger_reader_notes_earlier_versions_fences_to_tombstone_and_no_others() -> None:
+    """Earlier versions keyed every fence by its own id (never compacted away): a start-up
+    notes those to tombstone. A fence keyed by a reader may be one a live reader still
+    waits for: never noted."""
+    from types import SimpleNamespace
+
+    from stream_dp.pipeline.kafka.ledger_log import LedgerLog
+
+    async def send(key: str, value: bytes, partition: int) -> int:
+        raise AssertionError("nothing is written")
+
+    index = LedgerIndex(forget_released=True)
+    log = LedgerLog("ledger", index, client_options={}, send=send, note_legacy_fences=True)
+    legacy = encode_fence("a" * 32)
+    current = encode_fence("b" * 32, "another-reader")
+    for partition, (key, value) in [(0, legacy), (1, current)]:
+        log._feed(partition, SimpleNamespace(key=key.encode(), value=value))
+    assert log.legacy_fences == [(0, legacy[0])]
+    assert index.records_read == 0  # fences are never fed to the index

@@ -56,8 +56,10 @@ class LedgerLog:
         client_options: dict[str, Any],
         send: SendOne,
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+        note_legacy_fences: bool = False,
     ) -> None:
         self.topic = topic
+        self._note_legacy_fences = note_legacy_fences
         self.index = index
         #: This reader's fences share one key (``__fence__|<writer id>``): compaction keeps
         #: one per reader, however many catch-ups it makes.
@@ -109,7 +111,8 @@ class LedgerLog:
     def _feed(self, partition: int, m: Any) -> None:
         key = m.key.decode() if m.key else ""
         if key.startswith(FENCE_PREFIX):
-            if _legacy_fence(key, m.value) and len(self.legacy_fences) < MAX_SWEEP_KEYS:
+            noting = self._note_legacy_fences and len(self.legacy_fences) < MAX_SWEEP_KEYS
+            if noting and _legacy_fence(key, m.value):
                 self.legacy_fences.append((partition, key))
             return
         self.index.feed(key, m.value)

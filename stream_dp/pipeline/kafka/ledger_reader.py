@@ -47,6 +47,7 @@ class LedgerReader:
             ledger,
             client_options=client_options,
             send=lambda k, v, p: publisher.send(ledger_topic, k, v, partition=p),
+            note_legacy_fences=True,
         )
         self.continual_log: LedgerLog | None = None
         #: bounds: auto — the windows last read for, and when (see read_awaited_bounds)
