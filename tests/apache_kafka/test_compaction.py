@@ -10,6 +10,7 @@ windows.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
+from stream_dp.pipeline.faults import CRASH_POINT_ENV
 from stream_dp.pipeline.formats.erasure_records import decode_log_record, encode_erasure
 from stream_dp.pipeline.formats.ledger import LedgerIndex, encode_coverage
 from stream_dp.privacy.erasure import ErasureSet
@@ -225,3 +227,63 @@ async def test_compacting_the_erasure_log_erases_the_same_pseudonyms(
     assert (len(before), len(after)) == (3, 2)  # alice's first request is compacted away
     for window in range(T0 - HOUR, T0 + 12 * HOUR, 600):
         assert after.erased("k1", window) == before.erased("k1", window), window
+
+
+async def test_a_kill_between_progress_and_tombstones_then_compaction_draws_nothing_again(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    """kill -9 in the middle of a window's compaction writes: its progress record is durable,
+    its tombstones are not. The cleaner then runs on what was written (earlier windows'
+    parts removed, that window's kept). A restart on the compacted ledger draws no released
+    window again, tombstones what the kill left behind, and after the cleaner ran again no
+    released window's part is left."""
+    windows = 4
+    cfg = config_factory(
+        {
+            "privacy": NOISE_FREE,
+            "queries": [
+                {"name": "visits", "group_by": ["domain"], "epsilon": 1e6,
+                 "keys": {"domain": ["a.example", "b.example"]}},
+            ],
+        }
+    )  # fmt: skip
+    config = load_config(cfg)
+    topics = topics_of(cfg)
+    ledger = topics["ledger"]
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(ledger, 3, 1, None, COMPACT_LATER)])
+    finally:
+        await admin.close()
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    events = [
+        {"user_id": f"u{u}", "timestamp": T0 + 10 * w + u % 9, "domain": "ab"[u % 2] + ".example"}
+        for w in range(windows)
+        for u in range(12)
+    ]
+    events.append({"user_id": "late", "timestamp": T0 + 10 * windows + 5, "domain": "a.example"})
+    await produce_events(kafka_bootstrap, topics["input"], events)
+    env = {"STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1", CRASH_POINT_ENV: "after_progress:2"}
+    killed = start_worker(cfg, tmp_path / "killed.log", env)
+    code = await asyncio.to_thread(killed.proc.wait, HANG_GUARD_S)
+    assert code == -signal.SIGKILL, killed.log()
+    assert "test fault point after_progress reached" in killed.log()
+    written = await read_all(kafka_bootstrap, ledger, range(3))
+    left_behind = [k for _, k, v in written if "|part-" in k and v is not None]
+    tombstoned = {k for _, k, v in written if v is None}
+    assert set(left_behind) - tombstoned, "the kill left no window's parts untombstoned"
+
+    await compact(kafka_bootstrap, ledger, range(3))
+    out, _ = await run_worker_until_windows(
+        kafka_bootstrap, cfg, tmp_path / "restarted.log", ["visits"], windows
+    )
+    ids: dict[str, set[str]] = {}
+    for _, value in out:
+        record = orjson.loads(value)
+        ids.setdefault(record["window_start"], set()).add(record["release_id"])
+    assert len(ids) == windows and all(len(v) == 1 for v in ids.values()), ids
+
+    await compact(kafka_bootstrap, ledger, range(3))
+    after = kinds(await read_all(kafka_bootstrap, ledger, range(3)))
+    assert after["ledger"] == 0 and after["published"] == 0, after
