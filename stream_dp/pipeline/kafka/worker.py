@@ -80,12 +80,12 @@ from stream_dp.broker.probe import wait_for_broker
 from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import Config
 from stream_dp.errors import BrokerError
-from stream_dp.ops.health import Health
+from stream_dp.ops.health import Health, beating
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.faults import Faults
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
-from stream_dp.pipeline.formats.ledger import LedgerIndex
+from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
 from stream_dp.pipeline.formats.partials import RecordTooLargeError
 from stream_dp.pipeline.kafka.clock_skew import observe_clock_skew
 from stream_dp.pipeline.kafka.context import WorkerContext
@@ -151,7 +151,11 @@ class Worker:
         self.ingest: IngestStage | None = None
         self.release: ReleaseStage | None = None
         self.driver: ReleaseDriver | None = None
-        self.ledger = LedgerIndex()
+        # Read as a stream that forgets released windows: memory bounded by the open ones.
+        kept_windows = min(2 * config.privacy.horizon_windows, MAX_SPENT_WINDOWS)
+        self.ledger = LedgerIndex(
+            forget_released=True, spent_kept_s=kept_windows * config.window.size_s
+        )
         #: Cumulative queries' running-total state (the continual topic), when there are any.
         self.continual_store = ContinualStore()
         self._stopping = asyncio.Event()
@@ -212,7 +216,8 @@ class Worker:
         graceful = False
         membership = self.membership
         try:
-            await self._start_stages()
+            async with beating(self.health):  # live while the ledger is read; not ready
+                await self._start_stages()
             consumer = membership.subscribe(common)
             await self.publisher.retry("start consumer", consumer.start, bounded=False)
             await self._loop()
@@ -320,6 +325,8 @@ class Worker:
             ingest, release, self.driver, reader, self.topology, self._erasure
         )
         self.metrics.ledger_windows_loaded.inc(len(self.ledger))
+        # After every check above: only then are released windows' records tombstoned.
+        await reader.sweep(self.config.window.size_s)
         self.health.set("ledger_loaded", True)
         log.info(
             "ledger loaded: %d records; first covered window %s",

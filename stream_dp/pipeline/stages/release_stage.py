@@ -197,6 +197,11 @@ class ReleaseStage:
                 self.accountant.record(
                     rel.window_start_s, rel.query, rel.epsilon_spent, rel.delta_spent
                 )
+        # windows the ledger forgot as it read them (released): their winners' spend
+        for (query, ws), (epsilon, delta) in sorted(ledger.spent.items(), key=lambda i: i[0][1]):
+            if self.accountant.query_spent(ws, query) == (0.0, 0.0):
+                self.accountant.record(ws, query, epsilon, delta)
+        ledger.spent.clear()
         if self.coverage_start_s is not None and not self._retain_ledger:
             ledger.forget(self.released)
             self.inbox.drop(self.released)
