@@ -122,7 +122,8 @@ def test_a_rebuild_on_a_compacted_ledger_restores_no_window_its_progress_covers(
     records = _published(_released_windows())
     full = _apply(_plan(records))
     compacted = LedgerIndex(forget_released=True)
-    compacted.feed(*encode_coverage(T0, 10))
+    mine = deployment_fingerprint(config(), Topology(partials_partitions=1, ledger_partitions=2))
+    compacted.feed(*encode_coverage(T0, 10, mine))  # compaction keeps the coverage record
     compacted.feed(*encode_progress(0, 1, T0 + 20, T0 + 10))
     again = _plan(records, compacted)
     assert again.restored == [] and again.writes == []
