@@ -1,12 +1,12 @@
 """Liveness and readiness of one worker.
 
-- **live**: the worker loop is turning, or a long step inside one iteration is moving. The
-  loop calls :meth:`Health.beat` every iteration; a long step (a draw of a million keys, a
-  long ledger read) calls :meth:`Health.progress` per chunk it finishes
-  (:mod:`stream_dp.ops.progress`). Live means the newer of the two is at most
-  ``live_timeout_s`` old: only a hang — nothing moved for that long — fails the probe. It does not depend on the broker:
-  a worker waiting for an unreachable broker is alive (restarting it would not help), a worker
-  whose loop is stuck is not (restarting it would). Until the first beat, the moment of
+- **live**: the worker loop is turning, or a long step inside one iteration is moving. The loop
+  calls :meth:`Health.beat` every iteration; a long step (a draw of a million keys, a long
+  ledger read) calls :meth:`Health.progress` per chunk it finishes
+  (:mod:`stream_dp.ops.progress`). Live means the newer of the two is at most ``live_timeout_s``
+  old: only a hang — nothing moved for that long — fails the probe. It does not depend on the
+  broker: a worker waiting for an unreachable broker is alive (restarting it would not help), a
+  worker whose loop is stuck is not (restarting it would). Until the first beat, the moment of
   construction counts as one, so a worker gets ``live_timeout_s`` to start its loop.
 - **ready**: every component reports ok — for the worker (:data:`COMPONENTS`): input
   partitions assigned, producer connected, release ledger loaded, and no partition-count

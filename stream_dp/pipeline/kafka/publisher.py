@@ -30,6 +30,7 @@ from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
+from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.faults import NO_FAULTS, Faults
 from stream_dp.pipeline.formats.ledger import LedgerRelease
 from stream_dp.pipeline.formats.records import (
@@ -165,6 +166,7 @@ class Publisher:
             f"produce to {topic}", lambda: send_all(producer, topic, items, headers)
         )
         self.health.set("producer_connected", True)
+        report_progress("write")  # acknowledged: a long run of writes is moving
 
     async def publish_output(self, rel: LedgerRelease) -> None:
         """A release's output records, all on the (query, window)'s partition, the window
