@@ -10,7 +10,11 @@ jars of ``make kafka-jars``), fed by a live producer
 - ``pause``: SIGSTOP a worker for three session timeouts, then SIGCONT;
 - ``broker_pause``: SIGSTOP the broker for 10–30 s, then SIGCONT;
 - ``malformed``: a burst of 300 malformed records (holding a user id, which must not leak);
-- ``slow_ledger``: restart a worker with every ledger write delayed by 1 s.
+- ``slow_ledger``: restart a worker with every ledger write delayed by 1 s;
+- ``slow_database`` and ``changed_database``: the sink (``stream-dp sink`` into a throw-away
+  PostgreSQL, :mod:`chaos.sink`) under a lock held past its lock timeout, and under a NOT NULL
+  column added to its table (it must halt, not ready, until the column is rolled back and it
+  is restarted).
 
 The queries run in the noise-free test mode (ε = 1e6: discrete Laplace noise of scale
 ≤ 1e-6 is 0 except with probability below e^-1e5) and k is far above any user's events per
@@ -20,16 +24,19 @@ A partition is idle only as far as a fetch answer found its reader at the partit
 sends them; so no event may be late and the check "nothing lost" has no exceptions.
 
 At the end the producer stops, the run waits until every window up to the last event's is
-released, stops every worker with SIGTERM and checks: each window released once per query
-(one release id), one value per (query, window, key) equal to the ledger's winner, values
-equal to the exact counts, no raw user id in any topic, log or ``/metrics``, and every worker
-alive and exiting 0. The report (``REPORT.md``) and the RSS plot (``rss.png``) go to ``--out``.
+released, stops every worker with SIGTERM and checks: each window released once per query (one
+release id), one value per (query, window, key) equal to the ledger's winner, values equal to
+the exact counts, no raw user id in any topic, log or ``/metrics``, and every worker alive and
+exiting 0, and every record of the output topic stored by the sink once. The report
+(``REPORT.md``) and the RSS plot (``rss.png``) go to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import os
 import random
 import re
@@ -50,6 +57,9 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from chaos.sink import ChaosSink, changed_database, slow_database
+from chaos.sink import check as sink_check
+from chaos.sink import database as sink_database
 from stream_dp.broker import EmbeddedBroker
 from stream_dp.broker.apache_kafka import ApacheKafkaBroker
 from stream_dp.pipeline.formats.ledger import LedgerIndex
@@ -65,7 +75,10 @@ INPUT_PARTITIONS = 6
 WORKERS = 3
 BROKERS = ("tansu", "apache-kafka")
 USER_PREFIX = "chaos-user-"
-FAULTS = ("kill", "pause", "broker_pause", "malformed", "slow_ledger")
+FAULTS: tuple[str, ...] = ("kill", "pause", "broker_pause", "malformed", "slow_ledger")
+#: Faults of the sink's database (chaos/sink.py), one entry each.
+FAULTS += ("slow_database",)
+FAULTS += ("changed_database",)
 QUERIES = ("visits", "total")
 
 
@@ -75,6 +88,8 @@ class Settings:
     fault_every_s: tuple[float, float]
     broker_pause_s: tuple[float, float]
     rate_per_s: int
+    #: The faults drawn from (``--faults``; default all).
+    faults: tuple[str, ...] = FAULTS
 
 
 FULL = Settings(minutes=20, fault_every_s=(20, 60), broker_pause_s=(10, 30), rate_per_s=100)
@@ -112,6 +127,8 @@ class Run:
     produced: Counter[tuple[int, str]] = field(default_factory=Counter)
     users_seen: set[str] = field(default_factory=set)
     last_event_s: float = 0.0
+    #: The sink and its database (chaos/sink.py), once started.
+    sink: ChaosSink | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -271,6 +288,12 @@ async def _fault(
         slot.proc.send_signal(signal.SIGTERM)
         await asyncio.to_thread(slot.proc.wait, 60)
         _start(slot, config, run, {"STREAM_DP_TEST_LEDGER_DELAY_S": "1.0"})
+    elif kind == "slow_database":
+        assert run.sink is not None
+        run.faults.append(Fault(run.elapsed(), kind, await slow_database(run.sink, run.rng)))
+    elif kind == "changed_database":
+        assert run.sink is not None
+        run.faults.append(Fault(run.elapsed(), kind, await changed_database(run.sink, run.rng)))
 
 
 async def _read_all(bootstrap: str, topic: str) -> list[tuple[int, str, bytes]]:
@@ -448,7 +471,8 @@ def _plot(run: Run, path: Path) -> None:
                 label=f"worker {index}",
                 linewidth=1,
             )
-    colors = dict(zip(FAULTS, ["red", "orange", "purple", "gray", "green"], strict=True))
+    palette = ["red", "orange", "purple", "gray", "green", "blue", "brown", "olive", "cyan"]
+    colors = dict(zip(FAULTS, itertools.cycle(palette), strict=False))
     for kind in FAULTS:
         times = [f.at_s / 60 for f in run.faults if f.kind == kind]
         for i, t in enumerate(times):
@@ -531,6 +555,9 @@ async def chaos(
     slots = [Slot(i) for i in range(WORKERS)]
     for slot in slots:
         _start(slot, config, run)
+    postgres = contextlib.ExitStack()
+    run.sink = ChaosSink(postgres.enter_context(sink_database()), config, workdir)
+    run.sink.start()
     stop_producing, stop_sampling = asyncio.Event(), asyncio.Event()
     producer = asyncio.create_task(_produce(run, bootstrap, input_topic, stop_producing))
     sampler = asyncio.create_task(_sample_rss(run, slots, stop_sampling))
@@ -540,7 +567,7 @@ async def chaos(
             await asyncio.sleep(run.rng.uniform(*settings.fault_every_s))
             if run.elapsed() >= end:
                 break
-            kind = run.rng.choice(FAULTS)
+            kind = run.rng.choice(settings.faults)
             await _fault(run, kind, slots, broker.pid, config, bootstrap, input_topic)
             print(f"[chaos] {run.elapsed():6.0f} s  {run.faults[-1].detail}", flush=True)
         stop_producing.set()
@@ -587,13 +614,27 @@ async def chaos(
         for slot in slots:
             for log in slot.logs:
                 scanned[f"log {log.name}"] = log.read_bytes()
+        sink_ok, sink_detail = await sink_check(run.sink, output)
+        for log in run.sink.logs:
+            scanned[f"log {log.name}"] = log.read_bytes()
         checks = _checks(run, first_s, last_window_s, output, records["ledger"], scanned, exits)
+        checks.append(
+            Check(
+                "the sink stored every released record once, through a slow and a changed "
+                "database (halted, not ready, until fixed and restarted)",
+                sink_ok,
+                sink_detail,
+            )
+        )
     finally:
         stop_sampling.set()
         await sampler
         for slot in slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 slot.proc.kill()
+        if run.sink.proc is not None and run.sink.proc.poll() is None:
+            run.sink.proc.kill()
+        postgres.close()
         broker.stop()
     _plot(run, out / "rss.png")
     _report(run, checks, out / "REPORT.md", command)
@@ -609,6 +650,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--broker", choices=BROKERS, default="tansu", help="which broker")
+    parser.add_argument(
+        "--faults", default=",".join(FAULTS), help=f"comma-separated subset of {FAULTS}"
+    )
     args = parser.parse_args(argv)
     base = SMOKE if args.smoke else FULL
     settings = Settings(
@@ -616,7 +660,10 @@ def main(argv: list[str] | None = None) -> int:
         fault_every_s=base.fault_every_s,
         broker_pause_s=base.broker_pause_s,
         rate_per_s=base.rate_per_s,
+        faults=tuple(f for f in args.faults.split(",") if f),
     )
+    if unknown := set(settings.faults) - set(FAULTS):
+        parser.error(f"--faults: unknown {sorted(unknown)}; use some of {', '.join(FAULTS)}")
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     command = " ".join(["python -m chaos.run", *(argv if argv is not None else sys.argv[1:])])
     print(f"[chaos] seed {seed}; broker {args.broker}; {settings}", flush=True)
