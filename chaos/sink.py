@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import re
 import signal
@@ -75,6 +76,8 @@ class ChaosSink:
                  "--lock-timeout-s", str(LOCK_TIMEOUT_S)],
                 stdout=handle,
                 stderr=subprocess.STDOUT,
+                # the run's config uses the noise-free test mode (chaos/run.py)
+                env={**os.environ, "STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"},
             )  # fmt: skip
 
     async def stop(self) -> None:
@@ -112,6 +115,10 @@ class ChaosSink:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return 0, b""
 
+    async def ready(self) -> bool:
+        code, _ = await asyncio.to_thread(self._get, "/health/ready")
+        return code == 200
+
     async def halted(self) -> bool:
         """Whether the sink says it halted: stream_dp_sink_halted 1 and not ready."""
         code, body = await asyncio.to_thread(self._get, "/metrics")
@@ -135,6 +142,8 @@ class ChaosSink:
 async def slow_database(sink: ChaosSink, rng: random.Random) -> str:
     """Hold an ACCESS EXCLUSIVE lock on the releases table past the sink's lock timeout."""
     hold_s = rng.uniform(*SLOW_HOLD_S)
+    if not await sink._wait("the sink ready before a slow database", sink.ready):
+        return "sink: not ready, no lock taken"
     async with await psycopg.AsyncConnection.connect(sink.dsn) as conn, conn.transaction():
         await conn.execute("LOCK TABLE stream_dp.releases IN ACCESS EXCLUSIVE MODE")
         await asyncio.sleep(hold_s)  # the fault's duration
@@ -145,6 +154,8 @@ async def slow_database(sink: ChaosSink, rng: random.Random) -> str:
 
 async def changed_database(sink: ChaosSink, rng: random.Random) -> str:
     """Add a NOT NULL column without default; wait for the halt; roll it back; restart."""
+    if not await sink._wait("the sink ready before a changed database", sink.ready):
+        return "sink: not ready, nothing changed"
     async with await psycopg.AsyncConnection.connect(sink.dsn, autocommit=True) as conn:
         await conn.execute(
             f"ALTER TABLE stream_dp.releases ADD COLUMN {COLUMN} text NOT NULL DEFAULT ''"
