@@ -82,6 +82,7 @@ from stream_dp.config.model import Config
 from stream_dp.errors import BrokerError
 from stream_dp.ops.health import Health, beating
 from stream_dp.ops.metrics import Metrics
+from stream_dp.ops.progress import reporting_progress
 from stream_dp.pipeline.faults import Faults
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
@@ -215,21 +216,23 @@ class Worker:
         monitor = asyncio.create_task(self._monitor_broker())
         graceful = False
         membership = self.membership
-        try:
-            async with beating(self.health):  # live while the ledger is read; not ready
-                await self._start_stages()
-            consumer = membership.subscribe(common)
-            await self.publisher.retry("start consumer", consumer.start, bounded=False)
-            await self._loop()
-            graceful = True
-        except RecordTooLargeError:
-            self.metrics.records_too_large.inc()
-            raise
-        except (LedgerLostError, LogRewoundError) as exc:
-            await guard.hold(exc, membership.consumer, self._stopping)
-        finally:
-            monitor.cancel()
-            await self._shutdown(commit=graceful)
+        # Long steps (a draw, a ledger read) beat for liveness, from threads too.
+        with reporting_progress(self.health.progress):
+            try:
+                async with beating(self.health):  # live while the ledger is read; not ready
+                    await self._start_stages()
+                consumer = membership.subscribe(common)
+                await self.publisher.retry("start consumer", consumer.start, bounded=False)
+                await self._loop()
+                graceful = True
+            except RecordTooLargeError:
+                self.metrics.records_too_large.inc()
+                raise
+            except (LedgerLostError, LogRewoundError) as exc:
+                await guard.hold(exc, membership.consumer, self._stopping)
+            finally:
+                monitor.cancel()
+                await self._shutdown(commit=graceful)
 
     async def _internal_topics(self) -> None:
         """The internal topics' partitions (retried until known), recorded to watch."""
@@ -420,6 +423,7 @@ class Worker:
                 continue
             async with membership.lock:
                 await self._iteration(batch)
+                membership.drop_revoked_later()
             if membership.fatal is not None:
                 raise membership.fatal
             self.health.beat()

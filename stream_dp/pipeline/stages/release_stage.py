@@ -38,6 +38,7 @@ from typing import Any
 from stream_dp.config.model import Config
 from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
+from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
@@ -301,6 +302,7 @@ class ReleaseStage:
                 )
                 continue
             aggregates = merge_totals(taken)
+            report_progress("merge")  # liveness: a long draw moves (ops.progress)
             if self._observe_exact is not None:
                 self._observe_exact(q.name, window_start_s, aggregates)
             rel = draw_release(
@@ -491,6 +493,7 @@ def draw_release(
     τ-threshold under ``plan``): its output records and its ``window`` record."""
     cfg = q.config
     result = release_query(aggregates, plan)
+    report_progress("noise")
     release_id = new_release_id()
     selection = plan.selection.record_parameters() if plan.selection is not None else None
     records = [
