@@ -10,7 +10,11 @@ jars of ``make kafka-jars``), fed by a live producer
 - ``pause``: SIGSTOP a worker for three session timeouts, then SIGCONT;
 - ``broker_pause``: SIGSTOP the broker for 10–30 s, then SIGCONT;
 - ``malformed``: a burst of 300 malformed records (holding a user id, which must not leak);
-- ``slow_ledger``: restart a worker with every ledger write delayed by 1 s.
+- ``slow_ledger``: restart a worker with every ledger write delayed by 1 s;
+- ``restart_while_idle``: stop the producer for longer than a window, restart every worker
+  while it is stopped, and time the due windows (empty ones included) until they are out:
+  the check "restart while idle" wants them within a window (plus grace, idle close and
+  the group's start-up) of the restart, not at one second per second since the first window.
 
 The queries run in the noise-free test mode (ε = 1e6: discrete Laplace noise of scale
 ≤ 1e-6 is 0 except with probability below e^-1e5) and k is far above any user's events per
@@ -65,7 +69,7 @@ INPUT_PARTITIONS = 6
 WORKERS = 3
 BROKERS = ("tansu", "apache-kafka")
 USER_PREFIX = "chaos-user-"
-FAULTS = ("kill", "pause", "broker_pause", "malformed", "slow_ledger")
+FAULTS = ("kill", "pause", "broker_pause", "malformed", "slow_ledger", "restart_while_idle")
 QUERIES = ("visits", "total")
 
 
@@ -112,6 +116,10 @@ class Run:
     produced: Counter[tuple[int, str]] = field(default_factory=Counter)
     users_seen: set[str] = field(default_factory=set)
     last_event_s: float = 0.0
+    #: Set while the producer holds off (restart_while_idle).
+    producer_held: asyncio.Event = field(default_factory=asyncio.Event)
+    #: restart_while_idle: (windows due at the restart, seconds until all were out or None).
+    idle_restarts: list[tuple[int, float | None]] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -193,6 +201,10 @@ async def _produce(run: Run, bootstrap: str, topic: str, stop: asyncio.Event) ->
         interval = 1.0 / run.settings.rate_per_s
         next_at = time.monotonic()
         while not stop.is_set():
+            if run.producer_held.is_set():
+                await asyncio.sleep(0.05)
+                next_at = time.monotonic()
+                continue
             now = time.time()
             user = f"{USER_PREFIX}{run.rng.randrange(USERS):06d}"
             domain = DOMAINS[run.rng.randrange(len(DOMAINS))]
@@ -271,6 +283,56 @@ async def _fault(
         slot.proc.send_signal(signal.SIGTERM)
         await asyncio.to_thread(slot.proc.wait, 60)
         _start(slot, config, run, {"STREAM_DP_TEST_LEDGER_DELAY_S": "1.0"})
+    elif kind == "restart_while_idle":
+        await _restart_while_idle(run, slots, config, bootstrap)
+
+
+#: restart_while_idle: the due windows must be out this long after the restart at most — a
+#: window, its grace and the idle close, plus the group's start-up on a loaded machine.
+IDLE_RESTART_BOUND_S = WINDOW_S + GRACE_S + IDLE_CLOSE_S + 30
+
+
+async def _restart_while_idle(run: Run, slots: list[Slot], config: Path, bootstrap: str) -> None:
+    """Hold the producer for longer than a window, restart every worker meanwhile, and time
+    the windows due at the restart until each has its window record."""
+    run.faults.append(Fault(run.elapsed(), "restart_while_idle", "producer held, all restarted"))
+    run.producer_held.set()
+    try:
+        held_from = time.time()
+        while time.time() < held_from + WINDOW_S + GRACE_S:
+            await asyncio.sleep(0.2)  # a window and its grace without events, then restart
+        for slot in slots:
+            assert slot.proc is not None
+            slot.proc.send_signal(signal.SIGTERM)
+        for slot in slots:
+            assert slot.proc is not None
+            await asyncio.to_thread(slot.proc.wait, 60)
+            _start(slot, config, run)
+        restarted = time.time()
+        first_s = epoch_of_iso(yaml.safe_load(config.read_text())["window"]["start_at"])
+        last_due = int((restarted - GRACE_S) // WINDOW_S) * WINDOW_S - WINDOW_S
+        topic = yaml.safe_load(config.read_text())["output"]["topic"]
+        wanted = {(q, w) for q in QUERIES for w in range(first_s, last_due + 1, WINDOW_S)}
+        taken: float | None = None
+        while time.time() < restarted + 3 * IDLE_RESTART_BOUND_S:  # a hang guard
+            if wanted <= _window_records(await _read_all(bootstrap, topic)):
+                taken = time.time() - restarted
+                break
+            await asyncio.sleep(0.5)
+        run.idle_restarts.append((len(wanted) // len(QUERIES), taken))
+        run.faults[-1].detail += f"; due windows out after {taken} s"
+    finally:
+        run.producer_held.clear()
+
+
+def _idle_restart_check(run: Run) -> Check:
+    """The check of the restart_while_idle faults (none run: nothing to check)."""
+    slow = [(n, t) for n, t in run.idle_restarts if t is None or t > IDLE_RESTART_BOUND_S]
+    return Check(
+        f"restart while idle: due windows out within {IDLE_RESTART_BOUND_S} s of the restart",
+        not slow,
+        f"(windows due, seconds until out) per restart: {run.idle_restarts}; too slow: {slow}",
+    )
 
 
 async def _read_all(bootstrap: str, topic: str) -> list[tuple[int, str, bytes]]:
@@ -448,7 +510,7 @@ def _plot(run: Run, path: Path) -> None:
                 label=f"worker {index}",
                 linewidth=1,
             )
-    colors = dict(zip(FAULTS, ["red", "orange", "purple", "gray", "green"], strict=True))
+    colors = dict(zip(FAULTS, ["red", "orange", "purple", "gray", "green", "blue"], strict=True))
     for kind in FAULTS:
         times = [f.at_s / 60 for f in run.faults if f.kind == kind]
         for i, t in enumerate(times):
@@ -509,7 +571,12 @@ async def _start_broker(kind: str) -> EmbeddedBroker | ApacheKafkaBroker:
 
 
 async def chaos(
-    settings: Settings, out: Path, seed: int, command: str, broker_kind: str = "tansu"
+    settings: Settings,
+    out: Path,
+    seed: int,
+    command: str,
+    broker_kind: str = "tansu",
+    kinds: tuple[str, ...] = FAULTS,
 ) -> bool:
     out.mkdir(parents=True, exist_ok=True)
     workdir = out / "run"
@@ -540,7 +607,7 @@ async def chaos(
             await asyncio.sleep(run.rng.uniform(*settings.fault_every_s))
             if run.elapsed() >= end:
                 break
-            kind = run.rng.choice(FAULTS)
+            kind = run.rng.choice(kinds)
             await _fault(run, kind, slots, broker.pid, config, bootstrap, input_topic)
             print(f"[chaos] {run.elapsed():6.0f} s  {run.faults[-1].detail}", flush=True)
         stop_producing.set()
@@ -588,6 +655,7 @@ async def chaos(
             for log in slot.logs:
                 scanned[f"log {log.name}"] = log.read_bytes()
         checks = _checks(run, first_s, last_window_s, output, records["ledger"], scanned, exits)
+        checks.append(_idle_restart_check(run))
     finally:
         stop_sampling.set()
         await sampler
@@ -609,6 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--broker", choices=BROKERS, default="tansu", help="which broker")
+    parser.add_argument(
+        "--fault", choices=FAULTS, action="append", help="only these faults (repeatable)"
+    )
     args = parser.parse_args(argv)
     base = SMOKE if args.smoke else FULL
     settings = Settings(
@@ -620,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     command = " ".join(["python -m chaos.run", *(argv if argv is not None else sys.argv[1:])])
     print(f"[chaos] seed {seed}; broker {args.broker}; {settings}", flush=True)
-    ok = asyncio.run(chaos(settings, args.out, seed, command, args.broker))
+    kinds = tuple(args.fault) if args.fault else FAULTS
+    ok = asyncio.run(chaos(settings, args.out, seed, command, args.broker, kinds))
     return 0 if ok else 1
 
 
