@@ -37,6 +37,8 @@ SIZE_S, GRACE_S, IDLE_S = 10, 1, 2
 #: which the old start (event time from the first covered window, one second per second)
 #: needed 20 minutes to reach — far beyond the hang guard of the waits below.
 WINDOWS_BACK = 120
+#: privacy.horizon_windows: a horizon's ε is the sum over its windows, each charged once.
+HORIZON_WINDOWS = 24
 
 
 def _due_windows(first_s: int, now_s: float) -> int:
@@ -82,7 +84,7 @@ async def test_an_idle_deployment_restarted_releases_its_due_windows_at_once(
     first = math.floor(time.time() / SIZE_S) * SIZE_S - WINDOWS_BACK * SIZE_S
     cfg = config_factory(
         {
-            "privacy": NOISE_FREE,
+            "privacy": {**NOISE_FREE, "horizon_windows": HORIZON_WINDOWS},
             "input": {"keyed_by_user": keyed},
             "window": {
                 "size_s": SIZE_S,
@@ -135,6 +137,10 @@ async def test_an_idle_deployment_restarted_releases_its_due_windows_at_once(
         # Never early: a window's record comes after its end plus the grace (ms stamps).
         assert stamp_s >= epoch_of_iso(v["window_end"]) + GRACE_S - 0.001, v
         assert v["epsilon_spent"] == pytest.approx(1e6)  # charged once: one query's ε
+        # Released in a burst, still charged once each over the horizon ending with it.
+        index = (epoch_of_iso(v["window_start"]) - first) // SIZE_S
+        in_horizon = min(HORIZON_WINDOWS, index + 1)
+        assert v["horizon_epsilon_spent"] == pytest.approx(in_horizon * 1e6), v
     due_at_restart = {first + i * SIZE_S for i in range(n_released, n_second)}
     latest = max(
         stamp_s for stamp_s, v in windows if epoch_of_iso(v["window_start"]) in due_at_restart

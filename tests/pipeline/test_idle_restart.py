@@ -5,14 +5,17 @@ never past what the read proofs allow."""
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
 import orjson
+import pytest
 
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.ledger import LedgerIndex, encode_progress
 from stream_dp.pipeline.formats.partials import SourceWatermark, encode_watermark
+from stream_dp.pipeline.kafka.backlog import DueBacklog
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
@@ -160,3 +163,23 @@ def test_stage2_counts_a_backlog_of_due_windows_without_listing_it() -> None:
     assert release.windows_due_count() == 100_000 + 1  # from T0+990 to T0+1_000_990
     assert release.windows_due_count() == len(release.due_windows())
     assert len(release.due_windows(limit=32)) == 32
+
+
+def test_a_backlog_of_due_windows_is_exported_and_logged_at_its_start_and_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = Metrics()
+    backlog = DueBacklog(metrics, per_iteration=32)
+    with caplog.at_level(logging.INFO, logger="stream_dp.pipeline.kafka.backlog"):
+        backlog.note(3)  # a few due windows: normal, no log line
+        backlog.note(100_001)
+        backlog.note(99_969)
+        assert metrics.windows_due._value.get() == 99_969
+        backlog.note(0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "100001 due windows wait for release (a restart after the input was idle, or an "
+        "outage): they are released in order, 32 per loop iteration; stream_dp_windows_due "
+        "counts down",
+        "the due windows are released",
+    ]
+    assert metrics.windows_due._value.get() == 0
