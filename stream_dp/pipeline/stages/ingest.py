@@ -216,10 +216,11 @@ class IngestStage(RecordIngest):
         partition learns the wall clock from its sources' routers instead
         (:meth:`assign_routed`).
         """
-        new = [p for p in partitions if p not in self._trackers]
-        for p in partitions:
+        taken = list(partitions)
+        new = [p for p in dict.fromkeys(taken) if p not in self._trackers]
+        for p in taken:
             self._state.setdefault(p, {})
-        start_s = self.event_time_start(None if routed else now_s) if new else None
+        start_s = self.event_time_start(now_s, wall_clock=not routed) if new else None
         for p in new:
             if p not in self._trackers:
                 tracker = WatermarkTracker(
@@ -237,11 +238,12 @@ class IngestStage(RecordIngest):
                     tracker.start_at(start_s, now_mono_s)
                 self._trackers[p] = tracker
 
-    def event_time_start(self, now_s: float | None) -> float | None:
+    def event_time_start(self, now_s: float | None, *, wall_clock: bool = True) -> float | None:
         """Where a newly assigned partition's event time starts (None: coverage unknown):
         the first covered window not yet released — never the first covered window of a
         deployment that released since (an idle restart would then need as long as the
-        deployment has existed to catch up) — or, later, the wall clock ``now_s``."""
+        deployment has existed to catch up) — or, if later and ``wall_clock``, the wall
+        clock ``now_s`` (logged with the windows due by then, on both paths)."""
         released = self._windows_released
         coverage = released.coverage_start_s
         if coverage is None:
@@ -257,7 +259,8 @@ class IngestStage(RecordIngest):
                     due,
                     iso_utc(int(start_s)),
                 )
-            start_s = now_s
+            if wall_clock:
+                start_s = now_s
         return start_s
 
     def revoke(self, partitions: Iterable[int]) -> None:
