@@ -104,7 +104,7 @@ async def test_an_idle_deployment_restarted_releases_its_due_windows_at_once(
 
     started = time.time()
     n_first = _due_windows(first, started)
-    assert n_first >= WINDOWS_BACK
+    assert n_first >= WINDOWS_BACK - 1  # one less when started within the grace of a window
     worker = start_worker(cfg, tmp_path / "first.log")
     try:
         # The deadline is a hang guard (300 s): the old start needed 1,200 s here.
