@@ -20,6 +20,11 @@ jars of ``make kafka-jars``), fed by a live producer
   PostgreSQL, :mod:`chaos.sink`) under a lock held past its lock timeout, and under a NOT NULL
   column added to its table (it must halt, not ready, until the column is rolled back and it
   is restarted).
+- ``restart_while_idle``: stop the producer for longer than a window, restart every worker
+  (one after another) while it is stopped, and time the due windows (empty ones included)
+  from the last restart until they are out:
+  the check "restart while idle" wants them within a window (plus grace, idle close and
+  the group's start-up) of the restart, not at one second per second since the first window.
 
 The queries run in the noise-free test mode (ε = 1e6: discrete Laplace noise of scale
 ≤ 1e-6 is 0 except with probability below e^-1e5) and k is far above any user's events per
@@ -88,6 +93,7 @@ FAULTS: tuple[str, ...] = (
 #: Faults of the sink's database (chaos/sink.py), one entry each.
 FAULTS += ("slow_database",)
 FAULTS += ("changed_database",)
+FAULTS += ("restart_while_idle",)
 QUERIES = ("visits", "total")
 #: erasure_burst: users erased at once; how far ahead of the clock their window starts (the
 #: window is still open when the burst is applied); how long every request may take to be
@@ -155,6 +161,10 @@ class Run:
     erasure_bursts: list[ErasureBurst] = field(default_factory=list)
     #: The sink and its database (chaos/sink.py), once started.
     sink: ChaosSink | None = None
+    #: Set while the producer holds off (restart_while_idle).
+    producer_held: asyncio.Event = field(default_factory=asyncio.Event)
+    #: restart_while_idle: (windows due at the restart, seconds until all were out or None).
+    idle_restarts: list[tuple[int, float | None]] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -242,6 +252,10 @@ async def _produce(run: Run, bootstrap: str, topic: str, stop: asyncio.Event) ->
         interval = 1.0 / run.settings.rate_per_s
         next_at = time.monotonic()
         while not stop.is_set():
+            if run.producer_held.is_set():
+                await asyncio.sleep(0.05)
+                next_at = time.monotonic()
+                continue
             now = time.time()
             user = f"{USER_PREFIX}{run.rng.randrange(USERS):06d}"
             domain = DOMAINS[run.rng.randrange(len(DOMAINS))]
@@ -411,6 +425,60 @@ async def _fault(
     elif kind == "changed_database":
         assert run.sink is not None
         run.faults.append(Fault(run.elapsed(), kind, await changed_database(run.sink, run.rng)))
+    elif kind == "restart_while_idle":
+        await _restart_while_idle(run, slots, config, bootstrap)
+
+
+#: restart_while_idle: the due windows must be out this long after the restart at most — a
+#: window, its grace and the idle close, plus the group's start-up on a loaded machine.
+IDLE_RESTART_BOUND_S = WINDOW_S + GRACE_S + IDLE_CLOSE_S + 30
+
+
+async def _restart_while_idle(run: Run, slots: list[Slot], config: Path, bootstrap: str) -> None:
+    """Hold the producer for longer than a window, restart every worker meanwhile, and time
+    the windows due at the last restart until each has its window record.
+
+    One worker after another, as a rolling update does: stopping all three at once left
+    the embedded broker's group coordinator in state "Unknown" with three members and no
+    assignment, for minutes, in one smoke run (the workers never got a partition)."""
+    run.faults.append(
+        Fault(run.elapsed(), "restart_while_idle", "producer held, every worker restarted in turn")
+    )
+    run.producer_held.set()
+    try:
+        held_from = time.time()
+        while time.time() < held_from + WINDOW_S + GRACE_S:
+            await asyncio.sleep(0.2)  # a window and its grace without events, then restart
+        for slot in slots:
+            assert slot.proc is not None
+            slot.proc.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(slot.proc.wait, 60)
+            _start(slot, config, run)
+        restarted = time.time()
+        first_s = epoch_of_iso(yaml.safe_load(config.read_text())["window"]["start_at"])
+        last_due = int((restarted - GRACE_S) // WINDOW_S) * WINDOW_S - WINDOW_S
+        topic = yaml.safe_load(config.read_text())["output"]["topic"]
+        wanted = {(q, w) for q in QUERIES for w in range(first_s, last_due + 1, WINDOW_S)}
+        taken: float | None = None
+        while time.time() < restarted + 3 * IDLE_RESTART_BOUND_S:  # a hang guard
+            if wanted <= _window_records(await _read_all(bootstrap, topic)):
+                taken = time.time() - restarted
+                break
+            await asyncio.sleep(0.5)
+        run.idle_restarts.append((len(wanted) // len(QUERIES), taken))
+        run.faults[-1].detail += f"; due windows out after {taken} s"
+    finally:
+        run.producer_held.clear()
+
+
+def _idle_restart_check(run: Run) -> Check:
+    """The check of the restart_while_idle faults (none run: nothing to check)."""
+    slow = [(n, t) for n, t in run.idle_restarts if t is None or t > IDLE_RESTART_BOUND_S]
+    return Check(
+        f"restart while idle: due windows out within {IDLE_RESTART_BOUND_S} s of the restart",
+        not slow,
+        f"(windows due, seconds until out) per restart: {run.idle_restarts}; too slow: {slow}",
+    )
 
 
 async def _read_all(bootstrap: str, topic: str) -> list[tuple[int, str, bytes]]:
@@ -777,6 +845,7 @@ async def chaos(
                 sink_detail,
             )
         )
+        checks.append(_idle_restart_check(run))
     finally:
         stop_sampling.set()
         await sampler

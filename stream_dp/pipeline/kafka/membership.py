@@ -252,9 +252,11 @@ class Membership(WorkerPart):
             ingest.routed_partitions = ingest.source_partitions
         for topic in sorted(topology.fixed):
             await topology.partitions(topic, watermark_s=watermark)
-        now_mono = time.monotonic()
-        ingest.assign(stage1, now_mono, routed=not self.keyed)
-        ingest.assign_routed(routed, now_mono)
+        now, now_mono = time.time(), time.monotonic()
+        # With the wall clock, event time catches up with it once the input is proven idle
+        # (a restart while idle releases the due windows, not one second per second).
+        ingest.assign(stage1, now_mono, routed=not self.keyed, now_s=now)
+        ingest.assign_routed(routed, now_mono, now_s=now)
         await self._apply_start_from(assigned)
         if partials:
             # Another worker may have released windows of these partitions: read the

@@ -88,6 +88,7 @@ from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
 from stream_dp.pipeline.formats.partials import RecordTooLargeError
+from stream_dp.pipeline.kafka.backlog import DueBacklog
 from stream_dp.pipeline.kafka.clock_skew import observe_clock_skew
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
@@ -196,6 +197,7 @@ class Worker:
         for q in config.queries:
             self.metrics.add_query(q.name)
         self._late_notice = LateEventsNotice(self.metrics, config.window.start_at)
+        self._backlog = DueBacklog(self.metrics, MAX_RELEASES_PER_ITERATION)
 
     # -- lifecycle ------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -516,6 +518,7 @@ class Worker:
         for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
             if await driver.release_window(ws) is None:
                 break
+        self._backlog.note(release.windows_due_count())
         reader = self._reader
         assert reader is not None
         if self._erasure is not None:

@@ -174,6 +174,25 @@ class ReleaseStage:
         """Released before this process read the ledger (its events are replays)."""
         return self.cursors.released_earlier(window_start_s)
 
+    @property
+    def first_unreleased_s(self) -> int | None:
+        """The earliest covered window not known released (where stage 1's event time
+        starts after a restart; None while the coverage is unknown)."""
+        return self.cursors.first_unreleased()
+
+    def windows_due_count(self) -> int:
+        """Windows of the owned partials partitions that every source has passed but that
+        are not released yet (a backlog after a restart while idle drains through
+        :meth:`due_windows`, a bounded number per loop iteration)."""
+        if self.coverage_start_s is None:
+            return 0
+        due = 0
+        for r in self.inbox.partitions:
+            through = self.inbox.passed_through(r)
+            if through is not None:
+                due += self.cursors.due_count(r, through)
+        return due
+
     def last_released(self, r: int) -> int | None:
         """The latest window of partials partition ``r`` known released (None: none yet)."""
         return self.cursors.last_released(r)
