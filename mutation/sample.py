@@ -24,20 +24,22 @@ from mutation.report import CORE_PREFIX, MUTANTS, SAMPLE, read_mutants
 
 SEED = 31
 #: sampled mutants from the privacy core (all of stream_dp/privacy/), by module size
-CORE_SAMPLE = 500
+CORE_SAMPLE = 320
 #: sampled mutants from each other module
-OTHER_SAMPLE = 40
+OTHER_SAMPLE = 20
 #: the parts of the release stage that select what is released and charge the budget
 RELEASE_STAGE_FUNCTIONS = [
     "*release_stage.x_expected_key_id__*",
+    "*release_stage.x_draw_release__*",
+    "*release_stage.x_note_release__*",
+    "*release_stage.x_budget_accountant__*",
     "*ǁReleaseStageǁcompute_release__*",
-    "*ǁReleaseStageǁ_release__*",
+    "*ǁReleaseStageǁ_refusal__*",
+    "*ǁReleaseStageǁ_charge__*",
+    "*ǁReleaseStageǁwinners__*",
     "*ǁReleaseStageǁ_taken__*",
-    "*ǁReleaseStageǁ_bounded_with__*",
-    "*ǁReleaseStageǁ_charge_histograms__*",
+    "*ǁReleaseStageǁfinish_window__*",
     "*ǁReleaseStageǁhorizon_spent__*",
-    "*ǁReleaseStageǁplan_for__*",
-    "*ǁReleaseStageǁ_add_part__*",
 ]
 
 
