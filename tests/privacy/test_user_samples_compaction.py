@@ -12,6 +12,7 @@ from stream_dp.privacy import user_samples
 from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES
 from stream_dp.privacy.user_samples import UserSamples, new_sampling_generator
 
+
 def _user(i: int) -> bytes:
     return i.to_bytes(PSEUDONYM_BYTES, "big")
 
