@@ -111,7 +111,9 @@ def test_the_report_fails_while_any_sampled_mutant_is_not_run(
     out = ["--out", str(tmp_path / "MUTATION.md")]
     for last, code in (("killed", 0), ("not run", 1)):
         outcomes = ("killed", "killed", last)
-        mutants = [Mutant(n, "stream_dp/privacy/a.py", o) for n, o in zip(names, outcomes)]
+        mutants = [
+            Mutant(n, "stream_dp/privacy/a.py", o) for n, o in zip(names, outcomes, strict=True)
+        ]
         monkeypatch.setattr(report, "read_mutants", lambda mutants=mutants: mutants)
         assert report.main(out) == code, last
     assert "1 mutants of the sample were not run" in capsys.readouterr().err
