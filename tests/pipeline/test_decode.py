@@ -93,3 +93,11 @@ def test_an_event_exactly_max_future_s_ahead_is_the_last_one_accepted() -> None:
         assert isinstance(out, Event) is accepted, (t, out)
         if not accepted:
             assert isinstance(out, BadRecord) and out.reason == "timestamp_out_of_range"
+
+
+def test_a_tombstone_is_a_dead_letter_that_says_so() -> None:
+    """A record without a value (a Kafka tombstone) is refused as not_json, with a detail
+    that tells the operator what it was."""
+    out = DEC.decode(None, NOW)
+    assert isinstance(out, BadRecord)
+    assert out.reason == "not_json" and "tombstone" in out.detail
