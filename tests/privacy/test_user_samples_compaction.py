@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
+from scipy.stats import chisquare
 
 from stream_dp.privacy import user_samples
 from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES
@@ -51,3 +53,31 @@ def test_the_buffer_waits_for_as_many_rows_as_are_kept(
         held.append(_rows_held(samples))
     # 10 kept: the buffer grows to 10 rows (not COMPACT_MIN_ROWS = 4) before compacting
     assert held == [11, 12, 13, 14, 15, 16, 17, 18, 19, 10]
+
+
+def test_users_sharing_half_their_pseudonym_keep_at_most_k_each() -> None:
+    """Two pseudonyms with the same first (or second) 64-bit word are two users, each
+    bounded to k on its own (the rare collision path of the compaction)."""
+    a = b"A" * 8 + b"B" * 8
+    b = b"A" * 8 + b"C" * 8
+    c = b"D" * 8 + b"B" * 8
+    for seed in range(20):
+        samples = UserSamples(2, new_sampling_generator(random.Random(seed)))
+        for p in (a, b, c):
+            samples.add_many([p] * 5, list(range(5)))
+        users, items = samples.sample()
+        assert sorted(np.bincount(users).tolist()) == [2, 2, 2]
+        assert len(items) == 6
+
+
+def test_events_offered_in_many_batches_are_kept_uniformly() -> None:
+    """k = 1 of a user's 4 events, each offered in its own batch: every event is the kept
+    one about equally often (the kept event is the one of smallest random priority, never
+    the smallest item or the first)."""
+    kept = [0] * 4
+    for seed in range(800):
+        samples = UserSamples(1, new_sampling_generator(random.Random(seed)))
+        for item in range(4):
+            samples.add_many([_user(7)], [item])
+        kept[int(samples.sample()[1][0])] += 1
+    assert chisquare(kept).pvalue > 1e-7, kept
