@@ -243,3 +243,18 @@ def test_the_histograms_end_at_each_bounds_own_cap() -> None:
     assert max(edges[EVENTS]) == 500
     assert {max(e) for n, e in edges.items() if n.startswith(KEYS_PREFIX)} == {12}
     assert {max(e) for n, e in edges.items() if n.startswith(PER_KEY_PREFIX)} == {200}
+
+
+def test_each_querys_model_carries_its_name() -> None:
+    """The bound choice finds a query's released values (how far its keys stood above the
+    selection threshold) by the model's name: each model is named after its query."""
+    config = parse_config(
+        _data(
+            ALL_AUTO,
+            {"name": "visits", "group_by": ["domain"], "epsilon": 0.4, "delta": 5e-7},
+            {"name": "pages", "group_by": ["domain"], "epsilon": 0.4, "delta": 5e-7},
+        )
+    )
+    plan = plan_config(config.spec())
+    assert plan.auto_bounds is not None
+    assert [m.name for m in plan.auto_bounds.models] == ["visits", "pages"]
