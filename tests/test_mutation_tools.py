@@ -117,3 +117,15 @@ def test_the_report_fails_while_any_sampled_mutant_is_not_run(
         monkeypatch.setattr(report, "read_mutants", lambda mutants=mutants: mutants)
         assert report.main(out) == code, last
     assert "1 mutants of the sample were not run" in capsys.readouterr().err
+
+
+def test_a_mutants_child_starts_with_stream_dps_caches_empty() -> None:
+    """A result the clean run cached (false_refusal_bound calls the helpers it is built of
+    only once) would hide every mutant of those helpers in the forked child."""
+    from mutation.run import _forget_cached_results
+    from stream_dp.privacy.key_strength import false_refusal_bound
+
+    false_refusal_bound("hex", 33)
+    assert false_refusal_bound.cache_info().currsize > 0
+    _forget_cached_results()
+    assert false_refusal_bound.cache_info().currsize == 0
