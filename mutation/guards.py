@@ -150,6 +150,13 @@ _NOT_COPIED = shutil.ignore_patterns(
 
 def _copy_tree(dest: Path) -> None:
     shutil.copytree(ROOT, dest, ignore=_NOT_COPIED, dirs_exist_ok=True)
+    # The Apache Kafka tier finds its jars under <repo>/.venv (a STREAM_DP_ variable would be
+    # read as a configuration override): link the environment's broker directories.
+    for jars in [*Path(sys.prefix).glob("apache-kafka-*"), *ROOT.glob(".venv/apache-kafka-*")]:
+        link = dest / ".venv" / jars.name
+        if not link.exists():
+            link.parent.mkdir(exist_ok=True)
+            link.symlink_to(jars.resolve(), target_is_directory=True)
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -183,11 +190,6 @@ def run_tests(root: Path, tests: list[str], timeout_s: float) -> tuple[dict[str,
     report = root / ".guards-report.jsonl"
     report.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(root), REPORT_ENV: str(report)}
-    jars = sorted(Path(sys.prefix).glob("apache-kafka-*/libs")) + sorted(
-        ROOT.glob(".venv/apache-kafka-*/libs")
-    )
-    if jars:  # the copy has no .venv: point the Apache Kafka tier at the real one's jars
-        env.setdefault("STREAM_DP_APACHE_KAFKA_LIBS", str(jars[-1]))
     started = time.monotonic()
     try:
         subprocess.run(  # noqa: S603 (this interpreter, pytest, test ids from the declarations)
