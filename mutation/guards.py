@@ -49,7 +49,7 @@ DOC = ROOT / "docs" / "THREAT_MODEL.md"
 #: stopped so with the mutation counts as red ("timeout"), without it as a failed baseline
 RUN_TIMEOUT_S = 900
 PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-p", "mutation.guards", "-n", "0"]
-REPORT_ENV = "STREAM_DP_GUARDS_REPORT"
+REPORT_ENV = "MUTATION_GUARDS_REPORT"  # not STREAM_DP_*: those are configuration overrides
 
 
 class GuardDeclarationError(Exception):
@@ -161,7 +161,7 @@ def _copy_tree(dest: Path) -> None:
 
 def pytest_runtest_logreport(report: Any) -> None:
     """A pytest hook (this module is loaded with ``-p mutation.guards`` in each run): appends
-    each test's phase outcome, one JSON line, to the file ``$STREAM_DP_GUARDS_REPORT``."""
+    each test's phase outcome, one JSON line, to the file ``$MUTATION_GUARDS_REPORT``."""
     target = os.environ.get(REPORT_ENV)
     if target and (report.when == "call" or report.outcome != "passed"):
         with open(target, "a", encoding="utf-8") as lines:
