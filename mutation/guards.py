@@ -214,8 +214,14 @@ def _result(outcome: str) -> str:
 def run(guards: list[Guard], timeout_s: float, out: Path = OUT) -> int:
     rows = threat_model_rows()
     for guard in guards:  # fail loudly before spending any time
-        row_of(guard.row, rows)
+        named = rows[row_of(guard.row, rows)]
         check(guard, ROOT)
+        unnamed = [t for t in guard.tests if t not in named]
+        if unnamed:
+            raise GuardDeclarationError(
+                f"{guard.id}: tests its row does not name (name them in docs/THREAT_MODEL.md "
+                f"or fix the id): {unnamed}"
+            )
     record = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {"results": {}}
     results: dict[str, dict[str, object]] = record["results"]
     with tempfile.TemporaryDirectory(prefix="stream-dp-guards-") as tmp:
@@ -229,6 +235,11 @@ def run(guards: list[Guard], timeout_s: float, out: Path = OUT) -> int:
             + ", ".join(f"{t}={o}" for t, o in baseline.items() if o != "passed"),
             flush=True,
         )
+        if any(o in ("missing", "timeout") for o in baseline.values()):
+            raise GuardDeclarationError(
+                "the baseline run (no mutation) did not run every test; nothing recorded: "
+                + ", ".join(f"{t}={o}" for t, o in baseline.items() if o != "passed")
+            )
         failures = 0
         for guard in guards:
             before = guard.apply(root)
