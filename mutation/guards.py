@@ -279,8 +279,13 @@ def run(guards: list[Guard], timeout_s: float, out: Path = OUT) -> int:
     declared = {g.id for g in load()}
     record["results"] = {k: results[k] for k in sorted(results) if k in declared}
     out.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"wrote {out.relative_to(ROOT)}; {failures} test(s) that did not bite", flush=True)
-    return 1 if failures else 0
+    print(
+        f"wrote {out.relative_to(ROOT)}; {failures} declared test run(s) did not bite (a row "
+        "is proven when every test it names bites with one of its removals: "
+        "tests/test_threat_model.py judges)",
+        flush=True,
+    )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
