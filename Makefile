@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: setup setup-demo test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
-	kafka-jars test-kafka kstreams-peer mutate mutate-all
+	kafka-jars test-kafka kstreams-peer mutate mutate-all guards
 
 $(DEMO_STAMP): pyproject.toml
 	@test -x $(BIN)/python || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
@@ -128,6 +128,15 @@ mutate: setup
 	  $(if $(MUTANTS),'$(MUTANTS)',$$(cat mutation/sample.txt))
 	$(BIN)/python -m mutation.bites --after-mutmut
 	$(BIN)/python -m mutation.report
+	$(BIN)/python -m mutation.guards
+
+# Each threat-model row's guard removed (mutation/guards.toml), on a copy of the tree, and the
+# row's named tests run against it, broker tests included: mutation/guard_bites.json records
+# red with the removal and green without (tests/test_threat_model.py checks it). Half an hour
+# or so on two busy cores; `make guards GUARDS='--row "A key only one"'` for one row.
+GUARDS ?=
+guards: setup kafka-jars
+	$(BIN)/python -m mutation.guards $(GUARDS)
 
 mutate-all: setup
 	$(BIN)/python -m mutation.run run --max-children $(MUTATE_CHILDREN)

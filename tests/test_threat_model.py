@@ -7,11 +7,13 @@ project of its own)."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -194,3 +196,90 @@ def test_a_session_whose_named_tests_all_ran_passes(tmp_path: Path, workers: str
     result = _pytest(project, "-n", workers, "-p", "xdist")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "threat model guards" not in result.stdout
+
+
+# -- each row's guard, removed, turns its named tests red (mutation/guards.py) ------------
+
+GUARD_BITES = ROOT / "mutation" / "guard_bites.json"
+
+
+def _guard_state() -> tuple[dict[str, list[str]], list[Any], dict[str, Any], list[str]]:
+    from mutation.guards import load, pending_rows, threat_model_rows
+
+    rows = threat_model_rows(DOC)
+    record = json.loads(GUARD_BITES.read_text(encoding="utf-8")) if GUARD_BITES.exists() else {}
+    return rows, load(), record.get("results", {}), pending_rows()
+
+
+def _unproven(
+    rows: dict[str, list[str]], guards: list[Any], results: dict[str, Any]
+) -> dict[str, list[str]]:
+    """Per row: what keeps it from being proven (empty when every named test bites)."""
+    from mutation.guards import row_of
+
+    out: dict[str, list[str]] = {}
+    for row, tests in rows.items():
+        if not tests:
+            continue  # a row that names no guard ("—") claims no test
+        mine = [g for g in guards if row_of(g.row, rows) == row]
+        problems = [] if mine else ["no guard mutation declared in mutation/guards.toml"]
+        for test in tests:
+            bitten = False
+            for guard in mine:
+                result = results.get(guard.id)
+                if test not in guard.tests or result is None:
+                    continue
+                if result["digest"] != guard.digest():
+                    continue
+                bitten = bitten or any(
+                    entry["test"] == test and entry["bites"] for entry in result["tests"]
+                )
+            if not bitten:
+                problems.append(
+                    f"{test}: no declared guard removal recorded turning it red (and green "
+                    "without the mutation) at the current declarations; run `make guards`"
+                )
+        if problems:
+            out[row] = problems
+    return out
+
+
+def test_every_declared_guard_is_still_in_the_code_exactly_once() -> None:
+    from mutation.guards import GuardDeclarationError, check, row_of
+
+    rows, guards, _, _ = _guard_state()
+    broken = []
+    for guard in guards:
+        try:
+            row_of(guard.row, rows)
+            check(guard, ROOT)
+        except GuardDeclarationError as exc:
+            broken.append(str(exc))
+    assert broken == []
+
+
+def test_every_row_names_tests_that_turn_red_when_its_guard_is_removed() -> None:
+    """mutation/guard_bites.json (``make guards``) shows, for each row, every test it names red
+    with a declared removal of the row's guard and green without it. Rows still listed as
+    ``pending`` in mutation/guards.toml are exactly those not yet proven: the list only
+    shrinks (a proven row must leave it, a row may not become unproven)."""
+    from mutation.guards import row_of
+
+    rows, guards, results, pending = _guard_state()
+    unproven = _unproven(rows, guards, results)
+    listed = {row_of(prefix, rows) for prefix in pending}
+    assert {row: unproven[row] for row in unproven if row not in listed} == {}
+    assert sorted(r[:60] for r in listed - set(unproven)) == [], "proven: remove from pending"
+
+
+def test_the_guard_check_finds_a_row_whose_test_stays_green() -> None:
+    from mutation.guards import Guard
+
+    rows = {"claim a": ["tests/x.py::test_a"], "claim b": ["tests/x.py::test_b"], "none": []}
+    guard = Guard("a1", "claim a", "f.py", "x < 1", "True", ("tests/x.py::test_a",), "")
+    green = {"digest": guard.digest(), "tests": [{"test": "tests/x.py::test_a", "bites": False}]}
+    red = {"digest": guard.digest(), "tests": [{"test": "tests/x.py::test_a", "bites": True}]}
+    assert set(_unproven(rows, [guard], {"a1": green})) == {"claim a", "claim b"}
+    assert set(_unproven(rows, [guard], {"a1": red})) == {"claim b"}
+    stale = {**red, "digest": "another edit"}
+    assert set(_unproven(rows, [guard], {"a1": stale})) == {"claim a", "claim b"}

@@ -217,6 +217,36 @@ def test_run_logs_each_line_once_through_the_filtered_handler(tmp_path: Path) ->
     logged = [json.loads(line) for line in lines[:-1]]
     assert all(entry["logger"].startswith("aiokafka") for entry in logged)
     assert not any("Unable connect to" in entry["msg"] for entry in logged), done.stderr
+    # That run logs no line before it fails (so the checks above hold even for a duplicate
+    # or unfiltered handler): the same command again with the worker replaced by one that
+    # logs a stream-dp line with a raw-id field and a client-library warning and debug line.
+    script = (
+        "import logging, sys\n"
+        "from stream_dp.cli import main, run_cmd\n"
+        "async def worker(config, keyring):\n"
+        "    logging.getLogger('stream_dp.pipeline').warning(\n"
+        "        'worker line', extra={'user_id': 'alice@example.com', 'partition': 3})\n"
+        "    logging.getLogger('aiokafka.conn').warning('client line')\n"
+        "    logging.getLogger('aiokafka.conn').debug('client debug line')\n"
+        "run_cmd.run_worker = worker\n"
+        "sys.exit(main.main(['run', '--config', sys.argv[1]]))\n"
+    )
+    config.write_text(config.read_text(encoding="utf-8") + "logging: {level: DEBUG}\n")
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "alice@example.com" not in done.stderr
+    entries = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [(e["logger"], e["msg"], e.get("redacted")) for e in entries] == [
+        ("stream_dp.pipeline", "worker line", ["user_id"]),
+        ("aiokafka.conn", "client line", None),
+    ], done.stderr
 
 
 def test_a_lines_timestamp_is_its_records_moment_in_utc_to_the_millisecond() -> None:

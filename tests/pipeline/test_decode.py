@@ -65,10 +65,25 @@ def test_bad_records_have_reasons(raw: bytes, reason: str) -> None:
     assert out.reason == reason
 
 
-def test_details_never_quote_values() -> None:
-    out = DEC.decode(b'{"user_id": "alice@example.com", "timestamp": "soon"}', NOW)
+@pytest.mark.parametrize(
+    ("record", "reason", "value"),
+    [
+        ({"timestamp": "soon-4242"}, "bad_timestamp", "4242"),
+        ({"timestamp": 987654321098765}, "timestamp_out_of_range", "98765"),
+        ({"timestamp": -31337}, "timestamp_out_of_range", "31337"),
+        ({"timestamp": 1596283200, "domain": ["zebra-4242"]}, "bad_field", "zebra"),
+        ({"timestamp": 1596283200, "amount": "7777.5"}, "bad_field", "7777"),
+        ({"timestamp": 1596283200, "domain": {"k": "zebra"}}, "bad_field", "zebra"),
+    ],
+)
+def test_details_never_quote_values(record: dict[str, object], reason: str, value: str) -> None:
+    """Every reason a record with a user id can be dead-lettered for, with a distinctive user
+    id and value: the detail names the field and the rule, never the id or the value."""
+    raw = orjson.dumps({"user_id": "alice@example.com", **record})
+    out = DEC.decode(raw, NOW)
     assert isinstance(out, BadRecord)
-    assert "alice" not in out.detail and "soon" not in out.detail
+    assert out.reason == reason
+    assert "alice" not in out.detail and value not in out.detail, out.detail
 
 
 def test_group_values_are_decoded_in_canonical_form() -> None:

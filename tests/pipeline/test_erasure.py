@@ -375,6 +375,8 @@ def test_the_erasure_log_holds_pseudonyms_only() -> None:
     key, value = encode_erasure(pseudonyms, recorded_at_s=T0, expires_at_s=T0 + 3600)
     schema_validator("erasure_log.schema.json").validate(orjson.loads(value))
     assert b"alice" not in value and "alice" not in key
+    # nor spelled in hex, as the pseudonyms are (a "pseudonym" that is the id itself)
+    assert b"alice".hex().encode() not in value and b"alice".hex() not in key
     assert decode_log_record(value, 12) == Erasure(12, pseudonyms, float(T0 + 3600))
     assert decode_log_record(encode_fence("f1")[1], 13) is None
     for broken in (b"{}", b'{"kind": "erasure"}', b"nope", None):

@@ -70,9 +70,11 @@ def _max_sum_of_squares(k: int, l0: int, linf: int) -> int:
     return overall
 
 
+#: k = 12 and 23 leave a remainder over Linf = 10 (a key filled only in part), the case the
+#: closed form's `rest * rest` term is for
 BOUNDS_GRID = [
     (k, l0, linf)
-    for k, l0, linf in itertools.product([1, 5, 40, 200], [None, 1, 3, 8], [None, 1, 10])
+    for k, l0, linf in itertools.product([1, 5, 12, 23, 40, 200], [None, 1, 3, 8], [None, 1, 10])
 ]
 
 

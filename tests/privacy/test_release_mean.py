@@ -60,9 +60,15 @@ def test_mean_interval_is_the_whole_range_when_the_noisy_count_is_not_positive(
     monkeypatch: pytest.MonkeyPatch, noisy_count: int
 ) -> None:
     """With a noisy count ≤ 0 the ratio means nothing: main stated the interval of a count
-    of 1; now the interval is [lower, upper] itself (upper − lower around any value in it)."""
+    of 1; now the interval is [lower, upper] itself (upper − lower around any value in it).
+    At ε = 50 the interval of a noisy count of 1 is narrower than the range (checked first),
+    so the interval of a count of 1 stated for a count ≤ 0 would fail the last assert."""
+    plan = _plan(epsilon=50.0)
+    _fixed_draws(monkeypatch, 7, 1)
+    (at_one,) = release_query({("a",): KeyAggregate(1, 1, 8)}, plan).values
+    assert at_one.ci95 < UPPER - LOWER
     _fixed_draws(monkeypatch, 7, noisy_count)
-    (value,) = release_query({("a",): KeyAggregate(1, 1, 8)}, _plan()).values
+    (value,) = release_query({("a",): KeyAggregate(1, 1, 8)}, plan).values
     assert LOWER <= value.value <= UPPER
     assert value.ci95 == UPPER - LOWER
 
