@@ -178,6 +178,14 @@ class InputConfig(_Section):
     user_field: str = "user_id"
     time_field: str = "timestamp"
     start_from: Literal["earliest", "latest"] = "earliest"
+    on_offset_out_of_range: Literal["stop", "skip_to_log_start"] = Field(
+        "stop",
+        description="what a committed input offset below the input partition's log start "
+        "(records deleted by retention before this group read them) does: stop (the worker "
+        "releases nothing more, not ready, ERROR and stream_dp_offset_out_of_range_total) or "
+        "skip_to_log_start (WARNING and the metric; those events are not counted). Internal "
+        "topics always stop",
+    )
     keyed_by_user: bool = Field(
         False,
         description="true only if producers key every record by its user id (then a record "

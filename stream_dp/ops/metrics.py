@@ -484,6 +484,19 @@ def _health_metrics(
     )
 
 
+def _hold_metrics(r: CollectorRegistry) -> tuple[Counter]:
+    """Held windows and the offsets they pin: records lost under them."""
+    offset_out_of_range = Counter(
+        "stream_dp_offset_out_of_range",
+        "Partitions whose committed offset (or fetch position) was outside the log: records "
+        "still needed were deleted. Internal topics and, by default, the input stop the "
+        "worker (not ready); see the runbook (StreamDPOffsetOutOfRange).",
+        ["topic"],
+        registry=r,
+    )
+    return (offset_out_of_range,)
+
+
 class Metrics:
     """All metrics of one stream-dp worker, in a registry of its own.
 
@@ -583,6 +596,8 @@ class Metrics:
             self.records_too_large,
             self.build_info,
         ) = _health_metrics(r)
+
+        (self.offset_out_of_range,) = _hold_metrics(r)
 
         # NaN until a window is released: no open window yet, no bounds used yet.
         self.oldest_open_window_end.set(math.nan)

@@ -84,6 +84,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "erasure_requests_applied": ("stream_dp_erasure_requests_applied_total", "counter", ()),
     "erasures_active": ("stream_dp_erasures_active", "gauge", ()),
     "build_info": ("stream_dp_build_info", "info", ("version", "python")),
+    "offset_out_of_range": ("stream_dp_offset_out_of_range_total", "counter", ("topic",)),
 }
 
 

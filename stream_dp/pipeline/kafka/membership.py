@@ -132,9 +132,11 @@ class Membership:
         consumer = self.consumer = AIOKafkaConsumer(
             group_id=kafka.group_id,
             enable_auto_commit=False,
-            # Internal topics are always read from their beginning; input.start_from is
-            # applied to input partitions without a committed offset (on_assigned).
-            auto_offset_reset="earliest",
+            # Never moved silently: a partition without a committed offset is read from
+            # its beginning, one whose offset is out of range stops the worker (see
+            # offset_range); input.start_from is applied to input partitions without a
+            # committed offset (on_assigned).
+            auto_offset_reset="none",
             session_timeout_ms=kafka.session_timeout_ms,
             heartbeat_interval_ms=kafka.heartbeat_interval_ms,
             max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, kafka.max_message_bytes),

@@ -95,6 +95,11 @@ from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard, LedgerLostError
 from stream_dp.pipeline.kafka.ledger_log import LogRewoundError
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.membership import MAX_RECORDS_PER_FETCH, Membership, Stages
+from stream_dp.pipeline.kafka.offset_range import (
+    OFFSET_ERRORS,
+    OffsetOutOfRangeStop,
+    OffsetRangeGuard,
+)
 from stream_dp.pipeline.kafka.producing import Outgoing
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS, Publisher
 from stream_dp.pipeline.kafka.stage_output import StageOutput
@@ -167,6 +172,8 @@ class Worker:
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
         )
         self.output = StageOutput(config, self.publisher, faults=self._faults)
+        #: Partitions without a valid offset: read from the start, or stop (offset_range).
+        self._offsets = OffsetRangeGuard(config, metrics=metrics, health=health)
         self._reader: LedgerReader | None = None
         self._common: dict[str, Any] = {}
         self._broker_ok = True
@@ -224,6 +231,8 @@ class Worker:
             raise
         except (LedgerLostError, LogRewoundError) as exc:
             await guard.hold(exc, membership.consumer, self._stopping)
+        except OffsetOutOfRangeStop as exc:
+            await self._offsets.hold(exc, membership.consumer, self._stopping)
         finally:
             monitor.cancel()
             await self._shutdown(commit=graceful)
@@ -407,6 +416,10 @@ class Worker:
                     break
             except MEMBERSHIP_ERRORS as exc:
                 membership.membership_lost(exc)
+                continue
+            except OFFSET_ERRORS as exc:
+                assert membership.consumer is not None
+                await self._offsets.resolve(exc, membership.consumer)
                 continue
             except KafkaError as exc:
                 self.metrics.broker_errors.inc()
