@@ -484,7 +484,7 @@ def _health_metrics(
     )
 
 
-def _hold_metrics(r: CollectorRegistry) -> tuple[Counter]:
+def _hold_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge]:
     """Held windows and the offsets they pin: records lost under them."""
     offset_out_of_range = Counter(
         "stream_dp_offset_out_of_range",
@@ -494,7 +494,14 @@ def _hold_metrics(r: CollectorRegistry) -> tuple[Counter]:
         ["topic"],
         registry=r,
     )
-    return (offset_out_of_range,)
+    partials_incomplete = Gauge(
+        "stream_dp_partials_incomplete",
+        "Partials of due windows read in part only (a part lost or malformed): their "
+        "windows are held until the source's complete version arrives, never released "
+        "as if that source had no events.",
+        registry=r,
+    )
+    return offset_out_of_range, partials_incomplete
 
 
 class Metrics:
@@ -597,7 +604,7 @@ class Metrics:
             self.build_info,
         ) = _health_metrics(r)
 
-        (self.offset_out_of_range,) = _hold_metrics(r)
+        (self.offset_out_of_range, self.partials_incomplete) = _hold_metrics(r)
 
         # NaN until a window is released: no open window yet, no bounds used yet.
         self.oldest_open_window_end.set(math.nan)

@@ -85,6 +85,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "erasures_active": ("stream_dp_erasures_active", "gauge", ()),
     "build_info": ("stream_dp_build_info", "info", ("version", "python")),
     "offset_out_of_range": ("stream_dp_offset_out_of_range_total", "counter", ("topic",)),
+    "partials_incomplete": ("stream_dp_partials_incomplete", "gauge", ()),
 }
 
 
@@ -163,6 +164,7 @@ def populated() -> Metrics:
     m.topology_changes.labels(topic="events").inc()
     m.erasure_requests_applied.inc()
     m.erasures_active.set(1)
+    m.offset_out_of_range.labels(topic="events").inc()
     return m
 
 

@@ -109,10 +109,14 @@ def out_of_range_action(
 class OffsetRangeGuard:
     """Positions partitions the consumer reports without a valid offset (see module)."""
 
-    def __init__(self, config: Config, *, metrics: Metrics, health: Health) -> None:
+    def __init__(
+        self, config: Config, *, metrics: Metrics, health: Health, topics: list[str]
+    ) -> None:
         self.config = config
         self.metrics = metrics
         self.health = health
+        for topic in topics:  # every series from the start, at zero
+            metrics.offset_out_of_range.labels(topic=topic)
 
     async def resolve(
         self, exc: NoOffsetForPartitionError | OffsetOutOfRangeError, consumer: AIOKafkaConsumer

@@ -173,7 +173,9 @@ class Worker:
         )
         self.output = StageOutput(config, self.publisher, faults=self._faults)
         #: Partitions without a valid offset: read from the start, or stop (offset_range).
-        self._offsets = OffsetRangeGuard(config, metrics=metrics, health=health)
+        self._offsets = OffsetRangeGuard(
+            config, metrics=metrics, health=health, topics=self.membership.group_topics()
+        )
         self._reader: LedgerReader | None = None
         self._common: dict[str, Any] = {}
         self._broker_ok = True
