@@ -484,7 +484,7 @@ def _health_metrics(
     )
 
 
-def _hold_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge]:
+def _hold_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge, Gauge, Counter]:
     """Held windows and the offsets they pin: records lost under them."""
     offset_out_of_range = Counter(
         "stream_dp_offset_out_of_range",
@@ -501,7 +501,20 @@ def _hold_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge]:
         "as if that source had no events.",
         registry=r,
     )
-    return offset_out_of_range, partials_incomplete
+    held_record_age = Gauge(
+        "stream_dp_held_record_age_seconds",
+        "Age (by its Kafka timestamp) of the oldest partials or repartition record this "
+        "worker's unreleased windows keep its group's committed offset at; past "
+        "output.max_hold_s the worker stops releasing, before retention deletes it.",
+        registry=r,
+    )
+    max_hold_exceeded = Counter(
+        "stream_dp_max_hold_exceeded",
+        "Times a held record grew older than output.max_hold_s: the worker stopped "
+        "releasing (not ready); see the runbook (StreamDPHeldTooLong).",
+        registry=r,
+    )
+    return offset_out_of_range, partials_incomplete, held_record_age, max_hold_exceeded
 
 
 class Metrics:
@@ -604,7 +617,12 @@ class Metrics:
             self.build_info,
         ) = _health_metrics(r)
 
-        (self.offset_out_of_range, self.partials_incomplete) = _hold_metrics(r)
+        (
+            self.offset_out_of_range,
+            self.partials_incomplete,
+            self.held_record_age,
+            self.max_hold_exceeded,
+        ) = _hold_metrics(r)
 
         # NaN until a window is released: no open window yet, no bounds used yet.
         self.oldest_open_window_end.set(math.nan)

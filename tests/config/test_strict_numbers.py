@@ -66,6 +66,7 @@ VALID: dict[FieldPath, tuple[dict[str, Any], Any]] = {
     ("input", "max_future_s"): (BASE, 120),
     ("output", "internal_retention_s"): (BASE, 90_000),
     ("output", "continual_retention_s"): (BASE, 100_000),
+    ("output", "max_hold_s"): (BASE, 7_200),
     ("topics", "output_partitions"): (BASE, 5),
     ("topics", "dead_letter_partitions"): (BASE, 2),
     ("topics", "ledger_partitions"): (BASE, 4),

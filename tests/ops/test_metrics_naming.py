@@ -86,6 +86,8 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "build_info": ("stream_dp_build_info", "info", ("version", "python")),
     "offset_out_of_range": ("stream_dp_offset_out_of_range_total", "counter", ("topic",)),
     "partials_incomplete": ("stream_dp_partials_incomplete", "gauge", ()),
+    "held_record_age": ("stream_dp_held_record_age_seconds", "gauge", ()),
+    "max_hold_exceeded": ("stream_dp_max_hold_exceeded_total", "counter", ()),
 }
 
 

@@ -168,17 +168,19 @@ class OffsetRangeGuard:
         return OutOfRange(tp.topic, tp.partition, pos, committed, start, end)
 
     async def hold(
-        self, exc: OffsetOutOfRangeStop, consumer: AIOKafkaConsumer | None, stopping: asyncio.Event
+        self, exc: StreamDPError, consumer: AIOKafkaConsumer | None, stopping: asyncio.Event
     ) -> None:
-        """Stop releasing: ERROR, leave the group without committing, not ready; keep
+        """Stop releasing (an offset out of range, or a window held past
+        ``output.max_hold_s``): ERROR, leave the group without committing, not ready; keep
         beating and serving /metrics until ``stopping`` is set (a restart meets the same
-        offset again, so a crash loop would only hide the metric)."""
-        lost = exc.lost
-        log.error(
-            "%s",
-            exc,
-            extra={"topic": lost.topic, "partition": lost.partition, "offset": lost.position},
+        state again, so a crash loop would only hide the metric)."""
+        lost = exc.lost if isinstance(exc, OffsetOutOfRangeStop) else None
+        where = (
+            {}
+            if lost is None
+            else {"topic": lost.topic, "partition": lost.partition, "offset": lost.position}
         )
+        log.error("%s", exc, extra=where)
         self.health.set("partitions_assigned", False)
         if consumer is not None:
             with contextlib.suppress(KafkaError, asyncio.TimeoutError):

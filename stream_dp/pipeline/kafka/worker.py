@@ -105,6 +105,7 @@ from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS, Publisher
 from stream_dp.pipeline.kafka.stage_output import StageOutput
 from stream_dp.pipeline.kafka.topology_watch import TopologyError, TopologyWatch
 from stream_dp.pipeline.release_driver import ReleaseDriver
+from stream_dp.pipeline.stages.hold import HeldRecordAge, MaxHoldExceededError
 from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.stages.ingest_columns import FetchedRecords
 from stream_dp.pipeline.stages.late_events import LateEventsNotice
@@ -176,6 +177,13 @@ class Worker:
         self._offsets = OffsetRangeGuard(
             config, metrics=metrics, health=health, topics=self.membership.group_topics()
         )
+        #: The age of the oldest internal record held back by unreleased windows (stages.hold).
+        self._held = HeldRecordAge(
+            {config.output.partials_topic}
+            | (set() if config.input.keyed_by_user else {config.output.repartition_topic}),
+            max_hold_s=config.output.max_hold_s or config.output.internal_retention_s // 2,
+            metrics=metrics,
+        )
         self._reader: LedgerReader | None = None
         self._common: dict[str, Any] = {}
         self._broker_ok = True
@@ -233,7 +241,7 @@ class Worker:
             raise
         except (LedgerLostError, LogRewoundError) as exc:
             await guard.hold(exc, membership.consumer, self._stopping)
-        except OffsetOutOfRangeStop as exc:
+        except (OffsetOutOfRangeStop, MaxHoldExceededError) as exc:
             await self._offsets.hold(exc, membership.consumer, self._stopping)
         finally:
             monitor.cancel()
@@ -456,6 +464,9 @@ class Worker:
         for tp, msgs in batch.items():
             if not msgs or tp not in owned or tp in waiting:
                 continue  # revoked while fetched (its new owner reads it), or not taken yet
+            self._held.observe(
+                tp.topic, tp.partition, ((m.offset, m.timestamp / 1e3) for m in msgs)
+            )
             high = consumer.highwater(tp)
             if high is not None:  # every topic read: input, repartition and partials
                 self.metrics.set_consumer_lag(tp.topic, tp.partition, high - msgs[-1].offset - 1)
@@ -511,6 +522,9 @@ class Worker:
             await self._seal_and_release(mono)
         self._late_notice.observe(release.coverage_start_s, mono)
         await membership.commit_in_loop()
+        self._held.check(
+            {(tp.topic, tp.partition): o for tp, o in membership.safe_offsets().items()}, now
+        )
         if batch:
             self.metrics.batch_processing.observe(time.perf_counter() - started)
 

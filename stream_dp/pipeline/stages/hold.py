@@ -1,4 +1,4 @@
-"""Bounds on a held window: completeness before a stage-2 release.
+"""Bounds on a held window: completeness before a stage-2 release, a maximum hold.
 
 Stage 2 releases a window once every source partition's watermark has passed it
 (:meth:`~stream_dp.pipeline.stages.partials_inbox.PartialsInbox.passed_through`): a
@@ -19,7 +19,10 @@ them for "no events":
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Iterable, Mapping
 
+from stream_dp.errors import StreamDPError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.stages.partials_inbox import PartialsInbox
 from stream_dp.windows.tumbling import iso_utc
@@ -77,3 +80,90 @@ class SourceCompleteness:
                 r,
                 ", ".join(map(str, sources)),
             )
+
+
+#: The held age is tracked to within this share of the maximum hold (at most ~1000 samples
+#: per partition, whatever the hold).
+HOLD_SAMPLE_SHARE = 1e-3
+
+
+class MaxHoldExceededError(StreamDPError):
+    """A record an unreleased window pins has been held longer than ``output.max_hold_s``."""
+
+
+class HeldRecordAge:
+    """How long the oldest record pinned by this worker's commits on an internal topic has
+    been held, by its Kafka timestamp (written by the worker itself: the clock retention
+    uses). Per partition it keeps (offset, timestamp) samples of fetched records, at most one
+    per ``max_hold_s × HOLD_SAMPLE_SHARE``, and forgets those behind the safe offset; the
+    age read is that of the latest sample at or below the safe offset — never younger than
+    the pinned record's own (timestamps grow with offsets on a topic one writer appends to),
+    and older by at most one sample step.
+    """
+
+    def __init__(self, topics: set[str], *, max_hold_s: float, metrics: Metrics) -> None:
+        self.topics = topics
+        self._metrics = metrics
+        self.max_hold_s = max_hold_s
+        self._step_s = max(1.0, max_hold_s * HOLD_SAMPLE_SHARE)
+        self._samples: dict[tuple[str, int], deque[tuple[int, float]]] = {}
+        #: Per partition, the offset after the last record fetched.
+        self._next: dict[tuple[str, int], int] = {}
+
+    def observe(
+        self, topic: str, partition: int, offsets_and_times: Iterable[tuple[int, float]]
+    ) -> None:
+        """Fetched records of a partition: (offset, Kafka timestamp in seconds), in order."""
+        if topic not in self.topics:
+            return
+        samples = self._samples.setdefault((topic, partition), deque())
+        last = None
+        for offset, ts in offsets_and_times:
+            last = offset
+            if samples and offset < samples[-1][0]:
+                samples.clear()  # read again from an earlier offset (taken again)
+            if not samples or ts - samples[-1][1] >= self._step_s:
+                samples.append((offset, ts))
+        if last is not None:
+            self._next[(topic, partition)] = last + 1
+
+    def forget(self, topic: str, partition: int) -> None:
+        self._samples.pop((topic, partition), None)
+        self._next.pop((topic, partition), None)
+
+    def oldest(
+        self, safe_offsets: Mapping[tuple[str, int], int], now_s: float
+    ) -> tuple[float, tuple[str, int] | None]:
+        """(age in seconds, partition) of the oldest pinned record; (0, None): none held."""
+        worst: tuple[float, tuple[str, int] | None] = (0.0, None)
+        for key, safe in safe_offsets.items():
+            samples = self._samples.get(key)
+            if not samples or safe >= self._next.get(key, safe):
+                continue  # nothing fetched here, or everything fetched is done
+            while len(samples) > 1 and samples[1][0] <= safe:
+                samples.popleft()
+            if samples[0][0] > safe:
+                continue  # the pinned record was fetched before this process sampled it
+            age = max(0.0, now_s - samples[0][1])
+            if age > worst[0]:
+                worst = (age, key)
+        return worst
+
+    def check(self, safe_offsets: Mapping[tuple[str, int], int], now_s: float) -> float:
+        """The oldest held age; raises :class:`MaxHoldExceededError` past the maximum."""
+        age, where = self.oldest(safe_offsets, now_s)
+        self._metrics.held_record_age.set(age)
+        if where is not None and age > self.max_hold_s:
+            topic, partition = where
+            self._metrics.max_hold_exceeded.inc()
+            raise MaxHoldExceededError(
+                f"a window has held {topic}[{partition}] at offset {safe_offsets[where]} for "
+                f"{age:.0f} s, more than output.max_hold_s = {self.max_hold_s:g} s: before "
+                "retention (output.internal_retention_s) deletes records it still needs, "
+                "nothing more is released. Find the partition that holds the window back "
+                "(stream_dp_fetch_age_seconds, the log's 'waits for' lines) and make it "
+                "readable; to wait longer, raise the internal topics' retention "
+                "(output.internal_retention_s, and retention.ms on the topics) and "
+                "output.max_hold_s together, then restart. See the runbook (StreamDPHeldTooLong)"
+            )
+        return age
