@@ -484,7 +484,7 @@ def _health_metrics(
     )
 
 
-def _hold_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge, Gauge, Counter]:
+def _hold_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge, Gauge, Counter, Gauge]:
     """Held windows and the offsets they pin: records lost under them."""
     offset_out_of_range = Counter(
         "stream_dp_offset_out_of_range",
@@ -514,7 +514,19 @@ def _hold_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge, Gauge, Counter]
         "releasing (not ready); see the runbook (StreamDPHeldTooLong).",
         registry=r,
     )
-    return offset_out_of_range, partials_incomplete, held_record_age, max_hold_exceeded
+    config_max_hold = Gauge(
+        "stream_dp_config_max_hold_seconds",
+        "output.max_hold_s: the longest a held window may pin an internal record (alert "
+        "rules scale with it).",
+        registry=r,
+    )
+    return (
+        offset_out_of_range,
+        partials_incomplete,
+        held_record_age,
+        max_hold_exceeded,
+        config_max_hold,
+    )
 
 
 class Metrics:
@@ -622,6 +634,7 @@ class Metrics:
             self.partials_incomplete,
             self.held_record_age,
             self.max_hold_exceeded,
+            self.config_max_hold,
         ) = _hold_metrics(r)
 
         # NaN until a window is released: no open window yet, no bounds used yet.

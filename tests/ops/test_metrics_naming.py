@@ -88,6 +88,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "partials_incomplete": ("stream_dp_partials_incomplete", "gauge", ()),
     "held_record_age": ("stream_dp_held_record_age_seconds", "gauge", ()),
     "max_hold_exceeded": ("stream_dp_max_hold_exceeded_total", "counter", ()),
+    "config_max_hold": ("stream_dp_config_max_hold_seconds", "gauge", ()),
 }
 
 

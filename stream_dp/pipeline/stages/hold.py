@@ -105,6 +105,7 @@ class HeldRecordAge:
         self.topics = topics
         self._metrics = metrics
         self.max_hold_s = max_hold_s
+        metrics.config_max_hold.set(max_hold_s)
         self._step_s = max(1.0, max_hold_s * HOLD_SAMPLE_SHARE)
         self._samples: dict[tuple[str, int], deque[tuple[int, float]]] = {}
         #: Per partition, the offset after the last record fetched.
