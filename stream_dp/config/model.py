@@ -276,6 +276,21 @@ class WindowConfig(_Section):
     size_s: Integer = Field(3600, gt=0, le=366 * 86_400)
     grace_s: Integer = Field(60, ge=0)
     idle_close_s: Number = Field(30.0, gt=0)
+    max_held_state_bytes: OptionalInteger = Field(
+        None,
+        ge=1_048_576,
+        description="cap on the bytes open windows' samples hold in one worker (unset: no "
+        "cap). Above it the worker pauses fetching the partitions that add to them "
+        "(the group stays alive) until sealed windows bring it under; still above after "
+        "max_backpressure_s it stops releasing (ERROR, not ready) instead of being killed "
+        "for memory",
+    )
+    max_backpressure_s: Number = Field(
+        300.0,
+        gt=0,
+        description="how long the held state may stay above max_held_state_bytes, fetching "
+        "paused, before the worker stops",
+    )
     start_at: Timestamp = Field(
         None,
         description="the first window the deployment covers (rounded down to a window "

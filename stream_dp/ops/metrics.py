@@ -484,7 +484,9 @@ def _health_metrics(
     )
 
 
-def _hold_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge, Gauge, Counter, Gauge]:
+def _hold_metrics(
+    r: CollectorRegistry,
+) -> tuple[Counter, Gauge, Gauge, Counter, Gauge, Gauge, Gauge, Gauge]:
     """Held windows and the offsets they pin: records lost under them."""
     offset_out_of_range = Counter(
         "stream_dp_offset_out_of_range",
@@ -520,12 +522,32 @@ def _hold_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge, Gauge, Counter,
         "rules scale with it).",
         registry=r,
     )
+    held_state = Gauge(
+        "stream_dp_held_state_bytes",
+        "Bytes the open windows' samples hold in this worker (capped by "
+        "window.max_held_state_bytes).",
+        registry=r,
+    )
+    config_max_held_state = Gauge(
+        "stream_dp_config_max_held_state_bytes",
+        "window.max_held_state_bytes (NaN: no cap).",
+        registry=r,
+    )
+    backpressure = Gauge(
+        "stream_dp_backpressure",
+        "1 while the held state is above window.max_held_state_bytes and fetching the "
+        "partitions that add to it is paused, else 0.",
+        registry=r,
+    )
     return (
         offset_out_of_range,
         partials_incomplete,
         held_record_age,
         max_hold_exceeded,
         config_max_hold,
+        held_state,
+        config_max_held_state,
+        backpressure,
     )
 
 
@@ -635,6 +657,9 @@ class Metrics:
             self.held_record_age,
             self.max_hold_exceeded,
             self.config_max_hold,
+            self.held_state,
+            self.config_max_held_state,
+            self.backpressure,
         ) = _hold_metrics(r)
 
         # NaN until a window is released: no open window yet, no bounds used yet.

@@ -67,6 +67,8 @@ VALID: dict[FieldPath, tuple[dict[str, Any], Any]] = {
     ("output", "internal_retention_s"): (BASE, 90_000),
     ("output", "continual_retention_s"): (BASE, 100_000),
     ("output", "max_hold_s"): (BASE, 7_200),
+    ("window", "max_held_state_bytes"): (BASE, 2_000_000_000),
+    ("window", "max_backpressure_s"): (BASE, 120),
     ("topics", "output_partitions"): (BASE, 5),
     ("topics", "dead_letter_partitions"): (BASE, 2),
     ("topics", "ledger_partitions"): (BASE, 4),

@@ -89,6 +89,9 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "held_record_age": ("stream_dp_held_record_age_seconds", "gauge", ()),
     "max_hold_exceeded": ("stream_dp_max_hold_exceeded_total", "counter", ()),
     "config_max_hold": ("stream_dp_config_max_hold_seconds", "gauge", ()),
+    "held_state": ("stream_dp_held_state_bytes", "gauge", ()),
+    "config_max_held_state": ("stream_dp_config_max_held_state_bytes", "gauge", ()),
+    "backpressure": ("stream_dp_backpressure", "gauge", ()),
 }
 
 

@@ -90,22 +90,17 @@ from stream_dp.pipeline.formats.partials import RecordTooLargeError
 from stream_dp.pipeline.kafka.clock_skew import observe_clock_skew
 from stream_dp.pipeline.kafka.deployment import Deployment
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
+from stream_dp.pipeline.kafka.hold_guards import OFFSET_ERRORS, STOPS, HoldGuards
 from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
 from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard, LedgerLostError
 from stream_dp.pipeline.kafka.ledger_log import LogRewoundError
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.membership import MAX_RECORDS_PER_FETCH, Membership, Stages
-from stream_dp.pipeline.kafka.offset_range import (
-    OFFSET_ERRORS,
-    OffsetOutOfRangeStop,
-    OffsetRangeGuard,
-)
 from stream_dp.pipeline.kafka.producing import Outgoing
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS, Publisher
 from stream_dp.pipeline.kafka.stage_output import StageOutput
 from stream_dp.pipeline.kafka.topology_watch import TopologyError, TopologyWatch
 from stream_dp.pipeline.release_driver import ReleaseDriver
-from stream_dp.pipeline.stages.hold import HeldRecordAge, MaxHoldExceededError
 from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.stages.ingest_columns import FetchedRecords
 from stream_dp.pipeline.stages.late_events import LateEventsNotice
@@ -173,17 +168,7 @@ class Worker:
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
         )
         self.output = StageOutput(config, self.publisher, faults=self._faults)
-        #: Partitions without a valid offset: read from the start, or stop (offset_range).
-        self._offsets = OffsetRangeGuard(
-            config, metrics=metrics, health=health, topics=self.membership.group_topics()
-        )
-        #: The age of the oldest internal record held back by unreleased windows (stages.hold).
-        self._held = HeldRecordAge(
-            {config.output.partials_topic}
-            | (set() if config.input.keyed_by_user else {config.output.repartition_topic}),
-            max_hold_s=config.output.max_hold_s or config.output.internal_retention_s // 2,
-            metrics=metrics,
-        )
+        self._guards = HoldGuards(config, self.membership, metrics=metrics, health=health)
         self._reader: LedgerReader | None = None
         self._common: dict[str, Any] = {}
         self._broker_ok = True
@@ -241,8 +226,8 @@ class Worker:
             raise
         except (LedgerLostError, LogRewoundError) as exc:
             await guard.hold(exc, membership.consumer, self._stopping)
-        except (OffsetOutOfRangeStop, MaxHoldExceededError) as exc:
-            await self._offsets.hold(exc, membership.consumer, self._stopping)
+        except STOPS as exc:
+            await self._guards.hold(exc, membership.consumer, self._stopping)
         finally:
             monitor.cancel()
             await self._shutdown(commit=graceful)
@@ -427,9 +412,8 @@ class Worker:
             except MEMBERSHIP_ERRORS as exc:
                 membership.membership_lost(exc)
                 continue
-            except OFFSET_ERRORS as exc:
-                assert membership.consumer is not None
-                await self._offsets.resolve(exc, membership.consumer)
+            except OFFSET_ERRORS as exc:  # no offset yet: from the start; out of range: stop
+                await self._guards.resolve(exc, membership.consumer)
                 continue
             except KafkaError as exc:
                 self.metrics.broker_errors.inc()
@@ -464,9 +448,7 @@ class Worker:
         for tp, msgs in batch.items():
             if not msgs or tp not in owned or tp in waiting:
                 continue  # revoked while fetched (its new owner reads it), or not taken yet
-            self._held.observe(
-                tp.topic, tp.partition, ((m.offset, m.timestamp / 1e3) for m in msgs)
-            )
+            self._guards.observe(tp, msgs)
             high = consumer.highwater(tp)
             if high is not None:  # every topic read: input, repartition and partials
                 self.metrics.set_consumer_lag(tp.topic, tp.partition, high - msgs[-1].offset - 1)
@@ -522,9 +504,7 @@ class Worker:
             await self._seal_and_release(mono)
         self._late_notice.observe(release.coverage_start_s, mono)
         await membership.commit_in_loop()
-        self._held.check(
-            {(tp.topic, tp.partition): o for tp, o in membership.safe_offsets().items()}, now
-        )
+        self._guards.check(ingest, now, mono)
         if batch:
             self.metrics.batch_processing.observe(time.perf_counter() - started)
 

@@ -168,3 +168,57 @@ class HeldRecordAge:
                 "output.max_hold_s together, then restart. See the runbook (StreamDPHeldTooLong)"
             )
         return age
+
+
+class HeldStateTooLargeError(StreamDPError):
+    """The open windows' state stayed above ``window.max_held_state_bytes`` too long."""
+
+
+class HeldStateCap:
+    """The memory cap on held state: above ``window.max_held_state_bytes`` the worker
+    applies backpressure (the caller pauses fetching what adds to it; the group stays
+    alive); still above after ``window.max_backpressure_s``, a clear stop instead of an
+    out-of-memory kill."""
+
+    def __init__(
+        self, max_bytes: int | None, *, max_backpressure_s: float, metrics: Metrics
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.max_backpressure_s = max_backpressure_s
+        self._metrics = metrics
+        self._over_since_mono: float | None = None
+        metrics.config_max_held_state.set(float("nan") if max_bytes is None else max_bytes)
+
+    def backpressure(self, held_bytes: int, now_mono_s: float) -> bool:
+        """Whether fetching must pause now; raises :class:`HeldStateTooLargeError` once the
+        state has stayed above the cap for ``max_backpressure_s``."""
+        self._metrics.held_state.set(held_bytes)
+        if self.max_bytes is None or held_bytes <= self.max_bytes:
+            if self._over_since_mono is not None:
+                log.info("held state back under window.max_held_state_bytes: fetching again")
+            self._over_since_mono = None
+            self._metrics.backpressure.set(0)
+            return False
+        if self._over_since_mono is None:
+            self._over_since_mono = now_mono_s
+            log.warning(
+                "open windows hold %d bytes, above window.max_held_state_bytes = %d: "
+                "fetching paused until sealed windows bring them under",
+                held_bytes,
+                self.max_bytes,
+            )
+        self._metrics.backpressure.set(1)
+        over_s = now_mono_s - self._over_since_mono
+        if over_s > self.max_backpressure_s:
+            raise HeldStateTooLargeError(
+                f"open windows have held {held_bytes} bytes, above "
+                f"window.max_held_state_bytes = {self.max_bytes}, for {over_s:.0f} s with "
+                "fetching paused (window.max_backpressure_s = "
+                f"{self.max_backpressure_s:g}): nothing more is released rather than "
+                "running out of memory. A window is held open (see StreamDPHeldTooLong) or "
+                "is larger than the cap: make the holding partition readable, or give the "
+                "worker more memory and raise the cap (or lower "
+                "bounds.max_contributions_per_window), or add workers; then restart. See "
+                "the runbook (StreamDPBackpressure)"
+            )
+        return True
