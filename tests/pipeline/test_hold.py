@@ -1,11 +1,17 @@
-"""The maximum hold: the age of the oldest internal record unreleased windows pin."""
+"""The maximum hold (the age of the oldest internal record unreleased windows pin) and the
+memory cap on held state."""
 
 from __future__ import annotations
 
 import pytest
 
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.stages.hold import HeldRecordAge, MaxHoldExceededError
+from stream_dp.pipeline.stages.hold import (
+    HeldRecordAge,
+    HeldStateCap,
+    HeldStateTooLargeError,
+    MaxHoldExceededError,
+)
 
 PARTIALS, REPART, INPUT = "partials", "repartition", "events"
 NOW = 1_800_000_000.0
@@ -57,3 +63,43 @@ def test_past_the_maximum_it_stops_with_what_to_do() -> None:
     assert "internal_retention_s" in text and "runbook" in text
     assert metrics.max_hold_exceeded._value.get() == 1
     assert held.check({(REPART, 2): 8}, NOW) == pytest.approx(1)  # released: moves on
+
+
+# -- the memory cap -------------------------------------------------------------------------
+
+
+def _cap(max_bytes: int | None = 1000) -> tuple[HeldStateCap, Metrics]:
+    metrics = Metrics(process=False)
+    return HeldStateCap(max_bytes, max_backpressure_s=60, metrics=metrics), metrics
+
+
+def test_under_the_cap_nothing_pauses() -> None:
+    cap, metrics = _cap()
+    assert cap.backpressure(1000, 0.0) is False
+    assert metrics.held_state._value.get() == 1000
+    assert metrics.backpressure._value.get() == 0
+
+
+def test_above_the_cap_fetching_pauses_until_back_under() -> None:
+    cap, metrics = _cap()
+    assert cap.backpressure(1001, 0.0) is True
+    assert metrics.backpressure._value.get() == 1
+    assert cap.backpressure(5000, 59.0) is True
+    assert cap.backpressure(900, 60.0) is False  # a window sealed: fetching again
+    assert metrics.backpressure._value.get() == 0
+    assert cap.backpressure(1001, 100.0) is True  # a new spell starts its own clock
+    assert cap.backpressure(1001, 159.0) is True
+
+
+def test_above_the_cap_for_too_long_is_a_clear_stop() -> None:
+    cap, _ = _cap()
+    cap.backpressure(2000, 0.0)
+    with pytest.raises(HeldStateTooLargeError, match=r"max_held_state_bytes = 1000, for 61 s"):
+        cap.backpressure(2000, 61.0)
+
+
+def test_without_a_cap_nothing_ever_pauses() -> None:
+    cap, metrics = _cap(None)
+    assert cap.backpressure(10**12, 0.0) is False
+    assert cap.backpressure(10**12, 10**6) is False
+    assert metrics.held_state._value.get() == 10**12
