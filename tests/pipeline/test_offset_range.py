@@ -65,6 +65,7 @@ class FakeConsumer:
         self._assigned = assigned
         self._start, self._end = start, end
         self.to_beginning: list[TopicPartition] = []
+        self.to_end: list[TopicPartition] = []
 
     def assignment(self) -> set[TopicPartition]:
         return self._assigned
@@ -80,6 +81,9 @@ class FakeConsumer:
 
     async def seek_to_beginning(self, *tps: TopicPartition) -> None:
         self.to_beginning.extend(tps)
+
+    async def seek_to_end(self, *tps: TopicPartition) -> None:
+        self.to_end.extend(tps)
 
 
 def _guard(**input_section: Any) -> tuple[OffsetRangeGuard, Metrics]:
@@ -101,6 +105,16 @@ async def test_a_partition_never_committed_is_read_from_its_log_start() -> None:
     await guard.resolve(NoOffsetForPartitionError(tp), consumer)  # type: ignore[arg-type]
     assert consumer.to_beginning == [tp]
     assert _count(metrics, tp.topic) == 0
+
+
+async def test_start_from_latest_moves_uncommitted_input_partitions_to_their_end() -> None:
+    guard, _ = _guard(start_from="latest")
+    inp = TopicPartition(guard.config.input.topic, 0)
+    internal = TopicPartition(guard.config.output.partials_topic, 0)
+    consumer = FakeConsumer({inp, internal})
+    await guard.resolve(NoOffsetForPartitionError(inp), consumer)  # type: ignore[arg-type]
+    await guard.resolve(NoOffsetForPartitionError(internal), consumer)  # type: ignore[arg-type]
+    assert (consumer.to_end, consumer.to_beginning) == ([inp], [internal])
 
 
 async def test_an_internal_offset_out_of_range_raises_the_stop_and_counts() -> None:

@@ -4,8 +4,7 @@ The group consumer runs with ``auto_offset_reset="none"``, so the client never m
 position on its own; this module decides instead:
 
 * **No committed offset** (a new group, or a partition never committed): read from the
-  log start, as before (``input.start_from: latest`` then moves input partitions to their
-  end when they are taken).
+  log start, as before — input partitions from their end with ``input.start_from: latest``.
 * **A position out of range** — after a restart, the committed offset; while running, the
   fetch position — means records this deployment still needs are gone: retention
   (``output.internal_retention_s``) deleted the records of a window held back longer than
@@ -126,8 +125,15 @@ class OffsetRangeGuard:
         if isinstance(exc, NoOffsetForPartitionError):
             tps = [tp for tp in exc.args if isinstance(tp, TopicPartition)]
             owned = [tp for tp in tps if tp in consumer.assignment()]
-            if owned:
-                await consumer.seek_to_beginning(*owned)
+            latest = self.config.input.start_from == "latest"
+            # input.start_from: latest applies here too (the error may come after the
+            # partition was taken and moved to its end).
+            to_end = [tp for tp in owned if latest and tp.topic == self.config.input.topic]
+            to_start = [tp for tp in owned if tp not in to_end]
+            if to_end:
+                await consumer.seek_to_end(*to_end)
+            if to_start:
+                await consumer.seek_to_beginning(*to_start)
             return
         positions = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
         for tp, position in sorted(positions.items()):
