@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
+from aiokafka.errors import (
+    IllegalStateError,
+    KafkaError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+)
 
 from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
@@ -130,10 +135,12 @@ class OffsetRangeGuard:
             # partition was taken and moved to its end).
             to_end = [tp for tp in owned if latest and tp.topic == self.config.input.topic]
             to_start = [tp for tp in owned if tp not in to_end]
-            if to_end:
-                await consumer.seek_to_end(*to_end)
-            if to_start:
-                await consumer.seek_to_beginning(*to_start)
+            # (A rebalance may revoke them meanwhile: their new owner positions them.)
+            with contextlib.suppress(IllegalStateError):
+                if to_end:
+                    await consumer.seek_to_end(*to_end)
+                if to_start:
+                    await consumer.seek_to_beginning(*to_start)
             return
         positions = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
         for tp, position in sorted(positions.items()):
@@ -155,7 +162,8 @@ class OffsetRangeGuard:
                 what_to_do,
                 extra={"topic": tp.topic, "partition": tp.partition, "offset": position},
             )
-            await consumer.seek_to_beginning(tp)
+            with contextlib.suppress(IllegalStateError):
+                await consumer.seek_to_beginning(tp)
 
     async def _describe(
         self, consumer: AIOKafkaConsumer, tp: TopicPartition, pos: int
