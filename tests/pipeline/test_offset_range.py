@@ -3,6 +3,7 @@ broker behaviour is tests/apache_kafka/test_offset_out_of_range.py)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -130,6 +131,7 @@ async def test_an_internal_offset_out_of_range_raises_the_stop_and_counts() -> N
 async def test_input_skip_seeks_to_the_log_start_and_counts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="stream_dp")
     guard, metrics = _guard(on_offset_out_of_range="skip_to_log_start")
     tp = TopicPartition(guard.config.input.topic, 0)
     consumer = FakeConsumer({tp})

@@ -449,7 +449,7 @@ def test_an_incomplete_partial_holds_its_window_until_a_complete_version_comes(
     for partial in _both(0, {A: KeyAggregate(4, 2, 0)}):
         feed.partial(0, partial)
     feed.marks(0, END, sources=2)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="stream_dp"):
         assert stage.due_windows() == []
         assert stage.due_windows() == []  # warned once, not once per loop
     assert stage.metrics.partials_incomplete._value.get() == 1
@@ -476,7 +476,7 @@ def test_a_source_not_heard_of_holds_the_window_and_is_named(
     _three_sources(feed)
     feed.mark(0, 0, END, sources=3)
     feed.mark(0, 2, END, sources=3)  # source 1: no watermark, no sealed report
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="stream_dp"):
         assert stage.due_windows() == []
     assert any(
         "waits for the watermarks of source partitions 1" in r.getMessage() for r in caplog.records
