@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -53,6 +52,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench.sections import splice_section
 from stream_dp.config import parse_config
 from stream_dp.pipeline.local.local import LocalPipeline
 from stream_dp.privacy.partition_selection import TruncatedGeometric
@@ -603,14 +603,8 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
 
 
 def splice(markdown: str, lines: list[str]) -> str:
-    block = "\n".join(lines) + "\n"
-    pattern = re.compile(re.escape(SECTION_TITLE) + r".*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(markdown):
-        return pattern.sub(lambda _: block + "\n", markdown, count=1)
-    anchor = "## What limits throughput"
-    if anchor in markdown:
-        return markdown.replace(anchor, block + "\n" + anchor, 1)
-    return markdown.rstrip("\n") + "\n\n" + block
+    """``markdown`` with this section replaced (or inserted before the closing notes)."""
+    return splice_section(markdown, SECTION_TITLE, lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from bench.sections import splice_section
 from stream_dp.privacy.calibration import zcdp_rho
 from stream_dp.privacy.continual import sqrt_factorization
 from stream_dp.privacy.continual.counter import make_counter
@@ -336,14 +336,7 @@ def write_plot(c: dict[str, Any], path: Path) -> None:
 def splice(markdown: str, lines: list[str]) -> str:
     """``markdown`` with the continual section replaced (or inserted before the closing
     notes), every other line unchanged."""
-    block = "\n".join(lines) + "\n"
-    pattern = re.compile(re.escape(SECTION_TITLE) + r".*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(markdown):
-        return pattern.sub(lambda _: block + "\n", markdown, count=1)
-    anchor = "## What limits throughput"
-    if anchor in markdown:
-        return markdown.replace(anchor, block + "\n" + anchor, 1)
-    return markdown.rstrip("\n") + "\n\n" + block
+    return splice_section(markdown, SECTION_TITLE, lines)
 
 
 def main(argv: list[str] | None = None) -> int:

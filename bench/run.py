@@ -4,8 +4,9 @@ The whole benchmark. Starts its own embedded broker, measures throughput (raw co
 worker, Faust, the Kafka Streams peer), then the same throughput section on an Apache Kafka
 broker (stream_dp.broker.apache_kafka; left out, saying why, without Java), scale-out
 over 1, 2 and 3 worker processes, in-process scaling of the pipeline stages, state size and
-utility against PipelineDP, automatic bounds against fixed bounds and PipelineDP (section 6)
-and continual release (running totals, simulated without Kafka),
+utility against PipelineDP, automatic bounds against fixed bounds and PipelineDP (section 6),
+continual release (running totals, simulated without Kafka) and a burst of erasures on a
+large window (:mod:`bench.erasure_burst`),
 deletes its topics, stops the broker and writes ``RESULTS.md``, ``results.json``,
 ``throughput.png``, ``scaling_workers.png`` and ``continual_rmse.png`` into ``--out``
 (default: the ``bench`` folder). ``smoke`` takes a few minutes and exists for the test.
@@ -27,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from bench import continual, report, scaling, throughput, utility, workers
+from bench import continual, erasure_burst, report, scaling, throughput, utility, workers
 from bench.data import StreamSpec
 from stream_dp.broker import EmbeddedBroker
 from stream_dp.broker.apache_kafka import ApacheKafkaBroker
@@ -254,6 +255,12 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
     )
     results["continual"]["size"] = size
     results["auto_bounds"] = utility.measure_auto_bounds(size, log=_log)
+    results["erasure_burst"] = {
+        **erasure_burst.measure(size, log=_log),
+        "command": command,
+        "date": results["date"],
+        "loadavg": f"{report.loadavg()[0]:.2f}",
+    }
     results["total_seconds"] = time.perf_counter() - started
     results["machine"]["loadavg_at_end"] = report.loadavg()
     _finish(results, out)

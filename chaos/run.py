@@ -10,7 +10,12 @@ jars of ``make kafka-jars``), fed by a live producer
 - ``pause``: SIGSTOP a worker for three session timeouts, then SIGCONT;
 - ``broker_pause``: SIGSTOP the broker for 10–30 s, then SIGCONT;
 - ``malformed``: a burst of 300 malformed records (holding a user id, which must not leak);
-- ``slow_ledger``: restart a worker with every ledger write delayed by 1 s.
+- ``slow_ledger``: restart a worker with every ledger write delayed by 1 s;
+- ``erasure_burst``: 500 users of their own send an event each to a window 30 s ahead,
+  then erasure requests for all of them arrive at once, then one more event each: the
+  workers (erasure is on) remove them in one batch off the event loop, answer every request
+  within a time limit, and the window, released later, holds none of their events (the
+  exact counts below leave them out).
 
 The queries run in the noise-free test mode (ε = 1e6: discrete Laplace noise of scale
 ≤ 1e-6 is 0 except with probability below e^-1e5) and k is far above any user's events per
@@ -22,8 +27,9 @@ sends them; so no event may be late and the check "nothing lost" has no exceptio
 At the end the producer stops, the run waits until every window up to the last event's is
 released, stops every worker with SIGTERM and checks: each window released once per query
 (one release id), one value per (query, window, key) equal to the ledger's winner, values
-equal to the exact counts, no raw user id in any topic, log or ``/metrics``, and every worker
-alive and exiting 0. The report (``REPORT.md``) and the RSS plot (``rss.png``) go to ``--out``.
+equal to the exact counts, no raw user id in any topic, log or ``/metrics``, every worker
+alive and exiting 0, and every erasure request of a burst answered ``applied`` before its
+window's release began. The report (``REPORT.md``) and the RSS plot (``rss.png``) go to ``--out``.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_dp.broker import EmbeddedBroker
 from stream_dp.broker.apache_kafka import ApacheKafkaBroker
+from stream_dp.pipeline.formats.erasure_records import encode_request, new_request_id
 from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
@@ -65,8 +72,14 @@ INPUT_PARTITIONS = 6
 WORKERS = 3
 BROKERS = ("tansu", "apache-kafka")
 USER_PREFIX = "chaos-user-"
-FAULTS = ("kill", "pause", "broker_pause", "malformed", "slow_ledger")
+FAULTS = ("kill", "pause", "broker_pause", "malformed", "slow_ledger", "erasure_burst")
 QUERIES = ("visits", "total")
+#: erasure_burst: users erased at once; how far ahead of the clock their window starts (the
+#: window is still open when the burst is applied); how long every request may take to be
+#: answered (generous: a rebalance after a kill may be under way).
+ERASURE_BURST_USERS = 500
+ERASURE_BURST_AHEAD_S = 30
+ERASURE_RESPONSE_TIMEOUT_S = 240
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,18 @@ class Fault:
     wall_s: float = field(default_factory=time.time)
 
 
+@dataclass(frozen=True)
+class ErasureBurst:
+    """One erasure_burst fault: its window, requests sent, answered ``applied``, and those
+    whose answer says the window's release had begun before the erasure (then it may hold
+    the user's events: the check fails, the burst came too late to tell)."""
+
+    window_s: int
+    requests: int
+    applied: int
+    window_already_released: int
+
+
 @dataclass
 class Run:
     settings: Settings
@@ -112,6 +137,7 @@ class Run:
     produced: Counter[tuple[int, str]] = field(default_factory=Counter)
     users_seen: set[str] = field(default_factory=set)
     last_event_s: float = 0.0
+    erasure_bursts: list[ErasureBurst] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -146,6 +172,12 @@ def _config(bootstrap: str, first_window_s: int, suffix: str) -> dict[str, Any]:
         ],
         "metrics": {"port": 0},
         "logging": {"level": "INFO", "format": "json"},
+        "erasure": {
+            "enabled": True,
+            "requests_topic": f"chaos-erasure-requests-{suffix}",
+            "log_topic": f"chaos-erasures-{suffix}",
+            "responses_topic": f"chaos-erasure-responses-{suffix}",
+        },
     }
 
 
@@ -231,6 +263,87 @@ async def _malformed(bootstrap: str, topic: str) -> None:
         await producer.stop()
 
 
+async def _erasure_responses(
+    bootstrap: str, topic: str, request_ids: set[str], timeout_s: float
+) -> dict[str, dict[str, Any]]:
+    """The responses to ``request_ids`` (by request id), read until all are in or the time
+    is up."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
+    )
+    await consumer.start()
+    found: dict[str, dict[str, Any]] = {}
+    try:
+        deadline = time.monotonic() + timeout_s
+        while request_ids - found.keys() and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500, max_records=5_000)
+            for msgs in batch.values():
+                for m in msgs:
+                    value = orjson.loads(m.value or b"{}")
+                    if value.get("request_id") in request_ids:
+                        found[value["request_id"]] = value
+    finally:
+        await consumer.stop()
+    return found
+
+
+async def _erasure_burst(
+    run: Run, bootstrap: str, input_topic: str, erasure: dict[str, Any]
+) -> str:
+    """``erasure_burst``: events of users of their own in a window 30 s ahead, erasure
+    requests for all of them at once, then one more event each once every request is
+    answered. None of these events is in ``run.produced``: the window's released counts
+    must leave every one of them out (removed from the open window, or dropped on arrival)."""
+    n = sum(f.kind == "erasure_burst" for f in run.faults)
+    users = [f"{USER_PREFIX}burst{n}-{i:04d}" for i in range(ERASURE_BURST_USERS)]
+    window_s = int((time.time() + ERASURE_BURST_AHEAD_S) // WINDOW_S) * WINDOW_S
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    await producer.start()
+
+    async def events() -> None:
+        futures = []
+        for user in users:
+            domain = DOMAINS[run.rng.randrange(len(DOMAINS))]
+            event = {"user_id": user, "timestamp": window_s + 1.0, "domain": domain}
+            futures.append(await producer.send(input_topic, orjson.dumps(event), key=user.encode()))
+        await asyncio.gather(*futures)
+
+    try:
+        await events()
+        ids = {new_request_id() for _ in users}
+        now = time.time()
+        sent = [
+            await producer.send(
+                erasure["requests_topic"], encode_request(u, request_id=r, requested_at_s=now)
+            )
+            for u, r in zip(users, sorted(ids), strict=True)
+        ]
+        await asyncio.gather(*sent)
+        responses = await _erasure_responses(
+            bootstrap, erasure["responses_topic"], ids, ERASURE_RESPONSE_TIMEOUT_S
+        )
+        await events()  # after the burst was applied: dropped on arrival
+    finally:
+        await producer.stop()
+    applied = [r for r in responses.values() if r.get("status") == "applied"]
+    late = [r for r in applied if epoch_of_iso(r["open_windows_affected"]["from"]) > window_s]
+    burst = ErasureBurst(window_s, len(users), len(applied), len(late))
+    run.erasure_bursts.append(burst)
+    return (
+        f"{len(users)} erasure requests at once for users with events in the window "
+        f"{iso_utc(window_s)}: {len(applied)} answered applied in "
+        f"{time.time() - now:.0f} s"
+    )
+
+
+async def _until_burst_windows_end(run: Run) -> None:
+    """The producer runs on until every burst's window has ended, so the final checks cover
+    it (the window's exact count leaves the burst's events out)."""
+    ends = [b.window_s + WINDOW_S for b in run.erasure_bursts]
+    if ends and (wait_s := max(ends) - time.time()) > 0:
+        await asyncio.sleep(wait_s)
+
+
 async def _fault(
     run: Run,
     kind: str,
@@ -271,6 +384,10 @@ async def _fault(
         slot.proc.send_signal(signal.SIGTERM)
         await asyncio.to_thread(slot.proc.wait, 60)
         _start(slot, config, run, {"STREAM_DP_TEST_LEDGER_DELAY_S": "1.0"})
+    elif kind == "erasure_burst":
+        erasure = yaml.safe_load(config.read_text(encoding="utf-8"))["erasure"]
+        run.faults.append(Fault(run.elapsed(), kind, "erasure burst"))
+        run.faults[-1].detail = await _erasure_burst(run, bootstrap, input_topic, erasure)
 
 
 async def _read_all(bootstrap: str, topic: str) -> list[tuple[int, str, bytes]]:
@@ -430,7 +547,33 @@ def _checks(
             f"exit codes {exits}",
         )
     )
+    checks.append(_erasure_burst_check(run))
     return checks
+
+
+def _erasure_burst_check(run: Run) -> Check:
+    """Every request of every burst answered ``applied``, each before its window's release
+    began (the window's exact count, checked above, then leaves every burst event out)."""
+    bursts = run.erasure_bursts
+    unanswered = [
+        (iso_utc(b.window_s), b.requests - b.applied) for b in bursts if b.applied < b.requests
+    ]
+    late = [
+        (iso_utc(b.window_s), b.window_already_released)
+        for b in bursts
+        if b.window_already_released
+    ]
+    return Check(
+        "every erasure of a burst applied in time, its users' events in no released window",
+        not unanswered and not late,
+        f"{len(bursts)} bursts of {ERASURE_BURST_USERS} requests"
+        + (
+            f"; not answered 'applied' within {ERASURE_RESPONSE_TIMEOUT_S} s: {unanswered}"
+            if unanswered
+            else ""
+        )
+        + (f"; answered after the window's release began: {late}" if late else ""),
+    )
 
 
 def _plot(run: Run, path: Path) -> None:
@@ -448,7 +591,7 @@ def _plot(run: Run, path: Path) -> None:
                 label=f"worker {index}",
                 linewidth=1,
             )
-    colors = dict(zip(FAULTS, ["red", "orange", "purple", "gray", "green"], strict=True))
+    colors = dict(zip(FAULTS, ["red", "orange", "purple", "gray", "green", "blue"], strict=True))
     for kind in FAULTS:
         times = [f.at_s / 60 for f in run.faults if f.kind == kind]
         for i, t in enumerate(times):
@@ -509,7 +652,12 @@ async def _start_broker(kind: str) -> EmbeddedBroker | ApacheKafkaBroker:
 
 
 async def chaos(
-    settings: Settings, out: Path, seed: int, command: str, broker_kind: str = "tansu"
+    settings: Settings,
+    out: Path,
+    seed: int,
+    command: str,
+    broker_kind: str = "tansu",
+    faults: tuple[str, ...] = FAULTS,
 ) -> bool:
     out.mkdir(parents=True, exist_ok=True)
     workdir = out / "run"
@@ -540,9 +688,10 @@ async def chaos(
             await asyncio.sleep(run.rng.uniform(*settings.fault_every_s))
             if run.elapsed() >= end:
                 break
-            kind = run.rng.choice(FAULTS)
+            kind = run.rng.choice(faults)
             await _fault(run, kind, slots, broker.pid, config, bootstrap, input_topic)
             print(f"[chaos] {run.elapsed():6.0f} s  {run.faults[-1].detail}", flush=True)
+        await _until_burst_windows_end(run)
         stop_producing.set()
         await producer
         last_window_s = int(run.last_event_s // WINDOW_S) * WINDOW_S
@@ -578,6 +727,8 @@ async def chaos(
             "partials": f"{group}.partials",
             "repartition": f"{group}.repartition",
             "dead-letter": f"{group}.dead-letter",
+            "erasure log": data["erasure"]["log_topic"],
+            "erasure responses": data["erasure"]["responses_topic"],
         }
         records: dict[str, list[tuple[int, str, bytes]]] = {}
         for name, topic in topics.items():
@@ -609,7 +760,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--broker", choices=BROKERS, default="tansu", help="which broker")
+    parser.add_argument(
+        "--faults",
+        type=lambda text: tuple(text.split(",")),
+        default=FAULTS,
+        help=f"the faults to draw from, comma-separated (default: all of {','.join(FAULTS)})",
+    )
     args = parser.parse_args(argv)
+    if unknown := set(args.faults) - set(FAULTS):
+        parser.error(f"--faults: unknown {sorted(unknown)}; known: {', '.join(FAULTS)}")
     base = SMOKE if args.smoke else FULL
     settings = Settings(
         minutes=args.minutes if args.minutes is not None else base.minutes,
@@ -620,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     command = " ".join(["python -m chaos.run", *(argv if argv is not None else sys.argv[1:])])
     print(f"[chaos] seed {seed}; broker {args.broker}; {settings}", flush=True)
-    ok = asyncio.run(chaos(settings, args.out, seed, command, args.broker))
+    ok = asyncio.run(chaos(settings, args.out, seed, command, args.broker, args.faults))
     return 0 if ok else 1
 
 

@@ -20,7 +20,6 @@ can be watched in a test (``broker_config`` overrides any ``server.properties`` 
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import signal
@@ -31,8 +30,7 @@ import uuid
 from base64 import urlsafe_b64encode
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self
+from typing import Self
 
 from stream_dp.broker.apache_kafka_jars import (
     APACHE_KAFKA_VERSION,
@@ -43,7 +41,7 @@ from stream_dp.broker.apache_kafka_jars import (
 )
 from stream_dp.broker.embedded import broker_environment
 from stream_dp.broker.probe import probe_sync
-from stream_dp.broker.process import die_with_parent, free_port, owns_listener
+from stream_dp.broker.process import BrokerProcess, free_port, owns_listener
 from stream_dp.errors import BrokerError
 
 __all__ = ["APACHE_KAFKA_VERSION", "TEST_BROKER_CONFIG", "TEST_JVM_OPTIONS", "ApacheKafkaBroker"]
@@ -105,8 +103,11 @@ def _cluster_id() -> str:
             return cluster_id
 
 
-class ApacheKafkaBroker:
+class ApacheKafkaBroker(BrokerProcess):
     """A single-node KRaft Apache Kafka broker on loopback ports, its data in a temp folder."""
+
+    NAME = "the Apache Kafka broker"
+    TAIL_BYTES = 6000
 
     def __init__(
         self,
@@ -118,42 +119,17 @@ class ApacheKafkaBroker:
         startup_timeout_s: float = 180.0,
         stop_timeout_s: float = 30.0,
     ) -> None:
-        self._host = host
+        super().__init__(host=host, stop_timeout_s=stop_timeout_s)
         self._libs_dir = libs_dir
         self._broker_config = {**TEST_BROKER_CONFIG, **(broker_config or {})}
         self._jvm_options = tuple(jvm_options)
         self._startup_timeout_s = startup_timeout_s
-        self._stop_timeout_s = stop_timeout_s
-        self._port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
         self._data_dir: Path | None = None
-        self._last_tail = ""
 
     # -- properties ---------------------------------------------------------------------
     @property
     def version(self) -> str:
         return APACHE_KAFKA_VERSION
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise BrokerError("the Apache Kafka broker has not been started; call start() first")
-        return self._port
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return f"{self._host}:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise BrokerError("the Apache Kafka broker is not running")
-        return self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> Self:
@@ -174,20 +150,7 @@ class ApacheKafkaBroker:
 
     def stop(self) -> None:
         """SIGTERM (controlled shutdown), SIGKILL after ``stop_timeout_s``; data removed."""
-        proc, self._proc = self._proc, None
-        atexit.unregister(self.stop)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)  # a paused broker cannot act on SIGTERM
-            proc.terminate()
-            try:
-                proc.wait(self._stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._log is not None:
-            self._last_tail = self.output_tail()
-            self._log.close()
-            self._log = None
+        super().stop()
         if self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
             self._data_dir = None
@@ -216,26 +179,6 @@ class ApacheKafkaBroker:
                 f"the Apache Kafka broker exited with code {code}; its last output:\n"
                 f"{self.output_tail()}"
             )
-
-    def output_tail(self, max_bytes: int = 6000) -> str:
-        """The last ``max_bytes`` of the broker's stdout/stderr (warnings and errors)."""
-        if self._log is None:
-            return self._last_tail
-        size = os.fstat(self._log.fileno()).st_size
-        data = os.pread(self._log.fileno(), max_bytes, max(0, size - max_bytes))
-        return data.decode("utf-8", errors="replace").strip()
-
-    # -- context manager ----------------------------------------------------------------
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- internals ----------------------------------------------------------------------
     @staticmethod
@@ -272,8 +215,7 @@ class ApacheKafkaBroker:
         return "".join(f"{key}={value}\n" for key, value in lines.items())
 
     def _spawn(self, java: str, libs: Path) -> None:
-        if self._proc is not None:
-            raise BrokerError("the Apache Kafka broker is already running; call stop() first")
+        self._check_not_running()
         data_dir = Path(tempfile.mkdtemp(prefix="stream-dp-apache-kafka-"))
         self._data_dir = data_dir
         port, controller_port = free_port(self._host), free_port(self._host)
@@ -293,18 +235,7 @@ class ApacheKafkaBroker:
         if formatted.returncode != 0:
             output = (formatted.stdout + formatted.stderr).decode("utf-8", "replace")
             raise BrokerError(f"Kafka's storage tool failed to format {data_dir}:\n{output}")
-        log = tempfile.TemporaryFile(prefix="stream-dp-apache-kafka-", suffix=".log")  # noqa: SIM115 - closed by stop()
-        try:
-            proc = subprocess.Popen(  # noqa: S603 - a fixed argv, no shell
-                [*base, "kafka.Kafka", str(properties)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=die_with_parent(),
-            )  # fmt: skip
-        except OSError as exc:
-            log.close()
-            raise BrokerError(f"cannot start the Apache Kafka broker with {java}: {exc}") from None
-        self._proc, self._log, self._port = proc, log, port
-        atexit.register(self.stop)
+        self._launch([*base, "kafka.Kafka", str(properties)], env, port, "stream-dp-apache-kafka-")
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self._startup_timeout_s

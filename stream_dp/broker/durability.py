@@ -37,8 +37,7 @@ DURABLE_TOPICS: Mapping[str, str] = {
     "{output.ledger_topic}": "a window whose ledger record is deleted may be drawn again with "
     "fresh noise",
     "{erasure.log_topic}": "an erasure deleted early lets the erased user's events count again",
-    "{output.continual_topic}": "a running total whose state is deleted mid-horizon is drawn "
-    "again",
+    "{output.continual_topic}": "a running total whose state is deleted mid-horizon is drawn again",
 }
 NEVER = -1
 

@@ -9,21 +9,16 @@ block (also on an exception), at interpreter exit, and — on Linux — by the k
 from __future__ import annotations
 
 import asyncio
-import atexit
 import os
-import re
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import IO, Self
+from typing import Self
 
 from stream_dp.broker.probe import probe, probe_sync
-from stream_dp.broker.process import die_with_parent, free_port, owns_listener, resolve_binary
+from stream_dp.broker.process import BrokerProcess, free_port, owns_listener, resolve_binary
 from stream_dp.errors import BrokerError
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: The only variables the broker process inherits: it needs none of the caller's secrets
 #: (the pseudonym key, SASL passwords, cloud credentials), and Tansu's own settings
 #: (STORAGE_ENGINE, CLUSTER_ID, SCHEMA_REGISTRY, ...) must not leak in from a shell.
@@ -38,7 +33,7 @@ def broker_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(BrokerProcess):
     """A Tansu broker on a loopback port, with memory storage.
 
     >>> with EmbeddedBroker() as broker:          # doctest: +SKIP
@@ -47,6 +42,9 @@ class EmbeddedBroker:
     Start it from a thread that lives as long as the broker (normally the main thread or the
     event loop's thread): the kernel kills the broker when the starting *thread* ends.
     """
+
+    NAME = "the embedded broker"
+    TAIL_BYTES = 4000
 
     def __init__(
         self,
@@ -57,36 +55,10 @@ class EmbeddedBroker:
         stop_timeout_s: float = 2.0,
         binary: str | os.PathLike[str] | None = None,
     ) -> None:
+        super().__init__(host=host, stop_timeout_s=stop_timeout_s)
         self._requested_port = port
-        self._host = host
         self._startup_timeout_s = startup_timeout_s
-        self._stop_timeout_s = stop_timeout_s
         self._binary = binary
-        self._port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._last_tail = ""
-
-    # -- properties ---------------------------------------------------------------------
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise BrokerError("the embedded broker has not been started; call start() first")
-        return self._port
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return f"{self._host}:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise BrokerError("the embedded broker is not running")
-        return self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> Self:
@@ -106,22 +78,6 @@ class EmbeddedBroker:
                     raise
         raise AssertionError("unreachable")
 
-    def stop(self) -> None:
-        """Stop the broker (SIGTERM, then SIGKILL after ``stop_timeout_s``). Idempotent."""
-        proc, self._proc = self._proc, None
-        atexit.unregister(self.stop)
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(self._stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._log is not None and proc is not None:
-            self._last_tail = self.output_tail()
-            self._log.close()
-            self._log = None
-
     def check_alive(self) -> None:
         """BrokerError (with the broker's last output) if the broker process has exited."""
         if self._proc is None:
@@ -136,26 +92,7 @@ class EmbeddedBroker:
                 f"the embedded broker exited with code {code}{hint}; its last output:\n{tail}"
             )
 
-    def output_tail(self, max_bytes: int = 4000) -> str:
-        """The last ``max_bytes`` of the broker's stdout/stderr, colour codes removed."""
-        if self._log is None:
-            return self._last_tail
-        size = os.fstat(self._log.fileno()).st_size
-        data = os.pread(self._log.fileno(), max_bytes, max(0, size - max_bytes))
-        return _ANSI.sub("", data.decode("utf-8", errors="replace")).strip()
-
-    # -- context managers ---------------------------------------------------------------
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
+    # -- async context manager ----------------------------------------------------------
     async def __aenter__(self) -> Self:
         return await self.astart()
 
@@ -189,31 +126,13 @@ class EmbeddedBroker:
         raise AssertionError("unreachable")
 
     def _spawn(self) -> None:
-        if self._proc is not None:
-            raise BrokerError("the embedded broker is already running; call stop() first")
+        self._check_not_running()
         binary = self._binary or resolve_binary()
         port = self._requested_port or free_port(self._host)
         url = f"tcp://{self._host}:{port}"
-        env = broker_environment(os.environ)
-        # The log file is unlinked at once: nothing is left behind, even after SIGKILL.
-        log = tempfile.TemporaryFile(prefix="stream-dp-broker-", suffix=".log")  # noqa: SIM115 - closed by stop()
         argv = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
                 "--storage-engine", "memory://tansu/"]  # fmt: skip
-        try:
-            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop it
-                preexec_fn=die_with_parent(),  # PR_SET_PDEATHSIG
-            )
-        except OSError as exc:
-            log.close()
-            raise BrokerError(f"cannot start the embedded broker {binary}: {exc}") from None
-        self._proc, self._log, self._port = proc, log, port
-        atexit.register(self.stop)
+        self._launch(argv, broker_environment(os.environ), port, "stream-dp-broker-")
 
     def _not_ready_yet(self, probed: bool) -> bool:
         self.check_alive()

@@ -1,16 +1,23 @@
-"""Operating-system helpers of the embedded broker: ports, tying a child's life to ours,
-finding which process listens on a port, and locating the broker binary."""
+"""Operating-system helpers of the local brokers: ports, tying a child's life to ours,
+finding which process listens on a port, locating the broker binary, and
+:class:`BrokerProcess`, the process handling both brokers share."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
+import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
 
 from stream_dp.errors import BrokerError
 
@@ -97,3 +104,111 @@ def resolve_binary() -> str:
         )
         error.retriable = False
         raise error from None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class BrokerProcess:
+    """What the two local brokers (embedded Tansu, Apache Kafka) share: one child process on
+    a loopback port, its output in an unlinked temporary file (nothing is left behind, even
+    after SIGKILL), tied to our life (``PR_SET_PDEATHSIG``, at exit, a ``with`` block) and
+    stopped by SIGTERM, then SIGKILL after ``stop_timeout_s``."""
+
+    #: How messages name the broker ("the embedded broker").
+    NAME = "the broker"
+    #: Bytes of output :meth:`output_tail` returns by default.
+    TAIL_BYTES = 4000
+
+    def __init__(self, *, host: str, stop_timeout_s: float) -> None:
+        self._host = host
+        self._stop_timeout_s = stop_timeout_s
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._last_tail = ""
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise BrokerError(f"{self.NAME} has not been started; call start() first")
+        return self._port
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self._host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise BrokerError(f"{self.NAME} is not running")
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after ``stop_timeout_s``). Idempotent."""
+        proc, self._proc = self._proc, None
+        atexit.unregister(self.stop)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a paused broker cannot act on SIGTERM
+            proc.terminate()
+            try:
+                proc.wait(self._stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._log is not None:
+            self._last_tail = self.output_tail()
+            self._log.close()
+            self._log = None
+
+    def output_tail(self, max_bytes: int | None = None) -> str:
+        """The last ``max_bytes`` (default :attr:`TAIL_BYTES`) of the broker's stdout and
+        stderr, colour codes removed."""
+        if self._log is None:
+            return self._last_tail
+        wanted = self.TAIL_BYTES if max_bytes is None else max_bytes
+        size = os.fstat(self._log.fileno()).st_size
+        data = os.pread(self._log.fileno(), wanted, max(0, size - wanted))
+        return _ANSI.sub("", data.decode("utf-8", errors="replace")).strip()
+
+    def _check_not_running(self) -> None:
+        if self._proc is not None:
+            raise BrokerError(f"{self.NAME} is already running; call stop() first")
+
+    def _launch(self, argv: list[str], env: Mapping[str, str], port: int, log_prefix: str) -> None:
+        """Start ``argv`` as the broker listening on ``port``, its output to a log file."""
+        log = tempfile.TemporaryFile(prefix=log_prefix, suffix=".log")  # noqa: SIM115 - closed by stop()
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop it
+                preexec_fn=die_with_parent(),  # PR_SET_PDEATHSIG
+            )
+        except OSError as exc:
+            log.close()
+            raise BrokerError(f"cannot start {self.NAME} ({argv[0]}): {exc}") from None
+        self._proc, self._log, self._port = proc, log, port
+        atexit.register(self.stop)
+
+    def start(self) -> Self:
+        """Start the broker and block until it answers (each broker says how)."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -35,9 +35,7 @@ _SUFFIX: Final = ".schema.json"
 def schema_names(folder: Traversable | None = None) -> list[str]:
     """The names of the record schemas (``output``, ``release``, …), sorted."""
     where = folder if folder is not None else default_topics_dir()
-    return sorted(
-        f.name.removesuffix(_SUFFIX) for f in where.iterdir() if f.name.endswith(_SUFFIX)
-    )
+    return sorted(f.name.removesuffix(_SUFFIX) for f in where.iterdir() if f.name.endswith(_SUFFIX))
 
 
 def load_schema(name: str, folder: Traversable | None = None) -> dict[str, Any]:
@@ -76,9 +74,7 @@ def _open(node: Any) -> Any:
     """``node`` without ``additionalProperties: false`` anywhere (added fields allowed)."""
     if isinstance(node, dict):
         return {
-            k: _open(v)
-            for k, v in node.items()
-            if not (k == "additionalProperties" and v is False)
+            k: _open(v) for k, v in node.items() if not (k == "additionalProperties" and v is False)
         }
     if isinstance(node, list):
         return [_open(v) for v in node]

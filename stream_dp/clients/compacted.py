@@ -177,3 +177,33 @@ class CompactedTopicReader:
     def _pause(self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> None:
         if self._pause_between_reads:
             consumer.pause(*tps)
+
+
+class FencedLog:
+    """What an owner of a reader shares (the ledger's and the erasure log's): its topic, its
+    :class:`CompactedTopicReader` and stopping it. A subclass says, in :meth:`_stalled`,
+    which retriable error a read to fences that stopped making progress raises."""
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        client_options: dict[str, Any],
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+        pause_between_reads: bool = True,
+    ) -> None:
+        self.topic = topic
+        self._stall_timeout_s = stall_timeout_s
+        self.reader = CompactedTopicReader(
+            topic,
+            client_options=client_options,
+            stalled=self._stalled,
+            stall_timeout_s=stall_timeout_s,
+            pause_between_reads=pause_between_reads,
+        )
+
+    async def stop(self) -> None:
+        await self.reader.stop()
+
+    def _stalled(self, pending: list[int]) -> StreamDPError:
+        raise NotImplementedError

@@ -1,5 +1,10 @@
 """``STREAM_DP_*`` environment variables: configuration overrides that cannot surprise.
 
+pydantic-settings (:class:`~pydantic_settings.EnvSettingsSource`) collects the variables into
+one nested mapping; this module decides first which names are configuration variables (so a
+typo gets a "did you mean" instead of being ignored), and :class:`Config` validates the
+merged result with the same strict rules as the file.
+
 A variable ``STREAM_DP_<SECTION>__<KEY>`` overrides one key of the YAML file;
 ``STREAM_DP_<SECTION>`` (JSON) overrides several keys of a section, and ``STREAM_DP_QUERIES``
 (a JSON list) replaces the file's queries — the loader reports that loudly. Every other
@@ -13,12 +18,14 @@ before; values are never echoed (they may be secrets).
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
+from pydantic_settings import BaseSettings, EnvSettingsSource
 
 from stream_dp.config.model import Config
 from stream_dp.config.numbers import env_value, field_kind
@@ -47,17 +54,45 @@ RETIRED_VARIABLES = {
 
 
 @dataclass(frozen=True)
-class EnvOverride:
-    """One configuration variable: its name, the key it sets and the value to merge."""
+class EnvOverrides:
+    """What the environment sets: per section the mapping (or, for ``queries``, the list) to
+    merge into the file's, and which variable set each dotted key."""
 
-    variable: str
-    section: str
-    key: str | None  #: None: the whole section (a JSON object, or the queries list)
-    value: Any
+    sections: dict[str, Any] = field(default_factory=dict)
+    variables: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def path(self) -> str:
-        return self.section if self.key is None else f"{self.section}.{self.key}"
+
+class _Collector(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping (not ``os.environ``): it
+    matches names without regard to case, decodes the JSON of section variables and nests
+    ``SECTION__KEY`` into them (single keys win). Only names already known to be
+    configuration variables are given to it; validation stays with :class:`Config`."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._given = environ
+        super().__init__(
+            _sections_settings(),
+            case_sensitive=False,
+            env_prefix=ENV_PREFIX,
+            env_nested_delimiter=NESTING,
+        )
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # What the source reads instead of os.environ; names lower-cased, as it does itself
+        # when not case-sensitive.
+        return {name.lower(): value for name, value in self._given.items()}
+
+
+@functools.cache
+def _sections_settings() -> type[BaseSettings]:
+    """A settings class with one field per configuration section, typed only as a mapping
+    (or a list): the collector nests and decodes, it does not validate."""
+    fields: dict[str, Any] = {
+        name: ((dict[str, Any] if _section_model(name) else list[Any]) | None, None)
+        for name in Config.model_fields
+    }
+    settings: type[BaseSettings] = create_model("_Sections", __base__=BaseSettings, **fields)
+    return settings
 
 
 def _section_model(section: str) -> type[BaseModel] | None:
@@ -87,8 +122,9 @@ def _parse_json(variable: str, raw: str, expected: type, what: str) -> Any:
     return value
 
 
-def _classify(variable: str, raw: str) -> EnvOverride | str:
-    """The override a variable sets, or why it is not a configuration variable."""
+def _classify(variable: str, raw: str) -> tuple[str, str | None] | str:
+    """The section and key (None: the whole section) a variable sets, or why it is not a
+    configuration variable. A section variable's value must be JSON of the right shape."""
     rest = variable[len(ENV_PREFIX) :].lower()
     section, sep, key = rest.partition(NESTING)
     sections = list(Config.model_fields)
@@ -97,27 +133,24 @@ def _classify(variable: str, raw: str) -> EnvOverride | str:
     model = _section_model(section)
     if not sep:
         if model is None:  # queries: a JSON list replaces the file's list
-            return EnvOverride(
-                variable, section, None, _parse_json(variable, raw, list, "a JSON list")
-            )
-        value = _parse_json(variable, raw, dict, f"a JSON object of {section} keys")
-        return EnvOverride(variable, section, None, value)
+            _parse_json(variable, raw, list, "a JSON list")
+        else:
+            _parse_json(variable, raw, dict, f"a JSON object of {section} keys")
+        return section, None
     if model is None:
         return (
             f"{section} cannot be set key by key; set {ENV_PREFIX}{section.upper()} to a JSON list"
         )
     if NESTING in key or key not in model.model_fields:
         return f"{section} has no key {key!r}{suggest(key, model.model_fields)}"
-    # Text as the number it spells for a number field (digits; a decimal for ε, δ, ...);
-    # anything else (``yes``) stays text, and the number field refuses it with the fix.
-    return EnvOverride(variable, section, key, env_value(field_kind(model.model_fields[key]), raw))
+    return section, key
 
 
-def read_environment(environ: Mapping[str, str]) -> tuple[list[EnvOverride], dict[str, str]]:
+def read_environment(environ: Mapping[str, str]) -> tuple[EnvOverrides, dict[str, str]]:
     """The configuration overrides in ``environ``, and the other ``STREAM_DP_*`` variables
     with the reason each is not one (checked by :func:`check_leftovers` once the config
     says which key variables it reads)."""
-    overrides: list[EnvOverride] = []
+    targets: dict[str, tuple[str, str | None]] = {}
     leftovers: dict[str, str] = {}
     for variable in sorted(environ):
         name = variable.upper()
@@ -127,11 +160,32 @@ def read_environment(environ: Mapping[str, str]) -> tuple[list[EnvOverride], dic
             leftovers[variable] = f"no longer read: {RETIRED_VARIABLES[name]}"
             continue
         found = _classify(variable, environ[variable])
-        if isinstance(found, EnvOverride):
-            overrides.append(found)
+        if isinstance(found, tuple):
+            targets[variable] = found
         else:
             leftovers[variable] = found
-    return overrides, leftovers
+    if not targets:
+        return EnvOverrides(), leftovers
+    sections = _Collector({v: environ[v] for v in targets})()
+    variables: dict[str, str] = {}
+    # Section variables first (each of their keys), then single keys, which win.
+    for variable, (section, key) in sorted(targets.items(), key=lambda t: t[1][1] is not None):
+        if key is None and isinstance(sections[section], dict):
+            variables.update({f"{section}.{k}": variable for k in sections[section]})
+        elif key is None:
+            variables[section] = variable
+        else:
+            variables[f"{section}.{key}"] = variable
+            # Text as the number it spells for a number field (digits; a decimal for ε, δ,
+            # ...); anything else (``yes``) stays text, and the number field refuses it.
+            kind = field_kind(_section_fields(section)[key])
+            sections[section][key] = env_value(kind, sections[section][key])
+    return EnvOverrides(dict(sections), variables), leftovers
+
+
+def _section_fields(section: str) -> dict[str, Any]:
+    model = _section_model(section)
+    return dict(model.model_fields) if model is not None else {}
 
 
 def check_leftovers(leftovers: Mapping[str, str], key_variables: Iterable[str | None]) -> None:
@@ -149,32 +203,21 @@ def check_leftovers(leftovers: Mapping[str, str], key_variables: Iterable[str | 
     )
 
 
-def merge_overrides(data: Mapping[str, Any], overrides: Iterable[EnvOverride]) -> dict[str, Any]:
-    """``data`` with the overrides applied: whole sections first (merged key by key into the
-    file's; the queries list replaced), then single keys. ``data`` is not modified."""
+def merge_overrides(data: Mapping[str, Any], overrides: EnvOverrides) -> dict[str, Any]:
+    """``data`` with the overrides applied: each section's keys merged into the file's, the
+    queries list replaced. ``data`` is not modified."""
     merged: dict[str, Any] = dict(data)
-    ordered = sorted(overrides, key=lambda o: o.key is not None)
-    for override in ordered:
-        current = merged.get(override.section)
-        if override.key is None and isinstance(override.value, dict):
+    for section, value in overrides.sections.items():
+        current = merged.get(section)
+        if isinstance(value, dict):
             base = dict(current) if isinstance(current, Mapping) else {}
-            merged[override.section] = {**base, **override.value}
-        elif override.key is None:
-            merged[override.section] = override.value
+            merged[section] = {**base, **value}
         else:
-            base = dict(current) if isinstance(current, Mapping) else {}
-            merged[override.section] = {**base, override.key: override.value}
+            merged[section] = value
     return merged
 
 
-def origins(overrides: Iterable[EnvOverride]) -> dict[str, str]:
+def origins(overrides: EnvOverrides) -> dict[str, str]:
     """Dotted key → variable, for every key the environment set (a section variable's JSON
-    keys are listed one by one; a later single-key variable wins)."""
-    out: dict[str, str] = {}
-    for override in sorted(overrides, key=lambda o: o.key is not None):
-        if override.key is None and isinstance(override.value, dict):
-            for key in override.value:
-                out[f"{override.section}.{key}"] = override.variable
-        else:
-            out[override.path] = override.variable
-    return out
+    keys are listed one by one; a single-key variable wins)."""
+    return dict(overrides.variables)

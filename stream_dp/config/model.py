@@ -643,7 +643,11 @@ class QueryConfig(_Section):
     )
     epsilon: Number = Field(gt=0, allow_inf_nan=False)
     delta: Number = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
-    mechanism: MechanismName = "discrete_laplace"
+    mechanism: MechanismName = Field(
+        "discrete_laplace",
+        description="noise law; discrete_gaussian needs the gaussian extra "
+        "(pip install 'stream-dp[gaussian]', OpenDP)",
+    )
     value_field: str | None = None
     lower: OptionalNumber = Field(None, allow_inf_nan=False)
     upper: OptionalNumber = Field(None, allow_inf_nan=False)

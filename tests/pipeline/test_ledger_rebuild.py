@@ -9,8 +9,10 @@ import random
 import orjson
 import pytest
 
+from stream_dp.config.fingerprint import FingerprintMismatchError, Topology, deployment_fingerprint
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.formats.ledger import LedgerIndex, LedgerRelease
+from stream_dp.pipeline.fingerprint_gate import settle_fingerprint
+from stream_dp.pipeline.formats.ledger import LedgerIndex, LedgerRelease, encode_coverage
 from stream_dp.pipeline.kafka.ledger_rebuild import NothingToRebuildError, RebuildPlan, plan_rebuild
 from stream_dp.pipeline.kafka.output_scan import RawRecord, decode_output
 from stream_dp.pipeline.local.local import LocalPipeline
@@ -154,3 +156,39 @@ def test_a_release_whose_window_record_never_arrived_is_still_never_drawn_again(
     ledger = _apply(plan)
     assert all(ledger.get(q, T0 + 10) is not None for q in QUERIES)
     assert ledger.progress == {0: T0 + 20}
+
+
+def test_the_rebuilt_ledger_records_the_rebuild_configurations_fingerprint() -> None:
+    # A worker started on a rebuilt ledger with other meaning-bearing settings must be
+    # refused as before the loss: the coverage record carries the rebuild's fingerprint.
+    ledger = _apply(_plan(_published(_released_windows())))
+    mine = deployment_fingerprint(config(), Topology(partials_partitions=1, ledger_partitions=2))
+    assert ledger.fingerprint is not None
+    assert ledger.fingerprint.digest == mine.digest
+    other = config(k=4)
+    with pytest.raises(FingerprintMismatchError):
+        settle_fingerprint(
+            ledger,
+            deployment_fingerprint(other, Topology(partials_partitions=1, ledger_partitions=2)),
+            other,
+            where="test worker",
+            way_out="none",
+        )
+
+
+def test_a_kept_coverage_without_fingerprint_gets_one_and_a_different_one_is_refused() -> None:
+    records = _published(_released_windows())
+    ledger = LedgerIndex()
+    ledger.load([encode_coverage(T0, 10)])  # an earlier version's record: no fingerprint
+    plan = _plan(records, ledger)
+    ledger = _apply(plan, ledger)
+    assert ledger.fingerprint is not None
+    with pytest.raises(FingerprintMismatchError):
+        plan_rebuild(
+            config(k=4),
+            decode_output(records, QUERIES),
+            ledger,
+            ledger_partitions=[0, 1],
+            partials_partitions=[0],
+            now_s=NOW,
+        )

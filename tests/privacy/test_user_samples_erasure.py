@@ -1,10 +1,18 @@
 """An erasure removes exactly one user from the samples, also beside users whose
-pseudonyms share one of its two 64-bit words, and counts every event of the user it saw."""
+pseudonyms share one of its two 64-bit words, and counts every event of the user it saw; a
+batch of erasures removes exactly its users in one vectorised pass."""
 
 from __future__ import annotations
 
+import copy
 import random
+from unittest import mock
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream_dp.privacy import user_samples
 from stream_dp.privacy.user_samples import UserSamples, new_sampling_generator
 
 # a and b share their first word, a and c their second: only whole pseudonyms are users.
@@ -55,3 +63,60 @@ def test_an_empty_sample_is_empty_and_takes_events_afterwards() -> None:
     assert samples.remove(A) == 0
     samples.add_many([A] * 3, [1, 2, 3])
     assert (samples.users, samples.events_retained) == (1, 2)
+
+
+# -- a batch of erasures in one vectorised removal (issue #28) ------------------------------
+
+# Pseudonyms of a small pool, some sharing one of their two words with another.
+POOL = [A, B, C] + [bytes([i]) * 8 + bytes([i + 1]) * 8 for i in range(20, 29)]
+
+
+def _rows_by_user(samples: UserSamples) -> dict[bytes, list[tuple[int, int]]]:
+    """Each user's kept rows (priority, item) once compacted: what the window holds."""
+    samples.sample()
+    kept = samples._kept  # the columns themselves: the model compares rows, not counts
+    assert kept is not None
+    words, priorities, items = kept
+    out: dict[bytes, list[tuple[int, int]]] = {}
+    for w, p, i in zip(words, priorities.tolist(), items.tolist(), strict=True):
+        out.setdefault(w.tobytes(), []).append((p, i))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    k=st.integers(1, 3),
+    batches=st.lists(
+        st.lists(st.integers(0, len(POOL) - 1), min_size=0, max_size=12), min_size=1, max_size=8
+    ),
+    erased_at=st.sets(st.integers(0, len(POOL) - 1), max_size=len(POOL)),
+    seed=st.integers(0, 2**32),
+    compact_from=st.integers(1, 16),
+)
+def test_a_batch_removal_equals_removing_each_user_from_a_sample_in_any_state(
+    k: int, batches: list[list[int]], erased_at: set[int], seed: int, compact_from: int
+) -> None:
+    """Kept rows, buffered rows and left-out counts all at once (compaction made to run
+    early and often): after one batch removal, every other user's kept rows are exactly
+    their rows before, no erased user has a row, and every event of an erased user is
+    counted as seen — the same as one user after another (:meth:`UserSamples.remove`)."""
+    with mock.patch.object(user_samples, "COMPACT_MIN_ROWS", compact_from):
+        samples = UserSamples(k, new_sampling_generator(random.Random(seed)))
+        for batch in batches:
+            samples.add_many([POOL[u] for u in batch], list(range(len(batch))))
+    erased = [POOL[u] for u in sorted(erased_at)]
+    offered = {p: sum(POOL[u] == p for b in batches for u in b) for p in POOL}
+    one_by_one = copy.deepcopy(samples)
+    before = _rows_by_user(copy.deepcopy(samples))
+    seen_before = samples.events_seen
+
+    words = np.frombuffer(b"".join(erased), dtype=np.uint64).reshape(-1, 2)
+    seen = samples.remove_many(words)
+
+    expected = {u: rows for u, rows in before.items() if u not in erased}
+    assert _rows_by_user(samples) == expected
+    assert seen == sum(offered[p] for p in erased)
+    assert samples.events_seen == seen_before - seen
+    assert [one_by_one.remove(p) for p in erased] == [offered[p] for p in erased]
+    assert _rows_by_user(one_by_one) == expected
+    assert one_by_one.events_seen == samples.events_seen

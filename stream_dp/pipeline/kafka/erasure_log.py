@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stream_dp.clients.compacted import DEFAULT_STALL_TIMEOUT_S, CompactedTopicReader
+from stream_dp.clients.compacted import DEFAULT_STALL_TIMEOUT_S, FencedLog
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.formats.erasure_records import (
     FENCE_KEY_PREFIX,
@@ -43,7 +43,7 @@ class ErasureLogReadError(StreamDPError):
     retriable = True
 
 
-class ErasureLog:
+class ErasureLog(FencedLog):
     def __init__(
         self,
         topic: str,
@@ -53,18 +53,15 @@ class ErasureLog:
         send: SendOne,
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
     ) -> None:
-        self.topic = topic
-        self.erasures = erasures
-        self._send = send
-        self._stall_timeout_s = stall_timeout_s
         # Not paused between reads: the client keeps fetching, so poll() sees new erasures.
-        self.reader = CompactedTopicReader(
+        super().__init__(
             topic,
             client_options=client_options,
-            stalled=self._stalled,
             stall_timeout_s=stall_timeout_s,
             pause_between_reads=False,
         )
+        self.erasures = erasures
+        self._send = send
         #: Malformed records skipped (a writer other than stream-dp): counted, never fatal.
         self.malformed = 0
         #: Erasures read into the set but not yet returned to the caller.
@@ -72,9 +69,6 @@ class ErasureLog:
 
     async def start(self) -> None:
         await self.reader.start([LOG_PARTITION])
-
-    async def stop(self) -> None:
-        await self.reader.stop()
 
     async def catch_up(self) -> list[Erasure]:
         """Fence the log and read until the fence is back: every erasure recorded before

@@ -42,6 +42,7 @@ from stream_dp.pipeline.formats.erasure_records import (
 from stream_dp.pipeline.kafka.erasure_log import LOG_PARTITION, ErasureLog
 from stream_dp.pipeline.stages.erasure_gate import MIN_STALE_AFTER_S, ErasureGate, released_until
 from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage
+from stream_dp.pipeline.stages.offload import run_off_loop
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.pseudonymize import KeyRing
@@ -114,17 +115,24 @@ class WorkerErasure:
     async def catch_up(self, *, bounded: bool = True) -> None:
         """Read the log to a fresh fence and apply what is new."""
         new = await self._retry("read the erasure log", self.log.catch_up, bounded)
-        self._apply(new)
+        await self._apply(new)
 
     async def follow(self) -> None:
         """Apply whatever the log brought since the last read (each loop iteration)."""
-        self._apply(await self.log.poll())
+        await self._apply(await self.log.poll())
 
-    def _apply(self, new: Sequence[Erasure]) -> None:
+    async def _apply(self, new: Sequence[Erasure]) -> None:
         assert self._ingest is not None
-        # The set took them in as they were read; stage 1's state now, before anything
-        # else can be sealed (partials say how far their state applied the log).
-        self._ingest.apply_erasures(new, self.erasures.position)
+        # The set took them in as they were read, so both stages drop the users' new events
+        # from now on; stage 1's state now, before anything else can be sealed (partials say
+        # how far their state applied the log). A burst is one vectorised removal per window,
+        # in a thread (issue #28: on the loop, heartbeats stopped and the group evicted every
+        # worker); the caller holds the iteration lock and awaits it, so no other code
+        # touches stage 1's state meanwhile, and events fetched meanwhile are ingested after.
+        if new:
+            await run_off_loop(self._ingest.apply_erasures, new, self.erasures.position)
+        else:
+            self._ingest.apply_erasures(new, self.erasures.position)
         self.metrics.erasures_active.set(len(self.erasures))
 
     # -- requests -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from stream_dp.clients.compacted import (
     DEFAULT_STALL_TIMEOUT_S,
-    CompactedTopicReader,
+    FencedLog,
     LogRewoundError,
 )
 from stream_dp.errors import StreamDPError
@@ -44,7 +44,7 @@ class LedgerReadError(StreamDPError):
     retriable = True
 
 
-class LedgerLog:
+class LedgerLog(FencedLog):
     def __init__(
         self,
         topic: str,
@@ -54,16 +54,9 @@ class LedgerLog:
         send: SendOne,
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
     ) -> None:
-        self.topic = topic
+        super().__init__(topic, client_options=client_options, stall_timeout_s=stall_timeout_s)
         self.index = index
         self._send = send
-        self._stall_timeout_s = stall_timeout_s
-        self.reader = CompactedTopicReader(
-            topic,
-            client_options=client_options,
-            stalled=self._stalled,
-            stall_timeout_s=stall_timeout_s,
-        )
 
     @property
     def partitions(self) -> list[int]:
@@ -72,9 +65,6 @@ class LedgerLog:
     async def start(self, partitions: Iterable[int]) -> None:
         """Assign every ledger partition from the beginning (no records read yet)."""
         await self.reader.start(partitions)
-
-    async def stop(self) -> None:
-        await self.reader.stop()
 
     async def catch_up(self, partitions: Iterable[int] | None = None) -> int:
         """Fence ``partitions`` (default: all) and read until every fence is back; returns

@@ -9,7 +9,12 @@ drawn again (:mod:`stream_dp.pipeline.formats.ledger`):
   window's and the horizon's budget as it would have;
 * per partials partition, a ``progress`` record past the last window released on it;
 * the ``coverage`` record (``window.start_at`` if configured, else the first window on the
-  output topic).
+  output topic), with the deployment fingerprint of the rebuild's configuration on the
+  topics it found (:mod:`stream_dp.config.fingerprint`): the rebuild's configuration is
+  the deployment's, so a worker started on the rebuilt ledger with other meaning-bearing
+  settings is refused as it would have been before the loss. A ledger that kept its
+  coverage but has no fingerprint gets a fingerprint record; one whose recorded
+  fingerprint differs from the rebuild's configuration is refused.
 
 Idempotent: what the ledger already holds is left alone (a release already ledgered with
 the same draw, a coverage record, progress at or past the rebuilt one), so a second run
@@ -29,8 +34,10 @@ from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.clients.connect import start_client
+from stream_dp.config.fingerprint import Topology, deployment_fingerprint
 from stream_dp.config.model import Config
 from stream_dp.errors import BrokerError, StreamDPError
+from stream_dp.pipeline.fingerprint_gate import settle_fingerprint
 from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
     LedgerRelease,
@@ -81,12 +88,15 @@ def plan_rebuild(
     *,
     ledger_partitions: Sequence[int],
     partials_partitions: Sequence[int],
+    continual_partitions: int = 0,
     now_s: float,
 ) -> RebuildPlan:
     """The ledger records that make every (query, window) on the output topic released.
 
     Raises :class:`NothingToRebuildError` when the output topic holds no release of the
-    configured queries (a new deployment needs no rebuild: start it)."""
+    configured queries (a new deployment needs no rebuild: start it), and
+    :class:`~stream_dp.config.fingerprint.FingerprintMismatchError` when the ledger records
+    another configuration's fingerprint than ``config``'s."""
     released = scan.released()
     if not released:
         raise NothingToRebuildError(
@@ -116,7 +126,14 @@ def plan_rebuild(
     plan.writes.extend(
         _progress(ledger, released, plan, windows, ledger_partitions, partials_partitions)
     )
-    plan.writes.extend(_coverage(config, ledger, released, plan, ledger_partitions[0]))
+    topology = Topology(
+        partials_partitions=len(partials_partitions),
+        ledger_partitions=len(ledger_partitions),
+        continual_partitions=continual_partitions,
+    )
+    plan.writes.extend(
+        _coverage(config, ledger, released, plan, ledger_partitions[0], topology)
+    )
     return plan
 
 
@@ -126,8 +143,21 @@ def _coverage(
     released: Sequence[ReleasedWindow],
     plan: RebuildPlan,
     partition: int,
+    topology: Topology,
 ) -> list[LedgerWrite]:
-    """The coverage record (the worker writes it to the first ledger partition)."""
+    """The coverage record with the fingerprint (the worker writes it to the first ledger
+    partition), or the fingerprint record a ledger that kept its coverage lacks."""
+    mine = deployment_fingerprint(config, topology)
+    fingerprint_record = settle_fingerprint(
+        ledger,
+        mine,
+        config,
+        where=f"the ledger {config.output.ledger_topic} cannot be rebuilt with this configuration",
+        way_out=(
+            "run the rebuild with the configuration the deployment's workers run (the "
+            "fingerprint recorded in the ledger is theirs)"
+        ),
+    )
     configured = config.window.first_window_start()
     first_on_output = min(w.window_start_s for w in released)
     start = configured if configured is not None else first_on_output
@@ -139,9 +169,11 @@ def _coverage(
                 f"after the first on the output topic ({iso_utc(first_on_output)}): a worker "
                 "started on the lost ledger recorded it; it is kept"
             )
-        return []
+        if fingerprint_record is None:
+            return []
+        return [(*fingerprint_record, partition)]
     plan.coverage_start_s = start
-    key, value = encode_coverage(start, config.window.size_s)
+    key, value = encode_coverage(start, config.window.size_s, mine)
     return [(key, value, partition)]
 
 
@@ -239,6 +271,11 @@ async def rebuild_ledger(
     try:
         ledger_parts = await _partitions(producer, config.output.ledger_topic)
         partials_parts = await _partitions(producer, config.output.partials_topic)
+        continual_parts = (
+            await _partitions(producer, config.output.continual_topic)
+            if any(q.cumulative for q in config.queries)
+            else []
+        )
 
         async def send(key: str, value: bytes, partition: int) -> int:
             sent = await producer.send_and_wait(
@@ -253,6 +290,7 @@ async def rebuild_ledger(
             index,
             ledger_partitions=ledger_parts,
             partials_partitions=partials_parts,
+            continual_partitions=len(continual_parts),
             now_s=time.time(),
         )
         if dry_run or not plan.writes:

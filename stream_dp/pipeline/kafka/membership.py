@@ -30,11 +30,8 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
-from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
-from stream_dp.ops.health import Health
-from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.faults import NO_FAULTS, Faults
+from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
@@ -68,23 +65,12 @@ class Stages:
     erasure: WorkerErasure | None = None
 
 
-class Membership:
+class Membership(WorkerPart):
     """The consumer's group membership: assignments taken and dropped, safe commits."""
 
-    def __init__(
-        self,
-        config: Config,
-        *,
-        metrics: Metrics,
-        health: Health,
-        stopping: asyncio.Event,
-        faults: Faults = NO_FAULTS,
-    ) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.health = health
-        self._stopping = stopping
-        self._faults = faults
+    def __init__(self, context: WorkerContext) -> None:
+        super().__init__(context)
+        config = context.config
         self.consumer: AIOKafkaConsumer | None = None
         self.stages: Stages | None = None
         #: Held by the loop's iteration and by a revocation: one touches the state at a time.

@@ -26,11 +26,7 @@ from aiokafka.errors import (
 )
 
 from stream_dp.clients.idempotence import start_producer
-from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
-from stream_dp.ops.health import Health
-from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.faults import NO_FAULTS, Faults
 from stream_dp.pipeline.formats.ledger import LedgerRelease
 from stream_dp.pipeline.formats.records import (
     OUTPUT_HEADERS,
@@ -38,6 +34,7 @@ from stream_dp.pipeline.formats.records import (
     dumps,
     output_partition,
 )
+from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.producing import Headers, Outgoing, send_all
 from stream_dp.pipeline.stages.ingest import DeadLetter
 from stream_dp.pipeline.stages.offload import output_values, run_off_loop
@@ -62,23 +59,12 @@ class BrokerUnavailableError(StreamDPError):
     committing, and its supervisor restarts it."""
 
 
-class Publisher:
+class Publisher(WorkerPart):
     """Sends to Kafka with the worker's retry policy (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: Config,
-        *,
-        metrics: Metrics,
-        health: Health,
-        stopping: asyncio.Event,
-        faults: Faults = NO_FAULTS,
-    ) -> None:
-        self.config = config
-        self.metrics = metrics
-        self.health = health
-        self._stopping = stopping
-        self._faults = faults
+    def __init__(self, context: WorkerContext) -> None:
+        super().__init__(context)
+        config = context.config
         self._ledger_topic = config.output.ledger_topic
         self._max_bytes = config.kafka.max_message_bytes
         self.producer: AIOKafkaProducer | None = None

@@ -12,13 +12,14 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from stream_dp.broker.durability import verify_durable_topics
 from stream_dp.broker.embedded import EmbeddedBroker
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config.model import Config
 from stream_dp.ops.health import Health
-from stream_dp.ops.http import start_http_server
+from stream_dp.ops.http import ops_endpoints
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.kafka.worker import Worker
@@ -73,22 +74,30 @@ async def run_worker(
             log.info("created topics: %s", ", ".join(created))
         # Refuse a ledger (or erasure log, cumulative state) the broker would delete from.
         await verify_durable_topics(config, bootstrap)
-        server = None
-        if config.metrics.enabled:
-            server = await start_http_server(
-                config.metrics.host, config.metrics.port, metrics, health
+        m = config.metrics
+        async with ops_endpoints(m.enabled, m.host, m.port, metrics, health):
+            worker = Worker(
+                config, keyring, bootstrap_servers=bootstrap, metrics=metrics, health=health
             )
-            log.info("metrics and health on http://%s:%d", config.metrics.host, server.port)
-        worker = Worker(
-            config, keyring, bootstrap_servers=bootstrap, metrics=metrics, health=health
-        )
-        task = asyncio.create_task(worker.run())
-        stopper = asyncio.create_task(stop.wait())
-        try:
-            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            worker.request_stop()
-            await asyncio.wait_for(task, timeout=SHUTDOWN_TIMEOUT_S)
-        finally:
-            stopper.cancel()
-            if server is not None:
-                await server.close()
+            await run_until_stopped(worker, stop, SHUTDOWN_TIMEOUT_S)
+
+
+class Service(Protocol):
+    """A long-running part (the worker, the sink): ``run()`` until ``request_stop()``."""
+
+    async def run(self) -> None: ...
+
+    def request_stop(self) -> None: ...
+
+
+async def run_until_stopped(service: Service, stop: asyncio.Event, timeout_s: float) -> None:
+    """Run ``service`` until it ends or ``stop`` is set; then ask it to stop and wait for it
+    at most ``timeout_s`` (TimeoutError beyond)."""
+    task = asyncio.create_task(service.run())
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        service.request_stop()
+        await asyncio.wait_for(task, timeout=timeout_s)
+    finally:
+        stopper.cancel()

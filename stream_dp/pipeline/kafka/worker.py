@@ -88,6 +88,7 @@ from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.pipeline.formats.partials import RecordTooLargeError
 from stream_dp.pipeline.kafka.clock_skew import observe_clock_skew
+from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.hold_guards import OFFSET_ERRORS, STOPS, HoldGuards
@@ -156,13 +157,10 @@ class Worker:
         self.continual_store = ContinualStore()
         self._stopping = asyncio.Event()
         self._faults = Faults.from_environment()
-        metrics, health, stopping = self.metrics, self.health, self._stopping
-        self.publisher = Publisher(
-            config, metrics=metrics, health=health, stopping=stopping, faults=self._faults
-        )
-        self.membership = Membership(
-            config, metrics=metrics, health=health, stopping=stopping, faults=self._faults
-        )
+        metrics, health = self.metrics, self.health
+        context = WorkerContext(config, metrics, health, self._stopping, self._faults)
+        self.publisher = Publisher(context)
+        self.membership = Membership(context)
         size_s = config.window.size_s
         self.topology = TopologyWatch(
             self.publisher, metrics=metrics, health=health, window_size_s=size_s

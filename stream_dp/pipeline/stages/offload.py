@@ -8,7 +8,9 @@ thread (:func:`run_off_loop`); the loop meanwhile keeps fetching, serving /metri
 answering the group coordinator. The worker's iteration lock is held while a step runs, so
 no other code touches the stages' state at the same time (the state is not shared with the
 loop's other tasks), and each step still runs exactly where it ran before in the release
-protocol (the ownership check right before the draw, the ledger write after it).
+protocol (the ownership check right before the draw, the ledger write after it). A batch of
+erasures read from the erasure log is removed from stage 1's windows the same way
+(:meth:`~stream_dp.pipeline.kafka.erasure_worker.WorkerErasure.follow`, issue 28).
 
 Each step runs with the garbage collector paused: it creates hundreds of thousands of
 short-lived, acyclic objects (records, keys), and collections triggered by them traversed
