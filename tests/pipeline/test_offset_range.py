@@ -12,7 +12,7 @@ from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.kafka.offset_range import (
+from stream_dp.pipeline.kafka.hold_guards import (
     OffsetOutOfRangeStop,
     OffsetRangeGuard,
     OutOfRange,

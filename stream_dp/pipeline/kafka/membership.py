@@ -120,7 +120,7 @@ class Membership(WorkerPart):
             enable_auto_commit=False,
             # Never moved silently: a partition without a committed offset is read from
             # its beginning, one whose offset is out of range stops the worker (see
-            # offset_range); input.start_from is applied to input partitions without a
+            # hold_guards); input.start_from is applied to input partitions without a
             # committed offset (on_assigned).
             auto_offset_reset="none",
             session_timeout_ms=kafka.session_timeout_ms,

@@ -502,12 +502,6 @@ class IngestStage(RecordIngest):
         """Sealed windows held until their release is known."""
         return sum(len(kept) for kept in self._kept.values())
 
-    def held_bytes(self) -> int:
-        """Bytes the open windows' samples hold (what window.max_held_state_bytes caps)."""
-        return sum(
-            part.samples.nbytes() for parts in self._state.values() for part in parts.values()
-        )
-
     # -- offsets --------------------------------------------------------------------------
     def safe_offsets(self) -> dict[int, int]:
         """Per partition, the next offset to commit: nothing an open window needs is skipped."""
