@@ -56,7 +56,7 @@ TARGET_MAX_LAG_S = 0.3
 TICK_S = 0.01
 START_S = 1_700_000_000
 RESULTS_FILE = Path(__file__).resolve().parent / "erasure_burst.json"
-SECTION_TITLE = "## Erasure burst: a batch of erasures on a large window"
+SECTION_TITLE = "## 11. Erasure burst: a batch of erasures on a large window"
 
 
 def _config() -> Config:

@@ -16,6 +16,7 @@ from bench import (
     brokers_report,
     continual,
     erasure_burst,
+    ledger_startup,
     refactor_parity,
     set_union,
 )
@@ -552,16 +553,16 @@ def markdown(r: dict[str, Any]) -> str:
     if set_union.RESULTS_FILE.exists():  # its own bench (python -m bench.set_union --write)
         kept = orjson.loads(set_union.RESULTS_FILE.read_bytes())
         lines += ["", *set_union.section(kept)]
-    burst = r.get("erasure_burst")
-    if (
-        burst is None and erasure_burst.RESULTS_FILE.exists()
-    ):  # python -m bench.erasure_burst --write
-        burst = orjson.loads(erasure_burst.RESULTS_FILE.read_bytes())
-    if burst is not None:
-        lines += ["", *erasure_burst.section(burst)]
     if refactor_parity.RESULTS_FILE.exists():  # its own bench (bench.refactor_parity --write)
         kept = orjson.loads(refactor_parity.RESULTS_FILE.read_bytes())
         lines += ["", *refactor_parity.section(kept)]
+    if "ledger_startup" in r:
+        lines += ["", *ledger_startup.section(r["ledger_startup"])]
+    burst = r.get("erasure_burst")
+    if burst is None and erasure_burst.RESULTS_FILE.exists():  # bench.erasure_burst --write
+        burst = orjson.loads(erasure_burst.RESULTS_FILE.read_bytes())
+    if burst is not None:
+        lines += ["", *erasure_burst.section(burst)]
     lines += ["", "## What limits throughput", ""]
     lines += [f"- {note}" for note in r.get("notes", [])]
     return "\n".join(lines) + "\n"

@@ -5,8 +5,9 @@ worker, Faust, the Kafka Streams peer), then the same throughput section on an A
 broker (stream_dp.broker.apache_kafka; left out, saying why, without Java), scale-out
 over 1, 2 and 3 worker processes, in-process scaling of the pipeline stages, state size and
 utility against PipelineDP, automatic bounds against fixed bounds and PipelineDP (section 6),
-continual release (running totals, simulated without Kafka) and a burst of erasures on a
-large window (:mod:`bench.erasure_burst`),
+continual release (running totals, simulated without Kafka), a burst of erasures on a
+large window (:mod:`bench.erasure_burst`) and the ledger's start-up read against its size
+(:mod:`bench.ledger_startup`),
 deletes its topics, stops the broker and writes ``RESULTS.md``, ``results.json``,
 ``throughput.png``, ``scaling_workers.png`` and ``continual_rmse.png`` into ``--out``
 (default: the ``bench`` folder). ``smoke`` takes a few minutes and exists for the test.
@@ -28,7 +29,16 @@ from typing import Any
 
 import orjson
 
-from bench import continual, erasure_burst, report, scaling, throughput, utility, workers
+from bench import (
+    continual,
+    erasure_burst,
+    ledger_startup,
+    report,
+    scaling,
+    throughput,
+    utility,
+    workers,
+)
 from bench.data import StreamSpec
 from stream_dp.broker import EmbeddedBroker
 from stream_dp.broker.apache_kafka import ApacheKafkaBroker
@@ -261,6 +271,8 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
         "date": results["date"],
         "loadavg": f"{report.loadavg()[0]:.2f}",
     }
+    _log("[bench] ledger start-up against its size")
+    results["ledger_startup"] = ledger_startup.measure(ledger_startup.SIZES[size], log=_log)
     results["total_seconds"] = time.perf_counter() - started
     results["machine"]["loadavg_at_end"] = report.loadavg()
     _finish(results, out)

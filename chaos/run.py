@@ -484,7 +484,7 @@ def _checks(
     )
     index = LedgerIndex()
     for _, key, raw in ledger:
-        index.feed(key, raw)
+        index.feed(key, raw or None)  # b"": a tombstone (of a released window's record)
     split = {k: vs for k, vs in values.items() if len(vs) > 1}
     disagree = []
     for (q, w, group), vs in values.items():

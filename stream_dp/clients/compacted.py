@@ -119,9 +119,16 @@ class CompactedTopicReader:
         self.check_forward(partition, offset)
         self._read_to[partition] = offset + 1
 
-    async def read_to_fences(self, partitions: Iterable[int], fence_key: bytes, feed: Feed) -> None:
+    async def read_to_fences(
+        self,
+        partitions: Iterable[int],
+        fence_key: bytes,
+        feed: Feed,
+        fence_value: bytes | None = None,
+    ) -> None:
         """Hand every record of ``partitions`` to ``feed`` (the fences too) until the record
-        keyed ``fence_key`` has come back on each of them."""
+        keyed ``fence_key`` (with the value ``fence_value``, when given: a key a reader
+        reuses for every fence) has come back on each of them."""
         consumer = self._started()
         pending = set(partitions)
         tps = self._tps(sorted(pending))
@@ -136,7 +143,7 @@ class CompactedTopicReader:
                     raise self._stalled(sorted(pending))
                 for tp, messages in batch.items():
                     for m in messages:
-                        if m.key == fence_key:
+                        if m.key == fence_key and fence_value in (None, m.value):
                             pending.discard(tp.partition)
                         await self._hand_over(tp.partition, m, feed)
         finally:

@@ -44,6 +44,7 @@ NON_CONFIG_VARIABLES = {
     "STREAM_DP_TEST_TAKE_FAILURES": "tests: fail the first ledger reads when partitions arrive",
     "STREAM_DP_TEST_STALL_INPUT": "tests: one input partition fetches nothing for a while",
     "STREAM_DP_POSTGRES_DSN": "stream-dp sink: the PostgreSQL connection string",
+    "STREAM_DP_APACHE_KAFKA_LIBS": "the Apache Kafka broker's jars (tests, bench, chaos)",
 }
 #: Variables older versions read, with what replaces them.
 RETIRED_VARIABLES = {

@@ -16,8 +16,10 @@ sleep.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final, Protocol
 
 from prometheus_client import Gauge
@@ -103,3 +105,27 @@ class Health:
     def _publish_ready(self) -> None:
         if self._metrics is not None:
             self._metrics.ready.set(1 if self.ready() else 0)
+
+
+#: How often :func:`beating` beats.
+START_BEAT_S: Final = 1.0
+
+
+@contextlib.asynccontextmanager
+async def beating(health: Health, every_s: float = START_BEAT_S) -> AsyncIterator[None]:
+    """Beat every ``every_s`` while the block runs: a start-up that reads a long ledger is
+    live while its event loop turns (a read that stops making progress fails on its own
+    stall timeout); readiness stays false until the block's components report ok."""
+
+    async def beat() -> None:
+        while True:
+            health.beat()
+            await asyncio.sleep(every_s)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -307,7 +307,8 @@ def _ledger_metrics(r: CollectorRegistry) -> tuple[Counter, Counter]:
     """The release ledger read back at start-up and republished from."""
     ledger_windows_loaded = Counter(
         "stream_dp_ledger_windows_loaded",
-        "Released (query, window) entries read back from the release ledger at start-up.",
+        "Released (query, window) entries read back from the release ledger at start-up "
+        "and kept (windows a progress record marks released are forgotten as they are read).",
         registry=r,
     )
     ledger_republished = Counter(

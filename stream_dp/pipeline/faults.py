@@ -32,6 +32,7 @@ CRASH_POINTS = (
     "before_draw",
     "after_ledger_readback",
     "after_continual_write",
+    "after_progress",
 )
 #: ``<point>:<n>:<seconds>`` freezes the whole process (SIGSTOP to itself, then a helper
 #: sends SIGCONT after the pause) at the n-th visit of a point — a GC pause or VM stall at

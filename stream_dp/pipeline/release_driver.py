@@ -14,7 +14,13 @@ Every due window is released by :meth:`ReleaseDriver.release_window`, in this or
    (query, window) in log order, ours or an earlier owner's — are what counts;
 5. ``bounds: auto`` — the next window's bounds, decided from the winners, go to the ledger;
 6. each unpublished winner is published (output records, then its ``published`` marker);
-7. the window's state is dropped and the partials partition's ``progress`` written.
+7. the window's state is dropped and the partials partition's ``progress`` written;
+8. once that is acknowledged, the window's ledger records are tombstoned (its parts, losing
+   draws' too, its published markers, its cut and bounds decision, the progress record it
+   replaced on that partition): compaction then bounds the ledger by the open windows.
+
+A progress record read back in step 4 that covers the window means another owner released
+and published it: nothing is published, our parts are tombstoned (docs/exactly-once.md).
 
 The transport is what differs: the Kafka worker writes to topics and reads them back
 (:class:`stream_dp.pipeline.kafka.kafka_transport.KafkaTransport`); the in-memory pipeline
@@ -42,10 +48,14 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.faults import NO_FAULTS, Faults
 from stream_dp.pipeline.formats.continual_state import encode_state
 from stream_dp.pipeline.formats.ledger import (
+    BOUNDS_PREFIX,
+    CUT_PREFIX,
     LedgerRelease,
     encode_cut,
     encode_progress,
     encode_published,
+    progress_key,
+    published_key,
 )
 from stream_dp.pipeline.stages.offload import draw_window
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
@@ -57,8 +67,8 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 T = TypeVar("T")
 
-#: (key, value, partition) — a record bound for one partition of a topic.
-Placed = tuple[str, bytes, int]
+#: (key, value, partition) — a record bound for one partition of a topic (None: a tombstone).
+Placed = tuple[str, bytes | None, int]
 
 #: A window waiting for its predecessor's running-total state is looked at again after
 #: this long (each look writes fences to the continual and ledger topics).
@@ -162,6 +172,9 @@ class ReleaseDriver:
         stage = self.stage
         if not self.transport.owns(window_start_s):
             return None
+        if stage.ledger.covered(window_start_s, self.windows.size_s):
+            stage.adopt_ledger()  # read released meanwhile: the cursors move past it
+            return None
         if self.erasure is not None and not await self.erasure.ready_to_draw(
             window_start_s, stage, self.write_cut
         ):
@@ -185,6 +198,9 @@ class ReleaseDriver:
         # draw completed earlier, it is the one that counts (and ours is never shown).
         await self.transport.read_ledger([ledger_partition])
         self.faults.reached("after_ledger_readback")
+        if stage.ledger.covered(window_start_s, self.windows.size_s):
+            await self._released_elsewhere(window_start_s, drawn_records, ledger_partition)
+            return None
         winners = stage.winners(window_start_s)
         decision = stage.bounds_decision(window_start_s)
         if decision is not None:  # bounds: auto — the next window's bounds, from the winners
@@ -201,14 +217,18 @@ class ReleaseDriver:
         for rel in winners:
             if not rel.published:
                 await self.publish(rel)
+        tombstones = self.tombstones(window_start_s, winners)
         cursor = stage.finish_window(
             window_start_s, winners, self.clock() if now_s is None else now_s
         )
         if self.erasure is not None:
             self.erasure.released(window_start_s)
         r = self.partials_partition_of(window_start_s)
-        key, value = encode_progress(r, len(self.partials_partitions), cursor)
+        key, value = encode_progress(r, len(self.partials_partitions), cursor, window_start_s)
         await self.transport.write_ledger([(key, value, ledger_partition)])
+        self.faults.reached("after_progress")
+        # Only now, behind the durable progress record, is the window's history not needed.
+        await self.transport.write_ledger(tombstones)
         self.transport.window_released(window_start_s)
         log.info(
             "window released",
@@ -219,6 +239,53 @@ class ReleaseDriver:
             },
         )
         return winners
+
+    def tombstones(self, window_start_s: int, winners: Sequence[LedgerRelease]) -> list[Placed]:
+        """The window's ledger records no reader needs once its progress record is durable
+        (docs/exactly-once.md#compaction-a-bounded-ledger): every part read of it (the
+        winners' and any losing or incomplete draw's), its published markers and cut on its
+        ledger partition; its bounds decision (written on the previous window's partition); the
+        progress record of partials partition ``r`` this window's replaces on its ledger
+        partition (the previous window of ``r`` mapped to it)."""
+        stage = self.stage
+        size = self.windows.size_s
+        here = self.ledger_partition_of(window_start_s)
+        keys = set(stage.ledger.keys_of_window(window_start_s))
+        keys.update(published_key(w.query, window_start_s) for w in winners)
+        if self.erasure is not None:
+            keys.add(CUT_PREFIX + iso_utc(window_start_s))
+        out: list[Placed] = [(k, None, here) for k in sorted(keys)]
+        if stage.schedule.auto:
+            key = BOUNDS_PREFIX + iso_utc(window_start_s)
+            out.append((key, None, self.ledger_partition_of(window_start_s - size)))
+        n, ledger_n = len(self.partials_partitions), len(self.ledger_partitions)
+        previous = window_start_s - math.lcm(n, ledger_n) * size
+        first = stage.coverage_start_s
+        if first is not None and previous >= first:
+            r = self.partials_partition_of(window_start_s)
+            out.append((progress_key(r, previous), None, here))
+        return out
+
+    async def _released_elsewhere(
+        self,
+        window_start_s: int,
+        drawn_records: Sequence[tuple[LedgerRelease, Sequence[tuple[str, bytes]]]],
+        ledger_partition: int,
+    ) -> None:
+        """The read-back found a progress record covering the window: another owner
+        released and published it (its parts may be compacted away). Ours never count:
+        nothing is published, they are tombstoned, the cursors move on."""
+        stage = self.stage
+        if drawn_records:
+            self.metrics.ledger_draws_discarded.inc(len(drawn_records))
+            log.warning(
+                "another owner released this window meanwhile: our draw is discarded",
+                extra={"window": iso_utc(window_start_s)},
+            )
+        ours = [(k, None, ledger_partition) for _, records in drawn_records for k, _ in records]
+        stage.adopt_ledger()
+        if ours:
+            await self.transport.write_ledger(ours)
 
     async def publish(self, rel: LedgerRelease) -> None:
         """Output records, then the ``published`` marker in the ledger."""

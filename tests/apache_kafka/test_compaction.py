@@ -10,6 +10,7 @@ windows.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
+from stream_dp.pipeline.faults import CRASH_POINT_ENV
 from stream_dp.pipeline.formats.erasure_records import decode_log_record, encode_erasure
 from stream_dp.pipeline.formats.ledger import LedgerIndex, encode_coverage
 from stream_dp.privacy.erasure import ErasureSet
@@ -41,6 +43,7 @@ from tests.integration.support import (
     produce_records,
     run_worker_until_windows,
     start_worker,
+    topic_partitions,
     topics_of,
 )
 
@@ -61,15 +64,17 @@ def _start_until_taken(cfg: Path, log_path: Path) -> None:
 
 
 def _index(records: Sequence[Stored]) -> LedgerIndex:
-    index = LedgerIndex()
+    """The ledger as a worker reads it at start (forgetting released windows)."""
+    index = LedgerIndex(forget_released=True)
     for _, key, value in records:
         index.feed(key, value)
     return index
 
 
-def _decided(index: LedgerIndex) -> dict[str, Any]:
+def _decided(index: LedgerIndex, window_starts: Sequence[int] = ()) -> dict[str, Any]:
     """Everything a worker takes from the ledger at start."""
     return {
+        "released": [ws for ws in window_starts if index.covered(ws)],
         "releases": {
             (r.query, r.window_start_s): (r.release_id, [x.value for x in r.records])
             for r in index.releases()
@@ -155,15 +160,25 @@ async def test_compaction_keeps_every_decision_of_a_real_ledger(
     await compact(kafka_bootstrap, ledger, range(3))
     after = await read_all(kafka_bootstrap, ledger, range(3))
 
-    assert _decided(_index(after)) == _decided(_index(before))
-    assert len(_index(before)) == len(queries) * windows
+    starts = [T0 + 10 * w for w in range(windows + 2)]
+    assert _decided(_index(after), starts) == _decided(_index(before), starts)
+    assert _decided(_index(before), starts)["released"] == starts[:windows]
     counted_before, counted_after = kinds(before), kinds(after)
     print(  # the figure of the report: records per kind before and after compaction
         f"\nledger records before/after compaction: {sum(counted_before.values())} -> "
         f"{sum(counted_after.values())}; per kind: "
         + ", ".join(f"{k} {counted_before[k]}->{counted_after[k]}" for k in sorted(counted_before))
     )
-    assert counted_after["ledger"] == counted_before["ledger"]  # every draw's parts are kept
+    # Every window is released: its parts and published markers were tombstoned behind its
+    # progress record, and the cleaner removed them. What is left does not depend on the
+    # number of windows: per ledger partition one progress record per partials partition
+    # (and the tombstoned ones' successors), the coverage record, one fence per reader.
+    assert counted_before["ledger"] >= len(queries) * windows
+    assert counted_after["ledger"] == 0 and counted_after["published"] == 0, counted_after
+    partials = len(await topic_partitions(kafka_bootstrap, config.output.partials_topic))
+    assert counted_after["progress"] <= 3 * partials, counted_after
+    readers = 2 * 3  # two worker starts, one ledger reader each, fenced on every partition
+    assert counted_after["fence"] <= readers, counted_after  # probes and rolls not counted
 
     # A start on the compacted ledger, with one more window to release, releases no earlier
     # window again: every (query, window) on the output topic has one release id.
@@ -212,3 +227,63 @@ async def test_compacting_the_erasure_log_erases_the_same_pseudonyms(
     assert (len(before), len(after)) == (3, 2)  # alice's first request is compacted away
     for window in range(T0 - HOUR, T0 + 12 * HOUR, 600):
         assert after.erased("k1", window) == before.erased("k1", window), window
+
+
+async def test_a_kill_between_progress_and_tombstones_then_compaction_draws_nothing_again(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    """kill -9 in the middle of a window's compaction writes: its progress record is durable,
+    its tombstones are not. The cleaner then runs on what was written (earlier windows'
+    parts removed, that window's kept). A restart on the compacted ledger draws no released
+    window again, tombstones what the kill left behind, and after the cleaner ran again no
+    released window's part is left."""
+    windows = 4
+    cfg = config_factory(
+        {
+            "privacy": NOISE_FREE,
+            "queries": [
+                {"name": "visits", "group_by": ["domain"], "epsilon": 1e6,
+                 "keys": {"domain": ["a.example", "b.example"]}},
+            ],
+        }
+    )  # fmt: skip
+    config = load_config(cfg)
+    topics = topics_of(cfg)
+    ledger = topics["ledger"]
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(ledger, 3, 1, None, COMPACT_LATER)])
+    finally:
+        await admin.close()
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    events = [
+        {"user_id": f"u{u}", "timestamp": T0 + 10 * w + u % 9, "domain": "ab"[u % 2] + ".example"}
+        for w in range(windows)
+        for u in range(12)
+    ]
+    events.append({"user_id": "late", "timestamp": T0 + 10 * windows + 5, "domain": "a.example"})
+    await produce_events(kafka_bootstrap, topics["input"], events)
+    env = {"STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1", CRASH_POINT_ENV: "after_progress:2"}
+    killed = start_worker(cfg, tmp_path / "killed.log", env)
+    code = await asyncio.to_thread(killed.proc.wait, HANG_GUARD_S)
+    assert code == -signal.SIGKILL, killed.log()
+    assert "test fault point after_progress reached" in killed.log()
+    written = await read_all(kafka_bootstrap, ledger, range(3))
+    left_behind = [k for _, k, v in written if "|part-" in k and v is not None]
+    tombstoned = {k for _, k, v in written if v is None}
+    assert set(left_behind) - tombstoned, "the kill left no window's parts untombstoned"
+
+    await compact(kafka_bootstrap, ledger, range(3))
+    out, _ = await run_worker_until_windows(
+        kafka_bootstrap, cfg, tmp_path / "restarted.log", ["visits"], windows
+    )
+    ids: dict[str, set[str]] = {}
+    for _, value in out:
+        record = orjson.loads(value)
+        ids.setdefault(record["window_start"], set()).add(record["release_id"])
+    assert len(ids) == windows and all(len(v) == 1 for v in ids.values()), ids
+
+    await compact(kafka_bootstrap, ledger, range(3))
+    after = kinds(await read_all(kafka_bootstrap, ledger, range(3)))
+    assert after["ledger"] == 0 and after["published"] == 0, after

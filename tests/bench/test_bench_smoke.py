@@ -189,6 +189,7 @@ def test_report_and_plot(smoke: tuple[Path, dict[str, Any]]) -> None:
     assert "(scaling_workers.png)" in text
     assert "## 5. Continual release: running totals (simulated, no Kafka)" in text
     assert "## 6. Automatic bounds (bounds: auto)" in text
+    assert "## 10. Ledger start-up against the ledger's size (no broker)" in text
     plots = ("throughput.png", "scaling_workers.png", "continual_rmse.png", "auto_bounds_drift.png")
     for name in plots:
         png = (out / name).read_bytes()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,20 @@ def test_variables_read_elsewhere_are_allowed(good: Path, monkeypatch: pytest.Mo
     for variable in NON_CONFIG_VARIABLES:
         monkeypatch.setenv(variable, "0")
     assert load_config(good).queries[0].name == "visits"
+
+
+def test_every_stream_dp_variable_the_code_reads_is_a_setting_or_listed() -> None:
+    # A variable stream-dp reads for something else (a test switch, the broker's jars)
+    # but does not list would make every worker started with it set refuse its config.
+    source = Path(__file__).resolve().parents[2] / "stream_dp"
+    named = {
+        name
+        for path in source.rglob("*.py")
+        for name in re.findall(r"\bSTREAM_DP_[A-Z0-9_]*[A-Z0-9]\b", path.read_text("utf-8"))
+        if "__" not in name  # a configuration key's override (section__field)
+    }
+    unknown = named - set(NON_CONFIG_VARIABLES) - set(RETIRED_VARIABLES) - {"STREAM_DP_QUERIES"}
+    assert not unknown, f"read by stream_dp but neither a setting nor listed: {sorted(unknown)}"
 
 
 def test_key_variables_named_by_the_config_are_allowed(

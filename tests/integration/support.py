@@ -89,7 +89,7 @@ async def read_topic(
     """All records of a topic from the beginning (manual assignment, no group); with
     ``since_s``, only those stamped at or after that wall-clock time (``time.time()``).
     ``headers_out``, when given, receives each returned record's headers (name → value), in
-    the same order.
+    the same order. Tombstones (the ledger's, of released windows' records) are skipped.
 
     Reads until ``until(records)`` holds (then ``settle_s`` more to catch duplicates) or the
     deadline passes; without ``until``, reads until nothing new arrives for 1 s. With
@@ -113,7 +113,7 @@ async def read_topic(
             batch = await consumer.getmany(timeout_ms=200)
             for msgs in batch.values():
                 for m in msgs:
-                    if m.timestamp >= since_ms:
+                    if m.timestamp >= since_ms and m.value is not None:
                         out.append((m.key.decode() if m.key else None, m.value))
                         if headers_out is not None:
                             headers_out.append(dict(m.headers))

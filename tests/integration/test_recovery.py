@@ -80,6 +80,7 @@ async def test_kill_minus_nine_repeatedly_releases_each_window_once(
         "after_ledger_write:2",
         None,  # a plain SIGKILL at a random moment
         "after_ledger_write:1",
+        "after_progress:1",  # progress durable, the window's tombstones not yet written
     ]
     for i, point in enumerate(crash_plan):
         env = dict(TEST_MODE)

@@ -90,8 +90,8 @@ def _events(
     return out
 
 
-def _pipeline(config: Config) -> tuple[LocalPipeline, list[tuple[str, bytes]]]:
-    ledger: list[tuple[str, bytes]] = []
+def _pipeline(config: Config) -> tuple[LocalPipeline, list[tuple[str, bytes | None]]]:
+    ledger: list[tuple[str, bytes | None]] = []
     pipeline = LocalPipeline(
         config,
         KEYRING,
@@ -308,6 +308,8 @@ def test_every_record_of_an_auto_window_matches_its_schema() -> None:
     ledger_schema = schema_validator("ledger.schema.json")
     kinds = set()
     for _, value in ledger:
+        if value is None:
+            continue  # a tombstone of a released window's record
         obj = orjson.loads(value)
         ledger_schema.validate(obj)
         kinds.add(obj["kind"])

@@ -12,7 +12,12 @@ import pytest
 from stream_dp.config.fingerprint import FingerprintMismatchError, Topology, deployment_fingerprint
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.fingerprint_gate import settle_fingerprint
-from stream_dp.pipeline.formats.ledger import LedgerIndex, LedgerRelease, encode_coverage
+from stream_dp.pipeline.formats.ledger import (
+    LedgerIndex,
+    LedgerRelease,
+    encode_coverage,
+    encode_progress,
+)
 from stream_dp.pipeline.kafka.ledger_rebuild import NothingToRebuildError, RebuildPlan, plan_rebuild
 from stream_dp.pipeline.kafka.output_scan import RawRecord, decode_output
 from stream_dp.pipeline.local.local import LocalPipeline
@@ -109,6 +114,20 @@ def test_a_second_rebuild_writes_nothing() -> None:
     assert again.writes == [] and again.restored == []
     assert len(again.already) == 4
     assert any("not empty" in w for w in again.warnings)
+
+
+def test_a_rebuild_on_a_compacted_ledger_restores_no_window_its_progress_covers() -> None:
+    """The ledger is intact but compacted: the released windows' parts are gone, their
+    progress record is there. Nothing of them is written again."""
+    records = _published(_released_windows())
+    full = _apply(_plan(records))
+    compacted = LedgerIndex(forget_released=True)
+    mine = deployment_fingerprint(config(), Topology(partials_partitions=1, ledger_partitions=2))
+    compacted.feed(*encode_coverage(T0, 10, mine))  # compaction keeps the coverage record
+    compacted.feed(*encode_progress(0, 1, T0 + 20, T0 + 10))
+    again = _plan(records, compacted)
+    assert again.restored == [] and again.writes == []
+    assert len(again.already) == 4 and full.progress == compacted.progress
 
 
 def test_an_output_topic_without_the_deployments_releases_is_refused() -> None:

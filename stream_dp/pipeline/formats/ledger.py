@@ -58,6 +58,15 @@ CUT_PREFIX: Final = "__cut__|"
 BOUNDS_PREFIX: Final = "__bounds__|"
 #: Decision records kept in the index (a few days of hourly windows; each is small).
 MAX_BOUNDS_DECISIONS: Final = 4096
+#: A start-up read notes at most this many keys of released windows (and of earlier
+#: versions' fences) to tombstone; the rest are noted by the next start.
+MAX_SWEEP_KEYS: Final = 100_000
+
+#: Of windows a worker's read forgets, the spend of at most this many recent ones is kept
+#: (for the budget's horizon; older ones count the configured per-window ε).
+MAX_SPENT_WINDOWS: Final = 10_000
+
+Ident = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -158,19 +167,43 @@ def encode_published(release: LedgerRelease) -> tuple[str, bytes]:
         "query": release.query,
         "window_start": iso_utc(release.window_start_s),
     }
-    key = f"{release_key(release.query, release.window_start_s)}|published"
+    key = published_key(release.query, release.window_start_s)
     return key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-def encode_fence(fence_id: str) -> tuple[str, bytes]:
+def encode_fence(fence_id: str, writer_id: str | None = None) -> tuple[str, bytes]:
+    """A fence. Keyed by its writer (a reader's id, fixed for the reader's life) when given:
+    compaction then keeps one fence per reader, however many catch-ups it made; the fresh
+    ``fence_id`` in the value tells this catch-up's fence from the reader's earlier ones.
+    (Without ``writer_id``: keyed by the fence id, as earlier versions wrote every fence.)"""
     value = {"schema_version": SCHEMA_VERSION, "kind": "fence", "fence_id": fence_id}
-    return FENCE_PREFIX + fence_id, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    key = FENCE_PREFIX + (fence_id if writer_id is None else writer_id)
+    return key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def published_key(query: str, window_start_s: int) -> str:
+    return f"{release_key(query, window_start_s)}|published"
+
+
+def progress_key(partials_partition: int, released_window_s: int | None) -> str:
+    """``__progress__|<r>|<released window>``: one key per released window, so that
+    compaction never replaces a higher progress with a lower one written late by a paused
+    owner; older ones are tombstoned by the writer of a later one on the same ledger
+    partition (:func:`window_tombstones`). ``None``: the key of earlier versions."""
+    if released_window_s is None:
+        return f"{PROGRESS_PREFIX}{partials_partition}"
+    return f"{PROGRESS_PREFIX}{partials_partition}|{iso_utc(released_window_s)}"
 
 
 def encode_progress(
-    partials_partition: int, partials_partitions: int, next_window_start_s: int
+    partials_partition: int,
+    partials_partitions: int,
+    next_window_start_s: int,
+    released_window_s: int | None = None,
 ) -> tuple[str, bytes]:
-    """Every window of this partials partition before ``next_window_start_s`` is released."""
+    """Every window of this partials partition before ``next_window_start_s`` is released
+    (and published). Written after ``released_window_s`` was released, keyed by it
+    (:func:`progress_key`)."""
     value = {
         "schema_version": SCHEMA_VERSION,
         "kind": "progress",
@@ -178,7 +211,7 @@ def encode_progress(
         "partials_partitions": partials_partitions,
         "next_window_start": iso_utc(next_window_start_s),
     }
-    return f"{PROGRESS_PREFIX}{partials_partition}", orjson.dumps(value)
+    return progress_key(partials_partition, released_window_s), orjson.dumps(value)
 
 
 def encode_coverage(
@@ -356,7 +389,27 @@ class LedgerIndex:
     one partition).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        forget_released: bool = False,
+        spent_kept_s: int | None = None,
+    ) -> None:
+        #: Forget as it reads (the worker): a window a progress record covers is dropped
+        #: when that record is read, and its parts read later are ignored — released and
+        #: published, it is never drawn or published again, whatever its parts say. Memory
+        #: is then bounded by the open windows, not the history (docs/exactly-once.md).
+        self._forget_released = forget_released
+        #: Of forgotten windows, the ε, δ of each winner is kept this far behind the newest
+        #: (the budget's horizon needs them), as ``spent``.
+        self._spent_kept_s = spent_kept_s
+        self.spent: dict[Ident, tuple[float, float]] = {}
+        #: (window start, key) of released windows' records read (parts, published markers):
+        #: what a start-up tombstones (at most MAX_SWEEP_KEYS).
+        self.sweep: list[tuple[int, str]] = []
+        #: Parts of windows a progress record had already covered when they were read.
+        self.ignored_parts = 0
+        self._part_keys: dict[Ident, set[str]] = {}
         self._drafts: dict[tuple[str, int], dict[str, _Parts]] = {}
         self._releases: dict[tuple[str, int], LedgerRelease] = {}
         self._published: dict[tuple[str, int], str] = {}
@@ -398,9 +451,18 @@ class LedgerIndex:
         obj = orjson.loads(value)
         kind = obj.get("kind")
         if kind == "ledger":
+            ident = (str(obj["query"]), epoch_of_iso(str(obj["window_start"])))
+            if self._forget_released and self.covered(ident[1]):
+                self.ignored_parts += 1
+                self._note_sweep(ident[1], key)
+                return
+            self._part_keys.setdefault(ident, set()).add(key)
             self._feed_part(obj)
         elif kind == "published":
             ident = (str(obj["query"]), epoch_of_iso(str(obj["window_start"])))
+            if self._forget_released and self.covered(ident[1]):
+                self._note_sweep(ident[1], key)
+                return
             self._published[ident] = str(obj["release_id"])
             rel = self._releases.get(ident)
             if rel is not None:
@@ -411,11 +473,15 @@ class LedgerIndex:
             self.partials_partitions = int(obj["partials_partitions"])
             if nxt > self.progress.get(r, nxt - 1):
                 self.progress[r] = nxt
+                if self._forget_released:
+                    self._forget_covered()
         elif kind == "coverage":
             if self.coverage_start_s is None:
                 self.coverage_start_s = epoch_of_iso(str(obj["first_window_start"]))
                 self.coverage_window_size_s = int(obj["window_size_s"])
                 self._feed_fingerprint(obj)
+                if self._forget_released:
+                    self._forget_covered()
         elif kind == "fingerprint":
             self._feed_fingerprint(obj)
         elif kind == "cut":
@@ -436,6 +502,48 @@ class LedgerIndex:
                     epoch_of_iso(str(obj["rotate_at"])),
                 )
             )
+
+    def covered(self, window_start_s: int, window_size_s: int | None = None) -> bool:
+        """Whether a progress record read says the window is released (and published).
+        The window size is the ledger's own (its coverage record's), else ``window_size_s``
+        (the release stage's); the forgetting read uses only the ledger's: a configuration
+        that does not continue the ledger is refused at start, after the read."""
+        n = self.partials_partitions
+        size = self.coverage_window_size_s or window_size_s
+        if n is None or size is None:
+            return False
+        return window_start_s < self.progress.get((window_start_s // size) % n, window_start_s)
+
+    def _note_sweep(self, window_start_s: int, key: str) -> None:
+        if len(self.sweep) < MAX_SWEEP_KEYS:
+            self.sweep.append((window_start_s, key))
+
+    def _forget_covered(self) -> None:
+        """Drop every window a progress record now covers, keeping its winners' ε, δ (for
+        the budget's horizon) and noting its records' keys to tombstone."""
+        idents = {*self._releases, *self._drafts, *self._published, *self._part_keys}
+        gone = [i for i in idents if self.covered(i[1])]
+        for ident in gone:
+            rel = self._releases.pop(ident, None)
+            if rel is not None:
+                self.spent[ident] = (rel.epsilon_spent, rel.delta_spent)
+            self._drafts.pop(ident, None)
+            if self._published.pop(ident, None) is not None:
+                self._note_sweep(ident[1], published_key(*ident))
+            for key in sorted(self._part_keys.pop(ident, ())):
+                self._note_sweep(ident[1], key)
+        if gone and self._spent_kept_s is not None and self.spent:
+            oldest = max(ws for _, ws in self.spent) - self._spent_kept_s
+            self.spent = {i: v for i, v in self.spent.items() if i[1] >= oldest}
+
+    def keys_of_window(self, window_start_s: int) -> list[str]:
+        """Every part key read of the window (winners, losers, incomplete draws) and the
+        published marker of each query read: what its release tombstones once its
+        progress record is durable."""
+        idents = {i for i in (*self._part_keys, *self._published) if i[1] == window_start_s}
+        keys = {k for i in idents for k in self._part_keys.get(i, ())}
+        keys.update(published_key(*i) for i in idents if i in self._published)
+        return sorted(keys)
 
     def _feed_fingerprint(self, obj: Mapping[str, Any]) -> None:
         if self.fingerprint is None and obj.get("fingerprint") is not None:
@@ -498,6 +606,6 @@ class LedgerIndex:
     def forget(self, released: Callable[[int], bool]) -> None:
         """Drop what is kept of windows ``released`` says are done (released, published and
         recorded by a progress record): the index then holds only recent windows."""
-        for table in (self._releases, self._drafts, self._published):
+        for table in (self._releases, self._drafts, self._published, self._part_keys):
             for ident in [i for i in table if released(i[1])]:
                 del table[ident]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -291,9 +291,24 @@ class HoldGuards:
         self.backpressure = Backpressure(membership)
         self._membership = membership
 
-    def observe(self, tp: TopicPartition, msgs: Sequence[Any]) -> None:
-        """A fetched batch of an owned partition (its records' Kafka timestamps)."""
-        self.held_age.observe(tp.topic, tp.partition, ((m.offset, m.timestamp / 1e3) for m in msgs))
+    async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
+        """The membership's next batch (None once stopping), its records' Kafka timestamps
+        noted for the maximum hold. A partition without a valid offset is positioned here
+        (from its start, or a stop: :meth:`OffsetRangeGuard.resolve`) and the batch is
+        empty; records of partitions not owned are noted too, and ignored (only the safe
+        offsets' partitions are measured; a partition read again restarts its samples)."""
+        membership = self._membership
+        try:
+            batch = await membership.fetch()
+        except OFFSET_ERRORS as exc:
+            assert membership.consumer is not None
+            await self.offsets.resolve(exc, membership.consumer)
+            return {}
+        for tp, msgs in (batch or {}).items():
+            self.held_age.observe(
+                tp.topic, tp.partition, ((m.offset, m.timestamp / 1e3) for m in msgs)
+            )
+        return batch
 
     def check(self, ingest: IngestStage, now_s: float, now_mono_s: float) -> None:
         """After the iteration's commit: the maximum hold, then the memory cap (both raise
@@ -303,10 +318,6 @@ class HoldGuards:
         }
         self.held_age.check(safe, now_s)
         self.backpressure.apply(self.cap.backpressure(ingest.held_bytes(), now_mono_s))
-
-    async def resolve(self, exc: BaseException, consumer: AIOKafkaConsumer | None) -> None:
-        assert isinstance(exc, OFFSET_ERRORS) and consumer is not None
-        await self.offsets.resolve(exc, consumer)
 
     async def hold(
         self, exc: StreamDPError, consumer: AIOKafkaConsumer | None, stopping: asyncio.Event

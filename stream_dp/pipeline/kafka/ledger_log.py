@@ -1,8 +1,9 @@
 """Reading the ledger topic (or the continual topic) to a known point, on any
 Kafka-protocol broker, with :class:`~stream_dp.clients.compacted.CompactedTopicReader`.
 
-A catch-up writes a fence record with a fresh id to each partition it must be current on and
-reads until each fence comes back: everything written to that partition before the fence has
+A catch-up writes a fence record with a fresh id (under the reader's one fence key, so that
+compaction keeps one fence per reader) to each partition it must be current on and
+reads until that fence comes back: everything written to that partition before the fence has
 then been fed to the index, in log order. One reader lives as long as the worker (manual
 assignment of every ledger partition, no group): a catch-up costs what was written since the
 last one. A catch-up that makes no progress for ``stall_timeout_s`` fails (and is retried by
@@ -17,13 +18,15 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
+import orjson
+
 from stream_dp.clients.compacted import (
     DEFAULT_STALL_TIMEOUT_S,
     FencedLog,
     LogRewoundError,
 )
 from stream_dp.errors import StreamDPError
-from stream_dp.pipeline.formats.ledger import encode_fence
+from stream_dp.pipeline.formats.ledger import FENCE_PREFIX, MAX_SWEEP_KEYS, encode_fence
 
 __all__ = ["LedgerLog", "LedgerReadError", "LogIndex", "LogRewoundError", "SendOne"]
 
@@ -53,9 +56,17 @@ class LedgerLog(FencedLog):
         client_options: dict[str, Any],
         send: SendOne,
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+        note_legacy_fences: bool = False,
     ) -> None:
         super().__init__(topic, client_options=client_options, stall_timeout_s=stall_timeout_s)
+        self._note_legacy_fences = note_legacy_fences
         self.index = index
+        #: This reader's fences share one key (``__fence__|<writer id>``): compaction keeps
+        #: one per reader, however many catch-ups it makes.
+        self.writer_id = _fresh_id()
+        #: (partition, key) of fences keyed by their own fence id (earlier versions' fences,
+        #: one key each, never compacted away): what a start-up tombstones.
+        self.legacy_fences: list[tuple[int, str]] = []
         self._send = send
 
     @property
@@ -70,7 +81,7 @@ class LedgerLog(FencedLog):
         """Fence ``partitions`` (default: all) and read until every fence is back; returns
         the number of records fed. Raises :class:`LedgerReadError` when reading stalls."""
         targets = sorted(self.partitions if partitions is None else set(partitions))
-        key, value = encode_fence(_fresh_id())
+        key, value = encode_fence(_fresh_id(), self.writer_id)
         # All fences at once: a slow ledger partition delays a catch-up once, not per partition.
         offsets = await asyncio.gather(*(self._send(key, value, p) for p in targets))
         for p, offset in zip(targets, offsets, strict=True):
@@ -81,11 +92,20 @@ class LedgerLog(FencedLog):
         def feed(partition: int, m: Any) -> None:
             nonlocal fed
             if m.key != fence:
-                self.index.feed(m.key.decode() if m.key else "", m.value)
+                self._feed(partition, m)
                 fed += 1
 
-        await self.reader.read_to_fences(targets, fence, feed)
+        await self.reader.read_to_fences(targets, fence, feed, fence_value=value)
         return fed
+
+    def _feed(self, partition: int, m: Any) -> None:
+        key = m.key.decode() if m.key else ""
+        if key.startswith(FENCE_PREFIX):
+            noting = self._note_legacy_fences and len(self.legacy_fences) < MAX_SWEEP_KEYS
+            if noting and _legacy_fence(key, m.value):
+                self.legacy_fences.append((partition, key))
+            return
+        self.index.feed(key, m.value)
 
     async def poll(self, timeout_ms: int = 100) -> int:
         """Read what has arrived on every partition, without a fence (no promise of having
@@ -95,7 +115,7 @@ class LedgerLog(FencedLog):
 
         def feed(partition: int, m: Any) -> None:
             nonlocal fed
-            self.index.feed(m.key.decode() if m.key else "", m.value)
+            self._feed(partition, m)
             fed += 1
 
         await self.reader.read_available(timeout_ms, feed)
@@ -111,3 +131,15 @@ class LedgerLog(FencedLog):
 
 def _fresh_id() -> str:
     return uuid.uuid4().hex
+
+
+def _legacy_fence(key: str, value: bytes | None) -> bool:
+    """A fence keyed by its own fence id (as every fence was before fences were keyed by
+    their reader): unique, so compaction never removes it."""
+    if value is None:
+        return False
+    try:
+        fence_id = orjson.loads(value).get("fence_id")
+    except orjson.JSONDecodeError:
+        return False
+    return key == FENCE_PREFIX + str(fence_id)

@@ -9,16 +9,20 @@ publisher's policy: at start until they succeed, during the loop for at most
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.pipeline.kafka.ledger_log import LedgerLog
 from stream_dp.pipeline.kafka.publisher import Publisher
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
+
+log = logging.getLogger(__name__)
 
 #: bounds: auto — how often the ledger is read again for bounds still awaited (the same set)
 BOUNDS_READ_INTERVAL_S = 1.0
@@ -43,6 +47,7 @@ class LedgerReader:
             ledger,
             client_options=client_options,
             send=lambda k, v, p: publisher.send(ledger_topic, k, v, partition=p),
+            note_legacy_fences=True,
         )
         self.continual_log: LedgerLog | None = None
         #: bounds: auto — the windows last read for, and when (see read_awaited_bounds)
@@ -55,6 +60,30 @@ class LedgerReader:
             "start ledger reader", lambda: ledger_log.start(partitions), bounded=False
         )
         await self.catch_up_ledger(None, bounded=False)
+
+    async def sweep(self, window_size_s: int) -> int:
+        """Tombstone what the start-up read found behind the progress records (released
+        windows' parts and published markers) and earlier versions' fences: none of it is
+        needed again (docs/exactly-once.md#compaction-a-bounded-ledger), and compaction then
+        removes it. Returns the number of tombstones written; a failure only leaves them for
+        the next start (logged)."""
+        parts = self.ledger_log.partitions
+        items: list[tuple[str, bytes | None, int | None]] = [
+            (key, None, parts[(ws // window_size_s) % len(parts)])
+            for ws, key in self.ledger.sweep
+        ]
+        items += [(key, None, p) for p, key in self.ledger_log.legacy_fences]
+        self.ledger.sweep = []
+        self.ledger_log.legacy_fences = []
+        if not items:
+            return 0
+        try:
+            await self._publisher.send_many(self.ledger_log.topic, items)
+        except StreamDPError as exc:
+            log.warning("ledger: tombstones of released windows not written (%s)", exc)
+            return 0
+        log.info("ledger: %d records of released windows tombstoned", len(items))
+        return len(items)
 
     async def start_continual(
         self, topic: str, store: ContinualStore, partitions: Sequence[int]

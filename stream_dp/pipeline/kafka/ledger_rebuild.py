@@ -199,6 +199,11 @@ def _release(
             f"{where}: its window record (or some releases it announces) never reached the "
             "output topic; the records found are restored as released and never drawn again"
         )
+    if ledger.covered(window.window_start_s, config.window.size_s):
+        # released and published (a progress record past it): its parts may have been
+        # compacted away, and it is never drawn again (docs/exactly-once.md)
+        plan.already.append(ident)
+        return []
     existing = ledger.get(*ident)
     if existing is not None:
         if existing.release_id != window.release_id:
@@ -246,7 +251,7 @@ def _progress(
         cursor = ws + windows.size_s * n
         if ledger.progress.get(r, cursor - 1) >= cursor:
             continue
-        key, value = encode_progress(r, n, cursor)
+        key, value = encode_progress(r, n, cursor, ws)
         partition = ledger_partitions[windows.partition_of(ws, len(ledger_partitions))]
         out.append((key, value, partition))
         plan.progress[r] = cursor

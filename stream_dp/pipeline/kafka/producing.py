@@ -17,7 +17,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 #: (key, value, partition or None for the key's partition)
-Outgoing = tuple[str | bytes | None, bytes, int | None]
+Outgoing = tuple[str | bytes | None, bytes | None, int | None]
 #: Kafka record headers: (name, value bytes), the same on every record of one call.
 Headers = Sequence[tuple[str, bytes]]
 

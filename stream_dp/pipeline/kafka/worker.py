@@ -80,18 +80,18 @@ from stream_dp.broker.probe import wait_for_broker
 from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import Config
 from stream_dp.errors import BrokerError
-from stream_dp.ops.health import Health
+from stream_dp.ops.health import Health, beating
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.faults import Faults
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
-from stream_dp.pipeline.formats.ledger import LedgerIndex
+from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
 from stream_dp.pipeline.formats.partials import RecordTooLargeError
 from stream_dp.pipeline.kafka.clock_skew import observe_clock_skew
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
-from stream_dp.pipeline.kafka.hold_guards import OFFSET_ERRORS, STOPS, HoldGuards
+from stream_dp.pipeline.kafka.hold_guards import STOPS, HoldGuards
 from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
 from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard, LedgerLostError
 from stream_dp.pipeline.kafka.ledger_log import LogRewoundError
@@ -152,7 +152,11 @@ class Worker:
         self.ingest: IngestStage | None = None
         self.release: ReleaseStage | None = None
         self.driver: ReleaseDriver | None = None
-        self.ledger = LedgerIndex()
+        # Read as a stream that forgets released windows: memory bounded by the open ones.
+        kept_windows = min(2 * config.privacy.horizon_windows, MAX_SPENT_WINDOWS)
+        self.ledger = LedgerIndex(
+            forget_released=True, spent_kept_s=kept_windows * config.window.size_s
+        )
         #: Cumulative queries' running-total state (the continual topic), when there are any.
         self.continual_store = ContinualStore()
         self._stopping = asyncio.Event()
@@ -214,7 +218,8 @@ class Worker:
         graceful = False
         membership = self.membership
         try:
-            await self._start_stages()
+            async with beating(self.health):  # live while the ledger is read; not ready
+                await self._start_stages()
             consumer = membership.subscribe(common)
             await self.publisher.retry("start consumer", consumer.start, bounded=False)
             await self._loop()
@@ -324,6 +329,8 @@ class Worker:
             ingest, release, self.driver, reader, self.topology, self._erasure
         )
         self.metrics.ledger_windows_loaded.inc(len(self.ledger))
+        # After every check above: only then are released windows' records tombstoned.
+        await reader.sweep(self.config.window.size_s)
         self.health.set("ledger_loaded", True)
         log.info(
             "ledger loaded: %d records; first covered window %s",
@@ -404,14 +411,11 @@ class Worker:
         membership = self.membership
         while not self._stopping.is_set():
             try:
-                batch = await membership.fetch()
+                batch = await self._guards.fetch()  # positions without a valid offset set
                 if batch is None:
                     break
             except MEMBERSHIP_ERRORS as exc:
                 membership.membership_lost(exc)
-                continue
-            except OFFSET_ERRORS as exc:  # no offset yet: from the start; out of range: stop
-                await self._guards.resolve(exc, membership.consumer)
                 continue
             except KafkaError as exc:
                 self.metrics.broker_errors.inc()
@@ -446,7 +450,6 @@ class Worker:
         for tp, msgs in batch.items():
             if not msgs or tp not in owned or tp in waiting:
                 continue  # revoked while fetched (its new owner reads it), or not taken yet
-            self._guards.observe(tp, msgs)
             high = consumer.highwater(tp)
             if high is not None:  # every topic read: input, repartition and partials
                 self.metrics.set_consumer_lag(tp.topic, tp.partition, high - msgs[-1].offset - 1)

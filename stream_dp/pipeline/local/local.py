@@ -39,6 +39,8 @@ T = TypeVar("T")
 
 #: Receives every ledger record written, as (key, value), in log order.
 LedgerSink = Callable[[str, bytes], None]
+#: Takes the ledger's records, tombstones (None) included.
+LedgerLogSink = Callable[[str, bytes | None], None]
 
 
 def local_topology(config: Config, partials_partitions: int = 1) -> Topology:
@@ -59,7 +61,7 @@ class LocalPipeline:
         partitions: int = 1,
         partials_partitions: int = 1,
         ledger: LedgerIndex | None = None,
-        ledger_sink: LedgerSink | None = None,
+        ledger_sink: LedgerLogSink | None = None,
         metrics: Metrics | None = None,
         sampling_rng: random.Random | None = None,
         exact_totals_observer: ExactTotalsObserver | None = None,
@@ -212,7 +214,7 @@ class LocalPipeline:
         self._offsets[r] += len(values)
         self.release.ingest(r, [(start + i, v) for i, v in enumerate(values)])
 
-    def _write_ledger(self, records: Sequence[tuple[str, bytes]]) -> None:
+    def _write_ledger(self, records: Sequence[tuple[str, bytes | None]]) -> None:
         for key, value in records:
             self.release.ledger.feed(key, value)
             if self._ledger_sink is not None:
@@ -258,7 +260,7 @@ class MemoryTransport:
         return None
 
     async def write_continual(self, records: Sequence[Placed]) -> None:
-        self._pipeline._write_continual([(k, v) for k, v, _ in records])
+        self._pipeline._write_continual([(k, v) for k, v, _ in records if v is not None])
 
     async def read_continual(self, partitions: Sequence[int]) -> None:
         return None

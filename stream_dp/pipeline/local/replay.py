@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,7 +150,7 @@ def replay_file(
             keyring,
             metrics=metrics,
             ledger=ledger,
-            ledger_sink=sink.append if sink is not None else None,
+            ledger_sink=_kept_records(sink.append) if sink is not None else None,
             continual_store=continual,
             continual_sink=sink.append_continual if sink is not None else None,
             retain_ledger=True,
@@ -235,3 +235,14 @@ def dead_letter_values(dead: list[DeadLetter]) -> list[dict[str, Any]]:
         )
         for d in dead
     ]
+
+
+def _kept_records(append: Callable[[str, bytes], None]) -> Callable[[str, bytes | None], None]:
+    """The replay's ledger file keeps every record (it is never compacted): tombstones of
+    released windows' records are not written to it."""
+
+    def sink(key: str, value: bytes | None) -> None:
+        if value is not None:
+            append(key, value)
+
+    return sink

@@ -195,11 +195,7 @@ class ReleaseStage:
         the coverage; then forget releases of windows behind the cursors."""
         ledger = self.ledger
         self.cursors.adopt(ledger)
-        for rel in ledger.releases():
-            if self.accountant.query_spent(rel.window_start_s, rel.query) == (0.0, 0.0):
-                self.accountant.record(
-                    rel.window_start_s, rel.query, rel.epsilon_spent, rel.delta_spent
-                )
+        _adopt_spend(self.accountant, ledger)
         if self.coverage_start_s is not None and not self._retain_ledger:
             ledger.forget(self.released)
             self.inbox.drop(self.released)
@@ -573,3 +569,15 @@ def budget_accountant(config: Config) -> BudgetAccountant:
         horizon_windows=config.privacy.horizon_windows,
         max_epsilon_per_horizon=config.privacy.max_epsilon_per_horizon,
     )
+
+
+def _adopt_spend(accountant: BudgetAccountant, ledger: LedgerIndex) -> None:
+    """Charge the budget with what the ledger's winning draws spent, once per (window,
+    query): the releases it holds, and the windows it forgot as it read them (released)."""
+    for rel in ledger.releases():
+        if accountant.query_spent(rel.window_start_s, rel.query) == (0.0, 0.0):
+            accountant.record(rel.window_start_s, rel.query, rel.epsilon_spent, rel.delta_spent)
+    for (query, ws), (epsilon, delta) in sorted(ledger.spent.items(), key=lambda i: i[0][1]):
+        if accountant.query_spent(ws, query) == (0.0, 0.0):
+            accountant.record(ws, query, epsilon, delta)
+    ledger.spent.clear()
