@@ -114,8 +114,8 @@ chaos: setup
 # Mutation testing of the privacy-critical modules (configuration: [tool.mutmut] in
 # pyproject.toml; report: docs/MUTATION.md). mutmut mutates a copy under mutants/ and runs
 # each mutant against only the fast tests that reach its function. `make mutate` runs the
-# fixed random sample of mutation/sample.txt (about 740 mutants, about an hour on two busy
-# cores), each test the threat model names alone against mutants of what it reaches
+# fixed random sample of mutation/sample.txt (about 220 mutants, about an hour on two busy
+# cores with mutmut's stats and clean runs), each test the threat model names alone against mutants of what it reaches
 # (mutation/threat_model_bites.json), and writes the report, which fails on a survivor
 # without a reason in mutation/equivalent.toml or a privacy-core score under 90%.
 # Before a change to one module: `make mutate MUTANTS='stream_dp.privacy.budget.*'`.

@@ -15,7 +15,16 @@ jars of ``make kafka-jars``), fed by a live producer
   then erasure requests for all of them arrive at once, then one more event each: the
   workers (erasure is on) remove them in one batch off the event loop, answer every request
   within a time limit, and the window, released later, holds none of their events (the
-  exact counts below leave them out).
+  exact counts below leave them out);
+- ``slow_database`` and ``changed_database``: the sink (``stream-dp sink`` into a throw-away
+  PostgreSQL, :mod:`chaos.sink`) under a lock held past its lock timeout, and under a NOT NULL
+  column added to its table (it must halt, not ready, until the column is rolled back and it
+  is restarted).
+- ``restart_while_idle``: stop the producer for longer than a window, restart every worker
+  (one after another) while it is stopped, and time the due windows (empty ones included)
+  from the last restart until they are out:
+  the check "restart while idle" wants them within a window (plus grace, idle close and
+  the group's start-up) of the restart, not at one second per second since the first window.
 
 The queries run in the noise-free test mode (ε = 1e6: discrete Laplace noise of scale
 ≤ 1e-6 is 0 except with probability below e^-1e5) and k is far above any user's events per
@@ -25,17 +34,20 @@ A partition is idle only as far as a fetch answer found its reader at the partit
 sends them; so no event may be late and the check "nothing lost" has no exceptions.
 
 At the end the producer stops, the run waits until every window up to the last event's is
-released, stops every worker with SIGTERM and checks: each window released once per query
-(one release id), one value per (query, window, key) equal to the ledger's winner, values
-equal to the exact counts, no raw user id in any topic, log or ``/metrics``, every worker
-alive and exiting 0, and every erasure request of a burst answered ``applied`` before its
-window's release began. The report (``REPORT.md``) and the RSS plot (``rss.png``) go to ``--out``.
+released, stops every worker with SIGTERM and checks: each window released once per query (one
+release id), one value per (query, window, key) equal to the ledger's winner, values equal to
+the exact counts, no raw user id in any topic, log or ``/metrics``, every worker alive and
+exiting 0, and every erasure request of a burst answered ``applied`` before its window's
+release began, and every record of the output topic stored by the sink once. The report
+(``REPORT.md``) and the RSS plot (``rss.png``) go to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import os
 import random
 import re
@@ -56,6 +68,9 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from chaos.sink import ChaosSink, changed_database, slow_database
+from chaos.sink import check as sink_check
+from chaos.sink import database as sink_database
 from stream_dp.broker import EmbeddedBroker
 from stream_dp.broker.apache_kafka import ApacheKafkaBroker
 from stream_dp.pipeline.formats.erasure_records import encode_request, new_request_id
@@ -72,7 +87,13 @@ INPUT_PARTITIONS = 6
 WORKERS = 3
 BROKERS = ("tansu", "apache-kafka")
 USER_PREFIX = "chaos-user-"
-FAULTS = ("kill", "pause", "broker_pause", "malformed", "slow_ledger", "erasure_burst")
+FAULTS: tuple[str, ...] = (
+    "kill", "pause", "broker_pause", "malformed", "slow_ledger", "erasure_burst"
+)  # fmt: skip
+#: Faults of the sink's database (chaos/sink.py), one entry each.
+FAULTS += ("slow_database",)
+FAULTS += ("changed_database",)
+FAULTS += ("restart_while_idle",)
 QUERIES = ("visits", "total")
 #: erasure_burst: users erased at once; how far ahead of the clock their window starts (the
 #: window is still open when the burst is applied); how long every request may take to be
@@ -138,6 +159,12 @@ class Run:
     users_seen: set[str] = field(default_factory=set)
     last_event_s: float = 0.0
     erasure_bursts: list[ErasureBurst] = field(default_factory=list)
+    #: The sink and its database (chaos/sink.py), once started.
+    sink: ChaosSink | None = None
+    #: Set while the producer holds off (restart_while_idle).
+    producer_held: asyncio.Event = field(default_factory=asyncio.Event)
+    #: restart_while_idle: (windows due at the restart, seconds until all were out or None).
+    idle_restarts: list[tuple[int, float | None]] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -225,6 +252,10 @@ async def _produce(run: Run, bootstrap: str, topic: str, stop: asyncio.Event) ->
         interval = 1.0 / run.settings.rate_per_s
         next_at = time.monotonic()
         while not stop.is_set():
+            if run.producer_held.is_set():
+                await asyncio.sleep(0.05)
+                next_at = time.monotonic()
+                continue
             now = time.time()
             user = f"{USER_PREFIX}{run.rng.randrange(USERS):06d}"
             domain = DOMAINS[run.rng.randrange(len(DOMAINS))]
@@ -388,6 +419,66 @@ async def _fault(
         erasure = yaml.safe_load(config.read_text(encoding="utf-8"))["erasure"]
         run.faults.append(Fault(run.elapsed(), kind, "erasure burst"))
         run.faults[-1].detail = await _erasure_burst(run, bootstrap, input_topic, erasure)
+    elif kind == "slow_database":
+        assert run.sink is not None
+        run.faults.append(Fault(run.elapsed(), kind, await slow_database(run.sink, run.rng)))
+    elif kind == "changed_database":
+        assert run.sink is not None
+        run.faults.append(Fault(run.elapsed(), kind, await changed_database(run.sink, run.rng)))
+    elif kind == "restart_while_idle":
+        await _restart_while_idle(run, slots, config, bootstrap)
+
+
+#: restart_while_idle: the due windows must be out this long after the restart at most — a
+#: window, its grace and the idle close, plus the group's start-up on a loaded machine.
+IDLE_RESTART_BOUND_S = WINDOW_S + GRACE_S + IDLE_CLOSE_S + 30
+
+
+async def _restart_while_idle(run: Run, slots: list[Slot], config: Path, bootstrap: str) -> None:
+    """Hold the producer for longer than a window, restart every worker meanwhile, and time
+    the windows due at the last restart until each has its window record.
+
+    One worker after another, as a rolling update does: stopping all three at once left
+    the embedded broker's group coordinator in state "Unknown" with three members and no
+    assignment, for minutes, in one smoke run (the workers never got a partition)."""
+    run.faults.append(
+        Fault(run.elapsed(), "restart_while_idle", "producer held, every worker restarted in turn")
+    )
+    run.producer_held.set()
+    try:
+        held_from = time.time()
+        while time.time() < held_from + WINDOW_S + GRACE_S:
+            await asyncio.sleep(0.2)  # a window and its grace without events, then restart
+        for slot in slots:
+            assert slot.proc is not None
+            slot.proc.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(slot.proc.wait, 60)
+            _start(slot, config, run)
+        restarted = time.time()
+        first_s = epoch_of_iso(yaml.safe_load(config.read_text())["window"]["start_at"])
+        last_due = int((restarted - GRACE_S) // WINDOW_S) * WINDOW_S - WINDOW_S
+        topic = yaml.safe_load(config.read_text())["output"]["topic"]
+        wanted = {(q, w) for q in QUERIES for w in range(first_s, last_due + 1, WINDOW_S)}
+        taken: float | None = None
+        while time.time() < restarted + 3 * IDLE_RESTART_BOUND_S:  # a hang guard
+            if wanted <= _window_records(await _read_all(bootstrap, topic)):
+                taken = time.time() - restarted
+                break
+            await asyncio.sleep(0.5)
+        run.idle_restarts.append((len(wanted) // len(QUERIES), taken))
+        run.faults[-1].detail += f"; due windows out after {taken} s"
+    finally:
+        run.producer_held.clear()
+
+
+def _idle_restart_check(run: Run) -> Check:
+    """The check of the restart_while_idle faults (none run: nothing to check)."""
+    slow = [(n, t) for n, t in run.idle_restarts if t is None or t > IDLE_RESTART_BOUND_S]
+    return Check(
+        f"restart while idle: due windows out within {IDLE_RESTART_BOUND_S} s of the restart",
+        not slow,
+        f"(windows due, seconds until out) per restart: {run.idle_restarts}; too slow: {slow}",
+    )
 
 
 async def _read_all(bootstrap: str, topic: str) -> list[tuple[int, str, bytes]]:
@@ -591,7 +682,8 @@ def _plot(run: Run, path: Path) -> None:
                 label=f"worker {index}",
                 linewidth=1,
             )
-    colors = dict(zip(FAULTS, ["red", "orange", "purple", "gray", "green", "blue"], strict=True))
+    palette = ["red", "orange", "purple", "gray", "green", "blue", "brown", "olive", "cyan"]
+    colors = dict(zip(FAULTS, itertools.cycle(palette), strict=False))
     for kind in FAULTS:
         times = [f.at_s / 60 for f in run.faults if f.kind == kind]
         for i, t in enumerate(times):
@@ -679,6 +771,9 @@ async def chaos(
     slots = [Slot(i) for i in range(WORKERS)]
     for slot in slots:
         _start(slot, config, run)
+    postgres = contextlib.ExitStack()
+    run.sink = ChaosSink(postgres.enter_context(sink_database()), config, workdir)
+    run.sink.start()
     stop_producing, stop_sampling = asyncio.Event(), asyncio.Event()
     producer = asyncio.create_task(_produce(run, bootstrap, input_topic, stop_producing))
     sampler = asyncio.create_task(_sample_rss(run, slots, stop_sampling))
@@ -738,13 +833,28 @@ async def chaos(
         for slot in slots:
             for log in slot.logs:
                 scanned[f"log {log.name}"] = log.read_bytes()
+        sink_ok, sink_detail = await sink_check(run.sink, output)
+        for log in run.sink.logs:
+            scanned[f"log {log.name}"] = log.read_bytes()
         checks = _checks(run, first_s, last_window_s, output, records["ledger"], scanned, exits)
+        checks.append(
+            Check(
+                "the sink stored every released record once, through a slow and a changed "
+                "database (halted, not ready, until fixed and restarted)",
+                sink_ok,
+                sink_detail,
+            )
+        )
+        checks.append(_idle_restart_check(run))
     finally:
         stop_sampling.set()
         await sampler
         for slot in slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 slot.proc.kill()
+        if run.sink.proc is not None and run.sink.proc.poll() is None:
+            run.sink.proc.kill()
+        postgres.close()
         broker.stop()
     _plot(run, out / "rss.png")
     _report(run, checks, out / "REPORT.md", command)

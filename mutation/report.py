@@ -402,7 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}: privacy core mutation score {core_score:.1%}")
     if unexplained:
         print(f"{len(unexplained)} survivors without a reason: see {args.out}", file=sys.stderr)
-    if unexplained or core_score < CORE_MIN_KILL_RATE:
+    not_run = sum(m.outcome == "not run" for m in mutants)
+    if not_run:
+        # a score over the mutants that happened to run first is no estimate of the sample's
+        print(f"{not_run} mutants of the sample were not run: run them all", file=sys.stderr)
+    if unexplained or not_run or core_score < CORE_MIN_KILL_RATE:
         return 1
     return 0
 

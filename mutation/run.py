@@ -28,10 +28,29 @@ def _fresh_noise_pool() -> None:
         mechanisms._executor_lock = threading.Lock()  # type: ignore[attr-defined]
 
 
+def _forget_cached_results() -> None:
+    """In a forked child: empty every ``functools`` cache of stream-dp's modules.
+
+    The parent has run the clean tests, so a cached function (``false_refusal_bound``, the
+    factorisations of ``privacy.continual``) would hand the child the result the unmutated
+    code computed, and a mutant of a helper it calls would never run: it would survive
+    every test however good. Emptying a cache changes no result, only when it is computed.
+    """
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("stream_dp"):
+            continue
+        for value in list(vars(module).values()):
+            clear = getattr(value, "cache_clear", None)
+            if callable(clear):
+                clear()
+
+
 def make_forks_safe() -> None:
     """mutmut (and mutation.bites) fork a child per mutant from a process that has run
-    tests: reset, in each child, the state that does not survive a fork."""
+    tests: reset, in each child, the state that does not survive a fork or that would
+    answer for the unmutated code."""
     os.register_at_fork(after_in_child=_fresh_noise_pool)
+    os.register_at_fork(after_in_child=_forget_cached_results)
 
 
 def patch_pytest() -> None:

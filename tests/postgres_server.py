@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 START_TIMEOUT_S = 120
 UNPRIVILEGED_USER = "nobody"
@@ -94,7 +95,9 @@ def running_postgres() -> Iterator[PostgresServer]:
             os.chown(data, run_as, pwd.getpwuid(run_as).pw_gid)
         bin_dir = install / "bin"
         env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C", "TZ": "UTC"}
-        user_kw = {} if run_as is None else {"user": run_as, "group": pwd.getpwuid(run_as).pw_gid}
+        user_kw: dict[str, Any] = (
+            {} if run_as is None else {"user": run_as, "group": pwd.getpwuid(run_as).pw_gid}
+        )
         subprocess.run(
             [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
              "--encoding=UTF8", "--no-sync"],

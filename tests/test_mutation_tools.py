@@ -95,3 +95,37 @@ def test_the_committed_bites_map_names_only_threat_model_tests_and_says_what_bit
         assert verdict["status"] in {"bites", "survives", "outside", "broken"}, test
         if verdict["status"] == "bites":
             assert verdict["mutant"].startswith("stream_dp.") and verdict["change"], test
+
+
+def test_the_report_fails_while_any_sampled_mutant_is_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A score over the mutants that happened to run first is not the sample's score."""
+    import mutation.report as report
+
+    names = [f"stream_dp.privacy.a.x_f__mutmut_{i}" for i in range(1, 4)]
+    sample = tmp_path / "sample.txt"
+    sample.write_text("\n".join(names) + "\n", encoding="utf-8")
+    monkeypatch.setattr(report, "SAMPLE", sample)
+    monkeypatch.setattr(report, "read_reasons", dict)
+    out = ["--out", str(tmp_path / "MUTATION.md")]
+    for last, code in (("killed", 0), ("not run", 1)):
+        outcomes = ("killed", "killed", last)
+        mutants = [
+            Mutant(n, "stream_dp/privacy/a.py", o) for n, o in zip(names, outcomes, strict=True)
+        ]
+        monkeypatch.setattr(report, "read_mutants", lambda mutants=mutants: mutants)
+        assert report.main(out) == code, last
+    assert "1 mutants of the sample were not run" in capsys.readouterr().err
+
+
+def test_a_mutants_child_starts_with_stream_dps_caches_empty() -> None:
+    """A result the clean run cached (false_refusal_bound calls the helpers it is built of
+    only once) would hide every mutant of those helpers in the forked child."""
+    from mutation.run import _forget_cached_results
+    from stream_dp.privacy.key_strength import false_refusal_bound
+
+    false_refusal_bound("hex", 33)
+    assert false_refusal_bound.cache_info().currsize > 0
+    _forget_cached_results()
+    assert false_refusal_bound.cache_info().currsize == 0

@@ -43,6 +43,7 @@ NON_CONFIG_VARIABLES = {
     "STREAM_DP_TEST_LEDGER_DELAY_S": "tests: slow every ledger write (the chaos run)",
     "STREAM_DP_TEST_TAKE_FAILURES": "tests: fail the first ledger reads when partitions arrive",
     "STREAM_DP_TEST_STALL_INPUT": "tests: one input partition fetches nothing for a while",
+    "STREAM_DP_TEST_LONG_DRAW": "tests: the first draw lasts until a file exists",
     "STREAM_DP_POSTGRES_DSN": "stream-dp sink: the PostgreSQL connection string",
     "STREAM_DP_APACHE_KAFKA_LIBS": "the Apache Kafka broker's jars (tests, bench, chaos)",
 }

@@ -912,6 +912,12 @@ class MetricsConfig(_Section):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: Integer = Field(9108, ge=0, le=65535, description="0 picks a free port")
+    live_timeout_s: Number = Field(
+        30.0,
+        gt=0,
+        description="/health/live fails once neither the worker loop nor a long step in it "
+        "(a draw, a ledger read) has moved for this long",
+    )
 
 
 class LoggingConfig(_Section):

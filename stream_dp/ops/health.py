@@ -1,9 +1,12 @@
 """Liveness and readiness of one worker.
 
-- **live**: the worker loop is turning. The loop calls :meth:`Health.beat` every iteration;
-  live means the last beat is at most ``live_timeout_s`` old. It does not depend on the broker:
-  a worker waiting for an unreachable broker is alive (restarting it would not help), a worker
-  whose loop is stuck is not (restarting it would). Until the first beat, the moment of
+- **live**: the worker loop is turning, or a long step inside one iteration is moving. The loop
+  calls :meth:`Health.beat` every iteration; a long step (a draw of a million keys, a long
+  ledger read) calls :meth:`Health.progress` per chunk it finishes
+  (:mod:`stream_dp.ops.progress`). Live means the newer of the two is at most ``live_timeout_s``
+  old: only a hang — nothing moved for that long — fails the probe. It does not depend on the
+  broker: a worker waiting for an unreachable broker is alive (restarting it would not help), a
+  worker whose loop is stuck is not (restarting it would). Until the first beat, the moment of
   construction counts as one, so a worker gets ``live_timeout_s`` to start its loop.
 - **ready**: every component reports ok — for the worker (:data:`COMPONENTS`): input
   partitions assigned, producer connected, release ledger loaded, and no partition-count
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final, Protocol
@@ -60,6 +64,10 @@ class Health:
         self._clock = clock
         self._last_beat = clock()
         self._beats = 0
+        #: The last progress beat of a long step (any thread): its time, step and count.
+        self._last_progress = -math.inf
+        self._progress_step = ""
+        self._progress_beats = 0
         if not components:
             raise ValueError("a service needs at least one health component")
         self._components: dict[str, bool] = dict.fromkeys(components, False)
@@ -69,6 +77,13 @@ class Health:
         """Record that the worker loop ran one more iteration."""
         self._last_beat = self._clock()
         self._beats += 1
+
+    def progress(self, step: str) -> None:
+        """Record that a long step inside an iteration finished one more chunk. Safe from
+        any thread (plain assignments); ``step`` names the step for ``/health/live``."""
+        self._last_progress = self._clock()
+        self._progress_step = step
+        self._progress_beats += 1
 
     def set(self, component: str, ok: bool) -> None:
         """Report one component's state; ``component`` is one of the components given."""
@@ -81,7 +96,8 @@ class Health:
         self._publish_ready()
 
     def live(self, now: float | None = None) -> bool:
-        """True while the last beat is at most ``live_timeout_s`` old (``now``: clock time)."""
+        """True while the last loop beat or progress beat is at most ``live_timeout_s`` old
+        (``now``: clock time)."""
         return self._beat_age(now) <= self.live_timeout_s
 
     def ready(self) -> bool:
@@ -97,10 +113,14 @@ class Health:
             "last_beat_age_s": round(self._beat_age(now), 3),
             "live_timeout_s": self.live_timeout_s,
             "beats": self._beats,
+            "progress_beats": self._progress_beats,
+            "last_progress_step": self._progress_step,
         }
 
     def _beat_age(self, now: float | None) -> float:
-        return (self._clock() if now is None else now) - self._last_beat
+        """Age of the newer of the last loop beat and the last progress beat."""
+        last = max(self._last_beat, self._last_progress)
+        return (self._clock() if now is None else now) - last
 
     def _publish_ready(self) -> None:
         if self._metrics is not None:

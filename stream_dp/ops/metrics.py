@@ -402,6 +402,17 @@ def _time_metrics(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
     return watermark, oldest_open_window_end, last_release
 
 
+def _backlog_gauge(r: CollectorRegistry) -> Gauge:
+    """Windows due but not yet released (a restart after a long idle stop)."""
+    return Gauge(
+        "stream_dp_windows_due",
+        "Windows of this worker's partials partitions that every source has passed but that "
+        "are not released yet: 0 in steady state; after a restart while the input was idle, "
+        "the due windows since the last release, draining as they are released in order.",
+        registry=r,
+    )
+
+
 def _config_metrics(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
     """Window settings, for alert thresholds that derive from them."""
     config_window_size = Gauge(
@@ -640,6 +651,7 @@ class Metrics:
         ) = _config_metrics(r)
 
         self.config_input_max_future, self.input_clock_skew = _clock_gauges(r)
+        self.windows_due = _backlog_gauge(r)
 
         (
             self.ready,

@@ -1,11 +1,12 @@
 """Test-only fault injection: one hook object that does nothing unless a test switches it on.
 
-The worker and the release driver call :meth:`Faults.reached` at the protocol's fault points
-and ask it for the other faults (a slow ledger, failing ledger reads when partitions arrive,
-a stalled input partition). :data:`NO_FAULTS` and a plain ``Faults()`` do nothing;
-:meth:`Faults.from_environment` reads the ``STREAM_DP_TEST_*`` switches — here and nowhere
-else — and honours them only when the unsafe test mode is allowed by the environment
-(``STREAM_DP_ALLOW_UNSAFE_TEST_MODE=1``), so a production deployment cannot turn them on.
+The worker and the release driver call :meth:`Faults.reached` at the protocol's fault points and
+ask it for the other faults (a slow ledger, failing ledger reads when partitions arrive, a
+stalled input partition, a draw that lasts until a test ends it). :data:`NO_FAULTS` and a plain
+``Faults()`` do nothing; :meth:`Faults.from_environment` reads the ``STREAM_DP_TEST_*`` switches
+— here and nowhere else — and honours them only when the unsafe test mode is allowed by the
+environment (``STREAM_DP_ALLOW_UNSAFE_TEST_MODE=1``), so a production deployment cannot turn
+them on.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV
 from stream_dp.errors import ConfigError
+from stream_dp.ops.progress import report_progress
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,15 @@ TAKE_FAILURES_ENV = "STREAM_DP_TEST_TAKE_FAILURES"
 #: events from (the input) fetches nothing for that long: a reader that cannot fetch (a
 #: stalled connection, a slow rejoin) while events wait.
 STALL_INPUT_ENV = "STREAM_DP_TEST_STALL_INPUT"
+#: ``<progress|hang>:<path>`` — the worker's first draw (in its thread) lasts until the file
+#: ``<path>`` exists: a draw longer than any timeout, ended by the test. ``progress`` reports
+#: a chunk every :data:`LONG_DRAW_CHECK_S` (a long draw that moves), ``hang`` none (stuck).
+LONG_DRAW_ENV = "STREAM_DP_TEST_LONG_DRAW"
+LONG_DRAW_MODES = ("progress", "hang")
+#: How often a long test draw looks for its end file (and reports a chunk, in progress mode).
+LONG_DRAW_CHECK_S = 0.1
+#: A long test draw ends after this long even if its file never appears (no stuck worker).
+LONG_DRAW_MAX_S = 600.0
 
 
 @dataclass
@@ -69,6 +82,8 @@ class Faults:
     take_failures: int = 0
     #: (input partition, seconds): stalled once, when first taken
     stall_input: tuple[int, float] | None = field(default=None)
+    #: (mode, end file): the first draw lasts until the file exists (LONG_DRAW_ENV)
+    long_draw: tuple[str, Path] | None = field(default=None)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Faults:
@@ -85,6 +100,7 @@ class Faults:
                 f"{STALL_INPUT_ENV} = {stall!r}: write <partition>:<seconds>, e.g. 1:25"
             ) from None
         return cls(
+            long_draw=_parse_long_draw(env.get(LONG_DRAW_ENV, "")),
             crash=_parse_point(env.get(CRASH_POINT_ENV, "")),
             pause=_parse_point(env.get(PAUSE_POINT_ENV, "")),
             ledger_delay_s=float(env.get(LEDGER_DELAY_ENV, "0") or 0),
@@ -105,6 +121,20 @@ class Faults:
                 log.warning("test fault point %s reached", point)
                 _freeze(self.pause.pause_s)
 
+    def in_draw(self) -> None:
+        """Called in the draw's thread before the draw: the LONG_DRAW_ENV fault, once."""
+        if self.long_draw is None:
+            return
+        (mode, end), self.long_draw = self.long_draw, None
+        log.warning("test fault: long draw started (%s) until %s exists", mode, end)
+        waited = threading.Event()  # never set: a wait that a test's file ends
+        deadline = time.monotonic() + LONG_DRAW_MAX_S
+        while not end.exists() and time.monotonic() < deadline:
+            waited.wait(LONG_DRAW_CHECK_S)
+            if mode == "progress":
+                report_progress("draw (test fault)")
+        log.warning("test fault: long draw ends")
+
     def take_fails(self) -> bool:
         """Whether this ledger read, when partitions arrive, is one that fails."""
         if self.take_failures <= 0:
@@ -115,6 +145,17 @@ class Faults:
 
 #: Shared by everything that has no faults of its own (never switched on).
 NO_FAULTS = Faults()
+
+
+def _parse_long_draw(spec: str) -> tuple[str, Path] | None:
+    if not spec:
+        return None
+    mode, _, path = spec.partition(":")
+    if mode not in LONG_DRAW_MODES or not path:
+        raise ConfigError(
+            f"{LONG_DRAW_ENV} = {spec!r}: write <progress|hang>:<file>, e.g. progress:/tmp/end"
+        )
+    return mode, Path(path)
 
 
 def _parse_point(spec: str) -> _Point | None:

@@ -183,11 +183,7 @@ class ReleaseDriver:
         if not await self._continue_running_totals(window_start_s):
             return None
         drawn_records = await self.transport.draw(
-            draw_window,
-            stage,
-            window_start_s,
-            now_s=self.clock() if now_s is None else now_s,
-            max_bytes=self.max_bytes,
+            self._draw, window_start_s, now_s=self.clock() if now_s is None else now_s
         )
         drawn = [rel for rel, _ in drawn_records]
         ledger_partition = self.ledger_partition_of(window_start_s)
@@ -286,6 +282,14 @@ class ReleaseDriver:
         stage.adopt_ledger()
         if ours:
             await self.transport.write_ledger(ours)
+
+    def _draw(
+        self, window_start_s: int, *, now_s: float
+    ) -> list[tuple[LedgerRelease, list[tuple[str, bytes]]]]:
+        """The draw with its ledger encoding (in the transport's thread), after the test
+        fault hook (a long draw: :data:`~stream_dp.pipeline.faults.LONG_DRAW_ENV`)."""
+        self.faults.in_draw()
+        return draw_window(self.stage, window_start_s, now_s=now_s, max_bytes=self.max_bytes)
 
     async def publish(self, rel: LedgerRelease) -> None:
         """Output records, then the ``published`` marker in the ledger."""

@@ -41,9 +41,12 @@ def test_a_short_chaos_run_passes_every_check(broker: str, tmp_path: Path) -> No
         else ""
     )
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}\n{report}"
-    assert "| FAIL |" not in report and report.count("| PASS |") == 6
+    assert "| FAIL |" not in report and report.count("| PASS |") == 8
     assert (tmp_path / "rss.png").stat().st_size > 1000
     faults = [
         line for line in done.stdout.splitlines() if line.startswith("[chaos]") and " s  " in line
     ]
-    assert len(faults) >= 3, done.stdout  # the run did inject faults
+    # The run did inject faults (restart_while_idle alone takes about a minute: three
+    # rolling restarts and the wait for the due windows).
+    restarted = any("restarted in turn" in line for line in faults)
+    assert len(faults) >= (2 if restarted else 3), done.stdout

@@ -216,3 +216,45 @@ def test_only_the_exact_word_auto_or_an_integer_is_a_bound(bound: str, spelling:
     data = _data(yaml.safe_load(text)["bounds"])
     with pytest.raises(ConfigError, match="or auto"):
         parse_config(data)
+
+
+def test_the_histograms_end_at_each_bounds_own_cap() -> None:
+    """A bound chosen automatically is chosen from its histogram, whose last edge is the
+    bound's configured cap (not the larger cap of max_contributions_per_window)."""
+    from stream_dp.privacy.adaptive_bounds import EVENTS, KEYS_PREFIX, PER_KEY_PREFIX
+
+    config = parse_config(
+        _data(
+            {
+                **ALL_AUTO,
+                "auto": {
+                    "cap": {
+                        "max_contributions_per_window": 500,
+                        "max_keys_per_user": 12,
+                        "max_contributions_per_key": 200,
+                    }
+                },
+            }
+        )
+    )
+    plan = plan_config(config.spec())
+    assert plan.auto_bounds is not None
+    edges = plan.auto_bounds.layout.edges
+    assert max(edges[EVENTS]) == 500
+    assert {max(e) for n, e in edges.items() if n.startswith(KEYS_PREFIX)} == {12}
+    assert {max(e) for n, e in edges.items() if n.startswith(PER_KEY_PREFIX)} == {200}
+
+
+def test_each_querys_model_carries_its_name() -> None:
+    """The bound choice finds a query's released values (how far its keys stood above the
+    selection threshold) by the model's name: each model is named after its query."""
+    config = parse_config(
+        _data(
+            ALL_AUTO,
+            {"name": "visits", "group_by": ["domain"], "epsilon": 0.4, "delta": 5e-7},
+            {"name": "pages", "group_by": ["domain"], "epsilon": 0.4, "delta": 5e-7},
+        )
+    )
+    plan = plan_config(config.spec())
+    assert plan.auto_bounds is not None
+    assert [m.name for m in plan.auto_bounds.models] == ["visits", "pages"]

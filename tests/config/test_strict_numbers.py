@@ -104,6 +104,7 @@ VALID: dict[FieldPath, tuple[dict[str, Any], Any]] = {
     ("queries", 0, "horizon_windows"): (_with(queries=[CUMULATIVE]), 12),
     ("queries", 0, "horizon_origin"): (_with(queries=[CUMULATIVE]), T0),
     ("metrics", "port"): (BASE, 9200),
+    ("metrics", "live_timeout_s"): (BASE, 45.0),
     ("erasure", "retention_s"): (BASE, 700_000),
 }
 

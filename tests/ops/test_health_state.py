@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from stream_dp.ops.health import COMPONENTS, Health
 from stream_dp.ops.metrics import Metrics
+from stream_dp.ops.progress import report_progress, reporting_progress
 
 
 class FakeClock:
@@ -65,6 +68,40 @@ def test_live_fails_when_beats_stop_and_recovers_on_the_next_beat() -> None:
     assert health.live()
 
 
+def test_a_long_step_that_progresses_stays_live_and_a_hang_does_not() -> None:
+    """One iteration, no loop beat for 3 × the timeout: live while its chunks keep coming,
+    not live once they stop for longer than the timeout."""
+    clock = FakeClock()
+    health = Health(live_timeout_s=30, clock=clock)
+    health.beat()
+    for _ in range(9):  # a draw reporting a chunk every 10 s for 90 s
+        clock.now += 10
+        health.progress("draw")
+        assert health.live(), clock.now
+    assert health.status()["last_progress_step"] == "draw"
+    assert health.status()["progress_beats"] == 9
+    clock.now += 30
+    assert health.live()
+    clock.now += 0.001
+    assert not health.live()  # the step hangs: nothing moved for the timeout
+    health.beat()
+    assert health.live()
+
+
+async def test_progress_reported_in_a_thread_reaches_the_reporting_context() -> None:
+    """The draw runs in asyncio.to_thread: its reports go to the health of the worker task
+    that installed the reporter (the thread runs in a copy of that context)."""
+    clock = FakeClock()
+    health = Health(live_timeout_s=30, clock=clock)
+    report_progress("outside")  # no reporter installed: dropped
+    assert health.status()["progress_beats"] == 0
+    with reporting_progress(health.progress):
+        await asyncio.to_thread(report_progress, "draw")
+    assert health.status()["progress_beats"] == 1
+    report_progress("after")  # the reporter is gone with its context
+    assert health.status()["progress_beats"] == 1
+
+
 def test_start_up_counts_as_a_beat() -> None:
     clock = FakeClock()
     health = Health(live_timeout_s=10, clock=clock)
@@ -99,6 +136,8 @@ def test_status_is_plain_data_for_the_json_body() -> None:
         "last_beat_age_s": 2.5,
         "live_timeout_s": 30,
         "beats": 1,
+        "progress_beats": 0,
+        "last_progress_step": "",
     }
 
 

@@ -217,3 +217,20 @@ def test_run_logs_each_line_once_through_the_filtered_handler(tmp_path: Path) ->
     logged = [json.loads(line) for line in lines[:-1]]
     assert all(entry["logger"].startswith("aiokafka") for entry in logged)
     assert not any("Unable connect to" in entry["msg"] for entry in logged), done.stderr
+
+
+def test_a_lines_timestamp_is_its_records_moment_in_utc_to_the_millisecond() -> None:
+    """ts is the record's creation time in UTC, milliseconds truncated (not rounded, not
+    the host's time zone)."""
+    out = io.StringIO()
+    configure_logging("INFO", "json", stream=out)
+    handler = logging.getLogger().handlers[-1]
+    for created, expected in [
+        (1_700_000_000.999, "2023-11-14T22:13:20.999Z"),
+        (1_700_000_000.0005, "2023-11-14T22:13:20.000Z"),
+        (1_596_240_000.5, "2020-08-01T00:00:00.500Z"),
+    ]:
+        record = log.makeRecord(log.name, logging.INFO, __file__, 1, "tick", (), None)
+        record.created = created
+        handler.handle(record)
+        assert lines_of(out)[-1]["ts"] == expected

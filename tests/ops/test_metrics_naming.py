@@ -32,6 +32,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "late_events": ("stream_dp_late_events_total", "counter", ()),
     "replayed_events_skipped": ("stream_dp_replayed_events_skipped_total", "counter", ()),
     "windows_open": ("stream_dp_windows_open", "gauge", ()),
+    "windows_due": ("stream_dp_windows_due", "gauge", ()),
     "windows_released": ("stream_dp_windows_released_total", "counter", ("query",)),
     "releases_published": ("stream_dp_releases_published_total", "counter", ("query",)),
     "keys_released": ("stream_dp_keys_released_total", "counter", ("query",)),

@@ -38,3 +38,17 @@ def test_forgetting_a_partition_drops_its_lag_and_fetch_age_series_only() -> Non
     }
     assert {dict(labels)["partition"] for _, labels in left} == {"0"}
     assert len(left) == 2
+
+
+def test_a_new_query_has_its_counters_at_zero_under_its_name_only() -> None:
+    metrics = Metrics(process=False)
+    metrics.add_query("visits")
+    counters = (
+        "stream_dp_windows_released_total",
+        "stream_dp_releases_published_total",
+        "stream_dp_keys_released_total",
+        "stream_dp_budget_exhausted_total",
+    )
+    for name in counters:
+        series = {k: v for k, v in _samples(metrics).items() if k[0] == name}
+        assert series == {(name, (("query", "visits"),)): 0.0}, name

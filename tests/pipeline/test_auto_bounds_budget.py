@@ -31,3 +31,16 @@ def test_histograms_the_budget_can_pay_for_are_charged_once_and_drawn() -> None:
     assert _histograms_drawn(stage) is True
     assert stage.accountant.query_spent(T0, BOUNDS_CHARGE) == (stage.schedule.epsilon, 0.0)
     assert _histograms_drawn(stage) is False  # charged already: not drawn again
+
+
+def test_a_window_released_twice_draws_its_histograms_once() -> None:
+    """compute_release itself, called again for the same window before its draws are
+    ledgered (a retry): the histograms' one charge pays for one draw only."""
+    from tests.pipeline.support import NOW
+
+    config = _config({"max_contributions_per_window": "auto"}, exact=False)
+    stage = _pipeline(config)[0].release
+    first = [r.query for r in stage.compute_release(T0, now_s=NOW)]
+    assert BOUNDS_CHARGE in first
+    assert [r.query for r in stage.compute_release(T0, now_s=NOW)] == []
+    assert stage.accountant.query_spent(T0, BOUNDS_CHARGE) == (stage.schedule.epsilon, 0.0)

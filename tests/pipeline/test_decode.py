@@ -82,3 +82,22 @@ def test_group_values_are_decoded_in_canonical_form() -> None:
         assert value == canonical and type(value) is type(canonical)
     bad = DEC.decode(orjson.dumps({"user_id": "u", "timestamp": 1596283200, "amount": True}), NOW)
     assert isinstance(bad, BadRecord) and bad.reason == "bad_field"
+
+
+def test_an_event_exactly_max_future_s_ahead_is_the_last_one_accepted() -> None:
+    """input.max_future_s is inclusive: an event that far ahead of the clock is decoded,
+    one a millisecond further is refused (timestamp_out_of_range)."""
+    now_s = 1_700_000_000.0
+    for t, accepted in [(now_s + 3600, True), (now_s + 3600.001, False)]:
+        out = DEC.decode(orjson.dumps({"user_id": "u", "timestamp": t}), now_s)
+        assert isinstance(out, Event) is accepted, (t, out)
+        if not accepted:
+            assert isinstance(out, BadRecord) and out.reason == "timestamp_out_of_range"
+
+
+def test_a_tombstone_is_a_dead_letter_that_says_so() -> None:
+    """A record without a value (a Kafka tombstone) is refused as not_json, with a detail
+    that tells the operator what it was."""
+    out = DEC.decode(None, NOW)
+    assert isinstance(out, BadRecord)
+    assert out.reason == "not_json" and "tombstone" in out.detail

@@ -500,6 +500,7 @@ def test_events_of_released_windows_are_dropped_as_replays_or_late() -> None:
 
     class Released:
         coverage_start_s = T0
+        first_unreleased_s = None
 
         def released(self, window_start_s: int) -> bool:
             return window_start_s in (T0, T0 + 10)
@@ -779,6 +780,7 @@ def test_an_event_stamped_ahead_of_the_clock_closes_no_window_on_any_path(path: 
 def test_events_before_the_first_covered_window_are_late() -> None:
     class Released:
         coverage_start_s = T0 + 10
+        first_unreleased_s = None
 
         def released(self, window_start_s: int) -> bool:
             return False
@@ -796,6 +798,7 @@ def test_events_before_the_first_covered_window_are_late() -> None:
 def test_an_idle_stream_without_events_still_advances_from_the_first_covered_window() -> None:
     class Released:
         coverage_start_s = T0
+        first_unreleased_s = None
 
         def released(self, window_start_s: int) -> bool:
             return False

@@ -340,3 +340,18 @@ def test_weighted_selection_adds_each_users_weights_over_partitions_and_keys() -
     assert selection["strategy"] == "weighted_gaussian"
     assert selection["weight_scale"] == 4096
     assert 4096 < selection["threshold"] < 2 * 2364
+
+
+def test_a_released_window_reports_the_budget_it_left_unspent() -> None:
+    """stream_dp_window_epsilon_remaining after a release: the per-window ε less what the
+    window's releases spent (an operator reads it to know whether another query fits)."""
+    p = _pipeline(epsilon_per_window=3e6)  # the two queries spend 1e6 each
+    p.ingest(0, [rec(0, "u", 1), rec(1, "v", 2, "b")], now_s=NOW, now_mono_s=1)
+    p.ingest(0, [rec(2, "w", 12)], now_s=NOW, now_mono_s=2)
+    releases = p.step(2, now_s=NOW)
+    assert {r.window_start_s for r in releases} == {T0} and len(releases) == 2
+    spent = sum(r.epsilon_spent for r in releases)
+    per_window = 3e6
+    assert 0 < spent < per_window
+    remaining = p.metrics.epsilon_remaining._value.get()
+    assert remaining == pytest.approx(per_window - spent, rel=1e-12)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import pytest
@@ -14,8 +16,9 @@ import pytest
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV
 from stream_dp.errors import ConfigError
 from stream_dp.ops.metrics import Metrics
+from stream_dp.ops.progress import reporting_progress
 from stream_dp.pipeline import faults as faults_module
-from stream_dp.pipeline.faults import CRASH_POINT_ENV, STALL_INPUT_ENV, Faults
+from stream_dp.pipeline.faults import CRASH_POINT_ENV, LONG_DRAW_ENV, STALL_INPUT_ENV, Faults
 from stream_dp.pipeline.formats.ledger import PROGRESS_PREFIX, LedgerRelease
 from stream_dp.pipeline.local.local import LocalPipeline
 from stream_dp.pipeline.release_driver import Placed, ReleaseTransport, SuspendedError, run_now
@@ -171,3 +174,36 @@ def test_fault_switches_are_off_unless_the_unsafe_test_mode_is_allowed(
     assert kills == ["killed"] and on.stall_input == (1, 25.0)
     with pytest.raises(ConfigError, match="<partition>:<seconds>"):
         Faults.from_environment({STALL_INPUT_ENV: "one", UNSAFE_TEST_MODE_ENV: "1"})
+
+
+def test_the_long_draw_fault_is_off_unless_allowed_and_spelt_right(tmp_path: Path) -> None:
+    end = tmp_path / "end"
+    spec = {LONG_DRAW_ENV: f"progress:{end}"}
+    assert Faults.from_environment(spec).long_draw is None
+    assert Faults.from_environment({**spec, UNSAFE_TEST_MODE_ENV: "1"}).long_draw == (
+        "progress",
+        end,
+    )
+    with pytest.raises(ConfigError, match=re.escape("<progress|hang>:<file>")):
+        Faults.from_environment({LONG_DRAW_ENV: "slow:/tmp/x", UNSAFE_TEST_MODE_ENV: "1"})
+
+
+@pytest.mark.parametrize(("mode", "beats"), [("progress", True), ("hang", False)])
+async def test_a_long_draw_reports_progress_only_in_progress_mode(
+    mode: str, beats: bool, tmp_path: Path
+) -> None:
+    """The first draw lasts until its file exists (created by the test once the draw has
+    begun: a condition, not a timing), and only then does the release go on; a second
+    draw is not held."""
+    end = tmp_path / "end"
+    faults = Faults(long_draw=(mode, end))
+    steps: list[str] = []
+    with reporting_progress(steps.append):
+        drawing = asyncio.create_task(asyncio.to_thread(faults.in_draw))
+        while faults.long_draw is not None:  # taken by the draw's thread
+            await asyncio.sleep(0.01)
+        assert not drawing.done()
+        end.touch()
+        await asyncio.wait_for(drawing, timeout=60)
+    assert ("draw (test fault)" in steps) == beats, steps
+    faults.in_draw()  # once only: returns at once

@@ -401,3 +401,26 @@ def test_the_largest_trend_and_spread_never_choose_beyond_the_caps() -> None:
     )
     k, l0, linf = choice.bounds
     assert k <= 200 and l0 is not None and l0 <= 16 and linf is not None and linf <= 50
+
+
+def test_a_user_with_no_kept_event_is_counted_in_no_histogram() -> None:
+    """Only users with events are counted: the events histogram's bins start at one event,
+    and a user whose events were all left out (or erased) is not a user of the window."""
+    h = UserHistograms(_layout(), random.Random(3))
+    h.add_user(0, {})
+    h.add_user(0, {"p0": []})
+    assert all(c == 0 for counts in h.counts().values() for c in counts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-50, 50), max_size=30))
+def test_the_fit_is_the_least_squares_non_increasing_sequence(values: list[int]) -> None:
+    """Pool adjacent violators against scipy's isotonic regression (an independent solver)."""
+    from scipy.optimize import isotonic_regression
+
+    fitted = adaptive_bounds._pava_non_increasing(values)
+    if not values:
+        assert fitted == []
+        return
+    expected = isotonic_regression(np.array(values, dtype=np.float64), increasing=False).x
+    np.testing.assert_allclose(fitted, expected, rtol=1e-12, atol=1e-12)

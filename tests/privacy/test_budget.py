@@ -123,3 +123,14 @@ def test_horizon_counts_windows_released_elsewhere_at_the_configured_epsilon() -
     assert acc.horizon_spent(7200) == 0.5
     assert acc.horizon_spent(7200, first_window_s=0, per_window_epsilon=0.75) == 0.5 + 2 * 0.75
     assert acc.horizon_spent(7200, first_window_s=3600, per_window_epsilon=0.75) == 0.5 + 0.75
+
+
+def test_a_query_charged_in_a_window_cannot_be_charged_there_again() -> None:
+    """Each query's share of a window is spent once, even with budget to spare; the same
+    query in the next window is a new charge."""
+    acc = _accountant()
+    charge = acc.charge(0, "a", 0.25, 0)
+    assert (charge.window_start_s, charge.query, charge.epsilon, charge.delta) == (0, "a", 0.25, 0)
+    assert not acc.can_charge(0, "a", 0.25, 0)
+    assert acc.can_charge(0, "b", 0.25, 0)
+    assert acc.can_charge(3600, "a", 0.25, 0)

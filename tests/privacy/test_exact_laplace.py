@@ -198,3 +198,22 @@ def test_values_plus_noise_saturate_like_64_bit_integers() -> None:
     assert add_noise([big - 2, -big, 12, -(2**40)], noise) == [big, -(2**63), 12, -(2**40) + 7]
     wide = np.array([2**70, -3], dtype=object)
     assert add_noise([1, 1], wide) == [big, -2]
+
+
+def test_a_draw_whose_geometric_count_is_past_int64_is_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CKS20 Algorithm 2's Y = ⌊(U + t·V)/s⌋ in Python integers when V is beyond int64 (the
+    counter-limit path): the draw is ±Y exactly, not rounded or clipped."""
+    huge = 2**70
+    monkeypatch.setattr(
+        exact_laplace,
+        "_geometric_exp_minus_one",
+        lambda n, words: np.array([huge] * n, dtype=object),
+    )
+    t, s = 3, 2
+    possible = {(u + t * huge) // s for u in range(t)}
+    draws = discrete_laplace(50, t, s)
+    assert draws.dtype == object
+    assert all(abs(int(d)) in possible for d in draws)
+    assert {int(d) > 0 for d in draws} == {True, False}  # both signs (P(one) = 2^-49)

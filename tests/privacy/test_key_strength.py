@@ -26,6 +26,7 @@ from stream_dp.privacy.key_strength import (
     check_key_strength,
     false_refusal_bound,
     key_problem,
+    word_coverage,
 )
 
 GOOD_HEX = "37f8c05f57955c531a5053309411d260a83c174d8660ba067e3c5a2d8cdc85c7"  # stream-dp keygen
@@ -281,3 +282,11 @@ def test_a_weak_previous_key_is_only_warned_about_so_it_can_be_rotated_off(
     monkeypatch.setenv("STREAM_DP_PSEUDONYM_KEY", "o" * 40)  # never as the current key
     with pytest.raises(ConfigError, match="pseudonym key in STREAM_DP_PSEUDONYM_KEY"):
         load_keyring(_pseudonymization())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "covered"),
+    [("password", 8), ("passwordXq7Z", 8), ("Xq7Zpassword", 8), ("dragonXXmonkey", 12), ("", 0)],
+)
+def test_word_coverage_counts_words_anywhere_in_the_key(text: str, covered: int) -> None:
+    assert word_coverage(text) == covered

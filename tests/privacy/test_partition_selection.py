@@ -153,6 +153,10 @@ def test_gaussian_count_threshold_keeps_delta_exactly(
     )
     sigma, t = sel.mechanism.scale, sel.threshold
     half = delta / 2
+    # the noise covers a user's largest change: linf on each of l0 keys, L2 = √l0·linf
+    # (pipeline_dp's independent analytic-Gaussian δ at that sensitivity)
+    worst_delta = dp_computations.gaussian_delta(sigma / (math.sqrt(l0) * linf), epsilon)
+    assert worst_delta <= half * (1 + 1e-6)
 
     def total_delta(threshold: int) -> float:
         return 1 - (1 - _dgauss_tail(sigma, threshold - linf)) ** l0

@@ -364,3 +364,13 @@ def test_l2_sensitivity_with_both_bounds_is_the_exact_maximum(
         ).l2_squared
         == l2_squared * 9
     )
+
+
+@pytest.mark.parametrize("mechanism", ["discrete_laplace", "discrete_gaussian"])
+def test_public_keys_spend_nothing_on_selection(mechanism: str) -> None:
+    """With public keys no key is selected: the plan states no selection ε or δ and gives
+    the whole ε to the noise."""
+    plan = plan_query(query(keys={"domain": ["a", "b"]}, mechanism=mechanism), bounds())
+    assert plan.selection is None
+    assert (plan.selection_epsilon, plan.selection_delta) == (0.0, 0.0)
+    assert plan.describe()["selection_epsilon"] == 0.0

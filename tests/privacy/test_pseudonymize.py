@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 
 import pytest
 
@@ -54,8 +55,10 @@ def test_generalization_helpers() -> None:
     assert generalize_date("1984-07-21T10:00:00+02:00", "month") == "1984-07"
     assert bucket_number(37, 10) == "30-40"
     assert bucket_number(-1, 5) == "-5-0"
-    with pytest.raises(ValueError):
-        bucket_number(1, 0)
+    assert bucket_number(2.3, 0.5) == "2-2.5"  # any positive width, also below 1
+    for width in (0, -1, math.inf, math.nan):
+        with pytest.raises(ValueError, match="bucket width"):
+            bucket_number(1, width)
 
 
 @pytest.mark.parametrize("key_len", [32, 63, 64, 65, 200])

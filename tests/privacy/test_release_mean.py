@@ -79,3 +79,26 @@ def test_mean_of_tiny_counts_stays_in_range_and_its_interval_covers_the_truth() 
     assert min(values) >= LOWER and max(values) <= UPPER
     covered = sum(abs(v.value - 4.0) <= v.ci95 + 1e-9 for v in out.values)
     assert binomtest(covered, n, 0.95, alternative="less").pvalue > 1e-7
+
+
+def test_mean_interval_and_scale_shrink_as_the_noisy_count_grows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mean's noise is the sum's over the noisy count: twice the count, half the scale
+    and half the 95% half-width (below the whole range here)."""
+    released = []
+    for noisy_count in (1000, 2000):
+        _fixed_draws(monkeypatch, 12 * noisy_count, noisy_count)
+        (value,) = release_query({("a",): KeyAggregate(2, 2, 12)}, _plan()).values
+        released.append(value)
+    first, second = released
+    assert 0 < first.ci95 < UPPER - LOWER
+    assert second.ci95 == pytest.approx(first.ci95 / 2, rel=1e-12)
+    assert second.noise_scale == pytest.approx(first.noise_scale / 2, rel=1e-12)
+
+
+def test_a_released_sum_states_the_noise_scale_of_its_plan() -> None:
+    plan = _plan(statistic="sum")
+    (value,) = release_query({("a",): KeyAggregate(2, 2, 12)}, plan).values
+    assert value.noise_scale == plan.noise[0].scale > 0
+    assert value.ci95 == plan.noise[0].ci95

@@ -59,3 +59,11 @@ def test_worlds_must_be_an_integer() -> None:
         epsilon_from_disclosure_risk(0.8, 2.5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         epsilon_from_disclosure_risk(0.8, True)  # type: ignore[arg-type]
+
+
+def test_a_risk_at_a_random_guess_is_refused_with_the_guess_stated() -> None:
+    """The message tells the user what to change: a risk above 1/m (here 1/4 = 0.25)."""
+    with pytest.raises(ConfigError) as refused:
+        epsilon_from_disclosure_risk(0.2, 4)
+    assert "(1/4 = 0.25)" in str(refused.value)
+    assert str(refused.value).endswith("choose a risk above 0.25")

@@ -179,8 +179,10 @@ def test_a_user_alone_on_its_keys_gets_any_released_with_probability_at_most_hal
     assert sel.keep_probability(user_key_weight(1)) <= adjusted_delta(sel.threshold_delta, 1)
 
 
-def test_above_the_exact_range_the_threshold_is_safe_and_barely_higher() -> None:
-    l0 = 3 * EXACT_THROUGH
+@pytest.mark.parametrize("l0", [EXACT_THROUGH + 1, EXACT_THROUGH + 2, 3 * EXACT_THROUGH])
+def test_above_the_exact_range_the_threshold_is_safe_and_barely_higher(l0: int) -> None:
+    """Every t ≤ L0 is covered, also the first ones past the exact range (L0 = 257: a
+    threshold solved through t = 256 only lets 257 lone keys through too often)."""
     sel = WeightedGaussian(epsilon=1.0, delta=1e-6, max_partitions_contributed=l0)
     sigma = sel.mechanism.sigma
     tails = {}  # one independent tail per distinct argument

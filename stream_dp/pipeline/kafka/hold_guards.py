@@ -39,9 +39,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import (
@@ -55,7 +56,9 @@ from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.kafka.membership import Membership
+from stream_dp.pipeline.kafka.context import WorkerContext
+from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard, LedgerLostError
+from stream_dp.pipeline.kafka.ledger_log import LogRewoundError
 from stream_dp.pipeline.stages.hold import (
     HeldRecordAge,
     HeldStateCap,
@@ -63,6 +66,9 @@ from stream_dp.pipeline.stages.hold import (
     MaxHoldExceededError,
 )
 from stream_dp.pipeline.stages.ingest import IngestStage
+
+if TYPE_CHECKING:  # the membership builds its guards
+    from stream_dp.pipeline.kafka.membership import Membership
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +237,10 @@ class OffsetRangeGuard:
                 await asyncio.wait_for(stopping.wait(), timeout=HOLD_BEAT_S)
 
 
-#: The errors after which the worker holds (stops releasing, stays live).
+#: The errors after which the worker holds (stops releasing, stays live): these guards' own,
+#: and the ledger guard's (a lost ledger).
 STOPS = (OffsetOutOfRangeStop, MaxHoldExceededError, HeldStateTooLargeError)
+HOLDS = (LedgerLostError, LogRewoundError, *STOPS)
 
 
 class Backpressure:
@@ -268,9 +276,8 @@ class Backpressure:
 class HoldGuards:
     """The guards of the module docstring, built from the configuration."""
 
-    def __init__(
-        self, config: Config, membership: Membership, *, metrics: Metrics, health: Health
-    ) -> None:
+    def __init__(self, context: WorkerContext, membership: Membership) -> None:
+        config, metrics, health = context.config, context.metrics, context.health
         out = config.output
         self.offsets = OffsetRangeGuard(
             config, metrics=metrics, health=health, topics=membership.group_topics()
@@ -292,12 +299,15 @@ class HoldGuards:
         self._membership = membership
 
     async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
-        """The membership's next batch (None once stopping), its records' Kafka timestamps
-        noted for the maximum hold. A partition without a valid offset is positioned here
-        (from its start, or a stop: :meth:`OffsetRangeGuard.resolve`) and the batch is
-        empty; records of partitions not owned are noted too, and ignored (only the safe
+        """The maximum hold and the memory cap checked on the state the last iteration left
+        (:meth:`check`), then the membership's next batch (None once stopping), its records'
+        Kafka timestamps noted for the maximum hold. A partition without a valid offset is
+        positioned here (from its start, or a stop: :meth:`OffsetRangeGuard.resolve`) and the
+        batch is empty; records of partitions not owned are noted too, and ignored (only the safe
         offsets' partitions are measured; a partition read again restarts its samples)."""
         membership = self._membership
+        if membership.stages is not None:  # the last iteration's state, committed
+            self.check(membership.stages.ingest, time.time(), time.monotonic())
         try:
             batch = await membership.fetch()
         except OFFSET_ERRORS as exc:
@@ -320,6 +330,14 @@ class HoldGuards:
         self.backpressure.apply(self.cap.backpressure(ingest.held_bytes(), now_mono_s))
 
     async def hold(
-        self, exc: StreamDPError, consumer: AIOKafkaConsumer | None, stopping: asyncio.Event
+        self,
+        exc: StreamDPError,
+        ledger_guard: LedgerGuard,
+        consumer: AIOKafkaConsumer | None,
+        stopping: asyncio.Event,
     ) -> None:
-        await self.offsets.hold(exc, consumer, stopping)
+        """Hold on one of :data:`HOLDS`: a lost ledger is the ledger guard's."""
+        if isinstance(exc, STOPS):
+            await self.offsets.hold(exc, consumer, stopping)
+        else:
+            await ledger_guard.hold(exc, consumer, stopping)

@@ -26,6 +26,7 @@ from stream_dp.clients.compacted import (
     LogRewoundError,
 )
 from stream_dp.errors import StreamDPError
+from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.ledger import FENCE_PREFIX, MAX_SWEEP_KEYS, encode_fence
 
 __all__ = ["LedgerLog", "LedgerReadError", "LogIndex", "LogRewoundError", "SendOne"]
@@ -33,6 +34,9 @@ __all__ = ["LedgerLog", "LedgerReadError", "LogIndex", "LogRewoundError", "SendO
 #: Writes one record (key, value) to one partition of the ledger topic, acknowledged; returns
 #: the record's offset (None if the writer cannot tell).
 SendOne = Callable[[str, bytes, int], Awaitable[int | None]]
+
+#: A long ledger read reports progress (liveness) after each this many records fed.
+PROGRESS_EVERY_RECORDS = 1_000
 
 
 class LogIndex(Protocol):
@@ -94,6 +98,8 @@ class LedgerLog(FencedLog):
             if m.key != fence:
                 self._feed(partition, m)
                 fed += 1
+                if fed % PROGRESS_EVERY_RECORDS == 0:
+                    report_progress("ledger read")  # a long read is moving, not hung
 
         await self.reader.read_to_fences(targets, fence, feed, fence_value=value)
         return fed

@@ -8,7 +8,15 @@ which no window is released). The worker's loop *takes* the partitions
 (:meth:`Membership.take_assigned`: topic counts checked, the ledger read to fresh fences,
 unpublished winners republished, state built) and only then resumes them. Revoked partitions
 are committed (what is safe) and their state dropped; the new owner replays them from the
-committed offsets.
+committed offsets. A revocation that arrives while an iteration runs (a long draw in a thread,
+a slow ledger write) does not wait for it: aiokafka would not rejoin until the callback
+returns, so a draw longer than the rebalance timeout got the member removed and started
+another rebalance for the whole group. The partitions stop being *owned* at once (no new
+window of theirs is drawn, nothing of theirs is committed) and their state is dropped when the
+iteration ends (:meth:`Membership.drop_revoked_later`). A draw already running finishes and
+goes through the ledger like any other: the first complete draw in log order wins, so the new
+owner either reads this one back and publishes it, or ledgers its own first and this one is
+discarded unseen.
 
 Offsets committed are only *safe* ones (:meth:`Membership.safe_offsets`): what stage 1 has
 sealed and published, what stage 2 has released, what stage 0 has routed and had
@@ -33,6 +41,7 @@ from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
+from stream_dp.pipeline.kafka.hold_guards import HoldGuards
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS
@@ -93,9 +102,14 @@ class Membership(WorkerPart):
         #: partitions already revoked: records fetched for them must not rebuild their
         #: state (a second, stale owner; a commit of an unassigned partition).
         self.owned: dict[TopicPartition, float] = {}
+        #: Partitions revoked while an iteration held the lock: no longer owned, their state
+        #: dropped once the iteration ends (on_revoked does not wait for it).
+        self.revoked_later: set[TopicPartition] = set()
         #: An error found in a rebalance callback that must stop the worker (raised by the
         #: loop: aiokafka would swallow it in the callback).
         self.fatal: StreamDPError | None = None
+        #: Lost offsets, the maximum hold and the memory cap (hold_guards), around fetching.
+        self.guards = HoldGuards(context, self)
 
     def _stages(self) -> Stages:
         assert self.stages is not None, "the stages are built before partitions are taken"
@@ -147,8 +161,10 @@ class Membership(WorkerPart):
         return not coordinator.need_rejoin(subscription) and bool(coordinator.member_id)
 
     def owns_partials(self, partition: int) -> bool:
-        """Whether this member owns that partials partition now (the release's first step)."""
-        return self.owns(TopicPartition(self.partials_topic, partition))
+        """Whether this member owns that partials partition now (the release's first step):
+        assigned, taken, and not revoked since (a revocation during a long iteration)."""
+        tp = TopicPartition(self.partials_topic, partition)
+        return tp in self.owned and self.owns(tp)
 
     def split(self, tps: Sequence[TopicPartition]) -> tuple[list[int], list[int], list[int]]:
         """(stage-1 partitions, partials partitions, input partitions routed by stage 0)."""
@@ -241,9 +257,11 @@ class Membership(WorkerPart):
             ingest.routed_partitions = ingest.source_partitions
         for topic in sorted(topology.fixed):
             await topology.partitions(topic, watermark_s=watermark)
-        now_mono = time.monotonic()
-        ingest.assign(stage1, now_mono, routed=not self.keyed)
-        ingest.assign_routed(routed, now_mono)
+        now, now_mono = time.time(), time.monotonic()
+        # With the wall clock, event time catches up with it once the input is proven idle
+        # (a restart while idle releases the due windows, not one second per second).
+        ingest.assign(stage1, now_mono, routed=not self.keyed, now_s=now)
+        ingest.assign_routed(routed, now_mono, now_s=now)
         await self._apply_start_from(assigned)
         if partials:
             # Another worker may have released windows of these partitions: read the
@@ -281,7 +299,11 @@ class Membership(WorkerPart):
                 await self.consumer.seek_to_end(tp)
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
-        """Commit what is safe of the revoked partitions, then forget their state."""
+        """Commit what is safe of the revoked partitions, then forget their state; while an
+        iteration holds the lock, return at once instead (module docstring)."""
+        if self.lock.locked():
+            self._revoke_later(revoked)
+            return
         async with self.lock:
             if self.stages is not None:
                 if self.consumer is not None:
@@ -295,6 +317,25 @@ class Membership(WorkerPart):
                 "partitions revoked: %s",
                 ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(revoked)),
             )
+
+    def _revoke_later(self, revoked: list[TopicPartition]) -> None:
+        """Revoked during an iteration: not owned from now on, state dropped after it."""
+        for tp in revoked:
+            self.owned.pop(tp, None)
+        self.revoked_later.update(revoked)
+        self.health.set("partitions_assigned", False)
+        log.info(
+            "partitions revoked: %s",
+            ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(revoked)),
+        )
+        log.info("an iteration is running: their state is dropped when it ends, uncommitted")
+
+    def drop_revoked_later(self) -> None:
+        """Drop the state of partitions revoked during the iteration that just ended (under
+        the lock, before a new assignment is taken)."""
+        if self.revoked_later and self.stages is not None:
+            self.drop(sorted(self.revoked_later))
+        self.revoked_later.clear()
 
     def drop(self, revoked: Sequence[TopicPartition]) -> None:
         """Forget the state of partitions this worker no longer owns (the new owner replays
@@ -342,7 +383,10 @@ class Membership(WorkerPart):
         offsets = {
             tp: off
             for tp, off in self.safe_offsets().items()
-            if (only is None or tp in only) and self._committed.get(tp) != off and tp in assigned
+            if (only is None or tp in only)
+            and self._committed.get(tp) != off
+            and tp in assigned
+            and tp not in self.revoked_later
         }
         if offsets:
             await self.consumer.commit(offsets)

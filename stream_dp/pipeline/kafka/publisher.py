@@ -27,6 +27,7 @@ from aiokafka.errors import (
 
 from stream_dp.clients.idempotence import start_producer
 from stream_dp.errors import StreamDPError
+from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.ledger import LedgerRelease
 from stream_dp.pipeline.formats.records import (
     OUTPUT_HEADERS,
@@ -151,6 +152,7 @@ class Publisher(WorkerPart):
             f"produce to {topic}", lambda: send_all(producer, topic, items, headers)
         )
         self.health.set("producer_connected", True)
+        report_progress("write")  # acknowledged: a long run of writes is moving
 
     async def publish_output(self, rel: LedgerRelease) -> None:
         """A release's output records, all on the (query, window)'s partition, the window

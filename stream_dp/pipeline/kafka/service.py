@@ -67,7 +67,7 @@ async def run_worker(
     stop = stop if stop is not None else asyncio.Event()
     install_signal_handlers(stop)
     metrics = Metrics(reasons=REASONS)
-    health = Health(metrics=metrics)
+    health = Health(metrics=metrics, live_timeout_s=config.metrics.live_timeout_s)
     async with bootstrap_for(config) as bootstrap:
         created = await apply_topics(config, bootstrap, include_input=config.kafka.embedded)
         if created:

@@ -82,19 +82,20 @@ from stream_dp.config.model import Config
 from stream_dp.errors import BrokerError
 from stream_dp.ops.health import Health, beating
 from stream_dp.ops.metrics import Metrics
+from stream_dp.ops.progress import reporting_progress
 from stream_dp.pipeline.faults import Faults
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
 from stream_dp.pipeline.formats.partials import RecordTooLargeError
+from stream_dp.pipeline.kafka.backlog import DueBacklog
 from stream_dp.pipeline.kafka.clock_skew import observe_clock_skew
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
-from stream_dp.pipeline.kafka.hold_guards import STOPS, HoldGuards
+from stream_dp.pipeline.kafka.hold_guards import HOLDS
 from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
-from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard, LedgerLostError
-from stream_dp.pipeline.kafka.ledger_log import LogRewoundError
+from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.membership import MAX_RECORDS_PER_FETCH, Membership, Stages
 from stream_dp.pipeline.kafka.producing import Outgoing
@@ -170,7 +171,6 @@ class Worker:
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
         )
         self.output = StageOutput(config, self.publisher, faults=self._faults)
-        self._guards = HoldGuards(config, self.membership, metrics=metrics, health=health)
         self._reader: LedgerReader | None = None
         self._common: dict[str, Any] = {}
         self._broker_ok = True
@@ -197,6 +197,7 @@ class Worker:
         for q in config.queries:
             self.metrics.add_query(q.name)
         self._late_notice = LateEventsNotice(self.metrics, config.window.start_at)
+        self._backlog = DueBacklog(self.metrics, MAX_RELEASES_PER_ITERATION)
 
     # -- lifecycle ------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -217,23 +218,23 @@ class Worker:
         monitor = asyncio.create_task(self._monitor_broker())
         graceful = False
         membership = self.membership
-        try:
-            async with beating(self.health):  # live while the ledger is read; not ready
-                await self._start_stages()
-            consumer = membership.subscribe(common)
-            await self.publisher.retry("start consumer", consumer.start, bounded=False)
-            await self._loop()
-            graceful = True
-        except RecordTooLargeError:
-            self.metrics.records_too_large.inc()
-            raise
-        except (LedgerLostError, LogRewoundError) as exc:
-            await guard.hold(exc, membership.consumer, self._stopping)
-        except STOPS as exc:
-            await self._guards.hold(exc, membership.consumer, self._stopping)
-        finally:
-            monitor.cancel()
-            await self._shutdown(commit=graceful)
+        # Long steps (a draw, a ledger read) beat for liveness, from threads too.
+        with reporting_progress(self.health.progress):
+            try:
+                async with beating(self.health):  # live while the ledger is read; not ready
+                    await self._start_stages()
+                consumer = membership.subscribe(common)
+                await self.publisher.retry("start consumer", consumer.start, bounded=False)
+                await self._loop()
+                graceful = True
+            except RecordTooLargeError:
+                self.metrics.records_too_large.inc()
+                raise
+            except HOLDS as exc:  # a lost ledger, lost offsets, a hold past its bounds
+                await membership.guards.hold(exc, guard, membership.consumer, self._stopping)
+            finally:
+                monitor.cancel()
+                await self._shutdown(commit=graceful)
 
     async def _internal_topics(self) -> None:
         """The internal topics' partitions (retried until known), recorded to watch."""
@@ -411,7 +412,7 @@ class Worker:
         membership = self.membership
         while not self._stopping.is_set():
             try:
-                batch = await self._guards.fetch()  # positions without a valid offset set
+                batch = await membership.guards.fetch()  # held-window guards (hold_guards)
                 if batch is None:
                     break
             except MEMBERSHIP_ERRORS as exc:
@@ -424,6 +425,7 @@ class Worker:
                 continue
             async with membership.lock:
                 await self._iteration(batch)
+                membership.drop_revoked_later()
             if membership.fatal is not None:
                 raise membership.fatal
             self.health.beat()
@@ -505,7 +507,6 @@ class Worker:
             await self._seal_and_release(mono)
         self._late_notice.observe(release.coverage_start_s, mono)
         await membership.commit_in_loop()
-        self._guards.check(ingest, now, mono)
         if batch:
             self.metrics.batch_processing.observe(time.perf_counter() - started)
 
@@ -517,6 +518,7 @@ class Worker:
         for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
             if await driver.release_window(ws) is None:
                 break
+        self._backlog.note(release.windows_due_count())
         reader = self._reader
         assert reader is not None
         if self._erasure is not None:

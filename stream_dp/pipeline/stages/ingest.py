@@ -92,6 +92,7 @@ from stream_dp.privacy.user_samples import (
     pseudonym_words,
 )
 from stream_dp.windows import TumblingWindows, WatermarkTracker
+from stream_dp.windows.tumbling import iso_utc
 
 __all__ = ["DeadLetter", "IngestStage", "InputRecord", "ReleasedWindows", "user_key"]
 
@@ -109,6 +110,7 @@ SIGNATURES_COMPACT_MIN = 4096
 
 class _NothingReleased:
     coverage_start_s: int | None = None
+    first_unreleased_s: int | None = None
 
     def released(self, window_start_s: int) -> bool:
         return False
@@ -194,15 +196,33 @@ class IngestStage(RecordIngest):
         self._reseal: set[tuple[int, int]] = set()
 
     # -- partitions ---------------------------------------------------------------------
-    def assign(self, partitions: Iterable[int], now_mono_s: float, *, routed: bool) -> None:
+    def assign(
+        self,
+        partitions: Iterable[int],
+        now_mono_s: float,
+        *,
+        routed: bool,
+        now_s: float | None = None,
+    ) -> None:
         """Take partitions of the stage-1 topic; ``routed``: of the repartition topic.
 
         A partition's watermark tracks its sources: itself, or for a repartition partition
         every input partition (``input_partitions``), each of which must advance (or go
         idle) before a window is sealed.
+
+        Event time starts at what is known (:meth:`event_time_start`): the first window not
+        yet released, and with ``now_s`` (the wall clock at ``now_mono_s``; the worker,
+        input keyed by user) the wall clock — which counts only once every partition is
+        proven read to its end and quiet for ``window.idle_close_s``. A repartition
+        partition learns the wall clock from its sources' routers instead
+        (:meth:`assign_routed`).
         """
-        for p in partitions:
+        taken = list(partitions)
+        new = [p for p in dict.fromkeys(taken) if p not in self._trackers]
+        for p in taken:
             self._state.setdefault(p, {})
+        start_s = self.event_time_start(now_s, wall_clock=not routed) if new else None
+        for p in new:
             if p not in self._trackers:
                 tracker = WatermarkTracker(
                     grace_s=self.config.window.grace_s,
@@ -213,12 +233,36 @@ class IngestStage(RecordIngest):
                     tracker.expect(range(self.input_partitions))
                 else:
                     tracker.assign([p], now_mono_s)
-                coverage = self._windows_released.coverage_start_s
-                if coverage is not None:
-                    # Time starts at the first covered window, not at the first event: an
-                    # idle stream still releases its (empty) windows by wall clock.
-                    tracker.start_at(coverage, now_mono_s)
+                if start_s is not None:
+                    # Time starts at the first window not released, not at the first event:
+                    # an idle stream still releases its (empty) windows by wall clock.
+                    tracker.start_at(start_s, now_mono_s)
                 self._trackers[p] = tracker
+
+    def event_time_start(self, now_s: float | None, *, wall_clock: bool = True) -> float | None:
+        """Where a newly assigned partition's event time starts (None: coverage unknown):
+        the first covered window not yet released — never the first covered window of a
+        deployment that released since (an idle restart would then need as long as the
+        deployment has existed to catch up) — or, if later and ``wall_clock``, the wall
+        clock ``now_s`` (logged with the windows due by then, on both paths)."""
+        released = self._windows_released
+        coverage = released.coverage_start_s
+        if coverage is None:
+            return None
+        start_s: float = max(coverage, released.first_unreleased_s or coverage)
+        if now_s is not None and now_s > start_s:
+            due = int((now_s - self.config.window.grace_s - start_s) // self.windows.size_s)
+            if due > 0:
+                log.info(
+                    "partitions taken: %d windows from %s (the first not released) to now "
+                    "are due; with the input idle they are released once every input "
+                    "partition is proven read to its end and quiet for window.idle_close_s",
+                    due,
+                    iso_utc(int(start_s)),
+                )
+            if wall_clock:
+                start_s = now_s
+        return start_s
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Drop the state of partitions that moved away; their new owner replays them."""
@@ -253,9 +297,12 @@ class IngestStage(RecordIngest):
         self.router.restart_idle_clocks(now_mono_s)
 
     # -- stage 0 (kept here for the transport: the routing stage does the work) --------
-    def assign_routed(self, partitions: Iterable[int], now_mono_s: float) -> None:
-        """Input partitions stage 0 now owns."""
-        self.router.assign_routed(partitions, now_mono_s)
+    def assign_routed(
+        self, partitions: Iterable[int], now_mono_s: float, *, now_s: float | None = None
+    ) -> None:
+        """Input partitions stage 0 now owns (``now_s``: the wall clock at ``now_mono_s``,
+        see :meth:`.RoutingStage.assign_routed`)."""
+        self.router.assign_routed(partitions, now_mono_s, now_s=now_s)
 
     def forget_routed(self, partitions: Iterable[int]) -> None:
         """Input partitions stage 0 no longer owns."""

@@ -197,6 +197,11 @@ class ReleasedWindows(Protocol):
 
     def released(self, window_start_s: int) -> bool: ...
 
+    @property
+    def first_unreleased_s(self) -> int | None:
+        """The earliest covered window not known released (None while unknown)."""
+        ...
+
     def released_earlier(self, window_start_s: int) -> bool: ...
 
     def bounds_for(self, window_start_s: int) -> BoundsTriple | None:

@@ -10,7 +10,9 @@ no other code touches the stages' state at the same time (the state is not share
 loop's other tasks), and each step still runs exactly where it ran before in the release
 protocol (the ownership check right before the draw, the ledger write after it). A batch of
 erasures read from the erasure log is removed from stage 1's windows the same way
-(:meth:`~stream_dp.pipeline.kafka.erasure_worker.WorkerErasure.follow`, issue 28).
+(:meth:`~stream_dp.pipeline.kafka.erasure_worker.WorkerErasure.follow`, issue 28). Each step
+reports the chunks it finishes (:func:`~stream_dp.ops.progress.report_progress`): a long
+draw keeps ``/health/live`` up while it moves, and only a hang fails it.
 
 Each step runs with the garbage collector paused: it creates hundreds of thousands of
 short-lived, acyclic objects (records, keys), and collections triggered by them traversed
@@ -26,6 +28,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import ParamSpec, TypeVar
 
+from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.ledger import LedgerRelease, encode_release
 from stream_dp.pipeline.formats.partials import encode_partial
 from stream_dp.pipeline.stages.ingest import IngestStage
@@ -89,6 +92,7 @@ def seal_windows(
             for kv in encode_partial(partial, max_bytes=max_bytes)
         ]
         out.append((partials_partition_of(ws), records))
+        report_progress("seal")
     return out
 
 
@@ -98,7 +102,12 @@ def draw_window(
     """Stage 2: fresh draws of a due window (:meth:`ReleaseStage.compute_release`) with
     their ledger records."""
     drawn = release.compute_release(window_start_s, now_s=now_s)
-    return [(rel, encode_release(rel, now_s=now_s, max_bytes=max_bytes)) for rel in drawn]
+    report_progress("draw")
+    out = []
+    for rel in drawn:
+        out.append((rel, encode_release(rel, now_s=now_s, max_bytes=max_bytes)))
+        report_progress("draw")  # each query's ledger encoding done
+    return out
 
 
 def output_values(release: LedgerRelease) -> list[tuple[str, bytes]]:

@@ -52,6 +52,24 @@ class ReleaseCursors:
         first = self.first_on(r)
         return max(first, self._cursor.get(r, first))
 
+    def first_unreleased(self) -> int | None:
+        """The earliest covered window not known released, over every partials partition
+        (None while the coverage is unknown): event time is at least there after a restart."""
+        if self.coverage_start_s is None:
+            return None
+        return min(self.cursor(r) for r in range(self.partials_partitions))
+
+    def due_count(self, r: int, passed_through_s: float) -> int:
+        """How many windows of partials partition ``r`` every source has passed
+        (``passed_through_s``) but are not released yet: counted, not listed, so that a
+        backlog of 10^5 windows after a long idle stop costs nothing to measure."""
+        cursor = self.cursor(r)
+        last_start = passed_through_s - self.windows.size_s
+        if last_start < cursor:
+            return 0
+        step = self.windows.size_s * self.partials_partitions
+        return int((last_start - cursor) // step) + 1
+
     def released(self, window_start_s: int) -> bool:
         """Whether a covered window is known released (by anyone, as far as read)."""
         if self.coverage_start_s is None or window_start_s < self.coverage_start_s:

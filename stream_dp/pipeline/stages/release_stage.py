@@ -38,6 +38,7 @@ from typing import Any
 from stream_dp.config.model import Config
 from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
+from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
@@ -176,6 +177,25 @@ class ReleaseStage:
         """Released before this process read the ledger (its events are replays)."""
         return self.cursors.released_earlier(window_start_s)
 
+    @property
+    def first_unreleased_s(self) -> int | None:
+        """The earliest covered window not known released (where stage 1's event time
+        starts after a restart; None while the coverage is unknown)."""
+        return self.cursors.first_unreleased()
+
+    def windows_due_count(self) -> int:
+        """Windows of the owned partials partitions that every source has passed but that
+        are not released yet (a backlog after a restart while idle drains through
+        :meth:`due_windows`, a bounded number per loop iteration)."""
+        if self.coverage_start_s is None:
+            return 0
+        due = 0
+        for r in self.inbox.partitions:
+            through = self.inbox.passed_through(r)
+            if through is not None:
+                due += self.cursors.due_count(r, through)
+        return due
+
     def last_released(self, r: int) -> int | None:
         """The latest window of partials partition ``r`` known released (None: none yet)."""
         return self.cursors.last_released(r)
@@ -309,6 +329,7 @@ class ReleaseStage:
                 )
                 continue
             aggregates = merge_totals(taken)
+            report_progress("merge")  # liveness: a long draw moves (ops.progress)
             if self._observe_exact is not None:
                 self._observe_exact(q.name, window_start_s, aggregates)
             rel = draw_release(
@@ -499,6 +520,7 @@ def draw_release(
     τ-threshold under ``plan``): its output records and its ``window`` record."""
     cfg = q.config
     result = release_query(aggregates, plan)
+    report_progress("noise")
     release_id = new_release_id()
     selection = plan.selection.record_parameters() if plan.selection is not None else None
     records = [

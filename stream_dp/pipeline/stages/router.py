@@ -95,6 +95,8 @@ class RoutingStage:
         self._routed_max: dict[int, float] = {}
         self._routed_activity: dict[int, float] = {}
         self._routed_read_through: dict[int, float] = {}
+        #: Per input partition: the wall clock when this stage took it (assign_routed).
+        self._routed_wall_start: dict[int, float] = {}
 
     def read_to_end(self, partition: int, at_mono_s: float) -> None:
         """A fetch answer at ``at_mono_s`` found this worker's reader at the end of the input
@@ -117,10 +119,19 @@ class RoutingStage:
         return dead_letter(self.metrics, bad, partition, offset, value, include_payload)
 
     # -- one JSON record per event -------------------------------------------------------
-    def assign_routed(self, partitions: Iterable[int], now_mono_s: float) -> None:
-        """Input partitions stage 0 now owns."""
+    def assign_routed(
+        self, partitions: Iterable[int], now_mono_s: float, *, now_s: float | None = None
+    ) -> None:
+        """Input partitions stage 0 now owns. ``now_s``, the wall clock at ``now_mono_s``
+        (the worker): a partition proven quiet for ``window.idle_close_s`` since then reports
+        its progress from there, not from the largest event time routed since (none, after
+        a restart while the input is idle: its repartition partitions would otherwise
+        advance from the last window released at one second per second)."""
         for p in partitions:
-            self._routed_activity.setdefault(p, now_mono_s)
+            if p not in self._routed_activity:
+                self._routed_activity[p] = now_mono_s
+                if now_s is not None:
+                    self._routed_wall_start[p] = now_s
 
     def route(
         self, partition: int, records: Sequence[InputRecord], *, now_s: float, now_mono_s: float
@@ -203,16 +214,18 @@ class RoutingStage:
         received none of a partition's users still see it advance, or go idle: idleness is
         judged here, where the input is read, never by silence downstream.
         """
-        return [
-            orjson.dumps(
-                {
-                    "t": self._routed_max.get(p),
-                    "idle_s": self._routed_quiet_s(p, last, now_mono_s),
-                    "src": [p, -1],
-                }
-            )
-            for p, last in sorted(self._routed_activity.items())
-        ]
+        marks = []
+        for p, last in sorted(self._routed_activity.items()):
+            t = self._routed_max.get(p)
+            idle_s = self._routed_quiet_s(p, last, now_mono_s)
+            wall_start = self._routed_wall_start.get(p)
+            if wall_start is not None and idle_s >= self.config.window.idle_close_s:
+                # Proven idle: progress from the wall clock at the take. Every event routed
+                # was stamped at most the clock then (t ≤ wall_start + time since), so
+                # t + idle_s stays at most the wall clock of the last proof.
+                t = wall_start if t is None else max(t, wall_start)
+            marks.append(orjson.dumps({"t": t, "idle_s": idle_s, "src": [p, -1]}))
+        return marks
 
     def _routed_quiet_s(self, partition: int, last_activity_s: float, now_mono_s: float) -> float:
         """How long stage 0 knows an input partition to have been quiet: until now, or
@@ -229,6 +242,7 @@ class RoutingStage:
             self._routed_max.pop(p, None)
             self._routed_activity.pop(p, None)
             self._routed_read_through.pop(p, None)
+            self._routed_wall_start.pop(p, None)
 
     # -- packed records, a batch as columns ----------------------------------------------
     def route_packed(
