@@ -178,6 +178,14 @@ class InputConfig(_Section):
     user_field: str = "user_id"
     time_field: str = "timestamp"
     start_from: Literal["earliest", "latest"] = "earliest"
+    on_offset_out_of_range: Literal["stop", "skip_to_log_start"] = Field(
+        "stop",
+        description="what a committed input offset below the input partition's log start "
+        "(records deleted by retention before this group read them) does: stop (the worker "
+        "releases nothing more, not ready, ERROR and stream_dp_offset_out_of_range_total) or "
+        "skip_to_log_start (WARNING and the metric; those events are not counted). Internal "
+        "topics always stop",
+    )
     keyed_by_user: bool = Field(
         False,
         description="true only if producers key every record by its user id (then a record "
@@ -228,6 +236,16 @@ class OutputConfig(_Section):
         description="retention of the partials and repartition topics; default "
         "max(6 h, 3 × (window.size_s + grace_s + idle_close_s))",
     )
+    max_hold_s: OptionalInteger = Field(
+        None,
+        ge=1,
+        description="longest a record of the partials or repartition topic may stay pinned "
+        "by an unreleased window (its age, by its Kafka timestamp, at the group's committed "
+        "offset): past it the worker stops releasing (ERROR, not ready, "
+        "stream_dp_max_hold_exceeded_total) before retention can delete it. Unset: half of "
+        "internal_retention_s; at least window.size_s + grace_s + idle_close_s and below "
+        "internal_retention_s",
+    )
     dead_letter_include_payload: bool = False
     continual_topic: str = Field(
         f"{DEFAULT_GROUP_ID}.continual",
@@ -258,6 +276,21 @@ class WindowConfig(_Section):
     size_s: Integer = Field(3600, gt=0, le=366 * 86_400)
     grace_s: Integer = Field(60, ge=0)
     idle_close_s: Number = Field(30.0, gt=0)
+    max_held_state_bytes: OptionalInteger = Field(
+        None,
+        ge=1_048_576,
+        description="cap on the bytes open windows' samples hold in one worker (unset: no "
+        "cap). Above it the worker pauses fetching the partitions that add to them "
+        "(the group stays alive) until sealed windows bring it under; still above after "
+        "max_backpressure_s it stops releasing (ERROR, not ready) instead of being killed "
+        "for memory",
+    )
+    max_backpressure_s: Number = Field(
+        300.0,
+        gt=0,
+        description="how long the held state may stay above max_held_state_bytes, fetching "
+        "paused, before the worker stops",
+    )
     start_at: Timestamp = Field(
         None,
         description="the first window the deployment covers (rounded down to a window "
@@ -293,6 +326,13 @@ def default_internal_retention_s(window: WindowConfig) -> int:
     return max(
         MIN_DEFAULT_INTERNAL_RETENTION_S, math.ceil(INTERNAL_RETENTION_WINDOWS * window.life_s)
     )
+
+
+def default_max_hold_s(window: WindowConfig | None, internal_retention_s: int) -> int:
+    """``output.max_hold_s`` unless set: half the internal topics' retention, at least a
+    window's life (a short retention may leave less than half of it to spare)."""
+    life_s = 0 if window is None else math.ceil(window.life_s)
+    return min(max(internal_retention_s // 2, life_s), internal_retention_s - 1)
 
 
 def default_continual_retention_s(
@@ -982,6 +1022,12 @@ class Config(BaseModel):
             filled["internal_retention_s"] = default_internal_retention_s(window)
         internal = filled.get("internal_retention_s")
         if (
+            filled.get("max_hold_s") is None
+            and isinstance(internal, int)
+            and not isinstance(internal, bool)
+        ):
+            filled["max_hold_s"] = default_max_hold_s(window, internal)
+        if (
             filled.get("continual_retention_s") is None
             and window is not None
             and isinstance(internal, int)
@@ -1037,6 +1083,7 @@ class Config(BaseModel):
                 f"default ({default_internal_retention_s(self.window)} s here) or raise it"
             )
         self._check_continual_retention()
+        self._check_max_hold()
         erasure = erasure_problem(
             self.erasure,
             internal_retention_s=self.output.internal_retention_s,
@@ -1083,6 +1130,24 @@ class Config(BaseModel):
                 "from windows released before the request would feed later running totals. "
                 "Set continual_mechanism: per_window_sum on them, or release: window, or "
                 "turn erasure off"
+            )
+
+    def _check_max_hold(self) -> None:
+        """A held window stops the worker before retention deletes what it pins."""
+        hold, retention = self.output.max_hold_s, self.output.internal_retention_s
+        if hold is None:
+            return
+        if hold >= retention:
+            raise ValueError(
+                f"output.max_hold_s = {hold} must be below output.internal_retention_s "
+                f"({retention} s): retention would delete a held window's records before the "
+                f"worker stops; lower it (the default is half the retention, {retention // 2} s)"
+            )
+        if hold < self.window.life_s:
+            raise ValueError(
+                f"output.max_hold_s = {hold} is shorter than a window's life "
+                f"({self.window.life_s:g} s = window.size_s + grace_s + idle_close_s): every "
+                "window would stop the worker; raise it or remove the key for the default"
             )
 
     def _check_continual_retention(self) -> None:

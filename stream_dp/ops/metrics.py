@@ -496,6 +496,73 @@ def _health_metrics(
     )
 
 
+def _hold_metrics(
+    r: CollectorRegistry,
+) -> tuple[Counter, Gauge, Gauge, Counter, Gauge, Gauge, Gauge, Gauge]:
+    """Held windows and the offsets they pin: records lost under them."""
+    offset_out_of_range = Counter(
+        "stream_dp_offset_out_of_range",
+        "Partitions whose committed offset (or fetch position) was outside the log: records "
+        "still needed were deleted. Internal topics and, by default, the input stop the "
+        "worker (not ready); see the runbook (StreamDPOffsetOutOfRange).",
+        ["topic"],
+        registry=r,
+    )
+    partials_incomplete = Gauge(
+        "stream_dp_partials_incomplete",
+        "Partials of due windows read in part only (a part lost or malformed): their "
+        "windows are held until the source's complete version arrives, never released "
+        "as if that source had no events.",
+        registry=r,
+    )
+    held_record_age = Gauge(
+        "stream_dp_held_record_age_seconds",
+        "Age (by its Kafka timestamp) of the oldest partials or repartition record this "
+        "worker's unreleased windows keep its group's committed offset at; past "
+        "output.max_hold_s the worker stops releasing, before retention deletes it.",
+        registry=r,
+    )
+    max_hold_exceeded = Counter(
+        "stream_dp_max_hold_exceeded",
+        "Times a held record grew older than output.max_hold_s: the worker stopped "
+        "releasing (not ready); see the runbook (StreamDPHeldTooLong).",
+        registry=r,
+    )
+    config_max_hold = Gauge(
+        "stream_dp_config_max_hold_seconds",
+        "output.max_hold_s: the longest a held window may pin an internal record (alert "
+        "rules scale with it).",
+        registry=r,
+    )
+    held_state = Gauge(
+        "stream_dp_held_state_bytes",
+        "Bytes the open windows' samples hold in this worker (capped by "
+        "window.max_held_state_bytes).",
+        registry=r,
+    )
+    config_max_held_state = Gauge(
+        "stream_dp_config_max_held_state_bytes",
+        "window.max_held_state_bytes (NaN: no cap).",
+        registry=r,
+    )
+    backpressure = Gauge(
+        "stream_dp_backpressure",
+        "1 while the held state is above window.max_held_state_bytes and fetching the "
+        "partitions that add to it is paused, else 0.",
+        registry=r,
+    )
+    return (
+        offset_out_of_range,
+        partials_incomplete,
+        held_record_age,
+        max_hold_exceeded,
+        config_max_hold,
+        held_state,
+        config_max_held_state,
+        backpressure,
+    )
+
+
 class Metrics:
     """All metrics of one stream-dp worker, in a registry of its own.
 
@@ -596,6 +663,17 @@ class Metrics:
             self.records_too_large,
             self.build_info,
         ) = _health_metrics(r)
+
+        (
+            self.offset_out_of_range,
+            self.partials_incomplete,
+            self.held_record_age,
+            self.max_hold_exceeded,
+            self.config_max_hold,
+            self.held_state,
+            self.config_max_held_state,
+            self.backpressure,
+        ) = _hold_metrics(r)
 
         # NaN until a window is released: no open window yet, no bounds used yet.
         self.oldest_open_window_end.set(math.nan)

@@ -85,6 +85,14 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "erasure_requests_applied": ("stream_dp_erasure_requests_applied_total", "counter", ()),
     "erasures_active": ("stream_dp_erasures_active", "gauge", ()),
     "build_info": ("stream_dp_build_info", "info", ("version", "python")),
+    "offset_out_of_range": ("stream_dp_offset_out_of_range_total", "counter", ("topic",)),
+    "partials_incomplete": ("stream_dp_partials_incomplete", "gauge", ()),
+    "held_record_age": ("stream_dp_held_record_age_seconds", "gauge", ()),
+    "max_hold_exceeded": ("stream_dp_max_hold_exceeded_total", "counter", ()),
+    "config_max_hold": ("stream_dp_config_max_hold_seconds", "gauge", ()),
+    "held_state": ("stream_dp_held_state_bytes", "gauge", ()),
+    "config_max_held_state": ("stream_dp_config_max_held_state_bytes", "gauge", ()),
+    "backpressure": ("stream_dp_backpressure", "gauge", ()),
 }
 
 
@@ -163,6 +171,7 @@ def populated() -> Metrics:
     m.topology_changes.labels(topic="events").inc()
     m.erasure_requests_applied.inc()
     m.erasures_active.set(1)
+    m.offset_out_of_range.labels(topic="events").inc()
     return m
 
 

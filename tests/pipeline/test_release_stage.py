@@ -3,6 +3,7 @@ merged, what is ignored and counted, the ledger, and offsets on the partials top
 
 from __future__ import annotations
 
+import logging
 import random
 import zlib
 from collections.abc import Mapping, Sequence
@@ -436,20 +437,50 @@ def test_the_first_complete_version_wins_over_an_earlier_incomplete_one() -> Non
     assert _ignored(stage, "duplicate_version") == 1  # the late part of the crashed version
 
 
-def test_an_incomplete_partial_is_left_out() -> None:
+def test_an_incomplete_partial_holds_its_window_until_a_complete_version_comes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Source 1 reported the window (a part of its partial is here) but not all of it: a
+    release now would count its events as none. The window waits, says for which source,
+    and is released with source 1's share once a complete version arrives."""
     stage = _stage()
     feed = Feed(stage)
     feed.values(0, [encode_partial(_partial("visits", 1, MANY), max_bytes=SMALL_BYTES)[0][1]])
     for partial in _both(0, {A: KeyAggregate(4, 2, 0)}):
         feed.partial(0, partial)
     feed.marks(0, END, sources=2)
+    with caplog.at_level(logging.WARNING, logger="stream_dp"):
+        assert stage.due_windows() == []
+        assert stage.due_windows() == []  # warned once, not once per loop
+    assert stage.metrics.partials_incomplete._value.get() == 1
+    waits = [r for r in caplog.records if "source partition 1" in r.getMessage()]
+    assert len(waits) == 1 and getattr(waits[0], "source", None) == 1
+    for partial in _both(1, {B: KeyAggregate(1, 1, 0)}):  # source 1's next owner reseals
+        feed.partial(0, partial)
+    assert stage.due_windows() == [T0]
+    assert stage.metrics.partials_incomplete._value.get() == 0
     releases = _release(stage)
     assert values(releases, "visits") == {
         '{"domain":"a"}': 4,
-        '{"domain":"b"}': 0,
+        '{"domain":"b"}': 1,
         "null": "window",
     }
-    assert {r.query: sorted(r.sources) for r in releases} == {"visits": [0], "all": [0]}
+    assert {r.query: sorted(r.sources) for r in releases} == {"visits": [0, 1], "all": [0, 1]}
+
+
+def test_a_source_not_heard_of_holds_the_window_and_is_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stage = _stage()
+    feed = Feed(stage)
+    _three_sources(feed)
+    feed.mark(0, 0, END, sources=3)
+    feed.mark(0, 2, END, sources=3)  # source 1: no watermark, no sealed report
+    with caplog.at_level(logging.INFO, logger="stream_dp"):
+        assert stage.due_windows() == []
+    assert any(
+        "waits for the watermarks of source partitions 1" in r.getMessage() for r in caplog.records
+    )
 
 
 def test_partials_of_released_windows_are_ignored() -> None:

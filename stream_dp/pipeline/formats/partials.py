@@ -384,6 +384,15 @@ class PartialAssembler:
     def __init__(self) -> None:
         self._parts: dict[str, dict[int, PartialPart]] = {}
         self.taken: Partial | None = None
+        #: Left out on purpose (bounded under another layout, or erasure-stale): a window
+        #: released without it is not missing a report it waits for.
+        self.left_out = False
+
+    @property
+    def incomplete(self) -> bool:
+        """Parts of a version were read but no version is complete: the source reported
+        the window, and stage 2 has not got all of it (a part lost or malformed)."""
+        return self.taken is None and not self.left_out and bool(self._parts)
 
     def supersedes(self, part: PartialPart) -> bool:
         """Whether ``part`` belongs to a version that would replace the taken one."""

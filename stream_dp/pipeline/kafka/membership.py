@@ -41,6 +41,7 @@ from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
+from stream_dp.pipeline.kafka.hold_guards import HoldGuards
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS
@@ -107,6 +108,8 @@ class Membership(WorkerPart):
         #: An error found in a rebalance callback that must stop the worker (raised by the
         #: loop: aiokafka would swallow it in the callback).
         self.fatal: StreamDPError | None = None
+        #: Lost offsets, the maximum hold and the memory cap (hold_guards), around fetching.
+        self.guards = HoldGuards(context, self)
 
     def _stages(self) -> Stages:
         assert self.stages is not None, "the stages are built before partitions are taken"
@@ -129,9 +132,11 @@ class Membership(WorkerPart):
         consumer = self.consumer = AIOKafkaConsumer(
             group_id=kafka.group_id,
             enable_auto_commit=False,
-            # Internal topics are always read from their beginning; input.start_from is
-            # applied to input partitions without a committed offset (on_assigned).
-            auto_offset_reset="earliest",
+            # Never moved silently: a partition without a committed offset is read from
+            # its beginning, one whose offset is out of range stops the worker (see
+            # hold_guards); input.start_from is applied to input partitions without a
+            # committed offset (on_assigned).
+            auto_offset_reset="none",
             session_timeout_ms=kafka.session_timeout_ms,
             heartbeat_interval_ms=kafka.heartbeat_interval_ms,
             max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, kafka.max_message_bytes),

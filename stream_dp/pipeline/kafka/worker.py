@@ -93,9 +93,9 @@ from stream_dp.pipeline.kafka.clock_skew import observe_clock_skew
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
+from stream_dp.pipeline.kafka.hold_guards import HOLDS
 from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
-from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard, LedgerLostError
-from stream_dp.pipeline.kafka.ledger_log import LogRewoundError
+from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.membership import MAX_RECORDS_PER_FETCH, Membership, Stages
 from stream_dp.pipeline.kafka.producing import Outgoing
@@ -230,8 +230,8 @@ class Worker:
             except RecordTooLargeError:
                 self.metrics.records_too_large.inc()
                 raise
-            except (LedgerLostError, LogRewoundError) as exc:
-                await guard.hold(exc, membership.consumer, self._stopping)
+            except HOLDS as exc:  # a lost ledger, lost offsets, a hold past its bounds
+                await membership.guards.hold(exc, guard, membership.consumer, self._stopping)
             finally:
                 monitor.cancel()
                 await self._shutdown(commit=graceful)
@@ -412,7 +412,7 @@ class Worker:
         membership = self.membership
         while not self._stopping.is_set():
             try:
-                batch = await membership.fetch()
+                batch = await membership.guards.fetch()  # held-window guards (hold_guards)
                 if batch is None:
                     break
             except MEMBERSHIP_ERRORS as exc:

@@ -451,3 +451,9 @@ class ColumnIngest:
             sid = self._signature_ids[signature] = len(self._signatures)
             self._signatures.append(signature)
         return sid
+
+    def held_bytes(self) -> int:
+        """Bytes the open windows' samples hold (what window.max_held_state_bytes caps)."""
+        return sum(
+            part.samples.nbytes() for parts in self._state.values() for part in parts.values()
+        )

@@ -175,6 +175,7 @@ class PartialsInbox:
                 # Bounded under another partition layout (partitions were added): a user
                 # may be on a partition of each layout, so only one layout is merged.
                 assembler.taken = before
+                assembler.left_out = before is None
                 ignored.labels(reason="layout_changed").inc()
                 log.error(
                     "a partial bounded under another partition layout was left out",
@@ -210,6 +211,18 @@ class PartialsInbox:
             return min(active)
         return max(quiet) if quiet else None
 
+    def unheard_sources(self, r: int) -> tuple[int, ...]:
+        """Source partitions partials partition ``r`` has no usable watermark of yet."""
+        marks = self._marks.get(r, {})
+        n_sources = max((m.source_partitions for m in marks.values()), default=0)
+        idle_base = self._idle_base.get(r, {})
+        return tuple(
+            p
+            for p in range(n_sources)
+            if (mark := marks.get(p)) is None
+            or (mark.watermark_s is None and not _quiet_confirmed(mark, idle_base.get(p)))
+        )
+
     def pending(self, window_start_s: int) -> PendingWindow | None:
         for windows in self._windows.values():
             if window_start_s in windows:
@@ -242,6 +255,14 @@ class PartialsInbox:
             taken.append(assembler.taken)
         return taken
 
+    def incomplete_sources(self, window_start_s: int) -> list[tuple[str, int]]:
+        """(query, source partition) whose partial of the window was reported but is not
+        complete: stage 2 must not take that source's share for "no events"."""
+        pending = self.pending(window_start_s)
+        if pending is None:
+            return []
+        return sorted(ident for ident, a in pending.assemblers.items() if a.incomplete)
+
     def erasures_applied(self, window_start_s: int) -> int:
         """The erasure-log position every partial the window would merge has applied: the
         least ``erasures_through`` of the versions taken (docs/erasure.md). A window whose
@@ -261,6 +282,7 @@ class PartialsInbox:
         for assembler in pending.assemblers.values() if pending is not None else ():
             if assembler.taken is not None and assembler.taken.erasures_through < required:
                 assembler.taken = None
+                assembler.left_out = True
                 dropped += 1
         if dropped:
             self.metrics.partials_ignored.labels(reason="erasure_stale").inc(dropped)

@@ -57,6 +57,7 @@ from stream_dp.pipeline.stages.cumulative import (
     Preparation,
     cumulative_release,
 )
+from stream_dp.pipeline.stages.hold import SourceCompleteness
 from stream_dp.pipeline.stages.partials_inbox import PartialsInbox, PendingWindow
 from stream_dp.pipeline.stages.queries import CompiledQuery, needed_fields
 from stream_dp.pipeline.stages.release_cursors import ReleaseCursors
@@ -151,6 +152,8 @@ class ReleaseStage:
             key_id_of=key_id_of or (lambda ws: expected_key_id(config, ws)),
             fingerprint=fingerprint,
         )
+        #: Due windows wait for every source's report in full (stages.hold).
+        self.completeness = SourceCompleteness(self.inbox, self.metrics)
         self.adopt_ledger()
 
     # -- coverage and cursors (ReleaseCursors) --------------------------------------------
@@ -259,9 +262,11 @@ class ReleaseStage:
         step = size * self.partials_partitions
         due: list[int] = []
         self.awaiting_bounds = set()
+        self.completeness.begin()
         for r in self.inbox.partitions:
             through = self.inbox.passed_through(r)
             if through is None:
+                self.completeness.note_unheard(r, self.inbox.unheard_sources(r))
                 continue
             ws = self.cursor(r)
             taken = 0
@@ -269,9 +274,12 @@ class ReleaseStage:
                 if self.bounds_for(ws) is None:
                     self.awaiting_bounds.add(ws)  # released in order: the rest waits too
                     break
+                if self.completeness.holds(ws):
+                    break  # a source's partial is incomplete: in order, the rest waits too
                 due.append(ws)
                 ws += step
                 taken += 1
+        self.completeness.end()
         due.sort()
         return due if limit is None else due[:limit]
 

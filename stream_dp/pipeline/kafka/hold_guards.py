@@ -1,0 +1,343 @@
+"""The worker's guards on held windows, in one place (the worker calls them at three points).
+
+* :class:`OffsetRangeGuard`: a partition without a valid offset is read from its start, or
+  (out of range) stops the worker — below;
+* :class:`~stream_dp.pipeline.stages.hold.HeldRecordAge`: a window pinning an internal record
+  past ``output.max_hold_s`` stops the worker;
+* :class:`~stream_dp.pipeline.stages.hold.HeldStateCap` with :class:`Backpressure`: above
+  ``window.max_held_state_bytes`` fetching pauses, and stays paused at most
+  ``window.max_backpressure_s`` before the worker stops.
+
+Each stop is a hold (:meth:`OffsetRangeGuard.hold`): ERROR, out of the group, not ready, live.
+
+**Offsets out of range.** The group consumer runs with ``auto_offset_reset="none"``, so the
+client never moves a position on its own; this module decides instead:
+
+* **No committed offset** (a new group, or a partition never committed): read from the
+  log start, as before — input partitions from their end with ``input.start_from: latest``.
+* **A position out of range** — after a restart, the committed offset; while running, the
+  fetch position — means records this deployment still needs are gone: retention
+  (``output.internal_retention_s``) deleted the records of a window held back longer than
+  that, or someone deleted records or recreated the topic. Skipping them would release an
+  under-count (stage 2 would take a missing partial for "no events") or drop input events
+  silently. The worker stops releasing (:meth:`OffsetRangeGuard.hold`): ERROR log naming the
+  topic, partition, offset and log range, ``stream_dp_offset_out_of_range_total{topic}``,
+  not ready. Only for the *input* topic, and only when ``input.on_offset_out_of_range:
+  skip_to_log_start`` says so, are the lost input records skipped (WARNING, same metric):
+  the operator accepted that those events are not counted.
+
+**Backpressure.** When :class:`~stream_dp.pipeline.stages.hold.HeldStateCap` says the open
+windows hold more than ``window.max_held_state_bytes``, the partitions that add events to
+them — the input topic and the stage-1 topic — are paused (the consumer keeps heartbeating,
+so the group keeps this member); the partials and erasure topics go on, so windows already
+due are still released. Once the state is back under the cap, exactly the partitions paused
+here are resumed (a partition taken meanwhile is paused again on the next iteration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import (
+    IllegalStateError,
+    KafkaError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+)
+
+from stream_dp.config.model import Config
+from stream_dp.errors import StreamDPError
+from stream_dp.ops.health import Health
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.kafka.context import WorkerContext
+from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard, LedgerLostError
+from stream_dp.pipeline.kafka.ledger_log import LogRewoundError
+from stream_dp.pipeline.stages.hold import (
+    HeldRecordAge,
+    HeldStateCap,
+    HeldStateTooLargeError,
+    MaxHoldExceededError,
+)
+from stream_dp.pipeline.stages.ingest import IngestStage
+
+if TYPE_CHECKING:  # the membership builds its guards
+    from stream_dp.pipeline.kafka.membership import Membership
+
+log = logging.getLogger(__name__)
+
+#: What the group consumer reports for a partition this module must position.
+OFFSET_ERRORS = (NoOffsetForPartitionError, OffsetOutOfRangeError)
+#: How often a stopped worker beats (liveness) while it waits for SIGTERM.
+HOLD_BEAT_S = 1.0
+#: How long asking the broker for a partition's log range may take, for the error message.
+RANGE_QUERY_TIMEOUT_S = 10.0
+
+Action = Literal["stop", "skip"]
+
+
+@dataclass(frozen=True)
+class OutOfRange:
+    """A partition whose position the broker says is out of range, with its log range."""
+
+    topic: str
+    partition: int
+    position: int
+    committed: int | None
+    log_start: int | None
+    log_end: int | None
+
+    def describe(self) -> str:
+        committed = "none" if self.committed is None else str(self.committed)
+        start = "unknown" if self.log_start is None else str(self.log_start)
+        end = "unknown" if self.log_end is None else str(self.log_end)
+        return (
+            f"{self.topic}[{self.partition}]: position {self.position} (committed "
+            f"{committed}) is outside the log [{start}, {end})"
+        )
+
+
+class OffsetOutOfRangeStop(StreamDPError):
+    """A partition's committed offset (or fetch position) is out of its log's range."""
+
+    def __init__(self, lost: OutOfRange, what_to_do: str) -> None:
+        self.lost = lost
+        super().__init__(f"offset out of range on {lost.describe()}. {what_to_do}")
+
+
+def out_of_range_action(
+    lost: OutOfRange, *, input_topic: str, input_policy: str, internal_retention_s: int
+) -> tuple[Action, str]:
+    """Stop or skip, and what the operator should do. Only the input topic may skip, only
+    when configured to, and only records below the log start (records deleted by retention
+    or DeleteRecords); a position past the log end (a recreated topic) always stops."""
+    below_start = lost.log_start is not None and lost.position < lost.log_start
+    if lost.topic == input_topic:
+        if input_policy == "skip_to_log_start" and below_start:
+            return "skip", (
+                f"input.on_offset_out_of_range is skip_to_log_start: the input records from "
+                f"offset {lost.position} to {lost.log_start} are skipped, their events are "
+                "not counted"
+            )
+        return "stop", (
+            "Input records this group had not processed are gone (retention, DeleteRecords, "
+            "or a recreated topic). Nothing more is released. Raise the input topic's "
+            "retention, then either restore the records, or accept losing them: set "
+            "input.on_offset_out_of_range: skip_to_log_start (or reset the group's offset "
+            "with kafka-consumer-groups --reset-offsets --to-earliest) and restart"
+        )
+    return "stop", (
+        f"Records of an internal topic that unreleased windows still need are gone "
+        f"(output.internal_retention_s = {internal_retention_s} s passed while a window "
+        "was held back, or the topic was truncated or recreated). Releasing now would "
+        "count the missing records as no events. Nothing more is released: see the "
+        "runbook (StreamDPOffsetOutOfRange) — restore the topic, or start a new deployment "
+        "(a new kafka.group_id) with window.start_at after its last released window"
+    )
+
+
+class OffsetRangeGuard:
+    """Positions partitions the consumer reports without a valid offset (see module)."""
+
+    def __init__(
+        self, config: Config, *, metrics: Metrics, health: Health, topics: list[str]
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.health = health
+        for topic in topics:  # every series from the start, at zero
+            metrics.offset_out_of_range.labels(topic=topic)
+
+    async def resolve(
+        self, exc: NoOffsetForPartitionError | OffsetOutOfRangeError, consumer: AIOKafkaConsumer
+    ) -> None:
+        """Read uncommitted partitions from their log start; skip or stop on one out of
+        range (raises :class:`OffsetOutOfRangeStop`)."""
+        if isinstance(exc, NoOffsetForPartitionError):
+            tps = [tp for tp in exc.args if isinstance(tp, TopicPartition)]
+            owned = [tp for tp in tps if tp in consumer.assignment()]
+            latest = self.config.input.start_from == "latest"
+            # input.start_from: latest applies here too (the error may come after the
+            # partition was taken and moved to its end).
+            to_end = [tp for tp in owned if latest and tp.topic == self.config.input.topic]
+            to_start = [tp for tp in owned if tp not in to_end]
+            # (A rebalance may revoke them meanwhile: their new owner positions them.)
+            with contextlib.suppress(IllegalStateError):
+                if to_end:
+                    await consumer.seek_to_end(*to_end)
+                if to_start:
+                    await consumer.seek_to_beginning(*to_start)
+            return
+        positions = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
+        for tp, position in sorted(positions.items()):
+            if tp not in consumer.assignment():
+                continue  # revoked meanwhile: its new owner meets it, if it is still lost
+            lost = await self._describe(consumer, tp, int(position))
+            action, what_to_do = out_of_range_action(
+                lost,
+                input_topic=self.config.input.topic,
+                input_policy=self.config.input.on_offset_out_of_range,
+                internal_retention_s=self.config.output.internal_retention_s,
+            )
+            self.metrics.offset_out_of_range.labels(topic=tp.topic).inc()
+            if action == "stop":
+                raise OffsetOutOfRangeStop(lost, what_to_do)
+            log.warning(
+                "offset out of range on %s. %s",
+                lost.describe(),
+                what_to_do,
+                extra={"topic": tp.topic, "partition": tp.partition, "offset": position},
+            )
+            with contextlib.suppress(IllegalStateError):
+                await consumer.seek_to_beginning(tp)
+
+    async def _describe(
+        self, consumer: AIOKafkaConsumer, tp: TopicPartition, pos: int
+    ) -> OutOfRange:
+        committed = start = end = None
+        with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+            committed = await asyncio.wait_for(consumer.committed(tp), RANGE_QUERY_TIMEOUT_S)
+        with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+            start = (
+                await asyncio.wait_for(consumer.beginning_offsets([tp]), RANGE_QUERY_TIMEOUT_S)
+            ).get(tp)
+        with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+            end = (await asyncio.wait_for(consumer.end_offsets([tp]), RANGE_QUERY_TIMEOUT_S)).get(
+                tp
+            )
+        return OutOfRange(tp.topic, tp.partition, pos, committed, start, end)
+
+    async def hold(
+        self, exc: StreamDPError, consumer: AIOKafkaConsumer | None, stopping: asyncio.Event
+    ) -> None:
+        """Stop releasing (an offset out of range, or a window held past
+        ``output.max_hold_s``): ERROR, leave the group without committing, not ready; keep
+        beating and serving /metrics until ``stopping`` is set (a restart meets the same
+        state again, so a crash loop would only hide the metric)."""
+        lost = exc.lost if isinstance(exc, OffsetOutOfRangeStop) else None
+        where = (
+            {}
+            if lost is None
+            else {"topic": lost.topic, "partition": lost.partition, "offset": lost.position}
+        )
+        log.error("%s", exc, extra=where)
+        self.health.set("partitions_assigned", False)
+        if consumer is not None:
+            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+                await asyncio.wait_for(consumer.stop(), timeout=HOLD_BEAT_S * 10)
+        while not stopping.is_set():
+            self.health.beat()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopping.wait(), timeout=HOLD_BEAT_S)
+
+
+#: The errors after which the worker holds (stops releasing, stays live): these guards' own,
+#: and the ledger guard's (a lost ledger).
+STOPS = (OffsetOutOfRangeStop, MaxHoldExceededError, HeldStateTooLargeError)
+HOLDS = (LedgerLostError, LogRewoundError, *STOPS)
+
+
+class Backpressure:
+    """Pauses and resumes the partitions that feed the open windows (module docstring)."""
+
+    def __init__(self, membership: Membership) -> None:
+        self._membership = membership
+        self._topics = {membership.input_topic, membership.stage1_topic}
+        self.paused: set[TopicPartition] = set()
+
+    def apply(self, on: bool) -> None:
+        membership, consumer = self._membership, self._membership.consumer
+        if consumer is None:
+            return
+        assigned = consumer.assignment()
+        if on:
+            more = {
+                tp
+                for tp in assigned
+                if tp.topic in self._topics and tp in membership.owned and tp not in self.paused
+            }
+            if more:
+                consumer.pause(*more)
+                self.paused |= more
+            return
+        if self.paused:
+            resume = [tp for tp in self.paused if tp in assigned and tp not in membership.to_take]
+            if resume:
+                consumer.resume(*resume)
+            self.paused = set()
+
+
+class HoldGuards:
+    """The guards of the module docstring, built from the configuration."""
+
+    def __init__(self, context: WorkerContext, membership: Membership) -> None:
+        config, metrics, health = context.config, context.metrics, context.health
+        out = config.output
+        self.offsets = OffsetRangeGuard(
+            config, metrics=metrics, health=health, topics=membership.group_topics()
+        )
+        internal = {out.partials_topic}
+        if not config.input.keyed_by_user:
+            internal.add(out.repartition_topic)
+        self.held_age = HeldRecordAge(
+            internal,
+            max_hold_s=out.max_hold_s or out.internal_retention_s // 2,
+            metrics=metrics,
+        )
+        self.cap = HeldStateCap(
+            config.window.max_held_state_bytes,
+            max_backpressure_s=config.window.max_backpressure_s,
+            metrics=metrics,
+        )
+        self.backpressure = Backpressure(membership)
+        self._membership = membership
+
+    async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
+        """The maximum hold and the memory cap checked on the state the last iteration left
+        (:meth:`check`), then the membership's next batch (None once stopping), its records'
+        Kafka timestamps noted for the maximum hold. A partition without a valid offset is
+        positioned here (from its start, or a stop: :meth:`OffsetRangeGuard.resolve`) and the
+        batch is empty; records of partitions not owned are noted too, and ignored (only the safe
+        offsets' partitions are measured; a partition read again restarts its samples)."""
+        membership = self._membership
+        if membership.stages is not None:  # the last iteration's state, committed
+            self.check(membership.stages.ingest, time.time(), time.monotonic())
+        try:
+            batch = await membership.fetch()
+        except OFFSET_ERRORS as exc:
+            assert membership.consumer is not None
+            await self.offsets.resolve(exc, membership.consumer)
+            return {}
+        for tp, msgs in (batch or {}).items():
+            self.held_age.observe(
+                tp.topic, tp.partition, ((m.offset, m.timestamp / 1e3) for m in msgs)
+            )
+        return batch
+
+    def check(self, ingest: IngestStage, now_s: float, now_mono_s: float) -> None:
+        """After the iteration's commit: the maximum hold, then the memory cap (both raise
+        one of :data:`STOPS`)."""
+        safe: Mapping[tuple[str, int], int] = {
+            (tp.topic, tp.partition): o for tp, o in self._membership.safe_offsets().items()
+        }
+        self.held_age.check(safe, now_s)
+        self.backpressure.apply(self.cap.backpressure(ingest.held_bytes(), now_mono_s))
+
+    async def hold(
+        self,
+        exc: StreamDPError,
+        ledger_guard: LedgerGuard,
+        consumer: AIOKafkaConsumer | None,
+        stopping: asyncio.Event,
+    ) -> None:
+        """Hold on one of :data:`HOLDS`: a lost ledger is the ledger guard's."""
+        if isinstance(exc, STOPS):
+            await self.offsets.hold(exc, consumer, stopping)
+        else:
+            await ledger_guard.hold(exc, consumer, stopping)
