@@ -1,7 +1,9 @@
 """A restart while the input is idle (issue 28, failure 1): stage 1's event time starts from
-what is known — the first window not yet released, and the wall clock once every source is
-proven read to its end and quiet — never from the deployment's first covered window, and
-never past what the read proofs allow."""
+what is known — the first window not yet released, carried on by the wall time since the
+deployment's last release once every source is proven read to its end and quiet — never
+from the deployment's first covered window, and never past what the read proofs allow. A
+deployment that never released, or released far behind the wall clock (a backfill), keeps
+one second of event time per second: it never jumps to the wall clock."""
 
 from __future__ import annotations
 
@@ -26,10 +28,20 @@ WALL = T0 + 1_000_000.0
 GRACE_S, IDLE_S = 1, 5  # support.config's window.grace_s and window.idle_close_s
 
 
-def _released_through(next_by_partition: dict[int, int], partitions: int = 2) -> ReleaseStage:
-    """Stage 2 after reading a ledger whose progress records say these cursors."""
+def _released_through(
+    next_by_partition: dict[int, int],
+    partitions: int = 2,
+    *,
+    released_at_s: float | None = -1.0,
+) -> ReleaseStage:
+    """Stage 2 after reading a ledger whose progress records say these cursors, the newest
+    written at wall time ``released_at_s`` (default: the first window not released, so
+    that the deployment's carried clock is the wall clock; None: no broker time known)."""
     ledger = LedgerIndex()
     ledger.load(encode_progress(r, partitions, nxt) for r, nxt in sorted(next_by_partition.items()))
+    if released_at_s is not None:
+        at_s = min(next_by_partition.values()) if released_at_s == -1.0 else released_at_s
+        ledger.note_progress_time(int(at_s * 1000))
     stage = ReleaseStage(config(), partials_partitions=partitions, ledger=ledger)
     stage.adopt_ledger()
     return stage
@@ -111,7 +123,7 @@ def test_a_router_reports_the_wall_clock_only_for_an_input_partition_proven_idle
     """Input not keyed by user: the router owns the read proof, so it is the one that says
     how far an idle input partition got — the wall clock at its take, once proven quiet
     for window.idle_close_s; before that, only the events it routed."""
-    router = _stage1(None, keyed=False)
+    router = _stage1(_released_through({0: T0, 1: T0}), keyed=False)
     router.assign_routed([0, 1], 10.0, now_s=WALL)
     router.read_to_end(0, 10.0 + IDLE_S - 1, input_topic=True)
     assert [m["t"] for m in _marks(router, 30.0)] == [None, None]  # not idle long enough
@@ -183,3 +195,32 @@ def test_a_backlog_of_due_windows_is_exported_and_logged_at_its_start_and_end(
         "the due windows are released",
     ]
     assert metrics.windows_due._value.get() == 0
+
+
+def test_a_deployment_that_never_released_keeps_one_second_per_second() -> None:
+    """A first start on old coverage (a backfill: nothing released yet) never takes the
+    wall clock: it would close every window up to now and drop the rest of the input as
+    late. Event time runs from the coverage start at one second per second."""
+    release = ReleaseStage(config(), partials_partitions=2, ledger=LedgerIndex())
+    release.adopt_ledger()
+    assert release.last_release_wall_s is None
+    stage = _stage1(release)
+    stage.assign([0], 100.0, routed=False, now_s=WALL)
+    stage.read_to_end(0, 100.0 + IDLE_S, input_topic=False)
+    wm = _watermark(stage, 100.0 + IDLE_S)
+    assert wm is not None and wm < T0 + 1000  # nowhere near WALL (T0 + 1,000,000)
+    router = _stage1(release, keyed=False)
+    router.assign_routed([0], 10.0, now_s=WALL)
+    router.read_to_end(0, 10.0 + IDLE_S, input_topic=True)
+    assert [m["t"] for m in _marks(router, 30.0)] == [None]  # no wall clock to report
+
+
+def test_a_backfill_restarted_carries_its_own_clock_not_the_wall_clock() -> None:
+    """Windows from T0 released a minute before the restart (event time far behind the
+    wall clock): after the restart event time runs on from the first window not released
+    by the minute that passed since, not from the wall clock."""
+    release = _released_through({0: T0 + 1000, 1: T0 + 990}, released_at_s=WALL - 60)
+    stage = _stage1(release)
+    stage.assign([0], 100.0, routed=False, now_s=WALL)
+    stage.read_to_end(0, 100.0 + IDLE_S, input_topic=False)
+    assert _watermark(stage, 100.0 + IDLE_S) == T0 + 990 + 60 + IDLE_S - GRACE_S

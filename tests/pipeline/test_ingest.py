@@ -501,6 +501,7 @@ def test_events_of_released_windows_are_dropped_as_replays_or_late() -> None:
     class Released:
         coverage_start_s = T0
         first_unreleased_s = None
+        last_release_wall_s = None
 
         def released(self, window_start_s: int) -> bool:
             return window_start_s in (T0, T0 + 10)
@@ -781,6 +782,7 @@ def test_events_before_the_first_covered_window_are_late() -> None:
     class Released:
         coverage_start_s = T0 + 10
         first_unreleased_s = None
+        last_release_wall_s = None
 
         def released(self, window_start_s: int) -> bool:
             return False
@@ -799,6 +801,7 @@ def test_an_idle_stream_without_events_still_advances_from_the_first_covered_win
     class Released:
         coverage_start_s = T0
         first_unreleased_s = None
+        last_release_wall_s = None
 
         def released(self, window_start_s: int) -> bool:
             return False

@@ -434,6 +434,18 @@ class LedgerIndex:
         self.losing_draws = 0
         #: Records read, for the loaded-records metric and start-up logs.
         self.records_read = 0
+        #: The broker time stamp (epoch s) of the newest progress record read: when the
+        #: deployment last released a window (None: no release, or records without times).
+        self.last_progress_wall_s: float | None = None
+
+    def note_progress_time(self, timestamp_ms: int | None) -> None:
+        """The broker time stamp of a progress record just fed (see
+        :attr:`last_progress_wall_s`)."""
+        if timestamp_ms is None or timestamp_ms <= 0:
+            return
+        at_s = timestamp_ms / 1000
+        if self.last_progress_wall_s is None or at_s > self.last_progress_wall_s:
+            self.last_progress_wall_s = at_s
 
     def __len__(self) -> int:
         return len(self._releases)

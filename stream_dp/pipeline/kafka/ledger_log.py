@@ -27,7 +27,13 @@ from stream_dp.clients.compacted import (
 )
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.progress import report_progress
-from stream_dp.pipeline.formats.ledger import FENCE_PREFIX, MAX_SWEEP_KEYS, encode_fence
+from stream_dp.pipeline.formats.ledger import (
+    FENCE_PREFIX,
+    MAX_SWEEP_KEYS,
+    PROGRESS_PREFIX,
+    LedgerIndex,
+    encode_fence,
+)
 
 __all__ = ["LedgerLog", "LedgerReadError", "LogIndex", "LogRewoundError", "SendOne"]
 
@@ -112,6 +118,8 @@ class LedgerLog(FencedLog):
                 self.legacy_fences.append((partition, key))
             return
         self.index.feed(key, m.value)
+        if isinstance(self.index, LedgerIndex) and key.startswith(PROGRESS_PREFIX):
+            self.index.note_progress_time(getattr(m, "timestamp", None) if m.value else None)
 
     async def poll(self, timeout_ms: int = 100) -> int:
         """Read what has arrived on every partition, without a fence (no promise of having

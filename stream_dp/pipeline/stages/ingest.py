@@ -111,6 +111,7 @@ SIGNATURES_COMPACT_MIN = 4096
 class _NothingReleased:
     coverage_start_s: int | None = None
     first_unreleased_s: int | None = None
+    last_release_wall_s: float | None = None
 
     def released(self, window_start_s: int) -> bool:
         return False
@@ -240,29 +241,50 @@ class IngestStage(RecordIngest):
                 self._trackers[p] = tracker
 
     def event_time_start(self, now_s: float | None, *, wall_clock: bool = True) -> float | None:
-        """Where a newly assigned partition's event time starts (None: coverage unknown):
-        the first covered window not yet released — never the first covered window of a
-        deployment that released since (an idle restart would then need as long as the
-        deployment has existed to catch up) — or, if later and ``wall_clock``, the wall
-        clock ``now_s`` (logged with the windows due by then, on both paths)."""
+        """Where a newly assigned partition's event time starts (None: coverage unknown).
+
+        At the first covered window not yet released — never the first covered window of a
+        deployment that released since — and, with ``now_s`` and ``wall_clock``, at the
+        deployment's own clock carried on (:meth:`carried_clock`): a deployment that ran
+        live and then stood idle or stopped, for minutes or weeks, starts at about the wall
+        clock and releases its due windows at once. The start counts only once every
+        partition is proven read to its end and quiet for ``window.idle_close_s``."""
+        start_s = self._first_unreleased()
+        if start_s is None:
+            return None
+        carried = self.carried_clock(start_s, now_s)
+        if carried is None:
+            return start_s
+        due = int((carried - start_s) // self.windows.size_s)
+        if due > 0:
+            log.info(
+                "partitions taken: %d windows from %s (the first not released) are due; with "
+                "the input idle they are released once every input partition is proven read "
+                "to its end and quiet for window.idle_close_s",
+                due,
+                iso_utc(int(start_s)),
+            )
+        return carried if wall_clock else start_s
+
+    def _first_unreleased(self) -> float | None:
         released = self._windows_released
         coverage = released.coverage_start_s
         if coverage is None:
             return None
-        start_s: float = max(coverage, released.first_unreleased_s or coverage)
-        if now_s is not None and now_s > start_s:
-            due = int((now_s - self.config.window.grace_s - start_s) // self.windows.size_s)
-            if due > 0:
-                log.info(
-                    "partitions taken: %d windows from %s (the first not released) to now "
-                    "are due; with the input idle they are released once every input "
-                    "partition is proven read to its end and quiet for window.idle_close_s",
-                    due,
-                    iso_utc(int(start_s)),
-                )
-            if wall_clock:
-                start_s = now_s
-        return start_s
+        return float(max(coverage, released.first_unreleased_s or coverage))
+
+    def carried_clock(self, start_s: float, now_s: float | None) -> float | None:
+        """Event time as the deployment's clock would show it had it never stopped: as far
+        past ``start_s`` (the first window not released) as the wall clock ``now_s`` has
+        moved since the deployment's last release (its newest progress record's broker time
+        stamp), and at most ``now_s``. None when the deployment never released (or the
+        time is unknown): then event time starts at ``start_s`` and runs at one second per
+        second, so a deployment covering old windows (a backfill) never jumps to the wall
+        clock and drops the rest of its input as late."""
+        last_s = self._windows_released.last_release_wall_s
+        if now_s is None or last_s is None or now_s <= last_s:
+            return None
+        return min(now_s, start_s + (now_s - last_s))
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Drop the state of partitions that moved away; their new owner replays them."""
@@ -300,9 +322,12 @@ class IngestStage(RecordIngest):
     def assign_routed(
         self, partitions: Iterable[int], now_mono_s: float, *, now_s: float | None = None
     ) -> None:
-        """Input partitions stage 0 now owns (``now_s``: the wall clock at ``now_mono_s``,
-        see :meth:`.RoutingStage.assign_routed`)."""
-        self.router.assign_routed(partitions, now_mono_s, now_s=now_s)
+        """Input partitions stage 0 now owns (``now_s``: the wall clock at ``now_mono_s``;
+        the routers start from the deployment's carried clock, :meth:`carried_clock`, see
+        :meth:`.RoutingStage.assign_routed`)."""
+        start_s = self._first_unreleased()
+        carried = None if start_s is None else self.carried_clock(start_s, now_s)
+        self.router.assign_routed(partitions, now_mono_s, now_s=carried)
 
     def forget_routed(self, partitions: Iterable[int]) -> None:
         """Input partitions stage 0 no longer owns."""

@@ -202,6 +202,11 @@ class ReleasedWindows(Protocol):
         """The earliest covered window not known released (None while unknown)."""
         ...
 
+    @property
+    def last_release_wall_s(self) -> float | None:
+        """When the deployment last released a window (None: never, or unknown)."""
+        ...
+
     def released_earlier(self, window_start_s: int) -> bool: ...
 
     def bounds_for(self, window_start_s: int) -> BoundsTriple | None:

@@ -183,6 +183,11 @@ class ReleaseStage:
         starts after a restart; None while the coverage is unknown)."""
         return self.cursors.first_unreleased()
 
+    @property
+    def last_release_wall_s(self) -> float | None:
+        """When the deployment last released a window (its progress record's broker time)."""
+        return self.ledger.last_progress_wall_s
+
     def windows_due_count(self) -> int:
         """Windows of the owned partials partitions that every source has passed but that
         are not released yet (a backlog after a restart while idle drains through
