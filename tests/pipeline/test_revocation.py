@@ -41,3 +41,50 @@ async def test_on_revoked_with_no_iteration_running_forgets_at_once() -> None:
     await asyncio.wait_for(m.on_revoked([partials]), timeout=5)
     assert partials not in m.owned and other in m.owned
     assert m.revoked_later == set()
+
+
+class _Consumer:
+    """What take_assigned asks of the consumer: the assignment, and resume."""
+
+    def __init__(self, assigned: set[TopicPartition]) -> None:
+        self.assigned = assigned
+        self.resumed: list[TopicPartition] = []
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def pause(self, *tps: TopicPartition) -> None:
+        pass
+
+    def resume(self, *tps: TopicPartition) -> None:
+        missing = [tp for tp in tps if tp not in self.assigned]
+        assert not missing, f"No current assignment for partition {missing}"  # as aiokafka
+        self.resumed.extend(tps)
+
+
+async def test_a_rebalance_while_partitions_are_taken_leaves_the_new_assignment_to_take() -> None:
+    # The callbacks do not wait on the iteration: a new assignment may arrive while the
+    # loop is taking the last one. Resuming then would fetch for state the revocation
+    # dropped, or raise for a partition no longer assigned (seen on a loaded machine).
+    worker, partials, other = _membership()
+    m = worker.membership
+    m.owned = {}
+    consumer = _Consumer({partials, other})
+    m.consumer = consumer  # type: ignore[assignment]
+    m.to_take = [partials, other]
+
+    async def take(pending: list[TopicPartition]) -> None:
+        consumer.assigned = {other}  # the rebalance: partials went elsewhere
+        await m.on_assigned([other])
+
+    m._take = take  # type: ignore[method-assign]
+    await m.take_assigned()
+    assert consumer.resumed == [] and m.owned == {}
+    assert m.to_take == [other]  # taken (its state built anew) on the next iteration
+
+    async def took(pending: list[TopicPartition]) -> None:
+        pass
+
+    m._take = took  # type: ignore[method-assign]
+    await m.take_assigned()
+    assert consumer.resumed == [other] and set(m.owned) == {other} and m.to_take == []

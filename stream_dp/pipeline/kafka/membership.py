@@ -200,7 +200,8 @@ class Membership(WorkerPart):
             self.drop(stale)
             for tp in stale:
                 del self.owned[tp]
-        pending = [tp for tp in self.to_take if tp in current]
+        generation = self.to_take
+        pending = [tp for tp in generation if tp in current]
         try:
             await self._take(pending)
         except (TopologyError, LogRewoundError) as exc:
@@ -211,6 +212,12 @@ class Membership(WorkerPart):
                 "taking new partitions failed (%s); they stay paused until it succeeds",
                 type(exc).__name__,
             )
+            return
+        if self.to_take is not generation:
+            # A rebalance came while they were being taken (the callbacks do not wait on
+            # this iteration): the new assignment is paused and taken on the next iteration;
+            # resuming now could fetch for state a revocation dropped, or raise for a
+            # partition no longer assigned.
             return
         self.to_take = []
         self.owned.update(dict.fromkeys(pending, time.time()))
