@@ -84,6 +84,7 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     from stream_dp.pipeline.formats.ledger import LedgerRelease
     from stream_dp.pipeline.formats.packed import PackedEvents
     from stream_dp.pipeline.kafka import worker as worker_module
+    from stream_dp.pipeline.kafka.service import freeze_startup_heap
     from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage, InputRecord
     from stream_dp.pipeline.stages.release_stage import ReleaseStage
     from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
@@ -167,6 +168,7 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     config = parse_config(spec["config"])
     keyring = KeyRing(Pseudonymizer(secrets.token_bytes(32), "bench"))
     t0, c0 = time.perf_counter(), time.process_time()
+    freeze_startup_heap()  # as the service does before it starts the worker
     metrics = Metrics()
     worker = worker_module.Worker(
         config, keyring, bootstrap_servers=spec["bootstrap"], metrics=metrics

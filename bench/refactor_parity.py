@@ -96,11 +96,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--write", action="store_true", help=f"keep it in {RESULTS_FILE.name}")
     parser.add_argument("--render-only", action="store_true", help="section from the kept run")
+    parser.add_argument(
+        "--note", help="what the difference was (a paragraph under the figures, kept with them)"
+    )
     opts = parser.parse_args()
-    if opts.render_only:
-        out = orjson.loads(RESULTS_FILE.read_bytes())
-    else:
-        out = measure(opts)
+    out = orjson.loads(RESULTS_FILE.read_bytes()) if opts.render_only else measure(opts)
+    if opts.note is not None:
+        out["note"] = opts.note
+    if not opts.render_only:
         print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
     if opts.write or opts.render_only:
         RESULTS_FILE.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
@@ -265,6 +268,8 @@ def section(r: dict[str, Any]) -> list[str]:
             f"{s['median_cpu_ratio']:.3f} ({min(cpu):.3f} to {max(cpu):.3f}) in events per "
             "CPU second."
         )
+    if r.get("note"):
+        lines += ["", str(r["note"])]
     return lines
 
 

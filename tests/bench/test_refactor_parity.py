@@ -35,3 +35,12 @@ def test_splicing_twice_keeps_one_section_before_the_notes() -> None:
     assert once.count(refactor_parity.SECTION_TITLE) == 1
     assert once.index(refactor_parity.SECTION_TITLE) < once.index("## What limits throughput")
     assert "## 8. other\n\ntext\n" in once
+
+
+def test_a_kept_note_is_rendered_under_the_figures() -> None:
+    kept = {**_kept(), "note": "The difference was a per-record generator."}
+    lines = refactor_parity.section(kept)
+    assert lines[-1] == "The difference was a per-record generator."
+    assert lines[-2] == ""
+    kept.pop("note")
+    assert "The difference was a per-record generator." not in refactor_parity.section(kept)

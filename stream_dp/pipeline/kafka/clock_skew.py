@@ -21,27 +21,46 @@ timestamp can at most raise this gauge and a false alert.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from stream_dp.ops.metrics import Metrics
 
 #: Kafka's "no timestamp" (records of message format v0).
 NO_TIMESTAMP_MS = -1
+_timestamp_of = attrgetter("timestamp")
 
 
 def newest_record_timestamp_s(records: Iterable[Any]) -> float | None:
     """The newest ``timestamp`` (ms, as aiokafka gives it) of the records, in seconds; None
     when no record has one."""
-    newest = max(
+    newest_ms = _newest_timestamp_ms(records)
+    return None if newest_ms is None else newest_ms / 1000.0
+
+
+def _newest_timestamp_ms(records: Iterable[Any]) -> int | None:
+    """The largest integer ``timestamp`` above :data:`NO_TIMESTAMP_MS` of the records, or
+    None. It runs for every fetched record, so the usual case (every record has an int
+    timestamp) is one ``max`` in C; a batch with anything else (a record without one, a
+    ``None``) takes the per-record filter, with the same result."""
+    listed = records if isinstance(records, Sequence) else list(records)
+    try:
+        newest = max(map(_timestamp_of, listed), default=None)
+    except (AttributeError, TypeError):  # no timestamp, or one that is not a number
+        newest = None
+    else:
+        # The overall maximum is an int: it is also the maximum of the int timestamps.
+        if isinstance(newest, int):
+            return newest if newest > NO_TIMESTAMP_MS else None
+    return max(
         (
             t
-            for t in (getattr(r, "timestamp", None) for r in records)
+            for t in (getattr(r, "timestamp", None) for r in listed)
             if isinstance(t, int) and t > NO_TIMESTAMP_MS
         ),
         default=None,
     )
-    return None if newest is None else newest / 1000.0
 
 
 def input_clock_skew_s(
@@ -49,10 +68,14 @@ def input_clock_skew_s(
 ) -> float | None:
     """Newest record timestamp of ``topic``'s records in ``batch`` (TopicPartition → records)
     minus ``now_s``; None when the batch holds no timestamped record of ``topic``."""
-    newest = newest_record_timestamp_s(
-        record for tp, records in batch.items() if tp.topic == topic for record in records
-    )
-    return None if newest is None else newest - now_s
+    newest_ms: int | None = None
+    for tp, records in batch.items():  # per partition: one max each
+        if tp.topic != topic:
+            continue
+        ms = _newest_timestamp_ms(records)
+        if ms is not None and (newest_ms is None or ms > newest_ms):
+            newest_ms = ms
+    return None if newest_ms is None else newest_ms / 1000.0 - now_s
 
 
 def observe_clock_skew(
