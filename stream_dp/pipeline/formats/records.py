@@ -8,7 +8,7 @@ JSON Schemas of all of them live in ``topics/``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -109,11 +109,45 @@ def release_records(
     delta: float,
     mechanism: str,
     selection: Mapping[str, Any] | None,
-    values: Iterable[ReleasedValue],
+    values: Sequence[ReleasedValue],
 ) -> list[tuple[str, dict[str, Any]]]:
     """(:func:`output_key`, :func:`release_record`) of every released value of one query and
     window — the same keys and records, built from one template (a window may release
     100,000 keys: the per-key work is a dict copy, four fields and the group's JSON)."""
+    records, _ = release_records_encoded(
+        release_id=release_id,
+        query=query,
+        window_start_s=window_start_s,
+        window_end_s=window_end_s,
+        group_by=group_by,
+        statistic=statistic,
+        epsilon=epsilon,
+        delta=delta,
+        mechanism=mechanism,
+        selection=selection,
+        values=values,
+    )
+    return records
+
+
+def release_records_encoded(
+    *,
+    release_id: str,
+    query: str,
+    window_start_s: int,
+    window_end_s: int,
+    group_by: Sequence[str],
+    statistic: str,
+    epsilon: float,
+    delta: float,
+    mechanism: str,
+    selection: Mapping[str, Any] | None,
+    values: Sequence[ReleasedValue],
+) -> tuple[list[tuple[str, dict[str, Any]]], list[bytes]]:
+    """:func:`release_records` and each record's value as the output topic's bytes
+    (:func:`dumps` of it, byte for byte), encoded from a template: the constant parts are
+    encoded once per query and window, the numbers of every key in one orjson call per
+    field, and per key only its group's JSON (which its key holds too) is encoded."""
     start, end = iso_utc(window_start_s), iso_utc(window_end_s)
     template: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -128,10 +162,15 @@ def release_records(
         "mechanism": mechanism,
         "selection": None,
     }
+    templates = _value_templates({**template, "selection": selection})
     prefix = f"{query}|{start}|"
     single = group_by[0] if len(group_by) == 1 else None
     out = []
-    for v in values:
+    encoded = []
+    ci95s = _encoded_numbers([v.ci95 for v in values])
+    scales = _encoded_numbers([v.noise_scale for v in values])
+    numbers = _encoded_numbers([v.value for v in values])
+    for v, ci95, scale, number in zip(values, ci95s, scales, numbers, strict=True):
         if single is not None:
             x = v.group[0]
             group = {single: x.value if type(x) is JsonBool else x}
@@ -144,10 +183,50 @@ def release_records(
         record["ci95"] = v.ci95
         if selection is not None:
             record["selection"] = dict(selection)
+        group_json = dumps(group)
         if v.clamped:
             record["clamped"] = True
-        out.append((prefix + dumps(group).decode("utf-8"), record))
-    return out
+        if templates is None:
+            encoded.append(dumps(record))
+        else:
+            encoded.append(templates[v.clamped] % (ci95, group_json, scale, number))
+        out.append((prefix + group_json.decode("utf-8"), record))
+    return out, encoded
+
+
+#: The per-key fields of a release record, in the order of :func:`_value_templates`' slots.
+_SLOTS: Final = ("ci95", "group", "noise_scale", "value")
+
+
+def _value_templates(constant: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
+    """The canonical JSON of a release record with ``constant`` fields, as a ``bytes %``
+    template with one ``%b`` per :data:`_SLOTS` field, without and with ``"clamped": true``.
+    Made by encoding the record with placeholder strings and cutting them out, so the
+    constant parts are orjson's own bytes; None if that cannot be done (a constant that
+    holds a placeholder: the records are then encoded one by one)."""
+    out = []
+    for extra in ({}, {"clamped": True}):
+        marked = {**constant, **extra, **{f: f"\x00{f}\x00" for f in _SLOTS}}
+        blob = dumps(marked).replace(b"%", b"%%")
+        marks = [orjson.dumps(f"\x00{f}\x00") for f in _SLOTS]
+        at = [blob.find(m) for m in marks]
+        if any(blob.count(m) != 1 for m in marks) or at != sorted(at):
+            return None
+        for mark in marks:
+            blob = blob.replace(mark, b"%b")
+        out.append(blob)
+    return out[0], out[1]
+
+
+def _encoded_numbers(numbers: list[Any]) -> list[bytes]:
+    """Each number's JSON as orjson writes it alone, from one orjson call over the list
+    (a number's JSON has no comma; anything else is encoded one by one)."""
+    if not numbers:
+        return []
+    parts = orjson.dumps(numbers)[1:-1].split(b",")
+    if len(parts) != len(numbers):  # pragma: no cover - a value that is not a number
+        return [orjson.dumps(x) for x in numbers]
+    return parts
 
 
 def cumulative_release_fields(plan: ContinualPlan, position: HorizonPosition) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from stream_dp.pipeline.formats.ledger import (
     new_release_id,
 )
 from stream_dp.pipeline.formats.partials import Partial, PartialPart, merge_totals
-from stream_dp.pipeline.formats.records import release_records
+from stream_dp.pipeline.formats.records import release_records_encoded
 from stream_dp.pipeline.stages.auto_bounds import AutoBounds
 from stream_dp.pipeline.stages.cumulative import (
     CumulativeQuery,
@@ -496,24 +496,21 @@ def draw_release(
     report_progress("noise")
     release_id = new_release_id()
     selection = plan.selection.record_parameters() if plan.selection is not None else None
-    records = [
-        OutputRecord(key, value)
-        for key, value in release_records(
-            release_id=release_id,
-            query=q.name,
-            window_start_s=window_start_s,
-            window_end_s=window_end_s,
-            group_by=cfg.group_by,
-            statistic=cfg.statistic,
-            epsilon=cfg.epsilon,
-            delta=cfg.delta,
-            mechanism=cfg.mechanism,
-            selection=selection,
-            values=result.values,
-        )
-    ]
+    built, encoded = release_records_encoded(
+        release_id=release_id,
+        query=q.name,
+        window_start_s=window_start_s,
+        window_end_s=window_end_s,
+        group_by=cfg.group_by,
+        statistic=cfg.statistic,
+        epsilon=cfg.epsilon,
+        delta=cfg.delta,
+        mechanism=cfg.mechanism,
+        selection=selection,
+        values=result.values,
+    )
     return close_release(
-        records,
+        [OutputRecord(key, value) for key, value in built],
         release_id=release_id,
         query=q.name,
         window_start_s=window_start_s,
@@ -524,6 +521,7 @@ def draw_release(
         horizon_epsilon_spent=horizon_epsilon_spent,
         sources=sources,
         bounds=bounds_field,
+        encoded=encoded,
     )
 
 
