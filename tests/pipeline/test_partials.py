@@ -18,6 +18,7 @@ from stream_dp.pipeline.formats.partials import (
     PartialPart,
     RecordTooLargeError,
     SourceWatermark,
+    TotalsRows,
     decode,
     encode_partial,
     encode_watermark,
@@ -298,6 +299,9 @@ def _without(base: dict[str, Any], key: str) -> bytes:
         _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, -4096]]),  # a negative weight
         _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, 4096, 1]]),  # six items
         _broken(_GOOD_PARTIAL, totals=[["a", 1, 1, 0]]),  # group key not a list
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], 7]),  # an entry not a list
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], [["a"], 2, 2, 0]]),  # a key twice
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], [["b"], 1, None, 0, 3]]),
         _without(_GOOD_MARK, "idle"),
         _broken(_GOOD_MARK, watermark_s="soon"),
         _broken(_GOOD_MARK, source_partitions=[1]),
@@ -309,6 +313,19 @@ def _without(base: dict[str, Any], key: str) -> bytes:
 def test_malformed_records_raise_partial_format_error(value: bytes | None) -> None:
     with pytest.raises(PartialFormatError):
         decode(value)
+
+
+def test_entries_with_and_without_a_selection_weight_decode_into_one_set_of_columns() -> None:
+    totals = [[["a"], 3, 2, 0], [["b", True], 5, 4, 1, 4096], [[None], 1, 1, -2]]
+    part = decode(_broken(_GOOD_PARTIAL, totals=totals))
+    assert isinstance(part, PartialPart)
+    assert isinstance(part.totals, TotalsRows)
+    columns = part.totals.columns
+    assert columns.groups == [("a",), ("b", JSON_TRUE), (None,)]
+    assert columns.events.tolist() == [3, 5, 1]
+    assert columns.users.tolist() == [2, 4, 1]
+    assert columns.value_sums.tolist() == [0, 1, -2]
+    assert columns.selection_weights.tolist() == [0, 4096, 0]
 
 
 def test_the_unbroken_bases_decode() -> None:
