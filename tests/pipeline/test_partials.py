@@ -3,6 +3,7 @@ merging per key, and the topic's JSON Schema."""
 
 from __future__ import annotations
 
+import gc
 import random
 from typing import Any
 
@@ -25,7 +26,9 @@ from stream_dp.pipeline.formats.partials import (
     merge_totals,
     new_version,
 )
+from stream_dp.pipeline.stages import partials_inbox
 from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE, JsonBool
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows import TumblingWindows
@@ -454,3 +457,29 @@ def test_the_schema_rejects_what_decode_rejects() -> None:
     # Decoding takes any number; the schema says how long a partition was idle: never < 0.
     assert not VALIDATOR.is_valid({**_GOOD_MARK, "idle_for_s": -0.5})
     assert VALIDATOR.is_valid(_GOOD_MARK)
+
+
+def test_stage_2_decodes_partials_with_cyclic_collection_paused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A part decodes into ~100,000 lists; collections they trigger traversed the whole
+    process (5x the decoding of a 1,000,000-key window). Reference counting frees them."""
+    seen: list[bool] = []
+
+    def recording(value: bytes | None) -> PartialPart | SourceWatermark:
+        seen.append(gc.isenabled())
+        return decode(value)
+
+    monkeypatch.setattr(partials_inbox, "decode", recording)
+    stage = ReleaseStage(config())
+    stage.assign([0])
+    assert gc.isenabled()
+    stage.ingest(
+        0,
+        [
+            (0, _broken(_GOOD_PARTIAL)),
+            (1, encode_watermark(SourceWatermark(0, 1, 5.0, False, False))[1]),
+        ],
+    )
+    assert seen == [False, False]
+    assert gc.isenabled()  # and on again after

@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, overload
 
@@ -318,7 +318,7 @@ def _decode_totals(entries: Any) -> KeyTotals:
     # One pass per column in C (zip), not a Python loop per entry (1,000,000 keys: seconds).
     if lengths <= {4}:
         groups, events, users, sums = _transposed(entries, 4)
-        weights: Sequence[Any] = itertools.repeat(0, len(entries))
+        weights: Iterable[Any] = itertools.repeat(0, len(entries))
     else:
         padded = [entry if len(entry) == 5 else [*entry, 0] for entry in entries]
         groups, events, users, sums, weights = _transposed(padded, 5)
