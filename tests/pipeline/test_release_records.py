@@ -7,14 +7,15 @@ from typing import Any
 import orjson
 import pytest
 
-from stream_dp.pipeline.formats.ledger import encoded_strings
+from stream_dp.pipeline.formats.ledger import DrawnRecord, OutputRecord
 from stream_dp.pipeline.formats.partials import RecordTooLargeError, join_in_parts
 from stream_dp.pipeline.formats.records import (
+    ReleaseTemplate,
     dumps,
+    encoded_strings,
     output_key,
     release_record,
     release_records,
-    release_records_encoded,
 )
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE
 from stream_dp.privacy.release import ReleasedValue
@@ -41,6 +42,7 @@ TWO_FIELDS = [
         (["domain"], VALUES, {"strategy": "truncated_geometric", "epsilon": 0.5}),
         (["country", "premium"], TWO_FIELDS, None),
         (["domain"], [], None),
+        (["domain"], [v for v in VALUES if type(v.group[0]) is str], None),  # strings only
         (["domain"], VALUES, {"strategy": '50% of "%b"', "epsilon": 0.5}),
     ],
 )
@@ -59,8 +61,12 @@ def test_template_records_equal_the_records_built_one_by_one(
         "selection": selection,
     }
     built = release_records(group_by=group_by, values=values, **common)
-    with_bytes, encoded = release_records_encoded(group_by=group_by, values=values, **common)
-    assert with_bytes == built
+    template = ReleaseTemplate(group_by=group_by, **common)
+    keys, encoded = template.encode(values)
+    assert keys == [key for key, _ in built]
+    drawn = [DrawnRecord(k, template, v) for k, v in zip(keys, values, strict=True)]
+    assert drawn == [OutputRecord(k, r) for k, r in built]  # equal to the dicts' records
+    assert [OutputRecord(k, r) for k, r in built] == drawn
     assert len(built) == len(values) == len(encoded)
     for (key, record), v, value_bytes in zip(built, values, encoded, strict=True):
         group = {

@@ -15,7 +15,7 @@ from typing import Any, Final
 import orjson
 
 from stream_dp.privacy.continual.planning import ContinualPlan
-from stream_dp.privacy.group_values import JsonBool, json_value
+from stream_dp.privacy.group_values import json_value
 from stream_dp.privacy.release import ReleasedValue
 from stream_dp.windows.horizon import HorizonPosition
 from stream_dp.windows.tumbling import iso_utc
@@ -112,9 +112,8 @@ def release_records(
     values: Sequence[ReleasedValue],
 ) -> list[tuple[str, dict[str, Any]]]:
     """(:func:`output_key`, :func:`release_record`) of every released value of one query and
-    window — the same keys and records, built from one template (a window may release
-    100,000 keys: the per-key work is a dict copy, four fields and the group's JSON)."""
-    records, _ = release_records_encoded(
+    window — the same keys and records, built from one :class:`ReleaseTemplate`."""
+    template = ReleaseTemplate(
         release_id=release_id,
         query=query,
         window_start_s=window_start_s,
@@ -125,73 +124,110 @@ def release_records(
         delta=delta,
         mechanism=mechanism,
         selection=selection,
-        values=values,
     )
-    return records
+    keys, _ = template.encode(values)
+    return [(key, template.record(v)) for key, v in zip(keys, values, strict=True)]
 
 
-def release_records_encoded(
-    *,
-    release_id: str,
-    query: str,
-    window_start_s: int,
-    window_end_s: int,
-    group_by: Sequence[str],
-    statistic: str,
-    epsilon: float,
-    delta: float,
-    mechanism: str,
-    selection: Mapping[str, Any] | None,
-    values: Sequence[ReleasedValue],
-) -> tuple[list[tuple[str, dict[str, Any]]], list[bytes]]:
-    """:func:`release_records` and each record's value as the output topic's bytes
-    (:func:`dumps` of it, byte for byte), encoded from a template: the constant parts are
-    encoded once per query and window, the numbers of every key in one orjson call per
-    field, and per key only its group's JSON (which its key holds too) is encoded."""
-    start, end = iso_utc(window_start_s), iso_utc(window_end_s)
-    template: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "release",
-        "release_id": release_id,
-        "query": query,
-        "window_start": start,
-        "window_end": end,
-        "statistic": statistic,
-        "epsilon": epsilon,
-        "delta": delta,
-        "mechanism": mechanism,
-        "selection": None,
-    }
-    templates = _value_templates({**template, "selection": selection})
-    prefix = f"{query}|{start}|"
-    single = group_by[0] if len(group_by) == 1 else None
-    out = []
-    encoded = []
-    ci95s = _encoded_numbers([v.ci95 for v in values])
-    scales = _encoded_numbers([v.noise_scale for v in values])
-    numbers = _encoded_numbers([v.value for v in values])
-    for v, ci95, scale, number in zip(values, ci95s, scales, numbers, strict=True):
-        if single is not None:
-            x = v.group[0]
-            group = {single: x.value if type(x) is JsonBool else x}
-        else:
-            group = group_dict(group_by, v.group)
-        record = template.copy()
-        record["group"] = group
+class ReleaseTemplate:
+    """What the release records of one query and window share, to build each from.
+
+    A window may release 1,000,000 keys. :meth:`encode` gives every key's output key and
+    value bytes (:func:`dumps` of :meth:`record`, byte for byte) without a Python object per
+    field: the constant parts are encoded once, the numbers of every key in one orjson call
+    per field, the group values in one call when they are strings. :meth:`record` builds a
+    record's fields as a dict, for the readers that want them (the worker does not)."""
+
+    __slots__ = ("_fields", "_group_by", "_prefix", "_selection", "_values")
+
+    def __init__(
+        self,
+        *,
+        release_id: str,
+        query: str,
+        window_start_s: int,
+        window_end_s: int,
+        group_by: Sequence[str],
+        statistic: str,
+        epsilon: float,
+        delta: float,
+        mechanism: str,
+        selection: Mapping[str, Any] | None,
+    ) -> None:
+        start, end = iso_utc(window_start_s), iso_utc(window_end_s)
+        self._fields: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "release",
+            "release_id": release_id,
+            "query": query,
+            "window_start": start,
+            "window_end": end,
+            "statistic": statistic,
+            "epsilon": epsilon,
+            "delta": delta,
+            "mechanism": mechanism,
+            "selection": None,
+        }
+        self._selection = None if selection is None else dict(selection)
+        self._group_by = list(group_by)
+        self._prefix = f"{query}|{start}|"
+        self._values = _value_templates({**self._fields, "selection": self._selection})
+
+    def record(self, v: ReleasedValue) -> dict[str, Any]:
+        """The record of one released value (as :func:`release_record` builds it)."""
+        record = self._fields.copy()
+        record["group"] = group_dict(self._group_by, v.group)
         record["value"] = v.value
         record["noise_scale"] = v.noise_scale
         record["ci95"] = v.ci95
-        if selection is not None:
-            record["selection"] = dict(selection)
-        group_json = dumps(group)
+        if self._selection is not None:
+            record["selection"] = dict(self._selection)
         if v.clamped:
             record["clamped"] = True
+        return record
+
+    def encode(self, values: Sequence[ReleasedValue]) -> tuple[list[str], list[bytes]]:
+        """Each value's :func:`output_key` and record bytes, in order."""
+        groups = self._encoded_groups(values)
+        keys = [self._prefix + g.decode("utf-8") for g in groups]
+        templates = self._values
         if templates is None:
-            encoded.append(dumps(record))
-        else:
-            encoded.append(templates[v.clamped] % (ci95, group_json, scale, number))
-        out.append((prefix + group_json.decode("utf-8"), record))
-    return out, encoded
+            return keys, [dumps(self.record(v)) for v in values]
+        ci95s = _encoded_numbers([v.ci95 for v in values])
+        scales = _encoded_numbers([v.noise_scale for v in values])
+        numbers = _encoded_numbers([v.value for v in values])
+        encoded = [
+            templates[v.clamped] % fields
+            for v, fields in zip(
+                values, zip(ci95s, groups, scales, numbers, strict=True), strict=True
+            )
+        ]
+        return keys, encoded
+
+    def _encoded_groups(self, values: Sequence[ReleasedValue]) -> list[bytes]:
+        """Each value's group as canonical JSON (:func:`canonical_group`'s bytes)."""
+        if len(self._group_by) != 1:
+            return [dumps(group_dict(self._group_by, v.group)) for v in values]
+        # {"<field>": <value>}: one field, so no key order to sort
+        head = b"{" + orjson.dumps(self._group_by[0]) + b":"
+        plain = [v.group[0] for v in values]
+        if set(map(type, plain)) <= {str}:
+            return [head + x + b"}" for x in encoded_strings(plain)]
+        return [head + orjson.dumps(json_value(x)) + b"}" for x in plain]
+
+
+def encoded_strings(strings: list[str]) -> list[bytes]:
+    """Each string's JSON as orjson writes it alone, from one orjson call over the list.
+
+    The list's JSON is split at ``","``: inside a JSON string every quote is escaped, so
+    that sequence occurs only between two strings; any other split (which cannot happen)
+    would change the count, and then each is encoded by itself."""
+    if not strings:
+        return []
+    parts = orjson.dumps(strings)[2:-2].split(b'","')
+    if len(parts) != len(strings):  # pragma: no cover - see the docstring
+        return [orjson.dumps(x) for x in strings]
+    return [b'"%b"' % p for p in parts]
 
 
 #: The per-key fields of a release record, in the order of :func:`_value_templates`' slots.

@@ -41,6 +41,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.ledger import (
+    DrawnRecord,
     LedgerIndex,
     LedgerRelease,
     OutputRecord,
@@ -48,7 +49,7 @@ from stream_dp.pipeline.formats.ledger import (
     new_release_id,
 )
 from stream_dp.pipeline.formats.partials import Partial, PartialPart, merge_totals
-from stream_dp.pipeline.formats.records import release_records_encoded
+from stream_dp.pipeline.formats.records import ReleaseTemplate
 from stream_dp.pipeline.stages.auto_bounds import AutoBounds
 from stream_dp.pipeline.stages.cumulative import (
     CumulativeQuery,
@@ -496,7 +497,7 @@ def draw_release(
     report_progress("noise")
     release_id = new_release_id()
     selection = plan.selection.record_parameters() if plan.selection is not None else None
-    built, encoded = release_records_encoded(
+    template = ReleaseTemplate(
         release_id=release_id,
         query=q.name,
         window_start_s=window_start_s,
@@ -507,10 +508,13 @@ def draw_release(
         delta=cfg.delta,
         mechanism=cfg.mechanism,
         selection=selection,
-        values=result.values,
     )
+    keys, encoded = template.encode(result.values)
+    records: list[OutputRecord] = [
+        DrawnRecord(key, template, v) for key, v in zip(keys, result.values, strict=True)
+    ]
     return close_release(
-        [OutputRecord(key, value) for key, value in built],
+        records,
         release_id=release_id,
         query=q.name,
         window_start_s=window_start_s,
