@@ -197,7 +197,7 @@ class ReleaseTemplate:
         scales = _encoded_numbers([v.noise_scale for v in values])
         numbers = _encoded_numbers([v.value for v in values])
         encoded = [
-            templates[v.clamped] % fields
+            templates[bool(v.clamped)] % fields
             for v, fields in zip(
                 values, zip(ci95s, groups, scales, numbers, strict=True), strict=True
             )
