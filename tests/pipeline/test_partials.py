@@ -3,6 +3,7 @@ merging per key, and the topic's JSON Schema."""
 
 from __future__ import annotations
 
+import gc
 import random
 from typing import Any
 
@@ -18,13 +19,16 @@ from stream_dp.pipeline.formats.partials import (
     PartialPart,
     RecordTooLargeError,
     SourceWatermark,
+    TotalsRows,
     decode,
     encode_partial,
     encode_watermark,
     merge_totals,
     new_version,
 )
+from stream_dp.pipeline.stages import partials_inbox
 from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE, JsonBool
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows import TumblingWindows
@@ -298,6 +302,9 @@ def _without(base: dict[str, Any], key: str) -> bytes:
         _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, -4096]]),  # a negative weight
         _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, 4096, 1]]),  # six items
         _broken(_GOOD_PARTIAL, totals=[["a", 1, 1, 0]]),  # group key not a list
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], 7]),  # an entry not a list
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], [["a"], 2, 2, 0]]),  # a key twice
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], [["b"], 1, None, 0, 3]]),
         _without(_GOOD_MARK, "idle"),
         _broken(_GOOD_MARK, watermark_s="soon"),
         _broken(_GOOD_MARK, source_partitions=[1]),
@@ -309,6 +316,19 @@ def _without(base: dict[str, Any], key: str) -> bytes:
 def test_malformed_records_raise_partial_format_error(value: bytes | None) -> None:
     with pytest.raises(PartialFormatError):
         decode(value)
+
+
+def test_entries_with_and_without_a_selection_weight_decode_into_one_set_of_columns() -> None:
+    totals = [[["a"], 3, 2, 0], [["b", True], 5, 4, 1, 4096], [[None], 1, 1, -2]]
+    part = decode(_broken(_GOOD_PARTIAL, totals=totals))
+    assert isinstance(part, PartialPart)
+    assert isinstance(part.totals, TotalsRows)
+    columns = part.totals.columns
+    assert columns.groups == [("a",), ("b", JSON_TRUE), (None,)]
+    assert columns.events.tolist() == [3, 5, 1]
+    assert columns.users.tolist() == [2, 4, 1]
+    assert columns.value_sums.tolist() == [0, 1, -2]
+    assert columns.selection_weights.tolist() == [0, 4096, 0]
 
 
 def test_the_unbroken_bases_decode() -> None:
@@ -437,3 +457,29 @@ def test_the_schema_rejects_what_decode_rejects() -> None:
     # Decoding takes any number; the schema says how long a partition was idle: never < 0.
     assert not VALIDATOR.is_valid({**_GOOD_MARK, "idle_for_s": -0.5})
     assert VALIDATOR.is_valid(_GOOD_MARK)
+
+
+def test_stage_2_decodes_partials_with_cyclic_collection_paused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A part decodes into ~100,000 lists; collections they trigger traversed the whole
+    process (5x the decoding of a 1,000,000-key window). Reference counting frees them."""
+    seen: list[bool] = []
+
+    def recording(value: bytes | None) -> PartialPart | SourceWatermark:
+        seen.append(gc.isenabled())
+        return decode(value)
+
+    monkeypatch.setattr(partials_inbox, "decode", recording)
+    stage = ReleaseStage(config())
+    stage.assign([0])
+    assert gc.isenabled()
+    stage.ingest(
+        0,
+        [
+            (0, _broken(_GOOD_PARTIAL)),
+            (1, encode_watermark(SourceWatermark(0, 1, 5.0, False, False))[1]),
+        ],
+    )
+    assert seen == [False, False]
+    assert gc.isenabled()  # and on again after

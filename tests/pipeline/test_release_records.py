@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
-from stream_dp.pipeline.formats.records import dumps, output_key, release_record, release_records
+from stream_dp.pipeline.formats.ledger import DrawnRecord, OutputRecord
+from stream_dp.pipeline.formats.partials import RecordTooLargeError, join_in_parts
+from stream_dp.pipeline.formats.records import (
+    ReleaseTemplate,
+    dumps,
+    encoded_strings,
+    output_key,
+    release_record,
+    release_records,
+)
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE
 from stream_dp.privacy.release import ReleasedValue
 
@@ -16,6 +26,9 @@ VALUES = [
     ReleasedValue((1,), -3, 40.0, 120.0, False),
     ReleasedValue((None,), 2.5, 4.0, 12.0, False),
     ReleasedValue(('a|b"c',), 7, 40.0, 120.0, False),
+    ReleasedValue(("x,y",), 1e-7, 0.1 + 0.2, 1e22, False),
+    ReleasedValue(('"%b","%s"',), -0.0, 3.0, 1.5e300, True),
+    ReleasedValue(("\u00e9\n\x01",), 123456789012345, 40.0, 120.0, False),
 ]
 TWO_FIELDS = [
     ReleasedValue(("DE", JSON_FALSE), 5, 6.0, 18.0, False),
@@ -29,6 +42,8 @@ TWO_FIELDS = [
         (["domain"], VALUES, {"strategy": "truncated_geometric", "epsilon": 0.5}),
         (["country", "premium"], TWO_FIELDS, None),
         (["domain"], [], None),
+        (["domain"], [v for v in VALUES if type(v.group[0]) is str], None),  # strings only
+        (["domain"], VALUES, {"strategy": '50% of "%b"', "epsilon": 0.5}),
     ],
 )
 def test_template_records_equal_the_records_built_one_by_one(
@@ -46,8 +61,14 @@ def test_template_records_equal_the_records_built_one_by_one(
         "selection": selection,
     }
     built = release_records(group_by=group_by, values=values, **common)
-    assert len(built) == len(values)
-    for (key, record), v in zip(built, values, strict=True):
+    template = ReleaseTemplate(group_by=group_by, **common)
+    keys, encoded = template.encode(values)
+    assert keys == [key for key, _ in built]
+    drawn = [DrawnRecord(k, template, v) for k, v in zip(keys, values, strict=True)]
+    assert drawn == [OutputRecord(k, r) for k, r in built]  # equal to the dicts' records
+    assert [OutputRecord(k, r) for k, r in built] == drawn
+    assert len(built) == len(values) == len(encoded)
+    for (key, record), v, value_bytes in zip(built, values, encoded, strict=True):
         group = {
             f: (x.value if x in (JSON_TRUE, JSON_FALSE) else x)
             for f, x in zip(group_by, v.group, strict=True)
@@ -62,3 +83,38 @@ def test_template_records_equal_the_records_built_one_by_one(
         )
         assert key == output_key("visits", 1_596_240_000, group)
         assert dumps(record) == dumps(expected)  # byte-identical on the output topic
+        assert value_bytes == dumps(expected)  # the template's bytes too
+
+
+def test_strings_encoded_in_one_call_are_each_strings_json() -> None:
+    strings = ["", "a", 'q|2020|{"a":"x","b":"y"}', '","', '\\","', "é\n\x00", ",", '"']
+    assert encoded_strings(strings) == [orjson.dumps(x) for x in strings]
+    assert encoded_strings([]) == []
+
+
+def _joined_one_by_one(entries: list[bytes], budget: int) -> list[bytes]:
+    """The greedy cut, one entry at a time (the reference for join_in_parts)."""
+    chunks: list[list[bytes]] = [[]]
+    size = 2
+    for entry in entries:
+        if size + len(entry) + 1 > budget and chunks[-1]:
+            chunks.append([])
+            size = 2
+        chunks[-1].append(entry)
+        size += len(entry) + 1
+    return [b"[" + b",".join(c) + b"]" for c in chunks]
+
+
+@pytest.mark.parametrize("budget", [12, 13, 20, 57, 1000])
+def test_entries_are_cut_into_parts_as_one_at_a_time(budget: int) -> None:
+    entries = [b"1" * (1 + (i * 7) % 9) for i in range(60)]
+    parts = join_in_parts(entries, budget, what="a test")
+    assert parts == _joined_one_by_one(entries, budget)
+    assert all(len(p) <= budget for p in parts)
+    assert b",".join(p[1:-1] for p in parts) == b",".join(entries)
+    assert join_in_parts([], budget, what="a test") == [b"[]"]
+
+
+def test_an_entry_too_large_for_any_part_is_refused() -> None:
+    with pytest.raises(RecordTooLargeError, match="an entry of 9 bytes"):
+        join_in_parts([b"1", b"123456789"], 10, what="a test")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, overload
 
@@ -197,18 +197,21 @@ def join_in_parts(entries: Sequence[bytes], budget: int, *, what: str) -> list[b
     Always at least one (possibly empty) array; an entry that alone exceeds the budget can
     never be written (:class:`RecordTooLargeError`).
     """
-    chunks: list[list[bytes]] = [[]]
-    size = 2
-    for entry in entries:
-        n = len(entry) + 1
-        if n + 2 > budget:
-            raise _too_large(what, len(entry))
-        if size + n > budget and chunks[-1]:
-            chunks.append([])
-            size = 2
-        chunks[-1].append(entry)
-        size += n
-    return [b"[" + b",".join(chunk) + b"]" for chunk in chunks]
+    if not entries:
+        return [b"[]"]
+    sizes = np.fromiter(map(len, entries), np.int64, len(entries)) + 1
+    too_large = np.flatnonzero(sizes + 2 > budget)
+    if too_large.size:
+        raise _too_large(what, int(sizes[too_large[0]]) - 1)
+    # Greedy, as one entry at a time: a chunk [lo, hi) holds 2 + Σ (size + 1) ≤ budget bytes.
+    ends = np.concatenate(([0], np.cumsum(sizes)))
+    chunks = []
+    lo = 0
+    while lo < len(entries):
+        hi = int(np.searchsorted(ends, ends[lo] + budget - 2, side="right")) - 1
+        chunks.append(b"[" + b",".join(entries[lo:hi]) + b"]")
+        lo = hi
+    return chunks
 
 
 def encode_in_parts(
@@ -309,30 +312,34 @@ def _decode_totals(entries: Any) -> KeyTotals:
     in canonical form (the weight is there for ``selection: weighted_gaussian`` only)."""
     if type(entries) is not list:
         raise TypeError("totals must be a list")
-    groups, events, users, sums, weights = [], [], [], [], []
-    for entry in entries:
-        if type(entry) is not list or len(entry) not in (4, 5):
-            raise TypeError("a totals entry must be a list of 4 or 5 items")
-        group = entry[0]
-        if type(group) is not list:
-            raise TypeError("a group key must be a list")
-        groups.append(group)
-        events.append(entry[1])
-        users.append(entry[2])
-        sums.append(entry[3])
-        weights.append(entry[4] if len(entry) == 5 else 0)
-    if {type(x) for g in groups for x in g} <= _PLAIN_VALUE_TYPES:
+    lengths = set(map(len, entries)) if type(entries) is list else set()
+    if set(map(type, entries)) - {list} or lengths - {4, 5}:
+        raise TypeError("a totals entry must be a list of 4 or 5 items")
+    # One pass per column in C (zip), not a Python loop per entry (1,000,000 keys: seconds).
+    if lengths <= {4}:
+        groups, events, users, sums = _transposed(entries, 4)
+        weights: Iterable[Any] = itertools.repeat(0, len(entries))
+    else:
+        padded = [entry if len(entry) == 5 else [*entry, 0] for entry in entries]
+        groups, events, users, sums, weights = _transposed(padded, 5)
+    if set(map(type, groups)) - {list}:
+        raise TypeError("a group key must be a list")
+    if set(map(type, itertools.chain.from_iterable(groups))) <= _PLAIN_VALUE_TYPES:
         keys = list(map(tuple, groups))  # already canonical
     else:
         keys = list(map(canonical_key, groups))
     if len(set(keys)) != len(keys):
         raise ValueError("a group key appears twice in one part")
-    columns = [
-        np.fromiter(map(int, c), np.int64, len(c)) for c in (events, users, sums, weights)
-    ]
+    n = len(keys)
+    columns = [np.fromiter(map(int, c), np.int64, n) for c in (events, users, sums, weights)]
     if (columns[3] < 0).any():
         raise ValueError("a selection weight is negative")
     return KeyTotals(keys, *columns)
+
+
+def _transposed(entries: list[Any], width: int) -> list[Sequence[Any]]:
+    """The columns of equally long rows (empty columns for no rows)."""
+    return list(zip(*entries, strict=True)) if entries else [() for _ in range(width)]
 
 
 class TotalsRows(Sequence[tuple[GroupKey, KeyAggregate]]):

@@ -8,14 +8,14 @@ JSON Schemas of all of them live in ``topics/``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 
 from stream_dp.privacy.continual.planning import ContinualPlan
-from stream_dp.privacy.group_values import JsonBool, json_value
+from stream_dp.privacy.group_values import json_value
 from stream_dp.privacy.release import ReleasedValue
 from stream_dp.windows.horizon import HorizonPosition
 from stream_dp.windows.tumbling import iso_utc
@@ -109,45 +109,160 @@ def release_records(
     delta: float,
     mechanism: str,
     selection: Mapping[str, Any] | None,
-    values: Iterable[ReleasedValue],
+    values: Sequence[ReleasedValue],
 ) -> list[tuple[str, dict[str, Any]]]:
     """(:func:`output_key`, :func:`release_record`) of every released value of one query and
-    window — the same keys and records, built from one template (a window may release
-    100,000 keys: the per-key work is a dict copy, four fields and the group's JSON)."""
-    start, end = iso_utc(window_start_s), iso_utc(window_end_s)
-    template: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "release",
-        "release_id": release_id,
-        "query": query,
-        "window_start": start,
-        "window_end": end,
-        "statistic": statistic,
-        "epsilon": epsilon,
-        "delta": delta,
-        "mechanism": mechanism,
-        "selection": None,
-    }
-    prefix = f"{query}|{start}|"
-    single = group_by[0] if len(group_by) == 1 else None
-    out = []
-    for v in values:
-        if single is not None:
-            x = v.group[0]
-            group = {single: x.value if type(x) is JsonBool else x}
-        else:
-            group = group_dict(group_by, v.group)
-        record = template.copy()
-        record["group"] = group
+    window — the same keys and records, built from one :class:`ReleaseTemplate`."""
+    template = ReleaseTemplate(
+        release_id=release_id,
+        query=query,
+        window_start_s=window_start_s,
+        window_end_s=window_end_s,
+        group_by=group_by,
+        statistic=statistic,
+        epsilon=epsilon,
+        delta=delta,
+        mechanism=mechanism,
+        selection=selection,
+    )
+    keys, _ = template.encode(values)
+    return [(key, template.record(v)) for key, v in zip(keys, values, strict=True)]
+
+
+class ReleaseTemplate:
+    """What the release records of one query and window share, to build each from.
+
+    A window may release 1,000,000 keys. :meth:`encode` gives every key's output key and
+    value bytes (:func:`dumps` of :meth:`record`, byte for byte) without a Python object per
+    field: the constant parts are encoded once, the numbers of every key in one orjson call
+    per field, the group values in one call when they are strings. :meth:`record` builds a
+    record's fields as a dict, for the readers that want them (the worker does not)."""
+
+    __slots__ = ("_fields", "_group_by", "_prefix", "_selection", "_values")
+
+    def __init__(
+        self,
+        *,
+        release_id: str,
+        query: str,
+        window_start_s: int,
+        window_end_s: int,
+        group_by: Sequence[str],
+        statistic: str,
+        epsilon: float,
+        delta: float,
+        mechanism: str,
+        selection: Mapping[str, Any] | None,
+    ) -> None:
+        start, end = iso_utc(window_start_s), iso_utc(window_end_s)
+        self._fields: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "release",
+            "release_id": release_id,
+            "query": query,
+            "window_start": start,
+            "window_end": end,
+            "statistic": statistic,
+            "epsilon": epsilon,
+            "delta": delta,
+            "mechanism": mechanism,
+            "selection": None,
+        }
+        self._selection = None if selection is None else dict(selection)
+        self._group_by = list(group_by)
+        self._prefix = f"{query}|{start}|"
+        self._values = _value_templates({**self._fields, "selection": self._selection})
+
+    def record(self, v: ReleasedValue) -> dict[str, Any]:
+        """The record of one released value (as :func:`release_record` builds it)."""
+        record = self._fields.copy()
+        record["group"] = group_dict(self._group_by, v.group)
         record["value"] = v.value
         record["noise_scale"] = v.noise_scale
         record["ci95"] = v.ci95
-        if selection is not None:
-            record["selection"] = dict(selection)
+        if self._selection is not None:
+            record["selection"] = dict(self._selection)
         if v.clamped:
             record["clamped"] = True
-        out.append((prefix + dumps(group).decode("utf-8"), record))
-    return out
+        return record
+
+    def encode(self, values: Sequence[ReleasedValue]) -> tuple[list[str], list[bytes]]:
+        """Each value's :func:`output_key` and record bytes, in order."""
+        groups = self._encoded_groups(values)
+        keys = [self._prefix + g.decode("utf-8") for g in groups]
+        templates = self._values
+        if templates is None:
+            return keys, [dumps(self.record(v)) for v in values]
+        ci95s = _encoded_numbers([v.ci95 for v in values])
+        scales = _encoded_numbers([v.noise_scale for v in values])
+        numbers = _encoded_numbers([v.value for v in values])
+        encoded = [
+            templates[bool(v.clamped)] % fields
+            for v, fields in zip(
+                values, zip(ci95s, groups, scales, numbers, strict=True), strict=True
+            )
+        ]
+        return keys, encoded
+
+    def _encoded_groups(self, values: Sequence[ReleasedValue]) -> list[bytes]:
+        """Each value's group as canonical JSON (:func:`canonical_group`'s bytes)."""
+        if len(self._group_by) != 1:
+            return [dumps(group_dict(self._group_by, v.group)) for v in values]
+        # {"<field>": <value>}: one field, so no key order to sort
+        head = b"{" + orjson.dumps(self._group_by[0]) + b":"
+        plain = [v.group[0] for v in values]
+        if set(map(type, plain)) <= {str}:
+            return [head + x + b"}" for x in encoded_strings(plain)]
+        return [head + orjson.dumps(json_value(x)) + b"}" for x in plain]
+
+
+def encoded_strings(strings: list[str]) -> list[bytes]:
+    """Each string's JSON as orjson writes it alone, from one orjson call over the list.
+
+    The list's JSON is split at ``","``: inside a JSON string every quote is escaped, so
+    that sequence occurs only between two strings; any other split (which cannot happen)
+    would change the count, and then each is encoded by itself."""
+    if not strings:
+        return []
+    parts = orjson.dumps(strings)[2:-2].split(b'","')
+    if len(parts) != len(strings):  # pragma: no cover - see the docstring
+        return [orjson.dumps(x) for x in strings]
+    return [b'"%b"' % p for p in parts]
+
+
+#: The per-key fields of a release record, in the order of :func:`_value_templates`' slots.
+_SLOTS: Final = ("ci95", "group", "noise_scale", "value")
+
+
+def _value_templates(constant: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
+    """The canonical JSON of a release record with ``constant`` fields, as a ``bytes %``
+    template with one ``%b`` per :data:`_SLOTS` field, without and with ``"clamped": true``.
+    Made by encoding the record with placeholder strings and cutting them out, so the
+    constant parts are orjson's own bytes; None if that cannot be done (a constant that
+    holds a placeholder: the records are then encoded one by one)."""
+    out = []
+    for extra in ({}, {"clamped": True}):
+        marked = {**constant, **extra, **{f: f"\x00{f}\x00" for f in _SLOTS}}
+        blob = dumps(marked).replace(b"%", b"%%")
+        marks = [orjson.dumps(f"\x00{f}\x00") for f in _SLOTS]
+        at = [blob.find(m) for m in marks]
+        if any(blob.count(m) != 1 for m in marks) or at != sorted(at):
+            return None
+        for mark in marks:
+            blob = blob.replace(mark, b"%b")
+        out.append(blob)
+    return out[0], out[1]
+
+
+def _encoded_numbers(numbers: list[Any]) -> list[bytes]:
+    """Each number's JSON as orjson writes it alone, from one orjson call over the list
+    (a number's JSON has no comma; anything else is encoded one by one)."""
+    if not numbers:
+        return []
+    parts = orjson.dumps(numbers)[1:-1].split(b",")
+    if len(parts) != len(numbers):  # pragma: no cover - a value that is not a number
+        return [orjson.dumps(x) for x in numbers]
+    return parts
 
 
 def cumulative_release_fields(plan: ContinualPlan, position: HorizonPosition) -> dict[str, Any]:

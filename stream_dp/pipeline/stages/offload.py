@@ -22,43 +22,18 @@ everything the process holds, doubling the time. Reference counting frees them a
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
 from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.ledger import LedgerRelease, encode_release
 from stream_dp.pipeline.formats.partials import encode_partial
+from stream_dp.pipeline.stages.gc_pause import gc_paused as gc_paused
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-_pause_lock = threading.Lock()
-_pauses = 0
-_was_enabled = False
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause cyclic garbage collection for the block (nested and threaded uses are fine:
-    collection resumes when the last one ends, if it was on before the first)."""
-    global _pauses, _was_enabled
-    with _pause_lock:
-        if _pauses == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _pauses += 1
-    try:
-        yield
-    finally:
-        with _pause_lock:
-            _pauses -= 1
-            if _pauses == 0 and _was_enabled:
-                gc.enable()
 
 
 async def run_off_loop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

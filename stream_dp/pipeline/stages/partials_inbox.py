@@ -30,6 +30,7 @@ from stream_dp.pipeline.formats.partials import (
     SourceWatermark,
     decode,
 )
+from stream_dp.pipeline.stages.gc_pause import gc_paused
 from stream_dp.windows.tumbling import iso_utc
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
 
@@ -107,7 +108,8 @@ class PartialsInbox:
         ignored = self.metrics.partials_ignored
         for offset, value in records:
             try:
-                item = decode(value)
+                with gc_paused():  # a part decodes into ~100,000 lists: see gc_pause
+                    item = decode(value)
             except PartialFormatError as exc:
                 ignored.labels(reason="malformed").inc()
                 log.error("partials topic: %s (partition %d offset %d)", exc, partition, offset)

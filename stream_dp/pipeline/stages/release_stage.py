@@ -41,6 +41,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.ledger import (
+    DrawnRecord,
     LedgerIndex,
     LedgerRelease,
     OutputRecord,
@@ -48,7 +49,7 @@ from stream_dp.pipeline.formats.ledger import (
     new_release_id,
 )
 from stream_dp.pipeline.formats.partials import Partial, PartialPart, merge_totals
-from stream_dp.pipeline.formats.records import release_records
+from stream_dp.pipeline.formats.records import ReleaseTemplate
 from stream_dp.pipeline.stages.auto_bounds import AutoBounds
 from stream_dp.pipeline.stages.cumulative import (
     CumulativeQuery,
@@ -528,21 +529,21 @@ def draw_release(
     report_progress("noise")
     release_id = new_release_id()
     selection = plan.selection.record_parameters() if plan.selection is not None else None
-    records = [
-        OutputRecord(key, value)
-        for key, value in release_records(
-            release_id=release_id,
-            query=q.name,
-            window_start_s=window_start_s,
-            window_end_s=window_end_s,
-            group_by=cfg.group_by,
-            statistic=cfg.statistic,
-            epsilon=cfg.epsilon,
-            delta=cfg.delta,
-            mechanism=cfg.mechanism,
-            selection=selection,
-            values=result.values,
-        )
+    template = ReleaseTemplate(
+        release_id=release_id,
+        query=q.name,
+        window_start_s=window_start_s,
+        window_end_s=window_end_s,
+        group_by=cfg.group_by,
+        statistic=cfg.statistic,
+        epsilon=cfg.epsilon,
+        delta=cfg.delta,
+        mechanism=cfg.mechanism,
+        selection=selection,
+    )
+    keys, encoded = template.encode(result.values)
+    records: list[OutputRecord] = [
+        DrawnRecord(key, template, v) for key, v in zip(keys, result.values, strict=True)
     ]
     return close_release(
         records,
@@ -556,6 +557,7 @@ def draw_release(
         horizon_epsilon_spent=horizon_epsilon_spent,
         sources=sources,
         bounds=bounds_field,
+        encoded=encoded,
     )
 
 
