@@ -424,3 +424,15 @@ def test_the_fit_is_the_least_squares_non_increasing_sequence(values: list[int])
         return
     expected = isotonic_regression(np.array(values, dtype=np.float64), increasing=False).x
     np.testing.assert_allclose(fitted, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_events_and_keys_alone_split_the_histogram_budget_toward_events() -> None:
+    """With events and keys per user only, k is decided in the sparse tail of events per
+    user, so that histogram gets the larger share of ε_h; the shares still add up to ε_h."""
+    layout = make_layout(
+        k_cap=1000, keys_cap=64, per_key_cap=None, projections={"p0": ("q0",)}, events=True
+    )
+    scales = noise_scales(layout, epsilon=0.2)
+    assert set(scales) == {"events", "keys/p0"}
+    assert scales["events"] < scales["keys/p0"]  # less noise: a larger share of ε_h
+    assert sum(1 / b for b in scales.values()) == pytest.approx(0.2)
