@@ -11,7 +11,7 @@ the report can be checked against it) and printed, one name a line, for ``mutmut
 The sizes: every sampled mutant must run (the report fails otherwise), and on two cores
 shared with other work the whole ``make mutate`` — mutmut's stats and clean runs (about
 ten minutes each when busy), the sample, the threat model's bites — has to fit in about an
-hour. 160 core mutants give the core's score to about ±5% (95%); each other module gets 8.
+hour. 136 core mutants give the core's score to about ±5% (95%); each other module gets 8.
 
 Mutants are generated first when ``mutants/`` has none (mutmut's own generation step).
 """
