@@ -417,8 +417,11 @@ def first_pass_section(sample: set[str], path: Path = FIRST_PASS) -> str:
         if kill_rate(c) < CORE_MIN_KILL_RATE
     ]
     if low_modules and kill_rate(core) < CORE_MIN_KILL_RATE:
-        lines += ["Modules under 90% in the first pass (score; survivors unexplained then):", ""]
-        lines += [f"- `{p}`: {rate:.1%}, {left}" for p, rate, left in low_modules]
+        lines += ["The modules under 90% in the first pass, which pull the estimate down:", ""]
+        lines += [
+            f"- `{p}`: {rate:.1%} ({left} survivors not shown equivalent then)"
+            for p, rate, left in low_modules
+        ]
         lines.append("")
     return "\n".join(lines)
 

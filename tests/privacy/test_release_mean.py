@@ -115,3 +115,17 @@ def test_a_clamped_mean_says_it_was_clamped(
     (value,) = release_query({("a",): KeyAggregate(2, 2, 1)}, plan).values
     assert value.value == released
     assert value.clamped is clamped
+
+
+def test_a_gaussian_mean_splits_epsilon_and_delta_between_its_sum_and_count() -> None:
+    """The two noisy components of a mean are composed: their (ε, δ) add up to the query's,
+    and each Gaussian σ is calibrated to its own share (σ from (ε_i, δ_i) by zCDP)."""
+    from stream_dp.privacy.calibration import zcdp_rho
+
+    plan = _plan(mechanism="discrete_gaussian", delta=1e-6)
+    assert [c.target for c in plan.noise] == ["sum", "count"]
+    assert sum(c.epsilon for c in plan.noise) == pytest.approx(plan.epsilon)
+    assert sum(c.delta for c in plan.noise) == pytest.approx(plan.delta)
+    for c in plan.noise:
+        assert 0 < c.delta < plan.delta
+        assert c.rho == pytest.approx(zcdp_rho(c.epsilon, c.delta))
