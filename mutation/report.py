@@ -299,9 +299,11 @@ def render(
         lines += [
             f"These are the mutants of the fixed random sample `mutation/sample.txt` "
             f"({sum(v for o, v in total.items() if o != 'equivalent')} mutants; "
-            "`python -m mutation.sample`). The privacy core's "
-            f"mutation score over all its mutants lies in [{low:.1%}, {high:.1%}] with 95% "
-            f"confidence ({n} non-equivalent core mutants run).",
+            "`python -m mutation.sample`). The privacy core's score on it has the 95% "
+            f"interval [{low:.1%}, {high:.1%}] ({n} non-equivalent core mutants run); that "
+            "is an interval for the score over all the core's mutants only while no test "
+            "was written against this sample's survivors (when one was, the first pass "
+            "below is the estimate).",
             "",
         ]
         if total["not run"]:
@@ -419,7 +421,7 @@ def first_pass_section(sample: set[str], path: Path = FIRST_PASS) -> str:
     if low_modules and kill_rate(core) < CORE_MIN_KILL_RATE:
         lines += ["The modules under 90% in the first pass, which pull the estimate down:", ""]
         lines += [
-            f"- `{p}`: {rate:.1%} ({left} survivors not shown equivalent then)"
+            f"- `{p}`: {rate:.1%}; survivors not shown equivalent then: {left}"
             for p, rate, left in low_modules
         ]
         lines.append("")
@@ -481,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     if sampled:
         first = first_pass_section(chosen)
         head, sep, rest = text.partition("\n| module |")
-        text = head + first + sep + rest if first else text
+        text = head + "\n" + first + sep + rest if first else text
     text += bites_section()
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out}: privacy core mutation score {core_score:.1%}")

@@ -151,7 +151,8 @@ def test_the_report_keeps_the_first_pass_score_of_the_sample_beside_the_reviewed
     assert "**First pass, the estimate: 77.8%**" in section  # 7 of 9 non-equivalent
     low, high = wilson_interval(7, 9)
     assert f"[{low:.1%}, {high:.1%}]" in section
-    assert "`stream_dp/privacy/a.py`: 77.8% (2 survivors" in section  # the module under 90%
+    # the module under 90%, with its survivors not shown equivalent before the run
+    assert "`stream_dp/privacy/a.py`: 77.8%; survivors not shown equivalent then: 2" in section
     # a record of another sample says nothing about this one
     assert report.first_pass_section(set(names[:9]), record) == ""
     assert report.first_pass_section(set(names), tmp_path / "none.json") == ""
