@@ -129,3 +129,30 @@ def test_a_mutants_child_starts_with_stream_dps_caches_empty() -> None:
     assert false_refusal_bound.cache_info().currsize > 0
     _forget_cached_results()
     assert false_refusal_bound.cache_info().currsize == 0
+
+
+def test_the_report_keeps_the_first_pass_score_of_the_sample_beside_the_reviewed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tests written against a sample's survivors make its score optimistic: the report must
+    still print the score of the sample's first run, and only for that same sample."""
+    import mutation.report as report
+
+    names = [f"stream_dp.privacy.a.x_f__mutmut_{i}" for i in range(1, 11)]
+    first = [Mutant(n, "stream_dp/privacy/a.py", "killed") for n in names[:7]]
+    first += [Mutant(n, "stream_dp/privacy/a.py", "survived") for n in names[7:]]
+    record = tmp_path / "first_pass.json"
+    equivalent = {names[9]: "equivalent: why"}  # known before the run
+    monkeypatch.setattr(report, "classify", lambda m: None)
+    report.record_first_pass(first, equivalent, record)
+
+    # after review: one survivor killed by a new test, one shown equivalent
+    section = report.first_pass_section(set(names), record)
+    assert "**First pass, the estimate: 77.8%**" in section  # 7 of 9 non-equivalent
+    low, high = wilson_interval(7, 9)
+    assert f"[{low:.1%}, {high:.1%}]" in section
+    # the module under 90%, with its survivors not shown equivalent before the run
+    assert "`stream_dp/privacy/a.py`: 77.8%; survivors not shown equivalent then: 2" in section
+    # a record of another sample says nothing about this one
+    assert report.first_pass_section(set(names[:9]), record) == ""
+    assert report.first_pass_section(set(names), tmp_path / "none.json") == ""

@@ -424,3 +424,43 @@ def test_the_fit_is_the_least_squares_non_increasing_sequence(values: list[int])
         return
     expected = isotonic_regression(np.array(values, dtype=np.float64), increasing=False).x
     np.testing.assert_allclose(fitted, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_events_and_keys_alone_split_the_histogram_budget_toward_events() -> None:
+    """With events and keys per user only, k is decided in the sparse tail of events per
+    user, so that histogram gets the larger share of ε_h; the shares still add up to ε_h."""
+    layout = make_layout(
+        k_cap=1000, keys_cap=64, per_key_cap=None, projections={"p0": ("q0",)}, events=True
+    )
+    scales = noise_scales(layout, epsilon=0.2)
+    assert set(scales) == {"events", "keys/p0"}
+    assert scales["events"] < scales["keys/p0"]  # less noise: a larger share of ε_h
+    assert sum(1 / b for b in scales.values()) == pytest.approx(0.2)
+
+
+def test_values_that_grew_since_the_window_before_raise_the_next_bound() -> None:
+    """The next window is expected to move on as this one did: when the values read now are
+    twice those the window before read, the choice reads them stretched by that trend and
+    picks a larger k than from the same histograms with no history."""
+    layout = make_layout(k_cap=1000, keys_cap=None, per_key_cap=None, projections={}, events=True)
+    h = UserHistograms(layout, random.Random(0))
+    for n in [v for v in range(4, 8) for _ in range(2500)] + [
+        v for v in range(64, 128) for _ in range(3)
+    ]:
+        h.add_user(n, {})
+    kwargs = {
+        "spec": AutoSpec(frozenset({"k"}), k=1000, l0=None, linf=None),
+        "current": (40, None, None),
+        "queries": [_count_model(0.5)],
+        "released": {},
+    }
+    noisy = _noise_free(h.counts(), layout)
+    flat = choose_bounds(noisy, layout, **kwargs)  # type: ignore[arg-type]
+    grown = choose_bounds(
+        noisy,
+        layout,
+        means_before={"events": flat.means["events"] / 2},
+        **kwargs,  # type: ignore[arg-type]
+    )
+    assert flat.reason == grown.reason == "min_expected_error"
+    assert grown.bounds[0] > flat.bounds[0]

@@ -37,3 +37,23 @@ def test_a_tie_keeps_the_draw_exactly_when_a_uniform_below_the_remainder_falls(
     monkeypatch.setattr(mechanisms.secrets, "randbelow", randbelow)
     assert mechanisms.bernoulli([P, 1.0, 0.0]) == [kept, True, False]
     assert asked == [REMAINDER.denominator]  # one tie, settled on the exact remainder
+
+
+def test_a_tie_on_a_probability_with_no_remainder_is_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """p = 1/2 is exactly 2⁶³/2⁶⁴: bits equal to ⌊p·2⁶⁴⌋ make U = p + (the further bits) ≥ p,
+    so the draw is not kept, and nothing is left to settle."""
+    asked: list[int] = []
+
+    def tie_bits(n: int) -> bytes:
+        return np.full(n // 8, 2**63, dtype=np.uint64).tobytes()
+
+    def randbelow(m: int) -> int:
+        asked.append(m)
+        return 0
+
+    monkeypatch.setattr(mechanisms.secrets, "token_bytes", tie_bits)
+    monkeypatch.setattr(mechanisms.secrets, "randbelow", randbelow)
+    assert mechanisms.bernoulli([0.5, 0.5]) == [False, False]
+    assert asked == []

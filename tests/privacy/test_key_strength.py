@@ -56,6 +56,8 @@ WEAK_KEYS = [
     ("my secret passphrase that is long enough to pass", "not hex"),
     ("INSECURE-DEV-KEY-" + "0" * 48, "not hex"),
     ("é" * 40, "not hex or base64 text"),
+    # base64 padding does not hide letters of one case
+    ("qmzkvprxtwbhnjgdlcysfaeuoiplkmnbvcxzasdfghjw=", "one case only"),
 ]
 
 

@@ -125,6 +125,14 @@ def test_invalid_scales_are_refused() -> None:
             DiscreteGaussian(bad)
 
 
+@pytest.mark.parametrize("rho", [0.0, -0.5])
+def test_a_zcdp_budget_that_is_not_positive_is_refused_with_a_value_error(rho: float) -> None:
+    """ρ = 0 promises no privacy loss, which no finite σ gives: a clear refusal, not a
+    division by zero from deep in σ = Δ2/√(2ρ)."""
+    with pytest.raises(ValueError, match="rho"):
+        DiscreteGaussian.for_zcdp(l2_sensitivity=1.0, rho=rho)
+
+
 # ------------------------------------------------------------- the samplers
 
 

@@ -327,3 +327,16 @@ def test_describe_reports_threshold_reference_and_milestones() -> None:
     assert (ct["threshold"], ct["reference_threshold"]) == (438, 437)
     for d in (tg, lt, ct):
         assert {"strategy", "epsilon", "delta", "threshold", "reference_threshold"} <= set(d)
+
+
+def test_a_gaussian_sigma_raised_to_meet_the_exact_delta_is_labelled_exact_discrete() -> None:
+    """At ε = 0.5, δ = 1e-5, L0 = 1 the reference σ misses the exact discrete δ(ε), so σ is
+    raised by bisection to one that meets it; the plan must say the exact curve was used
+    (plan.schema.json's "exact_discrete"), not the looser zCDP conversion."""
+    from stream_dp.privacy.calibration import discrete_gaussian_delta
+
+    selection = GaussianThreshold(epsilon=0.5, delta=1e-5, max_partitions_contributed=1)
+    sigma = selection.mechanism.sigma
+    assert sigma > selection.reference_sigma  # the bisection ran
+    assert discrete_gaussian_delta(sigma, 0.5, 1) <= selection.noise_delta
+    assert selection.describe()["sigma_calibration"] == "exact_discrete"

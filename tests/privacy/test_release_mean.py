@@ -108,3 +108,30 @@ def test_a_released_sum_states_the_noise_scale_of_its_plan() -> None:
     (value,) = release_query({("a",): KeyAggregate(2, 2, 12)}, plan).values
     assert value.noise_scale == plan.noise[0].scale > 0
     assert value.ci95 == plan.noise[0].ci95
+
+
+@pytest.mark.parametrize(("noisy_sum", "released", "clamped"), [(-6, 0.0, True), (8, 2.0, False)])
+def test_a_clamped_mean_says_it_was_clamped(
+    monkeypatch: pytest.MonkeyPatch, noisy_sum: int, released: float, clamped: bool
+) -> None:
+    """With clamp_negative a negative noisy mean is released as 0 and flagged (the sink's
+    NOT NULL boolean column): a reader must be told the 0 is not the noisy value."""
+    _fixed_draws(monkeypatch, noisy_sum, 2)  # a mean of ±6·0.5/2 or 8·0.5/2
+    plan = _plan(lower=-4.0, upper=10.0, clamp_negative=True)
+    (value,) = release_query({("a",): KeyAggregate(2, 2, 1)}, plan).values
+    assert value.value == released
+    assert value.clamped is clamped
+
+
+def test_a_gaussian_mean_splits_epsilon_and_delta_between_its_sum_and_count() -> None:
+    """The two noisy components of a mean are composed: their (ε, δ) add up to the query's,
+    and each Gaussian σ is calibrated to its own share (σ from (ε_i, δ_i) by zCDP)."""
+    from stream_dp.privacy.calibration import zcdp_rho
+
+    plan = _plan(mechanism="discrete_gaussian", delta=1e-6)
+    assert [c.target for c in plan.noise] == ["sum", "count"]
+    assert sum(c.epsilon for c in plan.noise) == pytest.approx(plan.epsilon)
+    assert sum(c.delta for c in plan.noise) == pytest.approx(plan.delta)
+    for c in plan.noise:
+        assert 0 < c.delta < plan.delta
+        assert c.rho == pytest.approx(zcdp_rho(c.epsilon, c.delta))
