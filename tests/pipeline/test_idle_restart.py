@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.backlog import DueBacklog
 from stream_dp.pipeline.formats.ledger import LedgerIndex, encode_progress
 from stream_dp.pipeline.formats.partials import SourceWatermark, encode_watermark
-from stream_dp.pipeline.kafka.backlog import DueBacklog
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
@@ -182,7 +182,7 @@ def test_a_backlog_of_due_windows_is_exported_and_logged_at_its_start_and_end(
 ) -> None:
     metrics = Metrics()
     backlog = DueBacklog(metrics, per_iteration=32)
-    with caplog.at_level(logging.INFO, logger="stream_dp.pipeline.kafka.backlog"):
+    with caplog.at_level(logging.INFO, logger="stream_dp.pipeline.backlog"):
         backlog.note(3)  # a few due windows: normal, no log line
         backlog.note(100_001)
         backlog.note(99_969)

@@ -83,12 +83,12 @@ from stream_dp.errors import BrokerError
 from stream_dp.ops.health import Health, beating
 from stream_dp.ops.metrics import Metrics
 from stream_dp.ops.progress import reporting_progress
+from stream_dp.pipeline.backlog import DueBacklog
 from stream_dp.pipeline.faults import Faults
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
 from stream_dp.pipeline.formats.partials import RecordTooLargeError
-from stream_dp.pipeline.kafka.backlog import DueBacklog
 from stream_dp.pipeline.kafka.clock_skew import observe_clock_skew
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
@@ -180,8 +180,7 @@ class Worker:
         self._continual_partitions: list[int] = []
         #: A lost ledger (deleted, recreated, renamed) is an outage: see ledger_guard.
         self._ledger_guard: LedgerGuard | None = None
-        #: What this worker's partials and releases mean (set at start, from the
-        #: configuration and the internal topics' partition counts).
+        #: What its partials and releases mean (set at start: config and partition counts).
         self.fingerprint: Fingerprint | None = None
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
         out = config.output

@@ -62,7 +62,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -79,6 +79,7 @@ from stream_dp.pipeline.formats.ledger import (
     close_release,
     new_release_id,
 )
+from stream_dp.pipeline.formats.partials import Partial, merge_totals
 from stream_dp.pipeline.formats.records import (
     cumulative_release_fields,
     group_dict,
@@ -97,6 +98,13 @@ from stream_dp.privacy.planner import GroupKey, QueryPlan
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows.horizon import HorizonPosition, horizon_position
 from stream_dp.windows.tumbling import iso_utc
+
+if TYPE_CHECKING:
+    from stream_dp.pipeline.formats.ledger import LedgerIndex
+    from stream_dp.pipeline.stages.partials_inbox import PartialsInbox, PendingWindow
+    from stream_dp.pipeline.stages.queries import CompiledQuery
+    from stream_dp.privacy.adaptive_bounds import BoundsTriple
+    from stream_dp.windows import TumblingWindows
 
 log = logging.getLogger(__name__)
 
@@ -423,3 +431,89 @@ def cumulative_release(
         # the values come from the window's state draw, whatever partials were taken since
         erasures_through=found.erasures_through,
     )
+
+
+class ContinualSteps:
+    """The cumulative-query steps of :class:`~stream_dp.pipeline.stages.release_stage.
+    ReleaseStage` (its state: the ledger, the inbox of partials, the charges): which of a
+    window's cumulative queries are pending, where their state lives, and each one's step
+    drawn once charged (charges before state)."""
+
+    cumulative: CumulativeReleases
+    ledger: LedgerIndex
+    inbox: PartialsInbox
+    windows: TumblingWindows
+    queries: list[CompiledQuery]
+
+    @property
+    def coverage_start_s(self) -> int | None:
+        raise NotImplementedError
+
+    def released(self, window_start_s: int) -> bool:
+        raise NotImplementedError
+
+    def _charge(self, window_start_s: int) -> frozenset[str]:
+        raise NotImplementedError
+
+    def _taken(
+        self,
+        pending: PendingWindow | None,
+        query: str,
+        window_start_s: int,
+        bounds: BoundsTriple | None = None,
+    ) -> list[Partial]:
+        raise NotImplementedError
+
+    def continual_pending(self, window_start_s: int) -> list[str]:
+        """Cumulative queries of the window the ledger has no release of."""
+        return [
+            name
+            for name in self.cumulative.queries
+            if self.ledger.get(name, window_start_s) is None
+        ]
+
+    def continual_partitions(self, window_start_s: int) -> list[int]:
+        """The continual partitions holding the state the window's pending cumulative
+        queries continue (read them to a fence before :meth:`prepare_continual`)."""
+        return sorted(
+            {
+                self.cumulative.partition_of(name, window_start_s)
+                for name in self.continual_pending(window_start_s)
+            }
+        )
+
+    def prepare_continual(self, window_start_s: int) -> Preparation:
+        """Draw the window's step of every pending cumulative query that has no winning
+        draw yet (in memory: the transport writes and reads back ``to_write`` before
+        :meth:`compute_release`), or say which must wait for the previous window."""
+        assert self.coverage_start_s is not None
+        pending = self.inbox.pending(window_start_s)
+        previous_s = window_start_s - self.windows.size_s
+        previous_released = self.released(previous_s) or any(
+            self.ledger.get(q.name, previous_s) is not None for q in self.queries
+        )
+
+        def totals_of(name: str) -> Mapping[tuple[Any, ...], KeyAggregate]:
+            return merge_totals(self._taken(pending, name, window_start_s))
+
+        # charges before state: the window's totals go into a running total only once its
+        # release of the query is charged; a refused query's step takes zeros
+        charged = self._charge(window_start_s)
+
+        def may_spend(name: str) -> bool:
+            return name in charged
+
+        def erasures_of(name: str) -> int:
+            taken = self._taken(pending, name, window_start_s)
+            return min((p.erasures_through for p in taken), default=0)
+
+        return self.cumulative.prepare(
+            window_start_s,
+            self.continual_pending(window_start_s),
+            first_covered_s=self.coverage_start_s,
+            totals_of=totals_of,
+            may_spend=may_spend,
+            previous_released=previous_released,
+            erasures_of=erasures_of,
+        )
+

@@ -63,6 +63,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.decode import BadRecord
 from stream_dp.pipeline.formats.partials import Partial, SourceWatermark, new_version
 from stream_dp.pipeline.stages.auto_bounds import auto_seal_plan
+from stream_dp.pipeline.stages.erasure_state import ErasureState
 from stream_dp.pipeline.stages.ingest_columns import (
     DeadLetter,
     InputRecord,
@@ -78,10 +79,11 @@ from stream_dp.pipeline.stages.placement import (
     partitions_function,
 )
 from stream_dp.pipeline.stages.queries import CompiledQuery
+from stream_dp.pipeline.stages.restart_clock import carried_start, event_time_start
 from stream_dp.pipeline.stages.router import RoutingStage
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.bounding import bounded_totals_columns, new_sampling_rng
-from stream_dp.privacy.erasure import Erasure, ErasureSet
+from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
 from stream_dp.privacy.user_samples import (
@@ -89,10 +91,8 @@ from stream_dp.privacy.user_samples import (
     first_k_per_user,
     new_sampling_generator,
     per_user_items,
-    pseudonym_words,
 )
 from stream_dp.windows import TumblingWindows, WatermarkTracker
-from stream_dp.windows.tumbling import iso_utc
 
 __all__ = ["DeadLetter", "IngestStage", "InputRecord", "ReleasedWindows", "user_key"]
 
@@ -123,7 +123,7 @@ class _NothingReleased:
         return None
 
 
-class IngestStage(RecordIngest):
+class IngestStage(ErasureState, RecordIngest):
     def __init__(
         self,
         config: Config,
@@ -211,7 +211,8 @@ class IngestStage(RecordIngest):
         every input partition (``input_partitions``), each of which must advance (or go
         idle) before a window is sealed.
 
-        Event time starts at what is known (:meth:`event_time_start`): the first window not
+        Event time starts at what is known
+        (:func:`~stream_dp.pipeline.stages.restart_clock.event_time_start`): the first window not
         yet released, and with ``now_s`` (the wall clock at ``now_mono_s``; the worker,
         input keyed by user) the wall clock — which counts only once every partition is
         proven read to its end and quiet for ``window.idle_close_s``. A repartition
@@ -222,7 +223,10 @@ class IngestStage(RecordIngest):
         new = [p for p in dict.fromkeys(taken) if p not in self._trackers]
         for p in taken:
             self._state.setdefault(p, {})
-        start_s = self.event_time_start(now_s, wall_clock=not routed) if new else None
+        released = self._windows_released
+        start_s = (
+            event_time_start(released, self.windows, now_s, wall_clock=not routed) if new else None
+        )
         for p in new:
             if p not in self._trackers:
                 tracker = WatermarkTracker(
@@ -239,52 +243,6 @@ class IngestStage(RecordIngest):
                     # an idle stream still releases its (empty) windows by wall clock.
                     tracker.start_at(start_s, now_mono_s)
                 self._trackers[p] = tracker
-
-    def event_time_start(self, now_s: float | None, *, wall_clock: bool = True) -> float | None:
-        """Where a newly assigned partition's event time starts (None: coverage unknown).
-
-        At the first covered window not yet released — never the first covered window of a
-        deployment that released since — and, with ``now_s`` and ``wall_clock``, at the
-        deployment's own clock carried on (:meth:`carried_clock`): a deployment that ran
-        live and then stood idle or stopped, for minutes or weeks, starts at about the wall
-        clock and releases its due windows at once. The start counts only once every
-        partition is proven read to its end and quiet for ``window.idle_close_s``."""
-        start_s = self._first_unreleased()
-        if start_s is None:
-            return None
-        carried = self.carried_clock(start_s, now_s)
-        if carried is None:
-            return start_s
-        due = int((carried - start_s) // self.windows.size_s)
-        if due > 0:
-            log.info(
-                "partitions taken: %d windows from %s (the first not released) are due; with "
-                "the input idle they are released once every input partition is proven read "
-                "to its end and quiet for window.idle_close_s",
-                due,
-                iso_utc(int(start_s)),
-            )
-        return carried if wall_clock else start_s
-
-    def _first_unreleased(self) -> float | None:
-        released = self._windows_released
-        coverage = released.coverage_start_s
-        if coverage is None:
-            return None
-        return float(max(coverage, released.first_unreleased_s or coverage))
-
-    def carried_clock(self, start_s: float, now_s: float | None) -> float | None:
-        """Event time as the deployment's clock would show it had it never stopped: as far
-        past ``start_s`` (the first window not released) as the wall clock ``now_s`` has
-        moved since the deployment's last release (its newest progress record's broker time
-        stamp), and at most ``now_s``. None when the deployment never released (or the
-        time is unknown): then event time starts at ``start_s`` and runs at one second per
-        second, so a deployment covering old windows (a backfill) never jumps to the wall
-        clock and drops the rest of its input as late."""
-        last_s = self._windows_released.last_release_wall_s
-        if now_s is None or last_s is None or now_s <= last_s:
-            return None
-        return min(now_s, start_s + (now_s - last_s))
 
     def revoke(self, partitions: Iterable[int]) -> None:
         """Drop the state of partitions that moved away; their new owner replays them."""
@@ -323,10 +281,10 @@ class IngestStage(RecordIngest):
         self, partitions: Iterable[int], now_mono_s: float, *, now_s: float | None = None
     ) -> None:
         """Input partitions stage 0 now owns (``now_s``: the wall clock at ``now_mono_s``;
-        the routers start from the deployment's carried clock, :meth:`carried_clock`, see
+        the routers start from the deployment's carried clock,
+        :func:`~stream_dp.pipeline.stages.restart_clock.carried_start`, see
         :meth:`.RoutingStage.assign_routed`)."""
-        start_s = self._first_unreleased()
-        carried = None if start_s is None else self.carried_clock(start_s, now_s)
+        carried = carried_start(self._windows_released, now_s)
         self.router.assign_routed(partitions, now_mono_s, now_s=carried)
 
     def forget_routed(self, partitions: Iterable[int]) -> None:
@@ -520,42 +478,6 @@ class IngestStage(RecordIngest):
             )
         return marks
 
-    # -- erasure (docs/erasure.md) -------------------------------------------------------
-    def apply_erasures(self, erasures: Sequence[Erasure], position: int) -> None:
-        """Take in erasures just added to :attr:`erasures` (the log read up to ``position``):
-        remove their users from every window held, and mark the sealed windows kept for
-        their release to be sealed again (every partial must say it applied them). Nothing
-        on /metrics says how many events were removed: that would tell how active the
-        erased person was.
-
-        One vectorised removal per window for the whole batch
-        (:meth:`~stream_dp.privacy.user_samples.UserSamples.remove_many`): column work the
-        worker runs off the event loop (:func:`~stream_dp.pipeline.stages.offload.run_off_loop`)
-        while its iteration waits, so nothing else touches the state meanwhile."""
-        by_window: dict[int, np.ndarray | None] = {}
-        for p, windows in self._state.items():
-            kept = self._kept.get(p, ())
-            for ws, part in windows.items():
-                if ws not in by_window:
-                    by_window[ws] = _erased_words(erasures, ws, self.keyring.for_window(ws).key_id)
-                erased = by_window[ws]
-                if erased is None:
-                    continue
-                part.samples.remove_many(erased)
-                if ws in kept:
-                    self._reseal.add((p, ws))
-        self.erasures_applied = max(self.erasures_applied, position)
-
-    def reseal_due(self) -> list[tuple[int, int]]:
-        """Sealed windows to seal again (an erasure reached them before their release):
-        publish :meth:`seal` of each, then :meth:`drop` it as after the first seal."""
-        due = sorted(
-            ((p, ws) for p, ws in self._reseal if ws in self._state.get(p, {})),
-            key=lambda pw: (pw[1], pw[0]),
-        )
-        self._reseal.clear()
-        return due
-
     def drop_released(self) -> int:
         """Forget kept sealed windows whose release is now known; returns how many."""
         gone = 0
@@ -591,19 +513,6 @@ class IngestStage(RecordIngest):
     @property
     def signature_count(self) -> int:
         return len(self._signatures)
-
-
-def _erased_words(
-    erasures: Sequence[Erasure], window_start_s: int, key_id: str
-) -> np.ndarray | None:
-    """The pseudonyms (under ``key_id``) of the erasures covering the window, as (m, 2)
-    64-bit words; None when no erasure covers it (a covered window is re-sealed even when
-    none of its pseudonyms is under the window's key: every partial says what it applied)."""
-    covering = [e for e in erasures if e.covers(window_start_s)]
-    if not covering:
-        return None
-    found = [p for e in covering if (p := e.pseudonyms.get(key_id)) is not None]
-    return pseudonym_words(b"".join(found), len(found))
 
 
 def bounded_totals(

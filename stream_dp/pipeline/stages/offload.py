@@ -28,7 +28,7 @@ from typing import ParamSpec, TypeVar
 from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.ledger import LedgerRelease, encode_release
 from stream_dp.pipeline.formats.partials import encode_partial
-from stream_dp.pipeline.stages.gc_pause import gc_paused as gc_paused
+from stream_dp.pipeline.gc_pause import gc_paused as gc_paused
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 

@@ -30,7 +30,7 @@ from stream_dp.pipeline.formats.partials import (
     SourceWatermark,
     decode,
 )
-from stream_dp.pipeline.stages.gc_pause import gc_paused
+from stream_dp.pipeline.gc_pause import gc_paused
 from stream_dp.windows.tumbling import iso_utc
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
 

@@ -52,10 +52,10 @@ from stream_dp.pipeline.formats.partials import Partial, PartialPart, merge_tota
 from stream_dp.pipeline.formats.records import ReleaseTemplate
 from stream_dp.pipeline.stages.auto_bounds import AutoBounds
 from stream_dp.pipeline.stages.cumulative import (
+    ContinualSteps,
     CumulativeQuery,
     CumulativeReleases,
     CumulativeValues,
-    Preparation,
     cumulative_release,
 )
 from stream_dp.pipeline.stages.hold import SourceCompleteness
@@ -85,7 +85,7 @@ def expected_key_id(config: Config, window_start_s: int) -> str:
     return p.key_id
 
 
-class ReleaseStage:
+class ReleaseStage(ContinualSteps):
     def __init__(
         self,
         config: Config,
@@ -358,60 +358,6 @@ class ReleaseStage:
             )
             out.append(self.auto_bounds.histograms(every, window_start_s, window_end_s, bounds))
         return out
-
-    # -- cumulative queries (stream_dp.pipeline.stages.cumulative) ---------------------------------
-    def continual_pending(self, window_start_s: int) -> list[str]:
-        """Cumulative queries of the window the ledger has no release of."""
-        return [
-            name
-            for name in self.cumulative.queries
-            if self.ledger.get(name, window_start_s) is None
-        ]
-
-    def continual_partitions(self, window_start_s: int) -> list[int]:
-        """The continual partitions holding the state the window's pending cumulative
-        queries continue (read them to a fence before :meth:`prepare_continual`)."""
-        return sorted(
-            {
-                self.cumulative.partition_of(name, window_start_s)
-                for name in self.continual_pending(window_start_s)
-            }
-        )
-
-    def prepare_continual(self, window_start_s: int) -> Preparation:
-        """Draw the window's step of every pending cumulative query that has no winning
-        draw yet (in memory: the transport writes and reads back ``to_write`` before
-        :meth:`compute_release`), or say which must wait for the previous window."""
-        assert self.coverage_start_s is not None
-        pending = self.inbox.pending(window_start_s)
-        previous_s = window_start_s - self.windows.size_s
-        previous_released = self.released(previous_s) or any(
-            self.ledger.get(q.name, previous_s) is not None for q in self.queries
-        )
-
-        def totals_of(name: str) -> Mapping[tuple[Any, ...], KeyAggregate]:
-            return merge_totals(self._taken(pending, name, window_start_s))
-
-        # charges before state: the window's totals go into a running total only once its
-        # release of the query is charged; a refused query's step takes zeros
-        charged = self._charge(window_start_s)
-
-        def may_spend(name: str) -> bool:
-            return name in charged
-
-        def erasures_of(name: str) -> int:
-            taken = self._taken(pending, name, window_start_s)
-            return min((p.erasures_through for p in taken), default=0)
-
-        return self.cumulative.prepare(
-            window_start_s,
-            self.continual_pending(window_start_s),
-            first_covered_s=self.coverage_start_s,
-            totals_of=totals_of,
-            may_spend=may_spend,
-            previous_released=previous_released,
-            erasures_of=erasures_of,
-        )
 
     def erasures_applied(self, window_start_s: int) -> int:
         """:meth:`.PartialsInbox.erasures_applied` (docs/erasure.md)."""

@@ -1,7 +1,7 @@
 """Due windows not yet released: a backlog after a restart while the input was idle.
 
 Stage 1's event time catches up with the wall clock once the input is proven read to its
-end and quiet (:meth:`~stream_dp.pipeline.stages.ingest.IngestStage.event_time_start`), so
+end and quiet (:func:`~stream_dp.pipeline.stages.restart_clock.event_time_start`), so
 every window since the last release becomes due at once. The worker releases them in order,
 a bounded number per loop iteration (fetching, committing and heart-beating in between);
 this exports how many are left and logs when such a backlog starts and ends.

@@ -1,0 +1,72 @@
+"""Erasure of a stage-1 window's held state (docs/erasure.md): the erased users' rows removed
+from every window held, in one vectorised removal per window and batch, and the sealed
+windows kept for their release marked to be sealed again (every partial must say which
+erasures it applied)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from stream_dp.pipeline.stages.ingest_columns import WindowPart
+from stream_dp.privacy.erasure import Erasure
+from stream_dp.privacy.pseudonymize import KeyRing
+from stream_dp.privacy.user_samples import pseudonym_words
+
+
+class ErasureState:
+    """The erasure half of :class:`~stream_dp.pipeline.stages.ingest.IngestStage`."""
+
+    keyring: KeyRing
+    erasures_applied: int
+    _state: dict[int, dict[int, WindowPart]]
+    _kept: dict[int, set[int]]
+    _reseal: set[tuple[int, int]]
+
+    def apply_erasures(self, erasures: Sequence[Erasure], position: int) -> None:
+        """Take in erasures just added to the stage's erasure set (the log read up to
+        ``position``): remove their users from every window held, and mark the sealed
+        windows kept for their release to be sealed again. Nothing on /metrics says how many
+        events were removed: that would tell how active the erased person was.
+
+        One vectorised removal per window for the whole batch
+        (:meth:`~stream_dp.privacy.user_samples.UserSamples.remove_many`): column work the
+        worker runs off the event loop (:func:`~stream_dp.pipeline.stages.offload.run_off_loop`)
+        while its iteration waits, so nothing else touches the state meanwhile."""
+        by_window: dict[int, np.ndarray | None] = {}
+        for p, windows in self._state.items():
+            kept = self._kept.get(p, ())
+            for ws, part in windows.items():
+                if ws not in by_window:
+                    by_window[ws] = _erased_words(erasures, ws, self.keyring.for_window(ws).key_id)
+                erased = by_window[ws]
+                if erased is None:
+                    continue
+                part.samples.remove_many(erased)
+                if ws in kept:
+                    self._reseal.add((p, ws))
+        self.erasures_applied = max(self.erasures_applied, position)
+
+    def reseal_due(self) -> list[tuple[int, int]]:
+        """Sealed windows to seal again (an erasure reached them before their release):
+        publish the stage's seal of each, then drop it as after the first seal."""
+        due = sorted(
+            ((p, ws) for p, ws in self._reseal if ws in self._state.get(p, {})),
+            key=lambda pw: (pw[1], pw[0]),
+        )
+        self._reseal.clear()
+        return due
+
+
+def _erased_words(
+    erasures: Sequence[Erasure], window_start_s: int, key_id: str
+) -> np.ndarray | None:
+    """The pseudonyms (under ``key_id``) of the erasures covering the window, as (m, 2)
+    64-bit words; None when no erasure covers it (a covered window is re-sealed even when
+    none of its pseudonyms is under the window's key: every partial says what it applied)."""
+    covering = [e for e in erasures if e.covers(window_start_s)]
+    if not covering:
+        return None
+    found = [p for e in covering if (p := e.pseudonyms.get(key_id)) is not None]
+    return pseudonym_words(b"".join(found), len(found))
