@@ -41,10 +41,11 @@ INPUT_RECORD_COUNTERS = {
     "stream_dp_events_repartitioned_total",
 }
 #: Samples that measure time or the process, not the data (the input clock skew is the newest
-#: input record's time stamp against the worker's clock: time, like the watermark).
+#: input record's time stamp against the worker's clock, and the held record's age how long
+#: the oldest unreleased window's record has waited: time, like the watermark).
 TIMING = re.compile(
     r"^(process_|python_|stream_dp_(batch_processing_seconds|release_delay_seconds|"
-    r"input_clock_skew_seconds|"
+    r"input_clock_skew_seconds|held_record_age_seconds|"
     r"last_release_timestamp_seconds|consumer_lag_records|fetch_age_seconds|watermark_timestamp_seconds|"
     r"oldest_open_window_end_timestamp_seconds|build_info))"
 )
