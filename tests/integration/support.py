@@ -233,10 +233,22 @@ async def run_worker_until_windows(
             timeout_s=timeout_s,
             settle_s=settle_s,
         )
+        # The windows may all be out before this worker got far (earlier workers released
+        # them): SIGTERM before its handlers are installed ends it with -15, not 0. Wait
+        # until it is up (its ops endpoint listens: the handlers come first) or has exited.
+        await _until_up(worker)
     finally:
         code = worker.terminate()
-    assert code == 0, worker.log()
+    assert code == 0, f"exit code {code}:\n{worker.log()}"
     return out, worker
+
+
+async def _until_up(worker: WorkerProcess, timeout_s: float = HANG_GUARD_S) -> None:
+    deadline = time.monotonic() + timeout_s  # a hang guard only
+    while worker.proc.poll() is None and "metrics and health on" not in worker.log():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the worker did not come up in {timeout_s:g} s")
+        await asyncio.sleep(0.05)
 
 
 def ledger_release_ids(
