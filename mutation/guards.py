@@ -211,6 +211,12 @@ def _result(outcome: str) -> str:
     return {"failed": "red", "timeout": "red", "passed": "green"}.get(outcome, outcome)
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it, else as given."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 def run(guards: list[Guard], timeout_s: float, out: Path = OUT) -> int:
     rows = threat_model_rows()
     for guard in guards:  # fail loudly before spending any time
@@ -280,7 +286,7 @@ def run(guards: list[Guard], timeout_s: float, out: Path = OUT) -> int:
     record["results"] = {k: results[k] for k in sorted(results) if k in declared}
     out.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(
-        f"wrote {out.relative_to(ROOT)}; {failures} declared test run(s) did not bite (a row "
+        f"wrote {_shown(out)}; {failures} declared test run(s) did not bite (a row "
         "is proven when every test it names bites with one of its removals: "
         "tests/test_threat_model.py judges)",
         flush=True,
@@ -297,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id", action="append", default=[], help="a declaration's id")
     parser.add_argument("--list", action="store_true", help="list the selected declarations")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run")
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help="the results file to merge into (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
     guards = load()
     if args.row or args.test or args.id:
@@ -312,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{g.id}: {g.file}: {', '.join(g.tests)}")
         return 0
     try:
-        return run(guards, args.timeout)
+        return run(guards, args.timeout, args.out)
     except GuardDeclarationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
