@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the selected declarations")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run")
     parser.add_argument(
-        "--out", type=Path, default=OUT, help="the results file to merge into (default: %(default)s)"
+        "--out", type=Path, default=OUT, help="the results file to merge into (%(default)s)"
     )
     args = parser.parse_args(argv)
     guards = load()
