@@ -21,7 +21,10 @@ that moves a guard forces the map to be updated. ``tests/test_threat_model.py`` 
 JSON against the declarations and the threat model.
 
 ``--row TEXT`` / ``--test TEXT`` / ``--id ID`` select declarations (a substring of the row, of
-a test id, the declaration's id); without them all run. ``--list`` prints them.
+a test id, the declaration's id); without them all run. ``--list`` prints them. ``--out FILE``
+merges into another results file (two runs at once must not write one file: each reads it
+at the start and writes it at the end); ``--logs DIR`` keeps pytest's output of each run,
+to see why a test failed (a baseline that fails unmutated proves nothing).
 """
 
 from __future__ import annotations
