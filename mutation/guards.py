@@ -21,7 +21,10 @@ that moves a guard forces the map to be updated. ``tests/test_threat_model.py`` 
 JSON against the declarations and the threat model.
 
 ``--row TEXT`` / ``--test TEXT`` / ``--id ID`` select declarations (a substring of the row, of
-a test id, the declaration's id); without them all run. ``--list`` prints them.
+a test id, the declaration's id); without them all run. ``--list`` prints them. ``--out FILE``
+merges into another results file (two runs at once must not write one file: each reads it
+at the start and writes it at the end); ``--logs DIR`` keeps pytest's output of each run,
+to see why a test failed (a baseline that fails unmutated proves nothing).
 """
 
 from __future__ import annotations
@@ -185,25 +188,32 @@ def _outcomes(report: Path, tests: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def run_tests(root: Path, tests: list[str], timeout_s: float) -> tuple[dict[str, str], float]:
-    """Run ``tests`` in the copy at ``root``; outcome per test and the seconds it took."""
+def run_tests(
+    root: Path, tests: list[str], timeout_s: float, log: Path | None = None
+) -> tuple[dict[str, str], float]:
+    """Run ``tests`` in the copy at ``root``; outcome per test and the seconds it took.
+    ``log``: where pytest's output goes (else nowhere)."""
     report = root / ".guards-report.jsonl"
     report.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(root), REPORT_ENV: str(report)}
     started = time.monotonic()
+    output = log.open("w", encoding="utf-8") if log is not None else subprocess.DEVNULL
     try:
         subprocess.run(  # noqa: S603 (this interpreter, pytest, test ids from the declarations)
             [sys.executable, "-m", "pytest", *PYTEST_ARGS, *tests],
             cwd=root,
             env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
             timeout=timeout_s,
             check=False,
             start_new_session=True,
         )
     except subprocess.TimeoutExpired:
         return {t: "timeout" for t in tests}, time.monotonic() - started
+    finally:
+        if not isinstance(output, int):
+            output.close()
     return _outcomes(report, tests), time.monotonic() - started
 
 
@@ -211,7 +221,15 @@ def _result(outcome: str) -> str:
     return {"failed": "red", "timeout": "red", "passed": "green"}.get(outcome, outcome)
 
 
-def run(guards: list[Guard], timeout_s: float, out: Path = OUT) -> int:
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it, else as given."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
+def run(guards: list[Guard], timeout_s: float, out: Path = OUT, logs: Path | None = None) -> int:
+    """Run the baseline and each guard's removal (module docstring); ``logs``: a directory
+    that keeps pytest's output of each run (``baseline.log``, ``<guard id>.log``)."""
     rows = threat_model_rows()
     for guard in guards:  # fail loudly before spending any time
         named = rows[row_of(guard.row, rows)]
@@ -229,7 +247,11 @@ def run(guards: list[Guard], timeout_s: float, out: Path = OUT) -> int:
         _copy_tree(root)
         tests = sorted({t for g in guards for t in g.tests})
         print(f"baseline: {len(tests)} tests without any mutation", flush=True)
-        baseline, seconds = run_tests(root, tests, timeout_s * 2)
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+        baseline, seconds = run_tests(
+            root, tests, timeout_s * 2, logs / "baseline.log" if logs else None
+        )
         print(
             f"  {seconds:.0f} s: "
             + ", ".join(f"{t}={o}" for t, o in baseline.items() if o != "passed"),
@@ -244,7 +266,9 @@ def run(guards: list[Guard], timeout_s: float, out: Path = OUT) -> int:
         for guard in guards:
             before = guard.apply(root)
             try:
-                outcomes, seconds = run_tests(root, list(guard.tests), timeout_s)
+                outcomes, seconds = run_tests(
+                    root, list(guard.tests), timeout_s, logs / f"{guard.id}.log" if logs else None
+                )
             finally:
                 (root / guard.file).write_text(before, encoding="utf-8")
             per_test = []
@@ -280,7 +304,7 @@ def run(guards: list[Guard], timeout_s: float, out: Path = OUT) -> int:
     record["results"] = {k: results[k] for k in sorted(results) if k in declared}
     out.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(
-        f"wrote {out.relative_to(ROOT)}; {failures} declared test run(s) did not bite (a row "
+        f"wrote {_shown(out)}; {failures} declared test run(s) did not bite (a row "
         "is proven when every test it names bites with one of its removals: "
         "tests/test_threat_model.py judges)",
         flush=True,
@@ -297,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id", action="append", default=[], help="a declaration's id")
     parser.add_argument("--list", action="store_true", help="list the selected declarations")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run")
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help="the results file to merge into (%(default)s)"
+    )
+    parser.add_argument(
+        "--logs", type=Path, help="a directory to keep pytest's output of each run in"
+    )
     args = parser.parse_args(argv)
     guards = load()
     if args.row or args.test or args.id:
@@ -312,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{g.id}: {g.file}: {', '.join(g.tests)}")
         return 0
     try:
-        return run(guards, args.timeout)
+        return run(guards, args.timeout, args.out, args.logs)
     except GuardDeclarationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -283,3 +283,12 @@ def test_the_guard_check_finds_a_row_whose_test_stays_green() -> None:
     assert set(_unproven(rows, [guard], {"a1": red})) == {"claim b"}
     stale = {**red, "digest": "another edit"}
     assert set(_unproven(rows, [guard], {"a1": stale})) == {"claim a", "claim b"}
+
+
+def test_the_guard_runner_names_a_results_file_outside_the_repository(tmp_path: Path) -> None:
+    """``python -m mutation.guards --out`` may write anywhere (a run beside another): the
+    closing message names the file without assuming it is in the repository."""
+    from mutation.guards import OUT, _shown
+
+    assert _shown(OUT) == "mutation/guard_bites.json"
+    assert _shown(tmp_path / "bites.json") == str(tmp_path / "bites.json")

@@ -228,6 +228,19 @@ async def test_a_recreated_ledger_topic_holds_the_worker_until_it_is_rebuilt(
         await _wait_outage(port, held)
     finally:
         assert held.terminate() == 0, held.log()
+    # The group's committed offsets alone are a sign of an earlier run: started with
+    # window.start_at after the released windows (the output topic shows no release of a
+    # window it would cover), the worker holds all the same.
+    data = yaml.safe_load(cfg.read_text())
+    data["window"]["start_at"] = W[2]
+    later = tmp_path / "later.yaml"
+    later.write_text(yaml.safe_dump(data))
+    held = start_worker(later, tmp_path / "held-later.log")
+    try:
+        await _wait_outage(port, held)
+    finally:
+        assert held.terminate() == 0, held.log()
+    assert "committed offsets" in held.log(), held.log()[-4000:]
     _one_value_per_key(await read_topic(kafka_bootstrap, topics["output"]))
     await _recover_and_release_window_2(cfg, kafka_bootstrap, port, tmp_path, first)
 

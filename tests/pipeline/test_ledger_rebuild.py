@@ -108,12 +108,30 @@ def test_the_rebuilt_ledger_holds_every_published_draw_and_nothing_is_drawn_agai
 
 
 def test_a_second_rebuild_writes_nothing() -> None:
+    """Nothing the ledger holds is written again: after a whole rebuild nothing at all, and
+    after one interrupted once its draws were written (before the progress records that
+    make their windows covered) only what it had not written yet — the ledgered draws
+    themselves, not only the covered windows, are left alone."""
     records = _published(_released_windows())
-    ledger = _apply(_plan(records))
+    first = _plan(records)
+    ledger = _apply(first)
     again = _plan(records, ledger)
     assert again.writes == [] and again.restored == []
     assert len(again.already) == 4
     assert any("not empty" in w for w in again.warnings)
+
+    kinds = [orjson.loads(value)["kind"] for _, value, _ in first.writes]
+    cut = kinds.index("progress")  # the releases come first, then progress, coverage last
+    assert set(kinds[:cut]) == {"ledger", "published"} and "ledger" not in kinds[cut:]
+    interrupted = LedgerIndex()
+    interrupted.load((k, v) for k, v, _ in first.writes[:cut])
+    assert not any(interrupted.covered(ws, 10) for _, ws in first.restored)
+    resumed = _plan(records, interrupted)
+    assert resumed.restored == [] and sorted(resumed.already) == sorted(first.restored)
+    # (a coverage record goes under a key of its own each time it is written)
+    assert [(v, part) for _, v, part in resumed.writes] == [
+        (v, part) for _, v, part in first.writes[cut:]
+    ]
 
 
 def test_a_rebuild_on_a_compacted_ledger_restores_no_window_its_progress_covers() -> None:
