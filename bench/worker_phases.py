@@ -10,22 +10,25 @@ taken and the assignments of all workers cover the input topic's partitions once
 input is drained. The steady state is the span from the first sample to the last one before
 the workers had read :data:`STEADY_END_SHARE` of the input; its CPU per event is Δ(CPU of
 all workers) / Δ(events of all workers), fitted over the span's samples
-(:func:`steady_rate_s`).
+(:func:`steady_fit`).
 
 The fixed costs are what the run's CPU holds beyond that rate (the rate times the events
 read), before and after the steady span:
 
-* start-up and join: the workers' CPU until the first steady sample, minus the steady rate
-  times the events read by then (interpreter start and imports, the ledger read-back behind
-  fences, the group join and the rebalances as the other members join);
+* start-up and join: the workers' CPU at zero events on the steady line (:func:`steady_fit`),
+  i.e. their CPU until the steady span minus the steady rate times the events read by then
+  (interpreter start and imports, the ledger read-back behind fences, the group join and the
+  rebalances as the other members join);
 * of which start-up: each process's CPU until it first took partitions (log "partitions
   taken"), read when the bench sees that line (it polls every :data:`POLL_S`, so this may
   hold a little processing);
-* close: the workers' CPU from the last steady sample to the last window record, minus the
-  steady rate times the events read meanwhile (the idle close of the last window, its
-  partials and release, and idle polling of workers whose partitions were drained first).
+* close: the workers' CPU at the last window record beyond that line (the rest: the idle
+  close of the last window, its partials and release, and idle polling of workers whose
+  partitions were drained first).
 
-So a run's worker CPU = start-up and join + steady rate × events + close.
+So a run's worker CPU = start-up and join + steady rate × events + close. A worker counts a
+fetched batch at once, so the fixed costs are known to within about one batch's CPU per
+worker (≈ 0.1–0.2 s at 40,000 records); the rate, fitted over the span, more closely.
 """
 
 from __future__ import annotations
@@ -88,21 +91,21 @@ def steady_span(samples: Sequence[Sample], total_events: int) -> tuple[Sample, S
     return inside[0], inside[-1]
 
 
-def steady_rate_s(samples: Sequence[Sample], first: Sample, last: Sample) -> float:
-    """CPU seconds per event over the steady span: the inverse of the least-squares slope of
-    the workers' events read against their CPU. A worker counts a fetched batch (up to
-    40,000 records) at once while its CPU grows smoothly, so the events are the noisy
-    coordinate; the fit over every sample averages that out where the two end points alone
-    could be a batch per worker off."""
+def steady_fit(samples: Sequence[Sample], first: Sample, last: Sample) -> tuple[float, float]:
+    """(CPU seconds per event, CPU seconds at zero events) of the workers over the steady
+    span: the least-squares line of their events read against their CPU. A worker counts a
+    fetched batch (up to 40,000 records) at once while its CPU grows smoothly, so the events
+    are the noisy coordinate; the fit over every sample averages that out where the two end
+    points alone could be a batch per worker off. The CPU at zero events is the fixed cost
+    paid before the steady state (start-up and join), all workers."""
     span = [s for s in samples if first.t_s <= s.t_s <= last.t_s]
     cpu = np.array([s.total_cpu_s for s in span])
     events = np.array([s.total_events for s in span])
     if len(span) < 3 or np.ptp(cpu) == 0:
-        return float(
-            (last.total_cpu_s - first.total_cpu_s) / (last.total_events - first.total_events)
-        )
-    slope = float(np.polyfit(cpu, events, 1)[0])  # events per CPU second
-    return 1.0 / slope
+        rate_s = (last.total_cpu_s - first.total_cpu_s) / (last.total_events - first.total_events)
+        return rate_s, first.total_cpu_s - rate_s * first.total_events
+    slope, intercept = (float(x) for x in np.polyfit(cpu, events, 1))  # events per CPU s
+    return 1.0 / slope, -intercept / slope
 
 
 def phases(
@@ -131,9 +134,8 @@ def phases(
         return {**out, "steady_us_per_event": None}
     a, b = span
     d_events = b.total_events - a.total_events
-    rate_s = steady_rate_s(samples, a, b)
-    before_cpu = a.total_cpu_s - rate_s * a.total_events
-    close_cpu = end.total_cpu_s - b.total_cpu_s - rate_s * (end.total_events - b.total_events)
+    rate_s, before_cpu = steady_fit(samples, a, b)
+    close_cpu = end.total_cpu_s - before_cpu - rate_s * end.total_events
     return {
         **out,
         "steady_us_per_event": 1e6 * rate_s,
