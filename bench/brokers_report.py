@@ -40,6 +40,16 @@ def provenance(r: dict[str, Any]) -> list[str]:
     if not sources:
         return []
     tp, whole = sources["throughput"], sources["whole_run"]
+    workers = sources.get("workers")
+    rerun = (
+        [
+            "",
+            f"Section 2 (and the scale-out targets) is from `{workers['command']}` on "
+            f"{workers['date']}, a third run (its load average is stated there).",
+        ]
+        if workers
+        else []
+    )
     return [
         "",
         f"**Two runs.** Sections 1 and 1b (and the throughput targets) are from "
@@ -48,6 +58,7 @@ def provenance(r: dict[str, Any]) -> list[str]:
         f"are from `{whole['command']}` on {whole['date']} (size `{whole['size']}`, "
         f"{whole['total_seconds']:.0f} s), kept as that run wrote them. The load average above "
         "is the throughput run's.",
+        *rerun,
     ]
 
 

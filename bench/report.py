@@ -32,6 +32,7 @@ TARGETS: list[tuple[str, str]] = [
     ("state per retained event, heavy-tailed stream", "≤ 64 bytes"),
     ("state per retained event, 1M users × k=40", "≤ 64 bytes"),
     ("scale-out, 2 workers vs 1, default path", "≥ 1.8×"),
+    ("worker CPU per event, steady state, 2 and 3 workers vs 1", "within 10%"),
     ("utility: keys kept ≥ PipelineDP's", "all bounds"),
     ("utility: MAE ≤ PipelineDP's", "all bounds"),
 ]
@@ -150,6 +151,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             scale is not None and scale >= 1.8,
             "not measured" if scale is None else f"{scale:.2f}×",
         ),
+        _cpu_per_event_target(wk),
         (keys_ok, "; ".join(keys_txt)),
         (mae_ok, "; ".join(mae_txt)),
     ]
@@ -157,6 +159,30 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         {"target": name, "goal": goal, "measured": text, "passed": bool(ok)}
         for (name, goal), (ok, text) in zip(TARGETS, rows, strict=True)
     ]
+
+
+#: "Within 10%": steady worker CPU per event at N workers at most this times one worker's.
+CPU_PER_EVENT_FACTOR = 1.10
+
+
+def _cpu_per_event_target(wk: dict[str, Any]) -> tuple[bool, str]:
+    """Steady CPU per event (bench/worker_phases.py) at every N against N = 1, per mode."""
+    ok, parts = True, []
+    for label, mode in wk["modes"].items():
+        pts = {p["workers"]: p for p in mode["points"]}
+        steady = {n: p.get("steady_us_per_event") for n, p in pts.items()}
+        if 1 not in steady or any(v is None for v in steady.values()):
+            ok = False
+            parts.append(f"{label}: steady state not measured")
+            continue
+        ratios = [steady[n] / steady[1] for n in sorted(steady) if n != 1]
+        ok &= all(r <= CPU_PER_EVENT_FACTOR for r in ratios)
+        whole = " → ".join(f"{pts[n]['whole_us_per_event']:.1f}" for n in sorted(pts))
+        parts.append(
+            f"{label}: {' → '.join(f'{steady[n]:.2f}' for n in sorted(steady))} µs "
+            f"({', '.join(f'{r:.2f}×' for r in ratios)}; whole run {whole} µs)"
+        )
+    return ok, "; ".join(parts)
 
 
 def _two_vs_one(wk: dict[str, Any], mode: str) -> float | None:
@@ -180,8 +206,9 @@ def _held(per_worker: list[dict[str, int]]) -> str:
     return ", ".join(parts) if parts else "unknown"
 
 
-def _fmt(x: float, digits: int = 0) -> str:
-    return "–" if not math.isfinite(x) else f"{x:,.{digits}f}"
+def _fmt(x: float | None, digits: int = 0) -> str:
+    # None: a NaN read back from results.json (JSON has no NaN), e.g. by `--only workers`.
+    return "–" if x is None or not math.isfinite(x) else f"{x:,.{digits}f}"
 
 
 def write_plot(results: dict[str, Any], path: Path) -> None:
@@ -603,6 +630,81 @@ def _profile_section(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _phases_intro(r: dict[str, Any]) -> list[str]:
+    wk = r["workers"]
+    source = (r.get("sections_from") or {}).get("workers")
+    lines = []
+    if source:
+        load = " and ".join(_load(source.get(k)) for k in ("loadavg_at_start", "loadavg_at_end"))
+        lines += [
+            "",
+            f"This section is from `{source['command']}` on {source['date']} "
+            f"({source['seconds']:.0f} s); load average (1 min) at its start and end: {load}.",
+        ]
+    if not any(
+        p.get("steady_us_per_event") is not None
+        for mode in wk["modes"].values()
+        for p in mode["points"]
+    ):
+        return lines
+    return [
+        *lines,
+        "",
+        "Steady state and fixed costs (second table per mode, bench/worker_phases.py): while "
+        "the workers run, the bench samples each one's CPU (/proc) and its "
+        "`stream_dp_events_consumed_total` (its /metrics) every second, from the moment every "
+        "worker has taken its final partitions (their assignments cover the input topic's "
+        "partitions once) until they have read 90% of the input. CPU µs/event, steady: the "
+        "workers' CPU per input event over that span (least-squares fit over its samples), "
+        "the figure to compare across N. The fixed costs are what the run's CPU holds beyond "
+        "that rate: start-up (each process's CPU until it first took partitions: interpreter "
+        "start and imports, the producer, the ledger read-back behind fences, the group "
+        "join), start-up and join (the workers' CPU before the steady span beyond the "
+        "steady rate, per process: start-up and the rebalances as the other members join) "
+        "and close (the workers' CPU after the span beyond the steady rate, all processes: "
+        "the idle close of the last window, its partials and release, and idle polling of "
+        "workers whose partitions were drained first). Whole run = start-up and join + "
+        "steady rate × events + close. The workers run with a bytecode cache (compiled "
+        "before the first run, as an installed package has; this machine sets "
+        "PYTHONDONTWRITEBYTECODE, so without it every process compiled every module at "
+        "start-up) and the configuration's default session timeout of 10 s (section 1's "
+        "2 s expired mid-run with 3 workers on the loaded cores: rebalances and re-read "
+        "records).",
+    ]
+
+
+def _phases_table(pts: list[dict[str, Any]]) -> list[str]:
+    """Steady-state CPU per event and the fixed costs (bench/worker_phases.py), medians."""
+    if not any(p.get("steady_us_per_event") is not None for p in pts):
+        return []
+    one = pts[0].get("steady_us_per_event")
+
+    def num(value: float | None, digits: int) -> str:
+        return "–" if value is None else f"{value:.{digits}f}"
+
+    lines = [
+        "",
+        "| workers | CPU µs/event, steady | vs 1 worker | steady span s | events in it "
+        "| CPU µs/event, whole run | start-up CPU s per process | start-up and join CPU s "
+        "per process | close CPU s | runs with a rebalance while steady |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in pts:
+        steady = p.get("steady_us_per_event")
+        share = p.get("steady_share_of_events")
+        lines.append(
+            f"| {p['workers']} | {num(steady, 2)} | "
+            f"{'–' if steady is None or not one else f'{steady / one:.2f}×'} | "
+            f"{num(p.get('steady_seconds'), 1)} | "
+            f"{'–' if share is None else f'{100 * share:.0f}%'} | "
+            f"{p['whole_us_per_event']:.2f} | {num(p.get('startup_cpu_s_mean'), 2)} | "
+            f"{num(p.get('fixed_before_cpu_s_per_worker'), 2)} | "
+            f"{num(p.get('close_excess_cpu_s'), 2)} | "
+            f"{p.get('rebalanced_while_steady', 0)} of {len(p['runs'])} |"
+        )
+    return lines
+
+
 def _workers_section(r: dict[str, Any]) -> list[str]:
     wk = r["workers"]
     runs = wk["runs"]
@@ -626,6 +728,7 @@ def _workers_section(r: dict[str, Any]) -> list[str]:
         "a new owner re-read what the old one had not committed. Exactly once: after SIGTERM "
         "(every process must exit 0) the output topic is read until quiet, and every window "
         "has exactly one window record, in every run.",
+        *_phases_intro(r),
     ]
     for label, mode in wk["modes"].items():
         pts = mode["points"]
@@ -648,6 +751,7 @@ def _workers_section(r: dict[str, Any]) -> list[str]:
                 f"{p['events_consumed_max']:,.0f} | {p['late_events_max']:,.0f} | "
                 f"{'yes' if p['exactly_once'] else '**NO**'} |"
             )
+        lines += _phases_table(pts)
     lines += ["", "What limits it:", ""]
     per_event: dict[str, float] = {}
     for label, mode in wk["modes"].items():
@@ -662,7 +766,8 @@ def _workers_section(r: dict[str, Any]) -> list[str]:
             f"{100 * one['cpu_seconds_workers'] / one['seconds']:.0f}% of one core busy over "
             f"its {one['seconds']:.1f} s (machine: {100 * one['cpu_utilisation']:.0f}% with "
             f"the broker); {top['workers']} processes used "
-            f"{100 * top['cpu_utilisation']:.0f}% of the machine. Worker CPU per event: "
+            f"{100 * top['cpu_utilisation']:.0f}% of the machine. Worker CPU per event over "
+            "the whole run: "
             f"{' → '.join(f'{x:.1f}' for x in per_event_us)} µs for "
             f"N = {', '.join(str(n) for n in pts)}. Partitions held with N = {top['workers']} "
             f"(last assignment): {_held(top.get('partitions_per_worker', []))}."
@@ -680,8 +785,8 @@ def _workers_section(r: dict[str, Any]) -> list[str]:
         "imports, the ledger read-back behind fences, the consumer-group join and a "
         "rebalance for each member joining after the first, and the close of the last window "
         "(idle_close_s, then its partials, watermarks and release). They do not shrink with "
-        "N, and every process pays its own CPU for them, so the workers' total CPU does not "
-        "fall as N grows.",
+        "N, and every process pays its own CPU for them, so the workers' total CPU over the "
+        "whole run grows with N while the steady CPU per event (second table) need not.",
         "- Windows come out late in the span (first window s): a window is released only "
         "when every source partition has sealed it, and a worker's fetches do not advance "
         "its partitions evenly, so on a replayed topic the slowest partition holds every "

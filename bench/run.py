@@ -1,4 +1,4 @@
-"""``python -m bench.run [--size {smoke,small,full}] [--out DIR] [--only throughput]``.
+"""``python -m bench.run [--size {smoke,small,full}] [--out DIR] [--only {throughput,workers}]``.
 
 The whole benchmark. Starts its own embedded broker, measures throughput (raw consumer,
 worker, Faust, the Kafka Streams peer), then the same throughput section on an Apache Kafka
@@ -20,6 +20,7 @@ wrote them, and RESULTS.md says which run wrote which section.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -52,6 +53,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "windows": 4,
         "window_size_s": 10,
         "faust_events": 10_000,
+        "workers_events": 20_000,
         # The smoke's Kafka Streams peer runs on a machine busy with the test suite: a 2 s
         # pause of its one stream thread closed windows early there, and once 6 s (the suite
         # beside a chaos run). 15 s of whole-stream silence before the wall clock closes
@@ -82,6 +84,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "windows": 10,
         "window_size_s": 60,
         "faust_events": 20_000,
+        "workers_events": 400_000,
         "runs": 3,
         "scaling_events": 200_000,
         "users_sweep": [10_000, 100_000, 300_000],
@@ -107,6 +110,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "windows": 10,
         "window_size_s": 60,
         "faust_events": 120_000,
+        # Section 2: long enough that its steady state (every worker joined, input not yet
+        # drained) holds most of the run (bench/worker_phases.py).
+        "workers_events": 2_000_000,
         "runs": 3,
         "scaling_events": 1_000_000,
         "users_sweep": [10_000, 100_000, 1_000_000],
@@ -189,6 +195,11 @@ def _spec(cfg: dict[str, Any]) -> StreamSpec:
     )
 
 
+def _workers_spec(cfg: dict[str, Any]) -> StreamSpec:
+    """Section 2's stream: section 1's with ``workers_events`` events."""
+    return dataclasses.replace(_spec(cfg), events=cfg.get("workers_events", cfg["events"]))
+
+
 def throughput_on_apache_kafka(cfg: dict[str, Any]) -> dict[str, Any]:
     """The throughput section on a fresh single-node Apache Kafka broker (KRaft), or
     ``{"unavailable": reason}`` where it cannot start here (no Java, no jars)."""
@@ -252,7 +263,7 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
             f"{cfg['runs']} run(s)"
         )
         results["workers"] = workers.measure(
-            broker.bootstrap_servers, broker.pid, spec, runs=cfg["runs"], log=_log
+            broker.bootstrap_servers, broker.pid, _workers_spec(cfg), runs=cfg["runs"], log=_log
         )
     results["throughput_apache_kafka"] = throughput_on_apache_kafka(cfg)
     _log("[bench] scaling (stages in-process)")
@@ -303,7 +314,7 @@ def run_throughput_only(size: str, out: Path, command: str) -> dict[str, Any]:
     sources = results.get("sections_from") or {
         "whole_run": {k: results[k] for k in ("size", "command", "date", "total_seconds")}
     }
-    results["sections_from"] = {"whole_run": sources["whole_run"]}
+    results["sections_from"] = {k: v for k, v in sources.items() if k in ("whole_run", "workers")}
     whole_machine = results["machine"].get("whole_run", results["machine"])
     results["machine"] = {**report.machine(), "whole_run": whole_machine}
     spec = _spec(cfg)
@@ -333,6 +344,51 @@ def run_throughput_only(size: str, out: Path, command: str) -> dict[str, Any]:
     return results
 
 
+def run_workers_only(size: str, out: Path, command: str) -> dict[str, Any]:
+    """Section 2 alone (scale-out over worker processes, on Tansu), merged into the results
+    already in ``out`` (the other sections, profile included, are kept as they were)."""
+    previous = out / "results.json"
+    if not previous.exists():
+        raise SystemExit(
+            f"--only workers merges into {previous}, which does not exist: run the whole "
+            "bench (without --only) into that folder first"
+        )
+    from bench import profile
+
+    results: dict[str, Any] = orjson.loads(previous.read_bytes())
+    cfg = SIZES[size]
+    logging.getLogger("stream_dp").setLevel(logging.ERROR)
+    started = time.perf_counter()
+    kept_profile = results["throughput"].get("profile") or {}
+    folded = out / "profiles" / "default_path_after.folded"
+    if folded.exists():
+        results["throughput"]["profile"] = {**kept_profile, "stacks": profile.read_folded(folded)}
+    loadavg_at_start = report.loadavg()
+    spec = _workers_spec(cfg)
+    _log(
+        f"[bench] scale-out: 1, 2, 3 worker processes, {workers.PARTITIONS} partitions, "
+        f"{spec.events:,} events, {cfg['runs']} run(s)"
+    )
+    with EmbeddedBroker() as broker:
+        results["workers"] = workers.measure(
+            broker.bootstrap_servers, broker.pid, spec, runs=cfg["runs"], log=_log
+        )
+    sources = results.setdefault("sections_from", {})
+    if "whole_run" not in sources:
+        sources["whole_run"] = {k: results[k] for k in ("size", "command", "date", "total_seconds")}
+    sources["workers"] = {
+        "size": size,
+        "command": command,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "sizes": cfg,
+        "seconds": time.perf_counter() - started,
+        "loadavg_at_start": loadavg_at_start,
+        "loadavg_at_end": report.loadavg(),
+    }
+    _finish(results, out)
+    return results
+
+
 def _finish(results: dict[str, Any], out: Path) -> None:
     report.write(results, out)
     for t in results["targets"]:
@@ -347,13 +403,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     parser.add_argument(
         "--only",
-        choices=["throughput"],
-        help="run only this section (on both brokers) and merge it into --out's results.json",
+        choices=["throughput", "workers"],
+        help="run only this section (throughput: sections 1 and 1b, on both brokers; "
+        "workers: section 2) and merge it into --out's results.json",
     )
     args = parser.parse_args(argv)
     shown = ["python -m bench.run", *(sys.argv[1:] if argv is None else argv)]
     if args.only == "throughput":
         run_throughput_only(args.size, args.out, " ".join(shown))
+    elif args.only == "workers":
+        run_workers_only(args.size, args.out, " ".join(shown))
     else:
         run(args.size, args.out, " ".join(shown))
     return 0

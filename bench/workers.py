@@ -36,6 +36,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from bench.throughput import (
     produce,
     worker_config,
 )
+from bench.worker_phases import POLL_S, SAMPLE_S, Sample, joined, phases
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import parse_config
 
@@ -61,6 +63,8 @@ RUN_TIMEOUT_S = 600.0
 #: After the workers stopped, the output topic is read until it has been quiet this long.
 QUIET_S = 1.0
 STOP_TIMEOUT_S = 60.0
+#: kafka.session_timeout_ms of the workers: the configuration's default.
+SESSION_TIMEOUT_MS = 10_000
 
 
 def _log_messages(path: Path) -> list[dict[str, Any]]:
@@ -111,10 +115,14 @@ def _scrape(path: Path) -> dict[str, float] | None:
         for m in _log_messages(path)
         if m.get("msg", "").startswith("metrics and health on http://")
     ]
-    if not urls:
+    return _scrape_url(urls[-1] if urls else None)
+
+
+def _scrape_url(url: str | None) -> dict[str, float] | None:
+    if url is None:
         return None
     try:
-        with urllib.request.urlopen(f"{urls[-1]}/metrics", timeout=5) as response:  # noqa: S310
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:  # noqa: S310
             text = response.read().decode()
     except OSError:
         return None
@@ -126,6 +134,93 @@ def _scrape(path: Path) -> dict[str, float] | None:
         if name in names:
             out[names[name]] += float(value)
     return out
+
+
+@dataclass
+class _LogState:
+    """What a worker's log says so far: its /metrics address and its assignments."""
+
+    url: str | None = None
+    last_assigned: list[str] | None = None  # topic[p] of its last assignment
+    taken_after_last: bool = False  # "partitions taken" logged after that assignment
+    assignments: int = 0
+
+
+def _log_state(path: Path) -> _LogState:
+    state = _LogState()
+    for m in _log_messages(path):
+        msg = m.get("msg", "")
+        if msg.startswith("metrics and health on http://"):
+            state.url = msg.split(" on ", 1)[1]
+        elif msg.startswith("partitions assigned: "):
+            state.last_assigned = msg.removeprefix("partitions assigned: ").split(", ")
+            state.taken_after_last = False
+            state.assignments += 1
+        elif msg.startswith("partitions revoked"):
+            state.last_assigned = None
+        elif msg.startswith("partitions taken"):
+            state.taken_after_last = True
+    return state
+
+
+class _Sampler:
+    """Polled by the run's loop: each worker's start-up CPU (at its first "partitions
+    taken"), then, once every worker holds its final partitions, a :class:`Sample` every
+    :data:`worker_phases.SAMPLE_S` until the input is drained (:mod:`bench.worker_phases`)."""
+
+    def __init__(
+        self, procs: Sequence[subprocess.Popen[bytes]], logs: Sequence[Path], topic: str
+    ) -> None:
+        self.procs, self.logs = procs, logs
+        self.partitions = {f"{topic}[{p}]" for p in range(PARTITIONS)}
+        self.startup_cpu_s: list[float | None] = [None] * len(procs)
+        self.startup_s: list[float | None] = [None] * len(procs)
+        self.samples: list[Sample] = []
+        self.drained = False
+        self._next_s = 0.0
+        self.total_events = 0
+
+    def poll(self, t_s: float, total_events: int) -> None:
+        self.total_events = total_events
+        if self.drained or t_s < self._next_s:
+            return
+        states = [_log_state(p) for p in self.logs]
+        for i, state in enumerate(states):
+            if self.startup_cpu_s[i] is None and state.taken_after_last:
+                self.startup_cpu_s[i] = cpu_seconds_of(self.procs[i].pid)
+                self.startup_s[i] = t_s
+        if not self.samples and not joined(
+            [s.last_assigned for s in states],
+            [s.taken_after_last for s in states],
+            self.partitions,
+        ):
+            self._next_s = t_s + POLL_S
+            return
+        sample = self.sample(t_s, states)
+        if sample is None:
+            self._next_s = t_s + POLL_S
+            return
+        self.samples.append(sample)
+        self.drained = sample.total_events >= total_events
+        self._next_s = t_s + SAMPLE_S
+
+    def sample(self, t_s: float, states: Sequence[_LogState] | None = None) -> Sample | None:
+        states = states or [_log_state(p) for p in self.logs]
+        cpu = tuple(cpu_seconds_of(p.pid) for p in self.procs)
+        counters = [_scrape_url(s.url) for s in states]
+        if any(c is None for c in counters):
+            return None
+        return Sample(
+            t_s=t_s,
+            cpu_s=cpu,
+            events=tuple(c["events_consumed"] for c in counters if c is not None),
+            assignments=tuple(s.assignments for s in states),
+        )
+
+    def phases(self, end: Sample) -> dict[str, Any]:
+        startup = [c if c is not None else 0.0 for c in self.startup_cpu_s]
+        started = [s if s is not None else 0.0 for s in self.startup_s]
+        return phases(self.samples, startup, started, end, self.total_events)
 
 
 def _tail(path: Path, chars: int = 3000) -> str:
@@ -156,20 +251,55 @@ def _windows_in(batch: dict[TopicPartition, list[Any]], seen: Counter[tuple[str,
                 seen[(value["query"], value["window_start"])] += 1
 
 
+#: Imported by the warm-up before the first run, so their bytecode is cached (the rest of
+#: ``stream_dp`` is compiled with :mod:`compileall`).
+WARM_IMPORTS = (
+    "stream_dp.cli.main",
+    "stream_dp.cli.run_cmd",
+    "stream_dp.pipeline.kafka.service",
+    "stream_dp.pipeline.kafka.worker",
+)
+
+
+def _bytecode_env(prefix: Path | None) -> dict[str, str]:
+    """The workers' environment: with a bytecode cache at ``prefix`` (as an installed
+    package has its .pyc files), even where PYTHONDONTWRITEBYTECODE is set."""
+    env = dict(os.environ)
+    if prefix is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(prefix)
+    return env
+
+
+def warm_bytecode(prefix: Path) -> None:
+    """Compile ``stream_dp`` and what a worker imports into ``prefix`` (not timed): without
+    it every worker process compiles every module at start-up (PYTHONDONTWRITEBYTECODE in
+    this environment), a fixed cost a deployed worker does not pay."""
+    env = _bytecode_env(prefix)
+    package = Path(__file__).resolve().parents[1] / "stream_dp"
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], env=env, check=True)
+    code = "; ".join(f"import {m}" for m in WARM_IMPORTS)
+    code += "; stream_dp.cli.main.build_parser()"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
 async def _run_group(
     bootstrap: str,
     broker_pid: int,
     config: dict[str, Any],
     n: int,
     expected_windows: int,
+    events: int,
     workdir: Path,
+    pycache_prefix: Path | None = None,
 ) -> dict[str, Any]:
-    """Start ``n`` workers, time them until every window record is out, stop them, check."""
+    """Start ``n`` workers, time them until every window record is out (sampling their
+    phases meanwhile, :class:`_Sampler`), stop them, check."""
     out_topic = config["output"]["topic"]
     config_path = workdir / "config.json"  # JSON is YAML
     config_path.write_text(json.dumps(config), encoding="utf-8")
     env = {
-        **os.environ,
+        **_bytecode_env(pycache_prefix),
         "STREAM_DP_PSEUDONYM_KEY": secrets.token_hex(32),
         "PYTHONWARNINGS": "ignore",
     }
@@ -200,6 +330,7 @@ async def _run_group(
                     )
                 )
         arrivals: list[float] = []  # seconds from the start to each window's first record
+        sampler = _Sampler(procs, logs, config["input"]["topic"])
         while len(seen) < expected_windows:
             elapsed = time.perf_counter() - t0
             exited = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
@@ -214,7 +345,8 @@ async def _run_group(
                     f"{n} workers ({config['input']}): {what}; {len(seen)} of "
                     f"{expected_windows} windows released; logs in {workdir}:\n{tails}"
                 )
-            batch = await reader.getmany(timeout_ms=200)
+            sampler.poll(elapsed, events)
+            batch = await reader.getmany(timeout_ms=int(1000 * POLL_S))
             before = len(seen)
             _windows_in(batch, seen)
             if len(seen) > before:
@@ -224,6 +356,12 @@ async def _run_group(
         broker_cpu = cpu_seconds_of(broker_pid) - broker_cpu0
         reader_cpu = time.process_time() - reader_cpu0
         counters = [_scrape(path) for path in logs]
+        end = Sample(
+            t_s=seconds,
+            cpu_s=tuple(cpu),
+            events=tuple(c["events_consumed"] if c else 0.0 for c in counters),
+            assignments=tuple(_log_state(path).assignments for path in logs),
+        )
         for p in procs:
             p.send_signal(signal.SIGTERM)
         codes = [p.wait(timeout=STOP_TIMEOUT_S) for p in procs]
@@ -272,6 +410,7 @@ async def _run_group(
             for name in ("late_events", "events_consumed")
         },
         "warning_kinds_per_worker": [s["warning_kinds"] for s in summaries],
+        "phases": sampler.phases(end),
     }
 
 
@@ -285,16 +424,25 @@ def run_point(
     events: int,
     windows: int,
     window_size_s: int,
+    pycache_prefix: Path | None = None,
 ) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:10]
     config = worker_config(bootstrap, topic, suffix, window_size_s, keyed_by_user=keyed_by_user)
+    # The product's session timeout (section 1's 2 s expired mid-run on the loaded 2 cores
+    # with 3 workers and the broker: rebalances, re-read records); heartbeats stay frequent
+    # so that members still learn of a join quickly.
+    config["kafka"]["session_timeout_ms"] = SESSION_TIMEOUT_MS
     # INFO: the log names each worker's assignments, releases and /metrics address.
     config["logging"] = {"level": "INFO", "format": "json"}
     config["metrics"] = {"enabled": True, "host": "127.0.0.1", "port": 0}
     asyncio.run(apply_topics(parse_config(config), bootstrap, include_input=False))
     try:
         with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
-            result = asyncio.run(_run_group(bootstrap, broker_pid, config, n, windows, Path(tmp)))
+            result = asyncio.run(
+                _run_group(
+                    bootstrap, broker_pid, config, n, windows, events, Path(tmp), pycache_prefix
+                )
+            )
     finally:
         names = [config["output"][k] for k in WORKER_TOPICS]
         asyncio.run(delete_topics(bootstrap, names=names))
@@ -340,9 +488,36 @@ def summarize(points: dict[int, list[dict[str, Any]]], cores: int) -> list[dict[
                 "late_events_max": max(r["late_events"] for r in runs),
                 "events_consumed_max": max(r["events_consumed"] for r in runs),
                 "partitions_per_worker": runs[-1]["partitions_per_worker"],
+                **_phase_medians(runs),
             }
         )
     return rows
+
+
+def _phase_medians(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the runs of the steady CPU per event and the fixed costs
+    (:mod:`bench.worker_phases`); None where no run had a steady span."""
+    measured = [r["phases"] for r in runs if r["phases"].get("steady_us_per_event") is not None]
+
+    def med(key: str) -> float | None:
+        return float(statistics.median(p[key] for p in measured)) if measured else None
+
+    return {
+        "steady_runs": len(measured),
+        "steady_us_per_event": med("steady_us_per_event"),
+        "steady_share_of_events": med("steady_share_of_events"),
+        "steady_seconds": med("steady_seconds"),
+        "steady_cpu_utilisation": med("steady_cpu_utilisation"),
+        "startup_cpu_s_mean": med("startup_cpu_s_mean"),
+        "fixed_before_cpu_s_per_worker": med("fixed_before_cpu_s_per_worker"),
+        "close_excess_cpu_s": med("close_excess_cpu_s"),
+        "close_s": med("close_s"),
+        "joined_s": med("joined_s"),
+        "rebalanced_while_steady": sum(bool(r["phases"]["rebalanced_while_steady"]) for r in runs),
+        "whole_us_per_event": float(
+            statistics.median(1e6 * r["cpu_seconds_workers"] / r["events"] for r in runs)
+        ),
+    }
 
 
 def measure(
@@ -374,7 +549,9 @@ def measure(
         "timeout_s": RUN_TIMEOUT_S,
         "modes": {},
     }
+    pycache = tempfile.TemporaryDirectory(prefix="bench-workers-pycache-")
     try:
+        warm_bytecode(Path(pycache.name))
         out["produce_seconds"] = produce(bootstrap, topic, values, keys)
         log(f"  preloaded {spec.events:,} events in {PARTITIONS} partitions")
         del values, keys
@@ -393,16 +570,29 @@ def measure(
                         events=spec.events,
                         windows=windows,
                         window_size_s=spec.window_size_s,
+                        pycache_prefix=Path(pycache.name),
                     )
                     points[n].append(point)
                     cpu = ", ".join(f"{c:.1f}" for c in point["cpu_seconds_per_worker"])
+                    ph = point["phases"]
+                    steady = ph.get("steady_us_per_event")
                     log(
                         f"  run {r + 1}: {label} {n} worker(s): "
                         f"{point['events_per_s']:,.0f} events/s in {point['seconds']:.1f} s, "
                         f"CPU s workers [{cpu}], broker {point['broker_cpu_seconds']:.1f}, "
-                        f"windows per worker {point['windows_released_per_worker']}"
+                        f"windows per worker {point['windows_released_per_worker']}; steady "
+                        + (
+                            "not measured"
+                            if steady is None
+                            else f"{steady:.2f} µs/event over {ph['steady_seconds']:.1f} s "
+                            f"({100 * ph['steady_share_of_events']:.0f}% of events), start-up "
+                            f"CPU {ph['startup_cpu_s_mean']:.2f} s/process, start-up and "
+                            f"join {ph['fixed_before_cpu_s_per_worker']:.2f} s/process, "
+                            f"close {ph['close_excess_cpu_s']:.2f} s"
+                        )
                     )
             out["modes"][label] = {"keyed_by_user": keyed, "points": summarize(points, cores)}
     finally:
+        pycache.cleanup()
         asyncio.run(delete_topics(bootstrap, names=[topic]))
     return out

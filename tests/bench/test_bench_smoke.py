@@ -125,6 +125,11 @@ def test_worker_processes_release_every_window_exactly_once(
                 assert run["events_consumed"] >= wk["events"], (label, n, run)
                 assert len(run["cpu_seconds_per_worker"]) == n
                 assert all(c > 0 for c in run["cpu_seconds_per_worker"]), (label, n, run)
+                # The phases (bench/worker_phases.py): the smoke's topic is too short for a
+                # steady span, but every process's start-up is read.
+                phases = run["phases"]
+                assert len(phases["startup_cpu_s_per_worker"]) == n, (label, n, phases)
+                assert all(c > 0 for c in phases["startup_cpu_s_per_worker"]), (label, n, phases)
 
 
 def test_scaling_release_and_memory(smoke: tuple[Path, dict[str, Any]]) -> None:
@@ -183,7 +188,7 @@ def test_report_and_plot(smoke: tuple[Path, dict[str, Any]]) -> None:
     out, results = smoke
     text = (out / "RESULTS.md").read_text(encoding="utf-8")
     assert "## Targets" in text and "--size smoke" in text
-    assert len(results["targets"]) == 10
+    assert len(results["targets"]) == 11
     assert all(isinstance(t["passed"], bool) for t in results["targets"])
     assert "## 2. Scale-out: 1, 2 and 3 worker processes" in text
     assert "(scaling_workers.png)" in text
