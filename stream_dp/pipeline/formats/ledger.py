@@ -37,14 +37,13 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import chain, repeat
+from itertools import repeat
 from typing import Any, Final
 
-import numpy as np
 import orjson
 
 from stream_dp.config.fingerprint import Fingerprint
-from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES, part_bounds
+from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES, join_in_parts
 from stream_dp.pipeline.formats.records import (
     SCHEMA_VERSION,
     ReleaseTemplate,
@@ -198,6 +197,11 @@ def encode_release(
     ``max_bytes`` (parts are cut by encoded size: group keys may be long)."""
     created = datetime.fromtimestamp(now_s, tz=UTC).isoformat().replace("+00:00", "Z")
     base = f"{release_key(release.query, release.window_start_s)}|{release.release_id}"
+    # {"key": …, "value": …} with sorted keys, the value spliced in as the output's bytes.
+    keys = encoded_strings(release.output_keys())
+    entries = list(
+        map(b'{"key":%b,"value":%b}'.__mod__, zip(keys, release.output_values(), strict=True))
+    )
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "ledger",
@@ -215,44 +219,12 @@ def encode_release(
     if release.erasures_through:
         header["erasures_through"] = release.erasures_through
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - len(orjson.dumps(header)) - 32
-    # The records: entries {"key": …, "value": …} (sorted keys, the value spliced in as the
-    # output's bytes), joined into JSON arrays of at most ``budget`` bytes each, as
-    # join_in_parts would (same bounds): all entries written into one buffer by one join in
-    # C, then each part cut from it, rather than an object per entry.
-    keys = encoded_strings(release.output_keys())
-    values = release.output_values()
-    n = len(keys)
-    sizes = np.fromiter(map(len, keys), np.int64, n) + np.fromiter(map(len, values), np.int64, n)
-    sizes += len(_ENTRY_HEAD) + len(_ENTRY_MIDDLE) + len(_ENTRY_TAIL)
-    bounds = part_bounds(sizes, budget, what=f"a release of query {release.query}") or [(0, 0)]
-    # entry i with its comma starts at starts[i]; the buffer ends with one comma too many
-    starts = np.concatenate(([0], np.cumsum(sizes + 1))).tolist()
-    buffer = memoryview(
-        b"".join(
-            chain.from_iterable(
-                zip(
-                    repeat(_ENTRY_HEAD),
-                    keys,
-                    repeat(_ENTRY_MIDDLE),
-                    values,
-                    repeat(_ENTRY_TAIL + b","),
-                    strict=False,
-                )
-            )
-        )
-    )
+    chunks = join_in_parts(entries, budget, what=f"a release of query {release.query}")
     out = []
-    for i, (lo, hi) in enumerate(bounds):
-        head = orjson.dumps({**header, "part": i, "parts": len(bounds)})
-        chunk = buffer[starts[lo] : max(starts[lo], starts[hi] - 1)]
-        value = b"".join((head[:-1], b',"records":[', chunk, b"]}"))
-        out.append((f"{base}|part-{i}", value))
+    for i, chunk in enumerate(chunks):
+        head = orjson.dumps({**header, "part": i, "parts": len(chunks)})
+        out.append((f"{base}|part-{i}", head[:-1] + b',"records":' + chunk + b"}"))
     return out
-
-
-_ENTRY_HEAD: Final = b'{"key":'
-_ENTRY_MIDDLE: Final = b',"value":'
-_ENTRY_TAIL: Final = b"}"
 
 
 def encode_published(release: LedgerRelease) -> tuple[str, bytes]:

@@ -199,29 +199,19 @@ def join_in_parts(entries: Sequence[bytes], budget: int, *, what: str) -> list[b
     """
     if not entries:
         return [b"[]"]
-    sizes = np.fromiter(map(len, entries), np.int64, len(entries))
-    return [
-        b"[" + b",".join(entries[lo:hi]) + b"]"
-        for lo, hi in part_bounds(sizes, budget, what=what)
-    ]
-
-
-def part_bounds(sizes: np.ndarray, budget: int, *, what: str) -> list[tuple[int, int]]:
-    """[lo, hi) of consecutive entries of these encoded ``sizes`` that :func:`join_in_parts`
-    joins into one JSON array of at most ``budget`` bytes; at least one entry each."""
-    entries = sizes + 1  # each entry's size with its comma
-    too_large = np.flatnonzero(entries + 2 > budget)
+    sizes = np.fromiter(map(len, entries), np.int64, len(entries)) + 1
+    too_large = np.flatnonzero(sizes + 2 > budget)
     if too_large.size:
-        raise _too_large(what, int(entries[too_large[0]]) - 1)
+        raise _too_large(what, int(sizes[too_large[0]]) - 1)
     # Greedy, as one entry at a time: a chunk [lo, hi) holds 2 + Σ (size + 1) ≤ budget bytes.
-    ends = np.concatenate(([0], np.cumsum(entries)))
-    bounds = []
+    ends = np.concatenate(([0], np.cumsum(sizes)))
+    chunks = []
     lo = 0
     while lo < len(entries):
         hi = int(np.searchsorted(ends, ends[lo] + budget - 2, side="right")) - 1
-        bounds.append((lo, hi))
+        chunks.append(b"[" + b",".join(entries[lo:hi]) + b"]")
         lo = hi
-    return bounds
+    return chunks
 
 
 def encode_in_parts(
