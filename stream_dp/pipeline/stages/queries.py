@@ -14,6 +14,7 @@ from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.planner import QueryPlan, plan_query
 
 GroupKey = tuple[Any, ...]
+Projection = tuple[GroupKey, int] | None
 
 
 class CompiledQuery:
@@ -43,12 +44,7 @@ class CompiledQuery:
             for f, v in query.where.items()
         ]
         public = self.plan.public_keys
-        self._public: frozenset[GroupKey] | None = None if public is None else frozenset(public)
         self._group = tuple(index[f] for f in query.group_by)
-        #: The public list as :meth:`_project_new` looks keys up (a one-field key by value).
-        self._public_lookup: frozenset[Any] | None = self._public
-        if public is not None and len(self._group) == 1:
-            self._public_lookup = frozenset(k for (k,) in public)
         self._value = index[query.value_field] if query.value_field else None
         if query.statistic in ("sum", "mean"):
             assert query.lower is not None and query.upper is not None
@@ -56,12 +52,22 @@ class CompiledQuery:
             self._granularity = query.value_granularity
         self._signatures: list[tuple[Any, ...]] = []
         # Column form of the projections (see project_columns): per signature id, the key's
-        # number (-1: not taken) and the value; keys numbered in order of first projection.
+        # number (-1: not taken) and the value; keys numbered in order of first projection
+        # (a public list's keys: by their place on it).
         self._key_of: np.ndarray = np.zeros(0, dtype=np.int64)
         self._value_of: np.ndarray = np.zeros(0, dtype=np.int64)
         #: Key number by key (a one-field key: by its value; see :meth:`_project_new`).
         self._key_ids: dict[Any, int] = {}
         self._keys: list[GroupKey] = []
+        #: With a public list, keys are numbered by their place on it, once (the numbers
+        #: do not depend on the data): one lookup per new signature both tests that its key
+        #: is listed and numbers it.
+        self._public_ids: dict[Any, int] | None = None
+        if public is not None:
+            listed = list(public)
+            one = len(self._group) == 1
+            self._public_ids = {(k[0] if one else k): i for i, k in enumerate(listed)}
+            self._keys = listed
         self.has_values = self._value is not None
         #: Stage 1 sums the users' key weights for this query's partition selection.
         self.weighted_selection = query.selection == "weighted_gaussian" and public is None
@@ -74,14 +80,15 @@ class CompiledQuery:
         """The signature table was renumbered: cached projections no longer apply."""
         self._key_of = np.zeros(0, dtype=np.int64)
         self._value_of = np.zeros(0, dtype=np.int64)
-        self._key_ids = {}
-        self._keys = []
+        if self._public_ids is None:
+            self._key_ids = {}
+            self._keys = []
 
     def project_columns(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[GroupKey]]:
         """Per item (a column of signature ids) the number of its key (-1 when the query
         does not take it) and its value in units, and the keys by number (in order of first
-        projection). Each signature is projected once, when first seen (:meth:`_project_new`),
-        then looked up by array indexing."""
+        projection; a public list's keys by their place on it). Each signature is projected
+        once, when first seen (:meth:`_project_new`), then looked up by array indexing."""
         n = len(self._signatures)
         done = len(self._key_of)
         if done < n:
@@ -89,6 +96,16 @@ class CompiledQuery:
             self._key_of = np.concatenate((self._key_of, key_of))
             self._value_of = np.concatenate((self._value_of, value_of))
         return self._key_of[items], self._value_of[items], self._keys
+
+    def project(self, signature_id: int) -> Projection:
+        """One signature's (key, value in units), or None when the query does not take it
+        (as :meth:`project_columns` numbers it; ``bounds: auto`` histograms use it)."""
+        if signature_id >= len(self._key_of):
+            self.project_columns(np.zeros(0, dtype=np.int64))
+        key = self._key_of.item(signature_id)
+        if key < 0:
+            return None
+        return self._keys[key], self._value_of.item(signature_id)
 
     def _project_new(self, signatures: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray]:
         """Key numbers and values of signatures seen for the first time, a column at a time:
@@ -113,8 +130,10 @@ class CompiledQuery:
             keys = list(map(itemgetter(group[0]), signatures))
         else:
             keys = list(map(itemgetter(*group), signatures))
-        if self._public_lookup is not None:
-            taken &= np.fromiter(map(self._public_lookup.__contains__, keys), bool, m)
+        public = self._public_ids
+        if public is not None:
+            listed = np.fromiter(map(public.get, keys, repeat(-1)), np.int64, m)
+            taken &= listed >= 0
         value_of = np.zeros(m, dtype=np.int64)
         if self._value is not None:
             raw = list(map(itemgetter(self._value), signatures))
@@ -124,6 +143,9 @@ class CompiledQuery:
             value_of[rows] = [
                 round(min(max(float(raw[j]), lower), upper) / granularity) for j in rows.tolist()
             ]
+        if public is not None:
+            listed[~taken] = -1
+            return listed, value_of
         rows = np.flatnonzero(taken)
         kept = list(map(keys.__getitem__, rows.tolist()))
         ids, known = self._key_ids, self._keys
