@@ -219,12 +219,13 @@ def encode_release(
     if release.erasures_through:
         header["erasures_through"] = release.erasures_through
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - len(orjson.dumps(header)) - 32
-    chunks = join_in_parts(entries, budget, what=f"a release of query {release.query}")
-    out = []
-    for i, chunk in enumerate(chunks):
-        head = orjson.dumps({**header, "part": i, "parts": len(chunks)})
-        out.append((f"{base}|part-{i}", head[:-1] + b',"records":' + chunk + b"}"))
-    return out
+
+    def wrap(part: int, parts: int) -> tuple[bytes, bytes]:
+        head = orjson.dumps({**header, "part": part, "parts": parts})
+        return head[:-1] + b',"records":[', b"]}"
+
+    chunks = join_in_parts(entries, budget, what=f"a release of query {release.query}", wrap=wrap)
+    return [(f"{base}|part-{i}", chunk) for i, chunk in enumerate(chunks)]
 
 
 def encode_published(release: LedgerRelease) -> tuple[str, bytes]:
