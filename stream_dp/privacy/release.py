@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple, overload
 
 import numpy as np
@@ -190,7 +191,7 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
     if plan.public_keys is not None:
         groups: list[GroupKey] = list(plan.public_keys)
         index = totals.index()
-        rows = np.fromiter((index.get(g, -1) for g in groups), np.int64, len(groups))
+        rows = np.fromiter(map(index.get, groups, repeat(-1)), np.int64, len(groups))
     else:
         candidates = totals.groups
         selection = plan.selection
