@@ -156,8 +156,6 @@ class LedgerRelease:
     encoded: list[bytes] | None = field(default=None, compare=False, repr=False)
     #: The records' keys, when the draw has them as a list (read without a call per record).
     keys: list[str] | None = field(default=None, compare=False, repr=False)
-    #: Those keys as JSON strings (orjson's bytes), when the draw has them.
-    keys_json: list[bytes] | None = field(default=None, compare=False, repr=False)
 
     def output_values(self) -> list[bytes]:
         """Each record's value as canonical JSON (encoded once, then kept)."""
@@ -200,9 +198,7 @@ def encode_release(
     created = datetime.fromtimestamp(now_s, tz=UTC).isoformat().replace("+00:00", "Z")
     base = f"{release_key(release.query, release.window_start_s)}|{release.release_id}"
     # {"key": …, "value": …} with sorted keys, the value spliced in as the output's bytes.
-    keys = release.keys_json
-    if keys is None:
-        keys = encoded_strings(release.output_keys())
+    keys = encoded_strings(release.output_keys())
     entries = list(
         map(b'{"key":%b,"value":%b}'.__mod__, zip(keys, release.output_values(), strict=True))
     )
@@ -427,13 +423,12 @@ def close_release(
     erasures_through: int = 0,
     encoded: list[bytes] | None = None,
     keys: list[str] | None = None,
-    keys_json: list[bytes] | None = None,
 ) -> LedgerRelease:
     """A (query, window) release: its value ``records`` closed by the window record (last:
     a reader that has it has the whole window), as the ledger keeps it. The one place a
     window record is built, for per-window and cumulative queries alike. ``encoded``: the
-    ``records``' values as the output topic's bytes, ``keys`` their keys and ``keys_json``
-    those as JSON strings, when the caller has them."""
+    ``records``' values as the output topic's bytes, and ``keys`` their keys, when the
+    caller has them."""
     closing_key = output_key(query, window_start_s, None)
     closing = window_record(
         release_id=release_id,
@@ -458,7 +453,6 @@ def close_release(
         erasures_through=erasures_through,
         encoded=None if encoded is None else [*encoded, dumps(closing)],
         keys=None if keys is None else [*keys, closing_key],
-        keys_json=None if keys_json is None else [*keys_json, orjson.dumps(closing_key)],
     )
 
 

@@ -188,23 +188,14 @@ class ReleaseTemplate:
         return record
 
     def encode(self, values: Sequence[ReleasedValue]) -> tuple[list[str], list[bytes]]:
-        """Each value's :func:`output_key` and record bytes, in order."""
-        keys, _, encoded = self.encode_all(values)
-        return keys, encoded
-
-    def encode_all(
-        self, values: Sequence[ReleasedValue]
-    ) -> tuple[list[str], list[bytes], list[bytes]]:
-        """Each value's :func:`output_key`, that key as a JSON string (orjson's bytes, for the
-        ledger) and its record bytes, in order. From the columns (:class:`ReleasedValues`):
-        per key one ``bytes %`` in a C-level ``map``."""
+        """Each value's :func:`output_key` and record bytes, in order. From the columns
+        (:class:`ReleasedValues`): per key one ``bytes %`` in a C-level ``map``."""
         cols = ReleasedValues.of(values)
         groups = self._encoded_groups(cols.groups)
         keys = list(map(self._prefix.__add__, map(bytes.decode, groups)))
-        key_json = self._keys_json(groups)
         templates = self._values
         if templates is None:
-            return keys, key_json, [dumps(self.record(v)) for v in cols]
+            return keys, [dumps(self.record(v)) for v in cols]
         n = len(groups)
         fields = zip(
             _encoded_column(cols.ci95, n),
@@ -213,23 +204,7 @@ class ReleaseTemplate:
             _encoded_numbers(cols.value),
             strict=True,
         )
-        records = list(map(bytes.__mod__, map(templates.__getitem__, cols.clamped), fields))
-        return keys, key_json, records
-
-    def _keys_json(self, groups: list[bytes]) -> list[bytes]:
-        """``orjson.dumps(prefix + group)`` of each encoded group, without encoding each key:
-        JSON escapes a string character by character, and in orjson's own output (the
-        group) only ``\\`` and ``"`` need it (control characters are already escapes, and
-        orjson escapes nothing else). So the groups are escaped all at once, joined by a
-        raw newline (which orjson's output never holds), and split again."""
-        if not groups:
-            return []
-        blob = b"\n".join(groups).replace(b"\\", b"\\\\").replace(b'"', b'\\"')
-        parts = blob.split(b"\n")
-        if len(parts) != len(groups):  # pragma: no cover - see the docstring
-            return [orjson.dumps(self._prefix + g.decode()) for g in groups]
-        prefix = orjson.dumps(self._prefix)[:-1].replace(b"%", b"%%")
-        return list(map((prefix + b'%b"').__mod__, parts))
+        return keys, list(map(bytes.__mod__, map(templates.__getitem__, cols.clamped), fields))
 
     def _encoded_groups(self, groups: list[GroupKey]) -> list[bytes]:
         """Each group as canonical JSON (:func:`canonical_group`'s bytes)."""

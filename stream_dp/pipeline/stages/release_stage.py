@@ -486,7 +486,7 @@ def draw_release(
         mechanism=cfg.mechanism,
         selection=selection,
     )
-    keys, keys_json, encoded = template.encode_all(result.values)
+    keys, encoded = template.encode(result.values)
     return close_release(
         drawn_records(keys, template, result.values),
         release_id=release_id,
@@ -501,7 +501,6 @@ def draw_release(
         bounds=bounds_field,
         encoded=encoded,
         keys=keys,
-        keys_json=keys_json,
     )
 
 
