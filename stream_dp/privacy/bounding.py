@@ -250,7 +250,15 @@ def bounded_totals_columns(
         return zeros, zeros.copy(), zeros.copy(), zeros.copy()
     pair = users.astype(np.int64) * n_keys + keys.astype(np.int64)
     keep = np.ones(len(pair), dtype=bool)
-    distinct, inverse = np.unique(pair, return_inverse=True)
+    # One stable sort gives the distinct pairs (ascending, as np.unique), each row's pair
+    # and, within a pair, its rows in their random order (Linf below).
+    by_pair = np.argsort(pair, kind="stable")
+    sorted_pairs = pair[by_pair]
+    boundary = np.concatenate(([True], sorted_pairs[1:] != sorted_pairs[:-1]))
+    run = np.cumsum(boundary) - 1
+    distinct = sorted_pairs[boundary]
+    inverse = np.empty(len(pair), dtype=np.int64)
+    inverse[by_pair] = run
     kept_pairs = np.ones(len(distinct), dtype=bool)
     if max_keys is not None:
         pair_user = distinct // n_keys
@@ -259,15 +267,12 @@ def bounded_totals_columns(
         _, first, counts = np.unique(pair_user[order], return_index=True, return_counts=True)
         rank = np.arange(len(order)) - np.repeat(first, counts)
         kept_pairs[order] = rank < max_keys
-        keep &= kept_pairs[inverse.reshape(-1)]
+        keep &= kept_pairs[inverse]
     if max_per_key is not None:
-        order = np.argsort(pair, kind="stable")  # each pair's rows in their random order
-        sorted_pairs = pair[order]
-        boundary = np.concatenate(([True], sorted_pairs[1:] != sorted_pairs[:-1]))
         starts = np.flatnonzero(boundary)
-        rank = np.arange(len(order)) - starts[np.cumsum(boundary) - 1]
-        within = np.empty(len(order), dtype=bool)
-        within[order] = rank < max_per_key
+        rank = np.arange(len(by_pair)) - starts[run]
+        within = np.empty(len(by_pair), dtype=bool)
+        within[by_pair] = rank < max_per_key
         keep &= within
     taken = keys[keep].astype(np.int64)
     events = np.bincount(taken, minlength=n_keys).astype(np.int64)

@@ -24,9 +24,10 @@ the order in which keys arrived: private keys by :func:`group_sort_key` (type, t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from itertools import repeat
+from typing import NamedTuple, overload
 
 import numpy as np
 
@@ -40,7 +41,14 @@ from stream_dp.privacy.partition_selection import (
 )
 from stream_dp.privacy.planner import GroupKey, NoiseComponent, QueryPlan
 
-__all__ = ["GroupKey", "KeyAggregate", "QueryRelease", "ReleasedValue", "release_query"]
+__all__ = [
+    "GroupKey",
+    "KeyAggregate",
+    "QueryRelease",
+    "ReleasedValue",
+    "ReleasedValues",
+    "release_query",
+]
 
 #: Each half of a mean's error bound uses this level, so both hold together w.p. ≥ 95%.
 _MEAN_COMPONENT_LEVEL = 0.975
@@ -57,9 +65,93 @@ class ReleasedValue(NamedTuple):
     clamped: bool
 
 
+class ReleasedValues(Sequence[ReleasedValue]):
+    """A release's values as columns (one list per field), read one by one as a
+    :class:`ReleasedValue`.
+
+    A window may release 1,000,000 keys: the record encoder reads the columns, and no
+    object per key is made unless a reader asks for one. ``noise_scale`` and ``ci95`` are
+    one number for every key when they do not vary (count, count_distinct_users, sum)."""
+
+    __slots__ = ("ci95", "clamped", "groups", "noise_scale", "value")
+
+    def __init__(
+        self,
+        groups: list[GroupKey],
+        value: list[int | float] | list[int] | list[float],
+        noise_scale: float | list[float],
+        ci95: float | list[float],
+        clamped: list[bool],
+    ) -> None:
+        self.groups = groups
+        self.value = value
+        self.noise_scale = noise_scale
+        self.ci95 = ci95
+        self.clamped = clamped
+
+    @classmethod
+    def of(cls, values: Sequence[ReleasedValue]) -> ReleasedValues:
+        """The columns of released values given one by one."""
+        if isinstance(values, ReleasedValues):
+            return values
+        return cls(
+            [v.group for v in values],
+            [v.value for v in values],
+            [v.noise_scale for v in values],
+            [v.ci95 for v in values],
+            [v.clamped for v in values],
+        )
+
+    def column(self, name: str) -> list[float]:
+        """``noise_scale`` or ``ci95`` per key (a list even when it is one number)."""
+        found: float | list[float] = getattr(self, name)
+        return found if isinstance(found, list) else [found] * len(self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    @overload
+    def __getitem__(self, i: int) -> ReleasedValue: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[ReleasedValue]: ...
+
+    def __getitem__(self, i: int | slice) -> ReleasedValue | list[ReleasedValue]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        scale, half = self.noise_scale, self.ci95
+        return ReleasedValue(
+            self.groups[i],
+            self.value[i],
+            scale[i] if isinstance(scale, list) else scale,
+            half[i] if isinstance(half, list) else half,
+            self.clamped[i],
+        )
+
+    def __iter__(self) -> Iterator[ReleasedValue]:
+        return map(
+            ReleasedValue,
+            self.groups,
+            self.value,
+            self.column("noise_scale"),
+            self.column("ci95"),
+            self.clamped,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ReleasedValues({list(self)!r})"
+
+
 @dataclass(frozen=True)
 class QueryRelease:
-    values: list[ReleasedValue]
+    values: ReleasedValues
     #: Private keys present in the data but not released. INTERNAL ONLY: this number is
     #: not differentially private — never publish it (no record, metric or log line;
     #: docs/privacy.md#invariant-5). It exists for tests and in-process accounting.
@@ -99,7 +191,7 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
     if plan.public_keys is not None:
         groups: list[GroupKey] = list(plan.public_keys)
         index = totals.index()
-        rows = np.fromiter((index.get(g, -1) for g in groups), np.int64, len(groups))
+        rows = np.fromiter(map(index.get, groups, repeat(-1)), np.int64, len(groups))
     else:
         candidates = totals.groups
         selection = plan.selection
@@ -143,52 +235,55 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
 
 
 def _post_process(
-    groups: Sequence[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
-) -> list[ReleasedValue]:
+    groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
+) -> ReleasedValues:
     clamp = plan.clamp_negative
     primary = plan.noise[0]
     if plan.statistic == "mean":
-        sums, counts = noisy
-        unit = primary.unit
-        sum_scale = primary.scale
-        bound = plan.value_bound or 0.0
-        sum_half = primary.mechanism.halfwidth(_MEAN_COMPONENT_LEVEL) * unit
-        count_half = plan.noise[1].mechanism.halfwidth(_MEAN_COMPONENT_LEVEL)
-        spread = sum_half + bound * count_half
-        assert plan.value_lower is not None and plan.value_upper is not None
-        lower, upper = plan.value_lower, plan.value_upper
-        whole_range = upper - lower
-        out: list[ReleasedValue] = []
-        for group, s, c in zip(groups, sums, counts, strict=True):
-            denominator = max(1, c)
-            mean = min(max(s * unit / denominator, lower), upper)
-            half = whole_range if c <= 0 else min(spread / denominator, whole_range)
-            clamped = clamp and mean < 0
-            out.append(
-                ReleasedValue(
-                    group,
-                    0.0 if clamped else mean,
-                    sum_scale / denominator,
-                    half,
-                    clamped,
-                )
-            )
-        return out
-
+        return _post_process_mean(groups, noisy, plan)
     scale, half = primary.scale, primary.ci95
-    (values,) = noisy
+    (noisy_values,) = noisy
+    values: list[int] | list[float]
     if plan.statistic == "sum":
         unit = primary.unit
-        totals = [v * unit for v in values]
-        return [
-            ReleasedValue(g, 0.0, scale, half, True)
-            if clamp and t < 0
-            else ReleasedValue(g, t, scale, half, False)
-            for g, t in zip(groups, totals, strict=True)
-        ]
-    return [
-        ReleasedValue(g, 0, scale, half, True)
-        if clamp and v < 0
-        else ReleasedValue(g, v, scale, half, False)
-        for g, v in zip(groups, values, strict=True)
-    ]
+        values = [v * unit for v in noisy_values]
+    else:
+        values = list(noisy_values)
+    if not clamp:
+        return ReleasedValues(groups, values, scale, half, [False] * len(values))
+    clamped = [v < 0 for v in values]
+    zero = 0.0 if plan.statistic == "sum" else 0
+    if any(clamped):
+        values = [zero if c else v for v, c in zip(values, clamped, strict=True)]
+    return ReleasedValues(groups, values, scale, half, clamped)
+
+
+def _post_process_mean(
+    groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
+) -> ReleasedValues:
+    clamp = plan.clamp_negative
+    primary = plan.noise[0]
+    sums, counts = noisy
+    unit = primary.unit
+    sum_scale = primary.scale
+    bound = plan.value_bound or 0.0
+    sum_half = primary.mechanism.halfwidth(_MEAN_COMPONENT_LEVEL) * unit
+    count_half = plan.noise[1].mechanism.halfwidth(_MEAN_COMPONENT_LEVEL)
+    spread = sum_half + bound * count_half
+    assert plan.value_lower is not None and plan.value_upper is not None
+    lower, upper = plan.value_lower, plan.value_upper
+    whole_range = upper - lower
+    values: list[float] = []
+    scales: list[float] = []
+    halves: list[float] = []
+    clamped: list[bool] = []
+    for s, c in zip(sums, counts, strict=True):
+        denominator = max(1, c)
+        mean = min(max(s * unit / denominator, lower), upper)
+        half = whole_range if c <= 0 else min(spread / denominator, whole_range)
+        is_clamped = clamp and mean < 0
+        values.append(0.0 if is_clamped else mean)
+        scales.append(sum_scale / denominator)
+        halves.append(half)
+        clamped.append(is_clamped)
+    return ReleasedValues(groups, values, scales, halves, clamped)

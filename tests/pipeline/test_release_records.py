@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from stream_dp.pipeline.formats.ledger import DrawnRecord, OutputRecord
+from stream_dp.pipeline.formats.ledger import OutputRecord, drawn_records
 from stream_dp.pipeline.formats.partials import RecordTooLargeError, join_in_parts
 from stream_dp.pipeline.formats.records import (
     ReleaseTemplate,
@@ -18,7 +18,7 @@ from stream_dp.pipeline.formats.records import (
     release_records,
 )
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE
-from stream_dp.privacy.release import ReleasedValue
+from stream_dp.privacy.release import ReleasedValue, ReleasedValues
 
 VALUES = [
     ReleasedValue(("mail.com",), 12, 40.0, 120.0, False),
@@ -64,7 +64,7 @@ def test_template_records_equal_the_records_built_one_by_one(
     template = ReleaseTemplate(group_by=group_by, **common)
     keys, encoded = template.encode(values)
     assert keys == [key for key, _ in built]
-    drawn = [DrawnRecord(k, template, v) for k, v in zip(keys, values, strict=True)]
+    drawn = drawn_records(keys, template, ReleasedValues.of(values))
     assert drawn == [OutputRecord(k, r) for k, r in built]  # equal to the dicts' records
     assert [OutputRecord(k, r) for k, r in built] == drawn
     assert len(built) == len(values) == len(encoded)

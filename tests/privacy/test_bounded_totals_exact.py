@@ -27,3 +27,31 @@ def test_value_sums_stay_exact_beyond_the_53_bits_of_a_float() -> None:
     assert events.tolist() == [2, 1] and users_per_key.tolist() == [2, 1]
     assert value_sums.dtype == np.int64
     assert [int(v) for v in value_sums] == [big + 2, big + 2]
+
+
+def test_each_kept_pair_keeps_its_own_rows_when_rows_arrive_out_of_key_order() -> None:
+    """L0 and Linf together, rows of each user in shuffled key order (as a sample gives
+    them): user u has exactly 3 + key rows of each of 6 keys. A kept (user, key) pair keeps
+    min(3 + key, Linf) rows of that key, a dropped pair none — so per key, events are
+    exactly users × min(3 + key, Linf), and every user keeps exactly L0 keys. Rows counted
+    for the wrong pair (a row→pair map in sorted rather than arrival order) break both."""
+    rng = np.random.default_rng(4)
+    n_users, n_keys, max_keys, max_per_key = 200, 6, 2, 5
+    users_col, keys_col = [], []
+    for u in range(n_users):
+        rows = np.repeat(np.arange(n_keys), 3 + np.arange(n_keys))
+        rng.shuffle(rows)
+        users_col.append(np.full(len(rows), u))
+        keys_col.append(rows)
+    events, users_per_key, _, _ = bounded_totals_columns(
+        np.concatenate(users_col),
+        np.concatenate(keys_col),
+        None,
+        n_keys=n_keys,
+        max_keys=max_keys,
+        max_per_key=max_per_key,
+        rng=new_sampling_generator(),
+    )
+    assert users_per_key.sum() == n_users * max_keys
+    per_pair = np.minimum(3 + np.arange(n_keys), max_per_key)
+    assert events.tolist() == (users_per_key * per_pair).tolist()

@@ -37,6 +37,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import Any, Final
 
 import orjson
@@ -52,7 +53,7 @@ from stream_dp.pipeline.formats.records import (
     window_record,
 )
 from stream_dp.privacy.budget import BOUNDS_CHARGE
-from stream_dp.privacy.release import ReleasedValue
+from stream_dp.privacy.release import ReleasedValues
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
 FENCE_PREFIX: Final = "__fence__|"
@@ -83,22 +84,34 @@ class OutputRecord:
     value: Mapping[str, Any]
 
 
-class DrawnRecord(OutputRecord):
-    """An output record of a fresh draw. Its value is built from the release's template when
-    read: the worker publishes the bytes encoded from the same template
-    (:meth:`ReleaseTemplate.encode`) and never reads it, and a dict per key was most of a
-    1,000,000-key release's memory and time. Equal to an :class:`OutputRecord` of the same
-    key and value."""
+class DrawnRecord(tuple, OutputRecord):  # type: ignore[type-arg]
+    """An output record of a fresh draw: (key, template, the release's values, index). Its
+    value is built from the release's template when read: the worker publishes the bytes
+    encoded from the same template (:meth:`ReleaseTemplate.encode`) and never reads it, and
+    a dict per key was most of a 1,000,000-key release's memory and time. A tuple, so that
+    :func:`drawn_records` makes them in C (``tuple.__new__``), not by a Python ``__init__``
+    per key. Equal to an :class:`OutputRecord` of the same key and value."""
 
-    def __init__(self, key: str, template: ReleaseTemplate, drawn: ReleasedValue) -> None:
-        object.__setattr__(self, "key", key)
-        object.__setattr__(self, "_template", template)
-        object.__setattr__(self, "_drawn", drawn)
+    __slots__ = ()
+
+    def __new__(
+        cls, key: str, template: ReleaseTemplate, values: ReleasedValues, index: int
+    ) -> DrawnRecord:
+        return tuple.__new__(cls, (key, template, values, index))
+
+    def __init__(self, *args: object) -> None:
+        pass  # all set by __new__ (OutputRecord's __init__ would set key and value)
+
+    @property
+    def key(self) -> str:
+        key: str = tuple.__getitem__(self, 0)
+        return key
 
     @property
     def value(self) -> Mapping[str, Any]:
-        template: ReleaseTemplate = self.__dict__["_template"]
-        return template.record(self.__dict__["_drawn"])
+        _, template, values, index = tuple.__iter__(self)
+        record: Mapping[str, Any] = template.record(values[index])
+        return record
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, OutputRecord):
@@ -109,6 +122,17 @@ class DrawnRecord(OutputRecord):
 
     def __repr__(self) -> str:
         return f"DrawnRecord(key={self.key!r}, value={self.value!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (DrawnRecord, tuple(tuple.__iter__(self)))
+
+
+def drawn_records(
+    keys: list[str], template: ReleaseTemplate, values: ReleasedValues
+) -> list[OutputRecord]:
+    """The :class:`DrawnRecord` of every released value, made in C (no Python call per key)."""
+    rows = zip(keys, repeat(template), repeat(values), range(len(keys)), strict=False)
+    return list(map(tuple.__new__, repeat(DrawnRecord), rows))
 
 
 @dataclass
@@ -130,12 +154,20 @@ class LedgerRelease:
     #: The records' values as the output topic's bytes, once encoded (by the ledger's
     #: encoding of a fresh draw; the publication reuses them).
     encoded: list[bytes] | None = field(default=None, compare=False, repr=False)
+    #: The records' keys, when the draw has them as a list (read without a call per record).
+    keys: list[str] | None = field(default=None, compare=False, repr=False)
 
     def output_values(self) -> list[bytes]:
         """Each record's value as canonical JSON (encoded once, then kept)."""
         if self.encoded is None:
             self.encoded = [dumps(r.value) for r in self.records]
         return self.encoded
+
+    def output_keys(self) -> list[str]:
+        """Each record's key, in order."""
+        if self.keys is None:
+            self.keys = [r.key for r in self.records]
+        return self.keys
 
 
 @dataclass
@@ -166,10 +198,10 @@ def encode_release(
     created = datetime.fromtimestamp(now_s, tz=UTC).isoformat().replace("+00:00", "Z")
     base = f"{release_key(release.query, release.window_start_s)}|{release.release_id}"
     # {"key": …, "value": …} with sorted keys, the value spliced in as the output's bytes.
-    keys = encoded_strings([r.key for r in release.records])
-    entries = [
-        b'{"key":%b,"value":%b}' % kv for kv in zip(keys, release.output_values(), strict=True)
-    ]
+    keys = encoded_strings(release.output_keys())
+    entries = list(
+        map(b'{"key":%b,"value":%b}'.__mod__, zip(keys, release.output_values(), strict=True))
+    )
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "ledger",
@@ -187,12 +219,13 @@ def encode_release(
     if release.erasures_through:
         header["erasures_through"] = release.erasures_through
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - len(orjson.dumps(header)) - 32
-    chunks = join_in_parts(entries, budget, what=f"a release of query {release.query}")
-    out = []
-    for i, chunk in enumerate(chunks):
-        head = orjson.dumps({**header, "part": i, "parts": len(chunks)})
-        out.append((f"{base}|part-{i}", head[:-1] + b',"records":' + chunk + b"}"))
-    return out
+
+    def wrap(part: int, parts: int) -> tuple[bytes, bytes]:
+        head = orjson.dumps({**header, "part": part, "parts": parts})
+        return head[:-1] + b',"records":[', b"]}"
+
+    chunks = join_in_parts(entries, budget, what=f"a release of query {release.query}", wrap=wrap)
+    return [(f"{base}|part-{i}", chunk) for i, chunk in enumerate(chunks)]
 
 
 def encode_published(release: LedgerRelease) -> tuple[str, bytes]:
@@ -389,11 +422,14 @@ def close_release(
     bounds: Mapping[str, Any] | None = None,
     erasures_through: int = 0,
     encoded: list[bytes] | None = None,
+    keys: list[str] | None = None,
 ) -> LedgerRelease:
     """A (query, window) release: its value ``records`` closed by the window record (last:
     a reader that has it has the whole window), as the ledger keeps it. The one place a
     window record is built, for per-window and cumulative queries alike. ``encoded``: the
-    ``records``' values as the output topic's bytes, when the caller has them."""
+    ``records``' values as the output topic's bytes, and ``keys`` their keys, when the
+    caller has them."""
+    closing_key = output_key(query, window_start_s, None)
     closing = window_record(
         release_id=release_id,
         query=query,
@@ -412,10 +448,11 @@ def close_release(
         window_end_s=window_end_s,
         epsilon_spent=epsilon_spent,
         delta_spent=delta_spent,
-        records=[*records, OutputRecord(output_key(query, window_start_s, None), closing)],
+        records=[*records, OutputRecord(closing_key, closing)],
         sources=sources,
         erasures_through=erasures_through,
         encoded=None if encoded is None else [*encoded, dumps(closing)],
+        keys=None if keys is None else [*keys, closing_key],
     )
 
 

@@ -191,26 +191,46 @@ def _too_large(what: str, size: int) -> RecordTooLargeError:
     )
 
 
-def join_in_parts(entries: Sequence[bytes], budget: int, *, what: str) -> list[bytes]:
+def join_in_parts(
+    entries: Sequence[bytes],
+    budget: int,
+    *,
+    what: str,
+    wrap: Callable[[int, int], tuple[bytes, bytes]] | None = None,
+) -> list[bytes]:
     """Encoded entries joined into JSON arrays of at most ``budget`` bytes each, in order.
 
     Always at least one (possibly empty) array; an entry that alone exceeds the budget can
-    never be written (:class:`RecordTooLargeError`).
+    never be written (:class:`RecordTooLargeError`). ``wrap(part, parts)``: the bytes
+    before and after part ``part`` of ``parts`` (default ``[`` and ``]``), written in the
+    same copy as the entries (a part of a 1,000,000-key release is hundreds of MB: each
+    extra concatenation copies it again).
     """
     if not entries:
-        return [b"[]"]
-    sizes = np.fromiter(map(len, entries), np.int64, len(entries)) + 1
-    too_large = np.flatnonzero(sizes + 2 > budget)
-    if too_large.size:
-        raise _too_large(what, int(sizes[too_large[0]]) - 1)
-    # Greedy, as one entry at a time: a chunk [lo, hi) holds 2 + Σ (size + 1) ≤ budget bytes.
-    ends = np.concatenate(([0], np.cumsum(sizes)))
+        bounds = [(0, 0)]
+    else:
+        sizes = np.fromiter(map(len, entries), np.int64, len(entries)) + 1
+        too_large = np.flatnonzero(sizes + 2 > budget)
+        if too_large.size:
+            raise _too_large(what, int(sizes[too_large[0]]) - 1)
+        # Greedy, as one entry at a time: a chunk [lo, hi) holds 2 + Σ (size + 1) ≤ budget.
+        ends = np.concatenate(([0], np.cumsum(sizes)))
+        bounds = []
+        lo = 0
+        while lo < len(entries):
+            hi = int(np.searchsorted(ends, ends[lo] + budget - 2, side="right")) - 1
+            bounds.append((lo, hi))
+            lo = hi
     chunks = []
-    lo = 0
-    while lo < len(entries):
-        hi = int(np.searchsorted(ends, ends[lo] + budget - 2, side="right")) - 1
-        chunks.append(b"[" + b",".join(entries[lo:hi]) + b"]")
-        lo = hi
+    for i, (lo, hi) in enumerate(bounds):
+        head, tail = (b"[", b"]") if wrap is None else wrap(i, len(bounds))
+        items = list(entries[lo:hi])
+        if not items:
+            chunks.append(head + tail)
+            continue
+        items[0] = head + items[0]
+        items[-1] = items[-1] + tail
+        chunks.append(b",".join(items))
     return chunks
 
 

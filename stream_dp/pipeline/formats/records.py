@@ -8,15 +8,16 @@ JSON Schemas of all of them live in ``topics/``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import Any, Final
 
 import orjson
 
 from stream_dp.privacy.continual.planning import ContinualPlan
 from stream_dp.privacy.group_values import json_value
-from stream_dp.privacy.release import ReleasedValue
+from stream_dp.privacy.release import GroupKey, ReleasedValue, ReleasedValues
 from stream_dp.windows.horizon import HorizonPosition
 from stream_dp.windows.tumbling import iso_utc
 
@@ -187,33 +188,41 @@ class ReleaseTemplate:
         return record
 
     def encode(self, values: Sequence[ReleasedValue]) -> tuple[list[str], list[bytes]]:
-        """Each value's :func:`output_key` and record bytes, in order."""
-        groups = self._encoded_groups(values)
-        keys = [self._prefix + g.decode("utf-8") for g in groups]
+        """Each value's :func:`output_key` and record bytes, in order. From the columns
+        (:class:`ReleasedValues`): per key one ``bytes %`` in a C-level ``map``."""
+        cols = ReleasedValues.of(values)
+        groups = self._encoded_groups(cols.groups)
+        keys = list(map(self._prefix.__add__, map(bytes.decode, groups)))
         templates = self._values
         if templates is None:
-            return keys, [dumps(self.record(v)) for v in values]
-        ci95s = _encoded_numbers([v.ci95 for v in values])
-        scales = _encoded_numbers([v.noise_scale for v in values])
-        numbers = _encoded_numbers([v.value for v in values])
-        encoded = [
-            templates[bool(v.clamped)] % fields
-            for v, fields in zip(
-                values, zip(ci95s, groups, scales, numbers, strict=True), strict=True
-            )
-        ]
-        return keys, encoded
+            return keys, [dumps(self.record(v)) for v in cols]
+        n = len(groups)
+        fields = zip(
+            _encoded_column(cols.ci95, n),
+            groups,
+            _encoded_column(cols.noise_scale, n),
+            _encoded_numbers(cols.value),
+            strict=True,
+        )
+        return keys, list(map(bytes.__mod__, map(templates.__getitem__, cols.clamped), fields))
 
-    def _encoded_groups(self, values: Sequence[ReleasedValue]) -> list[bytes]:
-        """Each value's group as canonical JSON (:func:`canonical_group`'s bytes)."""
+    def _encoded_groups(self, groups: list[GroupKey]) -> list[bytes]:
+        """Each group as canonical JSON (:func:`canonical_group`'s bytes)."""
         if len(self._group_by) != 1:
-            return [dumps(group_dict(self._group_by, v.group)) for v in values]
+            return [dumps(group_dict(self._group_by, g)) for g in groups]
         # {"<field>": <value>}: one field, so no key order to sort
         head = b"{" + orjson.dumps(self._group_by[0]) + b":"
-        plain = [v.group[0] for v in values]
+        plain = [g[0] for g in groups]
         if set(map(type, plain)) <= {str}:
-            return [head + x + b"}" for x in encoded_strings(plain)]
+            return list(map((head.replace(b"%", b"%%") + b"%b}").__mod__, encoded_strings(plain)))
         return [head + orjson.dumps(json_value(x)) + b"}" for x in plain]
+
+
+def _encoded_column(column: float | list[float], n: int) -> Iterable[bytes]:
+    """:func:`_encoded_numbers` of a column that may be one number for every key."""
+    if isinstance(column, list):
+        return _encoded_numbers(column)
+    return repeat(_encoded_numbers([column])[0], n)
 
 
 def encoded_strings(strings: list[str]) -> list[bytes]:
@@ -227,7 +236,7 @@ def encoded_strings(strings: list[str]) -> list[bytes]:
     parts = orjson.dumps(strings)[2:-2].split(b'","')
     if len(parts) != len(strings):  # pragma: no cover - see the docstring
         return [orjson.dumps(x) for x in strings]
-    return [b'"%b"' % p for p in parts]
+    return list(map(b'"%b"'.__mod__, parts))
 
 
 #: The per-key fields of a release record, in the order of :func:`_value_templates`' slots.

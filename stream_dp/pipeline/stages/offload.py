@@ -88,4 +88,4 @@ def draw_window(
 def output_values(release: LedgerRelease) -> list[tuple[str, bytes]]:
     """The output topic's (key, value) records of a release, in order (values encoded once:
     a fresh draw's were encoded with its ledger records)."""
-    return [(r.key, v) for r, v in zip(release.records, release.output_values(), strict=True)]
+    return list(zip(release.output_keys(), release.output_values(), strict=True))

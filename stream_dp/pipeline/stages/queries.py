@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import filterfalse, repeat
+from operator import is_not, itemgetter
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,6 @@ from stream_dp.privacy.planner import QueryPlan, plan_query
 
 GroupKey = tuple[Any, ...]
 Projection = tuple[GroupKey, int] | None
-_UNSET: Any = object()
 
 
 class CompiledQuery:
@@ -43,21 +44,30 @@ class CompiledQuery:
             for f, v in query.where.items()
         ]
         public = self.plan.public_keys
-        self._public: frozenset[GroupKey] | None = None if public is None else frozenset(public)
         self._group = tuple(index[f] for f in query.group_by)
         self._value = index[query.value_field] if query.value_field else None
         if query.statistic in ("sum", "mean"):
             assert query.lower is not None and query.upper is not None
             self._lower, self._upper = query.lower, query.upper
             self._granularity = query.value_granularity
-        self._cache: list[Any] = []
         self._signatures: list[tuple[Any, ...]] = []
         # Column form of the projections (see project_columns): per signature id, the key's
-        # number (-1: not taken) and the value; keys numbered in order of first projection.
+        # number (-1: not taken) and the value; keys numbered in order of first projection
+        # (a public list's keys: by their place on it).
         self._key_of: np.ndarray = np.zeros(0, dtype=np.int64)
         self._value_of: np.ndarray = np.zeros(0, dtype=np.int64)
-        self._key_ids: dict[GroupKey, int] = {}
+        #: Key number by key (a one-field key: by its value; see :meth:`_project_new`).
+        self._key_ids: dict[Any, int] = {}
         self._keys: list[GroupKey] = []
+        #: With a public list, keys are numbered by their place on it, once (the numbers
+        #: do not depend on the data): one lookup per new signature both tests that its key
+        #: is listed and numbers it.
+        self._public_ids: dict[Any, int] | None = None
+        if public is not None:
+            listed = list(public)
+            one = len(self._group) == 1
+            self._public_ids = {(k[0] if one else k): i for i, k in enumerate(listed)}
+            self._keys = listed
         self.has_values = self._value is not None
         #: Stage 1 sums the users' key weights for this query's partition selection.
         self.weighted_selection = query.selection == "weighted_gaussian" and public is None
@@ -66,64 +76,85 @@ class CompiledQuery:
         """Share the engine's signature table (grows as new signatures are interned)."""
         self._signatures = signatures
 
-    def _compute(self, sig: tuple[Any, ...]) -> Projection:
-        for i, allowed in self._where:
-            if sig[i] not in allowed:
-                return None
-        key = tuple(sig[i] for i in self._group)
-        if self._public is not None and key not in self._public:
-            return None  # never released: must not count against the user's bounds
-        if self._value is None:
-            return key, 0
-        raw = sig[self._value]
-        if raw is None:
-            return None  # no value: the event does not take part in this sum/mean
-        clamped = min(max(float(raw), self._lower), self._upper)
-        return key, round(clamped / self._granularity)
-
     def forget_projections(self) -> None:
         """The signature table was renumbered: cached projections no longer apply."""
-        self._cache = []
         self._key_of = np.zeros(0, dtype=np.int64)
         self._value_of = np.zeros(0, dtype=np.int64)
-        self._key_ids = {}
-        self._keys = []
+        if self._public_ids is None:
+            self._key_ids = {}
+            self._keys = []
 
     def project_columns(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[GroupKey]]:
-        """:meth:`project` for a column of signature ids: per item the number of its key
-        (-1 when the query does not take it) and its value in units, and the keys by
-        number. Each signature is projected once (then looked up by array indexing)."""
+        """Per item (a column of signature ids) the number of its key (-1 when the query
+        does not take it) and its value in units, and the keys by number (in order of first
+        projection; a public list's keys by their place on it). Each signature is projected
+        once, when first seen (:meth:`_project_new`), then looked up by array indexing."""
         n = len(self._signatures)
         done = len(self._key_of)
         if done < n:
-            key_of = np.empty(n - done, dtype=np.int64)
-            value_of = np.zeros(n - done, dtype=np.int64)
-            ids, keys = self._key_ids, self._keys
-            for j, sid in enumerate(range(done, n)):
-                p = self.project(sid)
-                if p is None:
-                    key_of[j] = -1
-                    continue
-                key, units = p
-                kid = ids.get(key)
-                if kid is None:
-                    kid = ids[key] = len(keys)
-                    keys.append(key)
-                key_of[j] = kid
-                value_of[j] = units
+            key_of, value_of = self._project_new(self._signatures[done:n])
             self._key_of = np.concatenate((self._key_of, key_of))
             self._value_of = np.concatenate((self._value_of, value_of))
         return self._key_of[items], self._value_of[items], self._keys
 
     def project(self, signature_id: int) -> Projection:
-        cache = self._cache
-        if signature_id >= len(cache):
-            cache.extend([_UNSET] * (len(self._signatures) - len(cache)))
-        p = cache[signature_id]
-        if p is _UNSET:
-            p = cache[signature_id] = self._compute(self._signatures[signature_id])
-        result: Projection = p
-        return result
+        """One signature's (key, value in units), or None when the query does not take it
+        (as :meth:`project_columns` numbers it; ``bounds: auto`` histograms use it)."""
+        if signature_id >= len(self._key_of):
+            self.project_columns(np.zeros(0, dtype=np.int64))
+        key = self._key_of.item(signature_id)
+        if key < 0:
+            return None
+        return self._keys[key], self._value_of.item(signature_id)
+
+    def _project_new(self, signatures: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray]:
+        """Key numbers and values of signatures seen for the first time, a column at a time:
+        the ``where`` filter, the key tuple and its membership of the public list are each
+        one C-level pass over the signatures (``map``), not a Python call per signature.
+
+        A signature is not taken (-1) when a ``where`` value is not allowed, when its key is
+        not on the public list (never released: it must not count against the user's
+        bounds), or, for sum/mean, when it has no value (None). A value is clamped to
+        [lower, upper] and rounded to a multiple of the granularity, in units."""
+        m = len(signatures)
+        taken = np.ones(m, dtype=bool)
+        for i, allowed in self._where:
+            taken &= np.fromiter(map(allowed.__contains__, map(itemgetter(i), signatures)), bool, m)
+        group = self._group
+        # A one-field key is looked up by its value (hashed once, cached by str), not as a
+        # fresh 1-tuple hashed anew at every lookup; it becomes a tuple once, when new.
+        keys: list[Any]
+        if not group:
+            keys = [()] * m
+        elif len(group) == 1:
+            keys = list(map(itemgetter(group[0]), signatures))
+        else:
+            keys = list(map(itemgetter(*group), signatures))
+        public = self._public_ids
+        if public is not None:
+            listed = np.fromiter(map(public.get, keys, repeat(-1)), np.int64, m)
+            taken &= listed >= 0
+        value_of = np.zeros(m, dtype=np.int64)
+        if self._value is not None:
+            raw = list(map(itemgetter(self._value), signatures))
+            taken &= np.fromiter(map(is_not, raw, repeat(None)), bool, m)
+            rows = np.flatnonzero(taken)
+            lower, upper, granularity = self._lower, self._upper, self._granularity
+            value_of[rows] = [
+                round(min(max(float(raw[j]), lower), upper) / granularity) for j in rows.tolist()
+            ]
+        if public is not None:
+            listed[~taken] = -1
+            return listed, value_of
+        rows = np.flatnonzero(taken)
+        kept = list(map(keys.__getitem__, rows.tolist()))
+        ids, known = self._key_ids, self._keys
+        fresh = dict.fromkeys(filterfalse(ids.__contains__, kept))  # in order of first use
+        ids.update(zip(fresh, range(len(known), len(known) + len(fresh)), strict=True))
+        known.extend(zip(fresh, strict=True) if len(group) == 1 else fresh)
+        key_of = np.full(m, -1, dtype=np.int64)
+        key_of[rows] = np.fromiter(map(ids.__getitem__, kept), np.int64, len(kept))
+        return key_of, value_of
 
 
 def needed_fields(queries: Sequence[QueryConfig]) -> tuple[list[str], list[str], list[str]]:

@@ -41,11 +41,10 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.ledger import (
-    DrawnRecord,
     LedgerIndex,
     LedgerRelease,
-    OutputRecord,
     close_release,
+    drawn_records,
     new_release_id,
 )
 from stream_dp.pipeline.formats.partials import Partial, PartialPart, merge_totals
@@ -488,11 +487,8 @@ def draw_release(
         selection=selection,
     )
     keys, encoded = template.encode(result.values)
-    records: list[OutputRecord] = [
-        DrawnRecord(key, template, v) for key, v in zip(keys, result.values, strict=True)
-    ]
     return close_release(
-        records,
+        drawn_records(keys, template, result.values),
         release_id=release_id,
         query=q.name,
         window_start_s=window_start_s,
@@ -504,6 +500,7 @@ def draw_release(
         sources=sources,
         bounds=bounds_field,
         encoded=encoded,
+        keys=keys,
     )
 
 
