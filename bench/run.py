@@ -131,7 +131,7 @@ NOTES = [
     "The Kafka client's work per record. aiokafka parses every fetched record into a Python "
     "object (its C extension, about 0.8 µs a record here) and then builds a `ConsumerRecord` "
     "from it (about 0.5 µs more); the raw consumer pays both, the worker only the first "
-    "(stream_dp/pipeline/kafka/fetched.py hands it the parsed records). Its producer takes "
+    "(stream_dp/clients/fetched.py hands it the parsed records). Its producer takes "
     "tens of microseconds of Python per `send`: the worker never sends one record per event, "
     "stage 0 writes packed records and record batches (`send_batch`) carry the output.",
     "Python work per event that cannot be batched away: one orjson decode per record (as the "
