@@ -91,3 +91,25 @@ async def test_parsed_records_carry_what_consumer_records_do(
     assert [r.offset for r in parsed] == list(range(N_RECORDS))
     assert parsed_positions == plain_positions
     assert parsed_positions[-1] == N_RECORDS
+
+
+async def test_the_worker_consumer_is_made_with_the_fetch_options() -> None:
+    """The worker's one consumer (membership) gets the parsed records."""
+    import asyncio
+
+    from stream_dp.clients.fetched import raw_value
+    from stream_dp.ops.health import Health
+    from stream_dp.ops.metrics import Metrics
+    from stream_dp.pipeline.faults import NO_FAULTS
+    from stream_dp.pipeline.kafka.context import WorkerContext
+    from stream_dp.pipeline.kafka.membership import Membership
+    from tests.pipeline.support import config
+
+    context = WorkerContext(config(), Metrics(process=False), Health(), asyncio.Event(), NO_FAULTS)
+    consumer = Membership(context).subscribe({"bootstrap_servers": "127.0.0.1:9"})
+    try:
+        # (aiokafka keeps it here; the fetcher gets it at start)
+        assert consumer._value_deserializer is raw_value
+        assert consumer._key_deserializer is None
+    finally:
+        await consumer.stop()
