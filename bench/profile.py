@@ -217,3 +217,50 @@ def write_profiles(after: dict[str, Any], out: Path) -> dict[str, Any]:
             "svg": f"profiles/default_path_{label}.svg",
         }
     return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.profile [--size full] [--out bench]``: the profile section alone.
+
+    Starts the embedded broker, preloads the size's stream, records the default-path worker
+    under py-spy and writes ``profiles/default_path_after.folded`` (and both SVGs) into
+    ``--out``; the next ``python -m bench.run --only throughput`` report shows its top
+    functions in section 7."""
+    import argparse
+
+    from bench.data import columns as stream_columns
+    from bench.data import distinct_windows, encode
+    from bench.run import SIZES, _spec
+    from bench.throughput import PARTITIONS, create_topics, produce
+    from stream_dp.broker.embedded import EmbeddedBroker
+
+    parser = argparse.ArgumentParser(prog="python -m bench.profile")
+    parser.add_argument("--size", choices=sorted(SIZES), default="full")
+    parser.add_argument("--out", type=Path, default=PROFILES.parent)
+    args = parser.parse_args(argv)
+    spec = _spec(SIZES[args.size])
+    cols = stream_columns(spec)
+    values, keys = encode(spec, cols)
+    topic = f"bench-profile-{uuid.uuid4().hex[:8]}"
+    with EmbeddedBroker() as broker:
+        asyncio.run(create_topics(broker.bootstrap_servers, [topic], PARTITIONS))
+        produce(broker.bootstrap_servers, topic, values, keys)
+        after = profile_default_path(
+            broker.bootstrap_servers,
+            topic,
+            spec.events,
+            distinct_windows(spec, cols),
+            spec.window_size_s,
+            broker.pid,
+            args.out,
+        )
+    if "error" in after:
+        raise SystemExit(after["error"])
+    summary = write_profiles(after, args.out)["after"]
+    print(f"{summary['samples']} samples, {after['events_per_s_under_profiler']:,.0f} events/s")
+    for row in summary["top"]:
+        print(f"{row['self']:6.1%} {row['inclusive']:6.1%}  {row['function']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -37,6 +37,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from stream_dp.clients.fetched import fetch_options
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
@@ -141,6 +142,8 @@ class Membership(WorkerPart):
             heartbeat_interval_ms=kafka.heartbeat_interval_ms,
             max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, kafka.max_message_bytes),
             metadata_max_age_ms=METADATA_MAX_AGE_MS,
+            # aiokafka's parsed records, no ConsumerRecord per record (fetched.py)
+            **fetch_options(),
             **client_options,
         )
         consumer.subscribe(self.group_topics(), listener=self.listener())

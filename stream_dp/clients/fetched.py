@@ -1,0 +1,75 @@
+"""The worker's fetched records without a ``ConsumerRecord`` per record (aiokafka 0.14).
+
+aiokafka's fetcher parses each fetched record batch into records (its C extension's
+``DefaultRecord``: ``offset``, ``timestamp``, ``timestamp_type``, ``key``, ``value``,
+``headers``), then builds a Python ``ConsumerRecord`` dataclass from each one (topic and
+partition repeated, sizes, headers copied to a tuple). That second step was the largest single
+item in the worker's profile (bench/RESULTS.md, section 7), and the worker reads none of what
+it adds: it takes the topic and partition from the batch's keys and only ``offset``, ``key``,
+``value`` and ``timestamp`` from the records.
+
+:func:`fetch_options` are the options of a consumer whose fetcher hands out aiokafka's parsed
+records themselves. Everything else — group membership, rebalance callbacks, positions
+(``next_fetch_offset`` after every record handed out, control and aborted batches skipped),
+commits, ``max_records`` — is aiokafka's own code, unchanged: the adapter replaces
+``PartitionRecords._consumer_record`` alone, and only for consumers made with these options
+(their value deserializer is :func:`raw_value`); every other consumer in the process builds
+its ``ConsumerRecord`` as before. The adapter is installed only on the aiokafka versions it
+was written against (:data:`PINNED_VERSIONS`); on another version :func:`fetch_options` is
+empty and the worker gets ``ConsumerRecord`` objects, which have the same four attributes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import aiokafka
+from aiokafka.consumer import fetcher as _fetcher
+
+__all__ = ["PINNED_VERSIONS", "fetch_options", "raw_value", "record_columns_installed"]
+
+#: aiokafka versions whose ``PartitionRecords`` this adapter was checked against.
+PINNED_VERSIONS: Final = frozenset({"0.14.0"})
+
+
+def raw_value(value: bytes | None) -> bytes | None:
+    """The value unchanged: the marker of consumers that get aiokafka's parsed records (an
+    identity deserializer, so a consumer made with it behaves alike without the adapter)."""
+    return value
+
+
+class _RecordColumns(_fetcher.PartitionRecords):  # type: ignore[misc]
+    """aiokafka's ``PartitionRecords``; for consumers made with :func:`fetch_options`, the
+    parsed record itself instead of a ``ConsumerRecord`` built from it."""
+
+    def _consumer_record(self, tp: Any, record: Any) -> Any:
+        if self._value_deserializer is raw_value and self._key_deserializer is None:
+            return record
+        return super()._consumer_record(tp, record)
+
+
+def _install() -> bool:
+    if aiokafka.__version__ not in PINNED_VERSIONS:
+        return False
+    original = getattr(_fetcher, "PartitionRecords", None)
+    if original is _RecordColumns:
+        return True
+    if original is not _RecordColumns.__mro__[1]:  # another patch: leave it alone
+        return False
+    _fetcher.PartitionRecords = _RecordColumns
+    return True
+
+
+_INSTALLED: Final = _install()
+
+
+def record_columns_installed() -> bool:
+    """Whether this process's aiokafka hands :func:`fetch_options` consumers parsed records."""
+    return _INSTALLED
+
+
+def fetch_options() -> dict[str, Any]:
+    """Consumer options for the worker's input: aiokafka's parsed records, no
+    ``ConsumerRecord`` per record (empty on an aiokafka version the adapter was not checked
+    against)."""
+    return {"value_deserializer": raw_value} if _INSTALLED else {}
