@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import orjson
@@ -13,6 +14,7 @@ from stream_dp.pipeline.formats.records import (
     ReleaseTemplate,
     dumps,
     encoded_strings,
+    escaped_strings,
     output_key,
     release_record,
     release_records,
@@ -88,8 +90,15 @@ def test_template_records_equal_the_records_built_one_by_one(
 
 def test_strings_encoded_in_one_call_are_each_strings_json() -> None:
     strings = ["", "a", 'q|2020|{"a":"x","b":"y"}', '","', '\\","', "é\n\x00", ",", '"']
+    # a string ending in `",` puts a `","` (escaped quote, comma, closing quote) before
+    # the real separator: cut there, the count stays right and two strings come out wrong
+    strings += ['x",', "y", '",', '"', "\\", ""]
     assert encoded_strings(strings) == [orjson.dumps(x) for x in strings]
     assert encoded_strings([]) == []
+    rng = random.Random(7)
+    for _ in range(300):
+        some = ["".join(rng.choices('a",\\\n%é', k=rng.randint(0, 6))) for _ in range(5)]
+        assert escaped_strings(some) == [orjson.dumps(x)[1:-1] for x in some], some
 
 
 def _joined_one_by_one(entries: list[bytes], budget: int) -> list[bytes]:

@@ -226,17 +226,24 @@ def _encoded_column(column: float | list[float], n: int) -> Iterable[bytes]:
 
 
 def encoded_strings(strings: list[str]) -> list[bytes]:
-    """Each string's JSON as orjson writes it alone, from one orjson call over the list.
+    """Each string's JSON as orjson writes it alone, from one orjson call over the list
+    (:func:`escaped_strings`)."""
+    return list(map(b'"%b"'.__mod__, escaped_strings(strings)))
 
-    The list's JSON is split at ``","``: inside a JSON string every quote is escaped, so
-    that sequence occurs only between two strings; any other split (which cannot happen)
-    would change the count, and then each is encoded by itself."""
+
+def escaped_strings(strings: list[str]) -> list[bytes]:
+    """Each string's JSON as orjson writes it alone, without its two quotes (what goes
+    between the quotes of a ``bytes %`` template), from one orjson call over the list."""
     if not strings:
         return []
-    parts = orjson.dumps(strings)[2:-2].split(b'","')
-    if len(parts) != len(strings):  # pragma: no cover - see the docstring
-        return [orjson.dumps(x) for x in strings]
-    return list(map(b'"%b"'.__mod__, parts))
+    blob = orjson.dumps(strings)[2:-2]
+    # The list's JSON is cut at ``","``. Inside a string every quote is escaped (``\"``),
+    # so a ``","`` that is not between two strings has a backslash before it (a string
+    # holding ``",``): then, or if the count is off, each string is encoded by itself.
+    parts = blob.split(b'","')
+    if b'\\","' in blob or len(parts) != len(strings):
+        return [orjson.dumps(x)[1:-1] for x in strings]
+    return parts
 
 
 #: The per-key fields of a release record, in the order of :func:`_value_templates`' slots.
