@@ -4,6 +4,7 @@ the first complete draw in log order — however draws interleave (issue 13, bre
 from __future__ import annotations
 
 import itertools
+import random
 
 import orjson
 import pytest
@@ -20,8 +21,9 @@ from stream_dp.pipeline.formats.ledger import (
     encode_published,
     encode_release,
     encode_rotation,
+    release_key,
 )
-from stream_dp.pipeline.formats.partials import RecordTooLargeError
+from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES, RecordTooLargeError
 from stream_dp.pipeline.formats.records import dumps
 
 MB = 1_000_000
@@ -205,3 +207,52 @@ def test_values_decode_to_the_output_records_unchanged() -> None:
     stored = orjson.loads(value)["records"]
     assert [dumps(r["value"]) for r in stored] == [dumps(r.value) for r in rel.records]
     assert list(itertools.chain(r["key"] for r in stored)) == [r.key for r in rel.records]
+
+
+def _reference_parts(rel: LedgerRelease, max_bytes: int) -> list[bytes]:
+    """The ledger parts written out one entry at a time: each entry ``{"key", "value"}``
+    as orjson writes the key with the value's bytes spliced in, cut greedily (an entry
+    goes into the current part while ``[`` + entries joined by ``,`` + ``]`` fit the
+    budget encode_release uses), each part the header's JSON with ``"records"`` added."""
+    encoded = encode_release(rel, now_s=0, max_bytes=max_bytes)
+    header = orjson.loads(encoded[0][1])  # the header's fields, in their order
+    del header["records"]
+    base = f"{release_key(rel.query, rel.window_start_s)}|{rel.release_id}"
+    header_bytes = len(orjson.dumps({**header, "part": 0, "parts": 0}))
+    budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - header_bytes - 32
+    entries = [
+        b'{"key":' + orjson.dumps(r.key) + b',"value":' + dumps(r.value) + b"}" for r in rel.records
+    ]
+    cuts: list[list[bytes]] = [[]]
+    for entry in entries:
+        if cuts[-1] and 2 + sum(len(e) + 1 for e in [*cuts[-1], entry]) > budget:
+            cuts.append([])
+        cuts[-1].append(entry)
+    parts = []
+    for i, cut in enumerate(cuts):
+        head = orjson.dumps({**header, "part": i, "parts": len(cuts)})
+        parts.append(head[:-1] + b',"records":[' + b",".join(cut) + b"]}")
+    return parts
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_parts_are_the_entries_written_one_by_one(seed: int) -> None:
+    """Each part is one ``bytes %`` over all its entries: byte for byte the parts written
+    one entry at a time, cut at the same places, with keys JSON escapes (quotes,
+    backslashes, control and non-ASCII characters, ``%``) and a query name holding ``%``
+    (the header goes into the format string)."""
+    rng = random.Random(seed)
+    alphabet = 'ab%"\\\n\x01é€𝄞 |{}:,'
+    query = rng.choice(["q", "q%s", "100%", 'q"%b'])
+    recs = [
+        OutputRecord(
+            f"{query}|w|" + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))),
+            {"kind": "release", "value": rng.randint(-5, 10**6), "ci95": rng.random()},
+        )
+        for _ in range(rng.randint(0, 400))
+    ]
+    rel = LedgerRelease(f"r{seed}", query, 3600, 7200, 0.5, 1e-6, recs, {0: "v1"})
+    max_bytes = rng.choice([2_000, 5_000, 20_000, MB])
+    got = [v for _, v in encode_release(rel, now_s=0, max_bytes=max_bytes)]
+    assert got == _reference_parts(rel, max_bytes)
+    assert [orjson.loads(v)["part"] for v in got] == list(range(len(got)))

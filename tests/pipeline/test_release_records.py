@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import orjson
@@ -13,6 +14,7 @@ from stream_dp.pipeline.formats.records import (
     ReleaseTemplate,
     dumps,
     encoded_strings,
+    escaped_strings,
     output_key,
     release_record,
     release_records,
@@ -44,14 +46,25 @@ TWO_FIELDS = [
         (["domain"], [], None),
         (["domain"], [v for v in VALUES if type(v.group[0]) is str], None),  # strings only
         (["domain"], VALUES, {"strategy": '50% of "%b"', "epsilon": 0.5}),
+        (["100%", "premium"], TWO_FIELDS, None),
+        (["50%s"], [v for v in VALUES if type(v.group[0]) is str], None),
+        (
+            ["domain"],
+            [ReleasedValue((f'd"{i}%',), i, 40.0, 120.0, i % 2 == 0) for i in range(5)],
+            None,
+        ),
     ],
 )
+@pytest.mark.parametrize("query", ["visits", 'v%s|"%b"', "a\nb%"])
 def test_template_records_equal_the_records_built_one_by_one(
-    group_by: list[str], values: list[ReleasedValue], selection: dict[str, Any] | None
+    group_by: list[str], values: list[ReleasedValue], selection: dict[str, Any] | None, query: str
 ) -> None:
+    """Records and keys from the template (constant parts and a one-field group's JSON
+    written into it once; keys in one ``bytes %``) are those built one by one, with ``%``
+    in the query, a field name or the selection, and a newline in the query name."""
     common: dict[str, Any] = {
         "release_id": "ab" * 16,
-        "query": "visits",
+        "query": query,
         "window_start_s": 1_596_240_000,
         "window_end_s": 1_596_243_600,
         "statistic": "count",
@@ -81,15 +94,31 @@ def test_template_records_equal_the_records_built_one_by_one(
             clamped=v.clamped,
             **common,
         )
-        assert key == output_key("visits", 1_596_240_000, group)
+        assert key == output_key(query, 1_596_240_000, group)
         assert dumps(record) == dumps(expected)  # byte-identical on the output topic
         assert value_bytes == dumps(expected)  # the template's bytes too
+    if len({(v.noise_scale, v.ci95) for v in values}) == 1:  # as one number per column
+        scalar = ReleasedValues(
+            [v.group for v in values],
+            [v.value for v in values],
+            values[0].noise_scale,
+            values[0].ci95,
+            [v.clamped for v in values],
+        )
+        assert template.encode(scalar) == (keys, encoded)
 
 
 def test_strings_encoded_in_one_call_are_each_strings_json() -> None:
     strings = ["", "a", 'q|2020|{"a":"x","b":"y"}', '","', '\\","', "é\n\x00", ",", '"']
+    # a string ending in `",` puts a `","` (escaped quote, comma, closing quote) before
+    # the real separator: cut there, the count stays right and two strings come out wrong
+    strings += ['x",', "y", '",', '"', "\\", ""]
     assert encoded_strings(strings) == [orjson.dumps(x) for x in strings]
     assert encoded_strings([]) == []
+    rng = random.Random(7)
+    for _ in range(300):
+        some = ["".join(rng.choices('a",\\\n%é', k=rng.randint(0, 6))) for _ in range(5)]
+        assert escaped_strings(some) == [orjson.dumps(x)[1:-1] for x in some], some
 
 
 def _joined_one_by_one(entries: list[bytes], budget: int) -> list[bytes]:

@@ -40,15 +40,16 @@ from datetime import UTC, datetime
 from itertools import repeat
 from typing import Any, Final
 
+import numpy as np
 import orjson
 
 from stream_dp.config.fingerprint import Fingerprint
-from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES, join_in_parts
+from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES, part_bounds
 from stream_dp.pipeline.formats.records import (
     SCHEMA_VERSION,
     ReleaseTemplate,
     dumps,
-    encoded_strings,
+    escaped_strings,
     output_key,
     window_record,
 )
@@ -197,11 +198,6 @@ def encode_release(
     ``max_bytes`` (parts are cut by encoded size: group keys may be long)."""
     created = datetime.fromtimestamp(now_s, tz=UTC).isoformat().replace("+00:00", "Z")
     base = f"{release_key(release.query, release.window_start_s)}|{release.release_id}"
-    # {"key": …, "value": …} with sorted keys, the value spliced in as the output's bytes.
-    keys = encoded_strings(release.output_keys())
-    entries = list(
-        map(b'{"key":%b,"value":%b}'.__mod__, zip(keys, release.output_values(), strict=True))
-    )
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "ledger",
@@ -220,12 +216,37 @@ def encode_release(
         header["erasures_through"] = release.erasures_through
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - len(orjson.dumps(header)) - 32
 
-    def wrap(part: int, parts: int) -> tuple[bytes, bytes]:
-        head = orjson.dumps({**header, "part": part, "parts": parts})
-        return head[:-1] + b',"records":[', b"]}"
-
-    chunks = join_in_parts(entries, budget, what=f"a release of query {release.query}", wrap=wrap)
+    chunks = _ledger_parts(release, header, budget)
     return [(f"{base}|part-{i}", chunk) for i, chunk in enumerate(chunks)]
+
+
+#: One ledger entry, ``{"key": …, "value": …}`` with sorted keys: the key's JSON string
+#: between its quotes, the value spliced in as the output's bytes.
+_ENTRY: Final = b'{"key":"%b","value":%b}'
+
+
+def _ledger_parts(release: LedgerRelease, header: dict[str, Any], budget: int) -> list[bytes]:
+    """The parts' bytes: the header with ``"records": [entries]``, each part one ``bytes %``
+    over all its entries (no bytes object per entry; the keys' JSON from one orjson call)."""
+    keys = escaped_strings(release.output_keys())
+    values = release.output_values()
+    n = len(keys)
+    if len(values) != n:
+        raise ValueError(f"a release with {n} keys and {len(values)} values")
+    sizes = np.fromiter(map(len, keys), np.int64, n)
+    sizes += np.fromiter(map(len, values), np.int64, n)
+    sizes += len(_ENTRY) - 4
+    bounds = part_bounds(sizes, budget, what=f"a release of query {release.query}")
+    chunks = []
+    for i, (lo, hi) in enumerate(bounds):
+        head = orjson.dumps({**header, "part": i, "parts": len(bounds)})
+        fmt = b",".join(repeat(_ENTRY, hi - lo))
+        fmt = head[:-1].replace(b"%", b"%%") + b',"records":[' + fmt + b"]}"
+        fields: list[bytes] = [b""] * (2 * (hi - lo))
+        fields[0::2] = keys[lo:hi]
+        fields[1::2] = values[lo:hi]
+        chunks.append(fmt % tuple(fields))
+    return chunks
 
 
 def encode_published(release: LedgerRelease) -> tuple[str, bytes]:

@@ -191,6 +191,26 @@ def _too_large(what: str, size: int) -> RecordTooLargeError:
     )
 
 
+def part_bounds(sizes: np.ndarray, budget: int, *, what: str) -> list[tuple[int, int]]:
+    """The greedy cut of entries of ``sizes`` bytes into JSON arrays of at most ``budget``
+    bytes: each part's ``[lo, hi)``, in order (one ``(0, 0)`` when there are none)."""
+    if not sizes.size:
+        return [(0, 0)]
+    sizes = sizes + 1
+    too_large = np.flatnonzero(sizes + 2 > budget)
+    if too_large.size:
+        raise _too_large(what, int(sizes[too_large[0]]) - 1)
+    # Greedy, as one entry at a time: a chunk [lo, hi) holds 2 + Σ (size + 1) ≤ budget.
+    ends = np.concatenate(([0], np.cumsum(sizes)))
+    bounds = []
+    lo = 0
+    while lo < sizes.size:
+        hi = int(np.searchsorted(ends, ends[lo] + budget - 2, side="right")) - 1
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
 def join_in_parts(
     entries: Sequence[bytes],
     budget: int,
@@ -206,21 +226,7 @@ def join_in_parts(
     same copy as the entries (a part of a 1,000,000-key release is hundreds of MB: each
     extra concatenation copies it again).
     """
-    if not entries:
-        bounds = [(0, 0)]
-    else:
-        sizes = np.fromiter(map(len, entries), np.int64, len(entries)) + 1
-        too_large = np.flatnonzero(sizes + 2 > budget)
-        if too_large.size:
-            raise _too_large(what, int(sizes[too_large[0]]) - 1)
-        # Greedy, as one entry at a time: a chunk [lo, hi) holds 2 + Σ (size + 1) ≤ budget.
-        ends = np.concatenate(([0], np.cumsum(sizes)))
-        bounds = []
-        lo = 0
-        while lo < len(entries):
-            hi = int(np.searchsorted(ends, ends[lo] + budget - 2, side="right")) - 1
-            bounds.append((lo, hi))
-            lo = hi
+    bounds = part_bounds(np.fromiter(map(len, entries), np.int64, len(entries)), budget, what=what)
     chunks = []
     for i, (lo, hi) in enumerate(bounds):
         head, tail = (b"[", b"]") if wrap is None else wrap(i, len(bounds))

@@ -8,7 +8,7 @@ JSON Schemas of all of them live in ``topics/``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import repeat
 from typing import Any, Final
@@ -139,7 +139,7 @@ class ReleaseTemplate:
     per field, the group values in one call when they are strings. :meth:`record` builds a
     record's fields as a dict, for the readers that want them (the worker does not)."""
 
-    __slots__ = ("_fields", "_group_by", "_prefix", "_selection", "_values")
+    __slots__ = ("_fields", "_group_by", "_marked", "_prefix", "_selection")
 
     def __init__(
         self,
@@ -172,7 +172,7 @@ class ReleaseTemplate:
         self._selection = None if selection is None else dict(selection)
         self._group_by = list(group_by)
         self._prefix = f"{query}|{start}|"
-        self._values = _value_templates({**self._fields, "selection": self._selection})
+        self._marked = _marked_templates({**self._fields, "selection": self._selection})
 
     def record(self, v: ReleasedValue) -> dict[str, Any]:
         """The record of one released value (as :func:`release_record` builds it)."""
@@ -189,22 +189,33 @@ class ReleaseTemplate:
 
     def encode(self, values: Sequence[ReleasedValue]) -> tuple[list[str], list[bytes]]:
         """Each value's :func:`output_key` and record bytes, in order. From the columns
-        (:class:`ReleasedValues`): per key one ``bytes %`` in a C-level ``map``."""
+        (:class:`ReleasedValues`): the constant fields (and a one-field group's JSON around
+        its value) written into the record's template once, then per key one ``bytes %``
+        over the fields that vary, in a C-level ``map``; the keys in one ``bytes %`` over
+        all, cut apart at newlines (a group's JSON from orjson has none)."""
         cols = ReleasedValues.of(values)
-        groups = self._encoded_groups(cols.groups)
-        keys = list(map(self._prefix.__add__, map(bytes.decode, groups)))
-        templates = self._values
-        if templates is None:
-            return keys, [dumps(self.record(v)) for v in cols]
-        n = len(groups)
-        fields = zip(
-            _encoded_column(cols.ci95, n),
-            groups,
-            _encoded_column(cols.noise_scale, n),
-            _encoded_numbers(cols.value),
-            strict=True,
+        n = len(cols.groups)
+        if self._marked is None or n == 0:
+            groups = self._encoded_groups(cols.groups)
+            keys = list(map(self._prefix.__add__, map(bytes.decode, groups)))
+            if self._marked is None:
+                return keys, [dumps(self.record(v)) for v in cols]
+            return keys, []
+        group_slot, group_fields = self._group_fields(cols.groups)
+        slots = {"group": group_slot, "value": b"%b"}
+        columns = {"group": group_fields, "value": _encoded_numbers(cols.value)}
+        for name, column in (("ci95", cols.ci95), ("noise_scale", cols.noise_scale)):
+            if isinstance(column, list):
+                slots[name] = b"%b"
+                columns[name] = _encoded_numbers(column)
+            else:
+                slots[name] = _encoded_numbers([column])[0]  # a number's JSON has no %
+        varying = [columns[f] for f in _SLOTS if f in columns]
+        templates = tuple(_filled(marked, slots) for marked in self._marked)
+        records = list(
+            map(bytes.__mod__, map(templates.__getitem__, cols.clamped), zip(*varying, strict=True))
         )
-        return keys, list(map(bytes.__mod__, map(templates.__getitem__, cols.clamped), fields))
+        return self._keys(group_slot, group_fields), records
 
     def _encoded_groups(self, groups: list[GroupKey]) -> list[bytes]:
         """Each group as canonical JSON (:func:`canonical_group`'s bytes)."""
@@ -217,50 +228,75 @@ class ReleaseTemplate:
             return list(map((head.replace(b"%", b"%%") + b"%b}").__mod__, encoded_strings(plain)))
         return [head + orjson.dumps(json_value(x)) + b"}" for x in plain]
 
+    def _group_fields(self, groups: list[GroupKey]) -> tuple[bytes, list[bytes]]:
+        """The group slot's ``bytes %`` format and its field per key: with one string
+        field ``{"<field>":"%b"}`` and each value's escaped JSON, else the group's JSON."""
+        if len(self._group_by) == 1:
+            plain = [g[0] for g in groups]
+            if set(map(type, plain)) <= {str}:
+                head = b"{" + orjson.dumps(self._group_by[0]) + b':"'
+                return head.replace(b"%", b"%%") + b'%b"}', escaped_strings(plain)
+        return b"%b", self._encoded_groups(groups)
 
-def _encoded_column(column: float | list[float], n: int) -> Iterable[bytes]:
-    """:func:`_encoded_numbers` of a column that may be one number for every key."""
-    if isinstance(column, list):
-        return _encoded_numbers(column)
-    return repeat(_encoded_numbers([column])[0], n)
+    def _keys(self, group_slot: bytes, group_fields: list[bytes]) -> list[str]:
+        """Each key's :func:`output_key` from its group's field (one ``bytes %`` over all)."""
+        prefix = self._prefix.encode()
+        if b"\n" in prefix:  # a query name holding a newline: one key at a time
+            return [(prefix + group_slot % (f,)).decode() for f in group_fields]
+        fmt = prefix.replace(b"%", b"%%") + group_slot
+        return (
+            (b"\n".join(repeat(fmt, len(group_fields))) % tuple(group_fields)).decode().split("\n")
+        )
 
 
 def encoded_strings(strings: list[str]) -> list[bytes]:
-    """Each string's JSON as orjson writes it alone, from one orjson call over the list.
+    """Each string's JSON as orjson writes it alone, from one orjson call over the list
+    (:func:`escaped_strings`)."""
+    return list(map(b'"%b"'.__mod__, escaped_strings(strings)))
 
-    The list's JSON is split at ``","``: inside a JSON string every quote is escaped, so
-    that sequence occurs only between two strings; any other split (which cannot happen)
-    would change the count, and then each is encoded by itself."""
+
+def escaped_strings(strings: list[str]) -> list[bytes]:
+    """Each string's JSON as orjson writes it alone, without its two quotes (what goes
+    between the quotes of a ``bytes %`` template), from one orjson call over the list."""
     if not strings:
         return []
-    parts = orjson.dumps(strings)[2:-2].split(b'","')
-    if len(parts) != len(strings):  # pragma: no cover - see the docstring
-        return [orjson.dumps(x) for x in strings]
-    return list(map(b'"%b"'.__mod__, parts))
+    blob = orjson.dumps(strings)[2:-2]
+    # The list's JSON is cut at ``","``. Inside a string every quote is escaped (``\"``),
+    # so a ``","`` that is not between two strings has a backslash before it (a string
+    # holding ``",``): then, or if the count is off, each string is encoded by itself.
+    parts = blob.split(b'","')
+    if b'\\","' in blob or len(parts) != len(strings):
+        return [orjson.dumps(x)[1:-1] for x in strings]
+    return parts
 
 
-#: The per-key fields of a release record, in the order of :func:`_value_templates`' slots.
+#: The per-key fields of a release record, in the order of :func:`_marked_templates`' slots.
 _SLOTS: Final = ("ci95", "group", "noise_scale", "value")
+_MARKS: Final = tuple(orjson.dumps(f"\x00{f}\x00") for f in _SLOTS)
 
 
-def _value_templates(constant: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
-    """The canonical JSON of a release record with ``constant`` fields, as a ``bytes %``
-    template with one ``%b`` per :data:`_SLOTS` field, without and with ``"clamped": true``.
-    Made by encoding the record with placeholder strings and cutting them out, so the
-    constant parts are orjson's own bytes; None if that cannot be done (a constant that
-    holds a placeholder: the records are then encoded one by one)."""
+def _marked_templates(constant: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
+    """The canonical JSON of a release record with ``constant`` fields, without and with
+    ``"clamped": true``, each :data:`_SLOTS` field a mark for :func:`_filled` and every
+    other ``%`` doubled (a ``bytes %`` format once filled). Made by encoding the record with
+    the marks as strings, so the constant parts are orjson's own bytes; None if that
+    cannot be done (a constant that holds a mark: the records are then encoded one by one)."""
     out = []
     for extra in ({}, {"clamped": True}):
         marked = {**constant, **extra, **{f: f"\x00{f}\x00" for f in _SLOTS}}
         blob = dumps(marked).replace(b"%", b"%%")
-        marks = [orjson.dumps(f"\x00{f}\x00") for f in _SLOTS]
-        at = [blob.find(m) for m in marks]
-        if any(blob.count(m) != 1 for m in marks) or at != sorted(at):
+        at = [blob.find(m) for m in _MARKS]
+        if any(blob.count(m) != 1 for m in _MARKS) or at != sorted(at):
             return None
-        for mark in marks:
-            blob = blob.replace(mark, b"%b")
         out.append(blob)
     return out[0], out[1]
+
+
+def _filled(marked: bytes, slots: Mapping[str, bytes]) -> bytes:
+    """A marked template with each :data:`_SLOTS` field's mark replaced by its bytes."""
+    for field, mark in zip(_SLOTS, _MARKS, strict=True):
+        marked = marked.replace(mark, slots[field])
+    return marked
 
 
 def _encoded_numbers(numbers: list[Any]) -> list[bytes]:
