@@ -157,3 +157,19 @@ def test_memory_is_28_bytes_a_row_plus_the_left_out_counts() -> None:
     assert samples.nbytes() == 28 * 10 + (16 + 8)
     samples.add_many([_user(1)] * 2, [1, 2])
     assert samples.nbytes() == 28 * 12 + (16 + 8)
+
+
+def test_an_erasure_counts_the_users_events_in_every_buffered_batch() -> None:
+    """Kept rows, rows left out by compaction and rows in several not yet compacted
+    batches: the erasure reports every one of the user's events it saw."""
+    a, b = _user(1), _user(2)
+    samples = UserSamples(2, new_sampling_generator(random.Random(6)))
+    samples.add_many([a] * 3 + [b], [0, 1, 2, 3])
+    samples.sample()  # a: 2 kept, 1 left out; b: 1 kept
+    samples.add_many([a] * 2 + [b], [4, 5, 6])  # buffered batch 1
+    samples.add_many([b], [7])  # buffered batch 2, none of a's
+    samples.add_many([a] * 4, [8, 9, 10, 11])  # buffered batch 3
+    assert samples.remove_many(pseudonym_words(a, 1)) == 3 + 2 + 4
+    assert samples.events_seen == 3
+    assert samples.remove_many(pseudonym_words(b + a, 2)) == 3
+    assert samples.events_seen == 0 and samples.users == 0
