@@ -306,3 +306,19 @@ def test_words_covering_just_under_half_of_the_whole_key_are_accepted(padding: s
 )
 def test_word_coverage_counts_words_anywhere_in_the_key(text: str, covered: int) -> None:
     assert word_coverage(text) == covered
+
+
+def test_a_repeated_pattern_is_refused_up_to_half_the_key_and_not_beyond() -> None:
+    """No period of half the key or less: a 17-byte pattern (17 distinct values)
+    repeated over 40 bytes is refused; 32 bytes whose first 15 come back at the end
+    (period 17, more than half) are accepted, like any key whose bytes pass the rest; 20
+    bytes repeated twice (exactly half) are refused."""
+    rng = random.Random(17)
+    pattern = bytes(rng.randrange(256) for _ in range(17))
+    assert len(set(pattern)) == 17
+    repeated = (pattern * 3)[:40]
+    assert "a pattern of 17 bytes repeated" in (key_problem(repeated.hex().encode()) or "")
+    head = bytes(rng.randrange(256) for _ in range(17))
+    assert key_problem((head + head[:15]).hex().encode()) is None
+    half = bytes(rng.randrange(256) for _ in range(20)) * 2  # period 20 of 40: exactly half
+    assert "a pattern of 20 bytes repeated" in (key_problem(half.hex().encode()) or "")
