@@ -322,3 +322,11 @@ def test_a_repeated_pattern_is_refused_up_to_half_the_key_and_not_beyond() -> No
     assert key_problem((head + head[:15]).hex().encode()) is None
     half = bytes(rng.randrange(256) for _ in range(20)) * 2  # period 20 of 40: exactly half
     assert "a pattern of 20 bytes repeated" in (key_problem(half.hex().encode()) or "")
+
+
+@pytest.mark.parametrize("digits", [48, 62, 63])
+def test_a_short_hex_key_is_told_its_size_and_the_size_needed(digits: int) -> None:
+    """The refusal says how many bytes the key has and how many hex digits it needs."""
+    problem = key_problem(secrets.token_hex(32)[:digits].encode()) or ""
+    assert f"has {digits} hex digits ({digits // 2} bytes)" in problem
+    assert "use at least 64 hex digits (32 random bytes)" in problem
