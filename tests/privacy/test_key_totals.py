@@ -136,3 +136,16 @@ def test_totals_survive_pickling_with_their_weights() -> None:
     assert isinstance(back, KeyTotals)
     assert dict(back.items()) == plain
     assert back.selection_weights.tolist() == [a.selection_weight for a in plain.values()]
+
+
+def test_totals_beyond_float_precision_stay_exact() -> None:
+    """Exact integers (module doc), also above 2^53 where a float64 step would round: a
+    value sum in fine granularity units over many users gets there. Built from a mapping,
+    merged and read back, every field keeps its last unit."""
+    big = 2**53 + 1
+    part = {("k",): KeyAggregate(big, big + 2, -big - 4, big + 6), ("j",): KeyAggregate(1, 1, 1, 1)}
+    totals = KeyTotals.of(part)
+    assert totals[("k",)] == part[("k",)]
+    merged = KeyTotals.merge([part, {("k",): KeyAggregate(2, 2, 2, 2)}])
+    assert merged[("k",)] == KeyAggregate(big + 2, big + 4, -big - 2, big + 8)
+    assert merged[("j",)] == KeyAggregate(1, 1, 1, 1)
