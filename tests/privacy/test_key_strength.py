@@ -340,3 +340,12 @@ def test_base64_padding_is_optional_and_not_counted(padding: str) -> None:
     for _ in range(20):
         body = base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")
         assert key_problem((body + padding).encode()) is None
+
+
+def test_a_wrapped_key_is_judged_as_the_bytes_its_lines_encode_together() -> None:
+    """Line breaks inside are allowed (base64 tools wrap long output) and only removed:
+    a phrase encoded over two lines is still refused as readable text."""
+    phrase = b"correct horse battery staple, and a few more words to wrap it over two lines"
+    wrapped = base64.encodebytes(phrase)
+    assert wrapped.count(b"\n") == 2
+    assert "readable text" in (key_problem(wrapped) or "")
