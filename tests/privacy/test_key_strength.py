@@ -349,3 +349,23 @@ def test_a_wrapped_key_is_judged_as_the_bytes_its_lines_encode_together() -> Non
     wrapped = base64.encodebytes(phrase)
     assert wrapped.count(b"\n") == 2
     assert "readable text" in (key_problem(wrapped) or "")
+
+
+def test_a_passphrase_is_told_the_sizes_a_key_needs() -> None:
+    problem = key_problem(b"my secret passphrase that is long enough to pass") or ""
+    assert "is not hex (≥ 64 hex digits) or base64 (decoding to ≥ 32 bytes)" in problem
+
+
+@pytest.mark.parametrize("only", ["-", "_"])
+def test_url_safe_keys_with_one_of_its_two_letters_are_accepted(only: str) -> None:
+    """URL-safe base64 differs from the standard alphabet in two characters; a random key
+    holding only one of them (no '+' or '/' either) is still read as URL-safe base64.
+    Keys are drawn until one has the character and not the other (each draw does with
+    probability about 0.26); a false failure is a random key refused (< 1.1e-13)."""
+    other = "_" if only == "-" else "-"
+    for _ in range(10_000):
+        key = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+        if only in key and other not in key:
+            break
+    assert only in key and other not in key
+    assert key_problem(key.encode()) is None
