@@ -177,9 +177,9 @@ def test_an_erasure_counts_the_users_events_in_every_buffered_batch() -> None:
 
 def test_a_sample_sealed_empty_still_tells_users_apart_and_erases_them() -> None:
     """Sealed before any event (an empty window), then filled: pseudonyms stay exact
-    64-bit words. Two users whose words differ only in their lowest bits (below a
-    float64's precision) are two users, each bounded on its own, and erasing one removes
-    exactly its events."""
+    64-bit words and items int32 ids. Two users whose words differ only in their lowest
+    bits (below a float64's precision) are two users, each bounded on its own, and erasing
+    one removes exactly its events."""
     hi, lo = 2**64 - 2**12, 2**63 + 2**12
     a = hi.to_bytes(8, "little") + lo.to_bytes(8, "little")
     b = hi.to_bytes(8, "little") + (lo + 1).to_bytes(8, "little")
@@ -187,8 +187,13 @@ def test_a_sample_sealed_empty_still_tells_users_apart_and_erases_them() -> None
     samples = UserSamples(2, new_sampling_generator(random.Random(12)))
     assert len(samples.sample()[1]) == 0
     samples.add_many([a] * 3 + [b] * 3 + [c] * 3, list(range(9)))
-    numbers, _ = samples.sample()
+    numbers, items = samples.sample()
     assert np.bincount(numbers).tolist() == [2, 2, 2]
+    # the items stay integer ids that index the caller's table
+    assert items.dtype == np.int32 and samples.item_ids().dtype == np.int32
+    assert set(np.array([f"event {i}" for i in range(9)])[items].tolist()) <= {
+        f"event {i}" for i in range(9)
+    }
     assert samples.users == 3
     assert samples.remove(b) == 3
     assert samples.users == 2 and samples.events_retained == 4 and samples.events_seen == 6
