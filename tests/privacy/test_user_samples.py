@@ -197,3 +197,16 @@ def test_a_sample_sealed_empty_still_tells_users_apart_and_erases_them() -> None
     assert samples.users == 3
     assert samples.remove(b) == 3
     assert samples.users == 2 and samples.events_retained == 4 and samples.events_seen == 6
+
+
+def test_an_empty_sample_counts_and_indexes_like_a_filled_one() -> None:
+    """A window whose every user was erased seals an empty sample: its columns are still
+    integer (users counted with bincount, items indexing the caller's table), not floats
+    numpy refuses as indices."""
+    samples = UserSamples(2, new_sampling_generator(random.Random(13)))
+    samples.add_many([_user(1)] * 2, [0, 1])
+    samples.remove(_user(1))
+    users, items = samples.sample()
+    assert (users.dtype, items.dtype) == (np.int64, np.int32)
+    assert np.bincount(users, minlength=1).tolist() == [0]
+    assert np.array(["a", "b"])[items].tolist() == []
