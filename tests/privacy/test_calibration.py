@@ -84,6 +84,8 @@ ZCDP_CASES = [
     (1.0, 3.0),
     (3.0, 10.0),
     (0.05, 0.05),
+    (0.5, 0.8),  # optimal order below 2: the search must not start above it
+    (2.0, 3.0),
 ]
 
 
