@@ -174,7 +174,8 @@ def test_analytic_gaussian_sigma_refuses_bad_parameters(
 
 
 @pytest.mark.parametrize(
-    ("epsilon", "delta", "l2"), [(0.1, 1e-9, 1.0), (1.0, 1e-6, 2.0), (0.5, 1e-3, 5.0)]
+    ("epsilon", "delta", "l2"),
+    [(0.1, 1e-9, 1.0), (1.0, 1e-6, 2.0), (0.5, 1e-3, 5.0), (5.0, 1e-3, 0.01)],
 )
 def test_analytic_gaussian_sigma_is_the_smallest_to_1e_12(
     epsilon: float, delta: float, l2: float
@@ -187,7 +188,7 @@ def test_analytic_gaussian_sigma_is_the_smallest_to_1e_12(
 # ------------------------------------------------- exact discrete Gaussian curve
 
 
-@pytest.mark.parametrize("sigma", [0.2, 0.6, 0.99, 1.0, 1.7, 7.3, 150.0])
+@pytest.mark.parametrize("sigma", [0.2, 0.6, 0.99, 1.0, 1.05, 1.7, 7.3, 150.0])
 def test_the_normalizer_is_the_sum_over_the_integers(sigma: float) -> None:
     radius = math.ceil(40 * sigma) + 40
     direct = math.fsum(math.exp(-(z * z) / (2 * sigma * sigma)) for z in range(-radius, radius + 1))
