@@ -248,3 +248,17 @@ def test_the_exact_curve_is_computed_up_to_max_exact_support_and_refused_above()
     with pytest.raises(ValueError, match="support too large"):
         discrete_gaussian_delta(sigma, 1e-4, 2)
     assert 0.0 < discrete_gaussian_delta(sigma, 1e-6, 1) < 1.0
+
+
+@pytest.mark.parametrize(
+    ("sigma", "epsilon", "shifts"), [(0.3, 40.0, 1), (0.3, 60.0, 2), (1.0, 40.0, 1)]
+)
+def test_the_discrete_gaussian_delta_stays_an_upper_bound_where_it_vanishes(
+    sigma: float, epsilon: float, shifts: int
+) -> None:
+    """Far in the tail the exact δ underflows; the mass outside the computed support (and
+    the rounding of the pmf's sum) is added, never subtracted: δ is never negative and
+    never below the point-by-point sum."""
+    delta = discrete_gaussian_delta(sigma, epsilon, shifts)
+    assert delta >= _reference_discrete_delta(sigma, epsilon, shifts) >= 0.0
+    assert delta < 1e-12
