@@ -6,7 +6,8 @@ checked independently of the module's own algorithms on cases small enough to en
   covers the exact probability of the rule, enumerated string by string;
 - the distinct-values bound (``_occupancy_at_most``) equals the union over the value sets,
   enumerated set by set;
-- ``_words_in`` counts exactly the listed words spelt with the given letters.
+- ``_words_in`` counts exactly the listed words spelt with the given letters (also words
+  using every one of them: "dead" with a, d, e).
 
 All checks are exact (``Fraction``): no tolerance and no randomness.
 """
@@ -128,7 +129,9 @@ def test_the_occupancy_bound_is_the_union_over_value_sets(
     assert _occupancy_at_most(alphabet, draws, distinct) == expected
 
 
-@pytest.mark.parametrize("letters", ["abcdef", "aeiou", "abcdefghij", string.ascii_lowercase])
+@pytest.mark.parametrize(
+    "letters", ["abcdef", "aeiou", "abcdefghij", string.ascii_lowercase, "ade", "acdef"]
+)
 def test_words_in_counts_the_words_spelt_with_the_letters(letters: str) -> None:
     spelt = [w for w in WORDS if re.fullmatch(f"[{letters}]+", w)]
     assert _words_in(letters) == dict(Counter(len(w) for w in spelt))
