@@ -58,6 +58,10 @@ WEAK_KEYS = [
     ("é" * 40, "not hex or base64 text"),
     # base64 padding does not hide letters of one case
     ("qmzkvprxtwbhnjgdlcysfaeuoiplkmnbvcxzasdfghjw=", "one case only"),
+    # 64 decimal digits are valid hex and random-looking bytes, but a number, not a key
+    ("3141592653589793238462643383279502884197169399375105820974944592", "only decimal digits"),
+    # words cover exactly half of the 44 characters (the key's last letters count too)
+    ("sunshinefootballdragon" + "Q7z9K2v4R8j1W5m3T6p0" + "XX", "cover 22 of its 44"),
 ]
 
 
@@ -286,9 +290,82 @@ def test_a_weak_previous_key_is_only_warned_about_so_it_can_be_rotated_off(
         load_keyring(_pseudonymization())  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("padding", ["", "="])
+def test_words_covering_just_under_half_of_the_whole_key_are_accepted(padding: str) -> None:
+    """The dictionary rule compares the words with every character of the written key but
+    its padding: 21 of 43 characters is under half (accepted), also when the key ends in
+    letters a careless strip of the padding would take off."""
+    key = "sunshinefootballhouse" + "Q7z9K2v4R8j1W5m3T6p0" + "XX" + padding
+    assert word_coverage(key) == 21
+    assert key_problem(key.encode()) is None
+
+
 @pytest.mark.parametrize(
     ("text", "covered"),
     [("password", 8), ("passwordXq7Z", 8), ("Xq7Zpassword", 8), ("dragonXXmonkey", 12), ("", 0)],
 )
 def test_word_coverage_counts_words_anywhere_in_the_key(text: str, covered: int) -> None:
     assert word_coverage(text) == covered
+
+
+def test_a_repeated_pattern_is_refused_up_to_half_the_key_and_not_beyond() -> None:
+    """No period of half the key or less: a 17-byte pattern (17 distinct values)
+    repeated over 40 bytes is refused; 32 bytes whose first 15 come back at the end
+    (period 17, more than half) are accepted, like any key whose bytes pass the rest; 20
+    bytes repeated twice (exactly half) are refused."""
+    rng = random.Random(17)
+    pattern = bytes(rng.randrange(256) for _ in range(17))
+    assert len(set(pattern)) == 17
+    repeated = (pattern * 3)[:40]
+    assert "a pattern of 17 bytes repeated" in (key_problem(repeated.hex().encode()) or "")
+    head = bytes(rng.randrange(256) for _ in range(17))
+    assert key_problem((head + head[:15]).hex().encode()) is None
+    half = bytes(rng.randrange(256) for _ in range(20)) * 2  # period 20 of 40: exactly half
+    assert "a pattern of 20 bytes repeated" in (key_problem(half.hex().encode()) or "")
+
+
+@pytest.mark.parametrize("digits", [48, 62, 63])
+def test_a_short_hex_key_is_told_its_size_and_the_size_needed(digits: int) -> None:
+    """The refusal says how many bytes the key has and how many hex digits it needs."""
+    problem = key_problem(secrets.token_hex(32)[:digits].encode()) or ""
+    assert f"has {digits} hex digits ({digits // 2} bytes)" in problem
+    assert "use at least 64 hex digits (32 random bytes)" in problem
+
+
+@pytest.mark.parametrize("padding", ["", "=", "=="])
+def test_base64_padding_is_optional_and_not_counted(padding: str) -> None:
+    """Padding is optional (module doc): the check judges the decoded bytes, so 32 random
+    bytes are accepted with no, the usual one or a second '=' (the HMAC key stays the
+    configured text either way). A false failure has probability below 60 × 1.1e-13."""
+    for _ in range(20):
+        body = base64.b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+        assert key_problem((body + padding).encode()) is None
+
+
+def test_a_wrapped_key_is_judged_as_the_bytes_its_lines_encode_together() -> None:
+    """Line breaks inside are allowed (base64 tools wrap long output) and only removed:
+    a phrase encoded over two lines is still refused as readable text."""
+    phrase = b"correct horse battery staple, and a few more words to wrap it over two lines"
+    wrapped = base64.encodebytes(phrase)
+    assert wrapped.count(b"\n") == 2
+    assert "readable text" in (key_problem(wrapped) or "")
+
+
+def test_a_passphrase_is_told_the_sizes_a_key_needs() -> None:
+    problem = key_problem(b"my secret passphrase that is long enough to pass") or ""
+    assert "is not hex (≥ 64 hex digits) or base64 (decoding to ≥ 32 bytes)" in problem
+
+
+@pytest.mark.parametrize("only", ["-", "_"])
+def test_url_safe_keys_with_one_of_its_two_letters_are_accepted(only: str) -> None:
+    """URL-safe base64 differs from the standard alphabet in two characters; a random key
+    holding only one of them (no '+' or '/' either) is still read as URL-safe base64.
+    Keys are drawn until one has the character and not the other (each draw does with
+    probability about 0.26); a false failure is a random key refused (< 1.1e-13)."""
+    other = "_" if only == "-" else "-"
+    for _ in range(10_000):
+        key = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+        if only in key and other not in key:
+            break
+    assert only in key and other not in key
+    assert key_problem(key.encode()) is None
