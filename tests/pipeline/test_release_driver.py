@@ -5,6 +5,7 @@ in-memory stepping that refuses a transport that waits, and the fault hooks' off
 from __future__ import annotations
 
 import asyncio
+import time
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -203,6 +204,11 @@ async def test_a_long_draw_reports_progress_only_in_progress_mode(
         while faults.long_draw is not None:  # taken by the draw's thread
             await asyncio.sleep(0.01)
         assert not drawing.done()
+        if beats:  # the draw's first beat comes after one check interval: wait for it, so
+            # that the end cannot come before the draw has looked (a hang guard, not a margin)
+            deadline = time.monotonic() + 60
+            while "draw (test fault)" not in steps and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
         end.touch()
         await asyncio.wait_for(drawing, timeout=60)
     assert ("draw (test fault)" in steps) == beats, steps
