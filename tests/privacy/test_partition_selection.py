@@ -199,6 +199,18 @@ def test_laplace_threshold_matches_pydp_and_keeps_delta_exactly(
     assert sel.keep_probability(1) == pytest.approx(_dlaplace_tail(b, t - 1), rel=1e-9)
 
 
+@pytest.mark.parametrize(("epsilon", "delta", "l0"), [(1.0, 0.5, 3), (1.0, 0.7, 3), (0.5, 0.95, 4)])
+def test_laplace_reference_threshold_is_pydps_for_a_delta_of_one_half_and_above(
+    epsilon: float, delta: float, l0: int
+) -> None:
+    """The reference value stated beside the applied threshold is PyDP's on both sides of
+    its δ = 1/2 branch (the configuration accepts δ ≤ 1e-3 only; the plan can still be
+    computed for any δ in (0, 1))."""
+    sel = LaplaceThreshold(epsilon=epsilon, delta=delta, max_partitions_contributed=l0)
+    ref = pydp_ps.create_laplace_partition_strategy(epsilon, delta, l0)
+    assert sel.reference_threshold == pytest.approx(ref.threshold, rel=1e-12)
+
+
 # ----------------------------------------------------------- gaussian_threshold
 
 

@@ -47,6 +47,8 @@ def test_the_record_names_the_noise_and_threshold_the_selection_applies(
     stated = {"mechanism": mechanism.name, "scale": mechanism.scale}
     assert record["noise"] == stated and described["noise"] == stated
     assert record["threshold"] == described["threshold"] == selection.threshold  # type: ignore[attr-defined]
+    # the reference's threshold shown beside it is the one computed for the reference
+    assert described["reference_threshold"] == selection.reference_threshold  # type: ignore[attr-defined]
     # the stated threshold is the one the draw is compared with: a key at it is kept
     # with probability P(Z ≥ 0) ≥ 1/2, one below it with P(Z ≥ 1) < 1/2
     assert selection.keep_probability(record["threshold"]) >= 0.5
