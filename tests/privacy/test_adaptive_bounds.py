@@ -464,3 +464,21 @@ def test_values_that_grew_since_the_window_before_raise_the_next_bound() -> None
     )
     assert flat.reason == grown.reason == "min_expected_error"
     assert grown.bounds[0] > flat.bounds[0]
+
+
+def test_capped_excess_is_what_each_bound_drops_once_the_reservoir_kept_k() -> None:
+    """Σ_u max(0, min(v_u, k) − c) for every k and bound c, by brute force over users
+    whose values are exact (bins one value wide), and nothing for c = 0 (bound not set)."""
+    edges = tuple(range(1, 13))  # every value its own bin; 12 is the cap (open last bin)
+    values = [1, 1, 2, 3, 3, 3, 5, 7, 8, 8, 9]  # none above 9: bound 10 drops nothing
+    counts = [0.0] * len(edges)
+    for v in values:
+        counts[bin_of(edges, v)] += 1
+    dist = Distribution(edges, tuple(counts))
+    ks = np.array([1, 4, 8, 12], dtype=np.int64)
+    bounds = np.array([0, 1, 3, 4, 8, 10, 12], dtype=np.int64)
+    out = adaptive_bounds._capped_excess(dist, bounds, ks)
+    for i, k in enumerate(ks.tolist()):
+        for j, c in enumerate(bounds.tolist()):
+            expected = 0 if c == 0 else sum(max(0, min(v, k) - c) for v in values)
+            assert out[i, j] == pytest.approx(expected, abs=1e-9), (k, c)

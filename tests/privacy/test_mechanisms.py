@@ -237,3 +237,22 @@ def test_gaussian_reports_the_epsilon_opendp_gives_its_sigma(
     # twice the sensitivity, or a hundredth of the δ, costs more ε
     assert mech.epsilon(2 * l2, delta) > 1.5 * epsilon
     assert mech.epsilon(l2, delta / 100) > epsilon
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 120.0])
+@pytest.mark.parametrize("t", [-5, -1, 0, 1, 2, 9])
+def test_laplace_log_tail_is_the_log_of_scipys_tail_on_both_sides_of_zero(
+    scale: float, t: int
+) -> None:
+    expected = math.log(dlaplace.sf(t - 1, 1 / scale))  # P(Z ≥ t) = P(Z > t − 1)
+    assert DiscreteLaplace(scale).log_tail(t) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("scale", [0.001, 0.0005])
+def test_laplace_log_tail_of_a_tiny_scale_does_not_underflow(scale: float) -> None:
+    """P(Z ≥ 1) = e^(−1/b)/(1 + e^(−1/b)) is below 1e-400 here, zero in binary64: the
+    threshold searches compare its logarithm, which must still be −1/b (to rounding)."""
+    mech = DiscreteLaplace(scale)
+    assert mech.tail(1) == 0.0
+    for t in (1, 2, 5):
+        assert mech.log_tail(t) == pytest.approx(-t / scale, rel=1e-12)
