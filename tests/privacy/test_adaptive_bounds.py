@@ -500,3 +500,20 @@ def test_mean_abs_noise_is_the_expected_absolute_draw_of_each_mechanism() -> Non
     expected = [float(np.sum(np.abs(z) * w) / np.sum(w)) for w in weights]
     got = adaptive_bounds.mean_abs_noise("discrete_gaussian", sigmas)
     assert got == pytest.approx(expected, rel=1e-3)
+
+
+def test_count_l2_squared_is_the_largest_sum_of_squares_a_user_can_reach() -> None:
+    """A user with ≤ k events on ≤ L0 keys, ≤ Linf on each, moves the count vector by at
+    most this much in squared ℓ2: checked against every way to place the events."""
+
+    def brute(k: int, l0: int, linf: int) -> int:
+        best = 0
+        for split in itertools.product(range(linf + 1), repeat=l0):
+            if sum(split) <= k:
+                best = max(best, sum(c * c for c in split))
+        return best
+
+    cases = [(k, l0, linf) for k in range(1, 10) for l0 in range(1, 5) for linf in range(1, 6)]
+    k, l0, linf = (np.array(c, dtype=np.int64) for c in zip(*cases, strict=True))
+    got = adaptive_bounds._count_l2_squared(k, l0, linf)
+    assert got.tolist() == [brute(*c) for c in cases]
