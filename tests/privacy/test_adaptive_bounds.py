@@ -517,3 +517,34 @@ def test_count_l2_squared_is_the_largest_sum_of_squares_a_user_can_reach() -> No
     k, l0, linf = (np.array(c, dtype=np.int64) for c in zip(*cases, strict=True))
     got = adaptive_bounds._count_l2_squared(k, l0, linf)
     assert got.tolist() == [brute(*c) for c in cases]
+
+
+def test_selection_loss_is_each_keys_drop_probability_times_its_value() -> None:
+    """Σ over released keys of P(the key is dropped at this L0) × its value, the key's
+    users read off its value over the events per user (rounded, at least 0; events per
+    user at least 1), negative values counting as 0."""
+
+    def keep(l0: int, users: int) -> float:
+        return min(1.0, users / (4 * l0))
+
+    model = QueryModel(
+        name="q",
+        projection="p",
+        distinct_users=False,
+        mechanism="discrete_laplace",
+        scale_per_sensitivity=1.0,
+        public_keys=None,
+        keep_probability=keep,
+    )
+    values = [-3.0, 0.0, 1.0, 6.0, 9.0, 40.0]
+    for l0, per_user in [(1, 1.0), (2, 3.0), (3, 0.5)]:
+        users = [max(0, round(max(0.0, v) / max(1.0, per_user))) for v in values]
+        expected = sum(
+            (1 - keep(l0, n)) * max(0.0, v) for n, v in zip(users, values, strict=True)
+        )
+        loss = adaptive_bounds._selection_loss(model, l0, values, per_user)
+        assert loss == pytest.approx(expected, rel=1e-12)
+    # by hand for L0 = 2, 3 events per user: users 0, 0, 0, 2, 3, 13
+    assert adaptive_bounds._selection_loss(model, 2, values, 3.0) == pytest.approx(
+        1.0 + 6 * 0.75 + 9 * 0.625
+    )
