@@ -539,9 +539,7 @@ def test_selection_loss_is_each_keys_drop_probability_times_its_value() -> None:
     values = [-3.0, 0.0, 1.0, 6.0, 9.0, 40.0]
     for l0, per_user in [(1, 1.0), (2, 3.0), (3, 0.5)]:
         users = [max(0, round(max(0.0, v) / max(1.0, per_user))) for v in values]
-        expected = sum(
-            (1 - keep(l0, n)) * max(0.0, v) for n, v in zip(users, values, strict=True)
-        )
+        expected = sum((1 - keep(l0, n)) * max(0.0, v) for n, v in zip(users, values, strict=True))
         loss = adaptive_bounds._selection_loss(model, l0, values, per_user)
         assert loss == pytest.approx(expected, rel=1e-12)
     # by hand for L0 = 2, 3 events per user: users 0, 0, 0, 2, 3, 13
