@@ -237,6 +237,10 @@ def test_trend_is_the_ratio_of_the_windows_clamped_to_a_factor_of_two() -> None:
     assert trend_stretch(1.0, 8.0) == 0.5
     assert trend_stretch(5.0, None) == 1.0
     assert trend_stretch(5.0, 0.0) == 1.0
+    # a window whose quantile is 0 says nothing of the trend; values below 1 still do
+    assert trend_stretch(0.0, 4.0) == 1.0
+    assert trend_stretch(0.75, 1.0) == 0.75
+    assert trend_stretch(1.0, 0.6) == pytest.approx(1 / 0.6)
 
 
 # ---------------------------------------------------------------------------- choice
