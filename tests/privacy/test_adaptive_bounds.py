@@ -237,6 +237,10 @@ def test_trend_is_the_ratio_of_the_windows_clamped_to_a_factor_of_two() -> None:
     assert trend_stretch(1.0, 8.0) == 0.5
     assert trend_stretch(5.0, None) == 1.0
     assert trend_stretch(5.0, 0.0) == 1.0
+    # a window whose quantile is 0 says nothing of the trend; values below 1 still do
+    assert trend_stretch(0.0, 4.0) == 1.0
+    assert trend_stretch(0.75, 1.0) == 0.75
+    assert trend_stretch(1.0, 0.6) == pytest.approx(1 / 0.6)
 
 
 # ---------------------------------------------------------------------------- choice
@@ -464,3 +468,85 @@ def test_values_that_grew_since_the_window_before_raise_the_next_bound() -> None
     )
     assert flat.reason == grown.reason == "min_expected_error"
     assert grown.bounds[0] > flat.bounds[0]
+
+
+def test_capped_excess_is_what_each_bound_drops_once_the_reservoir_kept_k() -> None:
+    """Σ_u max(0, min(v_u, k) − c) for every k and bound c, by brute force over users
+    whose values are exact (bins one value wide), and nothing for c = 0 (bound not set)."""
+    edges = tuple(range(1, 13))  # every value its own bin; 12 is the cap (open last bin)
+    values = [1, 1, 2, 3, 3, 3, 5, 7, 8, 8, 9]  # none above 9: bound 10 drops nothing
+    counts = [0.0] * len(edges)
+    for v in values:
+        counts[bin_of(edges, v)] += 1
+    dist = Distribution(edges, tuple(counts))
+    ks = np.array([1, 4, 8, 12], dtype=np.int64)
+    bounds = np.array([0, 1, 3, 4, 8, 10, 12], dtype=np.int64)
+    out = adaptive_bounds._capped_excess(dist, bounds, ks)
+    for i, k in enumerate(ks.tolist()):
+        for j, c in enumerate(bounds.tolist()):
+            expected = 0 if c == 0 else sum(max(0, min(v, k) - c) for v in values)
+            assert out[i, j] == pytest.approx(expected, abs=1e-9), (k, c)
+
+
+def test_mean_abs_noise_is_the_expected_absolute_draw_of_each_mechanism() -> None:
+    """E|Z| by summation of the pmfs: exact for discrete Laplace (below and above scale
+    1), and within 0.1% for the discrete Gaussian once σ ≥ 10 (where it is σ·√(2/π))."""
+    z = np.arange(-4000, 4001)
+    laplace_scales = np.array([0.3, 0.5, 2.0, 40.0])
+    expected = [
+        float(np.sum(np.abs(z) * np.array([DiscreteLaplace(b).pmf(int(v)) for v in z])))
+        for b in laplace_scales
+    ]
+    got = adaptive_bounds.mean_abs_noise("discrete_laplace", laplace_scales)
+    assert got == pytest.approx(expected, rel=1e-9)
+    sigmas = np.array([10.0, 40.0, 150.0])
+    weights = [np.exp(-(z * z) / (2 * s * s)) for s in sigmas]
+    expected = [float(np.sum(np.abs(z) * w) / np.sum(w)) for w in weights]
+    got = adaptive_bounds.mean_abs_noise("discrete_gaussian", sigmas)
+    assert got == pytest.approx(expected, rel=1e-3)
+
+
+def test_count_l2_squared_is_the_largest_sum_of_squares_a_user_can_reach() -> None:
+    """A user with ≤ k events on ≤ L0 keys, ≤ Linf on each, moves the count vector by at
+    most this much in squared ℓ2: checked against every way to place the events."""
+
+    def brute(k: int, l0: int, linf: int) -> int:
+        best = 0
+        for split in itertools.product(range(linf + 1), repeat=l0):
+            if sum(split) <= k:
+                best = max(best, sum(c * c for c in split))
+        return best
+
+    cases = [(k, l0, linf) for k in range(1, 10) for l0 in range(1, 5) for linf in range(1, 6)]
+    k, l0, linf = (np.array(c, dtype=np.int64) for c in zip(*cases, strict=True))
+    got = adaptive_bounds._count_l2_squared(k, l0, linf)
+    assert got.tolist() == [brute(*c) for c in cases]
+
+
+def test_selection_loss_is_each_keys_drop_probability_times_its_value() -> None:
+    """Σ over released keys of P(the key is dropped at this L0) × its value, the key's
+    users read off its value over the events per user (rounded, at least 0; events per
+    user at least 1), negative values counting as 0."""
+
+    def keep(l0: int, users: int) -> float:
+        return min(1.0, users / (4 * l0))
+
+    model = QueryModel(
+        name="q",
+        projection="p",
+        distinct_users=False,
+        mechanism="discrete_laplace",
+        scale_per_sensitivity=1.0,
+        public_keys=None,
+        keep_probability=keep,
+    )
+    values = [-3.0, 0.0, 1.0, 6.0, 9.0, 40.0]
+    for l0, per_user in [(1, 1.0), (2, 3.0), (3, 0.5)]:
+        users = [max(0, round(max(0.0, v) / max(1.0, per_user))) for v in values]
+        expected = sum((1 - keep(l0, n)) * max(0.0, v) for n, v in zip(users, values, strict=True))
+        loss = adaptive_bounds._selection_loss(model, l0, values, per_user)
+        assert loss == pytest.approx(expected, rel=1e-12)
+    # by hand for L0 = 2, 3 events per user: users 0, 0, 0, 2, 3, 13
+    assert adaptive_bounds._selection_loss(model, 2, values, 3.0) == pytest.approx(
+        1.0 + 6 * 0.75 + 9 * 0.625
+    )

@@ -217,3 +217,16 @@ def test_a_draw_whose_geometric_count_is_past_int64_is_exact(
     assert draws.dtype == object
     assert all(abs(int(d)) in possible for d in draws)
     assert {int(d) > 0 for d in draws} == {True, False}  # both signs (P(one) = 2^-49)
+
+
+def test_exact_parameters_hold_the_documented_limits_inclusive() -> None:
+    """t ≤ 2⁵³ + 1 and s ≤ 2⁶² are sampled here (every intermediate integer still fits 64
+    bits); one step beyond either goes to OpenDP. Binary64 scales reach s = 2⁶² and
+    t = 2⁵³ exactly."""
+    assert exact_parameters(2.0**-62) == (1, 2**62)
+    assert exact_parameters(3 * 2.0**-62) == (3, 2**62)
+    assert exact_parameters(2.0**-63) is None
+    assert exact_parameters(2.0**53) == (2**53, 1)
+    assert exact_parameters(2.0**54) is None
+    draws = discrete_laplace(1000, 1, 2**62)  # scale 2⁻⁶²: P(Z ≠ 0) below 1e-300
+    assert not draws.any()

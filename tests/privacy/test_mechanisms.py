@@ -221,3 +221,38 @@ def test_bernoulli_mixed_probabilities_are_matched_per_position() -> None:
     low, high = sum(draws[0::2]), sum(draws[1::2])
     assert binomtest(low, n, 0.2).pvalue > P_THRESHOLD
     assert binomtest(high, n, 0.9).pvalue > P_THRESHOLD
+
+
+@pytest.mark.parametrize("l2", [1, 3, 40])
+@pytest.mark.parametrize(("epsilon", "delta"), [(0.1, 1e-6), (1.0, 1e-8), (2.0, 1e-5)])
+def test_gaussian_reports_the_epsilon_opendp_gives_its_sigma(
+    l2: int, epsilon: float, delta: float
+) -> None:
+    """The (ε, δ) a discrete Gaussian reports for Δ2 is OpenDP's zCDP → approx-DP map of
+    the same measurement, and for the σ calibrated to (ε, δ) it is that ε back."""
+    mech = DiscreteGaussian.for_epsilon_delta(l2_sensitivity=l2, epsilon=epsilon, delta=delta)
+    approx = dp.c.make_zCDP_to_approxDP(mech.opendp_measurement())
+    assert mech.epsilon(l2, delta) == pytest.approx(approx.map(l2).epsilon(delta), rel=1e-9)
+    assert mech.epsilon(l2, delta) == pytest.approx(epsilon, rel=1e-6)
+    # twice the sensitivity, or a hundredth of the δ, costs more ε
+    assert mech.epsilon(2 * l2, delta) > 1.5 * epsilon
+    assert mech.epsilon(l2, delta / 100) > epsilon
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 120.0])
+@pytest.mark.parametrize("t", [-5, -1, 0, 1, 2, 9])
+def test_laplace_log_tail_is_the_log_of_scipys_tail_on_both_sides_of_zero(
+    scale: float, t: int
+) -> None:
+    expected = math.log(dlaplace.sf(t - 1, 1 / scale))  # P(Z ≥ t) = P(Z > t − 1)
+    assert DiscreteLaplace(scale).log_tail(t) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("scale", [0.001, 0.0005])
+def test_laplace_log_tail_of_a_tiny_scale_does_not_underflow(scale: float) -> None:
+    """P(Z ≥ 1) = e^(−1/b)/(1 + e^(−1/b)) is below 1e-400 here, zero in binary64: the
+    threshold searches compare its logarithm, which must still be −1/b (to rounding)."""
+    mech = DiscreteLaplace(scale)
+    assert mech.tail(1) == 0.0
+    for t in (1, 2, 5):
+        assert mech.log_tail(t) == pytest.approx(-t / scale, rel=1e-12)

@@ -199,6 +199,18 @@ def test_laplace_threshold_matches_pydp_and_keeps_delta_exactly(
     assert sel.keep_probability(1) == pytest.approx(_dlaplace_tail(b, t - 1), rel=1e-9)
 
 
+@pytest.mark.parametrize(("epsilon", "delta", "l0"), [(1.0, 0.5, 3), (1.0, 0.7, 3), (0.5, 0.95, 4)])
+def test_laplace_reference_threshold_is_pydps_for_a_delta_of_one_half_and_above(
+    epsilon: float, delta: float, l0: int
+) -> None:
+    """The reference value stated beside the applied threshold is PyDP's on both sides of
+    its δ = 1/2 branch (the configuration accepts δ ≤ 1e-3 only; the plan can still be
+    computed for any δ in (0, 1))."""
+    sel = LaplaceThreshold(epsilon=epsilon, delta=delta, max_partitions_contributed=l0)
+    ref = pydp_ps.create_laplace_partition_strategy(epsilon, delta, l0)
+    assert sel.reference_threshold == pytest.approx(ref.threshold, rel=1e-12)
+
+
 # ----------------------------------------------------------- gaussian_threshold
 
 
@@ -340,3 +352,38 @@ def test_a_gaussian_sigma_raised_to_meet_the_exact_delta_is_labelled_exact_discr
     assert sigma > selection.reference_sigma  # the bisection ran
     assert discrete_gaussian_delta(sigma, 0.5, 1) <= selection.noise_delta
     assert selection.describe()["sigma_calibration"] == "exact_discrete"
+
+
+@pytest.mark.parametrize("epsilon", [100.0, 1000.0])
+def test_with_almost_no_noise_a_lone_user_still_cannot_release_a_key(epsilon: float) -> None:
+    """However large ε (test mode allows astronomically large ones), a key whose only user
+    is the one added or removed is kept with probability at most δ': the noise thresholds
+    stay one above what that user alone reaches (2 users; Linf + 1 events), and with noise
+    this small they are exactly that. The reference count threshold (OpenDP's accounting,
+    one integer of tail less) is Linf."""
+    laplace = LaplaceThreshold(epsilon=epsilon, delta=1e-6, max_partitions_contributed=1)
+    assert laplace.threshold == 2
+    assert laplace.keep_probability(1) <= laplace.adjusted_delta
+    count = CountThreshold(
+        epsilon=epsilon,
+        delta=1e-6,
+        max_partitions_contributed=1,
+        max_contributions_per_partition=5,
+        l1_sensitivity=5,
+    )
+    assert (count.threshold, count.reference_threshold) == (6, 5)
+    assert count.keep_probability(5) <= count.adjusted_threshold_delta
+
+
+@pytest.mark.parametrize(("linf", "l1"), [(0, 30), (10, 0), (-1, 5)])
+def test_a_count_threshold_without_a_positive_contribution_bound_is_refused(
+    linf: int, l1: int
+) -> None:
+    with pytest.raises(ValueError, match="must be >= 1"):
+        CountThreshold(
+            epsilon=1.0,
+            delta=1e-6,
+            max_partitions_contributed=3,
+            max_contributions_per_partition=linf,
+            l1_sensitivity=l1,
+        )

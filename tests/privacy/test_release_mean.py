@@ -135,3 +135,34 @@ def test_a_gaussian_mean_splits_epsilon_and_delta_between_its_sum_and_count() ->
     for c in plan.noise:
         assert 0 < c.delta < plan.delta
         assert c.rho == pytest.approx(zcdp_rho(c.epsilon, c.delta))
+
+
+@pytest.mark.parametrize(("noisy_sum", "released"), [(0, 0.0), (1, 0.25), (-1, 0.0)])
+def test_clamp_negative_flags_only_a_mean_that_was_negative(
+    monkeypatch: pytest.MonkeyPatch, noisy_sum: int, released: float
+) -> None:
+    """``clamped`` says a negative value was replaced by 0: a mean of exactly 0, or
+    between 0 and 1, is released as it is and not flagged."""
+    _fixed_draws(monkeypatch, noisy_sum, 2)
+    plan = _plan(lower=-10.0, upper=10.0, clamp_negative=True)
+    (value,) = release_query({("a",): KeyAggregate(events=2, users=2, value_sum=0)}, plan).values
+    assert (value.value, value.clamped) == (released, noisy_sum < 0)
+
+
+def test_clamp_negative_flags_only_a_count_that_was_negative(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    draws = iter([[0, -1, 1]])
+    monkeypatch.setattr(DiscreteLaplace, "sample", lambda self, values: next(draws))
+    plan = plan_query(
+        QueryConfig(
+            name="c",
+            group_by=["domain"],
+            epsilon=1.0,
+            keys={"domain": ["a", "b", "c"]},
+            clamp_negative=True,
+        ).spec(),
+        BOUNDS.spec(),
+    )
+    released = release_query({}, plan).values
+    assert [(v.value, v.clamped) for v in released] == [(0, False), (0, True), (1, False)]
