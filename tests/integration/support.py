@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from stream_dp.config import load_config
 
@@ -361,3 +365,61 @@ def partitions_taken_over(stalled_log: str, other_log: str, marker: str) -> set[
         if e["ts"] >= at and e["msg"].startswith("partitions assigned: "):
             later |= _assigned(e)
     return held & later
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a worker's ops endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, path: str, timeout_s: float = 3.0) -> tuple[int, bytes]:
+    """(status, body) of ``GET http://127.0.0.1:{port}{path}``; (0, b"") while nothing serves
+    there (the worker not up yet, or gone)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as r:
+            return int(r.status), bytes(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
+
+
+def metric_value(port: int, name: str, labels: Mapping[str, str] | None = None) -> float | None:
+    """The first sample called ``name`` (whose labels include ``labels``) on the worker's
+    /metrics; None while /metrics does not answer 200 or has no such sample."""
+    code, body = http_get(port, "/metrics")
+    if code != 200:
+        return None
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name and all(
+                sample.labels.get(k) == v for k, v in (labels or {}).items()
+            ):
+                return float(sample.value)
+    return None
+
+
+async def wait_while_running(
+    condition: Callable[[], bool], what: str, worker: WorkerProcess
+) -> None:
+    """Until ``condition`` holds (checked in a thread; it may do blocking I/O), failing at
+    once if the worker exits first. The bound, :data:`HANG_GUARD_S`, is a hang guard only."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not await asyncio.to_thread(condition):
+        assert worker.proc.poll() is None, f"worker exited:\n{worker.log()[-4000:]}"
+        assert time.monotonic() < deadline, f"{what} never happened:\n{worker.log()[-4000:]}"
+        await asyncio.sleep(0.2)
+
+
+async def wait_status(port: int, path: str, status: int, timeout_s: float) -> float:
+    """Poll ``path`` until it answers ``status``; the monotonic time it did. ``timeout_s`` is
+    part of the claim here (the caller's bound on how soon the status must come)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        code, _ = await asyncio.to_thread(http_get, port, path)
+        if code == status:
+            return time.monotonic()
+        assert time.monotonic() < deadline, f"{path} never returned {status} (last {code})"
+        await asyncio.sleep(0.2)

@@ -27,6 +27,8 @@ from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.helpers import schema_validator
 from tests.integration.support import (
     decode_values,
+    free_port,
+    http_get,
     ledger_release_ids,
     produce_events,
     produce_records,
@@ -35,9 +37,9 @@ from tests.integration.support import (
     topic_partitions,
     topics_of,
     wait_for_group,
+    wait_status,
     windows_done,
 )
-from tests.integration.test_operations import _free_port, _get, _wait_status
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 MakeConfig = Callable[[dict[str, Any] | None], Path]
@@ -226,7 +228,7 @@ async def test_the_raw_id_of_an_erasure_appears_nowhere_downstream(
     """Requests hold raw ids; once read, only pseudonyms go on — into no topic but the
     requests topic itself, no log line and no metric. A request stream-dp cannot apply
     (a whitespace-only id) is dead-lettered without its payload and answered rejected."""
-    port = _free_port()
+    port = free_port()
     cfg = _config(config_factory, port=port)
     config: Config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
@@ -239,7 +241,7 @@ async def test_the_raw_id_of_an_erasure_appears_nowhere_downstream(
     log_path = tmp_path / "worker.log"
     worker = start_worker(cfg, log_path)
     try:
-        await _wait_status(port, "/health/ready", 200, 90)
+        await wait_status(port, "/health/ready", 200, 90)
         response = _erase(cfg, RAW_ID)
         bad = orjson.dumps({"user_id": "   ", "requested_at": T0, "request_id": "dsr-bad"})
         await produce_records(kafka_bootstrap, config.erasure.requests_topic, [(None, bad)])
@@ -255,7 +257,7 @@ async def test_the_raw_id_of_an_erasure_appears_nowhere_downstream(
             until=lambda records: len(records) >= 2,
             timeout_s=60,
         )
-        _, metrics = await asyncio.to_thread(_get, port, "/metrics")
+        _, metrics = await asyncio.to_thread(http_get, port, "/metrics")
     finally:
         assert worker.terminate() == 0, worker.log()
     assert response["status"] == "applied"

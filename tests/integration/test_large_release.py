@@ -11,10 +11,7 @@ the window is released once.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,8 @@ from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.pipeline.faults import PAUSE_POINT_ENV
 from tests.integration.support import (
+    free_port,
+    metric_value,
     partitions_taken_over,
     produce_events,
     read_topic,
@@ -41,24 +40,6 @@ MakeConfig = Callable[[dict[str, Any] | None], Path]
 T0 = 1_596_240_000
 DOMAINS = [f"d{i:04d}.example" for i in range(1000)]
 COUNTRIES = [f"C{i:03d}" for i in range(200)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _metric(port: int, name: str) -> float | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            body = r.read().decode()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return None
-    for line in body.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
 
 
 def _log_messages(log: str) -> list[str]:
@@ -79,7 +60,7 @@ async def _release_200k_keys(
     """Two members release a 200,000-key window; ``env`` is given to both. Returns the
     membership-lost counters, each worker's log messages after the group settled, the
     output records, the logs' tails and the whole logs."""
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     base = {
         # Session timeout 2 s, heartbeats every 0.5 s (the factory's), windows of a minute:
         # only window 0 is due during the test.
@@ -197,8 +178,8 @@ async def test_a_member_stalled_mid_release_is_evicted_and_seen_so(
 
 async def _wait_metric(port: int, name: str) -> float | None:
     deadline = time.monotonic() + 30
-    value = _metric(port, name)
+    value = metric_value(port, name)
     while value is None and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-        value = _metric(port, name)
+        value = metric_value(port, name)
     return value

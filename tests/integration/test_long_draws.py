@@ -15,10 +15,7 @@ until a file exists that the test creates (no timing guess), reporting a chunk e
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +35,8 @@ from tests.integration.support import (
     ONE_PUBLIC_KEY_QUERY,
     WorkerProcess,
     decode_values,
+    free_port,
+    http_get,
     produce_events,
     read_topic,
     start_worker,
@@ -57,27 +56,11 @@ DOMAINS = [f"d{i:02d}.example" for i in range(20)]
 WINDOWS = 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0, b""
-
-
 async def _wait_status(port: int, status: int) -> dict[str, Any]:
     """Poll /health/live until it answers ``status`` (hang guard only); its JSON body."""
     deadline = time.monotonic() + HANG_GUARD_S
     while True:
-        code, body = await asyncio.to_thread(_get, port, "/health/live")
+        code, body = await asyncio.to_thread(http_get, port, "/health/live")
         if code == status:
             return dict(orjson.loads(body))
         assert time.monotonic() < deadline, f"/health/live never returned {status} ({code})"
@@ -106,7 +89,7 @@ async def test_live_while_a_long_draw_moves_and_not_live_when_it_hangs(
     """``progress``: a draw lasting 3 × the liveness timeout keeps /health/live 200 (its
     chunks are the beats), and the window is released. ``hang``: the same draw reporting
     nothing turns /health/live 503 — progress beats are what keep it up, nothing else."""
-    port, end = _free_port(), tmp_path / "end-draw"
+    port, end = free_port(), tmp_path / "end-draw"
     cfg = config_factory(
         {
             "privacy": NOISE_FREE,
@@ -129,7 +112,7 @@ async def test_live_while_a_long_draw_moves_and_not_live_when_it_hangs(
             started = time.monotonic()
             codes: list[int] = []
             while time.monotonic() - started < 3 * LIVE_TIMEOUT_S:
-                code, body = await asyncio.to_thread(_get, port, "/health/live")
+                code, body = await asyncio.to_thread(http_get, port, "/health/live")
                 codes.append(code)
                 await asyncio.sleep(0.1)
             assert ENDS not in worker.log(), "the draw ended early: nothing was tested"
