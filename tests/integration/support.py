@@ -423,3 +423,9 @@ async def wait_status(port: int, path: str, status: int, timeout_s: float) -> fl
             return time.monotonic()
         assert time.monotonic() < deadline, f"{path} never returned {status} (last {code})"
         await asyncio.sleep(0.2)
+
+
+async def group_partitions(bootstrap: str, topics: Iterable[str]) -> set[tuple[str, int]]:
+    """Every (topic, partition) of ``topics``: what the members of a settled consumer group
+    on them hold between them (the ``expected`` of :func:`wait_for_group`)."""
+    return {(t, p) for t in topics for p in await topic_partitions(bootstrap, t)}

@@ -31,11 +31,11 @@ from tests.helpers import ConfigFactory, TopicFactory
 from tests.integration.support import (
     WorkerProcess,
     decode_values,
+    group_partitions,
     ledger_release_ids,
     produce_records,
     read_topic,
     start_worker,
-    topic_partitions,
     wait_for_group,
     windows_done,
 )
@@ -253,11 +253,7 @@ async def test_two_workers_continue_each_other_s_horizons(
     the state the other wrote."""
     cfg, topics, events = await _setup(kafka_bootstrap, topic_factory, config_factory, 4)
     config = load_config(cfg)
-    shared = {
-        (t, p)
-        for t in (topics["input"], topics["partials"])
-        for p in await topic_partitions(kafka_bootstrap, t)
-    }
+    shared = await group_partitions(kafka_bootstrap, (topics["input"], topics["partials"]))
     workers.extend(start_worker(cfg, tmp_path / f"w{i}.log", TEST_MODE) for i in range(2))
     shares = await wait_for_group(workers, shared)
     # the data arrives once the group has settled, so the windows' owners stay put

@@ -28,13 +28,13 @@ from tests.helpers import schema_validator
 from tests.integration.support import (
     decode_values,
     free_port,
+    group_partitions,
     http_get,
     ledger_release_ids,
     produce_events,
     produce_records,
     read_topic,
     start_worker,
-    topic_partitions,
     topics_of,
     wait_for_group,
     wait_status,
@@ -171,16 +171,15 @@ async def test_an_erasure_mid_window_excludes_the_user_across_a_crash_and_a_reba
         # move, and the first worker leaves, so the newcomer replays all of them.
         config = load_config(cfg)
         third = start_worker(cfg, tmp_path / "third.log")
-        expected = {
-            (topic, p)
-            for topic in (
+        expected = await group_partitions(
+            kafka_bootstrap,
+            (
                 config.input.topic,
                 config.output.repartition_topic,
                 config.output.partials_topic,
                 config.erasure.requests_topic,
-            )
-            for p in await topic_partitions(kafka_bootstrap, topic)
-        }
+            ),
+        )
         await wait_for_group([second, third], expected, timeout_s=90)
         assert second.terminate() == 0, second.log()
         await produce_events(
@@ -307,16 +306,15 @@ async def test_two_workers_release_every_window_once_and_without_the_erased_user
     topics = topics_of(cfg)
     workers = [start_worker(cfg, tmp_path / f"w{i}.log") for i in range(2)]
     try:
-        expected = {
-            (topic, p)
-            for topic in (
+        expected = await group_partitions(
+            kafka_bootstrap,
+            (
                 config.input.topic,
                 config.output.repartition_topic,
                 config.output.partials_topic,
                 config.erasure.requests_topic,
-            )
-            for p in await topic_partitions(kafka_bootstrap, topic)
-        }
+            ),
+        )
         await wait_for_group(workers, expected, timeout_s=90)
         await produce_events(
             kafka_bootstrap,

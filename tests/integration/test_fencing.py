@@ -32,11 +32,11 @@ from stream_dp.pipeline.formats.ledger import LedgerIndex
 from tests.apache_kafka.tier import APACHE_KAFKA, ON_BOTH_BROKERS, TANSU
 from tests.integration.support import (
     decode_values,
+    group_partitions,
     partitions_taken_over,
     produce_events,
     read_topic,
     start_worker,
-    topic_partitions,
     topics_of,
     wait_for_group,
     windows_done,
@@ -105,13 +105,10 @@ async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
     config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
-    expected = set()
-    for topic in (
-        config.input.topic,
-        config.output.partials_topic,
-        config.output.repartition_topic,
-    ):
-        expected |= {(topic, p) for p in await topic_partitions(kafka_bootstrap, topic)}
+    expected = await group_partitions(
+        kafka_bootstrap,
+        (config.input.topic, config.output.partials_topic, config.output.repartition_topic),
+    )
     steady = start_worker(cfg, tmp_path / "steady.log")
     paused = start_worker(
         cfg,
@@ -222,13 +219,10 @@ async def test_a_slow_ledger_never_starts_a_rebalance_storm(
     config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
-    expected = set()
-    for topic in (
-        config.input.topic,
-        config.output.partials_topic,
-        config.output.repartition_topic,
-    ):
-        expected |= {(topic, p) for p in await topic_partitions(kafka_bootstrap, topic)}
+    expected = await group_partitions(
+        kafka_bootstrap,
+        (config.input.topic, config.output.partials_topic, config.output.repartition_topic),
+    )
     steady = start_worker(cfg, tmp_path / "steady.log")
     slow = start_worker(
         cfg,

@@ -36,11 +36,11 @@ from tests.integration.support import (
     WorkerProcess,
     decode_values,
     free_port,
+    group_partitions,
     http_get,
     produce_events,
     read_topic,
     start_worker,
-    topic_partitions,
     topics_of,
     wait_for_group,
     windows_done,
@@ -175,13 +175,10 @@ async def test_a_rebalance_completes_while_a_draw_runs_and_each_window_has_one_v
     config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
-    expected = set()
-    for topic in (
-        config.input.topic,
-        config.output.partials_topic,
-        config.output.repartition_topic,
-    ):
-        expected |= {(topic, p) for p in await topic_partitions(kafka_bootstrap, topic)}
+    expected = await group_partitions(
+        kafka_bootstrap,
+        (config.input.topic, config.output.partials_topic, config.output.repartition_topic),
+    )
     drawing = start_worker(cfg, tmp_path / "drawing.log", {LONG_DRAW_ENV: f"progress:{end}"})
     joining: WorkerProcess | None = None
     try:
