@@ -32,6 +32,13 @@ HANG_GUARD_S = 300.0
 #: ``privacy`` of a noise-free test run (the workers get STREAM_DP_ALLOW_UNSAFE_TEST_MODE from
 #: the fixtures): released values equal the exact bounded ones, so tests compare counts.
 NOISE_FREE = {"unsafe_test_mode": True, "epsilon_per_window": 2e6, "max_epsilon_per_horizon": 1e12}
+
+
+def noise_free(epsilon_per_window: float) -> dict[str, Any]:
+    """:data:`NOISE_FREE` with another ``epsilon_per_window`` (the sum of the queries' ε)."""
+    return {**NOISE_FREE, "epsilon_per_window": epsilon_per_window}
+
+
 #: One count query, visits per domain, on the single public key ``a.example``.
 ONE_PUBLIC_KEY_QUERY = [
     {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a.example"]}}

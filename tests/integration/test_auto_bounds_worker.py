@@ -20,6 +20,7 @@ from tests.integration.support import (
     decode_values,
     group_partitions,
     ledger_release_ids,
+    noise_free,
     produce_events,
     produce_records,
     read_topic,
@@ -49,11 +50,7 @@ async def test_each_window_is_bounded_with_bounds_decided_from_the_one_before(
     cfg = config_factory(
         {
             # ε so large that the noise is 0: the histograms and counts are exact
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 2000.0,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": noise_free(2000.0),
             "bounds": {
                 "max_contributions_per_window": "auto",
                 "auto": {"epsilon_share": 0.5, "cap": {"max_contributions_per_window": 64}},
@@ -136,11 +133,7 @@ async def test_two_workers_read_each_others_bounds_from_the_ledger(
     cfg = config_factory(
         {
             "input": {"topic": input_topic, "keyed_by_user": False},
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 2000.0,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": noise_free(2000.0),
             "bounds": {
                 "max_contributions_per_window": "auto",
                 "auto": {"epsilon_share": 0.5, "cap": {"max_contributions_per_window": 64}},

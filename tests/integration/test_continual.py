@@ -33,6 +33,7 @@ from tests.integration.support import (
     decode_values,
     group_partitions,
     ledger_release_ids,
+    noise_free,
     produce_records,
     read_topic,
     start_worker,
@@ -66,11 +67,7 @@ def _config(config_factory: ConfigFactory, input_topic: str) -> Path:
         {
             "input": {"topic": input_topic, "keyed_by_user": True},
             "window": {"size_s": SIZE, "grace_s": 1, "idle_close_s": 2},
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 3e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": noise_free(3e6),
             "bounds": {"max_contributions_per_window": K},
             "queries": [
                 {

@@ -26,6 +26,7 @@ from stream_dp.config import Config, load_config
 from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.helpers import schema_validator
 from tests.integration.support import (
+    NOISE_FREE,
     decode_values,
     free_port,
     group_partitions,
@@ -51,11 +52,7 @@ def _config(config_factory: MakeConfig, **metrics: Any) -> Path:
     return config_factory(
         {
             "erasure": {"enabled": True},
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 2e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": NOISE_FREE,
             "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 600},
             "bounds": {"max_contributions_per_window": 100},
             "queries": [

@@ -33,6 +33,7 @@ from tests.apache_kafka.tier import APACHE_KAFKA, ON_BOTH_BROKERS, TANSU
 from tests.integration.support import (
     decode_values,
     group_partitions,
+    noise_free,
     partitions_taken_over,
     produce_events,
     read_topic,
@@ -201,11 +202,7 @@ async def test_a_slow_ledger_never_starts_a_rebalance_storm(
     with the fences written at once, keeps the group stable and every window released."""
     cfg = config_factory(
         {
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 1e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": noise_free(1e6),
             "queries": [
                 {
                     "name": "visits",

@@ -26,6 +26,7 @@ from stream_dp.windows.tumbling import iso_utc
 from tests.helpers import ConfigFactory, TopicFactory
 from tests.integration.support import (
     HANG_GUARD_S,
+    NOISE_FREE,
     WorkerProcess,
     current_assignment,
     decode_values,
@@ -51,11 +52,7 @@ def _overrides(input_topic: str, k: int) -> dict[str, Any]:
     return {
         "input": {"topic": input_topic, "keyed_by_user": True},
         "window": {"size_s": SIZE_S, "grace_s": 1, "idle_close_s": 2},
-        "privacy": {
-            "unsafe_test_mode": True,
-            "epsilon_per_window": 2e6,
-            "max_epsilon_per_horizon": 1e12,
-        },
+        "privacy": NOISE_FREE,
         "bounds": {"max_contributions_per_window": k},
         "queries": [
             {

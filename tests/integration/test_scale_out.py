@@ -26,6 +26,7 @@ from stream_dp.windows.tumbling import iso_utc
 from tests.apache_kafka.tier import APACHE_KAFKA, ON_BOTH_BROKERS, TANSU
 from tests.helpers import ConfigFactory, TopicFactory
 from tests.integration.support import (
+    NOISE_FREE,
     WorkerProcess,
     decode_values,
     ledger_release_ids,
@@ -62,11 +63,7 @@ def _config(
         {
             "input": {"topic": input_topic, "keyed_by_user": keyed},
             "window": {"size_s": size_s, "grace_s": 1, "idle_close_s": 2},
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 2e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": NOISE_FREE,
             "bounds": {"max_contributions_per_window": K},
             "queries": [
                 {
