@@ -436,3 +436,13 @@ async def group_partitions(bootstrap: str, topics: Iterable[str]) -> set[tuple[s
     """Every (topic, partition) of ``topics``: what the members of a settled consumer group
     on them hold between them (the ``expected`` of :func:`wait_for_group`)."""
     return {(t, p) for t in topics for p in await topic_partitions(bootstrap, t)}
+
+
+async def wait_in_task(condition: Callable[[], bool], task: asyncio.Task[None], what: str) -> None:
+    """Until ``condition`` of an in-process worker running as ``task`` holds, failing at once
+    if the task ends first (the bound, :data:`HANG_GUARD_S`, is a hang guard only)."""
+    deadline = asyncio.get_running_loop().time() + HANG_GUARD_S
+    while not condition():
+        assert not task.done(), f"the worker stopped while waiting for {what}: {task!r}"
+        assert asyncio.get_running_loop().time() < deadline, f"hang guard: {what}"
+        await asyncio.sleep(0.05)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import signal
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -170,15 +170,6 @@ def _check(
         assert restored is not None
         published = [next(iter(values[("noisy", w, d)])) for d in DOMAINS]
         assert published == restored.tolist(), w
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        if w.proc.poll() is None:
-            w.kill()
 
 
 def test_the_crash_points_include_the_continual_write() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from tests.integration.support import (
     WorkerProcess,
     current_assignment,
     decode_values,
+    group_partitions,
     produce_records,
     read_topic,
     run_worker_until_windows,
@@ -79,15 +80,6 @@ def _variant(path: Path, name: str, change: dict[str, Any]) -> Path:
     return out
 
 
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        if w.proc.poll() is None:
-            w.kill()
-
-
 async def _prepare(
     bootstrap: str, topic_factory: TopicFactory, config_factory: ConfigFactory, k: int
 ) -> tuple[Path, set[tuple[str, int]]]:
@@ -97,11 +89,7 @@ async def _prepare(
     path = config_factory(_overrides(input_topic, k))
     config = load_config(path)
     await apply_topics(config, bootstrap, include_input=False)
-    shared = {
-        (t, p)
-        for t in (input_topic, config.output.partials_topic)
-        for p in await topic_partitions(bootstrap, t)
-    }
+    shared = await group_partitions(bootstrap, (input_topic, config.output.partials_topic))
     return path, shared
 
 

@@ -12,7 +12,7 @@ import random
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,16 +234,6 @@ def idle_marks(partitions: set[int]) -> Callable[[list[tuple[str | None, bytes]]
         return partitions <= idle
 
     return check
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    """Workers a test starts; any still running at the end are killed."""
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        if w.proc.poll() is None:
-            w.kill()
 
 
 def stop_all(workers: Sequence[WorkerProcess]) -> None:
