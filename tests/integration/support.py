@@ -20,7 +20,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from stream_dp.config import load_config
+from stream_dp.config import Config, load_config
 
 Record = tuple[str | None, dict[str, Any]]
 
@@ -446,3 +446,29 @@ async def wait_in_task(condition: Callable[[], bool], task: asyncio.Task[None], 
         assert not task.done(), f"the worker stopped while waiting for {what}: {task!r}"
         assert asyncio.get_running_loop().time() < deadline, f"hang guard: {what}"
         await asyncio.sleep(0.05)
+
+
+async def stage_partitions(bootstrap: str, config: Config) -> set[tuple[str, int]]:
+    """The partitions the group's members share: the input's, partials' and repartition's."""
+    return await group_partitions(
+        bootstrap,
+        (config.input.topic, config.output.partials_topic, config.output.repartition_topic),
+    )
+
+
+def spread_events(t0_s: int, window: int, domains: Sequence[str]) -> list[dict[str, Any]]:
+    """30 users' events in 10 s window ``window`` after ``t0_s``: user u visits every 4th
+    of ``domains`` from the (u mod 4)-th, at second 1 + (u mod 7) of the window."""
+    return [
+        {"user_id": f"u{u}", "timestamp": t0_s + window * 10 + 1 + u % 7, "domain": d}
+        for u in range(30)
+        for d in domains[u % 4 :: 4]
+    ]
+
+
+def spread_windows(t0_s: int, n_windows: int, domains: Sequence[str]) -> list[dict[str, Any]]:
+    """:func:`spread_events` of windows 0 to ``n_windows`` - 1, then a last event far ahead
+    that moves every partition past them."""
+    events = [e for w in range(n_windows) for e in spread_events(t0_s, w, domains)]
+    late = {"user_id": "late", "timestamp": t0_s + 10 * n_windows + 5, "domain": domains[0]}
+    return [*events, late]

@@ -32,11 +32,13 @@ from stream_dp.pipeline.formats.ledger import LedgerIndex
 from tests.apache_kafka.tier import APACHE_KAFKA, ON_BOTH_BROKERS, TANSU
 from tests.integration.support import (
     decode_values,
-    group_partitions,
     noise_free,
     partitions_taken_over,
     produce_events,
     read_topic,
+    spread_events,
+    spread_windows,
+    stage_partitions,
     start_worker,
     topics_of,
     wait_for_group,
@@ -63,14 +65,6 @@ BROKER_AND_POINT = [
         for point in APACHE_KAFKA_POINTS
     ),
 ]
-
-
-def _events(window: int) -> list[dict[str, Any]]:
-    return [
-        {"user_id": f"u{u}", "timestamp": T0 + window * 10 + 1 + u % 7, "domain": d}
-        for u in range(30)
-        for d in DOMAINS[u % 4 :: 4]
-    ]
 
 
 @pytest.mark.parametrize("run", range(RUNS))
@@ -106,10 +100,7 @@ async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
     config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
-    expected = await group_partitions(
-        kafka_bootstrap,
-        (config.input.topic, config.output.partials_topic, config.output.repartition_topic),
-    )
+    expected = await stage_partitions(kafka_bootstrap, config)
     steady = start_worker(cfg, tmp_path / "steady.log")
     paused = start_worker(
         cfg,
@@ -118,9 +109,7 @@ async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
     )
     try:
         await wait_for_group([steady, paused], expected)
-        events = [e for w in range(WINDOWS) for e in _events(w)]
-        # A last event far ahead moves every partition past the windows above.
-        events += [{"user_id": "late", "timestamp": T0 + 10 * WINDOWS + 5, "domain": DOMAINS[0]}]
+        events = spread_windows(T0, WINDOWS, DOMAINS)
         await produce_events(kafka_bootstrap, topics["input"], events)
         out = await read_topic(
             kafka_bootstrap,
@@ -143,7 +132,7 @@ async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
             kafka_bootstrap,
             topics["input"],
             [
-                *_events(WINDOWS),
+                *spread_events(T0, WINDOWS, DOMAINS),
                 {"user_id": "x", "timestamp": T0 + 10 * WINDOWS + 25, "domain": "d"},
             ],
         )
@@ -216,10 +205,7 @@ async def test_a_slow_ledger_never_starts_a_rebalance_storm(
     config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
-    expected = await group_partitions(
-        kafka_bootstrap,
-        (config.input.topic, config.output.partials_topic, config.output.repartition_topic),
-    )
+    expected = await stage_partitions(kafka_bootstrap, config)
     steady = start_worker(cfg, tmp_path / "steady.log")
     slow = start_worker(
         cfg,
@@ -228,8 +214,7 @@ async def test_a_slow_ledger_never_starts_a_rebalance_storm(
     )
     try:
         await wait_for_group([steady, slow], expected)
-        events = [e for w in range(WINDOWS) for e in _events(w)]
-        events += [{"user_id": "late", "timestamp": T0 + 10 * WINDOWS + 5, "domain": DOMAINS[0]}]
+        events = spread_windows(T0, WINDOWS, DOMAINS)
         await produce_events(kafka_bootstrap, topics["input"], events)
         out = await read_topic(
             kafka_bootstrap,

@@ -25,11 +25,11 @@ from stream_dp.config import load_config
 from stream_dp.pipeline.faults import PAUSE_POINT_ENV
 from tests.integration.support import (
     free_port,
-    group_partitions,
     metric_value,
     partitions_taken_over,
     produce_events,
     read_topic,
+    stage_partitions,
     start_worker,
     topics_of,
     wait_for_group,
@@ -84,10 +84,7 @@ async def _release_200k_keys(
     data["metrics"] = {"port": ports[1]}
     second.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     topics = topics_of(cfg)
-    shared = await group_partitions(
-        kafka_bootstrap,
-        (topics["input"], config.output.repartition_topic, config.output.partials_topic),
-    )
+    shared = await stage_partitions(kafka_bootstrap, config)
     workers = [
         start_worker(cfg, tmp_path / "worker-0.log", env),
         start_worker(second, tmp_path / "worker-1.log", env),

@@ -36,10 +36,11 @@ from tests.integration.support import (
     WorkerProcess,
     decode_values,
     free_port,
-    group_partitions,
     http_get,
     produce_events,
     read_topic,
+    spread_windows,
+    stage_partitions,
     start_worker,
     topics_of,
     wait_for_group,
@@ -140,14 +141,6 @@ async def test_live_while_a_long_draw_moves_and_not_live_when_it_hangs(
     assert first == [30]  # the long draw's window, released once
 
 
-def _events(window: int) -> list[dict[str, Any]]:
-    return [
-        {"user_id": f"u{u}", "timestamp": T0 + window * 10 + 1 + u % 7, "domain": d}
-        for u in range(30)
-        for d in DOMAINS[u % 4 :: 4]
-    ]
-
-
 async def test_a_rebalance_completes_while_a_draw_runs_and_each_window_has_one_value(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
@@ -175,16 +168,12 @@ async def test_a_rebalance_completes_while_a_draw_runs_and_each_window_has_one_v
     config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
-    expected = await group_partitions(
-        kafka_bootstrap,
-        (config.input.topic, config.output.partials_topic, config.output.repartition_topic),
-    )
+    expected = await stage_partitions(kafka_bootstrap, config)
     drawing = start_worker(cfg, tmp_path / "drawing.log", {LONG_DRAW_ENV: f"progress:{end}"})
     joining: WorkerProcess | None = None
     try:
         await wait_for_group([drawing], expected)
-        events = [e for w in range(WINDOWS) for e in _events(w)]
-        events += [{"user_id": "late", "timestamp": T0 + 10 * WINDOWS + 5, "domain": DOMAINS[0]}]
+        events = spread_windows(T0, WINDOWS, DOMAINS)
         await produce_events(kafka_bootstrap, topics["input"], events)
         await _wait_log(drawing, STARTED)
         joining = start_worker(cfg, tmp_path / "joining.log")
