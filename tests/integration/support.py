@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -393,17 +393,15 @@ def http_get(port: int, path: str, timeout_s: float = 3.0) -> tuple[int, bytes]:
         return 0, b""
 
 
-def metric_value(port: int, name: str, labels: Mapping[str, str] | None = None) -> float | None:
-    """The first sample called ``name`` (whose labels include ``labels``) on the worker's
-    /metrics; None while /metrics does not answer 200 or has no such sample."""
+def metric_value(port: int, name: str) -> float | None:
+    """The first sample called ``name`` on the worker's /metrics; None while /metrics does
+    not answer 200 or has no such sample."""
     code, body = http_get(port, "/metrics")
     if code != 200:
         return None
     for family in text_string_to_metric_families(body.decode()):
         for sample in family.samples:
-            if sample.name == name and all(
-                sample.labels.get(k) == v for k, v in (labels or {}).items()
-            ):
+            if sample.name == name:
                 return float(sample.value)
     return None
 
