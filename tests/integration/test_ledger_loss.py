@@ -73,6 +73,17 @@ async def _wait_outage(port: int, worker: WorkerProcess, *, running: bool = Fals
     assert "ledger rebuild" in worker.log()
 
 
+async def _held_run(cfg: Path, log_path: Path, port: int) -> WorkerProcess:
+    """A worker started on a lost ledger: it holds (:func:`_wait_outage`), then stops
+    cleanly on SIGTERM."""
+    held = start_worker(cfg, log_path)
+    try:
+        await _wait_outage(port, held)
+    finally:
+        assert held.terminate() == 0, held.log()
+    return held
+
+
 def _events(window: int, users: range) -> list[dict[str, Any]]:
     return [
         {"user_id": f"u{u}", "timestamp": T0 + window * 10 + 3, "domain": "a.example"}
@@ -185,11 +196,7 @@ async def test_a_recreated_ledger_topic_holds_the_worker_until_it_is_rebuilt(
     # The ledger topic is deleted and created again, empty; group and output live on.
     await _delete_topic(kafka_bootstrap, topics["ledger"])
     await apply_topics(load_config(cfg), kafka_bootstrap, include_input=True)
-    held = start_worker(cfg, tmp_path / "held.log")
-    try:
-        await _wait_outage(port, held)
-    finally:
-        assert held.terminate() == 0, held.log()
+    await _held_run(cfg, tmp_path / "held.log", port)
     # The group's committed offsets alone are a sign of an earlier run: started with
     # window.start_at after the released windows (the output topic shows no release of a
     # window it would cover), the worker holds all the same.
@@ -197,11 +204,7 @@ async def test_a_recreated_ledger_topic_holds_the_worker_until_it_is_rebuilt(
     data["window"]["start_at"] = W[2]
     later = tmp_path / "later.yaml"
     later.write_text(yaml.safe_dump(data))
-    held = start_worker(later, tmp_path / "held-later.log")
-    try:
-        await _wait_outage(port, held)
-    finally:
-        assert held.terminate() == 0, held.log()
+    held = await _held_run(later, tmp_path / "held-later.log", port)
     assert "committed offsets" in held.log(), held.log()[-4000:]
     _one_value_per_key(await read_topic(kafka_bootstrap, topics["output"]))
     await _recover_and_release_window_2(cfg, kafka_bootstrap, port, tmp_path, first)
@@ -250,11 +253,7 @@ async def test_a_new_ledger_and_group_on_an_output_that_shows_releases_holds(
     data["output"]["ledger_topic"] += "-typo"
     renamed = tmp_path / "renamed.yaml"
     renamed.write_text(yaml.safe_dump(data))
-    held = start_worker(renamed, tmp_path / "renamed.log")
-    try:
-        await _wait_outage(port, held)
-    finally:
-        assert held.terminate() == 0, held.log()
+    await _held_run(renamed, tmp_path / "renamed.log", port)
     data["window"]["start_at"] = W[2]  # after the last window on the output topic
     later = tmp_path / "later.yaml"
     later.write_text(yaml.safe_dump(data))
