@@ -226,7 +226,9 @@ async def test_a_slow_ledger_never_starts_a_rebalance_storm(
         codes = [steady.terminate(), slow.terminate()]
     assert codes == [0, 0], slow.log()[-4000:]
     done = {(v["query"], v["window_start"]) for _, v in decode_values(out) if v["kind"] == "window"}
-    assert len(done) == WINDOWS
+    # The late event's own window may close by wall clock before the read returns: count the
+    # windows of the events produced above (all of them released, each once).
+    assert len({d for d in done if _epoch(d[1]) < T0 + 10 * WINDOWS}) == WINDOWS, done
     # A storm shows as an assignment every few seconds for as long as it lasts.
     for worker in (steady, slow):
         assert worker.log().count("partitions assigned") <= 6, worker.log()[-4000:]
