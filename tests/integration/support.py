@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +18,9 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
-from stream_dp.config import load_config
+from stream_dp.config import Config, load_config
 
 Record = tuple[str | None, dict[str, Any]]
 
@@ -28,6 +32,13 @@ HANG_GUARD_S = 300.0
 #: ``privacy`` of a noise-free test run (the workers get STREAM_DP_ALLOW_UNSAFE_TEST_MODE from
 #: the fixtures): released values equal the exact bounded ones, so tests compare counts.
 NOISE_FREE = {"unsafe_test_mode": True, "epsilon_per_window": 2e6, "max_epsilon_per_horizon": 1e12}
+
+
+def noise_free(epsilon_per_window: float) -> dict[str, Any]:
+    """:data:`NOISE_FREE` with another ``epsilon_per_window`` (the sum of the queries' ε)."""
+    return {**NOISE_FREE, "epsilon_per_window": epsilon_per_window}
+
+
 #: One count query, visits per domain, on the single public key ``a.example``.
 ONE_PUBLIC_KEY_QUERY = [
     {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a.example"]}}
@@ -361,3 +372,101 @@ def partitions_taken_over(stalled_log: str, other_log: str, marker: str) -> set[
         if e["ts"] >= at and e["msg"].startswith("partitions assigned: "):
             later |= _assigned(e)
     return held & later
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a worker's ops endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(port: int, path: str, timeout_s: float = 3.0) -> tuple[int, bytes]:
+    """(status, body) of ``GET http://127.0.0.1:{port}{path}``; (0, b"") while nothing serves
+    there (the worker not up yet, or gone)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as r:
+            return int(r.status), bytes(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
+
+
+def metric_value(port: int, name: str) -> float | None:
+    """The first sample called ``name`` on the worker's /metrics; None while /metrics does
+    not answer 200 or has no such sample."""
+    code, body = http_get(port, "/metrics")
+    if code != 200:
+        return None
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    return None
+
+
+async def wait_while_running(
+    condition: Callable[[], bool], what: str, worker: WorkerProcess
+) -> None:
+    """Until ``condition`` holds (checked in a thread; it may do blocking I/O), failing at
+    once if the worker exits first. The bound, :data:`HANG_GUARD_S`, is a hang guard only."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not await asyncio.to_thread(condition):
+        assert worker.proc.poll() is None, f"worker exited:\n{worker.log()[-4000:]}"
+        assert time.monotonic() < deadline, f"{what} never happened:\n{worker.log()[-4000:]}"
+        await asyncio.sleep(0.2)
+
+
+async def wait_status(port: int, path: str, status: int, timeout_s: float) -> float:
+    """Poll ``path`` until it answers ``status``; the monotonic time it did. ``timeout_s`` is
+    part of the claim here (the caller's bound on how soon the status must come)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        code, _ = await asyncio.to_thread(http_get, port, path)
+        if code == status:
+            return time.monotonic()
+        assert time.monotonic() < deadline, f"{path} never returned {status} (last {code})"
+        await asyncio.sleep(0.2)
+
+
+async def group_partitions(bootstrap: str, topics: Iterable[str]) -> set[tuple[str, int]]:
+    """Every (topic, partition) of ``topics``: what the members of a settled consumer group
+    on them hold between them (the ``expected`` of :func:`wait_for_group`)."""
+    return {(t, p) for t in topics for p in await topic_partitions(bootstrap, t)}
+
+
+async def wait_in_task(condition: Callable[[], bool], task: asyncio.Task[None], what: str) -> None:
+    """Until ``condition`` of an in-process worker running as ``task`` holds, failing at once
+    if the task ends first (the bound, :data:`HANG_GUARD_S`, is a hang guard only)."""
+    deadline = asyncio.get_running_loop().time() + HANG_GUARD_S
+    while not condition():
+        assert not task.done(), f"the worker stopped while waiting for {what}: {task!r}"
+        assert asyncio.get_running_loop().time() < deadline, f"hang guard: {what}"
+        await asyncio.sleep(0.05)
+
+
+async def stage_partitions(bootstrap: str, config: Config) -> set[tuple[str, int]]:
+    """The partitions the group's members share: the input's, partials' and repartition's."""
+    return await group_partitions(
+        bootstrap,
+        (config.input.topic, config.output.partials_topic, config.output.repartition_topic),
+    )
+
+
+def spread_events(t0_s: int, window: int, domains: Sequence[str]) -> list[dict[str, Any]]:
+    """30 users' events in 10 s window ``window`` after ``t0_s``: user u visits every 4th
+    of ``domains`` from the (u mod 4)-th, at second 1 + (u mod 7) of the window."""
+    return [
+        {"user_id": f"u{u}", "timestamp": t0_s + window * 10 + 1 + u % 7, "domain": d}
+        for u in range(30)
+        for d in domains[u % 4 :: 4]
+    ]
+
+
+def spread_windows(t0_s: int, n_windows: int, domains: Sequence[str]) -> list[dict[str, Any]]:
+    """:func:`spread_events` of windows 0 to ``n_windows`` - 1, then a last event far ahead
+    that moves every partition past them."""
+    events = [e for w in range(n_windows) for e in spread_events(t0_s, w, domains)]
+    late = {"user_id": "late", "timestamp": t0_s + 10 * n_windows + 5, "domain": domains[0]}
+    return [*events, late]

@@ -18,13 +18,14 @@ from stream_dp.config import load_config
 from tests.helpers import TopicFactory, schema_validator
 from tests.integration.support import (
     decode_values,
+    group_partitions,
     ledger_release_ids,
+    noise_free,
     produce_events,
     produce_records,
     read_topic,
     run_worker_until_windows,
     start_worker,
-    topic_partitions,
     topics_of,
     wait_for_group,
     windows_done,
@@ -49,11 +50,7 @@ async def test_each_window_is_bounded_with_bounds_decided_from_the_one_before(
     cfg = config_factory(
         {
             # ε so large that the noise is 0: the histograms and counts are exact
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 2000.0,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": noise_free(2000.0),
             "bounds": {
                 "max_contributions_per_window": "auto",
                 "auto": {"epsilon_share": 0.5, "cap": {"max_contributions_per_window": 64}},
@@ -136,11 +133,7 @@ async def test_two_workers_read_each_others_bounds_from_the_ledger(
     cfg = config_factory(
         {
             "input": {"topic": input_topic, "keyed_by_user": False},
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 2000.0,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": noise_free(2000.0),
             "bounds": {
                 "max_contributions_per_window": "auto",
                 "auto": {"epsilon_share": 0.5, "cap": {"max_contributions_per_window": 64}},
@@ -159,7 +152,7 @@ async def test_two_workers_read_each_others_bounds_from_the_ledger(
     await apply_topics(config, kafka_bootstrap, include_input=False)
     topics = topics_of(cfg)
     group_topics = {input_topic, config.output.repartition_topic, config.output.partials_topic}
-    shared = {(t, p) for t in group_topics for p in await topic_partitions(kafka_bootstrap, t)}
+    shared = await group_partitions(kafka_bootstrap, group_topics)
     env = {"STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"}
     workers = [start_worker(cfg, tmp_path / f"w{i}.log", env) for i in range(2)]
     try:

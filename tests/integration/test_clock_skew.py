@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import orjson
 import pytest
@@ -22,20 +21,12 @@ from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.pipeline.kafka.worker import Worker
 from tests.helpers import ConfigFactory
-from tests.integration.support import HANG_GUARD_S
+from tests.integration.support import HANG_GUARD_S, wait_in_task
 from tests.pipeline.support import KEYRING
 
 pytestmark = pytest.mark.kafka
 
 SLOW_S = 600.0  # the worker's clock is this much behind the producers' and the broker's
-
-
-async def _until(condition: Any, task: asyncio.Task[None], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + HANG_GUARD_S
-    while not condition():
-        assert not task.done(), f"the worker stopped while waiting for {what}: {task!r}"
-        assert asyncio.get_running_loop().time() < deadline, f"hang guard: {what}"
-        await asyncio.sleep(0.05)
 
 
 async def _produce_live(bootstrap: str, topic: str, ahead_s: float, n: int) -> None:
@@ -62,15 +53,15 @@ async def test_a_slow_worker_clock_shows_as_skew_before_every_event_is_refused(
     assert worker.metrics.config_input_max_future._value.get() == config.input.max_future_s
     task = asyncio.create_task(worker.run())
     try:
-        await _until(worker.health.ready, task, "the worker ready")
+        await wait_in_task(worker.health.ready, task, "the worker ready")
         await _produce_live(kafka_bootstrap, config.input.topic, SLOW_S, 3)
-        await _until(lambda: refused._value.get() >= 3, task, "the events refused")
+        await wait_in_task(lambda: refused._value.get() >= 3, task, "the events refused")
         # what the operator sees: the worker's clock ~10 minutes behind the records'
         assert SLOW_S - 60 <= skew._value.get() <= SLOW_S + 60
         assert skew._value.get() > config.input.max_future_s / 2  # StreamDPClockSkew's rule
 
         await _produce_live(kafka_bootstrap, config.input.topic, 0.0, 2)
-        await _until(lambda: skew._value.get() < 30, task, "the skew of live records")
+        await wait_in_task(lambda: skew._value.get() < 30, task, "the skew of live records")
         assert skew._value.get() > -60
         assert refused._value.get() == 3  # events on time are kept
     finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import signal
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,12 @@ from tests.helpers import ConfigFactory, TopicFactory
 from tests.integration.support import (
     WorkerProcess,
     decode_values,
+    group_partitions,
     ledger_release_ids,
+    noise_free,
     produce_records,
     read_topic,
     start_worker,
-    topic_partitions,
     wait_for_group,
     windows_done,
 )
@@ -66,11 +67,7 @@ def _config(config_factory: ConfigFactory, input_topic: str) -> Path:
         {
             "input": {"topic": input_topic, "keyed_by_user": True},
             "window": {"size_s": SIZE, "grace_s": 1, "idle_close_s": 2},
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 3e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": noise_free(3e6),
             "bounds": {"max_contributions_per_window": K},
             "queries": [
                 {
@@ -175,15 +172,6 @@ def _check(
         assert published == restored.tolist(), w
 
 
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        if w.proc.poll() is None:
-            w.kill()
-
-
 def test_the_crash_points_include_the_continual_write() -> None:
     assert "after_continual_write" in CRASH_POINTS
 
@@ -253,11 +241,7 @@ async def test_two_workers_continue_each_other_s_horizons(
     the state the other wrote."""
     cfg, topics, events = await _setup(kafka_bootstrap, topic_factory, config_factory, 4)
     config = load_config(cfg)
-    shared = {
-        (t, p)
-        for t in (topics["input"], topics["partials"])
-        for p in await topic_partitions(kafka_bootstrap, t)
-    }
+    shared = await group_partitions(kafka_bootstrap, (topics["input"], topics["partials"]))
     workers.extend(start_worker(cfg, tmp_path / f"w{i}.log", TEST_MODE) for i in range(2))
     shares = await wait_for_group(workers, shared)
     # the data arrives once the group has settled, so the windows' owners stay put

@@ -26,18 +26,21 @@ from stream_dp.config import Config, load_config
 from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.helpers import schema_validator
 from tests.integration.support import (
+    NOISE_FREE,
     decode_values,
+    free_port,
+    group_partitions,
+    http_get,
     ledger_release_ids,
     produce_events,
     produce_records,
     read_topic,
     start_worker,
-    topic_partitions,
     topics_of,
     wait_for_group,
+    wait_status,
     windows_done,
 )
-from tests.integration.test_operations import _free_port, _get, _wait_status
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 MakeConfig = Callable[[dict[str, Any] | None], Path]
@@ -49,11 +52,7 @@ def _config(config_factory: MakeConfig, **metrics: Any) -> Path:
     return config_factory(
         {
             "erasure": {"enabled": True},
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 2e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": NOISE_FREE,
             "window": {"size_s": 10, "grace_s": 1, "idle_close_s": 600},
             "bounds": {"max_contributions_per_window": 100},
             "queries": [
@@ -169,16 +168,15 @@ async def test_an_erasure_mid_window_excludes_the_user_across_a_crash_and_a_reba
         # move, and the first worker leaves, so the newcomer replays all of them.
         config = load_config(cfg)
         third = start_worker(cfg, tmp_path / "third.log")
-        expected = {
-            (topic, p)
-            for topic in (
+        expected = await group_partitions(
+            kafka_bootstrap,
+            (
                 config.input.topic,
                 config.output.repartition_topic,
                 config.output.partials_topic,
                 config.erasure.requests_topic,
-            )
-            for p in await topic_partitions(kafka_bootstrap, topic)
-        }
+            ),
+        )
         await wait_for_group([second, third], expected, timeout_s=90)
         assert second.terminate() == 0, second.log()
         await produce_events(
@@ -226,7 +224,7 @@ async def test_the_raw_id_of_an_erasure_appears_nowhere_downstream(
     """Requests hold raw ids; once read, only pseudonyms go on — into no topic but the
     requests topic itself, no log line and no metric. A request stream-dp cannot apply
     (a whitespace-only id) is dead-lettered without its payload and answered rejected."""
-    port = _free_port()
+    port = free_port()
     cfg = _config(config_factory, port=port)
     config: Config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
@@ -239,7 +237,7 @@ async def test_the_raw_id_of_an_erasure_appears_nowhere_downstream(
     log_path = tmp_path / "worker.log"
     worker = start_worker(cfg, log_path)
     try:
-        await _wait_status(port, "/health/ready", 200, 90)
+        await wait_status(port, "/health/ready", 200, 90)
         response = _erase(cfg, RAW_ID)
         bad = orjson.dumps({"user_id": "   ", "requested_at": T0, "request_id": "dsr-bad"})
         await produce_records(kafka_bootstrap, config.erasure.requests_topic, [(None, bad)])
@@ -255,7 +253,7 @@ async def test_the_raw_id_of_an_erasure_appears_nowhere_downstream(
             until=lambda records: len(records) >= 2,
             timeout_s=60,
         )
-        _, metrics = await asyncio.to_thread(_get, port, "/metrics")
+        _, metrics = await asyncio.to_thread(http_get, port, "/metrics")
     finally:
         assert worker.terminate() == 0, worker.log()
     assert response["status"] == "applied"
@@ -305,16 +303,15 @@ async def test_two_workers_release_every_window_once_and_without_the_erased_user
     topics = topics_of(cfg)
     workers = [start_worker(cfg, tmp_path / f"w{i}.log") for i in range(2)]
     try:
-        expected = {
-            (topic, p)
-            for topic in (
+        expected = await group_partitions(
+            kafka_bootstrap,
+            (
                 config.input.topic,
                 config.output.repartition_topic,
                 config.output.partials_topic,
                 config.erasure.requests_topic,
-            )
-            for p in await topic_partitions(kafka_bootstrap, topic)
-        }
+            ),
+        )
         await wait_for_group(workers, expected, timeout_s=90)
         await produce_events(
             kafka_bootstrap,

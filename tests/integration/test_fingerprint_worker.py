@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,11 @@ from stream_dp.windows.tumbling import iso_utc
 from tests.helpers import ConfigFactory, TopicFactory
 from tests.integration.support import (
     HANG_GUARD_S,
+    NOISE_FREE,
     WorkerProcess,
     current_assignment,
     decode_values,
+    group_partitions,
     produce_records,
     read_topic,
     run_worker_until_windows,
@@ -51,11 +53,7 @@ def _overrides(input_topic: str, k: int) -> dict[str, Any]:
     return {
         "input": {"topic": input_topic, "keyed_by_user": True},
         "window": {"size_s": SIZE_S, "grace_s": 1, "idle_close_s": 2},
-        "privacy": {
-            "unsafe_test_mode": True,
-            "epsilon_per_window": 2e6,
-            "max_epsilon_per_horizon": 1e12,
-        },
+        "privacy": NOISE_FREE,
         "bounds": {"max_contributions_per_window": k},
         "queries": [
             {
@@ -82,15 +80,6 @@ def _variant(path: Path, name: str, change: dict[str, Any]) -> Path:
     return out
 
 
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        if w.proc.poll() is None:
-            w.kill()
-
-
 async def _prepare(
     bootstrap: str, topic_factory: TopicFactory, config_factory: ConfigFactory, k: int
 ) -> tuple[Path, set[tuple[str, int]]]:
@@ -100,11 +89,7 @@ async def _prepare(
     path = config_factory(_overrides(input_topic, k))
     config = load_config(path)
     await apply_topics(config, bootstrap, include_input=False)
-    shared = {
-        (t, p)
-        for t in (input_topic, config.output.partials_topic)
-        for p in await topic_partitions(bootstrap, t)
-    }
+    shared = await group_partitions(bootstrap, (input_topic, config.output.partials_topic))
     return path, shared
 
 

@@ -11,10 +11,7 @@ the window is released once.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,11 +24,13 @@ from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.pipeline.faults import PAUSE_POINT_ENV
 from tests.integration.support import (
+    free_port,
+    metric_value,
     partitions_taken_over,
     produce_events,
     read_topic,
+    stage_partitions,
     start_worker,
-    topic_partitions,
     topics_of,
     wait_for_group,
 )
@@ -41,24 +40,6 @@ MakeConfig = Callable[[dict[str, Any] | None], Path]
 T0 = 1_596_240_000
 DOMAINS = [f"d{i:04d}.example" for i in range(1000)]
 COUNTRIES = [f"C{i:03d}" for i in range(200)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _metric(port: int, name: str) -> float | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            body = r.read().decode()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return None
-    for line in body.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
 
 
 def _log_messages(log: str) -> list[str]:
@@ -79,7 +60,7 @@ async def _release_200k_keys(
     """Two members release a 200,000-key window; ``env`` is given to both. Returns the
     membership-lost counters, each worker's log messages after the group settled, the
     output records, the logs' tails and the whole logs."""
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     base = {
         # Session timeout 2 s, heartbeats every 0.5 s (the factory's), windows of a minute:
         # only window 0 is due during the test.
@@ -103,11 +84,7 @@ async def _release_200k_keys(
     data["metrics"] = {"port": ports[1]}
     second.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     topics = topics_of(cfg)
-    shared = {
-        (t, p)
-        for t in (topics["input"], config.output.repartition_topic, config.output.partials_topic)
-        for p in await topic_partitions(kafka_bootstrap, t)
-    }
+    shared = await stage_partitions(kafka_bootstrap, config)
     workers = [
         start_worker(cfg, tmp_path / "worker-0.log", env),
         start_worker(second, tmp_path / "worker-1.log", env),
@@ -197,8 +174,8 @@ async def test_a_member_stalled_mid_release_is_evicted_and_seen_so(
 
 async def _wait_metric(port: int, name: str) -> float | None:
     deadline = time.monotonic() + 30
-    value = _metric(port, name)
+    value = metric_value(port, name)
     while value is None and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
-        value = _metric(port, name)
+        value = metric_value(port, name)
     return value

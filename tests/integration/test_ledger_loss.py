@@ -6,13 +6,8 @@ key) on the output topic ever gets a second value."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +17,6 @@ import orjson
 import pytest
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
@@ -31,11 +25,15 @@ from tests.integration.support import (
     NOISE_FREE,
     ONE_PUBLIC_KEY_QUERY,
     WorkerProcess,
+    free_port,
+    http_get,
     ledger_release_ids,
+    metric_value,
     produce_events,
     read_topic,
     start_worker,
     topics_of,
+    wait_while_running,
     windows_done,
 )
 
@@ -43,42 +41,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 T0 = 1_596_240_000
 W = ["2020-08-01T00:00:00Z", "2020-08-01T00:00:10Z", "2020-08-01T00:00:20Z"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
-            return int(r.status), bytes(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0, b""
-
-
-def _gauge(port: int, name: str) -> float | None:
-    code, body = _get(port, "/metrics")
-    if code != 200:
-        return None
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    return None
-
-
-async def _wait(condition: Callable[[], bool], what: str, worker: WorkerProcess) -> None:
-    """Until ``condition`` holds (the bound is a hang guard only)."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not await asyncio.to_thread(condition):
-        assert worker.proc.poll() is None, f"worker exited:\n{worker.log()}"
-        assert time.monotonic() < deadline, f"{what} never happened:\n{worker.log()[-4000:]}"
-        await asyncio.sleep(0.2)
 
 
 def _released(worker: WorkerProcess, window: str) -> bool:
@@ -97,18 +59,29 @@ async def _wait_outage(port: int, worker: WorkerProcess, *, running: bool = Fals
     ready; running when the ledger goes, it releases window 2.)"""
 
     def held_or_not() -> bool:
-        if _gauge(port, "stream_dp_ledger_lost") == 1.0:
+        if metric_value(port, "stream_dp_ledger_lost") == 1.0:
             return True
         if running:
             return _released(worker, W[2])
-        return _get(port, "/health/ready")[0] == 200
+        return http_get(port, "/health/ready")[0] == 200
 
-    await _wait(held_or_not, "ledger_lost = 1", worker)
-    assert _gauge(port, "stream_dp_ledger_lost") == 1.0, worker.log()[-4000:]
-    code, body = _get(port, "/health/ready")
+    await wait_while_running(held_or_not, "ledger_lost = 1", worker)
+    assert metric_value(port, "stream_dp_ledger_lost") == 1.0, worker.log()[-4000:]
+    code, body = http_get(port, "/health/ready")
     assert code == 503 and orjson.loads(body)["components"]["ledger_loaded"] is False
-    assert _get(port, "/health/live")[0] == 200  # alive: a restart would find the same loss
+    assert http_get(port, "/health/live")[0] == 200  # alive: a restart would find the same loss
     assert "ledger rebuild" in worker.log()
+
+
+async def _held_run(cfg: Path, log_path: Path, port: int) -> WorkerProcess:
+    """A worker started on a lost ledger: it holds (:func:`_wait_outage`), then stops
+    cleanly on SIGTERM."""
+    held = start_worker(cfg, log_path)
+    try:
+        await _wait_outage(port, held)
+    finally:
+        assert held.terminate() == 0, held.log()
+    return held
 
 
 def _events(window: int, users: range) -> list[dict[str, Any]]:
@@ -173,8 +146,8 @@ async def _recover_and_release_window_2(
     assert "nothing to write" in again.stdout, again.stdout
     worker = start_worker(cfg, tmp_path / "recovered.log")
     try:
-        await _wait(lambda: _get(port, "/health/ready")[0] == 200, "ready", worker)
-        assert _gauge(port, "stream_dp_ledger_lost") == 0.0
+        await wait_while_running(lambda: http_get(port, "/health/ready")[0] == 200, "ready", worker)
+        assert metric_value(port, "stream_dp_ledger_lost") == 0.0
         await produce_events(bootstrap, topics["input"], _events(2, range(30)))
         out = await read_topic(
             bootstrap, topics["output"], until=windows_done(["visits"], 3), settle_s=1.0
@@ -199,7 +172,7 @@ async def _release_windows_0_and_1(
     await produce_events(bootstrap, topics["input"], _events(0, range(20)) + _events(1, range(20)))
     worker = start_worker(cfg, tmp_path / "first.log")
     out = await read_topic(bootstrap, topics["output"], until=windows_done(["visits"], 2))
-    await _wait(lambda: _get(port, "/health/ready")[0] == 200, "ready", worker)
+    await wait_while_running(lambda: http_get(port, "/health/ready")[0] == 200, "ready", worker)
     return worker, _one_value_per_key(out)
 
 
@@ -215,7 +188,7 @@ async def _delete_topic(bootstrap: str, topic: str) -> None:
 async def test_a_recreated_ledger_topic_holds_the_worker_until_it_is_rebuilt(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     cfg = _config(config_factory, port)
     topics = topics_of(cfg)
     worker, first = await _release_windows_0_and_1(cfg, kafka_bootstrap, port, tmp_path)
@@ -223,11 +196,7 @@ async def test_a_recreated_ledger_topic_holds_the_worker_until_it_is_rebuilt(
     # The ledger topic is deleted and created again, empty; group and output live on.
     await _delete_topic(kafka_bootstrap, topics["ledger"])
     await apply_topics(load_config(cfg), kafka_bootstrap, include_input=True)
-    held = start_worker(cfg, tmp_path / "held.log")
-    try:
-        await _wait_outage(port, held)
-    finally:
-        assert held.terminate() == 0, held.log()
+    await _held_run(cfg, tmp_path / "held.log", port)
     # The group's committed offsets alone are a sign of an earlier run: started with
     # window.start_at after the released windows (the output topic shows no release of a
     # window it would cover), the worker holds all the same.
@@ -235,11 +204,7 @@ async def test_a_recreated_ledger_topic_holds_the_worker_until_it_is_rebuilt(
     data["window"]["start_at"] = W[2]
     later = tmp_path / "later.yaml"
     later.write_text(yaml.safe_dump(data))
-    held = start_worker(later, tmp_path / "held-later.log")
-    try:
-        await _wait_outage(port, held)
-    finally:
-        assert held.terminate() == 0, held.log()
+    held = await _held_run(later, tmp_path / "held-later.log", port)
     assert "committed offsets" in held.log(), held.log()[-4000:]
     _one_value_per_key(await read_topic(kafka_bootstrap, topics["output"]))
     await _recover_and_release_window_2(cfg, kafka_bootstrap, port, tmp_path, first)
@@ -248,7 +213,7 @@ async def test_a_recreated_ledger_topic_holds_the_worker_until_it_is_rebuilt(
 async def test_a_ledger_topic_deleted_under_a_running_worker_stops_its_releases(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     cfg = _config(config_factory, port)
     topics = topics_of(cfg)
     worker, first = await _release_windows_0_and_1(cfg, kafka_bootstrap, port, tmp_path)
@@ -279,7 +244,7 @@ async def test_a_new_ledger_and_group_on_an_output_that_shows_releases_holds(
     """A typo'd ledger topic with a new group: no committed offsets, but the output topic
     shows the deployment's releases for windows this start would cover. With window.start_at
     after them, a new deployment on the same output topic starts normally."""
-    port = _free_port()
+    port = free_port()
     cfg = _config(config_factory, port)
     worker, _ = await _release_windows_0_and_1(cfg, kafka_bootstrap, port, tmp_path)
     assert worker.terminate() == 0, worker.log()
@@ -288,17 +253,13 @@ async def test_a_new_ledger_and_group_on_an_output_that_shows_releases_holds(
     data["output"]["ledger_topic"] += "-typo"
     renamed = tmp_path / "renamed.yaml"
     renamed.write_text(yaml.safe_dump(data))
-    held = start_worker(renamed, tmp_path / "renamed.log")
-    try:
-        await _wait_outage(port, held)
-    finally:
-        assert held.terminate() == 0, held.log()
+    await _held_run(renamed, tmp_path / "renamed.log", port)
     data["window"]["start_at"] = W[2]  # after the last window on the output topic
     later = tmp_path / "later.yaml"
     later.write_text(yaml.safe_dump(data))
     fresh = start_worker(later, tmp_path / "later.log")
     try:
-        await _wait(lambda: _get(port, "/health/ready")[0] == 200, "ready", fresh)
-        assert _gauge(port, "stream_dp_ledger_lost") == 0.0
+        await wait_while_running(lambda: http_get(port, "/health/ready")[0] == 200, "ready", fresh)
+        assert metric_value(port, "stream_dp_ledger_lost") == 0.0
     finally:
         assert fresh.terminate() == 0, fresh.log()

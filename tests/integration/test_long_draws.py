@@ -15,10 +15,7 @@ until a file exists that the test creates (no timing guess), reporting a chunk e
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -38,10 +35,13 @@ from tests.integration.support import (
     ONE_PUBLIC_KEY_QUERY,
     WorkerProcess,
     decode_values,
+    free_port,
+    http_get,
     produce_events,
     read_topic,
+    spread_windows,
+    stage_partitions,
     start_worker,
-    topic_partitions,
     topics_of,
     wait_for_group,
     windows_done,
@@ -57,27 +57,11 @@ DOMAINS = [f"d{i:02d}.example" for i in range(20)]
 WINDOWS = 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0, b""
-
-
 async def _wait_status(port: int, status: int) -> dict[str, Any]:
     """Poll /health/live until it answers ``status`` (hang guard only); its JSON body."""
     deadline = time.monotonic() + HANG_GUARD_S
     while True:
-        code, body = await asyncio.to_thread(_get, port, "/health/live")
+        code, body = await asyncio.to_thread(http_get, port, "/health/live")
         if code == status:
             return dict(orjson.loads(body))
         assert time.monotonic() < deadline, f"/health/live never returned {status} ({code})"
@@ -106,7 +90,7 @@ async def test_live_while_a_long_draw_moves_and_not_live_when_it_hangs(
     """``progress``: a draw lasting 3 × the liveness timeout keeps /health/live 200 (its
     chunks are the beats), and the window is released. ``hang``: the same draw reporting
     nothing turns /health/live 503 — progress beats are what keep it up, nothing else."""
-    port, end = _free_port(), tmp_path / "end-draw"
+    port, end = free_port(), tmp_path / "end-draw"
     cfg = config_factory(
         {
             "privacy": NOISE_FREE,
@@ -129,7 +113,7 @@ async def test_live_while_a_long_draw_moves_and_not_live_when_it_hangs(
             started = time.monotonic()
             codes: list[int] = []
             while time.monotonic() - started < 3 * LIVE_TIMEOUT_S:
-                code, body = await asyncio.to_thread(_get, port, "/health/live")
+                code, body = await asyncio.to_thread(http_get, port, "/health/live")
                 codes.append(code)
                 await asyncio.sleep(0.1)
             assert ENDS not in worker.log(), "the draw ended early: nothing was tested"
@@ -155,14 +139,6 @@ async def test_live_while_a_long_draw_moves_and_not_live_when_it_hangs(
         if v["kind"] == "release" and v["window_start"] == "2020-08-01T00:00:00Z"
     ]
     assert first == [30]  # the long draw's window, released once
-
-
-def _events(window: int) -> list[dict[str, Any]]:
-    return [
-        {"user_id": f"u{u}", "timestamp": T0 + window * 10 + 1 + u % 7, "domain": d}
-        for u in range(30)
-        for d in DOMAINS[u % 4 :: 4]
-    ]
 
 
 async def test_a_rebalance_completes_while_a_draw_runs_and_each_window_has_one_value(
@@ -192,19 +168,12 @@ async def test_a_rebalance_completes_while_a_draw_runs_and_each_window_has_one_v
     config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
-    expected = set()
-    for topic in (
-        config.input.topic,
-        config.output.partials_topic,
-        config.output.repartition_topic,
-    ):
-        expected |= {(topic, p) for p in await topic_partitions(kafka_bootstrap, topic)}
+    expected = await stage_partitions(kafka_bootstrap, config)
     drawing = start_worker(cfg, tmp_path / "drawing.log", {LONG_DRAW_ENV: f"progress:{end}"})
     joining: WorkerProcess | None = None
     try:
         await wait_for_group([drawing], expected)
-        events = [e for w in range(WINDOWS) for e in _events(w)]
-        events += [{"user_id": "late", "timestamp": T0 + 10 * WINDOWS + 5, "domain": DOMAINS[0]}]
+        events = spread_windows(T0, WINDOWS, DOMAINS)
         await produce_events(kafka_bootstrap, topics["input"], events)
         await _wait_log(drawing, STARTED)
         joining = start_worker(cfg, tmp_path / "joining.log")

@@ -12,17 +12,13 @@ of waiting until a restart meets the gap.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
-from prometheus_client.parser import text_string_to_metric_families
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
@@ -32,6 +28,9 @@ from tests.integration.support import (
     NOISE_FREE,
     ONE_PUBLIC_KEY_QUERY,
     WorkerProcess,
+    free_port,
+    http_get,
+    metric_value,
     start_worker,
 )
 
@@ -41,36 +40,9 @@ STALLED = 1
 MAX_HOLD_S = 20  # above a window's life here (10 + 1 + 2 s), far below the stall
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
-            return int(r.status), bytes(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0, b""
-
-
-def _sample(port: int, name: str) -> float | None:
-    code, body = _get(port, "/metrics")
-    if code != 200:
-        return None
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    return None
-
-
 async def _wait_for_stop(port: int, worker: WorkerProcess) -> None:
     deadline = time.monotonic() + HANG_GUARD_S
-    while (_sample(port, "stream_dp_max_hold_exceeded_total") or 0) < 1:
+    while (metric_value(port, "stream_dp_max_hold_exceeded_total") or 0) < 1:
         assert worker.proc.poll() is None, f"worker exited:\n{worker.log()[-4000:]}"
         assert time.monotonic() < deadline, f"no stop:\n{worker.log()[-4000:]}"
         await asyncio.sleep(0.5)
@@ -79,7 +51,7 @@ async def _wait_for_stop(port: int, worker: WorkerProcess) -> None:
 async def test_a_window_held_past_the_maximum_stops_the_worker(
     kafka_bootstrap: str, config_factory: ConfigFactory, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     cfg = config_factory(
         {
             "privacy": NOISE_FREE,
@@ -104,11 +76,11 @@ async def test_a_window_held_past_the_maximum_stops_the_worker(
     )
     try:
         await _wait_for_stop(port, worker)
-        age = _sample(port, "stream_dp_held_record_age_seconds")
+        age = metric_value(port, "stream_dp_held_record_age_seconds")
         assert age is not None and age > MAX_HOLD_S
-        code, body = _get(port, "/health/ready")
+        code, body = http_get(port, "/health/ready")
         assert code == 503 and orjson.loads(body)["components"]["partitions_assigned"] is False
-        assert _get(port, "/health/live")[0] == 200
+        assert http_get(port, "/health/live")[0] == 200
         errors = [
             orjson.loads(line)
             for line in worker.log().splitlines()
@@ -131,7 +103,7 @@ async def test_held_state_above_the_cap_pauses_fetching_then_stops_the_worker(
     """60,000 events of 6,000 users wait in window 0 for the stalled partition: about 1.7 MB
     of samples, above a 1 MiB cap. The worker pauses fetching (stream_dp_backpressure 1,
     still live and in the group), and after window.max_backpressure_s stops releasing."""
-    port = _free_port()
+    port = free_port()
     cfg = config_factory(
         {
             "privacy": NOISE_FREE,
@@ -168,15 +140,15 @@ async def test_held_state_above_the_cap_pauses_fetching_then_stops_the_worker(
         while "window.max_held_state_bytes = 1048576, for" not in worker.log():
             assert worker.proc.poll() is None, f"worker exited:\n{worker.log()[-4000:]}"
             assert time.monotonic() < deadline, f"no stop:\n{worker.log()[-4000:]}"
-            paused_seen = paused_seen or _sample(port, "stream_dp_backpressure") == 1.0
+            paused_seen = paused_seen or metric_value(port, "stream_dp_backpressure") == 1.0
             await asyncio.sleep(0.5)
         assert "fetching paused until sealed windows bring them under" in worker.log()
-        held = _sample(port, "stream_dp_held_state_bytes")
+        held = metric_value(port, "stream_dp_held_state_bytes")
         assert held is not None and held > 1_048_576
-        assert paused_seen or _sample(port, "stream_dp_backpressure") == 1.0
-        code, body = _get(port, "/health/ready")
+        assert paused_seen or metric_value(port, "stream_dp_backpressure") == 1.0
+        code, body = http_get(port, "/health/ready")
         assert code == 503 and orjson.loads(body)["components"]["partitions_assigned"] is False
-        assert _get(port, "/health/live")[0] == 200
+        assert http_get(port, "/health/live")[0] == 200
         assert "window released" not in worker.log()
     finally:
         code = worker.terminate()

@@ -6,10 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,11 +23,14 @@ from tests.integration.support import (
     NOISE_FREE,
     ONE_PUBLIC_KEY_QUERY,
     decode_values,
+    free_port,
+    http_get,
     produce,
     produce_events,
     read_topic,
     start_worker,
     topics_of,
+    wait_status,
     windows_done,
 )
 from tests.integration.test_recovery import _ledger_release_ids
@@ -40,34 +40,8 @@ MakeConfig = Callable[[dict[str, Any] | None], Path]
 T0 = 1_596_240_000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0, b""
-
-
-async def _wait_status(port: int, path: str, status: int, timeout_s: float) -> float:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        code, _ = await asyncio.to_thread(_get, port, path)
-        if code == status:
-            return time.monotonic()
-        assert time.monotonic() < deadline, f"{path} never returned {status} (last {code})"
-        await asyncio.sleep(0.2)
-
-
 def _samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    code, body = _get(port, "/metrics")
+    code, body = http_get(port, "/metrics")
     assert code == 200
     out = {}
     for family in text_string_to_metric_families(body.decode()):
@@ -86,7 +60,7 @@ def _events(window: int, users: range, at: float) -> list[dict[str, Any]]:
 async def test_metrics_count_what_the_events_say(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     cfg = config_factory(
         {
             "privacy": NOISE_FREE,
@@ -100,8 +74,8 @@ async def test_metrics_count_what_the_events_say(
     topics = topics_of(cfg)
     worker = start_worker(cfg, tmp_path / "worker.log")
     try:
-        await _wait_status(port, "/health/live", 200, 30)
-        await _wait_status(port, "/health/ready", 200, 30)  # ready only after assignment
+        await wait_status(port, "/health/live", 200, 30)
+        await wait_status(port, "/health/ready", 200, 30)  # ready only after assignment
         good_w0 = _events(0, range(40), 3)
         bad = [b"{nope", b"[]", b'{"user_id": "x"}']
         await produce_events(kafka_bootstrap, topics["input"], good_w0 + _events(1, range(40), 4))
@@ -116,10 +90,9 @@ async def test_metrics_count_what_the_events_say(
         while True:
             m = _samples(port)
             # Late events are counted by stage 1, after the repartition round trip.
-            if (
-                m.get(("stream_dp_events_consumed_total", ()), 0) >= expected_consumed
-                and m.get(("stream_dp_late_events_total", ()), 0) >= len(late)
-            ):
+            if m.get(("stream_dp_events_consumed_total", ()), 0) >= expected_consumed and m.get(
+                ("stream_dp_late_events_total", ()), 0
+            ) >= len(late):
                 break
             assert time.monotonic() < deadline, m
             await asyncio.sleep(0.2)
@@ -146,7 +119,7 @@ def own_broker() -> Iterator[EmbeddedBroker]:
 async def test_paused_broker_not_ready_then_resumes_exactly_once(
     own_broker: EmbeddedBroker, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     bootstrap = own_broker.bootstrap_servers
     cfg = config_factory(
         {
@@ -165,21 +138,21 @@ async def test_paused_broker_not_ready_then_resumes_exactly_once(
     )
     worker = start_worker(cfg, tmp_path / "worker.log")
     try:
-        await _wait_status(port, "/health/ready", 200, 30)
+        await wait_status(port, "/health/ready", 200, 30)
         await read_topic(
             bootstrap, topics["output"], until=windows_done(["visits"], 1), timeout_s=30
         )
         os.kill(own_broker.pid, signal.SIGSTOP)  # mid-window 1
         paused_at = time.monotonic()
         try:
-            await _wait_status(port, "/health/ready", 503, 15)
-            code, _ = await asyncio.to_thread(_get, port, "/health/live")
+            await wait_status(port, "/health/ready", 503, 15)
+            code, _ = await asyncio.to_thread(http_get, port, "/health/live")
             assert code == 200  # liveness does not depend on the broker
             remaining = 22 - (time.monotonic() - paused_at)
             await asyncio.sleep(max(0.0, remaining))  # keep the broker paused ~22 s
         finally:
             os.kill(own_broker.pid, signal.SIGCONT)
-        await _wait_status(port, "/health/ready", 200, 60)
+        await wait_status(port, "/health/ready", 200, 60)
         await produce_events(
             bootstrap, topics["input"], _events(1, range(30, 45), 8) + _events(2, range(40), 5)
         )

@@ -20,6 +20,7 @@ from tests.integration.support import (
     NOISE_FREE,
     ONE_PUBLIC_KEY_QUERY,
     decode_values,
+    noise_free,
     produce_events,
     read_topic,
     run_worker_until_windows,
@@ -177,11 +178,7 @@ async def test_a_failed_ledger_read_keeps_new_partitions_paused_until_it_succeed
     released) and is retried until the ledger has been read."""
     cfg = config_factory(
         {
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 1e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": noise_free(1e6),
             "queries": [
                 {
                     "name": "visits",

@@ -16,6 +16,7 @@ from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
 from tests.integration.support import (
     decode_values,
+    noise_free,
     produce_events,
     run_worker_until_windows,
     topics_of,
@@ -46,11 +47,7 @@ async def test_replay_matches_worker(
     spec = BrowserLogSpec(users=80, windows=3, window_size_s=10, max_events_per_user=30)
     cfg = config_factory(
         {
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 3e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": noise_free(3e6),
             "bounds": {"max_contributions_per_window": 200},
             "queries": [
                 {

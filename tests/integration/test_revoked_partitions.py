@@ -21,21 +21,12 @@ from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.pipeline.kafka.worker import Worker
 from tests.helpers import ConfigFactory
-from tests.integration.support import HANG_GUARD_S
+from tests.integration.support import HANG_GUARD_S, wait_in_task
 from tests.pipeline.support import KEYRING
 
 pytestmark = pytest.mark.kafka
 
 T0 = 1_596_240_000  # the factory's start_at
-
-
-async def _until(condition: Any, task: asyncio.Task[None], what: str) -> None:
-    """Wait for a condition of the running worker (hang guard only)."""
-    deadline = asyncio.get_running_loop().time() + HANG_GUARD_S
-    while not condition():
-        assert not task.done(), f"the worker stopped while waiting for {what}: {task!r}"
-        assert asyncio.get_running_loop().time() < deadline, f"hang guard: {what}"
-        await asyncio.sleep(0.05)
 
 
 async def _produce(bootstrap: str, topic: str, partition: int, n: int) -> None:
@@ -73,7 +64,7 @@ async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
     task = asyncio.create_task(worker.run())
     revoked, kept = TopicPartition(config.input.topic, 0), TopicPartition(config.input.topic, 1)
     try:
-        await _until(
+        await wait_in_task(
             lambda: {revoked, kept} <= worker.membership.owned.keys(), task, "the partitions taken"
         )
         # The start of a rejoin, as aiokafka runs it: the callback, assignment unchanged.
@@ -84,7 +75,7 @@ async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
         await _produce(kafka_bootstrap, config.input.topic, kept.partition, 5)
         # Both batches fetched (positions move when getmany returns them), and two more
         # iterations done: the one that got the revoked partition's records has run.
-        await _until(
+        await wait_in_task(
             lambda: (
                 consumer.highwater(revoked) is not None
                 and consumer._subscription.subscription.assignment.state_value(revoked).position
@@ -94,7 +85,7 @@ async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
             "the revoked partition's records fetched",
         )
         seen = iterations
-        await _until(lambda: iterations >= seen + 2, task, "two more iterations")
+        await wait_in_task(lambda: iterations >= seen + 2, task, "two more iterations")
         assert worker.metrics.events_repartitioned._value.get() == 5  # the kept partition's
         assert revoked not in worker.membership.safe_offsets()
         assert kept in worker.membership.safe_offsets()
@@ -121,14 +112,16 @@ async def test_a_partition_without_fetch_answers_shows_a_growing_fetch_age(
         return -1.0 if child is None else float(child._value.get())
 
     try:
-        await _until(lambda: stalled in worker.membership.owned and age() >= 0, task, "a fetch age")
+        await wait_in_task(
+            lambda: stalled in worker.membership.owned and age() >= 0, task, "a fetch age"
+        )
         consumer = worker.membership.consumer
         assert consumer is not None
         consumer.pause(stalled)  # no more fetch answers for it
-        await _until(lambda: age() >= 2.0, task, "the age to grow past 2 s")
+        await wait_in_task(lambda: age() >= 2.0, task, "the age to grow past 2 s")
         grown = age()
         consumer.resume(stalled)
-        await _until(lambda: age() < grown, task, "a fresh fetch answer")
+        await wait_in_task(lambda: age() < grown, task, "a fresh fetch answer")
     finally:
         worker.request_stop()
         await asyncio.wait_for(task, timeout=HANG_GUARD_S)

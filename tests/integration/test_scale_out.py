@@ -12,7 +12,7 @@ import random
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from stream_dp.windows.tumbling import iso_utc
 from tests.apache_kafka.tier import APACHE_KAFKA, ON_BOTH_BROKERS, TANSU
 from tests.helpers import ConfigFactory, TopicFactory
 from tests.integration.support import (
+    NOISE_FREE,
     WorkerProcess,
     decode_values,
     ledger_release_ids,
@@ -62,11 +63,7 @@ def _config(
         {
             "input": {"topic": input_topic, "keyed_by_user": keyed},
             "window": {"size_s": size_s, "grace_s": 1, "idle_close_s": 2},
-            "privacy": {
-                "unsafe_test_mode": True,
-                "epsilon_per_window": 2e6,
-                "max_epsilon_per_horizon": 1e12,
-            },
+            "privacy": NOISE_FREE,
             "bounds": {"max_contributions_per_window": K},
             "queries": [
                 {
@@ -237,16 +234,6 @@ def idle_marks(partitions: set[int]) -> Callable[[list[tuple[str | None, bytes]]
         return partitions <= idle
 
     return check
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProcess]]:
-    """Workers a test starts; any still running at the end are killed."""
-    started: list[WorkerProcess] = []
-    yield started
-    for w in started:
-        if w.proc.poll() is None:
-            w.kill()
 
 
 def stop_all(workers: Sequence[WorkerProcess]) -> None:

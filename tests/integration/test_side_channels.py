@@ -28,8 +28,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
-from tests.integration.support import produce_events, read_topic, start_worker, topics_of
-from tests.integration.test_operations import _free_port, _get, _wait_status
+from tests.integration.support import (
+    free_port,
+    http_get,
+    produce_events,
+    read_topic,
+    start_worker,
+    topics_of,
+    wait_status,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 MakeConfig = Callable[[dict[str, Any] | None], Path]
@@ -91,7 +98,7 @@ def _normalised(text: str, suffix: str) -> str:
 async def _run(
     rare: bool, kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], float | str], Counter[str], set[str]]:
-    port = _free_port()
+    port = free_port()
     cfg = config_factory(
         {
             "metrics": {"port": port},
@@ -109,7 +116,7 @@ async def _run(
     log_path = tmp_path / f"worker-{rare}.log"
     worker = start_worker(cfg, log_path)
     try:
-        await _wait_status(port, "/health/live", 200, 60)
+        await wait_status(port, "/health/live", 200, 60)
 
         def windows_done(records: list[tuple[str | None, bytes]]) -> bool:
             starts = {
@@ -122,7 +129,7 @@ async def _run(
         out = await read_topic(
             kafka_bootstrap, topics["output"], until=windows_done, timeout_s=90, settle_s=1.5
         )
-        _, body = await asyncio.to_thread(_get, port, "/metrics")
+        _, body = await asyncio.to_thread(http_get, port, "/metrics")
     finally:
         assert worker.terminate() == 0, worker.log()
     released = {

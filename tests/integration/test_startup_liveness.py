@@ -6,7 +6,6 @@ ledger write (each catch-up writes fences and waits for them)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -20,19 +19,19 @@ from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.ops.health import DEFAULT_LIVE_TIMEOUT_S
 from stream_dp.pipeline.faults import LEDGER_DELAY_ENV
-from tests.integration.support import HANG_GUARD_S, NOISE_FREE, ONE_PUBLIC_KEY_QUERY, start_worker
+from tests.integration.support import (
+    HANG_GUARD_S,
+    NOISE_FREE,
+    ONE_PUBLIC_KEY_QUERY,
+    free_port,
+    start_worker,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 #: Each ledger write of the start-up (its fences, the coverage record) waits this long: the
 #: start-up takes three of them, well past the liveness timeout.
 LEDGER_DELAY_S = 15.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _status(port: int, path: str) -> int:
@@ -48,7 +47,7 @@ def _status(port: int, path: str) -> int:
 async def test_a_start_up_longer_than_the_live_timeout_stays_live_and_not_ready(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     cfg = config_factory(
         {"privacy": NOISE_FREE, "metrics": {"port": port}, "queries": ONE_PUBLIC_KEY_QUERY}
     )
