@@ -29,9 +29,11 @@ from mutation.report import CORE_PREFIX, MUTANTS, SAMPLE, read_mutants
 
 #: the seed of the other modules' draw (the sample of the first full run)
 SEED = 31
-#: the seed of the privacy core's draw: a fresh one, so that the tests written against the
-#: survivors of seed 31's sample do not make the core's first-pass score optimistic
-CORE_SEED = 3107
+#: the seed of the privacy core's draw: a fresh one each time the core is measured again, so
+#: that tests written against an earlier sample's survivors (seed 31's, then 3107's) do not
+#: make the first-pass score optimistic; 2711 was drawn after every mutant of the weaker
+#: modules had been killed or explained module-wide (not sample by sample)
+CORE_SEED = 2711
 #: sampled mutants from the privacy core (all of stream_dp/privacy/), by module size
 CORE_SAMPLE = 136
 #: sampled mutants from each other module
