@@ -5,9 +5,9 @@ in-memory stepping that refuses a transport that waits, and the fault hooks' off
 from __future__ import annotations
 
 import asyncio
-import time
 import random
 import re
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
