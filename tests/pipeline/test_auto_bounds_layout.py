@@ -47,3 +47,42 @@ def test_a_partial_whose_histograms_do_not_fit_the_layout_is_left_out(
     pipeline.finish(now_s=NOW)
     ignored = pipeline.metrics.partials_ignored.labels(reason="bounds_mismatch")._value.get()
     assert ignored == ignored_expected
+
+
+@pytest.mark.parametrize(
+    ("bounds", "events_histogram"),
+    [
+        ({"max_contributions_per_window": "auto"}, True),  # k is chosen from events per user
+        ({"max_contributions_per_window": 40, "max_keys_per_user": "auto"}, True),  # L0 alone
+        (
+            {
+                "max_contributions_per_window": 40,
+                "max_keys_per_user": 4,
+                "max_contributions_per_key": "auto",
+            },
+            False,
+        ),
+        (
+            {
+                "max_contributions_per_window": 40,
+                "max_keys_per_user": "auto",
+                "max_contributions_per_key": "auto",
+            },
+            False,
+        ),
+    ],
+    ids=["k", "L0", "Linf", "L0 and Linf"],
+)
+def test_the_events_histogram_is_released_only_when_the_choice_reads_it(
+    bounds: dict[str, object], events_histogram: bool
+) -> None:
+    """Every histogram costs budget: events per user are released for k, and for L0 chosen
+    without Linf (events per key then come from events and keys per user); with Linf auto
+    and k fixed, the per-key counts decide and the events histogram would be spent for
+    nothing."""
+    from stream_dp.privacy.adaptive_bounds import EVENTS
+    from stream_dp.privacy.planner import plan_config
+
+    plan = plan_config(_config(bounds).spec())
+    assert plan.auto_bounds is not None
+    assert (EVENTS in plan.auto_bounds.layout.names) is events_histogram
