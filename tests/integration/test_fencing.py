@@ -215,21 +215,27 @@ async def test_a_slow_ledger_never_starts_a_rebalance_storm(
     try:
         await wait_for_group([steady, slow], expected)
         events = spread_windows(T0, WINDOWS, DOMAINS)
+        produced = {T0 + 10 * w for w in range(WINDOWS)}
         await produce_events(kafka_bootstrap, topics["input"], events)
         out = await read_topic(
             kafka_bootstrap,
             topics["output"],
-            until=windows_done(["visits"], WINDOWS),
+            until=lambda records: _window_starts(records) >= produced,
             timeout_s=180,
         )
     finally:
         codes = [steady.terminate(), slow.terminate()]
     assert codes == [0, 0], slow.log()[-4000:]
-    done = {(v["query"], v["window_start"]) for _, v in decode_values(out) if v["kind"] == "window"}
-    # The late event's own window may close by wall clock before the read returns: count the
-    # windows of the events produced above (all of them released, each once).
-    assert len({d for d in done if _epoch(d[1]) < T0 + 10 * WINDOWS}) == WINDOWS, done
+    # Every window of the events produced above is released. Two workers release windows
+    # independently (the slow ledger holds its own), so they need not come out in order, and
+    # the late event's own window may close by wall clock before the read returns.
+    assert _window_starts(out) >= produced, sorted(_window_starts(out))
     # A storm shows as an assignment every few seconds for as long as it lasts.
     for worker in (steady, slow):
         assert worker.log().count("partitions assigned") <= 6, worker.log()[-4000:]
     assert "lost its membership" not in slow.log(), slow.log()[-4000:]
+
+
+def _window_starts(records: list[tuple[str | None, bytes]]) -> set[int]:
+    """The window starts (epoch seconds) of the window records among ``records``."""
+    return {_epoch(v["window_start"]) for _, v in decode_values(records) if v["kind"] == "window"}
