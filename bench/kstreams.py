@@ -150,6 +150,10 @@ def run_kstreams(
         "windows": len(expected),
         "timeout_s": timeout_s - 60,
     }
+    if partitions > 64:
+        raise ValueError(
+            "the Kafka Streams peer keeps its reports in a 64-bit mask: at most 64 partitions"
+        )
     argv = [java(), *JVM_OPTIONS, "-cp", f"{JAR}:{TARGET}/libs/*", MAIN_CLASS,
             orjson.dumps(spec).decode()]  # fmt: skip
     broker_cpu = cpu_seconds_of(broker_pid) if broker_pid is not None else 0.0
@@ -177,7 +181,7 @@ def run_kstreams(
         raise RuntimeError(
             f"the Kafka Streams peer aggregated {result['events']} of {events} events; its "
             f"window records {sorted(found.items())} differ from the stream's "
-            f"{sorted(expected.items())}"
+            f"{sorted(expected.items())}\n{proc.stderr[-4000:]}"
         )
     result["windows_checked"] = len(found)
     if broker_pid is not None:

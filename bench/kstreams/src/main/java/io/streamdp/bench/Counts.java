@@ -6,7 +6,15 @@ import org.apache.kafka.common.serialization.Serde;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.serialization.Serializer;
 
-/** A window's users and bounded events, over the input partitions that reported it so far. */
+/**
+ * A window's users and bounded events, over the input partitions that reported it so far
+ * ({@code partitions}: one bit per input partition, at most 64).
+ *
+ * <p>A partition's first report of a window counts and a later one is ignored: a task that is
+ * revoked and taken again (a rebalance, e.g. a stream thread that missed its session under load)
+ * starts its window closer again and reports the windows it had already reported; summing both
+ * would count the partition twice and emit the window before another partition reported it.
+ */
 final class Counts {
   long partitions;
   long users;
@@ -20,8 +28,20 @@ final class Counts {
     this.events = events;
   }
 
+  /** One input partition's report. */
+  static Counts of(int partition, long users, long events) {
+    return new Counts(1L << partition, users, events);
+  }
+
   Counts plus(Counts other) {
-    return new Counts(partitions + other.partitions, users + other.users, events + other.events);
+    if ((partitions & other.partitions) != 0) {
+      return this; // a partition that reported this window already: its first report stands
+    }
+    return new Counts(partitions | other.partitions, users + other.users, events + other.events);
+  }
+
+  int reported() {
+    return Long.bitCount(partitions);
   }
 
   String toJson(long windowStartMs) {

@@ -143,7 +143,7 @@ public final class KStreamsPeer {
                 .withValueSerde(Counts.SERDE)
                 .withCachingDisabled())
         .toStream()
-        .filter((window, total) -> total.partitions == s.partitions)
+        .filter((window, total) -> total.reported() == s.partitions)
         .mapValues((window, total) -> total.toJson(window))
         .to(s.outputTopic, Produced.with(Serdes.Long(), Serdes.String()));
     return builder;

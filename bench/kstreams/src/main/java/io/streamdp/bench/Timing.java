@@ -31,6 +31,15 @@ final class Timing {
     return events;
   }
 
+  /**
+   * Whether every event of the preloaded topic has been taken: the peer's way of knowing that its
+   * reader is at the end of every partition (stream-dp counts silence as idleness only where a
+   * fetch found its reader at the log's end).
+   */
+  boolean allTaken() {
+    return events >= expectedEvents;
+  }
+
   long firstNanos() {
     return firstNanos;
   }
