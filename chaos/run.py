@@ -454,6 +454,7 @@ async def _restart_while_idle(run: Run, slots: list[Slot], config: Path, bootstr
             slot.proc.send_signal(signal.SIGTERM)
             await asyncio.to_thread(slot.proc.wait, 60)
             _start(slot, config, run)
+            await _rejoined(slot)
         restarted = time.time()
         first_s = epoch_of_iso(yaml.safe_load(config.read_text())["window"]["start_at"])
         last_due = int((restarted - GRACE_S) // WINDOW_S) * WINDOW_S - WINDOW_S
@@ -469,6 +470,26 @@ async def _restart_while_idle(run: Run, slots: list[Slot], config: Path, bootstr
         run.faults[-1].detail += f"; due windows out after {taken} s"
     finally:
         run.producer_held.clear()
+
+
+#: A restarted worker must be back in its group within this (a hang guard: the run goes on and
+#: the idle-restart check judges the windows).
+REJOIN_GUARD_S = 120.0
+
+
+async def _rejoined(slot: Slot) -> None:
+    """Wait until the restarted worker has been assigned partitions, as a rolling update waits
+    for each replica to be ready before it stops the next. Restarting the three back to back,
+    a second time within a minute, left the embedded broker's group without an assignment for
+    minutes in a smoke run: no worker logged a partition, with or without this session's fetch
+    adapter (two runs of ``--faults restart_while_idle``)."""
+    deadline = time.monotonic() + REJOIN_GUARD_S
+    while time.monotonic() < deadline:
+        if "partitions assigned" in slot.logs[-1].read_text(errors="replace"):
+            return
+        if slot.proc is not None and slot.proc.poll() is not None:
+            return  # exited: the checks at the end report it
+        await asyncio.sleep(0.2)
 
 
 def _idle_restart_check(run: Run) -> Check:
