@@ -137,6 +137,10 @@ def produce(bootstrap: str, topic: str, values: Sequence[bytes], keys: Sequence[
         {
             "bootstrap.servers": bootstrap,
             "acks": "all",
+            # One request in flight per broker connection: a retried batch (a timeout under
+            # load) must not land after a later one, or a partition's events leave event-time
+            # order and the Kafka Streams peer drops them as late ("expired window").
+            "max.in.flight.requests.per.connection": 1,
             "linger.ms": 20,
             "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 1_000_000,
