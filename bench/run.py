@@ -291,25 +291,32 @@ def run(size: str, out: Path, command: str) -> dict[str, Any]:
     return results
 
 
-def run_throughput_only(size: str, out: Path, command: str) -> dict[str, Any]:
-    """The throughput sections alone (Tansu, then Apache Kafka), merged into the results
-    already in ``out`` (their other sections, profile included, are kept as they were)."""
+def _previous_results(out: Path, section: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The results a ``--only SECTION`` run merges into (refused when ``out`` has none), and
+    the default path's profile kept from them, with its folded stacks read back."""
     previous = out / "results.json"
     if not previous.exists():
         raise SystemExit(
-            f"--only throughput merges into {previous}, which does not exist: run the whole "
+            f"--only {section} merges into {previous}, which does not exist: run the whole "
             "bench (without --only) into that folder first"
         )
     from bench import profile
 
     results: dict[str, Any] = orjson.loads(previous.read_bytes())
-    cfg = SIZES[size]
     logging.getLogger("stream_dp").setLevel(logging.ERROR)
-    started = time.perf_counter()
     kept_profile = results["throughput"].get("profile") or {}
     folded = out / "profiles" / "default_path_after.folded"
     if folded.exists():
         kept_profile = {**kept_profile, "stacks": profile.read_folded(folded)}
+    return results, kept_profile
+
+
+def run_throughput_only(size: str, out: Path, command: str) -> dict[str, Any]:
+    """The throughput sections alone (Tansu, then Apache Kafka), merged into the results
+    already in ``out`` (their other sections, profile included, are kept as they were)."""
+    results, kept_profile = _previous_results(out, "throughput")
+    cfg = SIZES[size]
+    started = time.perf_counter()
     # A second --only run keeps pointing at the whole run the other sections come from.
     sources = results.get("sections_from") or {
         "whole_run": {k: results[k] for k in ("size", "command", "date", "total_seconds")}
@@ -348,22 +355,10 @@ def run_throughput_only(size: str, out: Path, command: str) -> dict[str, Any]:
 def run_workers_only(size: str, out: Path, command: str) -> dict[str, Any]:
     """Section 2 alone (scale-out over worker processes, on Tansu), merged into the results
     already in ``out`` (the other sections, profile included, are kept as they were)."""
-    previous = out / "results.json"
-    if not previous.exists():
-        raise SystemExit(
-            f"--only workers merges into {previous}, which does not exist: run the whole "
-            "bench (without --only) into that folder first"
-        )
-    from bench import profile
-
-    results: dict[str, Any] = orjson.loads(previous.read_bytes())
+    results, kept_profile = _previous_results(out, "workers")
+    results["throughput"]["profile"] = kept_profile
     cfg = SIZES[size]
-    logging.getLogger("stream_dp").setLevel(logging.ERROR)
     started = time.perf_counter()
-    kept_profile = results["throughput"].get("profile") or {}
-    folded = out / "profiles" / "default_path_after.folded"
-    if folded.exists():
-        results["throughput"]["profile"] = {**kept_profile, "stacks": profile.read_folded(folded)}
     loadavg_at_start = report.loadavg()
     spec = _workers_spec(cfg)
     _log(
