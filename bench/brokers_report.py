@@ -25,6 +25,8 @@ RATIOS: tuple[tuple[str, str], ...] = (
     ("ratio_default_to_raw", "b2/a: default configuration vs raw consumer"),
     ("ratio_worker_to_raw", "b/a: keyed input vs raw consumer"),
     ("ratio_kstreams_to_raw", "d/a: Kafka Streams vs raw consumer"),
+    ("ratio_default_to_raw_cpu", "b2/a by CPU per event: default configuration vs raw consumer"),
+    ("ratio_worker_to_raw_cpu", "b/a by CPU per event: keyed input vs raw consumer"),
 )
 
 

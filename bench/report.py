@@ -92,6 +92,31 @@ def _best_stream_dp(rows: list[dict[str, Any]], bounds: str) -> tuple[dict[str, 
     return default, ref
 
 
+def _raw_ratio_row(results: dict[str, Any], name: str, goal: float) -> tuple[bool, str]:
+    """A worker against the raw consumer: by events per second (end to end, processing) and
+    by CPU per event (whole span, processing), on Tansu and on Apache Kafka when measured.
+    Met only if every one of them reaches the goal."""
+    parts, ratios = [], []
+    sections = [("Tansu", results["throughput"])]
+    kafka = results.get("throughput_apache_kafka") or {}
+    if "unavailable" not in kafka and kafka:
+        sections.append(("Apache Kafka", kafka))
+    for broker, sec in sections:
+        cells = []
+        for label, key in (
+            ("events/s", f"ratio_{name}_to_raw"),
+            ("CPU", f"ratio_{name}_to_raw_cpu"),
+        ):
+            whole, steady = sec.get(key), sec.get(f"{key}_steady")
+            if whole is None:
+                continue
+            ratios += [r for r in (whole, steady) if r is not None]
+            steady_txt = f"{steady:.2f}×" if steady is not None else "–"
+            cells.append(f"{label} {whole:.2f}× end to end ({steady_txt} while processing)")
+        parts.append(f"{broker}: " + ", ".join(cells))
+    return all(r >= goal for r in ratios), "; ".join(parts)
+
+
 def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Pass/fail per target. Utility compares stream-dp's default strategy (truncated
     geometric, the same as PipelineDP's) against PipelineDP, per bounds variant."""
@@ -115,16 +140,8 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     heavy, mem = sc["memory_heavy_tailed"], sc["memory"]
     scale = _two_vs_one(wk, "repartitioned")
     rows = [
-        (
-            tp["ratio_default_to_raw"] >= 0.5,
-            f"{tp['ratio_default_to_raw']:.2f}× end to end "
-            f"({tp['ratio_default_to_raw_steady']:.2f}× while processing)",
-        ),
-        (
-            tp["ratio_worker_to_raw"] >= 0.6,
-            f"{tp['ratio_worker_to_raw']:.2f}× end to end "
-            f"({tp['ratio_worker_to_raw_steady']:.2f}× while processing)",
-        ),
+        _raw_ratio_row(results, "default", 0.5),
+        _raw_ratio_row(results, "worker", 0.6),
         (
             tp["ratio_worker_to_faust"] >= 30,
             f"{tp['ratio_worker_to_faust']:.1f}× on {tp['faust_events']:,} events "

@@ -60,6 +60,8 @@ def test_throughput_lines_and_ratios(smoke: tuple[Path, dict[str, Any]]) -> None
         for phase in ("startup_seconds", "processing_seconds", "close_seconds"):
             _finite(c["median"][phase], f"{name} {phase}")
         _finite(c["steady_events_per_s"], f"{name} steady")
+        for run in c["runs"] if name != "faust" else ():  # the processing phase: a part
+            assert 0 < run["processing_cpu_seconds"] <= run["cpu_seconds"], (name, run)
     for ratio in (
         "ratio_default_to_raw",
         "ratio_default_to_raw_steady",
@@ -67,6 +69,10 @@ def test_throughput_lines_and_ratios(smoke: tuple[Path, dict[str, Any]]) -> None
         "ratio_worker_to_raw_steady",
         "ratio_worker_to_faust",
         "ratio_worker_to_faust_steady",
+        "ratio_default_to_raw_cpu",
+        "ratio_default_to_raw_cpu_steady",
+        "ratio_worker_to_raw_cpu",
+        "ratio_worker_to_raw_cpu_steady",
     ):
         _finite(tp[ratio], ratio)
         assert tp[ratio] > 0
