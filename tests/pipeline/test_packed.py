@@ -4,6 +4,7 @@ misplaced events, stale keys — and a malformed one is dead-lettered, never fat
 
 from __future__ import annotations
 
+import base64
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -200,6 +201,10 @@ def _packed_body() -> dict[str, Any]:
         {"s": "////////////////////////////////"},
         {"sig": [["a"], [["nested"]]]},
         {"sig": "a"},
+        {"sig": [["a", "b"]]},
+        {"sig": [{"domain": "a"}]},
+        {"sig": [["a"], [None], [{"x": 1}]]},
+        {"sig": None},
         {"src": [0, -3]},
         {"fields": None},
         {"k": 1},
@@ -208,6 +213,8 @@ def _packed_body() -> dict[str, Any]:
 def test_malformed_packed_records_are_dead_lettered_not_fatal(change: dict[str, Any]) -> None:
     owner = _owner(1)
     good = _packed_body()
+    with pytest.raises((TypeError, ValueError, KeyError)):  # refused by the format's reader
+        decode_events({**good, **change}, ["domain"])
     bad = orjson.dumps({**good, **change})
     dead = _feed(owner, [bad, orjson.dumps(good)])
     assert [(d.reason, d.offset, d.topic) for d in dead] == [("bad_internal_record", 0, "rp")]
@@ -328,3 +335,37 @@ def test_each_packed_event_is_the_per_event_routers_record(group_by: list[str]) 
             )
     assert got == expected
     assert len({target for target, *_ in got.values()}) == 5
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [
+        [["fr", "a"], ["de", 7], [None, "b"]],
+        [["fr", "a"], ["de", True], ["fr", False]],
+        [["fr", "a"], ["de", True], [None, 2.5], ["fr", False]],
+    ],
+)
+def test_signatures_are_read_canonical_in_the_readers_field_order(sig: list[Any]) -> None:
+    """A record's signature dictionary, read for fields in another order and one it does not
+    carry, gives each signature's canonical values in the reader's order (None for the
+    missing field) — booleans as JSON booleans, not the integers they equal in Python."""
+    body = {**_packed_body(), "fields": ["country", "domain"], "sig": sig}
+    body["s"] = base64.b64encode(bytes(4 * body["n"])).decode()  # every event: signature 0
+    wanted = ["domain", "path", "country"]
+    expected = [canonical_key([d, None, c]) for c, d in sig]
+    assert [_typed(s) for s in decode_events(body, wanted).signatures] == list(
+        map(_typed, expected)
+    )
+    same_order = decode_events(body, ["country", "domain"]).signatures
+    assert [_typed(s) for s in same_order] == [_typed(canonical_key(e)) for e in sig]
+
+
+def test_a_signature_of_the_wrong_shape_is_refused() -> None:
+    """Each signature lists one scalar per field the record carries: one value too many or
+    too few, a nested value or an entry that is not a list is refused, whichever entry."""
+    good = _packed_body()
+    *head, last = good["sig"]
+    assert decode_events(good, ["domain"]).signatures  # the record itself is read
+    for bad in ([*last, "x"], [], {"domain": "a"}, "a", [["a"]], [{"x": 1}]):
+        with pytest.raises(TypeError):
+            decode_events({**good, "sig": [*head, bad]}, ["domain"])
