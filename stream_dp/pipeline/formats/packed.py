@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Final
 
 import numpy as np
