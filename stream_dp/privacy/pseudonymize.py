@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -102,6 +102,22 @@ class Pseudonymizer:
         outer.update(inner.digest())
         digest: bytes = outer.digest()
         return digest[:PSEUDONYM_BYTES]
+
+    def pseudonyms(self, user_ids: Iterable[str | int]) -> bytes:
+        """:meth:`pseudonym` of each id, concatenated (16 bytes each, in order): the same
+        HMAC, with the per-call lookups done once for a batch's distinct users."""
+        inner_copy, outer_copy = self._inner.copy, self._outer.copy
+        out: list[bytes] = []
+        append = out.append
+        for user_id in user_ids:
+            inner = inner_copy()
+            inner.update(
+                user_id.encode("utf-8") if type(user_id) is str else canonical_user_id(user_id)
+            )
+            outer = outer_copy()
+            outer.update(inner.digest())
+            append(outer.digest()[:PSEUDONYM_BYTES])
+        return b"".join(out)
 
 
 @dataclass(frozen=True)

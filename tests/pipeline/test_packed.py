@@ -4,6 +4,7 @@ misplaced events, stale keys — and a malformed one is dead-lettered, never fat
 
 from __future__ import annotations
 
+import base64
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +17,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.packed import PACKED_KEY_PREFIX, decode_events
 from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
+from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from tests.helpers import schema_validator
 from tests.pipeline.support import KEYRING, NOW, T0, TEST_KEY, config, numbered
@@ -199,6 +201,10 @@ def _packed_body() -> dict[str, Any]:
         {"s": "////////////////////////////////"},
         {"sig": [["a"], [["nested"]]]},
         {"sig": "a"},
+        {"sig": [["a", "b"]]},
+        {"sig": [{"domain": "a"}]},
+        {"sig": [["a"], [None], [{"x": 1}]]},
+        {"sig": None},
         {"src": [0, -3]},
         {"fields": None},
         {"k": 1},
@@ -207,6 +213,8 @@ def _packed_body() -> dict[str, Any]:
 def test_malformed_packed_records_are_dead_lettered_not_fatal(change: dict[str, Any]) -> None:
     owner = _owner(1)
     good = _packed_body()
+    with pytest.raises((TypeError, ValueError, KeyError)):  # refused by the format's reader
+        decode_events({**good, **change}, ["domain"])
     bad = orjson.dumps({**good, **change})
     dead = _feed(owner, [bad, orjson.dumps(good)])
     assert [(d.reason, d.offset, d.topic) for d in dead] == [("bad_internal_record", 0, "rp")]
@@ -267,3 +275,97 @@ def test_erased_users_are_not_repartitioned_and_not_taken_from_packed_records() 
     fresh = _owner(1)
     _feed(fresh, [v for _, v, _ in records])
     assert _totals(owner) == _totals(fresh)
+
+
+def _typed(values: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:
+    """Values with their types: 1, 1.0 and true are told apart."""
+    return tuple((type(v).__name__, v) for v in values)
+
+
+@pytest.mark.parametrize("group_by", [["domain"], ["domain", "country"]])
+def test_each_packed_event_is_the_per_event_routers_record(group_by: list[str]) -> None:
+    """Across windows, a key rotation and five repartition partitions, with one query field
+    or two: every event of the packed records is the per-event router's record of it, on
+    the same repartition partition under the same key id — pseudonym, time, query fields."""
+    cfg = config(
+        queries=[{"name": "q", "group_by": group_by, "epsilon": 1e6, "delta": 1e-6}],
+        delta_per_window=1e-6,
+    )
+    keyring = KeyRing(Pseudonymizer(b"n" * 32, "k2"), Pseudonymizer(TEST_KEY, "k1"), T0 + 20)
+    rng = random.Random(7)
+    users: list[str | int] = ["alice", "Alice ", "bob", 42, "42", "   "]
+    users += [f"u{i}" for i in range(30)]
+    records: list[InputRecord] = []
+    for offset in range(400):
+        user = rng.choice(users)
+        event = {
+            "user_id": user,
+            "timestamp": T0 + rng.uniform(0, 40),
+            "domain": rng.choice(["a", "b", True, 1, 2.0, None]),
+            "country": rng.choice(["fr", "de", 3]),
+        }
+        records.append((100 + offset, None, orjson.dumps(event)))
+    stages = []
+    for _ in range(2):
+        stage = IngestStage(cfg, keyring, metrics=Metrics())
+        stage.assign_routed([2], 0.0)
+        stage.routed_partitions = 5
+        stages.append(stage)
+    one, packed = stages
+    one_each, dead_one = one.route(2, records, now_s=NOW, now_mono_s=0)
+    out, dead_packed = packed.route_packed(2, records, now_s=NOW, now_mono_s=0)
+    assert [(d.reason, d.offset) for d in dead_packed] == [(d.reason, d.offset) for d in dead_one]
+    expected = {}
+    for _key, value, target in one_each:
+        body = orjson.loads(value)
+        fields = _typed(canonical_key(body["e"][f] for f in group_by))
+        expected[body["src"][1]] = (target, body["k"], body["u"], body["t"], fields)
+    assert len({k for _, k, _, _, _ in expected.values()}) == 2  # both keys are in the batch
+    got = {}
+    for _key, value, target in out:
+        events = decode_events(orjson.loads(value), group_by)
+        for j, offset in enumerate(events.offsets.tolist()):
+            signature = events.signatures[events.signature_index[j]]
+            got[offset] = (
+                target,
+                events.key_id,
+                events.pseudonyms[16 * j : 16 * (j + 1)].hex(),
+                float(events.times[j]),
+                _typed(signature),
+            )
+    assert got == expected
+    assert len({target for target, *_ in got.values()}) == 5
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [
+        [["fr", "a"], ["de", 7], [None, "b"]],
+        [["fr", "a"], ["de", True], ["fr", False]],
+        [["fr", "a"], ["de", True], [None, 2.5], ["fr", False]],
+    ],
+)
+def test_signatures_are_read_canonical_in_the_readers_field_order(sig: list[Any]) -> None:
+    """A record's signature dictionary, read for fields in another order and one it does not
+    carry, gives each signature's canonical values in the reader's order (None for the
+    missing field) — booleans as JSON booleans, not the integers they equal in Python."""
+    body = {**_packed_body(), "fields": ["country", "domain"], "sig": sig}
+    body["s"] = base64.b64encode(bytes(4 * body["n"])).decode()  # every event: signature 0
+    wanted = ["domain", "path", "country"]
+    expected = [canonical_key([d, None, c]) for c, d in sig]
+    assert [_typed(s) for s in decode_events(body, wanted).signatures] == list(
+        map(_typed, expected)
+    )
+    same_order = decode_events(body, ["country", "domain"]).signatures
+    assert [_typed(s) for s in same_order] == [_typed(canonical_key(e)) for e in sig]
+
+
+def test_a_signature_of_the_wrong_shape_is_refused() -> None:
+    """Each signature lists one scalar per field the record carries: one value too many or
+    too few, a nested value or an entry that is not a list is refused, whichever entry."""
+    good = _packed_body()
+    *head, last = good["sig"]
+    assert decode_events(good, ["domain"]).signatures  # the record itself is read
+    for bad in ([*last, "x"], [], {"domain": "a"}, "a", [["a"]], [{"x": 1}]):
+        with pytest.raises(TypeError):
+            decode_events({**good, "sig": [*head, bad]}, ["domain"])

@@ -68,3 +68,17 @@ def test_precomputed_pads_equal_hmac_for_any_key_length(key_len: int) -> None:
     for user in ("alice", "é-ü", "x" * 300, 0, 10**18):
         expected = hmac.digest(key, str(user).encode("utf-8"), "sha256")[:PSEUDONYM_BYTES]
         assert p.pseudonym(user) == expected
+
+
+def test_a_batch_of_pseudonyms_is_each_ids_hmac_in_order() -> None:
+    """:meth:`Pseudonymizer.pseudonyms` (stage 0's batch call) is the standard HMAC of each
+    id, concatenated in order; booleans are refused as one at a time."""
+    p = Pseudonymizer(KEY, "k1")
+    users: list[str | int] = ["alice", "é-ü", "x" * 300, 0, 10**18, "42", 42, "alice"]
+    expected = b"".join(
+        hmac.digest(KEY, str(u).encode("utf-8"), "sha256")[:PSEUDONYM_BYTES] for u in users
+    )
+    assert p.pseudonyms(users) == expected
+    assert p.pseudonyms([]) == b""
+    with pytest.raises(TypeError, match="not a boolean"):
+        p.pseudonyms(["alice", True])

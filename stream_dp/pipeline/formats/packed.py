@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Final
 
 import numpy as np
@@ -36,6 +37,9 @@ PACKED_KIND: Final = "events"
 #: Record key of packed records: ``__events__|<input partition>``.
 PACKED_KEY_PREFIX: Final = "__events__|"
 _MAX_DELTA = 2**32 - 1
+_LIST: Final = frozenset((list,))
+#: Decoded JSON values that are their own canonical form (canonical_value is the identity).
+_CANONICAL_SCALARS: Final = frozenset((str, int, type(None)))
 
 
 @dataclass(slots=True)
@@ -120,7 +124,12 @@ def _encode_slice(
     signatures: Sequence[tuple[Any, ...]],
     signature_index: np.ndarray,
 ) -> bytes:
-    used, local = np.unique(signature_index, return_inverse=True)
+    # The signatures these events use (ascending), and each event's index among them: as
+    # np.unique(signature_index, return_inverse=True), by marking instead of sorting.
+    marked = np.zeros(len(signatures), dtype=bool)
+    marked[signature_index] = True
+    used = np.flatnonzero(marked)
+    local = (np.cumsum(marked) - 1)[signature_index]
     first = int(offsets[0])
     body = {
         "kind": PACKED_KIND,
@@ -132,7 +141,7 @@ def _encode_slice(
         "u": base64.b64encode(pseudonyms).decode("ascii"),
         "t": _b64(times, "<f8"),
         "o": _b64(offsets - first, "<u4"),
-        "s": _b64(local.reshape(-1), "<u4"),
+        "s": _b64(local, "<u4"),
     }
     return orjson.dumps(body, default=json_default)
 
@@ -167,13 +176,7 @@ def decode_events(body: dict[str, Any], fields: Sequence[str]) -> PackedEvents:
     offsets = _column(body, "o", "<u4", n).astype(np.int64) + first
     index = _column(body, "s", "<u4", n).astype(np.int64)
     where = [carried.index(f) if f in carried else -1 for f in fields]
-    signatures = []
-    for entry in body["sig"]:
-        if type(entry) is not list or len(entry) != len(carried):
-            raise TypeError("a signature must list one value per field")
-        if any(isinstance(v, list | dict) for v in entry):
-            raise TypeError("signature values are scalars")
-        signatures.append(canonical_key(None if i < 0 else entry[i] for i in where))
+    signatures = _signatures(body["sig"], len(carried), where)
     if n and (index.max() >= len(signatures)):
         raise ValueError("a signature index is out of range")
     return PackedEvents(
@@ -186,3 +189,28 @@ def decode_events(body: dict[str, Any], fields: Sequence[str]) -> PackedEvents:
         times=times,
         signature_index=index,
     )
+
+
+def _signatures(listed: Any, width: int, where: list[int]) -> list[tuple[Any, ...]]:
+    """The record's dictionary of signatures, each in canonical form and reordered to
+    ``where`` (per wanted field, its position among the record's, -1 if absent).
+
+    Strings, integers and nulls are canonical as they are: a dictionary of only those
+    (the common case) is checked and converted per column type, not value by value."""
+    if (
+        type(listed) is list
+        and set(map(type, listed)) <= _LIST
+        and set(map(len, listed)) <= {width}
+        and set(map(type, chain.from_iterable(listed))) <= _CANONICAL_SCALARS
+    ):
+        if where == list(range(width)):
+            return list(map(tuple, listed))
+        return [tuple(None if i < 0 else entry[i] for i in where) for entry in listed]
+    signatures = []
+    for entry in listed:
+        if type(entry) is not list or len(entry) != width:
+            raise TypeError("a signature must list one value per field")
+        if any(isinstance(v, list | dict) for v in entry):
+            raise TypeError("signature values are scalars")
+        signatures.append(canonical_key(None if i < 0 else entry[i] for i in where))
+    return signatures

@@ -28,7 +28,7 @@ even repartitioned.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,7 @@ from stream_dp.pipeline.stages.ingest_columns import (
 from stream_dp.pipeline.stages.placement import pseudonym_partition, pseudonym_partitions
 from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.group_values import json_default
-from stream_dp.privacy.pseudonymize import KeyRing, user_id_normalizer
+from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES, KeyRing, user_id_normalizer
 
 __all__ = ["RoutingStage"]
 
@@ -265,7 +265,10 @@ class RoutingStage:
         sent = np.zeros(len(offsets), dtype=bool)
         if len(offsets):
             starts = window_starts(cols.times, self.window_size_s)
-            key_of = {ws: self.keyring.for_window(ws) for ws in np.unique(starts).tolist()}
+            first_ws, last_ws = int(starts.min()), int(starts.max())
+            # Most batches lie in one window: no sort to find it.
+            window_list = [first_ws] if first_ws == last_ws else np.unique(starts).tolist()
+            key_of = {ws: self.keyring.for_window(ws) for ws in window_list}
             users, index = distinct_index(cols.users)
             normal = list(map(self._normalize, users))
             empty = np.array([n == "" for n in normal], dtype=bool)[index]
@@ -277,9 +280,7 @@ class RoutingStage:
                         self._dead(self._empty_user, partition, o, payloads[o], include_payload)
                     )
                 dead.sort(key=lambda d: d.offset)
-            signatures, sig_index = distinct_index(
-                list(zip(*cols.fields, strict=True)) if cols.fields else [()] * len(offsets)
-            )
+            signatures, sig_index = _signature_index(cols.fields, len(offsets))
             for pseudonymizer in {p.key_id: p for p in key_of.values()}.values():
                 rows = ~empty
                 if len(key_of) > 1:
@@ -287,34 +288,43 @@ class RoutingStage:
                     rows &= np.isin(starts, ids)
                 if not rows.any():
                     continue
-                present = np.unique(index[rows])
-                local = np.full(len(users), -1, dtype=np.int64)
-                local[present] = np.arange(len(present))
-                listed = [pseudonymizer.pseudonym(normal[i]) for i in present.tolist()]
+                if rows.all():  # every distinct user of the batch is in these rows
+                    present_ids = normal
+                    local = np.arange(len(users))
+                else:
+                    present = np.unique(index[rows])
+                    local = np.full(len(users), -1, dtype=np.int64)
+                    local[present] = np.arange(len(present))
+                    present_ids = [normal[i] for i in present.tolist()]
+                pseudonyms = pseudonymizer.pseudonyms(present_ids)
                 if self.erasures is not None:  # erased: not even repartitioned
                     for ws in np.unique(starts[rows]).tolist():
                         gone_users = self.erasures.erased(pseudonymizer.key_id, ws)
                         if not gone_users:
                             continue
-                        gone = np.array([p in gone_users for p in listed], dtype=bool)
+                        gone = np.array(
+                            [
+                                pseudonyms[i : i + PSEUDONYM_BYTES] in gone_users
+                                for i in range(0, len(pseudonyms), PSEUDONYM_BYTES)
+                            ],
+                            dtype=bool,
+                        )
                         hit = rows & (starts == ws) & gone[np.maximum(local[index], 0)]
                         erased += int(np.count_nonzero(hit))
                         rows &= ~hit
                     if not rows.any():
                         continue
-                per_event = np.frombuffer(b"".join(listed), dtype=np.uint8).reshape(-1, 16)
-                per_event = per_event[local[index[rows]]]
-                targets = pseudonym_partitions(per_event.tobytes(), self.routed_partitions)
                 sent |= rows
                 chosen = np.flatnonzero(rows)
-                for target in np.unique(targets).tolist():
-                    here = chosen[targets == target]
+                for target, here, listed in _by_target(
+                    chosen, local[index[chosen]], pseudonyms, self.routed_partitions
+                ):
                     for value in encode_events(
                         src_partition=partition,
                         offsets=offsets[here],
                         key_id=pseudonymizer.key_id,
                         fields=self._fields,
-                        pseudonyms=per_event[targets == target].tobytes(),
+                        pseudonyms=listed,
                         times=cols.times[here],
                         signatures=signatures,
                         signature_index=sig_index[here],
@@ -363,3 +373,37 @@ class RoutingStage:
             EventColumns(users, np.array(times, dtype=np.float64), fields),
             np.array(offsets, dtype=np.int64),
         )
+
+
+def _signature_index(fields: list[list[Any]], n: int) -> tuple[list[tuple[Any, ...]], np.ndarray]:
+    """The batch's distinct signatures (tuples of its query fields' values, first seen
+    first) and each event's index among them. One field, the common case, is numbered by
+    its values and only the distinct ones become tuples: a 1-tuple is equal to another
+    exactly when their values are, so the numbering is the same."""
+    if len(fields) == 1:
+        values, index = distinct_index(fields[0])
+        return [(v,) for v in values], index
+    return distinct_index(list(zip(*fields, strict=True)) if fields else [()] * n)
+
+
+def _by_target(
+    chosen: np.ndarray, user_of: np.ndarray, pseudonyms: bytes, partitions: int
+) -> Iterator[tuple[int, np.ndarray, bytes]]:
+    """Per repartition partition (ascending) that receives any of the events ``chosen``
+    (rows of the batch, ascending; ``user_of`` each one's user in ``pseudonyms``, 16 bytes
+    each): (partition, its rows in order, their pseudonyms concatenated). One stable sort
+    by target instead of a mask per target."""
+    per_user = np.frombuffer(pseudonyms, dtype=np.uint8).reshape(-1, PSEUDONYM_BYTES)
+    targets = pseudonym_partitions(pseudonyms, partitions)[user_of]
+    if len(targets) == 0:
+        return
+    first, last = int(targets.min()), int(targets.max())
+    if first == last:
+        yield first, chosen, per_user[user_of].tobytes()
+        return
+    order = np.argsort(targets, kind="stable")
+    counts = np.bincount(targets, minlength=partitions)
+    ends = np.cumsum(counts)
+    for target in np.flatnonzero(counts).tolist():
+        span = order[ends[target] - counts[target] : ends[target]]
+        yield target, chosen[span], per_user[user_of[span]].tobytes()
