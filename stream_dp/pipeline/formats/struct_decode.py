@@ -10,18 +10,23 @@ with orjson — otherwise:
 
 * **not UTF-8** anywhere (msgspec does not check skipped strings): an ASCII batch needs no
   check, any other is decoded strictly (which also refuses encoded surrogates, as orjson);
-* **numbers whose value or validity could differ**: a number with an exponent (``1e400``
-  is an error to orjson, skipped by msgspec) or one of 19 or more digits and points (an
-  integer beyond 64 bits is a float to orjson, exact to msgspec; ``9`` * 400 overflows).
-  Records with such a candidate (found on the batch's shape, digits mapped to ``0``) take
-  their fields from orjson, which also refuses them where it would; a batch with many
-  (UUIDs, hex ids contain ``3e4``) is left to orjson whole;
+* **numbers orjson refuses**: one that overflows a float (``1e400``, 400 digits) is an
+  error to orjson and skipped unread by msgspec. It has an exponent (a digit then ``e`` or
+  ``E``) or 309 digits and more: records with either (found with numpy on the joined
+  batch; the digit run only in records of :data:`LONG_RECORD_BYTES` or more) take their
+  fields from orjson, which refuses them where it would. A batch with many such records
+  (UUIDs and hex ids hold ``3e4``) is left to orjson whole;
+* **integers beyond 64 bits** in a needed field: orjson gives a float, msgspec the exact
+  int; the caller refuses a column with one (:func:`orjson_ints`). Floats are the same
+  from both (correctly rounded; fuzzed with long and halfway decimals);
 * **nesting** beyond orjson's depth limit needs a record of 2,048 bytes or more: such
   records take their fields from orjson too;
 * **record boundaries**: records are decoded as lines of one joined buffer, so a record
   holding a newline (JSON whitespace) leaves the batch to orjson;
 * anything msgspec refuses (bad JSON, a value that is not an object, its own depth limit).
 
+Duplicate keys (the last one counts), escaped keys, lone surrogate escapes (refused),
+a byte-order mark (refused) and ``1e-400`` (0.0) are the same in both.
 ``tests/pipeline/test_columns_msgspec.py`` checks the agreement differentially, with each
 known difference as an example.
 """
@@ -70,9 +75,10 @@ def _struct_decoder(names: tuple[str, ...]) -> msgspec.json.Decoder[Any]:
 
 def struct_columns(names: tuple[str, ...], values: Sequence[bytes]) -> list[list[Any]] | None:
     """Per name (distinct), its column: each record's ``orjson.loads(value).get(name)``,
-    except that an integer beyond 64 bits is exact where orjson gives a float (the caller
-    refuses those: :func:`orjson_ints`); or None if the batch must be decoded with orjson
-    (see the module doc)."""
+    except that an integer beyond 64 bits (alone or in a list or object) is exact where
+    orjson gives a float — the caller takes scalars only and refuses those
+    (:func:`orjson_ints`); or None if the batch must be decoded with orjson (see the
+    module doc)."""
     n = len(values)
     joined = b"\n".join(values)
     if joined.count(b"\n") != n - 1:
