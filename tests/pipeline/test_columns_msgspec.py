@@ -5,6 +5,7 @@ records, and on each known difference between msgspec and orjson as an example."
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -375,6 +376,21 @@ def test_records_both_decoders_take_give_the_per_record_values(record: bytes) ->
     struct = struct_columns(NAMES, values)
     assert struct is not None
     _orjson_agrees(values, struct)
+
+
+def test_nesting_deeper_than_orjson_takes_is_refused_whatever_the_recursion_limit() -> None:
+    """orjson refuses 1,024 levels; msgspec's limit is Python's recursion limit, which a
+    process may raise: a record long enough to nest that deep takes orjson's verdict."""
+    deep = b'{"user_id":"u1","timestamp":%d,"x":%s}' % (T0 + 1, b"[" * 1100 + b"]" * 1100)
+    values = [*GOOD, deep, *GOOD]
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        assert struct_columns(NAMES, values) is None
+        assert columns.decode_columns(DECODER, FIELDS, values, NOW) is None
+    finally:
+        sys.setrecursionlimit(before)
+    assert isinstance(DECODER.decode_parts(deep, NOW), BadRecord)
 
 
 def test_a_record_holding_a_newline_leaves_the_batch_to_orjson() -> None:
