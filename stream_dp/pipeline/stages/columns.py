@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from stream_dp.pipeline.formats import struct_decode
 from stream_dp.pipeline.formats.decode import (
     EPOCH_MS_CUTOFF,
     MAX_USER_ID_CHARS,
@@ -31,7 +32,7 @@ from stream_dp.pipeline.formats.decode import (
     Decoder,
     parse_event_time,
 )
-from stream_dp.pipeline.formats.struct_decode import orjson_ints, struct_columns
+from stream_dp.pipeline.formats.struct_decode import orjson_ints
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES
 
@@ -106,7 +107,7 @@ def _needed_columns(
     where its guards let it (:mod:`stream_dp.pipeline.formats.struct_decode`), orjson
     the rest."""
     names = tuple(dict.fromkeys((decoder.user_field, decoder.time_field, *fields)))
-    columns = struct_columns(names, values)
+    columns = struct_decode.struct_columns(names, values)
     if columns is None:
         try:
             objs = list(map(orjson.loads, values))
