@@ -192,6 +192,10 @@ def _batch(rng: random.Random) -> list[bytes]:
     return [_record(rng, damage) for _ in range(rng.randrange(1, 24))]
 
 
+def _struct(values: Sequence[bytes]) -> list[list[Any]] | None:
+    return struct_columns(NAMES, values, max(map(len, values)))
+
+
 def _key(value: Any) -> tuple[str, str]:
     """A value with its exact type (True is not 1, 1.0 is not 1, -0.0 is not 0.0)."""
     return type(value).__name__, repr(value)
@@ -243,7 +247,7 @@ def _per_record_agrees(values: Sequence[bytes], cols: columns.EventColumns) -> N
 
 def _check(values: list[bytes]) -> tuple[bool, bool]:
     """Both agreements for one batch; (msgspec took it, the column path took it)."""
-    struct = struct_columns(NAMES, values)
+    struct = _struct(values)
     if struct is not None:
         _orjson_agrees(values, struct)
     cols = columns.decode_columns(DECODER, FIELDS, values, NOW)
@@ -279,7 +283,7 @@ GOOD = [_event(), _event(user_id=7, premium=True), _event(domain=2.5, bytes=3)]
 
 
 def test_a_batch_of_good_events_takes_the_msgspec_path() -> None:
-    assert struct_columns(NAMES, GOOD) is not None
+    assert _struct(GOOD) is not None
     cols = columns.decode_columns(DECODER, FIELDS, GOOD, NOW)
     assert cols is not None
     _per_record_agrees(GOOD, cols)
@@ -373,7 +377,7 @@ def test_records_both_decoders_take_give_the_per_record_values(record: bytes) ->
     cols = columns.decode_columns(DECODER, FIELDS, values, NOW)
     assert cols is not None
     _per_record_agrees(values, cols)
-    struct = struct_columns(NAMES, values)
+    struct = _struct(values)
     assert struct is not None
     _orjson_agrees(values, struct)
 
@@ -386,7 +390,7 @@ def test_nesting_deeper_than_orjson_takes_is_refused_whatever_the_recursion_limi
     before = sys.getrecursionlimit()
     sys.setrecursionlimit(100_000)
     try:
-        assert struct_columns(NAMES, values) is None
+        assert _struct(values) is None
         assert columns.decode_columns(DECODER, FIELDS, values, NOW) is None
     finally:
         sys.setrecursionlimit(before)
@@ -397,7 +401,7 @@ def test_a_record_holding_a_newline_leaves_the_batch_to_orjson() -> None:
     """Records are decoded as the lines of one buffer: a newline inside one (JSON
     whitespace) would split it, so orjson decodes that batch (and the column path takes it)."""
     values = [*GOOD, _event()[:-1] + b',\n"x":1}', *GOOD]
-    assert struct_columns(NAMES, values) is None
+    assert _struct(values) is None
     cols = columns.decode_columns(DECODER, FIELDS, values, NOW)
     assert cols is not None
     _per_record_agrees(values, cols)
@@ -407,8 +411,8 @@ def test_a_batch_of_many_candidates_is_decoded_by_orjson_whole() -> None:
     """UUIDs hold ``3e4``-like runs: past one record in eight, msgspec's columns are not
     patched record by record — the batch goes to orjson (and still takes the column path)."""
     uuids = [_event(domain=f"{i}e8400-e29b") for i in range(16)]
-    assert struct_decode._candidates(b"\n".join(uuids), uuids) is None
-    assert struct_columns(NAMES, uuids) is None
+    assert struct_decode._candidates(b"\n".join(uuids), uuids, 100) is None
+    assert _struct(uuids) is None
     cols = columns.decode_columns(DECODER, FIELDS, uuids, NOW)
     assert cols is not None
     _per_record_agrees(uuids, cols)

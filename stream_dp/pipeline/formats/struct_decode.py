@@ -73,12 +73,14 @@ def _struct_decoder(names: tuple[str, ...]) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(struct)
 
 
-def struct_columns(names: tuple[str, ...], values: Sequence[bytes]) -> list[list[Any]] | None:
+def struct_columns(
+    names: tuple[str, ...], values: Sequence[bytes], longest: int
+) -> list[list[Any]] | None:
     """Per name (distinct), its column: each record's ``orjson.loads(value).get(name)``,
     except that an integer beyond 64 bits (alone or in a list or object) is exact where
     orjson gives a float — the caller takes scalars only and refuses those
     (:func:`orjson_ints`); or None if the batch must be decoded with orjson (see the
-    module doc)."""
+    module doc). ``longest``: the length of the longest value."""
     n = len(values)
     joined = b"\n".join(values)
     if joined.count(b"\n") != n - 1:
@@ -88,7 +90,7 @@ def struct_columns(names: tuple[str, ...], values: Sequence[bytes]) -> list[list
             joined.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    candidates = _candidates(joined, values)
+    candidates = _candidates(joined, values, longest)
     if candidates is None:
         return None
     try:
@@ -110,18 +112,20 @@ def struct_columns(names: tuple[str, ...], values: Sequence[bytes]) -> list[list
     return columns
 
 
-def _candidates(joined: bytes, values: Sequence[bytes]) -> list[int] | None:
+def _candidates(joined: bytes, values: Sequence[bytes], longest: int) -> list[int] | None:
     """The records whose fields must come from orjson, or None if there are too many: those
     with an exponent (a digit then ``e`` or ``E``: ``1e400`` overflows), a run of
     :data:`LONG_RECORD_BYTES` digits, or :data:`DEEP_RECORD_BYTES` bytes."""
     limit = len(values) // MAX_CANDIDATE_SHARE + 1
     chars = np.frombuffer(joined, dtype=np.uint8)
-    after = np.flatnonzero((chars[1:] | 0x20) == _LOWER_E)  # positions of the char before
+    if b"E" in joined:  # positions of the char before each e or E
+        after = np.flatnonzero((chars[1:] | 0x20) == _LOWER_E)
+    else:
+        after = np.flatnonzero(chars[1:] == _LOWER_E)
     hits = after[(chars[after] - _ZERO) < 10]
     if len(hits) > 4 * limit:
         return None
     at = hits.tolist()
-    longest = max(map(len, values))
     if longest >= LONG_RECORD_BYTES:
         shape = joined.translate(_DIGITS_AS_ZERO)
         found = shape.find(_LONG_NUMBER)

@@ -61,9 +61,10 @@ def decode_columns(
     n = len(values)
     if n == 0 or None in values:
         return None
-    if max(map(len, values)) > decoder.max_record_bytes:  # type: ignore[arg-type]
+    longest = max(map(len, values))  # type: ignore[arg-type]
+    if longest > decoder.max_record_bytes:
         return None
-    raw = _needed_columns(decoder, fields, values)  # type: ignore[arg-type]
+    raw = _needed_columns(decoder, fields, values, longest)  # type: ignore[arg-type]
     if raw is None:
         return None
     users, raw_times, field_of = raw
@@ -100,14 +101,14 @@ def decode_columns(
 
 
 def _needed_columns(
-    decoder: Decoder, fields: Sequence[str], values: Sequence[bytes]
+    decoder: Decoder, fields: Sequence[str], values: Sequence[bytes], longest: int
 ) -> tuple[list[Any], list[Any], dict[str, list[Any]]] | None:
     """(users, raw times, each needed field's column) as ``dict.get`` on orjson's objects
     gives them, or None if a record is not a JSON object. msgspec decodes just these fields
     where its guards let it (:mod:`stream_dp.pipeline.formats.struct_decode`), orjson
     the rest."""
     names = tuple(dict.fromkeys((decoder.user_field, decoder.time_field, *fields)))
-    columns = struct_decode.struct_columns(names, values)
+    columns = struct_decode.struct_columns(names, values, longest)
     if columns is None:
         try:
             objs = list(map(orjson.loads, values))
