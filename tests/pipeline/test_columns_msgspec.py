@@ -397,6 +397,18 @@ def test_nesting_deeper_than_orjson_takes_is_refused_whatever_the_recursion_limi
     assert isinstance(DECODER.decode_parts(deep, NOW), BadRecord)
 
 
+def test_a_record_of_many_long_numbers_hides_no_other_from_the_scan() -> None:
+    """The long-number scan stops early on a batch with many hits: it must then leave the
+    batch to orjson, not take the records after the last hit it looked at unchecked."""
+    many = _event()[:-1] + b"".join(b',"n%d":%s' % (i, b"7" * 300) for i in range(12)) + b"}"
+    overflow = _event()[:-1] + b',"x":' + b"9" * 400 + b"}"
+    values = [*GOOD, many, overflow, *GOOD]
+    assert isinstance(DECODER.decode_parts(overflow, NOW), BadRecord)
+    assert not isinstance(DECODER.decode_parts(many, NOW), BadRecord)
+    assert _struct(values) is None
+    assert columns.decode_columns(DECODER, FIELDS, values, NOW) is None
+
+
 def test_a_record_holding_a_newline_leaves_the_batch_to_orjson() -> None:
     """Records are decoded as the lines of one buffer: a newline inside one (JSON
     whitespace) would split it, so orjson decodes that batch (and the column path takes it)."""

@@ -129,7 +129,9 @@ def _candidates(joined: bytes, values: Sequence[bytes], longest: int) -> list[in
     if longest >= LONG_RECORD_BYTES:
         shape = joined.translate(_DIGITS_AS_ZERO)
         found = shape.find(_LONG_NUMBER)
-        while found != -1 and len(at) <= 4 * limit:
+        while found != -1:
+            if len(at) >= 4 * limit:
+                return None
             at.append(found)
             found = shape.find(_LONG_NUMBER, found + LONG_RECORD_BYTES)
     records: set[int] = set()
