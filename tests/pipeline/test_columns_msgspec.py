@@ -122,6 +122,16 @@ NASTY = [
     b'"site00012.example"',
     b"[1e400]",
     b"[18446744073709551616]",
+    b'{"\\q":1}',
+    b'{"a\x01":1}',
+    b'{"\\udc00\\ud800":1}',
+    b'["\\q"]',
+    b"1" * 309,
+    b"0." + b"1" * 500,
+    b'"\\ud800\\u0041"',
+    b'"\\uDBFF\\uDFFF"',
+    b"1e+-1",
+    b"-0.0e0",
     b'"' + b"x" * 2100 + b'"',
     b'"\xe2\x80\xa8"',
 ]
@@ -138,6 +148,9 @@ KEYS = [
     b'"\\u0064omain"',
     b'"\xff"',
     b'""',
+    b'"\\q"',
+    b'"\\ud800"',
+    b'"a\x01"',
 ]
 #: Whole records that are not one JSON object (or are, unusually spelled).
 ODD_RECORDS = [
@@ -272,7 +285,7 @@ def test_the_differential_fuzz_takes_both_paths_often() -> None:
         taken += took
         refused += not took
         columns_taken += cols_took
-    assert taken > 600 and refused > 600 and columns_taken > 300, (taken, refused, columns_taken)
+    assert taken > 400 and refused > 600 and columns_taken > 300, (taken, refused, columns_taken)
 
 
 def _event(**fields: Any) -> bytes:
