@@ -140,8 +140,9 @@ NOTES = [
     "(stream_dp/clients/fetched.py hands it the parsed records). Its producer takes "
     "tens of microseconds of Python per `send`: the worker never sends one record per event, "
     "stage 0 writes packed records and record batches (`send_batch`) carry the output.",
-    "Python work per event that cannot be batched away: one orjson decode per record (as the "
-    "raw consumer), and per distinct user and batch a normalisation and an HMAC-SHA256 "
+    "Python work per event that cannot be batched away: one decode per record (msgspec's of "
+    "the needed fields where its guards allow, else orjson's, as the raw consumer), and per "
+    "distinct user and batch a normalisation and an HMAC-SHA256 "
     "pseudonym (raw ids live only in a batch-local cache, never in state, so each fetched "
     "batch pseudonymizes its users again). Everything else — validation of the decoded "
     "columns, the key and placement checks, windows, signatures, the samples' bottom-k "

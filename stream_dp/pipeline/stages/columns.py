@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from stream_dp.pipeline.formats import struct_decode
 from stream_dp.pipeline.formats.decode import (
     EPOCH_MS_CUTOFF,
     MAX_USER_ID_CHARS,
@@ -31,6 +32,7 @@ from stream_dp.pipeline.formats.decode import (
     Decoder,
     parse_event_time,
 )
+from stream_dp.pipeline.formats.struct_decode import orjson_ints
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES
 
@@ -59,23 +61,23 @@ def decode_columns(
     n = len(values)
     if n == 0 or None in values:
         return None
-    if max(map(len, values)) > decoder.max_record_bytes:  # type: ignore[arg-type]
+    longest = max(map(len, values))  # type: ignore[arg-type]
+    if longest > decoder.max_record_bytes:
         return None
-    try:
-        objs = list(map(orjson.loads, values))  # type: ignore[arg-type]
-    except orjson.JSONDecodeError:
+    raw = _needed_columns(decoder, fields, values, longest)  # type: ignore[arg-type]
+    if raw is None:
         return None
-    if set(map(type, objs)) != {dict}:
-        return None
-    users = list(map(operator.methodcaller("get", decoder.user_field), objs))
+    users, raw_times, field_of = raw
     user_types = set(map(type, users))
-    if not user_types <= {str, int}:
+    if not user_types <= {str, int} or not orjson_ints(users, user_types):
         return None
     if str in user_types:
         lengths = [len(u) for u in users if type(u) is str]
         if min(lengths) < 1 or max(lengths) > MAX_USER_ID_CHARS:
             return None
-    times = _times(list(map(operator.methodcaller("get", decoder.time_field), objs)))
+    # An integer time beyond 64 bits (exact from msgspec, a float from orjson) is out of
+    # range either way: the batch goes to the per-record path, which refuses it.
+    times = _times(raw_times)
     if times is None:
         return None
     if (times.min() < MIN_EVENT_TIME_S or times.max() > now_s + decoder.max_future_s):
@@ -83,8 +85,10 @@ def decode_columns(
     columns: list[list[Any]] = []
     scalar, numeric = set(decoder.scalar_fields), set(decoder.numeric_fields)
     for name in fields:
-        column = list(map(operator.methodcaller("get", name), objs))
+        column = field_of[name]
         types = set(map(type, column))
+        if not orjson_ints(column, types):
+            return None
         if name in numeric and not types <= _NUMBERS:
             return None
         if name in scalar:
@@ -94,6 +98,27 @@ def decode_columns(
                 column = list(map(canonical_value, column))
         columns.append(column)
     return EventColumns(users, times, columns)
+
+
+def _needed_columns(
+    decoder: Decoder, fields: Sequence[str], values: Sequence[bytes], longest: int
+) -> tuple[list[Any], list[Any], dict[str, list[Any]]] | None:
+    """(users, raw times, each needed field's column) as ``dict.get`` on orjson's objects
+    gives them, or None if a record is not a JSON object. msgspec decodes just these fields
+    where its guards let it (:mod:`stream_dp.pipeline.formats.struct_decode`), orjson
+    the rest."""
+    names = tuple(dict.fromkeys((decoder.user_field, decoder.time_field, *fields)))
+    columns = struct_decode.struct_columns(names, values, longest)
+    if columns is None:
+        try:
+            objs = list(map(orjson.loads, values))
+        except orjson.JSONDecodeError:
+            return None
+        if set(map(type, objs)) != {dict}:
+            return None
+        columns = [list(map(operator.methodcaller("get", name), objs)) for name in names]
+    field_of = dict(zip(names, columns, strict=True))
+    return field_of[decoder.user_field], field_of[decoder.time_field], field_of
 
 
 def _times(raw: list[Any]) -> np.ndarray | None:
