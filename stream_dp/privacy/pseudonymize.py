@@ -14,8 +14,9 @@ pseudonyms of one window come from one key and a user is never counted twice in 
 from __future__ import annotations
 
 import hashlib
+import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,8 +52,37 @@ def nfkc_casefold_strip(user_id: str | int) -> str | int:
     return folded.strip()
 
 
+#: A string's leading or trailing whitespace (what ``str.strip`` removes: both use Python's
+#: Unicode whitespace) in NUL-joined ids: at the text's or an id's start or end. An id that
+#: holds a NUL itself can only add matches (the per-id path then runs), never hide one.
+_EDGE_SPACE = re.compile(r"(?:\A|\x00)\s|\s(?:\x00|\Z)")
+
+
+def nfkc_casefold_strip_all(user_ids: Sequence[str | int]) -> list[str | int]:
+    """:func:`nfkc_casefold_strip` of each id, with one check for the usual batch: all
+    strings, ASCII, no upper case, no surrounding whitespace — ids the function returns
+    unchanged (NFKC is the identity on ASCII, case folding on ASCII without upper case, strip
+    on ids without surrounding whitespace), checked on their NUL-joined text at once. Any
+    other batch (an integer, a non-ASCII or upper-case character, an id to strip) is
+    normalised id by id."""
+    try:
+        joined = "\x00".join(user_ids)  # type: ignore[arg-type]
+    except TypeError:  # an integer among them
+        return list(map(nfkc_casefold_strip, user_ids))
+    if joined.isascii() and joined.lower() == joined and _EDGE_SPACE.search(joined) is None:
+        return list(user_ids)
+    return list(map(nfkc_casefold_strip, user_ids))
+
+
 def _unchanged(user_id: str | int) -> str | int:
     return user_id
+
+
+def normalized_user_ids(
+    user_ids: Sequence[str | int], mode: UserIdNormalization
+) -> list[str | int]:
+    """The ids of a batch as :func:`user_id_normalizer` ``(mode)`` makes each of them."""
+    return nfkc_casefold_strip_all(user_ids) if mode == "nfkc_casefold_strip" else list(user_ids)
 
 
 def user_id_normalizer(mode: UserIdNormalization) -> Callable[[str | int], str | int]:
@@ -67,6 +97,15 @@ def canonical_user_id(user_id: str | int) -> bytes:
     if isinstance(user_id, int):
         return str(user_id).encode("ascii")
     return user_id.encode("utf-8")
+
+
+def canonical_user_ids(user_ids: Iterable[str | int]) -> list[bytes]:
+    """:func:`canonical_user_id` of each id (a batch of strings encoded in one pass)."""
+    listed = user_ids if isinstance(user_ids, list) else list(user_ids)
+    try:
+        return list(map(str.encode, listed))  # UTF-8, as canonical_user_id
+    except TypeError:  # an integer (or a boolean: canonical_user_id refuses it) among them
+        return list(map(canonical_user_id, listed))
 
 
 @dataclass(frozen=True, repr=False)
@@ -102,6 +141,19 @@ class Pseudonymizer:
         outer.update(inner.digest())
         digest: bytes = outer.digest()
         return digest[:PSEUDONYM_BYTES]
+
+    def pseudonyms_of_canonical(self, canonical_ids: Iterable[bytes]) -> bytes:
+        """:meth:`pseudonym` of each id given as its :func:`canonical_user_ids` bytes, the
+        pseudonyms concatenated (a batch: the per-call lookups done once)."""
+        inner_copy, outer_copy = self._inner.copy, self._outer.copy
+        out = []
+        for raw in canonical_ids:
+            inner = inner_copy()
+            inner.update(raw)
+            outer = outer_copy()
+            outer.update(inner.digest())
+            out.append(outer.digest()[:PSEUDONYM_BYTES])
+        return b"".join(out)
 
 
 @dataclass(frozen=True)
