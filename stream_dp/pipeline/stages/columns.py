@@ -16,8 +16,9 @@ ids live only in those batch-local tables, never in state.
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from stream_dp.pipeline.formats.decode import (
     parse_event_time,
 )
 from stream_dp.privacy.group_values import canonical_value
-from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES
+from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES, Pseudonymizer
 
 _PLAIN_SCALARS = frozenset((str, int, type(None)))
 _SCALARS = frozenset((str, int, type(None), bool, float))
@@ -124,37 +125,46 @@ def intern_signatures(
     signatures: list[tuple[Any, ...]],
 ) -> np.ndarray:
     """The id of each event's signature (the tuple of its query fields), interning new ones
-    into the shared table."""
-    if len(columns) == 1:
-        sigs: Sequence[tuple[Any, ...]] = [(v,) for v in columns[0]]
-    else:
-        sigs = list(zip(*columns, strict=True))
+    into the shared table. The usual batch (every signature known) is one ``map`` of the
+    table's ``get`` over ``zip`` of the columns, which builds the tuples in C."""
+    n = len(columns[0])
+    try:
+        return np.fromiter(map(signature_ids.get, zip(*columns, strict=True)), np.int32, n)
+    except TypeError:  # a signature not in the table yet (get gave None)
+        pass
     get = signature_ids.get
-    ids = list(map(get, sigs))
-    if None in ids:
-        for i, sig in enumerate(sigs):
-            if ids[i] is None:
-                sid = get(sig)
-                if sid is None:
-                    sid = signature_ids[sig] = len(signatures)
-                    signatures.append(sig)
-                ids[i] = sid
+    ids = []
+    for sig in zip(*columns, strict=True):
+        sid = get(sig)
+        if sid is None:
+            sid = signature_ids[sig] = len(signatures)
+            signatures.append(sig)
+        ids.append(sid)
     return np.array(ids, dtype=np.int32)
 
 
 def distinct_index(values: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
-    """(distinct values in first-seen order, each value's position among them)."""
-    positions: dict[Any, int] = {}
-    setdefault = positions.setdefault
-    index = [setdefault(v, len(positions)) for v in values]
-    return list(positions), np.array(index, dtype=np.int64)
+    """(distinct values in first-seen order, each value's position among them).
+
+    One ``map`` of ``dict.setdefault`` in C gives each value the row of its first
+    occurrence; those rows, in first-seen order, are the dict's values, and numbering them
+    0, 1, … turns rows into positions."""
+    first_rows: dict[Any, int] = {}
+    first = np.fromiter(
+        map(first_rows.setdefault, values, itertools.count()), np.int64, len(values)
+    )
+    position = np.empty(len(values), dtype=np.int64)
+    position[np.fromiter(first_rows.values(), np.int64, len(first_rows))] = np.arange(
+        len(first_rows)
+    )
+    return list(first_rows), position[first]
 
 
-def pseudonym_columns(
-    ids: Sequence[str | int], pseudonymize: Callable[[str | int], bytes]
-) -> bytes | None:
-    """The pseudonyms of distinct (normalised) ids, concatenated; None if one is empty."""
-    out = b"".join(map(pseudonymize, ids))
+def pseudonym_columns(ids: Sequence[bytes], pseudonymizer: Pseudonymizer) -> bytes | None:
+    """The pseudonyms of distinct (normalised) ids given as their canonical bytes
+    (:func:`~stream_dp.privacy.pseudonymize.canonical_user_ids`), concatenated; None if one
+    is empty."""
+    out = pseudonymizer.pseudonyms_of_canonical(ids)
     if len(out) != PSEUDONYM_BYTES * len(ids):
         return None
     return out
