@@ -123,24 +123,34 @@ def intern_signatures(
     columns: Sequence[Sequence[Any]],
     signature_ids: dict[tuple[Any, ...], int],
     signatures: list[tuple[Any, ...]],
+    *,
+    n_events: int,
 ) -> np.ndarray:
-    """The id of each event's signature (the tuple of its query fields), interning new ones
-    into the shared table. The usual batch (every signature known) is one ``map`` of the
-    table's ``get`` over ``zip`` of the columns, which builds the tuples in C."""
-    n = len(columns[0])
+    """The id of each of ``n_events`` events' signature (the tuple of its query fields: the
+    empty tuple when the queries read no field), interning new ones into the shared table.
+    The usual batch (every signature known) is one ``map`` of the table's ``get`` over
+    ``zip`` of the columns, which builds the tuples in C."""
+    n = n_events
+    if not columns:
+        return np.full(n, _intern_one((), signature_ids, signatures), dtype=np.int32)
     try:
         return np.fromiter(map(signature_ids.get, zip(*columns, strict=True)), np.int32, n)
     except TypeError:  # a signature not in the table yet (get gave None)
         pass
-    get = signature_ids.get
-    ids = []
-    for sig in zip(*columns, strict=True):
-        sid = get(sig)
-        if sid is None:
-            sid = signature_ids[sig] = len(signatures)
-            signatures.append(sig)
-        ids.append(sid)
+    ids = [_intern_one(sig, signature_ids, signatures) for sig in zip(*columns, strict=True)]
     return np.array(ids, dtype=np.int32)
+
+
+def _intern_one(
+    signature: tuple[Any, ...],
+    signature_ids: dict[tuple[Any, ...], int],
+    signatures: list[tuple[Any, ...]],
+) -> int:
+    sid = signature_ids.get(signature)
+    if sid is None:
+        sid = signature_ids[signature] = len(signatures)
+        signatures.append(signature)
+    return sid
 
 
 def distinct_index(values: Sequence[Any]) -> tuple[list[Any], np.ndarray]:

@@ -349,10 +349,12 @@ class ColumnIngest:
                 else [[v for v, m in zip(c, mask.tolist(), strict=True) if m] for c in cols.fields]
             )
             sids = np.empty(len(records), dtype=np.int32)
+            table, interned = self._signature_ids, self._signatures
             if mask is None:
-                sids[:] = intern_signatures(fields, self._signature_ids, self._signatures)
+                sids[:] = intern_signatures(fields, table, interned, n_events=len(sids))
             else:
-                sids[mask] = intern_signatures(fields, self._signature_ids, self._signatures)
+                n_accepted = int(np.count_nonzero(mask))
+                sids[mask] = intern_signatures(fields, table, interned, n_events=n_accepted)
             kept = np.zeros(len(records), dtype=bool)
             key_id = self.keyring.for_window(accepted[0]).key_id
             for ws in accepted:
