@@ -14,7 +14,6 @@ pseudonyms of one window come from one key and a user is never counted twice in 
 from __future__ import annotations
 
 import hashlib
-import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,24 +51,18 @@ def nfkc_casefold_strip(user_id: str | int) -> str | int:
     return folded.strip()
 
 
-#: A string's leading or trailing whitespace (what ``str.strip`` removes: both use Python's
-#: Unicode whitespace) in NUL-joined ids: at the text's or an id's start or end. An id that
-#: holds a NUL itself can only add matches (the per-id path then runs), never hide one.
-_EDGE_SPACE = re.compile(r"(?:\A|\x00)\s|\s(?:\x00|\Z)")
-
-
 def nfkc_casefold_strip_all(user_ids: Sequence[str | int]) -> list[str | int]:
     """:func:`nfkc_casefold_strip` of each id, with one check for the usual batch: all
-    strings, ASCII, no upper case, no surrounding whitespace — ids the function returns
-    unchanged (NFKC is the identity on ASCII, case folding on ASCII without upper case, strip
-    on ids without surrounding whitespace), checked on their NUL-joined text at once. Any
-    other batch (an integer, a non-ASCII or upper-case character, an id to strip) is
-    normalised id by id."""
+    strings of printable ASCII without space or upper case — ids the function returns
+    unchanged (NFKC is the identity on ASCII, case folding on ASCII without upper case;
+    ASCII whitespace is the space and control characters, so there is nothing to strip),
+    checked on their joined text at once. Any other batch (an integer, a non-ASCII, upper
+    case, space or control character anywhere in an id) is normalised id by id."""
     try:
-        joined = "\x00".join(user_ids)  # type: ignore[arg-type]
+        joined = "".join(user_ids)  # type: ignore[arg-type]
     except TypeError:  # an integer among them
         return list(map(nfkc_casefold_strip, user_ids))
-    if joined.isascii() and joined.lower() == joined and _EDGE_SPACE.search(joined) is None:
+    if joined.isascii() and joined.isprintable() and " " not in joined and joined.lower() == joined:
         return list(user_ids)
     return list(map(nfkc_casefold_strip, user_ids))
 
