@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from stream_dp.errors import PrivacyError
 
 #: ``input.user_id_normalization``.
@@ -28,6 +30,8 @@ UserIdNormalization = Literal["nfkc_casefold_strip", "none"]
 PSEUDONYM_BYTES = 16
 #: Shortest secret key accepted (the key's entropy bounds the pseudonyms' resistance).
 MIN_KEY_BYTES = 32
+#: SHA-256's digest size.
+_DIGEST_BYTES = 32
 #: SHA-256's block size, and HMAC's inner/outer pads (RFC 2104).
 _BLOCK = 64
 _IPAD = bytes(b ^ 0x36 for b in range(256))
@@ -139,14 +143,16 @@ class Pseudonymizer:
         """:meth:`pseudonym` of each id given as its :func:`canonical_user_ids` bytes, the
         pseudonyms concatenated (a batch: the per-call lookups done once)."""
         inner_copy, outer_copy = self._inner.copy, self._outer.copy
-        out = []
+        digests = []
         for raw in canonical_ids:
             inner = inner_copy()
             inner.update(raw)
             outer = outer_copy()
             outer.update(inner.digest())
-            out.append(outer.digest()[:PSEUDONYM_BYTES])
-        return b"".join(out)
+            digests.append(outer.digest())
+        # Each digest truncated to its first PSEUDONYM_BYTES, all at once.
+        whole = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, _DIGEST_BYTES)
+        return whole[:, :PSEUDONYM_BYTES].tobytes()
 
 
 @dataclass(frozen=True)
