@@ -174,7 +174,10 @@ class UserSamples:
         n = len(words)
         if n == 0:
             return np.zeros(0, np.int64), np.zeros(0, _I32)
-        new_user = np.concatenate(([True], np.any(words[1:] != words[:-1], axis=1)))
+        new_user = np.empty(n, dtype=bool)
+        new_user[0] = True
+        np.not_equal(words[1:, 0], words[:-1, 0], out=new_user[1:])
+        new_user[1:] |= words[1:, 1] != words[:-1, 1]
         return np.cumsum(new_user) - 1, self._kept[2]
 
     # -- state ----------------------------------------------------------------------------
