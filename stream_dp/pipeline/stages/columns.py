@@ -137,7 +137,11 @@ def intern_signatures(
         return np.fromiter(map(signature_ids.get, zip(*columns, strict=True)), np.int32, n)
     except TypeError:  # a signature not in the table yet (get gave None)
         pass
-    ids = [_intern_one(sig, signature_ids, signatures) for sig in zip(*columns, strict=True)]
+    sigs = list(zip(*columns, strict=True))
+    ids = list(map(signature_ids.get, sigs))
+    for i, sid in enumerate(ids):
+        if sid is None:  # new: interned in first-seen order (a repeat finds it then)
+            ids[i] = _intern_one(sigs[i], signature_ids, signatures)
     return np.array(ids, dtype=np.int32)
 
 
