@@ -115,6 +115,15 @@ def _offset_at(records: Sequence[InputRecord], row: int) -> int:
     return records[row][0]
 
 
+def _gather(values: list[bytes], index: np.ndarray) -> list[bytes]:
+    """``values[i]`` for each ``i`` of ``index``: numpy's gather over an object array, no
+    Python call per item (bytes are scalars to numpy, so each is one element)."""
+    table = np.empty(len(values), dtype=object)
+    table[:] = values
+    gathered: list[bytes] = table[index].tolist()
+    return gathered
+
+
 def _distinct_starts(starts: np.ndarray) -> list[int]:
     """The distinct window starts of a batch, ascending (most batches hold one window)."""
     if starts[0] == starts[-1] and (starts == starts[0]).all():
@@ -329,7 +338,7 @@ class ColumnIngest:
         canonical = canonical_user_ids(normal) if accepted or self.enforce_user_keys else []
         if self.enforce_user_keys:
             expected = canonical
-            if _keys(records) != list(map(expected.__getitem__, index.tolist())):
+            if _keys(records) != _gather(expected, index):
                 return False
             homes = self._partitions_of_keys(expected, self.source_partitions)
             if (homes != partition).any():
