@@ -183,6 +183,35 @@ def test_a_batch_with_one_bad_record_takes_the_per_record_path() -> None:
         assert columns.decode_columns(typed, ["domain", "bytes"], [*good, bad], NOW) is None
 
 
+class _Fetched:
+    """A fetched record as the worker's consumer hands it out (offset, key, value)."""
+
+    __slots__ = ("key", "offset", "value")
+
+    def __init__(self, offset: int, key: bytes | None, value: bytes | None) -> None:
+        self.offset, self.key, self.value = offset, key, value
+
+
+def test_fetched_records_with_offset_gaps_give_what_the_per_record_path_gives() -> None:
+    """The worker's batches (:class:`FetchedRecords`), keyed, with gaps in their offsets
+    (compacted topics, transaction markers): each window's first offset — what the commit
+    waits for — comes from its own first record, as record by record."""
+    cfg = _config(k=40, keyed_by_user=True)
+    times = [1.0, 2.0, 12.0, 22.0, 31.0, 33.0, 3.0, 34.0]
+    offsets = [100, 101, 103, 107, 110, 111, 115, 120]
+    users = ["u1", "u2", "u1", "U3", "u2", "u1", "u4", "u4"]
+    records = [
+        _Fetched(o, user_key(u, "nfkc_casefold_strip"), _event(u, t, "a"))
+        for o, u, t in zip(offsets, users, times, strict=True)
+    ]
+    batches = [ingest_columns.FetchedRecords(part) for part in (records[:6], records[6:])]
+    on = _run(cfg, batches, columns_on=True)
+    assert on == _run(cfg, batches, columns_on=False)
+    assert on[0]["offsets"] == {0: 110}  # window 30's first record; 0-20 are sealed
+    # Both batches taken whole; the run's unkeyed probe record is dead-lettered.
+    assert on[1] == [[], [], [("not_keyed_by_user", 10_000)]]
+
+
 def test_keyed_batches_with_a_wrong_key_or_partition_are_dead_lettered_as_before() -> None:
     cfg = _config(k=40, keyed_by_user=True)
     stage = _stage(cfg, partitions=4)
