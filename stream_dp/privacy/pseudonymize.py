@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import numpy as np
 
 from stream_dp.errors import PrivacyError
 
@@ -28,6 +30,8 @@ UserIdNormalization = Literal["nfkc_casefold_strip", "none"]
 PSEUDONYM_BYTES = 16
 #: Shortest secret key accepted (the key's entropy bounds the pseudonyms' resistance).
 MIN_KEY_BYTES = 32
+#: SHA-256's digest size.
+_DIGEST_BYTES = 32
 #: SHA-256's block size, and HMAC's inner/outer pads (RFC 2104).
 _BLOCK = 64
 _IPAD = bytes(b ^ 0x36 for b in range(256))
@@ -51,8 +55,31 @@ def nfkc_casefold_strip(user_id: str | int) -> str | int:
     return folded.strip()
 
 
+def nfkc_casefold_strip_all(user_ids: Sequence[str | int]) -> list[str | int]:
+    """:func:`nfkc_casefold_strip` of each id, with one check for the usual batch: all
+    strings of printable ASCII without space or upper case — ids the function returns
+    unchanged (NFKC is the identity on ASCII, case folding on ASCII without upper case;
+    ASCII whitespace is the space and control characters, so there is nothing to strip),
+    checked on their joined text at once. Any other batch (an integer, a non-ASCII, upper
+    case, space or control character anywhere in an id) is normalised id by id."""
+    try:
+        joined = "".join(user_ids)  # type: ignore[arg-type]
+    except TypeError:  # an integer among them
+        return list(map(nfkc_casefold_strip, user_ids))
+    if joined.isascii() and joined.isprintable() and " " not in joined and joined.lower() == joined:
+        return list(user_ids)
+    return list(map(nfkc_casefold_strip, user_ids))
+
+
 def _unchanged(user_id: str | int) -> str | int:
     return user_id
+
+
+def normalized_user_ids(
+    user_ids: Sequence[str | int], mode: UserIdNormalization
+) -> list[str | int]:
+    """The ids of a batch as :func:`user_id_normalizer` ``(mode)`` makes each of them."""
+    return nfkc_casefold_strip_all(user_ids) if mode == "nfkc_casefold_strip" else list(user_ids)
 
 
 def user_id_normalizer(mode: UserIdNormalization) -> Callable[[str | int], str | int]:
@@ -67,6 +94,15 @@ def canonical_user_id(user_id: str | int) -> bytes:
     if isinstance(user_id, int):
         return str(user_id).encode("ascii")
     return user_id.encode("utf-8")
+
+
+def canonical_user_ids(user_ids: Iterable[str | int]) -> list[bytes]:
+    """:func:`canonical_user_id` of each id (a batch of strings encoded in one pass)."""
+    listed = user_ids if isinstance(user_ids, list) else list(user_ids)
+    try:
+        return list(map(str.encode, listed))  # UTF-8, as canonical_user_id
+    except TypeError:  # an integer (or a boolean: canonical_user_id refuses it) among them
+        return list(map(canonical_user_id, listed))
 
 
 @dataclass(frozen=True, repr=False)
@@ -106,18 +142,22 @@ class Pseudonymizer:
     def pseudonyms(self, user_ids: Iterable[str | int]) -> bytes:
         """:meth:`pseudonym` of each id, concatenated (16 bytes each, in order): the same
         HMAC, with the per-call lookups done once for a batch's distinct users."""
+        return self.pseudonyms_of_canonical(canonical_user_ids(user_ids))
+
+    def pseudonyms_of_canonical(self, canonical_ids: Iterable[bytes]) -> bytes:
+        """:meth:`pseudonym` of each id given as its :func:`canonical_user_ids` bytes, the
+        pseudonyms concatenated (a batch: the per-call lookups done once)."""
         inner_copy, outer_copy = self._inner.copy, self._outer.copy
-        out: list[bytes] = []
-        append = out.append
-        for user_id in user_ids:
+        digests = []
+        for raw in canonical_ids:
             inner = inner_copy()
-            inner.update(
-                user_id.encode("utf-8") if type(user_id) is str else canonical_user_id(user_id)
-            )
+            inner.update(raw)
             outer = outer_copy()
             outer.update(inner.digest())
-            append(outer.digest()[:PSEUDONYM_BYTES])
-        return b"".join(out)
+            digests.append(outer.digest())
+        # Each digest truncated to its first PSEUDONYM_BYTES, all at once.
+        whole = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, _DIGEST_BYTES)
+        return whole[:, :PSEUDONYM_BYTES].tobytes()
 
 
 @dataclass(frozen=True)

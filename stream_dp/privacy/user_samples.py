@@ -144,13 +144,24 @@ class UserSamples:
         self._kept = (words[order], priorities[order], items[order])
 
     def _note_dropped(self, words: np.ndarray) -> None:
-        """Count, per user, events compaction left out (their rows are gone)."""
-        parts = [words] if self._dropped is None else [self._dropped[0], words]
-        weights = [np.ones(len(words), np.int64)]
+        """Count, per user, events compaction left out (their rows are gone). ``words``
+        come from :meth:`_compact`, grouped by user and sorted by (first, second) word: the
+        counts are the lengths of its runs, users in np.unique's order. Merging them with
+        the counts of an earlier compaction takes np.unique."""
+        n = len(words)
+        new_user = np.empty(n, dtype=bool)
+        new_user[0] = True
+        np.not_equal(words[1:, 0], words[:-1, 0], out=new_user[1:])
+        new_user[1:] |= words[1:, 1] != words[:-1, 1]
+        firsts = np.flatnonzero(new_user)
+        users, counts = words[firsts], np.diff(firsts, append=n).astype(np.int64)
         if self._dropped is not None:
-            weights.insert(0, self._dropped[1])
-        users, inverse = np.unique(np.concatenate(parts), axis=0, return_inverse=True)
-        counts = np.bincount(inverse.reshape(-1), weights=np.concatenate(weights)).astype(np.int64)
+            both, inverse = np.unique(
+                np.concatenate([self._dropped[0], users]), axis=0, return_inverse=True
+            )
+            weights = np.concatenate([self._dropped[1], counts])
+            users = both
+            counts = np.bincount(inverse.reshape(-1), weights=weights).astype(np.int64)
         self._dropped = (users, counts)
 
     def sample(self) -> tuple[np.ndarray, np.ndarray]:
@@ -163,7 +174,10 @@ class UserSamples:
         n = len(words)
         if n == 0:
             return np.zeros(0, np.int64), np.zeros(0, _I32)
-        new_user = np.concatenate(([True], np.any(words[1:] != words[:-1], axis=1)))
+        new_user = np.empty(n, dtype=bool)
+        new_user[0] = True
+        np.not_equal(words[1:, 0], words[:-1, 0], out=new_user[1:])
+        new_user[1:] |= words[1:, 1] != words[:-1, 1]
         return np.cumsum(new_user) - 1, self._kept[2]
 
     # -- state ----------------------------------------------------------------------------

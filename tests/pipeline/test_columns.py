@@ -134,6 +134,19 @@ def test_column_and_per_record_paths_agree(first: list[Any], second: list[Any], 
     }
 
 
+def test_queries_that_read_no_field_take_the_column_path_as_record_by_record() -> None:
+    """A deployment whose only query counts events (no group_by, no value field): every
+    event's signature is the empty tuple. The column path once failed on such a batch (it
+    numbered no signature for it)."""
+    cfg = config(queries=[{"name": "all", "epsilon": 1e6, "keys": {}}], k=40)
+    events = [("u1", 1.0, "a", None, "s"), ("u2", 2.0, "b", True, "ms"), ("u1", 3.0, 1, 1, "s")]
+    batches = [_records(events), _records(events[:1], first=3)]
+    on = _run(cfg, batches, columns_on=True)
+    assert on == _run(cfg, batches, columns_on=False)
+    # The four events and the run's probe event ("late", in the same open window).
+    assert [(v[0][()].events, v[0][()].users) for v in on[0]["totals"].values()] == [(5, 3)]
+
+
 def test_a_batch_with_one_bad_record_takes_the_per_record_path() -> None:
     decoder = Decoder(
         user_field="user_id", time_field="timestamp", max_record_bytes=1000, max_future_s=300
@@ -168,6 +181,35 @@ def test_a_batch_with_one_bad_record_takes_the_per_record_path() -> None:
         _event("u", 1, "a", bytes=True),
     ):
         assert columns.decode_columns(typed, ["domain", "bytes"], [*good, bad], NOW) is None
+
+
+class _Fetched:
+    """A fetched record as the worker's consumer hands it out (offset, key, value)."""
+
+    __slots__ = ("key", "offset", "value")
+
+    def __init__(self, offset: int, key: bytes | None, value: bytes | None) -> None:
+        self.offset, self.key, self.value = offset, key, value
+
+
+def test_fetched_records_with_offset_gaps_give_what_the_per_record_path_gives() -> None:
+    """The worker's batches (:class:`FetchedRecords`), keyed, with gaps in their offsets
+    (compacted topics, transaction markers): each window's first offset — what the commit
+    waits for — comes from its own first record, as record by record."""
+    cfg = _config(k=40, keyed_by_user=True)
+    times = [1.0, 2.0, 12.0, 22.0, 31.0, 33.0, 3.0, 34.0]
+    offsets = [100, 101, 103, 107, 110, 111, 115, 120]
+    users = ["u1", "u2", "u1", "U3", "u2", "u1", "u4", "u4"]
+    records = [
+        _Fetched(o, user_key(u, "nfkc_casefold_strip"), _event(u, t, "a"))
+        for o, u, t in zip(offsets, users, times, strict=True)
+    ]
+    batches = [ingest_columns.FetchedRecords(part) for part in (records[:6], records[6:])]
+    on = _run(cfg, batches, columns_on=True)
+    assert on == _run(cfg, batches, columns_on=False)
+    assert on[0]["offsets"] == {0: 110}  # window 30's first record; 0-20 are sealed
+    # Both batches taken whole; the run's unkeyed probe record is dead-lettered.
+    assert on[1] == [[], [], [("not_keyed_by_user", 10_000)]]
 
 
 def test_keyed_batches_with_a_wrong_key_or_partition_are_dead_lettered_as_before() -> None:
@@ -226,3 +268,29 @@ def test_a_later_erasure_removes_events_compaction_had_already_left_out() -> Non
     removed = part.samples.remove(KEYRING.current.pseudonym("dave"))
     assert removed == 5000  # every event seen, not just the two kept
     assert part.samples.events_seen == 0 and part.samples.events_retained == 0
+
+
+@given(
+    st.lists(st.sampled_from(["a", "b", 1, None, True, 2.5, ("t",)]), max_size=40),
+    st.integers(1, 3),
+)
+def test_distinct_index_and_signature_ids_against_a_plain_loop(
+    values: list[Any], n_fields: int
+) -> None:
+    distinct, index = columns.distinct_index(values)
+    expected: dict[Any, int] = {}
+    for v in values:
+        expected.setdefault(v, len(expected))
+    assert distinct == list(expected)
+    assert index.tolist() == [expected[v] for v in values]
+    # Signatures: some known before the batch, new ones numbered in first-seen order.
+    cols = [values[i:] + values[:i] for i in range(n_fields)]
+    known: dict[tuple[Any, ...], int] = {("b",) * n_fields: 0, ("zz",) * n_fields: 1}
+    table = list(known)
+    ids = columns.intern_signatures(cols, known, table, n_events=len(values))
+    reference = {("b",) * n_fields: 0, ("zz",) * n_fields: 1}
+    for sig in zip(*cols, strict=True):
+        reference.setdefault(sig, len(reference))
+    assert ids.tolist() == [reference[sig] for sig in zip(*cols, strict=True)]
+    assert known == reference
+    assert table == list(reference)

@@ -26,6 +26,10 @@ def test_murmur2_of_many_keys_matches_the_per_key_function() -> None:
         ]
     assert crc32_partitions(keys, 7).tolist() == [crc32_partition(k, 7) for k in keys]
     assert murmur2_partitions([], 3).tolist() == []
+    # Batches of keys of one length (the usual: ids of one format) take one pass.
+    for length in (0, 3, 8, 9, 13):
+        same = [os.urandom(length) for _ in range(300)]
+        assert murmur2_partitions(same, 6).tolist() == [murmur2_partition(k, 6) for k in same]
 
 
 def test_pseudonym_partitions_match_the_per_pseudonym_function() -> None:

@@ -120,3 +120,33 @@ def test_a_batch_removal_equals_removing_each_user_from_a_sample_in_any_state(
     assert [one_by_one.remove(p) for p in erased] == [offered[p] for p in erased]
     assert _rows_by_user(one_by_one) == expected
     assert one_by_one.events_seen == samples.events_seen
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    k=st.integers(1, 3),
+    batches=st.lists(
+        st.lists(st.integers(0, len(POOL) - 1), min_size=0, max_size=12), min_size=1, max_size=8
+    ),
+    seed=st.integers(0, 2**32),
+    compact_from=st.integers(1, 16),
+)
+def test_the_left_out_counts_are_each_users_events_beyond_the_kept(
+    k: int, batches: list[list[int]], seed: int, compact_from: int
+) -> None:
+    """What an erasure counts as seen: per user (whole pseudonyms, also those sharing a
+    word), every event compaction left out, over any number of compactions; users in
+    (first word, second word) order, as np.unique gives them."""
+    with mock.patch.object(user_samples, "COMPACT_MIN_ROWS", compact_from):
+        samples = UserSamples(k, new_sampling_generator(random.Random(seed)))
+        for batch in batches:
+            samples.add_many([POOL[u] for u in batch], list(range(len(batch))))
+        samples.sample()
+    offered = {p: sum(POOL[u] == p for b in batches for u in b) for p in POOL}
+    expected = {p: n - min(n, k) for p, n in offered.items() if n > k}
+    if samples._dropped is None:
+        assert expected == {}
+        return
+    users, counts = samples._dropped
+    assert {w.tobytes(): c for w, c in zip(users, counts.tolist(), strict=True)} == expected
+    assert users.tolist() == sorted(users.tolist())

@@ -16,8 +16,9 @@ ids live only in those batch-local tables, never in state.
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ from stream_dp.pipeline.formats.decode import (
 )
 from stream_dp.pipeline.formats.struct_decode import orjson_ints
 from stream_dp.privacy.group_values import canonical_value
-from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES
+from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES, Pseudonymizer
 
 _PLAIN_SCALARS = frozenset((str, int, type(None)))
 _SCALARS = frozenset((str, int, type(None), bool, float))
@@ -147,39 +148,62 @@ def intern_signatures(
     columns: Sequence[Sequence[Any]],
     signature_ids: dict[tuple[Any, ...], int],
     signatures: list[tuple[Any, ...]],
+    *,
+    n_events: int,
 ) -> np.ndarray:
-    """The id of each event's signature (the tuple of its query fields), interning new ones
-    into the shared table."""
-    if len(columns) == 1:
-        sigs: Sequence[tuple[Any, ...]] = [(v,) for v in columns[0]]
-    else:
-        sigs = list(zip(*columns, strict=True))
-    get = signature_ids.get
-    ids = list(map(get, sigs))
-    if None in ids:
-        for i, sig in enumerate(sigs):
-            if ids[i] is None:
-                sid = get(sig)
-                if sid is None:
-                    sid = signature_ids[sig] = len(signatures)
-                    signatures.append(sig)
-                ids[i] = sid
+    """The id of each of ``n_events`` events' signature (the tuple of its query fields: the
+    empty tuple when the queries read no field), interning new ones into the shared table.
+    The usual batch (every signature known) is one ``map`` of the table's ``get`` over
+    ``zip`` of the columns, which builds the tuples in C."""
+    n = n_events
+    if not columns:
+        return np.full(n, _intern_one((), signature_ids, signatures), dtype=np.int32)
+    try:
+        return np.fromiter(map(signature_ids.get, zip(*columns, strict=True)), np.int32, n)
+    except TypeError:  # a signature not in the table yet (get gave None)
+        pass
+    sigs = list(zip(*columns, strict=True))
+    ids = list(map(signature_ids.get, sigs))
+    for i, sid in enumerate(ids):
+        if sid is None:  # new: interned in first-seen order (a repeat finds it then)
+            ids[i] = _intern_one(sigs[i], signature_ids, signatures)
     return np.array(ids, dtype=np.int32)
 
 
+def _intern_one(
+    signature: tuple[Any, ...],
+    signature_ids: dict[tuple[Any, ...], int],
+    signatures: list[tuple[Any, ...]],
+) -> int:
+    sid = signature_ids.get(signature)
+    if sid is None:
+        sid = signature_ids[signature] = len(signatures)
+        signatures.append(signature)
+    return sid
+
+
 def distinct_index(values: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
-    """(distinct values in first-seen order, each value's position among them)."""
-    positions: dict[Any, int] = {}
-    setdefault = positions.setdefault
-    index = [setdefault(v, len(positions)) for v in values]
-    return list(positions), np.array(index, dtype=np.int64)
+    """(distinct values in first-seen order, each value's position among them).
+
+    One ``map`` of ``dict.setdefault`` in C gives each value the row of its first
+    occurrence; those rows, in first-seen order, are the dict's values, and numbering them
+    0, 1, … turns rows into positions."""
+    first_rows: dict[Any, int] = {}
+    first = np.fromiter(
+        map(first_rows.setdefault, values, itertools.count()), np.int64, len(values)
+    )
+    position = np.empty(len(values), dtype=np.int64)
+    position[np.fromiter(first_rows.values(), np.int64, len(first_rows))] = np.arange(
+        len(first_rows)
+    )
+    return list(first_rows), position[first]
 
 
-def pseudonym_columns(
-    ids: Sequence[str | int], pseudonymize: Callable[[str | int], bytes]
-) -> bytes | None:
-    """The pseudonyms of distinct (normalised) ids, concatenated; None if one is empty."""
-    out = b"".join(map(pseudonymize, ids))
+def pseudonym_columns(ids: Sequence[bytes], pseudonymizer: Pseudonymizer) -> bytes | None:
+    """The pseudonyms of distinct (normalised) ids given as their canonical bytes
+    (:func:`~stream_dp.privacy.pseudonymize.canonical_user_ids`), concatenated; None if one
+    is empty."""
+    out = pseudonymizer.pseudonyms_of_canonical(ids)
     if len(out) != PSEUDONYM_BYTES * len(ids):
         return None
     return out

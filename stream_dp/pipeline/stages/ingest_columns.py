@@ -42,7 +42,12 @@ from stream_dp.pipeline.stages.placement import pseudonym_partitions
 from stream_dp.pipeline.stages.queries import needed_fields
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.erasure import ErasureSet
-from stream_dp.privacy.pseudonymize import KeyRing
+from stream_dp.privacy.pseudonymize import (
+    KeyRing,
+    UserIdNormalization,
+    canonical_user_ids,
+    normalized_user_ids,
+)
 from stream_dp.privacy.user_samples import SamplingGenerator, UserSamples
 from stream_dp.windows import TumblingWindows, WatermarkTracker
 
@@ -103,10 +108,28 @@ def _keys(records: Sequence[InputRecord]) -> list[bytes | None]:
     return [k for _, k, _ in records]
 
 
-def _offsets(records: Sequence[InputRecord]) -> list[int]:
+def _offset_at(records: Sequence[InputRecord], row: int) -> int:
     if isinstance(records, FetchedRecords):
-        return records.offsets()
-    return [o for o, _, _ in records]
+        offset: int = records._messages[row].offset
+        return offset
+    return records[row][0]
+
+
+def _gather(values: list[bytes], index: np.ndarray) -> list[bytes]:
+    """``values[i]`` for each ``i`` of ``index``: numpy's gather over an object array, no
+    Python call per item (bytes are scalars to numpy, so each is one element)."""
+    table = np.empty(len(values), dtype=object)
+    table[:] = values
+    gathered: list[bytes] = table[index].tolist()
+    return gathered
+
+
+def _distinct_starts(starts: np.ndarray) -> list[int]:
+    """The distinct window starts of a batch, ascending (most batches hold one window)."""
+    if starts[0] == starts[-1] and (starts == starts[0]).all():
+        return [int(starts[0])]
+    distinct: list[int] = np.unique(starts).tolist()
+    return distinct
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +259,7 @@ class ColumnIngest:
     _positions: dict[int, int]
     _windows_released: ReleasedWindows
     _normalize: Callable[[str | int], str | int]
+    _normalization: UserIdNormalization
     _partitions_of_keys: Callable[[Sequence[bytes], int], np.ndarray]
     _empty_user: BadRecord
     erasures: ErasureSet | None
@@ -301,18 +325,20 @@ class ColumnIngest:
         if cols is None:
             return False
         starts = self._window_starts(cols.times)
-        fates = {ws: self._fate(partition, ws) for ws in np.unique(starts).tolist()}
+        fates = {ws: self._fate(partition, ws) for ws in _distinct_starts(starts)}
         accepted = [ws for ws, fate in fates.items() if fate == ACCEPT]
         key_ids = {self.keyring.for_window(ws).key_id for ws in accepted}
         if len(key_ids) > 1:
             return False  # a key rotation inside the batch: the per-record path
         users, index = distinct_index(cols.users)
-        normal = list(map(self._normalize, users))
+        normal = normalized_user_ids(users, self._normalization)
         if "" in normal:
             return False  # an id that normalises to nothing is dead-lettered there
+        # The bytes that are keyed, which are also what a keyed record's key must be.
+        canonical = canonical_user_ids(normal) if accepted or self.enforce_user_keys else []
         if self.enforce_user_keys:
-            expected = [n.encode() if type(n) is str else str(n).encode() for n in normal]
-            if _keys(records) != list(map(expected.__getitem__, index.tolist())):
+            expected = canonical
+            if _keys(records) != _gather(expected, index):
                 return False
             homes = self._partitions_of_keys(expected, self.source_partitions)
             if (homes != partition).any():
@@ -320,11 +346,10 @@ class ColumnIngest:
         late = skipped = 0
         max_time: float | None = None
         if accepted:
-            pseudonyms = pseudonym_columns(normal, self.keyring.for_window(accepted[0]).pseudonym)
+            pseudonyms = pseudonym_columns(canonical, self.keyring.for_window(accepted[0]))
             if pseudonyms is None:
                 return False
             words = np.frombuffer(pseudonyms, dtype=np.uint64).reshape(-1, 2)[index]
-            offsets = _offsets(records)
             everything = len(accepted) == len(fates)
             mask = None if everything else np.isin(starts, accepted)
             fields = (
@@ -333,15 +358,17 @@ class ColumnIngest:
                 else [[v for v, m in zip(c, mask.tolist(), strict=True) if m] for c in cols.fields]
             )
             sids = np.empty(len(records), dtype=np.int32)
+            table, interned = self._signature_ids, self._signatures
             if mask is None:
-                sids[:] = intern_signatures(fields, self._signature_ids, self._signatures)
+                sids[:] = intern_signatures(fields, table, interned, n_events=len(sids))
             else:
-                sids[mask] = intern_signatures(fields, self._signature_ids, self._signatures)
+                n_accepted = int(np.count_nonzero(mask))
+                sids[mask] = intern_signatures(fields, table, interned, n_events=n_accepted)
             kept = np.zeros(len(records), dtype=bool)
             key_id = self.keyring.for_window(accepted[0]).key_id
             for ws in accepted:
                 rows = starts == ws
-                first = offsets[int(np.argmax(rows))]  # the window's first record
+                first = _offset_at(records, int(np.argmax(rows)))  # the window's first record
                 gone = self._erased_rows(key_id, ws, words)
                 if gone is not None:  # erased: never enters a sample (no activity, no count)
                     rows &= ~gone

@@ -56,15 +56,17 @@ def murmur2_partitions(keys: Sequence[bytes], partitions: int) -> np.ndarray:
     if not keys:
         return out
     lengths = np.fromiter(map(len, keys), np.int64, len(keys))
-    for length in np.unique(lengths).tolist():
-        where = np.flatnonzero(lengths == length)
-        data = np.frombuffer(b"".join([keys[i] for i in where.tolist()]), dtype=np.uint8)
-        data = data.reshape(len(where), length).astype(np.uint32)
+    one_length = bool(lengths.min() == lengths.max())
+    for length in [int(lengths[0])] if one_length else np.unique(lengths).tolist():
+        where = np.arange(len(keys)) if one_length else np.flatnonzero(lengths == length)
+        group = keys if one_length else [keys[i] for i in where.tolist()]
+        raw = np.frombuffer(b"".join(group), dtype=np.uint8).reshape(len(where), length)
+        # The key's 4-byte words, little-endian (murmur2's reads), one column each.
+        words = raw[:, : length & ~3].copy().view("<u4")
         with np.errstate(over="ignore"):
             h = np.full(len(where), (_SEED ^ length) & 0xFFFFFFFF, dtype=np.uint32)
             for i in range(length // 4):
-                b = data[:, 4 * i : 4 * i + 4]
-                k = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+                k = words[:, i].astype(np.uint32)
                 k = k * _M
                 k ^= k >> 24
                 k = k * _M
@@ -72,12 +74,13 @@ def murmur2_partitions(keys: Sequence[bytes], partitions: int) -> np.ndarray:
                 h ^= k
             tail = length & ~3
             extra = length % 4
+            data = raw[:, tail:].astype(np.uint32)  # the last length % 4 bytes
             if extra >= 3:
-                h ^= data[:, tail + 2] << 16
+                h ^= data[:, 2] << 16
             if extra >= 2:
-                h ^= data[:, tail + 1] << 8
+                h ^= data[:, 1] << 8
             if extra >= 1:
-                h ^= data[:, tail]
+                h ^= data[:, 0]
                 h = h * _M
             h ^= h >> 13
             h = h * _M
