@@ -12,11 +12,12 @@ result the column paths give.
 :meth:`RecordIngest._ingest_records` is the stage's tuned hot loop: the per-window lookups
 (:meth:`~stream_dp.pipeline.stages.ingest_columns.ColumnIngest._fate`,
 :meth:`RecordIngest._open_window`) redone only when the window changes, a window's events handed
-to its samples in runs, and a keyed record's key checked (:meth:`RecordIngest._check_key`) once
-per user and batch. Its other pieces run once per batch (:meth:`RecordIngest._finish_batch`: the
-watermark and the drop counters), per bad record (the dead letters), or per record of the
-repartition topic (:meth:`RecordIngest._decode_routed`; stage 0 writes packed records, each
-many events).
+to its samples in runs, and a keyed record's key compared with its user's key as checked once per
+user and batch (:meth:`RecordIngest._check_key`). Its other pieces run once per batch
+(:meth:`RecordIngest._finish_batch`: the watermark and the drop counters), per bad record (the
+dead letters), or per record of the repartition topic (:meth:`RecordIngest._decode_routed`:
+stage 0 writes packed records of many events each; one JSON record per event comes only from
+earlier versions and :meth:`route`, which costs that format a call per event).
 """
 
 from __future__ import annotations
