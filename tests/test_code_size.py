@@ -1,7 +1,6 @@
 """The size limits of issue 26 hold in ``stream_dp/``: no class over 400 lines, no function
-over 120 (except the ingest hot loop ``RecordIngest.ingest`` and the metrics declaration
-table ``Metrics.__init__``, each under 250), no package folder with more than 20 modules of
-its own (``__init__.py`` not counted).
+over 120 (no exceptions: a function over the limit is split at its seams), no package folder
+with more than 20 modules of its own (``__init__.py`` not counted).
 
 Lengths are from the ``def``/``class`` line to the last line of the body, as the AST says
 (decorators and the blank lines after the body are not counted).
@@ -18,11 +17,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "stream_dp"
 MAX_CLASS_LINES = 400
 MAX_FUNCTION_LINES = 120
 MAX_MODULES_PER_FOLDER = 20
-#: The two allowed exceptions (a tuned hot loop, a declaration table), with their own limit.
-EXCEPTIONS = {
-    "pipeline/stages/ingest_records.py::RecordIngest.ingest": 250,
-    "ops/metrics.py::Metrics.__init__": 250,
-}
 
 
 def _definitions() -> Iterator[tuple[str, str, int]]:
@@ -49,17 +43,9 @@ def test_no_class_or_function_is_over_its_limit() -> None:
     too_long = []
     for kind, name, lines in _definitions():
         limit = MAX_CLASS_LINES if kind == "class" else MAX_FUNCTION_LINES
-        limit = EXCEPTIONS.get(name, limit)
         if lines > limit:
             too_long.append(f"{kind} {name}: {lines} lines (limit {limit})")
     assert not too_long, "split these at their seams:\n" + "\n".join(too_long)
-
-
-def test_the_exceptions_still_exist() -> None:
-    """A renamed hot loop must not leave a stale exception that some other function could
-    later take by its name."""
-    names = {name for _, name, _ in _definitions()}
-    assert set(EXCEPTIONS) <= names
 
 
 def test_no_package_folder_holds_more_than_20_modules() -> None:

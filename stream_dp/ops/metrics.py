@@ -584,7 +584,14 @@ class Metrics:
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
+        self._declare_input_and_release(r)
+        self._declare_ledger_and_scale_out(r)
+        self._declare_time(r)
+        self._declare_health(r)
+        self._start_series(queries, partitions, reasons, process=process)
 
+    def _declare_input_and_release(self, r: CollectorRegistry) -> None:
+        """Stage 1's input and the releases: events, windows, budget, bounds, latencies."""
         (
             self.events_consumed,
             self.bad_records,
@@ -621,6 +628,8 @@ class Metrics:
             self.fetch_age,
         ) = _latency_metrics(r)
 
+    def _declare_ledger_and_scale_out(self, r: CollectorRegistry) -> None:
+        """The ledger, the repartition and partials topics of a scaled-out group, erasure."""
         (
             self.ledger_windows_loaded,
             self.ledger_republished,
@@ -638,6 +647,8 @@ class Metrics:
             self.erasures_active,
         ) = _erasure_metrics(r)
 
+    def _declare_time(self, r: CollectorRegistry) -> None:
+        """Event-time progress and the window settings (alert thresholds scale with them)."""
         (
             self.watermark,
             self.oldest_open_window_end,
@@ -653,6 +664,8 @@ class Metrics:
         self.config_input_max_future, self.input_clock_skew = _clock_gauges(r)
         self.windows_due = _backlog_gauge(r)
 
+    def _declare_health(self, r: CollectorRegistry) -> None:
+        """Readiness, broker and group trouble, and what the sink holds back."""
         (
             self.ready,
             self.broker_errors,
@@ -675,6 +688,15 @@ class Metrics:
             self.backpressure,
         ) = _hold_metrics(r)
 
+    def _start_series(
+        self,
+        queries: Iterable[str],
+        partitions: Iterable[tuple[str, int]],
+        reasons: Iterable[str],
+        *,
+        process: bool,
+    ) -> None:
+        """The values before the first event: NaN gauges, labelled series at zero."""
         # NaN until a window is released: no open window yet, no bounds used yet.
         self.oldest_open_window_end.set(math.nan)
         for gauge in (
@@ -689,7 +711,7 @@ class Metrics:
             self.consumer_lag.labels(topic=topic, partition=str(partition)).set(0)
         if process:
             # process_* (memory, CPU, open file descriptors) of this worker's process.
-            ProcessCollector(registry=r)
+            ProcessCollector(registry=self.registry)
         for reason in reasons:
             self.bad_records.labels(reason=reason)
         for reason in PARTIALS_IGNORED_REASONS:

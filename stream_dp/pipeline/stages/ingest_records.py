@@ -9,9 +9,15 @@ other batch record by record — decoding, the placement and key checks of keyed
 re-sent and misplaced repartitioned records, late and replayed windows — with the same
 result the column paths give.
 
-:meth:`RecordIngest.ingest` is the stage's tuned hot loop: one function, the per-window
-lookups (lateness, key, samples) redone only when the window changes and a window's events
-handed to its samples in runs (splitting it would add a call per event).
+:meth:`RecordIngest._ingest_records` is the stage's tuned hot loop: the per-window lookups
+(:meth:`~stream_dp.pipeline.stages.ingest_columns.ColumnIngest._fate`,
+:meth:`RecordIngest._open_window`) redone only when the window changes, a window's events handed
+to its samples in runs, and a keyed record's key compared with its user's key as checked once per
+user and batch (:meth:`RecordIngest._check_key`). Its other pieces run once per batch
+(:meth:`RecordIngest._finish_batch`: the watermark and the drop counters), per bad record (the
+dead letters), or per record of the repartition topic (:meth:`RecordIngest._decode_routed`:
+stage 0 writes packed records of many events each; one JSON record per event comes only from
+earlier versions and :meth:`route`, which costs that format a call per event).
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 import orjson
 
@@ -68,6 +75,24 @@ def _not_keyed_detail(normalization: UserIdNormalization) -> str:
 
 #: No erased pseudonyms (erasure off, or none covers the window).
 _NONE_ERASED: frozenset[Any] = frozenset()
+#: Not in a batch's cache of checked record keys (compares unequal to every key, None too).
+_UNCHECKED: Final = object()
+
+#: One repartitioned event: source partition and offset, time, event, pseudonym, key id.
+_RoutedEvent = tuple[int, int, float, dict[str, Any], bytes, str | None]
+
+
+@dataclass(slots=True)
+class _BatchOutcome:
+    """What :meth:`RecordIngest._ingest_records` leaves for the metrics and the watermark."""
+
+    dead: list[DeadLetter]
+    marks: list[tuple[int, float | None, float]]
+    max_time: float | None
+    late: int
+    skipped: int
+    duplicates: int
+    stale_key: int
 
 
 class RecordIngest(ColumnIngest):
@@ -99,41 +124,48 @@ class RecordIngest(ColumnIngest):
             return []
         if not routed and self._ingest_columns(partition, records, now_s, now_mono_s):
             return []
-        metrics = self.metrics
         if not routed:
-            metrics.events_consumed.inc(len(records))
+            self.metrics.events_consumed.inc(len(records))
+        outcome = self._ingest_records(partition, records, now_s, routed, topic)
+        self._positions[partition] = records[-1][0] + 1
+        self._finish_batch(partition, outcome, now_s, now_mono_s, routed)
+        return outcome.dead
+
+    def _ingest_records(
+        self,
+        partition: int,
+        records: Sequence[InputRecord],
+        now_s: float,
+        routed: bool,
+        topic: str | None,
+    ) -> _BatchOutcome:
+        """The per-record loop: decode (raw) or check (routed) each record, drop it if its
+        window is late or replayed, pseudonymize and offer it to its window's samples."""
         decode = self.decoder.decode_parts
         check_keys = self.enforce_user_keys and not routed
-        partition_of_key = self._partition_of_key
         n_partitions = self.source_partitions
-        # Batch-local, raw id → the record key it must carry (never kept in state).
-        expected_keys: dict[str | int, bytes] = {}
-        scalar_fields = self._scalar_fields
         size = self.windows.size_s
-        sealed = self._sealed_s.get(partition)
-        windows_released = self._windows_released
-        coverage = windows_released.coverage_start_s
         fields = self._fields
         normalize = self._normalize
-        single_field = fields[0] if len(fields) == 1 else None
+        only_field = fields[0] if len(fields) == 1 else None
         signatures = self._signatures
         signature_ids = self._signature_ids
         state = self._state.setdefault(partition, {})
         seen = self._routed_seen.setdefault(partition, {}) if routed else {}
-        # Routed records interleave input partitions that progress at their own pace: the
-        # partition's watermark is the slowest input partition's, as stage 0's progress
-        # marks report it (each follows the records it covers).
+        # Routed records interleave input partitions, each at its own pace: the watermark is
+        # the slowest one's, as stage 0's progress marks (each after its records) report it.
         marks: list[tuple[int, float | None, float]] = []
-        # Raw ids live only in this batch-local cache, per key id (never in state).
+        # Raw ids live only in these batch-local caches (never in state): per key id, the
+        # pseudonyms; the record key of a user once checked (keyed input).
         pseudonyms: dict[str, dict[str | int, bytes]] = {}
-        key_partitions: dict[bytes, int] = {}
+        checked_keys: dict[str | int, bytes | None] = {}
         include_payload = self.config.output.dead_letter_include_payload
         dead: list[DeadLetter] = []
-        late = skipped = duplicates = stale_key = 0
+        dropped = [0, 0, 0]  # by fate: LATE, REPLAYED (ACCEPT unused)
+        duplicates = stale_key = 0
         max_time: float | None = None
-        # Events arrive mostly in event-time order, so the per-window lookups (lateness,
-        # key, samples) are redone only when the window changes, and a window's events are
-        # handed to its samples in runs.
+        # Events arrive mostly in event-time order: the per-window lookups (_fate, _open_window)
+        # are redone only when the window changes; a window's events go to its samples in runs.
         current_ws: int | None = None
         fate = ACCEPT
         part: WindowPart | None = None
@@ -142,52 +174,15 @@ class RecordIngest(ColumnIngest):
         pseudonymize: Callable[[str | int], bytes] | None = None
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
-        erasures = self.erasures
         erased: frozenset[bytes] = _NONE_ERASED
         for offset, key, value in records:
             pseudonym: bytes | None
             record_key_id: str | None = None
             if routed:
-                try:
-                    body = orjson.loads(value or b"null")
-                    if type(body) is dict and body.get("kind") == PACKED_KIND:
-                        packed = decode_events(body, fields)
-                        dead.extend(self._ingest_packed(partition, offset, packed, topic, seen))
-                        continue
-                    src_partition, src_offset = body["src"]
-                    if "u" not in body:  # a progress mark of one input partition
-                        mark_t = body["t"]
-                        marks.append(
-                            (
-                                int(src_partition),
-                                None if mark_t is None else float(mark_t),
-                                float(body["idle_s"]),
-                            )
-                        )
-                        continue
-                    t = float(body["t"])
-                    obj = body["e"]
-                    pseudonym = bytes.fromhex(body["u"])
-                    stamped_key = body.get("k")  # absent in records of earlier versions
-                    record_key_id = None if stamped_key is None else str(stamped_key)
-                    if type(obj) is not dict or not math.isfinite(t) or type(src_offset) is not int:
-                        raise TypeError("not a repartitioned event")
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-                    dead.append(
-                        self._dead(
-                            BadRecord(
-                                "bad_internal_record",
-                                "not a repartitioned event of this schema (a writer other "
-                                "than stream-dp, or a format from another version)",
-                            ),
-                            partition,
-                            offset,
-                            value,
-                            include_payload,
-                            topic,
-                        )
-                    )
+                event = self._decode_routed(partition, offset, value, topic, seen, marks, dead)
+                if event is None:
                     continue
+                src_partition, src_offset, t, obj, pseudonym, record_key_id = event
                 if pseudonym_partition(pseudonym, n_partitions) != partition:
                     dead.append(self._misplaced(partition, offset, value, include_payload, topic))
                     continue
@@ -195,10 +190,6 @@ class RecordIngest(ColumnIngest):
                     duplicates += 1
                     continue
                 seen[src_partition] = src_offset
-                for name in scalar_fields:  # JSON true/1.0 back to canonical form
-                    field_value = obj.get(name)
-                    if isinstance(field_value, bool | float):
-                        obj[name] = canonical_value(field_value)
                 user: str | int = ""
             else:
                 parsed = decode(value, now_s)
@@ -206,30 +197,12 @@ class RecordIngest(ColumnIngest):
                     dead.append(self._dead(parsed, partition, offset, value, include_payload))
                     continue
                 user, t, obj = parsed
-                if check_keys:
-                    expected = expected_keys.get(user)
-                    if expected is None:
-                        expected = expected_keys[user] = user_key(user, self._normalization)
-                    if key != expected:
-                        dead.append(
-                            self._dead(
-                                BadRecord(
-                                    "not_keyed_by_user", _not_keyed_detail(self._normalization)
-                                ),
-                                partition,
-                                offset,
-                                value,
-                                include_payload,
-                            )
-                        )
+                if check_keys and key != checked_keys.get(user, _UNCHECKED):
+                    letter = self._check_key(user, key, partition, offset, value, include_payload)
+                    if letter is not None:
+                        dead.append(letter)
                         continue
-                    assert key is not None
-                    home = key_partitions.get(key)
-                    if home is None:
-                        home = key_partitions[key] = partition_of_key(key, n_partitions)
-                    if home != partition:
-                        dead.append(self._misplaced(partition, offset, value, include_payload))
-                        continue
+                    checked_keys[user] = key
                 pseudonym = None
             ws = math.floor(t / size) * size
             if ws != current_ws:
@@ -238,39 +211,20 @@ class RecordIngest(ColumnIngest):
                     part.samples.add_many(run_pseudonyms, run_items)
                     run_pseudonyms, run_items = [], []
                 current_ws = ws
-                if (sealed is not None and ws + size <= sealed) or (
-                    coverage is not None and ws < coverage
-                ):
-                    fate = LATE
-                elif windows_released.released(ws):
-                    fate = REPLAYED if windows_released.released_earlier(ws) else LATE
-                else:
-                    fate = ACCEPT
-                    part = state.get(ws)
-                    if part is None:
-                        part = state[ws] = WindowPart(UserSamples(self.k, self._rng), offset)
-                    pseudonymizer = self.keyring.for_window(ws)
-                    key_id = pseudonymizer.key_id
-                    cache = pseudonyms.setdefault(key_id, {})
-                    pseudonymize = pseudonymizer.pseudonym
-                    if erasures is not None:
-                        erased = erasures.erased(key_id, ws)
+                fate = self._fate(partition, ws)
+                if fate == ACCEPT:
+                    part, key_id, cache, pseudonymize, erased = self._open_window(
+                        state, ws, offset, pseudonyms
+                    )
             if fate != ACCEPT:
-                if fate == LATE:
-                    late += 1
-                else:
-                    skipped += 1
+                dropped[fate] += 1
                 continue
             if record_key_id is not None and record_key_id != key_id:
                 # Pseudonymized under another key than this window's (a rotation changed
                 # while it was open): one user must not appear under two pseudonyms.
                 stale_key += 1
                 continue
-            sig = (
-                (obj.get(single_field),)
-                if single_field is not None
-                else tuple(map(obj.get, fields))
-            )
+            sig = (obj.get(only_field),) if only_field is not None else tuple(map(obj.get, fields))
             sid = signature_ids.get(sig)
             if sid is None:
                 sid = signature_ids[sig] = len(signatures)
@@ -294,31 +248,138 @@ class RecordIngest(ColumnIngest):
         if run_items:
             assert part is not None
             part.samples.add_many(run_pseudonyms, run_items)
-        self._positions[partition] = records[-1][0] + 1
+        late, skipped = dropped[LATE], dropped[REPLAYED]
+        return _BatchOutcome(dead, marks, max_time, late, skipped, duplicates, stale_key)
+
+    def _decode_routed(
+        self,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        topic: str | None,
+        seen: dict[int, int],
+        marks: list[tuple[int, float | None, float]],
+        dead: list[DeadLetter],
+    ) -> _RoutedEvent | None:
+        """One record of the repartition topic: an event, or None for a packed record
+        (ingested whole), a progress mark (added to ``marks``) or a malformed record
+        (dead-lettered)."""
+        try:
+            body = orjson.loads(value or b"null")
+            if type(body) is dict and body.get("kind") == PACKED_KIND:
+                packed = decode_events(body, self._fields)
+                dead.extend(self._ingest_packed(partition, offset, packed, topic, seen))
+                return None
+            src_partition, src_offset = body["src"]
+            if "u" not in body:  # a progress mark of one input partition
+                mark_t = body["t"]
+                marks.append(
+                    (
+                        int(src_partition),
+                        None if mark_t is None else float(mark_t),
+                        float(body["idle_s"]),
+                    )
+                )
+                return None
+            t = float(body["t"])
+            obj = body["e"]
+            pseudonym = bytes.fromhex(body["u"])
+            stamped_key = body.get("k")  # absent in records of earlier versions
+            record_key_id = None if stamped_key is None else str(stamped_key)
+            if type(obj) is not dict or not math.isfinite(t) or type(src_offset) is not int:
+                raise TypeError("not a repartitioned event")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            bad = BadRecord(
+                "bad_internal_record",
+                "not a repartitioned event of this schema (a writer other than stream-dp, "
+                "or a format from another version)",
+            )
+            include_payload = self.config.output.dead_letter_include_payload
+            dead.append(self._dead(bad, partition, offset, value, include_payload, topic))
+            return None
+        for name in self._scalar_fields:  # JSON true/1.0 back to canonical form
+            field_value = obj.get(name)
+            if isinstance(field_value, bool | float):
+                obj[name] = canonical_value(field_value)
+        return src_partition, src_offset, t, obj, pseudonym, record_key_id
+
+    def _check_key(
+        self,
+        user: str | int,
+        key: bytes | None,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        include_payload: bool,
+    ) -> DeadLetter | None:
+        """Keyed input: the dead letter of a record whose key is not its user's (as
+        normalised) or maps to another partition under ``input.partitioner``; None if
+        it is keyed and placed right."""
+        if key != user_key(user, self._normalization):
+            bad = BadRecord("not_keyed_by_user", _not_keyed_detail(self._normalization))
+            return self._dead(bad, partition, offset, value, include_payload)
+        assert key is not None
+        home = self._partition_of_key(key, self.source_partitions)
+        if home != partition:
+            return self._misplaced(partition, offset, value, include_payload)
+        return None
+
+    def _open_window(
+        self,
+        state: dict[int, WindowPart],
+        window_start_s: int,
+        offset: int,
+        pseudonyms: dict[str, dict[str | int, bytes]],
+    ) -> tuple[
+        WindowPart, str, dict[str | int, bytes], Callable[[str | int], bytes], frozenset[bytes]
+    ]:
+        """An accepted window's part (created at ``offset`` if new), its pseudonym key id,
+        the batch's pseudonym cache for that key, the pseudonymizer and the erased
+        pseudonyms."""
+        part = state.get(window_start_s)
+        if part is None:
+            part = state[window_start_s] = WindowPart(UserSamples(self.k, self._rng), offset)
+        pseudonymizer = self.keyring.for_window(window_start_s)
+        key_id = pseudonymizer.key_id
+        cache = pseudonyms.setdefault(key_id, {})
+        erasures = self.erasures
+        erased = _NONE_ERASED if erasures is None else erasures.erased(key_id, window_start_s)
+        return part, key_id, cache, pseudonymizer.pseudonym, erased
+
+    def _finish_batch(
+        self,
+        partition: int,
+        outcome: _BatchOutcome,
+        now_s: float,
+        now_mono_s: float,
+        routed: bool,
+    ) -> None:
+        """The watermark, the drop counters and the gauges after a per-record batch."""
         tracker = self._tracker(partition, now_mono_s, routed=routed)
+        max_time = outcome.max_time
         if routed:
-            for source, t_max, idle_s in marks:
+            for source, t_max, idle_s in outcome.marks:
                 tracker.report(source, t_max, idle_s, now_mono_s)
         elif max_time is not None:
             # Only accepted events are activity; one stamped ahead of the clock moves the
             # watermark no further than the clock (it may not close the current window).
             tracker.observe(partition, min(max_time, now_s), now_mono_s)
-        if late:
-            metrics.late_events.inc(late)
-        if skipped:
-            metrics.replayed_events_skipped.inc(skipped)
-        if duplicates:
-            metrics.repartition_duplicates_skipped.inc(duplicates)
-        if stale_key:
-            metrics.late_events.inc(stale_key)
+        metrics = self.metrics
+        if outcome.late:
+            metrics.late_events.inc(outcome.late)
+        if outcome.skipped:
+            metrics.replayed_events_skipped.inc(outcome.skipped)
+        if outcome.duplicates:
+            metrics.repartition_duplicates_skipped.inc(outcome.duplicates)
+        if outcome.stale_key:
+            metrics.late_events.inc(outcome.stale_key)
             log.warning(
                 "dropped %d repartitioned events pseudonymized under another key than their "
                 "window's (pseudonymization.rotate_at changed while the window was open)",
-                stale_key,
+                outcome.stale_key,
                 extra={"partition": partition},
             )
         self._update_gauges()
-        return dead
 
     def _misplaced(
         self,
