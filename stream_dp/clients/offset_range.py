@@ -14,6 +14,13 @@ When its ``getmany`` raises one of :data:`OFFSET_ERRORS`, the caller hands the e
   goes on from the log start (stream_dp.sink.service) — and then, if it goes on, to call
   :func:`skip_to_log_start`.
 
+The broker says what is out of range (Apache Kafka answers a fetch below the log start or
+past the high watermark with OFFSET_OUT_OF_RANGE). The log range in :class:`OutOfRange` is
+for the message only: the embedded broker's end offset is the last batch's base offset + 1,
+so comparing a committed offset with it would take a normal position for a lost one — and
+that broker answers a fetch past its end with no records, not an error (a recreated topic
+goes unnoticed there until it grows past the committed offset).
+
 A partition revoked meanwhile is left alone: its new owner meets the same error.
 """
 
