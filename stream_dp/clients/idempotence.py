@@ -74,9 +74,7 @@ async def start_producer(
 ) -> AIOKafkaProducer:
     """A started producer: idempotent where the broker gives producer ids, else plain."""
     idempotent = await broker_gives_producer_ids(client_options)
-    producer = AIOKafkaProducer(
-        enable_idempotence=idempotent, **client_options, **producer_options
-    )
+    producer = AIOKafkaProducer(enable_idempotence=idempotent, **client_options, **producer_options)
     await producer.start()
     if idempotent:
         log.info("idempotent producer: on")

@@ -1,7 +1,8 @@
 """Prometheus metrics of the PostgreSQL sink, by the rules of :mod:`stream_dp.ops.metrics`.
 
 Prefix ``stream_dp_sink_``, base units, ``_total`` on counters; labels only ``reason`` (a
-bad-record reason code) and ``partition`` (an output-topic partition number). Counts of
+bad-record reason code), ``partition`` (an output-topic partition number) and ``topic``
+(the output topic's name). Counts of
 records, rows and windows only: never a group key or a value.
 """
 
@@ -110,6 +111,23 @@ class SinkMetrics:
             "1 when the sink stopped consuming because the database refused a whole batch "
             "alike (its tables changed, e.g. a NOT NULL column added): nothing was committed "
             "or dead-lettered; fix the table and restart the sink. Else 0.",
+            registry=r,
+        )
+        self.offset_out_of_range = Counter(
+            "stream_dp_sink_offset_out_of_range",
+            "Partitions whose committed offset (or fetch position) was outside the output "
+            "topic's log: records were deleted before the sink stored them, or the topic was "
+            "recreated. Logged as an ERROR; the sink reads on from the log start. See the "
+            "runbook (StreamDPSinkOffsetOutOfRange).",
+            ["topic"],
+            registry=r,
+        )
+        self.records_skipped = Counter(
+            "stream_dp_sink_records_skipped",
+            "Output-topic records deleted below the sink's committed offset before it stored "
+            "them (never in the database); a recreated topic's lost records cannot be "
+            "counted and add nothing here.",
+            ["topic"],
             registry=r,
         )
         self.build_info = Info(

@@ -20,7 +20,10 @@ the sink retries with back-off and is not ready meanwhile. Deadlocks and seriali
 failures are retried a bounded number of times with jittered back-off, then the sink stops
 with an error (nothing committed). Every session sets ``lock_timeout`` and
 ``statement_timeout``, and the tables are checked at start
-(:func:`~stream_dp.sink.schema.check_tables`).
+(:func:`~stream_dp.sink.schema.check_tables`). A committed offset outside the topic's log
+(records deleted before the sink stored them, a recreated topic) is never skipped silently:
+ERROR, ``stream_dp_sink_offset_out_of_range_total``, then on from the log start
+(:mod:`stream_dp.sink.offsets`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
+from stream_dp.clients.offset_range import OFFSET_ERRORS
 from stream_dp.config import Config
 from stream_dp.errors import BrokerError, StreamDPError
 from stream_dp.ops.health import Health
@@ -46,6 +50,7 @@ from stream_dp.retry import Backoff, retry
 from stream_dp.sink import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S
 from stream_dp.sink.batch import BadPosition, Batch, Consumed, assemble
 from stream_dp.sink.metrics import SinkMetrics
+from stream_dp.sink.offsets import SinkOffsets
 from stream_dp.sink.rows import BadRecord
 from stream_dp.sink.schema import SCHEMA, Conn, check_tables, migrate
 from stream_dp.sink.store import StoreResult, store_batch
@@ -152,6 +157,7 @@ class Sink:
             if health is not None
             else Health(metrics=self.metrics, components=SINK_COMPONENTS)
         )
+        self.offsets = SinkOffsets(self.topic, self.metrics)
         self._dsn = dsn
         self._max_records = max_records_per_batch
         self._conn: Conn | None = None
@@ -180,7 +186,8 @@ class Sink:
             self._consumer = AIOKafkaConsumer(
                 group_id=self.group_id,
                 enable_auto_commit=False,
-                auto_offset_reset="earliest",
+                # never a silent jump: stream_dp.sink.offsets positions (from the log start)
+                auto_offset_reset="none",
                 session_timeout_ms=kafka.session_timeout_ms,
                 heartbeat_interval_ms=kafka.heartbeat_interval_ms,
                 **client_kwargs(kafka, bootstrap_servers=self.bootstrap),
@@ -392,6 +399,14 @@ class Sink:
                 fetched = await self._fetch(consumer)
                 if fetched is None:
                     break
+            except OFFSET_ERRORS as exc:
+                try:
+                    await self.offsets.resolve(consumer, exc)
+                except KafkaError as failed:  # the next fetch meets the same partition
+                    self.metrics.broker_errors.inc()
+                    log.warning("positioning failed (%s); retrying", type(failed).__name__)
+                    await asyncio.sleep(FETCH_RETRY_S)
+                continue
             except KafkaError as exc:
                 self.metrics.broker_errors.inc()
                 log.warning("fetch failed (%s); retrying", type(exc).__name__)

@@ -11,7 +11,8 @@
 Each stop is a hold (:meth:`OffsetRangeGuard.hold`): ERROR, out of the group, not ready, live.
 
 **Offsets out of range.** The group consumer runs with ``auto_offset_reset="none"``, so the
-client never moves a position on its own; this module decides instead:
+client never moves a position on its own; this module decides instead (the positioning and
+the log range are :mod:`stream_dp.clients.offset_range`'s, shared with the sink):
 
 * **No committed offset** (a new group, or a partition never committed): read from the
   log start, as before — input partitions from their end with ``input.start_from: latest``.
@@ -41,17 +42,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import (
-    IllegalStateError,
-    KafkaError,
-    NoOffsetForPartitionError,
-    OffsetOutOfRangeError,
-)
+from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
+from stream_dp.clients.offset_range import (
+    OFFSET_ERRORS,
+    OutOfRange,
+    out_of_range,
+    position_uncommitted,
+    skip_to_log_start,
+)
 from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.health import Health
@@ -72,35 +74,9 @@ if TYPE_CHECKING:  # the membership builds its guards
 
 log = logging.getLogger(__name__)
 
-#: What the group consumer reports for a partition this module must position.
-OFFSET_ERRORS = (NoOffsetForPartitionError, OffsetOutOfRangeError)
 #: How often a stopped worker beats (liveness) while it waits for SIGTERM.
 HOLD_BEAT_S = 1.0
-#: How long asking the broker for a partition's log range may take, for the error message.
-RANGE_QUERY_TIMEOUT_S = 10.0
-
 Action = Literal["stop", "skip"]
-
-
-@dataclass(frozen=True)
-class OutOfRange:
-    """A partition whose position the broker says is out of range, with its log range."""
-
-    topic: str
-    partition: int
-    position: int
-    committed: int | None
-    log_start: int | None
-    log_end: int | None
-
-    def describe(self) -> str:
-        committed = "none" if self.committed is None else str(self.committed)
-        start = "unknown" if self.log_start is None else str(self.log_start)
-        end = "unknown" if self.log_end is None else str(self.log_end)
-        return (
-            f"{self.topic}[{self.partition}]: position {self.position} (committed "
-            f"{committed}) is outside the log [{start}, {end})"
-        )
 
 
 class OffsetOutOfRangeStop(StreamDPError):
@@ -117,9 +93,8 @@ def out_of_range_action(
     """Stop or skip, and what the operator should do. Only the input topic may skip, only
     when configured to, and only records below the log start (records deleted by retention
     or DeleteRecords); a position past the log end (a recreated topic) always stops."""
-    below_start = lost.log_start is not None and lost.position < lost.log_start
     if lost.topic == input_topic:
-        if input_policy == "skip_to_log_start" and below_start:
+        if input_policy == "skip_to_log_start" and lost.below_start:
             return "skip", (
                 f"input.on_offset_out_of_range is skip_to_log_start: the input records from "
                 f"offset {lost.position} to {lost.log_start} are skipped, their events are "
@@ -160,58 +135,31 @@ class OffsetRangeGuard:
         """Read uncommitted partitions from their log start; skip or stop on one out of
         range (raises :class:`OffsetOutOfRangeStop`)."""
         if isinstance(exc, NoOffsetForPartitionError):
-            tps = [tp for tp in exc.args if isinstance(tp, TopicPartition)]
-            owned = [tp for tp in tps if tp in consumer.assignment()]
-            latest = self.config.input.start_from == "latest"
             # input.start_from: latest applies here too (the error may come after the
             # partition was taken and moved to its end).
-            to_end = [tp for tp in owned if latest and tp.topic == self.config.input.topic]
-            to_start = [tp for tp in owned if tp not in to_end]
-            # (A rebalance may revoke them meanwhile: their new owner positions them.)
-            with contextlib.suppress(IllegalStateError):
-                if to_end:
-                    await consumer.seek_to_end(*to_end)
-                if to_start:
-                    await consumer.seek_to_beginning(*to_start)
+            latest = self.config.input.start_from == "latest"
+            input_topic = self.config.input.topic
+            await position_uncommitted(
+                consumer, exc, from_end=lambda tp: latest and tp.topic == input_topic
+            )
             return
-        positions = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
-        for tp, position in sorted(positions.items()):
-            if tp not in consumer.assignment():
-                continue  # revoked meanwhile: its new owner meets it, if it is still lost
-            lost = await self._describe(consumer, tp, int(position))
+        for lost in await out_of_range(consumer, exc):
             action, what_to_do = out_of_range_action(
                 lost,
                 input_topic=self.config.input.topic,
                 input_policy=self.config.input.on_offset_out_of_range,
                 internal_retention_s=self.config.output.internal_retention_s,
             )
-            self.metrics.offset_out_of_range.labels(topic=tp.topic).inc()
+            self.metrics.offset_out_of_range.labels(topic=lost.topic).inc()
             if action == "stop":
                 raise OffsetOutOfRangeStop(lost, what_to_do)
             log.warning(
                 "offset out of range on %s. %s",
                 lost.describe(),
                 what_to_do,
-                extra={"topic": tp.topic, "partition": tp.partition, "offset": position},
+                extra={"topic": lost.topic, "partition": lost.partition, "offset": lost.position},
             )
-            with contextlib.suppress(IllegalStateError):
-                await consumer.seek_to_beginning(tp)
-
-    async def _describe(
-        self, consumer: AIOKafkaConsumer, tp: TopicPartition, pos: int
-    ) -> OutOfRange:
-        committed = start = end = None
-        with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-            committed = await asyncio.wait_for(consumer.committed(tp), RANGE_QUERY_TIMEOUT_S)
-        with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-            start = (
-                await asyncio.wait_for(consumer.beginning_offsets([tp]), RANGE_QUERY_TIMEOUT_S)
-            ).get(tp)
-        with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-            end = (await asyncio.wait_for(consumer.end_offsets([tp]), RANGE_QUERY_TIMEOUT_S)).get(
-                tp
-            )
-        return OutOfRange(tp.topic, tp.partition, pos, committed, start, end)
+            await skip_to_log_start(consumer, lost)
 
     async def hold(
         self, exc: StreamDPError, consumer: AIOKafkaConsumer | None, stopping: asyncio.Event
