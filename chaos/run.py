@@ -454,22 +454,51 @@ async def _restart_while_idle(run: Run, slots: list[Slot], config: Path, bootstr
             slot.proc.send_signal(signal.SIGTERM)
             await asyncio.to_thread(slot.proc.wait, 60)
             _start(slot, config, run)
-            await _rejoined(slot)
+            if run.wait_for_rejoin:
+                await _rejoined(slot)
         restarted = time.time()
         first_s = epoch_of_iso(yaml.safe_load(config.read_text())["window"]["start_at"])
         last_due = int((restarted - GRACE_S) // WINDOW_S) * WINDOW_S - WINDOW_S
         topic = yaml.safe_load(config.read_text())["output"]["topic"]
         wanted = {(q, w) for q in QUERIES for w in range(first_s, last_due + 1, WINDOW_S)}
         taken: float | None = None
+        group = yaml.safe_load(config.read_text())["kafka"]["group_id"]
+        probed = 0.0
         while time.time() < restarted + 3 * IDLE_RESTART_BOUND_S:  # a hang guard
             if wanted <= _window_records(await _read_all(bootstrap, topic)):
                 taken = time.time() - restarted
                 break
+            if time.time() >= probed + 5:
+                probed = time.time()
+                await _log_group_state(run, bootstrap, group)
             await asyncio.sleep(0.5)
         run.idle_restarts.append((len(wanted) // len(QUERIES), taken))
         run.faults[-1].detail += f"; due windows out after {taken} s"
     finally:
         run.producer_held.clear()
+
+
+async def _log_group_state(run: Run, bootstrap: str, group: str) -> None:
+    """Append the group's state, as ``kafka-consumer-groups.sh --describe`` shows it (state,
+    protocol, members and how many partitions each holds), to ``group-states.log``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        described = [g for r in await admin.describe_consumer_groups([group]) for g in r.groups]
+        states = [
+            # (error code, group, state, protocol type, protocol, members): per member its id's
+            # tail and the size of its assignment (a few bytes: none)
+            f"state {g[2]!r} protocol {g[4]!r} error {g[0]} members "
+            + ", ".join(f"{m[0][-8:]}:{len(m[4] or b'')}B" for m in g[5])
+            for g in described
+        ]
+        line = f"{run.elapsed():7.1f} s {datetime.now(tz=UTC):%H:%M:%S} {'; '.join(states)}"
+    except Exception as exc:  # noqa: BLE001 - a probe for the report, never a reason to stop
+        line = f"{run.elapsed():7.1f} s describe failed: {exc!r}"
+    finally:
+        await admin.close()
+    with (run.workdir / "group-states.log").open("a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
 
 
 #: A restarted worker must be back in its group within this (a hang guard: the run goes on and
@@ -771,11 +800,12 @@ async def chaos(
     command: str,
     broker_kind: str = "tansu",
     faults: tuple[str, ...] = FAULTS,
+    wait_for_rejoin: bool = True,
 ) -> bool:
     out.mkdir(parents=True, exist_ok=True)
     workdir = out / "run"
     workdir.mkdir(exist_ok=True)
-    run = Run(settings, out, workdir, random.Random(seed))
+    run = Run(settings, out, workdir, random.Random(seed), wait_for_rejoin=wait_for_rejoin)
     suffix = secrets.token_hex(4)
     broker = await _start_broker(broker_kind)
     bootstrap = broker.bootstrap_servers
@@ -892,6 +922,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--broker", choices=BROKERS, default="tansu", help="which broker")
     parser.add_argument(
+        "--restart-pacing",
+        choices=("rollout", "back-to-back"),
+        default="rollout",
+        help="restart_while_idle: wait for each restarted worker's 'partitions assigned' before "
+        "stopping the next (rollout, the default), or not (back-to-back: an experiment that "
+        "restarts faster than a rollout may; its restart-while-idle check may fail)",
+    )
+    parser.add_argument(
         "--faults",
         type=lambda text: tuple(text.split(",")),
         default=FAULTS,
@@ -910,7 +948,17 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else secrets.randbits(32)
     command = " ".join(["python -m chaos.run", *(argv if argv is not None else sys.argv[1:])])
     print(f"[chaos] seed {seed}; broker {args.broker}; {settings}", flush=True)
-    ok = asyncio.run(chaos(settings, args.out, seed, command, args.broker, args.faults))
+    ok = asyncio.run(
+        chaos(
+            settings,
+            args.out,
+            seed,
+            command,
+            args.broker,
+            args.faults,
+            wait_for_rejoin=args.restart_pacing == "rollout",
+        )
+    )
     return 0 if ok else 1
 
 
