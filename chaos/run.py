@@ -165,6 +165,9 @@ class Run:
     producer_held: asyncio.Event = field(default_factory=asyncio.Event)
     #: restart_while_idle: (windows due at the restart, seconds until all were out or None).
     idle_restarts: list[tuple[int, float | None]] = field(default_factory=list)
+    #: restart_while_idle: wait for each restarted worker's "partitions assigned" before
+    #: stopping the next (a rollout), or not (``--restart-pacing back-to-back``, an experiment).
+    wait_for_rejoin: bool = True
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
