@@ -452,7 +452,8 @@ async def _restart_while_idle(run: Run, slots: list[Slot], config: Path, bootstr
     at once, and no run has reproduced the stuck group since (docs: Architecture, the
     embedded broker's quirks). The embedded broker numbers generations from 0, and aiokafka
     sends no LeaveGroup from generation 0: a worker stopped in the group's first generation
-    stays a member until its session times out (tests/broker/test_group_leave.py). Each
+    stays a member until its session has run out and another member joins
+    (tests/broker/test_group_leave.py). Each
     round's group, as DescribeGroups sees it, goes to ``group-states.log``."""
     run.faults.append(
         Fault(run.elapsed(), "restart_while_idle", "producer held, every worker restarted in turn")

@@ -6,11 +6,12 @@ aiokafka sends LeaveGroup on stop only from a generation above 0. Apache Kafka n
 group's generations from 1, so a stopped worker leaves at once and its partitions move at
 once. The embedded broker (Tansu) numbers them from 0: a member stopped in the group's first
 generation sends no LeaveGroup and stays a member, holding its assignment, until its session
-times out; from the second generation on it leaves at once there too."""
+has run out and another member joins (the joining member waits for that; a group nobody
+joins was seen to list it 30 s after a 20-s session); from the second generation on it
+leaves at once there too."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -24,8 +25,9 @@ from tests.integration.support import HANG_GUARD_S
 pytestmark = [pytest.mark.kafka, ON_BOTH_BROKERS]
 
 #: Long enough that no session of the test expires between a stop and the look at the group
-#: that follows it (a few requests), even on a loaded machine.
-SESSION_TIMEOUT_MS = 20_000
+#: that follows it (a few requests), even on a loaded machine. On the embedded broker the
+#: second member's join waits for the first one's session to run out (about 2 x this).
+SESSION_TIMEOUT_MS = 10_000
 
 
 async def _members(bootstrap: str, group: str) -> tuple[str, int]:
@@ -76,12 +78,8 @@ async def test_a_stopped_member_leaves_at_once_but_in_the_embedded_brokers_first
         assert members_after_first_stop == 0  # it left: its partitions move at once
     else:
         assert first_generation == 0
-        # no LeaveGroup: it is a member, with its assignment, until its session expires
+        # no LeaveGroup: it is a member, with its assignment, after its stop
         assert members_after_first_stop == 1
-        deadline = time.monotonic() + HANG_GUARD_S
-        while (await _members(kafka_bootstrap, group))[1]:
-            assert time.monotonic() < deadline, "the stopped member's session never expired"
-            await asyncio.sleep(0.5)
     # From the second generation on, a stop leaves the group at once on both brokers.
     later_generation, members_after_later_stop = await _join_and_stop(kafka_bootstrap, topic, group)
     assert later_generation > first_generation
