@@ -494,7 +494,9 @@ async def _restart_while_idle(run: Run, slots: list[Slot], config: Path, bootstr
 
 async def _log_group_state(run: Run, bootstrap: str, group: str) -> None:
     """Append the group's state, as ``kafka-consumer-groups.sh --describe`` shows it (state,
-    protocol, members and how many partitions each holds), to ``group-states.log``."""
+    protocol, members and the size of each one's assignment), to ``group-states.log``. The
+    embedded broker answers neither protocol nor assignments (0 B): there the members and the
+    state are what tell."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         await admin.start()
@@ -510,7 +512,8 @@ async def _log_group_state(run: Run, bootstrap: str, group: str) -> None:
     except Exception as exc:  # noqa: BLE001 - a probe for the report, never a reason to stop
         line = f"{run.elapsed():7.1f} s describe failed: {exc!r}"
     finally:
-        await admin.close()
+        with contextlib.suppress(Exception):  # a failed start: nothing to close
+            await admin.close()
     with (run.workdir / "group-states.log").open("a", encoding="utf-8") as handle:
         handle.write(line + "\n")
 
