@@ -53,6 +53,7 @@ from stream_dp.pipeline.kafka.output_scan import (
     decode_output,
     read_output,
 )
+from stream_dp.pipeline.kafka.rebuild_check import check_released, refuse_mismatches
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
 
@@ -94,10 +95,17 @@ def plan_rebuild(
     """The ledger records that make every (query, window) on the output topic released.
 
     Raises :class:`NothingToRebuildError` when the output topic holds no release of the
-    configured queries (a new deployment needs no rebuild: start it), and
+    configured queries (a new deployment needs no rebuild: start it),
+    :class:`~stream_dp.pipeline.kafka.rebuild_check.ReleasedUnderOtherSettingsError` when a
+    window on the output topic was released under other settings than ``config``'s (its
+    length, grid, a query's ε, δ, bounds, noise scale, the query list), and
     :class:`~stream_dp.config.fingerprint.FingerprintMismatchError` when the ledger records
     another configuration's fingerprint than ``config``'s."""
-    released = scan.released()
+    # Windows that end at or before window.start_at are an earlier deployment's (one
+    # sharing the output topic): neither checked nor restored.
+    first = config.window.first_window_start()
+    released = [w for w in scan.released() if first is None or w.window_end_s > first]
+    earlier = len(scan.released()) - len(released)
     if not released:
         raise NothingToRebuildError(
             f"the output topic {config.output.topic} holds no release of the configured "
@@ -105,8 +113,16 @@ def plan_rebuild(
             "rebuild the ledger from. A new deployment needs no rebuild: start the workers. "
             "If releases should be there, check output.topic and the query names"
         )
+    # Before anything is written: this configuration released every window found.
+    refuse_mismatches(config, check_released(config, released, scan.foreign_windows), released)
     windows = TumblingWindows(config.window.size_s, config.window.grace_s)
     plan = RebuildPlan()
+    if earlier:
+        plan.warnings.append(
+            f"{earlier} (query, window) releases on {config.output.topic} end at or before "
+            f"window.start_at ({iso_utc(first or 0)}): an earlier deployment's, neither "
+            "checked nor restored"
+        )
     if scan.foreign:
         plan.warnings.append(
             f"{scan.foreign} records on {config.output.topic} belong to queries this config "
@@ -131,9 +147,7 @@ def plan_rebuild(
         ledger_partitions=len(ledger_partitions),
         continual_partitions=continual_partitions,
     )
-    plan.writes.extend(
-        _coverage(config, ledger, released, plan, ledger_partitions[0], topology)
-    )
+    plan.writes.extend(_coverage(config, ledger, released, plan, ledger_partitions[0], topology))
     return plan
 
 
