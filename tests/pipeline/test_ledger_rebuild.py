@@ -18,7 +18,12 @@ from stream_dp.pipeline.formats.ledger import (
     encode_coverage,
     encode_progress,
 )
-from stream_dp.pipeline.kafka.ledger_rebuild import NothingToRebuildError, RebuildPlan, plan_rebuild
+from stream_dp.pipeline.kafka.ledger_rebuild import (
+    NothingToRebuildError,
+    RebuildPlan,
+    check_output,
+    plan_rebuild,
+)
 from stream_dp.pipeline.kafka.output_scan import RawRecord, decode_output
 from stream_dp.pipeline.kafka.rebuild_check import ReleasedUnderOtherSettingsError
 from stream_dp.pipeline.local.local import LocalPipeline
@@ -62,7 +67,7 @@ def _apply(plan: RebuildPlan, ledger: LedgerIndex | None = None) -> LedgerIndex:
 def _plan(records: list[RawRecord], ledger: LedgerIndex | None = None) -> RebuildPlan:
     return plan_rebuild(
         config(),
-        decode_output(records, QUERIES),
+        check_output(config(), decode_output(records, QUERIES)),
         ledger if ledger is not None else LedgerIndex(),
         ledger_partitions=[0, 1],
         partials_partitions=[0],
@@ -204,14 +209,7 @@ def test_the_rebuilt_ledger_records_the_rebuild_configurations_fingerprint() -> 
     # it writes anything (tests/pipeline/test_ledger_rebuild_check.py has every field).
     records = _published(_released_windows())
     with pytest.raises(ReleasedUnderOtherSettingsError, match="noise_scale"):
-        plan_rebuild(
-            config(k=4),
-            decode_output(records, QUERIES),
-            LedgerIndex(),
-            ledger_partitions=[0, 1],
-            partials_partitions=[0],
-            now_s=NOW,
-        )
+        check_output(config(k=4), decode_output(records, QUERIES))
     ledger = _apply(_plan(records))
     mine = deployment_fingerprint(config(), Topology(partials_partitions=1, ledger_partitions=2))
     assert ledger.fingerprint is not None
@@ -237,9 +235,10 @@ def test_a_kept_coverage_without_fingerprint_gets_one_and_a_different_one_is_ref
     # A bound the output records cannot show (Linf = k leaves every noise scale as it was):
     # the fingerprint the ledger kept refuses it.
     with pytest.raises(FingerprintMismatchError):
+        other = config(bounds={"max_contributions_per_key": 3})
         plan_rebuild(
-            config(bounds={"max_contributions_per_key": 3}),
-            decode_output(records, QUERIES),
+            other,
+            check_output(other, decode_output(records, QUERIES)),
             ledger,
             ledger_partitions=[0, 1],
             partials_partitions=[0],

@@ -17,7 +17,7 @@ from stream_dp.config import parse_config
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.ledger import LedgerIndex, LedgerRelease
-from stream_dp.pipeline.kafka.ledger_rebuild import RebuildPlan, plan_rebuild
+from stream_dp.pipeline.kafka.ledger_rebuild import RebuildPlan, check_output, plan_rebuild
 from stream_dp.pipeline.kafka.output_scan import RawRecord, decode_output
 from stream_dp.pipeline.kafka.rebuild_check import ReleasedUnderOtherSettingsError
 from stream_dp.pipeline.local.local import LocalPipeline
@@ -86,7 +86,7 @@ def _published(config: Config, events: list[InputRecord] | None = None) -> list[
 def _plan(config: Config, records: list[RawRecord]) -> RebuildPlan:
     return plan_rebuild(
         config,
-        decode_output(records, {q.name for q in config.queries}),
+        check_output(config, decode_output(records, {q.name for q in config.queries})),
         LedgerIndex(),
         ledger_partitions=[0, 1],
         partials_partitions=[0],

@@ -14,8 +14,7 @@ The records carry no fingerprint; what they state is compared:
 * the window: its length (``window_end − window_start`` is ``window.size_s``, in every
   record) and its start on the epoch-aligned grid of that size. Windows that end at or
   before ``window.start_at`` belong to an earlier deployment sharing the output topic:
-  they are neither checked nor restored (:func:`~stream_dp.pipeline.kafka.ledger_rebuild.
-  plan_rebuild`).
+  they are neither checked nor restored.
 * per query: the records' ``statistic``, ``mechanism``, ``epsilon`` and ``delta`` (and the
   window record's ``epsilon_spent``, ``delta_spent``) equal the query's; the ``group`` fields
   are its ``group_by``; the ``selection`` parameters (strategy, its ε and δ, L0, Linf,
