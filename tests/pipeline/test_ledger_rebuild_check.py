@@ -296,15 +296,13 @@ def test_every_kind_of_query_released_by_the_configuration_passes_the_check() ->
     ]
     cfg = _config(queries)
     # 40 users on a, 20 of them also on b: the means' per-key scales differ
-    events = [rec(u, f"u{u}", 10 * w + 1, "a", bytes=u) for w in range(3) for u in range(40)]
-    events += [rec(100 + u, f"u{u}", 10 * w + 2, "b", bytes=u) for w in range(3) for u in range(20)]
-    records = _published(cfg, events)
+    records = _published(cfg, _events(users=40) + _mean_events())
     means = {
         r["noise_scale"]
         for r in map(orjson.loads, (v for _, v in records))
         if r["query"] == "avg" and r["kind"] == "release"
     }
-    assert len(means) == 2
+    assert len(means) >= 2
     plan = _plan(cfg, records)
     assert len(plan.restored) == 3 * len(queries) and plan.warnings == []
 
@@ -343,3 +341,55 @@ def test_a_running_total_query_is_checked_for_its_horizon() -> None:
         f"3 windows from {W0} to {W2}, query running: queries.running.horizon_windows: 4 on "
         "the output topic, 8 in this configuration"
     ) in lines, lines
+
+
+MEAN = {
+    "name": "avg",
+    "statistic": "mean",
+    "group_by": ["domain"],
+    "value_field": "bytes",
+    "lower": 0,
+    "upper": 100,
+    "epsilon": 1e5,
+    "keys": {"domain": ["a", "b"]},
+}
+
+
+def _mean_events() -> list[InputRecord]:
+    """40 users on a, 20 of them also on b, in each of three windows (values 0 … 39)."""
+    events = [rec(u, f"u{u}", 10 * w + 1, "a", bytes=u) for w in range(3) for u in range(40)]
+    events += [rec(100 + u, f"u{u}", 10 * w + 2, "b", bytes=u) for w in range(3) for u in range(20)]
+    return events
+
+
+def test_a_means_scale_from_other_bounds_is_refused() -> None:
+    """A mean's per-key scale is the sum's scale over the key's noisy count (40 on a, 20 on
+    b): released with k = 3, the scale under k = 4 divided by no whole count gives it."""
+    records = _published(_config([MEAN]), _mean_events())
+    lines = _refused(_config([MEAN], bounds={"max_contributions_per_window": 4}), records)
+    field = (
+        "noise_scale (set by the bounds and the query's ε, δ, mechanism, lower, upper, "
+        "value_granularity)"
+    )
+    assert [line.split(": ")[:2] for line in lines] == [
+        [f"3 windows from {W0} to {W2}, query avg", field]
+    ] * len(lines)
+    assert all(line.endswith("over a whole noisy count in this configuration") for line in lines)
+
+
+def test_a_mean_outside_the_configured_range_is_refused() -> None:
+    """upper 100 released (means 19.5 on a and 9.5 on b), rebuilt with upper 10: the mean
+    of a lies above the range. (The sum's scale is a tenth, and a's per-key scale over 40
+    users is that scale over a count of 4: a mean's records alone cannot tell them apart;
+    only the float division's last bit may differ, so that line is not asserted.)"""
+    records = _published(_config([MEAN]), _mean_events())
+    lines = _refused(_config([{**MEAN, "upper": 10}]), records)
+    assert (
+        f"3 windows from {W0} to {W2}, query avg: queries.avg.lower / upper (a mean lies "
+        "within them): 19.5 on the output topic, [0.0, 10.0] in this configuration"
+    ) in lines, lines
+    assert all(
+        line.startswith(f"3 windows from {W0} to {W2}, query avg: noise_scale (")
+        for line in lines
+        if "lower / upper" not in line
+    ), lines

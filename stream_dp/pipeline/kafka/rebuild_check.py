@@ -122,17 +122,22 @@ class _QueryCheck:
         """Every field of the window's records that this query's plan does not give."""
         q = self.query
         out: list[Mismatch] = []
-
-        def differ(field: str, found: Any, configured: Any) -> None:
-            out.append(
-                Mismatch(window.window_start_s, q.name, field, _num(found), _num(configured))
-            )
-
-        if window.window is not None:
-            record = window.window[1]
-            for name, configured in (("epsilon", q.epsilon), ("delta", q.delta)):
-                if record.get(f"{name}_spent") != _json(configured):
-                    differ(f"queries.{q.name}.{name}", record.get(f"{name}_spent"), configured)
+        # ε and δ as each release record and the window record (what a window is charged)
+        # state them
+        for name, configured in (("epsilon", q.epsilon), ("delta", q.delta)):
+            stated = {_num(r.get(name)) for r in window.releases.values()}
+            if window.window is not None:
+                stated.add(_num(window.window[1].get(f"{name}_spent")))
+            for found in sorted(stated - {_num(_json(configured))}):
+                out.append(
+                    Mismatch(
+                        window.window_start_s,
+                        q.name,
+                        f"queries.{q.name}.{name}",
+                        found,
+                        _num(configured),
+                    )
+                )
         plan = None if bounds is None else self.plan(bounds)
         for record in window.releases.values():
             out.extend(self._record(window, record, plan))
@@ -151,7 +156,7 @@ class _QueryCheck:
                 Mismatch(window.window_start_s, q.name, field, _num(found), _num(configured))
             )
 
-        for name in ("statistic", "mechanism", "epsilon", "delta"):
+        for name in ("statistic", "mechanism"):
             configured = getattr(q, name)
             if record.get(name) != _json(configured):
                 differ(f"queries.{q.name}.{name}", record.get(name), configured)
