@@ -11,7 +11,7 @@ workers stopped, then start them. It is idempotent: a second run writes nothing.
 Before it reads or writes the ledger it checks every window on the output topic against the
 configuration's plan (window length and grid, each query's ε, δ, bounds, selection and noise
 scale, the query list) and refuses a configuration that did not release them, naming the
-fields (:mod:`stream_dp.pipeline.kafka.rebuild_check`).
+fields (:mod:`stream_dp.pipeline.rebuild_check`).
 """
 
 from __future__ import annotations

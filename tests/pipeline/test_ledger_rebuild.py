@@ -25,8 +25,8 @@ from stream_dp.pipeline.kafka.ledger_rebuild import (
     plan_rebuild,
 )
 from stream_dp.pipeline.kafka.output_scan import RawRecord, decode_output
-from stream_dp.pipeline.kafka.rebuild_check import ReleasedUnderOtherSettingsError
 from stream_dp.pipeline.local.local import LocalPipeline
+from stream_dp.pipeline.rebuild_check import ReleasedUnderOtherSettingsError
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 
 QUERIES = {"visits", "all"}

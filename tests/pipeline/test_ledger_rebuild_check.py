@@ -19,8 +19,8 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.ledger import LedgerIndex, LedgerRelease
 from stream_dp.pipeline.kafka.ledger_rebuild import RebuildPlan, check_output, plan_rebuild
 from stream_dp.pipeline.kafka.output_scan import RawRecord, decode_output
-from stream_dp.pipeline.kafka.rebuild_check import ReleasedUnderOtherSettingsError
 from stream_dp.pipeline.local.local import LocalPipeline
+from stream_dp.pipeline.rebuild_check import ReleasedUnderOtherSettingsError
 from stream_dp.pipeline.stages.ingest import InputRecord
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 from tests.pipeline.support import KEYRING, NOW, T0, rec
@@ -161,7 +161,7 @@ def test_another_epsilon_is_refused_naming_it() -> None:
         f"{span}: queries.visits.epsilon: 1000000.0 on the output topic, 500000.0 in this "
         "configuration",
         f"{span}: noise_scale (set by the bounds and the query's ε, δ, mechanism, lower, "
-        f"upper, value_granularity): {_scale(3e-6)} on the output topic, {_scale(6e-6)} in "
+        f"upper, granularity): {_scale(3e-6)} on the output topic, {_scale(6e-6)} in "
         "this configuration",
     ]
 
@@ -181,7 +181,7 @@ def test_another_contribution_bound_is_refused_by_the_noise_scale() -> None:
     lines = _refused(_config(bounds={"max_contributions_per_window": 4}), records)
     assert lines == [
         f"3 windows from {W0} to {W2}, query {q}: noise_scale (set by the bounds and the "
-        f"query's ε, δ, mechanism, lower, upper, value_granularity): {_scale(3e-6)} on the "
+        f"query's ε, δ, mechanism, lower, upper, granularity): {_scale(3e-6)} on the "
         f"output topic, {_scale(4e-6)} in this configuration"
         for q in ("all", "visits")
     ]
@@ -368,8 +368,7 @@ def test_a_means_scale_from_other_bounds_is_refused() -> None:
     records = _published(_config([MEAN]), _mean_events())
     lines = _refused(_config([MEAN], bounds={"max_contributions_per_window": 4}), records)
     field = (
-        "noise_scale (set by the bounds and the query's ε, δ, mechanism, lower, upper, "
-        "value_granularity)"
+        "noise_scale (set by the bounds and the query's ε, δ, mechanism, lower, upper, granularity)"
     )
     assert [line.split(": ")[:2] for line in lines] == [
         [f"3 windows from {W0} to {W2}, query avg", field]

@@ -18,7 +18,7 @@ drawn again (:mod:`stream_dp.pipeline.formats.ledger`):
 
 Before it reads the ledger (which writes fences) or writes anything, :func:`check_output`
 compares every window on the output topic with the configuration's plan and refuses a
-configuration that did not release them (:mod:`stream_dp.pipeline.kafka.rebuild_check`):
+configuration that did not release them (:mod:`stream_dp.pipeline.rebuild_check`):
 only then is the fingerprint recorded that of the configuration that released them.
 
 Idempotent: what the ledger already holds is left alone (a release already ledgered with
@@ -58,7 +58,7 @@ from stream_dp.pipeline.kafka.output_scan import (
     decode_output,
     read_output,
 )
-from stream_dp.pipeline.kafka.rebuild_check import check_released, refuse_mismatches
+from stream_dp.pipeline.rebuild_check import check_released, refuse_mismatches
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
 
@@ -102,11 +102,11 @@ class CheckedOutput:
 
 def check_output(config: Config, scan: OutputScan) -> CheckedOutput:
     """The deployment's releases on the output topic, once the configuration is shown to
-    have released every one of them (:mod:`stream_dp.pipeline.kafka.rebuild_check`).
+    have released every one of them (:mod:`stream_dp.pipeline.rebuild_check`).
 
     Raises :class:`NothingToRebuildError` when the output topic holds no release of the
     configured queries (a new deployment needs no rebuild: start it), and
-    :class:`~stream_dp.pipeline.kafka.rebuild_check.ReleasedUnderOtherSettingsError` when a
+    :class:`~stream_dp.pipeline.rebuild_check.ReleasedUnderOtherSettingsError` when a
     window on it was released under other settings than ``config``'s (its length or grid,
     a query's ε, δ, bounds, selection or noise scale, the query list)."""
     first = config.window.first_window_start()

@@ -37,21 +37,47 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 
 from stream_dp.config.model import BOUND_NAMES, Config, QueryConfig
 from stream_dp.errors import ConfigError
-from stream_dp.pipeline.kafka.output_scan import ReleasedWindow
 from stream_dp.privacy.planner import QueryPlan, plan_query
 from stream_dp.privacy.specs import BoundsSpec
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
+#: The release record fields :class:`_QueryCheck` compares besides the ``group``'s field
+#: names (for a mean also its value).
+_CHECKED: Final = (
+    "epsilon",
+    "delta",
+    "statistic",
+    "mechanism",
+    "release",
+    "selection",
+    "noise_scale",
+    "horizon_windows",
+    "continual_mechanism",
+)
+_CHECKED_MEAN: Final = (*_CHECKED, "value", "clamped")
 #: Mismatches printed in the refusal (the rest are counted).
 SHOWN_MISMATCHES: Final = 6
 #: The window record's ``bounds`` field names, in the order (k, L0, Linf).
 _BOUND_FIELDS: Final = BOUND_NAMES
+
+
+class ReleasedWindow(Protocol):
+    """One (query, window) as the output topic shows it
+    (:class:`stream_dp.pipeline.kafka.output_scan.ReleasedWindow`)."""
+
+    query: str
+    window_start_s: int
+    window_end_s: int
+    #: Output key → release record.
+    releases: dict[str, dict[str, Any]]
+    #: The window record (key, value), if it reached the topic.
+    window: tuple[str, dict[str, Any]] | None
 
 
 class ReleasedUnderOtherSettingsError(ConfigError):
@@ -109,6 +135,8 @@ class _QueryCheck:
         self.query = query
         self.spec = query.spec()
         self._plans: dict[tuple[int, int | None, int | None], QueryPlan] = {}
+        #: Per plan (kept in ``_plans``), its selection parameters as a record states them.
+        self._selections: dict[int, Any] = {}
 
     def plan(self, bounds: tuple[int, int | None, int | None]) -> QueryPlan:
         found = self._plans.get(bounds)
@@ -122,10 +150,20 @@ class _QueryCheck:
         """Every field of the window's records that this query's plan does not give."""
         q = self.query
         out: list[Mismatch] = []
+        # A window may hold 1,000,000 keys whose checked fields are all alike: each distinct
+        # combination of them is checked once.
+        checked_fields = _CHECKED_MEAN if q.statistic == "mean" else _CHECKED
+        seen: dict[bytes, dict[str, Any]] = {}
+        for record in window.releases.values():
+            group = record.get("group")
+            names = list(group) if isinstance(group, dict) else group
+            alike = orjson.dumps([names, *map(record.get, checked_fields)], default=repr)
+            seen.setdefault(alike, record)
+        distinct = list(seen.values())
         # ε and δ as each release record and the window record (what a window is charged)
         # state them
         for name, configured in (("epsilon", q.epsilon), ("delta", q.delta)):
-            stated = {_num(r.get(name)) for r in window.releases.values()}
+            stated = {_num(r.get(name)) for r in distinct}
             if window.window is not None:
                 stated.add(_num(window.window[1].get(f"{name}_spent")))
             for found in sorted(stated - {_num(_json(configured))}):
@@ -139,7 +177,7 @@ class _QueryCheck:
                     )
                 )
         plan = None if bounds is None else self.plan(bounds)
-        for record in window.releases.values():
+        for record in distinct:
             out.extend(self._record(window, record, plan))
             if len(out) > SHOWN_MISMATCHES:
                 break
@@ -177,7 +215,11 @@ class _QueryCheck:
         self, window: ReleasedWindow, record: Mapping[str, Any], plan: QueryPlan
     ) -> list[Mismatch]:
         q = self.query
-        configured = None if plan.selection is None else _json(plan.selection.record_parameters())
+        if id(plan) not in self._selections:
+            self._selections[id(plan)] = (
+                None if plan.selection is None else _json(plan.selection.record_parameters())
+            )
+        configured = self._selections[id(plan)]
         found = record.get("selection")
         if found == configured:
             return []
@@ -209,7 +251,7 @@ class _QueryCheck:
         q = self.query
         field = (
             "noise_scale (set by the bounds and the query's ε, δ, mechanism, lower, upper, "
-            "value_granularity)"
+            "granularity)"
         )
         scale = record.get("noise_scale")
         if not isinstance(scale, int | float) or isinstance(scale, bool):
@@ -367,9 +409,10 @@ def _grid(config: Config, window: ReleasedWindow) -> list[Mismatch]:
     ``window.start_at`` on the grid start at or after it: the start is floored to it)."""
     size = config.window.size_s
     out: list[Mismatch] = []
-    ends = {window.window_end_s}
-    for record in [*window.releases.values(), *([window.window[1]] if window.window else [])]:
-        ends.add(_end_of(record, window.window_end_s))
+    # every record's end (each parsed when the output was decoded; distinct ones once here)
+    records = [*window.releases.values(), *([window.window[1]] if window.window else [])]
+    stated = {str(record["window_end"]) for record in records}
+    ends = {window.window_end_s, *map(epoch_of_iso, stated)}
     if ends != {window.window_start_s + size}:
         lengths = sorted(end - window.window_start_s for end in ends)
         out.append(
@@ -392,13 +435,6 @@ def _grid(config: Config, window: ReleasedWindow) -> list[Mismatch]:
             )
         )
     return out
-
-
-def _end_of(record: Mapping[str, Any], default: int) -> int:
-    try:
-        return epoch_of_iso(str(record["window_end"]))
-    except (KeyError, ValueError):
-        return default
 
 
 def _query_list(
@@ -468,7 +504,8 @@ def refuse_mismatches(
     few), how many windows they touch, and the way out."""
     if not mismatches:
         return
-    windows = {(m.query, m.window_start_s) for m in mismatches if m.window_start_s is not None}
+    found = {(w.query, w.window_start_s) for w in released}
+    windows = {(m.query, m.window_start_s) for m in mismatches} & found
     fields = sorted({m.field.split(" ")[0] for m in mismatches})
     groups: dict[tuple[str | None, str, str, str], list[Mismatch]] = {}
     for m in mismatches:
