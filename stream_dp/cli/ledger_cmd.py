@@ -7,6 +7,11 @@ topic and writes to the ledger every release found there (same draws, marked pub
 the progress past the last window released on each partials partition, and the coverage
 record — so that no window already on the output topic is ever drawn again. Run it with the
 workers stopped, then start them. It is idempotent: a second run writes nothing.
+
+Before it reads or writes the ledger it checks every window on the output topic against the
+configuration's plan (window length and grid, each query's ε, δ, bounds, selection and noise
+scale, the query list) and refuses a configuration that did not release them, naming the
+fields (:mod:`stream_dp.pipeline.rebuild_check`).
 """
 
 from __future__ import annotations
@@ -38,7 +43,10 @@ def register(sub: Any) -> None:
         "the last released window and the first covered window, so that the workers start, "
         "become ready and release only later windows: no window already on the output topic "
         "is drawn again. Stop every worker of the group first. Safe to run repeatedly: what "
-        "the ledger already holds is left alone.",
+        "the ledger already holds is left alone. Refused, before anything is written, when "
+        "the windows on the output topic were released under other settings (window size, a "
+        "query's epsilon, delta, bounds or noise scale, the query list): run it with the "
+        "configuration that released them.",
     )
     rebuild.add_argument("--config", required=True, type=Path, help="YAML configuration file")
     rebuild.add_argument(

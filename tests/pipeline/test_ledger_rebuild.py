@@ -18,9 +18,15 @@ from stream_dp.pipeline.formats.ledger import (
     encode_coverage,
     encode_progress,
 )
-from stream_dp.pipeline.kafka.ledger_rebuild import NothingToRebuildError, RebuildPlan, plan_rebuild
+from stream_dp.pipeline.kafka.ledger_rebuild import (
+    NothingToRebuildError,
+    RebuildPlan,
+    check_output,
+    plan_rebuild,
+)
 from stream_dp.pipeline.kafka.output_scan import RawRecord, decode_output
 from stream_dp.pipeline.local.local import LocalPipeline
+from stream_dp.pipeline.rebuild_check import ReleasedUnderOtherSettingsError
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 
 QUERIES = {"visits", "all"}
@@ -61,7 +67,7 @@ def _apply(plan: RebuildPlan, ledger: LedgerIndex | None = None) -> LedgerIndex:
 def _plan(records: list[RawRecord], ledger: LedgerIndex | None = None) -> RebuildPlan:
     return plan_rebuild(
         config(),
-        decode_output(records, QUERIES),
+        check_output(config(), decode_output(records, QUERIES)),
         ledger if ledger is not None else LedgerIndex(),
         ledger_partitions=[0, 1],
         partials_partitions=[0],
@@ -197,8 +203,14 @@ def test_a_release_whose_window_record_never_arrived_is_still_never_drawn_again(
 
 def test_the_rebuilt_ledger_records_the_rebuild_configurations_fingerprint() -> None:
     # A worker started on a rebuilt ledger with other meaning-bearing settings must be
-    # refused as before the loss: the coverage record carries the rebuild's fingerprint.
-    ledger = _apply(_plan(_published(_released_windows())))
+    # refused as before the loss: the coverage record carries the rebuild's fingerprint,
+    # and that is the fingerprint of the configuration that released the windows — a
+    # rebuild under another (here k = 4 for windows released with k = 3) is refused before
+    # it writes anything (tests/pipeline/test_ledger_rebuild_check.py has every field).
+    records = _published(_released_windows())
+    with pytest.raises(ReleasedUnderOtherSettingsError, match="noise_scale"):
+        check_output(config(k=4), decode_output(records, QUERIES))
+    ledger = _apply(_plan(records))
     mine = deployment_fingerprint(config(), Topology(partials_partitions=1, ledger_partitions=2))
     assert ledger.fingerprint is not None
     assert ledger.fingerprint.digest == mine.digest
@@ -220,10 +232,13 @@ def test_a_kept_coverage_without_fingerprint_gets_one_and_a_different_one_is_ref
     plan = _plan(records, ledger)
     ledger = _apply(plan, ledger)
     assert ledger.fingerprint is not None
+    # A bound the output records cannot show (Linf = k leaves every noise scale as it was):
+    # the fingerprint the ledger kept refuses it.
     with pytest.raises(FingerprintMismatchError):
+        other = config(bounds={"max_contributions_per_key": 3})
         plan_rebuild(
-            config(k=4),
-            decode_output(records, QUERIES),
+            other,
+            check_output(other, decode_output(records, QUERIES)),
             ledger,
             ledger_partitions=[0, 1],
             partials_partitions=[0],

@@ -69,8 +69,7 @@ class LedgerReader:
         the next start (logged)."""
         parts = self.ledger_log.partitions
         items: list[tuple[str, bytes | None, int | None]] = [
-            (key, None, parts[(ws // window_size_s) % len(parts)])
-            for ws, key in self.ledger.sweep
+            (key, None, parts[(ws // window_size_s) % len(parts)]) for ws, key in self.ledger.sweep
         ]
         items += [(key, None, p) for p, key in self.ledger_log.legacy_fences]
         self.ledger.sweep = []

@@ -16,10 +16,15 @@ drawn again (:mod:`stream_dp.pipeline.formats.ledger`):
   coverage but has no fingerprint gets a fingerprint record; one whose recorded
   fingerprint differs from the rebuild's configuration is refused.
 
+Before it reads the ledger (which writes fences) or writes anything, :func:`check_output`
+compares every window on the output topic with the configuration's plan and refuses a
+configuration that did not release them (:mod:`stream_dp.pipeline.rebuild_check`):
+only then is the fingerprint recorded that of the configuration that released them.
+
 Idempotent: what the ledger already holds is left alone (a release already ledgered with
 the same draw, a coverage record, progress at or past the rebuilt one), so a second run
-writes nothing. The plan is pure (:func:`plan_rebuild`); :func:`rebuild_ledger` reads the
-topics and writes it.
+writes nothing. The check and the plan are pure (:func:`check_output`,
+:func:`plan_rebuild`); :func:`rebuild_ledger` reads the topics and writes it.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from stream_dp.pipeline.kafka.output_scan import (
     decode_output,
     read_output,
 )
+from stream_dp.pipeline.rebuild_check import check_released, refuse_mismatches
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
 
@@ -81,9 +87,45 @@ class RebuildPlan:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class CheckedOutput:
+    """The deployment's releases on the output topic, each checked against the rebuild's
+    configuration (:func:`check_output` makes it; :func:`plan_rebuild` takes only this)."""
+
+    scan: OutputScan
+    #: The (query, window) releases that end after ``window.start_at``, in window order.
+    released: list[ReleasedWindow]
+    #: (query, window) releases that end at or before ``window.start_at``: an earlier
+    #: deployment's on a shared output topic, neither checked nor restored.
+    earlier: int
+
+
+def check_output(config: Config, scan: OutputScan) -> CheckedOutput:
+    """The deployment's releases on the output topic, once the configuration is shown to
+    have released every one of them (:mod:`stream_dp.pipeline.rebuild_check`).
+
+    Raises :class:`NothingToRebuildError` when the output topic holds no release of the
+    configured queries (a new deployment needs no rebuild: start it), and
+    :class:`~stream_dp.pipeline.rebuild_check.ReleasedUnderOtherSettingsError` when a
+    window on it was released under other settings than ``config``'s (its length or grid,
+    a query's ε, δ, bounds, selection or noise scale, the query list)."""
+    first = config.window.first_window_start()
+    found = scan.released()
+    released = [w for w in found if first is None or w.window_end_s > first]
+    if not released:
+        raise NothingToRebuildError(
+            f"the output topic {config.output.topic} holds no release of the configured "
+            f"queries ({', '.join(q.name for q in config.queries)}): there is nothing to "
+            "rebuild the ledger from. A new deployment needs no rebuild: start the workers. "
+            "If releases should be there, check output.topic and the query names"
+        )
+    refuse_mismatches(config, check_released(config, released, scan.foreign_windows), released)
+    return CheckedOutput(scan, released, len(found) - len(released))
+
+
 def plan_rebuild(
     config: Config,
-    scan: OutputScan,
+    output: CheckedOutput,
     ledger: LedgerIndex,
     *,
     ledger_partitions: Sequence[int],
@@ -93,20 +135,17 @@ def plan_rebuild(
 ) -> RebuildPlan:
     """The ledger records that make every (query, window) on the output topic released.
 
-    Raises :class:`NothingToRebuildError` when the output topic holds no release of the
-    configured queries (a new deployment needs no rebuild: start it), and
-    :class:`~stream_dp.config.fingerprint.FingerprintMismatchError` when the ledger records
-    another configuration's fingerprint than ``config``'s."""
-    released = scan.released()
-    if not released:
-        raise NothingToRebuildError(
-            f"the output topic {config.output.topic} holds no release of the configured "
-            f"queries ({', '.join(q.name for q in config.queries)}): there is nothing to "
-            "rebuild the ledger from. A new deployment needs no rebuild: start the workers. "
-            "If releases should be there, check output.topic and the query names"
-        )
+    Raises :class:`~stream_dp.config.fingerprint.FingerprintMismatchError` when the ledger
+    records another configuration's fingerprint than ``config``'s."""
+    scan, released = output.scan, output.released
     windows = TumblingWindows(config.window.size_s, config.window.grace_s)
     plan = RebuildPlan()
+    if output.earlier:
+        plan.warnings.append(
+            f"{output.earlier} (query, window) releases on {config.output.topic} end at or "
+            f"before window.start_at ({iso_utc(config.window.first_window_start() or 0)}): "
+            "an earlier deployment's, neither checked nor restored"
+        )
     if scan.foreign:
         plan.warnings.append(
             f"{scan.foreign} records on {config.output.topic} belong to queries this config "
@@ -131,9 +170,7 @@ def plan_rebuild(
         ledger_partitions=len(ledger_partitions),
         continual_partitions=continual_partitions,
     )
-    plan.writes.extend(
-        _coverage(config, ledger, released, plan, ledger_partitions[0], topology)
-    )
+    plan.writes.extend(_coverage(config, ledger, released, plan, ledger_partitions[0], topology))
     return plan
 
 
@@ -269,6 +306,9 @@ async def rebuild_ledger(
         await read_output(config.kafka, config.output.topic, bootstrap_servers=bootstrap_servers),
         queries,
     )
+    # Before anything is written (reading the ledger writes fences): this configuration
+    # released every window found.
+    output = check_output(config, scan)
     producer = AIOKafkaProducer(
         acks="all", max_request_size=config.kafka.max_message_bytes, **options
     )
@@ -291,7 +331,7 @@ async def rebuild_ledger(
         index = await _read_ledger(config, options, ledger_parts, send)
         plan = plan_rebuild(
             config,
-            scan,
+            output,
             index,
             ledger_partitions=ledger_parts,
             partials_partitions=partials_parts,

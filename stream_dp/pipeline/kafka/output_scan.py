@@ -88,6 +88,8 @@ class OutputScan:
     windows: dict[tuple[str, int], ReleasedWindow] = field(default_factory=dict)
     #: Records of queries this deployment does not configure (another deployment's).
     foreign: int = 0
+    #: Their windows: query → {(window start, window end)}.
+    foreign_windows: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
     #: Records that are not JSON objects of kind ``release``/``window`` with the fields.
     unreadable: int = 0
 
@@ -129,6 +131,7 @@ def decode_output(records: Iterable[RawRecord], queries: Collection[str]) -> Out
             continue
         if query not in queries:
             scan.foreign += 1
+            scan.foreign_windows.setdefault(query, set()).add((ident[1], window_end_s))
             continue
         found = scan.windows.get(ident)
         if found is None:

@@ -139,18 +139,14 @@ class Publisher(WorkerPart):
         )
         return int(sent.offset)
 
-    async def send_many(
-        self, topic: str, items: Sequence[Outgoing], headers: Headers = ()
-    ) -> None:
+    async def send_many(self, topic: str, items: Sequence[Outgoing], headers: Headers = ()) -> None:
         """Send a batch, each record with ``headers``, and wait for every acknowledgement
         (retried as a whole, bounded)."""
         assert self.producer is not None
         producer = self.producer
         if topic == self._ledger_topic and self._faults.ledger_delay_s:
             await asyncio.sleep(self._faults.ledger_delay_s)
-        await self.retry(
-            f"produce to {topic}", lambda: send_all(producer, topic, items, headers)
-        )
+        await self.retry(f"produce to {topic}", lambda: send_all(producer, topic, items, headers))
         self.health.set("producer_connected", True)
         report_progress("write")  # acknowledged: a long run of writes is moving
 
