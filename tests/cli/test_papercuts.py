@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,24 @@ def test_run_bootstrap_servers_overrides_the_config(tmp_path: Path) -> None:
     done = run_cli(*argv, timeout_s=120, env=_key_env())
     assert done.returncode == 1, done.stderr
     assert f"on {UNREACHABLE}:" in done.stderr and "127.0.0.1:2" not in done.stderr
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """A second sink beside another on the same host: its --metrics-port is taken. The
+    command ends in one line that names the address and the option to change — no
+    traceback — before it reaches the database or the broker (both unreachable here)."""
+    data = {**CONFIG, "metrics": {"enabled": True, "host": "127.0.0.1"}}
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        argv = ["sink", "--config", str(_write(tmp_path, data)), "--metrics-port", str(port)]
+        done = run_cli(
+            *argv, "--postgres", "postgresql://u@127.0.0.1:1/db", timeout_s=120, env=_key_env()
+        )
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.splitlines() == [
+        f"stream-dp: error: metrics and health endpoints: 127.0.0.1:{port} is already in "
+        "use; set --metrics-port to a free port (another process, e.g. a second worker or "
+        "sink on this host, may hold it)"
+    ]

@@ -88,7 +88,9 @@ async def run_worker(
         # Refuse a ledger (or erasure log, cumulative state) the broker would delete from.
         await verify_durable_topics(config, bootstrap)
         m = config.metrics
-        async with ops_endpoints(m.enabled, m.host, m.port, metrics, health):
+        async with ops_endpoints(
+            m.enabled, m.host, m.port, metrics, health, setting="metrics.port"
+        ):
             worker = Worker(
                 config, keyring, bootstrap_servers=bootstrap, metrics=metrics, health=health
             )
