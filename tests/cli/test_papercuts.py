@@ -109,3 +109,49 @@ def test_a_metrics_port_in_use_is_one_line_naming_the_setting(tmp_path: Path) ->
         "use; set --metrics-port to a free port (another process, e.g. a second worker or "
         "sink on this host, may hold it)"
     ]
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", "--json", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_configuration_defaults_to_stream_dp_config_then_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--config, else $STREAM_DP_CONFIG, else ./stream-dp.yaml: each gives the plan of its
+    own file (two files with different ε tell which one was read)."""
+    named = _write(tmp_path, CONFIG)
+    other = {**CONFIG, "queries": [{**CONFIG["queries"][0], "epsilon": 0.5}]}  # type: ignore[index]
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "stream-dp.yaml").write_text(yaml.safe_dump(other), encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.delenv("STREAM_DP_CONFIG", raising=False)
+
+    code, from_cwd, err = _plan(capsys)
+    assert (code, err) == (0, "")
+    code, explicit, err = _plan(capsys, "--config", str(named))
+    assert (code, err) == (0, "")
+    monkeypatch.setenv("STREAM_DP_CONFIG", str(named))
+    code, from_env, err = _plan(capsys)
+    assert (code, err) == (0, "")
+    code, overridden, err = _plan(capsys, "--config", str(tmp_path / "cwd" / "stream-dp.yaml"))
+    assert (code, err) == (0, "")
+
+    assert from_env == explicit != from_cwd == overridden
+    assert '"epsilon":0.5' in from_cwd.replace(" ", "")
+
+
+def test_no_configuration_anywhere_is_one_line_with_the_three_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STREAM_DP_CONFIG", raising=False)
+    code, out, err = _plan(capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "stream-dp: error: no configuration file: pass --config FILE, set "
+        f"STREAM_DP_CONFIG=FILE, or put stream-dp.yaml in the working directory ({tmp_path}); "
+        "`stream-dp examples DIR` writes configurations to adapt"
+    ]
