@@ -18,7 +18,7 @@ from tests.cli.support import run_cli
 
 UNREACHABLE = "127.0.0.1:1"
 CONFIG = {
-    "kafka": {"bootstrap_servers": UNREACHABLE},
+    "kafka": {"bootstrap_servers": UNREACHABLE, "startup_wait_s": 0},
     "queries": [{"name": "q", "epsilon": 1.0, "group_by": ["d"], "keys": {"d": ["a"]}}],
     "metrics": {"enabled": False},
 }
@@ -83,7 +83,7 @@ def test_unreachable_broker_is_one_clean_line(argv: list[str], tmp_path: Path) -
 
 def test_run_bootstrap_servers_overrides_the_config(tmp_path: Path) -> None:
     """The file names a broker that does not exist: --bootstrap-servers is the one tried."""
-    data = {**CONFIG, "kafka": {"bootstrap_servers": "127.0.0.1:2"}}
+    data = {**CONFIG, "kafka": {"bootstrap_servers": "127.0.0.1:2", "startup_wait_s": 0}}
     argv = ["run", "--config", str(_write(tmp_path, data)), "--bootstrap-servers", UNREACHABLE]
     done = run_cli(*argv, timeout_s=120, env=_key_env())
     assert done.returncode == 1, done.stderr
