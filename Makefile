@@ -41,13 +41,14 @@ typecheck: setup
 
 # Debian tools some tests use, installed when missing and possible (root with apt-get):
 # headless Chromium renders the demo's HTML report, docker-compose validates
-# docker-compose.yml. Where they cannot be installed, those tests skip and say why.
-TEST_TOOLS := chromium docker-compose
+# docker-compose.yml, promtool (Debian's prometheus package) runs the alert rules' unit tests.
+# Each entry is COMMAND:PACKAGE. Where they cannot be installed, those tests skip and say why.
+TEST_TOOLS := chromium:chromium docker-compose:docker-compose promtool:prometheus
 test-tools:
-	@missing=""; for tool in $(TEST_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	@missing=""; for pair in $(TEST_TOOLS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing$$missing (Debian packages, for the browser and compose tests)"; \
+	  echo "installing$$missing (Debian packages, for the browser, compose and alert-rule tests)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null) \
 	    || echo "could not install$$missing: the tests that need them will skip"; \
 	else echo "missing$$missing and not root: the tests that need them will skip"; fi

@@ -29,9 +29,31 @@ METRIC_NAME = re.compile(r"\bstream_dp_[a-z0-9_]+")
 # --- alerts and dashboard --------------------------------------------------------------------
 
 
-def _alert_rules() -> list[dict[str, Any]]:
+def _all_rules() -> list[dict[str, Any]]:
     doc = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
     return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def _alert_rules() -> list[dict[str, Any]]:
+    """The alerts, each expression with the recording rules it reads written out."""
+    recorded = {r["record"]: r["expr"] for r in _all_rules() if "record" in r}
+    alerts = [dict(r) for r in _all_rules() if "alert" in r]
+    for rule in alerts:
+        for name, expr in recorded.items():
+            rule["expr"] = re.sub(
+                rf"(?<![\w:]){re.escape(name)}(?![\w:])", f"({expr})", rule["expr"]
+            )
+    return alerts
+
+
+def test_every_rule_is_an_alert_or_a_recording_rule_an_alert_reads() -> None:
+    alerts = " ".join(r["expr"] for r in _all_rules() if "alert" in r)
+    for rule in _all_rules():
+        assert ("alert" in rule) != ("record" in rule), rule
+        if "record" in rule:
+            assert rule["record"] in alerts, f"{rule['record']} is read by no alert"
+            _parse(rule["expr"])
+    assert not any(":" in name for r in _alert_rules() for name in _metrics(r["expr"]))
 
 
 #: Grafana's variables that stand where PromQL needs a duration (label values such as "$job"
@@ -92,9 +114,11 @@ def test_alert_rules_parse_and_cover_the_agreed_alerts() -> None:
     # Release lag in wall-clock terms that holds for backfilled input too: time since the
     # group last released (every covered window is released), not now minus event time.
     stalled = next(r for r in rules if r["alert"] == "StreamDPReleaseStalled")
-    assert "time() - max(stream_dp_last_release_timestamp_seconds" in stalled["expr"]
-    assert "2 * max(stream_dp_config_window_size_seconds)" in stalled["expr"]
-    assert "oldest_open_window_end" not in stalled["expr"]
+    flat = " ".join(stalled["expr"].split())
+    assert "time() - (max by (namespace, job, group_id) (" in flat
+    assert "(stream_dp_last_release_timestamp_seconds > 0)" in flat
+    assert "2 * stream_dp_config_window_size_seconds" in flat
+    assert "oldest_open_window_end" not in flat
     misplaced = next(r for r in rules if r["alert"] == "StreamDPMisplacedKeyedRecords")
     assert "misplaced_key" in misplaced["expr"]
 
@@ -299,6 +323,7 @@ def test_alertmanager_routes_to_a_declared_receiver() -> None:
     host, port = target.split(":")
     alertmanager = load_compose()["services"][host]
     assert f"127.0.0.1:{port}:{port}" in alertmanager["ports"]
-    assert "./ops/alertmanager/alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro" in (
-        alertmanager["volumes"]
+    assert (
+        "./ops/alertmanager/alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro"
+        in (alertmanager["volumes"])
     )
