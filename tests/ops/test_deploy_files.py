@@ -287,7 +287,60 @@ def test_dashboard_has_a_sink_row() -> None:
         "stream_dp_sink_bad_records_total",
         "stream_dp_sink_database_errors_total",
         "stream_dp_sink_releases_stored_total",
+        "stream_dp_sink_offset_out_of_range_total",
+        "stream_dp_sink_records_skipped_total",
     } <= used
+
+
+DASHBOARDS = sorted((REPO / "ops" / "grafana" / "dashboards").glob("*.json"))
+
+
+def _datasource_refs(node: object) -> list[dict[str, Any]]:
+    """Every ``"datasource": {...}`` object anywhere in a dashboard."""
+    found: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource" and isinstance(value, dict):
+                found.append(value)
+            else:
+                found.extend(_datasource_refs(value))
+    elif isinstance(node, list):
+        for item in node:
+            found.extend(_datasource_refs(item))
+    return found
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.name for p in DASHBOARDS])
+def test_a_dashboard_imports_with_every_input_used_and_says_its_grafana_version(
+    path: Path,
+) -> None:
+    """Grafana's import replaces each ``${DS_…}`` of ``__inputs`` with the datasource the
+    user picks: an input nothing reads is a prompt that does nothing. Every panel, target
+    and variable reads a datasource variable of its plugin, and each such variable starts
+    at the input of that plugin; provisioned (compose), the variable picks the default."""
+    dashboard = json.loads(path.read_text(encoding="utf-8"))
+    inputs = {i["name"]: i for i in dashboard["__inputs"]}
+    requires = {r["id"]: r for r in dashboard["__requires"]}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", requires["grafana"]["version"])
+    chooser = {
+        v["name"]: v for v in dashboard["templating"]["list"] if v["type"] == "datasource"
+    }
+    assert chooser
+    for variable in chooser.values():
+        value = variable["current"]["value"]
+        assert value == variable["current"]["text"]
+        name = re.fullmatch(r"\$\{(DS_[A-Z_]+)\}", value)
+        assert name and inputs[name[1]]["pluginId"] == variable["query"], variable["name"]
+        assert variable["query"] in requires, f"no __requires entry for {variable['query']}"
+    body = {k: v for k, v in dashboard.items() if k != "__inputs"}
+    for name in inputs:
+        assert f"${{{name}}}" in json.dumps(body), f"input {name} is used nowhere"
+    refs = _datasource_refs(dashboard["panels"]) + _datasource_refs(dashboard["templating"])
+    assert refs
+    for ref in refs:
+        variable = re.fullmatch(r"\$\{(\w+)\}", ref["uid"])
+        assert variable and variable[1] in chooser, ref
+        assert ref["type"] == chooser[variable[1]]["query"], ref
 
 
 def test_dashboard_has_the_agreed_panels() -> None:
