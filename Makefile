@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: setup setup-demo test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
-	kafka-jars test-kafka kstreams-peer mutate mutate-all guards
+	kafka-jars test-kafka kstreams-peer mutate mutate-all guards k8s-rules
 
 $(DEMO_STAMP): pyproject.toml
 	@test -x $(BIN)/python || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
@@ -33,7 +33,7 @@ setup: $(STAMP)
 # ruff, then the import layers of pyproject.toml's [tool.importlinter] (the privacy core
 # imports nothing of stream-dp above it).
 lint: setup
-	$(BIN)/ruff check stream_dp tests mutation $(wildcard bench) $(wildcard chaos) docs/hooks
+	$(BIN)/ruff check stream_dp tests mutation $(wildcard bench) $(wildcard chaos) docs/hooks ops/kubernetes/monitoring
 	$(BIN)/lint-imports
 
 typecheck: setup
@@ -60,6 +60,12 @@ kafka-jars: setup
 	@if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then \
 	  $(BIN)/python -m stream_dp.broker.apache_kafka_jars >/dev/null; \
 	else echo "no java or mvn on PATH: the apache_kafka tests will skip (install Java 17+ and Maven)"; fi
+
+# The Prometheus Operator's PrometheusRule (ops/kubernetes/monitoring/prometheusrule.yaml),
+# generated from ops/prometheus/alerts.yml: run after editing the alerts (make test fails
+# while it is stale).
+k8s-rules: setup
+	$(BIN)/python ops/kubernetes/monitoring/prometheus_rule.py
 
 # The Kafka Streams peer of the throughput bench (bench/kstreams, Java 17): `mvn -q clean
 # package` when its jar is missing or older than its sources, kafka-streams at the broker's
