@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: setup setup-demo test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
-	kafka-jars test-kafka kstreams-peer mutate mutate-all guards
+	kafka-jars test-kafka kstreams-peer mutate mutate-all guards k8s-rules
 
 $(DEMO_STAMP): pyproject.toml
 	@test -x $(BIN)/python || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
@@ -33,7 +33,7 @@ setup: $(STAMP)
 # ruff, then the import layers of pyproject.toml's [tool.importlinter] (the privacy core
 # imports nothing of stream-dp above it).
 lint: setup
-	$(BIN)/ruff check stream_dp tests mutation $(wildcard bench) $(wildcard chaos) docs/hooks
+	$(BIN)/ruff check stream_dp tests mutation $(wildcard bench) $(wildcard chaos) docs/hooks ops/kubernetes/monitoring
 	$(BIN)/lint-imports
 
 typecheck: setup
@@ -41,13 +41,14 @@ typecheck: setup
 
 # Debian tools some tests use, installed when missing and possible (root with apt-get):
 # headless Chromium renders the demo's HTML report, docker-compose validates
-# docker-compose.yml. Where they cannot be installed, those tests skip and say why.
-TEST_TOOLS := chromium docker-compose
+# docker-compose.yml, promtool (Debian's prometheus package) runs the alert rules' unit tests.
+# Each entry is COMMAND:PACKAGE. Where they cannot be installed, those tests skip and say why.
+TEST_TOOLS := chromium:chromium docker-compose:docker-compose promtool:prometheus
 test-tools:
-	@missing=""; for tool in $(TEST_TOOLS); do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	@missing=""; for pair in $(TEST_TOOLS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing$$missing (Debian packages, for the browser and compose tests)"; \
+	  echo "installing$$missing (Debian packages, for the browser, compose and alert-rule tests)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null) \
 	    || echo "could not install$$missing: the tests that need them will skip"; \
 	else echo "missing$$missing and not root: the tests that need them will skip"; fi
@@ -59,6 +60,12 @@ kafka-jars: setup
 	@if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then \
 	  $(BIN)/python -m stream_dp.broker.apache_kafka_jars >/dev/null; \
 	else echo "no java or mvn on PATH: the apache_kafka tests will skip (install Java 17+ and Maven)"; fi
+
+# The Prometheus Operator's PrometheusRule (ops/kubernetes/monitoring/prometheusrule.yaml),
+# generated from ops/prometheus/alerts.yml: run after editing the alerts (make test fails
+# while it is stale).
+k8s-rules: setup
+	$(BIN)/python ops/kubernetes/monitoring/prometheus_rule.py
 
 # The Kafka Streams peer of the throughput bench (bench/kstreams, Java 17): `mvn -q clean
 # package` when its jar is missing or older than its sources, kafka-streams at the broker's

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,12 @@ _CONNECTION_OPTIONS = (
     "sasl_plain_password",
 )
 
+#: How long a service's first contact waits before it says it is waiting for the broker.
+FIRST_TRY_S = 2.0
+
 #: Waits between rounds while a broker starts: ceilings 0.05, 0.1, … up to 1 s.
+log = logging.getLogger(__name__)
+
 PROBE_BACKOFF = Backoff(base_s=0.05, cap_s=1.0)
 
 
@@ -118,10 +124,15 @@ def probe_sync(host: str, port: int, timeout_s: float) -> list[BrokerAddress]:
 
 
 async def wait_for_broker(
-    bootstrap: str, timeout_s: float = 30.0, *, kafka: KafkaConfig | None = None
+    bootstrap: str,
+    timeout_s: float = 30.0,
+    *,
+    kafka: KafkaConfig | None = None,
+    on_failure: Callable[[BaseException], None] = lambda _: None,
 ) -> None:
     """Wait until a broker at ``bootstrap`` (``host:port[,host:port...]``) answers a Metadata
-    request; BrokerError after ``timeout_s``. Pass ``kafka`` for its security options."""
+    request; BrokerError after ``timeout_s``. Pass ``kafka`` for its security options;
+    ``on_failure`` is called after each round that found no broker."""
     addresses = parse_bootstrap(bootstrap)
     deadline = time.monotonic() + timeout_s
 
@@ -155,5 +166,41 @@ async def wait_for_broker(
         backoff=PROBE_BACKOFF,
         deadline_s=timeout_s,
         exhausted=exhausted,
+        on_failure=on_failure,
         log_level=logging.DEBUG,  # waiting for a broker that starts is expected, not a warning
     )
+
+
+async def wait_at_start(
+    kafka: KafkaConfig, bootstrap: str, *, who: str, waiting: Callable[[], None]
+) -> None:
+    """A service's first contact: when no broker answers at once, say so at WARNING (what is
+    awaited, for how long, which setting) and wait ``kafka.startup_wait_s`` for one, retrying
+    with back-off; BrokerError naming the setting when none answers by then. A broker that
+    is restarted with the service (a compose stack, a node reboot) is then no crash loop.
+    ``waiting`` is called after every round without a broker (the service's liveness: a
+    service waiting for its broker is alive, restarting it would not help)."""
+    if kafka.startup_wait_s <= 0:
+        return
+    try:
+        await wait_for_broker(bootstrap, FIRST_TRY_S, kafka=kafka)
+        return
+    except BrokerError as exc:
+        log.warning(
+            "%s: no Kafka broker answers at %s yet (%s); waiting up to %g s for one "
+            "(kafka.startup_wait_s)",
+            who,
+            bootstrap,
+            exc.__cause__ or "no answer",
+            kafka.startup_wait_s,
+        )
+    try:
+        await wait_for_broker(
+            bootstrap, kafka.startup_wait_s, kafka=kafka, on_failure=lambda _: waiting()
+        )
+    except BrokerError as exc:
+        raise BrokerError(
+            f"{exc}; waited kafka.startup_wait_s = {kafka.startup_wait_s:g} s (raise it to "
+            "wait longer for a broker that starts slowly)"
+        ) from None
+    log.warning("%s: the broker at %s answers; starting", who, bootstrap)

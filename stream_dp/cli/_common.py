@@ -1,15 +1,57 @@
-"""Helpers shared by the commands: signals, the broker to use, text tables."""
+"""Helpers shared by the commands: the configuration file, signals, the broker to use, text
+tables."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 from stream_dp.config import Config
 from stream_dp.errors import ConfigError
+
+#: The configuration file when ``--config`` is not given: this variable's, else
+#: :data:`DEFAULT_CONFIG_FILE` in the working directory.
+CONFIG_ENV = "STREAM_DP_CONFIG"
+DEFAULT_CONFIG_FILE = "stream-dp.yaml"
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE`` of a command that reads the configuration; when it is not given,
+    :func:`resolve_config` (called by ``main``) fills it in."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"YAML configuration file (default: ${CONFIG_ENV}, else ./{DEFAULT_CONFIG_FILE})",
+    )
+    parser.set_defaults(reads_config=True)
+
+
+def resolve_config(args: argparse.Namespace, environ: Mapping[str, str], cwd: Path) -> None:
+    """Fill in ``args.config`` of a command that reads the configuration and was given no
+    ``--config``: ``$STREAM_DP_CONFIG``, else ``./stream-dp.yaml``; ConfigError (exit 2)
+    saying the three ways when none applies."""
+    if not getattr(args, "reads_config", False) or args.config is not None:
+        return
+    named = environ.get(CONFIG_ENV, "").strip()
+    if named:
+        args.config = Path(named)
+        return
+    local = cwd / DEFAULT_CONFIG_FILE
+    if local.is_file():
+        args.config = local
+        return
+    raise ConfigError(
+        f"no configuration file: pass --config FILE, set {CONFIG_ENV}=FILE, or put "
+        f"{DEFAULT_CONFIG_FILE} in the working directory ({cwd}); `stream-dp examples DIR` "
+        "writes configurations to adapt"
+    )
 
 
 @contextlib.contextmanager

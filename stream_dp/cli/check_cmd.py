@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -25,7 +24,7 @@ from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.connection_errors import describe_error
-from stream_dp.cli._common import running_broker, text_table
+from stream_dp.cli._common import add_config_option, running_broker, text_table
 from stream_dp.clients.connect import start_client
 from stream_dp.config import Config, load_config
 from stream_dp.errors import BrokerError, ConfigError
@@ -47,7 +46,7 @@ def register(sub: Any) -> None:
         "worker covers (set window.start_at for those). Prints counts and field names, "
         "never user ids or values. Exit code 1 when it found a problem.",
     )
-    p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    add_config_option(p)
     p.add_argument(
         "--max-events",
         type=int,

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
-from stream_dp.cli._common import running_broker
+from stream_dp.cli._common import add_config_option, running_broker
 from stream_dp.config import Config, load_config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
 from stream_dp.pipeline.formats.decode import parse_event_time
@@ -37,7 +36,7 @@ def register(sub: Any) -> None:
         "is applied; windows released before are not recomputed (docs/erasure.md). Needs "
         "erasure.enabled: true.",
     )
-    p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    add_config_option(p)
     p.add_argument(
         "--user-id",
         required=True,

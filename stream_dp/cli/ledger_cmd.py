@@ -19,10 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 from typing import Any
 
-from stream_dp.cli._common import running_broker
+from stream_dp.cli._common import add_config_option, running_broker
 from stream_dp.config import load_config
 from stream_dp.pipeline.kafka.ledger_rebuild import RebuildPlan, rebuild_ledger
 from stream_dp.windows.tumbling import iso_utc
@@ -48,7 +47,7 @@ def register(sub: Any) -> None:
         "query's epsilon, delta, bounds or noise scale, the query list): run it with the "
         "configuration that released them.",
     )
-    rebuild.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    add_config_option(rebuild)
     rebuild.add_argument(
         "--bootstrap-servers", metavar="HOST:PORT", help="override kafka.bootstrap_servers"
     )

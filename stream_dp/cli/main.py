@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 
 from stream_dp import __version__
+from stream_dp.cli._common import resolve_config
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.logging import configure_logging
 
@@ -76,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("WARNING", "console")
     func: Command = args.func
     try:
+        resolve_config(args, os.environ, Path.cwd())
         return func(args)
     except StreamDPError as exc:
         print(f"stream-dp: error: {exc}", file=sys.stderr)

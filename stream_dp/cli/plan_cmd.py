@@ -16,7 +16,7 @@ import math
 import sys
 from typing import Any
 
-from stream_dp.cli._common import text_table
+from stream_dp.cli._common import add_config_option, text_table
 from stream_dp.config import load_config
 from stream_dp.config.model import ConfigOrigin
 from stream_dp.errors import ConfigError
@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
         "ε/δ split, the mechanism, the noise scale, the 95% interval and the partition "
         "selection; then the window and horizon totals. Refuses an over-budget config.",
     )
-    parser.add_argument("--config", required=True, metavar="FILE", help="YAML configuration")
+    add_config_option(parser)
     parser.add_argument("--json", action="store_true", help="print the stable JSON form")
     parser.add_argument(
         "--disclosure-risk",

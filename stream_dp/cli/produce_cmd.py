@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import orjson
 
-from stream_dp.cli._common import running_broker, stop_on_signals
+from stream_dp.cli._common import add_config_option, running_broker, stop_on_signals
 from stream_dp.clients.producer import KeyValue, ProduceReport, produce_records
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
         "of a JSON-lines file (sent as they are). Needs a running broker and an existing "
         "input topic (`stream-dp topics apply --config FILE` creates it).",
     )
-    p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    add_config_option(p)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--synthetic", choices=["browser-logs"], help="generate events of this kind"

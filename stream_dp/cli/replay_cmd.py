@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from stream_dp.cli._common import add_config_option
 from stream_dp.config import load_config
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.local.replay import ReplayResult, dead_letter_values, replay_file
@@ -41,7 +42,7 @@ def register(sub: Any) -> None:
         "With --ledger FILE, windows already in the ledger file are reprinted with their "
         "recorded values, never drawn again, and new draws are appended to it.",
     )
-    p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    add_config_option(p)
     p.add_argument("--input", required=True, type=Path, help="events, one JSON object per line")
     p.add_argument(
         "--ledger",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from pathlib import Path
 from typing import Any
 
+from stream_dp.cli._common import add_config_option
 from stream_dp.config import load_config
 from stream_dp.ops.logging import configure_logging
 from stream_dp.pipeline.kafka.service import run_worker
@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
         "output topic. Creates its missing output, dead-letter, ledger and internal topics at "
         "start. SIGTERM/Ctrl-C stops it gracefully (open windows are not released early).",
     )
-    p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    add_config_option(p)
     p.add_argument(
         "--bootstrap-servers",
         metavar="HOST:PORT",

@@ -6,10 +6,9 @@ import argparse
 import asyncio
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
-from stream_dp.cli._common import running_broker
+from stream_dp.cli._common import add_config_option, running_broker
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
 from stream_dp.ops.logging import configure_logging
@@ -31,7 +30,7 @@ def register(sub: Any) -> None:
         "Offsets are committed after the database transaction: after a crash nothing is lost "
         "and nothing doubles. SIGTERM/Ctrl-C stops it after the batch in hand.",
     )
-    p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    add_config_option(p)
     p.add_argument(
         "--postgres",
         metavar="DSN",

@@ -15,10 +15,9 @@ import asyncio
 import contextlib
 import sys
 import time
-from pathlib import Path
 from typing import Any, TextIO
 
-from stream_dp.cli._common import running_broker, stop_on_signals
+from stream_dp.cli._common import add_config_option, running_broker, stop_on_signals
 from stream_dp.clients.output import OutputAssembler, OutputReader, WindowGroup
 from stream_dp.config import load_config
 
@@ -57,7 +56,7 @@ def register(sub: Any) -> None:
         "window record and releases have arrived. Starts at the end of the topic unless "
         "--from-beginning. Ctrl-C, --max-windows or --idle-timeout end it (exit 0).",
     )
-    p.add_argument("--config", required=True, type=Path, help="YAML configuration file")
+    add_config_option(p)
     p.add_argument("--from-beginning", action="store_true", help="read the whole topic")
     p.add_argument(
         "--json",

@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 from stream_dp.broker.topics import TopicState, inspect_topics, resolve_all
+from stream_dp.cli._common import add_config_option
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
 
@@ -72,7 +73,7 @@ def register(subparsers: Any) -> None:
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="FILE", help="YAML config file")
+    add_config_option(parser)
 
 
 def _bootstrap(config: Config, override: str | None) -> str:

@@ -37,6 +37,7 @@ NESTING = "__"
 #: Variables with the prefix that are not configuration keys, and who reads them.
 NON_CONFIG_VARIABLES = {
     "STREAM_DP_PSEUDONYM_KEY": "the pseudonym key (default pseudonymization.key_env)",
+    "STREAM_DP_CONFIG": "the configuration file of a command given no --config",
     "STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "tests: allows privacy.unsafe_test_mode",
     "STREAM_DP_TEST_CRASH_POINT": "tests: crash the worker at a named point",
     "STREAM_DP_TEST_PAUSE_POINT": "tests: freeze the worker at a named point",

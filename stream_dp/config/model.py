@@ -141,6 +141,13 @@ class KafkaConfig(_Section):
         description="a broker write retried this long without success stops the worker "
         "without committing (a supervisor restarts it); reads are retried while it waits",
     )
+    startup_wait_s: Number = Field(
+        60.0,
+        ge=0,
+        description="a worker that finds no broker at start waits this long for one "
+        "(retrying with back-off, a WARNING saying what it waits for) before it stops; "
+        "0: stop at once",
+    )
     replication_factor: OptionalInteger = Field(
         None,
         ge=1,

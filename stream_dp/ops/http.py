@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
+import os
 from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any, Protocol
@@ -43,6 +45,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
+from stream_dp.errors import ConfigError
 from stream_dp.ops.health import Health
 
 log = logging.getLogger(__name__)
@@ -119,7 +122,11 @@ class HttpServer:
         self._runner = web.ServerRunner(self._server, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise PortUnavailableError(host, port, exc) from exc
         address: Any = self._runner.addresses[0]
         self.host, self.port = str(address[0]), int(address[1])
 
@@ -173,10 +180,32 @@ class HttpServer:
         )
 
 
+class PortUnavailableError(ConfigError):
+    """The ops server's port cannot be bound (in use, or not allowed); the message names
+    the setting to change, set by :func:`ops_endpoints`."""
+
+    def __init__(self, host: str, port: int, cause: OSError, setting: str = "the port") -> None:
+        self.host, self.port, self.cause = host, port, cause
+        if cause.errno == errno.EADDRINUSE:
+            reason = "is already in use"
+        else:
+            reason = f"cannot be bound ({os.strerror(cause.errno) if cause.errno else cause})"
+        super().__init__(
+            f"metrics and health endpoints: {host}:{port} {reason}; "
+            f"set {setting} to a free port (another process, e.g. a second worker or sink on "
+            "this host, may hold it)"
+        )
+
+    def naming(self, setting: str) -> PortUnavailableError:
+        """The same error, naming ``setting`` as the one to change."""
+        return PortUnavailableError(self.host, self.port, self.cause, setting)
+
+
 async def start_http_server(
     host: str, port: int, metrics: MetricsSource, health: Health
 ) -> HttpServer:
-    """Listen on ``host:port`` (port 0: any free port, see ``.port``) and serve until closed."""
+    """Listen on ``host:port`` (port 0: any free port, see ``.port``) and serve until closed.
+    A port that cannot be bound raises :class:`PortUnavailableError`."""
     server = HttpServer(metrics, health)
     await server._start(host, port)
     log.info("ops HTTP server listening on %s:%d", server.host, server.port)
@@ -185,13 +214,23 @@ async def start_http_server(
 
 @contextlib.asynccontextmanager
 async def ops_endpoints(
-    enabled: bool, host: str, port: int, metrics: MetricsSource, health: Health
+    enabled: bool,
+    host: str,
+    port: int,
+    metrics: MetricsSource,
+    health: Health,
+    *,
+    setting: str,
 ) -> AsyncIterator[HttpServer | None]:
-    """The ops server for the length of a ``with`` block (None when not ``enabled``)."""
+    """The ops server for the length of a ``with`` block (None when not ``enabled``);
+    ``setting`` names where the port is set (a port in use is refused naming it)."""
     if not enabled:
         yield None
         return
-    server = await start_http_server(host, port, metrics, health)
+    try:
+        server = await start_http_server(host, port, metrics, health)
+    except PortUnavailableError as exc:
+        raise exc.naming(setting) from exc.cause
     log.info("metrics and health on http://%s:%d", host, server.port)
     try:
         yield server

@@ -663,6 +663,12 @@ class Metrics:
 
         self.config_input_max_future, self.input_clock_skew = _clock_gauges(r)
         self.windows_due = _backlog_gauge(r)
+        self.deployment_info = Info(
+            "stream_dp_deployment",
+            "The deployment this worker belongs to (kafka.group_id): alert rules group each "
+            "deployment's series by it, so one stalled deployment never hides behind another.",
+            registry=r,
+        )
 
     def _declare_health(self, r: CollectorRegistry) -> None:
         """Readiness, broker and group trouble, and what the sink holds back."""
@@ -739,10 +745,17 @@ class Metrics:
         self.bounds_epsilon_spent.set(epsilon)
 
     def set_config(
-        self, size_s: float, grace_s: float, idle_close_s: float, max_future_s: float
+        self,
+        size_s: float,
+        grace_s: float,
+        idle_close_s: float,
+        max_future_s: float,
+        *,
+        group_id: str,
     ) -> None:
         """Export the window settings and the future cap, so alert rules can scale their
-        thresholds with them."""
+        thresholds with them, and the deployment's group id, so they group by it."""
+        self.deployment_info.info({"group_id": group_id})
         self.config_window_size.set(size_s)
         self.config_window_grace.set(grace_s)
         self.config_window_idle_close.set(idle_close_s)

@@ -63,11 +63,30 @@ def settle_fingerprint(
     return encode_fingerprint(mine)
 
 
+def end_of_last_release(ledger: LedgerIndex) -> int | None:
+    """The end of the latest window the ledger shows released (None: none shown).
+
+    A progress record's cursor is the window *after* the last one its partials partition
+    released, and windows go round-robin over the ``n`` partitions, so a cursor is that
+    window's start plus ``n`` windows: the window released last on it ends ``n - 1``
+    windows before the cursor. The largest cursor itself lies up to ``n - 1`` windows past
+    the last release (a new deployment starting there would lose them). Draws the progress
+    records do not cover yet (released, progress not yet written) count too, so the answer
+    never falls before a window that may have been published."""
+    ends = [rel.window_end_s for rel in ledger.releases()]
+    size_s = recorded_window_size_s(ledger)
+    n = ledger.partials_partitions
+    if size_s is not None and n is not None:
+        ends.extend(cursor - (n - 1) * size_s for cursor in ledger.progress.values())
+    return max(ends) if ends else None
+
+
 def worker_refusal(config: Config, ledger: LedgerIndex, ledger_topic: str) -> tuple[str, str]:
     """What a worker's refusal says: which deployment it cannot join, and the way out (a
-    new deployment starting after the last window the ledger's progress records show)."""
-    progress = ledger.progress.values()
-    resume = f"at or after {iso_utc(max(progress))} (" if progress else "("
+    new deployment starting with the first window after the last one the ledger shows
+    released: nothing released twice, no window in between lost)."""
+    last_end_s = end_of_last_release(ledger)
+    resume = f"at or after {iso_utc(last_end_s)} (" if last_end_s is not None else "("
     where = (
         f"this worker cannot join deployment {config.kafka.group_id!r} (ledger topic "
         f"{ledger_topic})"

@@ -60,6 +60,8 @@ async def run_sink(
         statement_timeout_s=statement_timeout_s,
     )
     m = config.metrics
-    async with ops_endpoints(m.enabled, m.host, metrics_port, metrics, health):
+    async with ops_endpoints(
+        m.enabled, m.host, metrics_port, metrics, health, setting="--metrics-port"
+    ):
         log.info("sink writing to PostgreSQL at %s", describe_dsn(dsn))
         await run_until_stopped(sink, stop, SHUTDOWN_TIMEOUT_S)

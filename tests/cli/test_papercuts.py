@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from tests.cli.support import run_cli
 
 UNREACHABLE = "127.0.0.1:1"
 CONFIG = {
-    "kafka": {"bootstrap_servers": UNREACHABLE},
+    "kafka": {"bootstrap_servers": UNREACHABLE, "startup_wait_s": 0},
     "queries": [{"name": "q", "epsilon": 1.0, "group_by": ["d"], "keys": {"d": ["a"]}}],
     "metrics": {"enabled": False},
 }
@@ -82,8 +83,75 @@ def test_unreachable_broker_is_one_clean_line(argv: list[str], tmp_path: Path) -
 
 def test_run_bootstrap_servers_overrides_the_config(tmp_path: Path) -> None:
     """The file names a broker that does not exist: --bootstrap-servers is the one tried."""
-    data = {**CONFIG, "kafka": {"bootstrap_servers": "127.0.0.1:2"}}
+    data = {**CONFIG, "kafka": {"bootstrap_servers": "127.0.0.1:2", "startup_wait_s": 0}}
     argv = ["run", "--config", str(_write(tmp_path, data)), "--bootstrap-servers", UNREACHABLE]
     done = run_cli(*argv, timeout_s=120, env=_key_env())
     assert done.returncode == 1, done.stderr
     assert f"on {UNREACHABLE}:" in done.stderr and "127.0.0.1:2" not in done.stderr
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """A second sink beside another on the same host: its --metrics-port is taken. The
+    command ends in one line that names the address and the option to change — no
+    traceback — before it reaches the database or the broker (both unreachable here)."""
+    data = {**CONFIG, "metrics": {"enabled": True, "host": "127.0.0.1"}}
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        argv = ["sink", "--config", str(_write(tmp_path, data)), "--metrics-port", str(port)]
+        done = run_cli(
+            *argv, "--postgres", "postgresql://u@127.0.0.1:1/db", timeout_s=120, env=_key_env()
+        )
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.splitlines() == [
+        f"stream-dp: error: metrics and health endpoints: 127.0.0.1:{port} is already in "
+        "use; set --metrics-port to a free port (another process, e.g. a second worker or "
+        "sink on this host, may hold it)"
+    ]
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", "--json", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_configuration_defaults_to_stream_dp_config_then_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--config, else $STREAM_DP_CONFIG, else ./stream-dp.yaml: each gives the plan of its
+    own file (two files with different ε tell which one was read)."""
+    named = _write(tmp_path, CONFIG)
+    other = {**CONFIG, "queries": [{**CONFIG["queries"][0], "epsilon": 0.5}]}  # type: ignore[index]
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "stream-dp.yaml").write_text(yaml.safe_dump(other), encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.delenv("STREAM_DP_CONFIG", raising=False)
+
+    code, from_cwd, err = _plan(capsys)
+    assert (code, err) == (0, "")
+    code, explicit, err = _plan(capsys, "--config", str(named))
+    assert (code, err) == (0, "")
+    monkeypatch.setenv("STREAM_DP_CONFIG", str(named))
+    code, from_env, err = _plan(capsys)
+    assert (code, err) == (0, "")
+    code, overridden, err = _plan(capsys, "--config", str(tmp_path / "cwd" / "stream-dp.yaml"))
+    assert (code, err) == (0, "")
+
+    assert from_env == explicit != from_cwd == overridden
+    assert '"epsilon":0.5' in from_cwd.replace(" ", "")
+
+
+def test_no_configuration_anywhere_is_one_line_with_the_three_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("STREAM_DP_CONFIG", raising=False)
+    code, out, err = _plan(capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        "stream-dp: error: no configuration file: pass --config FILE, set "
+        f"STREAM_DP_CONFIG=FILE, or put stream-dp.yaml in the working directory ({tmp_path}); "
+        "`stream-dp examples DIR` writes configurations to adapt"
+    ]

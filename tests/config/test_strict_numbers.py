@@ -61,6 +61,7 @@ VALID: dict[FieldPath, tuple[dict[str, Any], Any]] = {
     ("kafka", "request_timeout_ms"): (BASE, 20_000),
     ("kafka", "max_message_bytes"): (BASE, 2_000_000),
     ("kafka", "give_up_after_s"): (BASE, 60.5),
+    ("kafka", "startup_wait_s"): (BASE, 30.5),
     ("kafka", "replication_factor"): (BASE, 3),
     ("input", "max_record_bytes"): (BASE, 100_000),
     ("input", "max_future_s"): (BASE, 120),

@@ -29,9 +29,31 @@ METRIC_NAME = re.compile(r"\bstream_dp_[a-z0-9_]+")
 # --- alerts and dashboard --------------------------------------------------------------------
 
 
-def _alert_rules() -> list[dict[str, Any]]:
+def _all_rules() -> list[dict[str, Any]]:
     doc = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
     return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def _alert_rules() -> list[dict[str, Any]]:
+    """The alerts, each expression with the recording rules it reads written out."""
+    recorded = {r["record"]: r["expr"] for r in _all_rules() if "record" in r}
+    alerts = [dict(r) for r in _all_rules() if "alert" in r]
+    for rule in alerts:
+        for name, expr in recorded.items():
+            rule["expr"] = re.sub(
+                rf"(?<![\w:]){re.escape(name)}(?![\w:])", f"({expr})", rule["expr"]
+            )
+    return alerts
+
+
+def test_every_rule_is_an_alert_or_a_recording_rule_an_alert_reads() -> None:
+    alerts = " ".join(r["expr"] for r in _all_rules() if "alert" in r)
+    for rule in _all_rules():
+        assert ("alert" in rule) != ("record" in rule), rule
+        if "record" in rule:
+            assert rule["record"] in alerts, f"{rule['record']} is read by no alert"
+            _parse(rule["expr"])
+    assert not any(":" in name for r in _alert_rules() for name in _metrics(r["expr"]))
 
 
 #: Grafana's variables that stand where PromQL needs a duration (label values such as "$job"
@@ -92,9 +114,11 @@ def test_alert_rules_parse_and_cover_the_agreed_alerts() -> None:
     # Release lag in wall-clock terms that holds for backfilled input too: time since the
     # group last released (every covered window is released), not now minus event time.
     stalled = next(r for r in rules if r["alert"] == "StreamDPReleaseStalled")
-    assert "time() - max(stream_dp_last_release_timestamp_seconds" in stalled["expr"]
-    assert "2 * max(stream_dp_config_window_size_seconds)" in stalled["expr"]
-    assert "oldest_open_window_end" not in stalled["expr"]
+    flat = " ".join(stalled["expr"].split())
+    assert "time() - (max by (namespace, job, group_id) (" in flat
+    assert "(stream_dp_last_release_timestamp_seconds > 0)" in flat
+    assert "2 * stream_dp_config_window_size_seconds" in flat
+    assert "oldest_open_window_end" not in flat
     misplaced = next(r for r in rules if r["alert"] == "StreamDPMisplacedKeyedRecords")
     assert "misplaced_key" in misplaced["expr"]
 
@@ -263,7 +287,60 @@ def test_dashboard_has_a_sink_row() -> None:
         "stream_dp_sink_bad_records_total",
         "stream_dp_sink_database_errors_total",
         "stream_dp_sink_releases_stored_total",
+        "stream_dp_sink_offset_out_of_range_total",
+        "stream_dp_sink_records_skipped_total",
     } <= used
+
+
+DASHBOARDS = sorted((REPO / "ops" / "grafana" / "dashboards").glob("*.json"))
+
+
+def _datasource_refs(node: object) -> list[dict[str, Any]]:
+    """Every ``"datasource": {...}`` object anywhere in a dashboard."""
+    found: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "datasource" and isinstance(value, dict):
+                found.append(value)
+            else:
+                found.extend(_datasource_refs(value))
+    elif isinstance(node, list):
+        for item in node:
+            found.extend(_datasource_refs(item))
+    return found
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.name for p in DASHBOARDS])
+def test_a_dashboard_imports_with_every_input_used_and_says_its_grafana_version(
+    path: Path,
+) -> None:
+    """Grafana's import replaces each ``${DS_…}`` of ``__inputs`` with the datasource the
+    user picks: an input nothing reads is a prompt that does nothing. Every panel, target
+    and variable reads a datasource variable of its plugin, and each such variable starts
+    at the input of that plugin; provisioned (compose), the variable picks the default."""
+    dashboard = json.loads(path.read_text(encoding="utf-8"))
+    inputs = {i["name"]: i for i in dashboard["__inputs"]}
+    requires = {r["id"]: r for r in dashboard["__requires"]}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", requires["grafana"]["version"])
+    chooser = {
+        v["name"]: v for v in dashboard["templating"]["list"] if v["type"] == "datasource"
+    }
+    assert chooser
+    for variable in chooser.values():
+        value = variable["current"]["value"]
+        assert value == variable["current"]["text"]
+        name = re.fullmatch(r"\$\{(DS_[A-Z_]+)\}", value)
+        assert name and inputs[name[1]]["pluginId"] == variable["query"], variable["name"]
+        assert variable["query"] in requires, f"no __requires entry for {variable['query']}"
+    body = {k: v for k, v in dashboard.items() if k != "__inputs"}
+    for name in inputs:
+        assert f"${{{name}}}" in json.dumps(body), f"input {name} is used nowhere"
+    refs = _datasource_refs(dashboard["panels"]) + _datasource_refs(dashboard["templating"])
+    assert refs
+    for ref in refs:
+        variable = re.fullmatch(r"\$\{(\w+)\}", ref["uid"])
+        assert variable and variable[1] in chooser, ref
+        assert ref["type"] == chooser[variable[1]]["query"], ref
 
 
 def test_dashboard_has_the_agreed_panels() -> None:
@@ -299,6 +376,7 @@ def test_alertmanager_routes_to_a_declared_receiver() -> None:
     host, port = target.split(":")
     alertmanager = load_compose()["services"][host]
     assert f"127.0.0.1:{port}:{port}" in alertmanager["ports"]
-    assert "./ops/alertmanager/alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro" in (
-        alertmanager["volumes"]
+    assert (
+        "./ops/alertmanager/alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro"
+        in (alertmanager["volumes"])
     )

@@ -294,9 +294,13 @@ async def test_malformed_requests_are_not_logged_as_errors(
 
 
 async def test_disabled_endpoints_start_no_server() -> None:
-    async with ops_http.ops_endpoints(False, "127.0.0.1", 0, Metrics(), Health()) as server:
+    async with ops_http.ops_endpoints(
+        False, "127.0.0.1", 0, Metrics(), Health(), setting="metrics.port"
+    ) as server:
         assert server is None
-    async with ops_http.ops_endpoints(True, "127.0.0.1", 0, Metrics(), Health()) as server:
+    async with ops_http.ops_endpoints(
+        True, "127.0.0.1", 0, Metrics(), Health(), setting="metrics.port"
+    ) as server:
         assert server is not None
         assert (await get(server.port, "/health/live")).status == 200
         port = server.port
@@ -331,3 +335,23 @@ async def test_a_client_trickling_its_request_is_closed_too(
             await writer.wait_closed()
     finally:
         await server.close()
+
+
+async def test_a_port_in_use_is_refused_naming_the_setting() -> None:
+    """Not an OSError traceback: a ConfigError (exit 2) naming the address and the setting
+    the caller says holds the port."""
+    async with ops_http.ops_endpoints(
+        True, "127.0.0.1", 0, Metrics(), Health(), setting="metrics.port"
+    ) as first:
+        assert first is not None
+        with pytest.raises(ops_http.PortUnavailableError) as refused:
+            async with ops_http.ops_endpoints(
+                True, "127.0.0.1", first.port, Metrics(), Health(), setting="metrics.port"
+            ):
+                pass
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == (
+        f"metrics and health endpoints: 127.0.0.1:{first.port} is already in use; set "
+        "metrics.port to a free port (another process, e.g. a second worker or sink on this "
+        "host, may hold it)"
+    )

@@ -195,7 +195,7 @@ def test_run_logs_each_line_once_through_the_filtered_handler(tmp_path: Path) ->
     handler, so every line of `run` came out twice, once unfiltered."""
     config = tmp_path / "c.yaml"
     config.write_text(
-        'kafka: {bootstrap_servers: "127.0.0.1:1"}\n'
+        'kafka: {bootstrap_servers: "127.0.0.1:1", startup_wait_s: 0}\n'
         "queries: [{name: q, epsilon: 1.0, group_by: [d], keys: {d: [a]}}]\n"
         "metrics: {enabled: false}\n",
         encoding="utf-8",

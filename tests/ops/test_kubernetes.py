@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
@@ -78,7 +79,7 @@ def _problems(doc: dict[str, Any], version: str) -> str | None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_resource_validates(version: str) -> None:
     docs = render()
-    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Deployment", "Service"]
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "Deployment", "Job", "Service"]
     for doc in docs:
         assert _problems(doc, version) is None, doc["kind"]
 
@@ -150,8 +151,83 @@ def test_the_worker_is_wired_to_its_config() -> None:
     assert {p["targetPort"] for p in service["spec"]["ports"]} == {"ops"}
 
 
+def test_the_topics_job_applies_the_workers_config() -> None:
+    """The Job runs `stream-dp topics apply` (parsed by the real CLI) on the ConfigMap the
+    workers read, as the image's non-root user, and removes itself once finished (a Job's
+    pod template cannot change: a later apply with another config would be refused)."""
+    docs = render()
+    job, deployment = _one(docs, "Job"), _one(docs, "Deployment")
+    pod = _pod(job)
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert container["args"][:2] == ["topics", "apply"] and not args.dry_run
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    assert volume["configMap"]["name"] == _one(docs, "ConfigMap")["metadata"]["name"]
+    (key,) = _one(docs, "ConfigMap")["data"]
+    assert Path(args.config) == Path(mount["mountPath"]) / key
+    assert container["image"] == _pod(deployment)["containers"][0]["image"]
+    assert pod["securityContext"] == _pod(deployment)["securityContext"]
+    assert pod["restartPolicy"] == "OnFailure"
+    assert 0 < job["spec"]["ttlSecondsAfterFinished"] <= 3600
+    assert "env" not in container  # no pseudonym key: topics apply needs none
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+
+
+MONITORING = BASE / "monitoring"
+
+
+def _rule_generator() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "prometheus_rule", MONITORING / "prometheus_rule.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_prometheus_rule_is_generated_from_the_alert_file() -> None:
+    """One source for the alert rules: the PrometheusRule holds exactly alerts.yml's groups,
+    written by its generator (run `make k8s-rules` after editing alerts.yml)."""
+    generator = _rule_generator()
+    alerts = (REPO / "ops" / "prometheus" / "alerts.yml").read_text(encoding="utf-8")
+    shipped = (MONITORING / "prometheusrule.yaml").read_text(encoding="utf-8")
+    assert shipped == generator.render(alerts), "stale: run `make k8s-rules`"
+    rule = yaml.safe_load(shipped)
+    assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    assert rule["spec"]["groups"] == yaml.safe_load(alerts)["groups"]
+    changed = alerts.replace("for: 2m", "for: 3m", 1)
+    assert generator.render(changed) != shipped
+
+
+def test_the_service_monitor_scrapes_the_worker_service() -> None:
+    (monitor,) = [
+        d for d in yaml.safe_load_all((MONITORING / "servicemonitor.yaml").read_text("utf-8")) if d
+    ]
+    assert (monitor["apiVersion"], monitor["kind"]) == (
+        "monitoring.coreos.com/v1",
+        "ServiceMonitor",
+    )
+    assert set(monitor["spec"]) == {"selector", "endpoints"}
+    service = _one(render(), "Service")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    config = load_config(BASE / "stream-dp.yaml")
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert port["port"] == config.metrics.port and endpoint["path"] == "/metrics"
+    # The alert rules' `up{job="stream-dp"}`: the operator names the job after the Service.
+    assert service["metadata"]["name"] == "stream-dp" and "jobLabel" not in monitor["spec"]
+    kustomization = yaml.safe_load((MONITORING / "kustomization.yaml").read_text("utf-8"))
+    assert kustomization["resources"] == ["servicemonitor.yaml", "prometheusrule.yaml"]
+
+
 def test_no_secret_value_is_in_the_tree() -> None:
-    for path in BASE.iterdir():
+    for path in [*BASE.iterdir(), *MONITORING.iterdir()]:
+        if path.is_dir() or path.suffix != ".yaml":
+            continue
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if isinstance(doc, dict):
                 assert doc.get("kind") != "Secret", path.name
@@ -171,10 +247,22 @@ def test_kubectl_kustomize_renders_the_same_resources() -> None:
         assert _problems(doc, VERSIONS[-1]) is None, doc["kind"]
         mine = _one(ours, doc["kind"])
         assert doc["metadata"]["name"].startswith(mine["metadata"]["name"])  # + content hash
-    deployment = _one(theirs, "Deployment")
-    (volume,) = [v for v in _pod(deployment)["volumes"] if v["name"] == "config"]
-    assert volume["configMap"]["name"] == _one(theirs, "ConfigMap")["metadata"]["name"]
-    volume["configMap"]["name"] = "stream-dp-config"  # kustomize's content hash suffix
-    for kind in ("Deployment", "Service"):
+    for kind in ("Deployment", "Job"):
+        (volume,) = [v for v in _pod(_one(theirs, kind))["volumes"] if v["name"] == "config"]
+        assert volume["configMap"]["name"] == _one(theirs, "ConfigMap")["metadata"]["name"]
+        volume["configMap"]["name"] = "stream-dp-config"  # kustomize's content hash suffix
+    for kind in ("Deployment", "Service", "Job"):
         assert _one(theirs, kind)["spec"] == _one(ours, kind)["spec"], kind
     assert _one(theirs, "ConfigMap")["data"] == _one(ours, "ConfigMap")["data"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not on PATH")
+def test_kubectl_kustomize_renders_the_monitoring_resources() -> None:
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(MONITORING)], capture_output=True, text=True, timeout=120
+    )
+    assert built.returncode == 0, built.stderr
+    theirs = {d["kind"]: d for d in yaml.safe_load_all(built.stdout) if d}
+    assert set(theirs) == {"ServiceMonitor", "PrometheusRule"}
+    rule = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text(encoding="utf-8"))
+    assert theirs["PrometheusRule"]["spec"] == rule["spec"]

@@ -16,7 +16,9 @@ from stream_dp.ops.metrics import (
 )
 
 ALLOWED_LABELS = {"query", "partition", "reason", "topic", "le"}
-BUILD_INFO_LABELS = {"version", "python"}
+#: Info metrics' labels: the build, and the deployment (kafka.group_id: configuration, not
+#: data; alert rules group each deployment's series by it).
+BUILD_INFO_LABELS = {"version", "python", "group_id"}
 FORBIDDEN_LABELS = {"user", "user_id", "key", "domain", "pseudonym", "group", "value"}
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 NON_BASE_UNITS = re.compile(
@@ -85,6 +87,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "erasure_requests_applied": ("stream_dp_erasure_requests_applied_total", "counter", ()),
     "erasures_active": ("stream_dp_erasures_active", "gauge", ()),
     "build_info": ("stream_dp_build_info", "info", ("version", "python")),
+    "deployment_info": ("stream_dp_deployment_info", "info", ("group_id",)),
     "offset_out_of_range": ("stream_dp_offset_out_of_range_total", "counter", ("topic",)),
     "partials_incomplete": ("stream_dp_partials_incomplete", "gauge", ()),
     "held_record_age": ("stream_dp_held_record_age_seconds", "gauge", ()),
@@ -161,7 +164,7 @@ def populated() -> Metrics:
     m.watermark.set(1_596_283_200.0)
     m.set_open_windows(2, 1_596_286_800.0)
     m.last_release.set(1_596_283_260.0)
-    m.set_config(300, 30, 30.0, 300.0)
+    m.set_config(300, 30, 30.0, 300.0, group_id="stream-dp")
     m.ready.set(1)
     m.broker_errors.inc()
     m.events_repartitioned.inc(9)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -17,6 +18,7 @@ from typing import Protocol
 
 from stream_dp.broker.durability import verify_durable_topics
 from stream_dp.broker.embedded import EmbeddedBroker
+from stream_dp.broker.probe import wait_at_start
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config.model import Config
 from stream_dp.ops.health import Health
@@ -81,18 +83,24 @@ async def run_worker(
     install_signal_handlers(stop)
     metrics = Metrics(reasons=REASONS)
     health = Health(metrics=metrics, live_timeout_s=config.metrics.live_timeout_s)
-    async with bootstrap_for(config) as bootstrap:
+    m = config.metrics
+    async with (
+        bootstrap_for(config) as bootstrap,
+        ops_endpoints(m.enabled, m.host, m.port, metrics, health, setting="metrics.port"),
+    ):
+        # The endpoints first: while it waits for its broker the worker is live, not ready.
+        if not config.kafka.embedded:
+            beat = functools.partial(health.progress, "waiting for the broker")
+            await wait_at_start(config.kafka, bootstrap, who="worker", waiting=beat)
         created = await apply_topics(config, bootstrap, include_input=config.kafka.embedded)
         if created:
             log.info("created topics: %s", ", ".join(created))
         # Refuse a ledger (or erasure log, cumulative state) the broker would delete from.
         await verify_durable_topics(config, bootstrap)
-        m = config.metrics
-        async with ops_endpoints(m.enabled, m.host, m.port, metrics, health):
-            worker = Worker(
-                config, keyring, bootstrap_servers=bootstrap, metrics=metrics, health=health
-            )
-            await run_until_stopped(worker, stop, SHUTDOWN_TIMEOUT_S)
+        worker = Worker(
+            config, keyring, bootstrap_servers=bootstrap, metrics=metrics, health=health
+        )
+        await run_until_stopped(worker, stop, SHUTDOWN_TIMEOUT_S)
 
 
 class Service(Protocol):

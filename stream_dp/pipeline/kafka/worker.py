@@ -147,7 +147,13 @@ class Worker:
         self.bootstrap = bootstrap_servers or config.kafka.bootstrap_servers
         self.metrics = metrics if metrics is not None else Metrics(reasons=REASONS)
         w = config.window
-        self.metrics.set_config(w.size_s, w.grace_s, w.idle_close_s, config.input.max_future_s)
+        self.metrics.set_config(
+            w.size_s,
+            w.grace_s,
+            w.idle_close_s,
+            config.input.max_future_s,
+            group_id=config.kafka.group_id,
+        )
         self.health = health if health is not None else Health(metrics=self.metrics)
         self.health.set("topology_stable", True)
         self.ingest: IngestStage | None = None
