@@ -56,8 +56,8 @@ def _codec_cause(exc: BaseException) -> FetchErrorCause:
         return FetchErrorCause(
             "unsupported_codec",
             True,
-            f"the input holds record batches compressed with {codec} (the producer's "
-            f"compression.type={codec}), which this installation cannot decompress",
+            f"the topic holds record batches compressed with {codec} (a producer's or the "
+            f"topic's compression.type={codec}), which this installation cannot decompress",
             f"install the codec library: {INSTALL_HINT}; then restart the worker",
         )
     unknown = _UNKNOWN_CODEC.search(text)

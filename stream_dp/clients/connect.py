@@ -22,3 +22,17 @@ async def start_client(client: Any, bootstrap_servers: str) -> None:
                 f"cannot reach the broker at {bootstrap_servers}: {reason}; check "
                 "kafka.bootstrap_servers (or --bootstrap-servers) and that the broker is up"
             ) from None
+
+
+async def topic_partitions(client: Any, topic: str) -> list[int] | None:
+    """The partitions of ``topic`` as the broker says now; None when it has no such topic.
+
+    Asks for every topic's metadata (a request naming ``topic`` alone would make a broker
+    with ``auto.create.topics.enable`` create it). A client's own metadata is no answer: a
+    consumer without a subscription holds none right after it starts (Apache Kafka answers
+    its empty topic list with no topic), and it is refreshed only every
+    ``metadata_max_age_ms`` (five minutes by default). KafkaError when the broker does not
+    answer."""
+    cluster = await client._client.fetch_all_metadata()
+    partitions = cluster.partitions_for_topic(topic)
+    return sorted(partitions) if partitions else None
