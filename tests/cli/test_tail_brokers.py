@@ -55,4 +55,13 @@ async def test_tail_prints_a_release_already_on_the_topic_within_seconds(
         f"stream-dp tail: reading {config.output.topic} on {kafka_bootstrap} from the "
         "beginning (Ctrl-C stops)\n",
     )
-    assert done.stdout == "X"
+    assert done.stdout.splitlines() == [
+        "visits_by_domain · 2020-08-01T00:00:00Z → 2020-08-01T00:00:10Z · 2 keys · ε 1 δ 1e-06 "
+        "(horizon ε 1)",
+        "  count · discrete_laplace, noise scale 3",
+        "  domain            value      95% CI",
+        "  a.example           120          ±9",
+        "  b.example             7          ±9",
+        "",
+    ]
+    assert done.stdout.endswith("\n")
