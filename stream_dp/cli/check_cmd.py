@@ -26,7 +26,7 @@ from aiokafka.errors import KafkaError
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.fetch_errors import classify_fetch_error, describe_fetch_error
 from stream_dp.cli._common import running_broker, text_table
-from stream_dp.clients.connect import start_client, topic_partitions
+from stream_dp.clients.connect import start_client, stop_client, topic_partitions
 from stream_dp.config import Config, load_config
 from stream_dp.errors import BrokerError, ConfigError
 from stream_dp.pipeline.kafka.input_check import InputReport, check_values
@@ -128,7 +128,7 @@ async def sample_values(
         cause = describe_fetch_error(classify_fetch_error(exc))
         raise BrokerError(f"reading {topic} failed: {cause}") from None
     finally:
-        await consumer.stop()
+        await stop_client(consumer)
     return values[:max_events], len(partitions)
 
 

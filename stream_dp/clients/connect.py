@@ -1,7 +1,9 @@
-"""Starting a Kafka client with one error line that tells the user what to check."""
+"""Starting and stopping a Kafka client with one error line that tells the user what to check, and
+a topic's partitions as the broker says now."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiokafka.errors import KafkaError
@@ -36,3 +38,16 @@ async def topic_partitions(client: Any, topic: str) -> list[int] | None:
     cluster = await client._client.fetch_all_metadata()
     partitions = cluster.partitions_for_topic(topic)
     return sorted(partitions) if partitions else None
+
+
+async def stop_client(client: Any) -> None:
+    """``await client.stop()``. aiokafka's consumer, stopped before its coordinator task had a
+    turn (a command that fails right after the start), raises that task's CancelledError
+    from ``stop()``: it would replace the error being raised with a traceback. Swallowed
+    here unless this task itself is being cancelled (Ctrl-C)."""
+    try:
+        await client.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise

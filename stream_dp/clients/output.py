@@ -25,7 +25,7 @@ from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.fetch_errors import classify_fetch_error, describe_fetch_error
-from stream_dp.clients.connect import start_client, topic_partitions
+from stream_dp.clients.connect import start_client, stop_client, topic_partitions
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError
 
@@ -184,7 +184,7 @@ class OutputReader:
     ) -> None:
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
-            await consumer.stop()
+            await stop_client(consumer)
 
     async def try_assign(self) -> bool:
         """Assign every partition of the topic if it exists (never creates it: only the
