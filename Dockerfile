@@ -17,8 +17,9 @@ COPY pyproject.toml ./
 # The exact versions: ops/constraints.txt, `pip freeze` of a clean install of the list below
 # (regenerate it when pyproject.toml's dependencies change: its header says how).
 COPY ops/constraints.txt /constraints.txt
-# The hard dependencies, the `gaussian` extra (OpenDP, for the discrete Gaussian mechanism)
-# and the `sink` extra (psycopg, for `stream-dp sink`).
+# The hard dependencies (cramjam among them: the snappy, lz4 and zstd codecs of compressed
+# input), the `gaussian` extra (OpenDP, for the discrete Gaussian mechanism) and the `sink`
+# extra (psycopg, for `stream-dp sink`).
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; e = p['optional-dependencies']; print('\n'.join(p['dependencies'] + e['gaussian'] + e['sink']))" > /requirements.txt
 
 FROM ${PYTHON_IMAGE} AS build

@@ -23,9 +23,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
-from stream_dp.broker.connection_errors import describe_error
+from stream_dp.broker.fetch_errors import classify_fetch_error, describe_fetch_error
 from stream_dp.cli._common import add_config_option, running_broker, text_table
-from stream_dp.clients.connect import start_client
+from stream_dp.clients.connect import start_client, stop_client, topic_partitions
 from stream_dp.config import Config, load_config
 from stream_dp.errors import BrokerError, ConfigError
 from stream_dp.pipeline.kafka.input_check import InputReport, check_values
@@ -67,6 +67,26 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def newest_shares(sizes: dict[TopicPartition, int], total: int) -> dict[TopicPartition, int]:
+    """How many of its newest records to read from each partition: ``total`` split as evenly
+    as the partitions' ``sizes`` allow (a short partition's unused share goes to the others),
+    so a topic holding ``total`` records or more gives exactly ``total``."""
+    shares = dict.fromkeys(sizes, 0)
+    left = total
+    room = [tp for tp in sizes if sizes[tp] > 0]
+    while left > 0 and room:
+        each = max(1, left // len(room))
+        for tp in list(room):
+            n = min(each, sizes[tp] - shares[tp], left)
+            shares[tp] += n
+            left -= n
+            if shares[tp] == sizes[tp]:
+                room.remove(tp)
+            if left == 0:
+                break
+    return shares
+
+
 async def sample_values(
     config: Config, bootstrap: str, max_events: int, timeout_s: float
 ) -> tuple[list[bytes | None], int]:
@@ -78,22 +98,25 @@ async def sample_values(
     await start_client(consumer, bootstrap)
     values: list[bytes | None] = []
     try:
-        partitions = sorted(consumer.partitions_for_topic(topic) or ())
-        if not partitions:
-            raise BrokerError(
+        partitions = await topic_partitions(consumer, topic)
+        if partitions is None:
+            error = BrokerError(
                 f"topic {topic} does not exist on {bootstrap}: set input.topic to the topic "
-                "your producers write to"
+                "your producers write to, or create it with `stream-dp topics apply --config "
+                "FILE`"
             )
+            error.retriable = False
+            raise error
         tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
         starts = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)
-        share = max(1, max_events // len(tps))
+        shares = newest_shares({tp: ends[tp] - starts[tp] for tp in tps}, max_events)
         remaining = 0
         for tp in tps:
-            first = max(starts[tp], ends[tp] - share)
+            first = ends[tp] - shares[tp]
             consumer.seek(tp, first)
-            remaining += ends[tp] - first
+            remaining += shares[tp]
         deadline = time.monotonic() + timeout_s
         wanted = min(remaining, max_events)
         while len(values) < wanted and time.monotonic() < deadline:
@@ -101,9 +124,10 @@ async def sample_values(
             for msgs in batch.values():
                 values.extend(m.value for m in msgs)
     except KafkaError as exc:
-        raise BrokerError(f"reading {topic} failed: {describe_error(exc)}") from None
+        cause = describe_fetch_error(classify_fetch_error(exc))
+        raise BrokerError(f"reading {topic} failed: {cause}") from None
     finally:
-        await consumer.stop()
+        await stop_client(consumer)
     return values[:max_events], len(partitions)
 
 

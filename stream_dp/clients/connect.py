@@ -1,7 +1,9 @@
-"""Starting a Kafka client with one error line that tells the user what to check."""
+"""Starting and stopping a Kafka client with one error line that tells the user what to check, and
+a topic's partitions as the broker says now."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiokafka.errors import KafkaError
@@ -22,3 +24,30 @@ async def start_client(client: Any, bootstrap_servers: str) -> None:
                 f"cannot reach the broker at {bootstrap_servers}: {reason}; check "
                 "kafka.bootstrap_servers (or --bootstrap-servers) and that the broker is up"
             ) from None
+
+
+async def topic_partitions(client: Any, topic: str) -> list[int] | None:
+    """The partitions of ``topic`` as the broker says now; None when it has no such topic.
+
+    Asks for every topic's metadata (a request naming ``topic`` alone would make a broker
+    with ``auto.create.topics.enable`` create it). A client's own metadata is no answer: a
+    consumer without a subscription holds none right after it starts (Apache Kafka answers
+    its empty topic list with no topic), and it is refreshed only every
+    ``metadata_max_age_ms`` (five minutes by default). KafkaError when the broker does not
+    answer."""
+    cluster = await client._client.fetch_all_metadata()
+    partitions = cluster.partitions_for_topic(topic)
+    return sorted(partitions) if partitions else None
+
+
+async def stop_client(client: Any) -> None:
+    """``await client.stop()``. aiokafka's consumer, stopped before its coordinator task had a
+    turn (a command that fails right after the start), raises that task's CancelledError
+    from ``stop()``: it would replace the error being raised with a traceback. Swallowed
+    here unless this task itself is being cancelled (Ctrl-C)."""
+    try:
+        await client.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise

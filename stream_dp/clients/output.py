@@ -24,7 +24,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
-from stream_dp.clients.connect import start_client
+from stream_dp.broker.fetch_errors import classify_fetch_error, describe_fetch_error
+from stream_dp.clients.connect import start_client, stop_client, topic_partitions
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError
 
@@ -183,7 +184,7 @@ class OutputReader:
     ) -> None:
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
-            await consumer.stop()
+            await stop_client(consumer)
 
     async def try_assign(self) -> bool:
         """Assign every partition of the topic if it exists (never creates it: only the
@@ -192,10 +193,9 @@ class OutputReader:
             return True
         consumer = self._require()
         try:
-            names = await consumer.topics()
+            partitions = await topic_partitions(consumer, self.topic)
         except KafkaError as exc:
             raise BrokerError(f"cannot list topics: {type(exc).__name__}: {exc}") from None
-        partitions = consumer.partitions_for_topic(self.topic) if self.topic in names else None
         if not partitions:
             return False
         consumer.assign([TopicPartition(self.topic, p) for p in sorted(partitions)])
@@ -224,7 +224,8 @@ class OutputReader:
         try:
             batch = await consumer.getmany(timeout_ms=int(timeout_s * 1000))
         except KafkaError as exc:
-            raise BrokerError(f"reading {self.topic} failed: {type(exc).__name__}: {exc}") from None
+            cause = describe_fetch_error(classify_fetch_error(exc))
+            raise BrokerError(f"reading {self.topic} failed: {cause}") from None
         out: list[RawRecord] = []
         for tp in sorted(batch, key=lambda t: t.partition):
             for m in batch[tp]:

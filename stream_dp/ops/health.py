@@ -9,8 +9,10 @@
   worker whose loop is stuck is not (restarting it would). Until the first beat, the moment of
   construction counts as one, so a worker gets ``live_timeout_s`` to start its loop.
 - **ready**: every component reports ok — for the worker (:data:`COMPONENTS`): input
-  partitions assigned, producer connected, release ledger loaded, and no partition-count
-  change of a topic it reads still settling; other services (the sink) name their own.
+  partitions assigned, producer connected, release ledger loaded, no partition-count
+  change of a topic it reads still settling, and its fetches not failing for a cause that
+  retrying does not clear (:mod:`stream_dp.pipeline.fetch_health`); other services (the
+  sink) name their own.
   Readiness says nothing about liveness; an orchestrator checks both.
 
 The clock is injectable (``clock=``, a monotonic ``() -> float`` in seconds) so tests never
@@ -34,6 +36,7 @@ COMPONENTS: Final[tuple[str, ...]] = (
     "producer_connected",
     "ledger_loaded",
     "topology_stable",
+    "input_readable",
 )
 
 

@@ -36,6 +36,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 
 from stream_dp import __version__
+from stream_dp.broker.fetch_errors import FETCH_ERROR_REASONS
 
 PREFIX = "stream_dp_"
 
@@ -436,7 +437,7 @@ def _health_metrics(
     ready = Gauge(
         "stream_dp_ready",
         "1 when the worker is ready (partitions assigned, producer connected, release "
-        "ledger loaded), else 0.",
+        "ledger loaded, topic partition counts settled, input readable), else 0.",
         registry=r,
     )
     broker_errors = Counter(
@@ -493,6 +494,20 @@ def _health_metrics(
         ledger_draws_discarded,
         records_too_large,
         build_info,
+    )
+
+
+def _fetch_error_counter(r: CollectorRegistry) -> Counter:
+    """Failed fetches of the worker's consumer, by cause."""
+    return Counter(
+        "stream_dp_fetch_errors",
+        "Fetches of the worker's consumer that failed, by cause (reason: unsupported_codec, "
+        "corrupt_record, authorization_failed, unknown_topic, record_too_large, other). A cause "
+        "that retrying cannot clear (unsupported_codec, corrupt_record, record_too_large), "
+        "or any cause that persists, makes the worker log an ERROR naming it and the fix "
+        "and not ready until a fetch succeeds again (runbook: StreamDPFetchFailing).",
+        ["reason"],
+        registry=r,
     )
 
 
@@ -682,6 +697,7 @@ class Metrics:
             self.records_too_large,
             self.build_info,
         ) = _health_metrics(r)
+        self.fetch_errors = _fetch_error_counter(r)
 
         (
             self.offset_out_of_range,
@@ -722,6 +738,8 @@ class Metrics:
             self.bad_records.labels(reason=reason)
         for reason in PARTIALS_IGNORED_REASONS:
             self.partials_ignored.labels(reason=reason)
+        for reason in FETCH_ERROR_REASONS:
+            self.fetch_errors.labels(reason=reason)
 
     # ---------------------------------------------------------------------------------------
 

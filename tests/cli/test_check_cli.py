@@ -1,4 +1,4 @@
-"""``stream-dp check`` on the embedded broker: a sample of the input topic, decoded as the
+"""``stream-dp check`` on both brokers: a sample of the input topic, decoded as the
 worker would, with field, type, timestamp and coverage problems reported — and no user id
 or value printed."""
 
@@ -14,10 +14,11 @@ import yaml
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.cli.support import arun_cli
 from tests.integration.support import produce_records
 
-pytestmark = [pytest.mark.kafka]
+pytestmark = [pytest.mark.kafka, ON_BOTH_BROKERS]
 
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 T0_MS = 1_596_240_000_000  # 2020-08-01T00:00:00Z
@@ -75,6 +76,11 @@ async def test_missing_topic_says_to_set_input_topic(
     kafka_bootstrap: str, config_factory: MakeConfig
 ) -> None:
     path = config_factory(None)
+    topic = load_config(path).input.topic
     done = await arun_cli("check", "--config", str(path), timeout_s=120)
-    assert done.returncode == 1
-    assert "does not exist" in done.stderr and "input.topic" in done.stderr
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        f"stream-dp: error: topic {topic} does not exist on {kafka_bootstrap}: set input.topic "
+        "to the topic your producers write to, or create it with `stream-dp topics apply "
+        "--config FILE`\n"
+    )

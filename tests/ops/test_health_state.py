@@ -31,12 +31,13 @@ def test_ready_only_when_every_component_is_set() -> None:
     assert not health.ready()
 
 
-def test_components_are_the_agreed_four() -> None:
+def test_components_are_the_agreed_five() -> None:
     assert set(COMPONENTS) == {
         "partitions_assigned",
         "producer_connected",
         "ledger_loaded",
         "topology_stable",
+        "input_readable",
     }
 
 
@@ -132,6 +133,7 @@ def test_status_is_plain_data_for_the_json_body() -> None:
             "producer_connected": False,
             "ledger_loaded": True,
             "topology_stable": False,
+            "input_readable": False,
         },
         "last_beat_age_s": 2.5,
         "live_timeout_s": 30,

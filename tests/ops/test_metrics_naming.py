@@ -76,6 +76,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "input_clock_skew": ("stream_dp_input_clock_skew_seconds", "gauge", ()),
     "ready": ("stream_dp_ready", "gauge", ()),
     "broker_errors": ("stream_dp_broker_errors_total", "counter", ()),
+    "fetch_errors": ("stream_dp_fetch_errors_total", "counter", ("reason",)),
     "events_repartitioned": ("stream_dp_events_repartitioned_total", "counter", ()),
     "repartition_duplicates_skipped": (
         "stream_dp_repartition_duplicates_skipped_total",

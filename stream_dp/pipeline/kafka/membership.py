@@ -40,6 +40,7 @@ from aiokafka.errors import KafkaError
 from stream_dp.clients.fetched import fetch_options
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.errors import StreamDPError
+from stream_dp.pipeline.fetch_health import FetchAges
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.hold_guards import HoldGuards
@@ -111,6 +112,8 @@ class Membership(WorkerPart):
         self.fatal: StreamDPError | None = None
         #: Lost offsets, the maximum hold and the memory cap (hold_guards), around fetching.
         self.guards = HoldGuards(context, self)
+        #: Per input partition, the last fetch that made progress (fetch_health).
+        self.fetch_ages = FetchAges(context.metrics)
 
     def _stages(self) -> Stages:
         assert self.stages is not None, "the stages are built before partitions are taken"
@@ -451,11 +454,7 @@ class Membership(WorkerPart):
         for tp in owned:
             if tp.topic != read_topic or tp in waiting:
                 continue
-            answered_ms = consumer.last_poll_timestamp(tp)
-            since = answered_ms / 1000 if answered_ms is not None else self.owned[tp]
-            self.metrics.fetch_age.labels(topic=tp.topic, partition=str(tp.partition)).set(
-                max(0.0, now - since)
-            )
+            self.fetch_ages.observe(consumer, tp, self.owned[tp], now)
             at = read_to_end_at(consumer, tp)
             at_mono = None if at is None else answered_at_mono(at, now, mono)
             if at_mono is not None:

@@ -85,6 +85,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.ops.progress import reporting_progress
 from stream_dp.pipeline.backlog import DueBacklog
 from stream_dp.pipeline.faults import Faults
+from stream_dp.pipeline.fetch_health import FetchHealth
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
@@ -113,8 +114,6 @@ from stream_dp.windows.tumbling import iso_utc
 
 log = logging.getLogger(__name__)
 
-#: The wait after a fetch failed, before the next fetch.
-FETCH_RETRY_S = 0.5
 BROKER_PROBE_INTERVAL_S = 1.0
 BROKER_PROBE_TIMEOUT_S = 2.0
 #: Windows released per loop iteration at most (a backlog of empty windows after a long
@@ -172,6 +171,7 @@ class Worker:
         context = WorkerContext(config, metrics, health, self._stopping, self._faults)
         self.publisher = Publisher(context)
         self.membership = Membership(context)
+        self.fetches = FetchHealth(metrics, health, self.membership)
         size_s = config.window.size_s
         self.topology = TopologyWatch(
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
@@ -423,11 +423,10 @@ class Worker:
             except MEMBERSHIP_ERRORS as exc:
                 membership.membership_lost(exc)
                 continue
-            except KafkaError as exc:
-                self.metrics.broker_errors.inc()
-                log.warning("fetch failed (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(FETCH_RETRY_S)
+            except KafkaError as exc:  # classified, counted, logged; the loop still turns
+                await self.fetches.failed(exc)
                 continue
+            self.fetches.succeeded()
             async with membership.lock:
                 await self._iteration(batch)
                 membership.drop_revoked_later()

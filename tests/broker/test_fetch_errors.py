@@ -1,0 +1,79 @@
+"""Fetch errors classified (stream_dp/broker/fetch_errors.py) and the codecs this install reads
+(stream_dp/broker/codecs.py)."""
+
+from __future__ import annotations
+
+import aiokafka.codec
+import pytest
+from aiokafka import errors as kafka_errors
+
+from stream_dp.broker.codecs import CODECS, codecs_problem, missing_codecs
+from stream_dp.broker.fetch_errors import (
+    FETCH_ERROR_REASONS,
+    classify_fetch_error,
+    describe_fetch_error,
+)
+
+
+def test_the_default_install_reads_every_codec() -> None:
+    """cramjam is a dependency: without it snappy, lz4 and zstd input is never read."""
+    assert missing_codecs() == []
+    assert codecs_problem() is None
+
+
+def test_a_missing_codec_library_is_named_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aiokafka.codec, "cramjam", None)
+    assert missing_codecs() == ["snappy", "lz4", "zstd"]
+    assert codecs_problem() == (
+        "this installation cannot decompress snappy, lz4, zstd: input written by a producer "
+        "with compression.type=snappy cannot be read; install the codec library: pip install "
+        "'cramjam>=2.8' (a dependency of stream-dp: reinstall it with `pip install stream-dp`, "
+        "or use the container image)"
+    )
+
+
+@pytest.mark.parametrize("codec", ["snappy", "lz4", "zstd"])
+def test_an_unsupported_codec_names_the_codec_and_cannot_clear(codec: str) -> None:
+    # aiokafka's record parser's own message (record/default_records.py)
+    cause = classify_fetch_error(
+        kafka_errors.UnsupportedCodecError(f"Libraries for {codec} compression codec not found")
+    )
+    assert (cause.reason, cause.persistent) == ("unsupported_codec", True)
+    assert describe_fetch_error(cause) == (
+        f"the topic holds record batches compressed with {codec} (a producer's or the topic's "
+        f"compression.type={codec}), which this installation cannot decompress; to fix it, "
+        "install the codec library: pip install 'cramjam>=2.8' (a dependency of stream-dp: "
+        "reinstall it with `pip install stream-dp`, or use the container image); then restart "
+        "the worker"
+    )
+
+
+def test_an_unknown_codec_id_asks_for_one_of_the_four() -> None:
+    cause = classify_fetch_error(
+        kafka_errors.UnsupportedCodecError("Unknown compression codec 0x05")
+    )
+    assert (cause.reason, cause.persistent) == ("unsupported_codec", True)
+    assert describe_fetch_error(cause) == (
+        "a record batch is compressed with codec id 0x05, none of gzip, snappy, lz4, zstd; to "
+        "fix it, set the producers' compression.type to one of gzip, snappy, lz4, zstd"
+    )
+    assert CODECS == ("gzip", "snappy", "lz4", "zstd")
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason", "persistent"),
+    [
+        (kafka_errors.CorruptRecordException("Invalid CRC"), "corrupt_record", True),
+        (kafka_errors.TopicAuthorizationFailedError("t"), "authorization_failed", False),
+        (kafka_errors.GroupAuthorizationFailedError("g"), "authorization_failed", False),
+        (kafka_errors.UnknownTopicOrPartitionError(), "unknown_topic", False),
+        (kafka_errors.RecordTooLargeError("big"), "record_too_large", True),
+        (kafka_errors.KafkaError("Unexpected error during data retrieval"), "other", False),
+        (kafka_errors.KafkaTimeoutError(), "other", False),
+    ],
+)
+def test_each_cause_has_its_reason(exc: BaseException, reason: str, persistent: bool) -> None:
+    cause = classify_fetch_error(exc)
+    assert (cause.reason, cause.persistent) == (reason, persistent)
+    assert cause.reason in FETCH_ERROR_REASONS
+    assert cause.fix and cause.cause
