@@ -153,6 +153,10 @@ CASES: dict[str, Case] = {
         (gauge("stream_dp_fetch_age_seconds", 300, 1, topic="events", partition="0"),),
         {"topic": "events", "partition": "0"},
     ),
+    "StreamDPFetchFailing": Case(
+        (counter("stream_dp_fetch_errors_total", reason="unsupported_codec"),),
+        {"reason": "unsupported_codec"},
+    ),
     "StreamDPOffsetOutOfRange": Case(
         (counter("stream_dp_offset_out_of_range_total", topic="events"),), {"topic": "events"}
     ),
