@@ -224,7 +224,7 @@ SETTINGS: Final[Mapping[str, Setting]] = {
     ),
     **_each(
         _NOT,
-        "which events are valid input (too far ahead: dead-lettered)",
+        "which events are valid input: one stamped too far ahead is dead-lettered",
         "input.max_future_s",
     ),
     **_each(

@@ -191,3 +191,14 @@ def test_the_partitioner_of_unkeyed_input_is_not_hashed() -> None:
     assert deployment_fingerprint(
         _config({"input": {"partitioner": "crc32"}}), TOPOLOGY
     ) == deployment_fingerprint(_config(), TOPOLOGY)
+
+
+def test_the_configuration_guide_lists_every_key_once_with_its_role() -> None:
+    """docs/configuration.md's table is generated from the classification."""
+    from stream_dp.reference import fingerprint_reference
+
+    table = fingerprint_reference()
+    for path, setting in SETTINGS.items():
+        (row,) = [line for line in table.splitlines() if f"`{path}`" in line]
+        assert f"| {setting.role.value} |" in row, row
+    assert table.count("`") == 2 * len(SETTINGS)
