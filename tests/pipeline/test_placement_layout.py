@@ -9,6 +9,7 @@ either check alone keeps the second partial out.
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from stream_dp.config.classification import user_placement
@@ -91,3 +92,38 @@ def test_partials_sealed_under_two_partitioners_are_never_merged(check: str) -> 
     ignored = stage.metrics.partials_ignored.labels(reason=reason)._value.get()
     assert ignored == len(stage.queries)  # each query's crc32 partial, left out
     assert [sorted(rel.sources) for rel in winners] == [[HOME["murmur2"]]] * len(winners)
+
+
+def test_a_partial_of_a_version_without_placements_merges_with_its_own_fingerprint() -> None:
+    """A worker of an earlier version stamps no placement: under the deployment's own
+    fingerprint (which holds the placement settings) it was placed as this deployment
+    places users, so a rolling upgrade does not leave its partials out."""
+    murmur = _keyed("murmur2")
+    own = deployment_fingerprint(murmur, local_topology(murmur)).digest
+    stage = ReleaseStage(murmur, metrics=Metrics(), fingerprint=own)
+    stage.assign([0])
+    older = [
+        orjson.dumps({k: v for k, v in orjson.loads(v).items() if k != "placement"})
+        for v in _sealed(murmur, own)
+    ]
+    other = IngestStage(murmur, KEYRING)
+    other.source_partitions, other.fingerprint = SOURCES, own
+    other.assign([1], 0.0, routed=False)
+    records = [rec(i, "b-user", 1 + i / 100, "a", key=b"b-user") for i in range(EVENTS)]
+    assert murmur2_partition(b"b-user", SOURCES) == 1
+    assert other.ingest(1, records, now_s=NOW, now_mono_s=0.0) == []
+    newer = [v for p in other.seal(1, T0) for _, v in encode_partial(p, max_bytes=MB)]
+    assert all(orjson.loads(v)["placement"] == "input/murmur2" for v in newer)
+    values = [*older, *newer]
+    for source in range(SOURCES):
+        values.append(encode_watermark(SourceWatermark(source, SOURCES, T0 + 11.0, False, True))[1])
+    stage.ingest(0, list(enumerate(values)))
+    (all_users,) = [
+        r.value["value"]
+        for rel in stage.compute_release(T0, now_s=NOW)
+        if rel.query == "all"
+        for r in rel.records
+        if r.value.get("kind") == "release"
+    ]
+    assert all_users == 2 * K  # both sources merged: two users, K events each
+    assert stage.metrics.partials_ignored.labels(reason="layout_changed")._value.get() == 0

@@ -62,6 +62,7 @@ class PartialsInbox:
         refusal: Refusal,
         key_id_of: Callable[[int], str],
         fingerprint: str | None,
+        placement: str = "",
     ) -> None:
         self.metrics = metrics
         #: Why the stage takes no partial of a window (released, before coverage), or None.
@@ -72,6 +73,10 @@ class PartialsInbox:
         #: partials stamped with it are merged. The worker and replay always set it; None
         #: (unit tests of other rules) merges partials whatever their stamp.
         self.fingerprint = fingerprint
+        #: This deployment's user placement, taken for a partial of a version that did not
+        #: stamp one: it passed the fingerprint check, and the fingerprint holds the
+        #: placement settings (stream_dp.config.classification).
+        self.placement = placement
         self._windows: dict[int, dict[int, PendingWindow]] = {}
         self._marks: dict[int, dict[int, SourceWatermark]] = {}
         # Per partials partition, per source: idle_for_s of its first "idle, nothing open"
@@ -170,7 +175,8 @@ class PartialsInbox:
                 # A version that applied more erasures replaces the one taken
                 # (docs/erasure.md): still one version per source, never a sum of two.
                 ignored.labels(reason="superseded").inc()
-            layout = (taken.source_partitions, taken.key_id, taken.placement)
+            placement = taken.placement or self.placement
+            layout = (taken.source_partitions, taken.key_id, placement)
             if pending.layout is None:
                 pending.layout = layout
             elif layout != pending.layout:
