@@ -101,15 +101,6 @@ def _hash(value: Any) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    """Nested mappings as dotted paths (a mismatch then names the innermost field)."""
-    if isinstance(value, Mapping) and value:
-        for key, inner in value.items():
-            _flatten(f"{prefix}.{key}", inner, out)
-    else:
-        out[prefix] = value
-
-
 def meaning_fields(config: Config, topology: Topology) -> dict[str, Any]:
     """Every setting that changes what a partial or a release means, by field path: the
     paths :mod:`stream_dp.config.classification` puts in the fingerprint, each query's
