@@ -9,10 +9,13 @@ objects that define it rather than written by hand:
   site keeps it in ``docs/hooks/configuration-notes.yaml``): a note for a key the model does
   not have, or a key with neither a description nor a note, is an error, so the build fails
   when the model and its documentation part.
+- :func:`fingerprint_reference`: which settings the deployment fingerprint holds and why each
+  other one is left out, from the classification of every key
+  (:mod:`stream_dp.config.classification`).
 - :func:`metrics_reference`: every metric of the worker's and the sink's registries, with its
   type, labels, the label values that exist from the start, and its help text.
 
-The docs site's hook (``docs/hooks/site.py``) calls both; nothing at run time does.
+The docs site's hook (``docs/hooks/site.py``) calls them; nothing at run time does.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from stream_dp.config.classification import SETTINGS, Role
 from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.metrics import Metrics
@@ -229,6 +233,20 @@ def _sentences(*parts: str) -> str:
 
 def _anchor(section: str) -> str:
     return f"config-{section.replace('_', '-')}"
+
+
+def fingerprint_reference() -> str:
+    """The classification of every key as Markdown: one table row per role and reason,
+    naming the keys it covers, the fingerprint's first."""
+    groups: dict[tuple[Role, str], list[str]] = {}
+    for path, setting in SETTINGS.items():
+        groups.setdefault((setting.role, setting.reason), []).append(path)
+    order = list(Role)
+    out = ["| keys | fingerprint | why |", "|---|---|---|"]
+    for (role, reason), paths in sorted(groups.items(), key=lambda g: order.index(g[0][0])):
+        keys = ", ".join(f"`{p}`" for p in paths)
+        out.append(f"| {keys} | {role.value} | {_escape_cell(_sentences(reason))} |")
+    return "\n".join(out) + "\n"
 
 
 # --------------------------------------------------------------------------------- metrics

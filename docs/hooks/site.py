@@ -3,7 +3,9 @@
 - ``<!-- generated: configuration -->`` becomes the configuration reference, rendered from the
   pydantic model with the notes in ``configuration-notes.yaml`` beside this file;
   ``<!-- generated: metrics worker -->`` / ``<!-- generated: metrics sink -->`` the metrics
-  reference, rendered from the registries (both in :mod:`stream_dp.reference`).
+  reference, rendered from the registries; ``<!-- generated: fingerprint -->`` which settings
+  the deployment fingerprint holds and why the others are left out, from their
+  classification (all in :mod:`stream_dp.reference`).
 - ``<!-- include: PATH -->`` becomes the repository file PATH (``ops/RUNBOOK.md``,
   ``bench/RESULTS.md``), its relative links pointing into the site and the files they name
   (plots, flame graphs) copied with it, so those files keep one home in the repository.
@@ -24,7 +26,11 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
-from stream_dp.reference import configuration_reference, metrics_reference
+from stream_dp.reference import (
+    configuration_reference,
+    fingerprint_reference,
+    metrics_reference,
+)
 
 HERE = Path(__file__).resolve().parent
 NOTES = HERE / "configuration-notes.yaml"
@@ -71,6 +77,8 @@ def _generated(what: str) -> str:
     if what == "configuration":
         notes = yaml.safe_load(NOTES.read_text(encoding="utf-8"))
         return configuration_reference(notes)
+    if what == "fingerprint":
+        return fingerprint_reference()
     if what == "metrics worker":
         return metrics_reference("worker")
     if what == "metrics sink":

@@ -11,13 +11,12 @@ is recorded with the deployment's coverage record, stamped on every partial, and
 at start and at every merge.
 
 The per-field parts are kept beside the digest so that a mismatch names the settings that
-differ. Settings that change nothing a number means (log level, ports, metrics, client
-timeouts, retention, topic names) are left out: a rolling restart that changes only those
-still works.
-
-``erasure.enabled`` is left out too: turning erasure on between windows is a documented
-in-place change, and partials carry their own guard (the erasure-log position they applied,
-checked against each window's cut).
+differ. Which settings are hashed, and why each other one is left out, is decided for every
+field of the configuration model in :mod:`stream_dp.config.classification`: settings that
+change nothing a number means (log level, ports, metrics, client timeouts, retention, topic
+names) are left out, so a rolling restart that changes only those still works; so are those
+guarded otherwise (``erasure.enabled``: turning erasure on between windows is a documented
+in-place change, and partials carry the erasure-log position they applied).
 
 The pseudonym key id is kept apart from the digest: partials already carry the key id they
 were pseudonymized under and stage 2 merges only the window's key, and a key *rotation* is a
@@ -35,15 +34,13 @@ from typing import Any, Final
 
 import orjson
 
-from stream_dp.config.model import BOUND_NAMES, Config
+from stream_dp.config.classification import fingerprinted_paths
+from stream_dp.config.model import Config
 from stream_dp.errors import ConfigError
 
 #: Characters of a part's hash kept in the record (64 bits: a part is compared with the
 #: same part of another configuration, never searched for).
 PART_HASH_CHARS: Final = 16
-#: Input settings that decide who a user is, which window an event is in, and which topic
-#: a partial's source partition is a partition of (the input, or the repartition topic).
-_INPUT_FIELDS: Final = ("user_field", "time_field", "user_id_normalization", "keyed_by_user")
 
 
 class FingerprintMismatchError(ConfigError):
@@ -104,37 +101,41 @@ def _hash(value: Any) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    """Nested mappings as dotted paths (a mismatch then names the innermost field)."""
-    if isinstance(value, Mapping) and value:
-        for key, inner in value.items():
-            _flatten(f"{prefix}.{key}", inner, out)
-    else:
-        out[prefix] = value
-
-
 def meaning_fields(config: Config, topology: Topology) -> dict[str, Any]:
-    """Every setting that changes what a partial or a release means, by field path."""
-    fields: dict[str, Any] = {"window.size_s": config.window.size_s}
-    for name in _INPUT_FIELDS:
-        fields[f"input.{name}"] = getattr(config.input, name)
-    _flatten("privacy", config.privacy.model_dump(), fields)
-    bounds = config.bounds
-    for name in BOUND_NAMES:
-        fields[f"bounds.{name}"] = getattr(bounds, name)
-    if bounds.is_auto:  # with its defaults filled in: an explicit default is no change
-        auto = bounds.auto_settings
-        fields["bounds.auto.epsilon_share"] = auto.epsilon_share
-        for name in bounds.auto_fields:
-            fields[f"bounds.auto.start.{name}"] = auto.start_value(name)
-            fields[f"bounds.auto.cap.{name}"] = auto.cap_value(name)
-    for q in config.queries:
-        for key, value in q.model_dump().items():
-            fields[f"queries.{q.name}.{key}"] = value
-    fields["topics.partials_partitions"] = topology.partials_partitions
-    fields["topics.ledger_partitions"] = topology.ledger_partitions
-    fields["topics.continual_partitions"] = topology.continual_partitions
+    """Every setting that changes what a partial or a release means, by field path: the
+    paths :mod:`stream_dp.config.classification` puts in the fingerprint, each query's
+    under its name (``queries.visits.epsilon``)."""
+    fields: dict[str, Any] = {}
+    dumps = [(q.name, q.model_dump()) for q in config.queries]
+    for path in fingerprinted_paths():
+        section, _, rest = path.partition(".")
+        if section == "queries[]":
+            for name, dump in dumps:
+                fields[f"queries.{name}.{rest}"] = dump[rest]
+        elif section == "topics":  # as the broker has them, not as configured
+            fields[path] = getattr(topology, rest)
+        elif rest.startswith("auto."):
+            _auto_bound_field(config, path, fields)
+        elif path == "input.partitioner" and not config.input.keyed_by_user:
+            continue  # unkeyed input is placed by pseudonym: the setting is unused
+        else:
+            fields[path] = getattr(getattr(config, section), rest)
     return fields
+
+
+def _auto_bound_field(config: Config, path: str, fields: dict[str, Any]) -> None:
+    """``bounds.auto.*`` with its defaults filled in (an explicit default is no change),
+    only while a bound is auto, and ``start``/``cap`` only of the bounds that are."""
+    bounds = config.bounds
+    if not bounds.is_auto:
+        return
+    auto = bounds.auto_settings
+    if path == "bounds.auto.epsilon_share":
+        fields[path] = auto.epsilon_share
+        return
+    end, name = path.removeprefix("bounds.auto.").split(".")
+    if name in bounds.auto_fields:
+        fields[path] = auto.start_value(name) if end == "start" else auto.cap_value(name)
 
 
 def deployment_fingerprint(config: Config, topology: Topology) -> Fingerprint:

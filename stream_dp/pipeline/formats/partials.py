@@ -68,11 +68,14 @@ class Partial:
     #: Events the partition's reservoirs saw for the window, and kept after bounding.
     events_seen: int
     events_retained: int
-    #: The layout the totals were bounded under: the stage-1 topic's partition count and the
-    #: pseudonym key id. Stage 2 merges partials of one layout only (a user is on one
-    #: partition, under one pseudonym, only within one layout).
+    #: The layout the totals were bounded under: the stage-1 topic's partition count, the
+    #: pseudonym key id and the user placement (which topic and partitioner put a user's
+    #: events on their partition; stream_dp.config.classification.user_placement). Stage 2
+    #: merges partials of one layout only (a user is on one partition, under one pseudonym,
+    #: only within one layout).
     source_partitions: int = 1
     key_id: str = ""
+    placement: str = ""
     #: Erasure-log position the source had applied when it computed the totals.
     erasures_through: int = 0
     #: ``bounds: auto``: the (k, L0, Linf) the totals were bounded with, and the source
@@ -97,6 +100,7 @@ class PartialPart:
     totals: Sequence[tuple[GroupKey, KeyAggregate]]
     source_partitions: int = 1
     key_id: str = ""
+    placement: str = ""
     erasures_through: int = 0
     bounds: tuple[int, int | None, int | None] | None = None
     histograms: Mapping[str, Sequence[int]] | None = None
@@ -160,6 +164,8 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
         "events_seen": partial.events_seen,
         "events_retained": partial.events_retained,
     }
+    if partial.placement:
+        header["placement"] = partial.placement
     if partial.erasures_through:
         header["erasures_through"] = partial.erasures_through
     if partial.bounds is not None:
@@ -319,6 +325,7 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 events_retained=int(obj["events_retained"]),
                 source_partitions=int(obj.get("source_partitions", 1)),
                 key_id=str(obj.get("key_id", "")),
+                placement=str(obj.get("placement", "")),
                 erasures_through=int(obj.get("erasures_through", 0)),
                 bounds=_bounds(obj.get("bounds")),
                 histograms=_histograms(obj.get("histograms")),
@@ -454,6 +461,7 @@ class PartialAssembler:
             events_retained=part.events_retained,
             source_partitions=part.source_partitions,
             key_id=part.key_id,
+            placement=part.placement,
             erasures_through=part.erasures_through,
             bounds=part.bounds,
             histograms=part.histograms,

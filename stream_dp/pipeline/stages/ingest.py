@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from stream_dp.config.classification import user_placement
 from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.metrics import Metrics
@@ -162,6 +163,9 @@ class IngestStage(ErasureState, RecordIngest):
         #: partition their key does not map to (a user's events must share a partition).
         #: Off where one partition holds everything (replay).
         self.enforce_user_keys = config.input.keyed_by_user
+        #: How a user's events came to share a partition (stamped on partials: part of
+        #: their layout, like the partition count and the key id).
+        self.placement = user_placement(config.input)
         self._partition_of_key = partition_function(config.input.partitioner)
         self._partitions_of_keys = partitions_function(config.input.partitioner)
         #: Partitions of the input topic (the sources of each repartition partition).
@@ -419,6 +423,7 @@ class IngestStage(ErasureState, RecordIngest):
             events_retained=len(items),
             source_partitions=self.source_partitions,
             key_id=self.keyring.for_window(window_start_s).key_id,
+            placement=self.placement,
             erasures_through=self.erasures_applied,
             bounds=bounds if self._auto is not None else None,
             histograms=histograms,

@@ -3,9 +3,9 @@
 Per (query, source partition) of a window the first complete version of a partial is taken
 and the others ignored (a version that applied more erasures supersedes it). A partial
 stamped with another deployment fingerprint, bounded under another pseudonym key, or
-bounded under another layout (stage-1 partition count and key id) than the first partial
-the window took is never merged: a user's events are on one partition under one pseudonym
-only within a layout, so mixing two would bound a user twice.
+bounded under another layout (stage-1 partition count, key id and user placement) than the
+first partial the window took is never merged: a user's events are on one partition under
+one pseudonym only within a layout, so mixing two would bound a user twice.
 
 Each source partition's :class:`SourceWatermark` says how far it has sealed; the inbox
 answers how far every source of a partials partition has passed (:meth:`passed_through`):
@@ -48,8 +48,8 @@ Refusal = Callable[[PartialPart], "str | None"]
 class PendingWindow:
     first_offset: int
     assemblers: dict[tuple[str, int], PartialAssembler] = field(default_factory=dict)
-    #: (source partitions, key id) of the first partial taken; None before that.
-    layout: tuple[int, str] | None = None
+    #: (source partitions, key id, user placement) of the first partial taken; None before.
+    layout: tuple[int, str, str] | None = None
 
 
 class PartialsInbox:
@@ -62,6 +62,7 @@ class PartialsInbox:
         refusal: Refusal,
         key_id_of: Callable[[int], str],
         fingerprint: str | None,
+        placement: str = "",
     ) -> None:
         self.metrics = metrics
         #: Why the stage takes no partial of a window (released, before coverage), or None.
@@ -72,6 +73,10 @@ class PartialsInbox:
         #: partials stamped with it are merged. The worker and replay always set it; None
         #: (unit tests of other rules) merges partials whatever their stamp.
         self.fingerprint = fingerprint
+        #: This deployment's user placement, taken for a partial of a version that did not
+        #: stamp one: it passed the fingerprint check, and the fingerprint holds the
+        #: placement settings (stream_dp.config.classification).
+        self.placement = placement
         self._windows: dict[int, dict[int, PendingWindow]] = {}
         self._marks: dict[int, dict[int, SourceWatermark]] = {}
         # Per partials partition, per source: idle_for_s of its first "idle, nothing open"
@@ -170,12 +175,14 @@ class PartialsInbox:
                 # A version that applied more erasures replaces the one taken
                 # (docs/erasure.md): still one version per source, never a sum of two.
                 ignored.labels(reason="superseded").inc()
-            layout = (taken.source_partitions, taken.key_id)
+            placement = taken.placement or self.placement
+            layout = (taken.source_partitions, taken.key_id, placement)
             if pending.layout is None:
                 pending.layout = layout
             elif layout != pending.layout:
-                # Bounded under another partition layout (partitions were added): a user
-                # may be on a partition of each layout, so only one layout is merged.
+                # Bounded under another partition layout (partitions were added, or users
+                # were placed by another partitioner): a user may be on a partition of
+                # each layout, so only one layout is merged.
                 assembler.taken = before
                 assembler.left_out = before is None
                 ignored.labels(reason="layout_changed").inc()

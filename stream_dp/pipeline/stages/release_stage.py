@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from stream_dp.config.classification import user_placement
 from stream_dp.config.model import Config
 from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
@@ -151,6 +152,7 @@ class ReleaseStage(ContinualSteps):
             refusal=self._refusal,
             key_id_of=key_id_of or (lambda ws: expected_key_id(config, ws)),
             fingerprint=fingerprint,
+            placement=user_placement(config.input),
         )
         #: Due windows wait for every source's report in full (stages.hold).
         self.completeness = SourceCompleteness(self.inbox, self.metrics)

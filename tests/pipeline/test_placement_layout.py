@@ -1,0 +1,129 @@
+"""Stage 2 never merges partials of two user placements (issue 37, item 2).
+
+During a murmur2 → crc32 change of ``input.partitioner`` (keyed input), a stage 1 under
+murmur2 accepts a user's records on the user's murmur2 partition and one under crc32 on the
+user's CRC-32 partition: merged, the user would be bounded once on each (2 users, 2k
+events). The placement is in the deployment fingerprint and in the partials layout, so
+either check alone keeps the second partial out.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from stream_dp.config.classification import user_placement
+from stream_dp.config.fingerprint import deployment_fingerprint
+from stream_dp.config.model import Config
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.formats.ledger import encode_published, encode_release
+from stream_dp.pipeline.formats.partials import SourceWatermark, encode_partial, encode_watermark
+from stream_dp.pipeline.local.local import local_topology
+from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.placement import crc32_partition, murmur2_partition
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
+from tests.pipeline.support import KEYRING, NOW, T0, config, rec
+
+MB = 1_000_000
+K = 4
+EVENTS = 40  # of the one user, on each of the two partitions
+USER = "heavy"
+SOURCES = 2
+#: USER's home partition of 2 under each partitioner (they differ: that is the break).
+HOME = {"murmur2": 0, "crc32": 1}
+
+
+def _keyed(partitioner: str) -> Config:
+    cfg = config(k=K, keyed_by_user=True)
+    return cfg.model_copy(
+        update={"input": cfg.input.model_copy(update={"partitioner": partitioner})}
+    )
+
+
+def _sealed(cfg: Config, stamp: str) -> list[bytes]:
+    """A real stage 1 under ``cfg`` on the user's home partition under its partitioner:
+    EVENTS records of the user accepted and bounded to K, sealed and stamped ``stamp``."""
+    stage = IngestStage(cfg, KEYRING)
+    stage.source_partitions = SOURCES
+    stage.fingerprint = stamp
+    home = HOME[cfg.input.partitioner]
+    stage.assign([home], 0.0, routed=False)
+    records = [rec(i, USER, 1 + i / 100, "a", key=USER.encode()) for i in range(EVENTS)]
+    assert stage.ingest(home, records, now_s=NOW, now_mono_s=0.0) == []  # all accepted
+    return [v for p in stage.seal(home, T0) for _, v in encode_partial(p, max_bytes=MB)]
+
+
+def test_the_user_has_a_different_home_under_each_partitioner() -> None:
+    assert murmur2_partition(USER.encode(), SOURCES) == HOME["murmur2"]
+    assert crc32_partition(USER.encode(), SOURCES) == HOME["crc32"]
+    placements = {user_placement(_keyed(p).input) for p in HOME}
+    assert len(placements) == 2
+
+
+@pytest.mark.parametrize("check", ["fingerprint", "layout"])
+def test_partials_sealed_under_two_partitioners_are_never_merged(check: str) -> None:
+    """``fingerprint``: as workers run it, each stage 1 stamps its own fingerprint and
+    stage 2 (murmur2) merges only its own. ``layout``: both stamped alike (as a fingerprint
+    without the partitioner would), so only the partials layout tells them apart. Either
+    way the user is released as one user with K events, never two with 2K."""
+    murmur, crc = _keyed("murmur2"), _keyed("crc32")
+    own = deployment_fingerprint(murmur, local_topology(murmur)).digest
+    other = deployment_fingerprint(crc, local_topology(crc)).digest
+    stage = ReleaseStage(murmur, metrics=Metrics(), fingerprint=own)
+    stage.assign([0])
+    values = [*_sealed(murmur, own), *_sealed(crc, other if check == "fingerprint" else own)]
+    for source in range(SOURCES):
+        mark = SourceWatermark(source, SOURCES, T0 + 11.0, False, True)
+        values.append(encode_watermark(mark)[1])
+    stage.ingest(0, list(enumerate(values)))
+    assert stage.due_windows() == [T0]
+    released = stage.compute_release(T0, now_s=NOW)
+    for rel in released:
+        stage.ledger.load(encode_release(rel, now_s=NOW, max_bytes=MB))
+    winners = stage.winners(T0)
+    stage.ledger.load([encode_published(rel) for rel in winners])
+    by_query = {
+        rel.query: {str(r.value.get("group")): r.value.get("value") for r in rel.records}
+        for rel in winners
+    }
+    assert by_query["visits"]["{'domain': 'a'}"] == K  # one user's K events, not 2K
+    assert by_query["all"]["{}"] == K
+    reason = "fingerprint_mismatch" if check == "fingerprint" else "layout_changed"
+    ignored = stage.metrics.partials_ignored.labels(reason=reason)._value.get()
+    assert ignored == len(stage.queries)  # each query's crc32 partial, left out
+    assert [sorted(rel.sources) for rel in winners] == [[HOME["murmur2"]]] * len(winners)
+
+
+def test_a_partial_of_a_version_without_placements_merges_with_its_own_fingerprint() -> None:
+    """A worker of an earlier version stamps no placement: under the deployment's own
+    fingerprint (which holds the placement settings) it was placed as this deployment
+    places users, so a rolling upgrade does not leave its partials out."""
+    murmur = _keyed("murmur2")
+    own = deployment_fingerprint(murmur, local_topology(murmur)).digest
+    stage = ReleaseStage(murmur, metrics=Metrics(), fingerprint=own)
+    stage.assign([0])
+    older = [
+        orjson.dumps({k: v for k, v in orjson.loads(v).items() if k != "placement"})
+        for v in _sealed(murmur, own)
+    ]
+    other = IngestStage(murmur, KEYRING)
+    other.source_partitions, other.fingerprint = SOURCES, own
+    other.assign([1], 0.0, routed=False)
+    records = [rec(i, "b-user", 1 + i / 100, "a", key=b"b-user") for i in range(EVENTS)]
+    assert murmur2_partition(b"b-user", SOURCES) == 1
+    assert other.ingest(1, records, now_s=NOW, now_mono_s=0.0) == []
+    newer = [v for p in other.seal(1, T0) for _, v in encode_partial(p, max_bytes=MB)]
+    assert all(orjson.loads(v)["placement"] == "input/murmur2" for v in newer)
+    values = [*older, *newer]
+    for source in range(SOURCES):
+        values.append(encode_watermark(SourceWatermark(source, SOURCES, T0 + 11.0, False, True))[1])
+    stage.ingest(0, list(enumerate(values)))
+    (all_users,) = [
+        r.value["value"]
+        for rel in stage.compute_release(T0, now_s=NOW)
+        if rel.query == "all"
+        for r in rel.records
+        if r.value.get("kind") == "release"
+    ]
+    assert all_users == 2 * K  # both sources merged: two users, K events each
+    assert stage.metrics.partials_ignored.labels(reason="layout_changed")._value.get() == 0
