@@ -77,7 +77,7 @@ _KAFKA_CLIENT_FIELDS = (
     "bootstrap_servers", "client_id", "security_protocol", "sasl_mechanism", "sasl_username",
     "sasl_password", "sasl_password_file", "ssl_cafile", "ssl_certfile", "ssl_keyfile",
     "ssl_key_password", "session_timeout_ms", "heartbeat_interval_ms", "request_timeout_ms",
-    "give_up_after_s", "replication_factor",
+    "give_up_after_s", "startup_wait_s", "replication_factor",
 )  # fmt: skip
 
 #: Every leaf of :class:`~stream_dp.config.model.Config`, classified.
