@@ -21,8 +21,17 @@ with orjson — otherwise:
   from both (correctly rounded; fuzzed with long and halfway decimals);
 * **nesting** beyond orjson's depth limit needs a record of 2,048 bytes or more: such
   records take their fields from orjson too;
-* **record boundaries**: records are decoded as lines of one joined buffer, so a record
-  holding a newline (JSON whitespace) leaves the batch to orjson;
+* **record boundaries**: records are decoded as the lines of one joined buffer, and
+  msgspec reads that buffer as JSON documents separated by any whitespace, not as lines:
+  a value holding two documents (``{A} {B}``, ``{A}\t{B}``, ``{A}{B}``) next to one
+  holding none (empty, whitespace only, or the start of a document the next line ends)
+  gives as many documents as records, each in the wrong record. So the batch is decoded
+  by msgspec only if every record starts with ``{`` and ends with ``}`` and holds no
+  newline (every newline of the joined buffer is a ``}\n{`` between records, found with
+  numpy) — then each record is at least one document, as no document can run on into a
+  line that starts with ``{`` — and the documents are as many as the records, so each
+  record is exactly one. Any other batch (a record holding a newline, whitespace around a
+  record, a blank record) is left to orjson, which decodes record by record;
 * anything msgspec refuses (bad JSON, a value that is not an object, its own depth limit).
 
 Duplicate keys (the last one counts), escaped keys, lone surrogate escapes (refused),
@@ -45,6 +54,11 @@ import orjson
 #: ``e`` and ``E`` (``| 0x20`` folds the case), and the digits, as bytes.
 _LOWER_E: Final = ord("e")
 _ZERO: Final = ord("0")
+#: What must be either side of each newline of a joined batch: one record's end, the next
+#: one's start.
+_NEWLINE: Final = ord("\n")
+_OBJECT_END: Final = ord("}")
+_OBJECT_START: Final = ord("{")
 #: A record of this many bytes can hold a number of 300 digits: orjson refuses one of 309
 #: or more (it overflows a float), msgspec skips it unread.
 LONG_RECORD_BYTES: Final = 300
@@ -83,7 +97,7 @@ def struct_columns(
     module doc). ``longest``: the length of the longest value."""
     n = len(values)
     joined = b"\n".join(values)
-    if joined.count(b"\n") != n - 1:
+    if not _lines_are_objects(joined, n):
         return None
     if not joined.isascii():
         try:
@@ -97,7 +111,7 @@ def struct_columns(
         structs = _struct_decoder(names).decode_lines(joined)
     except (msgspec.DecodeError, RecursionError, ValueError):
         return None
-    if len(structs) != n:  # a blank record (decode_lines skips blank lines)
+    if len(structs) != n:  # a record of two documents: each record is at least one
         return None
     columns = [list(map(operator.attrgetter(f"f{i}"), structs)) for i in range(len(names))]
     for i in candidates:
@@ -110,6 +124,19 @@ def struct_columns(
         for column, name in zip(columns, names, strict=True):
             column[i] = obj.get(name)
     return columns
+
+
+def _lines_are_objects(joined: bytes, n: int) -> bool:
+    """Whether the joined batch of ``n`` records starts with ``{``, ends with ``}`` and has
+    ``n - 1`` newlines, each with a ``}`` before it and a ``{`` after it: every record is one
+    line that starts with ``{`` and ends with ``}`` (so none is blank)."""
+    if not (joined.startswith(b"{") and joined.endswith(b"}")):
+        return False
+    chars = np.frombuffer(joined, dtype=np.uint8)
+    breaks = np.flatnonzero(chars == _NEWLINE)
+    return len(breaks) == n - 1 and bool(
+        (chars[breaks - 1] == _OBJECT_END).all() and (chars[breaks + 1] == _OBJECT_START).all()
+    )
 
 
 def _candidates(joined: bytes, values: Sequence[bytes], longest: int) -> list[int] | None:
