@@ -1,12 +1,13 @@
 """A record's value is one JSON document, on the column paths as on the per-record paths.
 
-msgspec decodes a batch as the lines of one joined buffer, and a line holding two documents
-(``{A} {B}``, ``{A}\\t{B}``, ``{A}{B}``…) next to one holding none (an empty or
-whitespace-only value, or the start of a document another line ends) would give as many
-documents as records: the records between them would take their neighbours' fields, and the
-two bad records would vanish from the dead letters. The per-record path dead-letters both
-(``not_json``); the column paths must too — stage 0's packed routing, stage 1's column
-ingest, and the decode under them with msgspec or with orjson.
+msgspec once decoded a batch as the lines of one joined buffer, which it reads as documents
+separated by any whitespace: a line holding two documents (``{A} {B}``, ``{A}\\t{B}``,
+``{A}{B}``…) next to one holding none (an empty or whitespace-only value, or the start of a
+document another line ends) gave as many documents as records, so the records between them
+took their neighbours' fields and the two bad records vanished from the dead letters. The
+per-record path dead-letters both (``not_json``); the column paths must too — stage 0's
+packed routing, stage 1's column ingest, and the decode under them with msgspec or with
+orjson.
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ def test_a_document_split_across_two_values_is_dead_lettered_by_the_column_paths
 def test_each_value_alone_and_among_good_ones_is_dead_lettered_by_the_column_paths(
     value: bytes,
 ) -> None:
-    """Without its partner the line count already refuses the batch: it stays refused."""
+    """Alone, with no partner to even the count of documents out, each is refused too."""
     for values in ([value], [GOOD[0], value, GOOD[1]]):
         _check_decode(values)
         _check_stage_0(values)
@@ -270,10 +271,11 @@ def test_each_value_alone_and_among_good_ones_is_dead_lettered_by_the_column_pat
 
 
 def test_good_records_with_whitespace_around_them_still_take_the_column_paths() -> None:
-    """Whitespace around one document is JSON the per-record path takes: such a batch is
-    decoded by orjson and still takes the column path, with each record's own fields."""
+    """Whitespace around one document is JSON the per-record path takes: msgspec decodes
+    such a batch, and it takes the column path with each record's own fields."""
     values = [GOOD[0], b" \t" + GOOD[1] + b"\r ", GOOD[2], b"\r" + GOOD[3]]
     assert _expected_dead(values) == []
+    assert struct_decode.struct_columns(("user_id", "timestamp", "domain"), values, 999)
     cols = columns.decode_columns(DECODER, ["domain"], values, NOW)
     assert cols is not None
     events = [orjson.loads(v) for v in values]

@@ -485,8 +485,9 @@ def test_a_record_of_many_long_numbers_hides_no_other_from_the_scan() -> None:
 
 
 def test_a_record_holding_a_newline_leaves_the_batch_to_orjson() -> None:
-    """Records are decoded as the lines of one buffer: a newline inside one (JSON
-    whitespace) would split it, so orjson decodes that batch (and the column path takes it)."""
+    """A record holding a newline (JSON whitespace) leaves the batch to orjson, as when
+    records were decoded as the lines of one buffer, which it would split; the column path
+    takes it."""
     values = [*GOOD, _event()[:-1] + b',\n"x":1}', *GOOD]
     assert _struct(values) is None
     cols = columns.decode_columns(DECODER, FIELDS, values, NOW)

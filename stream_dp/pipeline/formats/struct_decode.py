@@ -21,17 +21,13 @@ with orjson — otherwise:
   from both (correctly rounded; fuzzed with long and halfway decimals);
 * **nesting** beyond orjson's depth limit needs a record of 2,048 bytes or more: such
   records take their fields from orjson too;
-* **record boundaries**: records are decoded as the lines of one joined buffer, and
-  msgspec reads that buffer as JSON documents separated by any whitespace, not as lines:
-  a value holding two documents (``{A} {B}``, ``{A}\t{B}``, ``{A}{B}``) next to one
-  holding none (empty, whitespace only, or the start of a document the next line ends)
-  gives as many documents as records, each in the wrong record. So the batch is decoded
-  by msgspec only if every record starts with ``{`` and ends with ``}`` and holds no
-  newline (every newline of the joined buffer is a ``}\n{`` between records, found with
-  numpy) — then each record is at least one document, as no document can run on into a
-  line that starts with ``{`` — and the documents are as many as the records, so each
-  record is exactly one. Any other batch (a record holding a newline, whitespace around a
-  record, a blank record) is left to orjson, which decodes record by record;
+* **one document per record**: each record is decoded by a msgspec call of its own, which
+  refuses an empty or whitespace-only value and one holding more than one document, as
+  orjson does. (Decoding the joined batch as lines, once done, read it as documents
+  separated by any whitespace: a record of two documents, ``{A} {B}``, next to a blank one
+  gave as many documents as records, each in the wrong record. One call per record costs
+  about the same.) The joined batch is only scanned. A record holding a newline leaves the
+  batch to orjson, as it did when records were the joined batch's lines;
 * anything msgspec refuses (bad JSON, a value that is not an object, its own depth limit).
 
 Duplicate keys (the last one counts), escaped keys, lone surrogate escapes (refused),
@@ -54,11 +50,6 @@ import orjson
 #: ``e`` and ``E`` (``| 0x20`` folds the case), and the digits, as bytes.
 _LOWER_E: Final = ord("e")
 _ZERO: Final = ord("0")
-#: What must be either side of each newline of a joined batch: one record's end, the next
-#: one's start.
-_NEWLINE: Final = ord("\n")
-_OBJECT_END: Final = ord("}")
-_OBJECT_START: Final = ord("{")
 #: A record of this many bytes can hold a number of 300 digits: orjson refuses one of 309
 #: or more (it overflows a float), msgspec skips it unread.
 LONG_RECORD_BYTES: Final = 300
@@ -97,7 +88,7 @@ def struct_columns(
     module doc). ``longest``: the length of the longest value."""
     n = len(values)
     joined = b"\n".join(values)
-    if not _lines_are_objects(joined, n):
+    if joined.count(b"\n") != n - 1:
         return None
     if not joined.isascii():
         try:
@@ -107,11 +98,9 @@ def struct_columns(
     candidates = _candidates(joined, values, longest)
     if candidates is None:
         return None
-    try:
-        structs = _struct_decoder(names).decode_lines(joined)
+    try:  # one call per record: one document each (never decode_lines, see the module doc)
+        structs = list(map(_struct_decoder(names).decode, values))
     except (msgspec.DecodeError, RecursionError, ValueError):
-        return None
-    if len(structs) != n:  # a record of two documents: each record is at least one
         return None
     columns = [list(map(operator.attrgetter(f"f{i}"), structs)) for i in range(len(names))]
     for i in candidates:
@@ -124,19 +113,6 @@ def struct_columns(
         for column, name in zip(columns, names, strict=True):
             column[i] = obj.get(name)
     return columns
-
-
-def _lines_are_objects(joined: bytes, n: int) -> bool:
-    """Whether the joined batch of ``n`` records starts with ``{``, ends with ``}`` and has
-    ``n - 1`` newlines, each with a ``}`` before it and a ``{`` after it: every record is one
-    line that starts with ``{`` and ends with ``}`` (so none is blank)."""
-    if not (joined.startswith(b"{") and joined.endswith(b"}")):
-        return False
-    chars = np.frombuffer(joined, dtype=np.uint8)
-    breaks = np.flatnonzero(chars == _NEWLINE)
-    return len(breaks) == n - 1 and bool(
-        (chars[breaks - 1] == _OBJECT_END).all() and (chars[breaks + 1] == _OBJECT_START).all()
-    )
 
 
 def _candidates(joined: bytes, values: Sequence[bytes], longest: int) -> list[int] | None:
