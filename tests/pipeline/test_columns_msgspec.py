@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -168,7 +169,16 @@ ODD_RECORDS = [
     b'\n{"user_id":"u1","timestamp":%d}' % (T0 + 1),
     b' {"user_id":"u1","timestamp":%d} ' % (T0 + 1),
     b'{"user_id":"u1",\r\n"timestamp":%d}' % T0,
+    b"\t",
+    b"\r",
+    b" \t\r\n ",
+    b"{} {}",
+    b"{}\t{}",
+    b"{}\r{}",
+    b"{}{}",
 ]
+#: JSON's whitespace, and nothing: what can stand between two documents in one value.
+SEPARATORS = [b"", b" ", b"\t", b"\r", b"\n", b"\r\n", b" \t\r "]
 
 
 def _record(rng: random.Random, damage: float) -> bytes:
@@ -200,9 +210,57 @@ def _record(rng: random.Random, damage: float) -> bytes:
     return record
 
 
+def _blank(rng: random.Random) -> bytes:
+    """An empty or whitespace-only value."""
+    return bytes(rng.choice(b" \t\r\n") for _ in range(rng.randrange(4)))
+
+
+def _documents(rng: random.Random, batch: list[bytes]) -> None:
+    """Values that are not one document each, in place: several documents in one value
+    (with each separator), blank values, a document split across two values (its first
+    half after another document), trailing garbage — the line count of the joined batch,
+    or the document count, can come out right with them."""
+    kinds = rng.choice([[0, 1], [2], [rng.randrange(4) for _ in range(rng.randrange(1, 4))]])
+    for kind in kinds:
+        i = rng.randrange(len(batch))
+        sep = rng.choice(SEPARATORS)
+        if kind == 0:
+            batch[i] = sep.join([batch[i], *rng.choices(batch, k=rng.randint(1, 2))])
+        elif kind == 1:
+            batch.insert(i, _blank(rng))
+        elif kind == 2:  # mostly after a comma or colon, where a document can go on
+            record = batch[i]
+            at = rng.choice([j + 1 for j, c in enumerate(record) if c in b",:"] or [0])
+            at = rng.choice([at, rng.randrange(len(record) + 1)])
+            batch[i : i + 1] = [rng.choice(batch) + sep + record[:at], record[at:]]
+        else:
+            batch[i] += sep + rng.choice([b"x", b"1", b"null", b"{}", b"{", b"}", b"]"])
+
+
 def _batch(rng: random.Random) -> list[bytes]:
     damage = rng.choice([0.0, 0.02, 0.1, 0.3, 1.0])
-    return [_record(rng, damage) for _ in range(rng.randrange(1, 24))]
+    batch = [_record(rng, damage) for _ in range(rng.randrange(1, 24))]
+    if rng.random() < 0.25:
+        _documents(rng, batch)
+    return batch
+
+
+def _fools_the_count(values: Sequence[bytes]) -> bool:
+    """Whether msgspec reads exactly as many documents as records from the joined batch
+    while a record is not one JSON object (to orjson): the count alone would take it."""
+    try:
+        documents = msgspec.json.Decoder().decode_lines(b"\n".join(values))
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        return False
+    if len(documents) != len(values):
+        return False
+    for value in values:
+        try:
+            if type(orjson.loads(value)) is not dict:
+                return True
+        except orjson.JSONDecodeError:
+            return True
+    return False
 
 
 def _struct(values: Sequence[bytes]) -> list[list[Any]] | None:
@@ -277,15 +335,19 @@ def test_msgspec_columns_agree_with_orjson_and_the_per_record_path(rng: random.R
 
 def test_the_differential_fuzz_takes_both_paths_often() -> None:
     """A seeded run of the same fuzz: it passes, and it is not vacuous — many batches take
-    the msgspec path, and many mixed ones are refused."""
+    the msgspec path, many mixed ones are refused, and some have as many documents as
+    records without each record being one."""
     rng = random.Random(30)
-    taken = refused = columns_taken = 0
-    for _ in range(3000):
-        took, cols_took = _check(_batch(rng))
+    taken = refused = columns_taken = fooling = 0
+    for _ in range(4000):
+        batch = _batch(rng)
+        took, cols_took = _check(batch)
         taken += took
         refused += not took
         columns_taken += cols_took
+        fooling += _fools_the_count(batch)
     assert taken > 400 and refused > 600 and columns_taken > 300, (taken, refused, columns_taken)
+    assert fooling > 20, fooling  # batches the document count alone would take
 
 
 def _event(**fields: Any) -> bytes:
@@ -423,8 +485,9 @@ def test_a_record_of_many_long_numbers_hides_no_other_from_the_scan() -> None:
 
 
 def test_a_record_holding_a_newline_leaves_the_batch_to_orjson() -> None:
-    """Records are decoded as the lines of one buffer: a newline inside one (JSON
-    whitespace) would split it, so orjson decodes that batch (and the column path takes it)."""
+    """A record holding a newline (JSON whitespace) leaves the batch to orjson, as when
+    records were decoded as the lines of one buffer, which it would split; the column path
+    takes it."""
     values = [*GOOD, _event()[:-1] + b',\n"x":1}', *GOOD]
     assert _struct(values) is None
     cols = columns.decode_columns(DECODER, FIELDS, values, NOW)

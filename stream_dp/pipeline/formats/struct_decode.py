@@ -21,8 +21,13 @@ with orjson — otherwise:
   from both (correctly rounded; fuzzed with long and halfway decimals);
 * **nesting** beyond orjson's depth limit needs a record of 2,048 bytes or more: such
   records take their fields from orjson too;
-* **record boundaries**: records are decoded as lines of one joined buffer, so a record
-  holding a newline (JSON whitespace) leaves the batch to orjson;
+* **one document per record**: each record is decoded by a msgspec call of its own, which
+  refuses an empty or whitespace-only value and one holding more than one document, as
+  orjson does. (Decoding the joined batch as lines, once done, read it as documents
+  separated by any whitespace: a record of two documents, ``{A} {B}``, next to a blank one
+  gave as many documents as records, each in the wrong record. One call per record costs
+  about the same.) The joined batch is only scanned. A record holding a newline leaves the
+  batch to orjson, as it did when records were the joined batch's lines;
 * anything msgspec refuses (bad JSON, a value that is not an object, its own depth limit).
 
 Duplicate keys (the last one counts), escaped keys, lone surrogate escapes (refused),
@@ -93,11 +98,9 @@ def struct_columns(
     candidates = _candidates(joined, values, longest)
     if candidates is None:
         return None
-    try:
-        structs = _struct_decoder(names).decode_lines(joined)
+    try:  # one call per record: one document each (never decode_lines, see the module doc)
+        structs = list(map(_struct_decoder(names).decode, values))
     except (msgspec.DecodeError, RecursionError, ValueError):
-        return None
-    if len(structs) != n:  # a blank record (decode_lines skips blank lines)
         return None
     columns = [list(map(operator.attrgetter(f"f{i}"), structs)) for i in range(len(names))]
     for i in candidates:
