@@ -82,3 +82,20 @@ def test_each_window_s_histogram_draws_spend_what_the_plan_states_and_the_budget
         assert spent == pytest.approx(plan.epsilon, rel=1e-12)
         assert spent == pytest.approx(accountant.query_spent(ws, BOUNDS_CHARGE)[0], rel=1e-12)
         assert accountant.query_spent(ws, BOUNDS_CHARGE)[1] == 0.0
+
+
+def test_windows_released_elsewhere_count_the_histograms_in_the_horizon_total() -> None:
+    """The horizon total a window record states counts every covered window this worker
+    has not seen charged (released by another worker) at the configured per-window ε —
+    the queries' and the histograms' (:meth:`.ReleaseStage.horizon_spent`). Here the query
+    spends ε_w (1 − share) and the histograms ε_w · share: a full window is ε_w."""
+    config = _config({"max_contributions_per_window": "auto"}, exact=False, share=SHARE)
+    assert config.privacy.epsilon_per_window == EPSILON_PER_WINDOW
+    stage = _pipeline(config)[0].release
+    stage.set_coverage(T0)
+    assert stage.horizon_spent(T0) == pytest.approx(EPSILON_PER_WINDOW, rel=1e-12)
+    assert stage.horizon_spent(T0 + 2 * SIZE) == pytest.approx(3 * EPSILON_PER_WINDOW, rel=1e-12)
+    # one window charged here (its query only): the others still count in full
+    stage.accountant.charge(T0 + SIZE, "visits", EPSILON_PER_WINDOW * (1 - SHARE), 0.0)
+    expected = 2 * EPSILON_PER_WINDOW + EPSILON_PER_WINDOW * (1 - SHARE)
+    assert stage.horizon_spent(T0 + 2 * SIZE) == pytest.approx(expected, rel=1e-12)

@@ -87,6 +87,28 @@ def test_the_spend_of_windows_the_ledger_forgot_as_it_read_is_restored_exactly()
     assert accountant.can_charge(windows[-1], "other", 0.0, 6e-7)
 
 
+def test_the_spend_of_every_release_the_ledger_holds_is_restored_exactly() -> None:
+    """A full read (nothing forgotten, as ``replay --ledger`` reads): the release stage
+    restores each release record's (ε, δ) into its accountant, once, and a restored δ
+    counts: a further charge that overdraws only δ is refused."""
+    index = LedgerIndex()
+    index.load(_released_log(3))
+    releases = {(r.query, r.window_start_s): r for r in index.releases()}
+    shares = {q["name"]: (q["epsilon"], q["delta"]) for q in QUERIES}
+    windows = [T0 + w * SIZE_S for w in range(3)]
+    assert sorted(releases) == sorted((q, ws) for q in shares for ws in windows)
+    assert index.spent == {}
+
+    accountant = ReleaseStage(_config(), ledger=index, retain_ledger=True).accountant
+    for (query, ws), release in releases.items():
+        assert (release.epsilon_spent, release.delta_spent) == shares[query]
+        assert accountant.query_spent(ws, query) == shares[query]
+    for ws in windows:
+        assert accountant.window_spent(ws) == (2e6, 4e-7)
+        assert not accountant.can_charge(ws, "other", 0.0, 7e-7)
+        assert accountant.can_charge(ws, "other", 0.0, 6e-7)
+
+
 def test_a_draw_whose_delta_no_longer_fits_the_window_is_refused_at_run_time() -> None:
     """Charges before state (:mod:`.window_charges`): each draw is charged its (ε, δ).
     With 8e-7 of the window's δ already spent (restored from the ledger), ``visits``
