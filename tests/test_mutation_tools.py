@@ -165,9 +165,11 @@ def test_the_reports_part_made_from_files_is_current() -> None:
     from mutation.guards import load
     from mutation.report import FROM_FILES, REPORT, from_files
 
+    stale = "docs/MUTATION.md is stale: run `python -m mutation.report --refresh`"
     text = REPORT.read_text(encoding="utf-8")
-    assert text.count(FROM_FILES) == 1
-    assert "\n" + FROM_FILES + "\n" + text.split("\n" + FROM_FILES + "\n", 1)[1] == from_files()
+    assert text.count(FROM_FILES) == 1, stale
+    tail = "\n" + FROM_FILES + "\n" + text.split("\n" + FROM_FILES + "\n", 1)[1]
+    assert tail == from_files(), stale
     assert f"`mutation/guards.toml` declares {len(load())} edits" in text
 
 
