@@ -18,7 +18,7 @@ occur exactly once in the file) and the named tests that must fail without it. T
 
 A declaration whose ``old`` text is missing or not unique fails the run loudly: a refactor
 that moves a guard forces the map to be updated. ``tests/test_threat_model.py`` checks the
-JSON against the declarations and the threat model.
+JSON against the declarations and the threat model (:func:`unproven` states the rule).
 
 ``--row TEXT`` / ``--test TEXT`` / ``--id ID`` select declarations (a substring of the row, of
 a test id, the declaration's id); without them all run. ``--list`` prints them. ``--out FILE``
@@ -143,6 +143,58 @@ def row_of(prefix: str, rows: Iterable[str]) -> str:
     if len(found) != 1:
         raise GuardDeclarationError(f"row {prefix!r} matches {len(found)} threat-model rows")
     return found[0]
+
+
+def unproven(
+    rows: dict[str, list[str]], guards: list[Guard], results: dict[str, Any]
+) -> dict[str, list[str]]:
+    """Per row: what keeps it from being proven (empty when proven). The rule of
+    docs/THREAT_MODEL.md ("How a row is proven"): a row that names tests is proven when
+
+    1. it has at least one declared guard removal;
+    2. every test a removal declares is one the row names;
+    3. every removal has a result recorded at its current declaration (digest) in which
+       every test it declares is red with the edit and green without it;
+    4. every test the row names is declared by at least one of its removals.
+
+    So each named test turns red when a guard of its row is removed, and no declared
+    removal leaves a test it claims green (a removal none of whose tests notices it is a
+    path of the claim nothing guards)."""
+    out: dict[str, list[str]] = {}
+    for row, tests in rows.items():
+        if not tests:
+            continue  # a row that names no guard ("—") claims no test
+        mine = [g for g in guards if row_of(g.row, rows) == row]
+        problems = [] if mine else ["no guard mutation declared in mutation/guards.toml"]
+        for guard in mine:
+            problems += [
+                f"{guard.id}: declares {test}, which the row does not name"
+                for test in guard.tests
+                if test not in tests
+            ]
+            result = results.get(guard.id)
+            if result is None or result["digest"] != guard.digest():
+                problems.append(
+                    f"{guard.id}: no result recorded at the current declaration; run "
+                    f"`python -m mutation.guards --id {guard.id}`"
+                )
+                continue
+            bites = {entry["test"]: entry["bites"] for entry in result["tests"]}
+            problems += [
+                f"{guard.id}: {test} is not recorded red with the removal and green without "
+                "it (a declared test that does not notice its guard's removal)"
+                for test in guard.tests
+                if not bites.get(test, False)
+            ]
+        declared = {test for guard in mine for test in guard.tests}
+        problems += [
+            f"{test}: no declared guard removal of its row turns it red"
+            for test in tests
+            if test not in declared
+        ]
+        if problems:
+            out[row] = problems
+    return out
 
 
 #: not copied: version control, environments, caches, mutmut's copy, the built site
@@ -305,8 +357,8 @@ def run(guards: list[Guard], timeout_s: float, out: Path = OUT, logs: Path | Non
     out.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(
         f"wrote {_shown(out)}; {failures} declared test run(s) did not bite (a row "
-        "is proven when every test it names bites with one of its removals: "
-        "tests/test_threat_model.py judges)",
+        "is proven when every test each of its removals declares bites, and every test it "
+        "names is declared by one: tests/test_threat_model.py judges)",
         flush=True,
     )
     return 0

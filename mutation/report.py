@@ -429,6 +429,16 @@ def first_pass_section(sample: set[str], path: Path = FIRST_PASS) -> str:
 
 
 BITES = ROOT / "mutation" / "threat_model_bites.json"
+#: Hand-written sections (``*.md``, each a whole ``## `` section), appended to the report in
+#: name order: what no tool here generates (e.g. mutations written and run by hand).
+SECTIONS = ROOT / "mutation" / "sections"
+#: Everything after this line of docs/MUTATION.md is made from files in the repository (the
+#: declarations, the recorded results, the hand-written sections), not from mutmut's run:
+#: ``--refresh`` rewrites it alone, and tests/test_mutation_tools.py checks it is current.
+FROM_FILES = (
+    "<!-- from here on made from mutation/*.toml, mutation/*.json and mutation/sections/*.md: "
+    "`python -m mutation.report --refresh` -->"
+)
 
 
 def bites_section(path: Path = BITES) -> str:
@@ -441,12 +451,16 @@ def bites_section(path: Path = BITES) -> str:
         for claim in verdict.get("claims", []):
             claims.setdefault(claim, []).append(verdict["status"])
     biting = sum(1 for v in verdicts.values() if v["status"] == "bites")
+    from mutation.guards import threat_model_rows
+
+    named = len({t for tests in threat_model_rows().values() for t in tests})
     lines = [
         "",
         "## The threat model's tests",
         "",
         f"`python -m mutation.bites` ran each of the {len(verdicts)} tests docs/THREAT_MODEL.md "
-        f"names alone against mutants of what it reaches: {biting} killed one (test, mutant and "
+        f"named at its last run ({named} now) alone against mutants of what it reaches: "
+        f"{biting} killed one (test, mutant and "
         "change in `mutation/threat_model_bites.json`); the others run on a broker, in a "
         "subprocess or are slow (outside the mutation run), or reach no mutated code (a "
         "source scan). Claims none of whose tests is in the run:",
@@ -458,23 +472,51 @@ def bites_section(path: Path = BITES) -> str:
 
 
 def guards_section() -> str:
-    """How many threat-model rows the guard removals prove (mutation/guard_bites.json, judged
-    as tests/test_threat_model.py judges), and the rows still pending."""
-    from mutation.guards import load, pending_rows, row_of, threat_model_rows
+    """How many threat-model rows the guard removals prove: counted from
+    mutation/guards.toml and mutation/guard_bites.json by the rule tests/test_threat_model.py
+    applies (:func:`mutation.guards.unproven`), and the rows not proven."""
+    from mutation.guards import OUT, load, threat_model_rows, unproven
 
     rows = {row: tests for row, tests in threat_model_rows().items() if tests}
-    pending = sorted(row_of(prefix, rows) for prefix in pending_rows())
+    guards = load()
+    record = json.loads(OUT.read_text(encoding="utf-8")) if OUT.exists() else {}
+    left = sorted(unproven(rows, guards, record.get("results", {})))
     lines = [
         "",
+        "## The guard removals",
+        "",
         "The guard removals (`make guards`, docs/THREAT_MODEL.md) are what prove the rows: "
-        f"`mutation/guards.toml` declares {len(load())} edits that each remove a row's guard "
-        f"in the code, and `mutation/guard_bites.json` records, for {len(rows) - len(pending)} "
-        f"of the {len(rows)} rows that name tests, every named test red with one of them and "
-        "green without it. Rows not yet proven so:",
+        f"`mutation/guards.toml` declares {len(guards)} edits that each remove a row's guard "
+        f"in the code, and `mutation/guard_bites.json` records, for {len(rows) - len(left)} "
+        f"of the {len(rows)} rows that name tests, every test each of the row's edits "
+        "declares red with it and green without it, and every test the row names among "
+        "them. Rows not proven so:",
         "",
     ]
-    lines += [f"- {row}" for row in pending] or ["- none"]
+    lines += [f"- {row}" for row in left] or ["- none"]
     return "\n".join(lines) + "\n"
+
+
+def hand_written_sections(directory: Path | None = None) -> str:
+    """The hand-written sections (``directory``, by default :data:`SECTIONS`), in name
+    order, each as written."""
+    directory = SECTIONS if directory is None else directory
+    files = sorted(directory.glob("*.md")) if directory.is_dir() else []
+    return "".join("\n" + f.read_text(encoding="utf-8").rstrip("\n") + "\n" for f in files)
+
+
+def from_files() -> str:
+    """The part of the report made from files in the repository (:data:`FROM_FILES`)."""
+    return "\n" + FROM_FILES + "\n" + bites_section() + guards_section() + hand_written_sections()
+
+
+def refresh(path: Path = REPORT) -> None:
+    """Rewrite the part of ``path`` made from files, keeping mutmut's part as it is."""
+    text = path.read_text(encoding="utf-8")
+    head = text.split("\n" + FROM_FILES + "\n", 1)[0]
+    if FROM_FILES not in text:  # a report written before the marker existed
+        head = head.split("\n## The threat model's tests\n", 1)[0]
+    path.write_text(head.rstrip("\n") + "\n" + from_files(), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -488,7 +530,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep this run's outcomes as the fresh sample's first pass (mutation/first_pass.json)",
     )
+    parser.add_argument(
+        "--refresh",
+        action="store_true",
+        help="rewrite only the part made from files (the declarations, recorded results and "
+        "hand-written sections), keeping mutmut's part: no mutmut results needed",
+    )
     args = parser.parse_args(argv)
+    if args.refresh:
+        refresh(args.out)
+        print(f"wrote {args.out}: the part made from files")
+        return 0
     mutants = read_mutants()
     if not mutants:
         print("no mutmut results under mutants/: run `make mutate` first", file=sys.stderr)
@@ -504,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         first = first_pass_section(chosen)
         head, sep, rest = text.partition("\n| module |")
         text = head + "\n" + first + sep + rest if first else text
-    text += bites_section() + guards_section()
+    text += from_files()
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out}: privacy core mutation score {core_score:.1%}")
     if unexplained:

@@ -156,3 +156,47 @@ def test_the_report_keeps_the_first_pass_score_of_the_sample_beside_the_reviewed
     # a record of another sample says nothing about this one
     assert report.first_pass_section(set(names[:9]), record) == ""
     assert report.first_pass_section(set(names), tmp_path / "none.json") == ""
+
+
+def test_the_reports_part_made_from_files_is_current() -> None:
+    """docs/MUTATION.md's counts of declared guard edits, proven rows and named tests, and
+    its hand-written sections, are what the files give now (issue 37: it said 177 edits
+    while mutation/guards.toml declared 185). Fix with `python -m mutation.report --refresh`."""
+    from mutation.guards import load
+    from mutation.report import FROM_FILES, REPORT, from_files
+
+    stale = "docs/MUTATION.md is stale: run `python -m mutation.report --refresh`"
+    text = REPORT.read_text(encoding="utf-8")
+    assert text.count(FROM_FILES) == 1, stale
+    tail = "\n" + FROM_FILES + "\n" + text.split("\n" + FROM_FILES + "\n", 1)[1]
+    assert tail == from_files(), stale
+    assert f"`mutation/guards.toml` declares {len(load())} edits" in text
+
+
+def test_refresh_keeps_mutmuts_part_and_the_hand_written_sections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--refresh`` rewrites only the part made from files: mutmut's part stays as it was,
+    an old report without the marker loses its stale threat-model paragraphs, and every
+    ``mutation/sections/*.md`` is included whole, in name order."""
+    from mutation import report
+
+    sections = tmp_path / "sections"
+    sections.mkdir()
+    (sections / "b.md").write_text("## Second\n\nkilled: all\n")
+    (sections / "a.md").write_text("## First\n\n- one\n- two\n\n")
+    monkeypatch.setattr(report, "SECTIONS", sections)
+    monkeypatch.setattr(report, "bites_section", lambda: "\n## The threat model's tests\n\nnew\n")
+    monkeypatch.setattr(report, "guards_section", lambda: "\ndeclares 9 edits\n")
+    old = tmp_path / "MUTATION.md"
+    old.write_text("# Mutation testing\n\nscore 99%\n\n## The threat model's tests\n\nstale 177\n")
+    report.refresh(old)
+    expected = (
+        "# Mutation testing\n\nscore 99%\n\n"
+        + report.FROM_FILES
+        + "\n\n## The threat model's tests\n\nnew\n\ndeclares 9 edits\n"
+        + "\n## First\n\n- one\n- two\n\n## Second\n\nkilled: all\n"
+    )
+    assert old.read_text() == expected
+    report.refresh(old)  # again: the same
+    assert old.read_text() == expected

@@ -214,34 +214,11 @@ def _guard_state() -> tuple[dict[str, list[str]], list[Any], dict[str, Any], lis
 def _unproven(
     rows: dict[str, list[str]], guards: list[Any], results: dict[str, Any]
 ) -> dict[str, list[str]]:
-    """Per row: what keeps it from being proven (empty when every named test bites)."""
-    from mutation.guards import row_of
+    """Per row: what keeps it from being proven (:func:`mutation.guards.unproven`: the rule
+    docs/THREAT_MODEL.md states under "How a row is proven")."""
+    from mutation.guards import unproven
 
-    out: dict[str, list[str]] = {}
-    for row, tests in rows.items():
-        if not tests:
-            continue  # a row that names no guard ("—") claims no test
-        mine = [g for g in guards if row_of(g.row, rows) == row]
-        problems = [] if mine else ["no guard mutation declared in mutation/guards.toml"]
-        for test in tests:
-            bitten = False
-            for guard in mine:
-                result = results.get(guard.id)
-                if test not in guard.tests or result is None:
-                    continue
-                if result["digest"] != guard.digest():
-                    continue
-                bitten = bitten or any(
-                    entry["test"] == test and entry["bites"] for entry in result["tests"]
-                )
-            if not bitten:
-                problems.append(
-                    f"{test}: no declared guard removal recorded turning it red (and green "
-                    "without the mutation) at the current declarations; run `make guards`"
-                )
-        if problems:
-            out[row] = problems
-    return out
+    return unproven(rows, guards, results)
 
 
 def test_every_declared_guard_is_still_in_the_code_exactly_once() -> None:
@@ -283,6 +260,38 @@ def test_the_guard_check_finds_a_row_whose_test_stays_green() -> None:
     assert set(_unproven(rows, [guard], {"a1": red})) == {"claim b"}
     stale = {**red, "digest": "another edit"}
     assert set(_unproven(rows, [guard], {"a1": stale})) == {"claim a", "claim b"}
+
+
+def test_a_row_is_unproven_when_any_declared_removal_leaves_a_test_it_claims_green() -> None:
+    """The rule as docs/THREAT_MODEL.md states it, not "some removal bites each test":
+    with ``a1`` biting both of the row's tests, a second removal ``a2`` that claims
+    ``test_b`` and leaves it green (or has no result, or claims a test the row does not
+    name) keeps the row unproven; and each named test must be claimed by a removal."""
+    from mutation.guards import Guard
+
+    a, b = "tests/x.py::test_a", "tests/x.py::test_b"
+    rows = {"claim a": [a, b]}
+    a1 = Guard("a1", "claim a", "f.py", "x < 1", "True", (a, b), "")
+    a2 = Guard("a2", "claim a", "g.py", "y < 1", "True", (b,), "")
+
+    def result(guard: Guard, **bites: bool) -> dict[str, Any]:
+        tests = [{"test": f"tests/x.py::{t}", "bites": v} for t, v in bites.items()]
+        return {"digest": guard.digest(), "tests": tests}
+
+    both = result(a1, test_a=True, test_b=True)
+    assert _unproven(rows, [a1], {"a1": both}) == {}
+    assert _unproven(rows, [a1, a2], {"a1": both, "a2": result(a2, test_b=True)}) == {}
+    green = _unproven(rows, [a1, a2], {"a1": both, "a2": result(a2, test_b=False)})
+    assert list(green) == ["claim a"] and len(green["claim a"]) == 1
+    assert green["claim a"][0].startswith(f"a2: {b} is not recorded red")
+    missing = _unproven(rows, [a1, a2], {"a1": both})
+    assert missing["claim a"][0].startswith("a2: no result recorded")
+    a3 = Guard("a3", "claim a", "h.py", "z < 1", "True", ("tests/x.py::test_c",), "")
+    unnamed = _unproven(rows, [a1, a3], {"a1": both, "a3": result(a3, test_c=True)})
+    assert unnamed["claim a"] == ["a3: declares tests/x.py::test_c, which the row does not name"]
+    only_a = Guard("a1", "claim a", "f.py", "x < 1", "True", (a,), "")
+    unclaimed = _unproven(rows, [only_a], {"a1": result(only_a, test_a=True)})
+    assert unclaimed["claim a"] == [f"{b}: no declared guard removal of its row turns it red"]
 
 
 def test_the_guard_runner_names_a_results_file_outside_the_repository(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ person's later events one by one. Here two runs differ only in whom the erasure 
 user who never sent anything, or one with 17 events in the open window who keeps sending
 afterwards — and the whole exposition (every family, every sample) must be identical, on
 every ingest path: stage 1 on keyed input record by record and as columns, and stage 0 →
-stage 1 on unkeyed input one record per event and packed.
+stage 1 on unkeyed input one record per event and packed — also with the erasure applied
+between the two stages (stage 1 drops events stage 0 routed before it read the erasure).
 
 The victim's later events share their windows with other users' and never carry a batch's
 latest time: which windows open and how far time moves are the other users' doing (an
@@ -75,11 +76,15 @@ def _keyed(columns: bool) -> Path:
     return build
 
 
-def _unkeyed(packed: bool) -> Path:
+def _unkeyed(packed: bool, *, stage_0_erases: bool = True) -> Path:
+    """``stage_0_erases=False``: the erasure reaches stage 1 only (applied between the
+    stages: stage 0 routed the user's events before it read the erasure), so stage 1 drops
+    the routed events itself."""
+
     def build(
         metrics: Metrics, erasures: ErasureSet
     ) -> tuple[Callable[[list[InputRecord]], None], IngestStage]:
-        router = _stage(metrics, erasures)
+        router = _stage(metrics, erasures if stage_0_erases else ErasureSet())
         router.assign_routed([0], 0.0)
         router.routed_partitions = 1
         owner = _stage(metrics, erasures)
@@ -106,6 +111,8 @@ PATHS = {
     "keyed_columns": _keyed(columns=True),
     "unkeyed_per_event": _unkeyed(packed=False),
     "unkeyed_packed": _unkeyed(packed=True),
+    "unkeyed_per_event_erased_between_stages": _unkeyed(packed=False, stage_0_erases=False),
+    "unkeyed_packed_erased_between_stages": _unkeyed(packed=True, stage_0_erases=False),
 }
 
 
@@ -114,9 +121,7 @@ def _exposition_after_erasing(path: Path, erased_user: str) -> bytes:
     erasures = ErasureSet()
     feed, owner = path(metrics, erasures)
     feed(_batch(0, 1, victim_events=17))  # the victim's 17 events, window T0 open
-    erasure = Erasure(
-        0, erasure_pseudonyms(erased_user, KEYRING, "nfkc_casefold_strip"), T0 + 3600
-    )
+    erasure = Erasure(0, erasure_pseudonyms(erased_user, KEYRING, "nfkc_casefold_strip"), T0 + 3600)
     erasures.add(erasure)
     owner.apply_erasures([erasure], erasures.position)
     # and the victim keeps sending, in the open window and the next one
