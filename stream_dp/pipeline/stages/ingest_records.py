@@ -174,6 +174,7 @@ class RecordIngest(ColumnIngest):
         pseudonymize: Callable[[str | int], bytes] | None = None
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
+        run_arrived = 0  # erased users' events included (WindowPart.events_arrived)
         erased: frozenset[bytes] = _NONE_ERASED
         for offset, key, value in records:
             pseudonym: bytes | None
@@ -206,10 +207,11 @@ class RecordIngest(ColumnIngest):
                 pseudonym = None
             ws = math.floor(t / size) * size
             if ws != current_ws:
-                if run_items:
+                if run_arrived:
                     assert part is not None
+                    part.events_arrived += run_arrived
                     part.samples.add_many(run_pseudonyms, run_items)
-                    run_pseudonyms, run_items = [], []
+                    run_pseudonyms, run_items, run_arrived = [], [], 0
                 current_ws = ws
                 fate = self._fate(partition, ws)
                 if fate == ACCEPT:
@@ -239,14 +241,16 @@ class RecordIngest(ColumnIngest):
                         self._dead(self._empty_user, partition, offset, value, include_payload)
                     )
                     continue
+            run_arrived += 1
             if erased and pseudonym in erased:
                 continue  # erased: never enters a reservoir (and is no activity, no count)
             if max_time is None or t > max_time:
                 max_time = t
             run_pseudonyms.append(pseudonym)
             run_items.append(sid)
-        if run_items:
+        if run_arrived:
             assert part is not None
+            part.events_arrived += run_arrived
             part.samples.add_many(run_pseudonyms, run_items)
         late, skipped = dropped[LATE], dropped[REPLAYED]
         return _BatchOutcome(dead, marks, max_time, late, skipped, duplicates, stale_key)
