@@ -8,16 +8,21 @@ afterwards — and the whole exposition (every family, every sample) must be ide
 every ingest path: stage 1 on keyed input record by record and as columns, and stage 0 →
 stage 1 on unkeyed input one record per event and packed.
 
-The exposition is read after every step of the worker's loop, with the worker's own metric
-updates: the stages', then the hold guards' check after each iteration (the held record age,
-the held-state gauge and the memory cap's decision, :class:`HoldGuards` of a real
-:class:`Membership`), as the loop runs them. Before issue 37 the held-state gauge fell by
+The exposition is read after every iteration of the worker's loop, with the worker's own
+metric updates: the stages', stage 1 sealing and dropping the windows its watermark closed
+(as the worker's stage output does), then the hold guards' check on the state the iteration
+left (the held record age, the held-state gauge and the memory cap's decision,
+:class:`HoldGuards` of a real :class:`Membership`), as the loop runs them; the watermarks
+stage 1 reports to stage 2 (which set ``stream_dp_watermark_timestamp_seconds`` there) are
+compared too. Before issue 37 the held-state gauge fell by
 28 bytes per event of the erased user at the erasure (476 for 17 events), and the cap's
 decision (``stream_dp_backpressure``, here with a cap between what the two runs would hold)
 could follow it; this test never ran the guards, so it never saw either.
 
-The victim's later events share their windows with other users' and never carry a batch's
-latest time: which windows open and how far time moves are the other users' doing.
+The victim keeps sending: in the open window, the next one, and at last alone in a window of
+their own with the batch's latest time. Stage 0 repartitions their events like anyone's and
+stage 1 counts them as arrived (held-state figure, time) while no sample takes them, so
+which windows open, how far time moves and what the worker holds are the same.
 """
 
 from __future__ import annotations
@@ -64,9 +69,10 @@ def _batch(first_offset: int, t0: float, victim_events: int) -> list[InputRecord
 #: the stage-1 owner.
 Feed = Callable[[list[InputRecord]], list[int]]
 Path = Callable[[Metrics, ErasureSet], tuple[Feed, IngestStage]]
-#: window.max_held_state_bytes: between what the two runs would hold had the erasure freed
-#: the victim's rows (39 events in all, 27 of them the victim's, 28 bytes each).
-CAP_BYTES = 1000
+#: window.max_held_state_bytes: between what the two runs would hold in window T0 after the
+#: second batch had the erasure freed the victim's rows and dropped their later events
+#: (29 events, 21 of them the victim's, 28 bytes each: 812 against 224).
+CAP_BYTES = 700
 
 
 def _config(keyed_by_user: bool = False) -> Config:
@@ -114,7 +120,9 @@ def _unkeyed(packed: bool) -> Path:
             route = router.route_packed if packed else router.route
             out, dead = route(0, batch, now_s=NOW, now_mono_s=0)
             assert dead == []
-            records = [(offset[0] + i, k, v) for i, (k, v, _) in enumerate(out)]
+            # the events, then the router's progress marks (to every repartition partition)
+            sent = [(k, v) for k, v, _ in out] + [(None, m) for m in router.progress_marks(0)]
+            records = [(offset[0] + i, k, v) for i, (k, v) in enumerate(sent)]
             offset[0] += len(records)
             assert owner.ingest(0, records, now_s=NOW, now_mono_s=0, routed=True, topic="rp") == []
             return [o for o, _, _ in records]
@@ -162,8 +170,12 @@ def _expositions_after_erasing(path: str, erased_user: str) -> list[bytes]:
         if batch is not None:
             offsets = feed(batch)  # fetched with their Kafka timestamps, then ingested
             guards.held_age.observe(worker.stage1_topic, 0, ((o, NOW - 60) for o in offsets))
+        for p, ws in owner.due(0.0) + owner.reseal_due():  # stage 1's partials, published
+            owner.seal(p, ws)
+            owner.drop(p, ws)
+        marks = owner.watermarks(0.0)
         guards.check(owner, NOW, 0.0)  # the guards, on the state the iteration left
-        seen.append(metrics.exposition())
+        seen.append(metrics.exposition() + repr(marks).encode())
 
     iteration(_batch(0, 1, victim_events=17))  # the victim's 17 events, window T0 open
     erasure = Erasure(
@@ -175,6 +187,8 @@ def _expositions_after_erasing(path: str, erased_user: str) -> list[bytes]:
     # and the victim keeps sending, in the open window and the next one
     iteration(_batch(100, 5, victim_events=4))
     iteration(_batch(200, 12, victim_events=6))
+    # alone in a window, with the batch's latest time
+    iteration([rec(300, "bob", 21, "a"), rec(301, VICTIM, 35, "a")])
     return seen
 
 
@@ -186,9 +200,14 @@ def test_erasing_an_absent_user_or_one_with_17_events_leaves_identical_metrics(
     victim = _expositions_after_erasing(path, VICTIM)
     last = absent[-1]
     # the runs did take the input, and the guards did run: the gauge is set, the cap engaged
-    assert b"stream_dp_events_consumed_total 39.0" in last
-    assert b"stream_dp_held_state_bytes 1092.0" in last  # 39 events that arrived, 28 bytes each
-    assert b"stream_dp_backpressure 1.0" in last
+    assert b"stream_dp_events_consumed_total 41.0" in last
+    # time moved to the victim's last event: [0, 10), [10, 20), [20, 30) sealed, [30, 40) open
+    assert b"stream_dp_partials_published_total 3.0" in last
+    assert b"stream_dp_windows_open 1.0" in last
+    assert b"stream_dp_held_state_bytes 28.0" in last  # window boundaries freed the rest
+    # after the victim's 17 + 4 events and 8 others', all in window T0: the cap engaged
+    assert b"stream_dp_held_state_bytes 812.0" in absent[2]
+    assert b"stream_dp_backpressure 1.0" in absent[2]
     for step, (a, v) in enumerate(zip(absent, victim, strict=True)):
         assert v == a, f"after step {step}: " + _diff(a, v)
 

@@ -381,13 +381,13 @@ class ColumnIngest:
                 rows = starts == ws
                 first = _offset_at(records, int(np.argmax(rows)))  # the window's first record
                 arrived = int(np.count_nonzero(rows))
+                kept |= rows  # erased users' events too: they move time like any valid event
                 gone = self._erased_rows(key_id, ws, words)
-                if gone is not None:  # erased: never enters a sample (no activity, no count)
+                if gone is not None:  # erased: never enters a sample (no count)
                     rows &= ~gone
                 # (State for the window even if all its events were erased, as record by
                 # record: it is sealed and released like any other.)
                 self._accept(partition, ws, first, words[rows], sids[rows], arrived=arrived)
-                kept |= rows
             max_time = float(cols.times[kept].max()) if kept.any() else None
         for ws, fate in fates.items():
             if fate == LATE:

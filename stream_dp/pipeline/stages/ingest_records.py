@@ -241,11 +241,13 @@ class RecordIngest(ColumnIngest):
                         self._dead(self._empty_user, partition, offset, value, include_payload)
                     )
                     continue
+            # An erased user's event arrived like any valid one: it moves time and the held-state
+            # figure (which must not tell whom an erasure named), and enters no reservoir.
             run_arrived += 1
-            if erased and pseudonym in erased:
-                continue  # erased: never enters a reservoir (and is no activity, no count)
             if max_time is None or t > max_time:
                 max_time = t
+            if erased and pseudonym in erased:
+                continue  # erased: never enters a reservoir (no count)
             run_pseudonyms.append(pseudonym)
             run_items.append(sid)
         if run_arrived:
