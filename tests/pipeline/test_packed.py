@@ -270,9 +270,8 @@ def test_erased_users_are_repartitioned_like_anyone_and_not_taken_from_packed_re
     owner = _owner(1)
     owner.erasures = erasures
     _feed(owner, [v for _, v, _ in records])
-    without, _ = _router(0).route_packed(
-        0, numbered([e for e in _EVENTS if e[0] not in ("alice", "Alice ")]), now_s=NOW, now_mono_s=1
-    )
+    others = [e for e in _EVENTS if e[0] not in ("alice", "Alice ")]
+    without, _ = _router(0).route_packed(0, numbered(others), now_s=NOW, now_mono_s=1)
     fresh = _owner(1)
     _feed(fresh, [v for _, v, _ in without])
     assert _totals(owner) == _totals(fresh)

@@ -383,7 +383,7 @@ class ColumnIngest:
                 arrived = int(np.count_nonzero(rows))
                 kept |= rows  # erased users' events too: they move time like any valid event
                 gone = self._erased_rows(key_id, ws, words)
-                if gone is not None:  # erased: never enters a sample (no count)
+                if gone is not None:  # erased: never enters a sample (no count), moved time
                     rows &= ~gone
                 # (State for the window even if all its events were erased, as record by
                 # record: it is sealed and released like any other.)
