@@ -552,8 +552,9 @@ def _hold_metrics(
     )
     held_state = Gauge(
         "stream_dp_held_state_bytes",
-        "Bytes the open windows' samples hold in this worker (capped by "
-        "window.max_held_state_bytes).",
+        "What window.max_held_state_bytes caps: 28 bytes per event that arrived in this "
+        "worker's open windows (erased users' included), an upper bound on what their "
+        "samples hold; it falls only when a window goes, never with an erasure.",
         registry=r,
     )
     config_max_held_state = Gauge(

@@ -205,20 +205,36 @@ def test_stage_2_prefers_the_version_that_applied_more_erasures_in_any_order(
     }
 
 
-def test_stage_0_never_repartitions_an_erased_users_events_under_either_key() -> None:
+def test_stage_0_repartitions_an_erased_users_events_and_stage_1_drops_them_under_either_key() -> (
+    None
+):
+    """Stage 0 repartitions an erased user's events like anyone's (what a worker holds, and
+    so /metrics, must not depend on whom an erasure names); stage 1 drops them on arrival,
+    under the key of each window (a rotation between them)."""
     old_key = b"9b0f8d7c2a4e6b1d3f5a7c9e0b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d"
     ring = KeyRing(Pseudonymizer(TEST_KEY, "k2"), Pseudonymizer(old_key, "k1"), T0 + 10)
     metrics = Metrics()
-    stage = IngestStage(config(k=K, queries=QUERIES), ring, metrics=metrics)
+    cfg = config(k=K, queries=QUERIES)
+    stage = IngestStage(cfg, ring, metrics=metrics)
     stage.erasures = ErasureSet()
     stage.erasures.add(_erasure(0, " ALICE ", keyring=ring))
     records = [rec(0, "alice", 1, "alice.example"), rec(1, "alice", 11, "alice.example")]
     records.append(rec(2, "bob", 11, "shared.example"))
     routed, dead = stage.route(0, records, now_s=NOW, now_mono_s=0)
     assert dead == []
-    # window T0 is under k1, window T0 + 10 under k2: both of her events go
-    assert [orjson.loads(v)["src"][1] for _, v, _ in routed] == [2]
-    assert metrics.events_repartitioned._value.get() == 3  # hers count as taken: no oracle
+    assert [orjson.loads(v)["src"][1] for _, v, _ in routed] == [0, 1, 2]
+    assert metrics.events_repartitioned._value.get() == 3
+    owner = IngestStage(cfg, ring, metrics=Metrics(), sampling_rng=random.Random(0))
+    owner.erasures = stage.erasures
+    owner.assign([0], 0.0, routed=True)
+    owner.ingest(
+        0, [(i, k, v) for i, (k, v, _) in enumerate(routed)], now_s=NOW, now_mono_s=0, routed=True
+    )
+    # window T0 is under k1, window T0 + 10 under k2: both of her events are dropped
+    assert [set(p.totals) for ws in (T0, T0 + 10) for p in owner.seal(0, ws)] == [
+        set(),
+        {("shared.example",)},
+    ]
 
 
 def test_stage_1_drops_repartitioned_events_of_an_erased_user() -> None:

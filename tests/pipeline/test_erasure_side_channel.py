@@ -6,22 +6,40 @@ person's later events one by one. Here two runs differ only in whom the erasure 
 user who never sent anything, or one with 17 events in the open window who keeps sending
 afterwards — and the whole exposition (every family, every sample) must be identical, on
 every ingest path: stage 1 on keyed input record by record and as columns, and stage 0 →
-stage 1 on unkeyed input one record per event and packed — also with the erasure applied
-between the two stages (stage 1 drops events stage 0 routed before it read the erasure).
+stage 1 on unkeyed input one record per event and packed.
 
-The victim's later events share their windows with other users' and never carry a batch's
-latest time: which windows open and how far time moves are the other users' doing (an
-erased user's event that alone opens a window on the unkeyed path is a documented limit).
+The exposition is read after every iteration of the worker's loop, with the worker's own
+metric updates: the stages', stage 1 sealing and dropping the windows its watermark closed
+(as the worker's stage output does), then the hold guards' check on the state the iteration
+left (the held record age, the held-state gauge and the memory cap's decision,
+:class:`HoldGuards` of a real :class:`Membership`), as the loop runs them; the watermarks
+stage 1 reports to stage 2 (which set ``stream_dp_watermark_timestamp_seconds`` there) are
+compared too. Before issue 37 the held-state gauge fell by
+28 bytes per event of the erased user at the erasure (476 for 17 events), and the cap's
+decision (``stream_dp_backpressure``, here with a cap between what the two runs would hold)
+could follow it; this test never ran the guards, so it never saw either.
+
+The victim keeps sending: in the open window, the next one, and at last alone in a window of
+their own with the batch's latest time. Stage 0 repartitions their events like anyone's and
+stage 1 counts them as arrived (held-state figure, time) while no sample takes them, so
+which windows open, how far time moves and what the worker holds are the same.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from stream_dp.config.model import Config
+from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.faults import NO_FAULTS
+from stream_dp.pipeline.kafka.context import WorkerContext
+from stream_dp.pipeline.kafka.membership import Membership, Stages
 from stream_dp.pipeline.stages import ingest_columns
 from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
@@ -46,45 +64,50 @@ def _batch(first_offset: int, t0: float, victim_events: int) -> list[InputRecord
     return sorted(out, key=lambda r: r[0])
 
 
-#: One ingest path: (metrics, erasures) → a function taking one batch of input records.
-Path = Callable[[Metrics, ErasureSet], tuple[Callable[[list[InputRecord]], None], IngestStage]]
+#: One ingest path: (metrics, erasures) → a function taking one batch of input records and
+#: returning the offsets stage 1 read (on the input topic, or the repartition topic), and
+#: the stage-1 owner.
+Feed = Callable[[list[InputRecord]], list[int]]
+Path = Callable[[Metrics, ErasureSet], tuple[Feed, IngestStage]]
+#: window.max_held_state_bytes: between what the two runs would hold in window T0 after the
+#: second batch had the erasure freed the victim's rows and dropped their later events
+#: (29 events, 21 of them the victim's, 28 bytes each: 812 against 224).
+CAP_BYTES = 700
+
+
+def _config(keyed_by_user: bool = False) -> Config:
+    cfg = config(k=50, queries=QUERIES)
+    window = cfg.window.model_copy(update={"max_held_state_bytes": CAP_BYTES})
+    inp = cfg.input.model_copy(update={"keyed_by_user": keyed_by_user})
+    return cfg.model_copy(update={"window": window, "input": inp})
 
 
 def _stage(metrics: Metrics, erasures: ErasureSet) -> IngestStage:
-    stage = IngestStage(
-        config(k=50, queries=QUERIES), KEYRING, metrics=metrics, sampling_rng=random.Random(0)
-    )
+    stage = IngestStage(_config(), KEYRING, metrics=metrics, sampling_rng=random.Random(0))
     stage.erasures = erasures
     return stage
 
 
 def _keyed(columns: bool) -> Path:
-    def build(
-        metrics: Metrics, erasures: ErasureSet
-    ) -> tuple[Callable[[list[InputRecord]], None], IngestStage]:
+    def build(metrics: Metrics, erasures: ErasureSet) -> tuple[Feed, IngestStage]:
         stage = _stage(metrics, erasures)
         stage.assign([0], 0.0, routed=False)
 
-        def feed(batch: list[InputRecord]) -> None:
+        def feed(batch: list[InputRecord]) -> list[int]:
             with pytest.MonkeyPatch.context() as mp:
                 if not columns:
                     mp.setattr(ingest_columns, "decode_columns", lambda *a: None)
                 assert stage.ingest(0, batch, now_s=NOW, now_mono_s=0) == []
+            return [o for o, _, _ in batch]
 
         return feed, stage
 
     return build
 
 
-def _unkeyed(packed: bool, *, stage_0_erases: bool = True) -> Path:
-    """``stage_0_erases=False``: the erasure reaches stage 1 only (applied between the
-    stages: stage 0 routed the user's events before it read the erasure), so stage 1 drops
-    the routed events itself."""
-
-    def build(
-        metrics: Metrics, erasures: ErasureSet
-    ) -> tuple[Callable[[list[InputRecord]], None], IngestStage]:
-        router = _stage(metrics, erasures if stage_0_erases else ErasureSet())
+def _unkeyed(packed: bool) -> Path:
+    def build(metrics: Metrics, erasures: ErasureSet) -> tuple[Feed, IngestStage]:
+        router = _stage(metrics, erasures)
         router.assign_routed([0], 0.0)
         router.routed_partitions = 1
         owner = _stage(metrics, erasures)
@@ -93,13 +116,16 @@ def _unkeyed(packed: bool, *, stage_0_erases: bool = True) -> Path:
         owner.assign([0], 0.0, routed=True)
         offset = [0]
 
-        def feed(batch: list[InputRecord]) -> None:
+        def feed(batch: list[InputRecord]) -> list[int]:
             route = router.route_packed if packed else router.route
             out, dead = route(0, batch, now_s=NOW, now_mono_s=0)
             assert dead == []
-            records = [(offset[0] + i, k, v) for i, (k, v, _) in enumerate(out)]
+            # the events, then the router's progress marks (to every repartition partition)
+            sent = [(k, v) for k, v, _ in out] + [(None, m) for m in router.progress_marks(0)]
+            records = [(offset[0] + i, k, v) for i, (k, v) in enumerate(sent)]
             offset[0] += len(records)
             assert owner.ingest(0, records, now_s=NOW, now_mono_s=0, routed=True, topic="rp") == []
+            return [o for o, _, _ in records]
 
         return feed, owner
 
@@ -111,30 +137,82 @@ PATHS = {
     "keyed_columns": _keyed(columns=True),
     "unkeyed_per_event": _unkeyed(packed=False),
     "unkeyed_packed": _unkeyed(packed=True),
-    "unkeyed_per_event_erased_between_stages": _unkeyed(packed=False, stage_0_erases=False),
-    "unkeyed_packed_erased_between_stages": _unkeyed(packed=True, stage_0_erases=False),
 }
 
 
-def _exposition_after_erasing(path: Path, erased_user: str) -> bytes:
+class _NoPartials:
+    """Stage 2 of a worker that owns no partials partition (nothing of its own to commit)."""
+
+    def safe_offsets(self) -> dict[int, int]:
+        return {}
+
+
+def _worker(path: str, metrics: Metrics, owner: IngestStage) -> Membership:
+    """A real membership (and so the worker's real hold guards) around the stage-1 owner."""
+    cfg = _config(keyed_by_user=path.startswith("keyed"))
+    health = Health(metrics=metrics)
+    membership = Membership(WorkerContext(cfg, metrics, health, asyncio.Event(), NO_FAULTS))
+    none: Any = None
+    membership.stages = Stages(owner, _NoPartials(), none, none, none)  # type: ignore[arg-type]
+    return membership
+
+
+def _expositions_after_erasing(path: str, erased_user: str) -> list[bytes]:
+    """The whole exposition after each iteration of the worker's loop."""
     metrics = Metrics(process=False)
     erasures = ErasureSet()
-    feed, owner = path(metrics, erasures)
-    feed(_batch(0, 1, victim_events=17))  # the victim's 17 events, window T0 open
-    erasure = Erasure(0, erasure_pseudonyms(erased_user, KEYRING, "nfkc_casefold_strip"), T0 + 3600)
+    feed, owner = PATHS[path](metrics, erasures)
+    worker = _worker(path, metrics, owner)
+    guards = worker.guards
+    seen: list[bytes] = []
+
+    def iteration(batch: list[InputRecord] | None) -> None:
+        if batch is not None:
+            offsets = feed(batch)  # fetched with their Kafka timestamps, then ingested
+            guards.held_age.observe(worker.stage1_topic, 0, ((o, NOW - 60) for o in offsets))
+        for p, ws in owner.due(0.0) + owner.reseal_due():  # stage 1's partials, published
+            owner.seal(p, ws)
+            owner.drop(p, ws)
+        marks = owner.watermarks(0.0)
+        guards.check(owner, NOW, 0.0)  # the guards, on the state the iteration left
+        seen.append(metrics.exposition() + repr(marks).encode())
+
+    iteration(_batch(0, 1, victim_events=17))  # the victim's 17 events, window T0 open
+    erasure = Erasure(
+        0, erasure_pseudonyms(erased_user, KEYRING, "nfkc_casefold_strip"), T0 + 3600
+    )
     erasures.add(erasure)
     owner.apply_erasures([erasure], erasures.position)
+    iteration(None)  # the iteration that applied the erasure
     # and the victim keeps sending, in the open window and the next one
-    feed(_batch(100, 5, victim_events=4))
-    feed(_batch(200, 12, victim_events=6))
-    return metrics.exposition()
+    iteration(_batch(100, 5, victim_events=4))
+    iteration(_batch(200, 12, victim_events=6))
+    # alone in a window, with the batch's latest time
+    iteration([rec(300, "bob", 21, "a"), rec(301, VICTIM, 35, "a")])
+    return seen
 
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_erasing_an_absent_user_or_one_with_17_events_leaves_identical_metrics(
     path: str,
 ) -> None:
-    absent = _exposition_after_erasing(PATHS[path], "never-sent-anything")
-    victim = _exposition_after_erasing(PATHS[path], VICTIM)
-    assert b"stream_dp_events_consumed_total 39.0" in absent  # the runs did take the input
-    assert victim == absent
+    absent = _expositions_after_erasing(path, "never-sent-anything")
+    victim = _expositions_after_erasing(path, VICTIM)
+    last = absent[-1]
+    # the runs did take the input, and the guards did run: the gauge is set, the cap engaged
+    assert b"stream_dp_events_consumed_total 41.0" in last
+    # time moved to the victim's last event: [0, 10), [10, 20), [20, 30) sealed, [30, 40) open
+    assert b"stream_dp_partials_published_total 3.0" in last
+    assert b"stream_dp_windows_open 1.0" in last
+    assert b"stream_dp_held_state_bytes 28.0" in last  # window boundaries freed the rest
+    # after the victim's 17 + 4 events and 8 others', all in window T0: the cap engaged
+    assert b"stream_dp_held_state_bytes 812.0" in absent[2]
+    assert b"stream_dp_backpressure 1.0" in absent[2]
+    for step, (a, v) in enumerate(zip(absent, victim, strict=True)):
+        assert v == a, f"after step {step}: " + _diff(a, v)
+
+
+def _diff(absent: bytes, victim: bytes) -> str:
+    """The samples that differ, to say which series tell (the assertion compares it all)."""
+    a, v = set(absent.decode().splitlines()), set(victim.decode().splitlines())
+    return f"absent-only {sorted(a - v)}, victim-only {sorted(v - a)}"

@@ -39,8 +39,9 @@ normalisation runs once per distinct id and batch, not per event. With keyed inp
 record key must be the *normalised* id: two spellings of one user keyed by their raw ids
 could sit on two partitions and be bounded twice.
 
-Erasure (docs/erasure.md; on when the transport sets :attr:`IngestStage.erasures`): both
-stages drop the events of erased pseudonyms on arrival, :meth:`IngestStage.apply_erasures`
+Erasure (docs/erasure.md; on when the transport sets :attr:`IngestStage.erasures`): stage 1
+drops the events of erased pseudonyms on arrival (stage 0 repartitions them like anyone's,
+and both count them as taken), :meth:`IngestStage.apply_erasures`
 removes newly erased users from every window held, and with :attr:`keep_sealed` a sealed
 window's state stays until its release is known, so that an erasure arriving in between
 re-seals it without the user (:meth:`IngestStage.reseal_due`). Every partial says up to
@@ -333,13 +334,13 @@ class IngestStage(ErasureState, RecordIngest):
 
     @property
     def erasures(self) -> ErasureSet | None:
-        """Erasures in force (docs/erasure.md), in both stages: set by the transport when
-        erasure is on."""
+        """Erasures in force (docs/erasure.md), applied in stage 1 (stage 0 repartitions an
+        erased user's events like anyone's): set by the transport when erasure is on."""
         return self._erasures
 
     @erasures.setter
     def erasures(self, erasures: ErasureSet | None) -> None:
-        self._erasures = self.router.erasures = erasures
+        self._erasures = erasures
 
     def _dead(
         self,

@@ -204,10 +204,17 @@ def window_starts(times: np.ndarray, window_size_s: int) -> np.ndarray:
     return (np.floor(times / window_size_s) * window_size_s).astype(np.int64)
 
 
+#: Bytes one event takes in a sample: its pseudonym (two 64-bit words), priority and item.
+ROW_BYTES = 16 + 8 + 4
+
+
 @dataclass(slots=True)
 class WindowPart:
     samples: UserSamples
     first_offset: int
+    #: Events that arrived for the window, erased users' included, whatever erasures, the
+    #: bound k or compaction took out since: what :meth:`IngestColumns.held_bytes` counts.
+    events_arrived: int = 0
 
 
 class ReleasedWindows(Protocol):
@@ -304,12 +311,16 @@ class ColumnIngest:
         first_offset: int,
         words: np.ndarray,
         signature_ids: np.ndarray,
+        *,
+        arrived: int,
     ) -> None:
-        """Offer accepted events of one window to its samples (creating its state)."""
+        """Offer accepted events of one window to its samples (creating its state);
+        ``arrived`` counts erased users' events dropped on arrival too."""
         state = self._state.setdefault(partition, {})
         part = state.get(window_start_s)
         if part is None:
             part = state[window_start_s] = WindowPart(UserSamples(self.k, self._rng), first_offset)
+        part.events_arrived += arrived
         part.samples.add_columns(words, signature_ids)
 
     def _window_starts(self, times: np.ndarray) -> np.ndarray:
@@ -369,13 +380,14 @@ class ColumnIngest:
             for ws in accepted:
                 rows = starts == ws
                 first = _offset_at(records, int(np.argmax(rows)))  # the window's first record
+                arrived = int(np.count_nonzero(rows))
+                kept |= rows  # erased users' events too: they move time like any valid event
                 gone = self._erased_rows(key_id, ws, words)
-                if gone is not None:  # erased: never enters a sample (no activity, no count)
+                if gone is not None:  # erased: never enters a sample (no count), moved time
                     rows &= ~gone
                 # (State for the window even if all its events were erased, as record by
                 # record: it is sealed and released like any other.)
-                self._accept(partition, ws, first, words[rows], sids[rows])
-                kept |= rows
+                self._accept(partition, ws, first, words[rows], sids[rows], arrived=arrived)
             max_time = float(cols.times[kept].max()) if kept.any() else None
         for ws, fate in fates.items():
             if fate == LATE:
@@ -446,7 +458,7 @@ class ColumnIngest:
                     rows &= ~gone
                 # State for the window even if all its events were erased, as record by
                 # record: whether a window opens must not tell that an erased user sent.
-                self._accept(partition, ws, offset, words[rows], sids[rows])
+                self._accept(partition, ws, offset, words[rows], sids[rows], arrived=count)
         if late or stale:
             metrics.late_events.inc(late + stale)
         if skipped:
@@ -485,7 +497,12 @@ class ColumnIngest:
         return sid
 
     def held_bytes(self) -> int:
-        """Bytes the open windows' samples hold (what window.max_held_state_bytes caps)."""
-        return sum(
-            part.samples.nbytes() for parts in self._state.values() for part in parts.values()
+        """What window.max_held_state_bytes caps and ``stream_dp_held_state_bytes`` shows:
+        :data:`ROW_BYTES` per event that *arrived* for a window this stage holds, never less
+        than its samples' bytes (a sample only loses rows: bound k, erasures), and moved by
+        no erasure — an erased user's rows removed, and events dropped on arrival, still
+        count until their window goes, so neither the gauge nor the cap's decisions tell
+        whether, or how much, an erased person had sent (docs/attack-model.md)."""
+        return ROW_BYTES * sum(
+            part.events_arrived for parts in self._state.values() for part in parts.values()
         )

@@ -82,6 +82,17 @@ _UNCHECKED: Final = object()
 _RoutedEvent = tuple[int, int, float, dict[str, Any], bytes, str | None]
 
 
+def _offer(
+    part: WindowPart | None, pseudonyms: list[bytes], items: list[int], arrived: int
+) -> None:
+    """A run of one window's events: all that arrived counted (erased users' included:
+    :meth:`ColumnIngest.held_bytes`), the others offered to the samples."""
+    if arrived:
+        assert part is not None
+        part.events_arrived += arrived
+        part.samples.add_many(pseudonyms, items)
+
+
 @dataclass(slots=True)
 class _BatchOutcome:
     """What :meth:`RecordIngest._ingest_records` leaves for the metrics and the watermark."""
@@ -174,6 +185,7 @@ class RecordIngest(ColumnIngest):
         pseudonymize: Callable[[str | int], bytes] | None = None
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
+        run_arrived = 0  # erased users' events included (WindowPart.events_arrived)
         erased: frozenset[bytes] = _NONE_ERASED
         for offset, key, value in records:
             pseudonym: bytes | None
@@ -206,10 +218,8 @@ class RecordIngest(ColumnIngest):
                 pseudonym = None
             ws = math.floor(t / size) * size
             if ws != current_ws:
-                if run_items:
-                    assert part is not None
-                    part.samples.add_many(run_pseudonyms, run_items)
-                    run_pseudonyms, run_items = [], []
+                _offer(part, run_pseudonyms, run_items, run_arrived)
+                run_pseudonyms, run_items, run_arrived = [], [], 0
                 current_ws = ws
                 fate = self._fate(partition, ws)
                 if fate == ACCEPT:
@@ -239,15 +249,14 @@ class RecordIngest(ColumnIngest):
                         self._dead(self._empty_user, partition, offset, value, include_payload)
                     )
                     continue
-            if erased and pseudonym in erased:
-                continue  # erased: never enters a reservoir (and is no activity, no count)
+            run_arrived += 1  # erased users' too: they move time and the held-state figure
             if max_time is None or t > max_time:
                 max_time = t
+            if erased and pseudonym in erased:
+                continue  # erased: never enters a reservoir (no count)
             run_pseudonyms.append(pseudonym)
             run_items.append(sid)
-        if run_items:
-            assert part is not None
-            part.samples.add_many(run_pseudonyms, run_items)
+        _offer(part, run_pseudonyms, run_items, run_arrived)
         late, skipped = dropped[LATE], dropped[REPLAYED]
         return _BatchOutcome(dead, marks, max_time, late, skipped, duplicates, stale_key)
 

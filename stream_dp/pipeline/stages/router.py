@@ -21,8 +21,9 @@ an event stamped ahead of the clock moves its progress no further than the clock
 is judged here, where the input is read, never by silence downstream.
 
 String user ids are normalised (``input.user_id_normalization``) before they are
-pseudonymized; with erasure on (:attr:`RoutingStage.erasures`), erased users' events are not
-even repartitioned.
+pseudonymized. Erased users' events are repartitioned like anyone's: stage 1 drops them on
+arrival (docs/erasure.md), so that what a worker holds, and so ``/metrics``, is the same
+whoever an erasure names (docs/attack-model.md).
 """
 
 from __future__ import annotations
@@ -50,14 +51,10 @@ from stream_dp.pipeline.stages.ingest_columns import (
     window_starts,
 )
 from stream_dp.pipeline.stages.placement import pseudonym_partition, pseudonym_partitions
-from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.group_values import json_default
 from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES, KeyRing, user_id_normalizer
 
 __all__ = ["RoutingStage"]
-
-#: No erased pseudonyms (erasure off, or none covers the window).
-_NONE_ERASED: frozenset[Any] = frozenset()
 
 
 def _values(records: Sequence[InputRecord]) -> list[bytes | None]:
@@ -88,8 +85,6 @@ class RoutingStage:
         #: Idleness counts only as far as :meth:`read_to_end` proves it (the worker, which
         #: reads Kafka); otherwise silence up to now is idleness (offline use, unit tests).
         self.require_read_proof = False
-        #: Erasures in force (docs/erasure.md): set by the transport when erasure is on.
-        self.erasures: ErasureSet | None = None
         # Per input partition: largest event time routed, last record (monotonic), and
         # when its reader was last at the log's end.
         self._routed_max: dict[int, float] = {}
@@ -156,9 +151,6 @@ class RoutingStage:
         cache: dict[str | int, str] = {}
         key_id = ""
         pseudonymize: Callable[[str | int], bytes] | None = None
-        erasures = self.erasures
-        erased: frozenset[str] = _NONE_ERASED
-        n_erased = 0
         for offset, _key, value in records:
             parsed = decode(value, now_s)
             if isinstance(parsed, BadRecord):
@@ -172,17 +164,12 @@ class RoutingStage:
                 key_id = pseudonymizer.key_id
                 cache = pseudonyms.setdefault(key_id, {})
                 pseudonymize = pseudonymizer.pseudonym
-                if erasures is not None:
-                    erased = erasures.erased_hex(key_id, ws)
             pseudonym = cache.get(user)
             if pseudonym is None:
                 assert pseudonymize is not None
                 pseudonym = cache[user] = pseudonym_of(user, self._normalize, pseudonymize).hex()
             if not pseudonym:
                 dead.append(self._dead(self._empty_user, partition, offset, value, include_payload))
-                continue
-            if erased and pseudonym in erased:
-                n_erased += 1  # erased: not even repartitioned
                 continue
             body = {
                 "u": pseudonym,
@@ -202,9 +189,7 @@ class RoutingStage:
             batch_max = min(batch_max, now_s)
             if batch_max > self._routed_max.get(partition, -math.inf):
                 self._routed_max[partition] = batch_max
-        # An erased user's events count as taken, like any valid event: the counter must not
-        # tell whether someone erased is still sending (no per-person count on /metrics).
-        metrics.events_repartitioned.inc(len(out) + n_erased)
+        metrics.events_repartitioned.inc(len(out))
         return out, dead
 
     def progress_marks(self, now_mono_s: float) -> list[bytes]:
@@ -261,7 +246,7 @@ class RoutingStage:
         else:
             cols, offsets = self._decode_each(partition, records, now_s, dead)
         out: list[tuple[bytes, bytes, int]] = []
-        routed = erased = 0
+        routed = 0
         sent = np.zeros(len(offsets), dtype=bool)
         if len(offsets):
             starts = window_starts(cols.times, self.window_size_s)
@@ -297,23 +282,6 @@ class RoutingStage:
                     local[present] = np.arange(len(present))
                     present_ids = [normal[i] for i in present.tolist()]
                 pseudonyms = pseudonymizer.pseudonyms(present_ids)
-                if self.erasures is not None:  # erased: not even repartitioned
-                    for ws in np.unique(starts[rows]).tolist():
-                        gone_users = self.erasures.erased(pseudonymizer.key_id, ws)
-                        if not gone_users:
-                            continue
-                        gone = np.array(
-                            [
-                                pseudonyms[i : i + PSEUDONYM_BYTES] in gone_users
-                                for i in range(0, len(pseudonyms), PSEUDONYM_BYTES)
-                            ],
-                            dtype=bool,
-                        )
-                        hit = rows & (starts == ws) & gone[np.maximum(local[index], 0)]
-                        erased += int(np.count_nonzero(hit))
-                        rows &= ~hit
-                    if not rows.any():
-                        continue
                 sent |= rows
                 chosen = np.flatnonzero(rows)
                 for target, here, listed in _by_target(
@@ -339,8 +307,7 @@ class RoutingStage:
                 batch_max = min(float(cols.times[sent].max()), now_s)
                 if batch_max > self._routed_max.get(partition, -math.inf):
                     self._routed_max[partition] = batch_max
-        # An erased user's events count as taken, like any valid event (see route).
-        metrics.events_repartitioned.inc(routed + erased)
+        metrics.events_repartitioned.inc(routed)
         return out, dead
 
     def _decode_each(
