@@ -126,6 +126,21 @@ SHUTDOWN_BUDGET_S = 20.0
 __all__ = ["TopologyError", "Worker"]
 
 
+def export_settings(metrics: Metrics, config: Config) -> None:
+    """What the alert rules and dashboards read of the configuration: the window settings,
+    the future cap and the deployment's group id; and every query's series from the start."""
+    w = config.window
+    metrics.set_config(
+        w.size_s,
+        w.grace_s,
+        w.idle_close_s,
+        config.input.max_future_s,
+        group_id=config.kafka.group_id,
+    )
+    for q in config.queries:
+        metrics.add_query(q.name)
+
+
 class Worker:
     """One member of the consumer group: the lifecycle and the loop; the rest is delegated
     to the named collaborators of the module docstring."""
@@ -145,14 +160,7 @@ class Worker:
         self.keyring = keyring
         self.bootstrap = bootstrap_servers or config.kafka.bootstrap_servers
         self.metrics = metrics if metrics is not None else Metrics(reasons=REASONS)
-        w = config.window
-        self.metrics.set_config(
-            w.size_s,
-            w.grace_s,
-            w.idle_close_s,
-            config.input.max_future_s,
-            group_id=config.kafka.group_id,
-        )
+        export_settings(self.metrics, config)
         self.health = health if health is not None else Health(metrics=self.metrics)
         self.health.set("topology_stable", True)
         self.ingest: IngestStage | None = None
@@ -199,8 +207,6 @@ class Worker:
         #: Erasure requests, log and release gate (docs/erasure.md); None when off.
         self._erasure: WorkerErasure | None = None
         self._requests_topic = self.membership.requests_topic
-        for q in config.queries:
-            self.metrics.add_query(q.name)
         self._late_notice = LateEventsNotice(self.metrics, config.window.start_at)
         self._backlog = DueBacklog(self.metrics, MAX_RELEASES_PER_ITERATION)
 
