@@ -271,6 +271,7 @@ class Worker:
             self.config,
             self.ledger,
             fingerprint,
+            keyring=self.keyring,
             publisher=self.publisher,
             reader=reader,
             guard=self._ledger_guard,
@@ -279,6 +280,7 @@ class Worker:
         )
         coverage = await deployment.coverage()
         await deployment.settle_fingerprint()
+        await deployment.settle_key_checks()
         await deployment.check_rotation()
         release = self.release = ReleaseStage(
             self.config,
@@ -287,6 +289,7 @@ class Worker:
             metrics=self.metrics,
             exact_totals_observer=self._observe_exact,
             key_id_of=lambda ws: self.keyring.for_window(ws).key_id,
+            key_check_of=lambda ws: self.keyring.for_window(ws).key_check,
             continual_store=self.continual_store,
             continual_partitions=max(1, len(self._continual_partitions)),
             fingerprint=fingerprint.digest,

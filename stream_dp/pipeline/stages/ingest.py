@@ -419,6 +419,7 @@ class IngestStage(ErasureState, RecordIngest):
             events_retained=len(items),
             source_partitions=self.source_partitions,
             key_id=self.keyring.for_window(window_start_s).key_id,
+            key_check=self.keyring.for_window(window_start_s).key_check,
             erasures_through=self.erasures_applied,
             bounds=bounds if self._auto is not None else None,
             histograms=histograms,

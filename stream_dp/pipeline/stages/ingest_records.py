@@ -78,8 +78,9 @@ _NONE_ERASED: frozenset[Any] = frozenset()
 #: Not in a batch's cache of checked record keys (compares unequal to every key, None too).
 _UNCHECKED: Final = object()
 
-#: One repartitioned event: source partition and offset, time, event, pseudonym, key id.
-_RoutedEvent = tuple[int, int, float, dict[str, Any], bytes, str | None]
+#: One repartitioned event: source partition and offset, time, event, pseudonym, key id and
+#: key check value ("" in records from before key checks).
+_RoutedEvent = tuple[int, int, float, dict[str, Any], bytes, str | None, str]
 
 
 @dataclass(slots=True)
@@ -170,7 +171,8 @@ class RecordIngest(ColumnIngest):
         fate = ACCEPT
         part: WindowPart | None = None
         cache: dict[str | int, bytes] = {}
-        key_id = ""
+        key_id = key_check = ""
+        other_secret = 0
         pseudonymize: Callable[[str | int], bytes] | None = None
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
@@ -178,11 +180,14 @@ class RecordIngest(ColumnIngest):
         for offset, key, value in records:
             pseudonym: bytes | None
             record_key_id: str | None = None
+            record_key_check: str | None = None
             if routed:
                 event = self._decode_routed(partition, offset, value, topic, seen, marks, dead)
                 if event is None:
                     continue
-                src_partition, src_offset, t, obj, pseudonym, record_key_id = event
+                src_partition, src_offset, t, obj, pseudonym, record_key_id, record_key_check = (
+                    event
+                )
                 if pseudonym_partition(pseudonym, n_partitions) != partition:
                     dead.append(self._misplaced(partition, offset, value, include_payload, topic))
                     continue
@@ -213,7 +218,7 @@ class RecordIngest(ColumnIngest):
                 current_ws = ws
                 fate = self._fate(partition, ws)
                 if fate == ACCEPT:
-                    part, key_id, cache, pseudonymize, erased = self._open_window(
+                    part, (key_id, key_check), cache, pseudonymize, erased = self._open_window(
                         state, ws, offset, pseudonyms
                     )
             if fate != ACCEPT:
@@ -223,6 +228,12 @@ class RecordIngest(ColumnIngest):
                 # Pseudonymized under another key than this window's (a rotation changed
                 # while it was open): one user must not appear under two pseudonyms.
                 stale_key += 1
+                continue
+            if record_key_check is not None and record_key_check != key_check:
+                # Under the window's key id but another secret (or from a worker before key
+                # checks): its pseudonyms are not this window's, never taken.
+                other_secret += 1
+                dead.append(self._key_check_dead(partition, offset, topic))
                 continue
             sig = (obj.get(only_field),) if only_field is not None else tuple(map(obj.get, fields))
             sid = signature_ids.get(sig)
@@ -248,6 +259,8 @@ class RecordIngest(ColumnIngest):
         if run_items:
             assert part is not None
             part.samples.add_many(run_pseudonyms, run_items)
+        if other_secret:
+            self._log_key_check_mismatch(other_secret, partition)
         late, skipped = dropped[LATE], dropped[REPLAYED]
         return _BatchOutcome(dead, marks, max_time, late, skipped, duplicates, stale_key)
 
@@ -286,6 +299,7 @@ class RecordIngest(ColumnIngest):
             pseudonym = bytes.fromhex(body["u"])
             stamped_key = body.get("k")  # absent in records of earlier versions
             record_key_id = None if stamped_key is None else str(stamped_key)
+            record_key_check = str(body.get("c", ""))  # "": from before key checks
             if type(obj) is not dict or not math.isfinite(t) or type(src_offset) is not int:
                 raise TypeError("not a repartitioned event")
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
@@ -301,7 +315,7 @@ class RecordIngest(ColumnIngest):
             field_value = obj.get(name)
             if isinstance(field_value, bool | float):
                 obj[name] = canonical_value(field_value)
-        return src_partition, src_offset, t, obj, pseudonym, record_key_id
+        return src_partition, src_offset, t, obj, pseudonym, record_key_id, record_key_check
 
     def _check_key(
         self,
@@ -331,11 +345,15 @@ class RecordIngest(ColumnIngest):
         offset: int,
         pseudonyms: dict[str, dict[str | int, bytes]],
     ) -> tuple[
-        WindowPart, str, dict[str | int, bytes], Callable[[str | int], bytes], frozenset[bytes]
+        WindowPart,
+        tuple[str, str],
+        dict[str | int, bytes],
+        Callable[[str | int], bytes],
+        frozenset[bytes],
     ]:
-        """An accepted window's part (created at ``offset`` if new), its pseudonym key id,
-        the batch's pseudonym cache for that key, the pseudonymizer and the erased
-        pseudonyms."""
+        """An accepted window's part (created at ``offset`` if new), its pseudonym key id
+        and key check value, the batch's pseudonym cache for that key, the pseudonymizer
+        and the erased pseudonyms."""
         part = state.get(window_start_s)
         if part is None:
             part = state[window_start_s] = WindowPart(UserSamples(self.k, self._rng), offset)
@@ -344,7 +362,7 @@ class RecordIngest(ColumnIngest):
         cache = pseudonyms.setdefault(key_id, {})
         erasures = self.erasures
         erased = _NONE_ERASED if erasures is None else erasures.erased(key_id, window_start_s)
-        return part, key_id, cache, pseudonymizer.pseudonym, erased
+        return part, (key_id, pseudonymizer.key_check), cache, pseudonymizer.pseudonym, erased
 
     def _finish_batch(
         self,
