@@ -129,6 +129,11 @@ class Deployment:
             await self._reader.catch_up_ledger([self._partition], bounded=False)
         raise StreamDPError("the deployment fingerprint written was not read back")
 
+    async def settle_keys(self) -> None:
+        """:meth:`settle_key_checks`, then :meth:`check_rotation`."""
+        await self.settle_key_checks()
+        await self.check_rotation()
+
     async def settle_key_checks(self) -> None:
         """Refuse to start with another secret under a key id the ledger recorded
         (:mod:`stream_dp.pipeline.key_check_gate`); record the check value of a key id it has

@@ -155,9 +155,7 @@ class Worker:
         self.driver: ReleaseDriver | None = None
         # Read as a stream that forgets released windows: memory bounded by the open ones.
         kept_windows = min(2 * config.privacy.horizon_windows, MAX_SPENT_WINDOWS)
-        self.ledger = LedgerIndex(
-            forget_released=True, spent_kept_s=kept_windows * config.window.size_s
-        )
+        self.ledger = LedgerIndex(forget_released=True, spent_kept_s=kept_windows * w.size_s)
         #: Cumulative queries' running-total state (the continual topic), when there are any.
         self.continual_store = ContinualStore()
         self._stopping = asyncio.Event()
@@ -280,8 +278,7 @@ class Worker:
         )
         coverage = await deployment.coverage()
         await deployment.settle_fingerprint()
-        await deployment.settle_key_checks()
-        await deployment.check_rotation()
+        await deployment.settle_keys()
         release = self.release = ReleaseStage(
             self.config,
             partials_partitions=len(self._partials_partitions),
