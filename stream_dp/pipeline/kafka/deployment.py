@@ -130,7 +130,14 @@ class Deployment:
         raise StreamDPError("the deployment fingerprint written was not read back")
 
     async def settle_keys(self) -> None:
-        """:meth:`settle_key_checks`, then :meth:`check_rotation`."""
+        """The pseudonym keys: refuse another secret under a recorded key id, or a rotation
+        that would split a begun window, before recording anything; then record the check
+        values of key ids not recorded (:meth:`settle_key_checks`) and the rotation."""
+        where, _ = worker_refusal(self.config, self.ledger, self._ledger_topic)
+        check_key_checks(
+            self.ledger.key_checks, self.keyring, self.config.pseudonymization, where=where
+        )
+        self._refuse_split_rotation()
         await self.settle_key_checks()
         await self.check_rotation()
 
@@ -156,14 +163,20 @@ class Deployment:
             await self._reader.catch_up_ledger([self._partition], bounded=False)
         raise StreamDPError("the pseudonym key check written was not read back")
 
-    async def check_rotation(self) -> None:
-        """Refuse a new key rotation that would split a window already begun."""
+    def _new_rotation_at_s(self) -> int | None:
+        """rotate_at of a configured rotation the ledger has not recorded, or None."""
         p = self.config.pseudonymization
         if p.rotate_at is None:
-            return
-        assert p.previous_key_id is not None
+            return None
         rotate_at_s = int(p.rotate_at.timestamp())
         if (p.previous_key_id, p.key_id, rotate_at_s) in self.ledger.rotations:
+            return None
+        return rotate_at_s
+
+    def _refuse_split_rotation(self) -> None:
+        """Refuse a new key rotation that would split a window already begun."""
+        rotate_at_s = self._new_rotation_at_s()
+        if rotate_at_s is None:
             return
         next_start = self.windows.start_of(time.time()) + self.windows.size_s
         if rotate_at_s < next_start:
@@ -173,6 +186,15 @@ class Deployment:
                 "users under two pseudonyms and bound them twice. Set rotate_at at or after "
                 f"{iso_utc(next_start)}"
             )
+
+    async def check_rotation(self) -> None:
+        """Refuse a new key rotation that would split a window already begun; else record it."""
+        self._refuse_split_rotation()
+        rotate_at_s = self._new_rotation_at_s()
+        if rotate_at_s is None:
+            return
+        p = self.config.pseudonymization
+        assert p.previous_key_id is not None
         key, value = encode_rotation(
             p.key_id,
             p.previous_key_id,
