@@ -148,8 +148,9 @@ SETTINGS: Final[Mapping[str, Setting]] = {
     # -- guarded otherwise -----------------------------------------------------------------
     **_each(
         _GUARD,
-        "compared apart at every start: the recorded key, or a rotation from it; every "
-        "partial carries its key id and stage 2 merges only the window's key",
+        "compared apart at every start: the recorded key, or a rotation from it, and its "
+        "secret by the key check value the ledger recorded; every partial and repartition "
+        "record carries the key id and check value, and only the window's are merged",
         "pseudonymization.key_id",
     ),
     **_each(

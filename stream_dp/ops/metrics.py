@@ -52,6 +52,7 @@ PARTIALS_IGNORED_REASONS = (
     "erasure_stale",
     "bounds_mismatch",
     "fingerprint_mismatch",
+    "key_check_mismatch",
 )
 
 #: Release delay: from a window's end to its publication. Grace and idle-close put it in the
@@ -355,7 +356,8 @@ def _scale_out_metrics(r: CollectorRegistry) -> tuple[Counter, Counter, Counter,
         "out because no version applied an erasure in time (erasure_stale), bounded with other "
         "bounds than its window's under bounds: auto (bounds_mismatch), or stamped with "
         "another deployment fingerprint: a worker with other meaning-bearing settings "
-        "(fingerprint_mismatch).",
+        "(fingerprint_mismatch), or bounded under another secret than the window's "
+        "pseudonym key id names, or with no key check (key_check_mismatch).",
         ["reason"],
         registry=r,
     )

@@ -9,6 +9,13 @@ logs and metrics only ever see the 16-byte pseudonym. Without the key a pseudony
 recomputed from a guessed id (unlike a plain hash). Keys rotate by window: while a rotation
 is configured, windows that start before ``rotate_at`` use the previous key, so all
 pseudonyms of one window come from one key and a user is never counted twice in a window.
+
+A key id only *names* a key: a new secret under the old id would make every user of an
+open window two pseudonyms. So each key also has a **key check value**
+(:attr:`Pseudonymizer.key_check`), derived from the key's bytes, which the deployment
+records in its ledger and stamps on every partial and repartitioned event; a worker, a
+partial or an event under another secret for the same key id is refused
+(docs/configuration.md#key-check).
 """
 
 from __future__ import annotations
@@ -34,6 +41,13 @@ MIN_KEY_BYTES = 32
 _DIGEST_BYTES = 32
 #: SHA-256's block size, and HMAC's inner/outer pads (RFC 2104).
 _BLOCK = 64
+#: Length of a key check value: 64 bits of HMAC-SHA256 (two keys agree by chance with
+#: probability 2^-64).
+KEY_CHECK_BYTES = 8
+#: What the key check value is the HMAC of. It starts with 0xFF, a byte no UTF-8 text or
+#: decimal integer holds, so no user id's canonical bytes (:func:`canonical_user_id`) equal
+#: it: the check value is never the prefix of any user's pseudonym.
+KEY_CHECK_MESSAGE = b"\xffstream-dp key check v1"
 _IPAD = bytes(b ^ 0x36 for b in range(256))
 _OPAD = bytes(b ^ 0x5C for b in range(256))
 
@@ -107,10 +121,17 @@ def canonical_user_ids(user_ids: Iterable[str | int]) -> list[bytes]:
 
 @dataclass(frozen=True, repr=False)
 class Pseudonymizer:
-    """HMAC-SHA256 under one secret key; ``key_id`` names the key (never the key itself)."""
+    """HMAC-SHA256 under one secret key; ``key_id`` names the key (never the key itself),
+    :attr:`key_check` tells keys apart without revealing them."""
 
     key: bytes
     key_id: str
+    #: The key check value: HMAC-SHA256(key, :data:`KEY_CHECK_MESSAGE`), first
+    #: :data:`KEY_CHECK_BYTES` bytes, in hex. A pseudorandom function of the key, like every
+    #: pseudonym: it reveals nothing of the key, and testing a guessed key against it is as
+    #: hard as against any pseudonym of a known id (keys are ≥ 32 random bytes, checked at
+    #: start). Two secrets under one key id differ in it (but with probability 2^-64).
+    key_check: str = field(init=False, compare=False)
     # HMAC's keyed inner and outer hash states, computed once (RFC 2104): hashing a user id
     # is then two SHA-256 state copies instead of re-deriving the pads on every call.
     _inner: Any = field(init=False, repr=False, compare=False)
@@ -126,6 +147,16 @@ class Pseudonymizer:
         key = key.ljust(_BLOCK, b"\0")
         object.__setattr__(self, "_inner", hashlib.sha256(key.translate(_IPAD)))
         object.__setattr__(self, "_outer", hashlib.sha256(key.translate(_OPAD)))
+        check = self._hmac(KEY_CHECK_MESSAGE)[:KEY_CHECK_BYTES].hex()
+        object.__setattr__(self, "key_check", check)
+
+    def _hmac(self, message: bytes) -> bytes:
+        inner = self._inner.copy()
+        inner.update(message)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        digest: bytes = outer.digest()
+        return digest
 
     def __repr__(self) -> str:  # never show the key
         return f"Pseudonymizer(key_id={self.key_id!r})"
@@ -181,3 +212,8 @@ class KeyRing:
         ):
             return self.previous
         return self.current
+
+    @property
+    def keys(self) -> list[Pseudonymizer]:
+        """Every key held: the current one, then the previous one of a rotation."""
+        return [self.current] if self.previous is None else [self.current, self.previous]

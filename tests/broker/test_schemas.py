@@ -129,6 +129,7 @@ PACKED: dict[str, Any] = {
     "kind": "events",
     "src": [1, 1041],
     "k": "k1",
+    "c": "5d41402abc4b2a76",
     "n": 2,
     "fields": ["domain", "mobile"],
     "sig": [["mail.com", None], ["bank.com", True]],

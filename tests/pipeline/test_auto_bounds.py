@@ -227,6 +227,7 @@ def test_partials_bounded_with_other_bounds_are_left_out() -> None:
         events_seen=5000,
         events_retained=5000,
         key_id="k1",
+        key_check=KEYRING.current.key_check,
         bounds=(1000, None, None),  # the cap, not the window's start value 40
         histograms={"events": [0] * 11},
         # of this deployment (another one's is left out before its bounds are looked at)

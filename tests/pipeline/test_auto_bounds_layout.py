@@ -7,7 +7,7 @@ import pytest
 
 from stream_dp.pipeline.formats.partials import Partial, encode_partial
 from stream_dp.privacy.release import KeyAggregate
-from tests.pipeline.support import NOW, T0
+from tests.pipeline.support import KEYRING, NOW, T0
 from tests.pipeline.test_auto_bounds import MB, _config, _events, _pipeline
 
 
@@ -21,6 +21,7 @@ def _forged(histograms: dict[str, list[int]], fingerprint: str) -> Partial:
         events_seen=40,
         events_retained=40,
         key_id="k1",
+        key_check=KEYRING.current.key_check,
         bounds=(40, None, None),  # the window's own start bounds
         histograms=histograms,
         fingerprint=fingerprint,  # this deployment's: only the layout is wrong

@@ -32,6 +32,7 @@ from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord, user_key
 from stream_dp.pipeline.stages.ingest_columns import DeadLetter
 from stream_dp.pipeline.stages.placement import partition_function
 from stream_dp.privacy.erasure import erasure_pseudonyms
+from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from tests.pipeline.support import KEYRING, NOW, T0, config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +42,8 @@ RAW_VALUE = "Zq7-value-b83d2"
 RAW_NUMBER = 48_151_623.42
 RAW_TIME = 9_876_543_210  # 2282: beyond input.max_future_s
 RAW_VALUES = (RAW_USER, RAW_VALUE, "48151623", "9876543210")
+#: Another secret (made by `stream-dp keygen`) under the key id of KEYRING's.
+OTHER_KEY = b"9b1d6c3e0f8a4d27b5e6f1c2a3d4e5f60718293a4b5c6d7e8f9011223344556a"
 
 QUERIES: list[dict[str, Any]] = [
     {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a", "b"]}},
@@ -187,6 +190,21 @@ def _internal_cases() -> list[DeadLetter]:
     return dead
 
 
+def _key_check_cases() -> list[DeadLetter]:
+    """key_check_mismatch: events a stage 0 holding another secret under the same key id
+    repartitioned (one per record, and packed)."""
+    owner = _stage(_cfg(), 1, routed=True)
+    other = IngestStage(_cfg(), KeyRing(Pseudonymizer(OTHER_KEY, "k1")), metrics=Metrics())
+    other.assign_routed([0], 0.0)
+    value = _event(user_id=RAW_USER, domain=RAW_VALUE)
+    rows, _ = other.route(0, [(0, None, value)], now_s=NOW, now_mono_s=0)
+    packed, _ = other.route_packed(0, [(1, None, value)], now_s=NOW, now_mono_s=0)
+    batch = [(i, k, v) for i, (k, v, _) in enumerate([*rows, *packed])]
+    dead = owner.ingest(0, batch, now_s=NOW, now_mono_s=0, routed=True, topic="rp")
+    assert [d.reason for d in dead] == ["key_check_mismatch"] * 2
+    return dead
+
+
 def _erasure_case(value: bytes) -> DeadLetter:
     """A request the erasure worker dead-letters, built as it builds it."""
     request = decode_request(value)
@@ -243,6 +261,7 @@ def _all_dead_letters() -> list[tuple[str, DeadLetter]]:
             out += [(f"{path}: {reason}", d) for d in dead]
     out += [("keyed input", d) for d in _keyed_cases()]
     out += [("repartition topic", d) for d in _internal_cases()]
+    out += [("another secret", d) for d in _key_check_cases()]
     out += [("erasure request", _erasure_case(v)) for v in ERASURE_REQUESTS]
     return out
 

@@ -688,26 +688,27 @@ def test_malformed_repartition_records_are_dead_lettered_not_fatal() -> None:
 
 def test_repartitioned_events_of_another_pseudonym_key_are_dropped() -> None:
     """A rotation moved while a window was open: records pseudonymized under another key
-    than the window's must not join it (one user, two pseudonyms)."""
+    than the window's must not join it (one user, two pseudonyms). A record of an earlier
+    version (no key id, no key check value) cannot say which secret it was made under: it
+    is dead-lettered (tests/pipeline/test_key_check.py)."""
     owner = _owner(1)
+    check = KEYRING.current.key_check
     stale = orjson.dumps(
-        {"u": "00" * 16, "t": T0 + 1, "e": {"domain": "a"}, "src": [0, 0], "k": "k0"}
+        {"u": "00" * 16, "t": T0 + 1, "e": {"domain": "a"}, "src": [0, 0], "k": "k0", "c": check}
     )
     current = orjson.dumps(
-        {"u": "11" * 16, "t": T0 + 1, "e": {"domain": "a"}, "src": [0, 1], "k": "k1"}
+        {"u": "11" * 16, "t": T0 + 1, "e": {"domain": "a"}, "src": [0, 1], "k": "k1", "c": check}
     )
     old_format = orjson.dumps({"u": "22" * 16, "t": T0 + 1, "e": {"domain": "a"}, "src": [0, 2]})
-    assert (
-        owner.ingest(
-            0,
-            [(0, None, stale), (1, None, current), (2, None, old_format)],
-            now_s=NOW,
-            now_mono_s=0,
-            routed=True,
-        )
-        == []
+    dead = owner.ingest(
+        0,
+        [(0, None, stale), (1, None, current), (2, None, old_format)],
+        now_s=NOW,
+        now_mono_s=0,
+        routed=True,
     )
-    assert _totals(owner.seal(0, T0), "all") == {(): KeyAggregate(2, 2, 0)}
+    assert [(d.reason, d.offset) for d in dead] == [("key_check_mismatch", 2)]
+    assert _totals(owner.seal(0, T0), "all") == {(): KeyAggregate(1, 1, 0)}
 
 
 # -- progress that bad data cannot fake (issue 13, breaks 4 and 5) ----------------------------

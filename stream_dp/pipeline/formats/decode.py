@@ -39,6 +39,7 @@ REASONS: Final = (
     "misplaced_key",
     "bad_internal_record",
     "bad_erasure_request",
+    "key_check_mismatch",
 )
 
 #: Epoch numbers below this are seconds, at or above it milliseconds (docs/topics.md#input-records).

@@ -22,13 +22,15 @@ window before it was released and published), ``coverage`` (the first covered wi
 the deployment fingerprint, :mod:`stream_dp.config.fingerprint`; the first such record in
 log order wins, each under a key of its own so that no compaction drops the winner for a
 later racer's record), ``fingerprint`` (of a deployment recorded before fingerprints
-existed; keyed the same way), ``cut`` (with erasure on: written before a window's releaser
-reads the erasure log, so an erasure recorded after it may not apply to that window —
-:mod:`stream_dp.pipeline.stages.erasure_gate`) and ``fence`` records. Readers treat the
-topic as a log: the embedded broker accepts ``cleanup.policy=compact`` but does not apply
-it (docs/architecture.md#embedded-broker), Apache Kafka keeps the last record of each key,
-and every decision above reads the same before and after compaction
-(tests/apache_kafka/test_compaction.py).
+existed; keyed the same way), ``key_check`` (the check value of a pseudonym key id not
+recorded yet, :mod:`stream_dp.pipeline.key_check_gate`; coverage and rotation records carry
+them too, and the first one of a key id in log order counts), ``cut`` (with erasure on:
+written before a window's releaser reads the erasure log, so an erasure recorded after it
+may not apply to that window — :mod:`stream_dp.pipeline.stages.erasure_gate`) and
+``fence`` records. Readers treat the topic as a log: the embedded broker accepts
+``cleanup.policy=compact`` but does not apply it (docs/architecture.md#embedded-broker),
+Apache Kafka keeps the last record of each key, and every decision above reads the same
+before and after compaction (tests/apache_kafka/test_compaction.py).
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ PROGRESS_PREFIX: Final = "__progress__|"
 COVERAGE_KEY: Final = "__coverage__"
 FINGERPRINT_KEY: Final = "__fingerprint__"
 ROTATION_PREFIX: Final = "__rotation__|"
+#: Key check records are keyed ``__key_check__|<key id>|<writer id>``: one key per record,
+#: so that compaction keeps the first of racing writers (as coverage records).
+KEY_CHECK_PREFIX: Final = "__key_check__|"
 CUT_PREFIX: Final = "__cut__|"
 BOUNDS_PREFIX: Final = "__bounds__|"
 #: Decision records kept in the index (a few days of hourly windows; each is small).
@@ -305,10 +310,14 @@ def encode_progress(
 
 
 def encode_coverage(
-    first_window_start_s: int, window_size_s: int, fingerprint: Fingerprint | None = None
+    first_window_start_s: int,
+    window_size_s: int,
+    fingerprint: Fingerprint | None = None,
+    key_checks: Mapping[str, str] | None = None,
 ) -> tuple[str, bytes]:
     """The first window the deployment covers (the first such record in log order wins),
-    with the deployment's fingerprint (:mod:`stream_dp.config.fingerprint`).
+    with the deployment's fingerprint (:mod:`stream_dp.config.fingerprint`) and its
+    pseudonym keys' check values by key id (:mod:`stream_dp.pipeline.key_check_gate`).
 
     Keyed by a fresh id: workers racing at a deployment's first start write one record each,
     and compaction (which keeps the *last* record of a key) keeps them all, in log order, so
@@ -322,7 +331,21 @@ def encode_coverage(
     }
     if fingerprint is not None:
         value["fingerprint"] = fingerprint.record()
+    if key_checks:
+        value["key_checks"] = dict(sorted(key_checks.items()))
     return f"{COVERAGE_KEY}|{uuid.uuid4().hex}", orjson.dumps(value)
+
+
+def encode_key_check(key_id: str, key_check: str) -> tuple[str, bytes]:
+    """The check value of a pseudonym key id the ledger has not recorded (a rotation's new
+    key, or a deployment from a version before key checks): the first in log order counts."""
+    value = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "key_check",
+        "key_id": key_id,
+        "key_check": key_check,
+    }
+    return f"{KEY_CHECK_PREFIX}{key_id}|{uuid.uuid4().hex}", orjson.dumps(value)
 
 
 def encode_fingerprint(fingerprint: Fingerprint) -> tuple[str, bytes]:
@@ -416,15 +439,27 @@ def _decode_bounds_decision(obj: Mapping[str, Any]) -> BoundsDecision:
     )
 
 
-def encode_rotation(key_id: str, previous_key_id: str, rotate_at_s: float) -> tuple[str, bytes]:
-    """A key rotation this deployment has applied (so a restart after it is not refused)."""
-    value = {
+def encode_rotation(
+    key_id: str,
+    previous_key_id: str,
+    rotate_at_s: float,
+    *,
+    key_check: str = "",
+    previous_key_check: str = "",
+) -> tuple[str, bytes]:
+    """A key rotation this deployment has applied (so a restart after it is not refused),
+    with both keys' check values."""
+    value: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "rotation",
         "key_id": key_id,
         "previous_key_id": previous_key_id,
         "rotate_at": iso_utc(rotate_at_s),
     }
+    if key_check:
+        value["key_check"] = key_check
+    if previous_key_check:
+        value["previous_key_check"] = previous_key_check
     return f"{ROTATION_PREFIX}{previous_key_id}>{key_id}", orjson.dumps(value)
 
 
@@ -525,6 +560,9 @@ class LedgerIndex:
         self.latest_cut_s: int | None = None
         #: Key rotations applied: (previous key id, key id, rotate_at epoch s).
         self.rotations: set[tuple[str, str, int]] = set()
+        #: Per pseudonym key id, its key check value: of the first coverage, key check or
+        #: rotation record in log order that carries one (:mod:`..key_check_gate`).
+        self.key_checks: dict[str, str] = {}
         #: ``bounds: auto``: per window, the bounds it uses (first record in log order).
         self.bounds: dict[int, BoundsDecision] = {}
         #: Complete draws that lost to an earlier complete draw of the same (query, window).
@@ -591,6 +629,12 @@ class LedgerIndex:
                 self._feed_fingerprint(obj)
                 if self._forget_released:
                     self._forget_covered()
+            checks = obj.get("key_checks")
+            if isinstance(checks, Mapping):
+                for key_id, check in checks.items():
+                    self._feed_key_check(key_id, check)
+        elif kind == "key_check":
+            self._feed_key_check(obj["key_id"], obj["key_check"])
         elif kind == "fingerprint":
             self._feed_fingerprint(obj)
         elif kind == "cut":
@@ -611,6 +655,8 @@ class LedgerIndex:
                     epoch_of_iso(str(obj["rotate_at"])),
                 )
             )
+            self._feed_key_check(obj["key_id"], obj.get("key_check"))
+            self._feed_key_check(obj["previous_key_id"], obj.get("previous_key_check"))
 
     def covered(self, window_start_s: int, window_size_s: int | None = None) -> bool:
         """Whether a progress record read says the window is released (and published).
@@ -653,6 +699,10 @@ class LedgerIndex:
         keys = {k for i in idents for k in self._part_keys.get(i, ())}
         keys.update(published_key(*i) for i in idents if i in self._published)
         return sorted(keys)
+
+    def _feed_key_check(self, key_id: Any, check: Any) -> None:
+        if check is not None:
+            self.key_checks.setdefault(str(key_id), str(check))
 
     def _feed_fingerprint(self, obj: Mapping[str, Any]) -> None:
         if self.fingerprint is None and obj.get("fingerprint") is not None:

@@ -6,16 +6,19 @@ of input not keyed by user. Now stage 0 writes, per fetched batch of an input pa
 per repartition partition, one *packed* record (more when it would exceed
 ``kafka.max_message_bytes``) holding only what stage 1 needs, as columns::
 
-    {"kind": "events", "src": [input partition, first offset], "k": key id, "n": events,
+    {"kind": "events", "src": [input partition, first offset], "k": key id,
+     "c": key check value, "n": events,
      "fields": [query fields], "sig": [[values of one signature], …],
      "u": base64(n × 16-byte pseudonyms), "t": base64(n × float64 event times, little-endian),
      "o": base64(n × uint32 offsets after the first), "s": base64(n × uint32 index into "sig")}
 
 Every event still carries its pseudonym, event time, query fields (through the record's
-dictionary of distinct signatures), input offset and key id: the same as a per-event record,
+dictionary of distinct signatures), input offset, key id and key check value (which secret
+the key id named: :mod:`stream_dp.pipeline.key_check_gate`): the same as a per-event record,
 so stage 1 checks each event's placement, drops re-sent ones and stale keys as before,
-with numpy instead of a loop. No raw id is in it. Per-event records of earlier versions on
-the topic are still read (:meth:`IngestStage.ingest`).
+with numpy instead of a loop, and never takes a record under another secret (or without a
+key check value: a worker from before key checks). No raw id is in it. Per-event records
+of earlier versions on the topic are still read (:meth:`IngestStage.ingest`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class PackedEvents:
     times: np.ndarray
     #: Per event, its index into ``signatures``.
     signature_index: np.ndarray
+    #: The check value of the pseudonym key (``""``: a record from before key checks).
+    key_check: str = ""
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -79,6 +84,7 @@ def encode_events(
     signatures: Sequence[tuple[Any, ...]],
     signature_index: np.ndarray,
     max_bytes: int,
+    key_check: str,
 ) -> list[bytes]:
     """The packed records of these events (in order), each under ``max_bytes``."""
     n = len(offsets)
@@ -92,7 +98,7 @@ def encode_events(
         value = _encode_slice(
             src_partition,
             offsets[lo:hi],
-            key_id,
+            (key_id, key_check),
             fields,
             pseudonyms[lo * PSEUDONYM_BYTES : hi * PSEUDONYM_BYTES],
             times[lo:hi],
@@ -117,7 +123,7 @@ def encode_events(
 def _encode_slice(
     src_partition: int,
     offsets: np.ndarray,
-    key_id: str,
+    key: tuple[str, str],
     fields: Sequence[str],
     pseudonyms: bytes,
     times: np.ndarray,
@@ -134,7 +140,8 @@ def _encode_slice(
     body = {
         "kind": PACKED_KIND,
         "src": [src_partition, first],
-        "k": key_id,
+        "k": key[0],
+        "c": key[1],
         "n": len(offsets),
         "fields": list(fields),
         "sig": [list(signatures[i]) for i in used.tolist()],
@@ -164,9 +171,10 @@ def decode_events(body: dict[str, Any], fields: Sequence[str]) -> PackedEvents:
     if src_partition < 0 or first < 0:
         raise ValueError("negative source position")
     key_id = body["k"]
+    key_check = body.get("c", "")  # absent in records of earlier versions
     carried = body["fields"]
-    if type(key_id) is not str or type(carried) is not list:
-        raise TypeError("a packed record needs a key id and its field names")
+    if type(key_id) is not str or type(key_check) is not str or type(carried) is not list:
+        raise TypeError("a packed record needs a key id, a key check and its field names")
     pseudonyms = base64.b64decode(body["u"], validate=True)
     if len(pseudonyms) != PSEUDONYM_BYTES * n:
         raise ValueError("pseudonyms do not match the event count")
@@ -188,6 +196,7 @@ def decode_events(body: dict[str, Any], fields: Sequence[str]) -> PackedEvents:
         pseudonyms=pseudonyms,
         times=times,
         signature_index=index,
+        key_check=key_check,
     )
 
 

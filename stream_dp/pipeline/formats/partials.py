@@ -85,6 +85,10 @@ class Partial:
     #: The digest of the deployment fingerprint the totals were bounded under
     #: (:mod:`stream_dp.config.fingerprint`); stage 2 merges only its own.
     fingerprint: str = ""
+    #: The check value of the pseudonym key the totals were bounded under (its secret, where
+    #: ``key_id`` is only its name; :mod:`stream_dp.pipeline.key_check_gate`); stage 2
+    #: merges only its window's key's, and never a partial without one.
+    key_check: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,7 @@ class PartialPart:
     bounds: tuple[int, int | None, int | None] | None = None
     histograms: Mapping[str, Sequence[int]] | None = None
     fingerprint: str = ""
+    key_check: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +177,8 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
         header["bounds"] = list(partial.bounds)
     if partial.fingerprint:
         header["fingerprint"] = partial.fingerprint
+    if partial.key_check:
+        header["key_check"] = partial.key_check
     if partial.histograms is not None:
         header["histograms"] = {n: list(v) for n, v in partial.histograms.items()}
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
@@ -330,6 +337,7 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 bounds=_bounds(obj.get("bounds")),
                 histograms=_histograms(obj.get("histograms")),
                 fingerprint=str(obj.get("fingerprint", "")),
+                key_check=str(obj.get("key_check", "")),
                 totals=TotalsRows(_decode_totals(obj["totals"])),
             )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -466,6 +474,7 @@ class PartialAssembler:
             bounds=part.bounds,
             histograms=part.histograms,
             fingerprint=part.fingerprint,
+            key_check=part.key_check,
         )
         # Versions that could no longer replace this one are dropped; later ones may come.
         self._parts = {

@@ -168,9 +168,8 @@ class Worker:
         self.driver: ReleaseDriver | None = None
         # Read as a stream that forgets released windows: memory bounded by the open ones.
         kept_windows = min(2 * config.privacy.horizon_windows, MAX_SPENT_WINDOWS)
-        self.ledger = LedgerIndex(
-            forget_released=True, spent_kept_s=kept_windows * config.window.size_s
-        )
+        size_s = config.window.size_s
+        self.ledger = LedgerIndex(forget_released=True, spent_kept_s=kept_windows * size_s)
         #: Cumulative queries' running-total state (the continual topic), when there are any.
         self.continual_store = ContinualStore()
         self._stopping = asyncio.Event()
@@ -180,7 +179,6 @@ class Worker:
         self.publisher = Publisher(context)
         self.membership = Membership(context)
         self.fetches = FetchHealth(metrics, health, self.membership)
-        size_s = config.window.size_s
         self.topology = TopologyWatch(
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
         )
@@ -283,6 +281,7 @@ class Worker:
             self.config,
             self.ledger,
             fingerprint,
+            keyring=self.keyring,
             publisher=self.publisher,
             reader=reader,
             guard=self._ledger_guard,
@@ -291,7 +290,7 @@ class Worker:
         )
         coverage = await deployment.coverage()
         await deployment.settle_fingerprint()
-        await deployment.check_rotation()
+        await deployment.settle_keys()
         release = self.release = ReleaseStage(
             self.config,
             partials_partitions=len(self._partials_partitions),
@@ -299,6 +298,7 @@ class Worker:
             metrics=self.metrics,
             exact_totals_observer=self._observe_exact,
             key_id_of=lambda ws: self.keyring.for_window(ws).key_id,
+            key_check_of=lambda ws: self.keyring.for_window(ws).key_check,
             continual_store=self.continual_store,
             continual_partitions=max(1, len(self._continual_partitions)),
             fingerprint=fingerprint.digest,

@@ -90,6 +90,7 @@ class LocalPipeline:
             exact_totals_observer=exact_totals_observer,
             retain_ledger=retain_ledger,
             key_id_of=lambda ws: keyring.for_window(ws).key_id,
+            key_check_of=lambda ws: keyring.for_window(ws).key_check,
             continual_store=continual_store,
             continual_noise=continual_noise,
             fingerprint=self.fingerprint.digest,

@@ -425,6 +425,7 @@ class IngestStage(ErasureState, RecordIngest):
             source_partitions=self.source_partitions,
             key_id=self.keyring.for_window(window_start_s).key_id,
             placement=self.placement,
+            key_check=self.keyring.for_window(window_start_s).key_check,
             erasures_through=self.erasures_applied,
             bounds=bounds if self._auto is not None else None,
             histograms=histograms,

@@ -32,6 +32,7 @@ from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.decode import BadRecord, Decoder
 from stream_dp.pipeline.formats.packed import PackedEvents
+from stream_dp.pipeline.key_check_gate import KEY_CHECK_FIX
 from stream_dp.pipeline.stages.columns import (
     decode_columns,
     distinct_index,
@@ -441,7 +442,7 @@ class ColumnIngest:
         )
         sids = table[packed.signature_index]
         starts = self._window_starts(packed.times)
-        late = skipped = stale = 0
+        late = skipped = stale = other_secret = 0
         for ws in np.unique(starts[fresh]).tolist():
             rows = fresh & (starts == ws)
             count = int(np.count_nonzero(rows))
@@ -452,6 +453,10 @@ class ColumnIngest:
                 skipped += count
             elif packed.key_id != self.keyring.for_window(ws).key_id:
                 stale += count
+            elif packed.key_check != self.keyring.for_window(ws).key_check:
+                # The window's key id under another secret (or a record from before key
+                # checks): its pseudonyms are not this window's; never taken.
+                other_secret += count
             else:
                 gone = self._erased_rows(packed.key_id, ws, words)
                 if gone is not None:  # erased: never enters a sample (no count)
@@ -459,6 +464,9 @@ class ColumnIngest:
                 # State for the window even if all its events were erased, as record by
                 # record: whether a window opens must not tell that an erased user sent.
                 self._accept(partition, ws, offset, words[rows], sids[rows], arrived=count)
+        if other_secret:
+            dead.append(self._key_check_dead(partition, offset, topic))
+            self._log_key_check_mismatch(other_secret, partition)
         if late or stale:
             metrics.late_events.inc(late + stale)
         if skipped:
@@ -471,6 +479,25 @@ class ColumnIngest:
                 extra={"partition": partition},
             )
         return dead
+
+    def _key_check_dead(self, partition: int, offset: int, topic: str | None) -> DeadLetter:
+        """The dead letter of a repartition record under another secret (never its payload:
+        the events are pseudonymous, and the reason needs none)."""
+        bad = BadRecord(
+            "key_check_mismatch",
+            "pseudonymized under another secret than the window's key id names (or by a "
+            "worker from before key checks); its events are left out",
+        )
+        return self._dead(bad, partition, offset, None, False, topic)
+
+    def _log_key_check_mismatch(self, events: int, partition: int) -> None:
+        log.error(
+            "left out %d repartitioned events pseudonymized under another secret than their "
+            "window's key id names: %s",
+            events,
+            KEY_CHECK_FIX,
+            extra={"partition": partition},
+        )
 
     def _erased_rows(
         self, key_id: str, window_start_s: int, words: np.ndarray

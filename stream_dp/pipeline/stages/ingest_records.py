@@ -78,8 +78,9 @@ _NONE_ERASED: frozenset[Any] = frozenset()
 #: Not in a batch's cache of checked record keys (compares unequal to every key, None too).
 _UNCHECKED: Final = object()
 
-#: One repartitioned event: source partition and offset, time, event, pseudonym, key id.
-_RoutedEvent = tuple[int, int, float, dict[str, Any], bytes, str | None]
+#: One repartitioned event: source partition and offset, time, event, pseudonym, and its
+#: key: key id (None in records from before key ids) and check value ("": before those).
+_RoutedEvent = tuple[int, int, float, dict[str, Any], bytes, tuple[str | None, str]]
 
 
 def _offer(
@@ -181,7 +182,7 @@ class RecordIngest(ColumnIngest):
         fate = ACCEPT
         part: WindowPart | None = None
         cache: dict[str | int, bytes] = {}
-        key_id = ""
+        window_key = ("", "")
         pseudonymize: Callable[[str | int], bytes] | None = None
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
@@ -189,12 +190,12 @@ class RecordIngest(ColumnIngest):
         erased: frozenset[bytes] = _NONE_ERASED
         for offset, key, value in records:
             pseudonym: bytes | None
-            record_key_id: str | None = None
+            record_key: tuple[str | None, str] | None = None
             if routed:
                 event = self._decode_routed(partition, offset, value, topic, seen, marks, dead)
                 if event is None:
                     continue
-                src_partition, src_offset, t, obj, pseudonym, record_key_id = event
+                src_partition, src_offset, t, obj, pseudonym, record_key = event
                 if pseudonym_partition(pseudonym, n_partitions) != partition:
                     dead.append(self._misplaced(partition, offset, value, include_payload, topic))
                     continue
@@ -223,16 +224,16 @@ class RecordIngest(ColumnIngest):
                 current_ws = ws
                 fate = self._fate(partition, ws)
                 if fate == ACCEPT:
-                    part, key_id, cache, pseudonymize, erased = self._open_window(
+                    part, window_key, cache, pseudonymize, erased = self._open_window(
                         state, ws, offset, pseudonyms
                     )
             if fate != ACCEPT:
                 dropped[fate] += 1
                 continue
-            if record_key_id is not None and record_key_id != key_id:
-                # Pseudonymized under another key than this window's (a rotation changed
-                # while it was open): one user must not appear under two pseudonyms.
-                stale_key += 1
+            if record_key is not None and record_key != window_key:
+                # Another key id than the window's (a rotation moved while it was open), or
+                # another secret under it (or none: a worker before key checks): never taken.
+                stale_key += self._stale(record_key, window_key, partition, offset, topic, dead)
                 continue
             sig = (obj.get(only_field),) if only_field is not None else tuple(map(obj.get, fields))
             sid = signature_ids.get(sig)
@@ -295,6 +296,7 @@ class RecordIngest(ColumnIngest):
             pseudonym = bytes.fromhex(body["u"])
             stamped_key = body.get("k")  # absent in records of earlier versions
             record_key_id = None if stamped_key is None else str(stamped_key)
+            record_key_check = str(body.get("c", ""))  # "": from before key checks
             if type(obj) is not dict or not math.isfinite(t) or type(src_offset) is not int:
                 raise TypeError("not a repartitioned event")
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
@@ -310,7 +312,7 @@ class RecordIngest(ColumnIngest):
             field_value = obj.get(name)
             if isinstance(field_value, bool | float):
                 obj[name] = canonical_value(field_value)
-        return src_partition, src_offset, t, obj, pseudonym, record_key_id
+        return src_partition, src_offset, t, obj, pseudonym, (record_key_id, record_key_check)
 
     def _check_key(
         self,
@@ -333,6 +335,24 @@ class RecordIngest(ColumnIngest):
             return self._misplaced(partition, offset, value, include_payload)
         return None
 
+    def _stale(
+        self,
+        record_key: tuple[str | None, str],
+        window_key: tuple[str, str],
+        partition: int,
+        offset: int,
+        topic: str | None,
+        dead: list[DeadLetter],
+    ) -> int:
+        """A repartitioned event under another key than its window's: 1 if under another
+        key id (a rotation moved while the window was open: dropped as stale); else 0, and
+        its dead letter (another secret under the key id, or none: one user must not
+        appear under two pseudonyms)."""
+        if record_key[0] is not None and record_key[0] != window_key[0]:
+            return 1
+        dead.append(self._key_check_dead(partition, offset, topic))
+        return 0
+
     def _open_window(
         self,
         state: dict[int, WindowPart],
@@ -340,11 +360,15 @@ class RecordIngest(ColumnIngest):
         offset: int,
         pseudonyms: dict[str, dict[str | int, bytes]],
     ) -> tuple[
-        WindowPart, str, dict[str | int, bytes], Callable[[str | int], bytes], frozenset[bytes]
+        WindowPart,
+        tuple[str, str],
+        dict[str | int, bytes],
+        Callable[[str | int], bytes],
+        frozenset[bytes],
     ]:
-        """An accepted window's part (created at ``offset`` if new), its pseudonym key id,
-        the batch's pseudonym cache for that key, the pseudonymizer and the erased
-        pseudonyms."""
+        """An accepted window's part (created at ``offset`` if new), its pseudonym key id
+        and key check value, the batch's pseudonym cache for that key, the pseudonymizer
+        and the erased pseudonyms."""
         part = state.get(window_start_s)
         if part is None:
             part = state[window_start_s] = WindowPart(UserSamples(self.k, self._rng), offset)
@@ -353,7 +377,7 @@ class RecordIngest(ColumnIngest):
         cache = pseudonyms.setdefault(key_id, {})
         erasures = self.erasures
         erased = _NONE_ERASED if erasures is None else erasures.erased(key_id, window_start_s)
-        return part, key_id, cache, pseudonymizer.pseudonym, erased
+        return part, (key_id, pseudonymizer.key_check), cache, pseudonymizer.pseudonym, erased
 
     def _finish_batch(
         self,
@@ -380,6 +404,9 @@ class RecordIngest(ColumnIngest):
             metrics.replayed_events_skipped.inc(outcome.skipped)
         if outcome.duplicates:
             metrics.repartition_duplicates_skipped.inc(outcome.duplicates)
+        other_secret = sum(d.reason == "key_check_mismatch" for d in outcome.dead)
+        if other_secret:
+            self._log_key_check_mismatch(other_secret, partition)
         if outcome.stale_key:
             metrics.late_events.inc(outcome.stale_key)
             log.warning(

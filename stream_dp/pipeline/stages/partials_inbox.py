@@ -2,10 +2,12 @@
 
 Per (query, source partition) of a window the first complete version of a partial is taken
 and the others ignored (a version that applied more erasures supersedes it). A partial
-stamped with another deployment fingerprint, bounded under another pseudonym key, or
-bounded under another layout (stage-1 partition count, key id and user placement) than the
-first partial the window took is never merged: a user's events are on one partition under
-one pseudonym only within a layout, so mixing two would bound a user twice.
+stamped with another deployment fingerprint, bounded under another pseudonym key (another
+key id, or another secret under the window's key id: its key check value differs, or it
+has none), or bounded under another layout (stage-1 partition count, key id and user
+placement) than the first partial the window took is never merged: a user's events are on
+one partition under one pseudonym only within a layout, so mixing two would bound a user
+twice.
 
 Each source partition's :class:`SourceWatermark` says how far it has sealed; the inbox
 answers how far every source of a partials partition has passed (:meth:`passed_through`):
@@ -31,6 +33,7 @@ from stream_dp.pipeline.formats.partials import (
     decode,
 )
 from stream_dp.pipeline.gc_pause import gc_paused
+from stream_dp.pipeline.key_check_gate import KEY_CHECK_FIX
 from stream_dp.windows.tumbling import iso_utc
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
 
@@ -63,6 +66,7 @@ class PartialsInbox:
         key_id_of: Callable[[int], str],
         fingerprint: str | None,
         placement: str = "",
+        key_check_of: Callable[[int], str] | None = None,
     ) -> None:
         self.metrics = metrics
         #: Why the stage takes no partial of a window (released, before coverage), or None.
@@ -77,6 +81,10 @@ class PartialsInbox:
         #: stamp one: it passed the fingerprint check, and the fingerprint holds the
         #: placement settings (stream_dp.config.classification).
         self.placement = placement
+        #: The check value of a window's pseudonym key (the keyring's): only partials
+        #: stamped with it are merged. The worker and replay always set it; None (unit tests
+        #: of other rules) merges partials whatever their stamp.
+        self._key_check_of = key_check_of
         self._windows: dict[int, dict[int, PendingWindow]] = {}
         self._marks: dict[int, dict[int, SourceWatermark]] = {}
         # Per partials partition, per source: idle_for_s of its first "idle, nothing open"
@@ -155,6 +163,18 @@ class PartialsInbox:
         if part.key_id and part.key_id != self._key_id_of(ws):
             # Bounded under another pseudonym key (a rotation changed): never merged.
             ignored.labels(reason="key_mismatch").inc()
+            return
+        if self._key_check_of is not None and part.key_check != self._key_check_of(ws):
+            # Bounded under another secret with the same key id (a regenerated or
+            # re-mounted secret, pods holding two versions of it), or by a worker from
+            # before key checks: its users' pseudonyms are not this window's, so merging it
+            # would count one person as two users, bounded twice. Never merged.
+            ignored.labels(reason="key_check_mismatch").inc()
+            log.error(
+                "a partial bounded under another pseudonym secret was left out: %s",
+                KEY_CHECK_FIX,
+                extra={"window": iso_utc(ws), "query": part.query},
+            )
             return
         pending = windows.get(ws)
         if pending is None:

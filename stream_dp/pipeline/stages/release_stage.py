@@ -96,6 +96,7 @@ class ReleaseStage(ContinualSteps):
         exact_totals_observer: ExactTotalsObserver | None = None,
         retain_ledger: bool = False,
         key_id_of: Callable[[int], str] | None = None,
+        key_check_of: Callable[[int], str] | None = None,
         continual_store: ContinualStore | None = None,
         continual_partitions: int = 1,
         continual_noise: NoiseSource | None = None,
@@ -151,6 +152,7 @@ class ReleaseStage(ContinualSteps):
             self.metrics,
             refusal=self._refusal,
             key_id_of=key_id_of or (lambda ws: expected_key_id(config, ws)),
+            key_check_of=key_check_of,
             fingerprint=fingerprint,
             placement=user_placement(config.input),
         )

@@ -149,7 +149,7 @@ class RoutingStage:
         batch_max = -math.inf
         current_ws: int | None = None
         cache: dict[str | int, str] = {}
-        key_id = ""
+        key_id = key_check = ""
         pseudonymize: Callable[[str | int], bytes] | None = None
         for offset, _key, value in records:
             parsed = decode(value, now_s)
@@ -161,7 +161,7 @@ class RoutingStage:
             if ws != current_ws:  # the key (rotation) is looked up once per window run
                 current_ws = ws
                 pseudonymizer = self.keyring.for_window(ws)
-                key_id = pseudonymizer.key_id
+                key_id, key_check = pseudonymizer.key_id, pseudonymizer.key_check
                 cache = pseudonyms.setdefault(key_id, {})
                 pseudonymize = pseudonymizer.pseudonym
             pseudonym = cache.get(user)
@@ -177,6 +177,7 @@ class RoutingStage:
                 "e": {f: obj.get(f) for f in fields},
                 "src": [partition, offset],
                 "k": key_id,
+                "c": key_check,
             }
             target = pseudonym_partition(bytes.fromhex(pseudonym[:16]), n_routed)
             out.append((pseudonym.encode(), orjson.dumps(body, default=json_default), target))
@@ -297,6 +298,7 @@ class RoutingStage:
                         signatures=signatures,
                         signature_index=sig_index[here],
                         max_bytes=self.config.kafka.max_message_bytes,
+                        key_check=pseudonymizer.key_check,
                     ):
                         out.append(((PACKED_KEY_PREFIX + str(partition)).encode(), value, target))
                     routed += len(here)
