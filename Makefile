@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: dist setup setup-demo test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
-	kafka-jars test-kafka kstreams-peer mutate mutate-all guards k8s-rules
+	kafka-jars test-kafka kstreams-peer mutate mutate-all guards k8s-rules docs-refs
 
 $(DEMO_STAMP): pyproject.toml
 	@test -x $(BIN)/python || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
@@ -71,6 +71,12 @@ kafka-jars: setup-demo
 # The Prometheus Operator's PrometheusRule (ops/kubernetes/monitoring/prometheusrule.yaml),
 # generated from ops/prometheus/alerts.yml: run after editing the alerts (make test fails
 # while it is stale).
+# The generated references committed in docs/*.md (configuration keys, fingerprint, metrics),
+# rewritten from the code: run after changing the configuration model or a metric (make test
+# fails while a block is stale; every docs build renders them afresh anyway).
+docs-refs: setup
+	$(BIN)/python docs/hooks/site.py
+
 k8s-rules: setup
 	$(BIN)/python ops/kubernetes/monitoring/prometheus_rule.py
 
