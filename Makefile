@@ -10,8 +10,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: setup setup-demo test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
-	kafka-jars test-kafka kstreams-peer mutate mutate-all guards k8s-rules
+.PHONY: dist setup setup-demo test lint typecheck pytest docs demo bench chaos clean test-tools demo-screenshot \
+	kafka-jars test-kafka kstreams-peer mutate mutate-all guards k8s-rules docs-refs
 
 $(DEMO_STAMP): pyproject.toml
 	@test -x $(BIN)/python || { echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
@@ -29,6 +29,12 @@ $(STAMP): pyproject.toml
 setup-demo: $(DEMO_STAMP)
 
 setup: $(STAMP)
+
+# The wheel to install elsewhere (stream-dp is not on a package index): dist/stream_dp-*.whl.
+# `pip install 'dist/stream_dp-VERSION-py3-none-any.whl[embedded,sink]'` adds extras.
+dist: setup-demo
+	$(BIN)/python -m pip install --quiet build
+	$(BIN)/python -m build --wheel --outdir dist .
 
 # ruff, then the import layers of pyproject.toml's [tool.importlinter] (the privacy core
 # imports nothing of stream-dp above it).
@@ -56,7 +62,8 @@ test-tools:
 # The Apache Kafka broker of the `apache_kafka` test tier (stream_dp/broker/apache_kafka.py):
 # its jars, pinned in ops/apache-kafka/pom.xml, fetched once from Maven Central by Maven into
 # .venv/apache-kafka-VERSION/libs. Without Java 17+ and Maven the tier's tests skip and say so.
-kafka-jars: setup
+# It needs only the project itself (the demo's install), not the dev and bench extras.
+kafka-jars: setup-demo
 	@if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then \
 	  $(BIN)/python -m stream_dp.broker.apache_kafka_jars >/dev/null; \
 	else echo "no java or mvn on PATH: the apache_kafka tests will skip (install Java 17+ and Maven)"; fi
@@ -64,6 +71,12 @@ kafka-jars: setup
 # The Prometheus Operator's PrometheusRule (ops/kubernetes/monitoring/prometheusrule.yaml),
 # generated from ops/prometheus/alerts.yml: run after editing the alerts (make test fails
 # while it is stale).
+# The generated references committed in docs/*.md (configuration keys, fingerprint, metrics),
+# rewritten from the code: run after changing the configuration model or a metric (make test
+# fails while a block is stale; every docs build renders them afresh anyway).
+docs-refs: setup
+	$(BIN)/python docs/hooks/site.py
+
 k8s-rules: setup
 	$(BIN)/python ops/kubernetes/monitoring/prometheus_rule.py
 

@@ -5,10 +5,11 @@ reference lists every metric of the worker's and the sink's registries."""
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 import yaml
@@ -107,3 +108,29 @@ def test_metrics_reference_shows_the_reasons_that_exist_from_the_start() -> None
     (row,) = [line for line in table.splitlines() if "stream_dp_partials_ignored_total" in line]
     for reason in ("duplicate_version", "bounds_mismatch", "erasure_stale"):
         assert f"`{reason}`" in row
+
+
+def _site_hooks() -> Any:
+    spec = importlib.util.spec_from_file_location("site_hooks", ROOT / "docs" / "hooks" / "site.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_blocks_committed_in_the_pages_are_current() -> None:
+    """A page read without a build (a repository browser) shows the generated references
+    whole, and true: each committed block is what a build renders now (refresh them with
+    `make docs-refs`)."""
+    hooks = _site_hooks()
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    blocks = 0
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        blocks += len(hooks.GENERATED.findall(text))
+        assert hooks.refresh(text) == text, f"{page.name} is stale: run `make docs-refs`"
+    assert blocks == 4  # configuration, fingerprint, the worker's and the sink's metrics
+    stale = "<!-- generated: metrics sink -->\nold\n<!-- end generated -->"
+    assert hooks.refresh(stale) != stale
+    with pytest.raises(hooks.PluginError):
+        hooks.refresh("<!-- generated: metrics sink -->\nno end")

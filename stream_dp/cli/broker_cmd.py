@@ -14,7 +14,10 @@ from stream_dp.broker import EmbeddedBroker
 _DESCRIPTION = """\
 Run the bundled Kafka-protocol broker (Tansu) on 127.0.0.1 until Ctrl-C or SIGTERM.
 Prints "bootstrap: 127.0.0.1:PORT" once it answers requests; point
-kafka.bootstrap_servers (or any Kafka client) at that address.
+kafka.bootstrap_servers at that address. Clients tested against it: aiokafka (stream-dp
+itself) and confluent-kafka's wheels (librdkafka 2.16); Debian's kcat (librdkafka 2.0.2)
+fails at its first request (ApiVersions), so use a recent librdkafka or Apache Kafka for
+other clients.
 
 Everything is kept in memory: topics and records vanish when the broker stops. For
 development and tests only; production runs Apache Kafka."""

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
-from stream_dp import __version__
 from stream_dp.cli._common import resolve_config
 from stream_dp.errors import StreamDPError
+from stream_dp.ops.build_info import build_description
 from stream_dp.ops.logging import configure_logging
 
 Command = Callable[[argparse.Namespace], int]
@@ -55,6 +55,14 @@ def _command_modules() -> list[ModuleType]:
     ]
 
 
+class _Version(argparse.Action):
+    """``--version``: the build description on one line (argparse's own action wraps it)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object, **__: object) -> None:
+        print(build_description())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stream-dp",
@@ -64,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
         "topic, and `stream-dp check --config FILE` tests one against your topic before the "
         "first run. `stream-dp COMMAND --help` lists a command's options.",
     )
-    parser.add_argument("--version", action="version", version=f"stream-dp {__version__}")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="print the build (versions) and exit"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _command_modules():
         module.register(sub)

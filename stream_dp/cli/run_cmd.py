@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 from typing import Any
 
 from stream_dp.cli._common import add_config_option
 from stream_dp.config import load_config
+from stream_dp.ops.build_info import build_description
 from stream_dp.ops.logging import configure_logging
 from stream_dp.pipeline.kafka.service import run_worker
 from stream_dp.pipeline.stages.keys import load_keyring
+
+log = logging.getLogger(__name__)
 
 # --bootstrap-servers is applied as this variable, so it is validated like any override.
 BOOTSTRAP_VARIABLE = "STREAM_DP_KAFKA__BOOTSTRAP_SERVERS"
@@ -43,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         environ[BOOTSTRAP_VARIABLE] = args.bootstrap_servers
     config = load_config(args.config, environ)
     configure_logging(config.logging.level, args.log_format or config.logging.format)
+    log.info("%s: worker of deployment %s", build_description(), config.kafka.group_id)
     keyring = load_keyring(config.pseudonymization)
     asyncio.run(run_worker(config, keyring))
     return 0

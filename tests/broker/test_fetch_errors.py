@@ -27,8 +27,8 @@ def test_a_missing_codec_library_is_named_with_the_fix(monkeypatch: pytest.Monke
     assert codecs_problem() == (
         "this installation cannot decompress snappy, lz4, zstd: input written by a producer "
         "with compression.type=snappy cannot be read; install the codec library: pip install "
-        "'cramjam>=2.8' (a dependency of stream-dp: reinstall it with `pip install stream-dp`, "
-        "or use the container image)"
+        "'cramjam>=2.8' (a dependency of stream-dp, missing from this environment; or use the "
+        "container image)"
     )
 
 
@@ -42,9 +42,8 @@ def test_an_unsupported_codec_names_the_codec_and_cannot_clear(codec: str) -> No
     assert describe_fetch_error(cause) == (
         f"the topic holds record batches compressed with {codec} (a producer's or the topic's "
         f"compression.type={codec}), which this installation cannot decompress; to fix it, "
-        "install the codec library: pip install 'cramjam>=2.8' (a dependency of stream-dp: "
-        "reinstall it with `pip install stream-dp`, or use the container image); then restart "
-        "the worker"
+        "install the codec library: pip install 'cramjam>=2.8' (a dependency of stream-dp, "
+        "missing from this environment; or use the container image); then restart the worker"
     )
 
 

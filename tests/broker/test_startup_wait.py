@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+import stream_dp
 from tests.cli.support import LineReader
 from tests.helpers import read_line, tansu_pids
 
@@ -76,7 +77,9 @@ def test_past_the_wait_the_worker_stops_with_one_line_naming_the_setting(tmp_pat
         check=False,
     )
     assert (done.returncode, done.stdout) == (1, ""), done.stderr
-    *logged, last = done.stderr.splitlines()
+    build, *logged, last = done.stderr.splitlines()
+    level, message = _messages([build])[0]
+    assert level == "INFO" and message.startswith(f"stream-dp {stream_dp.__version__} (Python ")
     assert _messages(logged) == [
         (
             "WARNING",

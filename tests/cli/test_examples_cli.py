@@ -3,6 +3,7 @@ never over a user's edits unless --force."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,24 @@ def test_live_example_has_one_minute_windows_and_plans() -> None:
     assert live.window.life_s <= 120
     assert replay.window.size_s == 3600
     assert main(["plan", "--config", str(ROOT / "stream_dp/examples/browser-logs-live.yaml")]) == 0
+
+
+@pytest.mark.parametrize("name", ["browser-logs.yaml", "browser-logs-live.yaml"])
+def test_the_topic_names_an_example_mentions_are_the_ones_it_resolves(name: str) -> None:
+    """A comment that names the internal topics names this example's own (its group id's),
+    not another example's: copied into a deployment, it is what an operator grants ACLs to."""
+    path = ROOT / "stream_dp" / "examples" / name
+    config = load_config(path)
+    group = re.escape(config.kafka.group_id)
+    mentioned = set(re.findall(rf"(?<![\w.-]){group}\.[a-z-]+", path.read_text("utf-8")))
+    out = config.output
+    resolved = {
+        out.dead_letter_topic,
+        out.ledger_topic,
+        out.partials_topic,
+        out.repartition_topic,
+        out.continual_topic,
+    }
+    assert mentioned == resolved
+    others = re.findall(r"(?<![\w.-])stream-dp(?:-live)?\.[a-z-]+", path.read_text("utf-8"))
+    assert set(others) <= resolved, sorted(set(others) - resolved)

