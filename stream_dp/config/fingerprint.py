@@ -154,15 +154,23 @@ def differing_fields(recorded: Fingerprint, mine: Fingerprint) -> list[str]:
     return sorted(n for n in names if recorded.parts.get(n) != mine.parts.get(n))
 
 
+#: How many differing settings a refusal names before it counts the rest.
+MAX_NAMED_FIELDS = 8
+
+
 def _describe(recorded: Fingerprint, mine: Fingerprint, fields: Iterable[str]) -> str:
     out = []
-    for name in fields:
+    names = list(fields)
+    for name in names[:MAX_NAMED_FIELDS]:
         if name not in mine.parts:
             out.append(f"{name} (recorded, missing here)")
         elif name not in recorded.parts:
             out.append(f"{name} (set here, not recorded)")
         else:
             out.append(name)
+    rest = len(names) - MAX_NAMED_FIELDS
+    if rest > 0:
+        out.append(f"and {rest} more")
     return ", ".join(out)
 
 
@@ -222,9 +230,10 @@ def check_fingerprint(
     if not problems:
         return
     raise FingerprintMismatchError(
-        f"{where}: " + "; ".join(problems) + ". Workers (or runs) under different settings "
-        "would merge data bounded under one meaning and release it with noise calibrated for "
-        f"another. Restore the recorded settings, or {way_out}"
+        f"{where}: " + "; ".join(problems) + ".\n"
+        "Workers (or runs) under different settings would merge data bounded under one "
+        "meaning and release it with noise calibrated for another.\n"
+        f"To go on: restore the recorded settings, or {way_out}"
     )
 
 

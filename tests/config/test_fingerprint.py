@@ -215,3 +215,44 @@ def test_a_deployment_without_a_fingerprint_is_held_to_its_window_size() -> None
 def test_the_record_round_trips() -> None:
     fp = _fp()
     assert Fingerprint.from_record(fp.record()) == fp
+
+
+def test_a_refusal_of_many_differing_settings_stays_a_few_readable_lines() -> None:
+    """A configuration of another deployment differs in dozens of settings: the refusal
+    names the first eight (sorted), counts the rest, and keeps the reason and the way out
+    on lines of their own — not one line of nearly 2,000 characters."""
+    other = {
+        "window": {"size_s": 600, "grace_s": 1},
+        "bounds": {"max_contributions_per_window": 9, "max_keys_per_user": 2},
+        "queries": [
+            {"name": f"q{i}", "group_by": ["domain"], "epsilon": 0.01, "keys": {"domain": ["a"]}}
+            for i in range(12)
+        ],
+    }
+    recorded, mine = _fp(), deployment_fingerprint(parse_config(other), TOPOLOGY)
+    fields = differing_fields(recorded, mine)
+    assert len(fields) > 20
+    with pytest.raises(FingerprintMismatchError) as caught:
+        check_fingerprint(
+            recorded,
+            mine,
+            config=parse_config(other),
+            rotations=(),
+            where="this worker cannot join deployment 'd'",
+            way_out="start a new deployment: a new kafka.group_id",
+        )
+    first, reason, way_out = str(caught.value).split("\n")
+    named = ", ".join(
+        f + (" (recorded, missing here)" if f not in mine.parts else "")
+        + (" (set here, not recorded)" if f not in recorded.parts else "")
+        for f in fields[:8]
+    )
+    assert first == (
+        "this worker cannot join deployment 'd': these settings differ from the ones it was "
+        f"started with: {named}, and {len(fields) - 8} more."
+    )
+    assert reason.startswith("Workers (or runs) under different settings would merge data")
+    assert way_out == (
+        "To go on: restore the recorded settings, or start a new deployment: a new "
+        "kafka.group_id"
+    )
