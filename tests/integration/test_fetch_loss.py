@@ -20,22 +20,37 @@ moving past its first record not returned.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiokafka.codec
+import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, UnsupportedCodecError
 
+from stream_dp.broker.topics import apply_topics
 from stream_dp.clients.fetched import fetch_options
 from stream_dp.config import load_config
 from stream_dp.pipeline.kafka.worker import Worker
+from stream_dp.windows.tumbling import iso_utc
 from tests.helpers import TopicFactory
-from tests.integration.support import HANG_GUARD_S
-from tests.integration.test_compressed_input import produce_compressed
+from tests.integration.support import (
+    HANG_GUARD_S,
+    NOISE_FREE,
+    WorkerProcess,
+    decode_values,
+    read_topic,
+    topics_of,
+    windows_done,
+)
+from tests.integration.test_compressed_input import T0, produce_compressed
+from tests.integration.test_fetch_errors import WITHOUT_CODECS
 from tests.pipeline.support import KEYRING
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -119,7 +134,7 @@ async def test_a_partition_that_cannot_be_decompressed_loses_no_record_of_the_ot
         deadline = time.monotonic() + HANG_GUARD_S  # a hang guard only
         while not (errors and await read_to_end()):
             assert time.monotonic() < deadline, (
-                f"not read to the end: {({tp.partition: len(r) for tp, r in got.items()})}"
+                f"not read to the end: { ({tp.partition: len(r) for tp, r in got.items()}) }"
             )
             try:
                 batch = await worker.membership.fetch()
@@ -146,3 +161,86 @@ async def test_a_partition_that_cannot_be_decompressed_loses_no_record_of_the_ot
         assert values == [f"p{tp.partition}-{i}".encode() for i in range(GOOD[tp.partition])]
     # The broken partition never moved past a record it did not return.
     assert positions[broken] <= BROKEN_PLAIN
+
+
+#: The worker end to end: plain input partitions 0-6 (window-0 events of one domain each,
+#: distinct counts, then a window-1 marker), partition 7 plain events and its marker followed
+#: by a snappy batch this worker cannot decompress, all written before it starts.
+WORKER_GOOD = {p: 31 + 2 * p for p in range(7)}
+WORKER_BROKEN = 7
+WORKER_BROKEN_PLAIN = 3
+
+
+def _event(partition: int, i: int) -> dict[str, Any]:
+    return {
+        "user_id": f"p{partition}-user-{i}",
+        "timestamp": T0 + 1 + i / 100,
+        "domain": f"p{partition}.example",
+    }
+
+
+async def _produce_events(bootstrap: str, topic: str, partition: int, n: int) -> None:
+    """``n`` window-0 events of ``p{partition}.example`` (a user each), then a window-1
+    marker of ``later.example``, plainly (aiokafka's producer, no compression)."""
+    events = [_event(partition, i) for i in range(n)]
+    events.append(
+        {"user_id": f"p{partition}-marker", "timestamp": T0 + 15, "domain": "later.example"}
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        sent = [
+            await producer.send(
+                topic, orjson.dumps(e), key=str(e["user_id"]).encode(), partition=partition
+            )
+            for e in events
+        ]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+async def test_the_worker_releases_every_event_of_the_partitions_fetched_with_an_unreadable_one(
+    kafka_bootstrap: str,
+    topic_factory: TopicFactory,
+    config_factory: Callable[[dict[str, Any] | None], Path],
+    tmp_path: Path,
+) -> None:
+    topic = await topic_factory(partitions=8)
+    domains = [f"p{p}.example" for p in [*WORKER_GOOD, WORKER_BROKEN]]
+    query = {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": domains}}
+    cfg = config_factory({"input": {"topic": topic}, "privacy": NOISE_FREE, "queries": [query]})
+    await apply_topics(load_config(cfg), kafka_bootstrap, include_input=False)
+    for partition, n in WORKER_GOOD.items():
+        await _produce_events(kafka_bootstrap, topic, partition, n)
+    await _produce_events(kafka_bootstrap, topic, WORKER_BROKEN, WORKER_BROKEN_PLAIN)
+    await asyncio.to_thread(produce_compressed, kafka_bootstrap, topic, "snappy", WORKER_BROKEN, 20)
+    log_path = tmp_path / "worker.log"
+    handle = log_path.open("ab")
+    worker = WorkerProcess(
+        subprocess.Popen(
+            [sys.executable, "-c", WITHOUT_CODECS, "run", "--config", str(cfg)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        ),
+        log_path,
+    )
+    handle.close()
+    try:
+        out = await read_topic(
+            kafka_bootstrap, topics_of(cfg)["output"], until=windows_done(["visits"], 1)
+        )
+    finally:
+        code = worker.terminate()
+    assert code == 0, worker.log()[-4000:]
+    released = {
+        v["group"]["domain"]: v["value"]
+        for _, v in decode_values(out)
+        if v["kind"] == "release" and v["window_start"] == iso_utc(T0)
+    }
+    expected = {f"p{p}.example": n for p, n in WORKER_GOOD.items()}
+    expected[f"p{WORKER_BROKEN}.example"] = WORKER_BROKEN_PLAIN
+    assert released == expected
+    # The snappy batch was reported, not read: its error reached the loop.
+    assert "fetch failed (unsupported_codec: UnsupportedCodecError)" in worker.log()
