@@ -244,3 +244,48 @@ async def test_the_worker_releases_every_event_of_the_partitions_fetched_with_an
     assert released == expected
     # The snappy batch was reported, not read: its error reached the loop.
     assert "fetch failed (unsupported_codec: UnsupportedCodecError)" in worker.log()
+
+
+@pytest.mark.parametrize("worker_options", [True, False], ids=["worker", "plain"])
+async def test_the_records_before_an_unreadable_batch_are_returned_then_its_error(
+    kafka_bootstrap: str,
+    topic_factory: TopicFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    worker_options: bool,
+) -> None:
+    """One partition: plain records, then a snappy batch. aiokafka raised the error with the
+    plain records in hand and fetched them again, for ever: they were never returned. Now
+    they come in one call, the position moves to the batch, and the next call raises."""
+    topic = await topic_factory(partitions=1)
+    tp = TopicPartition(topic, 0)
+    await _produce_plain(kafka_bootstrap, topic, 0, BROKEN_PLAIN)
+    await asyncio.to_thread(produce_compressed, kafka_bootstrap, topic, "snappy", 0, 20)
+    monkeypatch.setattr(aiokafka.codec, "cramjam", None)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka_bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        **(fetch_options() if worker_options else {}),
+    )
+    await consumer.start()
+    outcomes: list[list[int] | str] = []
+    positions: list[int] = []
+    try:
+        consumer.assign([tp])
+        deadline = time.monotonic() + HANG_GUARD_S  # a hang guard only
+        while len(outcomes) < 3:
+            assert time.monotonic() < deadline, outcomes
+            try:
+                batch = await consumer.getmany(tp, timeout_ms=200, max_records=1000)
+            except UnsupportedCodecError:
+                outcomes.append("UnsupportedCodecError")
+            else:
+                if not batch:
+                    continue
+                outcomes.append([r.offset for r in batch[tp]])
+            positions.append(await consumer.position(tp))
+    finally:
+        await consumer.stop()
+    plain = list(range(BROKEN_PLAIN))
+    assert outcomes == [plain, "UnsupportedCodecError", "UnsupportedCodecError"], outcomes
+    assert positions == [BROKEN_PLAIN] * 3
