@@ -19,7 +19,9 @@ kept and returned, and the error is raised by the next call, before anything is 
 failing partition itself loses nothing: its position moves only when its records are
 returned, and aiokafka discards a buffered fetch whose start is no longer the partition's
 position, so the partition is fetched again from its first record not returned (and fails
-again there, loudly, until the cause is fixed).
+again there, loudly, until the cause is fixed). Its records before the unreadable batch are
+returned first (:mod:`stream_dp.clients.fetched`, on the pinned aiokafka; without it they
+come one per call, through the waiting ``getmany``).
 """
 
 from __future__ import annotations

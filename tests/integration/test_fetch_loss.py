@@ -15,6 +15,12 @@ The accounting checked is exact, per partition: the records the worker got are t
 0 .. position-1, each once (nothing behind a position was skipped), every good partition is
 read to its end, and the broken one is reported (its error raised to the loop) without
 moving past its first record not returned.
+
+The broken partition's own plain records before its snappy batch were never returned either
+(aiokafka raised with them in hand and fetched them again, for ever): now they come first,
+then the error. End to end, a worker without snappy releases exactly the events written
+plainly, on eight partitions one of which ends in the unreadable batch (that test checks the
+whole path; it does not order the fetches, so it is not the guard of the loss).
 """
 
 from __future__ import annotations
@@ -57,10 +63,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 #: Plain records per good partition (distinct counts: one partition cannot pass for another).
 GOOD = {0: 41, 1: 43, 2: 47}
-#: The broken partition: plain records first, then one snappy batch.
+#: The broken partition: one snappy batch from its first offset (its fetch raises before
+#: any record, so aiokafka's loop raised with the good partitions' records in hand).
 BROKEN = 3
-BROKEN_PLAIN = 5
 BROKEN_SNAPPY = 20
+#: Plain records before the snappy batch, in the test of one partition alone.
+BROKEN_PLAIN = 5
 
 
 def _buffered(consumer: AIOKafkaConsumer) -> list[TopicPartition]:
@@ -98,7 +106,6 @@ async def test_a_partition_that_cannot_be_decompressed_loses_no_record_of_the_ot
     topic = await topic_factory(partitions=4)
     for partition, n in GOOD.items():
         await _produce_plain(kafka_bootstrap, topic, partition, n)
-    await _produce_plain(kafka_bootstrap, topic, BROKEN, BROKEN_PLAIN)
     # BROKEN_SNAPPY events and a marker, in one snappy batch (librdkafka's producer).
     await asyncio.to_thread(
         produce_compressed, kafka_bootstrap, topic, "snappy", BROKEN, BROKEN_SNAPPY
@@ -160,7 +167,7 @@ async def test_a_partition_that_cannot_be_decompressed_loses_no_record_of_the_ot
         values = [r.value for r in got[tp]]
         assert values == [f"p{tp.partition}-{i}".encode() for i in range(GOOD[tp.partition])]
     # The broken partition never moved past a record it did not return.
-    assert positions[broken] <= BROKEN_PLAIN
+    assert positions[broken] == 0
 
 
 #: The worker end to end: plain input partitions 0-6 (window-0 events of one domain each,
