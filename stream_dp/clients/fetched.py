@@ -17,6 +17,14 @@ commits, ``max_records`` — is aiokafka's own code, unchanged: the adapter repl
 its ``ConsumerRecord`` as before. The adapter is installed only on the aiokafka versions it
 was written against (:data:`PINNED_VERSIONS`); on another version :func:`fetch_options` is
 empty and the worker gets ``ConsumerRecord`` objects, which have the same four attributes.
+
+The same class keeps, for every consumer, the records of a partition read before a batch
+that fails to parse (a codec this process lacks, a bad checksum): aiokafka raised the error
+with them still in hand, and fetched the same bytes again from the position they had not
+moved, so the readable records before an unreadable batch were never returned (the
+partition, and every window it closes, stalled behind them). Now the partition's records end
+there: they are returned, the position moves to the first record not returned, and the
+next fetch, which starts with the unreadable batch, raises the error before any record.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any, Final
 
 import aiokafka
 from aiokafka.consumer import fetcher as _fetcher
+from aiokafka.errors import KafkaError
 
 __all__ = ["PINNED_VERSIONS", "fetch_options", "raw_value", "record_columns_installed"]
 
@@ -40,7 +49,24 @@ def raw_value(value: bytes | None) -> bytes | None:
 
 class _RecordColumns(_fetcher.PartitionRecords):  # type: ignore[misc]
     """aiokafka's ``PartitionRecords``; for consumers made with :func:`fetch_options`, the
-    parsed record itself instead of a ``ConsumerRecord`` built from it."""
+    parsed record itself instead of a ``ConsumerRecord`` built from it; for every consumer,
+    the records read before a batch that fails to parse returned, the error raised by the
+    fetch that starts at that batch (module docstring)."""
+
+    _handed_out = False
+
+    def __next__(self) -> Any:
+        try:
+            record = super().__next__()
+        except KafkaError:
+            if not self._handed_out:
+                raise  # nothing of this fetch returned: the error is the caller's now
+            # End this fetch's records here: the position moves to next_fetch_offset, the
+            # first record not returned, and the next fetch raises the error before any.
+            self._records_iterator = None
+            raise StopIteration from None
+        self._handed_out = True
+        return record
 
     def _consumer_record(self, tp: Any, record: Any) -> Any:
         if self._value_deserializer is raw_value and self._key_deserializer is None:

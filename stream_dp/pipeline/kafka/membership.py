@@ -38,6 +38,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_dp.clients.fetched import fetch_options
+from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.fetch_health import FetchAges
@@ -83,6 +84,7 @@ class Membership(WorkerPart):
         super().__init__(context)
         config = context.config
         self.consumer: AIOKafkaConsumer | None = None
+        self.drain: PartitionDrain | None = None  # the consumer's, one partition at a time
         self.stages: Stages | None = None
         #: Held by the loop's iteration and by a revocation: one touches the state at a time.
         self.lock = asyncio.Lock()
@@ -425,10 +427,13 @@ class Membership(WorkerPart):
     async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
         """The next batch, or None once a stop is requested. aiokafka's ``getmany`` ignores
         its timeout while the member has no assignment (a rebalance that the members being
-        stopped one by one keep restarting): a stop must not wait for the group."""
+        stopped one by one keep restarting): a stop must not wait for the group. A fetch error
+        in one partition loses no record of another (partition_drain)."""
         assert self.consumer is not None
+        if self.drain is None or self.drain.consumer is not self.consumer:
+            self.drain = PartitionDrain(self.consumer)
         fetch = asyncio.ensure_future(
-            self.consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH)
+            self.drain.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH)
         )
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
@@ -436,7 +441,7 @@ class Membership(WorkerPart):
         finally:
             stop.cancel()
             if not fetch.done():
-                # Nothing fetched is lost: positions move only when getmany returns records.
+                # Records taken before a stop are dropped: only safe offsets are committed.
                 fetch.cancel()
                 with contextlib.suppress(asyncio.CancelledError, KafkaError):
                     await fetch
