@@ -43,6 +43,7 @@ from aiokafka.errors import KafkaError
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
 from stream_dp.clients.offset_range import OFFSET_ERRORS
+from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.config import Config
 from stream_dp.errors import BrokerError, StreamDPError
 from stream_dp.ops.health import Health
@@ -162,6 +163,7 @@ class Sink:
         self._max_records = max_records_per_batch
         self._conn: Conn | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._drain: PartitionDrain | None = None
         self._assigned: set[TopicPartition] = set()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -193,6 +195,7 @@ class Sink:
                 **client_kwargs(kafka, bootstrap_servers=self.bootstrap),
             )
             self._consumer.subscribe([self.topic], listener=_Rebalance(self))
+            self._drain = PartitionDrain(self._consumer)
             monitor = asyncio.create_task(self._monitor_broker())
             self._tasks.add(monitor)
             await self._retry_broker("start consumer", self._consumer.start)
@@ -444,8 +447,11 @@ class Sink:
         """The next batch, or None once a stop is requested: aiokafka's ``getmany`` ignores
         its timeout while the member has no assignment, and a stop must not wait for the
         group (the worker's loop does the same)."""
+        # One partition at a time: a batch the sink cannot parse in one partition must not
+        # take the records already taken from others with it (stream_dp.clients.partition_drain).
+        drain = self._drain if self._drain is not None else PartitionDrain(consumer)
         fetch = asyncio.ensure_future(
-            consumer.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=self._max_records)
+            drain.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=self._max_records)
         )
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
@@ -453,7 +459,7 @@ class Sink:
         finally:
             stop.cancel()
             if not fetch.done():
-                fetch.cancel()  # positions move only when getmany returns records
+                fetch.cancel()  # records it took are lost with it: nothing is committed now
                 with contextlib.suppress(asyncio.CancelledError, KafkaError):
                     await fetch
         return fetch.result() if not fetch.cancelled() else None
