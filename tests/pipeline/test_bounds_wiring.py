@@ -207,4 +207,3 @@ def test_each_noise_scale_is_the_configured_bounds_sensitivity_over_epsilon(run:
     for query, scale in expected.items():
         scales = [r["noise_scale"] for r in _records(releases, query).values()]
         assert scales == [pytest.approx(scale, rel=1e-9)] * len(scales), query
-

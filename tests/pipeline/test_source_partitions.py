@@ -63,9 +63,7 @@ class Inbox:
         """Source ``source``'s partial of window T0: ``events`` visits to shared.example by
         as many users."""
         totals = {("shared.example",): KeyAggregate(events, events, 0)}
-        partial = Partial(
-            "visits", T0, source, new_version(), totals, events, events, self.sources
-        )
+        partial = Partial("visits", T0, source, new_version(), totals, events, events, self.sources)
         self.deliver([v for _, v in encode_partial(partial, max_bytes=MB)])
 
     def mark(self, source: int, watermark_s: float | None) -> None:
