@@ -3,10 +3,13 @@ worker on the embedded broker, four input partitions keyed by user, one of them 
 
 Three partitions get their users' visits to window T0 and move past the next window; the
 fourth says nothing yet. The test waits until the worker's stage 2 has read the three
-watermarks past both windows (its watermark gauge, set after each round of releases), then
-sends the late partition's visits. A worker that waited for fewer than all four partitions
-(any of them, the ones it heard of, one less than the topic has) would have released window
-T0 by then without the late user. The window must hold every partition's users.
+watermarks past both windows (its watermark gauge, the slowest watermark it holds, set after
+each round of releases). Then the late partition sends one visit to window T0, and the test
+waits until stage 2 has read its watermark, still inside the window (the gauge falls back
+to it). Only then does the late partition send its second visit and move past both windows.
+A worker that waited for fewer than all four partitions (any one of them, those it heard
+of, one less than the topic has, the most advanced instead of the slowest) would have
+released window T0 by then without the late user's visits. The window must hold them.
 
 The bounds are all different and each is exceeded by a user of its own, on its own
 partition (k = 5, L0 = 2, Linf = 3; tests/pipeline/test_bounds_wiring.py has the same
@@ -78,15 +81,21 @@ def _released(out: list[tuple[str | None, bytes]]) -> dict[tuple[str, str, str],
     }
 
 
-async def _until_stage_2_read(port: int, watermark_s: float, worker: WorkerProcess) -> None:
+async def _until_stage_2_read(
+    port: int, reached: Callable[[float], bool], worker: WorkerProcess
+) -> None:
     """Until the worker's slowest source watermark (over the sources it has a watermark
-    of: the late one has none) is at ``watermark_s``: set after a round of releases, so a
-    worker that would release the window without the late partition has done so."""
+    of) is ``reached``: the gauge is set after a round of releases, so a worker that would
+    release the window without the late partition has done so by then. Fails at once when
+    the worker released any window meanwhile: none is due before the late partition's
+    second visit."""
     deadline = time.monotonic() + HANG_GUARD_S  # a hang guard only
     while True:
         assert worker.proc.poll() is None, f"worker exited:\n{worker.log()[-4000:]}"
         value = await asyncio.to_thread(metric_value, port, "stream_dp_watermark_timestamp_seconds")
-        if value is not None and value >= watermark_s:
+        released = await asyncio.to_thread(metric_value, port, "stream_dp_windows_released_total")
+        assert not released, "a window was released before the late partition reported it"
+        if value is not None and reached(value):
             return
         assert time.monotonic() < deadline, f"stage 2 never read the watermarks:\n{worker.log()}"
         await asyncio.sleep(0.2)
@@ -136,8 +145,12 @@ async def test_a_window_waits_for_the_late_input_partition_and_holds_every_bound
     await produce_events(kafka_bootstrap, topics["input"], on_time)
     worker = start_worker(cfg, tmp_path / "worker.log")
     try:
-        await _until_stage_2_read(port, T0 + 24, worker)
-        late = [_visit(tardy, 5, "late"), _visit(tardy, 5.5, "late"), _visit(tardy, 25, "x")]
+        # the late partition has no watermark yet (it sealed nothing): the others' count
+        await _until_stage_2_read(port, lambda w: w >= T0 + 24, worker)
+        await produce_events(kafka_bootstrap, topics["input"], [_visit(tardy, 1, "late")])
+        # now it has one, inside the window: the gauge falls back to it
+        await _until_stage_2_read(port, lambda w: w < T0 + 10, worker)
+        late = [_visit(tardy, 5, "late"), _visit(tardy, 25, "x")]
         await produce_events(kafka_bootstrap, topics["input"], late)
         out = await read_topic(
             kafka_bootstrap, topics["output"], until=windows_done(QUERIES, 2), settle_s=1.0
@@ -149,7 +162,7 @@ async def test_a_window_waits_for_the_late_input_partition_and_holds_every_bound
     w0, w1 = iso_utc(T0), iso_utc(T0 + 10)
     visits = {d: released[("visits", w0, d)] for d in DOMAINS}
     users = {d: released[("users", w0, d)] for d in DOMAINS}
-    assert visits["late"] == 2, "the late partition's visits are missing"
+    assert visits["late"] == 2, "the late partition's visits are missing"  # both
     assert users["late"] == 1
     assert visits["a"] == LINF and users["a"] == 1
     assert sum(visits[d] for d in "bcdef") == L0 == sum(users[d] for d in "bcdef")
