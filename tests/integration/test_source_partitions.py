@@ -87,14 +87,18 @@ async def _until_stage_2_read(
     """Until the worker's slowest source watermark (over the sources it has a watermark
     of) is ``reached``: the gauge is set after a round of releases, so a worker that would
     release the window without the late partition has done so by then. Fails at once when
-    the worker released any window meanwhile: none is due before the late partition's
-    second visit."""
+    the worker released any window meanwhile (none is due before the late partition's
+    second visit), or dead-lettered or dropped as late any visit (none is misplaced or
+    late)."""
     deadline = time.monotonic() + HANG_GUARD_S  # a hang guard only
     while True:
         assert worker.proc.poll() is None, f"worker exited:\n{worker.log()[-4000:]}"
         value = await asyncio.to_thread(metric_value, port, "stream_dp_watermark_timestamp_seconds")
         released = await asyncio.to_thread(metric_value, port, "stream_dp_windows_released_total")
         assert not released, "a window was released before the late partition reported it"
+        for name in ("stream_dp_bad_records_total", "stream_dp_late_events_total"):
+            count = await asyncio.to_thread(metric_value, port, name)
+            assert not count, f"{name} = {count}: every visit here is placed right and on time"
         if value is not None and reached(value):
             return
         assert time.monotonic() < deadline, f"stage 2 never read the watermarks:\n{worker.log()}"
