@@ -5,7 +5,9 @@ mutant's test run; ``*.spans``: where each mutant's function sits in the mutated
 counts each module's mutants by outcome, and lists every mutant that was not killed with
 its one-line change and the reason it may stand, taken from ``mutation/equivalent.toml``.
 A survivor without a reason is listed as UNEXPLAINED and makes the command exit 1, so a
-privacy change that leaves an unguarded mutant behind is seen.
+privacy change that leaves an unguarded mutant behind is seen. Sections written by hand
+(headings starting ``## Fresh mutations``: mutations written for a piece of work and the
+tests that killed them) are kept from the report as it stands, after the generated ones.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import difflib
 import fnmatch
 import json
 import math
+import re
 import sys
 import textwrap
 import tomllib
@@ -34,6 +37,8 @@ FIRST_PASS = ROOT / "mutation" / "first_pass.json"
 #: The privacy core, whose kill rate must stay at or above this.
 CORE_PREFIX = "stream_dp/privacy/"
 CORE_MIN_KILL_RATE = 0.90
+#: Sections of docs/MUTATION.md written by hand, kept when the report is generated again.
+KEPT_HEADING = "## Fresh mutations"
 
 #: mutmut's exit codes of a mutant's test run, by outcome (mutmut.__main__.status_by_exit_code).
 KILLED = {1, 3}
@@ -477,6 +482,15 @@ def guards_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+def kept_sections(report: Path) -> str:
+    """The hand-written sections of the report as it stands (headings starting with
+    :data:`KEPT_HEADING`), each up to the next section heading, in their order."""
+    if not report.exists():
+        return ""
+    blocks = re.split(r"(?m)^(?=## )", report.read_text(encoding="utf-8"))
+    return "".join("\n" + b.rstrip("\n") + "\n" for b in blocks if b.startswith(KEPT_HEADING))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPORT)
@@ -504,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         first = first_pass_section(chosen)
         head, sep, rest = text.partition("\n| module |")
         text = head + "\n" + first + sep + rest if first else text
-    text += bites_section() + guards_section()
+    text += bites_section() + guards_section() + kept_sections(args.out)
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out}: privacy core mutation score {core_score:.1%}")
     if unexplained:

@@ -156,3 +156,29 @@ def test_the_report_keeps_the_first_pass_score_of_the_sample_beside_the_reviewed
     # a record of another sample says nothing about this one
     assert report.first_pass_section(set(names[:9]), record) == ""
     assert report.first_pass_section(set(names), tmp_path / "none.json") == ""
+
+
+def test_generating_the_report_again_keeps_the_hand_written_fresh_mutation_sections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sections headed "## Fresh mutations …" are written by hand (docs/MUTATION.md): a new
+    `make mutate` regenerates the rest of the file and keeps them, in their order."""
+    import mutation.report as report
+
+    out = tmp_path / "MUTATION.md"
+    out.write_text(
+        "# Mutation testing\n\nold numbers\n\n## Fresh mutations at the joins\n\n| S1 | killed |\n"
+        "\n## The threat model's tests\n\nold list\n\n## Fresh mutations of the budget\n\nB1\n",
+        encoding="utf-8",
+    )
+    mutants = [Mutant("stream_dp.privacy.a.x_f__mutmut_1", "stream_dp/privacy/a.py", "killed")]
+    monkeypatch.setattr(report, "SAMPLE", tmp_path / "no-sample.txt")
+    monkeypatch.setattr(report, "read_reasons", dict)
+    monkeypatch.setattr(report, "read_mutants", lambda: mutants)
+    assert report.main(["--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "old numbers" not in text and "old list" not in text
+    joins = "\n## Fresh mutations at the joins\n\n| S1 | killed |\n"
+    budget = "\n## Fresh mutations of the budget\n\nB1\n"
+    assert text.endswith(joins + budget)
+    assert text.count("## Fresh mutations") == 2
