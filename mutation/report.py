@@ -18,7 +18,6 @@ import difflib
 import fnmatch
 import json
 import math
-import re
 import sys
 import textwrap
 import tomllib
