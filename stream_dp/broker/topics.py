@@ -15,7 +15,9 @@ An existing topic's partition count and replication are never changed: a differe
 count cannot be fixed without breaking open windows (docs/limitations.md). Its topic configs
 (``retention.ms``, ``cleanup.policy``, ... — the settings a definition owns) are:
 ``stream-dp topics apply`` sets them to the definition (AlterConfigs, keeping the topic's
-other settings), ``--dry-run`` and the worker's own start only report the differences.
+other settings) — except on the input topic (the producers own it) and except a
+``retention.ms`` longer than the definition's (never shortened: records someone may still
+need would go); ``--dry-run`` and the worker's own start only report the differences.
 """
 
 from __future__ import annotations
@@ -372,23 +374,45 @@ def _config_differences(topic: Topic, actual: Mapping[str, str | None]) -> list[
     return out
 
 
+def _longer(have_ms: str | None, wanted_ms: str) -> bool:
+    """Whether a topic's retention.ms keeps records longer than the definition's (-1:
+    forever): never shortened by ``apply`` — records someone may still need would go."""
+    try:
+        have, wanted = int(have_ms or ""), int(wanted_ms)
+    except ValueError:
+        return False
+    return wanted != -1 and (have == -1 or have > wanted)
+
+
 async def _alter_configs(
     admin: AIOKafkaAdminClient, topics: list[Topic], bootstrap: str
 ) -> dict[str, tuple[str, ...]]:
     """Set each existing topic's configs to its definition; returns what changed per topic.
-    AlterConfigs replaces a topic's whole set of own settings, so the request carries the
-    topic's other own settings (a retention.bytes set by hand stays) with the definition's."""
+    Not the input topic (the producers own it), and never a retention.ms that keeps records
+    longer than the definition (both stay reported as differences). AlterConfigs replaces a
+    topic's whole set of own settings, so the request carries the topic's other own settings
+    (a setting made by hand stays) with the definition's."""
     if not topics:
         return {}
+    topics = [t for t in topics if not t.spec.is_input]  # the producers' topic: reported only
     actual, own = await describe_topic_configs(admin, [t.name for t in topics])
     resources, changed = [], {}
     for topic in topics:
         if topic.name not in actual:
             continue  # not described: reported as a difference, nothing to base a change on
-        differs = _config_differences(topic, actual[topic.name])
+        differs = [
+            (key, text)
+            for key, text in _config_differences(topic, actual[topic.name])
+            if not (
+                key == "retention.ms" and _longer(actual[topic.name].get(key), topic.config[key])
+            )
+        ]
         if not differs:
             continue
-        wanted = {**own.get(topic.name, {}), **topic.config}
+        wanted = {
+            **own.get(topic.name, {}),
+            **{key: topic.config[key] for key, _ in differs},
+        }
         resources.append(ConfigResource(ConfigResourceType.TOPIC, topic.name, configs=wanted))
         changed[topic.name] = tuple(
             f"{key} {actual[topic.name].get(key) or 'not set'} -> {topic.config[key]}"
