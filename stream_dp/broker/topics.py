@@ -34,7 +34,13 @@ from typing import Any
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    IncompatibleBrokerVersion,
+    KafkaError,
+    TopicAlreadyExistsError,
+    UnsupportedVersionError,
+    for_code,
+)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stream_dp.broker.client_options import client_kwargs
@@ -420,8 +426,17 @@ async def _alter_configs(
         )
     if not resources:
         return {}
+    try:
+        responses = await admin.alter_configs(resources)
+    except (IncompatibleBrokerVersion, UnsupportedVersionError) as exc:
+        log.warning(
+            "the broker does not take AlterConfigs (%s): the topics that differ from their "
+            "definitions are reported and stay as they are",
+            exc,
+        )
+        return {}
     failures = []
-    for response in await admin.alter_configs(resources):
+    for response in responses:
         for resource in response.to_object()["resources"]:
             if resource["error_code"] != 0:
                 error = for_code(resource["error_code"])

@@ -128,13 +128,12 @@ def run_apply(args: argparse.Namespace) -> int:
     if altered:
         summary += f"; {altered} had {'its' if altered == 1 else 'their'} configs set"
     if differing:
-        still = (
-            "would be set by apply where configs differ"
-            if args.dry_run
-            else "stay as they are (see the runbook, 'Topic settings')"
-        )
         plural = "s" if differing == 1 else ""
-        summary += f"; {differing} differ{plural} from the definitions: {still}"
+        summary += f"; {differing} differ{plural} from the definitions" + (
+            " (apply sets their topic configs where it may: see the runbook, 'Topic settings')"
+            if args.dry_run
+            else " and stay as they are (see the runbook, 'Topic settings')"
+        )
     print(("dry run: " if args.dry_run else "") + summary)
     return 0
 
