@@ -82,6 +82,19 @@ async def _until(condition: Any, what: str) -> None:
         await asyncio.sleep(0.5)
 
 
+async def _released_without_a_stop(
+    bootstrap: str, topic: str, port: int, worker: WorkerProcess
+) -> None:
+    """Until window 0's window record is out; fails at once on a maximum-hold stop (the
+    bound is a hang guard only)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not windows_done(["visits"], 1)(await read_topic(bootstrap, topic)):
+        stops = metric_value(port, "stream_dp_max_hold_exceeded_total") or 0
+        assert stops == 0, f"the restart stopped on the maximum hold:\n{worker.log()[-4000:]}"
+        assert worker.proc.poll() is None, f"worker exited:\n{worker.log()[-4000:]}"
+        assert time.monotonic() < deadline, f"window 0 never released:\n{worker.log()[-4000:]}"
+
+
 def _errors(worker: WorkerProcess) -> list[dict[str, Any]]:
     """stream-dp's own ERROR lines (aiokafka logs a coordinator not found yet at start)."""
     entries = [orjson.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
@@ -138,12 +151,11 @@ async def test_an_outage_longer_than_the_maximum_hold_is_recovered_with_every_ev
 
     second = start_worker(cfg, tmp_path / "second.log")
     try:
-        out = await read_topic(
-            kafka_bootstrap, config.output.topic, until=windows_done(["visits"], 1), settle_s=1.0
-        )
+        await _released_without_a_stop(kafka_bootstrap, config.output.topic, port, second)
         await wait_while_running(
             lambda: http_get(port, "/health/ready")[0] == 200, "ready again", second
         )
+        out = await read_topic(kafka_bootstrap, config.output.topic)  # until quiet for 1 s
         assert metric_value(port, "stream_dp_max_hold_exceeded_total") == 0
         assert not _errors(second), second.log()[-4000:]
     finally:
@@ -234,8 +246,15 @@ async def test_a_retention_shorter_than_the_maximum_hold_is_refused_and_topics_a
     cfg = _with_retention(short, 600, 300, tmp_path / "long.yaml")
 
     worker = start_worker(cfg, tmp_path / "refused.log")
-    code = worker.proc.wait(timeout=HANG_GUARD_S)
-    assert code == 2, worker.log()[-4000:]
+    try:  # it exits; a worker that starts instead fails here as soon as it is ready
+        await _until(
+            lambda: worker.proc.poll() is not None or http_get(port, "/health/ready")[0] == 200,
+            "the worker's exit",
+        )
+    finally:
+        if worker.proc.poll() is None:
+            worker.terminate()
+    assert worker.proc.returncode == 2, worker.log()[-4000:]
     said = [line for line in worker.log().splitlines() if line.startswith("stream-dp: error:")]
     assert len(said) == 1 and "Traceback" not in worker.log(), worker.log()[-4000:]
     for topic in internal:
