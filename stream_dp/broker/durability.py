@@ -14,6 +14,15 @@ containing ``delete``, by age past ``retention.ms`` or by size past ``retention.
 never). Compaction alone keeps the last record of every key, which the readers are built for.
 A broker that does not describe a setting (the embedded broker describes only settings given
 at creation) cannot be checked: that is logged, not refused.
+
+The internal topics (partials, repartition) keep records only while a window may still need
+them: the worker stops a window held longer than ``output.max_hold_s`` so that the operator
+acts before retention deletes what it pins. That stop comes in time only if the topics'
+*real* retention is longer than the maximum hold: a topic created by hand or by an older
+configuration may keep records for less than ``output.internal_retention_s`` says. So the
+worker refuses to start when an internal topic deletes records by age within
+``output.max_hold_s`` (plus :data:`HOLD_MARGIN_S`), naming the topic, its ``retention.ms`` and
+the fix (``stream-dp topics apply`` sets the definition's retention).
 """
 
 from __future__ import annotations
@@ -40,6 +49,11 @@ DURABLE_TOPICS: Mapping[str, str] = {
     "{output.continual_topic}": "a running total whose state is deleted mid-horizon is drawn again",
 }
 NEVER = -1
+#: Definitions of the internal topics whose records held windows pin.
+INTERNAL_TOPICS = ("{output.partials_topic}", "{output.repartition_topic}")
+#: How much longer than ``output.max_hold_s`` an internal topic must keep records: the held
+#: age is sampled (HOLD_SAMPLE_SHARE of the hold) and checked once per iteration.
+HOLD_MARGIN_S = 10
 
 
 class TopicRetentionError(ConfigError):
@@ -85,6 +99,41 @@ def retention_problem(topic: Topic, actual: Mapping[str, str | None]) -> str | N
     )
 
 
+def hold_problem(
+    topic: Topic, actual: Mapping[str, str | None], *, max_hold_s: int, internal_retention_s: int
+) -> str | None:
+    """How an internal topic's real retention (``actual``) would delete records a window may
+    still hold (``max_hold_s``); None when it keeps them long enough or cannot be known. The
+    configured retention itself always passes (the config requires the hold below it)."""
+    policy = actual.get("cleanup.policy")
+    if policy is not None and "delete" not in {p.strip() for p in policy.split(",")}:
+        return None  # compaction only: nothing deleted by age
+    have_ms = _number(actual.get("retention.ms"))
+    needed_ms = min(internal_retention_s, max_hold_s + HOLD_MARGIN_S) * 1000
+    if have_ms in (None, NEVER) or have_ms >= needed_ms:
+        return None
+    return (
+        f"topic {topic.name} keeps records for retention.ms={have_ms} ({have_ms / 1000:g} s), "
+        f"less than output.max_hold_s = {max_hold_s} s plus {HOLD_MARGIN_S} s: "
+        "the broker would delete records of a held window before the worker stops on it, "
+        f"and that window could never be released. Its definition says retention.ms="
+        f"{topic.config.get('retention.ms')} (output.internal_retention_s): run `stream-dp "
+        "topics apply` with this config to set it (or kafka-configs.sh --alter "
+        f"--entity-type topics --entity-name {topic.name} --add-config "
+        f"retention.ms={topic.config.get('retention.ms')}), or lower output.max_hold_s"
+    )
+
+
+def internal_topics(config: Config) -> list[Topic]:
+    """The internal topics of ``config`` (partials; repartition unless keyed input)."""
+    return [
+        t
+        for t in resolve_all(config, include_input=False).values()
+        if t.spec.name in INTERNAL_TOPICS
+        and not (config.input.keyed_by_user and t.spec.name == "{output.repartition_topic}")
+    ]
+
+
 def durable_topics(config: Config) -> list[Topic]:
     """The topics of ``config`` whose retention the guarantee depends on."""
     cumulative = any(q.cumulative for q in config.queries)
@@ -98,9 +147,11 @@ def durable_topics(config: Config) -> list[Topic]:
 
 async def verify_durable_topics(config: Config, bootstrap_servers: str | None = None) -> None:
     """TopicRetentionError when the broker would delete records of the ledger, the erasure
-    log or the cumulative state earlier than their definitions allow (checked with
-    DescribeConfigs; a broker that refuses it is logged and not refused)."""
-    topics = durable_topics(config)
+    log or the cumulative state earlier than their definitions allow, or records of an
+    internal topic within ``output.max_hold_s`` (checked with DescribeConfigs; a broker
+    that refuses it is logged and not refused)."""
+    durable, internal = durable_topics(config), internal_topics(config)
+    topics = durable + internal
     kwargs = client_kwargs(config.kafka, bootstrap_servers=bootstrap_servers)
     admin = AIOKafkaAdminClient(**kwargs)
     try:
@@ -124,7 +175,20 @@ async def verify_durable_topics(config: Config, bootstrap_servers: str | None = 
                 actual[resource["resource_name"]] = {
                     e["config_names"]: e["config_value"] for e in resource["config_entries"]
                 }
-    problems = [p for t in topics if (p := retention_problem(t, actual.get(t.name, {})))]
+    problems = [p for t in durable if (p := retention_problem(t, actual.get(t.name, {})))]
+    out = config.output
+    problems += [
+        p
+        for t in internal
+        if (
+            p := hold_problem(
+                t,
+                actual.get(t.name, {}),
+                max_hold_s=out.max_hold_s or out.internal_retention_s // 2,
+                internal_retention_s=out.internal_retention_s,
+            )
+        )
+    ]
     unchecked = [t.name for t in topics if "cleanup.policy" not in actual.get(t.name, {})]
     if unchecked:
         log.info("the broker does not describe cleanup.policy of %s", ", ".join(unchecked))

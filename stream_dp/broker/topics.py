@@ -11,9 +11,13 @@ without which the topic is not wanted (``erasure.enabled``). The replication fac
 config's ``kafka.replication_factor`` for every topic, or the broker's
 ``default.replication.factor`` when unset (CreateTopics with -1, KIP-464).
 
-Existing topics are never changed: a different partition count cannot be fixed without
-breaking open windows (docs/limitations.md), and a config change is the operator's decision.
-``inspect`` reports the differences; ``stream-dp topics apply`` prints them.
+An existing topic's partition count and replication are never changed: a different partition
+count cannot be fixed without breaking open windows (docs/limitations.md). Its topic configs
+(``retention.ms``, ``cleanup.policy``, ... — the settings a definition owns) are:
+``stream-dp topics apply`` sets them to the definition (AlterConfigs, keeping the topic's
+other settings) — except on the input topic (the producers own it) and except a
+``retention.ms`` longer than the definition's (never shortened: records someone may still
+need would go); ``--dry-run`` and the worker's own start only report the differences.
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ from typing import Any
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    IncompatibleBrokerVersion,
+    KafkaError,
+    TopicAlreadyExistsError,
+    UnsupportedVersionError,
+    for_code,
+)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stream_dp.broker.client_options import client_kwargs
@@ -117,6 +127,8 @@ class TopicState:
     present: bool
     differences: tuple[str, ...] = ()
     created: bool = False
+    #: The definition's configs set on the existing topic (``alter``): ``key old -> new``.
+    altered: tuple[str, ...] = ()
 
 
 class _TopicFile(BaseModel):
@@ -322,6 +334,124 @@ def _new_topic(topic: Topic) -> NewTopic:
     return new
 
 
+#: DescribeConfigs' config_source of a setting made on the topic itself (v1+).
+DYNAMIC_TOPIC_CONFIG = 1
+
+
+async def describe_topic_configs(
+    admin: AIOKafkaAdminClient, names: list[str]
+) -> tuple[dict[str, dict[str, str | None]], dict[str, dict[str, str]]]:
+    """Per topic, (every described config, the configs set on the topic itself). All configs
+    are asked for: the embedded broker closes the connection when asked for named ones."""
+    responses = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+    )
+    actual: dict[str, dict[str, str | None]] = {}
+    own: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for resource in response.to_object()["resources"]:
+            if resource["error_code"] != 0:
+                continue
+            entries = resource["config_entries"]
+            name = resource["resource_name"]
+            actual[name] = {e["config_names"]: e["config_value"] for e in entries}
+            own[name] = {
+                e["config_names"]: e["config_value"]
+                for e in entries
+                if e["config_value"] is not None
+                and not e.get("read_only")
+                and (
+                    e["config_source"] == DYNAMIC_TOPIC_CONFIG
+                    if "config_source" in e
+                    else not e.get("is_default", True)
+                )
+            }
+    return actual, own
+
+
+def _config_differences(topic: Topic, actual: Mapping[str, str | None]) -> list[tuple[str, str]]:
+    """(key, how it differs) for each of the definition's configs the topic does not have."""
+    out = []
+    for key, wanted in sorted(topic.config.items()):
+        have = actual.get(key)
+        if have != wanted:
+            shown = "not set" if have is None else have
+            out.append((key, f"{key} {shown}, definition {wanted}"))
+    return out
+
+
+def _longer(have_ms: str | None, wanted_ms: str) -> bool:
+    """Whether a topic's retention.ms keeps records longer than the definition's (-1:
+    forever): never shortened by ``apply`` — records someone may still need would go."""
+    try:
+        have, wanted = int(have_ms or ""), int(wanted_ms)
+    except ValueError:
+        return False
+    return wanted != -1 and (have == -1 or have > wanted)
+
+
+async def _alter_configs(
+    admin: AIOKafkaAdminClient, topics: list[Topic], bootstrap: str
+) -> dict[str, tuple[str, ...]]:
+    """Set each existing topic's configs to its definition; returns what changed per topic.
+    Not the input topic (the producers own it), and never a retention.ms that keeps records
+    longer than the definition (both stay reported as differences). AlterConfigs replaces a
+    topic's whole set of own settings, so the request carries the topic's other own settings
+    (a setting made by hand stays) with the definition's."""
+    if not topics:
+        return {}
+    topics = [t for t in topics if not t.spec.is_input]  # the producers' topic: reported only
+    actual, own = await describe_topic_configs(admin, [t.name for t in topics])
+    resources, changed = [], {}
+    for topic in topics:
+        if topic.name not in actual:
+            continue  # not described: reported as a difference, nothing to base a change on
+        differs = [
+            (key, text)
+            for key, text in _config_differences(topic, actual[topic.name])
+            if not (
+                key == "retention.ms" and _longer(actual[topic.name].get(key), topic.config[key])
+            )
+        ]
+        if not differs:
+            continue
+        wanted = {
+            **own.get(topic.name, {}),
+            **{key: topic.config[key] for key, _ in differs},
+        }
+        resources.append(ConfigResource(ConfigResourceType.TOPIC, topic.name, configs=wanted))
+        changed[topic.name] = tuple(
+            f"{key} {actual[topic.name].get(key) or 'not set'} -> {topic.config[key]}"
+            for key, _ in differs
+        )
+    if not resources:
+        return {}
+    try:
+        responses = await admin.alter_configs(resources)
+    except (IncompatibleBrokerVersion, UnsupportedVersionError) as exc:
+        log.warning(
+            "the broker does not take AlterConfigs (%s): the topics that differ from their "
+            "definitions are reported and stay as they are",
+            exc,
+        )
+        return {}
+    failures = []
+    for response in responses:
+        for resource in response.to_object()["resources"]:
+            if resource["error_code"] != 0:
+                error = for_code(resource["error_code"])
+                detail = resource.get("error_message") or error.description
+                failures.append(f"{resource['resource_name']}: {error.message} ({detail})")
+                changed.pop(resource["resource_name"], None)
+    if failures:
+        done = f" (set meanwhile: {', '.join(sorted(changed))})" if changed else ""
+        raise BrokerError(
+            f"setting topic configs on {bootstrap} failed: {'; '.join(failures)}{done}; grant "
+            "the client ALTER_CONFIGS on the topics, or set them by hand (kafka-configs.sh)"
+        )
+    return changed
+
+
 async def _differences(
     admin: AIOKafkaAdminClient, topics: list[Topic]
 ) -> dict[str, tuple[str, ...]]:
@@ -329,19 +459,7 @@ async def _differences(
     if not topics:
         return {}
     described = {t["topic"]: t for t in await admin.describe_topics([t.name for t in topics])}
-    # All configs of each topic: the embedded broker closes the connection when asked for
-    # named ones, and Apache Kafka answers both.
-    responses = await admin.describe_configs(
-        [ConfigResource(ConfigResourceType.TOPIC, t.name) for t in topics]
-    )
-    actual: dict[str, dict[str, str | None]] = {}
-    for response in responses:
-        for resource in response.to_object()["resources"]:
-            if resource["error_code"] != 0:
-                continue
-            actual[resource["resource_name"]] = {
-                e["config_names"]: e["config_value"] for e in resource["config_entries"]
-            }
+    actual, _ = await describe_topic_configs(admin, [t.name for t in topics])
     out: dict[str, tuple[str, ...]] = {}
     for topic in topics:
         found: list[str] = []
@@ -359,11 +477,7 @@ async def _differences(
         if topic.name not in actual:
             found.append("its configs could not be described (DescribeConfigs refused)")
         else:
-            for key, wanted in sorted(topic.config.items()):
-                have = actual[topic.name].get(key)
-                if have != wanted:
-                    shown = "not set" if have is None else have
-                    found.append(f"{key} {shown}, definition {wanted}")
+            found.extend(text for _, text in _config_differences(topic, actual[topic.name]))
         out[topic.name] = tuple(found)
     return out
 
@@ -400,11 +514,13 @@ async def inspect_topics(
     include_input: bool = True,
     create: bool = True,
     compare: bool = True,
+    alter: bool = False,
     topics_dir: str | Path | Traversable | None = None,
 ) -> list[TopicState]:
     """Every wanted topic's state on the cluster: create the missing ones (unless ``create``
     is false: a dry run sends no CreateTopics at all — some brokers ignore its validate-only
-    flag) and, with ``compare``, how the existing ones differ from their definitions."""
+    flag), with ``alter`` set the existing ones' configs to their definitions, and, with
+    ``compare``, how the existing ones differ from their definitions (after any change)."""
     wanted = resolve_all(config, load_topic_specs(topics_dir), include_input=include_input)
     kwargs = client_kwargs(config.kafka, bootstrap_servers=bootstrap_servers)
     bootstrap = kwargs["bootstrap_servers"]
@@ -424,6 +540,7 @@ async def inspect_topics(
                 _created(await admin.create_topics([_new_topic(t) for t in missing]), bootstrap)
             )
         present = [t for name, t in wanted.items() if name in existing]
+        altered = await _alter_configs(admin, present, bootstrap) if alter else {}
         differences = await _differences(admin, present) if compare else {}
     except (KafkaError, OSError) as exc:
         raise BrokerError(
@@ -435,12 +552,15 @@ async def inspect_topics(
         await admin.close()
     for name in sorted(created):
         log.info("created topic %s (%s)", name, wanted[name].describe())
+    for name, changes in sorted(altered.items()):
+        log.info("set the configs of topic %s: %s", name, "; ".join(changes))
     return [
         TopicState(
             topic=topic,
             present=name in existing,
             differences=differences.get(name, ()),
             created=name in created,
+            altered=altered.get(name, ()),
         )
         for name, topic in wanted.items()
     ]

@@ -1,6 +1,7 @@
 """``stream-dp topics apply|list``: the topics defined in ``topics/``, named by the
-config. ``apply`` creates the missing ones and reports how existing ones differ from their
-definitions (it never changes them); ``--dry-run`` only reports."""
+config. ``apply`` creates the missing ones and sets the existing ones' topic configs
+(retention.ms, cleanup.policy, ...) to their definitions; a partition count or replication
+that differs is reported, never changed. ``--dry-run`` only reports."""
 
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ def register(subparsers: Any) -> None:
 
     apply = actions.add_parser(
         "apply",
-        help="create the missing topics on the configured Kafka cluster",
-        description="Create the topics that the cluster does not have yet, and report the\n"
-        "existing ones whose partitions, replication or configs differ from the definitions.\n"
-        "Existing topics are never changed: safe to run repeatedly.",
+        help="create the missing topics and set their configs on the Kafka cluster",
+        description="Create the topics that the cluster does not have yet, and set the topic\n"
+        "configs (retention.ms, cleanup.policy, ...) of existing ones to the definitions\n"
+        "(their other settings stay). A partition count or replication that differs is\n"
+        "reported, never changed. Safe to run repeatedly; --dry-run only reports.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -57,7 +59,7 @@ def register(subparsers: Any) -> None:
     apply.add_argument(
         "--dry-run",
         action="store_true",
-        help="only show what would be created and what differs; change nothing",
+        help="only show what would be created or set and what differs; change nothing",
     )
     apply.set_defaults(func=run_apply)
 
@@ -95,9 +97,12 @@ def _line(state: TopicState, dry_run: bool) -> str:
     if not state.present:
         verb = "would create" if dry_run else "created"
         return f"{verb}: {topic.name} ({topic.describe()})"
+    lines = []
+    if state.altered:
+        lines.append(f"set: {topic.name}: {'; '.join(state.altered)}")
     if state.differences:
-        return f"differs: {topic.name}: {'; '.join(state.differences)}"
-    return f"already present: {topic.name}"
+        lines.append(f"differs: {topic.name}: {'; '.join(state.differences)}")
+    return "\n".join(lines) or f"already present: {topic.name}"
 
 
 def run_apply(args: argparse.Namespace) -> int:
@@ -105,7 +110,11 @@ def run_apply(args: argparse.Namespace) -> int:
     bootstrap = _bootstrap(config, args.bootstrap_servers)
     states = asyncio.run(
         inspect_topics(
-            config, bootstrap, include_input=not args.skip_input, create=not args.dry_run
+            config,
+            bootstrap,
+            include_input=not args.skip_input,
+            create=not args.dry_run,
+            alter=not args.dry_run,
         )
     )
     for state in states:
@@ -113,12 +122,17 @@ def run_apply(args: argparse.Namespace) -> int:
     missing = sum(not s.present for s in states)
     present = len(states) - missing
     differing = sum(bool(s.differences) for s in states)
+    altered = sum(bool(s.altered) for s in states)
     verb = "would be created" if args.dry_run else "created"
     summary = f"{missing} {verb}, {present} already present on {bootstrap}"
+    if altered:
+        summary += f"; {altered} had {'its' if altered == 1 else 'their'} configs set"
     if differing:
-        summary += (
-            f"; {differing} differ{'s' if differing == 1 else ''} from the definitions and "
-            "stay as they are (see the runbook, 'Topic settings')"
+        plural = "s" if differing == 1 else ""
+        summary += f"; {differing} differ{plural} from the definitions" + (
+            " (apply sets their topic configs where it may: see the runbook, 'Topic settings')"
+            if args.dry_run
+            else " and stay as they are (see the runbook, 'Topic settings')"
         )
     print(("dry run: " if args.dry_run else "") + summary)
     return 0

@@ -247,9 +247,11 @@ class OutputConfig(_Section):
         None,
         ge=1,
         description="longest a record of the partials or repartition topic may stay pinned "
-        "by an unreleased window (its age, by its Kafka timestamp, at the group's committed "
-        "offset): past it the worker stops releasing (ERROR, not ready, "
-        "stream_dp_max_hold_exceeded_total) before retention can delete it. Unset: half of "
+        "by an unreleased window while the worker can read the log (an outage does not "
+        "count: a restarted worker catches up first): past it the worker stops releasing "
+        "(ERROR, not ready, stream_dp_max_hold_exceeded_total) before retention can delete "
+        "it. The internal topics' real retention.ms must exceed it by 10 s (checked at "
+        "start). Unset: half of "
         "internal_retention_s; at least window.size_s + grace_s + idle_close_s and below "
         "internal_retention_s",
     )

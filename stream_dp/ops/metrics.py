@@ -536,14 +536,16 @@ def _hold_metrics(
     held_record_age = Gauge(
         "stream_dp_held_record_age_seconds",
         "Age (by its Kafka timestamp) of the oldest partials or repartition record this "
-        "worker's unreleased windows keep its group's committed offset at; past "
-        "output.max_hold_s the worker stops releasing, before retention deletes it.",
+        "worker's unreleased windows keep its group's committed offset at (its age in the "
+        "log, outages included); held past output.max_hold_s while the worker could read, "
+        "the worker stops releasing, before retention deletes it.",
         registry=r,
     )
     max_hold_exceeded = Counter(
         "stream_dp_max_hold_exceeded",
-        "Times a held record grew older than output.max_hold_s: the worker stopped "
-        "releasing (not ready); see the runbook (StreamDPHeldTooLong).",
+        "Times a record stayed held past output.max_hold_s while the worker could read the "
+        "log: the worker stopped releasing (not ready); see the runbook "
+        "(StreamDPMaxHoldExceeded).",
         registry=r,
     )
     config_max_hold = Gauge(

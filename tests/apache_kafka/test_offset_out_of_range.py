@@ -142,6 +142,15 @@ async def test_a_committed_offset_below_the_log_start_stops_the_worker(
         assert any(said in e["msg"] and f"[{DELETED_BEFORE}, " in e["msg"] for e in errors), (
             worker.log()[-4000:]
         )
+        if which != "input":  # the windows affected, and where a new deployment starts
+            affected = (
+                "Affected: every window not released yet, from 2020-08-01T00:00:00Z on; "
+                "released now they would count the missing records as no events"
+            )
+            assert any(
+                affected in e["msg"] and "window.start_at: 2020-08-01T00:00:00Z," in e["msg"]
+                for e in errors
+            ), [e["msg"] for e in errors]
         assert worker.proc.poll() is None
     finally:
         code = worker.terminate()

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from stream_dp.broker.durability import durable_topics, retention_problem
+from stream_dp.broker.durability import (
+    durable_topics,
+    hold_problem,
+    internal_topics,
+    retention_problem,
+)
 from stream_dp.broker.topics import Topic
 from stream_dp.config import Config, load_config
 from tests.apache_kafka.tier import ON_APACHE_KAFKA
@@ -107,3 +112,64 @@ async def test_a_worker_refuses_a_ledger_topic_created_with_the_brokers_defaults
     assert worker.proc.returncode not in (0, None), worker.log()
     assert f"topic {ledger} has cleanup.policy=delete" in worker.log(), worker.log()
     assert "partitions taken" not in worker.log()
+
+
+# -- the internal topics against the maximum hold (issue 39, item 5) ----------------------------
+
+
+def _internal(config: Config) -> dict[str, Topic]:
+    return {t.spec.name: t for t in internal_topics(config)}
+
+
+def _hold_problem(topic: Topic, actual: dict[str, str], hold_s: int = 300) -> str | None:
+    return hold_problem(topic, actual, max_hold_s=hold_s, internal_retention_s=600)
+
+
+def test_the_internal_topics_are_the_partials_and_the_repartition_unless_keyed(
+    config_factory: ConfigFactory,
+) -> None:
+    both = {"{output.partials_topic}", "{output.repartition_topic}"}
+    assert set(_internal(load_config(config_factory()))) == both
+    keyed = load_config(config_factory({"input": {"keyed_by_user": True}}))
+    assert set(_internal(keyed)) == {"{output.partials_topic}"}
+
+
+def test_an_internal_topic_kept_shorter_than_the_maximum_hold_is_refused_with_the_fix(
+    config_factory: ConfigFactory,
+) -> None:
+    config = load_config(
+        config_factory({"output": {"internal_retention_s": 600, "max_hold_s": 300}})
+    )
+    partials = _internal(config)["{output.partials_topic}"]
+    problem = _hold_problem(partials, {"cleanup.policy": "delete", "retention.ms": "60000"})
+    assert problem == (
+        f"topic {partials.name} keeps records for retention.ms=60000 (60 s), less than "
+        "output.max_hold_s = 300 s plus 10 s: the broker would delete records of a held "
+        "window before the worker stops on it, and that window could never be released. Its "
+        "definition says retention.ms=600000 (output.internal_retention_s): run `stream-dp "
+        "topics apply` with this config to set it (or kafka-configs.sh --alter --entity-type "
+        f"topics --entity-name {partials.name} --add-config retention.ms=600000), or lower "
+        "output.max_hold_s"
+    )
+    # Just enough (the hold plus the margin), forever, compaction only, not described: fine.
+    for actual in (
+        {"cleanup.policy": "delete", "retention.ms": "310000"},
+        {"cleanup.policy": "delete", "retention.ms": "-1"},
+        {"cleanup.policy": "compact", "retention.ms": "60000"},
+        {},
+    ):
+        assert _hold_problem(partials, actual) is None, actual
+    assert _hold_problem(partials, {"retention.ms": "309999"}) is not None
+
+
+def test_the_configured_retention_itself_always_passes(config_factory: ConfigFactory) -> None:
+    """The configuration allows a hold up to a second below the retention: the topics as
+    stream-dp creates them are never refused, whatever the margin."""
+    config = load_config(config_factory({"output": {"internal_retention_s": 60, "max_hold_s": 59}}))
+    repartition = _internal(config)["{output.repartition_topic}"]
+    actual = {"cleanup.policy": "delete", "retention.ms": "60000"}
+    assert hold_problem(repartition, actual, max_hold_s=59, internal_retention_s=60) is None
+    assert (
+        hold_problem(repartition, {"retention.ms": "59999"}, max_hold_s=59, internal_retention_s=60)
+        is not None
+    )

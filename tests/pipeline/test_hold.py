@@ -55,14 +55,41 @@ def test_reading_again_from_an_earlier_offset_restarts_the_samples() -> None:
 
 def test_past_the_maximum_it_stops_with_what_to_do() -> None:
     held, metrics = _age(max_hold_s=600)
+    held.resume_reading(NOW - 10_000)  # reading all along
     held.observe(REPART, 2, [(7, NOW - 601), (8, NOW - 1)])
     with pytest.raises(MaxHoldExceededError) as info:
         held.check({(REPART, 2): 7, (PARTIALS, 0): 0}, NOW)
     text = str(info.value)
-    assert "repartition[2] at offset 7 for 601 s" in text and "max_hold_s = 600" in text
-    assert "internal_retention_s" in text and "runbook" in text
+    assert "repartition[2] at offset 7 for 601 s while this worker could read it" in text
+    assert "(601 s since it was written)" in text and "max_hold_s = 600" in text
+    assert "internal_retention_s" in text and "stream-dp topics apply" in text
+    assert "runbook (StreamDPMaxHoldExceeded)" in text
     assert metrics.max_hold_exceeded._value.get() == 1
     assert held.check({(REPART, 2): 8}, NOW) == pytest.approx(1)  # released: moves on
+
+
+def test_an_outage_does_not_count_the_worker_catches_up_first() -> None:
+    """A record pinned since long before this worker (re)started reading: the maximum hold
+    counts from the restart, while the age in the log (what retention measures) is reported
+    as it is."""
+    held, metrics = _age(max_hold_s=600)
+    held.observe(REPART, 0, [(3, NOW - 5000), (4, NOW - 4999)])
+    held.resume_reading(NOW - 599)  # restarted 599 s ago, after a long outage
+    assert held.check({(REPART, 0): 3}, NOW) == pytest.approx(5000)
+    assert metrics.held_record_age._value.get() == pytest.approx(5000)
+    assert metrics.max_hold_exceeded._value.get() == 0
+    with pytest.raises(MaxHoldExceededError) as info:  # still pinned 2 s later: stuck
+        held.check({(REPART, 0): 3}, NOW + 2)
+    assert "for 601 s while this worker could read it (5002 s since it was written)" in str(
+        info.value
+    )
+
+
+def test_before_it_reads_nothing_is_held_against_the_worker() -> None:
+    held, metrics = _age(max_hold_s=600)
+    held.observe(REPART, 0, [(3, NOW - 5000)])
+    assert held.check({(REPART, 0): 3}, NOW) == pytest.approx(5000)  # reading_since unset
+    assert metrics.max_hold_exceeded._value.get() == 0
 
 
 # -- the memory cap -------------------------------------------------------------------------

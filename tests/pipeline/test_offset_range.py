@@ -57,6 +57,20 @@ def test_the_stop_names_partition_offsets_and_what_to_do() -> None:
     text = str(OffsetOutOfRangeStop(lost, what))
     assert "stream-dp.partials[0]: position 1 (committed 1) is outside the log [5, 9)" in text
     assert "internal_retention_s = 21600" in text and "runbook" in text
+    assert "every window this deployment has not released yet" in text
+
+
+def test_the_stop_names_the_windows_affected_and_where_a_new_deployment_starts() -> None:
+    _, what = out_of_range_action(
+        _lost(PARTIALS),
+        input_topic=INPUT,
+        input_policy="stop",
+        internal_retention_s=21_600,
+        first_unreleased_s=1_596_240_010,
+    )
+    assert "every window not released yet, from 2020-08-01T00:00:10Z on" in what
+    assert "window.start_at: 2020-08-01T00:00:10Z" in what
+    assert "the topic's own retention.ms passed" in what
 
 
 class FakeConsumer:

@@ -3,7 +3,8 @@
 * :class:`OffsetRangeGuard`: a partition without a valid offset is read from its start, or
   (out of range) stops the worker — below;
 * :class:`~stream_dp.pipeline.stages.hold.HeldRecordAge`: a window pinning an internal record
-  past ``output.max_hold_s`` stops the worker;
+  past ``output.max_hold_s`` *while the worker could read the log* stops the worker (an
+  outage does not count: a restarted worker catches up first);
 * :class:`~stream_dp.pipeline.stages.hold.HeldStateCap` with :class:`Backpressure`: above
   ``window.max_held_state_bytes`` fetching pauses, and stays paused at most
   ``window.max_backpressure_s`` before the worker stops.
@@ -68,6 +69,7 @@ from stream_dp.pipeline.stages.hold import (
     MaxHoldExceededError,
 )
 from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.windows.tumbling import iso_utc
 
 if TYPE_CHECKING:  # the membership builds its guards
     from stream_dp.pipeline.kafka.membership import Membership
@@ -76,6 +78,9 @@ log = logging.getLogger(__name__)
 
 #: How often a stopped worker beats (liveness) while it waits for SIGTERM.
 HOLD_BEAT_S = 1.0
+#: Two checks of the held age further apart than this: the loop was blocked (a broker that
+#: does not answer), an outage after which the maximum hold counts again from zero.
+OUTAGE_GAP_S = 10.0
 Action = Literal["stop", "skip"]
 
 
@@ -88,11 +93,18 @@ class OffsetOutOfRangeStop(StreamDPError):
 
 
 def out_of_range_action(
-    lost: OutOfRange, *, input_topic: str, input_policy: str, internal_retention_s: int
+    lost: OutOfRange,
+    *,
+    input_topic: str,
+    input_policy: str,
+    internal_retention_s: int,
+    first_unreleased_s: int | None = None,
 ) -> tuple[Action, str]:
     """Stop or skip, and what the operator should do. Only the input topic may skip, only
     when configured to, and only records below the log start (records deleted by retention
-    or DeleteRecords); a position past the log end (a recreated topic) always stops."""
+    or DeleteRecords); a position past the log end (a recreated topic) always stops. For an
+    internal topic, the windows affected: every one not released yet, from
+    ``first_unreleased_s`` (when known) on."""
     if lost.topic == input_topic:
         if input_policy == "skip_to_log_start" and lost.below_start:
             return "skip", (
@@ -107,13 +119,22 @@ def out_of_range_action(
             "input.on_offset_out_of_range: skip_to_log_start (or reset the group's offset "
             "with kafka-consumer-groups --reset-offsets --to-earliest) and restart"
         )
+    if first_unreleased_s is None:
+        windows, start_at = "every window this deployment has not released yet", "<the first"
+        start_at += " window not released (the ledger's last release + window.size_s)>"
+    else:
+        start_at = iso_utc(first_unreleased_s)
+        windows = f"every window not released yet, from {start_at} on"
     return "stop", (
-        f"Records of an internal topic that unreleased windows still need are gone "
-        f"(output.internal_retention_s = {internal_retention_s} s passed while a window "
-        "was held back, or the topic was truncated or recreated). Releasing now would "
-        "count the missing records as no events. Nothing more is released: see the "
-        "runbook (StreamDPOffsetOutOfRange) — restore the topic, or start a new deployment "
-        "(a new kafka.group_id) with window.start_at after its last released window"
+        f"Records of an internal topic that unreleased windows still need are gone: the "
+        f"broker deleted them (the topic's own retention.ms passed while a window was held "
+        f"back — `stream-dp topics apply` sets it to output.internal_retention_s = "
+        f"{internal_retention_s} s — or the topic was truncated or recreated). Affected: "
+        f"{windows}; released now they would count the missing records as no events, so "
+        "nothing more is released. To go on: restore the topic's records, or start a new "
+        f"deployment (a new kafka.group_id) with window.start_at: {start_at}, which counts "
+        "those windows again from the input topic while it still holds their events. See "
+        "the runbook (StreamDPOffsetOutOfRange)"
     )
 
 
@@ -130,10 +151,14 @@ class OffsetRangeGuard:
             metrics.offset_out_of_range.labels(topic=topic)
 
     async def resolve(
-        self, exc: NoOffsetForPartitionError | OffsetOutOfRangeError, consumer: AIOKafkaConsumer
+        self,
+        exc: NoOffsetForPartitionError | OffsetOutOfRangeError,
+        consumer: AIOKafkaConsumer,
+        first_unreleased_s: int | None = None,
     ) -> None:
         """Read uncommitted partitions from their log start; skip or stop on one out of
-        range (raises :class:`OffsetOutOfRangeStop`)."""
+        range (raises :class:`OffsetOutOfRangeStop`, naming the windows from
+        ``first_unreleased_s`` on)."""
         if isinstance(exc, NoOffsetForPartitionError):
             # input.start_from: latest applies here too (the error may come after the
             # partition was taken and moved to its end).
@@ -149,6 +174,7 @@ class OffsetRangeGuard:
                 input_topic=self.config.input.topic,
                 input_policy=self.config.input.on_offset_out_of_range,
                 internal_retention_s=self.config.output.internal_retention_s,
+                first_unreleased_s=first_unreleased_s,
             )
             self.metrics.offset_out_of_range.labels(topic=lost.topic).inc()
             if action == "stop":
@@ -245,6 +271,7 @@ class HoldGuards:
         )
         self.backpressure = Backpressure(membership)
         self._membership = membership
+        self._last_check_mono_s: float | None = None
 
     async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
         """The maximum hold and the memory cap checked on the state the last iteration left
@@ -260,7 +287,9 @@ class HoldGuards:
             batch = await membership.fetch()
         except OFFSET_ERRORS as exc:
             assert membership.consumer is not None
-            await self.offsets.resolve(exc, membership.consumer)
+            stages = membership.stages
+            first = None if stages is None else stages.release.first_unreleased_s
+            await self.offsets.resolve(exc, membership.consumer, first)
             return {}
         for tp, msgs in (batch or {}).items():
             self.held_age.observe(
@@ -274,8 +303,28 @@ class HoldGuards:
         safe: Mapping[tuple[str, int], int] = {
             (tp.topic, tp.partition): o for tp, o in self._membership.safe_offsets().items()
         }
+        self._note_outage(now_s, now_mono_s)
         self.held_age.check(safe, now_s)
         self.backpressure.apply(self.cap.backpressure(ingest.held_bytes(), now_mono_s))
+
+    def _note_outage(self, now_s: float, now_mono_s: float) -> None:
+        """The maximum hold counts the time this worker could read the log: from its first
+        check, and again from the end of an outage — a loop blocked longer than
+        :data:`OUTAGE_GAP_S`, or an assigned partition without a leader (module docstring
+        of :mod:`~stream_dp.pipeline.stages.hold`, :class:`HeldRecordAge`)."""
+        last, self._last_check_mono_s = self._last_check_mono_s, now_mono_s
+        if last is None:
+            self.held_age.resume_reading(now_s)
+            return
+        gap_s = now_mono_s - last
+        if gap_s > OUTAGE_GAP_S or self._membership.partitions_without_leader():
+            if gap_s > OUTAGE_GAP_S:
+                log.info(
+                    "the loop was blocked %.0f s (the broker did not answer): the maximum "
+                    "hold counts again from now",
+                    gap_s,
+                )
+            self.held_age.resume_reading(now_s)
 
     async def hold(
         self,

@@ -99,6 +99,18 @@ class HeldRecordAge:
     age read is that of the latest sample at or below the safe offset — never younger than
     the pinned record's own (timestamps grow with offsets on a topic one writer appends to),
     and older by at most one sample step.
+
+    Two ages of a pinned record: its **age in the log** (now − its timestamp: what retention
+    measures, ``stream_dp_held_record_age_seconds``) and its **age while read**: the part of
+    that age this worker could read the log (now − the later of its timestamp and
+    :attr:`reading_since_s`). ``output.max_hold_s`` bounds the age while read: a window
+    that a running worker cannot release is the stuck window it is there to stop. An outage
+    (the worker down, the broker unreachable) is not: after it the worker catches up first —
+    the records are all still there unless the broker deleted them, which the offsets out of
+    range show (the position below the log start stops the worker, naming the windows). The
+    worker starts only when the internal topics' real retention exceeds the maximum hold
+    (:func:`stream_dp.broker.durability.hold_problem`), so a running worker stops before
+    retention can delete what a window pins.
     """
 
     def __init__(self, topics: set[str], *, max_hold_s: float, metrics: Metrics) -> None:
@@ -110,6 +122,13 @@ class HeldRecordAge:
         self._samples: dict[tuple[str, int], deque[tuple[int, float]]] = {}
         #: Per partition, the offset after the last record fetched.
         self._next: dict[tuple[str, int], int] = {}
+        #: Since when (wall clock) this worker reads the log without a gap: its start, or the
+        #: end of the last outage (:meth:`resume_reading`). None: not reading yet.
+        self.reading_since_s: float | None = None
+
+    def resume_reading(self, now_s: float) -> None:
+        """The worker reads the log (again) from ``now_s``: what it pins is held from here."""
+        self.reading_since_s = now_s
 
     def observe(
         self, topic: str, partition: int, offsets_and_times: Iterable[tuple[int, float]]
@@ -135,7 +154,8 @@ class HeldRecordAge:
     def oldest(
         self, safe_offsets: Mapping[tuple[str, int], int], now_s: float
     ) -> tuple[float, tuple[str, int] | None]:
-        """(age in seconds, partition) of the oldest pinned record; (0, None): none held."""
+        """(age in the log in seconds, partition) of the oldest pinned record; (0, None):
+        none held."""
         worst: tuple[float, tuple[str, int] | None] = (0.0, None)
         for key, safe in safe_offsets.items():
             samples = self._samples.get(key)
@@ -151,21 +171,25 @@ class HeldRecordAge:
         return worst
 
     def check(self, safe_offsets: Mapping[tuple[str, int], int], now_s: float) -> float:
-        """The oldest held age; raises :class:`MaxHoldExceededError` past the maximum."""
+        """The oldest held age in the log; raises :class:`MaxHoldExceededError` when the
+        oldest pinned record's age while read passes the maximum."""
         age, where = self.oldest(safe_offsets, now_s)
         self._metrics.held_record_age.set(age)
-        if where is not None and age > self.max_hold_s:
+        since = now_s if self.reading_since_s is None else self.reading_since_s
+        while_read = min(age, max(0.0, now_s - since))
+        if where is not None and while_read > self.max_hold_s:
             topic, partition = where
             self._metrics.max_hold_exceeded.inc()
             raise MaxHoldExceededError(
                 f"a window has held {topic}[{partition}] at offset {safe_offsets[where]} for "
-                f"{age:.0f} s, more than output.max_hold_s = {self.max_hold_s:g} s: before "
-                "retention (output.internal_retention_s) deletes records it still needs, "
-                "nothing more is released. Find the partition that holds the window back "
-                "(stream_dp_fetch_age_seconds, the log's 'waits for' lines) and make it "
-                "readable; to wait longer, raise the internal topics' retention "
-                "(output.internal_retention_s, and retention.ms on the topics) and "
-                "output.max_hold_s together, then restart. See the runbook (StreamDPHeldTooLong)"
+                f"{while_read:.0f} s while this worker could read it ({age:.0f} s since it "
+                f"was written), more than output.max_hold_s = {self.max_hold_s:g} s: before "
+                "retention deletes records it still needs, nothing more is released. Find "
+                "the partition that holds the window back (stream_dp_fetch_age_seconds, the "
+                "log's 'waits for' lines) and make it readable; to wait longer, raise "
+                "output.internal_retention_s and output.max_hold_s together, set the "
+                "topics' retention with `stream-dp topics apply`, then restart. See the "
+                "runbook (StreamDPMaxHoldExceeded)"
             )
         return age
 
