@@ -5,9 +5,7 @@ mutant's test run; ``*.spans``: where each mutant's function sits in the mutated
 counts each module's mutants by outcome, and lists every mutant that was not killed with
 its one-line change and the reason it may stand, taken from ``mutation/equivalent.toml``.
 A survivor without a reason is listed as UNEXPLAINED and makes the command exit 1, so a
-privacy change that leaves an unguarded mutant behind is seen. Sections written by hand
-(headings starting ``## Fresh mutations``: mutations written for a piece of work and the
-tests that killed them) are kept from the report as it stands, after the generated ones.
+privacy change that leaves an unguarded mutant behind is seen.
 """
 
 from __future__ import annotations
@@ -36,8 +34,6 @@ FIRST_PASS = ROOT / "mutation" / "first_pass.json"
 #: The privacy core, whose kill rate must stay at or above this.
 CORE_PREFIX = "stream_dp/privacy/"
 CORE_MIN_KILL_RATE = 0.90
-#: Sections of docs/MUTATION.md written by hand, kept when the report is generated again.
-KEPT_HEADING = "## Fresh mutations"
 
 #: mutmut's exit codes of a mutant's test run, by outcome (mutmut.__main__.status_by_exit_code).
 KILLED = {1, 3}
