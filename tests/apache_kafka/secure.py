@@ -63,13 +63,19 @@ def _signed(folder: Path, name: str, subject: str, extensions: str) -> None:
              "-extfile", f"{name}.ext")  # fmt: skip
 
 
-def make_certificates(folder: Path) -> Certificates:
-    """A CA, the broker's key store and a client's certificate and key, in ``folder``."""
+def make_ca(folder: Path) -> Path:
+    """A fresh CA (``ca.pem``, ``ca.key``) in ``folder``; the certificate's path."""
     if shutil.which("openssl") is None:
         raise AssertionError("the security tests make their certificates with openssl: install it")
     folder.mkdir(parents=True, exist_ok=True)
     _openssl(folder, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
              "-out", "ca.pem", "-days", "2", "-subj", "/CN=stream-dp test CA")  # fmt: skip
+    return folder / "ca.pem"
+
+
+def make_certificates(folder: Path) -> Certificates:
+    """A CA, the broker's key store and a client's certificate and key, in ``folder``."""
+    make_ca(folder)
     _signed(folder, "broker", "/CN=localhost",
             "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")  # fmt: skip
     _openssl(folder, "pkcs12", "-export", "-in", "broker.pem", "-inkey", "broker.key",

@@ -47,6 +47,7 @@ from tests.apache_kafka.secure import (
     TRANSACTIONAL_ID,
     Certificates,
     create_acls,
+    make_ca,
     mtls_kafka,
     scram_kafka,
     secure_broker,
@@ -403,11 +404,15 @@ def _alert_fires_over(values: list[float], tmp_path: Path) -> str:
     return output
 
 
+@pytest.mark.parametrize("denied", ["input_topic", "group"])
 async def test_a_worker_denied_read_on_its_input_says_so_and_the_alert_fires(
     secured: tuple[ApacheKafkaBroker, Certificates],
     config_factory: ConfigFactory,
     tmp_path: Path,
+    denied: str,
 ) -> None:
+    """Read denied on the input topic (its fetches fail) or on the consumer group (its
+    join fails before any fetch): either is the same loud, classified failure."""
     broker, certs = secured
     port = free_port()
     kafka = scram_kafka(broker, certs, sasl_username=RESTRICTED_USER,
@@ -420,21 +425,27 @@ async def test_a_worker_denied_read_on_its_input_says_so_and_the_alert_fires(
         (GROUP, "*", principal, ALL, ALLOW),
         (CLUSTER, "kafka-cluster", principal, ALL, ALLOW),
         (TRANSACTIONAL_ID, "*", principal, ALL, ALLOW),
-        (TOPIC, config.input.topic, principal, READ, DENY),
     ])  # fmt: skip
+    resource = config.input.topic if denied == "input_topic" else config.kafka.group_id
+    await create_acls(
+        broker.bootstrap_servers,
+        [(TOPIC if denied == "input_topic" else GROUP, resource, principal, READ, DENY)],
+    )
     await apply_topics(config, kafka["bootstrap_servers"], include_input=True)
     await produce_events(broker.bootstrap_servers, config.input.topic, _events())
     worker = start_worker(cfg, tmp_path / "worker.log")
     try:
-        await _until(lambda: http_get(port, "/health/ready")[0] == 503
-                     and "authorization" in worker.log(), "not ready", worker)  # fmt: skip
-        errors = [
-            e for x in worker.log().splitlines() if x.startswith("{")
-            if (e := orjson.loads(x))["level"] == "ERROR"
-        ]  # fmt: skip
-        named = [e["msg"] for e in errors if "authorization_failed" in e["msg"]]
-        assert named, worker.log()[-4000:]
-        assert config.input.topic in named[0] and "grant the principal Read" in named[0], named
+
+        def loud() -> list[str]:
+            entries = [orjson.loads(x) for x in worker.log().splitlines() if x.startswith("{")]
+            return [
+                e["msg"] for e in entries
+                if e["level"] == "ERROR" and "authorization_failed" in e["msg"]
+            ]  # fmt: skip
+
+        await _until(lambda: bool(loud()), "an ERROR naming the authorization failure", worker)
+        named = loud()
+        assert resource in named[0] and "grant the principal Read" in named[0], named
         code, body = http_get(port, "/health/ready")
         assert code == 503 and orjson.loads(body)["components"]["input_readable"] is False
         assert http_get(port, "/health/live")[0] == 200  # it holds: a restart meets the same
@@ -472,3 +483,24 @@ async def test_a_worker_with_a_wrong_password_stops_at_once_naming_the_settings(
         "kafka.sasl_password_file), and kafka.sasl_mechanism against the mechanisms the "
         "listener enables"
     ), worker.log()
+
+
+def test_a_broker_certificate_signed_by_another_ca_is_refused(
+    secured: tuple[ApacheKafkaBroker, Certificates], config_factory: ConfigFactory, tmp_path: Path
+) -> None:
+    """The client verifies the broker's certificate against kafka.ssl_cafile: a CA that did
+    not sign it (a broker in the middle) is refused, naming the setting."""
+    broker, certs = secured
+    other_ca = make_ca(tmp_path / "other-ca")
+    kafka = {**mtls_kafka(broker, certs), "ssl_cafile": str(other_ca)}
+    cfg = _config(config_factory, kafka)
+    code, out, err = _cli("topics", "apply", "--config", cfg)
+    bootstrap = kafka["bootstrap_servers"]
+    assert (code, out) == (1, ""), (code, out, err)
+    said = (
+        rf"stream-dp: error: cannot manage topics on {bootstrap}: .*CERTIFICATE_VERIFY_FAILED.*; "
+        r"this client does not trust the broker's certificate: set kafka.ssl_cafile to the CA "
+        r"that signed it \(the certificate must name the host of kafka.bootstrap_servers\)\n"
+    )
+    assert re.fullmatch(said, err), err
+    assert err.count("\n") == 1, err
