@@ -4,10 +4,12 @@ and a mutual-TLS listener, certificates made by the test, the StandardAuthorizer
 - the worker releases exact counts over SASL_SSL/SCRAM-SHA-512 and over mutual TLS;
 - the sink stores those releases over SASL_SSL; the commands ``topics apply``, ``produce``,
   ``check``, ``tail``, ``ledger rebuild --dry-run`` and ``erase`` run against it;
-- a wrong password is one line naming the settings to fix;
-- a worker whose principal may not READ its input topic (a real ACL) says so at ERROR, is
-  not ready, counts ``authorization_failed`` fetch errors, and StreamDPFetchFailing fires
-  over its scraped counter (``promtool test rules``).
+- a wrong password is one line naming the settings to fix, from a command and from the
+  worker (at once: the broker answered, there is no broker to wait for);
+- a broker certificate signed by another CA than kafka.ssl_cafile is refused;
+- a worker whose principal may not Read its input topic, or its group (a real ACL), says so
+  at ERROR, is not ready, counts ``authorization_failed`` fetch errors, and
+  StreamDPFetchFailing fires over its scraped counter (``promtool test rules``).
 
 One secured broker for the module; the test's own producers and readers use its PLAINTEXT
 listener (a super user), the service under test a secured one.
