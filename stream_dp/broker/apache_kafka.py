@@ -16,6 +16,14 @@ The defaults suit a 2-core machine shared by several test processes: a small hea
 collector, few request threads, and a log cleaner that wakes every half second so compaction
 can be watched in a test (``broker_config`` overrides any ``server.properties`` line;
 ``jvm_options`` replaces the JVM flags, e.g. for a benchmark).
+
+A test of the security modes adds listeners: ``extra_listeners`` maps a listener name to its
+security protocol (``{"SASL_SSL": "SASL_SSL", "SSL": "SSL"}``), each gets a free port and is
+advertised (:meth:`ApacheKafkaBroker.listener_bootstrap` gives its address); their settings
+(key stores, ``ssl.client.auth``, the authorizer) go in ``broker_config``, and
+``scram_credentials`` (``"SCRAM-SHA-512=[name=alice,password=secret]"``) are written by the
+storage tool's ``--add-scram`` before the broker starts (KRaft keeps them in its metadata).
+The PLAINTEXT listener stays: the start's probe and a test's own admin use it.
 """
 
 from __future__ import annotations
@@ -118,6 +126,8 @@ class ApacheKafkaBroker(BrokerProcess):
         jvm_options: Sequence[str] = TEST_JVM_OPTIONS,
         startup_timeout_s: float = 180.0,
         stop_timeout_s: float = 30.0,
+        extra_listeners: Mapping[str, str] | None = None,
+        scram_credentials: Sequence[str] = (),
     ) -> None:
         super().__init__(host=host, stop_timeout_s=stop_timeout_s)
         self._libs_dir = libs_dir
@@ -125,11 +135,23 @@ class ApacheKafkaBroker(BrokerProcess):
         self._jvm_options = tuple(jvm_options)
         self._startup_timeout_s = startup_timeout_s
         self._data_dir: Path | None = None
+        self._extra_listeners = dict(extra_listeners or {})
+        for name in self._extra_listeners:
+            if name.upper() in ("PLAINTEXT", "CONTROLLER"):
+                raise ValueError(f"listener name {name!r} is the launcher's own; pick another")
+        self._scram_credentials = tuple(scram_credentials)
+        self._extra_ports: dict[str, int] = {}
 
     # -- properties ---------------------------------------------------------------------
     @property
     def version(self) -> str:
         return APACHE_KAFKA_VERSION
+
+    def listener_bootstrap(self, name: str) -> str:
+        """``host:port`` of the extra listener ``name`` (of ``extra_listeners``)."""
+        if name not in self._extra_ports:
+            raise KeyError(f"no listener {name!r} (extra listeners: {sorted(self._extra_ports)})")
+        return f"{self._host}:{self._extra_ports[name]}"
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> Self:
@@ -199,15 +221,20 @@ class ApacheKafkaBroker(BrokerProcess):
         return java
 
     def _server_properties(self, data_dir: Path, port: int, controller_port: int) -> str:
+        extra = {name: f"{self._host}:{p}" for name, p in self._extra_ports.items()}
+        advertised = [f"PLAINTEXT://{self._host}:{port}"]
+        advertised += [f"{name}://{address}" for name, address in extra.items()]
+        listeners = [*advertised, f"CONTROLLER://{self._host}:{controller_port}"]
+        protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+        protocols += [f"{name}:{protocol}" for name, protocol in self._extra_listeners.items()]
         lines = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{self._host}:{controller_port}",
-            "listeners": f"PLAINTEXT://{self._host}:{port},CONTROLLER://{self._host}:"
-            f"{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{self._host}:{port}",
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(protocols),
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": str(data_dir / "log"),
             **self._broker_config,
@@ -219,6 +246,7 @@ class ApacheKafkaBroker(BrokerProcess):
         data_dir = Path(tempfile.mkdtemp(prefix="stream-dp-apache-kafka-"))
         self._data_dir = data_dir
         port, controller_port = free_port(self._host), free_port(self._host)
+        self._extra_ports = {name: free_port(self._host) for name in self._extra_listeners}
         properties = data_dir / "server.properties"
         properties.write_text(self._server_properties(data_dir, port, controller_port), "utf-8")
         (data_dir / "log4j2.properties").write_text(_LOG4J2, "utf-8")
@@ -229,7 +257,8 @@ class ApacheKafkaBroker(BrokerProcess):
         cluster_id = _cluster_id()
         formatted = subprocess.run(  # noqa: S603 - a fixed argv, no shell
             [*base, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-             f"--config={properties}"],
+             f"--config={properties}",
+             *(f"--add-scram={credential}" for credential in self._scram_credentials)],
             capture_output=True, env=env, timeout=_FORMAT_TIMEOUT_S, check=False,
         )  # fmt: skip
         if formatted.returncode != 0:

@@ -55,6 +55,29 @@ def describe_error(exc: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
+#: Texts of a refused authentication or TLS handshake, and the settings that fix each: the
+#: broker is up and reachable, so "check that the broker is up" would send the user astray.
+_SECURITY_FIXES: tuple[tuple[str, str], ...] = (
+    ("SaslAuthenticationFailed", "the broker refused the SASL credentials: check "
+     "kafka.sasl_username and kafka.sasl_password (or kafka.sasl_password_file), and "
+     "kafka.sasl_mechanism against the mechanisms the listener enables"),
+    ("CERTIFICATE_VERIFY_FAILED", "this client does not trust the broker's certificate: "
+     "set kafka.ssl_cafile to the CA that signed it (the certificate must name the host of "
+     "kafka.bootstrap_servers)"),
+    ("UnsupportedSaslMechanism", "the listener does not enable kafka.sasl_mechanism: set it to "
+     "one the broker's sasl.enabled.mechanisms lists"),
+)  # fmt: skip
+
+
+def what_to_check(reason: str, default: str) -> str:
+    """What the user should check for a failure described by ``reason``: the security
+    settings when the broker refused them, else ``default``."""
+    for text, fix in _SECURITY_FIXES:
+        if text in reason:
+            return fix
+    return default
+
+
 def connection_reason(held: _HeldConnectionErrors, exc: BaseException) -> str:
     """Why a start failed: the held aiokafka lines, else the exception described once."""
     return "; ".join(held.messages) or describe_error(exc)

@@ -29,6 +29,13 @@ FETCH_ERROR_REASONS: Final = (
     "other",
 )
 
+#: The broker refused the principal: only a grant (or other credentials) clears these.
+AUTHORIZATION_ERRORS: Final = (
+    kafka_errors.TopicAuthorizationFailedError,
+    kafka_errors.GroupAuthorizationFailedError,
+    kafka_errors.ClusterAuthorizationFailedError,
+)
+
 _MISSING_CODEC = re.compile(r"Libraries for (\w+) compression codec")
 _UNKNOWN_CODEC = re.compile(r"Unknown compression codec (0x[0-9a-fA-F]+)")
 
@@ -85,12 +92,7 @@ def classify_fetch_error(exc: BaseException) -> FetchErrorCause:
             "segment), fix the producer that wrote it, and move the group past that batch "
             "as the runbook says (its events are lost to the releases)",
         )
-    authorization = (
-        kafka_errors.TopicAuthorizationFailedError,
-        kafka_errors.GroupAuthorizationFailedError,
-        kafka_errors.ClusterAuthorizationFailedError,
-    )
-    if isinstance(exc, authorization):
+    if isinstance(exc, AUTHORIZATION_ERRORS):
         return FetchErrorCause(
             "authorization_failed",
             False,

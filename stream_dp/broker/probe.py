@@ -22,6 +22,7 @@ from aiokafka.conn import create_conn
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 
+from stream_dp.broker.connection_errors import describe_error, what_to_check
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError, ConfigError
 from stream_dp.retry import Backoff, retry
@@ -85,7 +86,9 @@ async def probe(
 
     Raises ``TimeoutError`` when nothing answers within ``timeout_s``, ``OSError`` when the
     connection fails (refused, reset), ``ValueError`` when something answers but not as a
-    Kafka broker. ``kafka`` gives the security options (default: PLAINTEXT).
+    Kafka broker, and a BrokerError that is not ``retriable`` when the broker refuses this
+    client's credentials or certificate (or its own is not trusted): waiting cannot clear
+    that, a setting must change. ``kafka`` gives the security options (default: PLAINTEXT).
     """
     options = _connection_options(kafka, host, port)
     timeout_ms = max(100, int(timeout_s * 1000))
@@ -101,7 +104,11 @@ async def probe(
         response = await asyncio.wait_for(exchange(), timeout_s)
     except TimeoutError:
         raise TimeoutError(f"no response within {timeout_s:g} s") from None
+    except OSError as exc:  # also a TLS handshake that fails the certificate's verification
+        _raise_if_refused(host, port, exc)
+        raise
     except KafkaError as exc:
+        _raise_if_refused(host, port, exc)
         raise ValueError(
             f"no Kafka answer ({type(exc).__name__}: {exc}): not a Kafka broker, a listener "
             "with other security settings, or a broker still starting"
@@ -110,6 +117,19 @@ async def probe(
     if not brokers:
         raise ValueError("the Metadata response lists no broker")
     return brokers
+
+
+def _raise_if_refused(host: str, port: int, exc: BaseException) -> None:
+    """A broker that refused this client's credentials or certificate, or whose certificate
+    this client does not trust: a BrokerError that is not retriable (waiting cannot help, a
+    setting must change), naming the settings."""
+    text = str(exc)  # aiokafka's own text names its class ("[Error 58] SaslAuthentica...")
+    reason = text if type(exc).__name__ in text else describe_error(exc)
+    fix = what_to_check(reason, "")
+    if fix:
+        error = BrokerError(f"the broker at {host}:{port} refused the connection: {reason}; {fix}")
+        error.retriable = False
+        raise error from None
 
 
 def probe_sync(host: str, port: int, timeout_s: float) -> list[BrokerAddress]:
@@ -186,6 +206,8 @@ async def wait_at_start(
         await wait_for_broker(bootstrap, FIRST_TRY_S, kafka=kafka)
         return
     except BrokerError as exc:
+        if not exc.retriable:  # the broker answered and refused: no broker to wait for
+            raise
         log.warning(
             "%s: no Kafka broker answers at %s yet (%s); waiting up to %g s for one "
             "(kafka.startup_wait_s)",

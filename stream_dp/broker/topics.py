@@ -44,7 +44,11 @@ from aiokafka.errors import (
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stream_dp.broker.client_options import client_kwargs
-from stream_dp.broker.connection_errors import connection_reason, held_connection_errors
+from stream_dp.broker.connection_errors import (
+    connection_reason,
+    held_connection_errors,
+    what_to_check,
+)
 from stream_dp.config import Config
 from stream_dp.config.model import DERIVED_TOPICS
 from stream_dp.errors import BrokerError, ConfigError
@@ -543,11 +547,13 @@ async def inspect_topics(
         altered = await _alter_configs(admin, present, bootstrap) if alter else {}
         differences = await _differences(admin, present) if compare else {}
     except (KafkaError, OSError) as exc:
-        raise BrokerError(
-            f"cannot manage topics on {bootstrap}: {connection_reason(held, exc)}; check "
-            "kafka.bootstrap_servers (or --bootstrap-servers), that the broker is up, and the "
-            "kafka security options"
-        ) from None
+        reason = connection_reason(held, exc)
+        check = what_to_check(
+            reason,
+            "check kafka.bootstrap_servers (or --bootstrap-servers), that the broker is up, "
+            "and the kafka security options",
+        )
+        raise BrokerError(f"cannot manage topics on {bootstrap}: {reason}; {check}") from None
     finally:
         await admin.close()
     for name in sorted(created):

@@ -8,7 +8,11 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from stream_dp.broker.connection_errors import connection_reason, held_connection_errors
+from stream_dp.broker.connection_errors import (
+    connection_reason,
+    held_connection_errors,
+    what_to_check,
+)
 from stream_dp.errors import BrokerError
 
 
@@ -20,9 +24,12 @@ async def start_client(client: Any, bootstrap_servers: str) -> None:
         except (KafkaError, OSError) as exc:
             await client.stop()
             reason = connection_reason(held, exc)
+            check = what_to_check(
+                reason,
+                "check kafka.bootstrap_servers (or --bootstrap-servers) and that the broker is up",
+            )
             raise BrokerError(
-                f"cannot reach the broker at {bootstrap_servers}: {reason}; check "
-                "kafka.bootstrap_servers (or --bootstrap-servers) and that the broker is up"
+                f"cannot reach the broker at {bootstrap_servers}: {reason}; {check}"
             ) from None
 
 

@@ -9,7 +9,9 @@ counted by cause (``stream_dp_fetch_errors_total{reason}``); a cause that cannot
 any failure that has lasted :data:`FAILING_AFTER_S`, is an ERROR naming the cause and the
 fix (repeated every :data:`REPEAT_ERROR_S` while it lasts, not at every retry) and makes the
 worker not ready (``input_readable``) until a fetch succeeds again. The loop still turns,
-so the worker stays live: restarting it would fetch the same bytes.
+so the worker stays live: restarting it would fetch the same bytes. A principal refused
+while the group's consumer starts (the join: Read denied on the group, Describe on a topic)
+is the same failure (:func:`start_group_consumer`).
 
 The fetch age of an input partition (``stream_dp_fetch_age_seconds``) counts from the last
 fetch that made progress on it: one that moved its position or found it at the log's end.
@@ -28,7 +30,12 @@ from typing import Any, Final
 from aiokafka import TopicPartition
 
 from stream_dp.broker.codecs import codecs_problem
-from stream_dp.broker.fetch_errors import classify_fetch_error, describe_fetch_error
+from stream_dp.broker.fetch_errors import (
+    AUTHORIZATION_ERRORS,
+    classify_fetch_error,
+    describe_fetch_error,
+)
+from stream_dp.clients.connect import stop_client
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 
@@ -167,3 +174,40 @@ class FetchHealth:
         for tp, taken_s in list(m.owned.items()):
             if tp.topic == read_topic and tp not in m.to_take:
                 m.fetch_ages.observe(m.consumer, tp, taken_s, now_s)
+
+
+async def start_group_consumer(
+    membership: Any,
+    client_options: dict[str, Any],
+    publisher: Any,
+    fetches: FetchHealth,
+    stopping: asyncio.Event,
+) -> bool:
+    """Start the group's consumer (``membership.subscribe``; aiokafka's start joins the
+    group and waits for the first assignment), retried with ``publisher.retry`` as any
+    broker operation, on a fresh consumer each attempt (aiokafka's cannot be started twice).
+
+    The broker refusing the principal (GroupAuthorizationFailed, TopicAuthorizationFailed)
+    does not clear by retrying: it is a failed fetch to ``fetches`` (classified
+    ``authorization_failed``, counted, an ERROR naming the grant to add, not ready), then
+    tried again until a grant clears it. True once started; False when the worker was
+    asked to stop first."""
+    started: list[Any] = []
+
+    async def start_fresh() -> None:
+        if started:
+            await stop_client(started.pop())
+        consumer = membership.subscribe(client_options)
+        started.append(consumer)
+        await consumer.start()
+
+    while not stopping.is_set():
+        try:
+            await publisher.retry(
+                "start consumer", start_fresh, bounded=False, never_retry=AUTHORIZATION_ERRORS
+            )
+            return True
+        except AUTHORIZATION_ERRORS as exc:
+            await stop_client(started.pop())
+            await fetches.failed(exc)
+    return False

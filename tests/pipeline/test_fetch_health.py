@@ -4,6 +4,7 @@ and the fetch age of a partition counted from the last fetch that made progress.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -138,3 +139,70 @@ async def test_a_cause_that_may_clear_is_loud_only_once_it_lasts(
     assert _errors(metrics, "authorization_failed") == FAILING_AFTER_S / 0.5 + 1
     assert _errors(metrics, "unsupported_codec") == 0
     assert sum(1 for r in caplog.records if r.levelno == logging.WARNING) == 1  # not per retry
+
+
+class StartingConsumer:
+    """A consumer whose start (the group join) is refused ``refusals[0]`` times."""
+
+    def __init__(self, refusals: list[int]) -> None:
+        self.refusals, self.started, self.stopped = refusals, 0, False
+
+    async def start(self) -> None:
+        # aiokafka's own check: a consumer's start cannot be tried twice.
+        assert self.started == 0, "Did you call `start` twice?"
+        self.started += 1
+        if self.refusals[0] > 0:
+            self.refusals[0] -= 1
+            raise kafka_errors.GroupAuthorizationFailedError("stream-dp")
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+class FakePublisher:
+    def __init__(self) -> None:
+        self.never_retried: tuple[type[BaseException], ...] = ()
+
+    async def retry(self, what: str, op: Any, *, bounded: bool, never_retry: Any) -> None:
+        self.never_retried = never_retry
+        await op()
+
+
+async def test_a_refused_group_join_is_a_loud_fetch_failure_retried_on_a_fresh_consumer(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fetches, metrics, health, clock = _health(monkeypatch)
+    caplog.set_level(logging.WARNING, logger="stream_dp.pipeline.fetch_health")
+    refusals = [int(FAILING_AFTER_S / 0.5) + 2]
+    consumers: list[StartingConsumer] = []
+
+    def subscribe(options: dict[str, Any]) -> StartingConsumer:
+        clock.now += 0.5
+        consumers.append(StartingConsumer(refusals))
+        return consumers[-1]
+
+    membership = SimpleNamespace(subscribe=subscribe)
+    publisher = FakePublisher()
+    started = await fetch_health.start_group_consumer(
+        membership, {}, publisher, fetches, asyncio.Event()
+    )
+    assert started and refusals == [0]
+    assert kafka_errors.GroupAuthorizationFailedError in publisher.never_retried
+    assert [c.started for c in consumers] == [1] * len(consumers)  # one start each
+    assert all(c.stopped for c in consumers[:-1]) and not consumers[-1].stopped
+    assert _errors(metrics, "authorization_failed") == len(consumers) - 1
+    (line,) = _error_lines(caplog)
+    assert "fetch error authorization_failed" in line and "Read on its consumer group" in line
+    assert health.status()["components"]["input_readable"] is False  # until a fetch succeeds
+
+
+async def test_a_stop_while_the_join_is_refused_ends_the_start() -> None:
+    metrics = Metrics(process=False)
+    fetches = FetchHealth(metrics, Health(metrics=metrics), FakeMembership())
+    stopping = asyncio.Event()
+    stopping.set()
+    membership = SimpleNamespace(subscribe=lambda options: StartingConsumer([1]))
+    started = await fetch_health.start_group_consumer(
+        membership, {}, FakePublisher(), fetches, stopping
+    )
+    assert started is False

@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
-from stream_dp.clients.connect import start_client
+from stream_dp.clients.connect import start_client, topic_partitions
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError
 from stream_dp.pipeline.formats.ledger import OutputRecord
@@ -165,11 +165,13 @@ async def read_output(
     await start_client(consumer, str(options["bootstrap_servers"]))
     out: list[RawRecord] = []
     try:
-        if topic not in await consumer.topics():
+        # Asked of the broker: a consumer without a subscription holds no metadata of its own
+        # on Apache Kafka (its partitions_for_topic said None: an empty read, and `ledger
+        # rebuild` found "no release" on a topic full of them).
+        partitions = await topic_partitions(consumer, topic)
+        if not partitions:
             return out
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        if not tps:
-            return out
+        tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
         await consumer.seek_to_beginning()
         ends = await consumer.end_offsets(tps)

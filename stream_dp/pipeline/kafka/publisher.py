@@ -97,12 +97,18 @@ class Publisher(WorkerPart):
         return result
 
     async def retry(
-        self, what: str, op: Callable[[], Awaitable[Any]], *, bounded: bool = True
+        self,
+        what: str,
+        op: Callable[[], Awaitable[Any]],
+        *,
+        bounded: bool = True,
+        never_retry: tuple[type[BaseException], ...] = (),
     ) -> Any:
         """Retry a broker operation (:func:`~stream_dp.retry.retry`: exponential
         back-off with full jitter). ``bounded``: give up after
         ``kafka.give_up_after_s`` (BrokerUnavailableError — the caller holds state that must
-        not wait for ever); otherwise until it succeeds or the worker stops."""
+        not wait for ever); otherwise until it succeeds or the worker stops. ``never_retry``:
+        errors the caller handles itself (raised at once, as membership errors are)."""
         give_up_after_s = self.config.kafka.give_up_after_s
 
         def failed(exc: BaseException) -> None:
@@ -120,7 +126,7 @@ class Publisher(WorkerPart):
             what,
             op,
             retry_on=(KafkaError,),
-            never_retry=MEMBERSHIP_ERRORS,
+            never_retry=MEMBERSHIP_ERRORS + never_retry,
             deadline_s=give_up_after_s if bounded else None,
             exhausted=exhausted,
             give_up=lambda failures: self._stopping.is_set() and failures > 2,

@@ -85,7 +85,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.ops.progress import reporting_progress
 from stream_dp.pipeline.backlog import DueBacklog
 from stream_dp.pipeline.faults import Faults
-from stream_dp.pipeline.fetch_health import FetchHealth
+from stream_dp.pipeline.fetch_health import FetchHealth, start_group_consumer
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
@@ -232,10 +232,10 @@ class Worker:
             try:
                 async with beating(self.health):  # live while the ledger is read; not ready
                     await self._start_stages()
-                consumer = membership.subscribe(common)
-                await self.publisher.retry("start consumer", consumer.start, bounded=False)
-                await self._loop()
-                graceful = True
+                fetches, stopping, publisher = self.fetches, self._stopping, self.publisher
+                if await start_group_consumer(membership, common, publisher, fetches, stopping):
+                    await self._loop()
+                    graceful = True
             except RecordTooLargeError:
                 self.metrics.records_too_large.inc()
                 raise
