@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
 import orjson
 
 from stream_dp.pipeline.formats.decode import BadRecord
@@ -174,6 +175,8 @@ class RecordIngest(ColumnIngest):
         pseudonymize: Callable[[str | int], bytes] | None = None
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
+        # Every accepted event's signature, erased users' too: the queries' drop counters.
+        window_items: list[int] = []
         erased: frozenset[bytes] = _NONE_ERASED
         for offset, key, value in records:
             pseudonym: bytes | None
@@ -239,6 +242,7 @@ class RecordIngest(ColumnIngest):
                         self._dead(self._empty_user, partition, offset, value, include_payload)
                     )
                     continue
+            window_items.append(sid)
             if erased and pseudonym in erased:
                 continue  # erased: never enters a reservoir (and is no activity, no count)
             if max_time is None or t > max_time:
@@ -248,6 +252,7 @@ class RecordIngest(ColumnIngest):
         if run_items:
             assert part is not None
             part.samples.add_many(run_pseudonyms, run_items)
+        self._count_drops(np.array(window_items, dtype=np.int64))
         late, skipped = dropped[LATE], dropped[REPLAYED]
         return _BatchOutcome(dead, marks, max_time, late, skipped, duplicates, stale_key)
 
