@@ -134,14 +134,27 @@ async def sample_values(
 def render(config: Config, report: InputReport) -> list[str]:
     """The check's report as text lines (counts, names and windows only)."""
     inp = config.input
-    bad = report.bad
-    rows = [["field", "role", "missing", "types"]]
-    rows.append([inp.user_field, "user (input.user_field)", str(bad["missing_user"]), "-"])
-    rows.append([inp.time_field, "time (input.time_field)", str(bad["missing_timestamp"]), "-"])
+    rows = [["field", "role", "missing or null", "types"]]
+    rows.append([inp.user_field, "user (input.user_field)", str(report.absent(inp.user_field)), "-"])
+    rows.append([inp.time_field, "time (input.time_field)", str(report.absent(inp.time_field)), "-"])
     for f in report.fields.values():
         types = ", ".join(f"{name} {n}" for name, n in f.types.most_common()) or "-"
-        rows.append([f.name, "query field", str(f.missing), types])
-    lines = [f"{report.events} events sampled, {report.usable} usable", "", *text_table(rows), ""]
+        rows.append([f.name, "query field", str(report.absent(f.name)), types])
+    lines = [
+        f"{report.events} events sampled, {report.objects} JSON objects, {report.usable} usable",
+        "",
+        *text_table(rows),
+        "",
+    ]
+    over = report.over_bound()
+    if over:
+        lines.append(
+            f"{over} of {report.usable} usable events are beyond "
+            f"bounds.max_contributions_per_window ({report.max_contributions_per_window}) for "
+            "their user and window in this sample: the worker keeps a random "
+            f"{report.max_contributions_per_window} of each user's events per window (by "
+            "design; not counted on /metrics)"
+        )
     if report.earliest_window_s is not None and report.latest_window_s is not None:
         lines.append(
             f"event windows: {iso_utc(report.earliest_window_s)} … "
