@@ -51,10 +51,10 @@ async def test_reports_field_type_and_coverage_problems(
     done = await arun_cli("check", "--config", str(path), timeout_s=120)
     assert done.returncode == 1, done.stderr
     out = done.stdout
-    assert "29 events sampled, 24 usable" in out
-    assert "3 of 29 events are not usable (missing_user): set input.user_field" in out
+    assert "29 events sampled, 29 JSON objects, 24 usable" in out
+    assert "input.user_field 'user_id' is missing or null in 3 of 29 events" in out
     assert "2 of 29 events are not usable (bad_field)" in out
-    assert "field 'domain'" in out and "missing in 4 of 24 usable events" in out
+    assert "groups by 'domain', which is missing or null in 4 of 29 events" in out
     assert "24 of 24 usable events are stamped before the first window" in out
     assert "window.start_at: 2020-08-01T00:00:00Z" in out
     assert RAW_ID not in out + done.stderr and "private.example" not in out + done.stderr
