@@ -67,7 +67,7 @@ async def test_a_good_topic_has_no_problems(
     await _topic_with(kafka_bootstrap, path, [_good(i) for i in range(50)])
     done = await arun_cli("check", "--config", str(path), "--max-events", "30", timeout_s=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "30 events sampled, 30 usable" in done.stdout
+    assert "30 events sampled, 30 JSON objects, 30 usable" in done.stdout
     assert "no problems found" in done.stdout
     assert "domain" in done.stdout and "string 30" in done.stdout
 
