@@ -135,8 +135,8 @@ def render(config: Config, report: InputReport) -> list[str]:
     """The check's report as text lines (counts, names and windows only)."""
     inp = config.input
     rows = [["field", "role", "missing or null", "types"]]
-    rows.append([inp.user_field, "user (input.user_field)", str(report.absent(inp.user_field)), "-"])
-    rows.append([inp.time_field, "time (input.time_field)", str(report.absent(inp.time_field)), "-"])
+    for name, role in ((inp.user_field, "user"), (inp.time_field, "time")):
+        rows.append([name, f"{role} (input.{role}_field)", str(report.absent(name)), "-"])
     for f in report.fields.values():
         types = ", ".join(f"{name} {n}" for name, n in f.types.most_common()) or "-"
         rows.append([f.name, "query field", str(report.absent(f.name)), types])

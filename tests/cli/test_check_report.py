@@ -43,7 +43,8 @@ def test_other_field_names_are_each_named_with_the_sample_s_names(demo_config: C
     ]
     code, lines = _check(demo_config, events)
     unused = "(fields of the sample no setting names: 'cc', 'page', 'ts', 'uid')"
-    dropped = 'dropped and counted in stream_dp_query_events_dropped_total{reason="missing_group_field"}'
+    metric = "stream_dp_query_events_dropped_total"
+    dropped = f'dropped and counted in {metric}{{reason="missing_group_field"}}'
     assert (code, lines) == (
         1,
         [

@@ -190,11 +190,11 @@ def test_every_event_read_is_accounted_for_per_query(path: str) -> None:
 def test_a_missing_group_field_is_dropped_by_default_or_kept_under_a_null_key(
     setting: str,
 ) -> None:
-    query = config(
-        queries=[{"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6}]
-        if setting == "drop"
-        else [{"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6, "missing_group": setting}]
-    ).queries[0]
+    visits: dict[str, Any] = {"name": "visits", "group_by": ["domain"], "epsilon": 1e6}
+    visits["delta"] = 1e-6
+    if setting != "drop":  # drop is the default
+        visits["missing_group"] = setting
+    query = config(queries=[visits]).queries[0]
     compiled = CompiledQuery(query, config().bounds, ["domain"])
     compiled.bind([("a.example",), (None,), ("b.example",)])
     key_of, _, keys = compiled.project_columns(np.array([0, 1, 2, 1]))

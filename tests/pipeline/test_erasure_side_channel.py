@@ -1,4 +1,5 @@
-"""/metrics says nothing of how active an erased person was (issue 25, break 7).
+"""/metrics says nothing of how active an erased person was (issue 25, break 7; issue 42:
+nor where their events fell, in the queries' drop counters).
 
 Before this change ``stream_dp_erased_events_dropped_total`` was an exact per-person oracle:
 erasing someone absent added 0, someone with 17 events added 17, and it then counted that
@@ -31,7 +32,10 @@ VICTIM = "victim"
 #: Others' events, so that windows open and time moves whoever is erased.
 OTHERS = [("bob", "a"), ("carol", "b"), ("dave", "a")]
 QUERIES = [
-    {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a", "b"]}}
+    {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a", "b"]}},
+    # The victim's events are outside this query's key list or miss its group field (as
+    # the others' do): the drop counters must count them whether the victim is erased or not.
+    {"name": "countries", "group_by": ["country"], "epsilon": 1e6, "keys": {"country": ["DE"]}},
 ]
 
 
@@ -39,11 +43,16 @@ def _batch(first_offset: int, t0: float, victim_events: int) -> list[InputRecord
     """Others' events t0 … t0 + 3 s after T0, and the victim's strictly inside that span."""
     out = [rec(first_offset + i, u, t0 + i, d) for i, (u, d) in enumerate(OTHERS)]
     out += [
-        rec(first_offset + len(out) + i, VICTIM, t0 + 0.5 + i / 100, "a")
+        rec(first_offset + len(out) + i, VICTIM, t0 + 0.5 + i / 100, "a", **_country(i))
         for i in range(victim_events)
     ]
     out.append(rec(first_offset + len(out), "erin", t0 + 3, "b"))
     return sorted(out, key=lambda r: r[0])
+
+
+def _country(i: int) -> dict[str, str]:
+    """Every other victim event names a country off the key list, the rest none."""
+    return {"country": "XX"} if i % 2 == 0 else {}
 
 
 #: One ingest path: (metrics, erasures) → a function taking one batch of input records.
@@ -137,4 +146,9 @@ def test_erasing_an_absent_user_or_one_with_17_events_leaves_identical_metrics(
     absent = _exposition_after_erasing(PATHS[path], "never-sent-anything")
     victim = _exposition_after_erasing(PATHS[path], VICTIM)
     assert b"stream_dp_events_consumed_total 39.0" in absent  # the runs did take the input
+    # and the victim's 14 events off the key list and 13 without a country (and the others'
+    # 12) were counted by the query that drops them
+    dropped = "stream_dp_query_events_dropped_total"
+    assert f'{dropped}{{query="countries",reason="outside_key_list"}} 14.0'.encode() in absent
+    assert f'{dropped}{{query="countries",reason="missing_group_field"}} 25.0'.encode() in absent
     assert victim == absent

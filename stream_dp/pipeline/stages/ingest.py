@@ -189,7 +189,7 @@ class IngestStage(ErasureState, RecordIngest):
         # Per repartition partition: source partition → largest source offset seen.
         self._routed_seen: dict[int, dict[int, int]] = {}
         #: Stage 0, routing this worker's input partitions (input not keyed by user).
-        self.router = RoutingStage(config, keyring, metrics=self.metrics)
+        self.router = RoutingStage(config, keyring, metrics=self.metrics, queries=self.queries)
         self._require_read_proof = False
         self._erasures: ErasureSet | None = None
         #: The erasure-log position this stage's state has applied (stamped on partials).

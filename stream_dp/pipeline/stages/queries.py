@@ -129,19 +129,20 @@ class CompiledQuery:
             return None
         return self._keys[key], self._value_of.item(signature_id)
 
-    def _project_new(
-        self, signatures: list[tuple[Any, ...]]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Key numbers and values of signatures seen for the first time, a column at a time:
-        the ``where`` filter, the key tuple and its membership of the public list are each
-        one C-level pass over the signatures (``map``), not a Python call per signature.
+    def dropped_counts_of(self, signatures: list[tuple[Any, ...]]) -> list[int]:
+        """:meth:`dropped_counts` of events given by their signatures, outside the shared
+        table (stage 0 counts an erased user's events it does not repartition this way):
+        nothing is interned or numbered."""
+        fate = self._classify(signatures)[1]
+        counts = np.bincount(fate, minlength=len(DROP_REASONS) + 1)
+        dropped: list[int] = counts[1:].tolist()
+        return dropped
 
-        A signature is not taken (-1) when a ``where`` value is not allowed, when a group
-        field is missing or null (``missing_group: drop``), when its key is not on the public
-        list (never released: it must not count against the user's bounds), or, for
-        sum/mean, when it has no value (None); its fate says which, first of these first. A
-        value is clamped to [lower, upper] and rounded to a multiple of the granularity, in
-        units."""
+    def _classify(
+        self, signatures: list[tuple[Any, ...]]
+    ) -> tuple[np.ndarray, np.ndarray, list[Any], np.ndarray | None, list[Any] | None]:
+        """(taken, fate, keys, place on the public list or None, raw values or None) of
+        signatures, a column at a time, changing nothing (see :meth:`_project_new`)."""
         m = len(signatures)
         taken = np.ones(m, dtype=bool)
         fate = np.zeros(m, dtype=np.int64)
@@ -166,22 +167,42 @@ class CompiledQuery:
             fate[taken & ~whole] = 2
             taken &= whole
         public = self._public_ids
+        listed = None
         if public is not None:
             listed = np.fromiter(map(public.get, keys, repeat(-1)), np.int64, m)
             fate[taken & (listed < 0)] = 3
             taken &= listed >= 0
-        value_of = np.zeros(m, dtype=np.int64)
+        raw = None
         if self._value is not None:
             raw = list(map(itemgetter(self._value), signatures))
             present = np.fromiter(map(is_not, raw, repeat(None)), bool, m)
             fate[taken & ~present] = 4
             taken &= present
+        return taken, fate, keys, listed, raw
+
+    def _project_new(
+        self, signatures: list[tuple[Any, ...]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Key numbers and values of signatures seen for the first time, a column at a time:
+        the ``where`` filter, the key tuple and its membership of the public list are each
+        one C-level pass over the signatures (``map``), not a Python call per signature.
+
+        A signature is not taken (-1) when a ``where`` value is not allowed, when a group
+        field is missing or null (``missing_group: drop``), when its key is not on the public
+        list (never released: it must not count against the user's bounds), or, for
+        sum/mean, when it has no value (None); its fate says which, first of these first. A
+        value is clamped to [lower, upper] and rounded to a multiple of the granularity, in
+        units."""
+        m = len(signatures)
+        taken, fate, keys, listed, raw = self._classify(signatures)
+        value_of = np.zeros(m, dtype=np.int64)
+        if raw is not None:
             rows = np.flatnonzero(taken)
             lower, upper, granularity = self._lower, self._upper, self._granularity
             value_of[rows] = [
                 round(min(max(float(raw[j]), lower), upper) / granularity) for j in rows.tolist()
             ]
-        if public is not None:
+        if listed is not None:
             listed[~taken] = -1
             return listed, value_of, fate
         rows = np.flatnonzero(taken)
@@ -189,7 +210,7 @@ class CompiledQuery:
         ids, known = self._key_ids, self._keys
         fresh = dict.fromkeys(filterfalse(ids.__contains__, kept))  # in order of first use
         ids.update(zip(fresh, range(len(known), len(known) + len(fresh)), strict=True))
-        known.extend(zip(fresh, strict=True) if len(group) == 1 else fresh)
+        known.extend(zip(fresh, strict=True) if len(self._group) == 1 else fresh)
         key_of = np.full(m, -1, dtype=np.int64)
         key_of[rows] = np.fromiter(map(ids.__getitem__, kept), np.int64, len(kept))
         return key_of, value_of, fate

@@ -50,6 +50,7 @@ from stream_dp.pipeline.stages.ingest_columns import (
     window_starts,
 )
 from stream_dp.pipeline.stages.placement import pseudonym_partition, pseudonym_partitions
+from stream_dp.pipeline.stages.queries import DROP_REASONS, CompiledQuery
 from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.group_values import json_default
 from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES, KeyRing, user_id_normalizer
@@ -75,8 +76,18 @@ def _offsets(records: Sequence[InputRecord]) -> list[int]:
 class RoutingStage:
     """Stage 0: the input partitions this worker reads, routed to the repartition topic."""
 
-    def __init__(self, config: Config, keyring: KeyRing, *, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        config: Config,
+        keyring: KeyRing,
+        *,
+        metrics: Metrics,
+        queries: Sequence[CompiledQuery] = (),
+    ) -> None:
         self.config = config
+        #: Stage 1's queries: an erased user's events, which stage 0 does not repartition,
+        #: are counted here in the queries' drop counters as stage 1 would count them.
+        self.queries = queries
         self.keyring = keyring
         self.metrics = metrics
         self.window_size_s = config.window.size_s
@@ -159,6 +170,7 @@ class RoutingStage:
         erasures = self.erasures
         erased: frozenset[str] = _NONE_ERASED
         n_erased = 0
+        erased_signatures: list[tuple[Any, ...]] = []
         for offset, _key, value in records:
             parsed = decode(value, now_s)
             if isinstance(parsed, BadRecord):
@@ -183,6 +195,7 @@ class RoutingStage:
                 continue
             if erased and pseudonym in erased:
                 n_erased += 1  # erased: not even repartitioned
+                erased_signatures.append(tuple(map(obj.get, fields)))
                 continue
             body = {
                 "u": pseudonym,
@@ -205,7 +218,20 @@ class RoutingStage:
         # An erased user's events count as taken, like any valid event: the counter must not
         # tell whether someone erased is still sending (no per-person count on /metrics).
         metrics.events_repartitioned.inc(len(out) + n_erased)
+        self._count_erased_drops(erased_signatures)
         return out, dead
+
+    def _count_erased_drops(self, signatures: list[tuple[Any, ...]]) -> None:
+        """An erased user's events count in the queries' drop counters as any user's do
+        (stage 1 counts the rest): the counters must not tell whether someone erased is
+        still sending, or where their events fall."""
+        if not signatures:
+            return
+        dropped = self.metrics.query_events_dropped
+        for q in self.queries:
+            for reason, n in zip(DROP_REASONS, q.dropped_counts_of(signatures), strict=True):
+                if n:
+                    dropped.labels(query=q.name, reason=reason).inc(n)
 
     def progress_marks(self, now_mono_s: float) -> list[bytes]:
         """Per owned input partition: largest event time routed and how long it has been idle.
@@ -311,6 +337,9 @@ class RoutingStage:
                         )
                         hit = rows & (starts == ws) & gone[np.maximum(local[index], 0)]
                         erased += int(np.count_nonzero(hit))
+                        self._count_erased_drops(
+                            list(map(signatures.__getitem__, sig_index[hit].tolist()))
+                        )
                         rows &= ~hit
                     if not rows.any():
                         continue
