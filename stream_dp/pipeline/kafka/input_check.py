@@ -204,11 +204,13 @@ class InputReport:
     def add(
         self,
         decoded: tuple[str | int, float, dict[str, object]] | BadRecord,
-        value: bytes | None = None,
+        raw: bytes | None = None,
     ) -> None:
+        """Count one decoded record; ``raw``, its bytes, tells which field names it holds
+        (also when the decoder refused it)."""
         self.events += 1
-        if value is not None:
-            self._look(value)
+        if raw is not None:
+            self._look(raw)
         if isinstance(decoded, BadRecord):
             self.bad[decoded.reason] += 1
             return
