@@ -16,6 +16,7 @@ under a null key.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.stages import ingest_columns
 from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
+from stream_dp.pipeline.stages.late_events import LateEventsNotice
 from stream_dp.pipeline.stages.queries import CompiledQuery
 from tests.pipeline.support import KEYRING, NOW, T0, config
 
@@ -205,3 +207,35 @@ def test_a_missing_group_field_is_dropped_by_default_or_kept_under_a_null_key(
     else:
         assert taken == [("a.example",), (None,), ("b.example",), (None,)]
         assert compiled.dropped_counts(np.array([0, 1, 2, 1])) == [0, 0, 0, 0]
+
+
+def test_each_query_s_dropped_events_are_warned_about_once_per_interval_with_the_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = Metrics(process=False, queries=[q["name"] for q in QUERIES])
+    PATHS["keyed_columns"](metrics)
+    queries = config(k=50, queries=QUERIES).queries
+    notice = LateEventsNotice(metrics, None, queries, interval_s=300)
+    check = "`stream-dp check` compares a sample of the topic with the configuration"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="stream_dp.pipeline.stages.late_events"):
+        notice.observe(coverage_start_s=T0, now_mono_s=1000.0)
+        notice.observe(coverage_start_s=T0, now_mono_s=1001.0)  # within the interval
+    assert [r.getMessage() for r in caplog.records] == [
+        "query visits dropped 2 events without a value for 'domain' (missing or null; "
+        "missing_group: drop): set group_by to the fields the events hold, or "
+        f"missing_group: null_key to count them under a null key; {check}",
+        "query countries dropped 5 events whose 'country' value is not on its public key "
+        "list (keys): list the values as the events spell them (letter case included) or "
+        f"use keys: private; {check}",
+        "query countries dropped 1 events without a value for 'country' (missing or null; "
+        "missing_group: drop): set group_by to the fields the events hold, or "
+        f"missing_group: null_key to count them under a null key; {check}",
+        "1 events dropped as late: their windows are before the first covered window "
+        "2020-08-01T00:00:00Z (from the first start, window.start_at unset) or already "
+        "closed; to count older events, set window.start_at to the first window you want "
+        "released (e.g. window.start_at: 2020-08-01T00:00:00Z) before the first run of a new "
+        "kafka.group_id — every window from it to now is released and charged — or run "
+        "`stream-dp replay` on a file of them; events that arrive after their window closed "
+        "need a larger window.grace_s",
+    ]

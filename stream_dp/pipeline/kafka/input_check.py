@@ -233,7 +233,6 @@ class InputReport:
         if self.latest_window_s is None or window_s > self.latest_window_s:
             self.latest_window_s = window_s
 
-
     def _look(self, value: bytes) -> None:
         """Which field names a raw record holds (any record that is a JSON object)."""
         try:

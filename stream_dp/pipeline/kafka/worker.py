@@ -201,7 +201,7 @@ class Worker:
         self._requests_topic = self.membership.requests_topic
         for q in config.queries:
             self.metrics.add_query(q.name)
-        self._late_notice = LateEventsNotice(self.metrics, config.window.start_at)
+        self._late_notice = LateEventsNotice(self.metrics, config.window.start_at, config.queries)
         self._backlog = DueBacklog(self.metrics, MAX_RELEASES_PER_ITERATION)
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -94,6 +94,9 @@ class _BatchOutcome:
     skipped: int
     duplicates: int
     stale_key: int
+    #: Every event of an accepted window, erased users' too, as its signature id: what the
+    #: queries' drop counters count (before the erasure filter and the bounds).
+    window_items: list[int]
 
 
 class RecordIngest(ColumnIngest):
@@ -140,8 +143,7 @@ class RecordIngest(ColumnIngest):
         routed: bool,
         topic: str | None,
     ) -> _BatchOutcome:
-        """The per-record loop: decode (raw) or check (routed) each record, drop it if its
-        window is late or replayed, pseudonymize and offer it to its window's samples."""
+        """Decode (raw) or check (routed), drop late or replayed, offer to the samples."""
         decode = self.decoder.decode_parts
         check_keys = self.enforce_user_keys and not routed
         n_partitions = self.source_partitions
@@ -175,8 +177,7 @@ class RecordIngest(ColumnIngest):
         pseudonymize: Callable[[str | int], bytes] | None = None
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
-        # Every accepted event's signature, erased users' too: the queries' drop counters.
-        window_items: list[int] = []
+        sids: list[int] = []  # every event of an accepted window (see _BatchOutcome)
         erased: frozenset[bytes] = _NONE_ERASED
         for offset, key, value in records:
             pseudonym: bytes | None
@@ -242,7 +243,7 @@ class RecordIngest(ColumnIngest):
                         self._dead(self._empty_user, partition, offset, value, include_payload)
                     )
                     continue
-            window_items.append(sid)
+            sids.append(sid)
             if erased and pseudonym in erased:
                 continue  # erased: never enters a reservoir (and is no activity, no count)
             if max_time is None or t > max_time:
@@ -252,9 +253,8 @@ class RecordIngest(ColumnIngest):
         if run_items:
             assert part is not None
             part.samples.add_many(run_pseudonyms, run_items)
-        self._count_drops(np.array(window_items, dtype=np.int64))
         late, skipped = dropped[LATE], dropped[REPLAYED]
-        return _BatchOutcome(dead, marks, max_time, late, skipped, duplicates, stale_key)
+        return _BatchOutcome(dead, marks, max_time, late, skipped, duplicates, stale_key, sids)
 
     def _decode_routed(
         self,
@@ -370,6 +370,7 @@ class RecordIngest(ColumnIngest):
             # watermark no further than the clock (it may not close the current window).
             tracker.observe(partition, min(max_time, now_s), now_mono_s)
         metrics = self.metrics
+        self._count_drops(np.array(outcome.window_items, dtype=np.int64))
         if outcome.late:
             metrics.late_events.inc(outcome.late)
         if outcome.skipped:
