@@ -3,10 +3,12 @@
 Reads at most ``--max-events`` of the newest events of ``input.topic`` (split over its
 partitions) for at most ``--timeout`` seconds, without joining a consumer group or
 committing anything, and decodes them with the worker's own decoder
-(:mod:`stream_dp.pipeline.kafka.input_check`). Prints a table of the fields the queries need
-(missing counts, JSON types), the windows the events fall in against the first window a
-worker covers, and each problem with what to change. It prints counts, field names, type
-names and window starts only — never a user id or a field value.
+(:mod:`stream_dp.pipeline.kafka.input_check`). Prints a table of the fields the configuration
+names (records without them, JSON types), the windows the events fall in against the first
+window a worker covers, and every problem at once with what to change: fields under another
+name, values outside a key list, undecodable and late events. It prints counts, field names,
+type names, window starts and the configuration's own key values only — never a user id or
+a value of the sample.
 
 Exit code 0 when no problem was found, 1 when some were (or the broker could not be
 read), 2 for a bad configuration.
@@ -40,11 +42,13 @@ def register(sub: Any) -> None:
         "check",
         help="check a sample of the input topic against the config before the first run",
         description="Read a sample of the newest events of input.topic (no consumer group, "
-        "nothing committed) and report, before the first run, events the worker could not "
-        "use (wrong user or time field, bad timestamps), fields the queries need that are "
-        "missing or of the wrong type, and events stamped before the first window the "
-        "worker covers (set window.start_at for those). Prints counts and field names, "
-        "never user ids or values. Exit code 1 when it found a problem.",
+        "nothing committed) and report, before the first run and all at once, every kind "
+        "of event the worker would drop: events it could not use (bad timestamps, wrong "
+        "types), user, time and group fields the events hold under another name (with the "
+        "sample's names), values outside a query's key list (and those listed in another "
+        "letter case), and events stamped before the first window the worker covers (set "
+        "window.start_at for those). Prints counts and field names, never user ids or "
+        "values. Exit code 1 when it found a problem.",
     )
     add_config_option(p)
     p.add_argument(
