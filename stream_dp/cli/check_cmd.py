@@ -3,10 +3,12 @@
 Reads at most ``--max-events`` of the newest events of ``input.topic`` (split over its
 partitions) for at most ``--timeout`` seconds, without joining a consumer group or
 committing anything, and decodes them with the worker's own decoder
-(:mod:`stream_dp.pipeline.kafka.input_check`). Prints a table of the fields the queries need
-(missing counts, JSON types), the windows the events fall in against the first window a
-worker covers, and each problem with what to change. It prints counts, field names, type
-names and window starts only — never a user id or a field value.
+(:mod:`stream_dp.pipeline.kafka.input_check`). Prints a table of the fields the configuration
+names (records without them, JSON types), the windows the events fall in against the first
+window a worker covers, and every problem at once with what to change: fields under another
+name, values outside a key list, undecodable and late events. It prints counts, field names,
+type names, window starts and the configuration's own key values only — never a user id or
+a value of the sample.
 
 Exit code 0 when no problem was found, 1 when some were (or the broker could not be
 read), 2 for a bad configuration.
@@ -40,11 +42,13 @@ def register(sub: Any) -> None:
         "check",
         help="check a sample of the input topic against the config before the first run",
         description="Read a sample of the newest events of input.topic (no consumer group, "
-        "nothing committed) and report, before the first run, events the worker could not "
-        "use (wrong user or time field, bad timestamps), fields the queries need that are "
-        "missing or of the wrong type, and events stamped before the first window the "
-        "worker covers (set window.start_at for those). Prints counts and field names, "
-        "never user ids or values. Exit code 1 when it found a problem.",
+        "nothing committed) and report, before the first run and all at once, every kind "
+        "of event the worker would drop: events it could not use (bad timestamps, wrong "
+        "types), user, time and group fields the events hold under another name (with the "
+        "sample's names), values outside a query's key list (and those listed in another "
+        "letter case), and events stamped before the first window the worker covers (set "
+        "window.start_at for those). Prints counts and field names, never user ids or "
+        "values. Exit code 1 when it found a problem.",
     )
     add_config_option(p)
     p.add_argument(
@@ -134,14 +138,27 @@ async def sample_values(
 def render(config: Config, report: InputReport) -> list[str]:
     """The check's report as text lines (counts, names and windows only)."""
     inp = config.input
-    bad = report.bad
-    rows = [["field", "role", "missing", "types"]]
-    rows.append([inp.user_field, "user (input.user_field)", str(bad["missing_user"]), "-"])
-    rows.append([inp.time_field, "time (input.time_field)", str(bad["missing_timestamp"]), "-"])
+    rows = [["field", "role", "missing or null", "types"]]
+    for name, role in ((inp.user_field, "user"), (inp.time_field, "time")):
+        rows.append([name, f"{role} (input.{role}_field)", str(report.absent(name)), "-"])
     for f in report.fields.values():
         types = ", ".join(f"{name} {n}" for name, n in f.types.most_common()) or "-"
-        rows.append([f.name, "query field", str(f.missing), types])
-    lines = [f"{report.events} events sampled, {report.usable} usable", "", *text_table(rows), ""]
+        rows.append([f.name, "query field", str(report.absent(f.name)), types])
+    lines = [
+        f"{report.events} events sampled, {report.objects} JSON objects, {report.usable} usable",
+        "",
+        *text_table(rows),
+        "",
+    ]
+    over = report.over_bound()
+    if over:
+        lines.append(
+            f"{over} of {report.usable} usable events are beyond "
+            f"bounds.max_contributions_per_window ({report.max_contributions_per_window}) for "
+            "their user and window in this sample: the worker keeps a random "
+            f"{report.max_contributions_per_window} of each user's events per window (by "
+            "design; not counted on /metrics)"
+        )
     if report.earliest_window_s is not None and report.latest_window_s is not None:
         lines.append(
             f"event windows: {iso_utc(report.earliest_window_s)} … "

@@ -67,10 +67,10 @@ _FP, _PLACE = Role.FINGERPRINT, Role.PLACEMENT
 _GUARD, _NOT = Role.OWN_GUARD, Role.NOT_MEANING_BEARING
 _BOUND_NAMES = ("max_contributions_per_window", "max_keys_per_user", "max_contributions_per_key")
 _QUERY_FIELDS = (
-    "name", "statistic", "group_by", "where", "keys", "selection", "selection_epsilon_share",
-    "epsilon", "delta", "mechanism", "value_field", "lower", "upper", "granularity",
-    "mean_count_share", "clamp_negative", "release", "horizon_windows", "continual_mechanism",
-    "horizon_origin",
+    "name", "statistic", "group_by", "where", "keys", "missing_group", "selection",
+    "selection_epsilon_share", "epsilon", "delta", "mechanism", "value_field", "lower", "upper",
+    "granularity", "mean_count_share", "clamp_negative", "release", "horizon_windows",
+    "continual_mechanism", "horizon_origin",
 )  # fmt: skip
 
 _KAFKA_CLIENT_FIELDS = (

@@ -111,6 +111,11 @@ def meaning_fields(config: Config, topology: Topology) -> dict[str, Any]:
         section, _, rest = path.partition(".")
         if section == "queries[]":
             for name, dump in dumps:
+                if rest == "missing_group" and (dump[rest] == "null_key" or not dump["group_by"]):
+                    # The behaviour before the setting existed (a missing group field counted
+                    # under a null key), or no group field: what deployments recorded before it
+                    # mean, so they continue with null_key (drop is a change of meaning).
+                    continue
                 fields[f"queries.{name}.{rest}"] = dump[rest]
         elif section == "topics":  # as the broker has them, not as configured
             fields[path] = getattr(topology, rest)

@@ -90,6 +90,7 @@ MAX_HORIZON_WINDOWS = 1_000_000
 UNSAFE_TEST_MODE_ENV = "STREAM_DP_ALLOW_UNSAFE_TEST_MODE"
 
 ReleaseMode = Literal["window", "cumulative"]
+MissingGroup = Literal["drop", "null_key"]
 
 DEFAULT_GROUP_ID = "stream-dp"
 #: Topics named ``<kafka.group_id>.<suffix>`` unless the config names them.
@@ -646,6 +647,12 @@ class QueryConfig(_Section):
     group_by: list[str] = Field(default_factory=list)
     where: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
     keys: Literal["private"] | dict[str, list[Scalar]] = "private"
+    missing_group: MissingGroup = Field(
+        "drop",
+        description="an event whose group_by field is missing or null: drop (counted in "
+        'stream_dp_query_events_dropped_total{reason="missing_group_field"}) or null_key '
+        "(counted under a null key)",
+    )
     selection: SelectionStrategy = "truncated_geometric"
     selection_epsilon_share: Number = Field(
         0.5, ge=0.01, le=0.99, description="share of ε spent on choosing private keys"

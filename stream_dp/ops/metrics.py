@@ -41,6 +41,10 @@ from stream_dp.broker.fetch_errors import FETCH_ERROR_REASONS
 PREFIX = "stream_dp_"
 
 #: Why stage 2 left a partial out (every series exists from the start, at zero).
+#: Why a query does not take a valid event of a covered window, in fate order (1, 2, …):
+#: the ``reason`` label of ``stream_dp_query_events_dropped_total``.
+QUERY_DROP_REASONS = ("where", "missing_group_field", "outside_key_list", "missing_value")
+
 PARTIALS_IGNORED_REASONS = (
     "duplicate_version",
     "window_released",
@@ -166,6 +170,21 @@ def _input_metrics(r: CollectorRegistry) -> tuple[Counter, Counter, Counter, Cou
         registry=r,
     )
     return events_consumed, bad_records, late_events, replayed_events_skipped
+
+
+def _query_drop_counter(r: CollectorRegistry) -> Counter:
+    """Events of covered windows a query does not take, by query and reason."""
+    return Counter(
+        "stream_dp_query_events_dropped",
+        "Valid events of a covered window that a query does not take, by query and reason: "
+        "where (its filter), missing_group_field (a group_by field missing or null, "
+        "missing_group: drop), outside_key_list (a key not on its public list), "
+        "missing_value (sum/mean without a value). Counts of raw input records, before the "
+        "per-user bounds; for every query, events consumed = bad records + late + replayed "
+        "+ these + the events the query takes.",
+        ["query", "reason"],
+        registry=r,
+    )
 
 
 def _release_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter, Counter, Counter, Counter]:
@@ -619,6 +638,7 @@ class Metrics:
             self.late_events,
             self.replayed_events_skipped,
         ) = _input_metrics(r)
+        self.query_events_dropped = _query_drop_counter(r)
 
         (
             self.windows_open,
@@ -759,6 +779,8 @@ class Metrics:
         ):
             counter.labels(query=query)
         self.epsilon_spent.labels(query=query).set(0)
+        for reason in QUERY_DROP_REASONS:
+            self.query_events_dropped.labels(query=query, reason=reason)
 
     def set_bounds(self, bounds: tuple[int, int | None, int | None], epsilon: float) -> None:
         """The bounds (and histogram ε) of the most recently released window."""

@@ -51,10 +51,10 @@ async def test_reports_field_type_and_coverage_problems(
     done = await arun_cli("check", "--config", str(path), timeout_s=120)
     assert done.returncode == 1, done.stderr
     out = done.stdout
-    assert "29 events sampled, 24 usable" in out
-    assert "3 of 29 events are not usable (missing_user): set input.user_field" in out
+    assert "29 events sampled, 29 JSON objects, 24 usable" in out
+    assert "input.user_field 'user_id' is missing or null in 3 of 29 events" in out
     assert "2 of 29 events are not usable (bad_field)" in out
-    assert "field 'domain'" in out and "missing in 4 of 24 usable events" in out
+    assert "groups by 'domain', which is missing or null in 4 of 29 events" in out
     assert "24 of 24 usable events are stamped before the first window" in out
     assert "window.start_at: 2020-08-01T00:00:00Z" in out
     assert RAW_ID not in out + done.stderr and "private.example" not in out + done.stderr
@@ -67,7 +67,7 @@ async def test_a_good_topic_has_no_problems(
     await _topic_with(kafka_bootstrap, path, [_good(i) for i in range(50)])
     done = await arun_cli("check", "--config", str(path), "--max-events", "30", timeout_s=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "30 events sampled, 30 usable" in done.stdout
+    assert "30 events sampled, 30 JSON objects, 30 usable" in done.stdout
     assert "no problems found" in done.stdout
     assert "domain" in done.stdout and "string 30" in done.stdout
 
@@ -84,3 +84,62 @@ async def test_missing_topic_says_to_set_input_topic(
         "to the topic your producers write to, or create it with `stream-dp topics apply "
         "--config FILE`\n"
     )
+
+
+async def test_other_field_names_and_key_values_are_all_named_at_once(
+    kafka_bootstrap: str, config_factory: MakeConfig
+) -> None:
+    """The configuration's field names (the demo's: user_id, timestamp, domain, country)
+    against a topic written with others, and a key list spelled in another case: every
+    class in one run (on main before issue 42, only the user field was flagged and the
+    other fields reported 0 missing)."""
+    countries = {"name": "countries", "group_by": ["country"], "keys": {"country": ["DE"]}}
+    path = config_factory(
+        {
+            "queries": [
+                {"name": "visits_by_domain", "group_by": ["domain"], "epsilon": 0.5, "delta": 1e-6},
+                {**countries, "epsilon": 0.5},
+            ]
+        }
+    )
+    renamed = [
+        {"uid": f"{RAW_ID}-{i}", "ts": T0_MS + i, "page": "private.example"} for i in range(6)
+    ]
+    cased = [{**_good(i), "country": "de"} for i in range(4)]
+    await _topic_with(kafka_bootstrap, path, renamed + cased)
+    done = await arun_cli("check", "--config", str(path), timeout_s=120)
+    topic = load_config(path).input.topic
+    metric = "stream_dp_query_events_dropped_total"
+    unused = "(fields of the sample no setting names: 'page', 'ts', 'uid')"
+    assert (done.returncode, done.stderr) == (1, "")
+    assert done.stdout.splitlines() == [
+        f"stream-dp check: {topic} on {kafka_bootstrap} (4 partitions)",
+        "10 events sampled, 10 JSON objects, 4 usable",
+        "",
+        "field      role                     missing or null  types",
+        "---------  -----------------------  ---------------  --------",
+        "user_id    user (input.user_field)  6                -",
+        "timestamp  time (input.time_field)  6                -",
+        "domain     query field              6                string 4",
+        "country    query field              6                string 4",
+        "",
+        "event windows: 2020-08-01T00:00:00Z … 2020-08-01T00:00:00Z (10 s windows)",
+        "first covered window (window.start_at): 2020-08-01T00:00:00Z",
+        "",
+        "5 problems:",
+        "  - input.user_field 'user_id' is missing or null in 6 of 10 events (the sample has "
+        "'uid'): set input.user_field to the field that holds the user id",
+        f"  - input.time_field 'timestamp' is missing or null in 6 of 10 events {unused}: set "
+        "input.time_field to the field that holds the event time",
+        "  - query visits_by_domain groups by 'domain', which is missing or null in 6 of 10 "
+        f"events {unused}: they are dropped and counted in "
+        f'{metric}{{reason="missing_group_field"}}; set group_by to the field that holds it',
+        "  - query countries groups by 'country', which is missing or null in 6 of 10 events "
+        f"{unused}: they are dropped and counted in "
+        f'{metric}{{reason="missing_group_field"}}; set group_by to the field that holds it',
+        "  - query countries: 4 of 4 usable events have a 'country' value not on its key list "
+        f'(dropped and counted in {metric}{{reason="outside_key_list"}}); 4 of them match a '
+        "listed value in another letter case (listed 'DE'): list the values as the events "
+        "spell them",
+    ]
+    assert RAW_ID not in done.stdout and "private.example" not in done.stdout

@@ -69,6 +69,7 @@ MEANING: dict[str, dict[str, Any]] = {
     "queries.visits.selection": _query(
         "visits", keys="private", selection="laplace_threshold", delta=1e-7
     ),
+    "queries.visits.missing_group": _query("visits", missing_group="null_key"),
     "privacy.horizon_windows": {"privacy": {"horizon_windows": 12}},
     "privacy.max_epsilon_per_horizon": {"privacy": {"max_epsilon_per_horizon": 20.0}},
     "input.user_field": {"input": {"user_field": "account"}},
@@ -85,6 +86,21 @@ def test_a_meaning_bearing_change_changes_the_digest_and_is_named(field: str) ->
     assert field in named, named
     # Only the changed setting (and, for a changed selection, the fields it implies).
     assert all(n.startswith(field.rsplit(".", 1)[0]) for n in named), named
+
+
+def test_a_deployment_recorded_before_missing_group_continues_with_null_key_only() -> None:
+    """Before ``missing_group`` existed an event without its group field was counted under
+    a null key: ``null_key`` (and any query without group_by) adds no part, so such a
+    deployment's recorded fingerprint is continued by it; ``drop``, the default, is a change
+    of meaning for a query that groups, and is named."""
+    legacy = _fp(_query("visits", missing_group="null_key"))
+    assert not any(p.endswith(".missing_group") for p in legacy.parts)  # as recorded before
+    assert differing_fields(legacy, _fp()) == ["queries.visits.missing_group"]
+    assert _fp(_query("users", missing_group="null_key")) == _fp()  # no group_by: no meaning
+    with pytest.raises(
+        FingerprintMismatchError, match=r"queries\.visits\.missing_group \(set here, not recorded\)"
+    ):
+        check_fingerprint(legacy, _fp(), config=_config(), rotations=(), where="w", way_out="x")
 
 
 def test_auto_bounds_settings_are_named() -> None:

@@ -132,6 +132,18 @@ CASES: dict[str, Case] = {
             CONSUMED,
         )
     ),
+    "StreamDPQueryEventsDropped": Case(
+        (
+            Series(
+                "stream_dp_query_events_dropped_total",
+                f"0+60x{MINUTES}",
+                f"0x{MINUTES}",
+                {"query": "countries", "reason": "outside_key_list"},
+            ),
+            CONSUMED,
+        ),
+        {"query": "countries", "reason": "outside_key_list"},
+    ),
     "StreamDPMisplacedKeyedRecords": Case(
         (counter("stream_dp_bad_records_total", reason="misplaced_key"),),
         {"reason": "misplaced_key"},

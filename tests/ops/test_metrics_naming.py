@@ -33,6 +33,11 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "bad_records": ("stream_dp_bad_records_total", "counter", ("reason",)),
     "late_events": ("stream_dp_late_events_total", "counter", ()),
     "replayed_events_skipped": ("stream_dp_replayed_events_skipped_total", "counter", ()),
+    "query_events_dropped": (
+        "stream_dp_query_events_dropped_total",
+        "counter",
+        ("query", "reason"),
+    ),
     "windows_open": ("stream_dp_windows_open", "gauge", ()),
     "windows_due": ("stream_dp_windows_due", "gauge", ()),
     "windows_released": ("stream_dp_windows_released_total", "counter", ("query",)),

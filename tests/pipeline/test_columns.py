@@ -27,11 +27,13 @@ QUERIES: list[dict[str, Any]] = [
     {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6},
     {"name": "pairs", "group_by": ["domain", "premium"], "epsilon": 1e6, "delta": 1e-6},
     {"name": "all", "epsilon": 1e6, "keys": {}},
+    # A key list (values off it, in another case, and missing ones are dropped and counted).
+    {"name": "listed", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a", 1]}},
 ]
 
 
 def _config(**kw: Any) -> Config:
-    return config(queries=QUERIES, epsilon_per_window=3e6, delta_per_window=2e-6, **kw)
+    return config(queries=QUERIES, epsilon_per_window=4e6, delta_per_window=2e-6, **kw)
 
 
 def _stage(cfg: Config, partitions: int = 1) -> IngestStage:
@@ -57,6 +59,13 @@ def _outcome(stage: IngestStage) -> dict[str, Any]:
         "consumed": m.events_consumed._value.get(),
         "late": m.late_events._value.get(),
         "skipped": m.replayed_events_skipped._value.get(),
+        # per query and reason, the events it does not take (issue 42)
+        "dropped": {
+            (s.labels["query"], s.labels["reason"]): s.value
+            for family in m.query_events_dropped.collect()
+            for s in family.samples
+            if s.name.endswith("_total")
+        },
         "offsets": stage.safe_offsets(),
         "marks": stage.watermarks(1.0),
     }

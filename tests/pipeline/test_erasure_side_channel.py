@@ -1,4 +1,5 @@
-"""/metrics says nothing of how active an erased person was (issue 25, break 7).
+"""/metrics says nothing of how active an erased person was (issue 25, break 7; issue 42:
+nor where their events fell, in the queries' drop counters).
 
 Before this change ``stream_dp_erased_events_dropped_total`` was an exact per-person oracle:
 erasing someone absent added 0, someone with 17 events added 17, and it then counted that
@@ -49,7 +50,10 @@ VICTIM = "victim"
 #: Others' events, so that windows open and time moves whoever is erased.
 OTHERS = [("bob", "a"), ("carol", "b"), ("dave", "a")]
 QUERIES = [
-    {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a", "b"]}}
+    {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": ["a", "b"]}},
+    # The victim's events are outside this query's key list or miss its group field (as
+    # the others' do): the drop counters must count them whether the victim is erased or not.
+    {"name": "countries", "group_by": ["country"], "epsilon": 1e6, "keys": {"country": ["DE"]}},
 ]
 
 
@@ -57,11 +61,16 @@ def _batch(first_offset: int, t0: float, victim_events: int) -> list[InputRecord
     """Others' events t0 … t0 + 3 s after T0, and the victim's strictly inside that span."""
     out = [rec(first_offset + i, u, t0 + i, d) for i, (u, d) in enumerate(OTHERS)]
     out += [
-        rec(first_offset + len(out) + i, VICTIM, t0 + 0.5 + i / 100, "a")
+        rec(first_offset + len(out) + i, VICTIM, t0 + 0.5 + i / 100, "a", **_country(i))
         for i in range(victim_events)
     ]
     out.append(rec(first_offset + len(out), "erin", t0 + 3, "b"))
     return sorted(out, key=lambda r: r[0])
+
+
+def _country(i: int) -> dict[str, str]:
+    """Every other victim event names a country off the key list, the rest none."""
+    return {"country": "XX"} if i % 2 == 0 else {}
 
 
 #: One ingest path: (metrics, erasures) → a function taking one batch of input records and
@@ -202,12 +211,18 @@ def test_erasing_an_absent_user_or_one_with_17_events_leaves_identical_metrics(
     # the runs did take the input, and the guards did run: the gauge is set, the cap engaged
     assert b"stream_dp_events_consumed_total 41.0" in last
     # time moved to the victim's last event: [0, 10), [10, 20), [20, 30) sealed, [30, 40) open
-    assert b"stream_dp_partials_published_total 3.0" in last
+    assert b"stream_dp_partials_published_total 6.0" in last  # 3 windows x 2 queries
     assert b"stream_dp_windows_open 1.0" in last
     assert b"stream_dp_held_state_bytes 28.0" in last  # window boundaries freed the rest
     # after the victim's 17 + 4 events and 8 others', all in window T0: the cap engaged
     assert b"stream_dp_held_state_bytes 812.0" in absent[2]
     assert b"stream_dp_backpressure 1.0" in absent[2]
+    # the victim's events off the key list or without a country (and the others') were
+    # counted by the query that drops them, identically in both runs (compared above)
+    dropped = "stream_dp_query_events_dropped_total"
+    assert f'{dropped}{{query="countries",reason="outside_key_list"}} 14.0'.encode() in last
+    # 12 others' and 13 of the victim's before, and both events of the last batch
+    assert f'{dropped}{{query="countries",reason="missing_group_field"}} 27.0'.encode() in last
     for step, (a, v) in enumerate(zip(absent, victim, strict=True)):
         assert v == a, f"after step {step}: " + _diff(a, v)
 

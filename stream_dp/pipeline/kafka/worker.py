@@ -205,7 +205,7 @@ class Worker:
         #: Erasure requests, log and release gate (docs/erasure.md); None when off.
         self._erasure: WorkerErasure | None = None
         self._requests_topic = self.membership.requests_topic
-        self._late_notice = LateEventsNotice(self.metrics, config.window.start_at)
+        self._late_notice = LateEventsNotice(self.metrics, config.window.start_at, config.queries)
         self._backlog = DueBacklog(self.metrics, MAX_RELEASES_PER_ITERATION)
 
     # -- lifecycle ------------------------------------------------------------------------

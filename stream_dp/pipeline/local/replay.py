@@ -47,7 +47,7 @@ from stream_dp.pipeline.local.replay_ledger import (
     parse_ledger_lines,
 )
 from stream_dp.pipeline.stages.ingest import DeadLetter, InputRecord
-from stream_dp.pipeline.stages.late_events import LateEventsNotice
+from stream_dp.pipeline.stages.late_events import DroppedEventsNotice, LateEventsNotice
 from stream_dp.privacy.budget import BOUNDS_CHARGE
 from stream_dp.privacy.pseudonymize import KeyRing
 
@@ -169,6 +169,7 @@ def replay_file(
     )
     if late is not None:
         result.notes.append(late)
+    result.notes += DroppedEventsNotice(pipeline.metrics, config.queries).observe(0.0)
     if erasures is not None:
         result.erasure_responses = erasures.responses(config, pipeline.coverage_start_s)
     if ledger is not None:

@@ -40,7 +40,7 @@ from stream_dp.pipeline.stages.columns import (
     pseudonym_columns,
 )
 from stream_dp.pipeline.stages.placement import pseudonym_partitions
-from stream_dp.pipeline.stages.queries import needed_fields
+from stream_dp.pipeline.stages.queries import DROP_REASONS, CompiledQuery, needed_fields
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.pseudonymize import (
@@ -271,6 +271,7 @@ class ColumnIngest:
     _partitions_of_keys: Callable[[Sequence[bytes], int], np.ndarray]
     _empty_user: BadRecord
     erasures: ErasureSet | None
+    queries: list[CompiledQuery]
 
     if TYPE_CHECKING:  # provided by IngestStage
 
@@ -324,6 +325,19 @@ class ColumnIngest:
         part.events_arrived += arrived
         part.samples.add_columns(words, signature_ids)
 
+    def _count_drops(self, signature_ids: np.ndarray) -> None:
+        """Count, per query and reason, the events of covered windows (signature ids) the
+        query does not take (``stream_dp_query_events_dropped_total``): raw input counts,
+        taken before the erasure filter and the per-user bounds, so that they move with any
+        record of any user and say nothing of who was erased or bounded out."""
+        if not len(signature_ids):
+            return
+        dropped = self.metrics.query_events_dropped
+        for q in self.queries:
+            for reason, n in zip(DROP_REASONS, q.dropped_counts(signature_ids), strict=True):
+                if n:
+                    dropped.labels(query=q.name, reason=reason).inc(n)
+
     def _window_starts(self, times: np.ndarray) -> np.ndarray:
         return window_starts(times, self.windows.size_s)
 
@@ -376,6 +390,7 @@ class ColumnIngest:
             else:
                 n_accepted = int(np.count_nonzero(mask))
                 sids[mask] = intern_signatures(fields, table, interned, n_events=n_accepted)
+            self._count_drops(sids if mask is None else sids[mask])
             kept = np.zeros(len(records), dtype=bool)
             key_id = self.keyring.for_window(accepted[0]).key_id
             for ws in accepted:
@@ -458,6 +473,7 @@ class ColumnIngest:
                 # checks): its pseudonyms are not this window's; never taken.
                 other_secret += count
             else:
+                self._count_drops(sids[rows])
                 gone = self._erased_rows(packed.key_id, ws, words)
                 if gone is not None:  # erased: never enters a sample (no count)
                     rows &= ~gone

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
 import orjson
 
 from stream_dp.pipeline.formats.decode import BadRecord
@@ -105,6 +106,9 @@ class _BatchOutcome:
     skipped: int
     duplicates: int
     stale_key: int
+    #: Every event of an accepted window, erased users' too, as its signature id: what the
+    #: queries' drop counters count (before the erasure filter and the bounds).
+    window_items: list[int]
 
 
 class RecordIngest(ColumnIngest):
@@ -151,8 +155,7 @@ class RecordIngest(ColumnIngest):
         routed: bool,
         topic: str | None,
     ) -> _BatchOutcome:
-        """The per-record loop: decode (raw) or check (routed) each record, drop it if its
-        window is late or replayed, pseudonymize and offer it to its window's samples."""
+        """Decode (raw) or check (routed), drop late or replayed, offer to the samples."""
         decode = self.decoder.decode_parts
         check_keys = self.enforce_user_keys and not routed
         n_partitions = self.source_partitions
@@ -187,6 +190,7 @@ class RecordIngest(ColumnIngest):
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
         run_arrived = 0  # erased users' events included (WindowPart.events_arrived)
+        sids: list[int] = []  # every event of an accepted window (see _BatchOutcome)
         erased: frozenset[bytes] = _NONE_ERASED
         for offset, key, value in records:
             pseudonym: bytes | None
@@ -251,6 +255,7 @@ class RecordIngest(ColumnIngest):
                     )
                     continue
             run_arrived += 1  # erased users' too: they move time and the held-state figure
+            sids.append(sid)  # counted before the erasure filter: no per-person signal
             if max_time is None or t > max_time:
                 max_time = t
             if erased and pseudonym in erased:
@@ -259,7 +264,7 @@ class RecordIngest(ColumnIngest):
             run_items.append(sid)
         _offer(part, run_pseudonyms, run_items, run_arrived)
         late, skipped = dropped[LATE], dropped[REPLAYED]
-        return _BatchOutcome(dead, marks, max_time, late, skipped, duplicates, stale_key)
+        return _BatchOutcome(dead, marks, max_time, late, skipped, duplicates, stale_key, sids)
 
     def _decode_routed(
         self,
@@ -398,6 +403,7 @@ class RecordIngest(ColumnIngest):
             # watermark no further than the clock (it may not close the current window).
             tracker.observe(partition, min(max_time, now_s), now_mono_s)
         metrics = self.metrics
+        self._count_drops(np.array(outcome.window_items, dtype=np.int64))
         if outcome.late:
             metrics.late_events.inc(outcome.late)
         if outcome.skipped:

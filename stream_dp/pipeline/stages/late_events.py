@@ -8,16 +8,28 @@ releases nothing, and the counter alone does not say why: :class:`LateEventsNoti
 WARNING with how many were dropped, the first covered window and what to change — at once
 for the first ones, then at most every :data:`NOTICE_INTERVAL_S` while more arrive.
 
-It reads only counts and the coverage start: never an event, a user id or a value.
+Events a query does not take are never silent either. An event whose value is not on a
+query's public key list (``"de"`` for ``"DE"``) or that lacks a field the query groups by
+(``missing_group: drop``) is counted in ``stream_dp_query_events_dropped_total{query,
+reason}``; a wrong field name or a key list in another letter case then releases nothing for
+the query, and the counter alone does not say why. :class:`DroppedEventsNotice` logs a
+WARNING per query and reason with how many were dropped and what to change, on the same
+schedule. Events a ``where`` filter leaves out are what the configuration asks for:
+counted, never warned about.
+
+It reads only counts, the coverage start and the configuration: never an event, a user id
+or a value.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
 
+from stream_dp.config.model import QueryConfig
 from stream_dp.ops.metrics import Metrics
 from stream_dp.windows.tumbling import iso_utc
 
@@ -27,6 +39,33 @@ log = logging.getLogger(__name__)
 NOTICE_INTERVAL_S: Final = 300.0
 #: The sample of ``Metrics.late_events`` (a counter) that holds its total.
 LATE_EVENTS_SAMPLE: Final = "stream_dp_late_events_total"
+#: The sample of ``Metrics.query_events_dropped`` (a counter) that holds its totals.
+DROPPED_SAMPLE: Final = "stream_dp_query_events_dropped_total"
+
+
+def dropped_events_message(query: QueryConfig, reason: str, dropped: int) -> str | None:
+    """The WARNING's text for ``dropped`` events of ``query`` left out for ``reason``; None
+    for a reason that needs no warning (``where``: the configured filter)."""
+    fields = ", ".join(repr(f) for f in query.group_by)
+    check = "`stream-dp check` compares a sample of the topic with the configuration"
+    if reason == "outside_key_list":
+        return (
+            f"query {query.name} dropped {dropped} events whose {fields} value is not on its "
+            "public key list (keys): list the values as the events spell them (letter case "
+            f"included) or use keys: private; {check}"
+        )
+    if reason == "missing_group_field":
+        return (
+            f"query {query.name} dropped {dropped} events without a value for {fields} "
+            "(missing or null; missing_group: drop): set group_by to the fields the events "
+            f"hold, or missing_group: null_key to count them under a null key; {check}"
+        )
+    if reason == "missing_value":
+        return (
+            f"query {query.name} dropped {dropped} events without a value in "
+            f"{query.value_field!r}: set value_field to the field the events hold; {check}"
+        )
+    return None
 
 
 def late_events_message(dropped: int, coverage_start_s: int | None, *, start_at_set: bool) -> str:
@@ -53,10 +92,14 @@ class LateEventsNotice:
         self,
         metrics: Metrics,
         start_at: datetime | None,
+        queries: Sequence[QueryConfig] = (),
         *,
         interval_s: float = NOTICE_INTERVAL_S,
     ) -> None:
-        """``start_at``: the configuration's ``window.start_at`` (None: unset)."""
+        """``start_at``: the configuration's ``window.start_at`` (None: unset); ``queries``:
+        the configured queries, whose dropped events :meth:`observe` warns about too
+        (:class:`DroppedEventsNotice`)."""
+        self._drops = DroppedEventsNotice(metrics, queries, interval_s=interval_s)
         self._metrics = metrics
         self._start_at_set = start_at is not None
         self._interval_s = interval_s
@@ -65,7 +108,9 @@ class LateEventsNotice:
 
     def observe(self, coverage_start_s: int | None, now_mono_s: float) -> str | None:
         """Warn when the late-events total grew since the last warning and the interval
-        passed; returns the message logged, else None."""
+        passed; returns the message logged, else None. Dropped events of the queries are
+        warned about alongside (their messages are :meth:`DroppedEventsNotice.observe`'s)."""
+        self._drops.observe(now_mono_s)
         late_total = self._metrics.registry.get_sample_value(LATE_EVENTS_SAMPLE) or 0.0
         dropped = int(late_total - self._reported_total)
         if dropped <= 0 or now_mono_s - self._warned_mono_s < self._interval_s:
@@ -75,3 +120,43 @@ class LateEventsNotice:
         message = late_events_message(dropped, coverage_start_s, start_at_set=self._start_at_set)
         log.warning("%s", message)
         return message
+
+
+class DroppedEventsNotice:
+    """Turns growth of the per-query drop totals into rate-limited WARNINGs."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        queries: Sequence[QueryConfig],
+        *,
+        interval_s: float = NOTICE_INTERVAL_S,
+    ) -> None:
+        self._metrics = metrics
+        self._queries = list(queries)
+        self._interval_s = interval_s
+        self._reported: dict[tuple[str, str], float] = {}
+        self._warned_mono_s: dict[tuple[str, str], float] = {}
+
+    def observe(self, now_mono_s: float) -> list[str]:
+        """Warn per query and reason whose total grew since its last warning once the
+        interval passed; returns the messages logged."""
+        out: list[str] = []
+        registry = self._metrics.registry
+        for query in self._queries:
+            for reason in ("outside_key_list", "missing_group_field", "missing_value"):
+                labels = {"query": query.name, "reason": reason}
+                total = registry.get_sample_value(DROPPED_SAMPLE, labels) or 0.0
+                key = (query.name, reason)
+                dropped = int(total - self._reported.get(key, 0.0))
+                last = self._warned_mono_s.get(key, -math.inf)
+                if dropped <= 0 or now_mono_s - last < self._interval_s:
+                    continue
+                message = dropped_events_message(query, reason, dropped)
+                if message is None:
+                    continue
+                self._reported[key] = total
+                self._warned_mono_s[key] = now_mono_s
+                log.warning("%s", message)
+                out.append(message)
+        return out

@@ -10,11 +10,18 @@ from typing import Any
 import numpy as np
 
 from stream_dp.config.model import BoundsConfig, QueryConfig
+from stream_dp.ops.metrics import QUERY_DROP_REASONS
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.planner import QueryPlan, plan_query
 
 GroupKey = tuple[Any, ...]
 Projection = tuple[GroupKey, int] | None
+
+#: Why a query does not take an event (:meth:`CompiledQuery.dropped_counts`), by fate
+#: number 1, 2, …: where (a where value not allowed), missing_group_field (a group_by field
+#: missing or null under missing_group: drop), outside_key_list (a key not on the public
+#: list), missing_value (sum/mean without a value). Fate 0 is "taken".
+DROP_REASONS = QUERY_DROP_REASONS
 
 
 class CompiledQuery:
@@ -56,6 +63,9 @@ class CompiledQuery:
         # (a public list's keys: by their place on it).
         self._key_of: np.ndarray = np.zeros(0, dtype=np.int64)
         self._value_of: np.ndarray = np.zeros(0, dtype=np.int64)
+        #: Per signature id, why the query does not take it (0: it does; see DROP_REASONS).
+        self._fate_of: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._drop_missing = query.missing_group == "drop" and bool(query.group_by)
         #: Key number by key (a one-field key: by its value; see :meth:`_project_new`).
         self._key_ids: dict[Any, int] = {}
         self._keys: list[GroupKey] = []
@@ -80,6 +90,7 @@ class CompiledQuery:
         """The signature table was renumbered: cached projections no longer apply."""
         self._key_of = np.zeros(0, dtype=np.int64)
         self._value_of = np.zeros(0, dtype=np.int64)
+        self._fate_of = np.zeros(0, dtype=np.int64)
         if self._public_ids is None:
             self._key_ids = {}
             self._keys = []
@@ -92,10 +103,21 @@ class CompiledQuery:
         n = len(self._signatures)
         done = len(self._key_of)
         if done < n:
-            key_of, value_of = self._project_new(self._signatures[done:n])
+            key_of, value_of, fate_of = self._project_new(self._signatures[done:n])
             self._key_of = np.concatenate((self._key_of, key_of))
             self._value_of = np.concatenate((self._value_of, value_of))
+            self._fate_of = np.concatenate((self._fate_of, fate_of))
         return self._key_of[items], self._value_of[items], self._keys
+
+    def dropped_counts(self, items: np.ndarray) -> list[int]:
+        """How many of ``items`` (signature ids of events) the query does not take, per
+        reason of :data:`DROP_REASONS` (in that order): the raw-input counts of
+        ``stream_dp_query_events_dropped_total``."""
+        if len(self._key_of) < len(self._signatures):
+            self.project_columns(np.zeros(0, dtype=np.int64))
+        counts = np.bincount(self._fate_of[items], minlength=len(DROP_REASONS) + 1)
+        dropped: list[int] = counts[1:].tolist()
+        return dropped
 
     def project(self, signature_id: int) -> Projection:
         """One signature's (key, value in units), or None when the query does not take it
@@ -107,19 +129,26 @@ class CompiledQuery:
             return None
         return self._keys[key], self._value_of.item(signature_id)
 
-    def _project_new(self, signatures: list[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray]:
-        """Key numbers and values of signatures seen for the first time, a column at a time:
-        the ``where`` filter, the key tuple and its membership of the public list are each
-        one C-level pass over the signatures (``map``), not a Python call per signature.
+    def dropped_counts_of(self, signatures: list[tuple[Any, ...]]) -> list[int]:
+        """:meth:`dropped_counts` of events given by their signatures, outside the shared
+        table (stage 0 counts an erased user's events it does not repartition this way):
+        nothing is interned or numbered."""
+        fate = self._classify(signatures)[1]
+        counts = np.bincount(fate, minlength=len(DROP_REASONS) + 1)
+        dropped: list[int] = counts[1:].tolist()
+        return dropped
 
-        A signature is not taken (-1) when a ``where`` value is not allowed, when its key is
-        not on the public list (never released: it must not count against the user's
-        bounds), or, for sum/mean, when it has no value (None). A value is clamped to
-        [lower, upper] and rounded to a multiple of the granularity, in units."""
+    def _classify(
+        self, signatures: list[tuple[Any, ...]]
+    ) -> tuple[np.ndarray, np.ndarray, list[Any], np.ndarray | None, list[Any] | None]:
+        """(taken, fate, keys, place on the public list or None, raw values or None) of
+        signatures, a column at a time, changing nothing (see :meth:`_project_new`)."""
         m = len(signatures)
         taken = np.ones(m, dtype=bool)
+        fate = np.zeros(m, dtype=np.int64)
         for i, allowed in self._where:
             taken &= np.fromiter(map(allowed.__contains__, map(itemgetter(i), signatures)), bool, m)
+        fate[~taken] = 1
         group = self._group
         # A one-field key is looked up by its value (hashed once, cached by str), not as a
         # fresh 1-tuple hashed anew at every lookup; it becomes a tuple once, when new.
@@ -130,31 +159,61 @@ class CompiledQuery:
             keys = list(map(itemgetter(group[0]), signatures))
         else:
             keys = list(map(itemgetter(*group), signatures))
+        if self._drop_missing:
+            whole = np.ones(m, dtype=bool)
+            for i in group:
+                values = map(itemgetter(i), signatures)
+                whole &= np.fromiter(map(is_not, values, repeat(None)), bool, m)
+            fate[taken & ~whole] = 2
+            taken &= whole
         public = self._public_ids
+        listed = None
         if public is not None:
             listed = np.fromiter(map(public.get, keys, repeat(-1)), np.int64, m)
+            fate[taken & (listed < 0)] = 3
             taken &= listed >= 0
-        value_of = np.zeros(m, dtype=np.int64)
+        raw = None
         if self._value is not None:
             raw = list(map(itemgetter(self._value), signatures))
-            taken &= np.fromiter(map(is_not, raw, repeat(None)), bool, m)
+            present = np.fromiter(map(is_not, raw, repeat(None)), bool, m)
+            fate[taken & ~present] = 4
+            taken &= present
+        return taken, fate, keys, listed, raw
+
+    def _project_new(
+        self, signatures: list[tuple[Any, ...]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Key numbers and values of signatures seen for the first time, a column at a time:
+        the ``where`` filter, the key tuple and its membership of the public list are each
+        one C-level pass over the signatures (``map``), not a Python call per signature.
+
+        A signature is not taken (-1) when a ``where`` value is not allowed, when a group
+        field is missing or null (``missing_group: drop``), when its key is not on the public
+        list (never released: it must not count against the user's bounds), or, for
+        sum/mean, when it has no value (None); its fate says which, first of these first. A
+        value is clamped to [lower, upper] and rounded to a multiple of the granularity, in
+        units."""
+        m = len(signatures)
+        taken, fate, keys, listed, raw = self._classify(signatures)
+        value_of = np.zeros(m, dtype=np.int64)
+        if raw is not None:
             rows = np.flatnonzero(taken)
             lower, upper, granularity = self._lower, self._upper, self._granularity
             value_of[rows] = [
                 round(min(max(float(raw[j]), lower), upper) / granularity) for j in rows.tolist()
             ]
-        if public is not None:
+        if listed is not None:
             listed[~taken] = -1
-            return listed, value_of
+            return listed, value_of, fate
         rows = np.flatnonzero(taken)
         kept = list(map(keys.__getitem__, rows.tolist()))
         ids, known = self._key_ids, self._keys
         fresh = dict.fromkeys(filterfalse(ids.__contains__, kept))  # in order of first use
         ids.update(zip(fresh, range(len(known), len(known) + len(fresh)), strict=True))
-        known.extend(zip(fresh, strict=True) if len(group) == 1 else fresh)
+        known.extend(zip(fresh, strict=True) if len(self._group) == 1 else fresh)
         key_of = np.full(m, -1, dtype=np.int64)
         key_of[rows] = np.fromiter(map(ids.__getitem__, kept), np.int64, len(kept))
-        return key_of, value_of
+        return key_of, value_of, fate
 
 
 def needed_fields(queries: Sequence[QueryConfig]) -> tuple[list[str], list[str], list[str]]:

@@ -72,7 +72,13 @@ def _offsets(records: Sequence[InputRecord]) -> list[int]:
 class RoutingStage:
     """Stage 0: the input partitions this worker reads, routed to the repartition topic."""
 
-    def __init__(self, config: Config, keyring: KeyRing, *, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        config: Config,
+        keyring: KeyRing,
+        *,
+        metrics: Metrics,
+    ) -> None:
         self.config = config
         self.keyring = keyring
         self.metrics = metrics
