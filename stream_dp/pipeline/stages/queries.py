@@ -129,15 +129,6 @@ class CompiledQuery:
             return None
         return self._keys[key], self._value_of.item(signature_id)
 
-    def dropped_counts_of(self, signatures: list[tuple[Any, ...]]) -> list[int]:
-        """:meth:`dropped_counts` of events given by their signatures, outside the shared
-        table (stage 0 counts an erased user's events it does not repartition this way):
-        nothing is interned or numbered."""
-        fate = self._classify(signatures)[1]
-        counts = np.bincount(fate, minlength=len(DROP_REASONS) + 1)
-        dropped: list[int] = counts[1:].tolist()
-        return dropped
-
     def _classify(
         self, signatures: list[tuple[Any, ...]]
     ) -> tuple[np.ndarray, np.ndarray, list[Any], np.ndarray | None, list[Any] | None]:
