@@ -260,8 +260,9 @@ class Membership(WorkerPart):
         watermark = release.watermark_s()
         # Stage 2 waits for every stage-1 partition, and a repartition partition for every
         # input partition: both counts must be right, never guessed.
+        topology.keyed_topic = self.stage1_topic if self.keyed else None
         ingest.source_partitions = await topology.partitions(
-            self.stage1_topic, watermark_s=watermark
+            self.stage1_topic, watermark_s=watermark, ingest=ingest
         )
         if not self.keyed:
             ingest.input_partitions = await topology.partitions(

@@ -537,4 +537,4 @@ class Worker:
         watermark = release.watermark_s()
         if watermark is not None:
             self.metrics.watermark.set(watermark)
-            self.topology.settle(watermark)
+        await self.topology.tick(watermark, ingest)
