@@ -441,6 +441,9 @@ async def _fault(
     elif kind == "restart_while_idle":
         await _restart_while_idle(run, slots, config, bootstrap)
     elif kind == "partition_count":
+        # A change before a worker took its partitions is no change to it: it starts on it.
+        for slot in slots:
+            await _rejoined(slot, "partitions taken")
         run.faults.append(
             Fault(run.elapsed(), kind, await _add_partitions(run, bootstrap, input_topic))
         )
@@ -574,15 +577,16 @@ async def _log_group_state(run: Run, bootstrap: str, group: str) -> None:
 REJOIN_GUARD_S = 120.0
 
 
-async def _rejoined(slot: Slot) -> None:
+async def _rejoined(slot: Slot, said: str = "partitions assigned") -> None:
     """Wait until the restarted worker has been assigned partitions, as a rolling update waits
     for each replica to be ready before it stops the next. Restarting the three back to back,
     a second time within a minute, left the embedded broker's group without an assignment for
     minutes in smoke runs on a loaded machine (no worker logged a partition); Apache Kafka
-    rebalanced back-to-back restarts at once (see :func:`_restart_while_idle`)."""
+    rebalanced back-to-back restarts at once (see :func:`_restart_while_idle`). ``said``: the
+    log line that tells (partition_count waits for "partitions taken")."""
     deadline = time.monotonic() + REJOIN_GUARD_S
     while time.monotonic() < deadline:
-        if "partitions assigned" in slot.logs[-1].read_text(errors="replace"):
+        if said in slot.logs[-1].read_text(errors="replace"):
             return
         if slot.proc is not None and slot.proc.poll() is not None:
             return  # exited: the checks at the end report it
