@@ -30,6 +30,7 @@ jars of ``make kafka-jars``), fed by a live producer
 - ``partition_count``: two partitions added to the input topic while the producer writes:
   the check "partition count" wants every change named in a worker's WARNING (topic, old and
   new count; the workers ask the broker every few seconds), and "nothing lost" still holds.
+  The embedded broker has no CreatePartitions: there the fault is reported as refused.
 
 The queries run in the noise-free test mode (ε = 1e6: discrete Laplace noise of scale
 ≤ 1e-6 is 0 except with probability below e^-1e5) and k is far above any user's events per

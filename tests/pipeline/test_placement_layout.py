@@ -19,7 +19,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.ledger import encode_published, encode_release
 from stream_dp.pipeline.formats.partials import SourceWatermark, encode_partial, encode_watermark
 from stream_dp.pipeline.local.local import local_topology
-from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
 from stream_dp.pipeline.stages.placement import crc32_partition, murmur2_partition
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
@@ -158,7 +158,7 @@ def test_after_partitions_are_added_each_window_keeps_one_count_and_the_user_is_
     stage.source_partitions, stage.fingerprint = OLD, own
     stage.assign([old, new], 0.0, routed=False)
 
-    def events(first: int, t0: float) -> list[tuple[int, bytes | None, bytes]]:
+    def events(first: int, t0: float) -> list[InputRecord]:
         return [rec(first + i, user, t0 + i / 100, "a", key=user.encode()) for i in range(EVENTS)]
 
     assert stage.ingest(old, events(0, 1), now_s=NOW, now_mono_s=0.0) == []
