@@ -27,6 +27,10 @@ jars of ``make kafka-jars``), fed by a live producer
   the group's start-up) of the restart, not at one second per second since the first window.
   Each restarted worker must take its partitions before the next is stopped, as in a rollout;
   ``--restart-pacing back-to-back`` (an experiment) does not wait.
+- ``partition_count``: two partitions added to the input topic while the producer writes:
+  the check "partition count" wants every change named in a worker's WARNING (topic, old and
+  new count; the workers ask the broker every few seconds), and "nothing lost" still holds.
+  The embedded broker has no CreatePartitions: there the fault is reported as refused.
 
 The queries run in the noise-free test mode (ε = 1e6: discrete Laplace noise of scale
 ≤ 1e-6 is 0 except with probability below e^-1e5) and k is far above any user's events per
@@ -68,7 +72,7 @@ from typing import Any
 import orjson
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 
 from chaos.sink import ChaosSink, changed_database, slow_database
 from chaos.sink import check as sink_check
@@ -96,6 +100,9 @@ FAULTS: tuple[str, ...] = (
 FAULTS += ("slow_database",)
 FAULTS += ("changed_database",)
 FAULTS += ("restart_while_idle",)
+FAULTS += ("partition_count",)
+#: partition_count: partitions added to the input topic per fault.
+PARTITIONS_ADDED = 2
 QUERIES = ("visits", "total")
 #: erasure_burst: users erased at once; how far ahead of the clock their window starts (the
 #: window is still open when the burst is applied); how long every request may take to be
@@ -167,6 +174,8 @@ class Run:
     producer_held: asyncio.Event = field(default_factory=asyncio.Event)
     #: restart_while_idle: (windows due at the restart, seconds until all were out or None).
     idle_restarts: list[tuple[int, float | None]] = field(default_factory=list)
+    #: partition_count faults: (count before, count after); the after is None if refused.
+    partition_changes: list[tuple[int, int | None]] = field(default_factory=list)
     #: restart_while_idle: wait for each restarted worker's "partitions assigned" before
     #: stopping the next (a rollout), or not (``--restart-pacing back-to-back``, an experiment).
     wait_for_rejoin: bool = True
@@ -432,6 +441,52 @@ async def _fault(
         run.faults.append(Fault(run.elapsed(), kind, await changed_database(run.sink, run.rng)))
     elif kind == "restart_while_idle":
         await _restart_while_idle(run, slots, config, bootstrap)
+    elif kind == "partition_count":
+        # A change before a worker took its partitions is no change to it: it starts on it.
+        for slot in slots:
+            await _rejoined(slot, "partitions taken")
+        run.faults.append(
+            Fault(run.elapsed(), kind, await _add_partitions(run, bootstrap, input_topic))
+        )
+
+
+async def _add_partitions(run: Run, bootstrap: str, topic: str) -> str:
+    """The partition_count fault: PARTITIONS_ADDED more partitions of the input topic."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+        before = len(described["partitions"])
+        try:
+            await admin.create_partitions({topic: NewPartitions(before + PARTITIONS_ADDED)})
+        except Exception as exc:  # noqa: BLE001 - a broker without CreatePartitions: reported
+            run.partition_changes.append((before, None))
+            return f"input {before} → {before + PARTITIONS_ADDED} partitions refused: {exc!r}"
+    finally:
+        await admin.close()
+    run.partition_changes.append((before, before + PARTITIONS_ADDED))
+    return f"input {before} → {before + PARTITIONS_ADDED} partitions"
+
+
+def _partition_count_check(run: Run, scanned: dict[str, bytes], topic: str) -> Check:
+    """Every applied partition_count fault named in some worker's WARNING line."""
+    logs = b"\n".join(blob for name, blob in scanned.items() if name.startswith("log "))
+    warned = {
+        (int(m[0]), int(m[1]))
+        for line in logs.splitlines()
+        if line.startswith(b"{") and b'"WARNING"' in line
+        for m in re.findall(
+            rf"topic {re.escape(topic)} changed from (\d+) to (\d+) partitions".encode(), line
+        )
+    }
+    applied = [(a, b) for a, b in run.partition_changes if b is not None]
+    unsaid = [change for change in applied if change not in warned]
+    refused = len(run.partition_changes) - len(applied)
+    return Check(
+        "partition count: every change of the input topic named in a WARNING",
+        not unsaid,
+        f"changes {applied} (refused by the broker: {refused}); not named: {unsaid}",
+    )
 
 
 #: restart_while_idle: the due windows must be out this long after the restart at most — a
@@ -523,15 +578,16 @@ async def _log_group_state(run: Run, bootstrap: str, group: str) -> None:
 REJOIN_GUARD_S = 120.0
 
 
-async def _rejoined(slot: Slot) -> None:
+async def _rejoined(slot: Slot, said: str = "partitions assigned") -> None:
     """Wait until the restarted worker has been assigned partitions, as a rolling update waits
     for each replica to be ready before it stops the next. Restarting the three back to back,
     a second time within a minute, left the embedded broker's group without an assignment for
     minutes in smoke runs on a loaded machine (no worker logged a partition); Apache Kafka
-    rebalanced back-to-back restarts at once (see :func:`_restart_while_idle`)."""
+    rebalanced back-to-back restarts at once (see :func:`_restart_while_idle`). ``said``: the
+    log line that tells (partition_count waits for "partitions taken")."""
     deadline = time.monotonic() + REJOIN_GUARD_S
     while time.monotonic() < deadline:
-        if "partitions assigned" in slot.logs[-1].read_text(errors="replace"):
+        if said in slot.logs[-1].read_text(errors="replace"):
             return
         if slot.proc is not None and slot.proc.poll() is not None:
             return  # exited: the checks at the end report it
@@ -914,6 +970,7 @@ async def chaos(
             )
         )
         checks.append(_idle_restart_check(run))
+        checks.append(_partition_count_check(run, scanned, input_topic))
     finally:
         stop_sampling.set()
         await sampler

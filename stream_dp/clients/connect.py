@@ -58,3 +58,17 @@ async def stop_client(client: Any) -> None:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise
+
+
+def partitions_without_leader(consumer: Any | None) -> set[Any]:
+    """A consumer's assigned partitions whose leader is unknown (an outage, not idleness);
+    none without a consumer."""
+    if consumer is None:
+        return set()
+    cluster = consumer._client.cluster  # aiokafka has no public accessor for leaders
+    out = set()
+    for tp in consumer.assignment():
+        leader = cluster.leader_for_partition(tp)
+        if leader is None or leader < 0:
+            out.add(tp)
+    return out

@@ -41,7 +41,7 @@ def test_a_short_chaos_run_passes_every_check(broker: str, tmp_path: Path) -> No
         else ""
     )
     assert done.returncode == 0, f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}\n{report}"
-    assert "| FAIL |" not in report and report.count("| PASS |") == 8
+    assert "| FAIL |" not in report and report.count("| PASS |") == 9
     assert (tmp_path / "rss.png").stat().st_size > 1000
     faults = [
         line for line in done.stdout.splitlines() if line.startswith("[chaos]") and " s  " in line

@@ -19,7 +19,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.ledger import encode_published, encode_release
 from stream_dp.pipeline.formats.partials import SourceWatermark, encode_partial, encode_watermark
 from stream_dp.pipeline.local.local import local_topology
-from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
 from stream_dp.pipeline.stages.placement import crc32_partition, murmur2_partition
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
@@ -127,3 +127,95 @@ def test_a_partial_of_a_version_without_placements_merges_with_its_own_fingerpri
     ]
     assert all_users == 2 * K  # both sources merged: two users, K events each
     assert stage.metrics.partials_ignored.labels(reason="layout_changed")._value.get() == 0
+
+
+# -- partitions added to keyed input (issue 39, item 4) --------------------------------------
+OLD, NEW = 4, 6
+
+
+def _moved_user() -> str:
+    """A user whose murmur2 home moves when the topic grows from OLD to NEW partitions."""
+    for i in range(100):
+        user = f"user-{i}"
+        if murmur2_partition(user.encode(), OLD) != murmur2_partition(user.encode(), NEW):
+            return user
+    raise AssertionError("no user moves")
+
+
+def test_after_partitions_are_added_each_window_keeps_one_count_and_the_user_is_bounded_once() -> (
+    None
+):
+    """A keyed topic grows 4 → 6 while window T0 is open. The user's home moves (old ≠ new).
+    T0 began under 4: its records are checked against 4 (those placed under 4 accepted,
+    those placed under 6 dead-lettered) and its partials carry 4; the next window is
+    checked against 6. Accepting either count in T0 would hold the user on two partitions
+    of one layout, bounded once on each: released 2K, not K."""
+    cfg = _keyed("murmur2")
+    own = deployment_fingerprint(cfg, local_topology(cfg)).digest
+    user = _moved_user()
+    old, new = (murmur2_partition(user.encode(), n) for n in (OLD, NEW))
+    stage = IngestStage(cfg, KEYRING)
+    stage.source_partitions, stage.fingerprint = OLD, own
+    stage.assign([old, new], 0.0, routed=False)
+
+    def events(first: int, t0: float) -> list[InputRecord]:
+        return [rec(first + i, user, t0 + i / 100, "a", key=user.encode()) for i in range(EVENTS)]
+
+    assert stage.ingest(old, events(0, 1), now_s=NOW, now_mono_s=0.0) == []
+    assert stage.layout.grow(OLD, NOW) == T0 + 10  # T0 began: the next window is under NEW
+    stage.source_partitions = NEW
+    # T0, placed under the new count by a producer that refreshed: not T0's count.
+    dead = stage.ingest(new, events(0, 5), now_s=NOW, now_mono_s=0.0)
+    assert [d.reason for d in dead] == ["misplaced_key"] * EVENTS
+    assert all(f"topic's {OLD} partitions" in d.detail for d in dead)
+    # T0, placed under the old count by a producer not refreshed yet: T0's count.
+    assert stage.ingest(old, events(EVENTS, 6), now_s=NOW, now_mono_s=0.0) == []
+    # The next window: under the new count only.
+    assert stage.ingest(new, events(EVENTS, 11), now_s=NOW, now_mono_s=0.0) == []
+    late = stage.ingest(old, events(2 * EVENTS, 12), now_s=NOW, now_mono_s=0.0)
+    assert [d.reason for d in late] == ["misplaced_key"] * EVENTS
+    sealed = {(p, ws): stage.seal(p, ws) for p, ws in [(old, T0), (new, T0 + 10)]}
+    assert {(p, ws): {x.source_partitions for x in parts} for (p, ws), parts in sealed.items()} == {
+        (old, T0): {OLD},
+        (new, T0 + 10): {NEW},
+    }
+    assert new not in stage._state or T0 not in stage._state[new]  # nothing of T0 on `new`
+    release = ReleaseStage(cfg, metrics=Metrics(), fingerprint=own)
+    release.assign([0])
+    values = [v for p in sealed[old, T0] for _, v in encode_partial(p, max_bytes=MB)]
+    for source in range(NEW):
+        values.append(encode_watermark(SourceWatermark(source, NEW, T0 + 11.0, False, True))[1])
+    release.ingest(0, list(enumerate(values)))
+    assert release.due_windows() == [T0]
+    (visits,) = [r for r in release.compute_release(T0, now_s=NOW) if r.query == "visits"]
+    assert {str(r.value.get("group")): r.value.get("value") for r in visits.records}[
+        "{'domain': 'a'}"
+    ] == K  # the user's 2 × EVENTS events of T0 bounded once, on one partition
+
+
+def test_a_partial_of_a_worker_that_drew_the_line_elsewhere_is_left_out() -> None:
+    """Two workers saw the change at different times: one sealed T0 under 4 on the user's
+    old home, the other under 6 on the new home. Stage 2 merges one count per window."""
+    cfg = _keyed("murmur2")
+    own = deployment_fingerprint(cfg, local_topology(cfg)).digest
+    user = _moved_user()
+    values: list[bytes] = []
+    for count in (OLD, NEW):
+        home = murmur2_partition(user.encode(), count)
+        stage = IngestStage(cfg, KEYRING)
+        stage.source_partitions, stage.fingerprint = count, own
+        stage.assign([home], 0.0, routed=False)
+        records = [rec(i, user, 1 + i / 100, "a", key=user.encode()) for i in range(EVENTS)]
+        assert stage.ingest(home, records, now_s=NOW, now_mono_s=0.0) == []
+        values += [v for p in stage.seal(home, T0) for _, v in encode_partial(p, max_bytes=MB)]
+    for source in range(NEW):
+        values.append(encode_watermark(SourceWatermark(source, NEW, T0 + 11.0, False, True))[1])
+    release = ReleaseStage(cfg, metrics=Metrics(), fingerprint=own)
+    release.assign([0])
+    release.ingest(0, list(enumerate(values)))
+    (visits,) = [r for r in release.compute_release(T0, now_s=NOW) if r.query == "visits"]
+    assert {str(r.value.get("group")): r.value.get("value") for r in visits.records}[
+        "{'domain': 'a'}"
+    ] == K
+    ignored = release.metrics.partials_ignored.labels(reason="layout_changed")._value.get()
+    assert ignored == len(release.queries)

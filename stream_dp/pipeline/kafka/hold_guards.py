@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
+from stream_dp.clients.connect import partitions_without_leader
 from stream_dp.clients.offset_range import (
     OFFSET_ERRORS,
     OutOfRange,
@@ -317,7 +318,7 @@ class HoldGuards:
             self.held_age.resume_reading(now_s)
             return
         gap_s = now_mono_s - last
-        if gap_s > OUTAGE_GAP_S or self._membership.partitions_without_leader():
+        if gap_s > OUTAGE_GAP_S or partitions_without_leader(self._membership.consumer):
             if gap_s > OUTAGE_GAP_S:
                 log.info(
                     "the loop was blocked %.0f s (the broker did not answer): the maximum "

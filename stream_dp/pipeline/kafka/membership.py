@@ -262,8 +262,9 @@ class Membership(WorkerPart):
         watermark = release.watermark_s()
         # Stage 2 waits for every stage-1 partition, and a repartition partition for every
         # input partition: both counts must be right, never guessed.
+        topology.keyed_topic = self.stage1_topic if self.keyed else None
         ingest.source_partitions = await topology.partitions(
-            self.stage1_topic, watermark_s=watermark
+            self.stage1_topic, watermark_s=watermark, ingest=ingest
         )
         if not self.keyed:
             ingest.input_partitions = await topology.partitions(
@@ -464,19 +465,6 @@ class Membership(WorkerPart):
             at_mono = None if at is None else answered_at_mono(at, now, mono)
             if at_mono is not None:
                 ingest.read_to_end(tp.partition, at_mono, input_topic=not self.keyed)
-
-    def partitions_without_leader(self) -> set[TopicPartition]:
-        """Assigned partitions whose leader is unknown (an outage, not idleness)."""
-        consumer = self.consumer
-        if consumer is None:
-            return set()
-        cluster = consumer._client.cluster  # aiokafka has no public accessor for leaders
-        out = set()
-        for tp in consumer.assignment():
-            leader = cluster.leader_for_partition(tp)
-            if leader is None or leader < 0:
-                out.add(tp)
-        return out
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

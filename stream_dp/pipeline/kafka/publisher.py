@@ -86,11 +86,18 @@ class Publisher(WorkerPart):
         )
         self.health.set("producer_connected", True)
 
-    async def partitions(self, topic: str, *, bounded: bool = False) -> list[int]:
-        """The topic's partitions, sorted (retried)."""
+    async def partitions(
+        self, topic: str, *, bounded: bool = False, fresh: bool = False
+    ) -> list[int]:
+        """The topic's partitions, sorted (retried). ``fresh``: asked of the broker now, not
+        read from the producer's metadata (refreshed only every ``metadata.max.age.ms``, five
+        minutes: a partition count read from it can be minutes old)."""
 
         async def lookup() -> list[int]:
             assert self.producer is not None
+            if fresh:
+                await self.producer.partitions_for(topic)  # the client follows the topic
+                await self.producer.client.force_metadata_update()
             return sorted(await self.producer.partitions_for(topic))
 
         result: list[int] = await self.retry(f"{topic} metadata", lookup, bounded=bounded)

@@ -3,18 +3,36 @@
 A change of the partials, ledger or continual topic's count is fatal (each window must keep
 one owner and one ledger partition); a change of the input or repartition topic is loud
 (log, metric) and makes the worker not ready until the windows open then are out.
+
+Counts are asked of the broker (never read from the producer's metadata, which can be five
+minutes old) when partitions are taken, and every :data:`WATCH_INTERVAL_S` by :meth:`tick`
+for the topics read without a fixed count: a change is seen within seconds, not at the next
+rebalance. When the stage-1 topic of keyed input grows, the windows begun so far keep the
+count before (:class:`~stream_dp.pipeline.stages.placement.SourceLayout`), later ones
+take the new.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+
+from aiokafka.errors import KafkaError
 
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.kafka.publisher import Publisher
+from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.windows.tumbling import iso_utc
 
 log = logging.getLogger(__name__)
+
+#: How often the counts of the topics read without a fixed count are asked of the broker.
+WATCH_INTERVAL_S = 2.0
+#: How long one watch lookup may take before the watch tries again at the next interval.
+WATCH_TIMEOUT_S = 5.0
 
 
 class TopologyError(StreamDPError):
@@ -40,6 +58,9 @@ class TopologyWatch:
         #: topics whose count may never change (partials, ledger, continual)
         self.fixed: set[str] = set()
         self._unsettled_until_s: float | None = None
+        #: The stage-1 topic when the input is keyed by user (its placement is checked).
+        self.keyed_topic: str | None = None
+        self._watched_at_s = time.monotonic()
 
     def record(self, topic: str, count: int, *, fixed: bool) -> None:
         """The count seen at start."""
@@ -47,20 +68,59 @@ class TopologyWatch:
         if fixed:
             self.fixed.add(topic)
 
-    async def partitions(self, topic: str, *, watermark_s: float | None) -> int:
-        """The topic's partition count now; a change since start is loud (log, metric,
-        readiness) — fatal for the partials, ledger and continual topics."""
-        count = len(await self._publisher.partitions(topic, bounded=True))
+    async def partitions(
+        self, topic: str, *, watermark_s: float | None, ingest: IngestStage | None = None
+    ) -> int:
+        """The topic's partition count now (asked of the broker); a change since start is
+        loud (log, metric, readiness) — fatal for the partials, ledger and continual topics.
+        ``ingest``: the stage whose placement checks follow the keyed stage-1 topic."""
+        count = len(await self._publisher.partitions(topic, bounded=True, fresh=True))
+        self._compare(topic, count, watermark_s, ingest)
+        return count
+
+    async def tick(self, watermark_s: float | None, ingest: IngestStage) -> None:
+        """Each loop iteration: readiness back once settled (:meth:`settle`); every
+        :data:`WATCH_INTERVAL_S`, the counts of the topics without a fixed one, asked of
+        the broker (a lookup that fails or hangs is tried again at the next interval)."""
+        if watermark_s is not None:
+            self.settle(watermark_s)
+        now = time.monotonic()
+        if now - self._watched_at_s < WATCH_INTERVAL_S:
+            return
+        self._watched_at_s = now
+        for topic in sorted(self.counts.keys() - self.fixed):
+            lookup = self._publisher.partitions(topic, bounded=True, fresh=True)
+            try:
+                count = len(await asyncio.wait_for(lookup, WATCH_TIMEOUT_S))
+            except (KafkaError, StreamDPError, TimeoutError) as exc:
+                log.info("the partition count of %s could not be read (%r)", topic, exc)
+                return
+            self._compare(topic, count, watermark_s, ingest)
+
+    def _compare(
+        self, topic: str, count: int, watermark_s: float | None, ingest: IngestStage | None
+    ) -> None:
         before = self.counts.setdefault(topic, count)
         if count != before:
             self._metrics.topology_changes.labels(topic=topic).inc()
-            log.error(
+            (log.error if topic in self.fixed else log.warning)(
                 "topic %s changed from %d to %d partitions while the worker ran",
                 topic,
                 before,
                 count,
             )
             self.counts[topic] = count
+            if topic == self.keyed_topic and ingest is not None and count > before:
+                first_new = ingest.layout.grow(before, time.time())
+                ingest.source_partitions = count
+                log.warning(
+                    "keyed input: windows from %s on are checked against the %d partitions "
+                    "of %s, earlier ones against the %d before (one count per window)",
+                    iso_utc(first_new),
+                    count,
+                    topic,
+                    before,
+                )
             if topic in self.fixed:
                 raise TopologyError(
                     f"the partition count of {topic} changed from {before} to {count}: each "
@@ -72,7 +132,6 @@ class TopologyWatch:
             # per window, and the worker is not ready until the windows open now are out.
             self._health.set("topology_stable", False)
             self._unsettled_until_s = (watermark_s or 0.0) + 2 * self._window_size_s
-        return count
 
     def settle(self, watermark_s: float) -> None:
         """Ready again once the release watermark passed the windows open at the change."""

@@ -77,6 +77,7 @@ from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
+from stream_dp.clients.connect import partitions_without_leader
 from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import Config
 from stream_dp.errors import BrokerError
@@ -415,7 +416,7 @@ class Worker:
                     self.ingest.restart_idle_clocks(time.monotonic())
             self._broker_ok = ok
             self.health.set("producer_connected", ok)
-            self._leaderless = self.membership.partitions_without_leader()
+            self._leaderless = partitions_without_leader(self.membership.consumer)
             await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -537,4 +538,4 @@ class Worker:
         watermark = release.watermark_s()
         if watermark is not None:
             self.metrics.watermark.set(watermark)
-            self.topology.settle(watermark)
+        await self.topology.tick(watermark, ingest)

@@ -77,6 +77,7 @@ from stream_dp.pipeline.stages.ingest_columns import (
 )
 from stream_dp.pipeline.stages.ingest_records import RecordIngest, user_key
 from stream_dp.pipeline.stages.placement import (
+    SourceLayout,
     partition_function,
     partitions_function,
 )
@@ -155,8 +156,10 @@ class IngestStage(ErasureState, RecordIngest):
         self.awaiting_bounds: set[int] = set()
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
         #: Partitions of the stage-1 topic (what stage 2 waits for, and what placement is
-        #: checked against); set by the transport.
+        #: checked against); set by the transport. Keyed input after a change: the count per
+        #: window (placement.SourceLayout), the windows begun before it under the count before.
         self.source_partitions = 1
+        self.layout = SourceLayout(config.window.size_s)
         #: The deployment fingerprint's digest stamped on every partial (set by the
         #: transport; :mod:`stream_dp.config.fingerprint`).
         self.fingerprint = ""
@@ -422,7 +425,7 @@ class IngestStage(ErasureState, RecordIngest):
             version=new_version(),
             events_seen=part.samples.events_seen,
             events_retained=len(items),
-            source_partitions=self.source_partitions,
+            source_partitions=self.layout.count_for(window_start_s, self.source_partitions),
             key_id=self.keyring.for_window(window_start_s).key_id,
             placement=self.placement,
             key_check=self.keyring.for_window(window_start_s).key_check,

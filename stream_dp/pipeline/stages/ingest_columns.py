@@ -39,7 +39,7 @@ from stream_dp.pipeline.stages.columns import (
     intern_signatures,
     pseudonym_columns,
 )
-from stream_dp.pipeline.stages.placement import pseudonym_partitions
+from stream_dp.pipeline.stages.placement import SourceLayout, pseudonym_partitions
 from stream_dp.pipeline.stages.queries import DROP_REASONS, CompiledQuery, needed_fields
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.erasure import ErasureSet
@@ -258,6 +258,7 @@ class ColumnIngest:
     k: int
     enforce_user_keys: bool
     source_partitions: int
+    layout: SourceLayout
     _rng: SamplingGenerator
     _fields: list[str]
     _signatures: list[tuple[Any, ...]]
@@ -291,11 +292,12 @@ class ColumnIngest:
             topic: str | None = None,
         ) -> DeadLetter: ...
 
-        def _misplaced_detail(self) -> str: ...
+        def _misplaced_detail(self, partitions: int | None = None) -> str: ...
 
     # -- stage 1 ---------------------------------------------------------------------------
     def _fate(self, partition: int, window_start_s: int) -> int:
         """What happens to a partition's events of this window (as in :meth:`ingest`)."""
+        self.layout.saw(window_start_s)
         sealed = self._sealed_s.get(partition)
         coverage = self._windows_released.coverage_start_s
         if (sealed is not None and window_start_s + self.windows.size_s <= sealed) or (
@@ -366,7 +368,10 @@ class ColumnIngest:
             expected = canonical
             if _keys(records) != _gather(expected, index):
                 return False
-            homes = self._partitions_of_keys(expected, self.source_partitions)
+            counts = {self.layout.count_for(ws, self.source_partitions) for ws in fates}
+            if len(counts) > 1:
+                return False  # windows under two partition counts: the per-record path
+            homes = self._partitions_of_keys(expected, counts.pop())
             if (homes != partition).any():
                 return False
         late = skipped = 0

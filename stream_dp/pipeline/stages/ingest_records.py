@@ -173,7 +173,8 @@ class RecordIngest(ColumnIngest):
         # Raw ids live only in these batch-local caches (never in state): per key id, the
         # pseudonyms; the record key of a user once checked (keyed input).
         pseudonyms: dict[str, dict[str | int, bytes]] = {}
-        checked_keys: dict[str | int, bytes | None] = {}
+        checked_keys: dict[tuple[str | int, int], bytes | None] = {}
+        count_for = self.layout.count_for
         include_payload = self.config.output.dead_letter_include_payload
         dead: list[DeadLetter] = []
         dropped = [0, 0, 0]  # by fate: LATE, REPLAYED (ACCEPT unused)
@@ -189,8 +190,8 @@ class RecordIngest(ColumnIngest):
         pseudonymize: Callable[[str | int], bytes] | None = None
         run_pseudonyms: list[bytes] = []
         run_items: list[int] = []
-        run_arrived = 0  # erased users' events included (WindowPart.events_arrived)
-        sids: list[int] = []  # every event of an accepted window (see _BatchOutcome)
+        sids: list[int] = []  # accepted windows' events, erased too (see _BatchOutcome)
+        run_start = 0  # a run's arrivals (WindowPart.events_arrived): len(sids) - run_start
         erased: frozenset[bytes] = _NONE_ERASED
         for offset, key, value in records:
             pseudonym: bytes | None
@@ -214,17 +215,19 @@ class RecordIngest(ColumnIngest):
                     dead.append(self._dead(parsed, partition, offset, value, include_payload))
                     continue
                 user, t, obj = parsed
-                if check_keys and key != checked_keys.get(user, _UNCHECKED):
-                    letter = self._check_key(user, key, partition, offset, value, include_payload)
-                    if letter is not None:
-                        dead.append(letter)
-                        continue
-                    checked_keys[user] = key
+                if check_keys:  # placed under the partition count of the record's window
+                    place = (partition, count_for(math.floor(t / size) * size, n_partitions))
+                    if key != checked_keys.get((user, place[1]), _UNCHECKED):
+                        letter = self._check_key(user, key, place, offset, value, include_payload)
+                        if letter is not None:
+                            dead.append(letter)
+                            continue
+                        checked_keys[user, place[1]] = key
                 pseudonym = None
             ws = math.floor(t / size) * size
             if ws != current_ws:
-                _offer(part, run_pseudonyms, run_items, run_arrived)
-                run_pseudonyms, run_items, run_arrived = [], [], 0
+                _offer(part, run_pseudonyms, run_items, len(sids) - run_start)
+                run_pseudonyms, run_items, run_start = [], [], len(sids)
                 current_ws = ws
                 fate = self._fate(partition, ws)
                 if fate == ACCEPT:
@@ -254,15 +257,14 @@ class RecordIngest(ColumnIngest):
                         self._dead(self._empty_user, partition, offset, value, include_payload)
                     )
                     continue
-            run_arrived += 1  # erased users' too: they move time and the held-state figure
-            sids.append(sid)  # counted before the erasure filter: no per-person signal
+            sids.append(sid)  # before the erasure filter: arrivals and drops count the erased too
             if max_time is None or t > max_time:
                 max_time = t
             if erased and pseudonym in erased:
                 continue  # erased: never enters a reservoir (no count)
             run_pseudonyms.append(pseudonym)
             run_items.append(sid)
-        _offer(part, run_pseudonyms, run_items, run_arrived)
+        _offer(part, run_pseudonyms, run_items, len(sids) - run_start)
         late, skipped = dropped[LATE], dropped[REPLAYED]
         return _BatchOutcome(dead, marks, max_time, late, skipped, duplicates, stale_key, sids)
 
@@ -323,21 +325,23 @@ class RecordIngest(ColumnIngest):
         self,
         user: str | int,
         key: bytes | None,
-        partition: int,
+        place: tuple[int, int],
         offset: int,
         value: bytes | None,
         include_payload: bool,
     ) -> DeadLetter | None:
         """Keyed input: the dead letter of a record whose key is not its user's (as
-        normalised) or maps to another partition under ``input.partitioner``; None if
+        normalised) or maps to another partition under ``input.partitioner`` and its
+        window's partition count (``place``: the record's partition, that count); None if
         it is keyed and placed right."""
+        partition, partitions = place
         if key != user_key(user, self._normalization):
             bad = BadRecord("not_keyed_by_user", _not_keyed_detail(self._normalization))
             return self._dead(bad, partition, offset, value, include_payload)
         assert key is not None
-        home = self._partition_of_key(key, self.source_partitions)
+        home = self._partition_of_key(key, partitions)
         if home != partition:
-            return self._misplaced(partition, offset, value, include_payload)
+            return self._misplaced(partition, offset, value, include_payload, None, partitions)
         return None
 
     def _stale(
@@ -430,9 +434,10 @@ class RecordIngest(ColumnIngest):
         value: bytes | None,
         include_payload: bool,
         topic: str | None = None,
+        partitions: int | None = None,
     ) -> DeadLetter:
         return self._dead(
-            BadRecord("misplaced_key", self._misplaced_detail()),
+            BadRecord("misplaced_key", self._misplaced_detail(partitions)),
             partition,
             offset,
             value,
@@ -440,9 +445,10 @@ class RecordIngest(ColumnIngest):
             topic,
         )
 
-    def _misplaced_detail(self) -> str:
+    def _misplaced_detail(self, partitions: int | None = None) -> str:
+        count = self.source_partitions if partitions is None else partitions
         return (
-            f"the record's key maps to another of the topic's {self.source_partitions} "
+            f"the record's key maps to another of the topic's {count} "
             "partitions: a producer used another partitioner than input.partitioner, or "
             "partitions were added; its user would be bounded once per partition"
         )

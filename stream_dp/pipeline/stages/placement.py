@@ -5,13 +5,28 @@ partition bounds the user once per partition (docs/privacy.md#invariant-2). Prod
 by user id put them there only if every producer uses the same partitioner and the topic's
 partition count does not change; nothing guarantees either. So stage 1 recomputes, for
 every keyed record, the partition its key maps to under the configured partitioner and the
-topic's current partition count, and dead-letters a record found elsewhere
+partition count of the record's window, and dead-letters a record found elsewhere
 (``misplaced_key``). Repartitioned records are placed by stage 0 with
 :func:`pseudonym_partition` and checked the same way.
+
+Partitions added to keyed input (:class:`SourceLayout`): producers place a user's events
+under the partition count *they* last read. When partitions are added, records of the
+windows already begun were mostly placed under the old count, and records of later windows,
+once the producers refreshed their metadata, under the new one. A window checked against
+the new count would dead-letter its correctly placed records; one that accepted either count
+would hold a user on two partitions — the old home and the new — bounded once on each.
+
+So each window has one count: windows begun (by event time) when the worker saw the change
+keep the count before it, later windows take the new one. A record is accepted only on the
+partition its key maps to under its window's count, and every partial carries that count
+(its layout): stage 2 merges one layout per window, so a worker that drew the line
+elsewhere (it started after the change, or saw it later) has its partials of the window left
+out (``partials_ignored{reason="layout_changed"}``), never added to the other layout's.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Literal
@@ -102,3 +117,44 @@ def pseudonym_partitions(pseudonyms: bytes, partitions: int) -> np.ndarray:
     """:func:`pseudonym_partition` of concatenated 16-byte pseudonyms."""
     first = np.frombuffer(pseudonyms, dtype=">u8")[::2]
     return (first % np.uint64(partitions)).astype(np.int64)
+
+
+class SourceLayout:
+    """Per window, the partition count its keyed records are checked and sealed under."""
+
+    def __init__(self, window_size_s: int) -> None:
+        self.window_size_s = window_size_s
+        #: (first window start *not* under it, count), oldest first: windows starting before
+        #: the first ``until`` take its count, and so on; later ones the current count.
+        self.earlier: list[tuple[int, int]] = []
+        #: The latest window start this worker's stage 1 met (event time), or None.
+        self.latest_window_s: int | None = None
+
+    def saw(self, window_start_s: int) -> None:
+        """A window met by stage 1 (begun, in event time)."""
+        if self.latest_window_s is None or window_start_s > self.latest_window_s:
+            self.latest_window_s = window_start_s
+
+    def grow(self, before: int, now_s: float) -> int:
+        """The count grew from ``before``: windows begun so far (the latest one met, else
+        the wall clock's) keep it. Returns the first window start under the new count."""
+        size = self.window_size_s
+        latest = self.latest_window_s
+        if latest is None:
+            latest = math.floor(now_s / size) * size
+        until = latest + size
+        if not self.earlier or until > self.earlier[-1][0]:
+            self.earlier.append((until, before))
+        return until
+
+    def count_for(self, window_start_s: int, current: int) -> int:
+        """The partition count the window is checked and sealed under."""
+        for until, count in self.earlier:
+            if window_start_s < until:
+                return count
+        return current
+
+    @property
+    def changed(self) -> bool:
+        """Whether some window is under another count than the current one."""
+        return bool(self.earlier)

@@ -1,0 +1,101 @@
+"""The topology watch (issue 39, item 4): partition counts asked of the broker every few
+seconds, a change of keyed input named in a WARNING, counted, and applied per window; a
+lookup that fails leaves the loop running and is tried again."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from aiokafka.errors import KafkaConnectionError
+
+from stream_dp.ops.health import Health
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.kafka import topology_watch
+from stream_dp.pipeline.kafka.topology_watch import TopologyWatch
+from stream_dp.pipeline.stages.ingest import IngestStage
+from tests.pipeline.support import KEYRING, NOW, T0, config
+
+TOPIC = "events"
+
+
+class _Broker:
+    """Answers ``partitions`` with the topic's current count (or fails), counting asks."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.fails = False
+        self.asked: list[tuple[str, bool]] = []
+
+    async def partitions(
+        self, topic: str, *, bounded: bool = False, fresh: bool = False
+    ) -> list[int]:
+        self.asked.append((topic, fresh))
+        if self.fails:
+            raise KafkaConnectionError("the broker is away")
+        return list(range(self.count))
+
+
+def _watch(broker: _Broker) -> tuple[TopologyWatch, Metrics, Health]:
+    metrics = Metrics()
+    health = Health(metrics=metrics)
+    health.set("topology_stable", True)
+    watch = TopologyWatch(broker, metrics=metrics, health=health, window_size_s=10)  # type: ignore[arg-type]
+    watch.keyed_topic = TOPIC
+    return watch, metrics, health
+
+
+def _changes(metrics: Metrics) -> float:
+    value: Any = metrics.topology_changes.labels(topic=TOPIC)._value.get()
+    return float(value)
+
+
+async def test_a_keyed_topic_that_grows_is_named_counted_and_checked_per_window(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = _Broker(4)
+    watch, metrics, health = _watch(broker)
+    ingest = IngestStage(config(keyed_by_user=True), KEYRING)
+    ingest.source_partitions = await watch.partitions(TOPIC, watermark_s=None, ingest=ingest)
+    assert (ingest.source_partitions, broker.asked) == (4, [(TOPIC, True)])  # fresh, not cached
+    ingest.layout.saw(T0)  # window T0 has begun
+    monkeypatch.setattr(topology_watch, "WATCH_INTERVAL_S", 0.0)
+    broker.count = 6
+    with caplog.at_level(logging.WARNING, logger=topology_watch.__name__):
+        await watch.tick(None, ingest)
+    said = [
+        (r.levelname, r.getMessage()) for r in caplog.records if r.name == topology_watch.__name__
+    ]
+    assert said == [
+        ("WARNING", f"topic {TOPIC} changed from 4 to 6 partitions while the worker ran"),
+        (
+            "WARNING",
+            f"keyed input: windows from 2020-08-01T00:00:10Z on are checked against the 6 "
+            f"partitions of {TOPIC}, earlier ones against the 4 before (one count per window)",
+        ),
+    ]
+    assert _changes(metrics) == 1.0
+    assert health.ready() is False  # not ready until the windows open at the change are out
+    assert ingest.source_partitions == 6
+    assert [ingest.layout.count_for(ws, 6) for ws in (T0, T0 + 10)] == [4, 6]
+    await watch.tick(None, ingest)  # no change since: nothing more said or counted
+    assert _changes(metrics) == 1.0
+    assert [r for r in caplog.records if r.name == topology_watch.__name__][2:] == []
+
+
+async def test_the_watch_asks_only_every_interval_and_a_failed_ask_is_retried_later() -> None:
+    broker = _Broker(4)
+    watch, metrics, _ = _watch(broker)
+    ingest = IngestStage(config(keyed_by_user=True), KEYRING)
+    await watch.partitions(TOPIC, watermark_s=None, ingest=ingest)
+    await watch.tick(NOW, ingest)  # within the interval since start: not asked
+    assert len(broker.asked) == 1
+    watch._watched_at_s -= topology_watch.WATCH_INTERVAL_S
+    broker.fails, broker.count = True, 6
+    await watch.tick(NOW, ingest)  # the loop goes on
+    assert len(broker.asked) == 2 and _changes(metrics) == 0.0
+    watch._watched_at_s -= topology_watch.WATCH_INTERVAL_S
+    broker.fails = False
+    await watch.tick(NOW, ingest)
+    assert len(broker.asked) == 3 and _changes(metrics) == 1.0
