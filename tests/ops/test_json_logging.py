@@ -214,7 +214,9 @@ def test_run_logs_each_line_once_through_the_filtered_handler(tmp_path: Path) ->
     assert lines[-1].startswith("stream-dp: error: cannot manage topics"), done.stderr
     # Every other line is our JSON (the unfiltered basicConfig copy was plain text); aiokafka's
     # "Unable connect to" lines are folded into the error line, not logged beside it.
-    logged = [json.loads(line) for line in lines[:-1]]
+    # The build line comes first, once (a duplicate handler would print it twice).
+    build, *logged = [json.loads(line) for line in lines[:-1]]
+    assert build["logger"] == "stream_dp.cli.run_cmd" and build["msg"].startswith("stream-dp ")
     assert all(entry["logger"].startswith("aiokafka") for entry in logged)
     assert not any("Unable connect to" in entry["msg"] for entry in logged), done.stderr
     # That run logs no line before it fails (so the checks above hold even for a duplicate
