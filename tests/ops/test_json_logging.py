@@ -244,7 +244,8 @@ def test_run_logs_each_line_once_through_the_filtered_handler(tmp_path: Path) ->
     )
     assert done.returncode == 0, done.stderr
     assert "alice@example.com" not in done.stderr
-    entries = [json.loads(line) for line in done.stderr.splitlines()]
+    build, *entries = [json.loads(line) for line in done.stderr.splitlines()]
+    assert build["logger"] == "stream_dp.cli.run_cmd" and build["msg"].startswith("stream-dp ")
     assert [(e["logger"], e["msg"], e.get("redacted")) for e in entries] == [
         ("stream_dp.pipeline", "worker line", ["user_id"]),
         ("aiokafka.conn", "client line", None),
