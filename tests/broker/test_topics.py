@@ -48,6 +48,13 @@ def test_definitions_match_the_config(config_factory: ConfigFactory) -> None:
         config.output.repartition_topic: (4, "delete", SIX_HOURS_MS, "repartition.schema.json"),
         # internal: the running totals' state; no cumulative query here → the 6 h as well
         config.output.continual_topic: (3, "delete", SIX_HOURS_MS, "continual.schema.json"),
+        # internal: answered access requests (stream-dp access), kept for a year
+        config.output.access_log_topic: (
+            1,
+            "delete",
+            str(365 * 86_400 * 1000),
+            "access_log.schema.json",
+        ),
     }
     resolved = resolve_all(config)
     got = {
