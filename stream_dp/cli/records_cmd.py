@@ -1,7 +1,7 @@
 """``stream-dp records --config FILE [--json]``: the records of processing (docs/records.md).
 
 One entry per (query, window) the deployment released, read from the ledger and the output
-topic (:mod:`stream_dp.pipeline.kafka.processing_records`): purpose and legal basis, input
+topic (:mod:`stream_dp.pipeline.duties.processing_records`): purpose and legal basis, input
 fields, ε and δ per window and over the horizon, the deployment fingerprint and pseudonym key
 id, the retention of each topic and the recipients. ``--json`` prints the entries as a JSON
 list; without it, a Markdown report for a data-protection officer. Reads only; refuses
@@ -19,7 +19,7 @@ import orjson
 
 from stream_dp.cli._common import add_config_option, running_broker
 from stream_dp.config import Config, load_config
-from stream_dp.pipeline.kafka.processing_records import (
+from stream_dp.pipeline.duties.processing_records import (
     input_fields,
     read_records,
     require_purposes,

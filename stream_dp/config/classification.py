@@ -261,7 +261,7 @@ SETTINGS: Final[Mapping[str, Setting]] = {
     **_each(
         _NOT,
         "the declared purpose and legal basis of a query, for the records of processing "
-        "(`stream-dp records`): documentation of why it is computed; no released number "
+        "(stream-dp records): documentation of why it is computed; no released number "
         "depends on it",
         "queries[].purpose",
         "queries[].legal_basis",
