@@ -23,8 +23,8 @@ from stream_dp.cli._common import add_config_option, running_broker
 from stream_dp.cli.erase_cmd import _user_id
 from stream_dp.config import load_config
 from stream_dp.errors import ConfigError
-from stream_dp.pipeline.formats.erasure_records import new_request_id
 from stream_dp.pipeline.duties.access_request import answer_access
+from stream_dp.pipeline.formats.erasure_records import new_request_id
 from stream_dp.pipeline.stages.keys import load_keyring
 
 

@@ -368,7 +368,7 @@ async def test_apply_reports_existing_topics_that_differ(
 
     again = _stream_dp("topics", "apply", "--config", str(path))
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("already present: ") == 6
+    assert again.stdout.count("already present: ") == 7
     assert "0 created, 8 already present" in again.stdout
 
 

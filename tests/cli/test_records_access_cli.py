@@ -97,9 +97,12 @@ async def test_records_and_access_of_a_deployment(
     entries = orjson.loads(done.stdout)
     released = [r for r in index.releases() if r.query in ("visits", "visits_a")]
     assert len({r.window_start_s for r in released}) >= 3
-    got = [(e["query"], e["window_start"], e["window_end"], e["epsilon"], e["delta"]) for e in entries]
+    got = [
+        (e["query"], e["window_start"], e["window_end"], e["epsilon"], e["delta"]) for e in entries
+    ]
     assert got == [
-        (r.query, iso_utc(r.window_start_s), iso_utc(r.window_end_s), r.epsilon_spent, r.delta_spent)
+        (r.query, iso_utc(r.window_start_s), iso_utc(r.window_end_s), r.epsilon_spent,
+         r.delta_spent)
         for r in released
     ]  # fmt: skip
     assert {(e["epsilon"], e["delta"]) for e in entries if e["query"] == "visits"} == {(0.5, 0.0)}
@@ -196,7 +199,11 @@ async def test_records_and_access_of_a_deployment(
     key, value = log[0]
     record = orjson.loads(value)
     schema_validator("access_log.schema.json").validate(record)
-    assert (key, record["request_id"], record["pseudonyms"]) == ("dsar-1", "dsar-1", {"k1": pseudonym})
+    assert (key, record["request_id"], record["pseudonyms"]) == (
+        "dsar-1",
+        "dsar-1",
+        {"k1": pseudonym},
+    )
     assert PERSON.encode() not in value and PERSON not in (key or "")
 
 

@@ -298,12 +298,9 @@ async def answer_access(
         "scanned": {
             "input_topic": config.input.topic,
             "partitions": partitions,
-            "released_through": {
-                str(p): iso_utc(ws) for p, ws in sorted(index.progress.items())
-            },
+            "released_through": {str(p): iso_utc(ws) for p, ws in sorted(index.progress.items())},
             "first_covered_window": (
                 None if index.coverage_start_s is None else iso_utc(index.coverage_start_s)
             ),
         },
     }
-
