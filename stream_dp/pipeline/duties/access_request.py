@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
@@ -39,7 +39,7 @@ from stream_dp.errors import BrokerError
 from stream_dp.pipeline.formats.decode import BadRecord
 from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.pipeline.kafka.input_check import decoder_for
-from stream_dp.pipeline.kafka.output_scan import STALL_TIMEOUT_S, read_output
+from stream_dp.pipeline.kafka.output_scan import STALL_TIMEOUT_S, read_output, topic_partitions
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.pseudonymize import KeyRing, user_id_normalizer
 from stream_dp.windows.tumbling import TumblingWindows, iso_utc
@@ -151,9 +151,7 @@ async def scan_topic(
     consumer = AIOKafkaConsumer(enable_auto_commit=False, **options)
     await start_client(consumer, str(options["bootstrap_servers"]))
     try:
-        if topic not in await consumer.topics():
-            return []
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        tps = await topic_partitions(consumer, topic)
         if not tps:
             return []
         consumer.assign(tps)

@@ -13,6 +13,7 @@ the base offset of the last batch + 1, the fetch of that offset returns the whol
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -149,6 +150,25 @@ def decode_output(records: Iterable[RawRecord], queries: Collection[str]) -> Out
     return scan
 
 
+#: How long a read waits for the partitions of a topic the broker lists to be in its
+#: metadata (Apache Kafka lists a topic before the client's metadata has its partitions).
+PARTITIONS_WAIT_S: Final = 10.0
+
+
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    """The partitions of ``topic`` (none: the broker does not list it). A listed topic's
+    partitions are waited for up to :data:`PARTITIONS_WAIT_S`, refreshing the metadata."""
+    if topic not in await consumer.topics():
+        return []
+    deadline = time.monotonic() + PARTITIONS_WAIT_S
+    while True:
+        partitions = consumer.partitions_for_topic(topic)
+        if partitions or time.monotonic() > deadline:
+            return [TopicPartition(topic, p) for p in sorted(partitions or ())]
+        await consumer._client.force_metadata_update()  # no public way to wait
+        await asyncio.sleep(0.1)
+
+
 async def read_output(
     kafka: KafkaConfig,
     topic: str,
@@ -165,9 +185,7 @@ async def read_output(
     await start_client(consumer, str(options["bootstrap_servers"]))
     out: list[RawRecord] = []
     try:
-        if topic not in await consumer.topics():
-            return out
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        tps = await topic_partitions(consumer, topic)
         if not tps:
             return out
         consumer.assign(tps)
