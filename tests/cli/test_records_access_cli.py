@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from stream_dp.broker.topics import apply_topics, resolve_all
+from stream_dp.cli.access_cmd import describe
 from stream_dp.cli.records_cmd import report
 from stream_dp.config import load_config
 from stream_dp.pipeline.formats.ledger import LedgerIndex
@@ -239,4 +240,45 @@ async def test_records_refuses_queries_without_purpose(config_factory: MakeConfi
         "stream-dp: error: the records of processing need each query's purpose and legal "
         "basis; set queries[].purpose and queries[].legal_basis for: visits_a (legal_basis), "
         "bare (purpose and legal_basis)\n",
+    )
+
+
+def test_the_readable_access_answer_says_each_part() -> None:
+    answer = {
+        "request_id": "dsar-2",
+        "answered_at": "2020-08-01T00:05:00Z",
+        "user_id": PERSON,
+        "pseudonyms": {"k2": "3a" * 16, "k1": "4b" * 16},
+        "open_windows": [
+            {
+                "window_start": "2020-08-01T00:01:40Z",
+                "window_end": "2020-08-01T00:01:50Z",
+                "events": 3,
+                "queries": {"visits": 3, "visits_a": 2},
+            }
+        ],
+        "erasure": {
+            "enabled": True,
+            "recorded": [
+                {"recorded_at": "2020-08-01T00:02:00Z", "expires_at": "2020-08-08T00:02:00Z"}
+            ],
+        },
+        "exports": [],
+        "scanned": {"input_topic": "events", "partitions": [0, 1]},
+    }
+    assert describe(answer) == (
+        "Access request dsar-2, answered at 2020-08-01T00:05:00Z\n"
+        "\n"
+        "Pseudonyms (what the service knows you by; the raw id is never stored):\n"
+        f"  key k2: {'3a' * 16}\n"
+        f"  key k1: {'4b' * 16}\n"
+        "\n"
+        "Your events held in windows not yet released:\n"
+        "  2020-08-01T00:01:40Z to 2020-08-01T00:01:50Z: 3 events (counted by queries "
+        "visits: 3, visits_a: 2)\n"
+        "\n"
+        "Erasure recorded at 2020-08-01T00:02:00Z: windows before 2020-08-08T00:02:00Z not yet "
+        "released are released without your events.\n"
+        "Exports: none of your events were exported (no partner export exists).\n"
+        "Read: topic events, partitions 0, 1, from the start."
     )
