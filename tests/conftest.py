@@ -165,6 +165,7 @@ def config_factory(
                 "partials_topic": f"partials-{suffix}",
                 "repartition_topic": f"repartition-{suffix}",
                 "continual_topic": f"continual-{suffix}",
+                "access_log_topic": f"access-log-{suffix}",
             },
             # Tests' events start at 2020-08-01T00:00:00Z (T0 in their modules).
             "window": {

@@ -19,6 +19,7 @@ Command = Callable[[argparse.Namespace], int]
 
 def _command_modules() -> list[ModuleType]:
     from stream_dp.cli import (
+        access_cmd,
         broker_cmd,
         check_cmd,
         demo_cmd,
@@ -28,6 +29,7 @@ def _command_modules() -> list[ModuleType]:
         ledger_cmd,
         plan_cmd,
         produce_cmd,
+        records_cmd,
         replay_cmd,
         run_cmd,
         schema_cmd,
@@ -50,6 +52,8 @@ def _command_modules() -> list[ModuleType]:
         schema_cmd,
         ledger_cmd,
         erase_cmd,
+        records_cmd,
+        access_cmd,
         examples_cmd,
         keygen_cmd,
     ]

@@ -206,6 +206,7 @@ SETTINGS: Final[Mapping[str, Setting]] = {
         "output.partials_topic",
         "output.repartition_topic",
         "output.continual_topic",
+        "output.access_log_topic",
         "erasure.requests_topic",
         "erasure.log_topic",
         "erasure.responses_topic",
@@ -256,6 +257,14 @@ SETTINGS: Final[Mapping[str, Setting]] = {
         "pseudonymization.key_file",
         "pseudonymization.previous_key_env",
         "pseudonymization.previous_key_file",
+    ),
+    **_each(
+        _NOT,
+        "the declared purpose and legal basis of a query, for the records of processing "
+        "(stream-dp records): documentation of why it is computed; no released number "
+        "depends on it",
+        "queries[].purpose",
+        "queries[].legal_basis",
     ),
     **_each(
         _NOT,

@@ -100,6 +100,7 @@ DERIVED_TOPICS = {
     "partials_topic": "partials",
     "repartition_topic": "repartition",
     "continual_topic": "continual",
+    "access_log_topic": "access-log",
 }
 #: The internal topics hold data for at least this long (see default_internal_retention_s).
 MIN_DEFAULT_INTERNAL_RETENTION_S = 6 * 3600
@@ -261,6 +262,11 @@ class OutputConfig(_Section):
         f"{DEFAULT_GROUP_ID}.continual",
         description="internal: the running-total state of cumulative queries (exact "
         "per-window totals of their public keys and noisy tree nodes; access-controlled)",
+    )
+    access_log_topic: str = Field(
+        f"{DEFAULT_GROUP_ID}.access-log",
+        description="internal: one record per `stream-dp access` request (its request id, "
+        "when, and the person's pseudonyms: no raw id; access-controlled)",
     )
     continual_retention_s: OptionalInteger = Field(
         None,
@@ -697,6 +703,20 @@ class QueryConfig(_Section):
         None,
         description="cumulative: an instant at which a horizon starts (window-aligned; "
         "default the Unix epoch); horizons are consecutive blocks of T windows around it",
+    )
+    purpose: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        description="why the statistic is computed, for the records of processing "
+        "(`stream-dp records` refuses to run while a query has none)",
+    )
+    legal_basis: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1000,
+        description="the legal basis of the processing (e.g. GDPR Art. 6(1)(f), legitimate "
+        "interests), for the records of processing (`stream-dp records` needs it)",
     )
 
     @property

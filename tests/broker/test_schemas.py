@@ -75,6 +75,13 @@ LEDGER: dict[str, Any] = {
     ],
 }
 FENCE = {"schema_version": 1, "kind": "fence", "fence_id": "5f0c6d0e"}
+ACCESS = {
+    "schema_version": 1,
+    "kind": "access",
+    "request_id": "dsar-7",
+    "answered_at": "2020-08-01T00:00:00Z",
+    "pseudonyms": {"k2": "3a" * 16, "k1": "4b" * 16},
+}
 PARTIAL: dict[str, Any] = {
     "schema_version": 1,
     "kind": "partial",
@@ -187,6 +194,16 @@ def _nested(value: Any) -> dict[str, Any]:
 
 #: schema file → (valid records, invalid records)
 CASES: dict[str, tuple[list[Any], list[Any]]] = {
+    "access_log.schema.json": (
+        [ACCESS, {**ACCESS, "pseudonyms": {"k1": "4b" * 16}}],
+        [
+            {**ACCESS, "user_id": "alice"},
+            {**ACCESS, "pseudonyms": {"k1": "alice"}},
+            {**ACCESS, "pseudonyms": {}},
+            {**ACCESS, "request_id": ""},
+            {k: v for k, v in ACCESS.items() if k != "answered_at"},
+        ],
+    ),
     "event.schema.json": (
         [
             {"user_id": "u1", "timestamp": "2020-08-01T12:00:00Z", "domain": "mail.com"},
@@ -451,6 +468,7 @@ def test_schema_rejects_invalid_records(schema_file: str, index: int) -> None:
         "erasure.schema.json",
         "erasure_log.schema.json",
         "erasure_response.schema.json",
+        "access_log.schema.json",
     ],
 )
 def test_record_schemas_work_alone(schema_file: str) -> None:

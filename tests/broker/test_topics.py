@@ -48,6 +48,13 @@ def test_definitions_match_the_config(config_factory: ConfigFactory) -> None:
         config.output.repartition_topic: (4, "delete", SIX_HOURS_MS, "repartition.schema.json"),
         # internal: the running totals' state; no cumulative query here → the 6 h as well
         config.output.continual_topic: (3, "delete", SIX_HOURS_MS, "continual.schema.json"),
+        # internal: answered access requests (stream-dp access), kept for a year
+        config.output.access_log_topic: (
+            1,
+            "delete",
+            str(365 * 86_400 * 1000),
+            "access_log.schema.json",
+        ),
     }
     resolved = resolve_all(config)
     got = {
@@ -235,6 +242,7 @@ async def test_apply_topics_creates_only_missing_ones(
             config.output.partials_topic,
             config.output.repartition_topic,
             config.output.continual_topic,
+            config.output.access_log_topic,
         ]
     )
     assert await apply_topics(config) == [config.input.topic]
@@ -265,6 +273,7 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
         config.output.partials_topic,
         config.output.repartition_topic,
         config.output.continual_topic,
+        config.output.access_log_topic,
     ]
 
     first = _stream_dp("topics", "apply", "--config", str(path))
@@ -272,7 +281,7 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
     assert sorted(line.split()[1] for line in first.stdout.splitlines() if "created:" in line) == (
         sorted(names)
     )
-    assert "7 created, 0 already present" in first.stdout
+    assert "8 created, 0 already present" in first.stdout
 
     second = _stream_dp("topics", "apply", "--config", str(path))
     assert second.returncode == 0, second.stderr
@@ -284,7 +293,7 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
     ) == sorted(names)
 
     assert await _partitions(kafka_bootstrap, names) == dict(
-        zip(names, [4, 3, 1, 3, 6, 4, 3], strict=True)
+        zip(names, [4, 3, 1, 3, 6, 4, 3, 1], strict=True)
     )
     ledger = await _topic_configs(kafka_bootstrap, config.output.ledger_topic)
     assert ledger["cleanup.policy"] == "compact"
@@ -312,12 +321,12 @@ async def test_cli_dry_run_changes_nothing(
     result = _stream_dp("topics", "apply", "--config", str(path), "--dry-run")
     assert result.returncode == 0, result.stderr
     would = [line for line in result.stdout.splitlines() if line.startswith("would create: ")]
-    assert len(would) == 7
+    assert len(would) == 8
     assert (
         f"would create: {config.output.partials_topic} (6 partitions, replication broker "
         f"default, cleanup.policy=delete, retention.ms={SIX_HOURS_MS})"
     ) in would
-    assert "dry run: 7 would be created, 0 already present" in result.stdout
+    assert "dry run: 8 would be created, 0 already present" in result.stdout
     assert await _existing(kafka_bootstrap) == before  # not one topic created
 
 
@@ -351,7 +360,7 @@ async def test_apply_reports_existing_topics_that_differ(
         f"differs: {partials}: partitions 2, definition 6; cleanup.policy not set, definition "
         f"delete; retention.ms {SEVEN_DAYS_MS}, definition {SIX_HOURS_MS}"
     ) in result.stdout
-    assert "6 created, 1 already present" in result.stdout
+    assert "7 created, 1 already present" in result.stdout
     assert "1 differs from the definitions and stay as they are" in result.stdout
     # left as it was
     assert (await _partitions(kafka_bootstrap, [partials]))[partials] == 2
@@ -359,8 +368,8 @@ async def test_apply_reports_existing_topics_that_differ(
 
     again = _stream_dp("topics", "apply", "--config", str(path))
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("already present: ") == 6
-    assert "0 created, 7 already present" in again.stdout
+    assert again.stdout.count("already present: ") == 7
+    assert "0 created, 8 already present" in again.stdout
 
 
 async def test_configured_partition_counts_are_the_created_ones(
@@ -387,7 +396,7 @@ async def test_configured_partition_counts_are_the_created_ones(
     )
     again = _stream_dp("topics", "apply", "--config", str(path))  # the same counts: fine
     assert again.returncode == 0, again.stderr
-    assert "0 created, 7 already present" in again.stdout
+    assert "0 created, 8 already present" in again.stdout
 
 
 async def test_a_configured_count_unlike_the_existing_topic_is_refused(

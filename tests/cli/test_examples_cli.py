@@ -69,6 +69,7 @@ def test_the_topic_names_an_example_mentions_are_the_ones_it_resolves(name: str)
         out.partials_topic,
         out.repartition_topic,
         out.continual_topic,
+        out.access_log_topic,
     }
     assert mentioned == resolved
     others = re.findall(r"(?<![\w.-])stream-dp(?:-live)?\.[a-z-]+", path.read_text("utf-8"))

@@ -511,7 +511,7 @@ def test_the_services_run_live_as_processes(kafka_bootstrap: str, tmp_path: Path
 
     init = run_cli(*container_argv(services["topics-init"]), env=env_of("topics-init"))
     assert init.returncode == 0, init.stderr
-    assert "7 created, 0 already present" in init.stdout
+    assert "8 created, 0 already present" in init.stdout
 
     started = time.time()
     running: list[Process] = []

@@ -252,7 +252,7 @@ async def test_readme_run_and_tail_lines_and_topics_apply(
 
     dry = installed.run(["topics", "apply", "--config", config_file, "--dry-run"], workdir, env)
     assert dry.returncode == 0, dry.stderr
-    assert "dry run: 7 would be created, 0 already present" in dry.stdout
+    assert "dry run: 8 would be created, 0 already present" in dry.stdout
     config = parse_config(yaml.safe_load((workdir / config_file).read_text()), environ=env)
     await apply_topics(config, kafka_bootstrap, include_input=True)
 

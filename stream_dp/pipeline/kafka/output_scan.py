@@ -149,6 +149,9 @@ def decode_output(records: Iterable[RawRecord], queries: Collection[str]) -> Out
     return scan
 
 
+
+
+
 async def read_output(
     kafka: KafkaConfig,
     topic: str,
