@@ -55,7 +55,7 @@ def carried_clock(
 
 
 def carried_start(
-    released: ReleasedWindows, now_s: float | None, *, clock_tolerance_s: float
+    released: ReleasedWindows, now_s: float | None, clock_tolerance_s: float
 ) -> float | None:
     """What an input partition's router reports once proven idle (None: only its events):
     the deployment's carried clock, from the first window not released."""
@@ -69,8 +69,8 @@ def event_time_start(
     released: ReleasedWindows,
     windows: TumblingWindows,
     now_s: float | None,
-    *,
     clock_tolerance_s: float,
+    *,
     wall_clock: bool = True,
 ) -> float | None:
     """Where a newly assigned partition's event time starts (None: coverage unknown): the
