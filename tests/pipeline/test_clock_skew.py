@@ -100,8 +100,16 @@ def test_only_fresh_records_measure_the_clock_in_both_directions(error_s: float)
     consumer.read(tp, at_end=True, answered_s=clock + 1)
     skew.observe(consumer, {tp: [_record("in", int((real + 1.5) * 1000))]}, clock + 2)
     assert metrics.input_clock_skew._value.get() == pytest.approx(-error_s - 0.5)
+    # Records fetched while the loop turns are buffered (the reader behind again): the last
+    # proof still dates them, and they count.
+    consumer.read(tp, at_end=True, answered_s=clock + 3)
+    skew.observe(consumer, {}, clock + 3)
+    consumer.read(tp, at_end=False, answered_s=clock + 4)
+    skew.observe(consumer, {}, clock + 4)
+    skew.observe(consumer, {tp: [_record("in", int((real + 4) * 1000))]}, clock + 5)
+    assert metrics.input_clock_skew._value.get() == pytest.approx(-error_s - 1.0)
     # A proof older than FRESH_WITHIN_S (a stalled loop): its records may be old.
-    later = clock + 2 + FRESH_WITHIN_S + 1
+    later = clock + 3 + FRESH_WITHIN_S + 1
     consumer.read(tp, at_end=False, answered_s=later)
     skew.observe(consumer, {tp: [_record("in", int((later - error_s - 3_600) * 1000))]}, later)
-    assert metrics.input_clock_skew._value.get() == pytest.approx(-error_s - 0.5)
+    assert metrics.input_clock_skew._value.get() == pytest.approx(-error_s - 1.0)

@@ -116,11 +116,15 @@ class InputClockSkew:
 
     def observe(self, consumer: Any, batch: Mapping[Any, Iterable[Any]], now_s: float) -> None:
         """Set the gauge from ``batch`` (unchanged without fresh records), then note which
-        partitions ``consumer`` has read to their end, for the next batch."""
+        partitions ``consumer`` has read to their end, and when, for the next batches."""
         skew_s = self.fresh_skew_s(batch, now_s)
         if skew_s is not None:
             self.metrics.input_clock_skew.set(skew_s)
-        self._at_end_s.clear()
-        for tp in consumer.assignment():
+        assigned = consumer.assignment()
+        for tp in [tp for tp in self._at_end_s if tp not in assigned]:
+            del self._at_end_s[tp]  # revoked: its next owner's proofs are its own
+        for tp in assigned:
+            # The newest proof stands while the reader is behind again: whatever it reads
+            # next was appended after it (fetched records may be buffered, not yet read).
             if tp.topic == self.topic and (at_s := read_to_end_at(consumer, tp)) is not None:
-                self._at_end_s[tp] = at_s
+                self._at_end_s[tp] = max(at_s, self._at_end_s.get(tp, at_s))
