@@ -22,8 +22,10 @@ jars of ``make kafka-jars``), fed by a live producer
   is restarted).
 - ``clock``: restart a worker with its wall clock ``CLOCK_SKEW_S`` fast or slow (libfaketime,
   the monotonic clock left true; skipped without it), inside ``input.max_future_s``: it
-  takes partitions at a rebalance with that clock, and the next fault that restarts it
-  fixes it. No window may be released early nor any event be lost (the checks below);
+  takes partitions at a rebalance with that clock, then the producer pauses for a window,
+  its grace and the idle close (a quiet input, where a clock drives event time); the next
+  fault that restarts the worker fixes its clock. No window may be released early nor any
+  event be lost (the checks below);
 - ``restart_while_idle``: stop the producer for longer than a window, restart every worker
   (one after another) while it is stopped, and time the due windows (empty ones included)
   from the last restart until they are out:
@@ -461,6 +463,15 @@ async def _skewed_clock(run: Run, slot: Slot, config: Path) -> None:
     slot.proc.send_signal(signal.SIGTERM)
     await asyncio.to_thread(slot.proc.wait, 60)
     _start(slot, config, run, faked_clock(skew_s))
+    await _rejoined(slot)
+    # Quiet input, as between sparse events: only then does a clock carry event time (with
+    # events, their own times do). A fast clock that moved it would close windows early,
+    # and the events after the pause would be late: the check "nothing lost" says so.
+    run.producer_held.set()
+    try:
+        await asyncio.sleep(WINDOW_S + GRACE_S + IDLE_CLOSE_S)
+    finally:
+        run.producer_held.clear()
 
 
 def faked_clock(skew_s: float) -> dict[str, str]:
