@@ -20,6 +20,12 @@ jars of ``make kafka-jars``), fed by a live producer
   PostgreSQL, :mod:`chaos.sink`) under a lock held past its lock timeout, and under a NOT NULL
   column added to its table (it must halt, not ready, until the column is rolled back and it
   is restarted).
+- ``clock``: restart a worker with its wall clock ``CLOCK_SKEW_S`` fast or slow (libfaketime,
+  the monotonic clock left true; skipped without it), inside ``input.max_future_s``: it
+  takes partitions at a rebalance with that clock, then the producer pauses for a window,
+  its grace and the idle close (a quiet input, where a clock drives event time); the next
+  fault that restarts the worker fixes its clock. No window may be released early nor any
+  event be lost (the checks below);
 - ``restart_while_idle``: stop the producer for longer than a window, restart every worker
   (one after another) while it is stopped, and time the due windows (empty ones included)
   from the last restart until they are out:
@@ -103,6 +109,13 @@ FAULTS += ("restart_while_idle",)
 FAULTS += ("partition_count",)
 #: partition_count: partitions added to the input topic per fault.
 PARTITIONS_ADDED = 2
+FAULTS += ("clock",)
+#: The clock error the deployment tolerates (input.max_future_s), and the clock fault's skew
+#: inside it: a worker this far fast or slow must lose no event and close no window early.
+MAX_FUTURE_S = 30
+CLOCK_SKEW_S = 20
+#: Debian's libfaketime (package faketime), under the architecture's library directory.
+LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), None)
 QUERIES = ("visits", "total")
 #: erasure_burst: users erased at once; how far ahead of the clock their window starts (the
 #: window is still open when the burst is applied); how long every request may take to be
@@ -192,7 +205,7 @@ def _config(bootstrap: str, first_window_s: int, suffix: str) -> dict[str, Any]:
             "session_timeout_ms": SESSION_TIMEOUT_MS,
             "heartbeat_interval_ms": 500,
         },
-        "input": {"topic": f"chaos-events-{suffix}"},
+        "input": {"topic": f"chaos-events-{suffix}", "max_future_s": MAX_FUTURE_S},
         "output": {"topic": f"chaos-releases-{suffix}"},
         "window": {
             "size_s": WINDOW_S,
@@ -439,6 +452,8 @@ async def _fault(
     elif kind == "changed_database":
         assert run.sink is not None
         run.faults.append(Fault(run.elapsed(), kind, await changed_database(run.sink, run.rng)))
+    elif kind == "clock":
+        await _skewed_clock(run, slot, config)
     elif kind == "restart_while_idle":
         await _restart_while_idle(run, slots, config, bootstrap)
     elif kind == "partition_count":
@@ -489,9 +504,47 @@ def _partition_count_check(run: Run, scanned: dict[str, bytes], topic: str) -> C
     )
 
 
+async def _skewed_clock(run: Run, slot: Slot, config: Path) -> None:
+    """Restart the slot's worker with its wall clock CLOCK_SKEW_S fast or slow (libfaketime;
+    the monotonic clock stays true, as after an NTP step). It rejoins the group and takes
+    partitions with that clock; the next fault that restarts it fixes it."""
+    if LIBFAKETIME is None:
+        run.faults.append(Fault(run.elapsed(), "clock", "skipped: no libfaketime (faketime)"))
+        return
+    assert slot.proc is not None
+    skew_s = run.rng.choice((CLOCK_SKEW_S, -CLOCK_SKEW_S))
+    way = "fast" if skew_s > 0 else "slow"
+    run.faults.append(Fault(run.elapsed(), "clock", f"worker {slot.index}: {abs(skew_s)} s {way}"))
+    slot.proc.send_signal(signal.SIGTERM)
+    await asyncio.to_thread(slot.proc.wait, 60)
+    _start(slot, config, run, faked_clock(skew_s))
+    await _rejoined(slot)
+    # Quiet input, as between sparse events: only then does a clock carry event time (with
+    # events, their own times do). A fast clock that moved it would close windows early,
+    # and the events after the pause would be late: the check "nothing lost" says so.
+    run.producer_held.set()
+    try:
+        await asyncio.sleep(WINDOW_S + GRACE_S + IDLE_CLOSE_S)
+    finally:
+        run.producer_held.clear()
+
+
+def faked_clock(skew_s: float) -> dict[str, str]:
+    """A worker's environment for a wall clock ``skew_s`` off (libfaketime, monotonic true)."""
+    assert LIBFAKETIME is not None
+    return {
+        "LD_PRELOAD": str(LIBFAKETIME),
+        "FAKETIME": f"{skew_s:+.0f}s",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_NO_CACHE": "1",
+    }
+
+
 #: restart_while_idle: the due windows must be out this long after the restart at most — a
-#: window, its grace and the idle close, plus the group's start-up on a loaded machine.
-IDLE_RESTART_BOUND_S = WINDOW_S + GRACE_S + IDLE_CLOSE_S + 30
+#: window, its grace and the idle close, plus the group's start-up on a loaded machine — and
+#: input.max_future_s: a restart trusts its own clock only that far back (beyond, as far as
+#: the last release's stamp), the last of it at one second per second.
+IDLE_RESTART_BOUND_S = WINDOW_S + GRACE_S + IDLE_CLOSE_S + MAX_FUTURE_S + 30
 
 
 async def _restart_while_idle(run: Run, slots: list[Slot], config: Path, bootstrap: str) -> None:

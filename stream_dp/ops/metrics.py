@@ -134,9 +134,10 @@ def _clock_gauges(r: CollectorRegistry) -> tuple[Gauge, Gauge]:
     )
     skew = Gauge(
         "stream_dp_input_clock_skew_seconds",
-        "Newest input record timestamp (CreateTime or LogAppendTime) of the last fetch minus "
-        "the worker's clock: ~0 when live, < 0 in a backlog, > 0 by as much as this worker's "
-        "clock is slow (past input.max_future_s every live event is dead-lettered).",
+        "Newest timestamp (CreateTime or LogAppendTime) of fresh input records (appended since "
+        "a fetch found the reader at the partition's end) minus the worker's clock: ~0 when "
+        "the clocks agree, > 0 by as much as this worker's clock is slow (past "
+        "input.max_future_s every live event is dead-lettered), < 0 by as much as it is fast.",
         registry=r,
     )
     return max_future, skew

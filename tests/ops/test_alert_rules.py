@@ -330,3 +330,18 @@ def test_the_release_check_of_one_prometheus_for_all_deployments_is_caught(
         _promtool(tmp_path, doc, {"StreamDPReleaseStalled": CASES["StreamDPReleaseStalled"]})
     assert "FAILED" in str(failed.value)
     assert "alertname: StreamDPReleaseStalled" in str(failed.value)
+
+
+@needs_promtool
+def test_the_clock_skew_alert_fires_for_a_fast_clock_too(tmp_path: Path) -> None:
+    """Issue 39: a worker clock 200 s fast (fresh input records stamped 200 s behind it) is
+    trusted only within input.max_future_s when it takes partitions: the alert fires for
+    it as for a slow one, for the deployment in trouble only."""
+    fast = Case(
+        (
+            gauge("stream_dp_input_clock_skew_seconds", -200, -10),
+            same("stream_dp_config_input_max_future_seconds", 300),
+        )
+    )
+    output = _promtool(tmp_path, _rules(), {"StreamDPClockSkew": fast})
+    assert output.split() == ["Unit", "Testing:", "tests.yml", "SUCCESS"], output

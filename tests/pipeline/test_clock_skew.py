@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from stream_dp.pipeline.kafka.clock_skew import input_clock_skew_s, newest_record_timestamp_s
+from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.kafka.clock_skew import (
+    FRESH_WITHIN_S,
+    InputClockSkew,
+    input_clock_skew_s,
+    newest_record_timestamp_s,
+)
 
 
 def _record(topic: str, timestamp_ms: int, timestamp_type: int = 0) -> ConsumerRecord[bytes, bytes]:
@@ -50,3 +59,57 @@ def test_records_without_a_usable_timestamp_are_skipped_not_fatal() -> None:
     assert newest_record_timestamp_s([_record("in", None), object()]) is None  # type: ignore[arg-type]
     assert newest_record_timestamp_s(iter([_record("in", -1), _record("in", 4_000)])) == 4.0
     assert newest_record_timestamp_s([_record("in", -5), _record("in", -1)]) is None
+
+
+class _Consumer:
+    """What :func:`~stream_dp.clients.read_to_end.read_to_end_at` reads of aiokafka's
+    consumer: per partition, its position, high watermark and last fetch answer's time."""
+
+    def __init__(self) -> None:
+        self.states: dict[TopicPartition, SimpleNamespace] = {}
+        self._subscription = SimpleNamespace(subscription=SimpleNamespace(assignment=self))
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.states)
+
+    def state_value(self, tp: TopicPartition) -> SimpleNamespace | None:
+        return self.states.get(tp)
+
+    def read(self, tp: TopicPartition, *, at_end: bool, answered_s: float) -> None:
+        self.states[tp] = SimpleNamespace(
+            has_valid_position=True,
+            highwater=10,
+            position=10 if at_end else 3,
+            timestamp=answered_s * 1000,
+        )
+
+
+@pytest.mark.parametrize("error_s", [300.0, -300.0], ids=["fast", "slow"])
+def test_only_fresh_records_measure_the_clock_in_both_directions(error_s: float) -> None:
+    """Issue 39: a clock ``error_s`` fast (or slow). A backlog, or an idle input's last
+    record a day old, says nothing of the clock (it would read as a clock a day fast);
+    records appended after a fetch found the reader at the end do, either way."""
+    metrics = Metrics()
+    skew = InputClockSkew(metrics, "in")
+    consumer, tp = _Consumer(), TopicPartition("in", 0)
+    real = 2_000_000.0
+    clock = real + error_s  # this worker's clock
+    consumer.read(tp, at_end=True, answered_s=clock)  # the backlog read to its end
+    skew.observe(consumer, {tp: [_record("in", int((real - 86_400) * 1000))]}, clock)
+    assert metrics.input_clock_skew._value.get() == 0.0  # unset: a backlog is no clock
+    consumer.read(tp, at_end=True, answered_s=clock + 1)
+    skew.observe(consumer, {tp: [_record("in", int((real + 1.5) * 1000))]}, clock + 2)
+    assert metrics.input_clock_skew._value.get() == pytest.approx(-error_s - 0.5)
+    # Records fetched while the loop turns are buffered (the reader behind again): the last
+    # proof still dates them, and they count.
+    consumer.read(tp, at_end=True, answered_s=clock + 3)
+    skew.observe(consumer, {}, clock + 3)
+    consumer.read(tp, at_end=False, answered_s=clock + 4)
+    skew.observe(consumer, {}, clock + 4)
+    skew.observe(consumer, {tp: [_record("in", int((real + 4) * 1000))]}, clock + 5)
+    assert metrics.input_clock_skew._value.get() == pytest.approx(-error_s - 1.0)
+    # A proof older than FRESH_WITHIN_S (a stalled loop): its records may be old.
+    later = clock + 3 + FRESH_WITHIN_S + 1
+    consumer.read(tp, at_end=False, answered_s=later)
+    skew.observe(consumer, {tp: [_record("in", int((later - error_s - 3_600) * 1000))]}, later)
+    assert metrics.input_clock_skew._value.get() == pytest.approx(-error_s - 1.0)

@@ -26,6 +26,11 @@ from tests.pipeline.support import KEYRING, NOW, T0, config, numbered, rec
 #: The wall clock at the restart: about eleven days of 10-s windows after the coverage start.
 WALL = T0 + 1_000_000.0
 GRACE_S, IDLE_S = 1, 5  # support.config's window.grace_s and window.idle_close_s
+#: input.max_future_s: the clock error the deployment tolerates. A restart trusts its own
+#: wall clock only this far behind it (beyond, only as far as the last release's stamp).
+TOLERANCE_S = config().input.max_future_s
+#: The wall clock less the tolerance: where a restart long after the last release starts.
+TRUSTED = WALL - TOLERANCE_S
 
 
 def _released_through(
@@ -81,7 +86,8 @@ def test_event_time_starts_at_the_first_window_not_released_not_at_the_coverage_
 def test_with_the_wall_clock_an_idle_partition_catches_up_once_proven_read_to_its_end() -> None:
     """Restarted long after its last release, with no new event: once a fetch proves the
     reader at the end for window.idle_close_s, the watermark is the wall clock at that
-    proof minus the grace — every due window closes at once, none in the future."""
+    proof less the clock tolerance and the grace — every due window but the last
+    input.max_future_s closes at once, none in the future."""
     release = _released_through({0: T0 + 1000, 1: T0 + 990})
     stage = _stage1(release)
     stage.assign([0], 100.0, routed=False, now_s=WALL)
@@ -89,8 +95,9 @@ def test_with_the_wall_clock_an_idle_partition_catches_up_once_proven_read_to_it
     stage.read_to_end(0, 100.0 + IDLE_S - 0.5, input_topic=False)
     assert _watermark(stage, 200.0) is None  # proven quiet for less than idle_close_s
     stage.read_to_end(0, 100.0 + IDLE_S, input_topic=False)
-    # Proven quiet through mono 105 = wall WALL + 5: windows ending by then, minus grace.
-    assert _watermark(stage, 200.0) == WALL + IDLE_S - GRACE_S
+    # Proven quiet through mono 105 = wall WALL + 5: windows ending by then less the
+    # tolerance, minus grace.
+    assert _watermark(stage, 200.0) == TRUSTED + IDLE_S - GRACE_S
 
 
 def test_replayed_events_keep_the_wall_clock_start_from_closing_their_windows_early() -> None:
@@ -131,12 +138,12 @@ def test_a_router_reports_the_wall_clock_only_for_an_input_partition_proven_idle
     router.read_to_end(0, 10.0 + IDLE_S, input_topic=True)
     router.read_to_end(1, 11.0 + IDLE_S - 1, input_topic=True)
     marks = _marks(router, 30.0)
-    assert marks[0] == {"t": WALL, "idle_s": IDLE_S, "src": [0, -1]}
+    assert marks[0] == {"t": TRUSTED, "idle_s": IDLE_S, "src": [0, -1]}
     assert marks[1] == {"t": T0 + 5, "idle_s": IDLE_S - 1, "src": [1, -1]}  # active: events
     router.read_to_end(1, 11.0 + IDLE_S, input_topic=True)
-    # Idle after an event at mono 11 (wall WALL + 1): t + idle_s is WALL + 6, the wall
-    # clock of the proof, never more.
-    assert _marks(router, 30.0)[1] == {"t": WALL, "idle_s": IDLE_S, "src": [1, -1]}
+    # Idle after an event at mono 11 (wall WALL + 1): t + idle_s is TRUSTED + 6, at most
+    # the wall clock of the proof.
+    assert _marks(router, 30.0)[1] == {"t": TRUSTED, "idle_s": IDLE_S, "src": [1, -1]}
     router.forget_routed([0])
     router.assign_routed([0], 40.0)  # taken again without a wall clock: events only
     router.read_to_end(0, 60.0, input_topic=True)
@@ -160,7 +167,8 @@ def test_a_repartition_partition_catches_up_with_its_idle_routers_wall_clock() -
         marks = [(offset + i, None, m) for i, m in enumerate(router.progress_marks(now))]
         offset += len(marks)
         assert owner.ingest(0, marks, now_s=WALL + now, now_mono_s=now, routed=True) == []
-    assert _watermark(owner, IDLE_S + IDLE_CONFIRM_S) == WALL + IDLE_S + IDLE_CONFIRM_S - GRACE_S
+    expected = TRUSTED + IDLE_S + IDLE_CONFIRM_S - GRACE_S
+    assert _watermark(owner, IDLE_S + IDLE_CONFIRM_S) == expected
 
 
 def test_stage2_counts_a_backlog_of_due_windows_without_listing_it() -> None:
@@ -224,3 +232,38 @@ def test_a_backfill_restarted_carries_its_own_clock_not_the_wall_clock() -> None
     stage.assign([0], 100.0, routed=False, now_s=WALL)
     stage.read_to_end(0, 100.0 + IDLE_S, input_topic=False)
     assert _watermark(stage, 100.0 + IDLE_S) == T0 + 990 + 60 + IDLE_S - GRACE_S
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed-by-user", "repartitioned"])
+def test_a_fast_clock_taking_partitions_starts_at_most_at_the_true_time(keyed: bool) -> None:
+    """Issue 39: another worker released at the true time REAL; this worker's clock is
+    input.max_future_s fast. The time since that release is measured across two clocks:
+    taken alone, the fast one would start event time in the future and release windows
+    before they begin. Event time starts at most at the true time (plus the proven quiet)."""
+    real = T0 + 1000.0
+    fast = real + TOLERANCE_S
+    release = _released_through({0: T0 + 1000, 1: T0 + 990}, released_at_s=real)
+    stage = _stage1(release, keyed=keyed)
+    if keyed:
+        stage.assign([0], 100.0, routed=False, now_s=fast)
+        stage.read_to_end(0, 100.0 + IDLE_S, input_topic=False)
+        wm = _watermark(stage, 100.0 + IDLE_S)
+        assert wm is not None and wm <= real + IDLE_S - GRACE_S
+    else:
+        stage.assign_routed([0], 100.0, now_s=fast)
+        stage.read_to_end(0, 100.0 + IDLE_S, input_topic=True)
+        (mark,) = _marks(stage, 100.0 + IDLE_S)
+        assert mark["t"] is not None and mark["t"] + mark["idle_s"] <= real + IDLE_S
+
+
+def test_a_slow_clock_taking_partitions_starts_behind_never_ahead() -> None:
+    """The same take with a clock input.max_future_s slow: event time starts behind the
+    true time (windows close late, never early): a clock behind the last release's stamp
+    carries nothing, event time runs on from the first window not released."""
+    real = T0 + 1000.0
+    release = _released_through({0: T0 + 1000, 1: T0 + 990}, released_at_s=real)
+    stage = _stage1(release)
+    stage.assign([0], 100.0, routed=False, now_s=real - TOLERANCE_S)
+    stage.read_to_end(0, 100.0 + IDLE_S, input_topic=False)
+    wm = _watermark(stage, 100.0 + IDLE_S)
+    assert wm == T0 + 990 + IDLE_S - GRACE_S

@@ -9,9 +9,14 @@ the broker's clock, a moment ago; so
 
     skew_s = newest record timestamp of the batch − the worker's clock
 
-is about 0 on a healthy worker, negative while it reads a backlog, and positive by the
-amount its clock is slow. It is exported as ``stream_dp_input_clock_skew_seconds`` and
-alerted on (``StreamDPClockSkew``) well before it reaches ``input.max_future_s``.
+is about 0 on a healthy worker, positive by the amount its clock is slow and negative by the
+amount it is fast. Only fresh records count (:class:`InputClockSkew`): those fetched right
+after a fetch answer found the reader at the partition's end, so appended since — a backlog
+or an idle input's last old record would look like a fast clock. It is exported as
+``stream_dp_input_clock_skew_seconds`` and alerted on in both directions
+(``StreamDPClockSkew``) well before it reaches ``input.max_future_s``: a slow clock
+dead-letters live events past it, a fast one is trusted only within it (event time after a
+take, :mod:`stream_dp.pipeline.stages.restart_clock`).
 
 It is only measured and shown, never used as the clock: a ``CreateTime`` is set by whoever
 produces to the input topic, so letting it move "now" forward would let one record stamped
@@ -21,14 +26,21 @@ timestamp can at most raise this gauge and a false alert.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
+from aiokafka import TopicPartition
+
+from stream_dp.clients.read_to_end import read_to_end_at
 from stream_dp.ops.metrics import Metrics
 
 #: Kafka's "no timestamp" (records of message format v0).
 NO_TIMESTAMP_MS = -1
+#: Records are fresh when the fetch answer that found their partition's reader at its end
+#: is at most this old (s): they were appended since, so their stamps are about "now".
+FRESH_WITHIN_S = 10.0
 _timestamp_of = attrgetter("timestamp")
 
 
@@ -78,11 +90,41 @@ def input_clock_skew_s(
     return None if newest_ms is None else newest_ms / 1000.0 - now_s
 
 
-def observe_clock_skew(
-    metrics: Metrics, batch: Mapping[Any, Iterable[Any]], topic: str, now_s: float
-) -> None:
-    """Set ``stream_dp_input_clock_skew_seconds`` from a fetched batch (unchanged when the
-    batch holds no timestamped record of ``topic``)."""
-    skew_s = input_clock_skew_s(batch, topic, now_s)
-    if skew_s is not None:
-        metrics.input_clock_skew.set(skew_s)
+class InputClockSkew:
+    """``stream_dp_input_clock_skew_seconds`` from fresh input records only.
+
+    A partition's records are fresh when the last fetch answer before them found its
+    reader at the log's end (:func:`~stream_dp.clients.read_to_end.read_to_end_at`), at
+    most :data:`FRESH_WITHIN_S` ago: they were appended between that answer and now, so
+    their newest stamp minus the clock is the clock's error (to within that interval) —
+    never a backlog's or an idle input's age, which would read as a fast clock."""
+
+    def __init__(self, metrics: Metrics, topic: str) -> None:
+        self.metrics, self.topic = metrics, topic
+        #: Per input partition, the wall time (s) of the last answer that found it read.
+        self._at_end_s: dict[TopicPartition, float] = {}
+
+    def fresh_skew_s(self, batch: Mapping[Any, Iterable[Any]], now_s: float) -> float | None:
+        """Newest stamp of the batch's fresh records of the topic minus ``now_s``."""
+        fresh = {
+            tp: records
+            for tp, records in batch.items()
+            if tp.topic == self.topic
+            and 0.0 <= now_s - self._at_end_s.get(tp, -math.inf) <= FRESH_WITHIN_S
+        }
+        return input_clock_skew_s(fresh, self.topic, now_s) if fresh else None
+
+    def observe(self, consumer: Any, batch: Mapping[Any, Iterable[Any]], now_s: float) -> None:
+        """Set the gauge from ``batch`` (unchanged without fresh records), then note which
+        partitions ``consumer`` has read to their end, and when, for the next batches."""
+        skew_s = self.fresh_skew_s(batch, now_s)
+        if skew_s is not None:
+            self.metrics.input_clock_skew.set(skew_s)
+        assigned = consumer.assignment()
+        for tp in [tp for tp in self._at_end_s if tp not in assigned]:
+            del self._at_end_s[tp]  # revoked: its next owner's proofs are its own
+        for tp in assigned:
+            # The newest proof stands while the reader is behind again: whatever it reads
+            # next was appended after it (fetched records may be buffered, not yet read).
+            if tp.topic == self.topic and (at_s := read_to_end_at(consumer, tp)) is not None:
+                self._at_end_s[tp] = max(at_s, self._at_end_s.get(tp, at_s))

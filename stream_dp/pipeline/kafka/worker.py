@@ -91,7 +91,7 @@ from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
 from stream_dp.pipeline.formats.partials import RecordTooLargeError
-from stream_dp.pipeline.kafka.clock_skew import observe_clock_skew
+from stream_dp.pipeline.kafka.clock_skew import InputClockSkew
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
@@ -207,6 +207,7 @@ class Worker:
         self._erasure: WorkerErasure | None = None
         self._requests_topic = self.membership.requests_topic
         self._late_notice = LateEventsNotice(self.metrics, config.window.start_at, config.queries)
+        self._clock_skew = InputClockSkew(self.metrics, self._input_topic)
         self._backlog = DueBacklog(self.metrics, MAX_RELEASES_PER_ITERATION)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -455,7 +456,7 @@ class Worker:
         requests: list[tuple[int, list[tuple[int, bytes | None]]]] = []
         started = time.perf_counter()
         now, mono = time.time(), time.monotonic()
-        observe_clock_skew(self.metrics, batch, self._input_topic, now)
+        self._clock_skew.observe(consumer, batch, now)
         dead: list[DeadLetter] = []
         routed: list[Outgoing] = []
         routed_positions: dict[int, int] = {}

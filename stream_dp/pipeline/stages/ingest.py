@@ -232,8 +232,11 @@ class IngestStage(ErasureState, RecordIngest):
         for p in taken:
             self._state.setdefault(p, {})
         released = self._windows_released
+        tolerance_s = self.config.input.max_future_s  # the clock error the deployment accepts
         start_s = (
-            event_time_start(released, self.windows, now_s, wall_clock=not routed) if new else None
+            event_time_start(released, self.windows, now_s, tolerance_s, wall_clock=not routed)
+            if new
+            else None
         )
         for p in new:
             if p not in self._trackers:
@@ -292,7 +295,7 @@ class IngestStage(ErasureState, RecordIngest):
         the routers start from the deployment's carried clock,
         :func:`~stream_dp.pipeline.stages.restart_clock.carried_start`, see
         :meth:`.RoutingStage.assign_routed`)."""
-        carried = carried_start(self._windows_released, now_s)
+        carried = carried_start(self._windows_released, now_s, self.config.input.max_future_s)
         self.router.assign_routed(partitions, now_mono_s, now_s=carried)
 
     def forget_routed(self, partitions: Iterable[int]) -> None:
