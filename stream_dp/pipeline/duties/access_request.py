@@ -22,24 +22,23 @@ which exports carried the person's events; the answer's ``exports`` is empty unt
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
-from stream_dp.clients.connect import start_client, topic_partitions
+from stream_dp.clients.connect import start_client
 from stream_dp.config import Config
 from stream_dp.errors import BrokerError
 from stream_dp.pipeline.formats.decode import BadRecord
 from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.pipeline.kafka.input_check import decoder_for
-from stream_dp.pipeline.kafka.output_scan import STALL_TIMEOUT_S, read_output
+from stream_dp.pipeline.kafka.output_scan import RawRecord, read_output, scan_topic
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.pseudonymize import KeyRing, user_id_normalizer
 from stream_dp.windows.tumbling import TumblingWindows, iso_utc
@@ -137,49 +136,6 @@ def open_predicate(index: LedgerIndex, config: Config) -> Callable[[str, int], b
     return is_open
 
 
-async def scan_topic(
-    config: Config,
-    topic: str,
-    on_value: Callable[[bytes | None], None],
-    *,
-    bootstrap_servers: str | None = None,
-) -> list[int]:
-    """Feed every record value of ``topic`` (all partitions, from the beginning to the end
-    offsets at the start of the read) to ``on_value``, without keeping them. Returns the
-    partitions read (a missing topic reads as none)."""
-    options = client_kwargs(config.kafka, bootstrap_servers=bootstrap_servers)
-    consumer = AIOKafkaConsumer(enable_auto_commit=False, **options)
-    await start_client(consumer, str(options["bootstrap_servers"]))
-    try:
-        partitions = await topic_partitions(consumer, topic)
-        if not partitions:
-            return []
-        tps = [TopicPartition(topic, p) for p in partitions]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning()
-        ends = await consumer.end_offsets(tps)
-        pending = {tp for tp in tps if ends[tp] > 0}
-        last_progress = time.monotonic()
-        while pending:
-            batch = await consumer.getmany(*pending, timeout_ms=500)
-            if batch:
-                last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
-                raise BrokerError(f"reading {topic} stalled short of its end: is the broker up?")
-            for tp, messages in batch.items():
-                for m in messages:
-                    # a batch is taken whole: some brokers report the base offset of the
-                    # last batch + 1 as the end (see output_scan)
-                    on_value(m.value)
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-        return [tp.partition for tp in tps]
-    except KafkaError as exc:
-        raise BrokerError(f"reading {topic} failed: {type(exc).__name__}: {exc}") from None
-    finally:
-        await consumer.stop()
-
-
 def erasures_of(
     records: Iterable[tuple[str | None, bytes | None]], pseudonyms: Mapping[str, bytes]
 ) -> list[dict[str, Any]]:
@@ -267,8 +223,12 @@ async def answer_access(
     )
     index.load((key or "", value) for key, value in ledger)
     counter = HoldingsCounter(config, keyring, pseudonyms, open_predicate(index, config), now_s)
+    def take(record: RawRecord) -> bool:
+        counter.add(record[1])
+        return False  # every record of the input: no early stop
+
     partitions = await scan_topic(
-        config, config.input.topic, counter.add, bootstrap_servers=bootstrap_servers
+        config.kafka, config.input.topic, take, bootstrap_servers=bootstrap_servers
     )
     erasure: dict[str, Any] = {"enabled": config.erasure.enabled, "recorded": []}
     if config.erasure.enabled:

@@ -149,31 +149,28 @@ def decode_output(records: Iterable[RawRecord], queries: Collection[str]) -> Out
     return scan
 
 
-
-
-
-async def read_output(
+async def scan_topic(
     kafka: KafkaConfig,
     topic: str,
+    on_record: Callable[[RawRecord], bool],
     *,
     bootstrap_servers: str | None = None,
-    until: Callable[[RawRecord], bool] | None = None,
     stall_timeout_s: float = STALL_TIMEOUT_S,
-) -> list[RawRecord]:
-    """Every record of ``topic`` from the beginning to the end offsets at the start of the
-    read (no consumer group); stops early once ``until(record)`` holds for a record read.
-    A topic that does not exist reads as empty (it is never created here)."""
+) -> list[int]:
+    """Feed every record of ``topic`` (its key decoded, its value) to ``on_record``, from the
+    beginning to the end offsets at the start of the read (no consumer group), without
+    keeping them; stops early once ``on_record`` returns True. Returns the partitions read:
+    a topic that does not exist reads as none (it is never created here)."""
     options = client_kwargs(kafka, bootstrap_servers=bootstrap_servers)
     consumer = AIOKafkaConsumer(enable_auto_commit=False, **options)
     await start_client(consumer, str(options["bootstrap_servers"]))
-    out: list[RawRecord] = []
     try:
         # Asked of the broker: a consumer without a subscription holds no metadata of its own
         # on Apache Kafka (its partitions_for_topic said None: an empty read, and `ledger
         # rebuild` found "no release" on a topic full of them).
         partitions = await topic_partitions(consumer, topic)
         if not partitions:
-            return out
+            return []
         tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
         await consumer.seek_to_beginning()
@@ -193,13 +190,34 @@ async def read_output(
             for tp, messages in batch.items():
                 for m in messages:
                     record = (m.key.decode("utf-8", "replace") if m.key else None, m.value)
-                    out.append(record)
-                    if until is not None and until(record):
-                        return out
+                    if on_record(record):
+                        return partitions
                 if await consumer.position(tp) >= ends[tp]:
                     pending.discard(tp)
+        return partitions
     except KafkaError as exc:
         raise BrokerError(f"reading {topic} failed: {type(exc).__name__}: {exc}") from None
     finally:
         await consumer.stop()
+
+
+async def read_output(
+    kafka: KafkaConfig,
+    topic: str,
+    *,
+    bootstrap_servers: str | None = None,
+    until: Callable[[RawRecord], bool] | None = None,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
+) -> list[RawRecord]:
+    """Every record of ``topic`` (see :func:`scan_topic`), kept; stops early once
+    ``until(record)`` holds for a record read."""
+    out: list[RawRecord] = []
+
+    def keep(record: RawRecord) -> bool:
+        out.append(record)
+        return until is not None and until(record)
+
+    await scan_topic(
+        kafka, topic, keep, bootstrap_servers=bootstrap_servers, stall_timeout_s=stall_timeout_s
+    )
     return out
