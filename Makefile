@@ -63,10 +63,12 @@ test-tools:
 # The Apache Kafka broker of the `apache_kafka` test tier (stream_dp/broker/apache_kafka.py):
 # its jars, pinned in ops/apache-kafka/pom.xml, fetched once from Maven Central by Maven into
 # .venv/apache-kafka-VERSION/libs. Without Java 17+ and Maven the tier's tests skip and say so.
-# It needs only the project itself (the demo's install), not the dev and bench extras.
-kafka-jars: setup-demo
+# It needs no install at all: the fetching module imports only the standard library and
+# stream_dp.errors, so it runs from the checkout with the system Python (run as a file, which
+# skips the stream_dp.broker package and its client-library imports).
+kafka-jars:
 	@if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then \
-	  $(BIN)/python -m stream_dp.broker.apache_kafka_jars >/dev/null; \
+	  PYTHONPATH=. $(PYTHON) -c "import runpy; runpy.run_path('stream_dp/broker/apache_kafka_jars.py', run_name='__main__')" >/dev/null; \
 	else echo "no java or mvn on PATH: the apache_kafka tests will skip (install Java 17+ and Maven)"; fi
 
 # The Prometheus Operator's PrometheusRule (ops/kubernetes/monitoring/prometheusrule.yaml),
