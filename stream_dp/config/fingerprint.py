@@ -163,13 +163,38 @@ def differing_fields(recorded: Fingerprint, mine: Fingerprint) -> list[str]:
 MAX_NAMED_FIELDS = 8
 
 
+def _whole_queries(side: Fingerprint, other: Fingerprint, names: list[str]) -> list[str]:
+    """The names with every field of a query that only ``side`` has replaced by the query
+    itself (``queries.NAME``): a query missing on one side is one difference, not dozens."""
+    alone = {
+        n.split(".")[1]
+        for n in names
+        if n.startswith("queries.") and n in side.parts and n not in other.parts
+    }
+    whole = {
+        q
+        for q in alone
+        if not any(p.startswith(f"queries.{q}.") for p in other.parts)
+    }
+    out: list[str] = []
+    for n in names:
+        q = n.split(".")[1] if n.startswith("queries.") else None
+        if q in whole:
+            if f"queries.{q}" not in out:
+                out.append(f"queries.{q}")
+        else:
+            out.append(n)
+    return out
+
+
 def _describe(recorded: Fingerprint, mine: Fingerprint, fields: Iterable[str]) -> str:
     out = []
-    names = list(fields)
+    names = _whole_queries(mine, recorded, _whole_queries(recorded, mine, list(fields)))
     for name in names[:MAX_NAMED_FIELDS]:
-        if name not in mine.parts:
+        whole_query = name.startswith("queries.") and name.count(".") == 1
+        if name not in mine.parts and not (whole_query and _has_query(mine, name)):
             out.append(f"{name} (recorded, missing here)")
-        elif name not in recorded.parts:
+        elif name not in recorded.parts and not (whole_query and _has_query(recorded, name)):
             out.append(f"{name} (set here, not recorded)")
         else:
             out.append(name)
@@ -177,6 +202,11 @@ def _describe(recorded: Fingerprint, mine: Fingerprint, fields: Iterable[str]) -
     if rest > 0:
         out.append(f"and {rest} more")
     return ", ".join(out)
+
+
+def _has_query(side: Fingerprint, query: str) -> bool:
+    """Whether ``side`` has any field of ``query`` (``queries.NAME``)."""
+    return any(p.startswith(f"{query}.") for p in side.parts)
 
 
 def key_id_problem(

@@ -198,7 +198,7 @@ async def test_a_worker_missing_a_query_is_refused(
     workers.append(start_worker(one, tmp_path / "one.log"))
     exited = await _refused_or_joined(workers)
     assert exited == [workers[1]], [w.log()[-2000:] for w in workers]
-    _assert_refused(workers[1], "queries.users.statistic (recorded, missing here)")
+    _assert_refused(workers[1], "queries.users (recorded, missing here)")
     assert workers[0].terminate() == 0, workers[0].log()
 
 

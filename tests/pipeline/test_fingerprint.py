@@ -204,7 +204,7 @@ def test_replay_refuses_a_ledger_written_with_another_query(tmp_path: Path) -> N
         ]
     }
     with pytest.raises(
-        FingerprintMismatchError, match=r"queries\.total\.epsilon \(set here, not recorded\)"
+        FingerprintMismatchError, match=r"queries\.total \(set here, not recorded\)"
     ):
         replay_file(
             _replay_config(HOUR, **two),
