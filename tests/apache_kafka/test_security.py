@@ -237,12 +237,12 @@ def _check(cfg: Path, bootstrap: str) -> None:
     assert (code, err) == (0, ""), (code, out, err)
     assert out == (
         f"stream-dp check: {topic} on {bootstrap} (4 partitions)\n"
-        f"{n} events sampled, {n} usable\n\n"
-        "field      role                     missing  types\n"
-        "---------  -----------------------  -------  ---------\n"
-        "user_id    user (input.user_field)  0        -\n"
-        "timestamp  time (input.time_field)  0        -\n"
-        f"domain     query field              0        string {n}\n\n"
+        f"{n} events sampled, {n} JSON objects, {n} usable\n\n"
+        "field      role                     missing or null  types\n"
+        "---------  -----------------------  ---------------  ---------\n"
+        "user_id    user (input.user_field)  0                -\n"
+        "timestamp  time (input.time_field)  0                -\n"
+        f"domain     query field              0                string {n}\n\n"
         "event windows: 2020-08-01T00:00:00Z … 2020-08-01T00:00:00Z (10 s windows)\n"
         "first covered window (window.start_at): 2020-08-01T00:00:00Z\n\n"
         "no problems found\n"
@@ -475,7 +475,10 @@ async def test_a_worker_with_a_wrong_password_stops_at_once_naming_the_settings(
             worker.kill()
     *logged, last = worker.log().splitlines()
     assert code == 1 and logged[0].endswith(NOISE_FREE_WARNING), worker.log()
-    assert [orjson.loads(x)["level"] for x in logged[1:]] == ["INFO", "INFO"], worker.log()
+    build, *started = [orjson.loads(x) for x in logged[1:]]  # the build line comes first
+    assert build["logger"] == "stream_dp.cli.run_cmd", worker.log()
+    assert build["msg"].startswith("stream-dp "), worker.log()
+    assert [x["level"] for x in started] == ["INFO", "INFO"], worker.log()
     bootstrap = kafka["bootstrap_servers"]
     assert last == (
         f"stream-dp: error: the broker at {bootstrap} refused the connection: [Error 58] "
