@@ -52,7 +52,7 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
         from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 
         try:  # the worker's consumer options, where this checkout has them
-            from stream_dp.clients.fetched import fetch_options
+            from stream_dp.kafka_client.fetched import fetch_options
         except ImportError:
             pass
         else:

@@ -1,8 +1,7 @@
 """The Kafka-protocol edge that knows nothing of DP: the embedded broker for the demo and the
-tests, broker readiness checks, client security options and the topics of
-``topics/`` (created, compared)."""
+tests, broker readiness checks and the topics of ``topics/`` (created, compared). The
+clients' security options are the client layer's (``stream_dp.kafka_client.client_options``)."""
 
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.embedded import EmbeddedBroker
 from stream_dp.broker.probe import BrokerAddress, wait_for_broker
 from stream_dp.broker.topics import (
@@ -24,7 +23,6 @@ __all__ = [
     "TopicSpec",
     "TopicState",
     "apply_topics",
-    "client_kwargs",
     "default_topics_dir",
     "inspect_topics",
     "load_topic_specs",

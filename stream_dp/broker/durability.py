@@ -30,14 +30,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError
-
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.topics import Topic, resolve_all
 from stream_dp.config import Config
 from stream_dp.errors import ConfigError
+from stream_dp.kafka_client import AIOKafkaAdminClient, ConfigResource, ConfigResourceType
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
 
 log = logging.getLogger(__name__)
 

@@ -18,13 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka.conn import create_conn
-from aiokafka.errors import KafkaError
-from aiokafka.protocol.metadata import MetadataRequest
-
 from stream_dp.broker.connection_errors import describe_error, what_to_check
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError, ConfigError
+from stream_dp.kafka_client.errors import KafkaError
+from stream_dp.kafka_client.protocol import MetadataRequest, create_conn
 from stream_dp.retry import Backoff, retry
 
 #: client_kwargs keys that a single connection takes as they are.
@@ -72,7 +70,7 @@ def parse_bootstrap(bootstrap: str) -> list[tuple[str, int]]:
 
 
 def _connection_options(kafka: KafkaConfig | None, host: str, port: int) -> dict[str, Any]:
-    from stream_dp.broker.client_options import client_kwargs
+    from stream_dp.kafka_client.client_options import client_kwargs
 
     settings = kafka if kafka is not None else KafkaConfig(client_id="stream-dp-probe")
     kwargs = client_kwargs(settings, bootstrap_servers=f"{host}:{port}")

@@ -32,18 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import (
-    IncompatibleBrokerVersion,
-    KafkaError,
-    TopicAlreadyExistsError,
-    UnsupportedVersionError,
-    for_code,
-)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.connection_errors import (
     connection_reason,
     held_connection_errors,
@@ -52,6 +42,15 @@ from stream_dp.broker.connection_errors import (
 from stream_dp.config import Config
 from stream_dp.config.model import DERIVED_TOPICS
 from stream_dp.errors import BrokerError, ConfigError
+from stream_dp.kafka_client import AIOKafkaAdminClient, ConfigResource, ConfigResourceType, NewTopic
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import (
+    IncompatibleBrokerVersion,
+    KafkaError,
+    TopicAlreadyExistsError,
+    UnsupportedVersionError,
+    for_code,
+)
 
 log = logging.getLogger(__name__)
 

@@ -21,15 +21,14 @@ import asyncio
 import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
-
-from stream_dp.broker.client_options import client_kwargs
-from stream_dp.broker.fetch_errors import classify_fetch_error, describe_fetch_error
 from stream_dp.cli._common import add_config_option, running_broker, text_table
 from stream_dp.clients.connect import start_client, stop_client, topic_partitions
 from stream_dp.config import Config, load_config
 from stream_dp.errors import BrokerError, ConfigError
+from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
+from stream_dp.kafka_client.fetch_errors import classify_fetch_error, describe_fetch_error
 from stream_dp.pipeline.kafka.input_check import InputReport, check_values
 from stream_dp.windows.tumbling import iso_utc
 

@@ -16,13 +16,13 @@ import time
 from typing import Any
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
 
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.cli._common import add_config_option, running_broker
 from stream_dp.config import Config, load_config
 from stream_dp.errors import BrokerError, ConfigError, StreamDPError
+from stream_dp.kafka_client import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.pipeline.formats.decode import parse_event_time
 from stream_dp.pipeline.formats.erasure_records import encode_request, new_request_id
 

@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from stream_dp.errors import StreamDPError
+from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
 
 #: How long the broker may hold a fetch open waiting for data: a fence just written must
 #: come back fast (every release waits for one).

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from aiokafka.errors import KafkaError
-
 from stream_dp.broker.connection_errors import (
     connection_reason,
     held_connection_errors,
     what_to_check,
 )
 from stream_dp.errors import BrokerError
+from stream_dp.kafka_client.errors import KafkaError
 
 
 async def start_client(client: Any, bootstrap_servers: str) -> None:

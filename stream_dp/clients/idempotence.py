@@ -19,10 +19,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import NoError, for_code
-from aiokafka.protocol.transaction import InitProducerIdRequest
+from stream_dp.kafka_client import AIOKafkaProducer
+from stream_dp.kafka_client.errors import NoError, for_code
+from stream_dp.kafka_client.protocol import AIOKafkaClient, InitProducerIdRequest
 
 log = logging.getLogger(__name__)
 #: The options of AIOKafkaClient among those of client_kwargs.

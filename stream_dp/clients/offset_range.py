@@ -31,8 +31,8 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import (
+from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
+from stream_dp.kafka_client.errors import (
     IllegalStateError,
     KafkaError,
     NoOffsetForPartitionError,

@@ -20,14 +20,14 @@ from types import TracebackType
 from typing import Any, Self
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 
-from stream_dp.broker.client_options import client_kwargs
-from stream_dp.broker.fetch_errors import classify_fetch_error, describe_fetch_error
 from stream_dp.clients.connect import start_client, stop_client, topic_partitions
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError
+from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
+from stream_dp.kafka_client.fetch_errors import classify_fetch_error, describe_fetch_error
 
 #: (key, value) as read from the topic.
 RawRecord = tuple[str | None, bytes]

@@ -20,7 +20,7 @@ failing partition itself loses nothing: its position moves only when its records
 returned, and aiokafka discards a buffered fetch whose start is no longer the partition's
 position, so the partition is fetched again from its first record not returned (and fails
 again there, loudly, until the cause is fixed). Its records before the unreadable batch are
-returned first (:mod:`stream_dp.clients.fetched`, on the pinned aiokafka; without it they
+returned first (:mod:`stream_dp.kafka_client.fetched`, on the pinned aiokafka; without it they
 come one per call, through the waiting ``getmany``).
 """
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
+from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
+from stream_dp.kafka_client.errors import KafkaError
 
 __all__ = ["PartitionDrain"]
 

@@ -13,13 +13,12 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
-
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.clients.connect import start_client
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError
+from stream_dp.kafka_client import AIOKafkaProducer
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
 
 #: (key, value) of one record.
 KeyValue = tuple[bytes | None, bytes]

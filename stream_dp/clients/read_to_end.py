@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiokafka import TopicPartition
+from stream_dp.kafka_client import TopicPartition
 
 
 def read_to_end_at(consumer: Any, tp: TopicPartition) -> float | None:

@@ -36,7 +36,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 
 from stream_dp import __version__
-from stream_dp.broker.fetch_errors import FETCH_ERROR_REASONS
+from stream_dp.kafka_client.fetch_errors import FETCH_ERROR_REASONS
 
 PREFIX = "stream_dp_"
 

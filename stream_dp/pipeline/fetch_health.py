@@ -4,7 +4,7 @@ fetch age; readiness while the input cannot be read.
 A fetch error that retrying cannot clear (a record batch compressed with a codec this
 process lacks, one that fails its checksum, a record larger than the fetch size) comes back
 on every fetch of the same bytes: the worker then reads nothing, for ever. So a failed
-fetch is classified (:func:`stream_dp.broker.fetch_errors.classify_fetch_error`) and
+fetch is classified (:func:`stream_dp.kafka_client.fetch_errors.classify_fetch_error`) and
 counted by cause (``stream_dp_fetch_errors_total{reason}``); a cause that cannot clear, or
 any failure that has lasted :data:`FAILING_AFTER_S`, is an ERROR naming the cause and the
 fix (repeated every :data:`REPEAT_ERROR_S` while it lasts, not at every retry) and makes the
@@ -27,15 +27,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from aiokafka import TopicPartition
-
-from stream_dp.broker.codecs import codecs_problem
-from stream_dp.broker.fetch_errors import (
+from stream_dp.clients.connect import stop_client
+from stream_dp.kafka_client import TopicPartition
+from stream_dp.kafka_client.codecs import codecs_problem
+from stream_dp.kafka_client.fetch_errors import (
     AUTHORIZATION_ERRORS,
     classify_fetch_error,
     describe_fetch_error,
 )
-from stream_dp.clients.connect import stop_client
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 

@@ -30,15 +30,14 @@ from __future__ import annotations
 
 import logging
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
-
 from stream_dp.clients.offset_range import (
     OutOfRange,
     out_of_range,
     position_uncommitted,
     skip_to_log_start,
 )
+from stream_dp.kafka_client import AIOKafkaConsumer
+from stream_dp.kafka_client.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from stream_dp.sink.metrics import SinkMetrics
 
 log = logging.getLogger("stream_dp.sink.service")  # the sink's one logger

@@ -37,15 +37,15 @@ from typing import Any, Final, TypeVar
 
 import psycopg
 import psycopg.errors
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
 
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
 from stream_dp.clients.offset_range import OFFSET_ERRORS
 from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.config import Config
 from stream_dp.errors import BrokerError, StreamDPError
+from stream_dp.kafka_client import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.ops.health import Health
 from stream_dp.retry import Backoff, retry
 from stream_dp.sink import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from stream_dp.broker import client_kwargs
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import ConfigError
+from stream_dp.kafka_client.client_options import client_kwargs
 
 
 def _kafka(**fields: Any) -> KafkaConfig:

@@ -1,5 +1,5 @@
-"""Fetch errors classified (stream_dp/broker/fetch_errors.py) and the codecs this install reads
-(stream_dp/broker/codecs.py)."""
+"""Fetch errors classified (stream_dp/kafka_client/fetch_errors.py) and the codecs this
+install reads (stream_dp/kafka_client/codecs.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import aiokafka.codec
 import pytest
 from aiokafka import errors as kafka_errors
 
-from stream_dp.broker.codecs import CODECS, codecs_problem, missing_codecs
-from stream_dp.broker.fetch_errors import (
+from stream_dp.kafka_client.codecs import CODECS, codecs_problem, missing_codecs
+from stream_dp.kafka_client.fetch_errors import (
     FETCH_ERROR_REASONS,
     classify_fetch_error,
     describe_fetch_error,

@@ -23,9 +23,9 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from stream_dp.broker.codecs import CODECS
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
+from stream_dp.kafka_client.codecs import CODECS
 from stream_dp.windows.tumbling import iso_utc
 from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.helpers import ConfigFactory

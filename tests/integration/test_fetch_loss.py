@@ -41,8 +41,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, UnsupportedCodecError
 
 from stream_dp.broker.topics import apply_topics
-from stream_dp.clients.fetched import fetch_options
 from stream_dp.config import load_config
+from stream_dp.kafka_client.fetched import fetch_options
 from stream_dp.pipeline.kafka.worker import Worker
 from stream_dp.windows.tumbling import iso_utc
 from tests.helpers import TopicFactory

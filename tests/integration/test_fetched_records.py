@@ -1,4 +1,4 @@
-"""The worker's fetch adapter (stream_dp/clients/fetched.py) on a real broker: a consumer
+"""The worker's fetch adapter (stream_dp/kafka_client/fetched.py) on a real broker: a consumer
 made with its options gets aiokafka's parsed records instead of ``ConsumerRecord`` objects,
 with the same offsets, keys, values and timestamps and the same positions after every
 ``getmany``; every other consumer in the process still gets ``ConsumerRecord``."""
@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from stream_dp.clients.fetched import PINNED_VERSIONS, fetch_options
+from stream_dp.kafka_client.fetched import PINNED_VERSIONS, fetch_options
 from tests.helpers import TopicFactory
 from tests.integration.support import HANG_GUARD_S
 
@@ -28,7 +28,7 @@ def test_the_installed_aiokafka_is_one_the_adapter_was_checked_against() -> None
     """Upgrading aiokafka must make someone re-read fetched.py against the new fetcher."""
     assert aiokafka.__version__ in PINNED_VERSIONS, (
         f"aiokafka {aiokafka.__version__}: check PartitionRecords._consumer_record and the "
-        "fetcher's positions against stream_dp/clients/fetched.py, then pin it there"
+        "fetcher's positions against stream_dp/kafka_client/fetched.py, then pin it there"
     )
     assert fetch_options(), "the adapter is not installed on a pinned aiokafka"
 
@@ -97,7 +97,7 @@ async def test_the_worker_consumer_is_made_with_the_fetch_options() -> None:
     """The worker's one consumer (membership) gets the parsed records."""
     import asyncio
 
-    from stream_dp.clients.fetched import raw_value
+    from stream_dp.kafka_client.fetched import raw_value
     from stream_dp.ops.health import Health
     from stream_dp.ops.metrics import Metrics
     from stream_dp.pipeline.faults import NO_FAULTS

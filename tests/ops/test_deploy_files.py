@@ -12,7 +12,7 @@ import promql_parser
 import pytest
 import yaml
 
-from stream_dp.broker.fetch_errors import FETCH_ERROR_REASONS
+from stream_dp.kafka_client.fetch_errors import FETCH_ERROR_REASONS
 from stream_dp.ops.metrics import Metrics
 from stream_dp.sink.metrics import SinkMetrics
 from tests.ops.test_compose import load_compose

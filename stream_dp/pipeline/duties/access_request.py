@@ -28,13 +28,13 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import KafkaError
 
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.clients.connect import start_client
 from stream_dp.config import Config
 from stream_dp.errors import BrokerError
+from stream_dp.kafka_client import AIOKafkaConsumer, AIOKafkaProducer
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.pipeline.formats.decode import BadRecord
 from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.pipeline.kafka.input_check import decoder_for

@@ -24,15 +24,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError
-
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.topics import resolve_all
 from stream_dp.config import Config
 from stream_dp.config.model import QueryConfig
 from stream_dp.errors import ConfigError
+from stream_dp.kafka_client import AIOKafkaAdminClient, ConfigResource, ConfigResourceType
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.pipeline.kafka.output_scan import decode_output, read_output
 from stream_dp.privacy.budget import BOUNDS_CHARGE

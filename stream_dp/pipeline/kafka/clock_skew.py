@@ -31,9 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
-from aiokafka import TopicPartition
-
 from stream_dp.clients.read_to_end import read_to_end_at
+from stream_dp.kafka_client import TopicPartition
 from stream_dp.ops.metrics import Metrics
 
 #: Kafka's "no timestamp" (records of message format v0).

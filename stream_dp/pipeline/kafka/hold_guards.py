@@ -45,9 +45,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
-
 from stream_dp.clients.connect import partitions_without_leader
 from stream_dp.clients.offset_range import (
     OFFSET_ERRORS,
@@ -58,6 +55,12 @@ from stream_dp.clients.offset_range import (
 )
 from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
+from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
+from stream_dp.kafka_client.errors import (
+    KafkaError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+)
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.kafka.context import WorkerContext

@@ -35,12 +35,11 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Final
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
-
 from stream_dp.clients.connect import start_client
 from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
+from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.kafka.ledger_log import LogRewoundError

@@ -34,14 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
-
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.clients.connect import start_client
 from stream_dp.config.fingerprint import Topology, deployment_fingerprint
 from stream_dp.config.model import Config
 from stream_dp.errors import BrokerError, StreamDPError
+from stream_dp.kafka_client import AIOKafkaProducer
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.pipeline.fingerprint_gate import settle_fingerprint
 from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,

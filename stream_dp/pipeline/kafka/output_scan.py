@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.clients.connect import start_client, topic_partitions
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError
+from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.pipeline.formats.ledger import OutputRecord
 from stream_dp.windows.tumbling import epoch_of_iso
 

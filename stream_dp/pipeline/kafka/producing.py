@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from stream_dp.kafka_client import AIOKafkaProducer
 
 #: (key, value, partition or None for the key's partition)
 Outgoing = tuple[str | bytes | None, bytes | None, int | None]

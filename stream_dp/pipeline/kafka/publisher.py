@@ -16,17 +16,16 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import (
+from stream_dp.clients.idempotence import start_producer
+from stream_dp.errors import StreamDPError
+from stream_dp.kafka_client import AIOKafkaProducer
+from stream_dp.kafka_client.errors import (
     CommitFailedError,
     IllegalGenerationError,
     KafkaError,
     RebalanceInProgressError,
     UnknownMemberIdError,
 )
-
-from stream_dp.clients.idempotence import start_producer
-from stream_dp.errors import StreamDPError
 from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.ledger import LedgerRelease
 from stream_dp.pipeline.formats.records import (

@@ -18,9 +18,8 @@ import asyncio
 import logging
 import time
 
-from aiokafka.errors import KafkaError
-
 from stream_dp.errors import StreamDPError
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.kafka.publisher import Publisher

@@ -72,15 +72,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
-
-from stream_dp.broker.client_options import client_kwargs
 from stream_dp.broker.probe import wait_for_broker
 from stream_dp.clients.connect import partitions_without_leader
 from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import Config
 from stream_dp.errors import BrokerError
+from stream_dp.kafka_client import TopicPartition
+from stream_dp.kafka_client.client_options import client_kwargs
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.ops.health import Health, beating
 from stream_dp.ops.metrics import Metrics
 from stream_dp.ops.progress import reporting_progress

@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
-from aiokafka.partitioner import murmur2
+
+from stream_dp.kafka_client.partitioner import murmur2
 
 Partitioner = Literal["murmur2", "crc32"]
 

@@ -17,7 +17,7 @@ from typing import Final
 
 from aiokafka import errors as kafka_errors
 
-from stream_dp.broker.codecs import CODECS, INSTALL_HINT
+from stream_dp.kafka_client.codecs import CODECS, INSTALL_HINT
 
 #: Every reason code :func:`classify_fetch_error` gives (the metric's series start at zero).
 FETCH_ERROR_REASONS: Final = (

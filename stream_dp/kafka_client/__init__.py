@@ -1,0 +1,41 @@
+"""The Kafka client layer: the only part of stream-dp that imports the Kafka client library.
+
+Every other package reaches Kafka through the names here (an import-linter contract in
+pyproject.toml, ``one-client-layer``, fails ``make lint`` and the tests otherwise). The
+library today is aiokafka; this package owns what depends on it:
+
+- the client types (consumer, producer, admin client, partitions, rebalance listener, config
+  resources), re-exported below under the library's own names;
+- its error classes (:mod:`stream_dp.kafka_client.errors`) and the classification of fetch
+  errors into a cause and a fix (:mod:`stream_dp.kafka_client.fetch_errors`);
+- the record-batch codecs this install can read (:mod:`stream_dp.kafka_client.codecs`);
+- the security settings of every client (:mod:`stream_dp.kafka_client.client_options`);
+- the keyed partitioner, murmur2 (:mod:`stream_dp.kafka_client.partitioner`);
+- the fetch adapter pinned to the library's private fetcher
+  (:mod:`stream_dp.kafka_client.fetched`) and the protocol requests a few probes send
+  (:mod:`stream_dp.kafka_client.protocol`).
+
+Swapping or upgrading the client library changes this package, not its importers.
+"""
+
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    TopicPartition,
+)
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.structs import OffsetAndMetadata
+
+__all__ = [
+    "AIOKafkaAdminClient",
+    "AIOKafkaConsumer",
+    "AIOKafkaProducer",
+    "ConfigResource",
+    "ConfigResourceType",
+    "ConsumerRebalanceListener",
+    "NewTopic",
+    "OffsetAndMetadata",
+    "TopicPartition",
+]
