@@ -37,7 +37,7 @@ dist: setup-demo
 	$(BIN)/python -m build --wheel --outdir dist .
 
 # ruff, then the import layers of pyproject.toml's [tool.importlinter] (the privacy core
-# imports nothing of stream-dp above it).
+# imports nothing of stream-dp above it; only stream_dp.kafka_client imports aiokafka).
 lint: setup
 	$(BIN)/ruff check stream_dp tests mutation $(wildcard bench) $(wildcard chaos) docs/hooks ops/kubernetes/monitoring
 	$(BIN)/lint-imports
