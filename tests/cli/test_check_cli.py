@@ -16,7 +16,7 @@ import yaml
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from tests.apache_kafka.tier import ON_BOTH_BROKERS
-from tests.cli.support import arun_cli
+from tests.cli.support import Result, arun_cli
 from tests.integration.support import produce_records
 
 pytestmark = [pytest.mark.kafka, ON_BOTH_BROKERS]
@@ -60,6 +60,13 @@ def _head(
     )  # fmt: skip
 
 
+def _assert_report(done: Result, code: int, pattern: str) -> None:
+    """check exited with ``code``, printed nothing on stderr and exactly ``pattern`` (a regular
+    expression: the text escaped, its named variable parts not) on stdout."""
+    assert (done.returncode, done.stderr) == (code, ""), done.stdout + done.stderr
+    assert re.fullmatch(pattern, done.stdout), done.stdout
+
+
 async def test_reports_field_type_and_coverage_problems(
     kafka_bootstrap: str, config_factory: MakeConfig
 ) -> None:
@@ -77,8 +84,7 @@ async def test_reports_field_type_and_coverage_problems(
     metric = "stream_dp_query_events_dropped_total"
     # The one part that varies: the window a worker started now would cover first.
     now_window = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d0Z"
-    assert (done.returncode, done.stderr) == (1, "")
-    assert re.fullmatch(re.escape(
+    _assert_report(done, 1, re.escape(
         _head(topic, kafka_bootstrap, sampled=29, usable=24, missing=(3, 0, 4), strings=20)
         + "event windows: 2020-08-01T00:00:00Z … 2020-08-01T00:00:10Z (10 s windows)\n"
         "first covered window (a worker started now): NOW\n\n"
@@ -94,7 +100,7 @@ async def test_reports_field_type_and_coverage_problems(
         "covers (NOW): the worker drops them as late. To count them set window.start_at "
         "(e.g. window.start_at: 2020-08-01T00:00:00Z) before the first run — every window "
         "from it on is released — or use `stream-dp replay` for a recorded file\n"
-    ).replace("NOW", now_window), done.stdout), done.stdout  # fmt: skip
+    ).replace("NOW", now_window))  # fmt: skip
     assert RAW_ID not in done.stdout and "private.example" not in done.stdout
 
 
@@ -107,13 +113,12 @@ async def test_a_good_topic_has_no_problems(
     topic = load_config(path).input.topic
     # The one part that varies: which 30 of the 50 events (one a second) are sampled.
     window = r"2020-08-01T00:00:[0-4]0Z"
-    assert (done.returncode, done.stderr) == (0, "")
-    assert re.fullmatch(re.escape(
+    _assert_report(done, 0, re.escape(
         _head(topic, kafka_bootstrap, sampled=30, usable=30, missing=(0, 0, 0), strings=30)
         + "event windows: FIRST … LAST (10 s windows)\n"
         "first covered window (window.start_at): 2020-08-01T00:00:00Z\n\n"
         "no problems found\n"
-    ).replace("FIRST", window).replace("LAST", window), done.stdout), done.stdout  # fmt: skip
+    ).replace("FIRST", window).replace("LAST", window))  # fmt: skip
 
 
 async def test_missing_topic_says_to_set_input_topic(
