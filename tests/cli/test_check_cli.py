@@ -4,6 +4,7 @@ or value printed."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import yaml
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from tests.apache_kafka.tier import ON_BOTH_BROKERS
-from tests.cli.support import arun_cli
+from tests.cli.support import Result, arun_cli
 from tests.integration.support import produce_records
 
 pytestmark = [pytest.mark.kafka, ON_BOTH_BROKERS]
@@ -36,6 +37,36 @@ async def _topic_with(bootstrap: str, path: Path, events: list[dict[str, Any]]) 
     await produce_records(bootstrap, config.input.topic, records)
 
 
+def _head(
+    topic: str,
+    bootstrap: str,
+    *,
+    sampled: int,
+    usable: int,
+    missing: tuple[int, int, int],
+    strings: int,
+) -> str:
+    """The report's first lines: the sample and its table of the three fields (each event a
+    JSON object; ``missing`` per field; ``strings`` domains of type string)."""
+    user, time, domain = missing
+    return (
+        f"stream-dp check: {topic} on {bootstrap} (4 partitions)\n"
+        f"{sampled} events sampled, {sampled} JSON objects, {usable} usable\n\n"
+        "field      role                     missing or null  types\n"
+        "---------  -----------------------  ---------------  ---------\n"
+        f"user_id    user (input.user_field)  {user:<15}  -\n"
+        f"timestamp  time (input.time_field)  {time:<15}  -\n"
+        f"domain     query field              {domain:<15}  string {strings}\n\n"
+    )  # fmt: skip
+
+
+def _assert_report(done: Result, code: int, pattern: str) -> None:
+    """check exited with ``code``, printed nothing on stderr and exactly ``pattern`` (a regular
+    expression: the text escaped, its named variable parts not) on stdout."""
+    assert (done.returncode, done.stderr) == (code, ""), done.stdout + done.stderr
+    assert re.fullmatch(pattern, done.stdout), done.stdout
+
+
 async def test_reports_field_type_and_coverage_problems(
     kafka_bootstrap: str, config_factory: MakeConfig
 ) -> None:
@@ -49,15 +80,28 @@ async def test_reports_field_type_and_coverage_problems(
     events += [{"user_id": f"{RAW_ID}-y", "timestamp": T0_MS}] * 4  # no domain
     await _topic_with(kafka_bootstrap, path, events)
     done = await arun_cli("check", "--config", str(path), timeout_s=120)
-    assert done.returncode == 1, done.stderr
-    out = done.stdout
-    assert "29 events sampled, 29 JSON objects, 24 usable" in out
-    assert "input.user_field 'user_id' is missing or null in 3 of 29 events" in out
-    assert "2 of 29 events are not usable (bad_field)" in out
-    assert "groups by 'domain', which is missing or null in 4 of 29 events" in out
-    assert "24 of 24 usable events are stamped before the first window" in out
-    assert "window.start_at: 2020-08-01T00:00:00Z" in out
-    assert RAW_ID not in out + done.stderr and "private.example" not in out + done.stderr
+    topic = load_config(path).input.topic
+    metric = "stream_dp_query_events_dropped_total"
+    # The one part that varies: the window a worker started now would cover first.
+    now_window = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d0Z"
+    _assert_report(done, 1, re.escape(
+        _head(topic, kafka_bootstrap, sampled=29, usable=24, missing=(3, 0, 4), strings=20)
+        + "event windows: 2020-08-01T00:00:00Z … 2020-08-01T00:00:10Z (10 s windows)\n"
+        "first covered window (a worker started now): NOW\n\n"
+        "4 problems:\n"
+        "  - input.user_field 'user_id' is missing or null in 3 of 29 events: set "
+        "input.user_field to the field that holds the user id\n"
+        "  - query visits_by_domain groups by 'domain', which is missing or null in 4 of 29 "
+        f'events: they are dropped and counted in {metric}{{reason="missing_group_field"}}; '
+        "set group_by to the field that holds it\n"
+        "  - 2 of 29 events are not usable (bad_field): a field a query groups or filters on "
+        "must hold a string, number, boolean or null (value fields a number)\n"
+        "  - 24 of 24 usable events are stamped before the first window a worker started now "
+        "covers (NOW): the worker drops them as late. To count them set window.start_at "
+        "(e.g. window.start_at: 2020-08-01T00:00:00Z) before the first run — every window "
+        "from it on is released — or use `stream-dp replay` for a recorded file\n"
+    ).replace("NOW", now_window))  # fmt: skip
+    assert RAW_ID not in done.stdout and "private.example" not in done.stdout
 
 
 async def test_a_good_topic_has_no_problems(
@@ -66,10 +110,15 @@ async def test_a_good_topic_has_no_problems(
     path = config_factory(None)  # window.start_at 2020-08-01: the events are covered
     await _topic_with(kafka_bootstrap, path, [_good(i) for i in range(50)])
     done = await arun_cli("check", "--config", str(path), "--max-events", "30", timeout_s=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "30 events sampled, 30 JSON objects, 30 usable" in done.stdout
-    assert "no problems found" in done.stdout
-    assert "domain" in done.stdout and "string 30" in done.stdout
+    topic = load_config(path).input.topic
+    # The one part that varies: which 30 of the 50 events (one a second) are sampled.
+    window = r"2020-08-01T00:00:[0-4]0Z"
+    _assert_report(done, 0, re.escape(
+        _head(topic, kafka_bootstrap, sampled=30, usable=30, missing=(0, 0, 0), strings=30)
+        + "event windows: FIRST … LAST (10 s windows)\n"
+        "first covered window (window.start_at): 2020-08-01T00:00:00Z\n\n"
+        "no problems found\n"
+    ).replace("FIRST", window).replace("LAST", window))  # fmt: skip
 
 
 async def test_missing_topic_says_to_set_input_topic(

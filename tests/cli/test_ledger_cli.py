@@ -1,4 +1,4 @@
-"""``stream-dp ledger rebuild`` on the embedded broker: a rebuild under a configuration that
+"""``stream-dp ledger rebuild`` on both brokers: a rebuild under a configuration that
 did not release the windows on the output topic (issue 37: ``size_s: 5`` after 10-second
 windows) exits non-zero, names every window it checked, and writes nothing to the ledger;
 the configuration that released them rebuilds it."""
@@ -19,11 +19,12 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.kafka.output_scan import read_output
 from stream_dp.pipeline.local.local import LocalPipeline
 from stream_dp.windows.tumbling import iso_utc
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.cli.support import arun_cli
 from tests.integration.support import produce_records
 from tests.pipeline.support import KEYRING, NOW, T0, rec
 
-pytestmark = [pytest.mark.kafka]
+pytestmark = [pytest.mark.kafka, ON_BOTH_BROKERS]
 
 MakeConfig = Callable[[dict[str, Any] | None], Path]
 QUERY = [{"name": "visits", "group_by": ["domain"], "epsilon": 1.0, "keys": {"domain": ["a"]}}]
@@ -79,9 +80,16 @@ async def test_a_rebuild_with_another_window_size_exits_non_zero_and_writes_noth
 
     # The control: the configuration that released the windows rebuilds the ledger.
     done = await arun_cli("ledger", "rebuild", "--config", str(released_with), timeout_s=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == (
+    assert (done.returncode, done.stderr) == (0, "")
+    # The workers' cursors: windows go round-robin over the 6 partials partitions, the
+    # window T0 (index 159624000, a multiple of 6) to partition 0.
+    assert done.stdout == (
         f"restored 3 releases to {config.output.ledger_topic} "
-        f"(windows {iso_utc(T0)} to {iso_utc(T0 + 20)})"
+        f"(windows {iso_utc(T0)} to {iso_utc(T0 + 20)})\n"
+        f"first covered window: {iso_utc(T0)}\n"
+        f"partials partition 0: next window to release {iso_utc(T0 + 60)}\n"
+        f"partials partition 1: next window to release {iso_utc(T0 + 70)}\n"
+        f"partials partition 2: next window to release {iso_utc(T0 + 80)}\n"
+        "start the workers: they release only windows after these\n"
     ), done.stdout
     assert await read_output(config.kafka, config.output.ledger_topic) != []

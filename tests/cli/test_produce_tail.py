@@ -14,6 +14,7 @@ import pytest
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.synthetic.browser_logs import BrowserLogSpec, browser_log_events
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.cli.support import arun_cli
 from tests.helpers import ConfigFactory, schema_validator
 from tests.integration.support import read_topic, start_worker, topics_of
@@ -152,18 +153,31 @@ async def test_produce_then_tail(
     assert code == 0, worker.log()
 
 
-async def test_produce_refuses_a_missing_topic(config_factory: ConfigFactory) -> None:
+@ON_BOTH_BROKERS
+async def test_produce_refuses_a_missing_topic(
+    kafka_bootstrap: str, config_factory: ConfigFactory
+) -> None:
     cfg = config_factory()
     done = await arun_cli(
         "produce", "--config", str(cfg), "--synthetic", "browser-logs", "--events", "10"
     )
-    assert done.returncode == 1
-    assert "does not exist" in done.stderr and "stream-dp topics apply" in done.stderr
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1,
+        "",
+        f"stream-dp: error: topic {topics_of(cfg)['input']} does not exist on "
+        f"{kafka_bootstrap}; create it with `stream-dp topics apply --config FILE`\n",
+    )
 
 
-async def test_tail_waits_for_its_topic_then_idles_out(config_factory: ConfigFactory) -> None:
+@ON_BOTH_BROKERS
+async def test_tail_waits_for_its_topic_then_idles_out(
+    kafka_bootstrap: str, config_factory: ConfigFactory
+) -> None:
     cfg = config_factory()
     done = await arun_cli("tail", "--config", str(cfg), "--idle-timeout", "1")
-    assert done.returncode == 0, done.stderr
-    assert "waiting for topic" in done.stderr
-    assert done.stdout == ""
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        "",
+        f"stream-dp tail: waiting for topic {topics_of(cfg)['output']} on {kafka_bootstrap} "
+        "to appear\n",
+    )

@@ -1,8 +1,14 @@
-"""Output records as the worker writes them, and the sink's tables read back."""
+"""Output records as the worker writes them, the sink's tables read back, and ``stream-dp
+sink`` as a process."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -62,3 +68,25 @@ def releases(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
 
 def windows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     return table(conn, "windows", "query, window_start")
+
+
+def start_sink(config: Path, dsn: str, log_path: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``stream-dp sink`` as a real process (metrics on a free port), stdout and stderr
+    appended to ``log_path``."""
+    handle = log_path.open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stream_dp.cli.main", "sink", "--config", str(config),
+         "--postgres", dsn, "--metrics-port", "0", *extra],
+        stdout=handle, stderr=subprocess.STDOUT, env=dict(os.environ),
+    )  # fmt: skip
+    handle.close()
+    return proc
+
+
+def sink_http_port(log_path: Path) -> int:
+    """The port the sink's /metrics and /health listen on, from its log."""
+    for line in log_path.read_text(errors="replace").splitlines():
+        found = re.search(r"metrics and health on http://[^:]+:(\d+)", line)
+        if found:
+            return int(found.group(1))
+    raise AssertionError(f"the sink did not log its HTTP port:\n{log_path.read_text()}")

@@ -11,13 +11,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import secrets
 import signal
 import string
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -43,7 +39,7 @@ from tests.integration.support import (
     run_worker_until_windows,
     start_worker,
 )
-from tests.sink.support import releases, window_records, windows
+from tests.sink.support import releases, sink_http_port, start_sink, window_records, windows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 
@@ -158,26 +154,6 @@ async def test_the_sink_stores_a_topic_and_dead_letters_bad_records(
     assert b"stream_dp_sink_ready 0.0" in m.exposition()
 
 
-def _start_sink(config: Path, dsn: str, log_path: Path, *extra: str) -> subprocess.Popen[bytes]:
-    handle = log_path.open("ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stream_dp.cli.main", "sink", "--config", str(config),
-         "--postgres", dsn, "--metrics-port", "0", *extra],
-        stdout=handle, stderr=subprocess.STDOUT, env=dict(os.environ),
-    )  # fmt: skip
-    handle.close()
-    return proc
-
-
-def _http_port(log_path: Path) -> int:
-    """The port the sink's /metrics and /health listen on, from its log."""
-    for line in log_path.read_text(errors="replace").splitlines():
-        found = re.search(r"metrics and health on http://[^:]+:(\d+)", line)
-        if found:
-            return int(found.group(1))
-    raise AssertionError(f"the sink did not log its HTTP port:\n{log_path.read_text()}")
-
-
 def _sink_waiting_on_lock(dsn: str) -> bool:
     """The sink's session is inside a transaction that has written (it has a transaction
     id) and waits for a row lock: it is in the middle of storing a batch."""
@@ -234,7 +210,7 @@ async def test_kill_minus_nine_mid_batch_then_restart_stores_the_topic_once(
             "0, 'discrete_laplace', 1, 'held')",
             (held[0], held[1], held[1], held[2]),
         )
-        sink = _start_sink(config_path, postgres_dsn, tmp_path / "sink1.log")
+        sink = start_sink(config_path, postgres_dsn, tmp_path / "sink1.log")
         try:
             await _wait_for("the sink to block mid-transaction", lambda: _sink_waiting_on_lock(
                 postgres_dsn))  # fmt: skip
@@ -253,7 +229,7 @@ async def test_kill_minus_nine_mid_batch_then_restart_stores_the_topic_once(
     assert len(stored_rels) < len(expected_rels), log1
     assert sum(c or 0 for c in committed) < len(records), (committed, log1)
 
-    sink = _start_sink(config_path, postgres_dsn, tmp_path / "sink2.log")
+    sink = start_sink(config_path, postgres_dsn, tmp_path / "sink2.log")
     try:
         await _wait_for(
             "every window complete after the restart",
@@ -266,7 +242,7 @@ async def test_kill_minus_nine_mid_batch_then_restart_stores_the_topic_once(
             "the bad record dead-lettered",
             lambda: _count(postgres_dsn, "SELECT count(*) FROM stream_dp.dead_letters") == 1,
         )
-        port = _http_port(tmp_path / "sink2.log")
+        port = sink_http_port(tmp_path / "sink2.log")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=10) as r:
             assert r.status == 200
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
