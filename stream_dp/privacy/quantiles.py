@@ -36,6 +36,7 @@ that holds rank α̃·n (the histogram's resolution).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -73,7 +74,8 @@ def quantile_scores(bin_counts: np.ndarray, alpha: float) -> np.ndarray:
     below = np.zeros((counts.shape[0], counts.shape[1] + 1), dtype=np.int64)
     np.cumsum(counts, axis=1, out=below[:, 1:])
     total = below[:, -1:]
-    return np.abs((den - num) * below - num * (total - below))
+    scores: np.ndarray = np.abs((den - num) * below - num * (total - below))
+    return scores
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,13 @@ class QuantilePlan:
         if not (math.isfinite(self.lower) and math.isfinite(self.upper)) or not (
             self.lower < self.upper
         ):
-            raise ConfigError(f"quantiles need finite lower < upper, got {self.lower}, {self.upper}")
+            raise ConfigError(
+                f"quantiles need finite lower < upper, got {self.lower}, {self.upper}"
+            )
         if type(self.bins) is not int or not 1 <= self.bins <= MAX_BINS:
             raise ConfigError(f"bins must be an integer in [1, {MAX_BINS}], got {self.bins!r}")
         qs = self.quantiles
-        if not qs or any(b <= a for a, b in zip(qs, qs[1:], strict=False)):
+        if not qs or any(b <= a for a, b in itertools.pairwise(qs)):
             raise ConfigError(f"quantiles must be a non-empty increasing list, got {list(qs)}")
         for alpha in qs:
             alpha_fraction(alpha)
@@ -143,7 +147,7 @@ class QuantilePlan:
     def edges(self) -> tuple[float, ...]:
         """The B + 1 candidate values lower + j·(upper − lower)/B."""
         width = (self.upper - self.lower) / self.bins
-        return tuple(self.lower + j * width for j in range(self.bins)) + (self.upper,)
+        return (*tuple(self.lower + j * width for j in range(self.bins)), self.upper)
 
     def rank_error(self, beta: float) -> float:
         """With probability ≥ 1 − β all Q quantiles of a group have |r(released) − α̃·n| at

@@ -97,7 +97,9 @@ class TopKPlan:
             raise ValueError("probability must lie in (0, 1)")
         if competitors == 0:
             return 0
-        lead = max(0, math.ceil(self.scale * math.log(competitors * probability / (1 - probability))))
+        lead = max(
+            0, math.ceil(self.scale * math.log(competitors * probability / (1 - probability)))
+        )
         while lead > 0 and self.selection_probability(lead - 1, competitors) >= probability:
             lead -= 1
         while self.selection_probability(lead, competitors) < probability:
@@ -155,9 +157,7 @@ def select_top_k_rows(
     available = np.ones(counts.shape, dtype=bool)
     chosen = np.empty((rows, rounds), dtype=np.int64)
     for r in range(rounds):
-        picked = sample_exponential_mechanism(
-            counts, plan.scale, available=available, words=words
-        )
+        picked = sample_exponential_mechanism(counts, plan.scale, available=available, words=words)
         chosen[:, r] = picked
         available[np.arange(rows), picked] = False
     return chosen
