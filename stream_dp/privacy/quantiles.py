@@ -29,9 +29,12 @@ adds to one group and L0 = ``max_partitions_contributed`` the groups one user re
 
 Rank error (:meth:`QuantilePlan.rank_error`): the exponential mechanism puts probability at
 most B·exp(−t/b_α) on edges whose score exceeds the best edge's by more than t, so with
-probability ≥ 1 − β every released quantile of a group has
-|r(released) − α̃·n| ≤ OPT_α + (b_α/den)·ln(B·Q/β), where OPT_α ≤ half the count of the bin
-that holds rank α̃·n (the histogram's resolution).
+probability ≥ 1 − β each of the Q draws of a group has |r(drawn) − α̃·n| ≤ OPT_α + E with
+E = max_α (b_α/den)·ln(B·Q/β) (a union bound over the Q draws), where OPT_α, the best edge's
+distance, is at most half the count of the bin that holds rank α̃·n (the histogram's
+resolution). Sorting is a contraction for sorted targets (if |a_j − t_j| ≤ c for all j and
+t is sorted, then |a_(j) − t_j| ≤ c), so every released (sorted) quantile has
+|r(released) − α̃·n| ≤ max_α OPT_α + E.
 """
 
 from __future__ import annotations
@@ -150,8 +153,9 @@ class QuantilePlan:
         return (*tuple(self.lower + j * width for j in range(self.bins)), self.upper)
 
     def rank_error(self, beta: float) -> float:
-        """With probability ≥ 1 − β all Q quantiles of a group have |r(released) − α̃·n| at
-        most this much above the best edge's: max_α (b_α/den)·ln(B·Q/β)."""
+        """E = max_α (b_α/den)·ln(B·Q/β): with probability ≥ 1 − β every released quantile
+        of a group has |r(released) − α̃·n| ≤ max_α OPT_α + E, OPT_α the best edge's distance
+        to rank α̃·n (at most half the count of the bin that holds it)."""
         if not 0 < beta < 1:
             raise ValueError("beta must lie in (0, 1)")
         spread = math.log(self.bins * len(self.quantiles) / beta)
