@@ -15,6 +15,7 @@ import math
 from typing import Any
 
 import numpy as np
+import opendp.prelude as opendp_prelude
 import pytest
 from scipy.stats import binomtest, chi2, chi2_contingency
 
@@ -28,15 +29,12 @@ from stream_dp.privacy.quantiles import (
 )
 
 P_FALSE = 1e-7
+#: OpenDP, the reference (untyped: its measurements are built at run time).
+dp: Any = opendp_prelude
+dp.enable_features("contrib")
 #: A fixed, uneven histogram of 200 values in 32 bins (seeded: the test data, not a draw).
 _SHAPE = np.linspace(1.0, 3.0, 32) ** 3
 HISTOGRAM = np.random.default_rng(40).multinomial(200, _SHAPE / _SHAPE.sum())
-
-
-def opendp() -> Any:
-    dp = pytest.importorskip("opendp.prelude")
-    dp.enable_features("contrib")
-    return dp
 
 
 def plan(**kw: Any) -> QuantilePlan:
@@ -63,7 +61,8 @@ def law(counts: np.ndarray, p: QuantilePlan, alpha: float) -> np.ndarray:
     """Exact probabilities of the B + 1 edges: ∝ exp(−score/b_α)."""
     scores = quantile_scores(counts[None, :], alpha)[0].astype(float)
     w = np.exp(-(scores - scores.min()) / p.scale(alpha))
-    return w / w.sum()
+    probabilities: np.ndarray = w / w.sum()
+    return probabilities
 
 
 # ---------------------------------------------------------------- calibration
@@ -71,7 +70,6 @@ def law(counts: np.ndarray, p: QuantilePlan, alpha: float) -> np.ndarray:
 
 @pytest.mark.parametrize("alpha", [0.5, 0.9, 0.99, 0.25, 0.1, 0.333])
 def test_scores_are_opendps_quantile_scores(alpha: float) -> None:
-    dp = opendp()
     p = plan()
     reference = dp.t.make_quantile_score_candidates(
         dp.vector_domain(dp.atom_domain(T=float, nan=False)),
@@ -103,7 +101,6 @@ def test_each_quantile_spends_epsilon_over_l0_q_by_opendps_privacy_map(
 ) -> None:
     """Closed form b_α = 2·Linf·max(num, den − num)·L0·Q/ε (score units); OpenDP's
     ``make_private_quantile`` with the same scale (in ranks) charges exactly ε/(L0·Q)."""
-    dp = opendp()
     p = plan(epsilon=epsilon, max_partitions_contributed=l0, max_contributions_per_partition=linf,
              quantiles=quantiles)  # fmt: skip
     for alpha in quantiles:
@@ -157,7 +154,6 @@ def test_rank_errors_match_opendps_private_quantile_of_the_same_scale() -> None:
     Gumbel noise, the same exponential-mechanism law at the same scale. 2,000 draws each on
     the same data; χ² homogeneity of the rank errors (grouped 0, 1–2, 3–5, 6–10, > 10),
     false failure ≤ 1e-7."""
-    dp = opendp()
     p = plan(quantiles=(0.9,), epsilon=0.5)
     reference = dp.m.make_private_quantile(
         dp.vector_domain(dp.atom_domain(T=float, nan=False)),

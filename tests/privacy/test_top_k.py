@@ -13,8 +13,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from typing import Any
 
 import numpy as np
+import opendp.prelude as opendp_prelude
 import pytest
 from scipy.stats import binom, binomtest, chi2, chi2_contingency
 
@@ -28,6 +30,9 @@ from stream_dp.privacy.top_k import (
 )
 
 P_FALSE = 1e-7
+#: OpenDP, the reference (untyped: its measurements are built at run time).
+dp: Any = opendp_prelude
+dp.enable_features("contrib")
 
 
 def peeling_law(counts: list[int], scale: float, rounds: int) -> dict[tuple[int, ...], float]:
@@ -44,7 +49,9 @@ def peeling_law(counts: list[int], scale: float, rounds: int) -> dict[tuple[int,
     return law
 
 
-def chi_square_fits(observed: Counter[tuple[int, ...]], law: dict, draws: int) -> float:
+def chi_square_fits(
+    observed: Counter[tuple[int, ...]], law: dict[tuple[int, ...], float], draws: int
+) -> float:
     """p-value of Pearson's χ² test of the observed outcomes against the exact law."""
     expected = np.array([law[o] * draws for o in law])
     counts = np.array([observed.get(o, 0) for o in law])
@@ -71,8 +78,6 @@ def test_the_selection_epsilon_is_opendps_privacy_map_of_the_same_scale(
 ) -> None:
     """OpenDP's noisy top-k on monotone counts (L∞ distance, ``monotonic=True``) under pure
     DP charges k·Δ/scale: the ε our plan states for its scale."""
-    dp = pytest.importorskip("opendp.prelude")
-    dp.enable_features("contrib")
     plan = TopKPlan(top_k=top_k, epsilon=epsilon, max_contributions_per_partition=linf)
     space = dp.vector_domain(dp.atom_domain(T=int)), dp.linf_distance(T=int, monotonic=True)
     reference = dp.m.make_noisy_top_k(*space, dp.max_divergence(), k=top_k, scale=plan.scale)
@@ -123,8 +128,6 @@ def test_peeling_matches_opendps_gumbel_top_k_of_the_same_scale() -> None:
     """Durfee & Rogers: peeling is one-shot Gumbel top-k. OpenDP's noisy top-k under zCDP
     adds Gumbel noise; 3,000 draws of each, χ² homogeneity over the ordered outcomes with
     expected count ≥ 5 (the rest pooled); false failure ≤ 1e-7."""
-    dp = pytest.importorskip("opendp.prelude")
-    dp.enable_features("contrib")
     counts = [0, 1, 2, 3, 4]
     plan = TopKPlan(top_k=2, epsilon=1.0, max_contributions_per_partition=1)  # b = 2
     space = dp.vector_domain(dp.atom_domain(T=int)), dp.linf_distance(T=int, monotonic=True)
