@@ -152,6 +152,19 @@ class QuantilePlan:
         width = (self.upper - self.lower) / self.bins
         return (*tuple(self.lower + j * width for j in range(self.bins)), self.upper)
 
+    def bin_index(self, value: float) -> int:
+        """The bin a value is counted in: ⌊(value − lower)/width⌋, values below lower in bin
+        0 and at or above upper in bin B − 1 (clamping: the bound on what a value can move
+        holds whatever the value)."""
+        if math.isnan(value):
+            raise ValueError("a quantile's value may not be NaN")
+        position = (value - self.lower) / (self.upper - self.lower) * self.bins
+        return (
+            min(self.bins - 1, max(0, math.floor(position)))
+            if math.isfinite(position)
+            else (0 if position < 0 else self.bins - 1)
+        )
+
     def rank_error(self, beta: float) -> float:
         """E = max_α (b_α/den)·ln(B·Q/β): with probability ≥ 1 − β every released quantile
         of a group has |r(released) − α̃·n| ≤ max_α OPT_α + E, OPT_α the best edge's distance

@@ -246,3 +246,12 @@ def test_empirical_privacy_holds_for_quantiles_and_detects_a_doubled_epsilon() -
     doubled = plan(lower=0.0, upper=10.0, bins=10, quantiles=(0.5,), epsilon=2.0)
     x, y = _draws_in_event(doubled, draws)
     assert binomtest(x, x + y, pi0, alternative="greater").pvalue < P_FALSE
+
+
+def test_values_are_counted_in_their_bin_and_outside_values_in_the_end_bins() -> None:
+    p = plan(lower=-1.0, upper=3.0, bins=4)  # bins [-1, 0), [0, 1), [1, 2), [2, 3)
+    cases = {-1.0: 0, -0.01: 0, 0.0: 1, 1.5: 2, 2.999: 3, 3.0: 3, -50.0: 0, 1e308: 3}
+    assert {v: p.bin_index(v) for v in cases} == cases
+    assert p.bin_index(math.inf) == 3 and p.bin_index(-math.inf) == 0
+    with pytest.raises(ValueError, match="NaN"):
+        p.bin_index(math.nan)
