@@ -1,4 +1,4 @@
-"""The exact exponential-mechanism sampler (stream_dp.privacy.exponential_mechanism): the
+"""The exact exponential-mechanism sampler (stream_dp.privacy.exponential.sampler): the
 Bernoulli(exp(−g/b)) acceptance on every path (small lanes in 64-bit integers, lanes past
 the counter limit in Python integers) and the selection law.
 
@@ -14,8 +14,8 @@ import pytest
 from scipy.stats import binomtest, chi2
 
 from stream_dp.errors import ConfigError
-from stream_dp.privacy import exponential_mechanism as em
 from stream_dp.privacy.exact_laplace import exact_parameters
+from stream_dp.privacy.exponential import sampler as em
 
 P_FALSE = 1e-7
 

@@ -11,7 +11,7 @@ n − r_j at or above it,
 
 integers, with α̃ = α exactly when α is a fraction of denominator below 10,000, else
 round(α·10,000)/10,000 (OpenDP's ``score_candidates_constants``). The edge is drawn with
-P ∝ exp(−score_j / b_α), exactly (:mod:`stream_dp.privacy.exponential_mechanism`).
+P ∝ exp(−score_j / b_α), exactly (:mod:`stream_dp.privacy.exponential.sampler`).
 
 Accounting (pure ε), with Linf = ``max_contributions_per_partition`` the values one user
 adds to one group and L0 = ``max_partitions_contributed`` the groups one user reaches:
@@ -50,7 +50,7 @@ import numpy as np
 
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.exact_laplace import WordSource, os_words
-from stream_dp.privacy.exponential_mechanism import exact_scale, sample_exponential_mechanism
+from stream_dp.privacy.exponential.sampler import exact_scale, sample_exponential_mechanism
 
 #: OpenDP's default α granularity (``score_candidates_constants`` without a known size).
 ALPHA_DENOMINATOR = 10_000

@@ -3,7 +3,7 @@
 ``top_k: N`` on a count or distinct-users query keeps at most N keys per window. The N keys
 are chosen by N rounds of the exponential mechanism on the keys' bounded counts (each round
 picks one key among those not yet chosen with probability ∝ exp(count/b), b = N·Δ/ε_sel),
-sampled exactly (:mod:`stream_dp.privacy.exponential_mechanism`). The keys come out in the
+sampled exactly (:mod:`stream_dp.privacy.exponential.sampler`). The keys come out in the
 order they were chosen. Durfee & Rogers 2019 ("Practical Differentially Private Top-k
 Selection with Pay-what-you-get Composition", Lemma 4.2) show this peeling is the same law as
 one-shot Gumbel top-k (add Gumbel noise of scale b to every count and keep the N largest),
@@ -39,7 +39,7 @@ import numpy as np
 
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.exact_laplace import WordSource, os_words
-from stream_dp.privacy.exponential_mechanism import exact_scale, sample_exponential_mechanism
+from stream_dp.privacy.exponential.sampler import exact_scale, sample_exponential_mechanism
 
 K = TypeVar("K", bound=Hashable)
 

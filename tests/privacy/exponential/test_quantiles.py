@@ -1,8 +1,8 @@
-"""Private quantiles (stream_dp.privacy.quantiles): the score and the calibration against
-OpenDP's ``make_quantile_score_candidates`` / ``make_private_quantile`` (the reference), the
-draws against the exponential mechanism's exact law and OpenDP's own draws, the plan's rank
-error at its confidence, monotone releases, and an empirical privacy test that detects a
-doubled ε.
+"""Private quantiles (stream_dp.privacy.exponential.quantiles): the score and the
+calibration against OpenDP's ``make_quantile_score_candidates`` /
+``make_private_quantile`` (the reference), the draws against the exponential mechanism's
+exact law and OpenDP's own draws, the plan's rank error at its confidence, monotone
+releases, and an empirical privacy test that detects a doubled ε.
 
 Every statistical test states its false-failure probability; each is at most 1e-7
 (thresholds from exact binomial tails or the χ² distribution), so the file fails by chance
@@ -20,7 +20,7 @@ import pytest
 from scipy.stats import binomtest, chi2, chi2_contingency
 
 from stream_dp.errors import ConfigError
-from stream_dp.privacy.quantiles import (
+from stream_dp.privacy.exponential.quantiles import (
     QuantilePlan,
     alpha_fraction,
     quantile_scores,

@@ -1,5 +1,5 @@
-"""Private top-k (stream_dp.privacy.top_k): calibration against closed forms and OpenDP's
-privacy map, the peeling law against the exponential mechanism's closed form and OpenDP's
+"""Private top-k (stream_dp.privacy.exponential.top_k): calibration against closed forms and
+OpenDP's privacy map, the peeling law against the exponential mechanism's closed form and OpenDP's
 Gumbel top-k, the plan figure (selection probability for a lead), composition, and an
 empirical privacy test that detects a doubled ε.
 
@@ -21,7 +21,7 @@ import pytest
 from scipy.stats import binom, binomtest, chi2, chi2_contingency
 
 from stream_dp.errors import ConfigError
-from stream_dp.privacy.top_k import (
+from stream_dp.privacy.exponential.top_k import (
     TopKPlan,
     select_top_k,
     select_top_k_rows,

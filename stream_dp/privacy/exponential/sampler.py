@@ -2,10 +2,10 @@
 
 Given integer utilities u_1 … u_n and a scale b > 0, :func:`sample_exponential_mechanism`
 returns index i with probability exactly exp(u_i/b) / Σ_j exp(u_j/b) (McSherry & Talwar
-2007). It is the selection step of private top-k (:mod:`stream_dp.privacy.top_k`, one draw
-per peeling round) and of private quantiles (:mod:`stream_dp.privacy.quantiles`, one draw
-per quantile). Many independent problems of equal size are sampled at once (one row each),
-so a window's groups share the vectorised loops.
+2007). It is the selection step of private top-k (:mod:`.top_k`, one draw per peeling round)
+and of private quantiles (:mod:`.quantiles`, one draw per quantile). Many independent
+problems of equal size are sampled at once (one row each), so a window's groups share the
+vectorised loops.
 
 Why the draw is exact (no floating-point operation touches it)
 --------------------------------------------------------------
