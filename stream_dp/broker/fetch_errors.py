@@ -96,9 +96,9 @@ def _authorization_cause(
     group = group_id or "<kafka.group_id>"
     return FetchErrorCause(
         "authorization_failed",
-        True,
-        f"the broker refuses {who} Read on {resource} ({kind})",
-        "grant the principal Read and Describe on the topics it reads (input, repartition, "
+        persistent=True,  # only a grant clears it: loud at once
+        cause=f"the broker refuses {who} Read on {resource} ({kind})",
+        fix="grant the principal Read and Describe on the topics it reads (input, repartition, "
         "partials) and Read on its consumer group (kafka.group_id): kafka-acls.sh "
         f"--bootstrap-server <broker> --add --allow-principal {who} --operation Read "
         f"--operation Describe --topic {topic} --group {group}; or fix kafka.sasl_* / "
