@@ -140,7 +140,9 @@ class FetchHealth:
     ``membership`` is the worker's (:class:`~stream_dp.pipeline.kafka.membership.Membership`:
     its ``consumer``, ``owned``, ``to_take``, ``fetch_ages`` and the topic stage 1 reads):
     the fetch ages of the input partitions it has taken are updated on every failure too.
-    ``principal`` (``User:NAME``) and ``group_id`` name the grant an authorization error asks.
+    ``principal`` (``User:NAME``) and ``group_id`` name the grant an authorization error asks
+    (``kafka``: the worker's settings, to take both from). A failure's partitions are those
+    given, else those ``membership.drain`` (the worker's PartitionDrain) says it came from.
     """
 
     def __init__(
@@ -152,13 +154,14 @@ class FetchHealth:
         clock: Callable[[], float] = time.monotonic,
         principal: str | None = None,
         group_id: str | None = None,
+        kafka: Any = None,
     ) -> None:
         self._metrics = metrics
         self._health = health
         self._membership = membership
         self._clock = clock
-        self._principal = principal
-        self._group_id = group_id
+        self._principal = principal if kafka is None else principal_of(kafka)
+        self._group_id = group_id if kafka is None else kafka.group_id
         #: Failing partitions, and the failure of the consumer as a whole (not placed).
         self._partitions: dict[TopicPartition, _Failure] = {}
         self._whole: _Failure | None = None
@@ -184,6 +187,9 @@ class FetchHealth:
         """A fetch raised ``exc`` (of ``partitions``, when known): count, classify, log,
         update readiness and fetch ages, beat (the loop turns), then wait
         :data:`FETCH_RETRY_S`."""
+        drain = getattr(self._membership, "drain", None)
+        if not partitions and drain is not None:  # where the worker's fetch says it came from
+            partitions = drain.partitions_of(exc)
         cause = classify_fetch_error(exc, principal=self._principal, group_id=self._group_id)
         self._metrics.broker_errors.inc()
         self._metrics.fetch_errors.labels(reason=cause.reason).inc()

@@ -45,11 +45,15 @@ from stream_dp.pipeline.fetch_health import FetchAges
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.hold_guards import HoldGuards
-from stream_dp.pipeline.kafka.layout_commits import restore_layout, with_layout
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS
-from stream_dp.pipeline.kafka.topology_watch import TopologyError, TopologyWatch
+from stream_dp.pipeline.kafka.topology_watch import (
+    TopologyError,
+    TopologyWatch,
+    restore_layout,
+    with_layout,
+)
 from stream_dp.pipeline.release_driver import ReleaseDriver
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
@@ -399,7 +403,7 @@ class Membership(WorkerPart):
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
         """Commit the safe offsets that moved (of ``only``, if given) and are assigned; in
-        keyed mode with the layout as the stage-1 partitions' metadata (layout_commits),
+        keyed mode with the layout as the stage-1 partitions' metadata (topology_watch),
         committed again when it changed though the offsets did not."""
         assert self.consumer is not None
         assigned = self.consumer.assignment()

@@ -86,7 +86,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.ops.progress import reporting_progress
 from stream_dp.pipeline.backlog import DueBacklog
 from stream_dp.pipeline.faults import Faults
-from stream_dp.pipeline.fetch_health import FetchHealth, principal_of, start_group_consumer
+from stream_dp.pipeline.fetch_health import FetchHealth, start_group_consumer
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
@@ -179,10 +179,7 @@ class Worker:
         context = WorkerContext(config, metrics, health, self._stopping, self._faults)
         self.publisher = Publisher(context)
         self.membership = Membership(context)
-        self.fetches = FetchHealth(
-            metrics, health, self.membership,
-            principal=principal_of(config.kafka), group_id=config.kafka.group_id,
-        )  # fmt: skip
+        self.fetches = FetchHealth(metrics, health, self.membership, kafka=config.kafka)
         self.topology = TopologyWatch(
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
         )
@@ -435,8 +432,7 @@ class Worker:
                 membership.membership_lost(exc)
                 continue
             except KafkaError as exc:  # classified, counted, logged; the loop still turns
-                drain = membership.drain
-                await self.fetches.failed(exc, drain.partitions_of(exc) if drain else ())
+                await self.fetches.failed(exc)
                 continue
             self.fetches.succeeded()
             async with membership.lock:
