@@ -168,6 +168,8 @@ class FetchHealth:
         self._failing_since: float | None = None
         self._loud_at: float | None = None
         self._loud_about: tuple[str, ...] = ()
+        #: Every reason a fetch failed with since the worker last read everything.
+        self._reasons_seen: set[str] = set()
         self.errors_logged = 0
         health.set(COMPONENT, True)
         problem = codecs_problem()
@@ -196,6 +198,7 @@ class FetchHealth:
         now = self._clock()
         if self._failing_since is None:
             self._failing_since = now
+        self._reasons_seen.add(cause.reason)
         if cause.reason not in self._reasons():
             log.warning("fetch failed (%s: %s); retrying", cause.reason, type(exc).__name__)
         consumer = self._membership.consumer
@@ -240,10 +243,11 @@ class FetchHealth:
         log.warning(
             "fetching again after %.1f s of failed fetches (%s)",
             now - self._failing_since,
-            ", ".join(self._loud_about) or "retried",
+            ", ".join(sorted(self._reasons_seen)),
         )
         self._failing_since = self._loud_at = None
         self._loud_about = ()
+        self._reasons_seen.clear()
         self._health.set(COMPONENT, True)
 
     def _reasons(self) -> set[str]:
