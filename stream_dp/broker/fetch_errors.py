@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from aiokafka import errors as kafka_errors
 
@@ -76,6 +76,17 @@ def _codec_cause(exc: BaseException) -> FetchErrorCause:
         f"a record batch is compressed with {named}, none of {', '.join(CODECS)}",
         "set the producers' compression.type to one of " + ", ".join(CODECS),
     )
+
+
+def principal_of(kafka: Any) -> str | None:
+    """The principal the broker sees, as kafka-acls names it, from the ``kafka`` settings:
+    ``User:<sasl_username>`` over SASL; the certificate's (kafka.ssl_certfile) over mutual
+    TLS, whose distinguished name is the broker's to map; None without either."""
+    if str(kafka.security_protocol).startswith("SASL") and kafka.sasl_username:
+        return f"User:{kafka.sasl_username}"
+    if kafka.ssl_certfile is not None:
+        return f"User:<the subject of {kafka.ssl_certfile}, as the broker maps it>"
+    return None
 
 
 def _authorization_cause(

@@ -25,7 +25,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from stream_dp.broker.client_options import client_kwargs
-from stream_dp.broker.fetch_errors import classify_fetch_error, describe_fetch_error
+from stream_dp.broker.fetch_errors import (
+    classify_fetch_error,
+    describe_fetch_error,
+    principal_of,
+)
 from stream_dp.cli._common import add_config_option, running_broker, text_table
 from stream_dp.clients.connect import start_client, stop_client, topic_partitions
 from stream_dp.config import Config, load_config
@@ -128,7 +132,9 @@ async def sample_values(
             for msgs in batch.values():
                 values.extend(m.value for m in msgs)
     except KafkaError as exc:
-        cause = describe_fetch_error(classify_fetch_error(exc))
+        cause = describe_fetch_error(
+            classify_fetch_error(exc, principal=principal_of(config.kafka))
+        )
         raise BrokerError(f"reading {topic} failed: {cause}") from None
     finally:
         await stop_client(consumer)

@@ -40,6 +40,7 @@ from stream_dp.broker.fetch_errors import (
     FetchErrorCause,
     classify_fetch_error,
     describe_fetch_error,
+    principal_of,
 )
 from stream_dp.clients.connect import stop_client
 from stream_dp.ops.health import Health
@@ -55,17 +56,6 @@ FAILING_AFTER_S: Final = 30.0
 REPEAT_ERROR_S: Final = 60.0
 #: The health component this reports.
 COMPONENT: Final = "input_readable"
-
-
-def principal_of(kafka: Any) -> str | None:
-    """The principal the broker sees, as kafka-acls names it, from the ``kafka`` settings:
-    ``User:<sasl_username>`` over SASL; the certificate's (kafka.ssl_certfile) over mutual
-    TLS, whose distinguished name is the broker's to map; None without either."""
-    if str(kafka.security_protocol).startswith("SASL") and kafka.sasl_username:
-        return f"User:{kafka.sasl_username}"
-    if kafka.ssl_certfile is not None:
-        return f"User:<the subject of {kafka.ssl_certfile}, as the broker maps it>"
-    return None
 
 
 def _assignment(consumer: Any) -> set[TopicPartition]:

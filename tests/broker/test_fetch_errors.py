@@ -99,3 +99,18 @@ def test_authorization_denied_names_the_topic_the_principal_and_the_grant() -> N
         "the broker refuses User:<the principal of kafka.sasl_username or the client "
         "certificate> Read on the consumer group clicks (GroupAuthorizationFailedError)"
     )
+
+
+def test_the_principal_is_named_as_kafka_acls_names_it() -> None:
+    from types import SimpleNamespace
+
+    from stream_dp.broker.fetch_errors import principal_of
+
+    def kafka(protocol: str, user: str | None = None, cert: str | None = None) -> object:
+        return SimpleNamespace(security_protocol=protocol, sasl_username=user, ssl_certfile=cert)
+
+    assert principal_of(kafka("SASL_SSL", "worker")) == "User:worker"
+    assert principal_of(kafka("SSL", cert="/etc/w.pem")) == (
+        "User:<the subject of /etc/w.pem, as the broker maps it>"
+    )
+    assert principal_of(kafka("PLAINTEXT")) is None
