@@ -28,7 +28,11 @@ from stream_dp.errors import BrokerError, ConfigError
 from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
 from stream_dp.kafka_client.client_options import client_kwargs
 from stream_dp.kafka_client.errors import KafkaError
-from stream_dp.kafka_client.fetch_errors import classify_fetch_error, describe_fetch_error
+from stream_dp.kafka_client.fetch_errors import (
+    classify_fetch_error,
+    describe_fetch_error,
+    principal_of,
+)
 from stream_dp.pipeline.kafka.input_check import InputReport, check_values
 from stream_dp.windows.tumbling import iso_utc
 
@@ -127,7 +131,9 @@ async def sample_values(
             for msgs in batch.values():
                 values.extend(m.value for m in msgs)
     except KafkaError as exc:
-        cause = describe_fetch_error(classify_fetch_error(exc))
+        cause = describe_fetch_error(
+            classify_fetch_error(exc, principal=principal_of(config.kafka))
+        )
         raise BrokerError(f"reading {topic} failed: {cause}") from None
     finally:
         await stop_client(consumer)

@@ -22,16 +22,25 @@ position, so the partition is fetched again from its first record not returned (
 again there, loudly, until the cause is fixed). Its records before the unreadable batch are
 returned first (:mod:`stream_dp.kafka_client.fetched`, on the pinned aiokafka; without it they
 come one per call, through the waiting ``getmany``).
+
+:meth:`PartitionDrain.partitions_of` says which partition an error it raised came from, so
+that a reader tracks the health of each partition: one broken partition keeps failing while
+the others flow, and is not taken for cleared by their successful fetches. The waiting
+``getmany`` reads every partition: its error is placed by the partition the fetched-records
+adapter marks on a parse error, or what aiokafka says in it (the partition a bad checksum
+names, the topic an authorization error names), else not placed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
-from stream_dp.kafka_client.errors import KafkaError
+from stream_dp.kafka_client.errors import KafkaError, TopicAuthorizationFailedError
+from stream_dp.kafka_client.fetched import failed_partition
 
-__all__ = ["PartitionDrain"]
+__all__ = ["PartitionDrain", "named_partitions"]
 
 
 class PartitionDrain:
@@ -40,7 +49,9 @@ class PartitionDrain:
     def __init__(self, consumer: AIOKafkaConsumer) -> None:
         self.consumer = consumer
         #: An error a partition raised after others had given records: raised next call.
-        self._deferred: KafkaError | None = None
+        self._deferred: tuple[KafkaError, TopicPartition] | None = None
+        #: The error last raised, and the partitions it came from (empty: not known).
+        self._raised: tuple[KafkaError, tuple[TopicPartition, ...]] | None = None
         #: Which assigned partition is drained first: turns, so none waits for the others.
         self._turn = 0
 
@@ -52,11 +63,16 @@ class PartitionDrain:
         ``KafkaError``): at once if nothing was taken before it, else on the next call."""
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
-            raise deferred
+            self._raised = (deferred[0], (deferred[1],))
+            raise deferred[0]
         consumer = self.consumer
-        batch: dict[TopicPartition, list[Any]] = dict(
-            await consumer.getmany(timeout_ms=timeout_ms, max_records=1)
-        )
+        try:
+            batch: dict[TopicPartition, list[Any]] = dict(
+                await consumer.getmany(timeout_ms=timeout_ms, max_records=1)
+            )
+        except KafkaError as exc:
+            self._raised = (exc, named_partitions(exc, consumer.assignment()))
+            raise
         if not batch:
             return batch
         taken = sum(len(records) for records in batch.values())
@@ -70,9 +86,31 @@ class PartitionDrain:
                 more = await consumer.getmany(tp, timeout_ms=0, max_records=max_records - taken)
             except KafkaError as exc:  # this partition's alone: the records taken are kept
                 if self._deferred is None:
-                    self._deferred = exc
+                    self._deferred = (exc, tp)
                 continue
             for got_tp, records in more.items():
                 batch.setdefault(got_tp, []).extend(records)
                 taken += len(records)
         return batch
+
+    def partitions_of(self, exc: BaseException) -> tuple[TopicPartition, ...]:
+        """The partitions ``exc`` came from, when this drain raised it last and can tell;
+        else empty (a failure of the consumer as a whole, or of a partition not known)."""
+        raised = self._raised
+        return raised[1] if raised is not None and raised[0] is exc else ()
+
+
+def named_partitions(
+    exc: BaseException, assigned: Iterable[TopicPartition]
+) -> tuple[TopicPartition, ...]:
+    """The assigned partitions ``exc`` came from: the one whose batch failed to parse
+    (:func:`~stream_dp.kafka_client.fetched.failed_partition`, or the partition a checksum error
+    names), every partition of the topic an authorization error names; empty when none."""
+    assigned = sorted(assigned)
+    marked = failed_partition(exc)
+    if marked is not None:
+        return (marked,) if marked in assigned else ()
+    if isinstance(exc, TopicAuthorizationFailedError) and exc.args:
+        return tuple(tp for tp in assigned if tp.topic == str(exc.args[0]))
+    text = str(exc)
+    return tuple(tp for tp in assigned if str(tp) in text)

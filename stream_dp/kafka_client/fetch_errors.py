@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from aiokafka import errors as kafka_errors
 
@@ -29,7 +29,8 @@ FETCH_ERROR_REASONS: Final = (
     "other",
 )
 
-#: The broker refused the principal: only a grant (or other credentials) clears these.
+#: The broker refused the principal: only a grant (or other credentials) clears these, so
+#: they are loud at once (``persistent``), and retried: a grant clears them without restart.
 AUTHORIZATION_ERRORS: Final = (
     kafka_errors.TopicAuthorizationFailedError,
     kafka_errors.GroupAuthorizationFailedError,
@@ -77,8 +78,52 @@ def _codec_cause(exc: BaseException) -> FetchErrorCause:
     )
 
 
-def classify_fetch_error(exc: BaseException) -> FetchErrorCause:
-    """The cause of a failed fetch (``exc``: what ``getmany``/``getone`` raised)."""
+def principal_of(kafka: Any) -> str | None:
+    """The principal the broker sees, as kafka-acls names it, from the ``kafka`` settings:
+    ``User:<sasl_username>`` over SASL; the certificate's (kafka.ssl_certfile) over mutual
+    TLS, whose distinguished name is the broker's to map; None without either."""
+    if str(kafka.security_protocol).startswith("SASL") and kafka.sasl_username:
+        return f"User:{kafka.sasl_username}"
+    if kafka.ssl_certfile is not None:
+        return f"User:<the subject of {kafka.ssl_certfile}, as the broker maps it>"
+    return None
+
+
+def _authorization_cause(
+    exc: BaseException, principal: str | None, group_id: str | None
+) -> FetchErrorCause:
+    """The broker refused the principal: say which resource (the topic or group aiokafka
+    names), which principal, and the grant that clears it (kafka-acls)."""
+    kind = type(exc).__name__
+    named = str(exc.args[0]) if exc.args else ""
+    who = principal or "User:<the principal of kafka.sasl_username or the client certificate>"
+    if isinstance(exc, kafka_errors.GroupAuthorizationFailedError):
+        resource = f"the consumer group {named or group_id or '(kafka.group_id)'}"
+    elif isinstance(exc, kafka_errors.TopicAuthorizationFailedError):
+        resource = f"the topic {named}" if named else "a topic it reads"
+    else:
+        resource = "the cluster"
+    topic = named if isinstance(exc, kafka_errors.TopicAuthorizationFailedError) else "<topic>"
+    group = group_id or "<kafka.group_id>"
+    return FetchErrorCause(
+        "authorization_failed",
+        persistent=True,  # only a grant clears it: loud at once
+        cause=f"the broker refuses {who} Read on {resource} ({kind})",
+        fix="grant the principal Read and Describe on the topics it reads (input, repartition, "
+        "partials) and Read on its consumer group (kafka.group_id): kafka-acls.sh "
+        f"--bootstrap-server <broker> --add --allow-principal {who} --operation Read "
+        f"--operation Describe --topic {topic} --group {group}; or fix kafka.sasl_* / "
+        "kafka.ssl_* so it authenticates as the principal that has them. The worker retries "
+        "and reads again once the grant is there, without a restart",
+    )
+
+
+def classify_fetch_error(
+    exc: BaseException, *, principal: str | None = None, group_id: str | None = None
+) -> FetchErrorCause:
+    """The cause of a failed fetch (``exc``: what ``getmany``/``getone`` raised);
+    ``principal`` (``User:NAME``, when the configuration says) and ``group_id`` name who
+    and what a grant is for, when the broker refuses the principal."""
     kind = type(exc).__name__
     if isinstance(exc, kafka_errors.UnsupportedCodecError):
         return _codec_cause(exc)
@@ -93,15 +138,7 @@ def classify_fetch_error(exc: BaseException) -> FetchErrorCause:
             "as the runbook says (its events are lost to the releases)",
         )
     if isinstance(exc, AUTHORIZATION_ERRORS):
-        return FetchErrorCause(
-            "authorization_failed",
-            False,
-            f"the broker refuses this client's principal ({kind}: {exc})",
-            "grant the principal Read and Describe on the topics it reads (input, "
-            "repartition, partials) and Read on its consumer group (kafka.group_id), or "
-            "fix kafka.sasl_* / kafka.ssl_* so it authenticates as the principal that has "
-            "them",
-        )
+        return _authorization_cause(exc, principal, group_id)
     if isinstance(exc, kafka_errors.UnknownTopicOrPartitionError):
         return FetchErrorCause(
             "unknown_topic",

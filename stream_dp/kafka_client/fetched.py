@@ -25,6 +25,8 @@ moved, so the readable records before an unreadable batch were never returned (t
 partition, and every window it closes, stalled behind them). Now the partition's records end
 there: they are returned, the position moves to the first record not returned, and the
 next fetch, which starts with the unreadable batch, raises the error before any record.
+That error carries the partition it came from (:func:`failed_partition`): aiokafka's codec
+error does not name it, and a reader tracks each partition's health by it.
 """
 
 from __future__ import annotations
@@ -35,10 +37,24 @@ import aiokafka
 from aiokafka.consumer import fetcher as _fetcher
 from aiokafka.errors import KafkaError
 
-__all__ = ["PINNED_VERSIONS", "fetch_options", "raw_value", "record_columns_installed"]
+__all__ = [
+    "PINNED_VERSIONS",
+    "failed_partition",
+    "fetch_options",
+    "raw_value",
+    "record_columns_installed",
+]
 
 #: aiokafka versions whose ``PartitionRecords`` this adapter was checked against.
 PINNED_VERSIONS: Final = frozenset({"0.14.0"})
+#: Where a parse error raised by a fetch keeps the partition it came from.
+_PARTITION_ATTRIBUTE: Final = "stream_dp_partition"
+
+
+def failed_partition(exc: BaseException) -> Any | None:
+    """The ``TopicPartition`` whose record batch failed to parse with ``exc`` (a codec this
+    process lacks, a bad checksum), when the adapter raised it; else None."""
+    return getattr(exc, _PARTITION_ATTRIBUTE, None)
 
 
 def raw_value(value: bytes | None) -> bytes | None:
@@ -58,9 +74,12 @@ class _RecordColumns(_fetcher.PartitionRecords):  # type: ignore[misc]
     def __next__(self) -> Any:
         try:
             record = super().__next__()
-        except KafkaError:
+        except KafkaError as exc:
             if not self._handed_out:
-                raise  # nothing of this fetch returned: the error is the caller's now
+                # nothing of this fetch returned: the error is the caller's now, naming the
+                # partition it came from (aiokafka's codec error does not say)
+                setattr(exc, _PARTITION_ATTRIBUTE, self._tp)
+                raise
             # End this fetch's records here: the position moves to next_fetch_offset, the
             # first record not returned, and the next fetch raises the error before any.
             self._records_iterator = None

@@ -526,9 +526,10 @@ def _fetch_error_counter(r: CollectorRegistry) -> Counter:
         "stream_dp_fetch_errors",
         "Fetches of the worker's consumer that failed, by cause (reason: unsupported_codec, "
         "corrupt_record, authorization_failed, unknown_topic, record_too_large, other). A cause "
-        "that retrying cannot clear (unsupported_codec, corrupt_record, record_too_large), "
-        "or any cause that persists, makes the worker log an ERROR naming it and the fix "
-        "and not ready until a fetch succeeds again (runbook: StreamDPFetchFailing).",
+        "that retrying cannot clear (unsupported_codec, corrupt_record, record_too_large, "
+        "authorization_failed), or any cause that persists, makes the worker log an ERROR "
+        "naming it, the partitions and the fix, and not ready until a fetch makes progress on "
+        "each failing partition (runbook: StreamDPFetchFailing).",
         ["reason"],
         registry=r,
     )

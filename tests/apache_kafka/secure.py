@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka.conn import create_conn
-from aiokafka.protocol.admin import CreateAclsRequest
+from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest
 
 from stream_dp.broker.apache_kafka import ApacheKafkaBroker
 
@@ -165,3 +165,21 @@ async def create_acls(plaintext_bootstrap: str, acls: list[tuple[int, str, str, 
     finally:
         conn.close()
     assert not errors, f"CreateAcls refused: {errors}"
+
+
+async def delete_acls(plaintext_bootstrap: str, acls: list[tuple[int, str, str, int, int]]) -> None:
+    """Remove ACLs written by :func:`create_acls` (the same tuples, matched exactly);
+    AssertionError when the broker refuses one or none matched."""
+    host, _, port = plaintext_bootstrap.rpartition(":")
+    conn = await create_conn(host, int(port), request_timeout_ms=60_000)
+    problems: list[Any] = []
+    try:
+        for rtype, name, principal, op, perm in acls:
+            request = DeleteAclsRequest(rtype, name, _LITERAL, principal, "*", op, perm)
+            response = await conn.send(request)
+            for code, message, matched in response.filter_responses:
+                if code != 0 or len(matched) != 1:
+                    problems.append((name, code, message, matched))
+    finally:
+        conn.close()
+    assert not problems, f"DeleteAcls: {problems}"

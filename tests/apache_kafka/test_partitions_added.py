@@ -224,3 +224,111 @@ async def test_added_partitions_are_seen_in_seconds_and_nothing_placed_right_is_
     assert Counter((v["reason"], v["source_partition"]) for _, v in dead) == {
         ("misplaced_key", new_home): K
     }
+
+
+async def test_a_worker_restarted_after_the_change_replays_older_windows_under_their_count(
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+) -> None:
+    """Issue 39 item 4, after a restart: window 0 begun under 4 partitions, the topic grown to
+    6, more window-0 records placed under 4, the worker stopped with window 0 still open.
+    The restarted worker replays window 0's records from the committed offsets: every one
+    was placed under the count in force for window 0 and must be released, none
+    dead-lettered as ``misplaced_key`` (checked against 6, most of them would be)."""
+    from confluent_kafka import Producer
+
+    port = free_port()
+    cfg = config_factory(
+        {
+            "input": {"keyed_by_user": True, "partitioner": "crc32"},
+            "privacy": NOISE_FREE,
+            "bounds": {"max_contributions_per_window": K},
+            "metrics": {"port": port},
+            "queries": [
+                {
+                    "name": "visits",
+                    "group_by": ["domain"],
+                    "epsilon": 1e6,
+                    "keys": {"domain": ["shared.example"]},
+                },
+                {"name": "users", "statistic": "count_distinct_users", "epsilon": 1e6, "keys": {}},
+            ],
+        }
+    )
+    config = load_config(cfg)
+    await apply_topics(config, kafka_bootstrap, include_input=True)
+    topics = topics_of(cfg)
+    moving = [
+        u for u in USERS if crc32_partition(u.encode(), OLD) != crc32_partition(u.encode(), NEW)
+    ]
+    assert len(moving) >= len(USERS) // 2  # most homes move: the bug cannot hide
+    first_worker = start_worker(cfg, tmp_path / "worker-1.log")
+    stale = Producer({"bootstrap.servers": kafka_bootstrap, "acks": "all"})
+    try:
+        await _wait(
+            lambda: _said(first_worker, "INFO", "partitions taken"),
+            "partitions taken",
+            first_worker,
+            HANG_GUARD_S,
+        )
+        before = [_event(u, 1) for u in USERS]
+        assert _produce(stale, topics["input"], before) == _homes(before, OLD)
+        await _wait(
+            lambda: (metric_value(port, "stream_dp_events_consumed_total") or 0) >= len(before),
+            "window 0 begun",
+            first_worker,
+            HANG_GUARD_S,
+        )
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.create_partitions({topics["input"]: NewPartitions(total_count=NEW)})
+        finally:
+            await admin.close()
+        await _wait(
+            lambda: _said(first_worker, "WARNING", f"changed from {OLD} to {NEW} partitions"),
+            "the change seen",
+            first_worker,
+            SEEN_WITHIN_S,
+        )
+        # More of window 0 from the producer that still places under 4: window 0's count.
+        after = [_event(u, 5) for u in USERS]
+        assert _produce(stale, topics["input"], after) == _homes(after, OLD)
+        consumed = len(before) + len(after)
+        await _wait(
+            lambda: (metric_value(port, "stream_dp_events_consumed_total") or 0) >= consumed,
+            "window 0's later records consumed",
+            first_worker,
+            HANG_GUARD_S,
+        )
+    finally:
+        code = first_worker.terminate()  # window 0 still open: nothing of it released
+    assert code == 0, first_worker.log()[-4000:]
+    assert _released(await read_topic(kafka_bootstrap, topics["output"])) == {}
+
+    second_worker = start_worker(cfg, tmp_path / "worker-2.log")
+    try:
+        await _wait(
+            lambda: _said(second_worker, "INFO", "partitions taken"),
+            "partitions taken again",
+            second_worker,
+            HANG_GUARD_S,
+        )
+        # Windows 1 and 2 from a producer that knows the 6 partitions.
+        fresh = Producer({"bootstrap.servers": kafka_bootstrap, "acks": "all"})
+        w1 = [_event(u, 12) for u in USERS]
+        w2 = [_event(u, 25) for u in USERS]
+        assert _produce(fresh, topics["input"], w1 + w2) == _homes(w1 + w2, NEW)
+        out = await read_topic(
+            kafka_bootstrap, topics["output"], until=windows_done(["visits", "users"], 2)
+        )
+        dead = decode_values(await read_topic(kafka_bootstrap, topics["dead_letter"]))
+    finally:
+        code = second_worker.terminate()
+    assert code == 0, second_worker.log()[-4000:]
+    released = _released(out)
+    w0, w1_start = iso_utc(T0), iso_utc(T0 + 10)
+    assert Counter(v["reason"] for _, v in dead) == Counter()
+    assert released[("visits", w0)] == len(before) + len(after)
+    assert released[("users", w0)] == len(USERS)
+    assert released[("visits", w1_start)] == len(w1)
+    assert released[("users", w1_start)] == len(USERS)

@@ -10,8 +10,10 @@ and a mutual-TLS listener, certificates made by the test, the StandardAuthorizer
   worker (at once: the broker answered, there is no broker to wait for);
 - a broker certificate signed by another CA than kafka.ssl_cafile is refused;
 - a worker whose principal may not Read its input topic, or its group (a real ACL), says so
-  at ERROR, is not ready, counts ``authorization_failed`` fetch errors, and
-  StreamDPFetchFailing fires over its scraped counter (``promtool test rules``).
+  at ERROR at once (naming the principal and the kafka-acls grant), is not ready, counts
+  ``authorization_failed`` fetch errors, and StreamDPFetchFailing fires over its scraped
+  counter (``promtool test rules``); once the grant is there it reads, is ready and
+  releases exact counts without a restart.
 
 One secured broker for the module; the test's own producers and readers use its PLAINTEXT
 listener (a super user), the service under test a secured one.
@@ -48,6 +50,7 @@ from tests.apache_kafka.secure import (
     TRANSACTIONAL_ID,
     Certificates,
     create_acls,
+    delete_acls,
     make_ca,
     mtls_kafka,
     scram_kafka,
@@ -55,11 +58,13 @@ from tests.apache_kafka.secure import (
 )
 from tests.apache_kafka.tier import apache_kafka_problem
 from tests.cli.deployment import (
+    COUNTS,
     NOISE_FREE_WARNING,
     cli,
     deployment_config,
     events,
     every_command,
+    released_counts,
 )
 from tests.helpers import ConfigFactory
 from tests.integration.support import (
@@ -70,6 +75,7 @@ from tests.integration.support import (
     produce_events,
     read_topic,
     start_worker,
+    windows_done,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.apache_kafka]
@@ -229,10 +235,8 @@ async def test_a_worker_denied_read_on_its_input_says_so_and_the_alert_fires(
         (TRANSACTIONAL_ID, "*", principal, ALL, ALLOW),
     ])  # fmt: skip
     resource = config.input.topic if denied == "input_topic" else config.kafka.group_id
-    await create_acls(
-        broker.bootstrap_servers,
-        [(TOPIC if denied == "input_topic" else GROUP, resource, principal, READ, DENY)],
-    )
+    deny = [(TOPIC if denied == "input_topic" else GROUP, resource, principal, READ, DENY)]
+    await create_acls(broker.bootstrap_servers, deny)
     await apply_topics(config, kafka["bootstrap_servers"], include_input=True)
     await produce_events(broker.bootstrap_servers, config.input.topic, events())
     worker = start_worker(cfg, tmp_path / "worker.log")
@@ -247,17 +251,38 @@ async def test_a_worker_denied_read_on_its_input_says_so_and_the_alert_fires(
 
         await _until(lambda: bool(loud()), "an ERROR naming the authorization failure", worker)
         named = loud()
+        # Loud at once (not after 30 s of retries), naming the resource, the principal and
+        # the grant that clears it.
+        assert "(fetch error authorization_failed, failing for 0 s on " in named[0], named
+        assert f"the broker refuses {principal} Read on " in named[0], named
         assert resource in named[0] and "grant the principal Read" in named[0], named
+        assert (
+            f"kafka-acls.sh --bootstrap-server <broker> --add --allow-principal {principal} "
+            in named[0]
+        ), named
         code, body = http_get(port, "/health/ready")
         assert code == 503 and orjson.loads(body)["components"]["input_readable"] is False
         assert http_get(port, "/health/live")[0] == 200  # it holds: a restart meets the same
         values = await _scrapes(port, 6, worker)
         assert _alert_fires_over(values, tmp_path).split() == [
             "Unit", "Testing:", "tests.yml", "SUCCESS"]  # fmt: skip
+        assert await read_topic(broker.bootstrap_servers, config.output.topic) == []
+        # The operator grants Read: the same worker reads, is ready and releases, no restart.
+        await delete_acls(broker.bootstrap_servers, deny)
+
+        def readable() -> bool:
+            code, body = http_get(port, "/health/ready")
+            return code in (200, 503) and orjson.loads(body)["components"]["input_readable"]
+
+        out = await read_topic(
+            broker.bootstrap_servers, config.output.topic, until=windows_done(["visits"], 1)
+        )
+        assert released_counts(out) == COUNTS
+        await _until(readable, "input_readable again", worker)
+        assert "fetching again after " in worker.log()
     finally:
         code = worker.terminate()
     assert code == 0, worker.log()[-4000:]
-    assert await read_topic(broker.bootstrap_servers, config.output.topic) == []
 
 
 async def test_a_worker_with_a_wrong_password_stops_at_once_naming_the_settings(

@@ -63,8 +63,8 @@ def test_an_unknown_codec_id_asks_for_one_of_the_four() -> None:
     ("exc", "reason", "persistent"),
     [
         (kafka_errors.CorruptRecordException("Invalid CRC"), "corrupt_record", True),
-        (kafka_errors.TopicAuthorizationFailedError("t"), "authorization_failed", False),
-        (kafka_errors.GroupAuthorizationFailedError("g"), "authorization_failed", False),
+        (kafka_errors.TopicAuthorizationFailedError("t"), "authorization_failed", True),
+        (kafka_errors.GroupAuthorizationFailedError("g"), "authorization_failed", True),
         (kafka_errors.UnknownTopicOrPartitionError(), "unknown_topic", False),
         (kafka_errors.RecordTooLargeError("big"), "record_too_large", True),
         (kafka_errors.KafkaError("Unexpected error during data retrieval"), "other", False),
@@ -76,3 +76,41 @@ def test_each_cause_has_its_reason(exc: BaseException, reason: str, persistent: 
     assert (cause.reason, cause.persistent) == (reason, persistent)
     assert cause.reason in FETCH_ERROR_REASONS
     assert cause.fix and cause.cause
+
+
+def test_authorization_denied_names_the_topic_the_principal_and_the_grant() -> None:
+    cause = classify_fetch_error(
+        kafka_errors.TopicAuthorizationFailedError("events"),
+        principal="User:worker",
+        group_id="clicks",
+    )
+    assert (cause.reason, cause.persistent) == ("authorization_failed", True)
+    assert describe_fetch_error(cause) == (
+        "the broker refuses User:worker Read on the topic events "
+        "(TopicAuthorizationFailedError); to fix it, grant the principal Read and Describe on "
+        "the topics it reads (input, repartition, partials) and Read on its consumer group "
+        "(kafka.group_id): kafka-acls.sh --bootstrap-server <broker> --add --allow-principal "
+        "User:worker --operation Read --operation Describe --topic events --group clicks; or "
+        "fix kafka.sasl_* / kafka.ssl_* so it authenticates as the principal that has them. "
+        "The worker retries and reads again once the grant is there, without a restart"
+    )
+    group = classify_fetch_error(kafka_errors.GroupAuthorizationFailedError("clicks"))
+    assert group.cause == (
+        "the broker refuses User:<the principal of kafka.sasl_username or the client "
+        "certificate> Read on the consumer group clicks (GroupAuthorizationFailedError)"
+    )
+
+
+def test_the_principal_is_named_as_kafka_acls_names_it() -> None:
+    from types import SimpleNamespace
+
+    from stream_dp.kafka_client.fetch_errors import principal_of
+
+    def kafka(protocol: str, user: str | None = None, cert: str | None = None) -> object:
+        return SimpleNamespace(security_protocol=protocol, sasl_username=user, ssl_certfile=cert)
+
+    assert principal_of(kafka("SASL_SSL", "worker")) == "User:worker"
+    assert principal_of(kafka("SSL", cert="/etc/w.pem")) == (
+        "User:<the subject of /etc/w.pem, as the broker maps it>"
+    )
+    assert principal_of(kafka("PLAINTEXT")) is None

@@ -116,8 +116,9 @@ async def test_an_unreadable_codec_is_an_error_with_the_fix_and_the_worker_not_r
         assert stalled[0].startswith(
             "the input cannot be read (fetch error unsupported_codec, failing for "
         )
-        assert stalled[0].endswith(
-            "s): the topic holds record batches compressed with snappy (a producer's or the "
+        assert stalled[0].endswith(  # the partition the batch is on, named
+            f"s on {topic}[0]): the topic holds record batches compressed with snappy (a "
+            "producer's or the "
             "topic's compression.type=snappy), which this installation cannot decompress; to "
             "fix it, install the codec library: pip install 'cramjam>=2.8' (a dependency of "
             "stream-dp, missing from this environment; or use the container image); then "

@@ -125,6 +125,7 @@ async def test_a_partition_that_cannot_be_decompressed_loses_no_record_of_the_ot
     worker.membership.consumer = consumer
     got: dict[TopicPartition, list[Any]] = {tp: [] for tp in [*good, broken]}
     errors: list[KafkaError] = []
+    placed: list[tuple[TopicPartition, ...]] = []  # where each error came from, as told
     try:
         consumer.assign([*good, broken])
         consumer.pause(broken)
@@ -147,6 +148,8 @@ async def test_a_partition_that_cannot_be_decompressed_loses_no_record_of_the_ot
                 batch = await worker.membership.fetch()
             except KafkaError as exc:
                 errors.append(exc)
+                drain = worker.membership.drain
+                placed.append(drain.partitions_of(exc) if drain is not None else ())
                 continue
             assert batch is not None
             for tp, records in batch.items():
@@ -157,6 +160,8 @@ async def test_a_partition_that_cannot_be_decompressed_loses_no_record_of_the_ot
 
     # Every error reaching the loop is the broken partition's codec, said at least once.
     assert errors and all(isinstance(e, UnsupportedCodecError) for e in errors), errors
+    # Each placed on the broken partition (fetch health is kept per partition by it).
+    assert placed == [(broken,)] * len(errors), placed
     # Per partition, exactly the records below its position, each once, in order.
     delivered = {tp.partition: [r.offset for r in records] for tp, records in got.items()}
     expected = {tp.partition: list(range(positions[tp])) for tp in got}

@@ -47,7 +47,12 @@ from stream_dp.pipeline.kafka.hold_guards import HoldGuards
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS
-from stream_dp.pipeline.kafka.topology_watch import TopologyError, TopologyWatch
+from stream_dp.pipeline.kafka.topology_watch import (
+    TopologyError,
+    TopologyWatch,
+    restore_layout,
+    with_layout,
+)
 from stream_dp.pipeline.release_driver import ReleaseDriver
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
@@ -94,7 +99,8 @@ class Membership(WorkerPart):
         self.stage1_topic = self.input_topic if self.keyed else out.repartition_topic
         self.partials_topic = out.partials_topic
         self.requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
-        self._committed: dict[TopicPartition, int] = {}
+        #: What was last committed per partition: an offset, or (offset, layout metadata).
+        self._committed: dict[TopicPartition, Any] = {}
         #: Input offsets stage 0 routed and had acknowledged: safe to commit.
         self.routed_positions: dict[int, int] = {}
         #: Partitions assigned but not taken yet (ledger read, state built): paused until
@@ -265,6 +271,9 @@ class Membership(WorkerPart):
         ingest.source_partitions = await topology.partitions(
             self.stage1_topic, watermark_s=watermark, ingest=ingest
         )
+        if self.keyed:  # before any record is checked: the counts of the windows replayed
+            taken = [TopicPartition(self.stage1_topic, p) for p in stage1]
+            await restore_layout(self.consumer, taken, ingest)
         if not self.keyed:
             ingest.input_partitions = await topology.partitions(
                 self.input_topic, watermark_s=watermark
@@ -392,12 +401,17 @@ class Membership(WorkerPart):
         return out
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
-        """Commit the safe offsets that moved (of ``only``, if given) and are assigned."""
+        """Commit the safe offsets that moved (of ``only``, if given) and are assigned; in
+        keyed mode with the layout as the stage-1 partitions' metadata (topology_watch),
+        committed again when it changed though the offsets did not."""
         assert self.consumer is not None
         assigned = self.consumer.assignment()
+        safe: dict[TopicPartition, Any] = self.safe_offsets()
+        if self.keyed:  # the per-window counts go with the offsets replayed from
+            safe = with_layout(safe, self.stage1_topic, self._stages().ingest)
         offsets = {
             tp: off
-            for tp, off in self.safe_offsets().items()
+            for tp, off in safe.items()
             if (only is None or tp in only)
             and self._committed.get(tp) != off
             and tp in assigned

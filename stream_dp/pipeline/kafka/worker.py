@@ -178,7 +178,7 @@ class Worker:
         context = WorkerContext(config, metrics, health, self._stopping, self._faults)
         self.publisher = Publisher(context)
         self.membership = Membership(context)
-        self.fetches = FetchHealth(metrics, health, self.membership)
+        self.fetches = FetchHealth(metrics, health, self.membership, kafka=config.kafka)
         self.topology = TopologyWatch(
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
         )

@@ -22,16 +22,26 @@ partition its key maps to under its window's count, and every partial carries th
 (its layout): stage 2 merges one layout per window, so a worker that drew the line
 elsewhere (it started after the change, or saw it later) has its partials of the window left
 out (``partials_ignored{reason="layout_changed"}``), never added to the other layout's.
+
+A restarted worker replays the records of the windows still open from the committed
+offsets: it must check them under the count in force for their window, not the count it
+finds at start. So the layout travels with the committed offsets of the stage-1 topic
+(:meth:`SourceLayout.to_metadata`, a commit's metadata) and a worker taking those
+partitions restores it (:meth:`SourceLayout.restore`) before it reads a record: the line
+stays where the worker that saw the change drew it. A count that changed while no worker
+ran (the committed count is not the one found) keeps the windows the last commit had met
+under the committed count.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 import numpy as np
+import orjson
 
 from stream_dp.kafka_client.partitioner import murmur2
 
@@ -120,6 +130,10 @@ def pseudonym_partitions(pseudonyms: bytes, partitions: int) -> np.ndarray:
     return (first % np.uint64(partitions)).astype(np.int64)
 
 
+#: How many earlier counts a commit's metadata carries (the latest ones).
+KEPT_LAYOUTS = 8
+
+
 class SourceLayout:
     """Per window, the partition count its keyed records are checked and sealed under."""
 
@@ -154,6 +168,47 @@ class SourceLayout:
             if window_start_s < until:
                 return count
         return current
+
+    def to_metadata(self, current: int) -> str:
+        """The layout as a commit's metadata (JSON, well under Kafka's 4096-byte default
+        ``offset.metadata.max.bytes``): ``current``, the count of the windows after the
+        earlier ones, the earlier counts (the latest :data:`KEPT_LAYOUTS`) and the latest
+        window met."""
+        return orjson.dumps(
+            {
+                "layout": 1,
+                "count": current,
+                "earlier": self.earlier[-KEPT_LAYOUTS:],
+                "latest": self.latest_window_s,
+            }
+        ).decode()
+
+    def restore(self, committed: Iterable[str], current: int) -> list[tuple[int, int]]:
+        """Take the layout committed with the offsets a restarted worker replays from
+        (``committed``: the metadata of each partition's commit; those of other writers or
+        versions are skipped) before it checks any record, ``current`` being the count
+        found now. Returns the (until, count) entries that were not known here."""
+        added: list[tuple[int, int]] = []
+        for text in committed:
+            try:
+                saved = orjson.loads(text) if text else None
+                if not isinstance(saved, dict) or saved.get("layout") != 1:
+                    continue
+                entries = [(int(u), int(n)) for u, n in saved["earlier"]]
+                count, latest = int(saved["count"]), saved["latest"]
+                if count != current and latest is not None:
+                    # changed while no worker ran: the windows met keep the committed count
+                    entries.append((int(latest) + self.window_size_s, count))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+            for entry in entries:
+                if entry not in self.earlier and entry not in added and entry[0] > 0:
+                    added.append(entry)
+        if added:
+            merged = sorted(set(self.earlier) | set(added))
+            # one count per window: where two entries overlap, the earlier `until` rules
+            self.earlier = [e for i, e in enumerate(merged) if i == 0 or e[0] > merged[i - 1][0]]
+        return added
 
     @property
     def changed(self) -> bool:
