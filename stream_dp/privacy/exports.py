@@ -105,9 +105,9 @@ def apply_rule(rule: Rule, value: Any) -> str | None:
     try:
         if rule.kind in ("year", "month"):
             if isinstance(value, str):
-                return generalize_date(value, rule.kind)  # type: ignore[arg-type]
+                return generalize_date(value, rule.kind)
             if number:
-                return generalize_timestamp(float(value), rule.kind)  # type: ignore[arg-type]
+                return generalize_timestamp(float(value), rule.kind)
             return None
         if rule.kind == "bucket":
             return bucket_number(float(value), rule.size) if number else None

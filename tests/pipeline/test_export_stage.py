@@ -1,4 +1,4 @@
-"""The export stage without Kafka (stream_dp/pipeline/stages/exports.py): what each partner's
+"""The export stage without Kafka (stream_dp.pipeline.duties.export_stage.py): what each partner's
 records hold, k-anonymity per window, erasure, replayed and late records, the config checks."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from stream_dp.config import parse_config
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV
 from stream_dp.errors import ConfigError
-from stream_dp.pipeline.stages.exports import ExportStage, erasure_records
+from stream_dp.pipeline.duties.export_stage import ExportStage, erasure_records
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.exports import partner_pseudonym, partner_pseudonymizer
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
@@ -164,7 +164,7 @@ def test_an_export_must_state_what_leaves(change: dict[str, Any], message: str) 
 
 
 def test_exports_need_keyed_input_and_their_own_partner_and_topic() -> None:
-    with pytest.raises(ConfigError, match="exports need input.keyed_by_user: true"):
+    with pytest.raises(ConfigError, match=r"exports need input\.keyed_by_user: true"):
         _config(keyed_by_user=False)
     with pytest.raises(ConfigError, match="its own partner; repeated: acme"):
         _config([EXPORTS[0], {**EXPORTS[1], "partner": "acme"}])

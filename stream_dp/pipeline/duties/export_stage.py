@@ -125,9 +125,7 @@ class ExportStage:
             if self._erased(pseudonym, key.key_id, ws):
                 continue
             generalized = tuple(generalize_fields(rules, fields) for rules in self._rules)
-            self._held.setdefault(partition, {}).setdefault(ws, []).append(
-                (pseudonym, generalized)
-            )
+            self._held.setdefault(partition, {}).setdefault(ws, []).append((pseudonym, generalized))
             held += 1
         return held
 
