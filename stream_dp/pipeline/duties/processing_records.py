@@ -13,8 +13,10 @@ Sources, read once each from the beginning (no consumer group, nothing written):
   the ledger's figures when both do;
 * the **broker**: each topic's ``retention.ms`` and ``cleanup.policy`` (DescribeConfigs).
 
-Partner exports are listed here once they exist (``export`` entries, ε and δ ``null``: an
-export is not differentially private); a deployment has none today.
+* each **partner export's topic** (docs/exports.md): one ``export`` entry per (export,
+  window) whose records are on it, ε and δ ``null`` — an export is not differentially
+  private — with the partner's key id of the window and the partner as recipient
+  (:mod:`stream_dp.pipeline.duties.export_scan`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from stream_dp.broker.topics import resolve_all
 from stream_dp.config import Config
 from stream_dp.config.model import QueryConfig
 from stream_dp.errors import ConfigError
+from stream_dp.pipeline.duties.export_scan import export_entries
 from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.pipeline.kafka.output_scan import decode_output, read_output
 from stream_dp.privacy.budget import BOUNDS_CHARGE
@@ -179,8 +182,8 @@ async def topic_retention(
 async def read_records(
     config: Config, bootstrap_servers: str | None = None
 ) -> list[dict[str, Any]]:
-    """The records of processing: one entry per (query, window) released (and, once
-    exports exist, per (export, window)), in window order."""
+    """The records of processing: one entry per (query, window) released, in window order,
+    then one per (export, window) exported."""
     require_purposes(config)
     names = [q.name for q in config.queries]
     index = LedgerIndex()
@@ -193,7 +196,14 @@ async def read_records(
     )
     rows = spends(index, decode_output(output, names).released(), names)
     topics = await topic_retention(config, bootstrap_servers)
-    return entries(config, index, rows, topics)
+    exported = await export_entries(
+        config,
+        bootstrap_servers or config.kafka.bootstrap_servers,
+        fingerprint=index.fingerprint.digest if index.fingerprint is not None else None,
+        key_id_at=lambda ws: key_id_at(index, config, ws),
+        retention=topics,
+    )
+    return [*entries(config, index, rows, topics), *exported]
 
 
 def entries(
