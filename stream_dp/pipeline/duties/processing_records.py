@@ -139,10 +139,14 @@ def key_id_at(index: LedgerIndex, config: Config, window_start_s: int) -> str:
         if rotate_at is not None and window_start_s < rotate_at.timestamp():
             return config.pseudonymization.previous_key_id or key_id
         return key_id
-    for _, new, rotate_at_s in sorted(index.rotations, key=lambda r: r[2]):
-        if window_start_s >= rotate_at_s:
-            key_id = new
-    return key_id
+    # The first rotation after the window names the window's key as its previous one (also
+    # when the deployment started with the rotation configured: its first record names the
+    # new key); after every rotation, the last one's new key.
+    rotations = sorted(index.rotations, key=lambda r: r[2])
+    for previous, _, rotate_at_s in rotations:
+        if window_start_s < rotate_at_s:
+            return previous
+    return rotations[-1][1] if rotations else key_id
 
 
 async def topic_retention(
