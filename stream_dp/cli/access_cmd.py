@@ -3,8 +3,8 @@
 
 What the deployment holds about one person right now — their pseudonym per key, the events
 held in windows not yet released (per window and per query), the erasures recorded for them
-and the partner exports that carried their events, under which partner pseudonyms — and nothing about
-anyone else. The request is recorded on ``output.access_log_topic`` (request id, time,
+and the partner exports that carried their events, under which partner pseudonyms — and
+nothing about anyone else. The request is recorded on ``output.access_log_topic`` (request id, time,
 pseudonyms; never the raw id) before the answer is printed; if it cannot be recorded, nothing
 is answered (exit 1). ``--user-id -`` reads the id from standard input (a command line shows
 in ``ps``).

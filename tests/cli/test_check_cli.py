@@ -149,8 +149,8 @@ async def test_a_missing_export_topic_is_a_problem_named_with_how_to_create_it(
     kafka_bootstrap: str, config_factory: MakeConfig
 ) -> None:
     def export(partner: str, topic: str) -> dict[str, Any]:
-        return {"partner": partner, "topic": topic, "fields": ["domain"],
-                "generalize": {"domain": "prefix:3"}, "purpose": "p", "legal_basis": "b"}  # fmt: skip
+        rule = {"fields": ["domain"], "generalize": {"domain": "prefix:3"}}
+        return {"partner": partner, "topic": topic, **rule, "purpose": "p", "legal_basis": "b"}
 
     first = config_factory({"input": {"keyed_by_user": True}})
     suffix = load_config(first).input.topic
