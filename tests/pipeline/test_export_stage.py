@@ -9,9 +9,12 @@ import orjson
 import pytest
 
 from stream_dp.config import parse_config
+from stream_dp.config.fingerprint import Fingerprint
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV
 from stream_dp.errors import ConfigError
 from stream_dp.pipeline.duties.export_stage import ExportStage, erasure_records
+from stream_dp.pipeline.duties.processing_records import key_id_at
+from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.exports import partner_pseudonym, partner_pseudonymizer
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
@@ -170,3 +173,17 @@ def test_exports_need_keyed_input_and_their_own_partner_and_topic() -> None:
         _config([EXPORTS[0], {**EXPORTS[1], "partner": "acme"}])
     with pytest.raises(ConfigError, match="its own topic; repeated: to-acme"):
         _config([EXPORTS[0], {**EXPORTS[1], "topic": "to-acme"}])
+
+
+def test_the_key_id_of_a_window_follows_the_recorded_rotations() -> None:
+    """records' key id per window (also the partner key id's main part): a deployment that
+    started with a rotation configured records the new key first; windows before the
+    rotation are under its previous key."""
+    config = _config()
+    index = LedgerIndex()
+    assert key_id_at(index, config, T0) == "k1"  # nothing recorded: the configuration's
+    index.fingerprint = Fingerprint(digest="d", parts={}, key_id="k1")
+    assert key_id_at(index, config, T0) == "k1"
+    index.rotations = {("k0", "k1", T0 + 40), ("k1", "k2", T0 + 80)}
+    got = [key_id_at(index, config, T0 + 10 * n) for n in range(10)]
+    assert got == ["k0"] * 4 + ["k1"] * 4 + ["k2"] * 2
