@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 #: CreateTopics' "use the broker's default" (KIP-464).
 BROKER_DEFAULT_REPLICATION = -1
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\.([A-Za-z_]\w*)\}")
+#: The name template of the partner exports' definition (one topic per export).
+EXPORT_TOPIC = "{export.topic}"
 _VALID_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _HINTS = {
     "INVALID_REPLICATION_FACTOR": "set kafka.replication_factor to at most the broker count",
@@ -83,8 +85,16 @@ class TopicSpec:
     #: The config key that, when set, overrides ``partitions`` ("topics.partials_partitions").
     partitions_setting: str | None = None
 
+    @property
+    def per_export(self) -> bool:
+        """Whether the definition is a partner export's (``{export.topic}``): one topic per
+        entry of ``exports``, resolved by :func:`resolve_all`."""
+        return self.name == EXPORT_TOPIC
+
     def wanted(self, config: Config) -> bool:
-        """Whether ``config`` uses this topic."""
+        """Whether ``config`` uses this topic (a partner export's: see :attr:`per_export`)."""
+        if self.per_export:
+            return False
         if self.requires is None:
             return True
         section, _, key = self.requires.partition(".")
@@ -154,6 +164,8 @@ def default_topics_dir() -> Traversable:
 
 
 def _check_template(template: str, where: str, what: str) -> None:
+    if template == EXPORT_TOPIC:
+        return
     for match in _PLACEHOLDER.finditer(template):
         section, key = match.groups()
         owner = Config.model_fields.get(section)
@@ -292,6 +304,9 @@ def resolve_all(
     Topics the configuration does not use (``requires``) are left out."""
     out: dict[str, Topic] = {}
     for spec in specs if specs is not None else load_topic_specs():
+        if spec.per_export:  # one topic per partner export (names checked unique by Config)
+            out.update((e.topic, _export_topic(spec, config, e.topic)) for e in config.exports)
+            continue
         if (spec.is_input and not include_input) or not spec.wanted(config):
             continue
         topic = resolve_topic(spec, config)
@@ -303,6 +318,22 @@ def resolve_all(
             )
         out[topic.name] = topic
     return out
+
+
+def _export_topic(spec: TopicSpec, config: Config, name: str) -> Topic:
+    """A partner export's topic (``exports[].topic``) from the exports' definition."""
+    if not _VALID_TOPIC.fullmatch(name) or name in (".", ".."):
+        raise ConfigError(
+            f"exports[].topic = {name!r} is not a valid Kafka topic name; use 1-249 letters, "
+            "digits, '.', '_' or '-'"
+        )
+    return Topic(
+        name=name,
+        spec=spec,
+        replication_factor=config.kafka.replication_factor,
+        config={k: _substitute(v, config) for k, v in spec.config.items()},
+        partitions=spec.partitions,
+    )
 
 
 # -- the cluster ------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 
 What the deployment holds about one person right now — their pseudonym per key, the events
 held in windows not yet released (per window and per query), the erasures recorded for them
-and (once partner exports exist) the exports that carried their events — and nothing about
-anyone else. The request is recorded on ``output.access_log_topic`` (request id, time,
+and the partner exports that carried their events, under which partner pseudonyms — and
+nothing about anyone else. The request is recorded on ``output.access_log_topic`` (request id, time,
 pseudonyms; never the raw id) before the answer is printed; if it cannot be recorded, nothing
 is answered (exit 1). ``--user-id -`` reads the id from standard input (a command line shows
 in ``ps``).
@@ -78,6 +78,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _exports_lines(exports: list[dict[str, Any]]) -> list[str]:
+    if not exports:
+        return ["Exports: none of your events were exported (no partner export exists)."]
+    lines = []
+    for e in exports:
+        names = ", ".join(f"{p} (key {k})" for k, p in e["pseudonyms"].items())
+        carried = ", ".join(f"{w['window_start']} ({w['records']})" for w in e["windows"])
+        lines.append(
+            f"Export to {e['export']} (topic {e['topic']}), where you are {names}: "
+            + (f"your events in windows {carried}." if carried else "none of your events.")
+        )
+        for r in e["erasure_records"]:
+            lines.append(f"  erasure record sent at {r['erased_at']} (key {r['key_id']})")
+    return lines
+
+
 def describe(answer: dict[str, Any]) -> str:
     """The answer as text a person can read."""
     lines = [
@@ -110,7 +126,7 @@ def describe(answer: dict[str, Any]) -> str:
             )
     else:
         lines.append("Erasure: none recorded.")
-    lines.append("Exports: none of your events were exported (no partner export exists).")
+    lines.extend(_exports_lines(answer["exports"]))
     scanned = answer["scanned"]
     lines.append(
         f"Read: topic {scanned['input_topic']}, partitions "

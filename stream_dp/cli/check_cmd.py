@@ -8,7 +8,8 @@ names (records without them, JSON types), the windows the events fall in against
 window a worker covers, and every problem at once with what to change: fields under another
 name, values outside a key list, undecodable and late events. It prints counts, field names,
 type names, window starts and the configuration's own key values only — never a user id or
-a value of the sample.
+a value of the sample. With partner exports (docs/exports.md) it also checks that each
+export's topic exists.
 
 Exit code 0 when no problem was found, 1 when some were (or the broker could not be
 read), 2 for a bad configuration.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from stream_dp.cli._common import add_config_option, running_broker, text_table
@@ -140,8 +142,30 @@ async def sample_values(
     return values[:max_events], len(partitions)
 
 
-def render(config: Config, report: InputReport) -> list[str]:
-    """The check's report as text lines (counts, names and windows only)."""
+async def missing_export_topics(config: Config, bootstrap: str) -> list[str]:
+    """The problems of the partner exports' topics: each one missing (docs/exports.md)."""
+    if not config.exports:
+        return []
+    options = client_kwargs(config.kafka, bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, group_id=None, **options)
+    await start_client(consumer, bootstrap)
+    try:
+        present = await consumer.topics()
+    except KafkaError as exc:
+        raise BrokerError(f"listing the topics failed: {type(exc).__name__}") from None
+    finally:
+        await stop_client(consumer)
+    return [
+        f"the export topic {e.topic} (exports: partner {e.partner}) does not exist: create it "
+        "with `stream-dp topics apply --config FILE`"
+        for e in config.exports
+        if e.topic not in present
+    ]
+
+
+def render(config: Config, report: InputReport, more_problems: Sequence[str] = ()) -> list[str]:
+    """The check's report as text lines (counts, names and windows only); ``more_problems``
+    are the partner exports' (:func:`missing_export_topics`)."""
     inp = config.input
     rows = [["field", "role", "missing or null", "types"]]
     for name, role in ((inp.user_field, "user"), (inp.time_field, "time")):
@@ -171,7 +195,7 @@ def render(config: Config, report: InputReport) -> list[str]:
         )
     origin = "window.start_at" if report.start_at_set else "a worker started now"
     lines.append(f"first covered window ({origin}): {iso_utc(report.coverage_start_s)}")
-    problems = report.problems()
+    problems = [*report.problems(), *more_problems]
     lines.append("")
     if problems:
         lines.append(f"{len(problems)} problem{'s' if len(problems) > 1 else ''}:")
@@ -190,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
         sample_values(config, bootstrap, args.max_events, args.timeout)
     )
     report = check_values(config, values, time.time())
+    exports = asyncio.run(missing_export_topics(config, bootstrap))
     print(f"stream-dp check: {config.input.topic} on {bootstrap} ({partitions} partitions)")
-    for line in render(config, report):
+    for line in render(config, report, exports):
         print(line)
-    return 1 if report.problems() else 0
+    return 1 if report.problems() or exports else 0

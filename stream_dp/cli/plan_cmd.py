@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from stream_dp.cli._common import add_config_option, text_table
-from stream_dp.config import load_config
+from stream_dp.config import Config, load_config
 from stream_dp.config.model import ConfigOrigin
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.continual.counter import MAX_TOTAL
@@ -76,11 +76,47 @@ def run(args: argparse.Namespace) -> int:
         document = plan.describe()
         document["config_origin"] = config.origin.model_dump()
         document["disclosure_risk"] = risk
+        if config.exports:
+            document["exports"] = export_plans(config)
         json.dump(document, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(render_table(plan, risk, source=str(args.config), origin=config.origin))
+        sys.stdout.write("".join(line + "\n" for line in export_lines(config)))
     return 0
+
+
+def export_plans(config: Config) -> list[dict[str, Any]]:
+    """The partner exports as ``plan --json`` lists them (docs/exports.md)."""
+    return [
+        {
+            "partner": e.partner,
+            "topic": e.topic,
+            "fields": {f: str(rule) for f, rule in e.rules},
+            "k_anonymity": e.k_anonymity,
+            "differentially_private": False,
+            "purpose": e.purpose,
+            "legal_basis": e.legal_basis,
+        }
+        for e in config.exports
+    ]
+
+
+def export_lines(config: Config) -> list[str]:
+    """The partner exports, said plainly: event rows, not differentially private."""
+    if not config.exports:
+        return []
+    lines = [
+        "",
+        "Partner exports: event rows, NOT differentially private (no ε is spent or bounded; "
+        "see docs/exports.md)",
+    ]
+    rows = [["partner", "topic", "fields (rule)", "k-anonymity", "purpose"]]
+    for e in config.exports:
+        fields = ", ".join(f"{f} ({rule})" for f, rule in e.rules)
+        k = "none" if e.k_anonymity is None else f"k={e.k_anonymity}"
+        rows.append([e.partner, e.topic, fields, k, e.purpose])
+    return [*lines, *text_table(rows)]
 
 
 # ------------------------------------------------------------------- rendering
@@ -106,9 +142,7 @@ def _selection_summary(q: QueryPlan) -> str:
             f"{sel.strategy}: p>=0.5 at {d['users_for_half_keep']} users, "
             f"p=1 at {d['users_for_certain_keep']}"
         )
-    unit = {"released_count": "count", "users": "users", "user_weights": "user weights"}[
-        sel.tested
-    ]
+    unit = {"released_count": "count", "users": "users", "user_weights": "user weights"}[sel.tested]
     return f"{sel.strategy}: keep if noisy {unit} >= {d['threshold']}"
 
 

@@ -77,7 +77,7 @@ def report(config: Config, entries: Sequence[dict[str, Any]]) -> str:
         f"- Privacy budget: at most ε = {_num(config.privacy.max_epsilon_per_horizon)} over "
         f"any {config.privacy.horizon_windows} consecutive windows of "
         f"{config.window.size_s} s",
-        f"- Windows released: {len(entries)} (query, window) releases",
+        f"- Windows released: {sum('query' in e for e in entries)} (query, window) releases",
         "",
     ]
     if entries:
@@ -89,9 +89,9 @@ def report(config: Config, entries: Sequence[dict[str, Any]]) -> str:
             rows.append([name, t["setting"], kept, t["cleanup_policy"] or "not described"])
         lines += [*_table(rows), ""]
     queries = [q.name for q in config.queries]
-    others = sorted({e["query"] for e in entries} - set(queries))
+    others = sorted({e["query"] for e in entries if "query" in e} - set(queries))
     for name in [*queries, *others]:
-        mine = [e for e in entries if e["query"] == name]
+        mine = [e for e in entries if e.get("query") == name]
         query = next((q for q in config.queries if q.name == name), None)
         lines += [f"## Query {name}", ""]
         purpose = query.purpose if query else (mine[0]["purpose"] if mine else None)
@@ -112,10 +112,42 @@ def report(config: Config, entries: Sequence[dict[str, Any]]) -> str:
             for e in mine
         ]  # fmt: skip
         lines += [*_table(rows), ""]
+    return "\n".join(lines + export_report(config, entries))
+
+
+def export_report(config: Config, entries: Sequence[dict[str, Any]]) -> list[str]:
+    """The partner exports' sections: what leaves, to whom, why, in which windows."""
+    lines = ["## Exports", ""]
+    if not config.exports:
+        return [
+            *lines,
+            "No partner export is configured: no record leaves the deployment other than the "
+            "differentially private releases above.",
+        ]
     lines += [
-        "## Exports",
+        "Partner exports send event rows, pseudonymized with each partner's own key and "
+        "generalized: they are NOT differentially private (no ε or δ applies).",
         "",
-        "No partner export is configured: no record leaves the deployment other than the "
-        "differentially private releases above.",
     ]
-    return "\n".join(lines)
+    for export in config.exports:
+        mine = [e for e in entries if e.get("export") == export.partner]
+        rules = ", ".join(f"{f} ({rule})" for f, rule in export.rules)
+        k = "none" if export.k_anonymity is None else f"k = {export.k_anonymity}"
+        lines += [
+            f"### Export to {export.partner}",
+            "",
+            f"- Purpose: {export.purpose}",
+            f"- Legal basis: {export.legal_basis}",
+            f"- Fields sent (rule): {rules}; with the partner's pseudonym and the window start",
+            f"- k-anonymity: {k}",
+            f"- Recipient: partner {export.partner}, topic {export.topic}",
+            "",
+        ]
+        if not mine:
+            lines += ["No window exported.", ""]
+            continue
+        rows = [["window start", "window end", "records", "key id"]]
+        rows += [[e["window_start"], e["window_end"], str(e["records"]), str(e["key_id"])]
+                 for e in mine]  # fmt: skip
+        lines += [*_table(rows), ""]
+    return lines

@@ -267,6 +267,23 @@ SETTINGS: Final[Mapping[str, Setting]] = {
         "queries[].legal_basis",
     ),
     **_each(
+        _FP,
+        "what leaves for a partner (docs/exports.md): workers of one deployment must export "
+        "the same fields, under the same rules and pseudonym keys, to the same topics",
+        "exports[].partner",
+        "exports[].topic",
+        "exports[].fields",
+        "exports[].generalize",
+        "exports[].k_anonymity",
+    ),
+    **_each(
+        _NOT,
+        "the declared purpose and legal basis of a partner export, for the records of "
+        "processing (stream-dp records): no exported row depends on it",
+        "exports[].purpose",
+        "exports[].legal_basis",
+    ),
+    **_each(
         _NOT,
         "what the worker reports and logs",
         "metrics.enabled",

@@ -117,6 +117,9 @@ def meaning_fields(config: Config, topology: Topology) -> dict[str, Any]:
                     # mean, so they continue with null_key (drop is a change of meaning).
                     continue
                 fields[f"queries.{name}.{rest}"] = dump[rest]
+        elif section == "exports[]":  # each partner's under its name; none: no part at all
+            for export in config.exports:
+                fields[f"exports.{export.partner}.{rest}"] = getattr(export, rest)
         elif section == "topics":  # as the broker has them, not as configured
             fields[path] = getattr(topology, rest)
         elif rest.startswith("auto."):

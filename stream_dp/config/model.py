@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from stream_dp.config.erasure import ErasureConfig, erasure_problem, fill_erasure_defaults
+from stream_dp.config.exports import ExportConfig, export_problem
 from stream_dp.config.numbers import (
     INTEGER,
     Integer,
@@ -1021,6 +1022,11 @@ class Config(BaseModel):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     erasure: ErasureConfig = Field(default_factory=ErasureConfig)
+    exports: list[ExportConfig] = Field(
+        default_factory=list,
+        description="partner exports: pseudonymized, generalized event rows, NOT "
+        "differentially private (docs/exports.md)",
+    )
 
     #: Where the values came from (set by the loader; see :attr:`origin`).
     _origin: ConfigOrigin | None = PrivateAttr(default=None)
@@ -1128,6 +1134,21 @@ class Config(BaseModel):
         if erasure is not None:
             raise ValueError(erasure)
         self._check_erasure_with_running_totals()
+        exports = export_problem(
+            self.exports,
+            keyed_by_user=self.input.keyed_by_user,
+            user_field=self.input.user_field,
+            time_field=self.input.time_field,
+            other_topics=[
+                self.input.topic,
+                *(v for v in self.output.model_dump().values() if isinstance(v, str)),
+                self.erasure.requests_topic,
+                self.erasure.log_topic,
+                self.erasure.responses_topic,
+            ],
+        )
+        if exports is not None:
+            raise ValueError(exports)
         shares = [QueryShare(q.name, q.epsilon, q.delta) for q in self.queries]
         if self.bounds.is_auto:
             self._check_auto_bounds()

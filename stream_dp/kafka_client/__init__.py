@@ -5,7 +5,7 @@ pyproject.toml, ``one-client-layer``, fails ``make lint`` and the tests otherwis
 library today is aiokafka; this package owns what depends on it:
 
 - the client types (consumer, producer, admin client, partitions, rebalance listener, config
-  resources), re-exported below under the library's own names;
+  resources, fetched records), re-exported below under the library's own names;
 - its error classes (:mod:`stream_dp.kafka_client.errors`) and the classification of fetch
   errors into a cause and a fix (:mod:`stream_dp.kafka_client.fetch_errors`);
 - the record-batch codecs this install can read (:mod:`stream_dp.kafka_client.codecs`);
@@ -26,7 +26,7 @@ from aiokafka import (
 )
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.structs import OffsetAndMetadata
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 __all__ = [
     "AIOKafkaAdminClient",
@@ -35,6 +35,7 @@ __all__ = [
     "ConfigResource",
     "ConfigResourceType",
     "ConsumerRebalanceListener",
+    "ConsumerRecord",
     "NewTopic",
     "OffsetAndMetadata",
     "TopicPartition",

@@ -405,6 +405,25 @@ def _erasure_metrics(r: CollectorRegistry) -> tuple[Counter, Gauge]:
     return erasure_requests_applied, erasures_active
 
 
+def _export_metrics(r: CollectorRegistry) -> tuple[Counter, Counter]:
+    """Partner exports (docs/exports.md): records sent, records k-anonymity suppressed."""
+    export_records = Counter(
+        "stream_dp_export_records",
+        "Event records this worker sent to a partner export's topic (at least once: a "
+        "window sent again after a crash counts again).",
+        ["export"],
+        registry=r,
+    )
+    export_records_suppressed = Counter(
+        "stream_dp_export_records_suppressed",
+        "Event records of a partner export withheld by its k-anonymity filter (their "
+        "generalized fields were shared by fewer than k_anonymity pseudonyms of the window).",
+        ["export"],
+        registry=r,
+    )
+    return export_records, export_records_suppressed
+
+
 def _time_metrics(r: CollectorRegistry) -> tuple[Gauge, Gauge, Gauge]:
     """Event time (watermark, oldest open window) and the last release."""
     watermark = Gauge(
@@ -689,6 +708,7 @@ class Metrics:
             self.erasure_requests_applied,
             self.erasures_active,
         ) = _erasure_metrics(r)
+        self.export_records, self.export_records_suppressed = _export_metrics(r)
 
     def _declare_time(self, r: CollectorRegistry) -> None:
         """Event-time progress and the window settings (alert thresholds scale with them)."""
@@ -783,6 +803,11 @@ class Metrics:
         self.epsilon_spent.labels(query=query).set(0)
         for reason in QUERY_DROP_REASONS:
             self.query_events_dropped.labels(query=query, reason=reason)
+
+    def add_export(self, export: str) -> None:
+        """Create a partner export's series at zero (call once per configured export)."""
+        self.export_records.labels(export=export)
+        self.export_records_suppressed.labels(export=export)
 
     def set_bounds(self, bounds: tuple[int, int | None, int | None], epsilon: float) -> None:
         """The bounds (and histogram ε) of the most recently released window."""

@@ -7,7 +7,7 @@ threshold and the released keys say less about any one person.
 from __future__ import annotations
 
 import math
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Literal
 
 DateGranularity = Literal["year", "month"]
@@ -36,3 +36,17 @@ def bucket_number(value: float, width: float, origin: float = 0.0) -> str:
         raise ValueError("cannot bucket a non-finite number")
     lo = origin + math.floor((value - origin) / width) * width
     return f"{lo:g}-{lo + width:g}"
+
+
+def generalize_timestamp(epoch_s: float, to: DateGranularity) -> str:
+    """An epoch-seconds timestamp's UTC year or month: ``1596240000`` → ``"2020-08"``."""
+    if not math.isfinite(epoch_s):
+        raise ValueError("cannot generalize a non-finite timestamp")
+    return generalize_date(datetime.fromtimestamp(epoch_s, tz=UTC), to)
+
+
+def prefix_text(value: str, length: int) -> str:
+    """The first ``length`` characters of a text (postcode ``"75011"``, 2 → ``"75"``)."""
+    if length < 1:
+        raise ValueError("a prefix keeps at least one character")
+    return value[:length]

@@ -182,6 +182,20 @@ REJECTED: dict[str, Any] = {
 CUT: dict[str, Any] = {"schema_version": 1, "kind": "cut", "window_start": "2020-08-01T00:00:00Z"}
 
 
+#: A partner export's event record and erasure record (docs/exports.md).
+EXPORT_EVENT: dict[str, Any] = {
+    "pseudonym": "4b" * 16,
+    "timestamp": "2020-08-01T00:00:00Z",
+    "born": "1984",
+    "zip": "75",
+}
+EXPORT_ERASURE: dict[str, Any] = {
+    "erased_pseudonym": "4b" * 16,
+    "erased_at": "2020-08-01T00:00:05Z",
+    "key_id": "k1/acme",
+}
+
+
 def _without(record: dict[str, Any], key: str) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k != key}
 
@@ -202,6 +216,22 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**ACCESS, "pseudonyms": {}},
             {**ACCESS, "request_id": ""},
             {k: v for k, v in ACCESS.items() if k != "answered_at"},
+        ],
+    ),
+    "export.schema.json": (
+        [
+            EXPORT_EVENT,
+            {**EXPORT_EVENT, "zip": None},
+            {"pseudonym": "0f" * 16, "timestamp": "2020-08-01T00:00:00Z"},
+            EXPORT_ERASURE,
+        ],
+        [
+            {**EXPORT_EVENT, "age": 37},  # a value not through its rule
+            {**EXPORT_EVENT, "pseudonym": "alice"},
+            _without(EXPORT_EVENT, "timestamp"),
+            {**EXPORT_EVENT, "erased_pseudonym": "0f" * 16},
+            {**EXPORT_ERASURE, "user_id": "alice"},
+            _without(EXPORT_ERASURE, "key_id"),
         ],
     ),
     "event.schema.json": (

@@ -192,3 +192,31 @@ async def test_other_field_names_and_key_values_are_all_named_at_once(
         "spell them",
     ]
     assert RAW_ID not in done.stdout and "private.example" not in done.stdout
+
+
+async def test_a_missing_export_topic_is_a_problem_named_with_how_to_create_it(
+    kafka_bootstrap: str, config_factory: MakeConfig
+) -> None:
+    def export(partner: str, topic: str) -> dict[str, Any]:
+        rule = {"fields": ["domain"], "generalize": {"domain": "prefix:3"}}
+        return {"partner": partner, "topic": topic, **rule, "purpose": "p", "legal_basis": "b"}
+
+    first = config_factory({"input": {"keyed_by_user": True}})
+    suffix = load_config(first).input.topic
+    acme, globex = export("acme", f"{suffix}-acme"), export("globex", f"{suffix}-globex")
+    data = yaml.safe_load(first.read_text(encoding="utf-8"))
+    first.write_text(yaml.safe_dump({**data, "exports": [acme]}), encoding="utf-8")
+    both = first.with_name("both.yaml")
+    both.write_text(yaml.safe_dump({**data, "exports": [acme, globex]}), encoding="utf-8")
+    events = [_good(i) for i in range(10)]
+    await _topic_with(kafka_bootstrap, first, events)  # creates acme's topic, not globex's
+    done = await arun_cli("check", "--config", str(first), timeout_s=120)
+    assert (done.returncode, done.stderr) == (0, ""), done.stdout
+    assert done.stdout.endswith("\nno problems found\n")
+    done = await arun_cli("check", "--config", str(both), timeout_s=120)
+    assert (done.returncode, done.stderr) == (1, ""), done.stdout
+    assert done.stdout.endswith(
+        "\n1 problem:\n"
+        f"  - the export topic {suffix}-globex (exports: partner globex) does not exist: create "
+        "it with `stream-dp topics apply --config FILE`\n"
+    )

@@ -122,8 +122,22 @@ def test_every_left_out_setting_says_why() -> None:
 
 
 #: Configurations that between them use every fingerprinted setting (keyed input; every
-#: bound auto; a cumulative query).
+#: bound auto; a cumulative query; a partner export).
 EVERYTHING: list[dict[str, Any]] = [
+    {
+        "input": {"keyed_by_user": True},
+        "exports": [
+            {
+                "partner": "acme",
+                "topic": "to-acme",
+                "fields": ["born"],
+                "generalize": {"born": "year"},
+                "k_anonymity": 5,
+                "purpose": "research",
+                "legal_basis": "consent",
+            }
+        ],
+    },
     {"input": {"keyed_by_user": True, "partitioner": "crc32"}},
     {
         "bounds": {
@@ -148,8 +162,9 @@ EVERYTHING: list[dict[str, Any]] = [
 
 
 def _classified_path(part: str) -> str:
-    """A fingerprint part's setting: ``queries.NAME.FIELD`` is ``queries[].FIELD``."""
-    return re.sub(r"^queries\.[^.]+\.", "queries[].", part)
+    """A fingerprint part's setting: ``queries.NAME.FIELD`` is ``queries[].FIELD`` (and
+    ``exports.PARTNER.FIELD`` is ``exports[].FIELD``)."""
+    return re.sub(r"^(queries|exports)\.[^.]+\.", r"\1[].", part)
 
 
 def test_the_fingerprint_hashes_exactly_the_settings_classified_into_it() -> None:

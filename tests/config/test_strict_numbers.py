@@ -47,6 +47,8 @@ CUMULATIVE |= {"group_by": ["domain"], "keys": {"domain": ["a"]}}
 AUTO = {"bounds": {k: "auto" for k in ("max_contributions_per_window", "max_keys_per_user")}}
 AUTO["bounds"] |= {"max_contributions_per_key": "auto", "auto": {"epsilon_share": 0.2}}
 ROTATION = {"pseudonymization": {"previous_key_env": "OLD_KEY", "previous_key_id": "k0"}}
+EXPORT = {"partner": "acme", "topic": "to-acme", "fields": ["born"], "purpose": "research"}
+EXPORT |= {"generalize": {"born": "year"}, "legal_basis": "consent"}
 
 
 def _with(**sections: Any) -> dict[str, Any]:
@@ -107,6 +109,7 @@ VALID: dict[FieldPath, tuple[dict[str, Any], Any]] = {
     ("metrics", "port"): (BASE, 9200),
     ("metrics", "live_timeout_s"): (BASE, 45.0),
     ("erasure", "retention_s"): (BASE, 700_000),
+    ("exports", 0, "k_anonymity"): (_with(input={"keyed_by_user": True}, exports=[EXPORT]), 5),
 }
 
 #: Aliases YAML or a careless hand produce, by the kind of field: none of them is the number

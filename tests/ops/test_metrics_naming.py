@@ -15,7 +15,7 @@ from stream_dp.ops.metrics import (
     Metrics,
 )
 
-ALLOWED_LABELS = {"query", "partition", "reason", "topic", "le"}
+ALLOWED_LABELS = {"query", "partition", "reason", "topic", "le", "export"}
 #: Info metrics' labels: the build, and the deployment (kafka.group_id: configuration, not
 #: data; alert rules group each deployment's series by it).
 BUILD_INFO_LABELS = {"version", "python", "group_id"}
@@ -92,6 +92,12 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "partials_ignored": ("stream_dp_partials_ignored_total", "counter", ("reason",)),
     "erasure_requests_applied": ("stream_dp_erasure_requests_applied_total", "counter", ()),
     "erasures_active": ("stream_dp_erasures_active", "gauge", ()),
+    "export_records": ("stream_dp_export_records_total", "counter", ("export",)),
+    "export_records_suppressed": (
+        "stream_dp_export_records_suppressed_total",
+        "counter",
+        ("export",),
+    ),
     "build_info": ("stream_dp_build_info", "info", ("version", "python")),
     "deployment_info": ("stream_dp_deployment_info", "info", ("group_id",)),
     "offset_out_of_range": ("stream_dp_offset_out_of_range_total", "counter", ("topic",)),
@@ -180,6 +186,8 @@ def populated() -> Metrics:
     m.topology_changes.labels(topic="events").inc()
     m.erasure_requests_applied.inc()
     m.erasures_active.set(1)
+    m.export_records.labels(export="acme").inc(3)
+    m.export_records_suppressed.labels(export="acme").inc()
     m.offset_out_of_range.labels(topic="events").inc()
     return m
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
+from stream_dp.cli._common import text_table
 from stream_dp.cli.main import main
 from stream_dp.privacy.partition_selection import WEIGHT_SCALE, WeightedGaussian
 
@@ -229,3 +230,49 @@ def test_count_threshold_on_a_sum_is_refused_with_exit_2(
     code, _, err = run(capsys, "--config", str(write(tmp_path, data)))
     assert code == 2
     assert "count_threshold" in err
+
+
+def test_plan_lists_each_export_and_says_it_is_not_differentially_private(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], schema: Draft202012Validator
+) -> None:
+    export = {
+        "partner": "acme",
+        "topic": "to-acme",
+        "fields": ["born", "zip"],
+        "generalize": {"born": "year", "zip": "prefix:2"},
+        "k_anonymity": 5,
+        "purpose": "research",
+        "legal_basis": "consent",
+    }
+    data = {**ALL_KINDS, "input": {"keyed_by_user": True}, "exports": [export]}
+    path = write(tmp_path, data)
+    code, out, _ = run(capsys, "--config", str(path), "--json")
+    assert code == 0
+    document = json.loads(out)
+    assert not list(schema.iter_errors(document))
+    assert document["exports"] == [
+        {
+            "partner": "acme",
+            "topic": "to-acme",
+            "fields": {"born": "year", "zip": "prefix:2"},
+            "k_anonymity": 5,
+            "differentially_private": False,
+            "purpose": "research",
+            "legal_basis": "consent",
+        }
+    ]
+    code, table, _ = run(capsys, "--config", str(path))
+    assert code == 0
+    _, without, _ = run(capsys, "--config", str(write(tmp_path, ALL_KINDS)))
+    assert table.startswith(without)  # the plan itself, then the exports
+    assert table[len(without) :].splitlines() == [
+        "",
+        "Partner exports: event rows, NOT differentially private (no ε is spent or bounded; "
+        "see docs/exports.md)",
+        *text_table(
+            [
+                ["partner", "topic", "fields (rule)", "k-anonymity", "purpose"],
+                ["acme", "to-acme", "born (year), zip (prefix:2)", "k=5", "research"],
+            ]
+        ),
+    ]

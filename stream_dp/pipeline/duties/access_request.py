@@ -16,8 +16,10 @@ says), then reads, from the beginning to the end offsets at the start of the rea
 Nothing about anyone else is kept or printed: no other pseudonym, no count of other
 people's events, no totals. Before the answer is printed, the request is recorded on
 ``output.access_log_topic``: its request id, when, and the person's pseudonyms — never the
-raw id (docs/THREAT_MODEL.md, the access log). Partner exports (not built yet) will add
-which exports carried the person's events; the answer's ``exports`` is empty until then.
+raw id (docs/THREAT_MODEL.md, the access log). With partner exports (docs/exports.md) the
+answer's ``exports`` says, per export, the person's partner pseudonyms, the windows whose
+records carried the person's events and the erasure records sent
+(:func:`~stream_dp.pipeline.duties.export_scan.person_exports`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from stream_dp.errors import BrokerError
 from stream_dp.kafka_client import AIOKafkaConsumer, AIOKafkaProducer
 from stream_dp.kafka_client.client_options import client_kwargs
 from stream_dp.kafka_client.errors import KafkaError
+from stream_dp.pipeline.duties.export_scan import person_exports
 from stream_dp.pipeline.formats.decode import BadRecord
 from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.pipeline.kafka.input_check import decoder_for
@@ -253,7 +256,7 @@ async def answer_access(
             for ws in sorted(h.events)
         ],
         "erasure": erasure,
-        "exports": [],
+        "exports": await person_exports(config, keyring, pseudonyms, bootstrap_servers),
         "scanned": {
             "input_topic": config.input.topic,
             "partitions": partitions,

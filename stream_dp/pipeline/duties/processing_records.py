@@ -13,8 +13,10 @@ Sources, read once each from the beginning (no consumer group, nothing written):
   the ledger's figures when both do;
 * the **broker**: each topic's ``retention.ms`` and ``cleanup.policy`` (DescribeConfigs).
 
-Partner exports are listed here once they exist (``export`` entries, ε and δ ``null``: an
-export is not differentially private); a deployment has none today.
+* each **partner export's topic** (docs/exports.md): one ``export`` entry per (export,
+  window) whose records are on it, ε and δ ``null`` — an export is not differentially
+  private — with the partner's key id of the window and the partner as recipient
+  (:mod:`stream_dp.pipeline.duties.export_scan`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from stream_dp.errors import ConfigError
 from stream_dp.kafka_client import AIOKafkaAdminClient, ConfigResource, ConfigResourceType
 from stream_dp.kafka_client.client_options import client_kwargs
 from stream_dp.kafka_client.errors import KafkaError
+from stream_dp.pipeline.duties.export_scan import export_entries
 from stream_dp.pipeline.formats.ledger import LedgerIndex
 from stream_dp.pipeline.kafka.output_scan import decode_output, read_output
 from stream_dp.privacy.budget import BOUNDS_CHARGE
@@ -134,10 +137,14 @@ def key_id_at(index: LedgerIndex, config: Config, window_start_s: int) -> str:
         if rotate_at is not None and window_start_s < rotate_at.timestamp():
             return config.pseudonymization.previous_key_id or key_id
         return key_id
-    for _, new, rotate_at_s in sorted(index.rotations, key=lambda r: r[2]):
-        if window_start_s >= rotate_at_s:
-            key_id = new
-    return key_id
+    # The first rotation after the window names the window's key as its previous one (also
+    # when the deployment started with the rotation configured: its first record names the
+    # new key); after every rotation, the last one's new key.
+    rotations = sorted(index.rotations, key=lambda r: r[2])
+    for previous, _, rotate_at_s in rotations:
+        if window_start_s < rotate_at_s:
+            return previous
+    return rotations[-1][1] if rotations else key_id
 
 
 async def topic_retention(
@@ -177,8 +184,8 @@ async def topic_retention(
 async def read_records(
     config: Config, bootstrap_servers: str | None = None
 ) -> list[dict[str, Any]]:
-    """The records of processing: one entry per (query, window) released (and, once
-    exports exist, per (export, window)), in window order."""
+    """The records of processing: one entry per (query, window) released, in window order,
+    then one per (export, window) exported."""
     require_purposes(config)
     names = [q.name for q in config.queries]
     index = LedgerIndex()
@@ -191,7 +198,14 @@ async def read_records(
     )
     rows = spends(index, decode_output(output, names).released(), names)
     topics = await topic_retention(config, bootstrap_servers)
-    return entries(config, index, rows, topics)
+    exported = await export_entries(
+        config,
+        bootstrap_servers or config.kafka.bootstrap_servers,
+        fingerprint=index.fingerprint.digest if index.fingerprint is not None else None,
+        key_id_at=lambda ws: key_id_at(index, config, ws),
+        retention=topics,
+    )
+    return [*entries(config, index, rows, topics), *exported]
 
 
 def entries(

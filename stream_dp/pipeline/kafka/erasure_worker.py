@@ -95,6 +95,9 @@ class WorkerErasure:
         self._ledger_polled_mono = -float("inf")
         self._forgotten_before = -float("inf")
         self._ingest: IngestStage | None = None
+        #: Called with the pseudonyms of the people just recorded in the log (acknowledged):
+        #: the partner exports' erasure records (docs/exports.md).
+        self.on_recorded: Callable[[list[dict[str, bytes]]], Awaitable[None]] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self, ingest: IngestStage, release: ReleaseStage) -> None:
@@ -191,6 +194,8 @@ class WorkerErasure:
                     for _, p in accepted
                 ],
             )
+            if self.on_recorded is not None:
+                await self.on_recorded([p for _, p in accepted])
             # Applied. Every window whose release begins after the fences of this read
             # excludes the users (erasure_gate): the responses may promise it.
             await read_ledger()

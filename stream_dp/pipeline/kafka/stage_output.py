@@ -3,7 +3,8 @@
 * Stage 0 (input not keyed by user) re-keys events by pseudonym to the repartition topic;
   its progress marks follow the records they cover on every partition, at least every
   second and twice per ``window.idle_close_s``.
-* Stage 1 seals due windows (off the event loop) and sends their partials to the window's
+* Stage 1 seals due windows (off the event loop), sends their partner exports' records
+  (docs/exports.md) and then their partials to the window's
   partials partition, then every assigned partition's watermark to every partials
   partition — at least every second, since a restarted stage 2 needs fresh ones. A
   partition that reported idle and has data again is announced first, before any other
@@ -16,12 +17,14 @@ import math
 from collections.abc import Sequence
 
 from stream_dp.config.model import Config
+from stream_dp.pipeline.duties.export_publisher import ExportPublisher
 from stream_dp.pipeline.faults import NO_FAULTS, Faults
 from stream_dp.pipeline.formats.partials import encode_watermark
 from stream_dp.pipeline.kafka.producing import Outgoing
 from stream_dp.pipeline.kafka.publisher import Publisher
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.offload import run_off_loop, seal_windows
+from stream_dp.privacy.pseudonymize import KeyRing
 from stream_dp.windows import TumblingWindows
 
 #: Source watermarks are re-sent at least this often (a restarted stage 2 needs fresh ones).
@@ -33,7 +36,14 @@ ROUTED_MARK_KEY = "__progress__"
 class StageOutput:
     """Stage 0's and stage 1's sends (see the module docstring)."""
 
-    def __init__(self, config: Config, publisher: Publisher, *, faults: Faults = NO_FAULTS) -> None:
+    def __init__(
+        self,
+        config: Config,
+        publisher: Publisher,
+        *,
+        keyring: KeyRing,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
         self._publisher = publisher
         self._faults = faults
         self._keyed = config.input.keyed_by_user
@@ -51,6 +61,9 @@ class StageOutput:
         self._marks_sent_mono = -math.inf
         self._progress_sent_mono = -math.inf
         self._silent: set[int] = set()
+        #: Partner exports (docs/exports.md; a no-op without them): a sealed window's records
+        #: are sent, and acknowledged, before its partials (so before its offsets are committed).
+        self.exports = ExportPublisher(config, keyring, publisher)
 
     def partials_partition_of(self, window_start_s: int) -> int:
         """The partials partition that receives every partial of the window."""
@@ -81,6 +94,8 @@ class StageOutput:
             # other partition's partials and watermarks can close a window.
             await self._publish_watermarks(ingest, now_mono)
         sealed = ingest.due(now_mono)
+        if sealed:
+            await self.exports.publish(sealed)
         if sealed:
             await self._publish_partials(ingest, sealed)
         resealed = ingest.reseal_due()  # erasures reached sealed, unreleased windows

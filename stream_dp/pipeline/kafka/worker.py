@@ -182,7 +182,7 @@ class Worker:
         self.topology = TopologyWatch(
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
         )
-        self.output = StageOutput(config, self.publisher, faults=self._faults)
+        self.output = StageOutput(config, self.publisher, faults=self._faults, keyring=keyring)
         self._reader: LedgerReader | None = None
         self._common: dict[str, Any] = {}
         self._broker_ok = True
@@ -337,6 +337,7 @@ class Worker:
                 retry=lambda what, op, bounded: self.publisher.retry(what, op, bounded=bounded),
             )
             await self._erasure.start(ingest, release)
+        self.output.exports.start(coverage, self._erasure)  # partner exports (docs/exports.md)
         self.driver = self._release_driver(release, reader)
         self.membership.stages = Stages(
             ingest, release, self.driver, reader, self.topology, self._erasure
@@ -460,6 +461,7 @@ class Worker:
         routed: list[Outgoing] = []
         routed_positions: dict[int, int] = {}
         owned = consumer.assignment() & membership.owned.keys()
+        self.output.exports.observe(batch, owned - waiting, now)  # keyed input: stage 1's records
         for tp, msgs in batch.items():
             if not msgs or tp not in owned or tp in waiting:
                 continue  # revoked while fetched (its new owner reads it), or not taken yet
