@@ -67,7 +67,7 @@ from stream_dp.privacy.specs import (
     QuerySpec,
     Scalar,
     SelectionStrategy,
-    Statistic,
+    StatisticName,
 )
 
 #: ε above this is meaningless as privacy; allowed only in the test mode below.
@@ -649,7 +649,7 @@ class BoundsConfig(_Section):
 
 class QueryConfig(_Section):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")
-    statistic: Statistic = "count"
+    statistic: StatisticName = "count"
     group_by: list[str] = Field(default_factory=list)
     where: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
     keys: Literal["private"] | dict[str, list[Scalar]] = "private"

@@ -1,0 +1,171 @@
+"""``statistic: variance``: the population variance of a bounded value per key, as PipelineDP
+computes it (``VarianceCombiner`` / ``dp_computations.compute_dp_var``).
+
+Values are clamped to [lower, upper] and held as integers v in granularity units g. With
+c = ⌊(lo + hi)/2⌋ and D = max(c − lo, hi − c) for lo = ⌊lower/g⌋, hi = ⌈upper/g⌉ (every
+value stage 1 keeps lies in [lo, hi], whatever monotone rounding it uses), three noise
+components share the query's noise budget equally (PipelineDP's ``equally_split_budget``:
+ε/3, ε/3 and the rest, δ alike):
+
+- count: n = bounded events per key; the count's sensitivity (L1 = min(k, L0·Linf));
+- normalized sum: S1 = Σ (v − c), each term within ±D: the count's sensitivity × D;
+- normalized sum of squares: S2 = Σ (2(v − c)² − D²), each term within ±D² (the squares
+  (v − c)² ∈ [0, D²] centred on D²/2, in half units so that it stays an integer): the
+  count's sensitivity × D². (PipelineDP does not centre the squares: its sensitivity for
+  them is that of [0, max(lower², upper²)]; ours is the exact range of the centred squares.)
+
+Stage 1 keeps per key the events, Σ v (``value_sums``) and Σ (v − c)² (``value_squares``);
+S1 and S2 are exact integer functions of them. Post-processing (PipelineDP's): with
+n' = max(1, noisy n), mean m1 = S̃1/n', mean of squares m2 = (S̃2/n' + D²)/2, released
+variance = (m2 − m1²)·g² clamped to [0, ((upper − lower)/2)²] — the largest variance of
+values in [lower, upper], so clamping never moves the value away from the true one.
+
+95% half-width, per key (each component's half-width h at level 1 − 0.05/3, so all three
+hold together w.p. ≥ 95%): A = (h_S2 + D²·h_n)/(2n'), B = (h_S1 + D·h_n)/n',
+half = min(((upper − lower)/2)², (A + B·(2D + B))·g²); the whole range when the noisy count
+is ≤ 0. It covers the variance of the values as stage 1 rounded them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from stream_dp.privacy.released_values import GroupKey, ReleasedValues
+from stream_dp.privacy.sensitivity import Sensitivity, count_sensitivity, per_event_sensitivity
+from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
+from stream_dp.privacy.statistics.base import Column, NoisePart, NoiseTarget
+
+if TYPE_CHECKING:
+    from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
+    from stream_dp.privacy.planner import QueryPlan
+
+#: Each of the three half-widths uses this level, so all hold together w.p. ≥ 95%.
+VARIANCE_COMPONENT_LEVEL = 1 - 0.05 / 3
+
+
+def center_units(lower: float, upper: float, granularity: float) -> tuple[int, int]:
+    """(c, D): the centre of the values in units and the largest |v − c| (see the module)."""
+    lo = math.floor(lower / granularity)
+    hi = math.ceil(upper / granularity)
+    center = (lo + hi) // 2
+    return center, max(1, center - lo, hi - center)
+
+
+def _query_center(query: QuerySpec) -> tuple[int, int]:
+    assert query.lower is not None and query.upper is not None
+    return center_units(query.lower, query.upper, query.value_granularity)
+
+
+def _plan_center(plan: QueryPlan) -> tuple[int, int]:
+    assert plan.value_lower is not None and plan.value_upper is not None
+    assert plan.granularity is not None
+    return center_units(plan.value_lower, plan.value_upper, plan.granularity)
+
+
+class Variance:
+    """A normalized sum of squares (primary), a normalized sum and a count."""
+
+    name: ClassVar[StatisticName] = "variance"
+    words: ClassVar[str] = "variance"
+    needs_values: ClassVar[bool] = True
+    accumulator: ClassVar[tuple[Column, ...]] = ("events", "value_sums", "value_squares")
+    count_threshold: ClassVar[bool] = False
+    cumulative_refusal: ClassVar[str | None] = (
+        "cumulative variances are not supported; use release: window"
+    )
+    within_value_range: ClassVar[bool] = True
+
+    def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
+        _, spread = _query_center(query)
+        return per_event_sensitivity(bounds, spread * spread)
+
+    def squares_center(self, query: QuerySpec) -> int | None:
+        center, _ = _query_center(query)
+        return center
+
+    def noise_parts(
+        self, query: QuerySpec, bounds: BoundsSpec, noise_epsilon: float, noise_delta: float
+    ) -> tuple[NoisePart, ...]:
+        _, spread = _query_center(query)
+        g = query.value_granularity
+        # PipelineDP's equally_split_budget: thirds, the last part takes what is left
+        count_eps, sum_eps = noise_epsilon / 3, noise_epsilon / 3
+        count_delta, sum_delta = noise_delta / 3, noise_delta / 3
+        squares_eps = noise_epsilon - (count_eps + sum_eps)
+        squares_delta = noise_delta - (count_delta + sum_delta)
+        return (
+            NoisePart(
+                "sum_squares",
+                per_event_sensitivity(bounds, spread * spread),
+                squares_eps,
+                squares_delta,
+                g * g / 2,
+            ),
+            NoisePart("sum", per_event_sensitivity(bounds, spread), sum_eps, sum_delta, g),
+            NoisePart("count", count_sensitivity(bounds), count_eps, count_delta),
+        )
+
+    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: QueryPlan) -> np.ndarray:
+        center, spread = _plan_center(plan)
+        if target == "count":
+            return totals.events
+        if target == "sum":
+            return totals.value_sums - center * totals.events
+        assert target == "sum_squares"
+        return 2 * totals.value_squares - spread * spread * totals.events
+
+    def post_process(
+        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
+    ) -> ReleasedValues:
+        _, spread = _plan_center(plan)
+        squares_part, sum_part, count_part = plan.noise
+        assert plan.granularity is not None
+        assert plan.value_lower is not None and plan.value_upper is not None
+        g2 = plan.granularity * plan.granularity
+        cap = ((plan.value_upper - plan.value_lower) / 2) ** 2
+        h_squares = squares_part.mechanism.halfwidth(VARIANCE_COMPONENT_LEVEL)
+        h_sum = sum_part.mechanism.halfwidth(VARIANCE_COMPONENT_LEVEL)
+        h_count = count_part.mechanism.halfwidth(VARIANCE_COMPONENT_LEVEL)
+        squares_scale = squares_part.mechanism.scale / 2 * g2
+        d2 = spread * spread
+        squares, sums, counts = noisy
+        values: list[float] = []
+        scales: list[float] = []
+        halves: list[float] = []
+        for s2, s1, c in zip(squares, sums, counts, strict=True):
+            n = max(1, c)
+            mean = s1 / n
+            mean_of_squares = (s2 / n + d2) / 2
+            values.append(min(max((mean_of_squares - mean * mean) * g2, 0.0), cap))
+            scales.append(squares_scale / n)
+            if c <= 0:
+                halves.append(cap)
+                continue
+            a = (h_squares + d2 * h_count) / (2 * n)
+            b = (h_sum + spread * h_count) / n
+            halves.append(min((a + b * (2 * spread + b)) * g2, cap))
+        # a variance is never negative: clamp_negative has nothing to clamp
+        return ReleasedValues(groups, values, scales, halves, [False] * len(values))
+
+    def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:
+        if aggregate.events <= 0:
+            return 0.0
+        center, _ = _query_center(query)
+        n = aggregate.events
+        mean = (aggregate.value_sum - center * n) / n
+        g = query.value_granularity
+        return (aggregate.value_squares / n - mean * mean) * g * g
+
+    def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
+        return {
+            "variance_ci95": (
+                "per key: min(((upper - lower) / 2)^2, (A + B * (2 * D + B)) * granularity^2)"
+                " with A = (ci95_sum_squares + D^2 * ci95_count) / (2 * noisy count) and"
+                " B = (ci95_sum + D * ci95_count) / noisy count, each half-width at level"
+                " 1 - 0.05/3; ((upper - lower) / 2)^2 when the noisy count is <= 0"
+            )
+        }
