@@ -73,8 +73,10 @@ class Statistic(Protocol):
     #: None when ``release: cumulative`` is supported; else the reason it is not (the
     #: configuration error's text, after ``query NAME: ``).
     cumulative_refusal: ClassVar[str | None]
-    #: The released value is clamped to [lower, upper] (the plan carries them).
-    within_value_range: ClassVar[bool]
+    #: A ratio over the noisy count (mean, variance): the plan carries lower and upper, the
+    #: released value lies in :meth:`released_range` and its noise scale is the primary
+    #: component's over max(1, noisy count).
+    ratio: ClassVar[bool]
 
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         """Sensitivity of the first noise component (the plan's headline)."""
@@ -107,6 +109,14 @@ class Statistic(Protocol):
         its value over one event, 0)."""
         ...
 
+    def released_range(self, plan: QueryPlan) -> tuple[float, float] | None:
+        """The interval every released value lies in (None: unbounded, e.g. a noisy count)."""
+        ...
+
     def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
         """Extra entries of the plan's machine form (``mean_ci95``, ``variance_ci95``)."""
+        ...
+
+    def plan_lines(self, plan: QueryPlan) -> list[str]:
+        """Extra lines of the query's block in ``stream-dp plan``'s table."""
         ...

@@ -22,12 +22,12 @@ class Count:
     """Noisy bounded event count: L1 = min(k, L0·Linf), L2 from the count's polytope."""
 
     name: ClassVar[StatisticName] = "count"
-    words: ClassVar[str] = "events"
+    words: ClassVar[str] = "count"
     needs_values: ClassVar[bool] = False
     accumulator: ClassVar[tuple[Column, ...]] = ("events",)
     count_threshold: ClassVar[bool] = True
     cumulative_refusal: ClassVar[str | None] = None
-    within_value_range: ClassVar[bool] = False
+    ratio: ClassVar[bool] = False
 
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         return count_sensitivity(bounds)
@@ -51,5 +51,11 @@ class Count:
     def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:
         return aggregate.events
 
+    def released_range(self, plan: QueryPlan) -> tuple[float, float] | None:
+        return None
+
     def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
         return {}
+
+    def plan_lines(self, plan: QueryPlan) -> list[str]:
+        return []

@@ -30,7 +30,7 @@ class CountDistinctUsers:
         "a cumulative count_distinct_users would count user-windows (a user once per window), "
         "not distinct users over the horizon; use release: window, or a cumulative count"
     )
-    within_value_range: ClassVar[bool] = False
+    ratio: ClassVar[bool] = False
 
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         return distinct_users_sensitivity(bounds)
@@ -55,5 +55,11 @@ class CountDistinctUsers:
     def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:
         return aggregate.users
 
+    def released_range(self, plan: QueryPlan) -> tuple[float, float] | None:
+        return None
+
     def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
         return {}
+
+    def plan_lines(self, plan: QueryPlan) -> list[str]:
+        return []

@@ -37,7 +37,7 @@ class Mean:
     cumulative_refusal: ClassVar[str | None] = (
         "cumulative means are not supported; publish cumulative sum and count queries and divide"
     )
-    within_value_range: ClassVar[bool] = True
+    ratio: ClassVar[bool] = True
 
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         return sum_sensitivity(query, bounds)
@@ -96,6 +96,13 @@ class Mean:
 
     def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:
         return aggregate.value_sum * query.value_granularity / max(1, aggregate.events)
+
+    def released_range(self, plan: QueryPlan) -> tuple[float, float] | None:
+        assert plan.value_lower is not None and plan.value_upper is not None
+        return plan.value_lower, plan.value_upper
+
+    def plan_lines(self, plan: QueryPlan) -> list[str]:
+        return ["  mean CI      per key: (sum CI + |bound| x count CI) / noisy count"]
 
     def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
         return {

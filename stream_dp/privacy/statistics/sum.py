@@ -27,7 +27,7 @@ class Sum:
     accumulator: ClassVar[tuple[Column, ...]] = ("value_sums",)
     count_threshold: ClassVar[bool] = False
     cumulative_refusal: ClassVar[str | None] = None
-    within_value_range: ClassVar[bool] = False
+    ratio: ClassVar[bool] = False
 
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         return sum_sensitivity(query, bounds)
@@ -53,5 +53,11 @@ class Sum:
     def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:
         return aggregate.value_sum * query.value_granularity
 
+    def released_range(self, plan: QueryPlan) -> tuple[float, float] | None:
+        return None
+
     def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
         return {}
+
+    def plan_lines(self, plan: QueryPlan) -> list[str]:
+        return []

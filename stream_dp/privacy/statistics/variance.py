@@ -45,6 +45,14 @@ if TYPE_CHECKING:
 
 #: Each of the three half-widths uses this level, so all hold together w.p. ≥ 95%.
 VARIANCE_COMPONENT_LEVEL = 1 - 0.05 / 3
+#: Noisy counts at which ``plan`` states the 95% half-width.
+PLAN_COUNTS = (100, 1_000, 10_000)
+VARIANCE_CI95_RULE = (
+    "per key: min(((upper - lower) / 2)^2, (A + B * (2 * D + B)) * granularity^2)"
+    " with A = (h_sum_squares + D^2 * h_count) / (2 * noisy count) and"
+    " B = (h_sum + D * h_count) / noisy count, each half-width h at level"
+    " 1 - 0.05/3; ((upper - lower) / 2)^2 when the noisy count is <= 0"
+)
 
 
 def center_units(lower: float, upper: float, granularity: float) -> tuple[int, int]:
@@ -77,7 +85,7 @@ class Variance:
     cumulative_refusal: ClassVar[str | None] = (
         "cumulative variances are not supported; use release: window"
     )
-    within_value_range: ClassVar[bool] = True
+    ratio: ClassVar[bool] = True
 
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         _, spread = _query_center(query)
@@ -122,15 +130,10 @@ class Variance:
         self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
     ) -> ReleasedValues:
         _, spread = _plan_center(plan)
-        squares_part, sum_part, count_part = plan.noise
         assert plan.granularity is not None
-        assert plan.value_lower is not None and plan.value_upper is not None
         g2 = plan.granularity * plan.granularity
-        cap = ((plan.value_upper - plan.value_lower) / 2) ** 2
-        h_squares = squares_part.mechanism.halfwidth(VARIANCE_COMPONENT_LEVEL)
-        h_sum = sum_part.mechanism.halfwidth(VARIANCE_COMPONENT_LEVEL)
-        h_count = count_part.mechanism.halfwidth(VARIANCE_COMPONENT_LEVEL)
-        squares_scale = squares_part.mechanism.scale / 2 * g2
+        _, cap = self.released_range(plan)
+        squares_scale = plan.noise[0].scale
         d2 = spread * spread
         squares, sums, counts = noisy
         values: list[float] = []
@@ -142,12 +145,7 @@ class Variance:
             mean_of_squares = (s2 / n + d2) / 2
             values.append(min(max((mean_of_squares - mean * mean) * g2, 0.0), cap))
             scales.append(squares_scale / n)
-            if c <= 0:
-                halves.append(cap)
-                continue
-            a = (h_squares + d2 * h_count) / (2 * n)
-            b = (h_sum + spread * h_count) / n
-            halves.append(min((a + b * (2 * spread + b)) * g2, cap))
+            halves.append(halfwidth(plan, c))
         # a variance is never negative: clamp_negative has nothing to clamp
         return ReleasedValues(groups, values, scales, halves, [False] * len(values))
 
@@ -160,12 +158,43 @@ class Variance:
         g = query.value_granularity
         return (aggregate.value_squares / n - mean * mean) * g * g
 
+    def released_range(self, plan: QueryPlan) -> tuple[float, float]:
+        assert plan.value_lower is not None and plan.value_upper is not None
+        return 0.0, ((plan.value_upper - plan.value_lower) / 2) ** 2
+
     def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
         return {
-            "variance_ci95": (
-                "per key: min(((upper - lower) / 2)^2, (A + B * (2 * D + B)) * granularity^2)"
-                " with A = (ci95_sum_squares + D^2 * ci95_count) / (2 * noisy count) and"
-                " B = (ci95_sum + D * ci95_count) / noisy count, each half-width at level"
-                " 1 - 0.05/3; ((upper - lower) / 2)^2 when the noisy count is <= 0"
-            )
+            "variance_ci95": {
+                "rule": VARIANCE_CI95_RULE,
+                "at_noisy_count": {str(n): halfwidth(plan, n) for n in PLAN_COUNTS},
+            }
         }
+
+    def plan_lines(self, plan: QueryPlan) -> list[str]:
+        at = ", ".join(f"{_num(halfwidth(plan, n))} at {n:,}" for n in PLAN_COUNTS)
+        _, cap = self.released_range(plan)
+        return [
+            f"  variance CI  per key, by noisy count of events: {at} "
+            f"(the whole range {_num(cap)} at <= 0)"
+        ]
+
+
+def halfwidth(plan: QueryPlan, noisy_count: int) -> float:
+    """The 95% half-width of a released variance at a noisy count (the module docstring)."""
+    _, spread = _plan_center(plan)
+    assert plan.granularity is not None
+    assert plan.value_lower is not None and plan.value_upper is not None
+    cap = ((plan.value_upper - plan.value_lower) / 2) ** 2
+    if noisy_count <= 0:
+        return cap
+    squares_part, sum_part, count_part = plan.noise
+    h_squares = squares_part.mechanism.halfwidth(VARIANCE_COMPONENT_LEVEL)
+    h_sum = sum_part.mechanism.halfwidth(VARIANCE_COMPONENT_LEVEL)
+    h_count = count_part.mechanism.halfwidth(VARIANCE_COMPONENT_LEVEL)
+    a = (h_squares + spread * spread * h_count) / (2 * noisy_count)
+    b = (h_sum + spread * h_count) / noisy_count
+    return min((a + b * (2 * spread + b)) * plan.granularity * plan.granularity, cap)
+
+
+def _num(x: float) -> str:
+    return f"{x:.4g}"
