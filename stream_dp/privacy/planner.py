@@ -49,7 +49,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.adaptive_bounds import (
@@ -288,11 +288,13 @@ def _noise_component(
             l1_sensitivity=sensitivity.l1, epsilon=epsilon
         )
         return NoiseComponent(target, mech, sensitivity, epsilon, 0.0, None, unit)
-    gauss = DiscreteGaussian.for_epsilon_delta(
-        l2_sensitivity=sensitivity.l2, epsilon=epsilon, delta=delta
-    )
-    rho = gauss.rho(sensitivity.l2)
-    return NoiseComponent(target, gauss, sensitivity, epsilon, delta, rho, unit)
+    if mechanism == "discrete_gaussian":
+        gauss = DiscreteGaussian.for_epsilon_delta(
+            l2_sensitivity=sensitivity.l2, epsilon=epsilon, delta=delta
+        )
+        rho = gauss.rho(sensitivity.l2)
+        return NoiseComponent(target, gauss, sensitivity, epsilon, delta, rho, unit)
+    assert_never(mechanism)
 
 
 def _plan_cumulative(

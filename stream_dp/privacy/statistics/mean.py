@@ -9,8 +9,9 @@ upper − lower and is exactly that when the noisy count is ≤ 0: the ratio the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 
+from stream_dp.errors import PrivacyError
 from stream_dp.privacy.released_values import GroupKey, ReleasedValues
 from stream_dp.privacy.sensitivity import Sensitivity, count_sensitivity, sum_sensitivity
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
@@ -62,7 +63,15 @@ class Mean:
         )
 
     def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: QueryPlan) -> np.ndarray:
-        return totals.events if target == "count" else totals.value_sums
+        match target:
+            case "count":
+                return totals.events
+            case "sum":
+                return totals.value_sums
+            case "value" | "sum_squares":
+                raise PrivacyError(f"query {plan.name}: a mean has no {target!r} component")
+            case _:
+                assert_never(target)
 
     def post_process(
         self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan

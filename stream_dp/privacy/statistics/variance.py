@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 
 import numpy as np
 
+from stream_dp.errors import PrivacyError
 from stream_dp.privacy.released_values import GroupKey, ReleasedValues
 from stream_dp.privacy.sensitivity import Sensitivity, count_sensitivity, per_event_sensitivity
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
@@ -119,12 +120,17 @@ class Variance:
 
     def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: QueryPlan) -> np.ndarray:
         center, spread = _plan_center(plan)
-        if target == "count":
-            return totals.events
-        if target == "sum":
-            return totals.value_sums - center * totals.events
-        assert target == "sum_squares"
-        return 2 * totals.value_squares - spread * spread * totals.events
+        match target:
+            case "count":
+                return totals.events
+            case "sum":  # Σ (v − c)
+                return totals.value_sums - center * totals.events
+            case "sum_squares":  # Σ (2(v − c)² − D²)
+                return 2 * totals.value_squares - spread * spread * totals.events
+            case "value":
+                raise PrivacyError(f"query {plan.name}: a variance has no 'value' component")
+            case _:
+                assert_never(target)
 
     def post_process(
         self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
