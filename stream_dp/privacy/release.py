@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
@@ -112,14 +113,21 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
             precomputed = [precomputed[j] for j in order]
 
     present = rows >= 0
-    noisy: list[list[int]] = []
+    noisy: list[list[int]] | list[list[Any]] = []
     for position, component in enumerate(plan.noise):
         if position == 0 and precomputed is not None:
             noisy.append(precomputed)
+            continue
+        column = _column(totals, component, plan)
+        # one entry per key, or a vector per key (keys × m: one draw per entry, e.g. a
+        # quantile's histogram bins): the noise is drawn on the flattened entries
+        exact = np.zeros((len(rows), *column.shape[1:]), dtype=np.int64)
+        exact[present] = column[rows[present]]
+        drawn = component.mechanism.sample(exact.ravel())
+        if exact.ndim == 1:
+            noisy.append(drawn)
         else:
-            exact = np.zeros(len(rows), dtype=np.int64)
-            exact[present] = _column(totals, component, plan)[rows[present]]
-            noisy.append(component.mechanism.sample(exact))
+            noisy.append(np.reshape(np.asarray(drawn, dtype=np.int64), exact.shape).tolist())
 
     values = _post_process(groups, noisy, plan)
     return QueryRelease(

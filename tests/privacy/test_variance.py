@@ -253,6 +253,22 @@ def test_a_released_variance_lies_in_zero_to_the_largest_variance(
         assert value.ci95 == 25.0
 
 
+@pytest.mark.parametrize("noisy_count", [0, -1, -40])
+def test_variance_interval_is_the_whole_range_when_the_noisy_count_is_not_positive(
+    monkeypatch: pytest.MonkeyPatch, noisy_count: int
+) -> None:
+    """With a noisy count ≤ 0 the ratios mean nothing: the interval is [0, 25] itself. At
+    k = 1 and ε = 100 the interval of a noisy count of 1 is narrower than that (checked
+    first), so stating it for a count ≤ 0 fails the last assert."""
+    plan = _plan(bounds=BoundsConfig(max_contributions_per_window=1), epsilon=100.0)
+    assert halfwidth(plan, 1) < 25.0
+    draws = iter([[0], [0], [noisy_count]])
+    monkeypatch.setattr(DiscreteLaplace, "sample", lambda self, values: next(draws))
+    (value,) = release_query({("s0",): _aggregate([500])}, plan).values
+    assert value.ci95 == 25.0
+    assert plan.describe()["variance_ci95"]["at_noisy_count"]["100"] < 25.0
+
+
 def test_variance_estimates_are_unbiased_within_five_standard_errors() -> None:
     """20,000 keys of 100,000 events each (half at 2.0, half at 6.0: variance 4), real noise
     at ε = 0.9. The estimator's bias is of second order, −g²·Var(sum noise)/n² ≈ −1e-6 (plus

@@ -17,6 +17,15 @@ the query's :class:`Statistic` and never branch on its name. A statistic owns
   the released value estimates: tests and the demo);
 - its extra ``plan`` figures (:meth:`Statistic.plan_figures`).
 
+What plugs in next, and where (issue 40):
+
+- a quantile's accumulator is a histogram of bin counts over [lower, upper], a vector per
+  key: a ``KeyTotals`` column of shape (keys, bins) (merged by addition like the others, a
+  partials item of its own), ``noise_input`` returning it (the release draws one noise per
+  bin), and ``post_process`` turning noisy bins into monotone quantiles;
+- top-k is not a statistic: it chooses keys across a count's or distinct users' release, a
+  selection step beside :mod:`stream_dp.privacy.partition_selection`, before the values.
+
 Adding a statistic: its module here, its name in
 :data:`~stream_dp.privacy.specs.StatisticName`, one line in the registry, its tests
 (docs/development.md#adding-a-statistic).
@@ -95,13 +104,15 @@ class Statistic(Protocol):
         ...
 
     def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: QueryPlan) -> np.ndarray:
-        """The exact int64 vector (one entry per key of ``totals``) the component perturbs."""
+        """The exact int64 values (shape (keys,), or (keys, m) for a vector per key such as a
+        quantile's histogram bins) the component perturbs, one noise draw per entry."""
         ...
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
+        self, groups: list[GroupKey], noisy: Sequence[Sequence[Any]], plan: QueryPlan
     ) -> ReleasedValues:
-        """Released values from the noisy components (one list per component, in order)."""
+        """Released values from the noisy components (one list per component, in order: of
+        integers, or of a list of m integers per key for a vector-valued input)."""
         ...
 
     def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:
