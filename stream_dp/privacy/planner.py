@@ -17,6 +17,12 @@ touches at most k keys):
                         in granularity units (any monotone rounding of a value in
                         [lower, upper] to a multiple of the granularity stays within ±U)
 - mean:                 a sum and a count, each with its own share of the noise budget.
+- variance:             a count, a sum of centred values (× D) and of centred squares
+                        (× D²), a third of the noise budget each
+                        (:mod:`stream_dp.privacy.statistics.variance`).
+
+Each statistic's module (:mod:`stream_dp.privacy.statistics`) gives its sensitivity and
+noise components; the planner never branches on the statistic's name.
 
 Budget split of one query's (ε, δ):
 
@@ -82,12 +88,6 @@ from stream_dp.privacy.partition_selection import (
     WeightedGaussian,
     make_selection,
 )
-
-# the sensitivities live in their own module (the statistics use them); re-exported here
-from stream_dp.privacy.sensitivity import Sensitivity as Sensitivity
-from stream_dp.privacy.sensitivity import count_sensitivity as count_sensitivity
-from stream_dp.privacy.sensitivity import distinct_users_sensitivity as distinct_users_sensitivity
-from stream_dp.privacy.sensitivity import sum_sensitivity as sum_sensitivity
 from stream_dp.privacy.specs import (
     BOUND_NAMES,
     AutoBoundsSpec,
@@ -97,6 +97,14 @@ from stream_dp.privacy.specs import (
     StatisticName,
 )
 from stream_dp.privacy.statistics import NoiseTarget, statistic_of
+
+# the sensitivities live in their own module (the statistics use them); re-exported here
+from stream_dp.privacy.statistics.sensitivity import Sensitivity as Sensitivity
+from stream_dp.privacy.statistics.sensitivity import count_sensitivity as count_sensitivity
+from stream_dp.privacy.statistics.sensitivity import (
+    distinct_users_sensitivity as distinct_users_sensitivity,
+)
+from stream_dp.privacy.statistics.sensitivity import sum_sensitivity as sum_sensitivity
 
 GroupKey = tuple[Any, ...]
 
@@ -179,7 +187,7 @@ class QueryPlan:
     noise_delta: float
     selection_epsilon: float
     selection_delta: float
-    #: Primary component first (value, or a mean's sum), then a mean's count.
+    #: Primary component first (value, a mean's sum, a variance's squares), then the others.
     noise: tuple[NoiseComponent, ...]
     #: Scale and 95% half-width of the primary component, in released units (cumulative:
     #: the scale of one draw and the running total's half-width at the horizon's last window).
@@ -193,7 +201,7 @@ class QueryPlan:
     granularity: float | None = None
     #: max(|lower|, |upper|) for sum/mean (bounds a mean's error).
     value_bound: float | None = None
-    #: [lower, upper] of sum/mean values: a released mean is clamped to it.
+    #: [lower, upper] of a ratio statistic's values (mean, variance; None for the others).
     value_lower: float | None = None
     value_upper: float | None = None
     clamp_negative: bool = False

@@ -39,8 +39,8 @@ from stream_dp.privacy.partition_selection import (
     WeightedGaussian,
 )
 from stream_dp.privacy.planner import GroupKey, NoiseComponent, QueryPlan
-from stream_dp.privacy.released_values import ReleasedValue, ReleasedValues
 from stream_dp.privacy.statistics import statistic_of
+from stream_dp.privacy.statistics.released_values import ReleasedValue, ReleasedValues
 
 __all__ = [
     "GroupKey",

@@ -15,9 +15,9 @@ from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.mechanisms import DiscreteLaplace
 from stream_dp.privacy.planner import QueryPlan, plan_query
 from stream_dp.privacy.release import KeyAggregate, release_query
-from stream_dp.privacy.released_values import GroupKey, ReleasedValues
 from stream_dp.privacy.statistics import STATISTICS
 from stream_dp.privacy.statistics.count import Count
+from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
 
 
 class _TwoBins(Count):

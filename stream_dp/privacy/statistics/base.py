@@ -37,15 +37,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from stream_dp.privacy.sensitivity import Sensitivity
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
+from stream_dp.privacy.statistics.sensitivity import Sensitivity
 
 if TYPE_CHECKING:
     import numpy as np
 
     from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
     from stream_dp.privacy.planner import QueryPlan
-    from stream_dp.privacy.released_values import GroupKey, ReleasedValues
+    from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
 
 #: What one noise component perturbs: the released value itself, or one part of a ratio
 #: (a mean's sum and count; a variance's count, normalized sum and normalized sum of squares).

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 
 from stream_dp.errors import PrivacyError
-from stream_dp.privacy.released_values import GroupKey, ReleasedValues
-from stream_dp.privacy.sensitivity import Sensitivity, count_sensitivity, sum_sensitivity
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
 from stream_dp.privacy.statistics.base import Column, NoisePart, NoiseTarget
+from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
+from stream_dp.privacy.statistics.sensitivity import Sensitivity, count_sensitivity, sum_sensitivity
 
 if TYPE_CHECKING:
     import numpy as np

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from stream_dp.privacy.released_values import GroupKey, ReleasedValues
+from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
 
 if TYPE_CHECKING:
     from stream_dp.privacy.planner import QueryPlan

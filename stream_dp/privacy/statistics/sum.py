@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from stream_dp.privacy.released_values import GroupKey, ReleasedValues
-from stream_dp.privacy.sensitivity import Sensitivity, sum_sensitivity
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
 from stream_dp.privacy.statistics.base import Column, NoisePart, NoiseTarget
+from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
+from stream_dp.privacy.statistics.sensitivity import Sensitivity, sum_sensitivity
 from stream_dp.privacy.statistics.single_component import release_single
 
 if TYPE_CHECKING:

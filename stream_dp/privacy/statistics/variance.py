@@ -35,10 +35,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 import numpy as np
 
 from stream_dp.errors import PrivacyError
-from stream_dp.privacy.released_values import GroupKey, ReleasedValues
-from stream_dp.privacy.sensitivity import Sensitivity, count_sensitivity, per_event_sensitivity
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
 from stream_dp.privacy.statistics.base import Column, NoisePart, NoiseTarget
+from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
+from stream_dp.privacy.statistics.sensitivity import (
+    Sensitivity,
+    count_sensitivity,
+    per_event_sensitivity,
+)
 
 if TYPE_CHECKING:
     from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
