@@ -4,6 +4,7 @@ bins) is noised entry by entry and handed back per key (issue 40)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from stream_dp.config import BoundsConfig, QueryConfig
+from stream_dp.errors import ConfigError
 from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.mechanisms import DiscreteLaplace
 from stream_dp.privacy.planner import QueryPlan, plan_query
@@ -70,3 +72,15 @@ def test_every_statistic_declares_what_it_needs() -> None:
     assert cumulative == ["count", "sum"]
     threshold = [name for name, s in STATISTICS.items() if s.count_threshold]
     assert threshold == ["count", "count_distinct_users"]
+
+
+def test_an_unknown_statistic_is_refused_not_planned_as_a_sum() -> None:
+    """Issue 40: a spec built in code with statistic "median" (pydantic keeps users from it,
+    nothing kept a developer) was planned with the sum's sensitivity and released with the
+    count's post-processing. The registry refuses it, naming the statistics it knows."""
+    valued = QueryConfig(
+        name="m", statistic="sum", value_field="x", lower=0, upper=10, epsilon=1.0, delta=1e-6
+    ).spec()
+    median = dataclasses.replace(valued, statistic="median")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="unknown statistic 'median'; use one of count, "):
+        plan_query(median, BoundsConfig(max_contributions_per_window=3).spec())

@@ -87,9 +87,7 @@ def test_three_components_split_the_noise_budget_like_pipeline_dp() -> None:
 
 def test_gaussian_components_split_delta_in_thirds_too() -> None:
     plan = _plan(epsilon=0.9, delta=3e-6, mechanism="discrete_gaussian")
-    (c_eps, c_d), (s_eps, s_d), (q_eps, q_d) = dp_computations.equally_split_budget(
-        0.9, 3e-6, 3
-    )
+    (c_eps, c_d), (s_eps, s_d), (q_eps, q_d) = dp_computations.equally_split_budget(0.9, 3e-6, 3)
     squares, sums, count = plan.noise
     assert (count.epsilon, count.delta) == (c_eps, c_d)
     assert (sums.epsilon, sums.delta) == (s_eps, s_d)
@@ -365,8 +363,7 @@ def test_empirical_privacy_holds_for_variance_and_detects_doubled_epsilon() -> N
     assert not violated
     assert ratio <= math.exp(0.9) * 1.1
     halved = tuple(
-        dataclasses.replace(c, mechanism=DiscreteLaplace(c.mechanism.scale / 2))
-        for c in plan.noise
+        dataclasses.replace(c, mechanism=DiscreteLaplace(c.mechanism.scale / 2)) for c in plan.noise
     )
     violated, ratio = _violates_epsilon(dataclasses.replace(plan, noise=halved), keys)
     assert violated
