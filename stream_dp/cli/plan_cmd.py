@@ -23,6 +23,7 @@ from stream_dp.errors import ConfigError
 from stream_dp.privacy.continual.counter import MAX_TOTAL
 from stream_dp.privacy.planner import ConfigPlan, QueryPlan, plan_config
 from stream_dp.privacy.risk import disclosure_risk_from_epsilon, epsilon_from_disclosure_risk
+from stream_dp.privacy.statistics import statistic_of
 from stream_dp.windows.tumbling import iso_utc
 
 
@@ -179,8 +180,7 @@ def _query_block(q: QueryPlan) -> list[str]:
             f"  noise {c.target:<6} {c.mechanism.name}, scale {_num(c.scale)}, "
             f"95% CI +/-{_num(c.ci95)} (eps={_num(c.epsilon)}{rho})"
         )
-    if q.statistic == "mean":
-        lines.append("  mean CI      per key: (sum CI + |bound| x count CI) / noisy count")
+    lines.extend(statistic_of(q.statistic).plan_lines(q))
     sel = q.selection
     if sel is not None:
         d = sel.describe()

@@ -68,8 +68,9 @@ from stream_dp.privacy.specs import (
     QuerySpec,
     Scalar,
     SelectionStrategy,
-    Statistic,
+    StatisticName,
 )
+from stream_dp.privacy.statistics import STATISTICS, statistic_of
 
 #: ε above this is meaningless as privacy; allowed only in the test mode below.
 MAX_SAFE_EPSILON = 100.0
@@ -650,7 +651,7 @@ class BoundsConfig(_Section):
 
 class QueryConfig(_Section):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")
-    statistic: Statistic = "count"
+    statistic: StatisticName = "count"
     group_by: list[str] = Field(default_factory=list)
     where: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
     keys: Literal["private"] | dict[str, list[Scalar]] = "private"
@@ -678,7 +679,7 @@ class QueryConfig(_Section):
         None,
         gt=0,
         allow_inf_nan=False,
-        description="sum/mean values are rounded to multiples of this before noise",
+        description="sum/mean/variance values are rounded to multiples of this before noise",
     )
     mean_count_share: Number = Field(
         0.5, ge=0.01, le=0.99, description="mean: share of the noise ε spent on the count"
@@ -807,7 +808,8 @@ class QueryConfig(_Section):
         if isinstance(self.keys, dict) and any(len(v) == 0 for v in self.keys.values()):
             raise ValueError(f"query {self.name}: a public key list is empty")
         self._check_group_values()
-        if self.statistic in ("sum", "mean"):
+        statistic = statistic_of(self.statistic)
+        if statistic.needs_values:
             if self.value_field is None or self.lower is None or self.upper is None:
                 raise ValueError(
                     f"query {self.name}: statistic {self.statistic} needs value_field, "
@@ -818,9 +820,9 @@ class QueryConfig(_Section):
             ):
                 raise ValueError(f"query {self.name}: needs finite lower < upper")
         elif self.value_field is not None:
-            raise ValueError(
-                f"query {self.name}: value_field is only used by sum and mean; remove it"
-            )
+            *others, last = (n for n, s in STATISTICS.items() if s.needs_values)
+            valued = f"{', '.join(others)} and {last}"
+            raise ValueError(f"query {self.name}: value_field is only used by {valued}; remove it")
         if self.mechanism == "discrete_gaussian" and self.delta <= 0:
             raise ValueError(f"query {self.name}: discrete_gaussian needs delta > 0")
         if not self.public_keys and self.delta <= 0 and not self.cumulative:
@@ -857,17 +859,9 @@ class QueryConfig(_Section):
                 "keys would need partition selection over the whole horizon: a key released "
                 "once must stay released); list the keys under keys: {field: [values]}"
             )
-        if self.statistic == "count_distinct_users":
-            raise ValueError(
-                f"query {name}: a cumulative count_distinct_users would count user-windows "
-                "(a user once per window), not distinct users over the horizon; use release: "
-                "window, or a cumulative count"
-            )
-        if self.statistic == "mean":
-            raise ValueError(
-                f"query {name}: cumulative means are not supported; publish cumulative sum "
-                "and count queries and divide"
-            )
+        refusal = statistic_of(self.statistic).cumulative_refusal
+        if refusal is not None:
+            raise ValueError(f"query {name}: {refusal}")
         if (
             self.continual_mechanism == "sqrt_factorization"
             and self.mechanism != "discrete_gaussian"

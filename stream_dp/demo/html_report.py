@@ -24,16 +24,13 @@ from stream_dp.clients.producer import ProduceReport
 from stream_dp.demo.results import KeyRow, QueryWindow, Summary, WindowResult
 from stream_dp.demo.runner import Reporter, StartInfo
 from stream_dp.demo.svg import GREY, PALETTE, Chart, Value
+from stream_dp.privacy.statistics import STATISTICS
 
 #: Keys charted per query (the largest by true value over the run).
 KEYS_PER_QUERY = 6
 
-_STATISTIC_WORDS = {
-    "count": "count",
-    "count_distinct_users": "distinct users",
-    "sum": "sum",
-    "mean": "mean",
-}
+#: How the demo names each statistic (its registry's words).
+_STATISTIC_WORDS: dict[str, str] = {name: s.words for name, s in STATISTICS.items()}
 
 _CSS = """
 :root { color-scheme: light; }

@@ -28,16 +28,13 @@ from stream_dp.demo.results import KeyRow, QueryWindow, Summary, WindowResult
 from stream_dp.demo.runner import StartInfo
 from stream_dp.demo.scenario import IDLE_CLOSE_S, VISITS_QUERY
 from stream_dp.privacy.planner import QueryPlan
+from stream_dp.privacy.statistics import STATISTICS
 
 SCHEMA_VERSION = 1
 _LABEL_WIDTH = 32
 
-_STATISTIC_WORDS = {
-    "count": "count",
-    "count_distinct_users": "distinct users",
-    "sum": "sum",
-    "mean": "mean",
-}
+#: How the demo names each statistic (its registry's words).
+_STATISTIC_WORDS: dict[str, str] = {name: s.words for name, s in STATISTICS.items()}
 
 
 def _num(value: float) -> int | float:

@@ -20,6 +20,7 @@ from stream_dp.config import Config, QueryConfig
 from stream_dp.demo.scenario import RARE_PREFIX
 from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.release import KeyAggregate
+from stream_dp.privacy.statistics import statistic_of
 from stream_dp.windows.tumbling import iso_utc
 
 #: Keys whose true value is at least this are "large" in the summary.
@@ -45,14 +46,7 @@ class ExactTotals:
 
 def true_value(query: QueryConfig, aggregate: KeyAggregate) -> float:
     """The exact bounded statistic of one key (what the released value estimates)."""
-    if query.statistic == "count":
-        return aggregate.events
-    if query.statistic == "count_distinct_users":
-        return aggregate.users
-    total = aggregate.value_sum * query.value_granularity
-    if query.statistic == "sum":
-        return total
-    return total / max(1, aggregate.events)  # mean
+    return statistic_of(query.statistic).exact_value(aggregate, query.spec())
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,11 @@ from stream_dp.config.model import BOUND_NAMES, Config, QueryConfig
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.planner import QueryPlan, plan_query
 from stream_dp.privacy.specs import BoundsSpec
+from stream_dp.privacy.statistics import statistic_of
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
 #: The release record fields :class:`_QueryCheck` compares besides the ``group``'s field
-#: names (for a mean also its value).
+#: names (for a ratio, a mean or variance, also its value).
 _CHECKED: Final = (
     "epsilon",
     "delta",
@@ -60,7 +61,7 @@ _CHECKED: Final = (
     "horizon_windows",
     "continual_mechanism",
 )
-_CHECKED_MEAN: Final = (*_CHECKED, "value", "clamped")
+_CHECKED_RATIO: Final = (*_CHECKED, "value", "clamped")
 #: Mismatches printed in the refusal (the rest are counted).
 SHOWN_MISMATCHES: Final = 6
 #: The window record's ``bounds`` field names, in the order (k, L0, Linf).
@@ -152,7 +153,7 @@ class _QueryCheck:
         out: list[Mismatch] = []
         # A window may hold 1,000,000 keys whose checked fields are all alike: each distinct
         # combination of them is checked once.
-        checked_fields = _CHECKED_MEAN if q.statistic == "mean" else _CHECKED
+        checked_fields = _CHECKED_RATIO if statistic_of(q.statistic).ratio else _CHECKED
         seen: dict[bytes, dict[str, Any]] = {}
         for record in window.releases.values():
             group = record.get("group")
@@ -256,8 +257,8 @@ class _QueryCheck:
         scale = record.get("noise_scale")
         if not isinstance(scale, int | float) or isinstance(scale, bool):
             return [Mismatch(window.window_start_s, q.name, field, _num(scale), "a number")]
-        if plan.statistic == "mean":
-            return self._mean(window, record, plan, float(scale), field)
+        if statistic_of(plan.statistic).ratio:
+            return self._ratio(window, record, plan, float(scale), field)
         out = []
         if scale != plan.noise_scale:
             out.append(
@@ -281,7 +282,7 @@ class _QueryCheck:
                     )
         return out
 
-    def _mean(
+    def _ratio(
         self,
         window: ReleasedWindow,
         record: Mapping[str, Any],
@@ -289,8 +290,9 @@ class _QueryCheck:
         scale: float,
         field: str,
     ) -> list[Mismatch]:
-        """A mean's scale is the sum's over ``max(1, noisy count)``; its value is clamped to
-        [lower, upper]."""
+        """A ratio's (mean's, variance's) scale is its first component's over
+        ``max(1, noisy count)``; its value lies in the statistic's range (a mean's
+        [lower, upper])."""
         q = self.query
         out = []
         count = round(plan.noise_scale / scale) if scale > 0 else 0
@@ -305,15 +307,16 @@ class _QueryCheck:
                 )
             )
         value = record.get("value")
-        lower, upper = plan.value_lower, plan.value_upper
-        assert lower is not None and upper is not None
+        found = statistic_of(plan.statistic).released_range(plan)
+        assert found is not None
+        lower, upper = found
         within = isinstance(value, int | float) and lower <= value <= upper
         if not within and not (record.get("clamped") is True and value == 0):
             out.append(
                 Mismatch(
                     window.window_start_s,
                     q.name,
-                    f"queries.{q.name}.lower / upper (a mean lies within them)",
+                    f"queries.{q.name}.lower / upper (a {plan.statistic} lies within them)",
                     _num(value),
                     f"[{_num(lower)}, {_num(upper)}]",
                 )

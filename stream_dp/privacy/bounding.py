@@ -18,7 +18,7 @@ import os
 import random
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -220,6 +220,17 @@ def aggregate_bounded(
     return totals
 
 
+class BoundedColumns(NamedTuple):
+    """Exact bounded totals per key number (int64 arrays of one length)."""
+
+    events: np.ndarray
+    users: np.ndarray
+    value_sums: np.ndarray
+    weight_sums: np.ndarray
+    #: Σ (v − center)² per key (``statistic: variance``); zeros without a center.
+    value_squares: np.ndarray
+
+
 def bounded_totals_columns(
     users: np.ndarray,
     keys: np.ndarray,
@@ -231,6 +242,32 @@ def bounded_totals_columns(
     rng: SamplingGenerator,
     weights: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(events, users, value sums, weight sums) of :func:`bounded_columns`."""
+    found = bounded_columns(
+        users,
+        keys,
+        values,
+        n_keys=n_keys,
+        max_keys=max_keys,
+        max_per_key=max_per_key,
+        rng=rng,
+        weights=weights,
+    )
+    return found.events, found.users, found.value_sums, found.weight_sums
+
+
+def bounded_columns(
+    users: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray | None,
+    *,
+    n_keys: int,
+    max_keys: int | None,
+    max_per_key: int | None,
+    rng: SamplingGenerator,
+    weights: bool = False,
+    squares_center: int | None = None,
+) -> BoundedColumns:
     """:func:`aggregate_bounded` on columns: exact (events, users, value sums, weight sums)
     per key.
 
@@ -241,13 +278,16 @@ def bounded_totals_columns(
     first ``max_per_key`` rows of each (user, key) in the rows' random order — a uniform
     subset. Integer arithmetic throughout: the totals are exact.
 
+    With ``squares_center`` c (``statistic: variance``) the fifth holds Σ (v − c)² per key
+    over the kept values; otherwise zeros.
+
     With ``weights`` the fourth array holds, per key, the sum over its users of
     :func:`~stream_dp.privacy.partition_selection.user_key_weight` of the number of keys the
     user kept (after L0) — what ``selection: weighted_gaussian`` tests; otherwise zeros.
     """
     zeros = np.zeros(n_keys, dtype=np.int64)
     if len(keys) == 0:
-        return zeros, zeros.copy(), zeros.copy(), zeros.copy()
+        return BoundedColumns(zeros, zeros.copy(), zeros.copy(), zeros.copy(), zeros.copy())
     pair = users.astype(np.int64) * n_keys + keys.astype(np.int64)
     keep = np.ones(len(pair), dtype=bool)
     # One stable sort gives the distinct pairs (ascending, as np.unique), each row's pair
@@ -290,4 +330,8 @@ def bounded_totals_columns(
             dtype=np.int64,
         )
         np.add.at(weight_sums, kept % n_keys, table[keys_of_user[owners]])
-    return events, users_per_key, value_sums, weight_sums
+    value_squares = zeros.copy()
+    if values is not None and squares_center is not None:
+        centred = values[keep].astype(np.int64) - squares_center
+        np.add.at(value_squares, taken, centred * centred)
+    return BoundedColumns(events, users_per_key, value_sums, weight_sums, value_squares)

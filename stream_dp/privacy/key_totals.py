@@ -32,13 +32,26 @@ class KeyAggregate:
     #: ``selection: weighted_gaussian``: the sum of the users' fixed-point key weights
     #: (0 for the other strategies, which do not compute it).
     selection_weight: int = 0
+    #: ``statistic: variance``: Σ (v − c)² over the bounded values v in units, c the
+    #: query's centre (:func:`stream_dp.privacy.statistics.variance.center_units`); 0 for
+    #: the other statistics, which do not compute it.
+    value_squares: int = 0
 
 
 class KeyTotals(Mapping[GroupKey, KeyAggregate]):
-    """Distinct group keys and their exact bounded events, distinct users, value sums and
-    selection weight sums (all zero unless the query's selection is weighted)."""
+    """Distinct group keys and their exact bounded events, distinct users, value sums,
+    selection weight sums (all zero unless the query's selection is weighted) and centred
+    value squares (all zero unless the query's statistic is a variance)."""
 
-    __slots__ = ("_index", "events", "groups", "selection_weights", "users", "value_sums")
+    __slots__ = (
+        "_index",
+        "events",
+        "groups",
+        "selection_weights",
+        "users",
+        "value_squares",
+        "value_sums",
+    )
 
     def __init__(
         self,
@@ -47,6 +60,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         users: np.ndarray,
         value_sums: np.ndarray,
         selection_weights: np.ndarray | None = None,
+        value_squares: np.ndarray | None = None,
     ) -> None:
         self.groups: list[GroupKey] = list(groups)
         self.events = np.asarray(events, dtype=np.int64)
@@ -58,9 +72,14 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             if selection_weights is None
             else np.asarray(selection_weights, dtype=np.int64)
         )
-        shapes = {c.shape for c in (self.events, self.users, self.value_sums)}
-        if shapes != {(n,)} or self.selection_weights.shape != (n,):
-            raise ValueError("one events, users, value sum and weight per group key")
+        self.value_squares = (
+            np.zeros(n, dtype=np.int64)
+            if value_squares is None
+            else np.asarray(value_squares, dtype=np.int64)
+        )
+        columns = (self.events, self.users, self.value_sums, self.selection_weights)
+        if {c.shape for c in (*columns, self.value_squares)} != {(n,)}:
+            raise ValueError("one events, users, value sum and weight (and square) per group key")
         self._index: dict[GroupKey, int] | None = None
 
     @classmethod
@@ -79,6 +98,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             np.fromiter((a.users for a in aggregates), np.int64, len(aggregates)),
             np.fromiter((a.value_sum for a in aggregates), np.int64, len(aggregates)),
             np.fromiter((a.selection_weight for a in aggregates), np.int64, len(aggregates)),
+            np.fromiter((a.value_squares for a in aggregates), np.int64, len(aggregates)),
         )
 
     @classmethod
@@ -94,6 +114,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             np.concatenate([p.users for p in parts]),
             np.concatenate([p.value_sums for p in parts]),
             np.concatenate([p.selection_weights for p in parts]),
+            np.concatenate([p.value_squares for p in parts]),
         )
 
     @classmethod
@@ -116,7 +137,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             positions.append(pos)
         n = len(groups)
         sums = []
-        for name in ("events", "users", "value_sums", "selection_weights"):
+        for name in ("events", "users", "value_sums", "selection_weights", "value_squares"):
             out = np.zeros(n, dtype=np.int64)
             for c, pos in zip(columns, positions, strict=True):
                 np.add.at(out, pos, getattr(c, name))
@@ -139,6 +160,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             int(self.users[i]),
             int(self.value_sums[i]),
             int(self.selection_weights[i]),
+            int(self.value_squares[i]),
         )
 
     def __iter__(self) -> Iterator[GroupKey]:
@@ -166,5 +188,12 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             KeyTotals,
-            (self.groups, self.events, self.users, self.value_sums, self.selection_weights),
+            (
+                self.groups,
+                self.events,
+                self.users,
+                self.value_sums,
+                self.selection_weights,
+                self.value_squares,
+            ),
         )

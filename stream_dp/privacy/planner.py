@@ -17,6 +17,12 @@ touches at most k keys):
                         in granularity units (any monotone rounding of a value in
                         [lower, upper] to a multiple of the granularity stays within ±U)
 - mean:                 a sum and a count, each with its own share of the noise budget.
+- variance:             a count, a sum of centred values (× D) and of centred squares
+                        (× D²), a third of the noise budget each
+                        (:mod:`stream_dp.privacy.statistics.variance`).
+
+Each statistic's module (:mod:`stream_dp.privacy.statistics`) gives its sensitivity and
+noise components; the planner never branches on the statistic's name.
 
 Budget split of one query's (ε, δ):
 
@@ -49,7 +55,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, assert_never
 
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.adaptive_bounds import (
@@ -88,11 +94,19 @@ from stream_dp.privacy.specs import (
     BoundsSpec,
     ConfigSpec,
     QuerySpec,
-    Statistic,
+    StatisticName,
 )
+from stream_dp.privacy.statistics import NoiseTarget, statistic_of
+
+# the sensitivities live in their own module (the statistics use them); re-exported here
+from stream_dp.privacy.statistics.sensitivity import Sensitivity as Sensitivity
+from stream_dp.privacy.statistics.sensitivity import count_sensitivity as count_sensitivity
+from stream_dp.privacy.statistics.sensitivity import (
+    distinct_users_sensitivity as distinct_users_sensitivity,
+)
+from stream_dp.privacy.statistics.sensitivity import sum_sensitivity as sum_sensitivity
 
 GroupKey = tuple[Any, ...]
-NoiseTarget = Literal["value", "sum", "count"]
 
 #: Largest sensitivity (L1, in noise units) one user may have: sum/mean values times k must
 #: stay far inside int64 (2⁶³ ≈ 9.2e18) even summed over billions of users.
@@ -100,31 +114,6 @@ MAX_L1_SENSITIVITY_UNITS = 10**9
 #: Largest noise scale (b or σ, in noise units): noise up to 50 scales (probability below
 #: e⁻⁵⁰ beyond) stays inside float64's exact integers (2⁵³ ≈ 9.0e15) and int64.
 MAX_NOISE_SCALE_UNITS = 1e12
-
-
-@dataclass(frozen=True)
-class Sensitivity:
-    """How much one user can move the vector a noise component perturbs (in noise units)."""
-
-    max_partitions_contributed: int
-    max_contributions_per_partition: int
-    l1: int
-    l2_squared: int
-    #: sum/mean: |value| per event in granularity units (U); None for counts.
-    value_units_per_event: int | None = None
-
-    @property
-    def l2(self) -> float:
-        return math.sqrt(self.l2_squared)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "max_partitions_contributed": self.max_partitions_contributed,
-            "max_contributions_per_partition": self.max_contributions_per_partition,
-            "l1": self.l1,
-            "l2": self.l2,
-            "value_units_per_event": self.value_units_per_event,
-        }
 
 
 @dataclass(frozen=True)
@@ -186,7 +175,7 @@ class QueryPlan:
     """Everything :func:`~stream_dp.privacy.release.release_query` needs for one query."""
 
     name: str
-    statistic: Statistic
+    statistic: StatisticName
     group_by: tuple[str, ...]
     mechanism: MechanismName
     #: Sensitivity of the primary released vector (values; a mean's sum).
@@ -198,7 +187,7 @@ class QueryPlan:
     noise_delta: float
     selection_epsilon: float
     selection_delta: float
-    #: Primary component first (value, or a mean's sum), then a mean's count.
+    #: Primary component first (value, a mean's sum, a variance's squares), then the others.
     noise: tuple[NoiseComponent, ...]
     #: Scale and 95% half-width of the primary component, in released units (cumulative:
     #: the scale of one draw and the running total's half-width at the horizon's last window).
@@ -212,7 +201,7 @@ class QueryPlan:
     granularity: float | None = None
     #: max(|lower|, |upper|) for sum/mean (bounds a mean's error).
     value_bound: float | None = None
-    #: [lower, upper] of sum/mean values: a released mean is clamped to it.
+    #: [lower, upper] of a ratio statistic's values (mean, variance; None for the others).
     value_lower: float | None = None
     value_upper: float | None = None
     clamp_negative: bool = False
@@ -258,11 +247,7 @@ class QueryPlan:
             "clamp_negative": self.clamp_negative,
         }
         out["continual"] = self._describe_continual()
-        if self.statistic == "mean":
-            out["mean_ci95"] = (
-                "per key: min(upper - lower, (ci95_sum_97.5 + value_bound * ci95_count_97.5)"
-                " / noisy count); upper - lower when the noisy count is <= 0"
-            )
+        out.update(statistic_of(self.statistic).plan_figures(self))
         return out
 
     def _describe_continual(self) -> dict[str, Any] | None:
@@ -275,62 +260,6 @@ class QueryPlan:
             "chosen_by": "auto: smallest worst-step sd" if self.continual_auto else "config",
             "options": [p.describe() for p in self.continual_options],
         }
-
-
-def _effective_bounds(bounds: BoundsSpec) -> tuple[int, int, int]:
-    k, l0, linf = bounds.values()  # concrete bounds: a window's, never "auto"
-    return k, min(l0 or k, k), min(linf or k, k)
-
-
-def count_l2_squared(k: int, l0: int, linf: int) -> int:
-    """max Σ c_i² over a user's per-key counts c with Σ c_i ≤ k, c_i ≤ Linf, ≤ L0 keys.
-
-    A convex function is largest at a vertex of the polytope: fill ⌊k/Linf⌋ keys to Linf
-    (at most L0 of them) and, if a key is left, give it the remaining k mod Linf.
-    """
-    full = k // linf
-    if l0 <= full:
-        return l0 * linf * linf
-    rest = k - full * linf
-    return full * linf * linf + rest * rest
-
-
-def count_sensitivity(bounds: BoundsSpec) -> Sensitivity:
-    """Bounded event counts per key."""
-    k, l0, linf = _effective_bounds(bounds)
-    return Sensitivity(
-        max_partitions_contributed=l0,
-        max_contributions_per_partition=linf,
-        l1=min(k, l0 * linf),
-        l2_squared=count_l2_squared(k, l0, linf),
-    )
-
-
-def distinct_users_sensitivity(bounds: BoundsSpec) -> Sensitivity:
-    """Distinct users per key: one user adds one to at most L0 keys."""
-    _, l0, _ = _effective_bounds(bounds)
-    return Sensitivity(
-        max_partitions_contributed=l0, max_contributions_per_partition=1, l1=l0, l2_squared=l0
-    )
-
-
-def value_units_per_event(query: QuerySpec) -> int:
-    """U = ⌈max(|lower|, |upper|) / granularity⌉."""
-    assert query.lower is not None and query.upper is not None
-    bound = max(abs(query.lower), abs(query.upper))
-    return max(1, math.ceil(bound / query.value_granularity))
-
-
-def sum_sensitivity(query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
-    counts = count_sensitivity(bounds)
-    units = value_units_per_event(query)
-    return Sensitivity(
-        max_partitions_contributed=counts.max_partitions_contributed,
-        max_contributions_per_partition=counts.max_contributions_per_partition,
-        l1=counts.l1 * units,
-        l2_squared=counts.l2_squared * units * units,
-        value_units_per_event=units,
-    )
 
 
 #: More public keys than this per query would take seconds of noise per window (and the
@@ -367,11 +296,13 @@ def _noise_component(
             l1_sensitivity=sensitivity.l1, epsilon=epsilon
         )
         return NoiseComponent(target, mech, sensitivity, epsilon, 0.0, None, unit)
-    gauss = DiscreteGaussian.for_epsilon_delta(
-        l2_sensitivity=sensitivity.l2, epsilon=epsilon, delta=delta
-    )
-    rho = gauss.rho(sensitivity.l2)
-    return NoiseComponent(target, gauss, sensitivity, epsilon, delta, rho, unit)
+    if mechanism == "discrete_gaussian":
+        gauss = DiscreteGaussian.for_epsilon_delta(
+            l2_sensitivity=sensitivity.l2, epsilon=epsilon, delta=delta
+        )
+        rho = gauss.rho(sensitivity.l2)
+        return NoiseComponent(target, gauss, sensitivity, epsilon, delta, rho, unit)
+    assert_never(mechanism)
 
 
 def _plan_cumulative(
@@ -444,12 +375,8 @@ class _BudgetSplit:
 
 
 def _primary_sensitivity(query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
-    """The released statistic's sensitivity (a mean's is its sum's)."""
-    if query.statistic == "count":
-        return count_sensitivity(bounds)
-    if query.statistic == "count_distinct_users":
-        return distinct_users_sensitivity(bounds)
-    return sum_sensitivity(query, bounds)
+    """The released statistic's sensitivity (its first noise component's: a mean's sum)."""
+    return statistic_of(query.statistic).primary_sensitivity(query, bounds)
 
 
 def _plan_count_threshold(
@@ -458,7 +385,7 @@ def _plan_count_threshold(
     """``count_threshold`` selection: the released count's noise is the selection's, so the
     noise gets all of ε and the threshold its share of δ (charges: noise, then threshold)."""
     statistic = query.statistic
-    if statistic not in ("count", "count_distinct_users"):
+    if not statistic_of(statistic).count_threshold:
         raise ConfigError(
             f"query {query.name}: selection count_threshold tests the released count, "
             f"so it works with statistic count or count_distinct_users, not {statistic}; "
@@ -542,22 +469,16 @@ def _split_budget(
 
 
 def _noise_components(
-    query: QuerySpec, bounds: BoundsSpec, primary: Sensitivity, split: _BudgetSplit, unit: float
+    query: QuerySpec, bounds: BoundsSpec, split: _BudgetSplit
 ) -> tuple[NoiseComponent, ...]:
-    """One component for the value, or for a mean a sum and a count sharing the noise budget
-    (``mean_count_share`` of it to the count)."""
-    noise_eps, noise_delta = split.noise_epsilon, split.noise_delta
-    if query.statistic != "mean":
-        return (_noise_component("value", query.mechanism, primary, noise_eps, noise_delta, unit),)
-    count_eps = query.mean_count_share * noise_eps
-    count_delta = query.mean_count_share * noise_delta
-    return (
-        _noise_component(
-            "sum", query.mechanism, primary, noise_eps - count_eps, noise_delta - count_delta, unit
-        ),
-        _noise_component(
-            "count", query.mechanism, count_sensitivity(bounds), count_eps, count_delta, 1.0
-        ),
+    """The statistic's noise components (one for the value; a mean's sum and count, a
+    variance's three), sharing the split's noise budget as the statistic says."""
+    parts = statistic_of(query.statistic).noise_parts(
+        query, bounds, split.noise_epsilon, split.noise_delta
+    )
+    return tuple(
+        _noise_component(p.target, query.mechanism, p.sensitivity, p.epsilon, p.delta, p.unit)
+        for p in parts
     )
 
 
@@ -610,8 +531,9 @@ def plan_query(
     """The noise, selection and budget split for one query (see the module docstring)."""
     public_keys = public_key_product(query)
     statistic = query.statistic
+    kind = statistic_of(statistic)
     primary = _primary_sensitivity(query, bounds)
-    sums_values = statistic in ("sum", "mean")
+    sums_values = kind.needs_values
     granularity = query.value_granularity if sums_values else None
     value_bound = max(abs(query.lower or 0.0), abs(query.upper or 0.0)) if sums_values else None
 
@@ -620,7 +542,7 @@ def plan_query(
         charges = list(split.charges)
     else:
         split = _split_budget(query, bounds, public_keys)
-        noise = _noise_components(query, bounds, primary, split, granularity or 1.0)
+        noise = _noise_components(query, bounds, split)
         charges = list(split.charges)
         charges.extend(
             PrivacyCharge(f"noise:{part.target}", part.epsilon, part.delta, part.rho)
@@ -654,8 +576,8 @@ def plan_query(
         charges=tuple(charges),
         granularity=granularity,
         value_bound=value_bound,
-        value_lower=query.lower if statistic == "mean" else None,
-        value_upper=query.upper if statistic == "mean" else None,
+        value_lower=query.lower if kind.ratio else None,
+        value_upper=query.upper if kind.ratio else None,
         clamp_negative=query.clamp_negative,
         unsafe_test_mode=unsafe_test_mode,
         delta_unused=split.delta_unused,
@@ -893,7 +815,7 @@ def _query_model(query: QuerySpec, plan: QueryPlan, projection: str) -> QueryMod
     return QueryModel(
         name=query.name,
         projection=projection,
-        distinct_users=plan.statistic == "count_distinct_users",
+        distinct_users=statistic_of(plan.statistic).accumulator == ("users",),
         mechanism=plan.mechanism,
         scale_per_sensitivity=per_unit,
         public_keys=None if plan.public_keys is None else len(plan.public_keys),

@@ -10,13 +10,12 @@ publishing it (docs/privacy.md#invariant-3: one noise draw per (query, window, k
   a suppressed key leaves nothing in the returned values.
 - Noise: one draw per released key and noise component, all keys of a component in one
   vectorised call (:mod:`stream_dp.privacy.mechanisms`).
-- Values: count → noisy events; count_distinct_users → noisy users; sum → noisy units ×
-  granularity; mean → noisy sum / max(1, noisy count), clamped to [lower, upper] (the true
-  mean lies there, so clamping never moves the value away from it). ``clamp_negative`` then
-  sets negative values to 0 (post-processing, flagged by ``clamped``).
-- A mean's 95% half-width never exceeds upper − lower (a value in [lower, upper] is that
-  close to any mean), and is exactly that when the noisy count is ≤ 0: the ratio then says
-  nothing, and the released value is only known to lie in the range.
+- Values: the statistic's post-processing of its noisy components
+  (:mod:`stream_dp.privacy.statistics`): count → noisy events; count_distinct_users → noisy
+  users; sum → noisy units × granularity; mean → noisy sum / max(1, noisy count), clamped to
+  [lower, upper]; variance → mean of squares − square of the mean, clamped to
+  [0, ((upper − lower)/2)²]. ``clamp_negative`` then sets negative values to 0
+  (post-processing, flagged by ``clamped``).
 
 Released values are ordered by group key (public keys in their configured order), never by
 the order in which keys arrived: private keys by :func:`group_sort_key` (type, then value).
@@ -24,10 +23,10 @@ the order in which keys arrived: private keys by :func:`group_sort_key` (type, t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import NamedTuple, overload
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +39,8 @@ from stream_dp.privacy.partition_selection import (
     WeightedGaussian,
 )
 from stream_dp.privacy.planner import GroupKey, NoiseComponent, QueryPlan
+from stream_dp.privacy.statistics import statistic_of
+from stream_dp.privacy.statistics.released_values import ReleasedValue, ReleasedValues
 
 __all__ = [
     "GroupKey",
@@ -49,105 +50,6 @@ __all__ = [
     "ReleasedValues",
     "release_query",
 ]
-
-#: Each half of a mean's error bound uses this level, so both hold together w.p. ≥ 95%.
-_MEAN_COMPONENT_LEVEL = 0.975
-
-
-class ReleasedValue(NamedTuple):
-    group: GroupKey
-    value: int | float
-    #: Noise scale in the value's units (for a mean: the sum's scale over the noisy count).
-    noise_scale: float
-    #: 95% half-width in the value's units.
-    ci95: float
-    #: True when clamp_negative replaced a negative value by 0.
-    clamped: bool
-
-
-class ReleasedValues(Sequence[ReleasedValue]):
-    """A release's values as columns (one list per field), read one by one as a
-    :class:`ReleasedValue`.
-
-    A window may release 1,000,000 keys: the record encoder reads the columns, and no
-    object per key is made unless a reader asks for one. ``noise_scale`` and ``ci95`` are
-    one number for every key when they do not vary (count, count_distinct_users, sum)."""
-
-    __slots__ = ("ci95", "clamped", "groups", "noise_scale", "value")
-
-    def __init__(
-        self,
-        groups: list[GroupKey],
-        value: list[int | float] | list[int] | list[float],
-        noise_scale: float | list[float],
-        ci95: float | list[float],
-        clamped: list[bool],
-    ) -> None:
-        self.groups = groups
-        self.value = value
-        self.noise_scale = noise_scale
-        self.ci95 = ci95
-        self.clamped = clamped
-
-    @classmethod
-    def of(cls, values: Sequence[ReleasedValue]) -> ReleasedValues:
-        """The columns of released values given one by one."""
-        if isinstance(values, ReleasedValues):
-            return values
-        return cls(
-            [v.group for v in values],
-            [v.value for v in values],
-            [v.noise_scale for v in values],
-            [v.ci95 for v in values],
-            [v.clamped for v in values],
-        )
-
-    def column(self, name: str) -> list[float]:
-        """``noise_scale`` or ``ci95`` per key (a list even when it is one number)."""
-        found: float | list[float] = getattr(self, name)
-        return found if isinstance(found, list) else [found] * len(self.groups)
-
-    def __len__(self) -> int:
-        return len(self.groups)
-
-    @overload
-    def __getitem__(self, i: int) -> ReleasedValue: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[ReleasedValue]: ...
-
-    def __getitem__(self, i: int | slice) -> ReleasedValue | list[ReleasedValue]:
-        if isinstance(i, slice):
-            return list(self)[i]
-        scale, half = self.noise_scale, self.ci95
-        return ReleasedValue(
-            self.groups[i],
-            self.value[i],
-            scale[i] if isinstance(scale, list) else scale,
-            half[i] if isinstance(half, list) else half,
-            self.clamped[i],
-        )
-
-    def __iter__(self) -> Iterator[ReleasedValue]:
-        return map(
-            ReleasedValue,
-            self.groups,
-            self.value,
-            self.column("noise_scale"),
-            self.column("ci95"),
-            self.clamped,
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"ReleasedValues({list(self)!r})"
-
 
 @dataclass(frozen=True)
 class QueryRelease:
@@ -161,16 +63,8 @@ class QueryRelease:
 
 
 def _column(totals: KeyTotals, component: NoiseComponent, plan: QueryPlan) -> np.ndarray:
-    """The exact quantity the component adds noise to, per key."""
-    if component.target == "count":
-        return totals.events
-    if component.target == "sum":
-        return totals.value_sums
-    if plan.statistic == "count":
-        return totals.events
-    if plan.statistic == "count_distinct_users":
-        return totals.users
-    return totals.value_sums  # sum
+    """The exact quantity the component adds noise to, per key (the statistic says which)."""
+    return statistic_of(plan.statistic).noise_input(totals, component.target, plan)
 
 
 def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) -> QueryRelease:
@@ -219,14 +113,21 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
             precomputed = [precomputed[j] for j in order]
 
     present = rows >= 0
-    noisy: list[list[int]] = []
+    noisy: list[list[int]] | list[list[Any]] = []
     for position, component in enumerate(plan.noise):
         if position == 0 and precomputed is not None:
             noisy.append(precomputed)
+            continue
+        column = _column(totals, component, plan)
+        # one entry per key, or a vector per key (keys × m: one draw per entry, e.g. a
+        # quantile's histogram bins): the noise is drawn on the flattened entries
+        exact = np.zeros((len(rows), *column.shape[1:]), dtype=np.int64)
+        exact[present] = column[rows[present]]
+        drawn = component.mechanism.sample(exact.ravel())
+        if exact.ndim == 1:
+            noisy.append(drawn)
         else:
-            exact = np.zeros(len(rows), dtype=np.int64)
-            exact[present] = _column(totals, component, plan)[rows[present]]
-            noisy.append(component.mechanism.sample(exact))
+            noisy.append(np.reshape(np.asarray(drawn, dtype=np.int64), exact.shape).tolist())
 
     values = _post_process(groups, noisy, plan)
     return QueryRelease(
@@ -237,53 +138,4 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
 def _post_process(
     groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
 ) -> ReleasedValues:
-    clamp = plan.clamp_negative
-    primary = plan.noise[0]
-    if plan.statistic == "mean":
-        return _post_process_mean(groups, noisy, plan)
-    scale, half = primary.scale, primary.ci95
-    (noisy_values,) = noisy
-    values: list[int] | list[float]
-    if plan.statistic == "sum":
-        unit = primary.unit
-        values = [v * unit for v in noisy_values]
-    else:
-        values = list(noisy_values)
-    if not clamp:
-        return ReleasedValues(groups, values, scale, half, [False] * len(values))
-    clamped = [v < 0 for v in values]
-    zero = 0.0 if plan.statistic == "sum" else 0
-    if any(clamped):
-        values = [zero if c else v for v, c in zip(values, clamped, strict=True)]
-    return ReleasedValues(groups, values, scale, half, clamped)
-
-
-def _post_process_mean(
-    groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
-) -> ReleasedValues:
-    clamp = plan.clamp_negative
-    primary = plan.noise[0]
-    sums, counts = noisy
-    unit = primary.unit
-    sum_scale = primary.scale
-    bound = plan.value_bound or 0.0
-    sum_half = primary.mechanism.halfwidth(_MEAN_COMPONENT_LEVEL) * unit
-    count_half = plan.noise[1].mechanism.halfwidth(_MEAN_COMPONENT_LEVEL)
-    spread = sum_half + bound * count_half
-    assert plan.value_lower is not None and plan.value_upper is not None
-    lower, upper = plan.value_lower, plan.value_upper
-    whole_range = upper - lower
-    values: list[float] = []
-    scales: list[float] = []
-    halves: list[float] = []
-    clamped: list[bool] = []
-    for s, c in zip(sums, counts, strict=True):
-        denominator = max(1, c)
-        mean = min(max(s * unit / denominator, lower), upper)
-        half = whole_range if c <= 0 else min(spread / denominator, whole_range)
-        is_clamped = clamp and mean < 0
-        values.append(0.0 if is_clamped else mean)
-        scales.append(sum_scale / denominator)
-        halves.append(half)
-        clamped.append(is_clamped)
-    return ReleasedValues(groups, values, scales, halves, clamped)
+    return statistic_of(plan.statistic).post_process(groups, noisy, plan)

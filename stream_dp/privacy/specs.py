@@ -17,7 +17,9 @@ from stream_dp.errors import ConfigError
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.mechanisms import MechanismName
 
-Statistic = Literal["count", "count_distinct_users", "sum", "mean"]
+#: The registered statistics (:mod:`stream_dp.privacy.statistics`; an import-time check
+#: keeps the two lists equal).
+StatisticName = Literal["count", "count_distinct_users", "sum", "mean", "variance"]
 SelectionStrategy = Literal[
     "truncated_geometric",
     "laplace_threshold",
@@ -63,7 +65,7 @@ class QuerySpec:
 
     name: str
     epsilon: float
-    statistic: Statistic = "count"
+    statistic: StatisticName = "count"
     group_by: tuple[str, ...] = ()
     #: Public keys: the listed values of each group_by field, in group_by order; None for
     #: private keys.

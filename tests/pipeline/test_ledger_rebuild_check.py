@@ -392,3 +392,28 @@ def test_a_mean_outside_the_configured_range_is_refused() -> None:
         for line in lines
         if "lower / upper" not in line
     ), lines
+
+
+VARIANCE = {**MEAN, "name": "spread", "statistic": "variance"}
+
+
+def test_a_variance_is_checked_like_a_mean_for_its_scale_and_range() -> None:
+    """A variance's per-key scale is its squares' scale over the key's noisy count, and its
+    value lies in [0, ((upper − lower)/2)²]: the releasing configuration passes; k = 4
+    (another scale) and upper 10 (variances of 0 … 39 and 0 … 19, 133.25 and 33.25, lie above
+    5² = 25) are
+    refused, naming the field."""
+    records = _published(_config([VARIANCE]), _mean_events())
+    plan = _plan(_config([VARIANCE]), records)
+    assert len(plan.restored) == 3 and plan.warnings == []
+    lines = _refused(_config([VARIANCE], bounds={"max_contributions_per_window": 4}), records)
+    assert lines and all("query spread: noise_scale (" in line for line in lines), lines
+    lines = _refused(_config([{**VARIANCE, "upper": 10}]), records)
+    ranged = [line for line in lines if "lower / upper" in line]
+    assert ranged, lines
+    head = "query spread: queries.spread.lower / upper (a variance lies within them): "
+    for line in ranged:  # one line per window or a span of windows with one value
+        assert line.startswith(("window ", "3 windows ")) and head in line, line
+        assert line.endswith(" on the output topic, [0.0, 25.0] in this configuration"), line
+        released = float(line.split(head)[1].split(" ")[0])
+        assert released > 25.0  # 133.25 on a, 33.25 on b (noise at ε = 1e5 is tiny)

@@ -161,6 +161,28 @@ def test_selection_weights_travel_only_when_the_query_has_them() -> None:
     assert not VALIDATOR.is_valid({**records[0], "totals": [[["a"], 1, 1, 0, -1]]})
 
 
+def test_variance_squares_travel_as_a_sixth_item_and_merge_by_addition() -> None:
+    """statistic: variance keeps Σ (v − c)² per key: a sixth item (after a weight of 0),
+    across parts, valid under the schema, summed per key over source partitions; without
+    squares the entries stay four items long (the format of the other statistics)."""
+    squared = {(f"d{i}",): KeyAggregate(i + 2, i + 1, 5 * i, 0, 90_000 * i + 7) for i in range(600)}
+    partial = _partial(squared)
+    parts = _parts(partial)
+    assert len(parts) >= 2
+    records = [orjson.loads(v) for _, v in encode_partial(partial, max_bytes=SMALL_BYTES)]
+    assert {len(entry) for r in records for entry in r["totals"]} == {6}
+    assert records[0]["totals"][0][4:] == [0, 7]
+    for record in records:
+        VALIDATOR.validate(record)
+    assembler = PartialAssembler()
+    assert [assembler.add(p) for p in parts][-1]
+    assert assembler.taken == partial
+    other = _partial({("d1",): KeyAggregate(1, 1, 3, 0, 40_000)}, source=3)
+    merged = merge_totals([partial, other])[("d1",)]
+    assert merged == KeyAggregate(4, 3, 8, 0, 90_007 + 40_000)
+    assert not VALIDATOR.is_valid({**records[0], "totals": [[["a"], 1, 1, 0, 0, -1]]})
+
+
 def test_a_weighted_query_seals_its_users_weights() -> None:
     queries = [
         WEIGHTED_VISITS,
@@ -300,7 +322,8 @@ def _without(base: dict[str, Any], key: str) -> bytes:
         _broken(_GOOD_PARTIAL, totals=[[["a"], "many", 1, 0]]),
         _broken(_GOOD_PARTIAL, totals={"a": 1}),
         _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, -4096]]),  # a negative weight
-        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, 4096, 1]]),  # six items
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, 4096, 1, 1]]),  # seven items
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, 0, -1]]),  # a negative square sum
         _broken(_GOOD_PARTIAL, totals=[["a", 1, 1, 0]]),  # group key not a list
         _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], 7]),  # an entry not a list
         _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], [["a"], 2, 2, 0]]),  # a key twice

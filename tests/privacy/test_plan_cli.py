@@ -276,3 +276,52 @@ def test_plan_lists_each_export_and_says_it_is_not_differentially_private(
             ]
         ),
     ]
+
+
+VARIANCE: dict[str, Any] = {
+    "privacy": {"epsilon_per_window": 1.0, "delta_per_window": 1e-6},
+    "bounds": {"max_contributions_per_window": 5},
+    "queries": [
+        {
+            "name": "latency_spread",
+            "statistic": "variance",
+            "value_field": "latency_ms",
+            "lower": 0,
+            "upper": 2000,
+            "group_by": ["domain"],
+            "keys": {"domain": ["a", "b"]},
+            "epsilon": 1.0,
+        }
+    ],
+}
+
+
+def test_a_variance_plan_validates_and_states_its_interval_by_noisy_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], schema: Draft202012Validator
+) -> None:
+    """Three noise components (squares, sum, count: ε/3 each), their charges, and the 95%
+    half-width at noisy counts of 100, 1,000 and 10,000 events — the whole range (1000²)
+    when the noise swamps 100 events; the table says the same."""
+    path = write(tmp_path, VARIANCE)
+    code, out, _ = run(capsys, "--config", str(path), "--json")
+    assert code == 0
+    document = json.loads(out)
+    errors = sorted(schema.iter_errors(document), key=lambda e: list(e.path))
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors[:5]]
+    (query,) = document["queries"]
+    assert [c["target"] for c in query["noise"]] == ["sum_squares", "sum", "count"]
+    assert [c["part"] for c in query["charges"]] == [
+        "noise:sum_squares",
+        "noise:sum",
+        "noise:count",
+    ]
+    figures = query["variance_ci95"]["at_noisy_count"]
+    assert figures["100"] == 1000.0**2
+    assert figures["100"] > figures["1000"] > figures["10000"] > 0
+    code, out, _ = run(capsys, "--config", str(path))
+    assert code == 0
+    (line,) = [x for x in out.splitlines() if x.startswith("  variance CI")]
+    assert line == (
+        "  variance CI  per key, by noisy count of events: 1e+06 at 100, 3.21e+05 at 1,000, "
+        "3.075e+04 at 10,000 (the whole range 1e+06 at <= 0)"
+    )

@@ -150,3 +150,13 @@ def test_a_running_total_without_its_fields_is_refused(
 ) -> None:
     row = parse_output_record(_release(**changes))
     assert isinstance(row, BadRecord) and row.reason == reason
+
+
+def test_a_variance_release_maps_to_the_same_columns() -> None:
+    """statistic: variance needs no column of its own: its value, interval and scale are
+    numbers like any statistic's (the sink's table has no list of statistics to extend)."""
+    value = _release(statistic="variance", value=8.921875, ci95=3.5, noise_scale=0.25)
+    row = parse_output_record(value)
+    assert isinstance(row, ReleaseRow)
+    numbers = (row.value, row.ci95, row.noise_scale)
+    assert (row.statistic, numbers) == ("variance", (8.921875, 3.5, 0.25))

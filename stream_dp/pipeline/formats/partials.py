@@ -149,7 +149,13 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
     window = iso_utc(partial.window_start_s)
     key = f"{partial.query}|{window}|{partial.source_partition}"
     totals = KeyTotals.of(partial.totals)
-    if totals.selection_weights.any():
+    if totals.value_squares.any():  # statistic: variance (only then a sixth item)
+        extra = zip(totals.selection_weights.tolist(), totals.value_squares.tolist(), strict=True)
+        entries = [
+            [list(g), e, u, v, w, q]
+            for (g, e, u, v), (w, q) in zip(totals.rows(), extra, strict=True)
+        ]
+    elif totals.selection_weights.any():
         weights = totals.selection_weights.tolist()
         rows = zip(totals.rows(), weights, strict=True)
         entries = [[list(g), e, u, v, w] for (g, e, u, v), w in rows]
@@ -349,20 +355,22 @@ _PLAIN_VALUE_TYPES = frozenset((str, int, type(None)))
 
 
 def _decode_totals(entries: Any) -> KeyTotals:
-    """[[group values, events, users, value sum(, selection weight)], …] into columns, keys
-    in canonical form (the weight is there for ``selection: weighted_gaussian`` only)."""
+    """[[group values, events, users, value sum(, selection weight(, value squares))], …]
+    into columns, keys in canonical form (the weight is there for ``selection:
+    weighted_gaussian`` only, the squares for ``statistic: variance`` only)."""
     if type(entries) is not list:
         raise TypeError("totals must be a list")
     lengths = set(map(len, entries)) if type(entries) is list else set()
-    if set(map(type, entries)) - {list} or lengths - {4, 5}:
-        raise TypeError("a totals entry must be a list of 4 or 5 items")
+    if set(map(type, entries)) - {list} or lengths - {4, 5, 6}:
+        raise TypeError("a totals entry must be a list of 4, 5 or 6 items")
     # One pass per column in C (zip), not a Python loop per entry (1,000,000 keys: seconds).
     if lengths <= {4}:
         groups, events, users, sums = _transposed(entries, 4)
         weights: Iterable[Any] = itertools.repeat(0, len(entries))
+        squares: Iterable[Any] = itertools.repeat(0, len(entries))
     else:
-        padded = [entry if len(entry) == 5 else [*entry, 0] for entry in entries]
-        groups, events, users, sums, weights = _transposed(padded, 5)
+        padded = [[*entry, 0, 0][:6] for entry in entries]
+        groups, events, users, sums, weights, squares = _transposed(padded, 6)
     if set(map(type, groups)) - {list}:
         raise TypeError("a group key must be a list")
     if set(map(type, itertools.chain.from_iterable(groups))) <= _PLAIN_VALUE_TYPES:
@@ -372,9 +380,13 @@ def _decode_totals(entries: Any) -> KeyTotals:
     if len(set(keys)) != len(keys):
         raise ValueError("a group key appears twice in one part")
     n = len(keys)
-    columns = [np.fromiter(map(int, c), np.int64, n) for c in (events, users, sums, weights)]
+    columns = [
+        np.fromiter(map(int, c), np.int64, n) for c in (events, users, sums, weights, squares)
+    ]
     if (columns[3] < 0).any():
         raise ValueError("a selection weight is negative")
+    if (columns[4] < 0).any():
+        raise ValueError("a sum of squares is negative")
     return KeyTotals(keys, *columns)
 
 
@@ -396,8 +408,9 @@ class TotalsRows(Sequence[tuple[GroupKey, KeyAggregate]]):
 
     def __iter__(self) -> Iterator[tuple[GroupKey, KeyAggregate]]:
         weights = self.columns.selection_weights.tolist()
-        for (g, e, u, v), w in zip(self.columns.rows(), weights, strict=True):
-            yield g, KeyAggregate(e, u, v, w)
+        squares = self.columns.value_squares.tolist()
+        for (g, e, u, v), w, q in zip(self.columns.rows(), weights, squares, strict=True):
+            yield g, KeyAggregate(e, u, v, w, q)
 
     @overload
     def __getitem__(self, i: int) -> tuple[GroupKey, KeyAggregate]: ...

@@ -96,6 +96,7 @@ from stream_dp.privacy.continual.counter import (
 from stream_dp.privacy.continual.planning import ContinualPlan
 from stream_dp.privacy.planner import GroupKey, QueryPlan
 from stream_dp.privacy.release import KeyAggregate
+from stream_dp.privacy.statistics import statistic_of
 from stream_dp.windows.horizon import HorizonPosition, horizon_position
 from stream_dp.windows.tumbling import iso_utc
 
@@ -146,7 +147,8 @@ class CumulativeQuery:
         bounded total, so the noise stays calibrated; only the value is low. A total this
         large must not stop the releases of every later window (``plan`` warns when the
         configured bounds can reach it)."""
-        sums = self.config.statistic == "sum"
+        # a cumulative statistic with values is a sum (the others refuse release: cumulative)
+        sums = statistic_of(self.config.statistic).needs_values
         raw = [0] * len(self.keys)
         for i, key in enumerate(self.keys):
             agg = aggregates.get(key)
@@ -389,11 +391,12 @@ def cumulative_release(
     step = found.position.step
     extra: dict[str, Any] = cumulative_release_fields(plan, found.position)
     records: list[OutputRecord] = []
+    sums = statistic_of(cfg.statistic).needs_values  # a cumulative sum (see totals)
     for key, raw in zip(q.keys, found.values.tolist(), strict=True):
-        value: int | float = float(raw) * plan.unit if cfg.statistic == "sum" else int(raw)
+        value: int | float = float(raw) * plan.unit if sums else int(raw)
         clamped = cfg.clamp_negative and value < 0
         if clamped:
-            value = 0.0 if cfg.statistic == "sum" else 0
+            value = 0.0 if sums else 0
         group = group_dict(cfg.group_by, key)
         records.append(
             OutputRecord(

@@ -85,7 +85,7 @@ from stream_dp.pipeline.stages.queries import CompiledQuery
 from stream_dp.pipeline.stages.restart_clock import carried_start, event_time_start
 from stream_dp.pipeline.stages.router import RoutingStage
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
-from stream_dp.privacy.bounding import bounded_totals_columns, new_sampling_rng
+from stream_dp.privacy.bounding import bounded_columns, new_sampling_rng
 from stream_dp.privacy.erasure import ErasureSet
 from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
@@ -540,7 +540,7 @@ def bounded_totals(
     _, max_keys, max_per_key = bounds
     keys, values, groups = q.project_columns(items)
     taken = keys >= 0
-    events, users_per_key, value_sums, weights = bounded_totals_columns(
+    found = bounded_columns(
         users[taken],
         keys[taken],
         values[taken] if q.has_values else None,
@@ -549,12 +549,14 @@ def bounded_totals(
         max_per_key=max_per_key,
         rng=rng,
         weights=q.weighted_selection,
+        squares_center=q.squares_center,
     )
-    present = np.flatnonzero(users_per_key)
+    present = np.flatnonzero(found.users)
     return KeyTotals(
         [groups[i] for i in present.tolist()],
-        events[present],
-        users_per_key[present],
-        value_sums[present],
-        weights[present],
+        found.events[present],
+        found.users[present],
+        found.value_sums[present],
+        found.weight_sums[present],
+        found.value_squares[present],
     )

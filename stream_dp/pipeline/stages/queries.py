@@ -13,6 +13,7 @@ from stream_dp.config.model import BoundsConfig, QueryConfig
 from stream_dp.ops.metrics import QUERY_DROP_REASONS
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.planner import QueryPlan, plan_query
+from stream_dp.privacy.statistics import statistic_of
 
 GroupKey = tuple[Any, ...]
 Projection = tuple[GroupKey, int] | None
@@ -20,7 +21,7 @@ Projection = tuple[GroupKey, int] | None
 #: Why a query does not take an event (:meth:`CompiledQuery.dropped_counts`), by fate
 #: number 1, 2, …: where (a where value not allowed), missing_group_field (a group_by field
 #: missing or null under missing_group: drop), outside_key_list (a key not on the public
-#: list), missing_value (sum/mean without a value). Fate 0 is "taken".
+#: list), missing_value (a value statistic without a value). Fate 0 is "taken".
 DROP_REASONS = QUERY_DROP_REASONS
 
 
@@ -33,7 +34,7 @@ class CompiledQuery:
     ``where`` filter drops: it can never be released, so it must not take one of a user's
     L0 key slots when the user's keys are bounded.
 
-    Values for sum/mean are clamped to [lower, upper] and rounded to multiples of the
+    Values (sum, mean, variance) are clamped to [lower, upper] and rounded to multiples of the
     granularity, as integer units: noise is added to integers only.
     """
 
@@ -53,7 +54,8 @@ class CompiledQuery:
         public = self.plan.public_keys
         self._group = tuple(index[f] for f in query.group_by)
         self._value = index[query.value_field] if query.value_field else None
-        if query.statistic in ("sum", "mean"):
+        statistic = statistic_of(query.statistic)
+        if statistic.needs_values:
             assert query.lower is not None and query.upper is not None
             self._lower, self._upper = query.lower, query.upper
             self._granularity = query.value_granularity
@@ -79,6 +81,8 @@ class CompiledQuery:
             self._public_ids = {(k[0] if one else k): i for i, k in enumerate(listed)}
             self._keys = listed
         self.has_values = self._value is not None
+        #: Stage 1 sums Σ (v − c)² per key around this centre (``statistic: variance``).
+        self.squares_center = statistic.squares_center(self.spec)
         #: Stage 1 sums the users' key weights for this query's partition selection.
         self.weighted_selection = query.selection == "weighted_gaussian" and public is None
 
