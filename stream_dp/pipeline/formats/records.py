@@ -187,6 +187,10 @@ class ReleaseTemplate:
             record["clamped"] = True
         return record
 
+    def key(self, v: ReleasedValue) -> str:
+        """The :func:`output_key` of one released value (as :meth:`encode` gives it)."""
+        return self._prefix + canonical_group(group_dict(self._group_by, v.group))
+
     def encode(self, values: Sequence[ReleasedValue]) -> tuple[list[str], list[bytes]]:
         """Each value's :func:`output_key` and record bytes, in order. From the columns
         (:class:`ReleasedValues`): the constant fields (and a one-field group's JSON around
