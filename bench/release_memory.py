@@ -27,7 +27,9 @@ import argparse
 import gc
 import os
 import resource
+import struct
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
@@ -57,6 +59,8 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 START_S = 1_700_000_000 // 3600 * 3600
+#: A ledger record in the transport's file: key length, value length, tombstone.
+_FRAME = struct.Struct("<II?")
 WINDOW_S = 3600
 
 
@@ -86,12 +90,13 @@ def key_names(keys: int) -> list[str]:
 
 class BrokerLikeTransport:
     """The Kafka transport's handling of the bytes, without a broker: written ledger
-    records wait (as on the topic) until a read feeds them to the index; output records are
-    encoded and made into the producer's items, chunk by chunk, then dropped (sent)."""
+    records go out of the process (to a temporary file, as to the broker) and a read feeds
+    them back to the index one by one, as the worker's ledger reader does; output records
+    are encoded and made into the producer's items, chunk by chunk, then dropped (sent)."""
 
     def __init__(self, pipeline: LocalPipeline) -> None:
         self._pipeline = pipeline
-        self._log: list[tuple[str, bytes | None]] = []
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the transport
         self.output_records = 0
         self.output_bytes = 0
 
@@ -99,13 +104,22 @@ class BrokerLikeTransport:
         return True
 
     async def write_ledger(self, records: Sequence[Placed]) -> None:
-        self._log.extend((k, v) for k, v, _ in records)
+        for key, value, _ in records:
+            k = key.encode()
+            v = b"" if value is None else value
+            self._log.write(_FRAME.pack(len(k), len(v), value is None) + k + v)
 
     async def read_ledger(self, partitions: Sequence[int]) -> None:
-        log, self._log = self._log, []
         ledger = self._pipeline.release.ledger
-        for key, value in log:
-            ledger.feed(key, value)
+        log = self._log
+        log.seek(0)
+        while head := log.read(_FRAME.size):
+            key_len, value_len, tombstone = _FRAME.unpack(head)
+            key = log.read(key_len).decode()
+            value = log.read(value_len)
+            ledger.feed(key, None if tombstone else value)
+        log.seek(0)
+        log.truncate()
 
     async def write_continual(self, records: Sequence[Placed]) -> None:
         return None
