@@ -100,6 +100,9 @@ class BrokerLikeTransport:
         self.output_records = 0
         self.output_bytes = 0
 
+    def close(self) -> None:
+        self._log.close()
+
     def owns(self, window_start_s: int) -> bool:
         return True
 
@@ -205,6 +208,7 @@ def measure(keys: int, *, public: bool = False, rss: bool = False) -> dict[str, 
         winners = run_now(driver.release_window(START_S, now_s=float(START_S + WINDOW_S)))
     finally:
         gc.enable()
+        transport.close()
     seconds = time.perf_counter() - started
     out: dict[str, Any] = {
         "keys": keys,

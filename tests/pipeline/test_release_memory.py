@@ -21,7 +21,7 @@ from stream_dp.pipeline.formats.ledger import (
     encode_published,
     encode_release,
 )
-from stream_dp.pipeline.formats.records import ReleaseTemplate, dumps
+from stream_dp.pipeline.formats.records import ReleaseTemplate, dumps, escaped_strings
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE
 from stream_dp.privacy.release import ReleasedValues
 
@@ -170,3 +170,38 @@ def test_own_parts_read_back_make_the_winner_decoding_them_makes(ours_first: boo
     assert expecting.keys_of_window(3600) == decoding.keys_of_window(3600)
     if ours_first:
         assert got is ours  # the draw's own columns, not a dict per record
+
+
+@pytest.mark.parametrize("query", ["q", 'q\n%"\\', "q%b"])
+def test_entry_sizes_are_the_encoded_keys_and_records_lengths(query: str) -> None:
+    """The sizes the ledger's parts are cut by, computed without encoding, are the lengths
+    of the keys' JSON and the records :meth:`ReleaseTemplate.encode` makes: one and two
+    group fields, strings needing escapes, booleans, numbers, clamped values."""
+    rng = random.Random(len(query))
+    for group_by in (["site"], ["site", 'c"%']):
+        groups = [
+            tuple(rng.choice(['a"b\\', "é\x01", "x", JSON_TRUE, 3, 2.5, None]) for _ in group_by)
+            for _ in range(200)
+        ]
+        values = ReleasedValues(
+            groups,  # type: ignore[arg-type]
+            [rng.randint(-5, 5) for _ in groups],
+            [rng.random() for _ in groups],
+            1.5,
+            [rng.random() < 0.5 for _ in groups],
+        )
+        template = ReleaseTemplate(
+            release_id="r",
+            query=query,
+            window_start_s=0,
+            window_end_s=60,
+            group_by=group_by,
+            statistic="mean",
+            epsilon=1.0,
+            delta=1e-6,
+            mechanism="geometric",
+            selection=None,
+        )
+        keys, records = template.encode(values)
+        lengths = [len(k) + len(r) for k, r in zip(escaped_strings(keys), records, strict=True)]
+        assert template.entry_sizes(values) == lengths

@@ -46,6 +46,7 @@ import numpy as np
 import orjson
 
 from stream_dp.config.fingerprint import Fingerprint
+from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES, part_bounds
 from stream_dp.pipeline.formats.records import (
     SCHEMA_VERSION,
@@ -176,6 +177,17 @@ class DrawnOutput:
             values.append(self.closing)
         return keys, values
 
+    def entry_sizes(self, lo: int, hi: int) -> list[int]:
+        """Per record of ``[lo, hi)``, its key's JSON (without quotes) and value bytes,
+        without encoding them (:meth:`ReleaseTemplate.entry_sizes`)."""
+        n = len(self.values)
+        sizes: list[int] = []
+        if lo < min(hi, n):
+            sizes = self.template.entry_sizes(_sliced(self.values, lo, min(hi, n)))
+        if hi > n >= lo:
+            sizes.append(len(escaped_strings([self.closing_key])[0]) + len(self.closing))
+        return sizes
+
 
 def _sliced(values: ReleasedValues, lo: int, hi: int) -> ReleasedValues:
     """Released values ``[lo, hi)`` as columns (a column that is one number stays one)."""
@@ -284,6 +296,18 @@ class LedgerRelease:
             return self.drawn.encode(lo, hi)
         return self.output_keys()[lo:hi], self.output_values()[lo:hi]
 
+    def entry_sizes(self, lo: int, hi: int) -> list[int]:
+        """Per record of ``[lo, hi)``, its key's JSON (without quotes) and value bytes: a
+        fresh draw's computed from its columns without encoding them."""
+        if self.drawn is not None and self.encoded is None:
+            return self.drawn.entry_sizes(lo, hi)
+        keys, values = self.output_range(lo, hi)
+        if len(values) != len(keys) or len(keys) != hi - lo:
+            raise ValueError(f"a release with {len(keys)} keys and {len(values)} values")
+        return [
+            a + b for a, b in zip(map(len, escaped_strings(keys)), map(len, values), strict=True)
+        ]
+
     def output_ranges(self, records: int = RECORDS_PER_CHUNK) -> list[tuple[int, int]]:
         """The records' ``[lo, hi)`` in chunks of ``records``, in order (at least one)."""
         n = len(self.records)
@@ -369,14 +393,9 @@ class LedgerParts:
         self._header = header
         sizes = np.zeros(len(release.records), np.int64)
         for lo, hi in release.output_ranges(records_per_chunk):
-            keys, values = release.output_range(lo, hi)
-            if len(values) != len(keys) or len(keys) != hi - lo:
-                raise ValueError(
-                    f"a release with {hi - lo} records and {len(keys)} keys, {len(values)} values"
-                )
-            sizes[lo:hi] = np.fromiter(map(len, escaped_strings(keys)), np.int64, hi - lo)
-            sizes[lo:hi] += np.fromiter(map(len, values), np.int64, hi - lo)
-        sizes += len(_ENTRY) - 4
+            sizes[lo:hi] = release.entry_sizes(lo, hi)
+        self._sizes = sizes
+        sizes = sizes + (len(_ENTRY) - 4)
         self._bounds = part_bounds(sizes, budget, what=f"a release of query {release.query}")
         #: Every part's key, in order.
         self.keys = [f"{base}|part-{i}" for i in range(len(self._bounds))]
@@ -412,6 +431,14 @@ class LedgerParts:
         start, end = self._bounds[first][0], self._bounds[last - 1][1]
         keys, values = self._release.output_range(start, end)
         escaped = escaped_strings(keys)
+        made = np.fromiter(map(len, escaped), np.int64, len(escaped))
+        made += np.fromiter(map(len, values), np.int64, len(values))
+        if not np.array_equal(made, self._sizes[start:end]):  # the cut was made from these
+            raise StreamDPError(
+                f"release {self._release.release_id} of query {self._release.query}: its "
+                "records' sizes differ from those its ledger parts were cut by (a bug: "
+                "report it)"
+            )
         out = []
         for i in range(first, last):
             lo, hi = self._bounds[i]

@@ -205,6 +205,47 @@ class ReleaseTemplate:
             if self._marked is None:
                 return keys, [dumps(self.record(v)) for v in cols]
             return keys, []
+        group_slot, group_fields, varying, templates = self._formats(cols)
+        records = list(
+            map(bytes.__mod__, map(templates.__getitem__, cols.clamped), zip(*varying, strict=True))
+        )
+        return self._keys(group_slot, group_fields), records
+
+    def entry_sizes(self, values: Sequence[ReleasedValue]) -> list[int]:
+        """Per value, the bytes of its output key's JSON without its quotes
+        (:func:`escaped_strings`) plus those of its record (:meth:`encode`), without making
+        either: what cuts a release's ledger parts. The record is its template's bytes
+        plus the fields that vary; the key's JSON, that of the key with an empty group
+        field plus the field's bytes and one backslash per quote or backslash in them
+        (a JSON escape is made character by character, and a field — itself JSON — holds
+        no other character that JSON escapes)."""
+        cols = ReleasedValues.of(values)
+        if self._marked is None or not cols.groups:
+            keys, records = self.encode(cols)
+            return [
+                a + b
+                for a, b in zip(map(len, escaped_strings(keys)), map(len, records), strict=True)
+            ]
+        group_slot, group_fields, varying, templates = self._formats(cols)
+        empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
+        key_base = len(orjson.dumps(empty_key)) - 2
+        bases = [len(t % ((b"",) * len(varying))) + key_base for t in templates]
+        sizes = list(map(bases.__getitem__, cols.clamped))
+        for column in (group_fields, *varying):  # the group field: in the key and the record
+            sizes = list(map(int.__add__, sizes, map(len, column)))
+        joined = b"".join(group_fields)
+        for escaped in (b'"', b"\\"):
+            if escaped in joined:
+                counts = map(bytes.count, group_fields, repeat(escaped))
+                sizes = list(map(int.__add__, sizes, counts))
+        return sizes
+
+    def _formats(
+        self, cols: ReleasedValues
+    ) -> tuple[bytes, list[bytes], list[list[bytes]], tuple[bytes, ...]]:
+        """The group slot's format and fields, the varying fields' columns in slot order
+        and the record's ``bytes %`` formats (without and with ``clamped``)."""
+        assert self._marked is not None
         group_slot, group_fields = self._group_fields(cols.groups)
         slots = {"group": group_slot, "value": b"%b"}
         columns = {"group": group_fields, "value": _encoded_numbers(cols.value)}
@@ -216,10 +257,7 @@ class ReleaseTemplate:
                 slots[name] = _encoded_numbers([column])[0]  # a number's JSON has no %
         varying = [columns[f] for f in _SLOTS if f in columns]
         templates = tuple(_filled(marked, slots) for marked in self._marked)
-        records = list(
-            map(bytes.__mod__, map(templates.__getitem__, cols.clamped), zip(*varying, strict=True))
-        )
-        return self._keys(group_slot, group_fields), records
+        return group_slot, group_fields, varying, templates
 
     def _encoded_groups(self, groups: list[GroupKey]) -> list[bytes]:
         """Each group as canonical JSON (:func:`canonical_group`'s bytes)."""
