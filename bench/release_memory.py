@@ -13,7 +13,7 @@ the chunks the publisher sends.
     python -m bench.release_memory 100000            # tracemalloc peak and time
     python -m bench.release_memory 1000000 --rss     # peak RSS (no tracemalloc), time
 
-Reported (one JSON line): the release's seconds, and either tracemalloc's peak of Python
+Reported (one JSON line): the release's seconds (wall and CPU), and either tracemalloc's peak of Python
 allocations during the release above what was held before it (``traced_peak_bytes``, and
 per key), or the process's peak RSS growth over the release (``rss_peak_growth_bytes``,
 and the whole process's peak, ``peak_rss_bytes``). Keys are private (``count`` by one string
@@ -202,7 +202,7 @@ def measure(keys: int, *, public: bool = False, rss: bool = False) -> dict[str, 
     if not rss:
         tracemalloc.start()
     held = tracemalloc.get_traced_memory()[0] if not rss else 0
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     gc.disable()  # as the worker's off-loop draw (gc_paused)
     try:
         winners = run_now(driver.release_window(START_S, now_s=float(START_S + WINDOW_S)))
@@ -210,10 +210,12 @@ def measure(keys: int, *, public: bool = False, rss: bool = False) -> dict[str, 
         gc.enable()
         transport.close()
     seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - started_cpu
     out: dict[str, Any] = {
         "keys": keys,
         "keys_private": not public,
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "released_records": transport.output_records,
         "output_bytes": transport.output_bytes,
     }
