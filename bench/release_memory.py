@@ -13,12 +13,13 @@ the chunks the publisher sends.
     python -m bench.release_memory 100000            # tracemalloc peak and time
     python -m bench.release_memory 1000000 --rss     # peak RSS (no tracemalloc), time
 
-Reported (one JSON line): the release's seconds (wall and CPU), and either tracemalloc's peak of Python
-allocations during the release above what was held before it (``traced_peak_bytes``, and
-per key), or the process's peak RSS growth over the release (``rss_peak_growth_bytes``,
-and the whole process's peak, ``peak_rss_bytes``). Keys are private (``count`` by one string
-field, every key kept by the threshold: each key has 1,000 to 2,000 users) or, with ``--public``, a
-public key list. Run one size per process: peak RSS never goes down.
+Reported (one JSON line): the release's seconds (wall and CPU), and either tracemalloc's
+peak of Python allocations during the release above what was held before it
+(``traced_peak_bytes``, and per key), or the process's peak RSS growth over the release
+(``rss_peak_growth_bytes``, and the whole process's peak, ``peak_rss_bytes``). Keys are
+private (``count`` by one string field, every key kept by the threshold: each key has 1,000
+to 2,000 users) or, with ``--public``, a public key list. Run one size per process: peak
+RSS never goes down.
 """
 
 from __future__ import annotations
