@@ -137,7 +137,7 @@ class BrokerLikeTransport:
         for chunk in chunks(release) if chunks is not None else [offload.output_values(release)]:
             items = [(k, v, 0) for k, v in chunk]
             self.output_records += len(items)
-            self.output_bytes += sum(len(v) for _, v, _ in items)
+            self.output_bytes += sum(map(len, (v for _, v, _ in items)))
 
     async def draw(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return fn(*args, **kwargs)

@@ -204,4 +204,4 @@ def test_entry_sizes_are_the_encoded_keys_and_records_lengths(query: str) -> Non
         )
         keys, records = template.encode(values)
         lengths = [len(k) + len(r) for k, r in zip(escaped_strings(keys), records, strict=True)]
-        assert template.entry_sizes(values) == lengths
+        assert template.entry_sizes(values).tolist() == lengths

@@ -177,15 +177,16 @@ class DrawnOutput:
             values.append(self.closing)
         return keys, values
 
-    def entry_sizes(self, lo: int, hi: int) -> list[int]:
+    def entry_sizes(self, lo: int, hi: int) -> np.ndarray:
         """Per record of ``[lo, hi)``, its key's JSON (without quotes) and value bytes,
         without encoding them (:meth:`ReleaseTemplate.entry_sizes`)."""
         n = len(self.values)
-        sizes: list[int] = []
+        sizes = np.zeros(0, np.int64)
         if lo < min(hi, n):
             sizes = self.template.entry_sizes(_sliced(self.values, lo, min(hi, n)))
         if hi > n >= lo:
-            sizes.append(len(escaped_strings([self.closing_key])[0]) + len(self.closing))
+            closing = len(escaped_strings([self.closing_key])[0]) + len(self.closing)
+            sizes = np.append(sizes, closing)
         return sizes
 
 
@@ -296,7 +297,7 @@ class LedgerRelease:
             return self.drawn.encode(lo, hi)
         return self.output_keys()[lo:hi], self.output_values()[lo:hi]
 
-    def entry_sizes(self, lo: int, hi: int) -> list[int]:
+    def entry_sizes(self, lo: int, hi: int) -> np.ndarray:
         """Per record of ``[lo, hi)``, its key's JSON (without quotes) and value bytes: a
         fresh draw's computed from its columns without encoding them."""
         if self.drawn is not None and self.encoded is None:
@@ -304,9 +305,8 @@ class LedgerRelease:
         keys, values = self.output_range(lo, hi)
         if len(values) != len(keys) or len(keys) != hi - lo:
             raise ValueError(f"a release with {len(keys)} keys and {len(values)} values")
-        return [
-            a + b for a, b in zip(map(len, escaped_strings(keys)), map(len, values), strict=True)
-        ]
+        sizes = np.fromiter(map(len, escaped_strings(keys)), np.int64, len(keys))
+        return sizes + np.fromiter(map(len, values), np.int64, len(values))
 
     def output_ranges(self, records: int = RECORDS_PER_CHUNK) -> list[tuple[int, int]]:
         """The records' ``[lo, hi)`` in chunks of ``records``, in order (at least one)."""

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from itertools import repeat
 from typing import Any, Final
 
+import numpy as np
 import orjson
 
 from stream_dp.privacy.continual.planning import ContinualPlan
@@ -211,7 +212,7 @@ class ReleaseTemplate:
         )
         return self._keys(group_slot, group_fields), records
 
-    def entry_sizes(self, values: Sequence[ReleasedValue]) -> list[int]:
+    def entry_sizes(self, values: Sequence[ReleasedValue]) -> np.ndarray:
         """Per value, the bytes of its output key's JSON without its quotes
         (:func:`escaped_strings`) plus those of its record (:meth:`encode`), without making
         either: what cuts a release's ledger parts. The record is its template's bytes
@@ -220,24 +221,22 @@ class ReleaseTemplate:
         (a JSON escape is made character by character, and a field — itself JSON — holds
         no other character that JSON escapes)."""
         cols = ReleasedValues.of(values)
-        if self._marked is None or not cols.groups:
+        n = len(cols.groups)
+        if self._marked is None or n == 0:
             keys, records = self.encode(cols)
-            return [
-                a + b
-                for a, b in zip(map(len, escaped_strings(keys)), map(len, records), strict=True)
-            ]
+            sizes = np.fromiter(map(len, escaped_strings(keys)), np.int64, n)
+            return sizes + np.fromiter(map(len, records), np.int64, n)
         group_slot, group_fields, varying, templates = self._formats(cols)
         empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
         key_base = len(orjson.dumps(empty_key)) - 2
-        bases = [len(t % ((b"",) * len(varying))) + key_base for t in templates]
-        sizes = list(map(bases.__getitem__, cols.clamped))
+        bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
+        sizes = bases[np.fromiter(cols.clamped, np.int64, n)]
         for column in (group_fields, *varying):  # the group field: in the key and the record
-            sizes = list(map(int.__add__, sizes, map(len, column)))
+            sizes += np.fromiter(map(len, column), np.int64, n)
         joined = b"".join(group_fields)
         for escaped in (b'"', b"\\"):
             if escaped in joined:
-                counts = map(bytes.count, group_fields, repeat(escaped))
-                sizes = list(map(int.__add__, sizes, counts))
+                sizes += np.fromiter(map(bytes.count, group_fields, repeat(escaped)), np.int64, n)
         return sizes
 
     def _formats(
