@@ -97,7 +97,8 @@ class DrawnRecord(tuple, OutputRecord):  # type: ignore[type-arg]
     encoded from the same template (:meth:`ReleaseTemplate.encode`) and never reads it, and
     a dict per key was most of a 1,000,000-key release's memory and time. A tuple, so that
     :func:`drawn_records` makes them in C (``tuple.__new__``), not by a Python ``__init__``
-    per key. Equal to an :class:`OutputRecord` of the same key and value."""
+    per key; a fresh draw's :class:`DrawnRecords` makes each only when it is read. Equal
+    to an :class:`OutputRecord` of the same key and value."""
 
     __slots__ = ()
 
