@@ -36,7 +36,7 @@ from stream_dp.config.model import Config
 from stream_dp.pipeline.formats.partials import SourceWatermark, encode_watermark
 from stream_dp.pipeline.local.local import LocalPipeline
 from stream_dp.pipeline.stages.ingest import IngestStage
-from stream_dp.pipeline.stages.offload import draw_window, gc_paused, output_values, seal_windows
+from stream_dp.pipeline.stages.offload import draw_window, gc_paused, output_chunks, seal_windows
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from stream_dp.privacy.user_samples import UserSamples
@@ -171,7 +171,7 @@ def _release_once(
     The steps are the worker's own (:mod:`stream_dp.pipeline.stages.offload`), with the garbage
     collector paused as the worker's off-loop thread runs them: seal and encode the
     partials; decode them into stage 2 (on the worker's loop); draw the release and encode
-    its ledger records and output records.
+    its ledger records and output records (a chunk at a time, as the worker writes them).
     """
     max_bytes = config.kafka.max_message_bytes
     release = ReleaseStage(config)  # the worker's lives on: its plan is not a release's work
@@ -191,10 +191,14 @@ def _release_once(
     if release.due_windows() != [window_start_s]:
         raise RuntimeError("the sealed window is not due in stage 2")
     with gc_paused():
-        ((rel, _ledger),) = draw_window(
+        ((rel, parts),) = draw_window(
             release, window_start_s, now_s=time.time(), max_bytes=max_bytes
         )
-        output_values(rel)
+        for first, last in parts.groups():  # the ledger's parts, as the worker writes them
+            if parts.take(first, last) is None:
+                parts.encode(first, last)
+        for _ in output_chunks(rel):  # the output records, as the worker publishes them
+            pass
     t3 = time.perf_counter()
     steps = {"seal": t1 - t0, "transport": t2 - t1, "release": t3 - t2, "total": t3 - t0}
     return steps, len(rel.records) - 1

@@ -8,10 +8,11 @@ Every due window is released by :meth:`ReleaseDriver.release_window`, in this or
 2. cumulative queries' running totals: their state is read to a fence, the window's step is
    drawn once, written and read back — or the window waits while the previous window's
    state is not durable (:mod:`stream_dp.pipeline.stages.cumulative`);
-3. the draw (noise, budget charged — in memory only) with its ledger encoding;
-4. every ledger part is written and acknowledged, then the window's ledger partition is read
-   back to a fresh fence: the ledger's *winners* — the first complete draw of each
-   (query, window) in log order, ours or an earlier owner's — are what counts;
+3. the draw (noise, budget charged — in memory only) with the cut of its ledger parts;
+4. every ledger part is written and acknowledged (made a few at a time: the records of a
+   large window are encoded chunk by chunk, never all held), then the window's ledger
+   partition is read back to a fresh fence: the ledger's *winners* — the first complete
+   draw of each (query, window) in log order, ours or an earlier owner's — are what counts;
 5. ``bounds: auto`` — the next window's bounds, decided from the winners, go to the ledger;
 6. each unpublished winner is published (output records, then its ``published`` marker);
 7. the window's state is dropped and the partials partition's ``progress`` written;
@@ -50,6 +51,7 @@ from stream_dp.pipeline.formats.continual_state import encode_state
 from stream_dp.pipeline.formats.ledger import (
     BOUNDS_PREFIX,
     CUT_PREFIX,
+    LedgerParts,
     LedgerRelease,
     encode_cut,
     encode_progress,
@@ -187,8 +189,10 @@ class ReleaseDriver:
         )
         drawn = [rel for rel, _ in drawn_records]
         ledger_partition = self.ledger_partition_of(window_start_s)
-        for _, records in drawn_records:
-            await self.transport.write_ledger([(k, v, ledger_partition) for k, v in records])
+        for rel, parts in drawn_records:
+            # read back, our parts are known as ours: their records are not decoded again
+            stage.ledger.expect_own(rel, parts.keys)
+            await self._write_parts(parts, ledger_partition)
             self.faults.reached("after_ledger_write")
         # Everything before our fence on that partition is now known: if another owner's
         # draw completed earlier, it is the one that counts (and ours is never shown).
@@ -236,6 +240,18 @@ class ReleaseDriver:
         )
         return winners
 
+    async def _write_parts(self, parts: LedgerParts, ledger_partition: int) -> None:
+        """A release's ledger parts, a few at a time (:meth:`LedgerParts.groups`): the
+        first made with the draw, each next one in the transport's thread once the one
+        before is acknowledged, so that the bytes of a large release are never all held
+        (docs/operations.md#memory-at-release)."""
+        for first, last in parts.groups():
+            records = parts.take(first, last)
+            if records is None:
+                records = await self.transport.draw(parts.encode, first, last)
+            await self.transport.write_ledger([(k, v, ledger_partition) for k, v in records])
+            del records
+
     def tombstones(self, window_start_s: int, winners: Sequence[LedgerRelease]) -> list[Placed]:
         """The window's ledger records no reader needs once its progress record is durable
         (docs/exactly-once.md#compaction-a-bounded-ledger): every part read of it (the
@@ -265,7 +281,7 @@ class ReleaseDriver:
     async def _released_elsewhere(
         self,
         window_start_s: int,
-        drawn_records: Sequence[tuple[LedgerRelease, Sequence[tuple[str, bytes]]]],
+        drawn_records: Sequence[tuple[LedgerRelease, LedgerParts]],
         ledger_partition: int,
     ) -> None:
         """The read-back found a progress record covering the window: another owner
@@ -278,15 +294,15 @@ class ReleaseDriver:
                 "another owner released this window meanwhile: our draw is discarded",
                 extra={"window": iso_utc(window_start_s)},
             )
-        ours = [(k, None, ledger_partition) for _, records in drawn_records for k, _ in records]
+        ours = [(k, None, ledger_partition) for _, parts in drawn_records for k in parts.keys]
         stage.adopt_ledger()
         if ours:
             await self.transport.write_ledger(ours)
 
     def _draw(
         self, window_start_s: int, *, now_s: float
-    ) -> list[tuple[LedgerRelease, list[tuple[str, bytes]]]]:
-        """The draw with its ledger encoding (in the transport's thread), after the test
+    ) -> list[tuple[LedgerRelease, LedgerParts]]:
+        """The draw with the cut of its ledger parts (in the transport's thread), after the test
         fault hook (a long draw: :data:`~stream_dp.pipeline.faults.LONG_DRAW_ENV`)."""
         self.faults.in_draw()
         return draw_window(self.stage, window_start_s, now_s=now_s, max_bytes=self.max_bytes)

@@ -24,7 +24,7 @@ arrival order.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final, final
 
 #: Integers JSON (orjson) reads as integers; integral floats in this range become ints.
@@ -134,6 +134,16 @@ def group_sort_key(key: Iterable[Any]) -> tuple[tuple[int, Any], ...]:
     Depends only on the key's canonical values, never on the order keys arrived in.
     """
     return tuple(map(_value_sort_key, key))
+
+
+def sort_order(groups: Sequence[tuple[Any, ...]]) -> list[int]:
+    """The indexes of ``groups`` in :func:`group_sort_key` order (sorted is stable: equal
+    keys keep their order). Where every value is a string, one rank for all, the keys
+    compare as the strings themselves do: sorted by the tuples, without a sort key per
+    group (a million keys' sort keys were a large share of a release's time)."""
+    if all(type(v) is str for g in groups for v in g):
+        return sorted(range(len(groups)), key=groups.__getitem__)
+    return sorted(range(len(groups)), key=lambda j: group_sort_key(groups[j]))
 
 
 def python_equal_duplicates(values: Iterable[Any]) -> list[tuple[Any, Any]]:

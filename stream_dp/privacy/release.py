@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from stream_dp.errors import PrivacyError
-from stream_dp.privacy.group_values import group_sort_key
+from stream_dp.privacy.group_values import sort_order
 from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
 from stream_dp.privacy.partition_selection import (
     CountThreshold,
@@ -106,7 +106,7 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
         suppressed = len(candidates) - len(kept)
         # deterministic order that depends only on the released keys (canonical values,
         # ranked by type where keys mix types), never on the order in which keys arrived
-        order = sorted(range(len(kept)), key=lambda j: group_sort_key(candidates[kept[j]]))
+        order = sort_order([candidates[k] for k in kept])
         groups = [candidates[kept[j]] for j in order]
         rows = np.fromiter((kept[j] for j in order), np.int64, len(order))
         if precomputed is not None:

@@ -36,16 +36,17 @@ before and after compaction (tests/apache_kafka/test_compaction.py).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import repeat
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import numpy as np
 import orjson
 
 from stream_dp.config.fingerprint import Fingerprint
+from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES, part_bounds
 from stream_dp.pipeline.formats.records import (
     SCHEMA_VERSION,
@@ -96,7 +97,8 @@ class DrawnRecord(tuple, OutputRecord):  # type: ignore[type-arg]
     encoded from the same template (:meth:`ReleaseTemplate.encode`) and never reads it, and
     a dict per key was most of a 1,000,000-key release's memory and time. A tuple, so that
     :func:`drawn_records` makes them in C (``tuple.__new__``), not by a Python ``__init__``
-    per key. Equal to an :class:`OutputRecord` of the same key and value."""
+    per key; a fresh draw's :class:`DrawnRecords` makes each only when it is read. Equal
+    to an :class:`OutputRecord` of the same key and value."""
 
     __slots__ = ()
 
@@ -141,6 +143,112 @@ def drawn_records(
     return list(map(tuple.__new__, repeat(DrawnRecord), rows))
 
 
+#: Output records encoded at a time from a fresh draw's columns (about 10 MB of values):
+#: its ledger parts and its output records are made and sent chunk by chunk, so that a
+#: release never holds every record's bytes at once (docs/operations.md#memory-at-release).
+RECORDS_PER_CHUNK: Final = 20_000
+#: Ledger parts (each at most ``kafka.max_message_bytes``) made and written at a time.
+PARTS_PER_WRITE: Final = 8
+
+
+@dataclass(frozen=True, eq=False)
+class DrawnOutput:
+    """A fresh draw's output records as what they are made of: the release's template, its
+    released values as columns, and its window record (last). Records ``[lo, hi)`` are
+    encoded when asked (:meth:`encode`), byte for byte what encoding them all at once
+    gives: the bytes of a 1,000,000-key release are never all held."""
+
+    template: ReleaseTemplate
+    values: ReleasedValues
+    closing_key: str
+    closing: bytes
+
+    def __len__(self) -> int:
+        return len(self.values) + 1
+
+    def encode(self, lo: int, hi: int) -> tuple[list[str], list[bytes]]:
+        """The keys and value bytes of records ``[lo, hi)`` (the window record is last)."""
+        n = len(self.values)
+        keys: list[str] = []
+        values: list[bytes] = []
+        if lo < min(hi, n):
+            keys, values = self.template.encode(_sliced(self.values, lo, min(hi, n)))
+        if hi > n >= lo:
+            keys.append(self.closing_key)
+            values.append(self.closing)
+        return keys, values
+
+    def entry_sizes(self, lo: int, hi: int) -> np.ndarray:
+        """Per record of ``[lo, hi)``, its key's JSON (without quotes) and value bytes,
+        without encoding them (:meth:`ReleaseTemplate.entry_sizes`)."""
+        n = len(self.values)
+        sizes = np.zeros(0, np.int64)
+        if lo < min(hi, n):
+            sizes = self.template.entry_sizes(_sliced(self.values, lo, min(hi, n)))
+        if hi > n >= lo:
+            closing = len(escaped_strings([self.closing_key])[0]) + len(self.closing)
+            sizes = np.append(sizes, closing)
+        return sizes
+
+
+def _sliced(values: ReleasedValues, lo: int, hi: int) -> ReleasedValues:
+    """Released values ``[lo, hi)`` as columns (a column that is one number stays one)."""
+    scale, half = values.noise_scale, values.ci95
+    return ReleasedValues(
+        values.groups[lo:hi],
+        values.value[lo:hi],
+        scale[lo:hi] if isinstance(scale, list) else scale,
+        half[lo:hi] if isinstance(half, list) else half,
+        values.clamped[lo:hi],
+    )
+
+
+class DrawnRecords(Sequence[OutputRecord]):
+    """A fresh draw's records, each made when read (:class:`DrawnRecord`), its window
+    record last: no object per key is held (the worker reads none of them; it encodes the
+    records chunk by chunk from the same columns, :class:`DrawnOutput`)."""
+
+    __slots__ = ("_closing", "_template", "_values")
+
+    def __init__(
+        self, template: ReleaseTemplate, values: ReleasedValues, closing: OutputRecord
+    ) -> None:
+        self._template = template
+        self._values = values
+        self._closing = closing
+
+    def __len__(self) -> int:
+        return len(self._values) + 1
+
+    @overload
+    def __getitem__(self, i: int) -> OutputRecord: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[OutputRecord]: ...
+
+    def __getitem__(self, i: int | slice) -> OutputRecord | list[OutputRecord]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self._values)
+        j = i + n + 1 if i < 0 else i
+        if j == n:
+            return self._closing
+        if not 0 <= j < n:
+            raise IndexError(i)
+        key = self._template.key(self._values[j])
+        return DrawnRecord(key, self._template, self._values, j)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"DrawnRecords({list(self)!r})"
+
+
 @dataclass
 class LedgerRelease:
     """One (query, window) release as ledgered: what the output topic must show."""
@@ -151,7 +259,7 @@ class LedgerRelease:
     window_end_s: int
     epsilon_spent: float
     delta_spent: float
-    records: list[OutputRecord]
+    records: Sequence[OutputRecord]
     #: The partial version taken per source partition (stage 2 takes exactly one each).
     sources: dict[int, str] = field(default_factory=dict)
     published: bool = False
@@ -162,18 +270,55 @@ class LedgerRelease:
     encoded: list[bytes] | None = field(default=None, compare=False, repr=False)
     #: The records' keys, when the draw has them as a list (read without a call per record).
     keys: list[str] | None = field(default=None, compare=False, repr=False)
+    #: A fresh draw's records as columns, encoded chunk by chunk (:meth:`output_range`).
+    drawn: DrawnOutput | None = field(default=None, compare=False, repr=False)
 
     def output_values(self) -> list[bytes]:
         """Each record's value as canonical JSON (encoded once, then kept)."""
         if self.encoded is None:
-            self.encoded = [dumps(r.value) for r in self.records]
+            if self.drawn is not None:
+                self.encoded = self.drawn.encode(0, len(self.drawn))[1]
+            else:
+                self.encoded = [dumps(r.value) for r in self.records]
         return self.encoded
 
     def output_keys(self) -> list[str]:
         """Each record's key, in order."""
         if self.keys is None:
-            self.keys = [r.key for r in self.records]
+            if self.drawn is not None:
+                self.keys = self.drawn.encode(0, len(self.drawn))[0]
+            else:
+                self.keys = [r.key for r in self.records]
         return self.keys
+
+    def output_range(self, lo: int, hi: int) -> tuple[list[str], list[bytes]]:
+        """The keys and value bytes of records ``[lo, hi)``: a fresh draw's encoded from its
+        columns now (and not kept), the others' from their lists."""
+        if self.drawn is not None and self.encoded is None:
+            return self.drawn.encode(lo, hi)
+        return self.output_keys()[lo:hi], self.output_values()[lo:hi]
+
+    def entry_sizes(self, lo: int, hi: int) -> np.ndarray:
+        """Per record of ``[lo, hi)``, its key's JSON (without quotes) and value bytes: a
+        fresh draw's computed from its columns without encoding them."""
+        if self.drawn is not None and self.encoded is None:
+            return self.drawn.entry_sizes(lo, hi)
+        keys, values = self.output_range(lo, hi)
+        if len(values) != len(keys) or len(keys) != hi - lo:
+            raise ValueError(f"a release with {len(keys)} keys and {len(values)} values")
+        sizes = np.fromiter(map(len, escaped_strings(keys)), np.int64, len(keys))
+        return sizes + np.fromiter(map(len, values), np.int64, len(values))
+
+    def output_ranges(self, records: int = RECORDS_PER_CHUNK) -> list[tuple[int, int]]:
+        """The records' ``[lo, hi)`` in chunks of ``records``, in order (at least one)."""
+        n = len(self.records)
+        return [(lo, min(lo + records, n)) for lo in range(0, n, records)] or [(0, 0)]
+
+    def output_chunks(self, records: int = RECORDS_PER_CHUNK) -> Iterator[list[tuple[str, bytes]]]:
+        """The output topic's (key, value) records, ``records`` at a time, in order."""
+        for lo, hi in self.output_ranges(records):
+            keys, values = self.output_range(lo, hi)
+            yield list(zip(keys, values, strict=True))
 
 
 @dataclass
@@ -201,28 +346,8 @@ def encode_release(
 ) -> list[tuple[str, bytes]]:
     """The ledger records (key, value bytes) of one release, parts in order, each under
     ``max_bytes`` (parts are cut by encoded size: group keys may be long)."""
-    created = datetime.fromtimestamp(now_s, tz=UTC).isoformat().replace("+00:00", "Z")
-    base = f"{release_key(release.query, release.window_start_s)}|{release.release_id}"
-    header: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "ledger",
-        "release_id": release.release_id,
-        "query": release.query,
-        "window_start": iso_utc(release.window_start_s),
-        "window_end": iso_utc(release.window_end_s),
-        "part": 0,
-        "parts": 0,
-        "epsilon_spent": release.epsilon_spent,
-        "delta_spent": release.delta_spent,
-        "created_at": created,
-        "sources": {str(p): v for p, v in sorted(release.sources.items())},
-    }
-    if release.erasures_through:
-        header["erasures_through"] = release.erasures_through
-    budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - len(orjson.dumps(header)) - 32
-
-    chunks = _ledger_parts(release, header, budget)
-    return [(f"{base}|part-{i}", chunk) for i, chunk in enumerate(chunks)]
+    parts = LedgerParts(release, now_s=now_s, max_bytes=max_bytes)
+    return parts.encode(0, len(parts))
 
 
 #: One ledger entry, ``{"key": …, "value": …}`` with sorted keys: the key's JSON string
@@ -230,28 +355,102 @@ def encode_release(
 _ENTRY: Final = b'{"key":"%b","value":%b}'
 
 
-def _ledger_parts(release: LedgerRelease, header: dict[str, Any], budget: int) -> list[bytes]:
-    """The parts' bytes: the header with ``"records": [entries]``, each part one ``bytes %``
-    over all its entries (no bytes object per entry; the keys' JSON from one orjson call)."""
-    keys = escaped_strings(release.output_keys())
-    values = release.output_values()
-    n = len(keys)
-    if len(values) != n:
-        raise ValueError(f"a release with {n} keys and {len(values)} values")
-    sizes = np.fromiter(map(len, keys), np.int64, n)
-    sizes += np.fromiter(map(len, values), np.int64, n)
-    sizes += len(_ENTRY) - 4
-    bounds = part_bounds(sizes, budget, what=f"a release of query {release.query}")
-    chunks = []
-    for i, (lo, hi) in enumerate(bounds):
-        head = orjson.dumps({**header, "part": i, "parts": len(bounds)})
-        fmt = b",".join(repeat(_ENTRY, hi - lo))
-        fmt = head[:-1].replace(b"%", b"%%") + b',"records":[' + fmt + b"]}"
-        fields: list[bytes] = [b""] * (2 * (hi - lo))
-        fields[0::2] = keys[lo:hi]
-        fields[1::2] = values[lo:hi]
-        chunks.append(fmt % tuple(fields))
-    return chunks
+class LedgerParts:
+    """The ledger records of one release, made a few parts at a time (:meth:`encode`).
+
+    Every part's header states the number of parts, so the cut is decided first: the
+    records are encoded chunk by chunk (:data:`RECORDS_PER_CHUNK`) and only each entry's
+    size is kept; :meth:`encode` then makes the parts asked for from their records alone.
+    The bytes are those of one encoding of every record (:func:`encode_release`)."""
+
+    def __init__(
+        self,
+        release: LedgerRelease,
+        *,
+        now_s: float,
+        max_bytes: int,
+        records_per_chunk: int = RECORDS_PER_CHUNK,
+    ) -> None:
+        created = datetime.fromtimestamp(now_s, tz=UTC).isoformat().replace("+00:00", "Z")
+        base = f"{release_key(release.query, release.window_start_s)}|{release.release_id}"
+        header: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "ledger",
+            "release_id": release.release_id,
+            "query": release.query,
+            "window_start": iso_utc(release.window_start_s),
+            "window_end": iso_utc(release.window_end_s),
+            "part": 0,
+            "parts": 0,
+            "epsilon_spent": release.epsilon_spent,
+            "delta_spent": release.delta_spent,
+            "created_at": created,
+            "sources": {str(p): v for p, v in sorted(release.sources.items())},
+        }
+        if release.erasures_through:
+            header["erasures_through"] = release.erasures_through
+        budget = max_bytes - RECORD_OVERHEAD_BYTES - len(base) - len(orjson.dumps(header)) - 32
+        self._release = release
+        self._header = header
+        sizes = np.zeros(len(release.records), np.int64)
+        for lo, hi in release.output_ranges(records_per_chunk):
+            sizes[lo:hi] = release.entry_sizes(lo, hi)
+        self._sizes = sizes
+        sizes = sizes + (len(_ENTRY) - 4)
+        self._bounds = part_bounds(sizes, budget, what=f"a release of query {release.query}")
+        #: Every part's key, in order.
+        self.keys = [f"{base}|part-{i}" for i in range(len(self._bounds))]
+        #: The first parts' records once made (:meth:`prepare`), until taken.
+        self._first: list[tuple[str, bytes]] | None = None
+
+    def __len__(self) -> int:
+        return len(self._bounds)
+
+    def groups(self, parts: int = PARTS_PER_WRITE) -> list[tuple[int, int]]:
+        """The parts' ``[first, last)`` in groups of ``parts``, in order."""
+        n = len(self._bounds)
+        return [(first, min(first + parts, n)) for first in range(0, n, parts)]
+
+    def prepare(self) -> None:
+        """Make the first group of parts now (where the draw runs: a small release is
+        then written without making anything more)."""
+        self._first = self.encode(*self.groups()[0])
+
+    def take(self, first: int, last: int) -> list[tuple[str, bytes]] | None:
+        """The group's records if :meth:`prepare` made them (once), else None."""
+        made, self._first = self._first, None
+        if made is not None and first == 0 and last == self.groups()[0][1]:
+            return made
+        return None
+
+    def encode(self, first: int, last: int) -> list[tuple[str, bytes]]:
+        """Parts ``[first, last)`` as (key, value bytes): the header with ``"records":
+        [entries]``, each part one ``bytes %`` over all its entries (no bytes object per
+        entry; the keys' JSON from one orjson call)."""
+        if first >= last:
+            return []
+        start, end = self._bounds[first][0], self._bounds[last - 1][1]
+        keys, values = self._release.output_range(start, end)
+        escaped = escaped_strings(keys)
+        made = np.fromiter(map(len, escaped), np.int64, len(escaped))
+        made += np.fromiter(map(len, values), np.int64, len(values))
+        if not np.array_equal(made, self._sizes[start:end]):  # the cut was made from these
+            raise StreamDPError(
+                f"release {self._release.release_id} of query {self._release.query}: its "
+                "records' sizes differ from those its ledger parts were cut by (a bug: "
+                "report it)"
+            )
+        out = []
+        for i in range(first, last):
+            lo, hi = self._bounds[i]
+            head = orjson.dumps({**self._header, "part": i, "parts": len(self._bounds)})
+            fmt = b",".join(repeat(_ENTRY, hi - lo))
+            fmt = head[:-1].replace(b"%", b"%%") + b',"records":[' + fmt + b"]}"
+            fields: list[bytes] = [b""] * (2 * (hi - lo))
+            fields[0::2] = escaped[lo - start : hi - start]
+            fields[1::2] = values[lo - start : hi - start]
+            out.append((self.keys[i], fmt % tuple(fields)))
+        return out
 
 
 def encode_published(release: LedgerRelease) -> tuple[str, bytes]:
@@ -464,7 +663,7 @@ def encode_rotation(
 
 
 def close_release(
-    records: list[OutputRecord],
+    records: Sequence[OutputRecord],
     *,
     release_id: str,
     query: str,
@@ -479,12 +678,14 @@ def close_release(
     erasures_through: int = 0,
     encoded: list[bytes] | None = None,
     keys: list[str] | None = None,
+    drawn: tuple[ReleaseTemplate, ReleasedValues] | None = None,
 ) -> LedgerRelease:
     """A (query, window) release: its value ``records`` closed by the window record (last:
     a reader that has it has the whole window), as the ledger keeps it. The one place a
     window record is built, for per-window and cumulative queries alike. ``encoded``: the
     ``records``' values as the output topic's bytes, and ``keys`` their keys, when the
-    caller has them."""
+    caller has them; ``drawn``: the template and columns the records are made from, to
+    encode them chunk by chunk (:class:`DrawnOutput`) instead."""
     closing_key = output_key(query, window_start_s, None)
     closing = window_record(
         release_id=release_id,
@@ -504,11 +705,16 @@ def close_release(
         window_end_s=window_end_s,
         epsilon_spent=epsilon_spent,
         delta_spent=delta_spent,
-        records=[*records, OutputRecord(closing_key, closing)],
+        records=(
+            [*records, OutputRecord(closing_key, closing)]
+            if drawn is None
+            else DrawnRecords(*drawn, OutputRecord(closing_key, closing))
+        ),
         sources=sources,
         erasures_through=erasures_through,
         encoded=None if encoded is None else [*encoded, dumps(closing)],
         keys=None if keys is None else [*keys, closing_key],
+        drawn=None if drawn is None else DrawnOutput(*drawn, closing_key, dumps(closing)),
     )
 
 
@@ -542,6 +748,9 @@ class LedgerIndex:
         #: Parts of windows a progress record had already covered when they were read.
         self.ignored_parts = 0
         self._part_keys: dict[Ident, set[str]] = {}
+        #: This process's own draws being written: part key → (release, part, parts)
+        #: (:meth:`expect_own`).
+        self._own: dict[str, tuple[LedgerRelease, int, int]] = {}
         self._drafts: dict[tuple[str, int], dict[str, _Parts]] = {}
         self._releases: dict[tuple[str, int], LedgerRelease] = {}
         self._published: dict[tuple[str, int], str] = {}
@@ -590,11 +799,26 @@ class LedgerIndex:
         for key, value in records:
             self.feed(key, value)
 
+    def expect_own(self, release: LedgerRelease, part_keys: Sequence[str]) -> None:
+        """This process is about to write ``release``'s ledger parts under ``part_keys``
+        (:class:`LedgerParts`): when they are read back their records are not decoded,
+        and if the draw wins, the index holds ``release`` itself — the records it was
+        encoded from. Part keys carry the release id, which no other draw has, so what is
+        under them is what this process wrote; which draw wins is decided as for any other
+        (the first complete in log order). A 1,000,000-key release read back as a dict per
+        record was most of a release's memory (issue 39)."""
+        for i, key in enumerate(part_keys):
+            self._own[key] = (release, i, len(part_keys))
+
     def feed(self, key: str, value: bytes | None) -> None:
         """One record, in log order. Unknown kinds are ignored (newer writers may add some)."""
         if value is None or key.startswith(FENCE_PREFIX):
             return
         self.records_read += 1
+        own = self._own.get(key)
+        if own is not None:
+            self._feed_own_part(key, *own)
+            return
         obj = orjson.loads(value)
         kind = obj.get("kind")
         if kind == "ledger":
@@ -687,6 +911,8 @@ class LedgerIndex:
                 self._note_sweep(ident[1], published_key(*ident))
             for key in sorted(self._part_keys.pop(ident, ())):
                 self._note_sweep(ident[1], key)
+        if gone:
+            self._forget_own(self.covered)
         if gone and self._spent_kept_s is not None and self.spent:
             oldest = max(ws for _, ws in self.spent) - self._spent_kept_s
             self.spent = {i: v for i, v in self.spent.items() if i[1] >= oldest}
@@ -749,6 +975,41 @@ class LedgerIndex:
             erasures_through=parts.erasures_through,
         )
 
+    def _feed_own_part(self, key: str, release: LedgerRelease, part: int, parts: int) -> None:
+        """A part of this process's own draw read back (:meth:`expect_own`): the same
+        bookkeeping as :meth:`_feed_part`, the records taken from ``release``."""
+        ident = (release.query, release.window_start_s)
+        if self._forget_released and self.covered(ident[1]):
+            self.ignored_parts += 1
+            self._note_sweep(ident[1], key)
+            return
+        self._part_keys.setdefault(ident, set()).add(key)
+        rid = release.release_id
+        drafts = self._drafts.setdefault(ident, {})
+        draft = drafts.get(rid)
+        if draft is None:
+            draft = drafts[rid] = _Parts(
+                parts=parts,
+                release_id=rid,
+                window_end_s=release.window_end_s,
+                epsilon_spent=release.epsilon_spent,
+                delta_spent=release.delta_spent,
+                sources=release.sources,
+                erasures_through=release.erasures_through,
+            )
+        draft.received[part] = []  # the records are the release's own
+        if len(draft.received) < draft.parts:
+            return
+        del drafts[rid]
+        if not drafts:
+            del self._drafts[ident]
+        if ident in self._releases:
+            if self._releases[ident].release_id != rid:
+                self.losing_draws += 1
+            return
+        release.published = self._published.get(ident) == rid or ident[0] == BOUNDS_CHARGE
+        self._releases[ident] = release
+
     def get(self, query: str, window_start_s: int) -> LedgerRelease | None:
         """The winning draw of (query, window), if one is complete in what was read."""
         return self._releases.get((query, window_start_s))
@@ -768,3 +1029,8 @@ class LedgerIndex:
         for table in (self._releases, self._drafts, self._published, self._part_keys):
             for ident in [i for i in table if released(i[1])]:
                 del table[ident]
+        self._forget_own(released)
+
+    def _forget_own(self, released: Callable[[int], bool]) -> None:
+        for key in [k for k, (rel, _, _) in self._own.items() if released(rel.window_start_s)]:
+            del self._own[key]

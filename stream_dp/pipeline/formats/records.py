@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from itertools import repeat
 from typing import Any, Final
 
+import numpy as np
 import orjson
 
 from stream_dp.privacy.continual.planning import ContinualPlan
@@ -187,6 +188,10 @@ class ReleaseTemplate:
             record["clamped"] = True
         return record
 
+    def key(self, v: ReleasedValue) -> str:
+        """The :func:`output_key` of one released value (as :meth:`encode` gives it)."""
+        return self._prefix + canonical_group(group_dict(self._group_by, v.group))
+
     def encode(self, values: Sequence[ReleasedValue]) -> tuple[list[str], list[bytes]]:
         """Each value's :func:`output_key` and record bytes, in order. From the columns
         (:class:`ReleasedValues`): the constant fields (and a one-field group's JSON around
@@ -201,6 +206,45 @@ class ReleaseTemplate:
             if self._marked is None:
                 return keys, [dumps(self.record(v)) for v in cols]
             return keys, []
+        group_slot, group_fields, varying, templates = self._formats(cols)
+        records = list(
+            map(bytes.__mod__, map(templates.__getitem__, cols.clamped), zip(*varying, strict=True))
+        )
+        return self._keys(group_slot, group_fields), records
+
+    def entry_sizes(self, values: Sequence[ReleasedValue]) -> np.ndarray:
+        """Per value, the bytes of its output key's JSON without its quotes
+        (:func:`escaped_strings`) plus those of its record (:meth:`encode`), without making
+        either: what cuts a release's ledger parts. The record is its template's bytes
+        plus the fields that vary; the key's JSON, that of the key with an empty group
+        field plus the field's bytes and one backslash per quote or backslash in them
+        (a JSON escape is made character by character, and a field — itself JSON — holds
+        no other character that JSON escapes)."""
+        cols = ReleasedValues.of(values)
+        n = len(cols.groups)
+        if self._marked is None or n == 0:
+            keys, records = self.encode(cols)
+            sizes = np.fromiter(map(len, escaped_strings(keys)), np.int64, n)
+            return sizes + np.fromiter(map(len, records), np.int64, n)
+        group_slot, group_fields, varying, templates = self._formats(cols)
+        empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
+        key_base = len(orjson.dumps(empty_key)) - 2
+        bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
+        sizes = bases[np.fromiter(cols.clamped, np.int64, n)]
+        for column in (group_fields, *varying):  # the group field: in the key and the record
+            sizes += np.fromiter(map(len, column), np.int64, n)
+        joined = b"".join(group_fields)
+        for escaped in (b'"', b"\\"):
+            if escaped in joined:
+                sizes += np.fromiter(map(bytes.count, group_fields, repeat(escaped)), np.int64, n)
+        return sizes
+
+    def _formats(
+        self, cols: ReleasedValues
+    ) -> tuple[bytes, list[bytes], list[list[bytes]], tuple[bytes, ...]]:
+        """The group slot's format and fields, the varying fields' columns in slot order
+        and the record's ``bytes %`` formats (without and with ``clamped``)."""
+        assert self._marked is not None
         group_slot, group_fields = self._group_fields(cols.groups)
         slots = {"group": group_slot, "value": b"%b"}
         columns = {"group": group_fields, "value": _encoded_numbers(cols.value)}
@@ -212,10 +256,7 @@ class ReleaseTemplate:
                 slots[name] = _encoded_numbers([column])[0]  # a number's JSON has no %
         varying = [columns[f] for f in _SLOTS if f in columns]
         templates = tuple(_filled(marked, slots) for marked in self._marked)
-        records = list(
-            map(bytes.__mod__, map(templates.__getitem__, cols.clamped), zip(*varying, strict=True))
-        )
-        return self._keys(group_slot, group_fields), records
+        return group_slot, group_fields, varying, templates
 
     def _encoded_groups(self, groups: list[GroupKey]) -> list[bytes]:
         """Each group as canonical JSON (:func:`canonical_group`'s bytes)."""

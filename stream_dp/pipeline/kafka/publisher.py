@@ -37,7 +37,7 @@ from stream_dp.pipeline.formats.records import (
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.producing import Headers, Outgoing, send_all
 from stream_dp.pipeline.stages.ingest import DeadLetter
-from stream_dp.pipeline.stages.offload import output_values, run_off_loop
+from stream_dp.pipeline.stages.offload import run_off_loop
 from stream_dp.retry import retry
 
 #: Largest record batch the producer builds (fewer, larger produce requests).
@@ -164,15 +164,19 @@ class Publisher(WorkerPart):
 
     async def publish_output(self, rel: LedgerRelease) -> None:
         """A release's output records, all on the (query, window)'s partition, the window
-        record last (encoded off the loop when large)."""
+        record last: a chunk at a time (:meth:`LedgerRelease.output_ranges`), each encoded
+        (off the loop when large) and acknowledged before the next is made, so that a large
+        release's records are never all held (docs/operations.md#memory-at-release)."""
         parts = self.output_partitions
         target = parts[output_partition(rel.query, rel.window_start_s, len(parts))]
-        if len(rel.records) > OFF_LOOP_RECORDS:
-            values = await run_off_loop(output_values, rel)
-        else:
-            values = output_values(rel)
-        items = [(k, v, target) for k, v in values]
-        await self.send_many(self.config.output.topic, items, OUTPUT_HEADERS)
+        for lo, hi in rel.output_ranges():
+            if hi - lo > OFF_LOOP_RECORDS:
+                keys, values = await run_off_loop(rel.output_range, lo, hi)
+            else:
+                keys, values = rel.output_range(lo, hi)
+            items = [(k, v, target) for k, v in zip(keys, values, strict=True)]
+            del keys, values
+            await self.send_many(self.config.output.topic, items, OUTPUT_HEADERS)
 
     async def publish_dead_letters(self, dead: Sequence[DeadLetter]) -> None:
         """Bad input to the dead-letter topic, keyed by where it came from."""

@@ -22,11 +22,11 @@ everything the process holds, doubling the time. Reference counting frees them a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import ParamSpec, TypeVar
 
 from stream_dp.ops.progress import report_progress
-from stream_dp.pipeline.formats.ledger import LedgerRelease, encode_release
+from stream_dp.pipeline.formats.ledger import LedgerParts, LedgerRelease
 from stream_dp.pipeline.formats.partials import encode_partial
 from stream_dp.pipeline.gc_pause import gc_paused as gc_paused
 from stream_dp.pipeline.stages.ingest import IngestStage
@@ -73,19 +73,28 @@ def seal_windows(
 
 def draw_window(
     release: ReleaseStage, window_start_s: int, *, now_s: float, max_bytes: int
-) -> list[tuple[LedgerRelease, list[tuple[str, bytes]]]]:
+) -> list[tuple[LedgerRelease, LedgerParts]]:
     """Stage 2: fresh draws of a due window (:meth:`ReleaseStage.compute_release`) with
-    their ledger records."""
+    the cut of their ledger parts, the first ones made (the rest are made a few at a time
+    when written: :class:`LedgerParts`)."""
     drawn = release.compute_release(window_start_s, now_s=now_s)
     report_progress("draw")
     out = []
     for rel in drawn:
-        out.append((rel, encode_release(rel, now_s=now_s, max_bytes=max_bytes)))
-        report_progress("draw")  # each query's ledger encoding done
+        parts = LedgerParts(rel, now_s=now_s, max_bytes=max_bytes)
+        parts.prepare()
+        out.append((rel, parts))
+        report_progress("draw")  # each query's ledger parts cut, its first ones made
     return out
 
 
 def output_values(release: LedgerRelease) -> list[tuple[str, bytes]]:
-    """The output topic's (key, value) records of a release, in order (values encoded once:
-    a fresh draw's were encoded with its ledger records)."""
+    """The output topic's (key, value) records of a release, in order (all at once: the
+    worker publishes :meth:`LedgerRelease.output_chunks` instead)."""
     return list(zip(release.output_keys(), release.output_values(), strict=True))
+
+
+def output_chunks(release: LedgerRelease) -> Iterator[list[tuple[str, bytes]]]:
+    """The output topic's (key, value) records of a release, in order, a chunk at a time
+    (:data:`~stream_dp.pipeline.formats.ledger.RECORDS_PER_CHUNK`)."""
+    return release.output_chunks()

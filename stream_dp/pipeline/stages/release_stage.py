@@ -45,7 +45,6 @@ from stream_dp.pipeline.formats.ledger import (
     LedgerIndex,
     LedgerRelease,
     close_release,
-    drawn_records,
     new_release_id,
 )
 from stream_dp.pipeline.formats.partials import Partial, PartialPart, merge_totals
@@ -490,9 +489,10 @@ def draw_release(
         mechanism=cfg.mechanism,
         selection=selection,
     )
-    keys, encoded = template.encode(result.values)
+    # The records are encoded chunk by chunk from the columns when written (ledger parts,
+    # output): never all at once (docs/operations.md#memory-at-release).
     return close_release(
-        drawn_records(keys, template, result.values),
+        (),
         release_id=release_id,
         query=q.name,
         window_start_s=window_start_s,
@@ -503,8 +503,7 @@ def draw_release(
         horizon_epsilon_spent=horizon_epsilon_spent,
         sources=sources,
         bounds=bounds_field,
-        encoded=encoded,
-        keys=keys,
+        drawn=(template, result.values),
     )
 
 
