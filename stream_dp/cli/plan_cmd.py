@@ -106,9 +106,7 @@ def _selection_summary(q: QueryPlan) -> str:
             f"{sel.strategy}: p>=0.5 at {d['users_for_half_keep']} users, "
             f"p=1 at {d['users_for_certain_keep']}"
         )
-    unit = {"released_count": "count", "users": "users", "user_weights": "user weights"}[
-        sel.tested
-    ]
+    unit = {"released_count": "count", "users": "users", "user_weights": "user weights"}[sel.tested]
     return f"{sel.strategy}: keep if noisy {unit} >= {d['threshold']}"
 
 
@@ -159,10 +157,30 @@ def _query_block(q: QueryPlan) -> list[str]:
         else:
             head += f": {d['rule']} (reference {_num(d['reference_threshold'], 6)})"
         lines.append(head)
+    if q.top_k is not None:
+        lines.extend(_top_k_lines(q))
     if q.clamp_negative:
         lines.append("  post-process negative values are clamped to 0")
     if q.continual is not None:
         lines.extend(_continual_block(q))
+    return lines
+
+
+def _top_k_lines(q: QueryPlan) -> list[str]:
+    """N, ε_sel and the lead a key needs over the (N+1)-th count to be chosen."""
+    assert q.top_k is not None
+    d = q.describe()["top_k"]
+    unit = "users" if q.statistic == "count_distinct_users" else "events"
+    lines = [
+        f"  top-k        at most {d['top_k']} keys per window, chosen by the peeling "
+        f"exponential mechanism (eps={_num(d['epsilon'])}, scale {_num(d['scale'])} {unit})",
+        f"  top-k lead   a key leading the ({d['top_k'] + 1})-th count by this many {unit} "
+        "is chosen with at least this probability:",
+    ]
+    by_m: dict[int, list[str]] = {}
+    for row in d["leads"]:
+        by_m.setdefault(row["competitors"], []).append(f"p={row['probability']:g}: {row['lead']}")
+    lines.extend(f"               {m} competitors: {', '.join(v)}" for m, v in by_m.items())
     return lines
 
 

@@ -28,6 +28,8 @@ Budget split of one query's (ε, δ):
 - ``count_threshold``: the released count uses all of ε and the threshold all of δ
   (Gaussian noise: δ/2 each), because the threshold tests the released count itself.
 - mean: ``mean_count_share`` of the noise ε (and δ) goes to the count, the rest to the sum.
+- ``top_k``: ``top_k_epsilon_share``·ε chooses the keys (``selection:top_k``, pure ε); the
+  query is planned with the rest as above (:mod:`stream_dp.privacy.top_k_step`).
 
 Cumulative queries (``release: cumulative``, public keys only) publish running totals over a
 horizon of T windows through :mod:`stream_dp.privacy.continual`; their plan carries a
@@ -48,7 +50,7 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from stream_dp.errors import ConfigError
@@ -68,6 +70,7 @@ from stream_dp.privacy.continual.planning import (
     plan_continual,
     sqrt_fits,
 )
+from stream_dp.privacy.exponential.top_k import TopKPlan
 from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.mechanisms import (
     DiscreteGaussian,
@@ -90,6 +93,7 @@ from stream_dp.privacy.specs import (
     QuerySpec,
     Statistic,
 )
+from stream_dp.privacy.top_k_step import describe_top_k, split_top_k, top_k_plan
 
 GroupKey = tuple[Any, ...]
 NoiseTarget = Literal["value", "sum", "count"]
@@ -224,6 +228,8 @@ class QueryPlan:
     continual_options: tuple[ContinualPlan, ...] = ()
     continual_auto: bool = False
     horizon_origin_s: int = 0
+    #: top_k: the private choice of at most N keys (stream_dp.privacy.top_k_step).
+    top_k: TopKPlan | None = None
 
     @property
     def rho(self) -> float:
@@ -258,6 +264,8 @@ class QueryPlan:
             "clamp_negative": self.clamp_negative,
         }
         out["continual"] = self._describe_continual()
+        public_key_count = None if self.public_keys is None else len(self.public_keys)
+        out["top_k"] = None if self.top_k is None else describe_top_k(self.top_k, public_key_count)
         if self.statistic == "mean":
             out["mean_ci95"] = (
                 "per key: min(upper - lower, (ci95_sum_97.5 + value_bound * ci95_count_97.5)"
@@ -608,6 +616,12 @@ def plan_query(
     query: QuerySpec, bounds: BoundsSpec, *, unsafe_test_mode: bool = False
 ) -> QueryPlan:
     """The noise, selection and budget split for one query (see the module docstring)."""
+    if query.top_k is not None:  # ε_sel chooses the keys; the rest is planned as without
+        rest, selection_epsilon = split_top_k(query)
+        plan = plan_query(rest, bounds, unsafe_test_mode=unsafe_test_mode)
+        top_k = top_k_plan(query, plan.sensitivity, selection_epsilon)
+        charge = PrivacyCharge("selection:top_k", top_k.epsilon, 0.0)
+        return replace(plan, epsilon=query.epsilon, top_k=top_k, charges=(*plan.charges, charge))
     public_keys = public_key_product(query)
     statistic = query.statistic
     primary = _primary_sensitivity(query, bounds)
@@ -880,9 +894,7 @@ def _query_model(query: QuerySpec, plan: QueryPlan, projection: str) -> QueryMod
 
         @functools.lru_cache(maxsize=64)
         def rule(l0: int) -> PartitionSelection:
-            return make_selection(
-                strategy, epsilon=eps, delta=delta, max_partitions_contributed=l0
-            )
+            return make_selection(strategy, epsilon=eps, delta=delta, max_partitions_contributed=l0)
 
         def keep(l0: int, users: int) -> float:
             chosen = rule(l0)
