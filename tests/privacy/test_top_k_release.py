@@ -103,7 +103,7 @@ def test_only_keys_partition_selection_kept_are_candidates() -> None:
     largest count: with it among the candidates, top-1 would release it nearly always."""
     plan = plan_query(_query(statistic="count", top_k=1, epsilon=4.0), BOUNDS)
     assert plan.selection is not None
-    assert plan.selection.keep_probability(1) < 1e-9  # type: ignore[attr-defined]
+    assert plan.selection.keep_probability(1) < 1e-9
     data = {
         ("solo",): KeyAggregate(events=5, users=1, value_sum=0),
         ("shared",): KeyAggregate(events=2, users=2, value_sum=0),
