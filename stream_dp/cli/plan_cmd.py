@@ -170,17 +170,20 @@ def _top_k_lines(q: QueryPlan) -> list[str]:
     """N, ε_sel and the lead a key needs over the (N+1)-th count to be chosen."""
     assert q.top_k is not None
     d = q.describe()["top_k"]
+    n = d["top_k"]
     unit = "users" if q.statistic == "count_distinct_users" else "events"
     lines = [
-        f"  top-k        at most {d['top_k']} keys per window, chosen by the peeling "
-        f"exponential mechanism (eps={_num(d['epsilon'])}, scale {_num(d['scale'])} {unit})",
-        f"  top-k lead   a key leading the ({d['top_k'] + 1})-th count by this many {unit} "
-        "is chosen with at least this probability:",
+        f"  top-k        at most {n} keys per window, chosen by the peeling exponential "
+        f"mechanism (eps={_num(d['epsilon'])}, scale {_num(d['scale'])} {unit})",
+        f"  top-k lead   {unit} a key needs over the count ranked {n + 1} to be chosen "
+        f"(m: keys outside the top {n}):",
     ]
     by_m: dict[int, list[str]] = {}
     for row in d["leads"]:
-        by_m.setdefault(row["competitors"], []).append(f"p={row['probability']:g}: {row['lead']}")
-    lines.extend(f"               {m} competitors: {', '.join(v)}" for m, v in by_m.items())
+        by_m.setdefault(row["competitors"], []).append(
+            f"{row['lead']} for p>={row['probability']:g}"
+        )
+    lines.extend(f"               m={m}: {', '.join(v)}" for m, v in by_m.items())
     return lines
 
 
