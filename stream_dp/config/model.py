@@ -707,15 +707,16 @@ class QueryConfig(_Section):
     top_k: OptionalInteger = Field(
         None,
         ge=1,
-        description="count or count_distinct_users: release at most this many keys per window, "
-        "chosen privately (docs/privacy-top-k-quantiles.md#top-k); unset: every key kept",
+        description="count and count_distinct_users only: release at most this many keys per "
+        "window, chosen by the exponential mechanism among the kept (or public) keys; unset: "
+        "every kept key",
     )
     top_k_epsilon_share: Number = Field(
         0.5,
         ge=0.01,
         le=0.99,
-        description="top_k: share of ε spent on choosing the keys; partition selection and "
-        "the values share the rest as without top_k",
+        description="with top_k: share of the query's ε spent choosing the keys; partition "
+        "selection and the values share the rest as without top_k",
     )
     purpose: str | None = Field(
         None,
@@ -861,7 +862,7 @@ class QueryConfig(_Section):
                 f"count or count_distinct_users, not {self.statistic}; remove top_k or use a "
                 "count query"
             )
-        if self.cumulative:
+        if self.release == "cumulative":
             raise ValueError(
                 f"query {name}: top_k is not supported with release: cumulative: choosing "
                 "keys on exact running totals would spend the selection's epsilon again in "
