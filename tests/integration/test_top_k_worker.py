@@ -89,8 +89,6 @@ async def test_the_worker_releases_at_most_n_keys_per_window(
     assert all(r["kind"] in ("release", "window") for r in records)
     ledger = [orjson.loads(v) for _, v in await read_topic(kafka_bootstrap, topics["ledger"])]
     charged = sorted(
-        (r["window_start"], r["epsilon_spent"])
-        for r in ledger
-        if r.get("kind") == "ledger"
+        (r["window_start"], r["epsilon_spent"]) for r in ledger if r.get("kind") == "ledger"
     )
     assert charged == [(s, 1000.0) for s in starts]
