@@ -193,10 +193,33 @@ def _query_block(q: QueryPlan) -> list[str]:
         else:
             head += f": {d['rule']} (reference {_num(d['reference_threshold'], 6)})"
         lines.append(head)
+    if q.top_k is not None:
+        lines.extend(_top_k_lines(q))
     if q.clamp_negative:
         lines.append("  post-process negative values are clamped to 0")
     if q.continual is not None:
         lines.extend(_continual_block(q))
+    return lines
+
+
+def _top_k_lines(q: QueryPlan) -> list[str]:
+    """N, ε_sel and the lead a key needs over the (N+1)-th count to be chosen."""
+    assert q.top_k is not None
+    d = q.describe()["top_k"]
+    n = d["top_k"]
+    unit = "users" if q.statistic == "count_distinct_users" else "events"
+    lines = [
+        f"  top-k        at most {n} keys per window, chosen by the peeling exponential "
+        f"mechanism (eps={_num(d['epsilon'])}, scale {_num(d['scale'])} {unit})",
+        f"  top-k lead   {unit} a key needs over the count ranked {n + 1} to be chosen "
+        f"(m: keys outside the top {n}):",
+    ]
+    by_m: dict[int, list[str]] = {}
+    for row in d["leads"]:
+        by_m.setdefault(row["competitors"], []).append(
+            f"{row['lead']} for p>={row['probability']:g}"
+        )
+    lines.extend(f"               m={m}: {', '.join(v)}" for m, v in by_m.items())
     return lines
 
 

@@ -101,6 +101,10 @@ def _hash(value: Any) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
+#: Settings of private top-k: in the fingerprint only on queries that set ``top_k``.
+_TOP_K_FIELDS = ("top_k", "top_k_epsilon_share")
+
+
 def meaning_fields(config: Config, topology: Topology) -> dict[str, Any]:
     """Every setting that changes what a partial or a release means, by field path: the
     paths :mod:`stream_dp.config.classification` puts in the fingerprint, each query's
@@ -116,6 +120,8 @@ def meaning_fields(config: Config, topology: Topology) -> dict[str, Any]:
                     # under a null key), or no group field: what deployments recorded before it
                     # mean, so they continue with null_key (drop is a change of meaning).
                     continue
+                if rest in _TOP_K_FIELDS and dump["top_k"] is None:
+                    continue  # without top_k: as deployments recorded before it existed
                 fields[f"queries.{name}.{rest}"] = dump[rest]
         elif section == "exports[]":  # each partner's under its name; none: no part at all
             for export in config.exports:

@@ -706,6 +706,20 @@ class QueryConfig(_Section):
         description="cumulative: an instant at which a horizon starts (window-aligned; "
         "default the Unix epoch); horizons are consecutive blocks of T windows around it",
     )
+    top_k: OptionalInteger = Field(
+        None,
+        ge=1,
+        description="count and count_distinct_users only: release at most this many keys per "
+        "window, chosen by the exponential mechanism among the kept (or public) keys; unset: "
+        "every kept key",
+    )
+    top_k_epsilon_share: Number = Field(
+        0.5,
+        ge=0.01,
+        le=0.99,
+        description="with top_k: share of the query's ε spent choosing the keys; partition "
+        "selection and the values share the rest as without top_k",
+    )
     purpose: str | None = Field(
         None,
         min_length=1,
@@ -769,6 +783,8 @@ class QueryConfig(_Section):
             horizon_origin_s=(
                 0 if self.horizon_origin is None else int(self.horizon_origin.timestamp())
             ),
+            top_k=self.top_k,
+            top_k_epsilon_share=self.top_k_epsilon_share,
         )
 
     @property
@@ -831,7 +847,32 @@ class QueryConfig(_Section):
                 "(e.g. delta: 1.0e-6), or list public keys"
             )
         self._check_cumulative()
+        self._check_top_k()
         return self
+
+    def _check_top_k(self) -> None:
+        name = self.name
+        if self.top_k is None:
+            if "top_k_epsilon_share" in self.model_fields_set:
+                raise ValueError(
+                    f"query {name}: top_k_epsilon_share applies to top_k queries only; set "
+                    "top_k: N or remove it"
+                )
+            return
+        if self.statistic not in ("count", "count_distinct_users"):
+            raise ValueError(
+                f"query {name}: top_k chooses keys by their counts, so it works with statistic "
+                f"count or count_distinct_users, not {self.statistic}; remove top_k or use a "
+                "count query"
+            )
+        if self.release == "cumulative":
+            raise ValueError(
+                f"query {name}: top_k is not supported with release: cumulative: choosing "
+                "keys on exact running totals would spend the selection's epsilon again in "
+                "every window of the horizon, outside the per-window charge; use release: "
+                "window, or remove top_k and keep the largest released running totals "
+                "(post-processing)"
+            )
 
     def _check_cumulative(self) -> None:
         name = self.name

@@ -34,6 +34,8 @@ Budget split of one query's (ε, δ):
 - ``count_threshold``: the released count uses all of ε and the threshold all of δ
   (Gaussian noise: δ/2 each), because the threshold tests the released count itself.
 - mean: ``mean_count_share`` of the noise ε (and δ) goes to the count, the rest to the sum.
+- ``top_k``: ``top_k_epsilon_share``·ε chooses the keys (``selection:top_k``, pure ε); the
+  query is planned with the rest as above (:mod:`stream_dp.privacy.top_k_step`).
 
 Cumulative queries (``release: cumulative``, public keys only) publish running totals over a
 horizon of T windows through :mod:`stream_dp.privacy.continual`; their plan carries a
@@ -54,7 +56,7 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
 from stream_dp.errors import ConfigError
@@ -74,6 +76,7 @@ from stream_dp.privacy.continual.planning import (
     plan_continual,
     sqrt_fits,
 )
+from stream_dp.privacy.exponential.top_k import TopKPlan
 from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.mechanisms import (
     DiscreteGaussian,
@@ -105,6 +108,7 @@ from stream_dp.privacy.statistics.sensitivity import (
     distinct_users_sensitivity as distinct_users_sensitivity,
 )
 from stream_dp.privacy.statistics.sensitivity import sum_sensitivity as sum_sensitivity
+from stream_dp.privacy.top_k_step import describe_top_k, split_top_k, top_k_plan
 
 GroupKey = tuple[Any, ...]
 
@@ -213,6 +217,8 @@ class QueryPlan:
     continual_options: tuple[ContinualPlan, ...] = ()
     continual_auto: bool = False
     horizon_origin_s: int = 0
+    #: top_k: the private choice of at most N keys (stream_dp.privacy.top_k_step).
+    top_k: TopKPlan | None = None
 
     @property
     def rho(self) -> float:
@@ -247,6 +253,8 @@ class QueryPlan:
             "clamp_negative": self.clamp_negative,
         }
         out["continual"] = self._describe_continual()
+        public_key_count = None if self.public_keys is None else len(self.public_keys)
+        out["top_k"] = None if self.top_k is None else describe_top_k(self.top_k, public_key_count)
         out.update(statistic_of(self.statistic).plan_figures(self))
         return out
 
@@ -529,6 +537,12 @@ def plan_query(
     query: QuerySpec, bounds: BoundsSpec, *, unsafe_test_mode: bool = False
 ) -> QueryPlan:
     """The noise, selection and budget split for one query (see the module docstring)."""
+    if query.top_k is not None:  # ε_sel chooses the keys; the rest is planned as without
+        rest, selection_epsilon = split_top_k(query)
+        plan = plan_query(rest, bounds, unsafe_test_mode=unsafe_test_mode)
+        top_k = top_k_plan(query, plan.sensitivity, selection_epsilon)
+        charge = PrivacyCharge("selection:top_k", top_k.epsilon, 0.0)
+        return replace(plan, epsilon=query.epsilon, top_k=top_k, charges=(*plan.charges, charge))
     public_keys = public_key_product(query)
     statistic = query.statistic
     kind = statistic_of(statistic)
@@ -802,9 +816,7 @@ def _query_model(query: QuerySpec, plan: QueryPlan, projection: str) -> QueryMod
 
         @functools.lru_cache(maxsize=64)
         def rule(l0: int) -> PartitionSelection:
-            return make_selection(
-                strategy, epsilon=eps, delta=delta, max_partitions_contributed=l0
-            )
+            return make_selection(strategy, epsilon=eps, delta=delta, max_partitions_contributed=l0)
 
         def keep(l0: int, users: int) -> float:
             chosen = rule(l0)

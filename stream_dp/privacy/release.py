@@ -8,6 +8,9 @@ publishing it (docs/privacy.md#invariant-3: one noise draw per (query, window, k
   data but not on the list are ignored.
 - Private keys: the plan's partition selection decides which keys exist in the output;
   a suppressed key leaves nothing in the returned values.
+- ``top_k``: at most N of those keys (public or kept by selection) are chosen by the peeling
+  exponential mechanism on their exact bounded counts (:mod:`stream_dp.privacy.top_k_step`);
+  the others leave nothing, and no noise is drawn for them.
 - Noise: one draw per released key and noise component, all keys of a component in one
   vectorised call (:mod:`stream_dp.privacy.mechanisms`).
 - Values: the statistic's post-processing of its noisy components
@@ -41,6 +44,7 @@ from stream_dp.privacy.partition_selection import (
 from stream_dp.privacy.planner import GroupKey, NoiseComponent, QueryPlan
 from stream_dp.privacy.statistics import statistic_of
 from stream_dp.privacy.statistics.released_values import ReleasedValue, ReleasedValues
+from stream_dp.privacy.top_k_step import choose_top_k
 
 __all__ = [
     "GroupKey",
@@ -111,6 +115,16 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
         rows = np.fromiter((kept[j] for j in order), np.int64, len(order))
         if precomputed is not None:
             precomputed = [precomputed[j] for j in order]
+
+    if plan.top_k is not None:  # candidates: the public keys or those selection kept
+        exact_counts = np.zeros(len(rows), dtype=np.int64)
+        exact_counts[rows >= 0] = _column(totals, plan.noise[0], plan)[rows[rows >= 0]]
+        chosen = choose_top_k(exact_counts, plan.top_k)
+        if plan.public_keys is None:
+            suppressed += len(rows) - len(chosen)
+        groups, rows = [groups[i] for i in chosen.tolist()], rows[chosen]
+        if precomputed is not None:
+            precomputed = [precomputed[i] for i in chosen.tolist()]
 
     present = rows >= 0
     noisy: list[list[int]] | list[list[Any]] = []

@@ -88,6 +88,11 @@ class QuerySpec:
     continual_mechanism: ContinualMechanism = "auto"
     #: Start (epoch s) of a horizon of a cumulative query (0: the Unix epoch).
     horizon_origin_s: int = 0
+    #: Private top-k: release at most this many keys per window (None: every kept key).
+    top_k: int | None = None
+    #: Share of ε spent on choosing the top-k keys (partition selection and values share
+    #: the rest as without top_k).
+    top_k_epsilon_share: float = 0.5
 
     @property
     def public_keys(self) -> bool:

@@ -123,6 +123,7 @@ def test_every_left_out_setting_says_why() -> None:
 
 #: Configurations that between them use every fingerprinted setting (keyed input; every
 #: bound auto; a cumulative query; a partner export).
+#: bound auto; a cumulative query; a top-k query).
 EVERYTHING: list[dict[str, Any]] = [
     {
         "input": {"keyed_by_user": True},
@@ -158,6 +159,7 @@ EVERYTHING: list[dict[str, Any]] = [
             }
         ]
     },
+    {"queries": [{"name": "top", "epsilon": 0.5, "delta": 1e-6, "group_by": ["d"], "top_k": 3}]},
 ]
 
 

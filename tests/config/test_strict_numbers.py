@@ -39,13 +39,14 @@ BASE: dict[str, Any] = {
     "queries": [{"name": "q", "group_by": ["domain"], "epsilon": 0.5, "delta": 1e-7}],
 }
 #: Contexts in which a field applies: a sum query, a cumulative query, automatic bounds,
-#: a key rotation.
+#: a key rotation, a top-k query.
 SUM = {"name": "q", "statistic": "sum", "value_field": "v", "lower": 0, "upper": 10}
 SUM |= {"epsilon": 0.5, "keys": {}}
 CUMULATIVE = {"name": "q", "release": "cumulative", "horizon_windows": 24, "epsilon": 0.5}
 CUMULATIVE |= {"group_by": ["domain"], "keys": {"domain": ["a"]}}
 AUTO = {"bounds": {k: "auto" for k in ("max_contributions_per_window", "max_keys_per_user")}}
 AUTO["bounds"] |= {"max_contributions_per_key": "auto", "auto": {"epsilon_share": 0.2}}
+TOP_K = {"name": "q", "group_by": ["domain"], "epsilon": 0.5, "delta": 1e-7, "top_k": 5}
 ROTATION = {"pseudonymization": {"previous_key_env": "OLD_KEY", "previous_key_id": "k0"}}
 EXPORT = {"partner": "acme", "topic": "to-acme", "fields": ["born"], "purpose": "research"}
 EXPORT |= {"generalize": {"born": "year"}, "legal_basis": "consent"}
@@ -106,6 +107,8 @@ VALID: dict[FieldPath, tuple[dict[str, Any], Any]] = {
     ("queries", 0, "mean_count_share"): (BASE, 0.4),
     ("queries", 0, "horizon_windows"): (_with(queries=[CUMULATIVE]), 12),
     ("queries", 0, "horizon_origin"): (_with(queries=[CUMULATIVE]), T0),
+    ("queries", 0, "top_k"): (BASE, 10),
+    ("queries", 0, "top_k_epsilon_share"): (_with(queries=[TOP_K]), 0.3),
     ("metrics", "port"): (BASE, 9200),
     ("metrics", "live_timeout_s"): (BASE, 45.0),
     ("erasure", "retention_s"): (BASE, 700_000),
