@@ -35,7 +35,7 @@ Budget split of one query's (ε, δ):
   (Gaussian noise: δ/2 each), because the threshold tests the released count itself.
 - mean: ``mean_count_share`` of the noise ε (and δ) goes to the count, the rest to the sum.
 - ``top_k``: ``top_k_epsilon_share``·ε chooses the keys (``selection:top_k``, pure ε); the
-  query is planned with the rest as above (:mod:`stream_dp.privacy.top_k_step`).
+  query is planned with the rest as above (:mod:`stream_dp.privacy.exponential.top_k_step`).
 
 Cumulative queries (``release: cumulative``, public keys only) publish running totals over a
 horizon of T windows through :mod:`stream_dp.privacy.continual`; their plan carries a
@@ -77,6 +77,7 @@ from stream_dp.privacy.continual.planning import (
     sqrt_fits,
 )
 from stream_dp.privacy.exponential.top_k import TopKPlan
+from stream_dp.privacy.exponential.top_k_step import describe_top_k, split_top_k, top_k_plan
 from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.mechanisms import (
     DiscreteGaussian,
@@ -108,7 +109,6 @@ from stream_dp.privacy.statistics.sensitivity import (
     distinct_users_sensitivity as distinct_users_sensitivity,
 )
 from stream_dp.privacy.statistics.sensitivity import sum_sensitivity as sum_sensitivity
-from stream_dp.privacy.top_k_step import describe_top_k, split_top_k, top_k_plan
 
 GroupKey = tuple[Any, ...]
 
@@ -217,7 +217,7 @@ class QueryPlan:
     continual_options: tuple[ContinualPlan, ...] = ()
     continual_auto: bool = False
     horizon_origin_s: int = 0
-    #: top_k: the private choice of at most N keys (stream_dp.privacy.top_k_step).
+    #: top_k: the private choice of at most N keys (stream_dp.privacy.exponential.top_k_step).
     top_k: TopKPlan | None = None
 
     @property

@@ -9,8 +9,9 @@ publishing it (docs/privacy.md#invariant-3: one noise draw per (query, window, k
 - Private keys: the plan's partition selection decides which keys exist in the output;
   a suppressed key leaves nothing in the returned values.
 - ``top_k``: at most N of those keys (public or kept by selection) are chosen by the peeling
-  exponential mechanism on their exact bounded counts (:mod:`stream_dp.privacy.top_k_step`);
-  the others leave nothing, and no noise is drawn for them.
+  exponential mechanism on their exact bounded counts
+  (:mod:`stream_dp.privacy.exponential.top_k_step`); the others leave nothing, and no noise
+  is drawn for them.
 - Noise: one draw per released key and noise component, all keys of a component in one
   vectorised call (:mod:`stream_dp.privacy.mechanisms`).
 - Values: the statistic's post-processing of its noisy components
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from stream_dp.errors import PrivacyError
+from stream_dp.privacy.exponential.top_k_step import choose_top_k
 from stream_dp.privacy.group_values import sort_order
 from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
 from stream_dp.privacy.partition_selection import (
@@ -44,7 +46,6 @@ from stream_dp.privacy.partition_selection import (
 from stream_dp.privacy.planner import GroupKey, NoiseComponent, QueryPlan
 from stream_dp.privacy.statistics import statistic_of
 from stream_dp.privacy.statistics.released_values import ReleasedValue, ReleasedValues
-from stream_dp.privacy.top_k_step import choose_top_k
 
 __all__ = [
     "GroupKey",

@@ -1,5 +1,5 @@
-"""``top_k: N`` in the plan and the release (stream_dp.privacy.top_k_step): at most N keys,
-chosen among the public or kept keys only, charged with the rest of the query's ε."""
+"""``top_k: N`` in the plan and the release (stream_dp.privacy.exponential.top_k_step): at
+most N keys, chosen among the public or kept keys only, charged with the rest of the query's ε."""
 
 from __future__ import annotations
 
