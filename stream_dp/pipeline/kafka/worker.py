@@ -90,6 +90,7 @@ from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
 from stream_dp.pipeline.formats.partials import RecordTooLargeError
+from stream_dp.pipeline.handoff import Handoff
 from stream_dp.pipeline.kafka.clock_skew import InputClockSkew
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
@@ -99,13 +100,11 @@ from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
 from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.membership import MAX_RECORDS_PER_FETCH, Membership, Stages
-from stream_dp.pipeline.kafka.producing import Outgoing
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS, Publisher
-from stream_dp.pipeline.kafka.stage_output import StageOutput
+from stream_dp.pipeline.kafka.stage_output import Fetched, Route, StageOutput, batch_routes
 from stream_dp.pipeline.kafka.topology_watch import TopologyError, TopologyWatch
 from stream_dp.pipeline.release_driver import ReleaseDriver
-from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage
-from stream_dp.pipeline.stages.ingest_columns import FetchedRecords
+from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.late_events import LateEventsNotice
 from stream_dp.pipeline.stages.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
@@ -182,7 +181,9 @@ class Worker:
         self.topology = TopologyWatch(
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
         )
-        self.output = StageOutput(config, self.publisher, faults=self._faults)
+        self.output = StageOutput(config, self.publisher)
+        self.handoff: Handoff | None = None  # stage 1's partials and watermarks
+        self._routes: dict[str, Route] = {}  # each topic's records' stage (set at start)
         self._reader: LedgerReader | None = None
         self._common: dict[str, Any] = {}
         self._broker_ok = True
@@ -197,14 +198,12 @@ class Worker:
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
         out = config.output
         self._input_topic, self._keyed = config.input.topic, config.input.keyed_by_user
-        self._stage1_topic = self.membership.stage1_topic
         self._partials_topic = out.partials_topic
         self._ledger_topic = out.ledger_topic
         self._continual_topic = out.continual_topic
         self._max_bytes = config.kafka.max_message_bytes
         #: Erasure requests, log and release gate (docs/erasure.md); None when off.
         self._erasure: WorkerErasure | None = None
-        self._requests_topic = self.membership.requests_topic
         self._late_notice = LateEventsNotice(self.metrics, config.window.start_at, config.queries)
         self._clock_skew = InputClockSkew(self.metrics, self._input_topic)
         self._backlog = DueBacklog(self.metrics, MAX_RELEASES_PER_ITERATION)
@@ -251,10 +250,9 @@ class Worker:
         partitions = self.publisher.partitions
         self._ledger_partitions = await partitions(self._ledger_topic)
         self._partials_partitions = await partitions(self._partials_topic)
-        self.output.partials_partitions = self._partials_partitions
         self.publisher.output_partitions = await partitions(self.config.output.topic)
         if not self._keyed:
-            self.output.routed_to = await partitions(self._stage1_topic)
+            self.output.routed_to = await partitions(self.config.output.repartition_topic)
         self.topology.record(self._ledger_topic, len(self._ledger_partitions), fixed=True)
         self.topology.record(self._partials_topic, len(self._partials_partitions), fixed=True)
         if any(q.cumulative for q in self.config.queries):
@@ -337,9 +335,11 @@ class Worker:
                 retry=lambda what, op, bounded: self.publisher.retry(what, op, bounded=bounded),
             )
             await self._erasure.start(ingest, release)
-        self.driver = self._release_driver(release, reader)
+        self._routes = batch_routes(self.config, ingest, release, routed_to=self.output.routed_to)
+        driver, self.handoff = self._protocols(ingest, release, reader)
+        self.driver = driver
         self.membership.stages = Stages(
-            ingest, release, self.driver, reader, self.topology, self._erasure
+            ingest, release, driver, reader, self.topology, self._erasure
         )
         self.metrics.ledger_windows_loaded.inc(len(self.ledger))
         # After every check above: only then are released windows' records tombstoned.
@@ -351,16 +351,19 @@ class Worker:
             iso_utc(coverage),
         )
 
-    def _release_driver(self, release: ReleaseStage, reader: LedgerReader) -> ReleaseDriver:
-        """The release protocol on the Kafka transport."""
+    def _protocols(
+        self, ingest: IngestStage, release: ReleaseStage, reader: LedgerReader
+    ) -> tuple[ReleaseDriver, Handoff]:
+        """The release protocol and stage 1's hand-off, on one Kafka transport."""
         transport = KafkaTransport(
             self.publisher,
             reader,
             ledger_topic=self._ledger_topic,
             continual_topic=self._continual_topic,
-            owns=lambda ws: self.membership.owns_partials(self.output.partials_partition_of(ws)),
+            partials_topic=self._partials_topic,
+            owns=self.membership.owns_partials,
         )
-        return ReleaseDriver(
+        driver = ReleaseDriver(
             release,
             transport,
             partials_partitions=self._partials_partitions,
@@ -371,6 +374,7 @@ class Worker:
             erasure=self._erasure,
             faults=self._faults,
         )
+        return driver, Handoff.beside(driver, ingest, transport)
 
     async def _shutdown(self, *, commit: bool) -> None:
         """Flush, commit what is safe (only on a graceful stop), leave the group. Open
@@ -452,13 +456,10 @@ class Worker:
             await membership.take_assigned()
         if self._erasure is not None:
             await self._erasure.follow()
-        requests: list[tuple[int, list[tuple[int, bytes | None]]]] = []
         started = time.perf_counter()
         now, mono = time.time(), time.monotonic()
         self._clock_skew.observe(consumer, batch, now)
-        dead: list[DeadLetter] = []
-        routed: list[Outgoing] = []
-        routed_positions: dict[int, int] = {}
+        fetched = Fetched(now, mono)
         owned = consumer.assignment() & membership.owned.keys()
         for tp, msgs in batch.items():
             if not msgs or tp not in owned or tp in waiting:
@@ -466,29 +467,8 @@ class Worker:
             high = consumer.highwater(tp)
             if high is not None:  # every topic read: input, repartition and partials
                 self.metrics.set_consumer_lag(tp.topic, tp.partition, high - msgs[-1].offset - 1)
-            if tp.topic == self._partials_topic:
-                release.ingest(tp.partition, [(m.offset, m.value) for m in msgs])
-                continue
-            if tp.topic == self._requests_topic:
-                requests.append((tp.partition, [(m.offset, m.value) for m in msgs]))
-                continue
-            records = FetchedRecords(msgs)
-            if tp.topic == self._stage1_topic:
-                dead.extend(
-                    ingest.ingest(
-                        tp.partition,
-                        records,
-                        now_s=now,
-                        now_mono_s=mono,
-                        routed=not self._keyed,
-                        topic=self._stage1_topic,
-                    )
-                )
-            elif tp.topic == self._input_topic:
-                out, bad = ingest.route_packed(tp.partition, records, now_s=now, now_mono_s=mono)
-                routed.extend((k, v, self.output.routed_to[target]) for k, v, target in out)
-                dead.extend(bad)
-                routed_positions[tp.partition] = msgs[-1].offset + 1
+            self._routes[tp.topic](tp.partition, msgs, fetched)
+        dead, requests, routed_positions = fetched.dead, fetched.requests, fetched.routed_positions
         membership.prove_read_to_end(owned, waiting, now, mono)
         if sum(len(msgs) for msgs in batch.values()) >= MAX_RECORDS_PER_FETCH or self._leaderless:
             # A full fetch: the worker is behind, so a partition that delivered nothing may
@@ -510,7 +490,7 @@ class Worker:
             )
         if dead:
             await self.publisher.publish_dead_letters(dead)
-        await self.output.route(ingest, routed, bool(routed_positions), mono)
+        await self.output.route(ingest, fetched.routed, bool(routed_positions), mono)
         # Only now are the routed events acknowledged: their input may be committed.
         membership.routed_positions.update(routed_positions)
         # During an outage nothing can be published, and silence is not idleness.
@@ -523,9 +503,10 @@ class Worker:
 
     async def _seal_and_release(self, mono: float) -> None:
         """Stage 1 seals due windows and sends watermarks; stage 2 releases due windows."""
-        ingest, release, driver = self.ingest, self.release, self.driver
+        ingest, release, driver, handoff = self.ingest, self.release, self.driver, self.handoff
         assert ingest is not None and release is not None and driver is not None
-        await self.output.seal(ingest, mono)
+        assert handoff is not None
+        await handoff.step(mono)
         for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
             if await driver.release_window(ws) is None:
                 break
