@@ -8,49 +8,43 @@ partitions of all of them over the members. One code path: a single worker runs 
   pseudonym to the repartition topic (packed records: one per fetched batch and repartition
   partition); input offsets are committed once that is acknowledged.
 * Stage 1 (partitions of the input, or of the repartition topic): window and bound
-  (:class:`IngestStage`). When a partition's watermark passes a window's end, its bounded
-  partial totals go to the window's partials partition; once they are acknowledged, the
-  partition's watermark goes to every partials partition, and the window's input offsets
-  may be committed. Watermarks are re-sent every second, so a restarted owner soon has them.
+  (:class:`IngestStage`); due windows' partials, then watermarks, go to the partials topic
+  by :class:`~stream_dp.pipeline.handoff.Handoff` (re-sent every second, so a restarted
+  owner soon has them); a window's input offsets may be committed once its partials are
+  acknowledged.
 * Stage 2 (partials partitions, :class:`ReleaseStage`): merge one version per source
-  partition; every covered window, once every source has passed it, is released once:
+  partition; every covered window, once every source has passed it, is released once by
+  :class:`~stream_dp.pipeline.release_driver.ReleaseDriver` (the release protocol, its
+  steps listed there); then the loop commits.
 
-1. check this member still owns the window's partials partition; for cumulative queries,
-   continue their running totals' state (:mod:`stream_dp.pipeline.stages.cumulative`: read the
-   continual partition to a fence, draw the window's step once, write it, read it back —
-   or wait while the previous window's state is not durable); then draw the release
-   (noise, budget charged) — in memory only;
-2. write every ledger part to the window's ledger partition and wait for the broker's
-   acknowledgement; 3. write a fence behind them and read that partition back to it;
-4. publish the ledger's *winner* of each (query, window) — the first complete draw in log
-   order, ours or an earlier one — then its ``published`` marker;
-5. drop the window's state, write the partition's ``progress`` record, commit.
-
-Steps 1–5 are :class:`~stream_dp.pipeline.release_driver.ReleaseDriver`'s, the one
-release protocol, here on the Kafka transport (:mod:`.kafka_transport`); ``stream-dp
-replay`` runs the same driver in memory (:mod:`.local`).
+Both are written once, here on the Kafka transport (:mod:`.kafka_transport`); ``stream-dp
+replay`` runs them in memory (:mod:`.local`). Where each topic's fetched records go is one
+dispatch table (:func:`.stage_output.batch_routes`).
 
 The worker keeps the lifecycle and the loop; its collaborators are named parts:
 :class:`~.membership.Membership` (group membership, taking and dropping partitions, safe
-commits), :class:`~.publisher.Publisher` (every write, under the one retry policy),
+commits; the loop reaches it through methods), :class:`~.hold_guards.HoldGuards` (lost
+offsets, the maximum hold, the memory cap, around fetching),
+:class:`~.publisher.Publisher` (every write, under the one retry policy),
 :class:`~.ledger_reader.LedgerReader` (the ledger and continual topics, read to fences),
 :class:`~.topology_watch.TopologyWatch` (partition counts), :class:`~.deployment.Deployment`
 (the records a deployment's first start writes and every start checks) and
 :class:`~.faults.Faults` (test-only fault injection, off by default).
 
-Sealing (stage 1) and the draw of step 1 with its ledger encoding run in a thread
+Sealing (stage 1) and the draw with its ledger encoding run in a thread
 (:mod:`stream_dp.pipeline.stages.offload`) while the iteration waits for them: the event loop keeps
 fetching, answering the group coordinator and serving /metrics during a large window.
 
-Two members racing for one window (one paused past the session timeout, then resumed)
-therefore publish the same values (:mod:`stream_dp.pipeline.formats.ledger`). A crash
-before 2 leaves
-no complete draw: nothing was published, the window is rebuilt from the re-read partials and
-drawn then. A crash after 2 leaves a draw in the ledger: it is read back at start and
-whenever partials partitions move here, republished unchanged, never recomputed.
+The ledger's first complete draw of each (query, window) is the one published, so two
+members racing for one window (one paused past the session timeout, then resumed) publish
+the same values (:mod:`stream_dp.pipeline.formats.ledger`). A crash
+before the ledger write is acknowledged leaves no complete draw: nothing was published, the
+window is rebuilt from the re-read partials and drawn then. A crash after it leaves a draw in
+the ledger: it is read back at start and whenever partials partitions move here,
+republished unchanged, never recomputed.
 
 Erasure (docs/erasure.md; ``erasure.enabled``): :class:`WorkerErasure` reads requests and
-the erasure log; before step 1 the releaser writes the window's ``cut`` and draws only once
+the erasure log; before the draw the releaser writes the window's ``cut`` and draws only once
 the window's partials applied the erasures recorded before it.
 
 Failures: a member told it lost its membership or generation (commit, heartbeat) counts it,
@@ -95,7 +89,7 @@ from stream_dp.pipeline.kafka.clock_skew import InputClockSkew
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
-from stream_dp.pipeline.kafka.hold_guards import HOLDS
+from stream_dp.pipeline.kafka.hold_guards import HOLDS, HoldGuards
 from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
 from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
@@ -177,6 +171,8 @@ class Worker:
         context = WorkerContext(config, metrics, health, self._stopping, self._faults)
         self.publisher = Publisher(context)
         self.membership = Membership(context)
+        #: Lost offsets, the maximum hold and the memory cap (hold_guards), around fetching.
+        self.guards = HoldGuards(context, self.membership)
         self.fetches = FetchHealth(metrics, health, self.membership)
         self.topology = TopologyWatch(
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
@@ -240,7 +236,7 @@ class Worker:
                 self.metrics.records_too_large.inc()
                 raise
             except HOLDS as exc:  # a lost ledger, lost offsets, a hold past its bounds
-                await membership.guards.hold(exc, guard, membership.consumer, self._stopping)
+                await self.guards.hold(exc, guard, membership.consumer, self._stopping)
             finally:
                 monitor.cancel()
                 await self._shutdown(commit=graceful)
@@ -428,7 +424,7 @@ class Worker:
         membership = self.membership
         while not self._stopping.is_set():
             try:
-                batch = await membership.guards.fetch()  # held-window guards (hold_guards)
+                batch = await self.guards.fetch()  # held-window guards (hold_guards)
                 if batch is None:
                     break
             except MEMBERSHIP_ERRORS as exc:
@@ -438,29 +434,26 @@ class Worker:
                 await self.fetches.failed(exc)
                 continue
             self.fetches.succeeded()
-            async with membership.lock:
-                await self._iteration(batch)
-                membership.drop_revoked_later()
-            if membership.fatal is not None:
-                raise membership.fatal
+            async with membership.iteration() as waiting:
+                await self._iteration(batch, waiting)
+            membership.raise_fatal()
             self.health.beat()
 
-    async def _iteration(self, batch: dict[TopicPartition, list[Any]]) -> None:
+    async def _iteration(
+        self, batch: dict[TopicPartition, list[Any]], waiting: set[TopicPartition]
+    ) -> None:
+        """One batch through the stages; ``waiting``: partitions taken only now (their
+        records were fetched before: read again from the committed offset)."""
         membership = self.membership
         consumer, ingest, release = membership.consumer, self.ingest, self.release
         assert consumer is not None and ingest is not None and release is not None
-        # Records of partitions not taken yet were fetched before they were assigned again:
-        # they are read again from the committed offset once taken.
-        waiting = set(membership.to_take)
-        if waiting:
-            await membership.take_assigned()
         if self._erasure is not None:
             await self._erasure.follow()
         started = time.perf_counter()
         now, mono = time.time(), time.monotonic()
         self._clock_skew.observe(consumer, batch, now)
         fetched = Fetched(now, mono)
-        owned = consumer.assignment() & membership.owned.keys()
+        owned = membership.readable()
         for tp, msgs in batch.items():
             if not msgs or tp not in owned or tp in waiting:
                 continue  # revoked while fetched (its new owner reads it), or not taken yet
@@ -492,7 +485,7 @@ class Worker:
             await self.publisher.publish_dead_letters(dead)
         await self.output.route(ingest, fetched.routed, bool(routed_positions), mono)
         # Only now are the routed events acknowledged: their input may be committed.
-        membership.routed_positions.update(routed_positions)
+        membership.routed_acknowledged(routed_positions)
         # During an outage nothing can be published, and silence is not idleness.
         if self._broker_ok:
             await self._seal_and_release(mono)
