@@ -6,8 +6,8 @@ go through lists, so replay and the worker share every step but the transport â€
 included: each window is released by the same :class:`~.release_driver.ReleaseDriver` as in
 the worker, on :class:`MemoryTransport`, where a release is "ledgered" by feeding its
 encoded records to the ledger index, and what is published is the index's winner. Stage 1's
-partials and watermarks go the same way: the worker's :class:`~.handoff.Handoff`, here
-feeding each record written to the release stage.
+partials and watermarks go the same way, by the worker's hand-off
+(:class:`~stream_dp.pipeline.handoff.Handoff`), each record written fed to the release stage.
 Cumulative queries' state goes the same way through the continual topic's records
 (:mod:`.continual_state`).
 
