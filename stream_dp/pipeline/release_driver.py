@@ -80,8 +80,8 @@ CONTINUAL_WAIT_RETRY_S = 0.5
 class ReleaseTransport(Protocol):
     """Where the release protocol's records go and are read back from."""
 
-    def owns(self, window_start_s: int) -> bool:
-        """Whether this process still owns the window's partials partition."""
+    def owns(self, partials_partition: int) -> bool:
+        """Whether this process still owns that partials partition (a window's)."""
 
     async def write_ledger(self, records: Sequence[Placed]) -> None:
         """Write ledger records; return once they are acknowledged (durable)."""
@@ -155,7 +155,9 @@ class ReleaseDriver:
         self._continual_retry_at: dict[int, float] = {}
 
     def partials_partition_of(self, window_start_s: int) -> int:
-        """The partials partition that receives every partial of the window."""
+        """The partials partition that receives every partial of the window (stage 1's
+        hand-off, :mod:`stream_dp.pipeline.handoff`, sends them there; the one place it is
+        computed)."""
         parts = self.partials_partitions
         return parts[self.windows.partition_of(window_start_s, len(parts))]
 
@@ -172,7 +174,7 @@ class ReleaseDriver:
         running-total state still awaited). ``now_s``: the release time (default: the
         clock at the draw and at the end)."""
         stage = self.stage
-        if not self.transport.owns(window_start_s):
+        if not self.transport.owns(self.partials_partition_of(window_start_s)):
             return None
         if stage.ledger.covered(window_start_s, self.windows.size_s):
             stage.adopt_ledger()  # read released meanwhile: the cursors move past it

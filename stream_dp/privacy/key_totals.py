@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from stream_dp.privacy.planner import GroupKey
+from stream_dp.privacy.statistics.released_values import GroupKey
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 

@@ -101,6 +101,7 @@ from stream_dp.privacy.specs import (
     StatisticName,
 )
 from stream_dp.privacy.statistics import NoiseTarget, statistic_of
+from stream_dp.privacy.statistics.base import NoiseComponent as NoiseComponent
 
 # the sensitivities live in their own module (the statistics use them); re-exported here
 from stream_dp.privacy.statistics.sensitivity import Sensitivity as Sensitivity
@@ -132,46 +133,6 @@ class PrivacyCharge:
 
     def describe(self) -> dict[str, Any]:
         return {"part": self.part, "epsilon": self.epsilon, "delta": self.delta, "rho": self.rho}
-
-
-@dataclass(frozen=True)
-class NoiseComponent:
-    """Noise on one released vector: the values, or a mean's sum or count."""
-
-    target: NoiseTarget
-    mechanism: NoiseMechanism
-    sensitivity: Sensitivity
-    epsilon: float
-    delta: float
-    #: zCDP parameter (discrete Gaussian only).
-    rho: float | None
-    #: Released units per noise unit (the granularity for sums, 1 for counts).
-    unit: float = 1.0
-
-    @property
-    def scale(self) -> float:
-        """Noise scale in released units (b or σ times ``unit``)."""
-        return self.mechanism.scale * self.unit
-
-    @property
-    def ci95(self) -> float:
-        """95% half-width in released units."""
-        return self.mechanism.ci95() * self.unit
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "mechanism": self.mechanism.name,
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "rho": self.rho,
-            "l1_sensitivity": self.sensitivity.l1,
-            "l2_sensitivity": self.sensitivity.l2,
-            "scale_noise_units": self.mechanism.scale,
-            "unit": self.unit,
-            "scale": self.scale,
-            "ci95": self.ci95,
-        }
 
 
 @dataclass(frozen=True)

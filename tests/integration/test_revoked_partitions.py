@@ -55,9 +55,9 @@ async def test_records_of_a_partition_revoked_mid_rejoin_rebuild_no_state(
     iterations = 0
     iterate = worker._iteration
 
-    async def counted(batch: dict[TopicPartition, list[Any]]) -> None:
+    async def counted(batch: dict[TopicPartition, list[Any]], waiting: set[TopicPartition]) -> None:
         nonlocal iterations
-        await iterate(batch)
+        await iterate(batch, waiting)
         iterations += 1
 
     worker._iteration = counted  # type: ignore[method-assign]

@@ -40,6 +40,7 @@ from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.faults import NO_FAULTS
 from stream_dp.pipeline.kafka.context import WorkerContext
+from stream_dp.pipeline.kafka.hold_guards import HoldGuards
 from stream_dp.pipeline.kafka.membership import Membership, Stages
 from stream_dp.pipeline.stages import ingest_columns
 from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
@@ -156,14 +157,15 @@ class _NoPartials:
         return {}
 
 
-def _worker(path: str, metrics: Metrics, owner: IngestStage) -> Membership:
-    """A real membership (and so the worker's real hold guards) around the stage-1 owner."""
+def _worker(path: str, metrics: Metrics, owner: IngestStage) -> tuple[Membership, HoldGuards]:
+    """A real membership and the worker's real hold guards around the stage-1 owner."""
     cfg = _config(keyed_by_user=path.startswith("keyed"))
     health = Health(metrics=metrics)
-    membership = Membership(WorkerContext(cfg, metrics, health, asyncio.Event(), NO_FAULTS))
+    context = WorkerContext(cfg, metrics, health, asyncio.Event(), NO_FAULTS)
+    membership = Membership(context)
     none: Any = None
     membership.stages = Stages(owner, _NoPartials(), none, none, none)  # type: ignore[arg-type]
-    return membership
+    return membership, HoldGuards(context, membership)
 
 
 def _expositions_after_erasing(path: str, erased_user: str) -> list[bytes]:
@@ -171,8 +173,7 @@ def _expositions_after_erasing(path: str, erased_user: str) -> list[bytes]:
     metrics = Metrics(process=False)
     erasures = ErasureSet()
     feed, owner = PATHS[path](metrics, erasures)
-    worker = _worker(path, metrics, owner)
-    guards = worker.guards
+    worker, guards = _worker(path, metrics, owner)
     seen: list[bytes] = []
 
     def iteration(batch: list[InputRecord] | None) -> None:

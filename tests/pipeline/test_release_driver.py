@@ -38,8 +38,8 @@ class Recording:
         #: called before the first ledger write (another owner's draw lands first)
         self.before_first_write: Callable[[], None] | None = None
 
-    def owns(self, window_start_s: int) -> bool:
-        return self.inner.owns(window_start_s)
+    def owns(self, partials_partition: int) -> bool:
+        return self.inner.owns(partials_partition)
 
     async def write_ledger(self, records: Sequence[Placed]) -> None:
         if self.before_first_write is not None:

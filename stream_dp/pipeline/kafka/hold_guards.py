@@ -43,7 +43,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from stream_dp.clients.connect import partitions_without_leader
 from stream_dp.clients.offset_range import (
@@ -66,6 +66,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard, LedgerLostError
 from stream_dp.pipeline.kafka.ledger_log import LogRewoundError
+from stream_dp.pipeline.kafka.membership import Membership
 from stream_dp.pipeline.stages.hold import (
     HeldRecordAge,
     HeldStateCap,
@@ -74,9 +75,6 @@ from stream_dp.pipeline.stages.hold import (
 )
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.windows.tumbling import iso_utc
-
-if TYPE_CHECKING:  # the membership builds its guards
-    from stream_dp.pipeline.kafka.membership import Membership
 
 log = logging.getLogger(__name__)
 

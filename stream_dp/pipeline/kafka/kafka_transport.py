@@ -1,4 +1,5 @@
-"""The release protocol's Kafka transport: the worker's producer and ledger readers.
+"""The Kafka transport of the release protocol and of stage 1's hand-off
+(:mod:`stream_dp.pipeline.handoff`): the worker's producer and ledger readers.
 
 Writes are acknowledged by every in-sync replica before they return (the producer's
 ``acks=all``, retried for at most ``kafka.give_up_after_s``); reads go to fresh fences; the
@@ -22,7 +23,8 @@ T = TypeVar("T")
 
 
 class KafkaTransport:
-    """:class:`~stream_dp.pipeline.release_driver.ReleaseTransport` over Kafka."""
+    """:class:`~stream_dp.pipeline.release_driver.ReleaseTransport` and
+    :class:`~stream_dp.pipeline.handoff.HandoffTransport` over Kafka."""
 
     def __init__(
         self,
@@ -31,16 +33,18 @@ class KafkaTransport:
         *,
         ledger_topic: str,
         continual_topic: str,
+        partials_topic: str,
         owns: Callable[[int], bool],
     ) -> None:
         self._publisher = publisher
         self._reader = reader
         self._ledger_topic = ledger_topic
         self._continual_topic = continual_topic
+        self._partials_topic = partials_topic
         self._owns = owns
 
-    def owns(self, window_start_s: int) -> bool:
-        return self._owns(window_start_s)
+    def owns(self, partials_partition: int) -> bool:
+        return self._owns(partials_partition)
 
     async def write_ledger(self, records: Sequence[Placed]) -> None:
         await self._publisher.send_many(self._ledger_topic, records)
@@ -62,3 +66,9 @@ class KafkaTransport:
 
     def window_released(self, window_start_s: int) -> None:
         return None
+
+    async def write_partials(self, records: Sequence[Placed]) -> None:
+        await self._publisher.send_many(self._partials_topic, records)
+
+    async def seal(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await run_off_loop(fn, *args, **kwargs)

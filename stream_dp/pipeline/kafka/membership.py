@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +40,10 @@ from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.kafka_client.fetched import fetch_options
+from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.fetch_health import FetchAges
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
-from stream_dp.pipeline.kafka.hold_guards import HoldGuards
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS
@@ -117,8 +117,6 @@ class Membership(WorkerPart):
         #: An error found in a rebalance callback that must stop the worker (raised by the
         #: loop: aiokafka would swallow it in the callback).
         self.fatal: StreamDPError | None = None
-        #: Lost offsets, the maximum hold and the memory cap (hold_guards), around fetching.
-        self.guards = HoldGuards(context, self)
         #: Per input partition, the last fetch that made progress (fetch_health).
         self.fetch_ages = FetchAges(context.metrics)
 
@@ -179,6 +177,36 @@ class Membership(WorkerPart):
         tp = TopicPartition(self.partials_topic, partition)
         return tp in self.owned and self.owns(tp)
 
+    def readable(self) -> set[TopicPartition]:
+        """The partitions whose fetched records may be processed now: assigned, and taken
+        and not revoked since (aiokafka lists partitions revoked mid-rejoin as assigned)."""
+        assert self.consumer is not None
+        assigned: set[TopicPartition] = self.consumer.assignment()
+        return assigned & self.owned.keys()
+
+    @contextlib.asynccontextmanager
+    async def iteration(self) -> AsyncIterator[set[TopicPartition]]:
+        """One iteration of the worker's loop, under the lock: the partitions the last
+        assignment brought are taken first (:meth:`take_assigned`) and yielded — records
+        fetched for them before are not processed; partitions revoked during the iteration
+        are dropped when it ends (:meth:`drop_revoked_later`)."""
+        async with self.lock:
+            waiting = set(self.to_take)
+            if waiting:
+                await self.take_assigned()
+            yield waiting
+            self.drop_revoked_later()
+
+    def raise_fatal(self) -> None:
+        """Raise the error a rebalance callback found that must stop the worker, if any."""
+        if self.fatal is not None:
+            raise self.fatal
+
+    def routed_acknowledged(self, positions: dict[int, int]) -> None:
+        """Stage 0's routed events up to these input positions are acknowledged: safe to
+        commit."""
+        self.routed_positions.update(positions)
+
     def split(self, tps: Sequence[TopicPartition]) -> tuple[list[int], list[int], list[int]]:
         """(stage-1 partitions, partials partitions, input partitions routed by stage 0)."""
         stage1 = sorted(tp.partition for tp in tps if tp.topic == self.stage1_topic)
@@ -237,28 +265,8 @@ class Membership(WorkerPart):
         if pending:
             self.consumer.resume(*pending)
             log.info("partitions taken: ledger read, state built, fetching resumed")
-            self._stall_input_once(pending)
+            _stall_input_once(self, pending)
         self.health.set("partitions_assigned", bool(current))
-
-    def _stall_input_once(self, taken: list[TopicPartition]) -> None:
-        """The STREAM_DP_TEST_STALL_INPUT test fault: pause one input partition a while."""
-        stall, consumer = self._faults.stall_input, self.consumer
-        assert consumer is not None
-        if stall is None:
-            return
-        tp = TopicPartition(self.input_topic, stall[0])
-        if tp not in taken:
-            return
-        self._faults.stall_input = None
-        consumer.pause(tp)
-        log.warning("test fault: input partition %d fetches nothing for %g s", *stall)
-
-        def resume() -> None:
-            if tp in consumer.assignment() and tp not in self.to_take:
-                consumer.resume(tp)
-                log.warning("test fault: input partition %d fetches again", stall[0])
-
-        asyncio.get_running_loop().call_later(stall[1], resume)
 
     async def _take(self, assigned: list[TopicPartition]) -> None:
         stages = self._stages()
@@ -427,15 +435,7 @@ class Membership(WorkerPart):
         try:
             await self.commit()
         except MEMBERSHIP_ERRORS as exc:
-            self.membership_lost(exc)
-
-    def membership_lost(self, exc: BaseException) -> None:
-        self.metrics.membership_lost.inc()
-        log.warning(
-            "the group says this worker lost its membership (%s): rejoining; its partitions' "
-            "state is rebuilt from the committed offsets",
-            type(exc).__name__,
-        )
+            membership_lost(self.metrics, exc)
 
     # -- fetching --------------------------------------------------------------------------
     async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
@@ -478,6 +478,39 @@ class Membership(WorkerPart):
             at_mono = None if at is None else answered_at_mono(at, now, mono)
             if at_mono is not None:
                 ingest.read_to_end(tp.partition, at_mono, input_topic=not self.keyed)
+
+
+def membership_lost(metrics: Metrics, exc: BaseException) -> None:
+    """A lost membership is routine (the rejoin redistributes the partitions and their state
+    is rebuilt): counted and logged, never a reason to stop."""
+    metrics.membership_lost.inc()
+    log.warning(
+        "the group says this worker lost its membership (%s): rejoining; its partitions' "
+        "state is rebuilt from the committed offsets",
+        type(exc).__name__,
+    )
+
+
+def _stall_input_once(membership: Membership, taken: list[TopicPartition]) -> None:
+    """The STREAM_DP_TEST_STALL_INPUT test fault: pause one input partition a while (a
+    function of the membership, outside its class: test-only)."""
+    stall, consumer = membership._faults.stall_input, membership.consumer
+    assert consumer is not None
+    if stall is None:
+        return
+    tp = TopicPartition(membership.input_topic, stall[0])
+    if tp not in taken:
+        return
+    membership._faults.stall_input = None
+    consumer.pause(tp)
+    log.warning("test fault: input partition %d fetches nothing for %g s", *stall)
+
+    def resume() -> None:
+        if tp in consumer.assignment() and tp not in membership.to_take:
+            consumer.resume(tp)
+            log.warning("test fault: input partition %d fetches again", stall[0])
+
+    asyncio.get_running_loop().call_later(stall[1], resume)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

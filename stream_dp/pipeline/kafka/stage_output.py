@@ -1,74 +1,61 @@
-"""What stages 0 and 1 send on: routed events with progress marks, partials, watermarks.
+"""Where each topic's fetched records go, and what stage 0 sends on.
 
-* Stage 0 (input not keyed by user) re-keys events by pseudonym to the repartition topic;
-  its progress marks follow the records they cover on every partition, at least every
-  second and twice per ``window.idle_close_s``.
-* Stage 1 seals due windows (off the event loop), sends their partner exports' records
-  (docs/exports.md) and then their partials to the window's
-  partials partition, then every assigned partition's watermark to every partials
-  partition — at least every second, since a restarted stage 2 needs fresh ones. A
-  partition that reported idle and has data again is announced first, before any other
-  partition's partials and watermarks can close a window.
+Fetched records go by one dispatch table (:func:`batch_routes`), built once the stages are:
+
+* the partials topic → stage 2 (:meth:`ReleaseStage.ingest`);
+* the erasure requests topic → collected for the erasure worker (after the batch);
+* the stage-1 topic (the input when keyed by user, else the repartition topic) → stage 1
+  (:meth:`IngestStage.ingest`);
+* the input topic when not keyed by user → stage 0 (:meth:`IngestStage.route_packed`), its
+  events re-keyed to the repartition partitions, its position noted (committed only once the
+  routed events are acknowledged).
+
+Keyed by user, the input *is* the stage-1 topic: stage 1 reads it.
+
+Stage 0 (input not keyed by user) re-keys events by pseudonym to the repartition topic; its
+progress marks follow the records they cover on every partition, at least every second and
+twice per ``window.idle_close_s``. (Stage 1's partials and watermarks are
+:mod:`stream_dp.pipeline.handoff`'s, on the Kafka transport; a sealed window's partner
+exports (docs/exports.md) go out just before its partials, through :attr:`StageOutput.exports`.)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from stream_dp.config.model import Config
 from stream_dp.pipeline.duties.export_publisher import ExportPublisher
-from stream_dp.pipeline.faults import NO_FAULTS, Faults
-from stream_dp.pipeline.formats.partials import encode_watermark
+from stream_dp.pipeline.handoff import WATERMARK_INTERVAL_S
 from stream_dp.pipeline.kafka.producing import Outgoing
 from stream_dp.pipeline.kafka.publisher import Publisher
-from stream_dp.pipeline.stages.ingest import IngestStage
-from stream_dp.pipeline.stages.offload import run_off_loop, seal_windows
+from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage
+from stream_dp.pipeline.stages.ingest_columns import FetchedRecords
+from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
-from stream_dp.windows import TumblingWindows
 
-#: Source watermarks are re-sent at least this often (a restarted stage 2 needs fresh ones).
-WATERMARK_INTERVAL_S = 1.0
 #: Key of stage 0's progress marks on the repartition topic (events are keyed by pseudonym).
 ROUTED_MARK_KEY = "__progress__"
 
 
 class StageOutput:
-    """Stage 0's and stage 1's sends (see the module docstring)."""
+    """Stage 0's sends (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: Config,
-        publisher: Publisher,
-        *,
-        keyring: KeyRing,
-        faults: Faults = NO_FAULTS,
-    ) -> None:
+    def __init__(self, config: Config, publisher: Publisher, *, keyring: KeyRing) -> None:
         self._publisher = publisher
-        self._faults = faults
         self._keyed = config.input.keyed_by_user
-        out = config.output
-        self._partials_topic = out.partials_topic
-        self._routed_topic = out.repartition_topic
-        self._max_bytes = config.kafka.max_message_bytes
-        self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
-        #: The partials topic's and the repartition topic's partitions (set at start).
-        self.partials_partitions: list[int] = []
+        self._routed_topic = config.output.repartition_topic
+        #: The repartition topic's partitions (set at start).
         self.routed_to: list[int] = []
         #: Stage 0's progress marks are re-sent this often: at least every second, and twice
         #: per idle_close_s, so that an input partition going idle is seen soon after.
         self._marks_interval_s = min(WATERMARK_INTERVAL_S, config.window.idle_close_s / 2)
-        self._marks_sent_mono = -math.inf
         self._progress_sent_mono = -math.inf
-        self._silent: set[int] = set()
         #: Partner exports (docs/exports.md; a no-op without them): a sealed window's records
         #: are sent, and acknowledged, before its partials (so before its offsets are committed).
         self.exports = ExportPublisher(config, keyring, publisher)
-
-    def partials_partition_of(self, window_start_s: int) -> int:
-        """The partials partition that receives every partial of the window."""
-        parts = self.partials_partitions
-        return parts[self.windows.partition_of(window_start_s, len(parts))]
 
     async def route(
         self, ingest: IngestStage, routed: list[Outgoing], moved: bool, now_mono: float
@@ -87,59 +74,67 @@ class StageOutput:
             await self._publisher.send_many(self._routed_topic, routed)
             self._progress_sent_mono = now_mono
 
-    async def seal(self, ingest: IngestStage, now_mono: float) -> None:
-        """Stage 1: due windows' partials, resealed windows' partials, watermarks."""
-        if self._woke_up(ingest, now_mono):
-            # A partition stage 2 may think idle has data again: say so before any
-            # other partition's partials and watermarks can close a window.
-            await self._publish_watermarks(ingest, now_mono)
-        sealed = ingest.due(now_mono)
-        if sealed:
-            await self.exports.publish(sealed)
-        if sealed:
-            await self._publish_partials(ingest, sealed)
-        resealed = ingest.reseal_due()  # erasures reached sealed, unreleased windows
-        if resealed:
-            await self._publish_partials(ingest, resealed)
-        if sealed or now_mono - self._marks_sent_mono >= WATERMARK_INTERVAL_S:
-            await self._publish_watermarks(ingest, now_mono)
 
-    async def _publish_partials(
-        self, ingest: IngestStage, sealed: Sequence[tuple[int, int]]
-    ) -> None:
-        """Each sealed (partition, window)'s partials to the window's partition (sealed and
-        encoded off the event loop)."""
-        encoded = await run_off_loop(
-            seal_windows,
-            ingest,
-            sealed,
-            self.partials_partition_of,
-            max_bytes=self._max_bytes,
+@dataclass
+class Fetched:
+    """What one batch's records became, for the iteration to send on."""
+
+    now_s: float
+    now_mono_s: float
+    dead: list[DeadLetter] = field(default_factory=list)
+    #: Stage 0's events for the repartition topic, and the input positions they cover.
+    routed: list[Outgoing] = field(default_factory=list)
+    routed_positions: dict[int, int] = field(default_factory=dict)
+    #: Erasure requests per requests partition: (offset, value) records.
+    requests: list[tuple[int, list[tuple[int, bytes | None]]]] = field(default_factory=list)
+
+
+#: Takes one partition's fetched records (partition, records, into).
+Route = Callable[[int, list[Any], Fetched], None]
+
+
+def batch_routes(
+    config: Config,
+    ingest: IngestStage,
+    release: ReleaseStage,
+    *,
+    routed_to: Sequence[int],
+) -> dict[str, Route]:
+    """The dispatch table of the module docstring, by topic name."""
+    keyed = config.input.keyed_by_user
+    stage1_topic = config.input.topic if keyed else config.output.repartition_topic
+
+    def partials(partition: int, msgs: list[Any], into: Fetched) -> None:
+        release.ingest(partition, [(m.offset, m.value) for m in msgs])
+
+    def requests(partition: int, msgs: list[Any], into: Fetched) -> None:
+        into.requests.append((partition, [(m.offset, m.value) for m in msgs]))
+
+    def stage1(partition: int, msgs: list[Any], into: Fetched) -> None:
+        into.dead.extend(
+            ingest.ingest(
+                partition,
+                FetchedRecords(msgs),
+                now_s=into.now_s,
+                now_mono_s=into.now_mono_s,
+                routed=not keyed,
+                topic=stage1_topic,
+            )
         )
-        items: list[Outgoing] = [(k, v, r) for r, records in encoded for k, v in records]
-        await self._publisher.send_many(self._partials_topic, items)
-        for p, ws in sealed:
-            ingest.drop(p, ws)
-        self._faults.reached("after_partials_write")
 
-    async def _publish_watermarks(self, ingest: IngestStage, now_mono: float) -> None:
-        """Each assigned partition's watermark to every partials partition."""
-        items: list[Outgoing] = []
-        # Partitions that hold windows back go first, so that no reader sees one partition
-        # advance without the others' news from the same moment.
-        marks = sorted(ingest.watermarks(now_mono), key=lambda m: m.quiet)
-        for mark in marks:
-            key, value = encode_watermark(mark)
-            items.extend((key, value, r) for r in self.partials_partitions)
-        if items:
-            await self._publisher.send_many(self._partials_topic, items)
-        self._marks_sent_mono = now_mono
-        self._silent = {m.source_partition for m in marks if m.quiet}
-
-    def _woke_up(self, ingest: IngestStage, now_mono: float) -> bool:
-        """Whether a partition last reported idle with nothing open now has data."""
-        if not self._silent:
-            return False
-        return any(
-            not m.quiet for m in ingest.watermarks(now_mono) if m.source_partition in self._silent
+    def stage0(partition: int, msgs: list[Any], into: Fetched) -> None:
+        out, bad = ingest.route_packed(
+            partition, FetchedRecords(msgs), now_s=into.now_s, now_mono_s=into.now_mono_s
         )
+        into.routed.extend((k, v, routed_to[target]) for k, v, target in out)
+        into.dead.extend(bad)
+        into.routed_positions[partition] = msgs[-1].offset + 1
+
+    routes: dict[str, Route] = {}
+    if not keyed:
+        routes[config.input.topic] = stage0
+    routes[stage1_topic] = stage1  # keyed: the input topic is stage 1's
+    if config.erasure.enabled:
+        routes[config.erasure.requests_topic] = requests
+    routes[config.output.partials_topic] = partials
+    return routes

@@ -8,49 +8,43 @@ partitions of all of them over the members. One code path: a single worker runs 
   pseudonym to the repartition topic (packed records: one per fetched batch and repartition
   partition); input offsets are committed once that is acknowledged.
 * Stage 1 (partitions of the input, or of the repartition topic): window and bound
-  (:class:`IngestStage`). When a partition's watermark passes a window's end, its bounded
-  partial totals go to the window's partials partition; once they are acknowledged, the
-  partition's watermark goes to every partials partition, and the window's input offsets
-  may be committed. Watermarks are re-sent every second, so a restarted owner soon has them.
+  (:class:`IngestStage`); due windows' partials, then watermarks, go to the partials topic
+  by :class:`~stream_dp.pipeline.handoff.Handoff` (re-sent every second, so a restarted
+  owner soon has them); a window's input offsets may be committed once its partials are
+  acknowledged.
 * Stage 2 (partials partitions, :class:`ReleaseStage`): merge one version per source
-  partition; every covered window, once every source has passed it, is released once:
+  partition; every covered window, once every source has passed it, is released once by
+  :class:`~stream_dp.pipeline.release_driver.ReleaseDriver` (the release protocol, its
+  steps listed there); then the loop commits.
 
-1. check this member still owns the window's partials partition; for cumulative queries,
-   continue their running totals' state (:mod:`stream_dp.pipeline.stages.cumulative`: read the
-   continual partition to a fence, draw the window's step once, write it, read it back —
-   or wait while the previous window's state is not durable); then draw the release
-   (noise, budget charged) — in memory only;
-2. write every ledger part to the window's ledger partition and wait for the broker's
-   acknowledgement; 3. write a fence behind them and read that partition back to it;
-4. publish the ledger's *winner* of each (query, window) — the first complete draw in log
-   order, ours or an earlier one — then its ``published`` marker;
-5. drop the window's state, write the partition's ``progress`` record, commit.
-
-Steps 1–5 are :class:`~stream_dp.pipeline.release_driver.ReleaseDriver`'s, the one
-release protocol, here on the Kafka transport (:mod:`.kafka_transport`); ``stream-dp
-replay`` runs the same driver in memory (:mod:`.local`).
+Both are written once, here on the Kafka transport (:mod:`.kafka_transport`); ``stream-dp
+replay`` runs them in memory (:mod:`.local`). Where each topic's fetched records go is one
+dispatch table (:func:`.stage_output.batch_routes`).
 
 The worker keeps the lifecycle and the loop; its collaborators are named parts:
 :class:`~.membership.Membership` (group membership, taking and dropping partitions, safe
-commits), :class:`~.publisher.Publisher` (every write, under the one retry policy),
+commits; the loop reaches it through methods), :class:`~.hold_guards.HoldGuards` (lost
+offsets, the maximum hold, the memory cap, around fetching),
+:class:`~.publisher.Publisher` (every write, under the one retry policy),
 :class:`~.ledger_reader.LedgerReader` (the ledger and continual topics, read to fences),
 :class:`~.topology_watch.TopologyWatch` (partition counts), :class:`~.deployment.Deployment`
 (the records a deployment's first start writes and every start checks) and
 :class:`~.faults.Faults` (test-only fault injection, off by default).
 
-Sealing (stage 1) and the draw of step 1 with its ledger encoding run in a thread
+Sealing (stage 1) and the draw with its ledger encoding run in a thread
 (:mod:`stream_dp.pipeline.stages.offload`) while the iteration waits for them: the event loop keeps
 fetching, answering the group coordinator and serving /metrics during a large window.
 
-Two members racing for one window (one paused past the session timeout, then resumed)
-therefore publish the same values (:mod:`stream_dp.pipeline.formats.ledger`). A crash
-before 2 leaves
-no complete draw: nothing was published, the window is rebuilt from the re-read partials and
-drawn then. A crash after 2 leaves a draw in the ledger: it is read back at start and
-whenever partials partitions move here, republished unchanged, never recomputed.
+The ledger's first complete draw of each (query, window) is the one published, so two
+members racing for one window (one paused past the session timeout, then resumed) publish
+the same values (:mod:`stream_dp.pipeline.formats.ledger`). A crash
+before the ledger write is acknowledged leaves no complete draw: nothing was published, the
+window is rebuilt from the re-read partials and drawn then. A crash after it leaves a draw in
+the ledger: it is read back at start and whenever partials partitions move here,
+republished unchanged, never recomputed.
 
 Erasure (docs/erasure.md; ``erasure.enabled``): :class:`WorkerErasure` reads requests and
-the erasure log; before step 1 the releaser writes the window's ``cut`` and draws only once
+the erasure log; before the draw the releaser writes the window's ``cut`` and draws only once
 the window's partials applied the erasures recorded before it.
 
 Failures: a member told it lost its membership or generation (commit, heartbeat) counts it,
@@ -90,22 +84,26 @@ from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
 from stream_dp.pipeline.formats.partials import RecordTooLargeError
+from stream_dp.pipeline.handoff import Handoff
 from stream_dp.pipeline.kafka.clock_skew import InputClockSkew
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
-from stream_dp.pipeline.kafka.hold_guards import HOLDS
+from stream_dp.pipeline.kafka.hold_guards import HOLDS, HoldGuards
 from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
 from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
-from stream_dp.pipeline.kafka.membership import MAX_RECORDS_PER_FETCH, Membership, Stages
-from stream_dp.pipeline.kafka.producing import Outgoing
+from stream_dp.pipeline.kafka.membership import (
+    MAX_RECORDS_PER_FETCH,
+    Membership,
+    Stages,
+    membership_lost,
+)
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS, Publisher
-from stream_dp.pipeline.kafka.stage_output import StageOutput
+from stream_dp.pipeline.kafka.stage_output import Fetched, Route, StageOutput, batch_routes
 from stream_dp.pipeline.kafka.topology_watch import TopologyError, TopologyWatch
 from stream_dp.pipeline.release_driver import ReleaseDriver
-from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage
-from stream_dp.pipeline.stages.ingest_columns import FetchedRecords
+from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.late_events import LateEventsNotice
 from stream_dp.pipeline.stages.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
@@ -178,11 +176,15 @@ class Worker:
         context = WorkerContext(config, metrics, health, self._stopping, self._faults)
         self.publisher = Publisher(context)
         self.membership = Membership(context)
+        #: Lost offsets, the maximum hold and the memory cap (hold_guards), around fetching.
+        self.guards = HoldGuards(context, self.membership)
         self.fetches = FetchHealth(metrics, health, self.membership, kafka=config.kafka)
         self.topology = TopologyWatch(
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
         )
-        self.output = StageOutput(config, self.publisher, faults=self._faults, keyring=keyring)
+        self.output = StageOutput(config, self.publisher, keyring=keyring)
+        self.handoff: Handoff | None = None  # stage 1's partials and watermarks
+        self._routes: dict[str, Route] = {}  # each topic's records' stage (set at start)
         self._reader: LedgerReader | None = None
         self._common: dict[str, Any] = {}
         self._broker_ok = True
@@ -197,14 +199,12 @@ class Worker:
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
         out = config.output
         self._input_topic, self._keyed = config.input.topic, config.input.keyed_by_user
-        self._stage1_topic = self.membership.stage1_topic
         self._partials_topic = out.partials_topic
         self._ledger_topic = out.ledger_topic
         self._continual_topic = out.continual_topic
         self._max_bytes = config.kafka.max_message_bytes
         #: Erasure requests, log and release gate (docs/erasure.md); None when off.
         self._erasure: WorkerErasure | None = None
-        self._requests_topic = self.membership.requests_topic
         self._late_notice = LateEventsNotice(self.metrics, config.window.start_at, config.queries)
         self._clock_skew = InputClockSkew(self.metrics, self._input_topic)
         self._backlog = DueBacklog(self.metrics, MAX_RELEASES_PER_ITERATION)
@@ -241,7 +241,7 @@ class Worker:
                 self.metrics.records_too_large.inc()
                 raise
             except HOLDS as exc:  # a lost ledger, lost offsets, a hold past its bounds
-                await membership.guards.hold(exc, guard, membership.consumer, self._stopping)
+                await self.guards.hold(exc, guard, membership.consumer, self._stopping)
             finally:
                 monitor.cancel()
                 await self._shutdown(commit=graceful)
@@ -251,10 +251,9 @@ class Worker:
         partitions = self.publisher.partitions
         self._ledger_partitions = await partitions(self._ledger_topic)
         self._partials_partitions = await partitions(self._partials_topic)
-        self.output.partials_partitions = self._partials_partitions
         self.publisher.output_partitions = await partitions(self.config.output.topic)
         if not self._keyed:
-            self.output.routed_to = await partitions(self._stage1_topic)
+            self.output.routed_to = await partitions(self.config.output.repartition_topic)
         self.topology.record(self._ledger_topic, len(self._ledger_partitions), fixed=True)
         self.topology.record(self._partials_topic, len(self._partials_partitions), fixed=True)
         if any(q.cumulative for q in self.config.queries):
@@ -338,9 +337,11 @@ class Worker:
             )
             await self._erasure.start(ingest, release)
         self.output.exports.start(coverage, self._erasure)  # partner exports (docs/exports.md)
-        self.driver = self._release_driver(release, reader)
+        self._routes = batch_routes(self.config, ingest, release, routed_to=self.output.routed_to)
+        driver, self.handoff = self._protocols(ingest, release, reader)
+        self.driver = driver
         self.membership.stages = Stages(
-            ingest, release, self.driver, reader, self.topology, self._erasure
+            ingest, release, driver, reader, self.topology, self._erasure
         )
         self.metrics.ledger_windows_loaded.inc(len(self.ledger))
         # After every check above: only then are released windows' records tombstoned.
@@ -352,16 +353,19 @@ class Worker:
             iso_utc(coverage),
         )
 
-    def _release_driver(self, release: ReleaseStage, reader: LedgerReader) -> ReleaseDriver:
-        """The release protocol on the Kafka transport."""
+    def _protocols(
+        self, ingest: IngestStage, release: ReleaseStage, reader: LedgerReader
+    ) -> tuple[ReleaseDriver, Handoff]:
+        """The release protocol and stage 1's hand-off, on one Kafka transport."""
         transport = KafkaTransport(
             self.publisher,
             reader,
             ledger_topic=self._ledger_topic,
             continual_topic=self._continual_topic,
-            owns=lambda ws: self.membership.owns_partials(self.output.partials_partition_of(ws)),
+            partials_topic=self._partials_topic,
+            owns=self.membership.owns_partials,
         )
-        return ReleaseDriver(
+        driver = ReleaseDriver(
             release,
             transport,
             partials_partitions=self._partials_partitions,
@@ -371,6 +375,9 @@ class Worker:
             metrics=self.metrics,
             erasure=self._erasure,
             faults=self._faults,
+        )
+        return driver, Handoff.beside(
+            driver, ingest, transport, export=self.output.exports.publish
         )
 
     async def _shutdown(self, *, commit: bool) -> None:
@@ -425,42 +432,36 @@ class Worker:
         membership = self.membership
         while not self._stopping.is_set():
             try:
-                batch = await membership.guards.fetch()  # held-window guards (hold_guards)
+                batch = await self.guards.fetch()  # held-window guards (hold_guards)
                 if batch is None:
                     break
             except MEMBERSHIP_ERRORS as exc:
-                membership.membership_lost(exc)
+                membership_lost(self.metrics, exc)
                 continue
             except KafkaError as exc:  # classified, counted, logged; the loop still turns
                 await self.fetches.failed(exc)
                 continue
             self.fetches.succeeded()
-            async with membership.lock:
-                await self._iteration(batch)
-                membership.drop_revoked_later()
-            if membership.fatal is not None:
-                raise membership.fatal
+            async with membership.iteration() as waiting:
+                await self._iteration(batch, waiting)
+            membership.raise_fatal()
             self.health.beat()
 
-    async def _iteration(self, batch: dict[TopicPartition, list[Any]]) -> None:
+    async def _iteration(
+        self, batch: dict[TopicPartition, list[Any]], waiting: set[TopicPartition]
+    ) -> None:
+        """One batch through the stages; ``waiting``: partitions taken only now (their
+        records were fetched before: read again from the committed offset)."""
         membership = self.membership
         consumer, ingest, release = membership.consumer, self.ingest, self.release
         assert consumer is not None and ingest is not None and release is not None
-        # Records of partitions not taken yet were fetched before they were assigned again:
-        # they are read again from the committed offset once taken.
-        waiting = set(membership.to_take)
-        if waiting:
-            await membership.take_assigned()
         if self._erasure is not None:
             await self._erasure.follow()
-        requests: list[tuple[int, list[tuple[int, bytes | None]]]] = []
         started = time.perf_counter()
         now, mono = time.time(), time.monotonic()
         self._clock_skew.observe(consumer, batch, now)
-        dead: list[DeadLetter] = []
-        routed: list[Outgoing] = []
-        routed_positions: dict[int, int] = {}
-        owned = consumer.assignment() & membership.owned.keys()
+        fetched = Fetched(now, mono)
+        owned = membership.readable()
         self.output.exports.observe(batch, owned - waiting, now)  # keyed input: stage 1's records
         for tp, msgs in batch.items():
             if not msgs or tp not in owned or tp in waiting:
@@ -468,29 +469,8 @@ class Worker:
             high = consumer.highwater(tp)
             if high is not None:  # every topic read: input, repartition and partials
                 self.metrics.set_consumer_lag(tp.topic, tp.partition, high - msgs[-1].offset - 1)
-            if tp.topic == self._partials_topic:
-                release.ingest(tp.partition, [(m.offset, m.value) for m in msgs])
-                continue
-            if tp.topic == self._requests_topic:
-                requests.append((tp.partition, [(m.offset, m.value) for m in msgs]))
-                continue
-            records = FetchedRecords(msgs)
-            if tp.topic == self._stage1_topic:
-                dead.extend(
-                    ingest.ingest(
-                        tp.partition,
-                        records,
-                        now_s=now,
-                        now_mono_s=mono,
-                        routed=not self._keyed,
-                        topic=self._stage1_topic,
-                    )
-                )
-            elif tp.topic == self._input_topic:
-                out, bad = ingest.route_packed(tp.partition, records, now_s=now, now_mono_s=mono)
-                routed.extend((k, v, self.output.routed_to[target]) for k, v, target in out)
-                dead.extend(bad)
-                routed_positions[tp.partition] = msgs[-1].offset + 1
+            self._routes[tp.topic](tp.partition, msgs, fetched)
+        dead, requests, routed_positions = fetched.dead, fetched.requests, fetched.routed_positions
         membership.prove_read_to_end(owned, waiting, now, mono)
         if sum(len(msgs) for msgs in batch.values()) >= MAX_RECORDS_PER_FETCH or self._leaderless:
             # A full fetch: the worker is behind, so a partition that delivered nothing may
@@ -512,9 +492,9 @@ class Worker:
             )
         if dead:
             await self.publisher.publish_dead_letters(dead)
-        await self.output.route(ingest, routed, bool(routed_positions), mono)
+        await self.output.route(ingest, fetched.routed, bool(routed_positions), mono)
         # Only now are the routed events acknowledged: their input may be committed.
-        membership.routed_positions.update(routed_positions)
+        membership.routed_acknowledged(routed_positions)
         # During an outage nothing can be published, and silence is not idleness.
         if self._broker_ok:
             await self._seal_and_release(mono)
@@ -525,9 +505,10 @@ class Worker:
 
     async def _seal_and_release(self, mono: float) -> None:
         """Stage 1 seals due windows and sends watermarks; stage 2 releases due windows."""
-        ingest, release, driver = self.ingest, self.release, self.driver
+        ingest, release, driver, handoff = self.ingest, self.release, self.driver, self.handoff
         assert ingest is not None and release is not None and driver is not None
-        await self.output.seal(ingest, mono)
+        assert handoff is not None
+        await handoff.step(mono)
         for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
             if await driver.release_window(ws) is None:
                 break

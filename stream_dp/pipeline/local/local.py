@@ -5,7 +5,9 @@ and the ledger topic; here the same records (encoded and decoded exactly as on t
 go through lists, so replay and the worker share every step but the transport — the ledger
 included: each window is released by the same :class:`~.release_driver.ReleaseDriver` as in
 the worker, on :class:`MemoryTransport`, where a release is "ledgered" by feeding its
-encoded records to the ledger index, and what is published is the index's winner.
+encoded records to the ledger index, and what is published is the index's winner. Stage 1's
+partials and watermarks go the same way, by the worker's hand-off
+(:class:`~stream_dp.pipeline.handoff.Handoff`), each record written fed to the release stage.
 Cumulative queries' state goes the same way through the continual topic's records
 (:mod:`.continual_state`).
 
@@ -26,7 +28,8 @@ from stream_dp.errors import PrivacyError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.ledger import LedgerIndex, LedgerRelease, encode_coverage
-from stream_dp.pipeline.formats.partials import SourceWatermark, encode_partial, encode_watermark
+from stream_dp.pipeline.formats.partials import SourceWatermark
+from stream_dp.pipeline.handoff import Handoff
 from stream_dp.pipeline.release_driver import Placed, ReleaseDriver, run_now
 from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage, InputRecord
 from stream_dp.pipeline.stages.release_stage import ExactTotalsObserver, ReleaseStage
@@ -119,9 +122,10 @@ class LocalPipeline:
         self._offsets = [0] * partials_partitions
         self._windows = self.release.windows
         self._max_bytes = config.kafka.max_message_bytes
+        transport = MemoryTransport(self)
         self._driver = ReleaseDriver(
             self.release,
-            MemoryTransport(self),
+            transport,
             partials_partitions=range(partials_partitions),
             ledger_partitions=[0],
             continual_partitions=[0],
@@ -129,6 +133,10 @@ class LocalPipeline:
             metrics=self.metrics,
             erasure=LocalErasureGate(erasures) if erasures is not None else None,
             continual_wait_retry_s=0.0,
+        )
+        #: Stage 1's hand-off, the worker's; watermarks on every step.
+        self._handoff = Handoff.beside(
+            self._driver, self.ingest_stage, transport, watermark_interval_s=0.0
         )
 
     @property
@@ -159,12 +167,9 @@ class LocalPipeline:
         self._assigned = True
 
     def step(self, now_mono_s: float, *, now_s: float) -> list[LedgerRelease]:
-        """Seal due windows into partials, pass them and the watermarks on, release."""
-        stage = self.ingest_stage
-        for p, ws in stage.due(now_mono_s):
-            self._send_partials(p, ws)
-        for mark in stage.watermarks(now_mono_s):
-            self._send_mark(mark)
+        """Seal due windows into partials, pass them and the watermarks on
+        (:meth:`Handoff.step`), release."""
+        run_now(self._handoff.step(now_mono_s))
         return self._release_due(now_s)
 
     def finish(self, *, now_s: float) -> list[LedgerRelease]:
@@ -176,18 +181,20 @@ class LocalPipeline:
             pending = self.ingest_stage.all_open()
             held = [ws for _, ws in pending if self.release.bounds_for(ws) is None]
             first_held = min(held) if held else None
-            for p, ws in pending:
-                if first_held is None or ws < first_held:
-                    self._send_partials(p, ws)
+            due = [(p, ws) for p, ws in pending if first_held is None or ws < first_held]
+            if due:
+                run_now(self._handoff.hand_off(due))
             # Every partial is out: each partition has sealed everything up to the last
             # end (or up to the first window still waiting for its bounds).
             ends = [*self.release.open_windows(), *(ws for _, ws in pending)]
             if ends:
                 last = max(ends) + self._windows.size_s
                 sealed = float(last if first_held is None else first_held)
-                for p in range(self._partitions):
-                    mark = SourceWatermark(p, self._partitions, sealed, True, held != [])
-                    self._send_mark(mark)
+                marks = [
+                    SourceWatermark(p, self._partitions, sealed, True, held != [])
+                    for p in range(self._partitions)
+                ]
+                run_now(self._handoff.announce(marks, now_mono=0.0))
             before = self._progress()
             out.extend(self._release_due(now_s))
             # a window whose every query was refused for budget releases nothing, yet it
@@ -198,22 +205,19 @@ class LocalPipeline:
     def _progress(self) -> tuple[int | None, ...]:
         return tuple(self.release.last_released(r) for r in range(self._n_partials))
 
-    def _send_partials(self, partition: int, window_start_s: int) -> None:
-        r = self._windows.partition_of(window_start_s, self._n_partials)
-        for partial in self.ingest_stage.seal(partition, window_start_s):
-            values = [v for _, v in encode_partial(partial, max_bytes=self._max_bytes)]
-            self._deliver(r, values)
-        self.ingest_stage.drop(partition, window_start_s)
-
-    def _send_mark(self, mark: SourceWatermark) -> None:
-        _, value = encode_watermark(mark)
-        for r in range(self._n_partials):
-            self._deliver(r, [value])
-
-    def _deliver(self, r: int, values: list[bytes]) -> None:
-        start = self._offsets[r]
-        self._offsets[r] += len(values)
-        self.release.ingest(r, [(start + i, v) for i, v in enumerate(values)])
+    def _deliver(self, records: Sequence[Placed]) -> None:
+        """Partials-topic records to the release stage, each partition's in order."""
+        i = 0
+        while i < len(records):
+            r = records[i][2]
+            j = i
+            while j < len(records) and records[j][2] == r:
+                j += 1
+            values = [v for _, v, _ in records[i:j] if v is not None]
+            start = self._offsets[r]
+            self._offsets[r] += len(values)
+            self.release.ingest(r, [(start + n, v) for n, v in enumerate(values)])
+            i = j
 
     def _write_ledger(self, records: Sequence[tuple[str, bytes | None]]) -> None:
         for key, value in records:
@@ -244,14 +248,16 @@ class LocalPipeline:
 
 
 class MemoryTransport:
-    """:class:`~stream_dp.pipeline.release_driver.ReleaseTransport` in memory: a record
-    written is fed to its index at once (and to the sinks), so every read is already at the
-    fence; nothing is published here — the caller gets the winners. It never suspends."""
+    """:class:`~stream_dp.pipeline.release_driver.ReleaseTransport` and
+    :class:`~stream_dp.pipeline.handoff.HandoffTransport` in memory: a record written is fed
+    to its index (a partial or watermark: to the release stage) at once (and to the sinks),
+    so every read is already at the fence; nothing is published here — the caller gets the
+    winners. It never suspends."""
 
     def __init__(self, pipeline: LocalPipeline) -> None:
         self._pipeline = pipeline
 
-    def owns(self, window_start_s: int) -> bool:
+    def owns(self, partials_partition: int) -> bool:
         return True
 
     async def write_ledger(self, records: Sequence[Placed]) -> None:
@@ -270,6 +276,12 @@ class MemoryTransport:
         return None
 
     async def draw(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return fn(*args, **kwargs)
+
+    async def write_partials(self, records: Sequence[Placed]) -> None:
+        self._pipeline._deliver(records)
+
+    async def seal(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return fn(*args, **kwargs)
 
     def window_released(self, window_start_s: int) -> None:

@@ -29,8 +29,8 @@ from stream_dp.privacy.exact_laplace import WordSource, os_words
 from stream_dp.privacy.exponential.top_k import TopKPlan, select_top_k_rows
 
 if TYPE_CHECKING:
-    from stream_dp.privacy.planner import Sensitivity
     from stream_dp.privacy.specs import QuerySpec
+    from stream_dp.privacy.statistics.sensitivity import Sensitivity
 
 #: The selection probabilities ``stream-dp plan`` states the lead for.
 PLAN_PROBABILITIES = (0.9, 0.99)

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from stream_dp.privacy.mechanisms import NoiseMechanism
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
 from stream_dp.privacy.statistics.sensitivity import Sensitivity
 
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     import numpy as np
 
     from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
-    from stream_dp.privacy.planner import QueryPlan
     from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
 
 #: What one noise component perturbs: the released value itself, or one part of a ratio
@@ -52,6 +52,67 @@ if TYPE_CHECKING:
 NoiseTarget = Literal["value", "sum", "count", "sum_squares"]
 #: The exact per-key columns stage 1 keeps (:class:`~stream_dp.privacy.key_totals.KeyTotals`).
 Column = Literal["events", "users", "value_sums", "value_squares"]
+
+
+@dataclass(frozen=True)
+class NoiseComponent:
+    """Noise on one released vector: the values, or a mean's sum or count."""
+
+    target: NoiseTarget
+    mechanism: NoiseMechanism
+    sensitivity: Sensitivity
+    epsilon: float
+    delta: float
+    #: zCDP parameter (discrete Gaussian only).
+    rho: float | None
+    #: Released units per noise unit (the granularity for sums, 1 for counts).
+    unit: float = 1.0
+
+    @property
+    def scale(self) -> float:
+        """Noise scale in released units (b or σ times ``unit``)."""
+        return self.mechanism.scale * self.unit
+
+    @property
+    def ci95(self) -> float:
+        """95% half-width in released units."""
+        return self.mechanism.ci95() * self.unit
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "mechanism": self.mechanism.name,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "rho": self.rho,
+            "l1_sensitivity": self.sensitivity.l1,
+            "l2_sensitivity": self.sensitivity.l2,
+            "scale_noise_units": self.mechanism.scale,
+            "unit": self.unit,
+            "scale": self.scale,
+            "ci95": self.ci95,
+        }
+
+
+class PlanView(Protocol):
+    """What a statistic reads of its query's plan. :class:`stream_dp.privacy.planner.QueryPlan`
+    has it; a protocol, so that the statistics never import the planner that asks them (no
+    import cycle)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def noise(self) -> Sequence[NoiseComponent]: ...  # in the statistic's order
+    @property
+    def granularity(self) -> float | None: ...
+    @property
+    def value_bound(self) -> float | None: ...
+    @property
+    def value_lower(self) -> float | None: ...
+    @property
+    def value_upper(self) -> float | None: ...
+    @property
+    def clamp_negative(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -103,13 +164,13 @@ class Statistic(Protocol):
         (ε, δ) sum to ``noise_epsilon``, ``noise_delta`` (basic composition)."""
         ...
 
-    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: QueryPlan) -> np.ndarray:
+    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: PlanView) -> np.ndarray:
         """The exact int64 values (shape (keys,), or (keys, m) for a vector per key such as a
         quantile's histogram bins) the component perturbs, one noise draw per entry."""
         ...
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[Any]], plan: QueryPlan
+        self, groups: list[GroupKey], noisy: Sequence[Sequence[Any]], plan: PlanView
     ) -> ReleasedValues:
         """Released values from the noisy components (one list per component, in order: of
         integers, or of a list of m integers per key for a vector-valued input)."""
@@ -120,14 +181,14 @@ class Statistic(Protocol):
         its value over one event, 0)."""
         ...
 
-    def released_range(self, plan: QueryPlan) -> tuple[float, float] | None:
+    def released_range(self, plan: PlanView) -> tuple[float, float] | None:
         """The interval every released value lies in (None: unbounded, e.g. a noisy count)."""
         ...
 
-    def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
+    def plan_figures(self, plan: PlanView) -> dict[str, Any]:
         """Extra entries of the plan's machine form (``mean_ci95``, ``variance_ci95``)."""
         ...
 
-    def plan_lines(self, plan: QueryPlan) -> list[str]:
+    def plan_lines(self, plan: PlanView) -> list[str]:
         """Extra lines of the query's block in ``stream-dp plan``'s table."""
         ...

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
-    from stream_dp.privacy.planner import QueryPlan
+    from stream_dp.privacy.statistics.base import PlanView
 
 
 class CountDistinctUsers:
@@ -44,22 +44,22 @@ class CountDistinctUsers:
         sensitivity = distinct_users_sensitivity(bounds)
         return (NoisePart("value", sensitivity, noise_epsilon, noise_delta),)
 
-    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: QueryPlan) -> np.ndarray:
+    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: PlanView) -> np.ndarray:
         return totals.users
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
+        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: PlanView
     ) -> ReleasedValues:
         return release_single(groups, noisy, plan, scaled=False)
 
     def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:
         return aggregate.users
 
-    def released_range(self, plan: QueryPlan) -> tuple[float, float] | None:
+    def released_range(self, plan: PlanView) -> tuple[float, float] | None:
         return None
 
-    def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
+    def plan_figures(self, plan: PlanView) -> dict[str, Any]:
         return {}
 
-    def plan_lines(self, plan: QueryPlan) -> list[str]:
+    def plan_lines(self, plan: PlanView) -> list[str]:
         return []

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
-    from stream_dp.privacy.planner import QueryPlan
+    from stream_dp.privacy.statistics.base import PlanView
 
 #: Each half of a mean's error bound uses this level, so both hold together w.p. ≥ 95%.
 MEAN_COMPONENT_LEVEL = 0.975
@@ -62,7 +62,7 @@ class Mean:
             NoisePart("count", count_sensitivity(bounds), count_eps, count_delta),
         )
 
-    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: QueryPlan) -> np.ndarray:
+    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: PlanView) -> np.ndarray:
         match target:
             case "count":
                 return totals.events
@@ -74,7 +74,7 @@ class Mean:
                 assert_never(target)
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
+        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: PlanView
     ) -> ReleasedValues:
         clamp = plan.clamp_negative
         primary = plan.noise[0]
@@ -106,14 +106,14 @@ class Mean:
     def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:
         return aggregate.value_sum * query.value_granularity / max(1, aggregate.events)
 
-    def released_range(self, plan: QueryPlan) -> tuple[float, float] | None:
+    def released_range(self, plan: PlanView) -> tuple[float, float] | None:
         assert plan.value_lower is not None and plan.value_upper is not None
         return plan.value_lower, plan.value_upper
 
-    def plan_lines(self, plan: QueryPlan) -> list[str]:
+    def plan_lines(self, plan: PlanView) -> list[str]:
         return ["  mean CI      per key: (sum CI + |bound| x count CI) / noisy count"]
 
-    def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
+    def plan_figures(self, plan: PlanView) -> dict[str, Any]:
         return {
             "mean_ci95": (
                 "per key: min(upper - lower, (ci95_sum_97.5 + value_bound * ci95_count_97.5)"

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
 
 if TYPE_CHECKING:
-    from stream_dp.privacy.planner import QueryPlan
+    from stream_dp.privacy.statistics.base import PlanView
 
 
 def release_single(
-    groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan, *, scaled: bool
+    groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: PlanView, *, scaled: bool
 ) -> ReleasedValues:
     """Noisy integers as released values (times the unit when ``scaled``: a sum's
     granularity); ``clamp_negative`` sets negative values to 0 (flagged ``clamped``)."""

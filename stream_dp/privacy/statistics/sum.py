@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
-    from stream_dp.privacy.planner import QueryPlan
+    from stream_dp.privacy.statistics.base import PlanView
 
 
 class Sum:
@@ -42,22 +42,22 @@ class Sum:
         unit = query.value_granularity
         return (NoisePart("value", sensitivity, noise_epsilon, noise_delta, unit),)
 
-    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: QueryPlan) -> np.ndarray:
+    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: PlanView) -> np.ndarray:
         return totals.value_sums
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
+        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: PlanView
     ) -> ReleasedValues:
         return release_single(groups, noisy, plan, scaled=True)
 
     def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:
         return aggregate.value_sum * query.value_granularity
 
-    def released_range(self, plan: QueryPlan) -> tuple[float, float] | None:
+    def released_range(self, plan: PlanView) -> tuple[float, float] | None:
         return None
 
-    def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
+    def plan_figures(self, plan: PlanView) -> dict[str, Any]:
         return {}
 
-    def plan_lines(self, plan: QueryPlan) -> list[str]:
+    def plan_lines(self, plan: PlanView) -> list[str]:
         return []

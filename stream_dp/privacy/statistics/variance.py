@@ -46,7 +46,7 @@ from stream_dp.privacy.statistics.sensitivity import (
 
 if TYPE_CHECKING:
     from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
-    from stream_dp.privacy.planner import QueryPlan
+    from stream_dp.privacy.statistics.base import PlanView
 
 #: Each of the three half-widths uses this level, so all hold together w.p. ≥ 95%.
 VARIANCE_COMPONENT_LEVEL = 1 - 0.05 / 3
@@ -73,7 +73,7 @@ def _query_center(query: QuerySpec) -> tuple[int, int]:
     return center_units(query.lower, query.upper, query.value_granularity)
 
 
-def _plan_center(plan: QueryPlan) -> tuple[int, int]:
+def _plan_center(plan: PlanView) -> tuple[int, int]:
     assert plan.value_lower is not None and plan.value_upper is not None
     assert plan.granularity is not None
     return center_units(plan.value_lower, plan.value_upper, plan.granularity)
@@ -122,7 +122,7 @@ class Variance:
             NoisePart("count", count_sensitivity(bounds), count_eps, count_delta),
         )
 
-    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: QueryPlan) -> np.ndarray:
+    def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: PlanView) -> np.ndarray:
         center, spread = _plan_center(plan)
         match target:
             case "count":
@@ -137,7 +137,7 @@ class Variance:
                 assert_never(target)
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
+        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: PlanView
     ) -> ReleasedValues:
         _, spread = _plan_center(plan)
         assert plan.granularity is not None
@@ -168,11 +168,11 @@ class Variance:
         g = query.value_granularity
         return (aggregate.value_squares / n - mean * mean) * g * g
 
-    def released_range(self, plan: QueryPlan) -> tuple[float, float]:
+    def released_range(self, plan: PlanView) -> tuple[float, float]:
         assert plan.value_lower is not None and plan.value_upper is not None
         return 0.0, ((plan.value_upper - plan.value_lower) / 2) ** 2
 
-    def plan_figures(self, plan: QueryPlan) -> dict[str, Any]:
+    def plan_figures(self, plan: PlanView) -> dict[str, Any]:
         return {
             "variance_ci95": {
                 "rule": VARIANCE_CI95_RULE,
@@ -180,7 +180,7 @@ class Variance:
             }
         }
 
-    def plan_lines(self, plan: QueryPlan) -> list[str]:
+    def plan_lines(self, plan: PlanView) -> list[str]:
         at = ", ".join(f"{_num(halfwidth(plan, n))} at {n:,}" for n in PLAN_COUNTS)
         _, cap = self.released_range(plan)
         return [
@@ -189,7 +189,7 @@ class Variance:
         ]
 
 
-def halfwidth(plan: QueryPlan, noisy_count: int) -> float:
+def halfwidth(plan: PlanView, noisy_count: int) -> float:
     """The 95% half-width of a released variance at a noisy count (the module docstring)."""
     _, spread = _plan_center(plan)
     assert plan.granularity is not None
