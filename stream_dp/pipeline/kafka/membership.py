@@ -262,14 +262,13 @@ class Membership(WorkerPart):
         # Stage 2 waits for every stage-1 partition, and a repartition partition for every
         # input partition: both counts must be right, never guessed.
         topology.keyed_topic = self.stage1_topic if self.keyed else None
-        ingest.source_partitions = await topology.partitions(
+        source_partitions = await topology.partitions(
             self.stage1_topic, watermark_s=watermark, ingest=ingest
         )
+        ingest.learn_partitions(source_partitions)
         if not self.keyed:
-            ingest.input_partitions = await topology.partitions(
-                self.input_topic, watermark_s=watermark
-            )
-            ingest.routed_partitions = ingest.source_partitions
+            input_partitions = await topology.partitions(self.input_topic, watermark_s=watermark)
+            ingest.learn_partitions(source_partitions, input_partitions=input_partitions)
         for topic in sorted(topology.fixed):
             await topology.partitions(topic, watermark_s=watermark)
         now, now_mono = time.time(), time.monotonic()
