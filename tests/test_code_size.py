@@ -79,21 +79,10 @@ def _class_lines() -> dict[tuple[str, str], int]:
     return lines
 
 
-#: Classes still over the limit counting their bases while they are rebuilt from
-#: collaborators (issue 40), one commit at a time: each must still be over (else it leaves
-#: this set), and the set only shrinks.
-BEING_SPLIT = frozenset(
-    {
-        "stream_dp.pipeline.stages.release_stage.ReleaseStage",
-    }
-)
-
-
 def test_no_class_is_over_its_limit_counting_what_it_inherits() -> None:
     """Each class's own lines plus those of every ``stream_dp`` class in its MRO."""
     own = _class_lines()
     too_long = []
-    over = set()
     for module_name, class_name in sorted(own):
         cls = getattr(importlib.import_module(module_name), class_name, None)
         if not inspect.isclass(cls) or cls.__module__ != module_name:
@@ -105,14 +94,9 @@ def test_no_class_is_over_its_limit_counting_what_it_inherits() -> None:
         ]
         total = sum(own.get(key, 0) for key in chain)
         if total > MAX_CLASS_LINES:
-            over.add(f"{module_name}.{class_name}")
-            if f"{module_name}.{class_name}" in BEING_SPLIT:
-                continue
             names = " + ".join(f"{name} {own.get((m, name), 0)}" for m, name in chain)
             too_long.append(f"{module_name}.{class_name}: {total} lines ({names})")
     assert not too_long, (
         f"over {MAX_CLASS_LINES} lines counting their stream_dp bases; build them from "
         "collaborators instead of mixins:\n" + "\n".join(too_long)
     )
-    done = sorted(BEING_SPLIT - over)
-    assert not done, f"under the limit now: take them out of BEING_SPLIT: {done}"
