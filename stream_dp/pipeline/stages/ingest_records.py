@@ -187,7 +187,7 @@ class RecordPath:
         dropped = [0, 0, 0]  # by fate: LATE, REPLAYED (ACCEPT unused)
         duplicates = stale_key = 0
         max_time: float | None = None
-        # Events arrive mostly in event-time order: the per-window lookups (_fate, _open_window)
+        # Events arrive mostly in event-time order: the per-window lookups (fate, _open_window)
         # are redone only when the window changes; a window's events go to its samples in runs.
         current_ws: int | None = None
         fate = ACCEPT
