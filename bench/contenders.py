@@ -131,18 +131,24 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
             _mark_first()
             return super().route_packed(partition, records, now_s=now_s, now_mono_s=now_mono_s)
 
-        def _ingest_packed(
-            self,
-            partition: int,
-            offset: int,
-            packed: PackedEvents,
-            topic: str | None,
-            seen: dict[int, int],
-        ) -> list[DeadLetter]:
-            # Repartitioned input: stage 1 takes the events of packed records.
-            dead = super()._ingest_packed(partition, offset, packed, topic, seen)
-            counts["events"] += len(packed)
-            return dead
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            columns = self.records.columns
+            take_packed = columns.ingest_packed
+
+            def ingest_packed(
+                partition: int,
+                offset: int,
+                packed: PackedEvents,
+                topic: str | None,
+                seen: dict[int, int],
+            ) -> list[DeadLetter]:
+                # Repartitioned input: stage 1 takes the events of packed records.
+                dead = take_packed(partition, offset, packed, topic, seen)
+                counts["events"] += len(packed)
+                return dead
+
+            columns.ingest_packed = ingest_packed  # type: ignore[method-assign]
 
         def _note_progress(self) -> None:
             if counts["events"] >= expected_events and "last_ingest" not in marks:

@@ -83,7 +83,7 @@ def _window(rows: int, k: int, seed: int) -> tuple[IngestStage, np.ndarray]:
     samples = UserSamples(k, new_sampling_generator())
     samples.add_columns(np.repeat(words, k, axis=0), rng.integers(0, 1000, users * k, np.int32))
     samples.sample()  # compacted, as a window is after its first large batches
-    ingest._state[0][START_S] = WindowPart(samples, 0)
+    ingest.store.parts[0][START_S] = WindowPart(samples, 0)
     return ingest, words
 
 
@@ -140,7 +140,7 @@ def measure(size: str, log: Callable[[str], None] = lambda _: None) -> dict[str,
 
     log(f"[bench] erasure burst, before: {timed} of {n:,} erasures on {rows:,} rows")
     ingest, words = _window(rows, k, seed=1)
-    samples = ingest._state[0][START_S].samples
+    samples = ingest.store.parts[0][START_S].samples
     before = _burst(ingest, words, timed, seed=2)
 
     async def per_user_on_loop() -> None:
@@ -161,7 +161,7 @@ def measure(size: str, log: Callable[[str], None] = lambda _: None) -> dict[str,
         log(f"[bench] erasure burst, {name.replace('_', ' ')}: {n:,} erasures on {rows:,} rows")
         ingest, words = _window(rows, k, seed=1)
         burst = _burst(ingest, words, n, seed=3)
-        samples = ingest._state[0][START_S].samples
+        samples = ingest.store.parts[0][START_S].samples
         held = samples.events_retained
 
         async def apply(

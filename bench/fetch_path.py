@@ -47,7 +47,7 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["mode"] == "stage0":
         from stream_dp.config import parse_config
         from stream_dp.ops.metrics import Metrics
-        from stream_dp.pipeline.stages.ingest import IngestStage
+        from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
         from stream_dp.pipeline.stages.ingest_columns import FetchedRecords
         from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 
@@ -59,9 +59,13 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
             options.update(fetch_options())
         fetched = FetchedRecords
         cfg = parse_config(spec["config"])
-        stage = IngestStage(cfg, KeyRing(Pseudonymizer(b"ab" * 32, "k1")), metrics=Metrics())
+        stage = IngestStage(
+            cfg,
+            KeyRing(Pseudonymizer(b"ab" * 32, "k1")),
+            metrics=Metrics(),
+            settings=IngestSettings(routed_partitions=PARTITIONS),
+        )
         stage.assign_routed(range(PARTITIONS), time.monotonic(), now_s=time.time())
-        stage.routed_partitions = PARTITIONS
     consumer = AIOKafkaConsumer(
         bootstrap_servers=spec["bootstrap"],
         enable_auto_commit=False,

@@ -100,10 +100,9 @@ def throughput_point(spec: StreamSpec) -> dict[str, Any]:
     (seal partials, merge, release) through :class:`LocalPipeline`."""
     cols = columns(spec)
     values, keys = encode(spec, cols)
-    pipeline = LocalPipeline(stage_config(spec.window_size_s), _keyring())
     # LocalPipeline turns the key check off for its single partition; the worker reading
     # keyed input (keyed_by_user: true) does it for every record, so it is timed too.
-    pipeline.ingest_stage.enforce_user_keys = True
+    pipeline = LocalPipeline(stage_config(spec.window_size_s), _keyring(), enforce_user_keys=True)
     seconds = ingest_all(pipeline.ingest_stage, keyed_records(values, keys))
     windows = pipeline.ingest_stage.open_windows()
     started = time.perf_counter()
@@ -340,7 +339,7 @@ def ingest_state_per_event(spec: StreamSpec) -> dict[str, Any]:
     snap = tracemalloc.take_snapshot()
     tracemalloc.stop()
     allocated = sum(s.size_diff for s in snap.compare_to(base, "filename"))
-    parts = [p for s in stage._state.values() for p in s.values()]
+    parts = [p for s in stage.store.parts.values() for p in s.values()]
     retained = sum(p.samples.events_retained for p in parts)
     users = sum(p.samples.users for p in parts)
     return {

@@ -330,14 +330,14 @@ class ReleaseDriver:
         so that compute_release takes the winning draw (stream_dp.pipeline.stages.cumulative).
         False when the previous window's state is not durable yet: the window waits."""
         stage = self.stage
-        if not stage.continual_pending(window_start_s):
+        if not stage.continual.continual_pending(window_start_s):
             return True
         if self.monotonic() < self._continual_retry_at.get(window_start_s, -math.inf):
             return False
         parts = self.continual_partitions
-        targets = [parts[i] for i in stage.continual_partitions(window_start_s)]
+        targets = [parts[i] for i in stage.continual.continual_partitions(window_start_s)]
         await self.transport.read_continual(targets)
-        prepared = stage.prepare_continual(window_start_s)
+        prepared = stage.continual.prepare_continual(window_start_s)
         if prepared.waiting:
             # Released meanwhile by its owner? Its ledger partition says (its state, if
             # any, was written before its ledger records and is read again after them).
@@ -345,7 +345,7 @@ class ReleaseDriver:
             await self.transport.read_ledger([self.ledger_partition_of(previous)])
             stage.adopt_ledger()
             await self.transport.read_continual(targets)
-            prepared = stage.prepare_continual(window_start_s)
+            prepared = stage.continual.prepare_continual(window_start_s)
             if prepared.waiting:
                 if self.continual_wait_retry_s > 0:
                     retry_at = self.monotonic() + self.continual_wait_retry_s

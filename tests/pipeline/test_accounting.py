@@ -132,10 +132,7 @@ def _unkeyed(packed: bool) -> Feed:
     def feed(metrics: Metrics) -> None:
         router = _stage(metrics)
         router.assign_routed([0], 0.0)
-        router.routed_partitions = 1
-        owner = _stage(metrics)
-        owner.input_partitions = 1
-        owner.source_partitions = 1
+        owner = _stage(metrics)  # one input and one repartition partition (the defaults)
         owner.assign([0], 0.0, routed=True)
         route = router.route_packed if packed else router.route
         offset = 0

@@ -17,7 +17,7 @@ from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.decode import Decoder
 from stream_dp.pipeline.stages import columns, ingest_columns
-from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord, user_key
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage, InputRecord, user_key
 from stream_dp.pipeline.stages.placement import murmur2_partition
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.release import KeyAggregate
@@ -36,9 +36,11 @@ def _config(**kw: Any) -> Config:
     return config(queries=QUERIES, epsilon_per_window=4e6, delta_per_window=2e-6, **kw)
 
 
-def _stage(cfg: Config, partitions: int = 1) -> IngestStage:
-    stage = IngestStage(cfg, KEYRING, metrics=Metrics(), sampling_rng=random.Random(0))
-    stage.source_partitions = partitions
+def _stage(cfg: Config, partitions: int = 1, erasures: ErasureSet | None = None) -> IngestStage:
+    settings = IngestSettings(source_partitions=partitions, erasures=erasures)
+    stage = IngestStage(
+        cfg, KEYRING, metrics=Metrics(), sampling_rng=random.Random(0), settings=settings
+    )
     stage.assign(range(partitions), 0.0, routed=False)
     return stage
 
@@ -254,8 +256,7 @@ def test_erased_users_are_dropped_by_the_column_path_as_record_by_record() -> No
     events += [("alice", 5.0, "a", None, "ms"), ("carol", 12.0, "a", True, "s")]
     outcomes = []
     for columns_on in (True, False):
-        stage = _stage(_config(k=40))
-        stage.erasures = erasures
+        stage = _stage(_config(k=40), erasures=erasures)
         with pytest.MonkeyPatch.context() as mp:
             if not columns_on:
                 mp.setattr(ingest_columns, "decode_columns", lambda *a: None)
@@ -271,7 +272,7 @@ def test_a_later_erasure_removes_events_compaction_had_already_left_out() -> Non
     stage = _stage(_config(k=2))
     heavy = [("dave", i / 1000, "a", None, "s") for i in range(5000)]
     stage.ingest(0, _records(heavy), now_s=NOW, now_mono_s=0.5)
-    (part,) = stage._state[0].values()
+    (part,) = stage.store.parts[0].values()
     part.samples._compact()  # as a large window is compacted while it runs
     assert part.samples.events_retained == 2
     removed = part.samples.remove(KEYRING.current.pseudonym("dave"))

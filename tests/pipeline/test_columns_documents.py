@@ -27,7 +27,7 @@ from stream_dp.pipeline.formats import struct_decode
 from stream_dp.pipeline.formats.decode import REASONS, BadRecord, Decoder
 from stream_dp.pipeline.formats.packed import decode_events
 from stream_dp.pipeline.stages import columns, ingest_columns
-from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage, InputRecord
 from tests.pipeline.support import KEYRING, NOW, T0, config
 
 QUERIES: list[dict[str, Any]] = [
@@ -160,9 +160,9 @@ def _check_stage_0(values: list[bytes]) -> None:
     expected = _expected_dead(values)
     stages = []
     for _ in range(2):
-        stage = IngestStage(_cfg(), KEYRING, metrics=Metrics())
+        settings = IngestSettings(routed_partitions=3)
+        stage = IngestStage(_cfg(), KEYRING, metrics=Metrics(), settings=settings)
         stage.assign_routed([0], 0.0)
-        stage.routed_partitions = 3
         stages.append(stage)
     one, packed = stages
     out_one, dead_one = one.route(0, records, now_s=NOW, now_mono_s=0)
@@ -184,7 +184,6 @@ def _check_stage_0(values: list[bytes]) -> None:
 
 def _ingest(values: list[bytes], *, columns_on: bool) -> tuple[Any, ...]:
     stage = IngestStage(_cfg(), KEYRING, metrics=Metrics(), sampling_rng=random.Random(0))
-    stage.source_partitions = 1
     stage.assign([0], 0.0, routed=False)
     with pytest.MonkeyPatch.context() as mp:
         if not columns_on:

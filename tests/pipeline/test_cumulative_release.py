@@ -364,7 +364,7 @@ class Node:
 
     def prepare(self, window: int) -> Preparation:
         self.catch_up()
-        return self.stage.prepare_continual(T0 + window * S)
+        return self.stage.continual.prepare_continual(T0 + window * S)
 
     def write(self, prepared: Preparation) -> None:
         for draw in prepared.to_write:

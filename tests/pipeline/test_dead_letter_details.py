@@ -28,7 +28,7 @@ from stream_dp.pipeline.formats.erasure_records import (
     decode_request,
 )
 from stream_dp.pipeline.formats.records import dead_letter_record
-from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord, user_key
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage, InputRecord, user_key
 from stream_dp.pipeline.stages.ingest_columns import DeadLetter
 from stream_dp.pipeline.stages.placement import partition_function
 from stream_dp.privacy.erasure import erasure_pseudonyms
@@ -102,17 +102,18 @@ def _decoder_cases(cfg: Config) -> dict[str, list[bytes]]:
     }
 
 
-def _router(cfg: Config) -> IngestStage:
-    stage = IngestStage(cfg, KEYRING, metrics=Metrics())
+def _router(cfg: Config, routed_partitions: int = 1) -> IngestStage:
+    settings = IngestSettings(routed_partitions=routed_partitions)
+    stage = IngestStage(cfg, KEYRING, metrics=Metrics(), settings=settings)
     stage.assign_routed([0], 0.0)
     return stage
 
 
 def _stage(cfg: Config, partitions: int = 1, *, routed: bool = False) -> IngestStage:
-    stage = IngestStage(cfg, KEYRING, metrics=Metrics(), sampling_rng=random.Random(0))
-    stage.source_partitions = partitions
-    if routed:
-        stage.input_partitions = 1
+    settings = IngestSettings(source_partitions=partitions)
+    stage = IngestStage(
+        cfg, KEYRING, metrics=Metrics(), sampling_rng=random.Random(0), settings=settings
+    )
     stage.assign(range(partitions), 0.0, routed=routed)
     return stage
 
@@ -175,8 +176,7 @@ def _internal_cases() -> list[DeadLetter]:
         0, _numbered(bad), now_s=NOW, now_mono_s=0, routed=True, topic="repartition"
     )
     # A well-formed event of a user whose pseudonym belongs to the other partition.
-    router = _router(_cfg())
-    router.routed_partitions = 2
+    router = _router(_cfg(), routed_partitions=2)
     for user in (f"{RAW_USER}-{i}" for i in range(64)):
         routed, _ = router.route(0, _numbered([_event(user_id=user)]), now_s=NOW, now_mono_s=0)
         packed, _ = router.route_packed(

@@ -34,7 +34,7 @@ from stream_dp.pipeline.formats.partials import SourceWatermark, encode_partial,
 from stream_dp.pipeline.local.local import LocalPipeline
 from stream_dp.pipeline.local.replay import replay_file
 from stream_dp.pipeline.stages.erasure_gate import ErasureGate, released_until, replay_applies_from
-from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
@@ -70,16 +70,19 @@ class Wire:
     """Stage 1 and stage 2 joined as the worker joins them (one partials partition), with
     the worker's erasure switches on: stage 1 keeps sealed windows until released."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_sealed: bool = True) -> None:
         cfg = config(k=K, queries=QUERIES)
         self.metrics = Metrics()
         self.erasures = ErasureSet()
         self.release = ReleaseStage(cfg, metrics=self.metrics)
         self.ingest = IngestStage(
-            cfg, KEYRING, released=self.release, metrics=self.metrics, sampling_rng=random.Random(0)
+            cfg,
+            KEYRING,
+            released=self.release,
+            metrics=self.metrics,
+            sampling_rng=random.Random(0),
+            settings=IngestSettings(erasures=self.erasures, keep_sealed=keep_sealed),
         )
-        self.ingest.erasures = self.erasures
-        self.ingest.keep_sealed = True
         self.ingest.assign([0], 0.0, routed=False)
         self.release.assign([0])
         self.gate = ErasureGate(self.erasures)
@@ -159,8 +162,7 @@ def test_a_sealed_window_is_sealed_again_and_only_then_released_without_the_user
 
 
 def test_without_keep_sealed_a_sealed_window_is_dropped_at_once() -> None:
-    wire = Wire()
-    wire.ingest.keep_sealed = False
+    wire = Wire(keep_sealed=False)
     wire.ingest.ingest(0, _events(0, 1), now_s=NOW, now_mono_s=0)
     wire.ingest.ingest(0, [rec(9, "dave", 12, "shared.example")], now_s=NOW, now_mono_s=0)
     wire.seal(wire.ingest.due(0.0))
@@ -215,17 +217,19 @@ def test_stage_0_repartitions_an_erased_users_events_and_stage_1_drops_them_unde
     ring = KeyRing(Pseudonymizer(TEST_KEY, "k2"), Pseudonymizer(old_key, "k1"), T0 + 10)
     metrics = Metrics()
     cfg = config(k=K, queries=QUERIES)
-    stage = IngestStage(cfg, ring, metrics=metrics)
-    stage.erasures = ErasureSet()
-    stage.erasures.add(_erasure(0, " ALICE ", keyring=ring))
+    erasures = ErasureSet()
+    erasures.add(_erasure(0, " ALICE ", keyring=ring))
+    stage = IngestStage(cfg, ring, metrics=metrics, settings=IngestSettings(erasures=erasures))
     records = [rec(0, "alice", 1, "alice.example"), rec(1, "alice", 11, "alice.example")]
     records.append(rec(2, "bob", 11, "shared.example"))
     routed, dead = stage.route(0, records, now_s=NOW, now_mono_s=0)
     assert dead == []
     assert [orjson.loads(v)["src"][1] for _, v, _ in routed] == [0, 1, 2]
     assert metrics.events_repartitioned._value.get() == 3
-    owner = IngestStage(cfg, ring, metrics=Metrics(), sampling_rng=random.Random(0))
-    owner.erasures = stage.erasures
+    settings = IngestSettings(erasures=erasures)
+    owner = IngestStage(
+        cfg, ring, metrics=Metrics(), sampling_rng=random.Random(0), settings=settings
+    )
     owner.assign([0], 0.0, routed=True)
     owner.ingest(
         0, [(i, k, v) for i, (k, v, _) in enumerate(routed)], now_s=NOW, now_mono_s=0, routed=True
@@ -242,9 +246,12 @@ def test_stage_1_drops_repartitioned_events_of_an_erased_user() -> None:
     cfg = config(k=K, queries=QUERIES)
     router = IngestStage(cfg, KEYRING)
     routed, _ = router.route(0, _events(0, 1), now_s=NOW, now_mono_s=0)
-    stage = IngestStage(cfg, KEYRING, metrics=Metrics(), sampling_rng=random.Random(0))
-    stage.erasures = ErasureSet()
-    stage.erasures.add(_erasure(0))
+    erasures = ErasureSet()
+    erasures.add(_erasure(0))
+    settings = IngestSettings(erasures=erasures)
+    stage = IngestStage(
+        cfg, KEYRING, metrics=Metrics(), sampling_rng=random.Random(0), settings=settings
+    )
     stage.assign([0], 0.0, routed=True)
     stage.ingest(
         0, [(i, k, v) for i, (k, v, _) in enumerate(routed)], now_s=NOW, now_mono_s=0, routed=True

@@ -22,9 +22,9 @@ import numpy as np
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.erasure_records import encode_erasure
 from stream_dp.pipeline.kafka.erasure_worker import Outgoing, WorkerErasure
-from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
-from stream_dp.privacy.erasure import Erasure, erasure_pseudonyms
+from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.user_samples import pseudonym_words
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 
@@ -38,10 +38,16 @@ TICK_S = 0.005
 TIMEOUT_S = 120.0
 
 
-def _window_of_200k_rows() -> IngestStage:
+def _window_of_200k_rows(erasures: ErasureSet) -> IngestStage:
+    """Stage 1 as the worker builds it with erasure on (``erasures``: its erasure log's)."""
     cfg = config(k=K)
     ingest = IngestStage(
-        cfg, KEYRING, released=ReleaseStage(cfg), metrics=Metrics(), sampling_rng=random.Random(1)
+        cfg,
+        KEYRING,
+        released=ReleaseStage(cfg),
+        metrics=Metrics(),
+        sampling_rng=random.Random(1),
+        settings=IngestSettings(erasures=erasures, keep_sealed=True),
     )
     ingest.assign([0], 0.0, routed=False)
     records = [rec(i, f"user{i % USERS}", 1.0 + (i % 7)) for i in range(USERS * K)]
@@ -52,7 +58,7 @@ def _window_of_200k_rows() -> IngestStage:
 
 def _held_pseudonyms(ingest: IngestStage) -> set[bytes]:
     """Every pseudonym with a row in the window (kept or buffered)."""
-    samples = ingest._state[0][T0].samples
+    samples = ingest.store.parts[0][T0].samples
     samples.sample()
     kept = samples._kept
     assert kept is not None
@@ -96,10 +102,7 @@ def _worker(burst: Sequence[tuple[str, bytes]]) -> WorkerErasure:
 
 
 async def test_a_burst_of_erasures_on_a_large_window_leaves_the_loop_running() -> None:
-    ingest = _window_of_200k_rows()
     users = [f"user{i}" for i in range(0, USERS, USERS // BURST)][:BURST]
-    erased = {KEYRING.current.pseudonym(u) for u in users}  # pseudonyms of the window's key
-    assert erased <= _held_pseudonyms(ingest)
     expires = T0 + 86_400
     burst = [
         encode_erasure(
@@ -110,6 +113,9 @@ async def test_a_burst_of_erasures_on_a_large_window_leaves_the_loop_running() -
         for u in users
     ]
     worker = _worker(burst)
+    ingest = _window_of_200k_rows(worker.erasures)
+    erased = {KEYRING.current.pseudonym(u) for u in users}  # pseudonyms of the window's key
+    assert erased <= _held_pseudonyms(ingest)
     await worker.start(ingest, ReleaseStage(config(k=K)))
 
     # The removal, timed from inside, and the thread it ran on.
@@ -159,4 +165,4 @@ async def test_a_burst_of_erasures_on_a_large_window_leaves_the_loop_running() -
     assert not ingest.ingest(0, late, now_s=NOW, now_mono_s=2.0)
     assert not _held_pseudonyms(ingest) & erased
     words = pseudonym_words(b"".join(sorted(erased)), len(erased))
-    assert ingest._state[0][T0].samples.remove_many(words) == 0
+    assert ingest.store.parts[0][T0].samples.remove_many(words) == 0

@@ -43,7 +43,7 @@ from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.hold_guards import HoldGuards
 from stream_dp.pipeline.kafka.membership import Membership, Stages
 from stream_dp.pipeline.stages import ingest_columns
-from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage, InputRecord
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 
@@ -93,9 +93,10 @@ def _config(keyed_by_user: bool = False) -> Config:
 
 
 def _stage(metrics: Metrics, erasures: ErasureSet) -> IngestStage:
-    stage = IngestStage(_config(), KEYRING, metrics=metrics, sampling_rng=random.Random(0))
-    stage.erasures = erasures
-    return stage
+    settings = IngestSettings(erasures=erasures)
+    return IngestStage(
+        _config(), KEYRING, metrics=metrics, sampling_rng=random.Random(0), settings=settings
+    )
 
 
 def _keyed(columns: bool) -> Path:
@@ -119,10 +120,7 @@ def _unkeyed(packed: bool) -> Path:
     def build(metrics: Metrics, erasures: ErasureSet) -> tuple[Feed, IngestStage]:
         router = _stage(metrics, erasures)
         router.assign_routed([0], 0.0)
-        router.routed_partitions = 1
-        owner = _stage(metrics, erasures)
-        owner.input_partitions = 1
-        owner.source_partitions = 1
+        owner = _stage(metrics, erasures)  # one input and one repartition partition
         owner.assign([0], 0.0, routed=True)
         offset = [0]
 

@@ -24,7 +24,7 @@ from stream_dp.pipeline.formats.ledger import (
 from stream_dp.pipeline.formats.partials import SourceWatermark, encode_partial, encode_watermark
 from stream_dp.pipeline.local.local import local_topology
 from stream_dp.pipeline.local.replay import replay_file
-from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from tests.helpers import schema_validator
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
@@ -36,9 +36,9 @@ HEAVY = 400  # events of one user in the window
 def _heavy_user_partials(cfg: Config, source: int, sources: int, user: str) -> list[bytes]:
     """A real stage 1 under ``cfg``: one user with HEAVY events in window T0, sealed on
     partition ``source`` and stamped with ``cfg``'s fingerprint; the partials' values."""
-    stage = IngestStage(cfg, KEYRING)
-    stage.source_partitions = sources
-    stage.fingerprint = deployment_fingerprint(cfg, local_topology(cfg)).digest
+    fingerprint = deployment_fingerprint(cfg, local_topology(cfg)).digest
+    settings = IngestSettings(fingerprint=fingerprint, source_partitions=sources)
+    stage = IngestStage(cfg, KEYRING, settings=settings)
     stage.assign([source], 0.0, routed=False)
     records = [rec(i, user, 1 + i / 100, "a") for i in range(HEAVY)]
     stage.ingest(source, records, now_s=NOW, now_mono_s=0.0)

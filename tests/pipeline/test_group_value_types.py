@@ -126,7 +126,6 @@ def test_repartitioned_events_keep_booleans_apart_from_one() -> None:
     router = IngestStage(cfg, KEYRING, metrics=Metrics())
     router.assign_routed([0], 0.0)
     owner = IngestStage(cfg, KEYRING, metrics=Metrics(), sampling_rng=random.Random(0))
-    owner.input_partitions = 1
     owner.assign([0], 0.0, routed=True)
     out, dead = router.route(
         0, _events([("t", True), ("o", 1), ("f", 1.0), ("h", 0.5)]), now_s=NOW, now_mono_s=0

@@ -18,7 +18,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.backlog import DueBacklog
 from stream_dp.pipeline.formats.ledger import LedgerIndex, encode_progress
 from stream_dp.pipeline.formats.partials import SourceWatermark, encode_watermark
-from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.windows.watermark import IDLE_CONFIRM_S
 from tests.pipeline.support import KEYRING, NOW, T0, config, numbered, rec
@@ -52,16 +52,18 @@ def _released_through(
     return stage
 
 
-def _stage1(released: ReleaseStage | None, *, keyed: bool = True) -> IngestStage:
-    stage = IngestStage(
+def _stage1(
+    released: ReleaseStage | None, *, keyed: bool = True, input_partitions: int = 1
+) -> IngestStage:
+    return IngestStage(
         config(keyed_by_user=keyed),
         KEYRING,
         released=released,
         metrics=Metrics(),
         sampling_rng=random.Random(0),
+        # read proof required as in the worker
+        settings=IngestSettings(require_read_proof=True, input_partitions=input_partitions),
     )
-    stage.require_read_proof = True  # as in the worker
-    return stage
 
 
 def _watermark(stage: IngestStage, now_mono_s: float) -> float | None:
@@ -157,8 +159,7 @@ def test_a_repartition_partition_catches_up_with_its_idle_routers_wall_clock() -
     release = _released_through({0: T0 + 1000, 1: T0 + 990})
     router = _stage1(release, keyed=False)
     router.assign_routed([0, 1], 0.0, now_s=WALL)
-    owner = _stage1(release, keyed=False)
-    owner.input_partitions = 2
+    owner = _stage1(release, keyed=False, input_partitions=2)
     owner.assign([0], 0.0, routed=True, now_s=WALL)
     offset = 0
     for now in (IDLE_S, IDLE_S + IDLE_CONFIRM_S):

@@ -13,7 +13,7 @@ import pytest
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.partials import Partial, SourceWatermark
-from stream_dp.pipeline.stages.ingest import IngestStage, user_key
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage, user_key
 from stream_dp.pipeline.stages.placement import (
     crc32_partition,
     murmur2_partition,
@@ -33,8 +33,8 @@ def _stage(cfg: Config | None = None, *, partitions: Sequence[int] = (0, 1)) -> 
         KEYRING,
         metrics=Metrics(),
         sampling_rng=random.Random(0),
+        settings=IngestSettings(source_partitions=len(partitions)),
     )
-    stage.source_partitions = len(partitions)
     stage.assign(partitions, 0.0, routed=False)
     return stage
 
@@ -46,16 +46,20 @@ def _owner(input_partitions: int, *, k: int = 3, cfg: Config | None = None) -> I
         KEYRING,
         metrics=Metrics(),
         sampling_rng=random.Random(0),
+        # one repartition partition: every pseudonym belongs here
+        settings=IngestSettings(input_partitions=input_partitions),
     )
-    stage.input_partitions = input_partitions
-    stage.source_partitions = 1  # one repartition partition: every pseudonym belongs here
     stage.assign([0], 0.0, routed=True)
     return stage
 
 
-def _router(*input_partitions: int, now_mono_s: float = 0.0) -> IngestStage:
+def _router(
+    *input_partitions: int, now_mono_s: float = 0.0, settings: IngestSettings | None = None
+) -> IngestStage:
     """Stage 0 of a worker that owns these input partitions."""
-    stage = IngestStage(config(), KEYRING, metrics=Metrics())
+    stage = IngestStage(
+        config(), KEYRING, metrics=Metrics(), settings=settings or IngestSettings()
+    )
     stage.assign_routed(input_partitions, now_mono_s)
     return stage
 
@@ -287,8 +291,7 @@ def test_progress_marks_call_an_input_partition_idle_only_as_far_as_a_fetch_prov
     the reader at the partition's end: a reader that cannot fetch (a broker stall, a paused
     partition) proves nothing, and its unread events must not become late (the CI chaos
     smoke lost a third of a window that way)."""
-    router = _router(0, 1, now_mono_s=0)
-    router.require_read_proof = True
+    router = _router(0, 1, now_mono_s=0, settings=IngestSettings(require_read_proof=True))
 
     def idle(now_mono_s: float) -> list[float]:
         return [orjson.loads(m)["idle_s"] for m in router.progress_marks(now_mono_s)]
@@ -653,9 +656,8 @@ def test_routed_records_are_checked_against_the_pseudonym_partition() -> None:
     """The repartition topic gained partitions while windows were open: records stage 0
     placed under the old count sit on partitions the new count does not map them to."""
     owner = _owner(1)
-    owner.source_partitions = 4
-    router = _router(0)
-    router.routed_partitions = 4
+    owner.learn_partitions(4)
+    router = _router(0, settings=IngestSettings(routed_partitions=4))
     out, _ = router.route(
         0, numbered([(f"user-{i}", 1, "a") for i in range(40)]), now_s=NOW, now_mono_s=0
     )
@@ -765,13 +767,13 @@ def test_an_event_stamped_ahead_of_the_clock_closes_no_window_on_any_path(path: 
         return
     stage = _stage(partitions=(0,))
     took_columns: list[bool] = []
-    by_columns = stage._ingest_columns
+    by_columns = stage.records.columns.ingest_columns
 
     def spy(*args: Any) -> bool:
         took_columns.append(by_columns(*args) if path == "stage-1 columns" else False)
         return took_columns[-1]
 
-    stage._ingest_columns = spy  # type: ignore[method-assign]
+    stage.records.columns.ingest_columns = spy  # type: ignore[method-assign,assignment]
     assert stage.ingest(0, events, now_s=now, now_mono_s=0) == []
     assert took_columns == [path == "stage-1 columns"]
     assert stage.due(0) == []  # the watermark is at most now - grace: T0 is still open

@@ -34,7 +34,7 @@ from stream_dp.pipeline.key_check_gate import (
     unrecorded_key_checks,
 )
 from stream_dp.pipeline.local.local import local_topology
-from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.pseudonymize import (
     KEY_CHECK_MESSAGE,
@@ -137,9 +137,9 @@ def test_a_keyring_with_another_secret_under_a_recorded_key_id_is_refused_with_t
 def _partials(cfg: Config, keyring: KeyRing, source: int, user: str) -> list[bytes]:
     """A real stage 1 holding ``keyring``: the user's HEAVY events in window T0, sealed on
     partition ``source`` of two; the partials' values."""
-    stage = IngestStage(cfg, keyring, sampling_rng=random.Random(source))
-    stage.source_partitions = 2
-    stage.fingerprint = deployment_fingerprint(cfg, local_topology(cfg)).digest
+    fingerprint = deployment_fingerprint(cfg, local_topology(cfg)).digest
+    settings = IngestSettings(fingerprint=fingerprint, source_partitions=2)
+    stage = IngestStage(cfg, keyring, sampling_rng=random.Random(source), settings=settings)
     stage.assign([source], 0.0, routed=False)
     records = [rec(i, user, 1 + i / 100, "a") for i in range(HEAVY)]
     stage.ingest(source, records, now_s=NOW, now_mono_s=0.0)
@@ -236,9 +236,10 @@ def test_repartitioned_events_under_another_secret_are_dead_lettered(
     theirs = _routed(OTHER if other == "another secret" else KEYRING, packed, 1)
     if other == "no check value":
         theirs = [(k, _strip_check(v), p) for k, v, p in theirs]
-    owner = IngestStage(config(k=3), KEYRING, metrics=Metrics(), sampling_rng=random.Random(0))
-    owner.input_partitions = 2
-    owner.source_partitions = 1
+    settings = IngestSettings(input_partitions=2)
+    owner = IngestStage(
+        config(k=3), KEYRING, metrics=Metrics(), sampling_rng=random.Random(0), settings=settings
+    )
     owner.assign([0], 0.0, routed=True)
     batch = [(i, k, v) for i, (k, v, _) in enumerate([*theirs, *mine])]
     dead = owner.ingest(0, batch, now_s=NOW, now_mono_s=0, routed=True, topic="rp")

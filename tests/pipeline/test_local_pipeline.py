@@ -197,10 +197,10 @@ def test_state_holds_no_raw_user_id() -> None:
     p = _pipeline()
     p.ingest(0, [rec(0, "alice@example.com", 1), rec(1, "bob", 12)], now_s=NOW, now_mono_s=0)
     stage = p.ingest_stage
-    blob = pickle.dumps((stage._state, stage._signatures, stage._signature_ids))
+    blob = pickle.dumps((stage.store.parts, stage.store.signatures, stage.store.signature_ids))
     assert b"alice" not in blob
     assert p.step(0, now_s=NOW) != []  # T0 sealed into partials and released
-    blob = pickle.dumps((stage._state, p.release.inbox._windows, p.release.ledger.releases()))
+    blob = pickle.dumps((stage.store.parts, p.release.inbox._windows, p.release.ledger.releases()))
     assert b"alice" not in blob and b"bob" not in blob
 
 

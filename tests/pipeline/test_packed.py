@@ -15,7 +15,7 @@ import pytest
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.packed import PACKED_KEY_PREFIX, decode_events
-from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage, InputRecord
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
@@ -32,10 +32,15 @@ def _cfg(**kw: Any) -> Config:
     return config(queries=QUERIES, delta_per_window=1e-6, **kw)
 
 
-def _router(*partitions: int, cfg: Config | None = None, routed_partitions: int = 1) -> IngestStage:
-    stage = IngestStage(cfg or _cfg(), KEYRING, metrics=Metrics())
+def _router(
+    *partitions: int,
+    cfg: Config | None = None,
+    routed_partitions: int = 1,
+    erasures: ErasureSet | None = None,
+) -> IngestStage:
+    settings = IngestSettings(routed_partitions=routed_partitions, erasures=erasures)
+    stage = IngestStage(cfg or _cfg(), KEYRING, metrics=Metrics(), settings=settings)
     stage.assign_routed(partitions, 0.0)
-    stage.routed_partitions = routed_partitions
     return stage
 
 
@@ -45,12 +50,17 @@ def _owner(
     cfg: Config | None = None,
     partitions: int = 1,
     keyring: KeyRing = KEYRING,
+    erasures: ErasureSet | None = None,
 ) -> IngestStage:
     stage = IngestStage(
-        cfg or _cfg(k=50), keyring, metrics=Metrics(), sampling_rng=random.Random(0)
+        cfg or _cfg(k=50),
+        keyring,
+        metrics=Metrics(),
+        sampling_rng=random.Random(0),
+        settings=IngestSettings(
+            input_partitions=input_partitions, source_partitions=partitions, erasures=erasures
+        ),
     )
-    stage.input_partitions = input_partitions
-    stage.source_partitions = partitions
     stage.assign([0], 0.0, routed=True)
     return stage
 
@@ -259,16 +269,14 @@ def test_erased_users_are_repartitioned_like_anyone_and_not_taken_from_packed_re
     names: docs/attack-model.md); stage 1 drops them from packed records on arrival."""
     erasures = ErasureSet()
     erasures.add(Erasure(0, erasure_pseudonyms("alice", KEYRING, "nfkc_casefold_strip"), T0 + 3600))
-    one, packed = _router(0), _router(0)
-    one.erasures = packed.erasures = erasures
+    one, packed = _router(0, erasures=erasures), _router(0, erasures=erasures)
     one_each, _ = one.route(0, numbered(_EVENTS), now_s=NOW, now_mono_s=1)
     records, _ = packed.route_packed(0, numbered(_EVENTS), now_s=NOW, now_mono_s=1)
     assert sum(orjson.loads(v)["n"] for _, v, _ in records) == len(one_each) == 6
     assert packed.metrics.events_repartitioned._value.get() == 6
     assert one.metrics.events_repartitioned._value.get() == 6
     assert packed.progress_marks(2) == one.progress_marks(2)
-    owner = _owner(1)
-    owner.erasures = erasures
+    owner = _owner(1, erasures=erasures)
     _feed(owner, [v for _, v, _ in records])
     others = [e for e in _EVENTS if e[0] not in ("alice", "Alice ")]
     without, _ = _router(0).route_packed(0, numbered(others), now_s=NOW, now_mono_s=1)
@@ -307,9 +315,9 @@ def test_each_packed_event_is_the_per_event_routers_record(group_by: list[str]) 
         records.append((100 + offset, None, orjson.dumps(event)))
     stages = []
     for _ in range(2):
-        stage = IngestStage(cfg, keyring, metrics=Metrics())
+        settings = IngestSettings(routed_partitions=5)
+        stage = IngestStage(cfg, keyring, metrics=Metrics(), settings=settings)
         stage.assign_routed([2], 0.0)
-        stage.routed_partitions = 5
         stages.append(stage)
     one, packed = stages
     one_each, dead_one = one.route(2, records, now_s=NOW, now_mono_s=0)

@@ -19,7 +19,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.ledger import encode_published, encode_release
 from stream_dp.pipeline.formats.partials import SourceWatermark, encode_partial, encode_watermark
 from stream_dp.pipeline.local.local import local_topology
-from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage, InputRecord
 from stream_dp.pipeline.stages.placement import crc32_partition, murmur2_partition
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
@@ -43,9 +43,8 @@ def _keyed(partitioner: str) -> Config:
 def _sealed(cfg: Config, stamp: str) -> list[bytes]:
     """A real stage 1 under ``cfg`` on the user's home partition under its partitioner:
     EVENTS records of the user accepted and bounded to K, sealed and stamped ``stamp``."""
-    stage = IngestStage(cfg, KEYRING)
-    stage.source_partitions = SOURCES
-    stage.fingerprint = stamp
+    settings = IngestSettings(fingerprint=stamp, source_partitions=SOURCES)
+    stage = IngestStage(cfg, KEYRING, settings=settings)
     home = HOME[cfg.input.partitioner]
     stage.assign([home], 0.0, routed=False)
     records = [rec(i, USER, 1 + i / 100, "a", key=USER.encode()) for i in range(EVENTS)]
@@ -106,8 +105,9 @@ def test_a_partial_of_a_version_without_placements_merges_with_its_own_fingerpri
         orjson.dumps({k: v for k, v in orjson.loads(v).items() if k != "placement"})
         for v in _sealed(murmur, own)
     ]
-    other = IngestStage(murmur, KEYRING)
-    other.source_partitions, other.fingerprint = SOURCES, own
+    other = IngestStage(
+        murmur, KEYRING, settings=IngestSettings(fingerprint=own, source_partitions=SOURCES)
+    )
     other.assign([1], 0.0, routed=False)
     records = [rec(i, "b-user", 1 + i / 100, "a", key=b"b-user") for i in range(EVENTS)]
     assert murmur2_partition(b"b-user", SOURCES) == 1
@@ -154,8 +154,8 @@ def test_after_partitions_are_added_each_window_keeps_one_count_and_the_user_is_
     own = deployment_fingerprint(cfg, local_topology(cfg)).digest
     user = _moved_user()
     old, new = (murmur2_partition(user.encode(), n) for n in (OLD, NEW))
-    stage = IngestStage(cfg, KEYRING)
-    stage.source_partitions, stage.fingerprint = OLD, own
+    settings = IngestSettings(fingerprint=own, source_partitions=OLD)
+    stage = IngestStage(cfg, KEYRING, settings=settings)
     stage.assign([old, new], 0.0, routed=False)
 
     def events(first: int, t0: float) -> list[InputRecord]:
@@ -163,7 +163,7 @@ def test_after_partitions_are_added_each_window_keeps_one_count_and_the_user_is_
 
     assert stage.ingest(old, events(0, 1), now_s=NOW, now_mono_s=0.0) == []
     assert stage.layout.grow(OLD, NOW) == T0 + 10  # T0 began: the next window is under NEW
-    stage.source_partitions = NEW
+    stage.learn_partitions(NEW)
     # T0, placed under the new count by a producer that refreshed: not T0's count.
     dead = stage.ingest(new, events(0, 5), now_s=NOW, now_mono_s=0.0)
     assert [d.reason for d in dead] == ["misplaced_key"] * EVENTS
@@ -179,7 +179,8 @@ def test_after_partitions_are_added_each_window_keeps_one_count_and_the_user_is_
         (old, T0): {OLD},
         (new, T0 + 10): {NEW},
     }
-    assert new not in stage._state or T0 not in stage._state[new]  # nothing of T0 on `new`
+    parts = stage.store.parts
+    assert new not in parts or T0 not in parts[new]  # nothing of T0 on `new`
     release = ReleaseStage(cfg, metrics=Metrics(), fingerprint=own)
     release.assign([0])
     values = [v for p in sealed[old, T0] for _, v in encode_partial(p, max_bytes=MB)]
@@ -202,8 +203,8 @@ def test_a_partial_of_a_worker_that_drew_the_line_elsewhere_is_left_out() -> Non
     values: list[bytes] = []
     for count in (OLD, NEW):
         home = murmur2_partition(user.encode(), count)
-        stage = IngestStage(cfg, KEYRING)
-        stage.source_partitions, stage.fingerprint = count, own
+        settings = IngestSettings(fingerprint=own, source_partitions=count)
+        stage = IngestStage(cfg, KEYRING, settings=settings)
         stage.assign([home], 0.0, routed=False)
         records = [rec(i, user, 1 + i / 100, "a", key=user.encode()) for i in range(EVENTS)]
         assert stage.ingest(home, records, now_s=NOW, now_mono_s=0.0) == []

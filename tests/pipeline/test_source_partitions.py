@@ -28,7 +28,7 @@ from stream_dp.pipeline.formats.partials import (
     new_version,
 )
 from stream_dp.pipeline.stages.erasure_gate import ErasureGate
-from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.release import KeyAggregate
@@ -161,11 +161,15 @@ class Sources:
         self.erasures = ErasureSet()
         self.release = ReleaseStage(cfg, metrics=self.metrics)
         self.ingest = IngestStage(
-            cfg, KEYRING, released=self.release, metrics=self.metrics, sampling_rng=random.Random(0)
+            cfg,
+            KEYRING,
+            released=self.release,
+            metrics=self.metrics,
+            sampling_rng=random.Random(0),
+            settings=IngestSettings(
+                erasures=self.erasures, keep_sealed=True, source_partitions=sources
+            ),
         )
-        self.ingest.source_partitions = sources
-        self.ingest.erasures = self.erasures
-        self.ingest.keep_sealed = True
         self.ingest.assign(range(sources), 0.0, routed=False)
         self.release.assign([0])
         self.gate = ErasureGate(self.erasures)

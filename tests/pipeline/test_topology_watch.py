@@ -57,7 +57,7 @@ async def test_a_keyed_topic_that_grows_is_named_counted_and_checked_per_window(
     broker = _Broker(4)
     watch, metrics, health = _watch(broker)
     ingest = IngestStage(config(keyed_by_user=True), KEYRING)
-    ingest.source_partitions = await watch.partitions(TOPIC, watermark_s=None, ingest=ingest)
+    ingest.learn_partitions(await watch.partitions(TOPIC, watermark_s=None, ingest=ingest))
     assert (ingest.source_partitions, broker.asked) == (4, [(TOPIC, True)])  # fresh, not cached
     ingest.layout.saw(T0)  # window T0 has begun
     monkeypatch.setattr(topology_watch, "WATCH_INTERVAL_S", 0.0)

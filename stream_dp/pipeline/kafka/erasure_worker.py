@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from stream_dp.config.model import Config
-from stream_dp.errors import PrivacyError
+from stream_dp.errors import PrivacyError, StreamDPError
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.erasure_records import (
     BAD_REQUEST,
@@ -103,9 +103,12 @@ class WorkerErasure:
     async def start(self, ingest: IngestStage, release: ReleaseStage) -> None:
         """Read the whole log back (to a fence) before any record is processed."""
         await self._retry("start the erasure log reader", self.log.start, False)
+        if ingest.erasures is not self.erasures or not ingest.keep_sealed:
+            raise StreamDPError(
+                "stage 1 must be built with this erasure log's erasures and keep_sealed "
+                "(IngestSettings) before the log is followed"
+            )
         self._ingest = ingest
-        ingest.erasures = self.erasures
-        ingest.keep_sealed = True
         await self.catch_up(bounded=False)
         self.erasures.forget(_released_before(release))
         self.metrics.erasures_active.set(len(self.erasures))

@@ -272,21 +272,20 @@ class Membership(WorkerPart):
         stages = self._stages()
         ingest, release, topology = stages.ingest, stages.release, stages.topology
         stage1, partials, routed = self.split(assigned)
-        watermark = release.watermark_s()
+        watermark, input_ = release.watermark_s(), self.input_topic
         # Stage 2 waits for every stage-1 partition, and a repartition partition for every
         # input partition: both counts must be right, never guessed.
         topology.keyed_topic = self.stage1_topic if self.keyed else None
-        ingest.source_partitions = await topology.partitions(
+        source_partitions = await topology.partitions(
             self.stage1_topic, watermark_s=watermark, ingest=ingest
         )
+        ingest.learn_partitions(source_partitions)
         if self.keyed:  # before any record is checked: the counts of the windows replayed
             taken = [TopicPartition(self.stage1_topic, p) for p in stage1]
             await restore_layout(self.consumer, taken, ingest)
         if not self.keyed:
-            ingest.input_partitions = await topology.partitions(
-                self.input_topic, watermark_s=watermark
-            )
-            ingest.routed_partitions = ingest.source_partitions
+            input_partitions = await topology.partitions(self.input_topic, watermark_s=watermark)
+            ingest.learn_partitions(source_partitions, input_partitions=input_partitions)
         for topic in sorted(topology.fixed):
             await topology.partitions(topic, watermark_s=watermark)
         now, now_mono = time.time(), time.monotonic()
@@ -294,7 +293,8 @@ class Membership(WorkerPart):
         # (a restart while idle releases the due windows, not one second per second).
         ingest.assign(stage1, now_mono, routed=not self.keyed, now_s=now)
         ingest.assign_routed(routed, now_mono, now_s=now)
-        await self._apply_start_from(assigned)
+        if self.config.input.start_from == "latest" and self.consumer is not None:
+            await start_from_latest(self.consumer, [t for t in assigned if t.topic == input_])
         if partials:
             # Another worker may have released windows of these partitions: read the
             # ledger to fresh fences before taking any of their partials.
@@ -318,17 +318,6 @@ class Membership(WorkerPart):
             )
             await driver.publish(rel)
             self.metrics.ledger_republished.inc()
-
-    async def _apply_start_from(self, assigned: list[TopicPartition]) -> None:
-        """``input.start_from: latest`` for input partitions this group never committed."""
-        if self.config.input.start_from != "latest":
-            return
-        assert self.consumer is not None
-        for tp in assigned:
-            if tp.topic != self.input_topic:
-                continue
-            if await self.consumer.committed(tp) is None:
-                await self.consumer.seek_to_end(tp)
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         """Commit what is safe of the revoked partitions, then forget their state; while an
@@ -478,6 +467,14 @@ class Membership(WorkerPart):
             at_mono = None if at is None else answered_at_mono(at, now, mono)
             if at_mono is not None:
                 ingest.read_to_end(tp.partition, at_mono, input_topic=not self.keyed)
+
+
+async def start_from_latest(consumer: AIOKafkaConsumer, taken: list[TopicPartition]) -> None:
+    """``input.start_from: latest``: input partitions this group never committed start at
+    their end."""
+    for tp in taken:
+        if await consumer.committed(tp) is None:
+            await consumer.seek_to_end(tp)
 
 
 def membership_lost(metrics: Metrics, exc: BaseException) -> None:

@@ -123,7 +123,7 @@ class TopologyWatch:
             self.counts[topic] = count
             if topic == self.keyed_topic and ingest is not None and count > before:
                 first_new = ingest.layout.grow(before, time.time())
-                ingest.source_partitions = count
+                ingest.learn_partitions(count)
                 log.warning(
                     "keyed input: windows from %s on are checked against the %d partitions "
                     "of %s, earlier ones against the %d before (one count per window)",

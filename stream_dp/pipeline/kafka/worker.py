@@ -103,7 +103,7 @@ from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS, Publisher
 from stream_dp.pipeline.kafka.stage_output import Fetched, Route, StageOutput, batch_routes
 from stream_dp.pipeline.kafka.topology_watch import TopologyError, TopologyWatch
 from stream_dp.pipeline.release_driver import ReleaseDriver
-from stream_dp.pipeline.stages.ingest import IngestStage
+from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
 from stream_dp.pipeline.stages.late_events import LateEventsNotice
 from stream_dp.pipeline.stages.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.pseudonymize import KeyRing
@@ -137,6 +137,22 @@ def export_settings(metrics: Metrics, config: Config) -> None:
     )
     for q in config.queries:
         metrics.add_query(q.name)
+
+
+def stage1_settings(
+    fingerprint: str, erasure: WorkerErasure | None, *, routed_partitions: int
+) -> IngestSettings:
+    """Stage 1 as the worker runs it."""
+    return IngestSettings(
+        fingerprint=fingerprint,
+        # Silence is idleness only where a fetch found the reader at the log's end.
+        require_read_proof=True,
+        # With erasure on, stage 1 applies the erasure log's erasures and keeps sealed
+        # windows until their release is known (an erasure in between re-seals them).
+        erasures=erasure.erasures if erasure is not None else None,
+        keep_sealed=erasure is not None,
+        routed_partitions=routed_partitions,
+    )
 
 
 class Worker:
@@ -319,13 +335,6 @@ class Worker:
             await reader.start_continual(
                 self._continual_topic, self.continual_store, self._continual_partitions
             )
-        ingest = self.ingest = IngestStage(
-            self.config, self.keyring, released=release, metrics=self.metrics
-        )
-        # Silence is idleness only where a fetch found the reader at the log's end.
-        ingest.require_read_proof = True
-        ingest.routed_partitions = max(1, len(self.output.routed_to))
-        ingest.fingerprint = fingerprint.digest
         if self.config.erasure.enabled:
             self._erasure = WorkerErasure(
                 self.config,
@@ -335,6 +344,12 @@ class Worker:
                 send_many=self.publisher.send_many,
                 retry=lambda what, op, bounded: self.publisher.retry(what, op, bounded=bounded),
             )
+        routed = max(1, len(self.output.routed_to))
+        settings = stage1_settings(fingerprint.digest, self._erasure, routed_partitions=routed)
+        ingest = self.ingest = IngestStage(
+            self.config, self.keyring, released=release, metrics=self.metrics, settings=settings
+        )
+        if self._erasure is not None:
             await self._erasure.start(ingest, release)
         self.output.exports.start(coverage, self._erasure)  # partner exports (docs/exports.md)
         self._routes = batch_routes(self.config, ingest, release, routed_to=self.output.routed_to)

@@ -31,7 +31,7 @@ from stream_dp.pipeline.formats.ledger import LedgerIndex, LedgerRelease, encode
 from stream_dp.pipeline.formats.partials import SourceWatermark
 from stream_dp.pipeline.handoff import Handoff
 from stream_dp.pipeline.release_driver import Placed, ReleaseDriver, run_now
-from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage, InputRecord
+from stream_dp.pipeline.stages.ingest import DeadLetter, IngestSettings, IngestStage, InputRecord
 from stream_dp.pipeline.stages.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.continual.counter import NoiseSource
 from stream_dp.privacy.erasure import ErasureSet
@@ -74,6 +74,7 @@ class LocalPipeline:
         continual_noise: NoiseSource | None = None,
         erasures: ErasureSet | None = None,
         window_sync: Callable[[], None] | None = None,
+        enforce_user_keys: bool | None = None,
     ) -> None:
         self.metrics = metrics if metrics is not None else Metrics()
         self._ledger_sink = ledger_sink
@@ -104,15 +105,19 @@ class LocalPipeline:
             released=self.release,
             metrics=self.metrics,
             sampling_rng=sampling_rng,
+            settings=IngestSettings(
+                fingerprint=self.fingerprint.digest,
+                erasures=erasures,
+                erasures_applied=erasures.position if erasures is not None else 0,
+                # one partition holds everything: keys are checked only when asked (the
+                # bench times the check as the worker reading keyed input runs it)
+                enforce_user_keys=False
+                if partitions == 1 and enforce_user_keys is None
+                else enforce_user_keys,
+                source_partitions=partitions,
+            ),
         )
-        self.ingest_stage.source_partitions = partitions
-        self.ingest_stage.fingerprint = self.fingerprint.digest
         self.erasures = erasures
-        if erasures is not None:
-            self.ingest_stage.erasures = erasures
-            self.ingest_stage.erasures_applied = erasures.position
-        if partitions == 1:
-            self.ingest_stage.enforce_user_keys = False
         self._partitions = partitions
         self._assigned = False
         if self.release.coverage_start_s is not None:

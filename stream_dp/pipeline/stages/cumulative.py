@@ -104,8 +104,12 @@ if TYPE_CHECKING:
     from stream_dp.pipeline.formats.ledger import LedgerIndex
     from stream_dp.pipeline.stages.partials_inbox import PartialsInbox, PendingWindow
     from stream_dp.pipeline.stages.queries import CompiledQuery
+    from stream_dp.pipeline.stages.release_cursors import ReleaseCursors
     from stream_dp.privacy.adaptive_bounds import BoundsTriple
-    from stream_dp.windows import TumblingWindows
+
+    #: (pending window, query, window start, bounds: auto — the window's bounds) → the
+    #: query's partials taken for the window.
+    TakenPartials = Callable[[PendingWindow | None, str, int, BoundsTriple | None], list[Partial]]
 
 log = logging.getLogger(__name__)
 
@@ -438,34 +442,38 @@ def cumulative_release(
 
 class ContinualSteps:
     """The cumulative-query steps of :class:`~stream_dp.pipeline.stages.release_stage.
-    ReleaseStage` (its state: the ledger, the inbox of partials, the charges): which of a
-    window's cumulative queries are pending, where their state lives, and each one's step
-    drawn once charged (charges before state)."""
+    ReleaseStage`, over its state (the ledger, the inbox of partials, the release cursors)
+    and its charges: which of a window's cumulative queries are pending, where their state
+    lives, and each one's step drawn once charged (charges before state)."""
 
-    cumulative: CumulativeReleases
-    ledger: LedgerIndex
-    inbox: PartialsInbox
-    windows: TumblingWindows
-    queries: list[CompiledQuery]
+    def __init__(
+        self,
+        cumulative: CumulativeReleases,
+        ledger: LedgerIndex,
+        inbox: PartialsInbox,
+        cursors: ReleaseCursors,
+        queries: Sequence[CompiledQuery],
+        *,
+        charge: Callable[[int], frozenset[str]],
+        taken: TakenPartials,
+    ) -> None:
+        self.cumulative = cumulative
+        self.ledger = ledger
+        self.inbox = inbox
+        self.cursors = cursors
+        self.windows = cursors.windows
+        self.queries = queries
+        #: Charge the window's draws not charged yet; the names of the charged queries.
+        self._charge = charge
+        #: A query's partials taken for the window.
+        self._taken = taken
 
     @property
     def coverage_start_s(self) -> int | None:
-        raise NotImplementedError
+        return self.cursors.coverage_start_s
 
     def released(self, window_start_s: int) -> bool:
-        raise NotImplementedError
-
-    def _charge(self, window_start_s: int) -> frozenset[str]:
-        raise NotImplementedError
-
-    def _taken(
-        self,
-        pending: PendingWindow | None,
-        query: str,
-        window_start_s: int,
-        bounds: BoundsTriple | None = None,
-    ) -> list[Partial]:
-        raise NotImplementedError
+        return self.cursors.released(window_start_s)
 
     def continual_pending(self, window_start_s: int) -> list[str]:
         """Cumulative queries of the window the ledger has no release of."""
@@ -497,7 +505,7 @@ class ContinualSteps:
         )
 
         def totals_of(name: str) -> Mapping[tuple[Any, ...], KeyAggregate]:
-            return merge_totals(self._taken(pending, name, window_start_s))
+            return merge_totals(self._taken(pending, name, window_start_s, None))
 
         # charges before state: the window's totals go into a running total only once its
         # release of the query is charged; a refused query's step takes zeros
@@ -507,7 +515,7 @@ class ContinualSteps:
             return name in charged
 
         def erasures_of(name: str) -> int:
-            taken = self._taken(pending, name, window_start_s)
+            taken = self._taken(pending, name, window_start_s, None)
             return min((p.erasures_through for p in taken), default=0)
 
         return self.cumulative.prepare(

@@ -9,20 +9,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stream_dp.pipeline.stages.ingest_columns import WindowPart
-from stream_dp.privacy.erasure import Erasure
+from stream_dp.pipeline.stages.ingest_columns import WindowStore
+from stream_dp.privacy.erasure import Erasure, ErasureSet
 from stream_dp.privacy.pseudonymize import KeyRing
 from stream_dp.privacy.user_samples import pseudonym_words
 
 
 class ErasureState:
-    """The erasure half of :class:`~stream_dp.pipeline.stages.ingest.IngestStage`."""
+    """The erasure collaborator of :class:`~stream_dp.pipeline.stages.ingest.IngestStage`: the
+    erasures in force (None: erasure off), the erasure-log position the held state applied,
+    and their removal from the window store."""
 
-    keyring: KeyRing
-    erasures_applied: int
-    _state: dict[int, dict[int, WindowPart]]
-    _kept: dict[int, set[int]]
-    _reseal: set[tuple[int, int]]
+    def __init__(
+        self, store: WindowStore, keyring: KeyRing, erasures: ErasureSet | None, *, applied: int
+    ) -> None:
+        self.store = store
+        self.keyring = keyring
+        self.erasures = erasures
+        #: The erasure-log position this stage's state has applied (stamped on partials).
+        self.applied = applied
 
     def apply_erasures(self, erasures: Sequence[Erasure], position: int) -> None:
         """Take in erasures just added to the stage's erasure set (the log read up to
@@ -35,8 +40,9 @@ class ErasureState:
         worker runs off the event loop (:func:`~stream_dp.pipeline.stages.offload.run_off_loop`)
         while its iteration waits, so nothing else touches the state meanwhile."""
         by_window: dict[int, np.ndarray | None] = {}
-        for p, windows in self._state.items():
-            kept = self._kept.get(p, ())
+        store = self.store
+        for p, windows in store.parts.items():
+            kept = store.kept.get(p, ())
             for ws, part in windows.items():
                 if ws not in by_window:
                     by_window[ws] = _erased_words(erasures, ws, self.keyring.for_window(ws).key_id)
@@ -45,17 +51,18 @@ class ErasureState:
                     continue
                 part.samples.remove_many(erased)
                 if ws in kept:
-                    self._reseal.add((p, ws))
-        self.erasures_applied = max(self.erasures_applied, position)
+                    store.reseal.add((p, ws))
+        self.applied = max(self.applied, position)
 
     def reseal_due(self) -> list[tuple[int, int]]:
         """Sealed windows to seal again (an erasure reached them before their release):
         publish the stage's seal of each, then drop it as after the first seal."""
+        store = self.store
         due = sorted(
-            ((p, ws) for p, ws in self._reseal if ws in self._state.get(p, {})),
+            ((p, ws) for p, ws in store.reseal if ws in store.parts.get(p, {})),
             key=lambda pw: (pw[1], pw[0]),
         )
-        self._reseal.clear()
+        store.reseal.clear()
         return due
 
 

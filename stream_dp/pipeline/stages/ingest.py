@@ -7,8 +7,13 @@ ids of interned event signatures — and the first offset the window needs.
 A user's events all live in one partition, so bounding per partition bounds per user.
 Records come in through :meth:`IngestStage.ingest` (the per-record path and entry point,
 :mod:`~stream_dp.pipeline.stages.ingest_records`; whole batches as columns where possible,
-:mod:`~stream_dp.pipeline.stages.ingest_columns`); this module holds the state, sealing, erasure
-and the offsets to commit.
+:mod:`~stream_dp.pipeline.stages.ingest_columns`). The stage is built from collaborators, its
+settings fixed at construction (:class:`IngestSettings`): how raw input is read
+(:class:`~stream_dp.pipeline.stages.ingest_columns.InputForm`), the held state and the offsets
+to commit (:class:`~stream_dp.pipeline.stages.ingest_columns.WindowStore`), the
+:class:`Sealer`, the two paths and the erasure state
+(:class:`~stream_dp.pipeline.stages.erasure_state.ErasureState`); this module holds the stage,
+its watermarks and sealing.
 
 Each partition has its own watermark (largest event time − grace; by wall clock once the
 partition is idle). When it passes a window's end the partition *seals* the window: its
@@ -39,12 +44,13 @@ normalisation runs once per distinct id and batch, not per event. With keyed inp
 record key must be the *normalised* id: two spellings of one user keyed by their raw ids
 could sit on two partitions and be bounded twice.
 
-Erasure (docs/erasure.md; on when the transport sets :attr:`IngestStage.erasures`): stage 1
-drops the events of erased pseudonyms on arrival (stage 0 repartitions them like anyone's,
-and both count them as taken), :meth:`IngestStage.apply_erasures`
-removes newly erased users from every window held, and with :attr:`keep_sealed` a sealed
-window's state stays until its release is known, so that an erasure arriving in between
-re-seals it without the user (:meth:`IngestStage.reseal_due`). Every partial says up to
+Erasure (docs/erasure.md; on when the transport builds the stage with
+:attr:`IngestSettings.erasures`): stage 1 drops the events of erased pseudonyms on arrival
+(stage 0 repartitions them like anyone's, and both count them as taken),
+:meth:`IngestStage.apply_erasures` removes newly erased users from every window held, and
+with :attr:`IngestSettings.keep_sealed` a sealed window's state stays until its release is
+known, so that an erasure arriving in between re-seals it without the user
+(:meth:`IngestStage.reseal_due`). Every partial says up to
 which erasure-log position it applied erasures (``erasures_through``).
 """
 
@@ -53,8 +59,8 @@ from __future__ import annotations
 import logging
 import random  # only the type of a seed for the sampling PRNG (see new_sampling_generator)
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import numpy as np
 
@@ -62,33 +68,29 @@ from stream_dp.config.classification import user_placement
 from stream_dp.config.model import Config
 from stream_dp.errors import StreamDPError
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.formats.decode import BadRecord
 from stream_dp.pipeline.formats.partials import Partial, SourceWatermark, new_version
 from stream_dp.pipeline.stages.auto_bounds import auto_seal_plan
 from stream_dp.pipeline.stages.erasure_state import ErasureState
 from stream_dp.pipeline.stages.ingest_columns import (
+    ColumnPath,
     DeadLetter,
+    InputForm,
     InputRecord,
     ReleasedWindows,
-    WindowPart,
-    dead_letter,
-    empty_user_record,
-    input_decoder,
+    Sources,
+    WindowStore,
+    input_form,
 )
-from stream_dp.pipeline.stages.ingest_records import RecordIngest, user_key
-from stream_dp.pipeline.stages.placement import (
-    SourceLayout,
-    partition_function,
-    partitions_function,
-)
+from stream_dp.pipeline.stages.ingest_records import RecordPath, user_key
+from stream_dp.pipeline.stages.placement import SourceLayout
 from stream_dp.pipeline.stages.queries import CompiledQuery
 from stream_dp.pipeline.stages.restart_clock import carried_start, event_time_start
 from stream_dp.pipeline.stages.router import RoutingStage
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.bounding import bounded_columns, new_sampling_rng
-from stream_dp.privacy.erasure import ErasureSet
+from stream_dp.privacy.erasure import Erasure, ErasureSet
 from stream_dp.privacy.key_totals import KeyTotals
-from stream_dp.privacy.pseudonymize import KeyRing, UserIdNormalization, user_id_normalizer
+from stream_dp.privacy.pseudonymize import KeyRing
 from stream_dp.privacy.user_samples import (
     SamplingGenerator,
     first_k_per_user,
@@ -97,7 +99,15 @@ from stream_dp.privacy.user_samples import (
 )
 from stream_dp.windows import TumblingWindows, WatermarkTracker
 
-__all__ = ["DeadLetter", "IngestStage", "InputRecord", "ReleasedWindows", "user_key"]
+__all__ = [
+    "DeadLetter",
+    "IngestSettings",
+    "IngestStage",
+    "InputForm",
+    "InputRecord",
+    "ReleasedWindows",
+    "user_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +115,6 @@ log = logging.getLogger(__name__)
 #: A partition holding a window for its bounds reports itself sealed this far before the
 #: window's end (the watermark of a source means: windows ending at or before it are out).
 HELD_MARGIN_S = 0.001
-
-#: The signature table is compacted once it holds at least this many entries and has doubled
-#: since it was last compacted.
-SIGNATURES_COMPACT_MIN = 4096
-
 
 class _NothingReleased:
     coverage_start_s: int | None = None
@@ -126,7 +131,121 @@ class _NothingReleased:
         return None
 
 
-class IngestStage(ErasureState, RecordIngest):
+@dataclass(frozen=True, slots=True)
+class IngestSettings:
+    """What the transport fixes when it builds stage 1 (the defaults: offline use, tests)."""
+
+    #: The deployment fingerprint's digest stamped on every partial
+    #: (:mod:`stream_dp.config.fingerprint`).
+    fingerprint: str = ""
+    #: Idleness (of stage 0's input partitions and of stage 1's own, read directly) counts
+    #: only as far as :meth:`IngestStage.read_to_end` proves it (the worker, which reads
+    #: Kafka); otherwise silence up to now is idleness (offline use, unit tests).
+    require_read_proof: bool = False
+    #: Erasures in force (docs/erasure.md), applied in stage 1 (stage 0 repartitions an
+    #: erased user's events like anyone's); None: erasure off.
+    erasures: ErasureSet | None = None
+    #: The erasure-log position the (empty) state starts from having applied.
+    erasures_applied: int = 0
+    #: Keep sealed windows until their release is known (the worker, with erasure on).
+    keep_sealed: bool = False
+    #: Dead-letter raw records whose Kafka key is not their user id or that sit on a
+    #: partition their key does not map to (a user's events must share a partition).
+    #: None: ``input.keyed_by_user``; off where one partition holds everything (replay).
+    enforce_user_keys: bool | None = None
+    #: Partitions of the stage-1 topic (what stage 2 waits for, and what placement is
+    #: checked against), of the input topic (the sources of each repartition partition) and
+    #: of the repartition topic (where stage 0 routes), until the transport learns them
+    #: (:meth:`IngestStage.learn_partitions`).
+    source_partitions: int = 1
+    input_partitions: int = 1
+    routed_partitions: int = 1
+
+
+class Sealer:
+    """A partition's exact bounded totals of a window as partials, stamped with the
+    deployment's layout (the sealing collaborator of :class:`IngestStage`)."""
+
+    def __init__(
+        self,
+        config: Config,
+        keyring: KeyRing,
+        store: WindowStore,
+        sources: Sources,
+        erasure: ErasureState,
+        released: ReleasedWindows,
+        queries: Sequence[CompiledQuery],
+        *,
+        rng: SamplingGenerator,
+        py_rng: random.Random,
+        fingerprint: str,
+    ) -> None:
+        self.keyring = keyring
+        self.store = store
+        self.sources = sources
+        self.erasure = erasure
+        self.released = released
+        self.queries = queries
+        self._rng = rng
+        #: bounds: auto draws its histograms' L0 picks with this one (not a DP draw either)
+        self._py_rng = py_rng
+        self.fingerprint = fingerprint
+        #: How a user's events came to share a partition (stamped on partials: part of
+        #: their layout, like the partition count and the key id).
+        self.placement = user_placement(config.input)
+        # samples of k (under bounds: auto, of the cap: a window's k is applied at seal)
+        self.bounds = config.bounds.start_bounds().values()
+        self.auto = auto_seal_plan(config, list(queries))
+
+    def seal(self, partition: int, window_start_s: int) -> list[Partial]:
+        """The partition's exact bounded totals for the window, one partial per query.
+
+        Column work only (numpy): the sample's users and items, each query's key and value
+        per item, L0/Linf bounding and the totals per key. Sealing does not consume the
+        window's state (:meth:`IngestStage.drop` does, once the partials are published).
+        """
+        part = self.store.parts[partition][window_start_s]
+        users, items = part.samples.sample()
+        histograms: dict[str, list[int]] | None = None
+        bounds = self.bounds
+        if self.auto is not None:
+            decided = self.released.bounds_for(window_start_s)
+            if decided is None:
+                raise StreamDPError("a window's bounds must be decided before it is sealed")
+            bounds = decided
+            histograms = self.auto.histograms(per_user_items(users, items), self._py_rng)
+            users, items = first_k_per_user(users, items, bounds[0])
+        stamp = partial(
+            Partial,
+            window_start_s=window_start_s,
+            source_partition=partition,
+            version=new_version(),
+            events_seen=part.samples.events_seen,
+            events_retained=len(items),
+            source_partitions=self.sources.layout.count_for(
+                window_start_s, self.sources.source_partitions
+            ),
+            key_id=self.keyring.for_window(window_start_s).key_id,
+            placement=self.placement,
+            key_check=self.keyring.for_window(window_start_s).key_check,
+            erasures_through=self.erasure.applied,
+            bounds=bounds if self.auto is not None else None,
+            histograms=histograms,
+            fingerprint=self.fingerprint,
+        )
+        return [
+            stamp(query=q.name, totals=bounded_totals(q, users, items, bounds, self._rng))
+            for q in self.queries
+        ]
+
+
+class IngestStage:
+    """Stage 1 (and the stage-0 calls of the transport), built from collaborators: how raw
+    input is read (:class:`InputForm`), the held state (:class:`WindowStore`), the partition
+    counts (:class:`Sources`), the per-record and column paths (:class:`RecordPath`,
+    :class:`ColumnPath`), the :class:`Sealer`, the :class:`ErasureState` and stage 0's
+    :class:`RoutingStage`; the watermark trackers are its own."""
+
     def __init__(
         self,
         config: Config,
@@ -135,9 +254,11 @@ class IngestStage(ErasureState, RecordIngest):
         released: ReleasedWindows | None = None,
         metrics: Metrics | None = None,
         sampling_rng: random.Random | None = None,
+        settings: IngestSettings = IngestSettings(),
     ) -> None:
         self.config = config
         self.keyring = keyring
+        self.settings = settings
         # Windows stage 2 knows released: replayed events of them are dropped here rather
         # than sealed into partials nobody will take — counted as replayed when released
         # before this process read the ledger, as late when it released them itself. The
@@ -146,63 +267,121 @@ class IngestStage(ErasureState, RecordIngest):
             released if released is not None else _NothingReleased()
         )
         self.metrics = metrics if metrics is not None else Metrics()
-        self._rng = new_sampling_generator(sampling_rng)
-        #: bounds: auto draws its histograms' L0 picks with this one (not a DP draw either)
-        self._py_rng = sampling_rng if sampling_rng is not None else new_sampling_rng()
-        # samples of k (under bounds: auto, of the cap: a window's k is applied at seal)
-        self._bounds = config.bounds.start_bounds().values()
+        rng = new_sampling_generator(sampling_rng)
         self.k = config.bounds.cap_bounds().values()[0]
         #: bounds: auto — windows due but held until their bounds are decided
         self.awaiting_bounds: set[int] = set()
         self.windows = TumblingWindows(config.window.size_s, config.window.grace_s)
-        #: Partitions of the stage-1 topic (what stage 2 waits for, and what placement is
-        #: checked against); set by the transport. Keyed input after a change: the count per
-        #: window (placement.SourceLayout), the windows begun before it under the count before.
-        self.source_partitions = 1
-        self.layout = SourceLayout(config.window.size_s)
-        #: The deployment fingerprint's digest stamped on every partial (set by the
-        #: transport; :mod:`stream_dp.config.fingerprint`).
-        self.fingerprint = ""
-        #: Dead-letter raw records whose Kafka key is not their user id or that sit on a
-        #: partition their key does not map to (a user's events must share a partition).
-        #: Off where one partition holds everything (replay).
-        self.enforce_user_keys = config.input.keyed_by_user
-        #: How a user's events came to share a partition (stamped on partials: part of
-        #: their layout, like the partition count and the key id).
-        self.placement = user_placement(config.input)
-        self._partition_of_key = partition_function(config.input.partitioner)
-        self._partitions_of_keys = partitions_function(config.input.partitioner)
-        #: Partitions of the input topic (the sources of each repartition partition).
-        self.input_partitions = 1
-        self._normalization: UserIdNormalization = config.input.user_id_normalization
-        self._normalize = user_id_normalizer(self._normalization)
-        self._empty_user = empty_user_record(config)
-        self.decoder, self._fields, scalar = input_decoder(config)
-        self._scalar_fields = tuple(scalar)
-        self._signatures: list[tuple[Any, ...]] = []
-        self._signature_ids: dict[tuple[Any, ...], int] = {}
-        self._compact_signatures_at = SIGNATURES_COMPACT_MIN
-        self.queries = [CompiledQuery(q, config.bounds, self._fields) for q in config.queries]
+        self.sources = Sources(
+            settings.source_partitions,
+            settings.input_partitions,
+            SourceLayout(config.window.size_s),
+        )
+        self.form = input_form(config)
+        self.decoder = self.form.decoder
+        self.store = WindowStore(
+            self.windows, self.metrics, k=self.k, rng=rng, keep_sealed=settings.keep_sealed
+        )
+        self.queries = [CompiledQuery(q, config.bounds, self.form.fields) for q in config.queries]
         for q in self.queries:
-            q.bind(self._signatures)
-        self._auto = auto_seal_plan(config, self.queries)
-        self._state: dict[int, dict[int, WindowPart]] = {}
+            q.bind(self.store.signatures)
+        self.erasure = ErasureState(
+            self.store, keyring, settings.erasures, applied=settings.erasures_applied
+        )
+        self.sealer = Sealer(
+            config,
+            keyring,
+            self.store,
+            self.sources,
+            self.erasure,
+            self._windows_released,
+            self.queries,
+            rng=rng,
+            py_rng=sampling_rng if sampling_rng is not None else new_sampling_rng(),
+            fingerprint=settings.fingerprint,
+        )
+        enforce = settings.enforce_user_keys
+        columns = ColumnPath(
+            keyring,
+            self.metrics,
+            self.form,
+            self.store,
+            self.sources,
+            settings.erasures,
+            self._windows_released,
+            self.queries,
+            lambda p, now_mono_s, routed: self._tracker(p, now_mono_s, routed=routed),
+            enforce_user_keys=config.input.keyed_by_user if enforce is None else enforce,
+        )
+        self.records = RecordPath(columns)
         self._trackers: dict[int, WatermarkTracker] = {}
-        self._sealed_s: dict[int, float] = {}
-        self._positions: dict[int, int] = {}
-        # Per repartition partition: source partition → largest source offset seen.
-        self._routed_seen: dict[int, dict[int, int]] = {}
         #: Stage 0, routing this worker's input partitions (input not keyed by user).
         self.router = RoutingStage(config, keyring, metrics=self.metrics)
-        self._require_read_proof = False
-        self._erasures: ErasureSet | None = None
-        #: The erasure-log position this stage's state has applied (stamped on partials).
-        self.erasures_applied = 0
-        #: Keep sealed windows until their release is known (the worker, with erasure on).
-        self.keep_sealed = False
-        #: Per partition, sealed windows kept for a possible re-seal; and those due one.
-        self._kept: dict[int, set[int]] = {}
-        self._reseal: set[tuple[int, int]] = set()
+        self.router.require_read_proof = settings.require_read_proof
+        self.router.routed_partitions = settings.routed_partitions
+
+    # -- settings and what the transport learns -----------------------------------------
+    @property
+    def source_partitions(self) -> int:
+        """Partitions of the stage-1 topic (:meth:`learn_partitions`)."""
+        return self.sources.source_partitions
+
+    @property
+    def input_partitions(self) -> int:
+        """Partitions of the input topic (:meth:`learn_partitions`)."""
+        return self.sources.input_partitions
+
+    @property
+    def routed_partitions(self) -> int:
+        """Partitions of the repartition topic (where stage 0 routes)."""
+        return self.router.routed_partitions
+
+    @property
+    def layout(self) -> SourceLayout:
+        """Keyed input after a partition change: the count per window (the windows begun
+        before it under the count before)."""
+        return self.sources.layout
+
+    def learn_partitions(
+        self, source_partitions: int, *, input_partitions: int | None = None
+    ) -> None:
+        """The transport learned the partition counts: of the stage-1 topic, and (input not
+        keyed by user) of the input topic, the stage-1 topic then being the repartition
+        topic stage 0 routes to."""
+        self.sources.source_partitions = source_partitions
+        if input_partitions is not None:
+            self.sources.input_partitions = input_partitions
+            self.router.routed_partitions = source_partitions
+
+    @property
+    def fingerprint(self) -> str:
+        return self.sealer.fingerprint
+
+    @property
+    def placement(self) -> str:
+        return self.sealer.placement
+
+    @property
+    def enforce_user_keys(self) -> bool:
+        return self.records.enforce_user_keys
+
+    @property
+    def require_read_proof(self) -> bool:
+        return self.settings.require_read_proof
+
+    @property
+    def keep_sealed(self) -> bool:
+        return self.store.keep_sealed
+
+    @property
+    def erasures(self) -> ErasureSet | None:
+        """Erasures in force (:attr:`IngestSettings.erasures`)."""
+        return self.erasure.erasures
+
+    @property
+    def erasures_applied(self) -> int:
+        """The erasure-log position this stage's state has applied (stamped on partials)."""
+        return self.erasure.applied
 
     # -- partitions ---------------------------------------------------------------------
     def assign(
@@ -230,7 +409,7 @@ class IngestStage(ErasureState, RecordIngest):
         taken = list(partitions)
         new = [p for p in dict.fromkeys(taken) if p not in self._trackers]
         for p in taken:
-            self._state.setdefault(p, {})
+            self.store.parts.setdefault(p, {})
         released = self._windows_released
         tolerance_s = self.config.input.max_future_s  # the clock error the deployment accepts
         start_s = (
@@ -246,7 +425,7 @@ class IngestStage(ErasureState, RecordIngest):
                     require_read_proof=self.require_read_proof,
                 )
                 if routed:
-                    tracker.expect(range(self.input_partitions))
+                    tracker.expect(range(self.sources.input_partitions))
                 else:
                     tracker.assign([p], now_mono_s)
                 if start_s is not None:
@@ -258,14 +437,9 @@ class IngestStage(ErasureState, RecordIngest):
     def revoke(self, partitions: Iterable[int]) -> None:
         """Drop the state of partitions that moved away; their new owner replays them."""
         for p in partitions:
-            self._state.pop(p, None)
+            self.store.revoke(p)
             self._trackers.pop(p, None)
-            self._sealed_s.pop(p, None)
-            self._positions.pop(p, None)
-            self._routed_seen.pop(p, None)
-            self._kept.pop(p, None)
-            self._reseal = {(q, ws) for q, ws in self._reseal if q != p}
-        self._update_gauges()
+        self.store.update_gauges()
 
     @property
     def partitions(self) -> list[int]:
@@ -318,55 +492,29 @@ class IngestStage(ErasureState, RecordIngest):
         """Stage 0's progress marks: :meth:`.RoutingStage.progress_marks`."""
         return self.router.progress_marks(now_mono_s)
 
-    @property
-    def routed_partitions(self) -> int:
-        """Partitions of the repartition topic (where stage 0 routes); set by the transport."""
-        return self.router.routed_partitions
-
-    @routed_partitions.setter
-    def routed_partitions(self, n: int) -> None:
-        self.router.routed_partitions = n
-
-    @property
-    def require_read_proof(self) -> bool:
-        """Idleness (of stage 0's input partitions and of stage 1's own, read directly)
-        counts only as far as :meth:`read_to_end` proves it (the worker, which reads
-        Kafka); otherwise silence up to now is idleness (offline use, unit tests)."""
-        return self._require_read_proof
-
-    @require_read_proof.setter
-    def require_read_proof(self, required: bool) -> None:
-        self._require_read_proof = self.router.require_read_proof = required
-
-    @property
-    def erasures(self) -> ErasureSet | None:
-        """Erasures in force (docs/erasure.md), applied in stage 1 (stage 0 repartitions an
-        erased user's events like anyone's): set by the transport when erasure is on."""
-        return self._erasures
-
-    @erasures.setter
-    def erasures(self, erasures: ErasureSet | None) -> None:
-        self._erasures = erasures
-
-    def _dead(
-        self,
-        bad: BadRecord,
-        partition: int,
-        offset: int,
-        value: bytes | None,
-        include_payload: bool,
-        topic: str | None = None,
-    ) -> DeadLetter:
-        return dead_letter(self.metrics, bad, partition, offset, value, include_payload, topic)
-
     def _tracker(self, partition: int, now_mono_s: float, *, routed: bool) -> WatermarkTracker:
         if partition not in self._trackers:
             self.assign([partition], now_mono_s, routed=routed)
         return self._trackers[partition]
 
     # -- sealing --------------------------------------------------------------------------
+    def ingest(
+        self,
+        partition: int,
+        records: Sequence[InputRecord],
+        *,
+        now_s: float,
+        now_mono_s: float,
+        routed: bool = False,
+        topic: str | None = None,
+    ) -> list[DeadLetter]:
+        """Window and bound one partition's batch: :meth:`.RecordPath.ingest`."""
+        return self.records.ingest(
+            partition, records, now_s=now_s, now_mono_s=now_mono_s, routed=routed, topic=topic
+        )
+
     def open_windows(self) -> list[int]:
-        return sorted({ws for parts in self._state.values() for ws in parts})
+        return self.store.open_windows()
 
     def due(self, now_mono_s: float) -> list[tuple[int, int]]:
         """(partition, window) pairs whose partition watermark passed the window's end."""
@@ -376,8 +524,9 @@ class IngestStage(ErasureState, RecordIngest):
             wm = tracker.watermark(now_mono_s)
             if wm is None:
                 continue
-            closed = sorted(ws for ws in self._state.get(p, {}) if self.windows.is_closed(ws, wm))
-            if self._auto is not None:
+            parts = self.store.parts.get(p, {})
+            closed = sorted(ws for ws in parts if self.windows.is_closed(ws, wm))
+            if self.sealer.auto is not None:
                 for i, ws in enumerate(closed):
                     if self._windows_released.bounds_for(ws) is None:
                         # bounds: auto — held until its bounds are decided; the partition
@@ -386,106 +535,38 @@ class IngestStage(ErasureState, RecordIngest):
                         wm = min(wm, self.windows.end_of(ws) - HELD_MARGIN_S)
                         closed = closed[:i]
                         break
-            self._sealed_s[p] = wm
-            kept = self._kept.get(p, ())
+            self.store.sealed_s[p] = wm
+            kept = self.store.kept.get(p, ())
             out.extend((p, ws) for ws in closed if ws not in kept)
         return sorted(out, key=lambda pw: (pw[1], pw[0]))
 
     def all_open(self) -> list[tuple[int, int]]:
         """Every (partition, window) with state: sealed at the end of a finite input."""
-        return sorted(
-            (
-                (p, ws)
-                for p, parts in self._state.items()
-                for ws in parts
-                if ws not in self._kept.get(p, ())
-            ),
-            key=lambda pw: (pw[1], pw[0]),
-        )
+        return self.store.all_open()
 
     def seal(self, partition: int, window_start_s: int) -> list[Partial]:
-        """The partition's exact bounded totals for the window, one partial per query.
-
-        Column work only (numpy): the sample's users and items, each query's key and value
-        per item, L0/Linf bounding and the totals per key. Sealing does not consume the
-        window's state (:meth:`drop` does, once the partials are published).
-        """
-        part = self._state[partition][window_start_s]
-        users, items = part.samples.sample()
-        histograms: dict[str, list[int]] | None = None
-        bounds = self._bounds
-        if self._auto is not None:
-            decided = self._windows_released.bounds_for(window_start_s)
-            if decided is None:
-                raise StreamDPError("a window's bounds must be decided before it is sealed")
-            bounds = decided
-            histograms = self._auto.histograms(per_user_items(users, items), self._py_rng)
-            users, items = first_k_per_user(users, items, bounds[0])
-        stamp = partial(
-            Partial,
-            window_start_s=window_start_s,
-            source_partition=partition,
-            version=new_version(),
-            events_seen=part.samples.events_seen,
-            events_retained=len(items),
-            source_partitions=self.layout.count_for(window_start_s, self.source_partitions),
-            key_id=self.keyring.for_window(window_start_s).key_id,
-            placement=self.placement,
-            key_check=self.keyring.for_window(window_start_s).key_check,
-            erasures_through=self.erasures_applied,
-            bounds=bounds if self._auto is not None else None,
-            histograms=histograms,
-            fingerprint=self.fingerprint,
-        )
-        return [
-            stamp(query=q.name, totals=bounded_totals(q, users, items, bounds, self._rng))
-            for q in self.queries
-        ]
+        """The partition's partials of the window: :meth:`.Sealer.seal`."""
+        return self.sealer.seal(partition, window_start_s)
 
     def drop(self, partition: int, window_start_s: int) -> None:
         """The window's partials are published: its state goes — or, with
         :attr:`keep_sealed`, stays until its release is known (:meth:`drop_released`)."""
-        if self.keep_sealed and window_start_s in self._state.get(partition, {}):
-            self._kept.setdefault(partition, set()).add(window_start_s)
-        else:
-            self._state.get(partition, {}).pop(window_start_s, None)
         self.metrics.partials_published.inc(len(self.queries))
-        if len(self._signatures) >= self._compact_signatures_at:
-            self._compact_signatures()
-        self._update_gauges()
-
-    def _compact_signatures(self) -> None:
-        """Forget interned signatures no open window uses (they went with their windows),
-        renumbering the live ones: the table stays proportional to open state. Runs when the
-        table doubled since the last run, so its cost is amortised over the interning."""
-        parts = [part for parts in self._state.values() for part in parts.values()]
-        held = [part.samples.item_ids() for part in parts]
-        live = np.unique(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
-        order = live.tolist()
-        if 2 * len(order) <= len(self._signatures):
-            remap = np.full(len(self._signatures), -1, dtype=np.int64)
-            remap[live] = np.arange(len(order))
-            for part in parts:
-                part.samples.remap(remap)
-            self._signatures[:] = [self._signatures[old] for old in order]  # shared in place
-            self._signature_ids = {sig: i for i, sig in enumerate(self._signatures)}
-            for q in self.queries:
-                q.forget_projections()
-        self._compact_signatures_at = max(SIGNATURES_COMPACT_MIN, 2 * len(self._signatures))
+        self.store.drop(partition, window_start_s, self.queries)
 
     def watermarks(self, now_mono_s: float) -> list[SourceWatermark]:
         """What each assigned partition has sealed: written after its partials."""
         marks = []
         for p, tracker in sorted(self._trackers.items()):
-            kept = self._kept.get(p, ())
+            kept = self.store.kept.get(p, ())
             clock_idle = all(tracker.is_idle(s, now_mono_s) for s in tracker.partitions)
             marks.append(
                 SourceWatermark(
                     source_partition=p,
-                    source_partitions=self.source_partitions,
-                    watermark_s=self._sealed_s.get(p),
+                    source_partitions=self.sources.source_partitions,
+                    watermark_s=self.store.sealed_s.get(p),
                     idle=clock_idle,
-                    open_windows=any(ws not in kept for ws in self._state.get(p, {})),
+                    open_windows=any(ws not in kept for ws in self.store.parts.get(p, {})),
                     idle_for_s=tracker.idle_for(now_mono_s) if clock_idle else 0.0,
                 )
             )
@@ -493,39 +574,34 @@ class IngestStage(ErasureState, RecordIngest):
 
     def drop_released(self) -> int:
         """Forget kept sealed windows whose release is now known; returns how many."""
-        gone = 0
-        released = self._windows_released.released
-        for p, kept in self._kept.items():
-            for ws in [w for w in kept if released(w)]:
-                kept.discard(ws)
-                self._state.get(p, {}).pop(ws, None)
-                gone += 1
-        if gone:
-            self._update_gauges()
-        return gone
+        return self.store.drop_released(self._windows_released.released)
 
     @property
     def kept_windows(self) -> int:
         """Sealed windows held until their release is known."""
-        return sum(len(kept) for kept in self._kept.values())
+        return self.store.kept_windows
 
-    # -- offsets --------------------------------------------------------------------------
+    # -- erasure ----------------------------------------------------------------------------
+    def apply_erasures(self, erasures: Sequence[Erasure], position: int) -> None:
+        """Erasures just added to the erasure set: :meth:`.ErasureState.apply_erasures`."""
+        self.erasure.apply_erasures(erasures, position)
+
+    def reseal_due(self) -> list[tuple[int, int]]:
+        """Sealed windows to seal again: :meth:`.ErasureState.reseal_due`."""
+        return self.erasure.reseal_due()
+
+    # -- offsets and held state ---------------------------------------------------------
     def safe_offsets(self) -> dict[int, int]:
         """Per partition, the next offset to commit: nothing an open window needs is skipped."""
-        safe: dict[int, int] = {}
-        for p, position in self._positions.items():
-            firsts = [part.first_offset for part in self._state.get(p, {}).values()]
-            safe[p] = min(firsts) if firsts else position
-        return safe
+        return self.store.safe_offsets()
 
-    def _update_gauges(self) -> None:
-        open_windows = self.open_windows()
-        oldest_end = self.windows.end_of(open_windows[0]) if open_windows else None
-        self.metrics.set_open_windows(len(open_windows), oldest_end)
+    def held_bytes(self) -> int:
+        """:meth:`.WindowStore.held_bytes`."""
+        return self.store.held_bytes()
 
     @property
     def signature_count(self) -> int:
-        return len(self._signatures)
+        return len(self.store.signatures)
 
 
 def bounded_totals(

@@ -1,15 +1,17 @@
 """Stage 1 a batch at a time: the column paths of :class:`IngestStage`, and what stages 0
 and 1 share (records, dead letters, the decoder, pseudonyms of raw ids).
 
-:class:`IngestStage` (``ingest.py``) holds the state, and its per-record path is
-:class:`~stream_dp.pipeline.stages.ingest_records.RecordIngest`; this mixin adds the paths that
-take a whole fetched batch as columns (:mod:`stream_dp.pipeline.stages.columns`,
+:class:`IngestStage` (``ingest.py``) is built from collaborators: how raw input is read
+(:class:`InputForm`), the held state (:class:`WindowStore`), the partition counts placement
+is checked against (:class:`Sources`), the per-record path
+(:class:`~stream_dp.pipeline.stages.ingest_records.RecordPath`) and :class:`ColumnPath`, the
+paths that take a whole fetched batch as columns (:mod:`stream_dp.pipeline.stages.columns`,
 :mod:`stream_dp.pipeline.formats.packed`):
 
-* stage 1 on raw input (:meth:`ColumnIngest._ingest_columns`), when every record is a good
+* stage 1 on raw input (:meth:`ColumnPath.ingest_columns`), when every record is a good
   event of the common form — else the per-record path takes the batch, with the same
   result;
-* stage 1 on a packed repartition record (:meth:`ColumnIngest._ingest_packed`).
+* stage 1 on a packed repartition record (:meth:`ColumnPath.ingest_packed`).
 
 Stage 0 writing packed records is
 :meth:`~stream_dp.pipeline.stages.router.RoutingStage.route_packed`.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -39,7 +41,12 @@ from stream_dp.pipeline.stages.columns import (
     intern_signatures,
     pseudonym_columns,
 )
-from stream_dp.pipeline.stages.placement import SourceLayout, pseudonym_partitions
+from stream_dp.pipeline.stages.placement import (
+    SourceLayout,
+    partition_function,
+    partitions_function,
+    pseudonym_partitions,
+)
 from stream_dp.pipeline.stages.queries import DROP_REASONS, CompiledQuery, needed_fields
 from stream_dp.privacy.adaptive_bounds import BoundsTriple
 from stream_dp.privacy.erasure import ErasureSet
@@ -48,11 +55,16 @@ from stream_dp.privacy.pseudonymize import (
     UserIdNormalization,
     canonical_user_ids,
     normalized_user_ids,
+    user_id_normalizer,
 )
 from stream_dp.privacy.user_samples import SamplingGenerator, UserSamples
 from stream_dp.windows import TumblingWindows, WatermarkTracker
 
 log = logging.getLogger(__name__)
+
+#: The signature table is compacted once it holds at least this many entries and has doubled
+#: since it was last compacted.
+SIGNATURES_COMPACT_MIN = 4096
 
 #: What ingest does with an event, decided once per window: keep it, or count it as late
 #: (its partition already sealed the window) or replayed (the window is already released).
@@ -214,7 +226,7 @@ class WindowPart:
     samples: UserSamples
     first_offset: int
     #: Events that arrived for the window, erased users' included, whatever erasures, the
-    #: bound k or compaction took out since: what :meth:`IngestColumns.held_bytes` counts.
+    #: bound k or compaction took out since: what :meth:`WindowStore.held_bytes` counts.
     events_arrived: int = 0
 
 
@@ -245,70 +257,92 @@ class ReleasedWindows(Protocol):
         ...
 
 
-class ColumnIngest:
-    """Stage 1's column paths; :class:`~stream_dp.pipeline.stages.ingest.IngestStage` provides the
-    rest."""
+@dataclass(frozen=True, slots=True)
+class InputForm:
+    """How stage 1 reads raw input (the decoder collaborator): the decoder, the event fields
+    the queries need (and which are scalar), user id normalisation and the placement
+    functions keyed input is checked with, all fixed by the configuration."""
 
-    # Provided by IngestStage.
-    config: Config
-    keyring: KeyRing
-    metrics: Metrics
     decoder: Decoder
-    windows: TumblingWindows
-    k: int
-    enforce_user_keys: bool
+    fields: list[str]
+    scalar_fields: tuple[str, ...]
+    normalization: UserIdNormalization
+    normalize: Callable[[str | int], str | int]
+    empty_user: BadRecord
+    partition_of_key: Callable[[bytes, int], int]
+    partitions_of_keys: Callable[[Sequence[bytes], int], np.ndarray]
+    include_payload: bool
+
+
+def input_form(config: Config) -> InputForm:
+    decoder, fields, scalar = input_decoder(config)
+    normalization: UserIdNormalization = config.input.user_id_normalization
+    return InputForm(
+        decoder=decoder,
+        fields=fields,
+        scalar_fields=tuple(scalar),
+        normalization=normalization,
+        normalize=user_id_normalizer(normalization),
+        empty_user=empty_user_record(config),
+        partition_of_key=partition_function(config.input.partitioner),
+        partitions_of_keys=partitions_function(config.input.partitioner),
+        include_payload=config.output.dead_letter_include_payload,
+    )
+
+
+@dataclass(slots=True)
+class Sources:
+    """The partition counts stage 1 checks placement against, learned by the transport
+    (:meth:`~stream_dp.pipeline.stages.ingest.IngestStage.learn_partitions`): of the stage-1
+    topic (keyed input after a change: per window, ``layout``) and of the input topic (the
+    sources of each repartition partition)."""
+
     source_partitions: int
+    input_partitions: int
     layout: SourceLayout
-    _rng: SamplingGenerator
-    _fields: list[str]
-    _signatures: list[tuple[Any, ...]]
-    _signature_ids: dict[tuple[Any, ...], int]
-    _state: dict[int, dict[int, WindowPart]]
-    _sealed_s: dict[int, float]
-    _positions: dict[int, int]
-    _windows_released: ReleasedWindows
-    _normalize: Callable[[str | int], str | int]
-    _normalization: UserIdNormalization
-    _partitions_of_keys: Callable[[Sequence[bytes], int], np.ndarray]
-    _empty_user: BadRecord
-    erasures: ErasureSet | None
-    queries: list[CompiledQuery]
 
-    if TYPE_CHECKING:  # provided by IngestStage
 
-        def _tracker(
-            self, partition: int, now_mono_s: float, *, routed: bool
-        ) -> WatermarkTracker: ...
+class WindowStore:
+    """Stage 1's held state, per partition of the stage-1 topic: each open window's
+    :class:`WindowPart`, the next offset read, how far it sealed, the repartitioned records
+    already seen, the sealed windows kept for their release (and those due a re-seal), and
+    the table of interned event signatures the samples' items point into."""
 
-        def _update_gauges(self) -> None: ...
+    def __init__(
+        self,
+        windows: TumblingWindows,
+        metrics: Metrics,
+        *,
+        k: int,
+        rng: SamplingGenerator,
+        keep_sealed: bool,
+    ) -> None:
+        self.windows = windows
+        self.metrics = metrics
+        self.k = k
+        self.rng = rng
+        #: Keep sealed windows until their release is known (the worker, with erasure on).
+        self.keep_sealed = keep_sealed
+        self.parts: dict[int, dict[int, WindowPart]] = {}
+        self.positions: dict[int, int] = {}
+        self.sealed_s: dict[int, float] = {}
+        #: Per repartition partition: source partition → largest source offset seen.
+        self.routed_seen: dict[int, dict[int, int]] = {}
+        #: Per partition, sealed windows kept for a possible re-seal; and those due one.
+        self.kept: dict[int, set[int]] = {}
+        self.reseal: set[tuple[int, int]] = set()
+        self.signatures: list[tuple[Any, ...]] = []
+        self.signature_ids: dict[tuple[Any, ...], int] = {}
+        self._compact_signatures_at = SIGNATURES_COMPACT_MIN
 
-        def _dead(
-            self,
-            bad: BadRecord,
-            partition: int,
-            offset: int,
-            value: bytes | None,
-            include_payload: bool,
-            topic: str | None = None,
-        ) -> DeadLetter: ...
+    def part(self, state: dict[int, WindowPart], window_start_s: int, offset: int) -> WindowPart:
+        """A window's part in a partition's ``state``, created at ``offset`` if new."""
+        part = state.get(window_start_s)
+        if part is None:
+            part = state[window_start_s] = WindowPart(UserSamples(self.k, self.rng), offset)
+        return part
 
-        def _misplaced_detail(self, partitions: int | None = None) -> str: ...
-
-    # -- stage 1 ---------------------------------------------------------------------------
-    def _fate(self, partition: int, window_start_s: int) -> int:
-        """What happens to a partition's events of this window (as in :meth:`ingest`)."""
-        self.layout.saw(window_start_s)
-        sealed = self._sealed_s.get(partition)
-        coverage = self._windows_released.coverage_start_s
-        if (sealed is not None and window_start_s + self.windows.size_s <= sealed) or (
-            coverage is not None and window_start_s < coverage
-        ):
-            return LATE
-        if self._windows_released.released(window_start_s):
-            return REPLAYED if self._windows_released.released_earlier(window_start_s) else LATE
-        return ACCEPT
-
-    def _accept(
+    def accept(
         self,
         partition: int,
         window_start_s: int,
@@ -320,14 +354,158 @@ class ColumnIngest:
     ) -> None:
         """Offer accepted events of one window to its samples (creating its state);
         ``arrived`` counts erased users' events dropped on arrival too."""
-        state = self._state.setdefault(partition, {})
-        part = state.get(window_start_s)
-        if part is None:
-            part = state[window_start_s] = WindowPart(UserSamples(self.k, self._rng), first_offset)
+        part = self.part(self.parts.setdefault(partition, {}), window_start_s, first_offset)
         part.events_arrived += arrived
         part.samples.add_columns(words, signature_ids)
 
-    def _count_drops(self, signature_ids: np.ndarray) -> None:
+    def intern(self, signature: tuple[Any, ...]) -> int:
+        sid = self.signature_ids.get(signature)
+        if sid is None:
+            sid = self.signature_ids[signature] = len(self.signatures)
+            self.signatures.append(signature)
+        return sid
+
+    def revoke(self, partition: int) -> None:
+        self.parts.pop(partition, None)
+        self.sealed_s.pop(partition, None)
+        self.positions.pop(partition, None)
+        self.routed_seen.pop(partition, None)
+        self.kept.pop(partition, None)
+        self.reseal = {(q, ws) for q, ws in self.reseal if q != partition}
+
+    def open_windows(self) -> list[int]:
+        return sorted({ws for parts in self.parts.values() for ws in parts})
+
+    def all_open(self) -> list[tuple[int, int]]:
+        """Every (partition, window) with state not kept sealed."""
+        return sorted(
+            (
+                (p, ws)
+                for p, parts in self.parts.items()
+                for ws in parts
+                if ws not in self.kept.get(p, ())
+            ),
+            key=lambda pw: (pw[1], pw[0]),
+        )
+
+    def drop(self, partition: int, window_start_s: int, queries: Sequence[CompiledQuery]) -> None:
+        """The window's partials are published: its state goes — or, with
+        :attr:`keep_sealed`, stays until its release is known (:meth:`drop_released`)."""
+        if self.keep_sealed and window_start_s in self.parts.get(partition, {}):
+            self.kept.setdefault(partition, set()).add(window_start_s)
+        else:
+            self.parts.get(partition, {}).pop(window_start_s, None)
+        if len(self.signatures) >= self._compact_signatures_at:
+            self._compact_signatures(queries)
+        self.update_gauges()
+
+    def _compact_signatures(self, queries: Sequence[CompiledQuery]) -> None:
+        """Forget interned signatures no open window uses (they went with their windows),
+        renumbering the live ones: the table stays proportional to open state. Runs when the
+        table doubled since the last run, so its cost is amortised over the interning."""
+        parts = [part for parts in self.parts.values() for part in parts.values()]
+        held = [part.samples.item_ids() for part in parts]
+        live = np.unique(np.concatenate(held)) if held else np.zeros(0, dtype=np.int64)
+        order = live.tolist()
+        if 2 * len(order) <= len(self.signatures):
+            remap = np.full(len(self.signatures), -1, dtype=np.int64)
+            remap[live] = np.arange(len(order))
+            for part in parts:
+                part.samples.remap(remap)
+            self.signatures[:] = [self.signatures[old] for old in order]  # shared in place
+            self.signature_ids = {sig: i for i, sig in enumerate(self.signatures)}
+            for q in queries:
+                q.forget_projections()
+        self._compact_signatures_at = max(SIGNATURES_COMPACT_MIN, 2 * len(self.signatures))
+
+    def drop_released(self, released: Callable[[int], bool]) -> int:
+        """Forget kept sealed windows whose release is now known; returns how many."""
+        gone = 0
+        for p, kept in self.kept.items():
+            for ws in [w for w in kept if released(w)]:
+                kept.discard(ws)
+                self.parts.get(p, {}).pop(ws, None)
+                gone += 1
+        if gone:
+            self.update_gauges()
+        return gone
+
+    @property
+    def kept_windows(self) -> int:
+        """Sealed windows held until their release is known."""
+        return sum(len(kept) for kept in self.kept.values())
+
+    def safe_offsets(self) -> dict[int, int]:
+        """Per partition, the next offset to commit: nothing an open window needs is skipped."""
+        safe: dict[int, int] = {}
+        for p, position in self.positions.items():
+            firsts = [part.first_offset for part in self.parts.get(p, {}).values()]
+            safe[p] = min(firsts) if firsts else position
+        return safe
+
+    def update_gauges(self) -> None:
+        open_windows = self.open_windows()
+        oldest_end = self.windows.end_of(open_windows[0]) if open_windows else None
+        self.metrics.set_open_windows(len(open_windows), oldest_end)
+
+    def held_bytes(self) -> int:
+        """What window.max_held_state_bytes caps and ``stream_dp_held_state_bytes`` shows:
+        :data:`ROW_BYTES` per event that *arrived* for a window this stage holds, never less
+        than its samples' bytes (a sample only loses rows: bound k, erasures), and moved by
+        no erasure — an erased user's rows removed, and events dropped on arrival, still
+        count until their window goes, so neither the gauge nor the cap's decisions tell
+        whether, or how much, an erased person had sent (docs/attack-model.md)."""
+        return ROW_BYTES * sum(
+            part.events_arrived for parts in self.parts.values() for part in parts.values()
+        )
+
+
+class ColumnPath:
+    """Stage 1's column paths, over the stage's collaborators: how input is read, the window
+    store, the partition counts, the erasure state and what stage 2 released."""
+
+    def __init__(
+        self,
+        keyring: KeyRing,
+        metrics: Metrics,
+        form: InputForm,
+        store: WindowStore,
+        sources: Sources,
+        erasures: ErasureSet | None,
+        released: ReleasedWindows,
+        queries: Sequence[CompiledQuery],
+        tracker_of: Callable[[int, float, bool], WatermarkTracker],
+        *,
+        enforce_user_keys: bool,
+    ) -> None:
+        self.keyring = keyring
+        self.metrics = metrics
+        self.form = form
+        self.store = store
+        self.sources = sources
+        #: Erasures in force (None: erasure off): erased users' events never enter a sample.
+        self.erasures = erasures
+        self.released = released
+        self.queries = queries
+        self.windows = store.windows
+        self.tracker_of = tracker_of
+        self.enforce_user_keys = enforce_user_keys
+
+    # -- stage 1 ---------------------------------------------------------------------------
+    def fate(self, partition: int, window_start_s: int) -> int:
+        """What happens to a partition's events of this window (as in :meth:`ingest`)."""
+        self.sources.layout.saw(window_start_s)
+        sealed = self.store.sealed_s.get(partition)
+        coverage = self.released.coverage_start_s
+        if (sealed is not None and window_start_s + self.windows.size_s <= sealed) or (
+            coverage is not None and window_start_s < coverage
+        ):
+            return LATE
+        if self.released.released(window_start_s):
+            return REPLAYED if self.released.released_earlier(window_start_s) else LATE
+        return ACCEPT
+
+    def count_drops(self, signature_ids: np.ndarray) -> None:
         """Count, per query and reason, the events of covered windows (signature ids) the
         query does not take (``stream_dp_query_events_dropped_total``): raw input counts,
         taken before the erasure filter and the per-user bounds, so that they move with any
@@ -343,23 +521,23 @@ class ColumnIngest:
     def _window_starts(self, times: np.ndarray) -> np.ndarray:
         return window_starts(times, self.windows.size_s)
 
-    def _ingest_columns(
+    def ingest_columns(
         self, partition: int, records: Sequence[InputRecord], now_s: float, now_mono_s: float
     ) -> bool:
         """Raw input as columns when every record is a good event of the common form (and,
         keyed, keyed and placed right); False leaves the batch, untouched, to the per-record
         path, which would give the same result record by record."""
-        cols = decode_columns(self.decoder, self._fields, _values(records), now_s)
+        cols = decode_columns(self.form.decoder, self.form.fields, _values(records), now_s)
         if cols is None:
             return False
         starts = self._window_starts(cols.times)
-        fates = {ws: self._fate(partition, ws) for ws in _distinct_starts(starts)}
+        fates = {ws: self.fate(partition, ws) for ws in _distinct_starts(starts)}
         accepted = [ws for ws, fate in fates.items() if fate == ACCEPT]
         key_ids = {self.keyring.for_window(ws).key_id for ws in accepted}
         if len(key_ids) > 1:
             return False  # a key rotation inside the batch: the per-record path
         users, index = distinct_index(cols.users)
-        normal = normalized_user_ids(users, self._normalization)
+        normal = normalized_user_ids(users, self.form.normalization)
         if "" in normal:
             return False  # an id that normalises to nothing is dead-lettered there
         # The bytes that are keyed, which are also what a keyed record's key must be.
@@ -368,10 +546,11 @@ class ColumnIngest:
             expected = canonical
             if _keys(records) != _gather(expected, index):
                 return False
-            counts = {self.layout.count_for(ws, self.source_partitions) for ws in fates}
+            sources = self.sources
+            counts = {sources.layout.count_for(ws, sources.source_partitions) for ws in fates}
             if len(counts) > 1:
                 return False  # windows under two partition counts: the per-record path
-            homes = self._partitions_of_keys(expected, counts.pop())
+            homes = self.form.partitions_of_keys(expected, counts.pop())
             if (homes != partition).any():
                 return False
         late = skipped = 0
@@ -389,13 +568,13 @@ class ColumnIngest:
                 else [[v for v, m in zip(c, mask.tolist(), strict=True) if m] for c in cols.fields]
             )
             sids = np.empty(len(records), dtype=np.int32)
-            table, interned = self._signature_ids, self._signatures
+            table, interned = self.store.signature_ids, self.store.signatures
             if mask is None:
                 sids[:] = intern_signatures(fields, table, interned, n_events=len(sids))
             else:
                 n_accepted = int(np.count_nonzero(mask))
                 sids[mask] = intern_signatures(fields, table, interned, n_events=n_accepted)
-            self._count_drops(sids if mask is None else sids[mask])
+            self.count_drops(sids if mask is None else sids[mask])
             kept = np.zeros(len(records), dtype=bool)
             key_id = self.keyring.for_window(accepted[0]).key_id
             for ws in accepted:
@@ -408,7 +587,7 @@ class ColumnIngest:
                     rows &= ~gone
                 # (State for the window even if all its events were erased, as record by
                 # record: it is sealed and released like any other.)
-                self._accept(partition, ws, first, words[rows], sids[rows], arrived=arrived)
+                self.store.accept(partition, ws, first, words[rows], sids[rows], arrived=arrived)
             max_time = float(cols.times[kept].max()) if kept.any() else None
         for ws, fate in fates.items():
             if fate == LATE:
@@ -418,18 +597,18 @@ class ColumnIngest:
         metrics = self.metrics
         metrics.events_consumed.inc(len(records))
         last = records._messages[-1].offset if isinstance(records, FetchedRecords) else None
-        self._positions[partition] = (records[-1][0] if last is None else last) + 1
-        tracker = self._tracker(partition, now_mono_s, routed=False)
+        self.store.positions[partition] = (records[-1][0] if last is None else last) + 1
+        tracker = self.tracker_of(partition, now_mono_s, False)
         if max_time is not None:
             tracker.observe(partition, min(max_time, now_s), now_mono_s)
         if late:
             metrics.late_events.inc(late)
         if skipped:
             metrics.replayed_events_skipped.inc(skipped)
-        self._update_gauges()
+        self.store.update_gauges()
         return True
 
-    def _ingest_packed(
+    def ingest_packed(
         self,
         partition: int,
         offset: int,
@@ -443,12 +622,12 @@ class ColumnIngest:
         metrics = self.metrics
         dead: list[DeadLetter] = []
         n = len(packed)
-        home = pseudonym_partitions(packed.pseudonyms, self.source_partitions) == partition
+        home = pseudonym_partitions(packed.pseudonyms, self.sources.source_partitions) == partition
         if not home.all():
             # One dead letter per misplaced event, naming its place on the input topic.
-            misplaced = BadRecord("misplaced_key", self._misplaced_detail())
+            misplaced = BadRecord("misplaced_key", self.misplaced_detail())
             for src_offset in packed.offsets[~home].tolist():
-                dead.append(self._dead(misplaced, packed.src_partition, src_offset, None, False))
+                dead.append(self.dead(misplaced, packed.src_partition, src_offset, None, False))
         last = seen.get(packed.src_partition, -1)
         fresh = home & (packed.offsets > last)
         duplicates = int(np.count_nonzero(home)) - int(np.count_nonzero(fresh))
@@ -458,7 +637,7 @@ class ColumnIngest:
             metrics.repartition_duplicates_skipped.inc(duplicates)
         words = np.frombuffer(packed.pseudonyms, dtype=np.uint64).reshape(n, 2)
         table = np.fromiter(
-            (self._intern(sig) for sig in packed.signatures), np.int32, len(packed.signatures)
+            (self.store.intern(sig) for sig in packed.signatures), np.int32, len(packed.signatures)
         )
         sids = table[packed.signature_index]
         starts = self._window_starts(packed.times)
@@ -466,7 +645,7 @@ class ColumnIngest:
         for ws in np.unique(starts[fresh]).tolist():
             rows = fresh & (starts == ws)
             count = int(np.count_nonzero(rows))
-            fate = self._fate(partition, ws)
+            fate = self.fate(partition, ws)
             if fate == LATE:
                 late += count
             elif fate == REPLAYED:
@@ -478,16 +657,16 @@ class ColumnIngest:
                 # checks): its pseudonyms are not this window's; never taken.
                 other_secret += count
             else:
-                self._count_drops(sids[rows])
+                self.count_drops(sids[rows])
                 gone = self._erased_rows(packed.key_id, ws, words)
                 if gone is not None:  # erased: never enters a sample (no count)
                     rows &= ~gone
                 # State for the window even if all its events were erased, as record by
                 # record: whether a window opens must not tell that an erased user sent.
-                self._accept(partition, ws, offset, words[rows], sids[rows], arrived=count)
+                self.store.accept(partition, ws, offset, words[rows], sids[rows], arrived=count)
         if other_secret:
-            dead.append(self._key_check_dead(partition, offset, topic))
-            self._log_key_check_mismatch(other_secret, partition)
+            dead.append(self.key_check_dead(partition, offset, topic))
+            self.log_key_check_mismatch(other_secret, partition)
         if late or stale:
             metrics.late_events.inc(late + stale)
         if skipped:
@@ -501,7 +680,7 @@ class ColumnIngest:
             )
         return dead
 
-    def _key_check_dead(self, partition: int, offset: int, topic: str | None) -> DeadLetter:
+    def key_check_dead(self, partition: int, offset: int, topic: str | None) -> DeadLetter:
         """The dead letter of a repartition record under another secret (never its payload:
         the events are pseudonymous, and the reason needs none)."""
         bad = BadRecord(
@@ -509,9 +688,9 @@ class ColumnIngest:
             "pseudonymized under another secret than the window's key id names (or by a "
             "worker from before key checks); its events are left out",
         )
-        return self._dead(bad, partition, offset, None, False, topic)
+        return self.dead(bad, partition, offset, None, False, topic)
 
-    def _log_key_check_mismatch(self, events: int, partition: int) -> None:
+    def log_key_check_mismatch(self, events: int, partition: int) -> None:
         log.error(
             "left out %d repartitioned events pseudonymized under another secret than their "
             "window's key id names: %s",
@@ -537,20 +716,21 @@ class ColumnIngest:
             rows[i] = words[i].tobytes() in erased
         return rows
 
-    def _intern(self, signature: tuple[Any, ...]) -> int:
-        sid = self._signature_ids.get(signature)
-        if sid is None:
-            sid = self._signature_ids[signature] = len(self._signatures)
-            self._signatures.append(signature)
-        return sid
+    def dead(
+        self,
+        bad: BadRecord,
+        partition: int,
+        offset: int,
+        value: bytes | None,
+        include_payload: bool,
+        topic: str | None = None,
+    ) -> DeadLetter:
+        return dead_letter(self.metrics, bad, partition, offset, value, include_payload, topic)
 
-    def held_bytes(self) -> int:
-        """What window.max_held_state_bytes caps and ``stream_dp_held_state_bytes`` shows:
-        :data:`ROW_BYTES` per event that *arrived* for a window this stage holds, never less
-        than its samples' bytes (a sample only loses rows: bound k, erasures), and moved by
-        no erasure — an erased user's rows removed, and events dropped on arrival, still
-        count until their window goes, so neither the gauge nor the cap's decisions tell
-        whether, or how much, an erased person had sent (docs/attack-model.md)."""
-        return ROW_BYTES * sum(
-            part.events_arrived for parts in self._state.values() for part in parts.values()
+    def misplaced_detail(self, partitions: int | None = None) -> str:
+        count = self.sources.source_partitions if partitions is None else partitions
+        return (
+            f"the record's key maps to another of the topic's {count} "
+            "partitions: a producer used another partitioner than input.partitioner, or "
+            "partitions were added; its user would be bounded once per partition"
         )

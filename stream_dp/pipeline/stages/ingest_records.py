@@ -1,21 +1,21 @@
 """Stage 1 record by record: the per-record path of :class:`IngestStage`.
 
-:class:`~stream_dp.pipeline.stages.ingest.IngestStage` (``ingest.py``) holds the state, sealing and
-erasure; :class:`~stream_dp.pipeline.stages.ingest_columns.ColumnIngest` takes a fetched batch as
-columns when it can. This mixin is :meth:`RecordIngest.ingest`, the entry point of stage 1:
+:class:`~stream_dp.pipeline.stages.ingest.IngestStage` (``ingest.py``) holds the collaborators,
+sealing and erasure; :class:`~stream_dp.pipeline.stages.ingest_columns.ColumnPath` takes a fetched
+batch as columns when it can. :meth:`RecordPath.ingest` is the entry point of stage 1:
 it hands a batch of good raw events to the column path and packed repartition records to
-:meth:`~stream_dp.pipeline.stages.ingest_columns.ColumnIngest._ingest_packed`, and takes every
+:meth:`~stream_dp.pipeline.stages.ingest_columns.ColumnPath.ingest_packed`, and takes every
 other batch record by record — decoding, the placement and key checks of keyed input,
 re-sent and misplaced repartitioned records, late and replayed windows — with the same
 result the column paths give.
 
-:meth:`RecordIngest._ingest_records` is the stage's tuned hot loop: the per-window lookups
-(:meth:`~stream_dp.pipeline.stages.ingest_columns.ColumnIngest._fate`,
-:meth:`RecordIngest._open_window`) redone only when the window changes, a window's events handed
+:meth:`RecordPath._ingest_records` is the stage's tuned hot loop: the per-window lookups
+(:meth:`~stream_dp.pipeline.stages.ingest_columns.ColumnPath.fate`,
+:meth:`RecordPath._open_window`) redone only when the window changes, a window's events handed
 to its samples in runs, and a keyed record's key compared with its user's key as checked once per
-user and batch (:meth:`RecordIngest._check_key`). Its other pieces run once per batch
-(:meth:`RecordIngest._finish_batch`: the watermark and the drop counters), per bad record (the
-dead letters), or per record of the repartition topic (:meth:`RecordIngest._decode_routed`:
+user and batch (:meth:`RecordPath._check_key`). Its other pieces run once per batch
+(:meth:`RecordPath._finish_batch`: the watermark and the drop counters), per bad record (the
+dead letters), or per record of the repartition topic (:meth:`RecordPath._decode_routed`:
 stage 0 writes packed records of many events each; one JSON record per event comes only from
 earlier versions and :meth:`route`, which costs that format a call per event).
 """
@@ -37,7 +37,7 @@ from stream_dp.pipeline.stages.ingest_columns import (
     ACCEPT,
     LATE,
     REPLAYED,
-    ColumnIngest,
+    ColumnPath,
     DeadLetter,
     InputRecord,
     WindowPart,
@@ -46,9 +46,8 @@ from stream_dp.pipeline.stages.ingest_columns import (
 from stream_dp.pipeline.stages.placement import pseudonym_partition
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.pseudonymize import UserIdNormalization, user_id_normalizer
-from stream_dp.privacy.user_samples import UserSamples
 
-__all__ = ["RecordIngest", "user_key"]
+__all__ = ["RecordPath", "user_key"]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,8 @@ def _offer(
     part: WindowPart | None, pseudonyms: list[bytes], items: list[int], arrived: int
 ) -> None:
     """A run of one window's events: all that arrived counted (erased users' included:
-    :meth:`ColumnIngest.held_bytes`), the others offered to the samples."""
+    :meth:`~stream_dp.pipeline.stages.ingest_columns.WindowStore.held_bytes`), the others
+    offered to the samples."""
     if arrived:
         assert part is not None
         part.events_arrived += arrived
@@ -97,7 +97,7 @@ def _offer(
 
 @dataclass(slots=True)
 class _BatchOutcome:
-    """What :meth:`RecordIngest._ingest_records` leaves for the metrics and the watermark."""
+    """What :meth:`RecordPath._ingest_records` leaves for the metrics and the watermark."""
 
     dead: list[DeadLetter]
     marks: list[tuple[int, float | None, float]]
@@ -111,15 +111,22 @@ class _BatchOutcome:
     window_items: list[int]
 
 
-class RecordIngest(ColumnIngest):
-    """Stage 1's entry point and per-record path;
-    :class:`~stream_dp.pipeline.stages.ingest.IngestStage` provides the state."""
+class RecordPath:
+    """Stage 1's entry point and per-record path, over the column paths (:class:`ColumnPath`:
+    the window fates, drop counters and dead letters they share) and the stage's
+    collaborators they hold."""
 
-    # Provided by IngestStage.
-    _partition_of_key: Callable[[bytes, int], int]
-    _normalization: UserIdNormalization
-    _scalar_fields: tuple[str, ...]
-    _routed_seen: dict[int, dict[int, int]]
+    def __init__(self, columns: ColumnPath) -> None:
+        self.columns = columns
+        self.keyring = columns.keyring
+        self.metrics = columns.metrics
+        self.form = columns.form
+        self.store = columns.store
+        self.sources = columns.sources
+        self.windows = columns.windows
+        self.erasures = columns.erasures
+        self.enforce_user_keys = columns.enforce_user_keys
+        self._dead = columns.dead
 
     def ingest(
         self,
@@ -138,12 +145,12 @@ class RecordIngest(ColumnIngest):
         """
         if not records:
             return []
-        if not routed and self._ingest_columns(partition, records, now_s, now_mono_s):
+        if not routed and self.columns.ingest_columns(partition, records, now_s, now_mono_s):
             return []
         if not routed:
             self.metrics.events_consumed.inc(len(records))
         outcome = self._ingest_records(partition, records, now_s, routed, topic)
-        self._positions[partition] = records[-1][0] + 1
+        self.store.positions[partition] = records[-1][0] + 1
         self._finish_batch(partition, outcome, now_s, now_mono_s, routed)
         return outcome.dead
 
@@ -156,17 +163,17 @@ class RecordIngest(ColumnIngest):
         topic: str | None,
     ) -> _BatchOutcome:
         """Decode (raw) or check (routed), drop late or replayed, offer to the samples."""
-        decode = self.decoder.decode_parts
+        decode = self.form.decoder.decode_parts
         check_keys = self.enforce_user_keys and not routed
-        n_partitions = self.source_partitions
+        n_partitions = self.sources.source_partitions
         size = self.windows.size_s
-        fields = self._fields
-        normalize = self._normalize
+        fields = self.form.fields
+        normalize = self.form.normalize
         only_field = fields[0] if len(fields) == 1 else None
-        signatures = self._signatures
-        signature_ids = self._signature_ids
-        state = self._state.setdefault(partition, {})
-        seen = self._routed_seen.setdefault(partition, {}) if routed else {}
+        signatures = self.store.signatures
+        signature_ids = self.store.signature_ids
+        state = self.store.parts.setdefault(partition, {})
+        seen = self.store.routed_seen.setdefault(partition, {}) if routed else {}
         # Routed records interleave input partitions, each at its own pace: the watermark is
         # the slowest one's, as stage 0's progress marks (each after its records) report it.
         marks: list[tuple[int, float | None, float]] = []
@@ -174,13 +181,13 @@ class RecordIngest(ColumnIngest):
         # pseudonyms; the record key of a user once checked (keyed input).
         pseudonyms: dict[str, dict[str | int, bytes]] = {}
         checked_keys: dict[tuple[str | int, int], bytes | None] = {}
-        count_for = self.layout.count_for
-        include_payload = self.config.output.dead_letter_include_payload
+        count_for = self.sources.layout.count_for
+        include_payload = self.form.include_payload
         dead: list[DeadLetter] = []
         dropped = [0, 0, 0]  # by fate: LATE, REPLAYED (ACCEPT unused)
         duplicates = stale_key = 0
         max_time: float | None = None
-        # Events arrive mostly in event-time order: the per-window lookups (_fate, _open_window)
+        # Events arrive mostly in event-time order: the per-window lookups (fate, _open_window)
         # are redone only when the window changes; a window's events go to its samples in runs.
         current_ws: int | None = None
         fate = ACCEPT
@@ -229,7 +236,7 @@ class RecordIngest(ColumnIngest):
                 _offer(part, run_pseudonyms, run_items, len(sids) - run_start)
                 run_pseudonyms, run_items, run_start = [], [], len(sids)
                 current_ws = ws
-                fate = self._fate(partition, ws)
+                fate = self.columns.fate(partition, ws)
                 if fate == ACCEPT:
                     part, window_key, cache, pseudonymize, erased = self._open_window(
                         state, ws, offset, pseudonyms
@@ -254,7 +261,7 @@ class RecordIngest(ColumnIngest):
                     pseudonym = cache[user] = pseudonym_of(user, normalize, pseudonymize)
                 if not pseudonym:
                     dead.append(
-                        self._dead(self._empty_user, partition, offset, value, include_payload)
+                        self._dead(self.form.empty_user, partition, offset, value, include_payload)
                     )
                     continue
             sids.append(sid)  # before the erasure filter: arrivals and drops count the erased too
@@ -284,8 +291,8 @@ class RecordIngest(ColumnIngest):
         try:
             body = orjson.loads(value or b"null")
             if type(body) is dict and body.get("kind") == PACKED_KIND:
-                packed = decode_events(body, self._fields)
-                dead.extend(self._ingest_packed(partition, offset, packed, topic, seen))
+                packed = decode_events(body, self.form.fields)
+                dead.extend(self.columns.ingest_packed(partition, offset, packed, topic, seen))
                 return None
             src_partition, src_offset = body["src"]
             if "u" not in body:  # a progress mark of one input partition
@@ -312,10 +319,10 @@ class RecordIngest(ColumnIngest):
                 "not a repartitioned event of this schema (a writer other than stream-dp, "
                 "or a format from another version)",
             )
-            include_payload = self.config.output.dead_letter_include_payload
+            include_payload = self.form.include_payload
             dead.append(self._dead(bad, partition, offset, value, include_payload, topic))
             return None
-        for name in self._scalar_fields:  # JSON true/1.0 back to canonical form
+        for name in self.form.scalar_fields:  # JSON true/1.0 back to canonical form
             field_value = obj.get(name)
             if isinstance(field_value, bool | float):
                 obj[name] = canonical_value(field_value)
@@ -335,11 +342,11 @@ class RecordIngest(ColumnIngest):
         window's partition count (``place``: the record's partition, that count); None if
         it is keyed and placed right."""
         partition, partitions = place
-        if key != user_key(user, self._normalization):
-            bad = BadRecord("not_keyed_by_user", _not_keyed_detail(self._normalization))
+        if key != user_key(user, self.form.normalization):
+            bad = BadRecord("not_keyed_by_user", _not_keyed_detail(self.form.normalization))
             return self._dead(bad, partition, offset, value, include_payload)
         assert key is not None
-        home = self._partition_of_key(key, partitions)
+        home = self.form.partition_of_key(key, partitions)
         if home != partition:
             return self._misplaced(partition, offset, value, include_payload, None, partitions)
         return None
@@ -359,7 +366,7 @@ class RecordIngest(ColumnIngest):
         appear under two pseudonyms)."""
         if record_key[0] is not None and record_key[0] != window_key[0]:
             return 1
-        dead.append(self._key_check_dead(partition, offset, topic))
+        dead.append(self.columns.key_check_dead(partition, offset, topic))
         return 0
 
     def _open_window(
@@ -378,9 +385,7 @@ class RecordIngest(ColumnIngest):
         """An accepted window's part (created at ``offset`` if new), its pseudonym key id
         and key check value, the batch's pseudonym cache for that key, the pseudonymizer
         and the erased pseudonyms."""
-        part = state.get(window_start_s)
-        if part is None:
-            part = state[window_start_s] = WindowPart(UserSamples(self.k, self._rng), offset)
+        part = self.store.part(state, window_start_s, offset)
         pseudonymizer = self.keyring.for_window(window_start_s)
         key_id = pseudonymizer.key_id
         cache = pseudonyms.setdefault(key_id, {})
@@ -397,7 +402,7 @@ class RecordIngest(ColumnIngest):
         routed: bool,
     ) -> None:
         """The watermark, the drop counters and the gauges after a per-record batch."""
-        tracker = self._tracker(partition, now_mono_s, routed=routed)
+        tracker = self.columns.tracker_of(partition, now_mono_s, routed)
         max_time = outcome.max_time
         if routed:
             for source, t_max, idle_s in outcome.marks:
@@ -407,7 +412,7 @@ class RecordIngest(ColumnIngest):
             # watermark no further than the clock (it may not close the current window).
             tracker.observe(partition, min(max_time, now_s), now_mono_s)
         metrics = self.metrics
-        self._count_drops(np.array(outcome.window_items, dtype=np.int64))
+        self.columns.count_drops(np.array(outcome.window_items, dtype=np.int64))
         if outcome.late:
             metrics.late_events.inc(outcome.late)
         if outcome.skipped:
@@ -416,7 +421,7 @@ class RecordIngest(ColumnIngest):
             metrics.repartition_duplicates_skipped.inc(outcome.duplicates)
         other_secret = sum(d.reason == "key_check_mismatch" for d in outcome.dead)
         if other_secret:
-            self._log_key_check_mismatch(other_secret, partition)
+            self.columns.log_key_check_mismatch(other_secret, partition)
         if outcome.stale_key:
             metrics.late_events.inc(outcome.stale_key)
             log.warning(
@@ -425,7 +430,7 @@ class RecordIngest(ColumnIngest):
                 outcome.stale_key,
                 extra={"partition": partition},
             )
-        self._update_gauges()
+        self.store.update_gauges()
 
     def _misplaced(
         self,
@@ -437,18 +442,10 @@ class RecordIngest(ColumnIngest):
         partitions: int | None = None,
     ) -> DeadLetter:
         return self._dead(
-            BadRecord("misplaced_key", self._misplaced_detail(partitions)),
+            BadRecord("misplaced_key", self.columns.misplaced_detail(partitions)),
             partition,
             offset,
             value,
             include_payload,
             topic,
-        )
-
-    def _misplaced_detail(self, partitions: int | None = None) -> str:
-        count = self.source_partitions if partitions is None else partitions
-        return (
-            f"the record's key maps to another of the topic's {count} "
-            "partitions: a producer used another partitioner than input.partitioner, or "
-            "partitions were added; its user would be bounded once per partition"
         )

@@ -8,7 +8,7 @@ deployment's recorded start) up to the point all sources have passed is released
 with or without events — public keys get their noisy values in every window, and every
 window gets its ``window`` record.
 
-:class:`ReleaseStage` decides and draws; it holds four parts, each a module:
+:class:`ReleaseStage` decides and draws; it holds five parts, each a module:
 
 * :class:`~stream_dp.pipeline.stages.partials_inbox.PartialsInbox` — the partials and source
   watermarks read, which version of each (query, source partition) is taken, which are
@@ -21,7 +21,10 @@ window gets its ``window`` record.
 * :class:`~stream_dp.pipeline.stages.auto_bounds.AutoBounds` — which bounds a window is released
   with (``bounds: auto``: decided from the window before), plans calibrated to them;
 * :class:`~stream_dp.pipeline.stages.window_charges.WindowCharges` — each window's draws charged
-  to the budget once, in order, before anything takes their data in.
+  to the budget once, in order, before anything takes their data in;
+* :class:`~stream_dp.pipeline.stages.cumulative.ContinualSteps` (:attr:`ReleaseStage.continual`)
+  — the cumulative queries' steps of a window, drawn on the previous window's state once
+  charged.
 
 The merged exact totals go through the privacy core once (:func:`draw_release`: noise,
 τ-threshold) and the versions taken are recorded in the ledger. Offsets of the partials
@@ -84,7 +87,7 @@ def expected_key_id(config: Config, window_start_s: int) -> str:
     return p.key_id
 
 
-class ReleaseStage(ContinualSteps):
+class ReleaseStage:
     def __init__(
         self,
         config: Config,
@@ -157,6 +160,16 @@ class ReleaseStage(ContinualSteps):
         )
         #: Due windows wait for every source's report in full (stages.hold).
         self.completeness = SourceCompleteness(self.inbox, self.metrics)
+        #: The cumulative queries' steps (stages.cumulative).
+        self.continual = ContinualSteps(
+            self.cumulative,
+            self.ledger,
+            self.inbox,
+            self.cursors,
+            self.queries,
+            charge=self._charge,
+            taken=self._taken,
+        )
         self.adopt_ledger()
 
     # -- coverage and cursors (ReleaseCursors) --------------------------------------------
