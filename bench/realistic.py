@@ -1,0 +1,560 @@
+"""Issue 43's realistic stream, measured the way an operator sees it, on both brokers.
+
+``python -m bench.realistic [--events N] [--before REV] [--profile] [--write]``; ``--smoke``
+runs a small topic on the embedded broker only (the bench's smoke test).
+
+The stream (one topic of 4 partitions, produced by librdkafka — confluent-kafka with
+``linger.ms`` 5 and its default partitioner, keyed by user id): ``N`` JSON events
+``{"user_id": "user123", "timestamp": "<ISO-8601 with offset>", "domain": "d17.com"}``;
+users ``int(paretovariate(1.2)) % 50,000`` (a long tail: most events from a few users),
+41 domains uniform, event times spread evenly over 10 one-minute windows that end before
+the run starts (``window.start_at`` is the first), so every window closes during the run.
+
+Per broker, in one run, each contender in a fresh process, in turn:
+
+* ``raw aiokafka``: ``getmany`` (10,000 records at most, 4 MB per partition) and
+  ``orjson.loads`` of every value; ``raw librdkafka``: confluent-kafka ``consume(10,000)``
+  and ``orjson.loads``. Rate and CPU (the process's user + system time, every thread) from
+  the end of the first batch to the last event; best of two runs each.
+* ``worker``: ``stream-dp run`` (one query: count by domain, private keys, ε 1, δ 1e-6;
+  k = 10, grace 2 s, idle close 3 s), default path (``input.keyed_by_user: false``: stage 0
+  repartitions by pseudonym) and keyed input (``keyed_by_user: true`` with
+  ``input.partitioner: crc32``, librdkafka's default placement). Its rate is
+  ``stream_dp_events_consumed_total`` on ``/metrics``, polled every 50 ms, from the first
+  non-zero reading to the reading that reaches ``N``; its CPU per event is its process CPU
+  (``/proc``) between those two readings over the events between them. It then runs until
+  every window is released (``stream_dp_windows_released_total``), and is stopped.
+* ``--before REV``: the worker of commit ``REV`` (exported with ``git archive``) runs too,
+  alternating with this checkout's, on the same topic: a lever's before/after in one run.
+* ``--profile``: one more run of each worker mode under ``py-spy record`` (the top
+  functions go in the report; the samples in ``bench/profiles/realistic_*.folded``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+PARTITIONS = 4
+USERS = 50_000
+DOMAINS = 41
+WINDOWS = 10
+WINDOW_S = 60
+PARETO_SHAPE = 1.2
+K = 10
+GRACE_S = 2
+IDLE_CLOSE_S = 3.0
+FETCH_MAX_RECORDS = 10_000
+FETCH_PARTITION_BYTES = 4 * 1_048_576
+POLL_S = 0.05
+RUN_TIMEOUT_S = 600.0
+RAW_RUNS = 2
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_FILE = Path(__file__).resolve().parent / "realistic.json"
+PROFILES = Path(__file__).resolve().parent / "profiles"
+TITLE = "## 12. The realistic stream (issue 43), as an operator measures it"
+MODES = {"default": False, "keyed": True}
+
+
+# -- the stream -------------------------------------------------------------------------------
+def first_window_s(now_s: float) -> int:
+    """The first of the 10 windows: they all end at least a minute before ``now_s``."""
+    return (int(now_s) // WINDOW_S - WINDOWS - 1) * WINDOW_S
+
+
+def stream(events: int, start_s: int, seed: int = 43) -> tuple[list[bytes], list[bytes]]:
+    """(values, keys) of the issue's stream; event ``i`` at ``start_s + (i + ½)·span/N``."""
+    rng = random.Random(seed)
+    span_s = WINDOWS * WINDOW_S
+    utc = dt.UTC
+    values: list[bytes] = []
+    keys: list[bytes] = []
+    for i in range(events):
+        user = int(rng.paretovariate(PARETO_SHAPE)) % USERS
+        t = dt.datetime.fromtimestamp(start_s + (i + 0.5) * span_s / events, tz=utc)
+        value = {
+            "user_id": f"user{user}",
+            "timestamp": t.isoformat(timespec="milliseconds"),
+            "domain": f"d{rng.randrange(DOMAINS)}.com",
+        }
+        values.append(json.dumps(value).encode())
+        keys.append(b"user%d" % user)
+    return values, keys
+
+
+def produce(bootstrap: str, topic: str, values: Sequence[bytes], keys: Sequence[bytes]) -> float:
+    """librdkafka as a service's producer would: linger.ms 5, its default partitioner."""
+    from confluent_kafka import Producer
+
+    errors: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "acks": "all",
+            "max.in.flight.requests.per.connection": 1,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+        }
+    )
+    started = time.perf_counter()
+    for i, (value, key) in enumerate(zip(values, keys, strict=True)):
+        while True:
+            try:
+                producer.produce(topic, value, key, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(120)
+    if remaining or errors:
+        raise RuntimeError(f"producing to {topic}: {remaining} unsent, errors: {errors[:3]}")
+    return time.perf_counter() - started
+
+
+# -- raw consumers (each in a child process) ------------------------------------------------
+async def _raw_aiokafka(spec: dict[str, Any]) -> dict[str, Any]:
+    import orjson
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=spec["bootstrap"],
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
+    )
+    await consumer.start()
+    loads = orjson.loads
+    expected = int(spec["events"])
+    n = n0 = 0
+    t0 = c0 = 0.0
+    try:
+        consumer.assign([TopicPartition(spec["topic"], p) for p in range(PARTITIONS)])
+        await consumer.seek_to_beginning()
+        while n < expected:
+            batch = await consumer.getmany(timeout_ms=200, max_records=FETCH_MAX_RECORDS)
+            for msgs in batch.values():
+                for m in msgs:
+                    loads(m.value)
+                n += len(msgs)
+            if not n0 and n:
+                n0, t0, c0 = n, time.perf_counter(), time.process_time()
+        t1, c1 = time.perf_counter(), time.process_time()
+    finally:
+        await consumer.stop()
+    return {"events": n, "span_events": n - n0, "seconds": t1 - t0, "cpu_seconds": c1 - c0}
+
+
+def _raw_librdkafka(spec: dict[str, Any]) -> dict[str, Any]:
+    import orjson
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": spec["bootstrap"],
+            "group.id": f"raw-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "max.partition.fetch.bytes": FETCH_PARTITION_BYTES,
+            # librdkafka pauses a partition's fetches for fetch.queue.backoff.ms (1 s) once
+            # its prefetch queue is full; with 0 it refills as consume() drains it.
+            "fetch.queue.backoff.ms": 0,
+            **spec.get("extra", {}),
+        }
+    )
+    loads = orjson.loads
+    expected = int(spec["events"])
+    n = n0 = 0
+    t0 = c0 = 0.0
+    try:
+        consumer.assign(
+            [TopicPartition(spec["topic"], p, OFFSET_BEGINNING) for p in range(PARTITIONS)]
+        )
+        while n < expected:
+            msgs = consumer.consume(num_messages=FETCH_MAX_RECORDS, timeout=0.2)
+            for m in msgs:
+                if m.error() is None:
+                    loads(m.value())  # type: ignore[arg-type]  # no tombstones here
+                    n += 1
+            if not n0 and n:
+                n0, t0, c0 = n, time.perf_counter(), time.process_time()
+        t1, c1 = time.perf_counter(), time.process_time()
+    finally:
+        consumer.close()
+    return {"events": n, "span_events": n - n0, "seconds": t1 - t0, "cpu_seconds": c1 - c0}
+
+
+def _run_raw(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.realistic", "--child", json.dumps({**spec, "kind": kind})],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    result = dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    result["events_per_s"] = result["span_events"] / result["seconds"]
+    result["cpu_us_per_event"] = result["cpu_seconds"] / result["span_events"] * 1e6
+    return result
+
+
+# -- the worker, as an operator runs it ------------------------------------------------------
+def worker_config(
+    bootstrap: str, topic: str, start_s: int, *, keyed: bool, port: int
+) -> dict[str, Any]:
+    suffix = uuid.uuid4().hex[:10]
+    return {
+        "kafka": {"bootstrap_servers": bootstrap, "group_id": f"realistic-{suffix}"},
+        "input": {
+            "topic": topic,
+            "keyed_by_user": keyed,
+            # librdkafka's default partitioner (consistent_random) places keys by CRC32.
+            **({"partitioner": "crc32"} if keyed else {}),
+        },
+        "output": {
+            "topic": f"realistic-out-{suffix}",
+            "dead_letter_topic": f"realistic-dead-{suffix}",
+            "ledger_topic": f"realistic-ledger-{suffix}",
+            "partials_topic": f"realistic-partials-{suffix}",
+            "repartition_topic": f"realistic-repartition-{suffix}",
+            "continual_topic": f"realistic-continual-{suffix}",
+        },
+        "window": {
+            "size_s": WINDOW_S,
+            "grace_s": GRACE_S,
+            "idle_close_s": IDLE_CLOSE_S,
+            "start_at": dt.datetime.fromtimestamp(start_s, tz=dt.UTC).isoformat(),
+        },
+        "privacy": {"epsilon_per_window": 1.0, "delta_per_window": 1e-6},
+        "bounds": {"max_contributions_per_window": K},
+        "queries": [
+            {
+                "name": "visits_by_domain",
+                "statistic": "count",
+                "group_by": ["domain"],
+                "epsilon": 1.0,
+                "delta": 1e-6,
+            }
+        ],
+        "metrics": {"enabled": True, "host": "127.0.0.1", "port": port},
+        "logging": {"level": "WARNING"},
+    }
+
+
+def _scrape(url: str) -> dict[str, float]:
+    names = (
+        "stream_dp_events_consumed_total",
+        "stream_dp_windows_released_total",
+        "stream_dp_late_events_total",
+        "stream_dp_bad_records_total",
+    )
+    out = dict.fromkeys(names, 0.0)
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback
+            text = response.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        name = series.split("{", 1)[0]
+        if name in out:
+            out[name] += float(value)
+    return out
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_profiler(pid: int, to: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` from now on (only while a thread holds the GIL: the Python
+    work, not the waits), until it gets SIGINT."""
+    py_spy = str(Path(sys.executable).parent / "py-spy")
+    command = [
+        py_spy,
+        "record",
+        "--pid",
+        str(pid),
+        "--rate",
+        "200",
+        "--gil",
+        "--nonblocking",
+        "--format",
+        "raw",
+        "--output",
+        str(to),
+    ]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run_worker(
+    bootstrap: str,
+    topic: str,
+    events: int,
+    start_s: int,
+    *,
+    keyed: bool,
+    tree: Path,
+    workdir: Path,
+    profile_to: Path | None = None,
+) -> dict[str, Any]:
+    """One ``stream-dp run`` of the checkout at ``tree``, timed from its ``/metrics``."""
+    from stream_dp.broker.process import free_port
+
+    port = free_port("127.0.0.1")
+    config = worker_config(bootstrap, topic, start_s, keyed=keyed, port=port)
+    path = workdir / f"config-{uuid.uuid4().hex[:8]}.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "STREAM_DP_PSEUDONYM_KEY": secrets.token_hex(32),
+        "PYTHONWARNINGS": "ignore",
+    }
+    command = [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(path)]
+    log = workdir / f"worker-{uuid.uuid4().hex[:8]}.log"
+    url = f"http://127.0.0.1:{port}/metrics"
+    with log.open("wb") as handle:
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=tree)
+    try:
+        pid = proc.pid
+        profiler: subprocess.Popen[bytes] | None = None
+        t_start = time.perf_counter()
+        first: tuple[float, float, float] | None = None
+        last: tuple[float, float, float] | None = None
+        while True:
+            if proc.poll() is not None or time.perf_counter() - t_start > RUN_TIMEOUT_S:
+                raise RuntimeError(f"worker exited or stalled:\n{log.read_text()[-3000:]}")
+            t, cpu = time.perf_counter(), _cpu_s(pid)
+            m = _scrape(url)
+            n = m["stream_dp_events_consumed_total"]
+            if n > 0 and first is None:
+                first = (t, cpu, n)
+                if profile_to is not None:  # the span the rate is measured over, only
+                    profiler = _start_profiler(pid, profile_to)
+            if n >= events and last is None:
+                last = (t, cpu, n)
+                if profiler is not None:
+                    profiler.send_signal(signal.SIGINT)
+                    profiler.wait(timeout=60)
+            if last is not None and m["stream_dp_windows_released_total"] >= WINDOWS:
+                break
+            time.sleep(POLL_S)
+        t_done, cpu_done = time.perf_counter(), _cpu_s(pid)
+        os.kill(pid, signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert first is not None and last is not None
+    if last[0] == first[0]:  # a small topic, taken in one poll: from the worker's start
+        first = (t_start, 0.0, 0.0)
+    if code != 0:
+        raise RuntimeError(f"worker exited {code} after SIGTERM:\n{log.read_text()[-3000:]}")
+    span_events = last[2] - first[2]
+    return {
+        "events": int(last[2]),
+        "span_events": span_events,
+        "seconds": last[0] - first[0],
+        "cpu_seconds": last[1] - first[1],
+        "events_per_s": span_events / (last[0] - first[0]),
+        "cpu_us_per_event": (last[1] - first[1]) / span_events * 1e6,
+        "startup_seconds": first[0] - t_start,
+        "release_after_last_event_seconds": t_done - last[0],
+        "whole_cpu_seconds": cpu_done,
+        "late_events": m["stream_dp_late_events_total"],
+        "windows_released": m["stream_dp_windows_released_total"],
+        "bad_records": m["stream_dp_bad_records_total"],
+    }
+
+
+# -- one broker ------------------------------------------------------------------------------
+@contextmanager
+def _broker(name: str) -> Iterator[Any]:
+    if name == "tansu":
+        from stream_dp.broker import EmbeddedBroker
+
+        with EmbeddedBroker() as broker:
+            yield broker
+        return
+    from bench.run import BENCH_BROKER_JVM_OPTIONS
+    from stream_dp.broker.apache_kafka import ApacheKafkaBroker
+
+    with ApacheKafkaBroker(jvm_options=BENCH_BROKER_JVM_OPTIONS) as broker:
+        yield broker
+
+
+def measure_broker(
+    name: str,
+    events: int,
+    trees: dict[str, Path],
+    *,
+    raw_runs: int,
+    profile: bool,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    from bench.throughput import create_topics
+
+    start_s = first_window_s(time.time())
+    values, keys = stream(events, start_s)
+    out: dict[str, Any] = {"runs": {}, "load_1min": [os.getloadavg()[0]]}
+    with _broker(name) as broker, tempfile.TemporaryDirectory(prefix="realistic-") as tmp:
+        bootstrap = broker.bootstrap_servers
+        topic = f"realistic-{uuid.uuid4().hex[:8]}"
+        asyncio.run(create_topics(bootstrap, [topic], PARTITIONS))
+        out["produce_seconds"] = produce(bootstrap, topic, values, keys)
+        spec = {"bootstrap": bootstrap, "topic": topic, "events": events}
+        runs: dict[str, list[dict[str, Any]]] = out["runs"]
+        for i in range(raw_runs):
+            for kind in ("raw_aiokafka", "raw_librdkafka"):
+                runs.setdefault(kind, []).append(_run_raw(kind, spec))
+                log(f"[realistic] {name} {kind} run {i + 1}: {_brief(runs[kind][-1])}")
+            for label, tree in trees.items():
+                for mode, keyed in MODES.items():
+                    r = run_worker(
+                        bootstrap, topic, events, start_s, keyed=keyed, tree=tree, workdir=Path(tmp)
+                    )
+                    runs.setdefault(f"worker_{mode}_{label}", []).append(r)
+                    log(f"[realistic] {name} worker {mode} {label} run {i + 1}: {_brief(r)}")
+        if profile:
+            PROFILES.mkdir(exist_ok=True)
+            from bench.profile import fold_functions, top_functions, write_folded
+
+            out["profiles"] = {}
+            for mode, keyed in MODES.items():
+                raw = Path(tmp) / f"profile-{mode}.raw"
+                r = run_worker(
+                    bootstrap,
+                    topic,
+                    events,
+                    start_s,
+                    keyed=keyed,
+                    tree=REPO,
+                    workdir=Path(tmp),
+                    profile_to=raw,
+                )
+                stacks = fold_functions(raw.read_text(encoding="utf-8"))
+                write_folded(stacks, PROFILES / f"realistic_{name}_{mode}.folded")
+                out["profiles"][mode] = {
+                    "events_per_s_under_profiler": r["events_per_s"],
+                    "samples": sum(stacks.values()),
+                    "top": top_functions(stacks, 20),
+                }
+                log(f"[realistic] {name} profile {mode}: {sum(stacks.values())} samples")
+    out["load_1min"].append(os.getloadavg()[0])
+    out["best"] = {
+        kind: max(rs, key=lambda r: r["events_per_s"]) for kind, rs in out["runs"].items()
+    }
+    return out
+
+
+def _brief(r: dict[str, Any]) -> str:
+    return f"{r['events_per_s']:,.0f} events/s, {r['cpu_us_per_event']:.2f} µs CPU/event"
+
+
+def _export(rev: str, into: Path) -> Path:
+    from bench.refactor_parity import export_tree
+
+    export_tree(REPO, rev, into)
+    return into
+
+
+def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="realistic-trees-") as tmp:
+        after = _export(opts.after, Path(tmp) / "after") if opts.after else REPO
+        trees = {"after": after}
+        if opts.before:
+            trees = {"before": _export(opts.before, Path(tmp) / "before"), "after": after}
+        result: dict[str, Any] = {
+            "events": opts.events,
+            "before": opts.before,
+            "after": opts.after,
+            "written": dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "cores": os.cpu_count(),
+            "brokers": {},
+        }
+        for name in opts.brokers:
+            result["brokers"][name] = measure_broker(
+                name, opts.events, trees, raw_runs=opts.runs, profile=opts.profile, log=log
+            )
+    return result
+
+
+def ratios(best: dict[str, dict[str, Any]], label: str = "after") -> dict[str, float]:
+    """worker / raw by events/s, and raw / worker by CPU per event (higher is better)."""
+    out: dict[str, float] = {}
+    for mode in MODES:
+        w = best.get(f"worker_{mode}_{label}")
+        if w is None:
+            continue
+        for raw in ("raw_aiokafka", "raw_librdkafka"):
+            out[f"{mode}/{raw}"] = w["events_per_s"] / best[raw]["events_per_s"]
+            out[f"{mode}/{raw} cpu"] = best[raw]["cpu_us_per_event"] / w["cpu_us_per_event"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--events", type=int, default=400_000)
+    parser.add_argument("--runs", type=int, default=RAW_RUNS)
+    parser.add_argument("--brokers", default="tansu,kafka")
+    parser.add_argument("--before", help="a commit whose worker runs too (before/after)")
+    parser.add_argument("--after", help="the commit whose worker is 'after' (default: this tree)")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="50,000 events, Tansu, one run")
+    parser.add_argument("--write", action="store_true", help="bench/realistic.json, RESULTS.md")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    if opts.child:
+        spec = json.loads(opts.child)
+        if spec["kind"] == "raw_aiokafka":
+            result = asyncio.run(_raw_aiokafka(spec))
+        else:
+            result = _raw_librdkafka(spec)
+        print(json.dumps(result))
+        return
+    if opts.smoke:
+        opts.events, opts.runs, opts.brokers = 50_000, 1, "tansu"
+    opts.brokers = [b for b in opts.brokers.split(",") if b]
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    result = measure(opts, log)
+    for name, b in result["brokers"].items():
+        for key, value in ratios(b["best"]).items():
+            log(f"[realistic] {name} {key}: {value:.2f}×")
+    print(json.dumps(result))
+    if opts.write:
+        RESULTS_FILE.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    if sys.path and sys.path[0] == str(Path(__file__).resolve().parent):
+        sys.path.pop(0)
+    main()
