@@ -454,7 +454,7 @@ def measure_broker(
                     events,
                     start_s,
                     keyed=keyed,
-                    tree=REPO,
+                    tree=trees["after"],
                     workdir=Path(tmp),
                     profile_to=raw,
                 )
