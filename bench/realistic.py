@@ -1,6 +1,8 @@
 """Issue 43's realistic stream, measured the way an operator sees it, on both brokers.
 
-``python -m bench.realistic [--events N] [--before REV] [--profile] [--write]``; ``--smoke``
+``python -m bench.realistic [--events N] [--before REV] [--after REV] [--profile] > RUN.json``,
+then ``--keep LABEL RUN.json`` keeps it in ``bench/realistic.json`` and writes its section of
+RESULTS.md (``--render``: the section from what is kept); ``--smoke``
 runs a small topic on the embedded broker only (the bench's smoke test).
 
 The stream (one topic of 4 partitions, produced by librdkafka — confluent-kafka with
@@ -50,6 +52,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from bench.sections import splice_section
 
 PARTITIONS = 4
 USERS = 50_000
@@ -518,6 +522,110 @@ def ratios(best: dict[str, dict[str, Any]], label: str = "after") -> dict[str, f
     return out
 
 
+#: What each kept run (its label in bench/realistic.json) compares.
+LABELS: dict[str, str] = {
+    "main": "the worker before this pass's levers (before) and with all of them (after)",
+}
+#: The analysis of the kept runs (written from them; rerun, then check it still holds).
+ANALYSIS: list[str] = []
+_KINDS = {
+    "raw_aiokafka": "raw aiokafka getmany + orjson.loads",
+    "raw_librdkafka": "raw librdkafka consume + orjson.loads",
+}
+
+
+def _rows(broker: dict[str, Any]) -> list[str]:
+    best = broker["best"]
+    lines = [
+        "| contender | events/s | CPU µs/event | ÷ raw aiokafka (events/s) | ÷ raw aiokafka "
+        "(CPU per event) | ÷ raw librdkafka (events/s) | ÷ raw librdkafka (CPU per event) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    names = list(_KINDS) + sorted(k for k in best if k.startswith("worker_"))
+    for name in names:
+        r = best.get(name)
+        if r is None:
+            continue
+        label = _KINDS.get(name) or name.removeprefix("worker_").replace("_", " path, ")
+        if name.startswith("worker_"):
+            label = "worker, " + label.replace("keyed path", "keyed input").replace(
+                "default path", "default path (repartitioned)"
+            )
+        cells = [f"{r['events_per_s']:,.0f}", f"{r['cpu_us_per_event']:.2f}"]
+        for raw in _KINDS:
+            cells += [
+                f"{r['events_per_s'] / best[raw]['events_per_s']:.2f}×",
+                f"{best[raw]['cpu_us_per_event'] / r['cpu_us_per_event']:.2f}×",
+            ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _profile_rows(profile: dict[str, Any], n: int = 15) -> list[str]:
+    lines = ["| function | self | inclusive |", "|---|---|---|"]
+    for row in profile["top"][:n]:
+        lines.append(f"| `{row['function']}` | {row['self']:.1%} | {row['inclusive']:.1%} |")
+    return lines
+
+
+def section(kept: dict[str, Any]) -> list[str]:
+    """The RESULTS.md section (markdown lines, title first) from the kept runs."""
+    lines = [
+        TITLE,
+        "",
+        "From `python -m bench.realistic` (its own runs, kept in bench/realistic.json by "
+        "`--keep`; `bench.run` does not rerun it). Issue 43's stream: "
+        f"{kept['main']['events']:,} JSON events "
+        '`{"user_id": "user123", "timestamp": "<ISO-8601 with offset>", "domain": "d17.com"}`, '
+        f"users `int(paretovariate({PARETO_SHAPE})) % {USERS:,}`, {DOMAINS} domains uniform, "
+        f"event times spread evenly over {WINDOWS} one-minute windows that end before the run "
+        "(`window.start_at` the first, so every window closes during the run), one topic of "
+        f"{PARTITIONS} partitions produced by librdkafka (`linger.ms` 5, keyed by user id, its "
+        "default partitioner). One query (count by domain, private keys, ε 1, δ 1e-6), "
+        f"k = {K}, grace {GRACE_S} s, idle close {IDLE_CLOSE_S:g} s. The worker is `stream-dp "
+        "run` (default path: `input.keyed_by_user: false`, stage 0 repartitions by pseudonym; "
+        "keyed input: `keyed_by_user: true`, `partitioner: crc32`, librdkafka's placement); its "
+        "rate is `stream_dp_events_consumed_total` on `/metrics` polled every 50 ms, from the "
+        "first non-zero reading to the reading that reaches every event — as an operator sees "
+        "it — and its CPU per event is its process's CPU time (`/proc`) between those two "
+        "readings over the events between them. The raw consumers (aiokafka `getmany`, at most "
+        "10,000 records and 4 MB per partition; librdkafka `consume(num_messages=10000)` with "
+        "`fetch.queue.backoff.ms` 0) decode every value with `orjson.loads`; rate and CPU from "
+        "the end of their first batch to the last event. Best of two runs each, every "
+        "contender in a fresh process, all on one topic per broker in one run.",
+    ]
+    for label, run in kept.items():
+        loads = [x for b in run["brokers"].values() for x in b["load_1min"]]
+        lines += [
+            "",
+            f"### {label}: {LABELS.get(label, label)}",
+            "",
+            f"Run of {run['written']}: before `{run.get('before') or '-'}`, after "
+            f"`{run.get('after') or 'the working tree'}`; {run['cores']} cores shared with "
+            f"other engineers' work, load average (1 min) {min(loads):.1f} to {max(loads):.1f} "
+            "(both sides of every ratio equally slowed; events/s vary with it far more than "
+            "CPU per event).",
+        ]
+        for name, broker in run["brokers"].items():
+            title = {"tansu": "Embedded broker (Tansu)", "kafka": "Apache Kafka 4.1.1"}[name]
+            lines += ["", f"**{title}**", "", *_rows(broker)]
+        for name, broker in run["brokers"].items():
+            for mode, profile in (broker.get("profiles") or {}).items():
+                lines += [
+                    "",
+                    f"Profile, {name}, worker {mode} ({profile['samples']:,} py-spy samples at "
+                    "200 Hz, only while a thread holds the GIL, over the measured span; "
+                    f"{profile['events_per_s_under_profiler']:,.0f} events/s under the "
+                    "profiler):",
+                    "",
+                    *_profile_rows(profile),
+                ]
+    if ANALYSIS:
+        lines += ["", "### What the worker spends per event, and what is left", ""]
+        lines += [f"- {note}" for note in ANALYSIS]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=400_000)
@@ -527,7 +635,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--after", help="the commit whose worker is 'after' (default: this tree)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="50,000 events, Tansu, one run")
-    parser.add_argument("--write", action="store_true", help="bench/realistic.json, RESULTS.md")
+    parser.add_argument(
+        "--keep",
+        nargs=2,
+        metavar=("LABEL", "RUN_JSON"),
+        help="keep a run's output in bench/realistic.json under LABEL, write the section",
+    )
+    parser.add_argument("--render", action="store_true", help="the section from the kept runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.child:
@@ -545,13 +659,21 @@ def main(argv: list[str] | None = None) -> None:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    if opts.keep:  # a finished run's JSON (its stdout) kept under a label, then rendered
+        label, source = opts.keep
+        kept = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
+        kept[label] = json.loads(Path(source).read_text())
+        RESULTS_FILE.write_text(json.dumps(kept, indent=1) + "\n", encoding="utf-8")
+    if opts.keep or opts.render:
+        md = REPO / "bench" / "RESULTS.md"
+        kept = json.loads(RESULTS_FILE.read_text())
+        md.write_text(splice_section(md.read_text(), TITLE, section(kept)), encoding="utf-8")
+        return
     result = measure(opts, log)
     for name, b in result["brokers"].items():
         for key, value in ratios(b["best"]).items():
             log(f"[realistic] {name} {key}: {value:.2f}×")
     print(json.dumps(result))
-    if opts.write:
-        RESULTS_FILE.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
