@@ -55,20 +55,27 @@ class _RecordColumns(_fetcher.PartitionRecords):  # type: ignore[misc]
 
     _handed_out = False
 
-    def __next__(self) -> Any:
+    def __iter__(self) -> Any:
+        # aiokafka's getall loops ``for msg in partition_records``: handing it the records
+        # generator itself makes that loop resume the generator from C, without a Python
+        # ``__next__`` call per record (what aiokafka's __next__ adds — dropping the finished
+        # generator — the finished generator holds nothing). ``getone`` still calls
+        # ``__next__``.
+        records = self._records_iterator
+        return records if records is not None else iter(())
+
+    def _unpack_records(self) -> Any:
         try:
-            record = super().__next__()
+            yield from super()._unpack_records()
         except KafkaError:
             if not self._handed_out:
                 raise  # nothing of this fetch returned: the error is the caller's now
             # End this fetch's records here: the position moves to next_fetch_offset, the
             # first record not returned, and the next fetch raises the error before any.
-            self._records_iterator = None
-            raise StopIteration from None
-        self._handed_out = True
-        return record
 
     def _consumer_record(self, tp: Any, record: Any) -> Any:
+        # Called once per record, just before aiokafka's generator hands it out.
+        self._handed_out = True
         if self._value_deserializer is raw_value and self._key_deserializer is None:
             return record
         return super()._consumer_record(tp, record)
