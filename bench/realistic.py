@@ -74,6 +74,9 @@ RESULTS_FILE = Path(__file__).resolve().parent / "realistic.json"
 PROFILES = Path(__file__).resolve().parent / "profiles"
 TITLE = "## 12. The realistic stream (issue 43), as an operator measures it"
 MODES = {"default": False, "keyed": True}
+#: The raw consumers: aiokafka as a plain consumer builds a ConsumerRecord per record; with
+#: the worker's fetch adapter (stream_dp/clients/fetched.py) it hands out its parsed records.
+RAW_KINDS = ("raw_aiokafka", "raw_aiokafka_adapter", "raw_librdkafka")
 
 
 # -- the stream -------------------------------------------------------------------------------
@@ -143,11 +146,17 @@ async def _raw_aiokafka(spec: dict[str, Any]) -> dict[str, Any]:
     import orjson
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    options: dict[str, Any] = {}
+    if spec["kind"] == "raw_aiokafka_adapter":  # the worker's fetch: no ConsumerRecord
+        from stream_dp.clients.fetched import fetch_options
+
+        options = fetch_options()
     consumer = AIOKafkaConsumer(
         bootstrap_servers=spec["bootstrap"],
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
+        **options,
     )
     await consumer.start()
     loads = orjson.loads
@@ -435,7 +444,7 @@ def measure_broker(
         spec = {"bootstrap": bootstrap, "topic": topic, "events": events}
         runs: dict[str, list[dict[str, Any]]] = out["runs"]
         for i in range(raw_runs):
-            for kind in ("raw_aiokafka", "raw_librdkafka"):
+            for kind in RAW_KINDS:
                 runs.setdefault(kind, []).append(_run_raw(kind, spec))
                 log(f"[realistic] {name} {kind} run {i + 1}: {_brief(runs[kind][-1])}")
             for label, tree in trees.items():
@@ -532,6 +541,10 @@ _KINDS = {
     "raw_aiokafka": "raw aiokafka getmany + orjson.loads",
     "raw_librdkafka": "raw librdkafka consume + orjson.loads",
 }
+_ROWS = {
+    **_KINDS,
+    "raw_aiokafka_adapter": "raw aiokafka with the worker's fetch adapter + orjson.loads",
+}
 
 
 def _rows(broker: dict[str, Any]) -> list[str]:
@@ -541,12 +554,12 @@ def _rows(broker: dict[str, Any]) -> list[str]:
         "(CPU per event) | ÷ raw librdkafka (events/s) | ÷ raw librdkafka (CPU per event) |",
         "|---|---|---|---|---|---|---|",
     ]
-    names = list(_KINDS) + sorted(k for k in best if k.startswith("worker_"))
+    names = list(_ROWS) + sorted(k for k in best if k.startswith("worker_"))
     for name in names:
         r = best.get(name)
         if r is None:
             continue
-        label = _KINDS.get(name) or name.removeprefix("worker_").replace("_", " path, ")
+        label = _ROWS.get(name) or name.removeprefix("worker_").replace("_", " path, ")
         if name.startswith("worker_"):
             label = "worker, " + label.replace("keyed path", "keyed input").replace(
                 "default path", "default path (repartitioned)"
@@ -646,7 +659,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     if opts.child:
         spec = json.loads(opts.child)
-        if spec["kind"] == "raw_aiokafka":
+        if spec["kind"] in ("raw_aiokafka", "raw_aiokafka_adapter"):
             result = asyncio.run(_raw_aiokafka(spec))
         else:
             result = _raw_librdkafka(spec)

@@ -43,7 +43,7 @@ def smoke() -> dict[str, Any]:
 def test_every_contender_measured_and_every_window_released(smoke: dict[str, Any]) -> None:
     assert set(smoke["brokers"]) == {"tansu"}
     broker = smoke["brokers"]["tansu"]
-    expected = {"raw_aiokafka", "raw_librdkafka", "worker_default_after", "worker_keyed_after"}
+    expected = {*realistic.RAW_KINDS, "worker_default_after", "worker_keyed_after"}
     assert set(broker["best"]) == expected
     for name, r in broker["best"].items():
         assert r["events"] == smoke["events"] == 50_000, name
@@ -64,6 +64,7 @@ def test_section_renders_every_contender(smoke: dict[str, Any]) -> None:
     for label in (
         "raw aiokafka getmany + orjson.loads",
         "raw librdkafka consume + orjson.loads",
+        "raw aiokafka with the worker's fetch adapter + orjson.loads",
         "worker, default path (repartitioned), after",
         "worker, keyed input, after",
     ):
