@@ -566,6 +566,10 @@ def ratios(best: dict[str, dict[str, Any]], label: str = "after") -> dict[str, f
 #: What each kept run (its label in bench/realistic.json) compares.
 LABELS: dict[str, str] = {
     "main": "the worker before this pass's levers (before) and with all of them (after)",
+    "iso_times": "lever 1, ISO-8601 times read per batch (before: the bench alone; after: "
+    "with the batch reader); its profiles are the worker with this lever only",
+    "fetch_adapter": "lever 2, aiokafka's records generator iterated from C (before: lever 1; "
+    "after: levers 1 and 2), with the worker's own fetch as a third raw consumer",
 }
 #: The analysis of the kept runs (written from them; rerun, then check it still holds).
 ANALYSIS: list[str] = []
@@ -644,7 +648,7 @@ def section(kept: dict[str, Any]) -> list[str]:
         "",
         "From `python -m bench.realistic` (its own runs, kept in bench/realistic.json by "
         "`--keep`; `bench.run` does not rerun it). Issue 43's stream: "
-        f"{kept['main']['events']:,} JSON events "
+        f"{next(iter(kept.values()))['events']:,} JSON events "
         '`{"user_id": "user123", "timestamp": "<ISO-8601 with offset>", "domain": "d17.com"}`, '
         f"users `int(paretovariate({PARETO_SHAPE})) % {USERS:,}`, {DOMAINS} domains uniform, "
         f"event times spread evenly over {WINDOWS} one-minute windows that end before the run "
@@ -663,7 +667,8 @@ def section(kept: dict[str, Any]) -> list[str]:
         "the end of their first batch to the last event. Best of two runs each, every "
         "contender in a fresh process, all on one topic per broker in one run.",
     ]
-    for label, run in kept.items():
+    for label in sorted(kept, key=lambda name: (name != "main", name)):
+        run = kept[label]
         loads = [x for b in run["brokers"].values() for x in b["load_1min"]]
         lines += [
             "",
