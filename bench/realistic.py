@@ -570,6 +570,9 @@ LABELS: dict[str, str] = {
     "with the batch reader); its profiles are the worker with this lever only",
     "fetch_adapter": "lever 2, aiokafka's records generator iterated from C (before: lever 1; "
     "after: levers 1 and 2), with the worker's own fetch as a third raw consumer",
+    "batch_take": "lever 3, the worker's fetched records taken a record batch at a time "
+    "(before: levers 1 and 2; after: levers 1, 2 and 3; the raw consumer with the worker's "
+    "fetch adapter has lever 3 too); its profiles are the worker with all three",
 }
 #: The analysis of the kept runs (written from them; rerun, then check it still holds).
 ANALYSIS: list[str] = [
@@ -755,7 +758,8 @@ def section(kept: dict[str, Any]) -> list[str]:
         "the end of their first batch to the last event. Best of two runs each, every "
         "contender in a fresh process, all on one topic per broker in one run.",
     ]
-    for label in sorted(kept, key=lambda name: (name != "main", name)):
+    order = list(LABELS)
+    for label in sorted(kept, key=lambda name: (order.index(name) if name in order else 99, name)):
         run = kept[label]
         loads = [x for b in run["brokers"].values() for x in b["load_1min"]]
         lines += [
