@@ -565,11 +565,12 @@ def ratios(best: dict[str, dict[str, Any]], label: str = "after") -> dict[str, f
 
 #: What each kept run (its label in bench/realistic.json) compares.
 LABELS: dict[str, str] = {
-    "main": "the worker before this pass's levers (before) and with all of them (after)",
+    "main": "the worker before this pass's levers (before) and with all three (after)",
     "iso_times": "lever 1, ISO-8601 times read per batch (before: the bench alone; after: "
     "with the batch reader); its profiles are the worker with this lever only",
     "fetch_adapter": "lever 2, aiokafka's records generator iterated from C (before: lever 1; "
     "after: levers 1 and 2), with the worker's own fetch as a third raw consumer",
+    "levers_1_2": "levers 1 and 2 together (before: the bench alone; after: levers 1 and 2)",
     "batch_take": "lever 3, the worker's fetched records taken a record batch at a time "
     "(before: levers 1 and 2; after: levers 1, 2 and 3; the raw consumer with the worker's "
     "fetch adapter has lever 3 too); its profiles are the worker with all three",
@@ -587,22 +588,24 @@ ANALYSIS: list[str] = [
     "µs default, in its processing phase) would already be 0.58× and 0.50× by CPU, not 0.77× "
     "and 0.67×. (2) The worker paid 0.4–0.65 µs per event for `datetime.fromisoformat` + "
     "`timestamp()` (section 1's times are epoch numbers): 2.75–3.14 µs per event before this "
-    "pass against section 1b's 2.50–2.87. (3) The windows closing during the run cost little "
-    "(seal, partials and release: 1–7% of the samples, the seal and the draws already in a "
-    "thread), and so does the bench's own 50 ms scrape of /metrics (2–6%: prometheus_client "
+    "pass in run `levers_1_2` against section 1b's 2.50–2.87. (3) The windows closing "
+    "during the run cost little "
+    "(seal, partials and release: 1–8% of the samples, the seal and the draws already in a "
+    "thread), and so does the bench's own 50 ms scrape of /metrics (2–8%: prometheus_client "
     "renders every series and reads /proc per scrape; an operator's 15 s scrape costs "
     "nothing). (4) Events/s on this machine are noise: 8 engineers' work kept the load "
     "average at 8–13 on 2 cores, and the two runs of one contender differ up to 3× "
     "(aiokafka with the adapter on Tansu: 108,230 and 349,202 events/s); the keyed worker "
     "against raw aiokafka reads 0.34× in one run and 0.86× in another. CPU per event varies "
     "by about 10% and is the figure to compare.",
-    "**Where the worker spends per event** (main run, after; tables above): aiokafka's fetch "
-    "0.9–1.1 µs — `PartitionRecords._unpack_records` alone is 26–37% of the samples: the C "
-    "extension's record objects and aiokafka's per-record generator, the same work the raw "
-    "consumer does — then the decode 0.7–0.9 µs (msgspec per record for the needed fields, "
-    "validation, the ISO-8601 column), stage 1 0.3–0.4 µs (pseudonyms, windows, bounded "
-    "samples), and on the default path the repartition hop 0.35–0.4 µs (stage 1 decoding the "
-    "packed records, mostly base64 of their columns, and stage 0 producing them).",
+    "**Where the worker spends per event** (run `main`, after, all three levers; tables "
+    "above): the decode 0.8–1.2 µs (msgspec per record for the needed fields, validation, "
+    "the ISO-8601 column), aiokafka's fetch 0.8–1.05 µs (now mostly "
+    "`_RecordColumns._next_batch`, 17–24% of the samples: the C extension building one record "
+    "object per record, and the CRC check — the same work the raw consumer does), stage 1 "
+    "0.4–0.6 µs (pseudonyms, windows, bounded samples), and on the default path the "
+    "repartition hop 0.35–0.65 µs (stage 1 decoding the packed records, mostly base64 of "
+    "their columns, and stage 0 producing them).",
     "**Lever 1, ISO-8601 times per batch** (stream_dp/pipeline/formats/iso_times.py; run "
     "`iso_times`): the strings' bytes checked and converted with numpy (every character, "
     "every range `fromisoformat` checks, the same correctly rounded float; anything else "
@@ -621,22 +624,35 @@ ANALYSIS: list[str] = [
     "over fetched records (slower on Python 3.11: 22 against 9 ns per record); "
     "`binascii.a2b_base64(strict_mode=True)` for the packed columns (6 ns per event, not "
     "worth touching the wire format's checks).",
-    "**Both levers** (run `main`): CPU per event 3.06 → 2.78 (default) and 2.94 → 2.67 "
-    "(keyed) on Tansu, 3.14 → 2.83 and 2.75 → 2.42 on Apache Kafka: 9–12% less. Against "
-    "raw aiokafka by CPU: 0.49× default and 0.51× keyed on Tansu, 0.46× and 0.54× on Apache "
-    "Kafka; by events/s 0.34–0.46× in that run.",
+    "**Lever 3, the fetched records a record batch at a time** (stream_dp/clients/fetched.py; "
+    "run `batch_take`): for the worker's consumer (uncommitted reads), `getall` takes each "
+    "record batch's records as one list built in C and hands them out by slices, moving the "
+    "position exactly as aiokafka's generator does (tests/clients/test_fetched_take.py "
+    "compares the two over random batch layouts: control batches, compacted tails, records "
+    "below the fetch offset, unreadable batches; each position move and the stop after an "
+    "error turn it red when removed). The fetch's share of the worker's samples fell from "
+    "31–43% to 27–35%; worker CPU per event 3.64 → 3.17 (default) and 3.06 → 2.72 (keyed) on "
+    "Tansu, 3.22 → 3.21 and 2.75 → 2.81 on Apache Kafka (no change there within that run's "
+    "noise, load 8–12).",
+    "**Levers 1 and 2** (run `levers_1_2`): CPU per event 3.06 → 2.78 (default) and 2.94 → "
+    "2.67 (keyed) on Tansu, 3.14 → 2.83 and 2.75 → 2.42 on Apache Kafka: 9–12% less. **All "
+    "three** (run `main`, load 5–16): 3.78 → 3.50 and 3.72 → 3.08 on Tansu, 3.97 → 3.28 and "
+    "3.17 → 2.61 on Apache Kafka: 7–18% less. Against raw aiokafka by CPU, after: 0.43× "
+    "default and 0.49× keyed on Tansu, 0.49× and 0.61× on Apache Kafka (run `levers_1_2`: "
+    "0.46–0.54×); by events/s 0.22–0.58× in run `main`.",
     "**aiokafka or librdkafka on the hot path** (fetch + orjson.loads, CPU per event, best "
-    "of two): run `main` — librdkafka 1.22 (Tansu) and 1.05 (Apache Kafka), plain aiokafka "
-    "1.35 and 1.30, aiokafka with the worker's fetch adapter 1.14 and 1.00; run "
-    "`fetch_adapter` — librdkafka 1.16 and 1.11, plain aiokafka 1.65 and 1.43, with the "
-    "adapter 1.54 and 1.24. librdkafka beats aiokafka's ConsumerRecord path by 0.1–0.5 µs "
-    "per event; against the worker's own aiokafka path it is 0.05–0.08 µs dearer in one run "
-    "and 0.13–0.38 µs cheaper in the other: at most about 0.4 µs (15% of the worker's CPU per "
-    "event), within this machine's noise. The issue's probe (1.9 against 4.5 µs) is not "
-    "reproduced on this stream. **Choice: aiokafka stays on the worker's hot path for now** "
-    "— the gain is uncertain and small next to the fetch's per-record cost that both "
-    "libraries leave to Python objects, and the client layer is being rebuilt by another "
-    "engineer now; the swap belongs behind it, measured again there. What adopting "
+    "of two; Tansu, Apache Kafka): librdkafka 1.22 and 1.05 in run `levers_1_2`, 1.16 and "
+    "1.11 in `fetch_adapter`, 1.13 and 1.35 in `batch_take`, 1.38 and 1.36 in `main`; plain "
+    "aiokafka (a ConsumerRecord per record) 1.35 and 1.30, 1.65 and 1.43, 1.64 and 1.69, "
+    "1.52 and 1.60; aiokafka with the worker's fetch adapter 1.14 and 1.00, 1.54 and 1.24, "
+    "then with lever 3 1.26 and 1.20, 1.13 and 1.27. librdkafka beats aiokafka's "
+    "ConsumerRecord path by 0.1–0.5 µs per event; against the worker's own aiokafka path "
+    "(adapter and lever 3) it is cheaper in one comparison of four (0.13 µs) and dearer in "
+    "three (0.09–0.25 µs). The issue's probe (1.9 against 4.5 µs) is not reproduced on this "
+    "stream. **Choice: aiokafka stays on the worker's hot path** — on the path the worker "
+    "uses it is as cheap as librdkafka here, and the client layer is being rebuilt by "
+    "another engineer now: the swap, if the new layer makes it cheap, belongs behind it and "
+    "should be measured there with this bench. What adopting "
     "librdkafka would take: "
     "`consume()` blocks (it releases the GIL), so a consumer thread feeding the event loop "
     "(or confluent-kafka's AIOConsumer); manual commits map directly "
@@ -654,15 +670,19 @@ ANALYSIS: list[str] = [
     "(issue 38).",
     "**What is left, and why it cannot be closed now.** The targets (events/s ≥ 0.6× default "
     "and ≥ 0.8× keyed) cannot be judged by events/s on this machine (above); by CPU the worker "
-    "is at 0.46–0.54×. For 0.8× keyed it would need about 1.65 µs per event; its fetch alone "
-    "costs 0.9–1.1 µs with aiokafka's per-record objects, the decode 0.7–0.9 µs. Closing that "
-    "needs a columnar reader of Kafka record batches (offsets, keys and values as arrays from "
-    "the batch bytes: varint lengths, CRC, codecs, control and aborted batches — a "
-    "reimplementation of aiokafka's PartitionRecords, to live in the new client layer) and "
-    "a decode that does not build one object per record; the privacy work (an HMAC per "
-    "distinct user, windows, bounded samples: 0.3–0.4 µs) and the validation the raw consumer "
-    "skips stay. On the default path the repartition hop (0.35–0.4 µs: base64 columns in "
-    "JSON) would need a binary packed format, a wire-format change for another pass.",
+    "is at 0.43–0.61× of raw aiokafka after this pass. For 0.8× keyed it would need about "
+    "1.9–2.0 µs per event where raw aiokafka costs 1.5–1.6; its decode alone costs 0.8–1.2 "
+    "µs and its fetch 0.8–1.05 µs, which is the raw consumer's own fetch: the floor moves with "
+    "the worker. Closing it needs a columnar reader of Kafka record batches (offsets, keys "
+    "and values as arrays straight from the batch bytes: varint lengths, CRC, codecs, control "
+    "and aborted batches — no record object at all, to live in the new client layer) and a "
+    "decode that builds no object per record (msgspec's per-record call and attribute "
+    "columns are 15–26% of the samples); the privacy work (an HMAC per distinct user, "
+    "windows, bounded samples: 0.4–0.6 µs) and the validation the raw consumer skips stay. "
+    "On the default path the repartition hop (0.35–0.65 µs: base64 columns in JSON) would "
+    "need a binary packed format, a wire-format change for another pass. The other targets "
+    "of issue 43 (CPU per event flat from 1 to 3 workers, the 1M-key release under 2 s) are "
+    "not measured by this bench.",
 ]
 _KINDS = {
     "raw_aiokafka": "raw aiokafka getmany + orjson.loads",
