@@ -9,14 +9,21 @@ it adds: it takes the topic and partition from the batch's keys and only ``offse
 ``value`` and ``timestamp`` from the records.
 
 :func:`fetch_options` are the options of a consumer whose fetcher hands out aiokafka's parsed
-records themselves. Everything else — group membership, rebalance callbacks, positions
-(``next_fetch_offset`` after every record handed out, control and aborted batches skipped),
-commits, ``max_records`` — is aiokafka's own code, unchanged: the adapter replaces
-``PartitionRecords._consumer_record`` alone, and only for consumers made with these options
-(their value deserializer is :func:`raw_value`); every other consumer in the process builds
-its ``ConsumerRecord`` as before. The adapter is installed only on the aiokafka versions it
-was written against (:data:`PINNED_VERSIONS`); on another version :func:`fetch_options` is
-empty and the worker gets ``ConsumerRecord`` objects, which have the same four attributes.
+records themselves, a record batch at a time: ``FetchResult.getall`` takes each batch's
+records as one list (built by the C extension) and hands them out by slices
+(:meth:`_RecordColumns.take`) instead of resuming a generator per record — the largest item
+of the worker's profile on issue 43's stream (bench/RESULTS.md, section 12). The position
+moves exactly as aiokafka's generator moves it (``next_fetch_offset`` after the last record
+handed out, past a batch — its compacted tail included — once the record after it is asked
+for, control batches skipped; ``tests/clients/test_fetched_take.py`` compares the two), and
+only for uncommitted reads (a read-committed consumer's aborted transactions go through
+aiokafka's generator). Everything else — group membership, rebalance callbacks, commits,
+``max_records`` — is aiokafka's own code, unchanged, and only consumers made with these
+options (their value deserializer is :func:`raw_value`) take this path; every other consumer
+in the process builds its ``ConsumerRecord`` as before. The adapter is installed only on the
+aiokafka versions it was written against (:data:`PINNED_VERSIONS`); on another version
+:func:`fetch_options` is empty and the worker gets ``ConsumerRecord`` objects, which have the
+same four attributes.
 
 The same class keeps, for every consumer, the records of a partition read before a batch
 that fails to parse (a codec this process lacks, a bad checksum): aiokafka raised the error
