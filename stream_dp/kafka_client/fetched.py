@@ -9,14 +9,21 @@ it adds: it takes the topic and partition from the batch's keys and only ``offse
 ``value`` and ``timestamp`` from the records.
 
 :func:`fetch_options` are the options of a consumer whose fetcher hands out aiokafka's parsed
-records themselves. Everything else — group membership, rebalance callbacks, positions
-(``next_fetch_offset`` after every record handed out, control and aborted batches skipped),
-commits, ``max_records`` — is aiokafka's own code, unchanged: the adapter replaces
-``PartitionRecords._consumer_record`` alone, and only for consumers made with these options
-(their value deserializer is :func:`raw_value`); every other consumer in the process builds
-its ``ConsumerRecord`` as before. The adapter is installed only on the aiokafka versions it
-was written against (:data:`PINNED_VERSIONS`); on another version :func:`fetch_options` is
-empty and the worker gets ``ConsumerRecord`` objects, which have the same four attributes.
+records themselves, a record batch at a time: ``FetchResult.getall`` takes each batch's
+records as one list (built by the C extension) and hands them out by slices
+(:meth:`_RecordColumns.take`) instead of resuming a generator per record — the largest item
+of the worker's profile on issue 43's stream (bench/RESULTS.md, section 12). The position
+moves exactly as aiokafka's generator moves it (``next_fetch_offset`` after the last record
+handed out, past a batch — its compacted tail included — once the record after it is asked
+for, control batches skipped; ``tests/clients/test_fetched_take.py`` compares the two), and
+only for uncommitted reads (a read-committed consumer's aborted transactions go through
+aiokafka's generator). Everything else — group membership, rebalance callbacks, commits,
+``max_records`` — is aiokafka's own code, unchanged, and only consumers made with these
+options (their value deserializer is :func:`raw_value`) take this path; every other consumer
+in the process builds its ``ConsumerRecord`` as before. The adapter is installed only on the
+aiokafka versions it was written against (:data:`PINNED_VERSIONS`); on another version
+:func:`fetch_options` is empty and the worker gets ``ConsumerRecord`` objects, which have the
+same four attributes.
 
 The same class keeps, for every consumer, the records of a partition read before a batch
 that fails to parse (a codec this process lacks, a bad checksum): aiokafka raised the error
@@ -65,15 +72,35 @@ def raw_value(value: bytes | None) -> bytes | None:
 
 class _RecordColumns(_fetcher.PartitionRecords):  # type: ignore[misc]
     """aiokafka's ``PartitionRecords``; for consumers made with :func:`fetch_options`, the
-    parsed record itself instead of a ``ConsumerRecord`` built from it; for every consumer,
-    the records read before a batch that fails to parse returned, the error raised by the
-    fetch that starts at that batch (module docstring)."""
+    parsed record itself instead of a ``ConsumerRecord`` built from it, taken a record batch
+    at a time (:meth:`take`); for every consumer, the records read before a batch that fails
+    to parse returned, the error raised by the fetch that starts at that batch (module
+    docstring)."""
 
     _handed_out = False
+    #: Which way this fetch's records are handed out once the first one is: aiokafka's
+    #: generator (``getone``, other consumers) or :meth:`take` (never both).
+    _streamed = False
+    _batch: Any = None
+    _batch_records: list[Any] | None = None
+    _batch_at = 0
+    _exhausted = False
 
-    def __next__(self) -> Any:
+    def __iter__(self) -> Any:
+        # aiokafka's getall loops ``for msg in partition_records``: handing it the records
+        # generator itself makes that loop resume the generator from C, without a Python
+        # ``__next__`` call per record. ``getone`` still calls ``__next__``.
+        records = self._records_iterator
+        return records if records is not None else iter(())
+
+    def _unpack_records(self) -> Any:
+        if self._batch is not None or self._exhausted:  # take() went first: go on with it
+            while chunk := self.take(1)[0]:
+                yield chunk[0]
+            return
+        self._streamed = True
         try:
-            record = super().__next__()
+            yield from super()._unpack_records()
         except KafkaError as exc:
             if not self._handed_out:
                 # nothing of this fetch returned: the error is the caller's now, naming the
@@ -82,15 +109,98 @@ class _RecordColumns(_fetcher.PartitionRecords):  # type: ignore[misc]
                 raise
             # End this fetch's records here: the position moves to next_fetch_offset, the
             # first record not returned, and the next fetch raises the error before any.
-            self._records_iterator = None
-            raise StopIteration from None
-        self._handed_out = True
-        return record
 
     def _consumer_record(self, tp: Any, record: Any) -> Any:
+        # Called once per record, just before aiokafka's generator hands it out.
+        self._handed_out = True
         if self._value_deserializer is raw_value and self._key_deserializer is None:
             return record
         return super()._consumer_record(tp, record)
+
+    def takes_batches(self) -> bool:
+        """Whether :meth:`take` serves this fetch: a :func:`fetch_options` consumer reading
+        uncommitted records (no aborted transactions to skip), the generator not started."""
+        return (
+            not self._streamed
+            and self._value_deserializer is raw_value
+            and self._key_deserializer is None
+            and self._isolation_level == _fetcher.READ_UNCOMMITTED
+        )
+
+    def take(self, max_records: int | None) -> tuple[list[Any], bool]:
+        """Up to ``max_records`` parsed records (all if None) and whether the fetch is used
+        up, ``next_fetch_offset`` moved exactly as aiokafka's generator moves it (after the
+        last record handed out; past a batch once the record after it is asked for), a
+        batch at a time: the records of a batch are a list built in C, handed out by
+        slices."""
+        out: list[Any] = []
+        if self._exhausted:
+            return out, True
+        while max_records is None or len(out) < max_records:
+            records = self._batch_records
+            if records is None or self._batch_at >= len(records):
+                if records is not None:  # past the batch's end (a compacted tail included)
+                    self.next_fetch_offset = self._batch.next_offset
+                if not self._next_batch(handed_out=bool(out)):
+                    return out, True
+                continue
+            end = len(records) if max_records is None else self._batch_at + max_records - len(out)
+            chunk = records[self._batch_at : end]
+            self._batch_at += len(chunk)
+            out += chunk
+            self.next_fetch_offset = chunk[-1].offset + 1
+            self._handed_out = True
+        return out, False
+
+    def _next_batch(self, *, handed_out: bool) -> bool:
+        """Load the next data batch's records (those from ``next_fetch_offset`` on); False
+        when there is none, or when a batch cannot be read after records were handed out
+        (the error then comes with the next fetch, as in :meth:`_unpack_records`)."""
+        self._batch = self._batch_records = None
+        self._batch_at = 0
+        batches = self._records
+        try:
+            while batches.has_next():
+                batch = batches.next_batch()
+                if self._check_crcs and not batch.validate_crc():
+                    raise _fetcher.Errors.CorruptRecordException(f"Invalid CRC - {self._tp}")
+                if batch.is_control_batch:  # skipped at any isolation level, as aiokafka
+                    self.next_fetch_offset = batch.next_offset
+                    continue
+                records = list(batch)
+                if records and records[0].offset < self.next_fetch_offset:
+                    first = self.next_fetch_offset  # records before the position: skipped
+                    records = [r for r in records if r.offset >= first]
+                self._batch, self._batch_records = batch, records
+                return True
+        except KafkaError as exc:
+            self._exhausted = True  # as a generator that raised: nothing more from this fetch
+            if not (handed_out or self._handed_out):
+                # nothing of this fetch returned: the error is the caller's now, naming the
+                # partition it came from (as in _unpack_records)
+                setattr(exc, _PARTITION_ATTRIBUTE, self._tp)
+                raise
+        self._exhausted = True
+        return False
+
+
+def _getall(self: Any, max_records: int | None = None) -> list[Any]:
+    """aiokafka's ``FetchResult.getall``, taking a :func:`fetch_options` consumer's records
+    a batch at a time (:meth:`_RecordColumns.take`); other fetches as before."""
+    records = self._partition_records
+    if not (isinstance(records, _RecordColumns) and records.takes_batches()):
+        plain: list[Any] = _ORIGINAL_GETALL(self, max_records)
+        return plain
+    if not self.check_assignment(self._topic_partition) or not self.has_more():
+        return []
+    out, used_up = records.take(max_records)
+    self._update_position()
+    if used_up:
+        self._partition_records = None
+    return out
+
+
+_ORIGINAL_GETALL: Final = _fetcher.FetchResult.getall
 
 
 def _install() -> bool:
@@ -102,6 +212,7 @@ def _install() -> bool:
     if original is not _RecordColumns.__mro__[1]:  # another patch: leave it alone
         return False
     _fetcher.PartitionRecords = _RecordColumns
+    _fetcher.FetchResult.getall = _getall
     return True
 
 

@@ -33,6 +33,7 @@ from stream_dp.pipeline.formats.decode import (
     Decoder,
     parse_event_time,
 )
+from stream_dp.pipeline.formats.iso_times import iso_epoch_seconds
 from stream_dp.pipeline.formats.struct_decode import orjson_ints
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.pseudonymize import PSEUDONYM_BYTES, Pseudonymizer
@@ -41,6 +42,7 @@ _PLAIN_SCALARS = frozenset((str, int, type(None)))
 _SCALARS = frozenset((str, int, type(None), bool, float))
 _NUMBERS = frozenset((int, float, type(None)))
 _TIME_VALUES = frozenset((int, float, str))
+_STRINGS = frozenset((str,))
 
 
 @dataclass(slots=True)
@@ -128,6 +130,10 @@ def _times(raw: list[Any]) -> np.ndarray | None:
     types = set(map(type, raw))
     if not types <= _TIME_VALUES:
         return None
+    if types == _STRINGS:  # ISO-8601 text: the whole column at once where it can
+        fast = iso_epoch_seconds(raw)
+        if fast is not None:
+            return fast
     if str in types:
         parsed = [parse_event_time(v) if type(v) is str else v for v in raw]
         if any(type(p) is str for p in parsed):  # "bad"
