@@ -1,4 +1,4 @@
-"""``statistic: variance`` released by the worker over Kafka (issue 40): noise-free (test
+"""``statistic: variance`` released by the worker on both brokers (issue 40): noise-free (test
 mode), the release is the population variance of the users' clamped values, valid under
 the release schema, and a public key without data has the whole range as its interval."""
 
@@ -15,6 +15,7 @@ import pytest
 
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.integration.support import (
     NOISE_FREE,
     decode_values,
@@ -23,7 +24,7 @@ from tests.integration.support import (
     topics_of,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 
 TOPICS = Path(__file__).resolve().parents[2] / "topics"
 MakeConfig = Callable[[dict[str, Any] | None], Path]
