@@ -656,7 +656,8 @@ async def _long_outage(run: Run, slots: list[Slot], config: Path, bootstrap: str
         _start(slot, config, run)
     due, taken = await _due_windows_out(run, config, bootstrap, 3 * OUTAGE_CATCH_UP_BOUND_S)
     run.outages.append((OUTAGE_S, due, taken))
-    run.faults[-1].detail += f"; {due} due windows out {taken} s after the restart"
+    out = "never" if taken is None else f"{taken:.0f} s"
+    run.faults[-1].detail += f"; the {due} windows due at the restart out after {out}"
 
 
 #: A worker's ERROR when it stops on the maximum hold (stream_dp.pipeline.stages.hold).
