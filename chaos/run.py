@@ -37,6 +37,15 @@ jars of ``make kafka-jars``), fed by a live producer
   the check "partition count" wants every change named in a worker's WARNING (topic, old and
   new count; the workers ask the broker every few seconds), and "nothing lost" still holds.
   The embedded broker has no CreatePartitions: there the fault is reported as refused.
+- ``long_outage``: SIGKILL every worker at once (a lost node or zone gives no worker the
+  chance to commit or leave its group, as SIGTERM would), keep producing for ``OUTAGE_S``,
+  longer than the deployment's ``output.max_hold_s`` (``MAX_HOLD_S``, short for a run of
+  minutes; the internal topics keep their records for the default six hours, so nothing is
+  deleted), then start them all again. A window held through the outage pins records older
+  than the maximum hold: the restarted workers must catch up on the backlog instead of
+  stopping on "held too long". The check "long outage" wants the windows due at each
+  restart out within ``OUTAGE_CATCH_UP_BOUND_S`` and no worker's log to say it stopped on
+  the maximum hold; "nothing lost" and "released once" still hold.
 
 The queries run in the noise-free test mode (ε = 1e6: discrete Laplace noise of scale
 ≤ 1e-6 is 0 except with probability below e^-1e5) and k is far above any user's events per
@@ -110,6 +119,11 @@ FAULTS += ("partition_count",)
 #: partition_count: partitions added to the input topic per fault.
 PARTITIONS_ADDED = 2
 FAULTS += ("clock",)
+FAULTS += ("long_outage",)
+#: long_outage: the deployment's output.max_hold_s (its default is half the internal topics'
+#: retention, hours), and how long every worker is down: past it, with the producer on.
+MAX_HOLD_S = 60
+OUTAGE_S = MAX_HOLD_S + 15
 #: The clock error the deployment tolerates (input.max_future_s), and the clock fault's skew
 #: inside it: a worker this far fast or slow must lose no event and close no window early.
 MAX_FUTURE_S = 30
@@ -189,6 +203,9 @@ class Run:
     idle_restarts: list[tuple[int, float | None]] = field(default_factory=list)
     #: partition_count faults: (count before, count after); the after is None if refused.
     partition_changes: list[tuple[int, int | None]] = field(default_factory=list)
+    #: long_outage: (seconds down, windows due at the restart, seconds until all were out
+    #: or None).
+    outages: list[tuple[float, int, float | None]] = field(default_factory=list)
     #: restart_while_idle: wait for each restarted worker's "partitions assigned" before
     #: stopping the next (a rollout), or not (``--restart-pacing back-to-back``, an experiment).
     wait_for_rejoin: bool = True
@@ -206,7 +223,7 @@ def _config(bootstrap: str, first_window_s: int, suffix: str) -> dict[str, Any]:
             "heartbeat_interval_ms": 500,
         },
         "input": {"topic": f"chaos-events-{suffix}", "max_future_s": MAX_FUTURE_S},
-        "output": {"topic": f"chaos-releases-{suffix}"},
+        "output": {"topic": f"chaos-releases-{suffix}", "max_hold_s": MAX_HOLD_S},
         "window": {
             "size_s": WINDOW_S,
             "grace_s": GRACE_S,
@@ -456,6 +473,8 @@ async def _fault(
         await _skewed_clock(run, slot, config)
     elif kind == "restart_while_idle":
         await _restart_while_idle(run, slots, config, bootstrap)
+    elif kind == "long_outage":
+        await _long_outage(run, slots, config, bootstrap)
     elif kind == "partition_count":
         # A change before a worker took its partitions is no change to it: it starts on it.
         for slot in slots:
@@ -578,26 +597,95 @@ async def _restart_while_idle(run: Run, slots: list[Slot], config: Path, bootstr
             _start(slot, config, run)
             if run.wait_for_rejoin:
                 await _rejoined(slot)
-        restarted = time.time()
-        first_s = epoch_of_iso(yaml.safe_load(config.read_text())["window"]["start_at"])
-        last_due = int((restarted - GRACE_S) // WINDOW_S) * WINDOW_S - WINDOW_S
-        topic = yaml.safe_load(config.read_text())["output"]["topic"]
-        wanted = {(q, w) for q in QUERIES for w in range(first_s, last_due + 1, WINDOW_S)}
-        taken: float | None = None
-        group = yaml.safe_load(config.read_text())["kafka"]["group_id"]
-        probed = 0.0
-        while time.time() < restarted + 3 * IDLE_RESTART_BOUND_S:  # a hang guard
-            if wanted <= _window_records(await _read_all(bootstrap, topic)):
-                taken = time.time() - restarted
-                break
-            if time.time() >= probed + 5:
-                probed = time.time()
-                await _log_group_state(run, bootstrap, group)
-            await asyncio.sleep(0.5)
-        run.idle_restarts.append((len(wanted) // len(QUERIES), taken))
+        due, taken = await _due_windows_out(run, config, bootstrap, 3 * IDLE_RESTART_BOUND_S)
+        run.idle_restarts.append((due, taken))
         run.faults[-1].detail += f"; due windows out after {taken} s"
     finally:
         run.producer_held.clear()
+
+
+async def _due_windows_out(
+    run: Run, config: Path, bootstrap: str, guard_s: float
+) -> tuple[int, float | None]:
+    """(windows due now, seconds until each had its window record on the output topic, or
+    None when ``guard_s`` passed first: a hang guard, the checks judge). The group's state
+    goes to ``group-states.log`` every 5 s meanwhile."""
+    restarted = time.time()
+    data = yaml.safe_load(config.read_text())
+    first_s = epoch_of_iso(data["window"]["start_at"])
+    last_due = int((restarted - GRACE_S) // WINDOW_S) * WINDOW_S - WINDOW_S
+    wanted = {(q, w) for q in QUERIES for w in range(first_s, last_due + 1, WINDOW_S)}
+    taken: float | None = None
+    probed = 0.0
+    while time.time() < restarted + guard_s:
+        if wanted <= _window_records(await _read_all(bootstrap, data["output"]["topic"])):
+            taken = time.time() - restarted
+            break
+        if time.time() >= probed + 5:
+            probed = time.time()
+            await _log_group_state(run, bootstrap, data["kafka"]["group_id"])
+        await asyncio.sleep(0.5)
+    return len(wanted) // len(QUERIES), taken
+
+
+#: long_outage: the windows due at the restart must be out this long after it at most: the
+#: group's start-up from nothing on a loaded machine, the backlog of OUTAGE_S read (seconds
+#: at the run's rate), a window, its grace and the idle close.
+OUTAGE_CATCH_UP_BOUND_S = WINDOW_S + GRACE_S + IDLE_CLOSE_S + 60
+
+
+async def _long_outage(run: Run, slots: list[Slot], config: Path, bootstrap: str) -> None:
+    """SIGKILL every worker, keep producing for OUTAGE_S (past output.max_hold_s), start them
+    all again and time the windows due at the restart until each is out (module docstring)."""
+    for slot in slots:
+        assert slot.proc is not None
+        slot.proc.kill()
+    for slot in slots:
+        assert slot.proc is not None
+        await asyncio.to_thread(slot.proc.wait, 60)
+    run.faults.append(
+        Fault(
+            run.elapsed(),
+            "long_outage",
+            f"every worker SIGKILLed for {OUTAGE_S} s (output.max_hold_s = {MAX_HOLD_S} s), "
+            "the producer on",
+        )
+    )
+    await asyncio.sleep(OUTAGE_S)
+    for slot in slots:
+        _start(slot, config, run)
+    due, taken = await _due_windows_out(run, config, bootstrap, 3 * OUTAGE_CATCH_UP_BOUND_S)
+    run.outages.append((OUTAGE_S, due, taken))
+    out = "never" if taken is None else f"{taken:.0f} s"
+    run.faults[-1].detail += f"; the {due} windows due at the restart out after {out}"
+
+
+#: A worker's ERROR when it stops on the maximum hold (stream_dp.pipeline.stages.hold).
+HELD_TOO_LONG = b"more than output.max_hold_s"
+
+
+def _long_outage_check(run: Run, scanned: dict[str, bytes]) -> Check:
+    """The check of the long_outage faults: the due windows out after each restart, and no
+    worker stopped on the maximum hold (at any time of the run: a running worker held past
+    it is as much a failure)."""
+    slow = [o for o in run.outages if o[2] is None or o[2] > OUTAGE_CATCH_UP_BOUND_S]
+    stopped = sorted(
+        name
+        for name, blob in scanned.items()
+        if name.startswith("log worker")
+        and any(
+            b'"ERROR"' in line and HELD_TOO_LONG in line
+            for line in blob.splitlines()
+            if line.startswith(b"{")
+        )
+    )
+    return Check(
+        f"long outage: due windows out within {OUTAGE_CATCH_UP_BOUND_S} s of the restart, no "
+        f"worker stopped on output.max_hold_s = {MAX_HOLD_S} s",
+        not slow and not stopped,
+        f"(seconds down, windows due, seconds until out) per outage: {run.outages}; too slow: "
+        f"{slow}; logs with a stop on the maximum hold: {stopped}",
+    )
 
 
 async def _log_group_state(run: Run, bootstrap: str, group: str) -> None:
@@ -885,7 +973,8 @@ def _report(run: Run, checks: list[Check], path: Path, command: str) -> None:
         f"- Duration: {run.settings.minutes:g} min of faults; {WORKERS} workers, "
         f"{INPUT_PARTITIONS} input partitions, windows of {WINDOW_S} s (grace {GRACE_S} s, "
         f"idle close {IDLE_CLOSE_S} s), unkeyed input (the default path), "
-        f"{run.settings.rate_per_s} events/s from {USERS} users, noise-free test mode.",
+        f"{run.settings.rate_per_s} events/s from {USERS} users, noise-free test mode; "
+        f"output.max_hold_s {MAX_HOLD_S} s, internal topics' retention the default.",
         f"- Faults every {run.settings.fault_every_s[0]:g}–{run.settings.fault_every_s[1]:g} s: "
         f"{dict(Counter(f.kind for f in run.faults))}",
         f"- RSS per worker at the end (MiB): {rss_end}; maximum: {rss_max}",
@@ -1024,6 +1113,7 @@ async def chaos(
         )
         checks.append(_idle_restart_check(run))
         checks.append(_partition_count_check(run, scanned, input_topic))
+        checks.append(_long_outage_check(run, scanned))
     finally:
         stop_sampling.set()
         await sampler

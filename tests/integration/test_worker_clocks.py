@@ -1,7 +1,7 @@
 """Workers whose wall clocks are wrong (issue 39, item 2), as real `stream-dp run` processes
-under libfaketime on the embedded broker: one worker 300 s fast and one 300 s slow join a
-correct one while sparse live events arrive (inside ``input.max_future_s``, so none is
-dead-lettered). Event time is the stream's, not one worker's clock: no window is released
+under libfaketime, on the embedded broker and on Apache Kafka: one worker 300 s fast and one
+300 s slow join a correct one while sparse live events arrive (inside ``input.max_future_s``,
+so none is dead-lettered). Event time is the stream's, not one worker's clock: no window is released
 before its end plus the grace (on the test's correct clock), and every event is counted
 exactly once (noise off)."""
 
@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from stream_dp.broker.topics import apply_topics
 from stream_dp.config import load_config
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
+from tests.apache_kafka.tier import ON_BOTH_BROKERS
 from tests.integration.support import (
     HANG_GUARD_S,
     NOISE_FREE,
@@ -111,6 +112,7 @@ class _Output:
         return any(epoch_of_iso(v["window_start"]) >= last_s for _, v in self.windows)
 
 
+@ON_BOTH_BROKERS
 @pytest.mark.skipif(
     shutil.which("faketime") is None or LIBFAKETIME is None,
     reason="needs libfaketime (Debian package faketime; make test installs it)",
