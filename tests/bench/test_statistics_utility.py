@@ -69,6 +69,9 @@ def test_every_figure_is_there_for_both_libraries_and_finite(smoke: dict[str, An
         assert all(_finite(t[f]) for f in ("recall", "recall_min", "released"))
         assert 0 <= t["recall_min"] <= t["recall"] <= 1
         assert 0 <= t["released"] <= top_k["top_n"]
+        assert _finite(top_k["ranking_noise_scale"][name])
+        assert _finite(variance["squares_sensitivity_per_value"][name])
+        assert 0 <= v["outside_range_share"] <= 1
 
 
 def test_stream_dps_figures_are_sane(smoke: dict[str, Any]) -> None:
@@ -77,6 +80,8 @@ def test_stream_dps_figures_are_sane(smoke: dict[str, Any]) -> None:
     assert 0 <= smoke["variance"][ours]["mae"] < (UPPER - LOWER) ** 2
     # a rank error is a share of the key's rows
     assert all(0 <= x <= 1 for x in smoke["percentiles"][ours]["rank_error"].values())
+    # the released variance never leaves [0, ((upper − lower)/2)²] (the clamp)
+    assert smoke["variance"][ours]["outside_range_share"] == 0
     # the released percentiles are sorted, in every release of every key
     assert smoke["percentiles"][ours]["monotone_share"] == 1.0
     assert smoke["variance"]["true_variance"] and all(
