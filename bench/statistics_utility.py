@@ -121,6 +121,11 @@ def bound_rows(events: Sequence[dict[str, Any]], field: str, seed: int = SEED) -
     return rows
 
 
+def _standard_error(xs: Sequence[float]) -> float:
+    """The standard error of the mean of ``xs`` (0 for fewer than two)."""
+    return statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
+
+
 def _values_by_key(rows: Sequence[Row]) -> dict[str, np.ndarray]:
     out: dict[str, list[float]] = {}
     for _, key, value in rows:
@@ -242,6 +247,7 @@ def measure_variance(events: Sequence[dict[str, Any]], runs: int) -> dict[str, A
         **{
             name: {
                 "mae": statistics.fmean(errors[name]),
+                "mae_se": _standard_error(errors[name]),
                 "relative_error": statistics.fmean(relative[name]),
                 "median_relative_error": statistics.median(relative[name]),
                 "outside_range_share": outside[name] / len(errors[name]),
@@ -382,6 +388,7 @@ def measure_top_k(events: Sequence[dict[str, Any]], runs: int) -> dict[str, Any]
         **{
             name: {
                 "recall": statistics.fmean(recall[name]),
+                "recall_se": _standard_error(recall[name]),
                 "recall_min": min(recall[name]),
                 "released": statistics.fmean(released[name]),
             }
@@ -438,18 +445,20 @@ def section(r: dict[str, Any]) -> list[str]:
         f"1.1). Both libraries get the same rows, bounded once beforehand to L0 = "
         f"{r['max_keys_per_user']} keys per user and Linf = {r['max_contributions_per_key']} "
         f"events per user and key; ε = {r['epsilon']:g} per query, {r['runs']} repetitions "
-        "(each redraws the noise). PipelineDP 0.3.1 on its LocalBackend, Laplace noise.",
+        "(each redraws the noise; ± is the standard error over keys and repetitions, the "
+        "rows fixed). PipelineDP 0.3.1 on its LocalBackend, Laplace noise.",
         "",
         f"**Variance** by category ({v['keys']} public keys, {min(v['events_per_key'].values()):,}"
         f"–{max(v['events_per_key'].values()):,} rows per key, δ = 0):",
         "",
-        "| library | MAE | mean relative error | median relative error | "
+        "| library | MAE ± s.e. | mean relative error | median relative error | "
         "outside [0, ((upper − lower)/2)²] |",
         "|---|---|---|---|---|",
     ]
     for name in LIBRARIES:
         lines.append(
-            f"| {name} | {v[name]['mae']:.3f} | {v[name]['relative_error']:.4f} | "
+            f"| {name} | {v[name]['mae']:.2f} ± {v[name]['mae_se']:.2f} | "
+            f"{v[name]['relative_error']:.4f} | "
             f"{v[name]['median_relative_error']:.4f} | {v[name]['outside_range_share']:.1%} |"
         )
     lines += [
@@ -477,12 +486,13 @@ def section(r: dict[str, Any]) -> list[str]:
         f"{', '.join(map(str, t['true_counts']))}; (ε, δ) = ({r['epsilon']:g}, "
         f"{r['delta']:g}) in total):",
         "",
-        "| library | mean recall | worst recall | keys released |",
+        "| library | mean recall ± s.e. | worst recall | keys released |",
         "|---|---|---|---|",
     ]
     for name in LIBRARIES:
         lines.append(
-            f"| {name} | {t[name]['recall']:.3f} | {t[name]['recall_min']:.2f} | "
+            f"| {name} | {t[name]['recall']:.3f} ± {t[name]['recall_se']:.3f} | "
+            f"{t[name]['recall_min']:.2f} | "
             f"{t[name]['released']:.1f} |"
         )
     ratio = v[s]["mae"] / v[p]["mae"]

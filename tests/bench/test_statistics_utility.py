@@ -57,7 +57,9 @@ def test_every_figure_is_there_for_both_libraries_and_finite(smoke: dict[str, An
     variance, quantiles, top_k = smoke["variance"], smoke["percentiles"], smoke["top_k"]
     for name in LIBRARIES:
         v = variance[name]
-        assert all(_finite(v[f]) for f in ("mae", "relative_error", "median_relative_error"))
+        assert all(
+            _finite(v[f]) for f in ("mae", "mae_se", "relative_error", "median_relative_error")
+        )
         assert v["estimates"] == size["runs"] * variance["keys"]
         q = quantiles[name]
         for figure in ("rank_error", "abs_error"):
@@ -66,7 +68,7 @@ def test_every_figure_is_there_for_both_libraries_and_finite(smoke: dict[str, An
         assert q["estimates"] == size["runs"] * quantiles["keys"]
         assert 0 <= q["monotone_share"] <= 1
         t = top_k[name]
-        assert all(_finite(t[f]) for f in ("recall", "recall_min", "released"))
+        assert all(_finite(t[f]) for f in ("recall", "recall_se", "recall_min", "released"))
         assert 0 <= t["recall_min"] <= t["recall"] <= 1
         assert 0 <= t["released"] <= top_k["top_n"]
         assert _finite(top_k["ranking_noise_scale"][name])
