@@ -430,10 +430,66 @@ def _better(ours: float, theirs: float) -> str:
     return "lower" if ours < theirs else "higher"
 
 
+def _notes(r: dict[str, Any]) -> list[str]:
+    """Where stream-dp is better or worse, and why (a line per statistic)."""
+    v, q, t = r["variance"], r["percentiles"], r["top_k"]
+    s, p = "stream-dp", "pipeline_dp"
+    ratio = v[s]["mae"] / v[p]["mae"]
+    squares = v["squares_sensitivity_per_value"]
+    return [
+        f"*Variance*: stream-dp's MAE is {_better(v[s]['mae'], v[p]['mae'])} "
+        f"({ratio:.2f}× PipelineDP's). Both split ε in thirds over a count, a sum and a sum "
+        "of squares, and the count and the sum get the same Laplace scale on both sides. "
+        "The difference is the squares: stream-dp centres them on the middle of their own "
+        "range [0, D²] (D = (upper − lower)/2), so one value moves their sum by at most "
+        f"D²/2 = {squares[s]:,.0f}; PipelineDP 0.3.1 bounds the squares of its normalised "
+        f"values by [0, max(lower², upper²)], so by {squares[p]:,.0f} — "
+        f"{squares[p] / squares[s]:g}× the noise on the squares here, because [lower, upper] "
+        "is not centred on 0 (on a range symmetric about 0 the two are equal, and the "
+        "errors would differ only by stream-dp's clamp). stream-dp also clamps the result "
+        "to [0, D²], which only moves it towards the truth; PipelineDP's share outside that "
+        "range is in the last column. stream-dp's noise is discrete (granularity "
+        f"{GRANULARITY:g}). At this scale most of both errors comes from the noisy sum, "
+        "which both share: it enters through the square of the mean, whose error is about "
+        "2·|mean − middle| times the mean's (the values sit far below the middle of [lower, "
+        "upper]), so the gap is much smaller than the 4× on the squares.",
+        "*Percentiles*: stream-dp's rank error is "
+        + ", ".join(
+            f"{_better(q[s]['rank_error'][str(x)], q[p]['rank_error'][str(x)])} at p{x}"
+            for x in PERCENTILES
+        )
+        + " than PipelineDP's. The exponential mechanism spends ε/(L0·3) on each percentile "
+        "of each key and picks one of the B + 1 bin edges by its rank distance: sharp when a "
+        "key has thousands of rows, with a resolution of one bin. PipelineDP's quantile tree "
+        "noises every level of a hierarchical histogram once for all percentiles and "
+        "descends through noisy counts, interpolating inside the leaf: it pays once however "
+        "many percentiles are asked, but its noise adds up level by level. So the "
+        "exponential mechanism should lose ground as the number of percentiles grows (ε/Q "
+        "each; not measured here), and its value can never be finer than a bin; its stated "
+        f"95% bound (±{q['stream_dp_rank_error_95_bound']:.0f} ranks beyond the bin's "
+        "resolution, a union bound over every edge) is far above what it does. stream-dp's "
+        "percentiles are monotone by construction (sorted); PipelineDP's are monotone in "
+        f"{q[p]['monotone_share']:.0%} of key releases.",
+        f"*Top-k*: stream-dp's recall is {_better(t[s]['recall'], t[p]['recall'])} "
+        f"({t[s]['recall']:.3f} against {t[p]['recall']:.3f}). stream-dp spends half of ε "
+        "(`top_k_epsilon_share` 0.5) on the choice: N rounds of the exponential mechanism "
+        "(peeling, the law of one-shot Gumbel top-k), each paying Linf, so its ranking noise "
+        f"has Gumbel scale N·Linf/ε_sel = {t['ranking_noise_scale'][s]:g}. The PipelineDP "
+        "pipeline ranks by its released noisy counts, Laplace of scale L0·Linf/(ε/2) = "
+        f"{t['ranking_noise_scale'][p]:g}, and keeping the N largest is free "
+        "post-processing: one user moves at most L0 counts, so with L0 < N noising every "
+        "count is the cheaper ranking. The misses on both sides are near-ties at the "
+        f"boundary (the {t['top_n']}-th and {t['top_n'] + 1}-th true counts differ by "
+        f"{t['true_counts'][t['top_n'] - 1] - t['true_counts'][t['top_n']]}). What stream-dp "
+        "buys with it: at most N keys and values are published (PipelineDP publishes every "
+        "kept key's count, and the N largest are read off), and `plan` states the lead a key needs "
+        "to be chosen with a given probability.",
+    ]
+
+
 def section(r: dict[str, Any]) -> list[str]:
     """RESULTS.md's section on this bench, from :func:`measure`'s result."""
     v, q, t = r["variance"], r["percentiles"], r["top_k"]
-    s, p = "stream-dp", "pipeline_dp"
     lines = [
         TITLE,
         "",
@@ -495,59 +551,7 @@ def section(r: dict[str, Any]) -> list[str]:
             f"{t[name]['recall_min']:.2f} | "
             f"{t[name]['released']:.1f} |"
         )
-    ratio = v[s]["mae"] / v[p]["mae"]
-    squares = v["squares_sensitivity_per_value"]
-    lines += [
-        "",
-        f"*Variance*: stream-dp's MAE is {_better(v[s]['mae'], v[p]['mae'])} "
-        f"({ratio:.2f}× PipelineDP's). Both split ε in thirds over a count, a sum and a sum "
-        "of squares, and the count and the sum get the same Laplace scale on both sides. "
-        "The difference is the squares: stream-dp centres them on the middle of their own "
-        "range [0, D²] (D = (upper − lower)/2), so one value moves their sum by at most "
-        f"D²/2 = {squares[s]:,.0f}; PipelineDP 0.3.1 bounds the squares of its normalised "
-        f"values by [0, max(lower², upper²)], so by {squares[p]:,.0f} — "
-        f"{squares[p] / squares[s]:g}× the noise on the squares here, because [lower, upper] "
-        "is not centred on 0 (on a range symmetric about 0 the two are equal, and the "
-        "errors would differ only by stream-dp's clamp). stream-dp also clamps the result "
-        "to [0, D²], which only moves it towards the truth; PipelineDP's share outside that "
-        "range is in the last column. stream-dp's noise is discrete (granularity "
-        f"{GRANULARITY:g}). At this scale most of both errors comes from the noisy sum, "
-        "which both share: it enters through the square of the mean, whose error is about "
-        "2·|mean − middle| times the mean's (the values sit far below the middle of [lower, "
-        "upper]), so the gap is much smaller than the 4× on the squares.",
-        "*Percentiles*: stream-dp's rank error is "
-        + ", ".join(
-            f"{_better(q[s]['rank_error'][str(x)], q[p]['rank_error'][str(x)])} at p{x}"
-            for x in PERCENTILES
-        )
-        + " than PipelineDP's. The exponential mechanism spends ε/(L0·3) on each percentile "
-        "of each key and picks one of the B + 1 bin edges by its rank distance: sharp when a "
-        "key has thousands of rows, with a resolution of one bin. PipelineDP's quantile tree "
-        "noises every level of a hierarchical histogram once for all percentiles and "
-        "descends through noisy counts, interpolating inside the leaf: it pays once however "
-        "many percentiles are asked, but its noise adds up level by level. So the "
-        "exponential mechanism should lose ground as the number of percentiles grows (ε/Q "
-        "each; not measured here), and its value can never be finer than a bin; its stated "
-        f"95% bound (±{q['stream_dp_rank_error_95_bound']:.0f} ranks beyond the bin's "
-        "resolution, a union bound over every edge) is far above what it does. stream-dp's "
-        "percentiles are monotone by construction (sorted); PipelineDP's are monotone in "
-        f"{q[p]['monotone_share']:.0%} of key releases.",
-        f"*Top-k*: stream-dp's recall is {_better(t[s]['recall'], t[p]['recall'])} "
-        f"({t[s]['recall']:.3f} against {t[p]['recall']:.3f}). stream-dp spends half of ε "
-        "(`top_k_epsilon_share` 0.5) on the choice: N rounds of the exponential mechanism "
-        "(peeling, the law of one-shot Gumbel top-k), each paying Linf, so its ranking noise "
-        f"has Gumbel scale N·Linf/ε_sel = {t['ranking_noise_scale'][s]:g}. The PipelineDP "
-        "pipeline ranks by its released noisy counts, Laplace of scale L0·Linf/(ε/2) = "
-        f"{t['ranking_noise_scale'][p]:g}, and keeping the N largest is free "
-        "post-processing: one user moves at most L0 counts, so with L0 < N noising every "
-        "count is the cheaper ranking. The misses on both sides are near-ties at the "
-        f"boundary (the {t['top_n']}-th and {t['top_n'] + 1}-th true counts differ by "
-        f"{t['true_counts'][t['top_n'] - 1] - t['true_counts'][t['top_n']]}). What stream-dp "
-        "buys with it: at most N keys and values are published (PipelineDP publishes every "
-        "kept key's count, and the N largest are read off), and `plan` states the lead a key needs "
-        "to be chosen with a given probability.",
-    ]
-    return lines
+    return [*lines, "", *_notes(r)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
