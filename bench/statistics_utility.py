@@ -551,7 +551,9 @@ def section(r: dict[str, Any]) -> list[str]:
             f"{t[name]['recall_min']:.2f} | "
             f"{t[name]['released']:.1f} |"
         )
-    return [*lines, "", *_notes(r)]
+    for note in _notes(r):  # a paragraph each
+        lines += ["", note]
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:
