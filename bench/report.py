@@ -19,6 +19,7 @@ from bench import (
     ledger_startup,
     refactor_parity,
     set_union,
+    statistics_utility,
 )
 
 #: (name, goal) of every target, in the order of the results table (issue 15's table, then
@@ -607,6 +608,9 @@ def markdown(r: dict[str, Any]) -> str:
         burst = orjson.loads(erasure_burst.RESULTS_FILE.read_bytes())
     if burst is not None:
         lines += ["", *erasure_burst.section(burst)]
+    if statistics_utility.RESULTS_FILE.exists():  # bench.statistics_utility --write
+        kept = orjson.loads(statistics_utility.RESULTS_FILE.read_bytes())
+        lines += ["", *statistics_utility.section(kept)]
     lines += ["", "## What limits throughput", ""]
     lines += [f"- {note}" for note in r.get("notes", [])]
     return "\n".join(lines) + "\n"
