@@ -19,7 +19,7 @@ from stream_dp.privacy.mechanisms import MechanismName
 
 #: The registered statistics (:mod:`stream_dp.privacy.statistics`; an import-time check
 #: keeps the two lists equal).
-StatisticName = Literal["count", "count_distinct_users", "sum", "mean", "variance"]
+StatisticName = Literal["count", "count_distinct_users", "sum", "mean", "variance", "quantile"]
 SelectionStrategy = Literal[
     "truncated_geometric",
     "laplace_threshold",
@@ -88,6 +88,10 @@ class QuerySpec:
     continual_mechanism: ContinualMechanism = "auto"
     #: Start (epoch s) of a horizon of a cumulative query (0: the Unix epoch).
     horizon_origin_s: int = 0
+    #: ``statistic: quantile``: the α's released (strictly increasing in (0, 1)) and the
+    #: number of equal histogram bins over [lower, upper).
+    quantiles: tuple[float, ...] = ()
+    bins: int = 1024
 
     @property
     def public_keys(self) -> bool:

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 #: (a mean's sum and count; a variance's count, normalized sum and normalized sum of squares).
 NoiseTarget = Literal["value", "sum", "count", "sum_squares"]
 #: The exact per-key columns stage 1 keeps (:class:`~stream_dp.privacy.key_totals.KeyTotals`).
-Column = Literal["events", "users", "value_sums", "value_squares"]
+Column = Literal["events", "users", "value_sums", "value_squares", "value_bins"]
 
 
 @dataclass(frozen=True)
