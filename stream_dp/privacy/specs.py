@@ -91,7 +91,7 @@ class QuerySpec:
     #: ``statistic: quantile``: the α's released (strictly increasing in (0, 1)) and the
     #: number of equal histogram bins over [lower, upper).
     quantiles: tuple[float, ...] = ()
-    bins: int = 1024
+    bins: int = 1024  # DEFAULT_QUANTILE_BINS of stream_dp.privacy.statistics.quantile
 
     @property
     def public_keys(self) -> bool:

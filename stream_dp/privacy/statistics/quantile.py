@@ -19,7 +19,8 @@ units: the largest rank scale b_α/den and the rank error E at β = 0.05
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 
 import numpy as np
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
     from stream_dp.privacy.planner import QueryPlan
 
+#: Histogram bins when ``bins`` is not configured (resolution (upper − lower)/1024).
+DEFAULT_QUANTILE_BINS = 1024
 #: The confidence 1 − β at which ``plan`` states the rank error.
 RANK_ERROR_BETA = 0.05
 
@@ -115,12 +118,19 @@ class Quantile:
     def post_process(
         self, groups: list[GroupKey], noisy: Sequence[Sequence[Any]], plan: QueryPlan
     ) -> ReleasedValues:
-        """``noisy``: one list of Q sorted edge indices per key. The values are, per key, the
-        list of Q edges (non-decreasing, the j-th estimating the j-th α)."""
+        """``noisy``: one list of Q sorted edge indices per key. The value of a key is the list
+        of its Q quantiles, ``{"quantile": α, "value": edge}`` in the order of the α's, the
+        values non-decreasing (one record per key carries them all)."""
         histogram = _plan_of(plan)
         edges = histogram.edges()
         (chosen,) = noisy
-        values: list[Any] = [[edges[i] for i in row] for row in chosen]
+        values: list[Any] = [
+            [
+                {"quantile": alpha, "value": edges[i]}
+                for alpha, i in zip(histogram.quantiles, row, strict=True)
+            ]
+            for row in chosen
+        ]
         scale = max(histogram.rank_scale(a) for a in histogram.quantiles)
         error = histogram.rank_error(RANK_ERROR_BETA)
         return ReleasedValues(groups, values, scale, error, [False] * len(values))
@@ -171,3 +181,26 @@ class Quantile:
             f"  rank error   <= {error:.4g} ranks per key with probability "
             f"{1 - RANK_ERROR_BETA:.0%} (plus half the count of the bin holding the rank)",
         ]
+
+
+def histogram_binning(
+    query: QuerySpec,
+) -> tuple[int, Callable[[np.ndarray], np.ndarray]] | None:
+    """(bins, values in units → their bins) for stage 1 when the query releases quantiles
+    (the ``value_bins`` column), else None."""
+    if not query.quantiles:
+        return None
+    assert query.lower is not None and query.upper is not None
+    histogram = QuantilePlan(
+        lower=query.lower,
+        upper=query.upper,
+        bins=query.bins,
+        quantiles=tuple(query.quantiles),
+        epsilon=1.0,  # binning does not depend on ε or the bounds
+        max_partitions_contributed=1,
+        max_contributions_per_partition=1,
+    )
+    granularity = query.value_granularity
+    return histogram.bins, functools.partial(
+        bin_indices, granularity=granularity, histogram=histogram
+    )
