@@ -13,6 +13,7 @@ the internal topics follows the window timing (:func:`default_internal_retention
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -52,6 +53,7 @@ from stream_dp.privacy.budget import (
 )
 from stream_dp.privacy.continual.binary_tree import MAX_TREE_HORIZON, MIN_HORIZON_WINDOWS
 from stream_dp.privacy.continual.sqrt_factorization import MAX_SQRT_HORIZON
+from stream_dp.privacy.exponential.quantiles import MAX_BINS
 from stream_dp.privacy.group_values import (
     INT_MAX,
     INT_MIN,
@@ -70,7 +72,6 @@ from stream_dp.privacy.specs import (
     SelectionStrategy,
     StatisticName,
 )
-from stream_dp.privacy.exponential.quantiles import MAX_BINS
 from stream_dp.privacy.statistics import STATISTICS, statistic_of
 from stream_dp.privacy.statistics.quantile import DEFAULT_QUANTILE_BINS
 
@@ -691,7 +692,7 @@ class QueryConfig(_Section):
         description="quantile: the quantiles released per key and window, strictly "
         "increasing in (0, 1), e.g. [0.5, 0.9, 0.99]",
     )
-    bins: int = Field(
+    bins: Integer = Field(
         DEFAULT_QUANTILE_BINS,
         ge=1,
         le=MAX_BINS,
@@ -821,7 +822,8 @@ class QueryConfig(_Section):
                 )
             return
         qs = self.quantiles
-        if not qs or any(not 0 < a < 1 for a in qs) or any(b <= a for a, b in zip(qs, qs[1:])):
+        increasing = qs is not None and all(b > a for a, b in itertools.pairwise(qs))
+        if not qs or any(not 0 < a < 1 for a in qs) or not increasing:
             raise ValueError(
                 f"query {self.name}: statistic quantile needs quantiles, a list strictly "
                 f"increasing in (0, 1) such as [0.5, 0.9, 0.99], got {qs!r}"

@@ -86,10 +86,11 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         if {c.shape for c in (*columns, self.value_squares)} != {(n,)}:
             raise ValueError("one events, users, value sum and weight (and square) per group key")
         #: Per key, a quantile's histogram (keys × bins; keys × 0 for other statistics).
+        bins = None if value_bins is None else np.asarray(value_bins, dtype=np.int64)
         self.value_bins = (
             np.zeros((n, 0), dtype=np.int64)
-            if value_bins is None
-            else np.asarray(value_bins, dtype=np.int64).reshape(n, -1)
+            if bins is None or bins.size == 0
+            else bins.reshape(n, -1)
         )
         self._index: dict[GroupKey, int] | None = None
 
@@ -155,12 +156,13 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             for c, pos in zip(columns, positions, strict=True):
                 np.add.at(out, pos, getattr(c, name))
             sums.append(out)
-        width = max(c.value_bins.shape[1] for c in columns)
+        width = max((c.value_bins.shape[1] for c in columns), default=0)
         bins = np.zeros((n, width), dtype=np.int64)
         for c, pos in zip(columns, positions, strict=True):
             if c.value_bins.shape[1]:
                 np.add.at(bins, pos, c.value_bins)
-        merged = cls(groups, *sums, bins)
+        events, users, value_sums, weights, squares = sums
+        merged = cls(groups, events, users, value_sums, weights, squares, bins)
         merged._index = index
         return merged
 

@@ -14,8 +14,9 @@ publishing it (docs/privacy.md#invariant-3: one noise draw per (query, window, k
   (:mod:`stream_dp.privacy.statistics`): count → noisy events; count_distinct_users → noisy
   users; sum → noisy units × granularity; mean → noisy sum / max(1, noisy count), clamped to
   [lower, upper]; variance → mean of squares − square of the mean, clamped to
-  [0, ((upper − lower)/2)²]; quantile → per key the Q bin edges the exponential mechanism
-  chose from the key's histogram, sorted (no additive noise). ``clamp_negative`` then sets negative values to 0
+  [0, ((upper − lower)/2)²]; quantile → per key the Q bin edges the exponential
+  mechanism chose from the key's histogram, sorted (no additive noise).
+  ``clamp_negative`` then sets negative values to 0
   (post-processing, flagged by ``clamped``).
 
 Released values are ordered by group key (public keys in their configured order), never by

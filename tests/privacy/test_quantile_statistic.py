@@ -76,7 +76,10 @@ def _totals(histograms: np.ndarray) -> KeyTotals:
         ({"quantiles": [0.5, 1.0]}, "needs quantiles, a list strictly increasing in (0, 1)"),
         ({"mechanism": "discrete_gaussian", "delta": 1e-6}, "remove mechanism: discrete_gaus"),
         ({"statistic": "sum"}, "quantiles is only used by statistic quantile; remove it"),
-        ({"release": "cumulative", "horizon_windows": 24}, "cumulative quantiles are not supported; use release: wi"),
+        (
+            {"release": "cumulative", "horizon_windows": 24},
+            "cumulative quantiles are not supported; use release: window",
+        ),
     ],
 )
 def test_bad_quantile_settings_are_refused_at_load(change: dict[str, Any], says: str) -> None:

@@ -58,7 +58,9 @@ def quantile_plan(query: QuerySpec, bounds: BoundsSpec, epsilon: float) -> Quant
     )
 
 
-def bin_indices(values_units: np.ndarray, granularity: float, histogram: QuantilePlan) -> np.ndarray:
+def bin_indices(
+    values_units: np.ndarray, granularity: float, histogram: QuantilePlan
+) -> np.ndarray:
     """Per value (integer units of ``granularity``) its bin, as
     :meth:`QuantilePlan.bin_index` of value × granularity (vectorised)."""
     width = histogram.upper - histogram.lower
