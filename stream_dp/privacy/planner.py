@@ -864,6 +864,12 @@ def plan_auto_bounds(config: ConfigSpec, plans: Sequence[QueryPlan]) -> AutoBoun
     bounds = config.auto_bounds
     if bounds is None:
         raise ConfigError("plan_auto_bounds needs a configuration with a bound set to auto")
+    for plan in plans:
+        if plan.quantile is not None:  # the choice models additive noise per unit
+            raise ConfigError(
+                f"query {plan.name}: automatic bounds are not supported with statistic "
+                "quantile; set the bounds to numbers"
+            )
     spec = _auto_spec(bounds)
     k_cap = spec.k
     projection_of = projection_ids(config.queries)

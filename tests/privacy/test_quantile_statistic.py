@@ -15,19 +15,27 @@ import math
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from pydantic import ValidationError
 from scipy.stats import binomtest
 
 from stream_dp.config import BoundsConfig, QueryConfig
 from stream_dp.errors import ConfigError
-from stream_dp.pipeline.formats.partials import Partial, PartialPart, decode, encode_partial
+from stream_dp.pipeline.formats.partials import (
+    Partial,
+    PartialPart,
+    decode,
+    encode_partial,
+    new_version,
+)
 from stream_dp.privacy.bounding import bounded_columns
 from stream_dp.privacy.exponential.quantiles import QuantilePlan, alpha_fraction
 from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.planner import QueryPlan, plan_query
 from stream_dp.privacy.release import release_query
 from stream_dp.privacy.statistics.quantile import histogram_binning
+from tests.helpers import schema_validator
 
 P_FALSE = 1e-7
 
@@ -199,12 +207,16 @@ def test_the_histogram_survives_the_partials_format() -> None:
         query="q",
         window_start_s=0,
         source_partition=0,
-        version="v",
+        version=new_version(),
         totals=totals,
         events_seen=8,
         events_retained=8,
     )
     records = encode_partial(partial, max_bytes=1 << 20)
+    validator = schema_validator("partials.schema.json")
+    for _, value in records:
+        validator.validate(orjson.loads(value))
+        assert [len(entry) for entry in orjson.loads(value)["totals"]] == [7, 7]
     (decoded,) = [decode(value) for _, value in records]
     assert isinstance(decoded, PartialPart)
     back = KeyTotals.of(dict(decoded.totals))

@@ -149,18 +149,7 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
     window = iso_utc(partial.window_start_s)
     key = f"{partial.query}|{window}|{partial.source_partition}"
     totals = KeyTotals.of(partial.totals)
-    if totals.value_bins.shape[1]:  # statistic: quantile (only then a seventh item)
-        extra_bins = zip(
-            totals.selection_weights.tolist(),
-            totals.value_squares.tolist(),
-            totals.value_bins.tolist(),
-            strict=True,
-        )
-        entries = [
-            [list(g), e, u, v, w, q, b]
-            for (g, e, u, v), (w, q, b) in zip(totals.rows(), extra_bins, strict=True)
-        ]
-    elif totals.value_squares.any():  # statistic: variance (only then a sixth item)
+    if totals.value_squares.any():  # statistic: variance (only then a sixth item)
         extra = zip(totals.selection_weights.tolist(), totals.value_squares.tolist(), strict=True)
         entries = [
             [list(g), e, u, v, w, q]
@@ -172,6 +161,9 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
         entries = [[list(g), e, u, v, w] for (g, e, u, v), w in rows]
     else:
         entries = [[list(g), e, u, v] for g, e, u, v in totals.rows()]
+    if totals.value_bins.shape[1]:  # statistic: quantile (only then a seventh item)
+        bins = totals.value_bins.tolist()
+        entries = [[*[*entry, 0, 0][:6], b] for entry, b in zip(entries, bins, strict=True)]
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "partial",
