@@ -10,6 +10,7 @@ import os
 import random
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -90,7 +91,10 @@ def test_replay_releases_monotone_quantiles_per_public_key(
     code = main(["plan", "--config", str(cfg_path), "--json"])
     plan_out = capsys.readouterr().out
     assert code == 0, plan_out
-    query = json.loads(plan_out)["queries"][0]
+    described = json.loads(plan_out)
+    plan_schema = json.loads((ROOT / "stream_dp" / "privacy" / "plan.schema.json").read_text())
+    jsonschema.Draft202012Validator(plan_schema).validate(described)
+    query = described["queries"][0]
     assert query["statistic"] == "quantile" and query["noise"] == []
     rank_scale = max(query["quantile"]["rank_scales"])
     error = rank_scale * math.log(100 * len(QUANTILES) / BETA)
