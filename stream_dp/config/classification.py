@@ -70,7 +70,7 @@ _QUERY_FIELDS = (
     "name", "statistic", "group_by", "where", "keys", "missing_group", "selection",
     "selection_epsilon_share", "epsilon", "delta", "mechanism", "value_field", "lower", "upper",
     "granularity", "mean_count_share", "clamp_negative", "release", "horizon_windows",
-    "continual_mechanism", "horizon_origin", "top_k", "top_k_epsilon_share",
+    "continual_mechanism", "horizon_origin", "top_k", "top_k_epsilon_share", "quantiles", "bins",
 )  # fmt: skip
 
 _KAFKA_CLIENT_FIELDS = (

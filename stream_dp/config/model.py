@@ -13,6 +13,7 @@ the internal topics follows the window timing (:func:`default_internal_retention
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -52,6 +53,7 @@ from stream_dp.privacy.budget import (
 )
 from stream_dp.privacy.continual.binary_tree import MAX_TREE_HORIZON, MIN_HORIZON_WINDOWS
 from stream_dp.privacy.continual.sqrt_factorization import MAX_SQRT_HORIZON
+from stream_dp.privacy.exponential.quantiles import MAX_BINS
 from stream_dp.privacy.group_values import (
     INT_MAX,
     INT_MIN,
@@ -71,6 +73,7 @@ from stream_dp.privacy.specs import (
     StatisticName,
 )
 from stream_dp.privacy.statistics import STATISTICS, statistic_of
+from stream_dp.privacy.statistics.quantile import DEFAULT_QUANTILE_BINS
 
 #: ε above this is meaningless as privacy; allowed only in the test mode below.
 MAX_SAFE_EPSILON = 100.0
@@ -684,6 +687,18 @@ class QueryConfig(_Section):
     mean_count_share: Number = Field(
         0.5, ge=0.01, le=0.99, description="mean: share of the noise ε spent on the count"
     )
+    quantiles: list[Number] | None = Field(
+        None,
+        description="quantile: the quantiles released per key and window, strictly "
+        "increasing in (0, 1), e.g. [0.5, 0.9, 0.99]",
+    )
+    bins: Integer = Field(
+        DEFAULT_QUANTILE_BINS,
+        ge=1,
+        le=MAX_BINS,
+        description="quantile: equal histogram bins over [lower, upper); a released value "
+        "is a bin edge, so the resolution is (upper - lower)/bins",
+    )
     clamp_negative: bool = Field(False, description="post-process negative values to 0")
     release: ReleaseMode = Field(
         "window",
@@ -776,6 +791,8 @@ class QueryConfig(_Section):
             upper=self.upper,
             granularity=self.granularity,
             mean_count_share=self.mean_count_share,
+            quantiles=tuple(self.quantiles or ()),
+            bins=self.bins,
             clamp_negative=self.clamp_negative,
             cumulative=self.cumulative,
             horizon_windows=self.horizon_windows,
@@ -812,6 +829,27 @@ class QueryConfig(_Section):
             for field, values in self.keys.items():
                 _public_key_duplicates(self.name, field, values)
 
+    def _check_quantiles(self) -> None:
+        wants = statistic_of(self.statistic).accumulator == ("value_bins",)
+        if not wants:
+            if self.quantiles is not None:
+                raise ValueError(
+                    f"query {self.name}: quantiles is only used by statistic quantile; remove it"
+                )
+            return
+        qs = self.quantiles
+        increasing = qs is not None and all(b > a for a, b in itertools.pairwise(qs))
+        if not qs or any(not 0 < a < 1 for a in qs) or not increasing:
+            raise ValueError(
+                f"query {self.name}: statistic quantile needs quantiles, a list strictly "
+                f"increasing in (0, 1) such as [0.5, 0.9, 0.99], got {qs!r}"
+            )
+        if self.mechanism != "discrete_laplace":
+            raise ValueError(
+                f"query {self.name}: quantiles use the exponential mechanism (pure epsilon); "
+                "remove mechanism: discrete_gaussian"
+            )
+
     @model_validator(mode="after")
     def _consistent(self) -> QueryConfig:
         if len(set(self.group_by)) != len(self.group_by):
@@ -839,6 +877,7 @@ class QueryConfig(_Section):
             *others, last = (n for n, s in STATISTICS.items() if s.needs_values)
             valued = f"{', '.join(others)} and {last}"
             raise ValueError(f"query {self.name}: value_field is only used by {valued}; remove it")
+        self._check_quantiles()
         if self.mechanism == "discrete_gaussian" and self.delta <= 0:
             raise ValueError(f"query {self.name}: discrete_gaussian needs delta > 0")
         if not self.public_keys and self.delta <= 0 and not self.cumulative:

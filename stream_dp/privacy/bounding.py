@@ -229,6 +229,9 @@ class BoundedColumns(NamedTuple):
     weight_sums: np.ndarray
     #: Σ (v − center)² per key (``statistic: variance``); zeros without a center.
     value_squares: np.ndarray
+    #: Kept values per key and histogram bin (``statistic: quantile``): keys × bins
+    #: (keys × 0 without ``bin_of``).
+    value_bins: np.ndarray
 
 
 def bounded_totals_columns(
@@ -267,6 +270,7 @@ def bounded_columns(
     rng: SamplingGenerator,
     weights: bool = False,
     squares_center: int | None = None,
+    bin_of: tuple[int, Callable[[np.ndarray], np.ndarray]] | None = None,
 ) -> BoundedColumns:
     """:func:`aggregate_bounded` on columns: exact (events, users, value sums, weight sums)
     per key.
@@ -279,7 +283,8 @@ def bounded_columns(
     subset. Integer arithmetic throughout: the totals are exact.
 
     With ``squares_center`` c (``statistic: variance``) the fifth holds Σ (v − c)² per key
-    over the kept values; otherwise zeros.
+    over the kept values; otherwise zeros. With ``bin_of`` (bins, f) (``statistic:
+    quantile``) the sixth counts the kept values per key in bin f(values) ∈ [0, bins).
 
     With ``weights`` the fourth array holds, per key, the sum over its users of
     :func:`~stream_dp.privacy.partition_selection.user_key_weight` of the number of keys the
@@ -287,7 +292,14 @@ def bounded_columns(
     """
     zeros = np.zeros(n_keys, dtype=np.int64)
     if len(keys) == 0:
-        return BoundedColumns(zeros, zeros.copy(), zeros.copy(), zeros.copy(), zeros.copy())
+        return BoundedColumns(
+            zeros,
+            zeros.copy(),
+            zeros.copy(),
+            zeros.copy(),
+            zeros.copy(),
+            np.zeros((n_keys, 0 if bin_of is None else bin_of[0]), dtype=np.int64),
+        )
     pair = users.astype(np.int64) * n_keys + keys.astype(np.int64)
     keep = np.ones(len(pair), dtype=bool)
     # One stable sort gives the distinct pairs (ascending, as np.unique), each row's pair
@@ -334,4 +346,9 @@ def bounded_columns(
     if values is not None and squares_center is not None:
         centred = values[keep].astype(np.int64) - squares_center
         np.add.at(value_squares, taken, centred * centred)
-    return BoundedColumns(events, users_per_key, value_sums, weight_sums, value_squares)
+    value_bins = np.zeros((n_keys, 0 if bin_of is None else bin_of[0]), dtype=np.int64)
+    if values is not None and bin_of is not None:
+        np.add.at(value_bins, (taken, bin_of[1](values[keep])), 1)
+    return BoundedColumns(
+        events, users_per_key, value_sums, weight_sums, value_squares, value_bins
+    )

@@ -36,6 +36,9 @@ class KeyAggregate:
     #: query's centre (:func:`stream_dp.privacy.statistics.variance.center_units`); 0 for
     #: the other statistics, which do not compute it.
     value_squares: int = 0
+    #: ``statistic: quantile``: the kept values' counts per histogram bin (empty for the
+    #: other statistics, which do not compute it).
+    value_bins: tuple[int, ...] = ()
 
 
 class KeyTotals(Mapping[GroupKey, KeyAggregate]):
@@ -49,6 +52,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         "groups",
         "selection_weights",
         "users",
+        "value_bins",
         "value_squares",
         "value_sums",
     )
@@ -61,6 +65,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         value_sums: np.ndarray,
         selection_weights: np.ndarray | None = None,
         value_squares: np.ndarray | None = None,
+        value_bins: np.ndarray | None = None,
     ) -> None:
         self.groups: list[GroupKey] = list(groups)
         self.events = np.asarray(events, dtype=np.int64)
@@ -80,6 +85,13 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         columns = (self.events, self.users, self.value_sums, self.selection_weights)
         if {c.shape for c in (*columns, self.value_squares)} != {(n,)}:
             raise ValueError("one events, users, value sum and weight (and square) per group key")
+        #: Per key, a quantile's histogram (keys × bins; keys × 0 for other statistics).
+        bins = None if value_bins is None else np.asarray(value_bins, dtype=np.int64)
+        self.value_bins = (
+            np.zeros((n, 0), dtype=np.int64)
+            if bins is None or bins.size == 0
+            else bins.reshape(n, -1)
+        )
         self._index: dict[GroupKey, int] | None = None
 
     @classmethod
@@ -99,6 +111,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             np.fromiter((a.value_sum for a in aggregates), np.int64, len(aggregates)),
             np.fromiter((a.selection_weight for a in aggregates), np.int64, len(aggregates)),
             np.fromiter((a.value_squares for a in aggregates), np.int64, len(aggregates)),
+            _bins_of([a.value_bins for a in aggregates]),
         )
 
     @classmethod
@@ -115,6 +128,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             np.concatenate([p.value_sums for p in parts]),
             np.concatenate([p.selection_weights for p in parts]),
             np.concatenate([p.value_squares for p in parts]),
+            _bins_of([row for p in parts for row in p.value_bins.tolist()]),
         )
 
     @classmethod
@@ -142,7 +156,13 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             for c, pos in zip(columns, positions, strict=True):
                 np.add.at(out, pos, getattr(c, name))
             sums.append(out)
-        merged = cls(groups, *sums)
+        width = max((c.value_bins.shape[1] for c in columns), default=0)
+        bins = np.zeros((n, width), dtype=np.int64)
+        for c, pos in zip(columns, positions, strict=True):
+            if c.value_bins.shape[1]:
+                np.add.at(bins, pos, c.value_bins)
+        events, users, value_sums, weights, squares = sums
+        merged = cls(groups, events, users, value_sums, weights, squares, bins)
         merged._index = index
         return merged
 
@@ -161,6 +181,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             int(self.value_sums[i]),
             int(self.selection_weights[i]),
             int(self.value_squares[i]),
+            tuple(self.value_bins[i].tolist()),
         )
 
     def __iter__(self) -> Iterator[GroupKey]:
@@ -195,5 +216,16 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
                 self.value_sums,
                 self.selection_weights,
                 self.value_squares,
+                self.value_bins,
             ),
         )
+
+
+def _bins_of(rows: Sequence[Sequence[int]]) -> np.ndarray:
+    """Histogram rows (all of one length, or empty for keys without one) as keys × bins."""
+    width = max((len(r) for r in rows), default=0)
+    out = np.zeros((len(rows), width), dtype=np.int64)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i] = r
+    return out

@@ -76,6 +76,7 @@ from stream_dp.privacy.continual.planning import (
     plan_continual,
     sqrt_fits,
 )
+from stream_dp.privacy.exponential.quantiles import QuantilePlan
 from stream_dp.privacy.exponential.top_k import TopKPlan
 from stream_dp.privacy.exponential.top_k_step import describe_top_k, split_top_k, top_k_plan
 from stream_dp.privacy.group_values import canonical_key
@@ -102,6 +103,7 @@ from stream_dp.privacy.specs import (
 )
 from stream_dp.privacy.statistics import NoiseTarget, statistic_of
 from stream_dp.privacy.statistics.base import NoiseComponent as NoiseComponent
+from stream_dp.privacy.statistics.quantile import RANK_ERROR_BETA, quantile_plan
 
 # the sensitivities live in their own module (the statistics use them); re-exported here
 from stream_dp.privacy.statistics.sensitivity import Sensitivity as Sensitivity
@@ -180,6 +182,9 @@ class QueryPlan:
     horizon_origin_s: int = 0
     #: top_k: the private choice of at most N keys (stream_dp.privacy.exponential.top_k_step).
     top_k: TopKPlan | None = None
+    #: ``statistic: quantile``: the exponential mechanism that chooses the released edges
+    #: (no additive noise: ``noise`` is empty).
+    quantile: QuantilePlan | None = None
 
     @property
     def rho(self) -> float:
@@ -512,9 +517,14 @@ def plan_query(
     granularity = query.value_granularity if sums_values else None
     value_bound = max(abs(query.lower or 0.0), abs(query.upper or 0.0)) if sums_values else None
 
+    quantiles: QuantilePlan | None = None
     if public_keys is None and query.selection == "count_threshold":
         split, noise = _plan_count_threshold(query, primary)
         charges = list(split.charges)
+    elif query.quantiles:
+        split, quantiles = _plan_quantiles(query, bounds, public_keys)
+        noise = ()
+        charges = [*split.charges, PrivacyCharge("exponential:quantiles", quantiles.epsilon, 0.0)]
     else:
         split = _split_budget(query, bounds, public_keys)
         noise = _noise_components(query, bounds, split)
@@ -525,7 +535,11 @@ def plan_query(
         )
     for part in noise:
         _check_numeric_range(query, part)
-    released = _release_noise(query, bounds, primary, public_keys, noise, granularity or 1.0)
+    released = (
+        _quantile_noise(quantiles)
+        if quantiles is not None
+        else _release_noise(query, bounds, primary, public_keys, noise, granularity or 1.0)
+    )
     if split.delta_unused > 0:
         # charged like the rest (the load-time budget check counts it) though no mechanism
         # needs it: Laplace noise on public keys is pure ε-DP.
@@ -560,7 +574,29 @@ def plan_query(
         continual_options=released.continual_options,
         continual_auto=query.continual_mechanism == "auto",
         horizon_origin_s=query.horizon_origin_s,
+        quantile=quantiles,
     )
+
+
+def _plan_quantiles(
+    query: QuerySpec, bounds: BoundsSpec, public_keys: tuple[GroupKey, ...] | None
+) -> tuple[_BudgetSplit, QuantilePlan]:
+    """``statistic: quantile``: the selection as for any query, the whole noise ε to the
+    exponential mechanism (pure ε: Laplace's split, δ left to the selection)."""
+    if query.mechanism != "discrete_laplace":
+        raise ConfigError(
+            f"query {query.name}: quantiles are pure epsilon-DP (exponential mechanism); "
+            "remove mechanism: discrete_gaussian"
+        )
+    split = _split_budget(query, bounds, public_keys)
+    return split, quantile_plan(query, bounds, split.noise_epsilon)
+
+
+def _quantile_noise(quantiles: QuantilePlan) -> _ReleaseNoise:
+    """No additive noise; the headline scale and interval are in ranks (the largest rank
+    scale and the rank error at β = 0.05)."""
+    scale = max(quantiles.rank_scale(a) for a in quantiles.quantiles)
+    return _ReleaseNoise((), scale, quantiles.rank_error(RANK_ERROR_BETA))
 
 
 @dataclass(frozen=True)
@@ -801,6 +837,12 @@ def plan_auto_bounds(config: ConfigSpec, plans: Sequence[QueryPlan]) -> AutoBoun
     bounds = config.auto_bounds
     if bounds is None:
         raise ConfigError("plan_auto_bounds needs a configuration with a bound set to auto")
+    for plan in plans:
+        if plan.quantile is not None:  # the choice models additive noise per unit
+            raise ConfigError(
+                f"query {plan.name}: automatic bounds are not supported with statistic "
+                "quantile; set the bounds to numbers"
+            )
     spec = _auto_spec(bounds)
     k_cap = spec.k
     projection_of = projection_ids(config.queries)

@@ -18,7 +18,9 @@ publishing it (docs/privacy.md#invariant-3: one noise draw per (query, window, k
   (:mod:`stream_dp.privacy.statistics`): count → noisy events; count_distinct_users → noisy
   users; sum → noisy units × granularity; mean → noisy sum / max(1, noisy count), clamped to
   [lower, upper]; variance → mean of squares − square of the mean, clamped to
-  [0, ((upper − lower)/2)²]. ``clamp_negative`` then sets negative values to 0
+  [0, ((upper − lower)/2)²]; quantile → per key the Q bin edges the exponential
+  mechanism chose from the key's histogram, sorted (no additive noise).
+  ``clamp_negative`` then sets negative values to 0
   (post-processing, flagged by ``clamped``).
 
 Released values are ordered by group key (public keys in their configured order), never by
@@ -35,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from stream_dp.errors import PrivacyError
+from stream_dp.privacy.exponential.quantiles import release_quantile_rows
 from stream_dp.privacy.exponential.top_k_step import choose_top_k
 from stream_dp.privacy.group_values import sort_order
 from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
@@ -129,6 +132,13 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
 
     present = rows >= 0
     noisy: list[list[int]] | list[list[Any]] = []
+    if plan.quantile is not None:
+        # the exponential mechanism chooses Q edges per key from its exact histogram (no
+        # additive noise; a key without data has an empty histogram)
+        column = statistic_of(plan.statistic).noise_input(totals, "value", plan)
+        histograms = np.zeros((len(rows), plan.quantile.bins), dtype=np.int64)
+        histograms[present] = column[rows[present]]
+        noisy.append(release_quantile_rows(histograms, plan.quantile).tolist())
     for position, component in enumerate(plan.noise):
         if position == 0 and precomputed is not None:
             noisy.append(precomputed)

@@ -19,7 +19,7 @@ from stream_dp.privacy.mechanisms import MechanismName
 
 #: The registered statistics (:mod:`stream_dp.privacy.statistics`; an import-time check
 #: keeps the two lists equal).
-StatisticName = Literal["count", "count_distinct_users", "sum", "mean", "variance"]
+StatisticName = Literal["count", "count_distinct_users", "sum", "mean", "variance", "quantile"]
 SelectionStrategy = Literal[
     "truncated_geometric",
     "laplace_threshold",
@@ -93,6 +93,10 @@ class QuerySpec:
     #: Share of ε spent on choosing the top-k keys (partition selection and values share
     #: the rest as without top_k).
     top_k_epsilon_share: float = 0.5
+    #: ``statistic: quantile``: the α's released (strictly increasing in (0, 1)) and the
+    #: number of equal histogram bins over [lower, upper).
+    quantiles: tuple[float, ...] = ()
+    bins: int = 1024  # DEFAULT_QUANTILE_BINS of stream_dp.privacy.statistics.quantile
 
     @property
     def public_keys(self) -> bool:

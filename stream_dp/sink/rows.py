@@ -79,6 +79,9 @@ class ReleaseRow:
     horizon_start: datetime | None = None
     #: cumulative: windows of the horizon covered by ``value`` (1 … T).
     horizon_step: int | None = None
+    #: ``statistic: quantile``: the record's list of {quantile, value} as canonical JSON
+    #: (stored as JSONB; ``value`` holds the first listed quantile's value); None otherwise.
+    quantiles: str | None = None
 
     @property
     def window_id(self) -> WindowId:
@@ -178,6 +181,7 @@ def _release(record: Mapping[str, Any]) -> ReleaseRow:
             raise _Invalid("invalid_field", "horizon_step is out of range")
     elif release != "window":
         raise _Invalid("invalid_field", 'release is neither "window" nor "cumulative"')
+    value, quantiles = _value_and_quantiles(record)
     return ReleaseRow(
         query=_text(record, "query"),
         window_start=_timestamp(record, "window_start"),
@@ -186,7 +190,7 @@ def _release(record: Mapping[str, Any]) -> ReleaseRow:
         group_values=group_key,
         group_label=group_label(group),
         statistic=_text(record, "statistic"),
-        value=_number(record, "value"),
+        value=value,
         ci95=_number(record, "ci95", minimum=0.0),
         epsilon=_number(record, "epsilon", minimum=0.0),
         delta=_number(record, "delta", minimum=0.0),
@@ -198,6 +202,7 @@ def _release(record: Mapping[str, Any]) -> ReleaseRow:
         release=release,
         horizon_start=horizon_start,
         horizon_step=horizon_step,
+        quantiles=quantiles,
     )
 
 
@@ -271,3 +276,25 @@ def _timestamp(record: Mapping[str, Any], name: str) -> datetime:
     except ValueError:
         raise _Invalid("invalid_field", f"{name} is not an ISO-8601 UTC time") from None
     return moment.astimezone(UTC)
+
+
+def _value_and_quantiles(record: Mapping[str, Any]) -> tuple[float, str | None]:
+    """A number's ``value``; or a quantile record's list of {quantile, value} (non-empty,
+    quantiles in (0, 1), values numbers): its first value and the list as canonical JSON."""
+    listed = record.get("value")
+    if not isinstance(listed, list):
+        return _number(record, "value"), None
+    if not listed:
+        raise _Invalid("invalid_field", "value is an empty list")
+    for item in listed:
+        if not isinstance(item, dict) or set(item) != {"quantile", "value"}:
+            raise _Invalid("invalid_field", "a value list item is not {quantile, value}")
+        alpha = item["quantile"]
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+            raise _Invalid("invalid_field", "a value list item's quantile is not in (0, 1)")
+        number = item["value"]
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise _Invalid("invalid_field", "a value list item's value is not a number")
+        if not math.isfinite(number):
+            raise _Invalid("invalid_field", "a value list item's value is not finite")
+    return float(listed[0]["value"]), orjson.dumps(listed).decode()

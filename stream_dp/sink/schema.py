@@ -21,6 +21,12 @@ Version 2 adds the continual-release fields to ``releases`` (and the view): ``re
 total from ``horizon_start`` to ``window_end``), ``horizon_start`` and ``horizon_step``.
 Rows stored before it are per-window values (``release = 'window'``).
 
+Version 3 adds ``quantiles`` (JSONB, NULL for other statistics) to ``releases`` (and the
+view): a ``statistic: quantile`` record's list of ``{"quantile": α, "value": v}``, in the
+configured order, values non-decreasing; its ``value`` is the first listed quantile's value,
+and its ``ci95`` and ``noise_scale`` are in ranks (so ``ci95_low``/``ci95_high`` mean
+nothing for it).
+
 At every start :func:`check_tables` compares the tables with what this sink writes: a
 column missing, of another type, or added NOT NULL without a default (every insert would
 fail) is refused with a message naming it, before anything is read.
@@ -148,9 +154,26 @@ JOIN stream_dp.windows AS w
 WHERE w.complete;
 """
 
+_V3 = """
+ALTER TABLE stream_dp.releases ADD COLUMN IF NOT EXISTS quantiles jsonb;
+COMMENT ON COLUMN stream_dp.releases.quantiles IS
+    'statistic quantile: [{"quantile": alpha, "value": v}, ...] in the configured order, '
+    'values non-decreasing (value holds the first; ci95 and noise_scale are in ranks)';
+CREATE OR REPLACE VIEW stream_dp.complete_releases AS
+SELECT r.query, r.window_start, r.window_end, r.group_key, r.group_values, r.group_label,
+       r.statistic, r.value, r.ci95, r.ci95_low, r.ci95_high, r.epsilon, r.delta,
+       r.mechanism, r.noise_scale, r.selection, r.clamped, r.release_id,
+       r.release, r.horizon_start, r.horizon_step, r.quantiles
+FROM stream_dp.releases AS r
+JOIN stream_dp.windows AS w
+  ON w.query = r.query AND w.window_start = r.window_start AND w.release_id = r.release_id
+WHERE w.complete;
+"""
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "releases, windows, dead_letters, view complete_releases", _V1),
     Migration(2, "releases: continual-release fields release, horizon_start, horizon_step", _V2),
+    Migration(3, "releases: quantiles (statistic quantile's list of quantile and value)", _V3),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 
@@ -211,6 +234,7 @@ EXPECTED_COLUMNS: Final[dict[str, dict[str, str]]] = {
         "selection": "jsonb", "clamped": "boolean", "release_id": "text",
         "stored_at": "timestamp with time zone", "release": "text",
         "horizon_start": "timestamp with time zone", "horizon_step": "integer",
+        "quantiles": "jsonb",
     },
     "windows": {
         "query": "text", "window_start": "timestamp with time zone",

@@ -97,18 +97,18 @@ _INSERT_RELEASES = """
 INSERT INTO stream_dp.releases (
     query, window_start, window_end, group_key, group_values, group_label, statistic, value,
     ci95, epsilon, delta, mechanism, noise_scale, selection, clamped, release_id, release,
-    horizon_start, horizon_step)
+    horizon_start, horizon_step, quantiles)
 SELECT t.query, t.window_start, t.window_end, t.group_key, t.group_values::jsonb,
        t.group_label, t.statistic, t.value, t.ci95, t.epsilon, t.delta, t.mechanism,
        t.noise_scale, t.selection::jsonb, t.clamped, t.release_id, t.release,
-       t.horizon_start, t.horizon_step
+       t.horizon_start, t.horizon_step, t.quantiles::jsonb
 FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[], %s::text[], %s::text[],
             %s::text[], %s::text[], %s::float8[], %s::float8[], %s::float8[], %s::float8[],
             %s::text[], %s::float8[], %s::text[], %s::boolean[], %s::text[], %s::text[],
-            %s::timestamptz[], %s::integer[])
+            %s::timestamptz[], %s::integer[], %s::text[])
      AS t(query, window_start, window_end, group_key, group_values, group_label, statistic,
           value, ci95, epsilon, delta, mechanism, noise_scale, selection, clamped, release_id,
-          release, horizon_start, horizon_step)
+          release, horizon_start, horizon_step, quantiles)
 ORDER BY t.query, t.window_start, t.group_key
 ON CONFLICT (query, window_start, group_key) DO NOTHING
 RETURNING query, window_start, group_key
@@ -117,7 +117,7 @@ RETURNING query, window_start, group_key
 _SELECT_RELEASES = """
 SELECT r.query, r.window_start, r.group_key, r.window_end, r.statistic, r.value, r.ci95,
        r.epsilon, r.delta, r.mechanism, r.noise_scale, r.selection, r.clamped, r.release_id,
-       r.release, r.horizon_start, r.horizon_step
+       r.release, r.horizon_start, r.horizon_step, r.quantiles
 FROM stream_dp.releases AS r
 JOIN unnest(%s::text[], %s::timestamptz[], %s::text[]) AS t(query, window_start, group_key)
   ON r.query = t.query AND r.window_start = t.window_start AND r.group_key = t.group_key
@@ -247,17 +247,18 @@ def _release_params(rows: Sequence[ReleaseRow]) -> list[list[Any]]:
             (r.query, r.window_start, r.window_end, r.group_key, r.group_values, r.group_label,
              r.statistic, r.value, r.ci95, r.epsilon, r.delta, r.mechanism, r.noise_scale,
              r.selection, r.clamped, r.release_id, r.release, r.horizon_start,
-             r.horizon_step)
+             r.horizon_step, r.quantiles)
             for r in rows
         ),
-        19,
+        20,
     )  # fmt: skip
 
 
 def _same_release(row: ReleaseRow, stored: Sequence[Any]) -> bool:
     (window_end, statistic, value, ci95, epsilon, delta, mechanism, noise_scale, selection,
-     clamped, release_id, release, horizon_start, horizon_step) = stored  # fmt: skip
+     clamped, release_id, release, horizon_start, horizon_step, quantiles) = stored  # fmt: skip
     wanted = None if row.selection is None else orjson.loads(row.selection)
+    wanted_quantiles = None if row.quantiles is None else orjson.loads(row.quantiles)
     return (
         row.release_id == release_id
         and (row.release, row.horizon_start, row.horizon_step)
@@ -277,6 +278,7 @@ def _same_release(row: ReleaseRow, stored: Sequence[Any]) -> bool:
             )
         )
         and wanted == selection
+        and wanted_quantiles == quantiles
     )
 
 

@@ -62,7 +62,7 @@ def test_yaml_syntax_error_names_line(tmp_path: Path, capsys: pytest.CaptureFixt
         (
             GOOD.replace("group_by: [domain]", "statistic: median"),
             "queries[0].statistic",
-            "'count', 'count_distinct_users', 'sum', 'mean' or 'variance'",
+            "'count', 'count_distinct_users', 'sum', 'mean', 'variance' or 'quantile'",
         ),
         (
             GOOD.replace("epsilon: 0.5", "epsilon: 1.5"),

@@ -47,6 +47,7 @@ CUMULATIVE |= {"group_by": ["domain"], "keys": {"domain": ["a"]}}
 AUTO = {"bounds": {k: "auto" for k in ("max_contributions_per_window", "max_keys_per_user")}}
 AUTO["bounds"] |= {"max_contributions_per_key": "auto", "auto": {"epsilon_share": 0.2}}
 TOP_K = {"name": "q", "group_by": ["domain"], "epsilon": 0.5, "delta": 1e-7, "top_k": 5}
+QUANTILE = {**SUM, "statistic": "quantile", "quantiles": [0.5, 0.9]}
 ROTATION = {"pseudonymization": {"previous_key_env": "OLD_KEY", "previous_key_id": "k0"}}
 EXPORT = {"partner": "acme", "topic": "to-acme", "fields": ["born"], "purpose": "research"}
 EXPORT |= {"generalize": {"born": "year"}, "legal_basis": "consent"}
@@ -106,6 +107,7 @@ VALID: dict[FieldPath, tuple[dict[str, Any], Any]] = {
     ("queries", 0, "granularity"): (_with(queries=[SUM]), 0.5),
     ("queries", 0, "mean_count_share"): (BASE, 0.4),
     ("queries", 0, "horizon_windows"): (_with(queries=[CUMULATIVE]), 12),
+    ("queries", 0, "bins"): (_with(queries=[QUANTILE]), 64),
     ("queries", 0, "horizon_origin"): (_with(queries=[CUMULATIVE]), T0),
     ("queries", 0, "top_k"): (BASE, 10),
     ("queries", 0, "top_k_epsilon_share"): (_with(queries=[TOP_K]), 0.3),

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from stream_dp.broker.topics import apply_topics
 from stream_dp.config import Config, load_config
 
 Record = tuple[str | None, dict[str, Any]]
@@ -470,3 +472,38 @@ def spread_windows(t0_s: int, n_windows: int, domains: Sequence[str]) -> list[di
     events = [e for w in range(n_windows) for e in spread_events(t0_s, w, domains)]
     late = {"user_id": "late", "timestamp": t0_s + 10 * n_windows + 5, "domain": domains[0]}
     return [*events, late]
+
+
+#: The window every :func:`release_one_public_query` event falls in (2020-08-01 00:00 UTC).
+ONE_QUERY_T0_S = 1_596_240_000
+
+
+async def release_one_public_query(
+    bootstrap: str,
+    config_path: Path,
+    log_path: Path,
+    query: str,
+    events: Iterable[dict[str, Any]],
+) -> dict[Any, dict[str, Any]]:
+    """Create the topics, produce ``events``, run the worker (test mode, noise-free
+    configurations) until the query's one window is out, and return its release records,
+    each valid under ``topics/release.schema.json``, by the value of their one group field."""
+    await apply_topics(load_config(config_path), bootstrap, include_input=True)
+    await produce_events(bootstrap, topics_of(config_path)["input"], events)
+    out, _ = await run_worker_until_windows(
+        bootstrap,
+        config_path,
+        log_path,
+        [query],
+        1,
+        env={"STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"},
+    )
+    schema_path = Path(__file__).resolve().parents[2] / "topics" / "release.schema.json"
+    validator = jsonschema.Draft202012Validator(orjson.loads(schema_path.read_bytes()))
+    released: dict[Any, dict[str, Any]] = {}
+    for _, value in decode_values(out):
+        if value["kind"] == "release":
+            validator.validate(value)
+            (group_value,) = value["group"].values()
+            released[group_value] = value
+    return released

@@ -4,31 +4,19 @@ the release schema, and a public key without data has the whole range as its int
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from statistics import pvariance
 from typing import Any
 
-import jsonschema
 import pytest
 
-from stream_dp.broker.topics import apply_topics
-from stream_dp.config import load_config
 from tests.apache_kafka.tier import ON_BOTH_BROKERS
-from tests.integration.support import (
-    NOISE_FREE,
-    decode_values,
-    produce_events,
-    run_worker_until_windows,
-    topics_of,
-)
+from tests.integration.support import NOISE_FREE, ONE_QUERY_T0_S, release_one_public_query
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, ON_BOTH_BROKERS]
 
-TOPICS = Path(__file__).resolve().parents[2] / "topics"
 MakeConfig = Callable[[dict[str, Any] | None], Path]
-TEST_MODE = {"STREAM_DP_ALLOW_UNSAFE_TEST_MODE": "1"}
 
 
 async def test_the_worker_releases_a_variance_of_the_clamped_values(
@@ -53,25 +41,16 @@ async def test_the_worker_releases_a_variance_of_the_clamped_values(
             ],
         }
     )
-    await apply_topics(load_config(cfg), kafka_bootstrap, include_input=True)
-    topics = topics_of(cfg)
-    t0 = 1_596_240_000
+    t0 = ONE_QUERY_T0_S
     # 12 users with one value each on a.example; 250 is clamped to 100
     latencies = [3, 10, 17, 25, 40, 41, 55, 60, 72, 80, 99, 250]
     events = [
         {"user_id": f"u{i}", "timestamp": t0 + i / 2, "domain": "a.example", "latency_ms": v}
         for i, v in enumerate(latencies)
     ]
-    await produce_events(kafka_bootstrap, topics["input"], events)
-    out, _ = await run_worker_until_windows(
-        kafka_bootstrap, cfg, tmp_path / "worker.log", ["spread"], 1, env=TEST_MODE
+    released = await release_one_public_query(
+        kafka_bootstrap, cfg, tmp_path / "worker.log", "spread", events
     )
-    records = decode_values(out)
-    schema = json.loads((TOPICS / "release.schema.json").read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    released = {v["group"]["domain"]: v for _, v in records if v["kind"] == "release"}
-    for value in released.values():
-        validator.validate(value)
     assert set(released) == {"a.example", "b.example"}
     clamped = [min(v, 100) for v in latencies]
     assert released["a.example"]["statistic"] == "variance"

@@ -59,7 +59,14 @@ def test_a_vector_per_key_gets_one_draw_per_entry_and_comes_back_per_key(
 
 def test_every_statistic_declares_what_it_needs() -> None:
     """The registry's statistics and their settings, as the docs' table states them."""
-    assert list(STATISTICS) == ["count", "count_distinct_users", "sum", "mean", "variance"]
+    assert list(STATISTICS) == [
+        "count",
+        "count_distinct_users",
+        "sum",
+        "mean",
+        "variance",
+        "quantile",
+    ]
     needs = {name: s.needs_values for name, s in STATISTICS.items()}
     assert needs == {
         "count": False,
@@ -67,6 +74,7 @@ def test_every_statistic_declares_what_it_needs() -> None:
         "sum": True,
         "mean": True,
         "variance": True,
+        "quantile": True,
     }
     cumulative = [name for name, s in STATISTICS.items() if s.cumulative_refusal is None]
     assert cumulative == ["count", "sum"]

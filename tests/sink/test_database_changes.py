@@ -261,7 +261,8 @@ async def test_a_version_1_database_is_migrated_and_its_rows_are_per_window(
         )
     monkeypatch.undo()
     async with await psycopg.AsyncConnection.connect(postgres_dsn) as c:
-        assert await migrate(c) == [2]
+        assert await migrate(c) == [2, 3]
         await schema.check_tables(c)
     assert _scalar(postgres_dsn, "SELECT release FROM stream_dp.releases") == "window"
-    assert _scalar(postgres_dsn, "SELECT count(*) FROM stream_dp.schema_version") == 2
+    assert _scalar(postgres_dsn, "SELECT quantiles IS NULL FROM stream_dp.releases") is True
+    assert _scalar(postgres_dsn, "SELECT count(*) FROM stream_dp.schema_version") == 3

@@ -160,3 +160,33 @@ def test_a_variance_release_maps_to_the_same_columns() -> None:
     assert isinstance(row, ReleaseRow)
     numbers = (row.value, row.ci95, row.noise_scale)
     assert (row.statistic, numbers) == ("variance", (8.921875, 3.5, 0.25))
+
+
+QUANTILE_VALUE = [{"quantile": 0.5, "value": 40.0}, {"quantile": 0.9, "value": 90.0}]
+
+
+def test_a_quantile_release_keeps_its_list_and_the_first_value() -> None:
+    """statistic: quantile: the record's list of {quantile, value} goes to ``quantiles`` as
+    canonical JSON, ``value`` holds the first listed quantile's value."""
+    row = parse_output_record(_release(statistic="quantile", value=QUANTILE_VALUE))
+    assert isinstance(row, ReleaseRow)
+    assert (row.statistic, row.value) == ("quantile", 40.0)
+    assert row.quantiles is not None and orjson.loads(row.quantiles) == QUANTILE_VALUE
+    plain = parse_output_record(_release())
+    assert isinstance(plain, ReleaseRow) and plain.quantiles is None
+
+
+@pytest.mark.parametrize(
+    ("value", "detail"),
+    [
+        ([], "value is an empty list"),
+        ([{"quantile": 0.5}], "a value list item is not {quantile, value}"),
+        ([{"quantile": 1.5, "value": 1.0}], "a value list item's quantile is not in (0, 1)"),
+        ([{"quantile": 0.5, "value": "x"}], "a value list item's value is not a number"),
+        ([3.0], "a value list item is not {quantile, value}"),
+    ],
+)
+def test_a_bad_quantile_list_is_refused(value: object, detail: str) -> None:
+    row = parse_output_record(_release(statistic="quantile", value=value))
+    assert isinstance(row, BadRecord)
+    assert (row.reason, row.detail) == ("invalid_field", detail)

@@ -196,3 +196,21 @@ async def test_an_unreachable_database_is_retried_until_stopped(tmp_path: Path) 
     assert not sink.health.ready()
     sink.request_stop()
     await asyncio.wait_for(task, timeout=30)  # returns cleanly, no exception
+
+
+async def test_a_quantile_release_is_stored_with_its_list(conn: Conn, postgres_dsn: str) -> None:
+    """Migration 3: ``quantiles`` holds a quantile record's list (JSONB), in the table and
+    in the complete view; storing it again is a duplicate, not a conflict."""
+    records = window_records("lat", 0, ["a"])
+    listed = [{"quantile": 0.5, "value": 40.0}, {"quantile": 0.9, "value": 90.0}]
+    release = orjson.loads(records[0][1]) | {"statistic": "quantile", "value": listed}
+    values = [orjson.dumps(release), records[-1][1]]
+    first = await store_batch(conn, _batch(values))
+    assert first.releases_inserted == 1 and len(first.completed) == 1
+    again = await store_batch(conn, _batch(values, 5))
+    assert again.duplicates == 2 and again.conflicts == 0
+    with psycopg.connect(postgres_dsn) as c:
+        view = c.execute(
+            "SELECT statistic, value, quantiles FROM stream_dp.complete_releases"
+        ).fetchall()
+    assert view == [("quantile", 40.0, listed)]

@@ -626,6 +626,7 @@ def bounded_totals(
         rng=rng,
         weights=q.weighted_selection,
         squares_center=q.squares_center,
+        bin_of=q.bin_of,
     )
     present = np.flatnonzero(found.users)
     return KeyTotals(
@@ -635,4 +636,5 @@ def bounded_totals(
         found.value_sums[present],
         found.weight_sums[present],
         found.value_squares[present],
+        found.value_bins[present],
     )

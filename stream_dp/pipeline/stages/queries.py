@@ -14,6 +14,7 @@ from stream_dp.ops.metrics import QUERY_DROP_REASONS
 from stream_dp.privacy.group_values import canonical_value
 from stream_dp.privacy.planner import QueryPlan, plan_query
 from stream_dp.privacy.statistics import statistic_of
+from stream_dp.privacy.statistics.quantile import histogram_binning
 
 GroupKey = tuple[Any, ...]
 Projection = tuple[GroupKey, int] | None
@@ -83,6 +84,8 @@ class CompiledQuery:
         self.has_values = self._value is not None
         #: Stage 1 sums Σ (v − c)² per key around this centre (``statistic: variance``).
         self.squares_center = statistic.squares_center(self.spec)
+        #: Stage 1 counts values per histogram bin and key (``statistic: quantile``).
+        self.bin_of = histogram_binning(self.spec)
         #: Stage 1 sums the users' key weights for this query's partition selection.
         self.weighted_selection = query.selection == "weighted_gaussian" and public is None
 

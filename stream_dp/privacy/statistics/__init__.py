@@ -14,6 +14,7 @@ from stream_dp.privacy.statistics.base import Column, NoisePart, NoiseTarget, St
 from stream_dp.privacy.statistics.count import Count
 from stream_dp.privacy.statistics.count_distinct_users import CountDistinctUsers
 from stream_dp.privacy.statistics.mean import Mean
+from stream_dp.privacy.statistics.quantile import Quantile
 from stream_dp.privacy.statistics.sum import Sum
 from stream_dp.privacy.statistics.variance import Variance
 
@@ -28,7 +29,7 @@ __all__ = [
 
 #: Every statistic, by name, in the order the schemas and the docs list them.
 STATISTICS: Final[dict[StatisticName, Statistic]] = {
-    s.name: s for s in (Count(), CountDistinctUsers(), Sum(), Mean(), Variance())
+    s.name: s for s in (Count(), CountDistinctUsers(), Sum(), Mean(), Variance(), Quantile())
 }
 if tuple(STATISTICS) != get_args(StatisticName):  # pragma: no cover - a developer's slip
     raise ImportError("StatisticName and the statistics registry list different statistics")

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from stream_dp.privacy.exponential.quantiles import QuantilePlan
 from stream_dp.privacy.mechanisms import NoiseMechanism
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
 from stream_dp.privacy.statistics.sensitivity import Sensitivity
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 #: (a mean's sum and count; a variance's count, normalized sum and normalized sum of squares).
 NoiseTarget = Literal["value", "sum", "count", "sum_squares"]
 #: The exact per-key columns stage 1 keeps (:class:`~stream_dp.privacy.key_totals.KeyTotals`).
-Column = Literal["events", "users", "value_sums", "value_squares"]
+Column = Literal["events", "users", "value_sums", "value_squares", "value_bins"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class PlanView(Protocol):
     def value_upper(self) -> float | None: ...
     @property
     def clamp_negative(self) -> bool: ...
+    @property
+    def quantile(self) -> QuantilePlan | None: ...  # statistic: quantile's mechanism
 
 
 @dataclass(frozen=True)
