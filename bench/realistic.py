@@ -48,6 +48,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -282,6 +283,8 @@ def _scrape(url: str) -> dict[str, float]:
         "stream_dp_windows_released_total",
         "stream_dp_late_events_total",
         "stream_dp_bad_records_total",
+        "stream_dp_repartition_duplicates_skipped_total",
+        "stream_dp_partials_published_total",
     )
     out = dict.fromkeys(names, 0.0)
     try:
@@ -334,63 +337,102 @@ def run_worker(
     tree: Path,
     workdir: Path,
     profile_to: Path | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
-    """One ``stream-dp run`` of the checkout at ``tree``, timed from its ``/metrics``."""
+    """``workers`` processes of ``stream-dp run`` of the checkout at ``tree``, in one consumer
+    group on ``topic``, timed from their ``/metrics``: the rate from the sum of their
+    ``stream_dp_events_consumed_total``, the CPU the sum of their process CPU times.
+    ``profile_to``: py-spy samples each worker over the measured span (``<name>.<i>``)."""
     from stream_dp.broker.process import free_port
 
-    port = free_port("127.0.0.1")
-    config = worker_config(bootstrap, topic, start_s, keyed=keyed, port=port)
-    path = workdir / f"config-{uuid.uuid4().hex[:8]}.json"
-    path.write_text(json.dumps(config), encoding="utf-8")
+    ports = [free_port("127.0.0.1") for _ in range(workers)]
+    base = worker_config(bootstrap, topic, start_s, keyed=keyed, port=ports[0])
     env = {
         **os.environ,
         "PYTHONPATH": str(tree),
         "STREAM_DP_PSEUDONYM_KEY": secrets.token_hex(32),
         "PYTHONWARNINGS": "ignore",
     }
-    command = [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(path)]
-    log = workdir / f"worker-{uuid.uuid4().hex[:8]}.log"
-    url = f"http://127.0.0.1:{port}/metrics"
-    with log.open("wb") as handle:
-        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=tree)
+    logs: list[Path] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    t_start = time.perf_counter()
     try:
-        pid = proc.pid
-        profiler: subprocess.Popen[bytes] | None = None
-        t_start = time.perf_counter()
-        first: tuple[float, float, float] | None = None
-        last: tuple[float, float, float] | None = None
-        while True:
-            if proc.poll() is not None or time.perf_counter() - t_start > RUN_TIMEOUT_S:
-                raise RuntimeError(f"worker exited or stalled:\n{log.read_text()[-3000:]}")
-            t, cpu = time.perf_counter(), _cpu_s(pid)
-            m = _scrape(url)
-            n = m["stream_dp_events_consumed_total"]
-            if n > 0 and first is None:
-                first = (t, cpu, n)
-                if profile_to is not None:  # the span the rate is measured over, only
-                    profiler = _start_profiler(pid, profile_to)
-            if n >= events and last is None:
-                last = (t, cpu, n)
-                if profiler is not None:
-                    profiler.send_signal(signal.SIGINT)
-                    profiler.wait(timeout=60)
-            if last is not None and m["stream_dp_windows_released_total"] >= WINDOWS:
-                break
-            time.sleep(POLL_S)
-        t_done, cpu_done = time.perf_counter(), _cpu_s(pid)
-        os.kill(pid, signal.SIGTERM)
-        code = proc.wait(timeout=60)
+        for port in ports:  # one group, one set of topics, one key: only the port differs
+            config = {**base, "metrics": {**base["metrics"], "port": port}}
+            path = workdir / f"config-{uuid.uuid4().hex[:8]}.json"
+            path.write_text(json.dumps(config), encoding="utf-8")
+            command = [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(path)]
+            logs.append(workdir / f"worker-{uuid.uuid4().hex[:8]}.log")
+            with logs[-1].open("wb") as handle:
+                procs.append(
+                    subprocess.Popen(
+                        command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=tree
+                    )
+                )
+        result = _watch(procs, ports, logs, events, t_start, profile_to)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return result
+
+
+def _watch(
+    procs: list[subprocess.Popen[bytes]],
+    ports: list[int],
+    logs: list[Path],
+    events: int,
+    t_start: float,
+    profile_to: Path | None,
+) -> dict[str, Any]:
+    """Polls every worker's /metrics until all ``events`` are consumed and every window is
+    released, then stops them (SIGTERM) and returns the figures."""
+    pids = [proc.pid for proc in procs]
+    urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
+    profilers: list[subprocess.Popen[bytes]] = []
+    first: tuple[float, float, float] | None = None
+    last: tuple[float, float, float] | None = None
+
+    def tail() -> str:
+        return "\n".join(log.read_text()[-3000:] for log in logs)
+
+    while True:
+        stalled = time.perf_counter() - t_start > RUN_TIMEOUT_S
+        if stalled or any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a worker exited or stalled:\n{tail()}")
+        t, cpu = time.perf_counter(), sum(_cpu_s(pid) for pid in pids)
+        scraped = [_scrape(url) for url in urls]
+        m = {name: sum(s[name] for s in scraped) for name in scraped[0]}
+        n = m["stream_dp_events_consumed_total"]
+        if n > 0 and first is None:
+            first = (t, cpu, n)
+            if profile_to is not None:  # the span the rate is measured over, only
+                profilers = [
+                    _start_profiler(pid, profile_to.with_suffix(f".{i}"))
+                    for i, pid in enumerate(pids)
+                ]
+        if n >= events and last is None:
+            last = (t, cpu, n)
+            for profiler in profilers:
+                profiler.send_signal(signal.SIGINT)
+            for profiler in profilers:
+                profiler.wait(timeout=60)
+        if last is not None and m["stream_dp_windows_released_total"] >= WINDOWS:
+            break
+        time.sleep(POLL_S)
+    t_done, cpu_done = time.perf_counter(), sum(_cpu_s(pid) for pid in pids)
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    codes = [proc.wait(timeout=60) for proc in procs]
     assert first is not None and last is not None
-    if last[0] == first[0]:  # a small topic, taken in one poll: from the worker's start
+    if last[0] == first[0]:  # a small topic, taken in one poll: from the workers' start
         first = (t_start, 0.0, 0.0)
-    if code != 0:
-        raise RuntimeError(f"worker exited {code} after SIGTERM:\n{log.read_text()[-3000:]}")
+    if any(codes):
+        raise RuntimeError(f"a worker exited {codes} after SIGTERM:\n{tail()}")
     span_events = last[2] - first[2]
     return {
+        "workers": len(procs),
         "events": int(last[2]),
         "span_events": span_events,
         "seconds": last[0] - first[0],
@@ -403,6 +445,11 @@ def run_worker(
         "late_events": m["stream_dp_late_events_total"],
         "windows_released": m["stream_dp_windows_released_total"],
         "bad_records": m["stream_dp_bad_records_total"],
+        # Input records counted more than once (re-read after a rebalance moved a partition
+        # before its offsets were committed), and what the repartition hop dropped as seen.
+        "events_consumed_final": m["stream_dp_events_consumed_total"],
+        "repartition_duplicates_skipped": m["stream_dp_repartition_duplicates_skipped_total"],
+        "partials_published": m["stream_dp_partials_published_total"],
     }
 
 
@@ -430,7 +477,10 @@ def measure_broker(
     raw_runs: int,
     profile: bool,
     log: Callable[[str], None],
+    workers: Sequence[int] = (),
 ) -> dict[str, Any]:
+    """The raw consumers and the workers on one topic of a fresh broker; with ``workers``
+    (counts of worker processes), each count in one group instead of the single workers."""
     from bench.throughput import create_topics
 
     start_s = first_window_s(time.time())
@@ -441,17 +491,36 @@ def measure_broker(
         topic = f"realistic-{uuid.uuid4().hex[:8]}"
         asyncio.run(create_topics(bootstrap, [topic], PARTITIONS))
         out["produce_seconds"] = produce(bootstrap, topic, values, keys)
+
+        def worker(keyed: bool, tree: Path, n: int = 1, to: Path | None = None) -> dict[str, Any]:
+            return run_worker(
+                bootstrap,
+                topic,
+                events,
+                start_s,
+                keyed=keyed,
+                tree=tree,
+                workdir=Path(tmp),
+                profile_to=to,
+                workers=n,
+            )
+
         spec = {"bootstrap": bootstrap, "topic": topic, "events": events}
         runs: dict[str, list[dict[str, Any]]] = out["runs"]
         for i in range(raw_runs):
             for kind in RAW_KINDS:
                 runs.setdefault(kind, []).append(_run_raw(kind, spec))
                 log(f"[realistic] {name} {kind} run {i + 1}: {_brief(runs[kind][-1])}")
+            if workers:
+                for n in workers:
+                    for mode, keyed in MODES.items():
+                        r = worker(keyed, trees["after"], n)
+                        runs.setdefault(f"workers_{n}_{mode}", []).append(r)
+                        log(f"[realistic] {name} {n} workers {mode} run {i + 1}: {_brief(r)}")
+                continue
             for label, tree in trees.items():
                 for mode, keyed in MODES.items():
-                    r = run_worker(
-                        bootstrap, topic, events, start_s, keyed=keyed, tree=tree, workdir=Path(tmp)
-                    )
+                    r = worker(keyed, tree)
                     runs.setdefault(f"worker_{mode}_{label}", []).append(r)
                     log(f"[realistic] {name} worker {mode} {label} run {i + 1}: {_brief(r)}")
         if profile:
@@ -459,27 +528,25 @@ def measure_broker(
             from bench.profile import fold_functions, top_functions, write_folded
 
             out["profiles"] = {}
-            for mode, keyed in MODES.items():
-                raw = Path(tmp) / f"profile-{mode}.raw"
-                r = run_worker(
-                    bootstrap,
-                    topic,
-                    events,
-                    start_s,
-                    keyed=keyed,
-                    tree=trees["after"],
-                    workdir=Path(tmp),
-                    profile_to=raw,
-                )
-                stacks = fold_functions(raw.read_text(encoding="utf-8"))
-                write_folded(stacks, PROFILES / f"realistic_{name}_{mode}.folded")
-                out["profiles"][mode] = {
-                    "events_per_s_under_profiler": r["events_per_s"],
-                    "samples": sum(stacks.values()),
-                    "top": top_functions(stacks, 20),
-                    "spend": spend(stacks),
-                }
-                log(f"[realistic] {name} profile {mode}: {sum(stacks.values())} samples")
+            # With worker counts: the fewest and the most, every worker of the group sampled.
+            counts = sorted({min(workers), max(workers)}) if workers else [1]
+            for n in counts:
+                for mode, keyed in MODES.items():
+                    key = f"{n}w_{mode}" if workers else mode
+                    raw = Path(tmp) / f"profile-{key}.raw"
+                    r = worker(keyed, trees["after"], n, raw)
+                    stacks: Counter[str] = Counter()
+                    for i in range(n):
+                        stacks += fold_functions(raw.with_suffix(f".{i}").read_text("utf-8"))
+                    write_folded(stacks, PROFILES / f"realistic_{name}_{key}.folded")
+                    out["profiles"][key] = {
+                        "events_per_s_under_profiler": r["events_per_s"],
+                        "cpu_us_per_event_under_profiler": r["cpu_us_per_event"],
+                        "samples": sum(stacks.values()),
+                        "top": top_functions(stacks, 20),
+                        "spend": spend(stacks),
+                    }
+                    log(f"[realistic] {name} profile {key}: {sum(stacks.values())} samples")
     out["load_1min"].append(os.getloadavg()[0])
     out["best"] = best_of(out["runs"])
     return out
@@ -541,11 +608,18 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
             "after": opts.after,
             "written": dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "cores": os.cpu_count(),
+            **({"workers": opts.workers} if opts.workers else {}),
             "brokers": {},
         }
         for name in opts.brokers:
             result["brokers"][name] = measure_broker(
-                name, opts.events, trees, raw_runs=opts.runs, profile=opts.profile, log=log
+                name,
+                opts.events,
+                trees,
+                raw_runs=opts.runs,
+                profile=opts.profile,
+                log=log,
+                workers=opts.workers,
             )
     return result
 
@@ -823,6 +897,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--before", help="a commit whose worker runs too (before/after)")
     parser.add_argument("--after", help="the commit whose worker is 'after' (default: this tree)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--workers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[],
+        help="worker processes in one group, e.g. 3 or 1,2,3 (each count in turn, both "
+        "paths, instead of the single worker)",
+    )
     parser.add_argument("--smoke", action="store_true", help="50,000 events, Tansu, one run")
     parser.add_argument(
         "--keep",
