@@ -393,6 +393,9 @@ def _watch(
     profilers: list[subprocess.Popen[bytes]] = []
     first: tuple[float, float, float] | None = None
     last: tuple[float, float, float] | None = None
+    own_first: dict[int, tuple[float, float, float]] = {}
+    own_last: dict[int, tuple[float, float, float]] = {}
+    first_cpus: list[float] = []
 
     def tail() -> str:
         return "\n".join(log.read_text()[-3000:] for log in logs)
@@ -401,12 +404,19 @@ def _watch(
         stalled = time.perf_counter() - t_start > RUN_TIMEOUT_S
         if stalled or any(p.poll() is not None for p in procs):
             raise RuntimeError(f"a worker exited or stalled:\n{tail()}")
-        t, cpu = time.perf_counter(), sum(_cpu_s(pid) for pid in pids)
+        t, cpus = time.perf_counter(), [_cpu_s(pid) for pid in pids]
+        cpu = sum(cpus)
         scraped = [_scrape(url) for url in urls]
         m = {name: sum(s[name] for s in scraped) for name in scraped[0]}
         n = m["stream_dp_events_consumed_total"]
+        for i, s in enumerate(scraped):  # each worker from its own first consumed event
+            n_i = s["stream_dp_events_consumed_total"]
+            if n_i > 0 and i not in own_first:
+                own_first[i] = (t, cpus[i], n_i)
+            if last is None:
+                own_last[i] = (t, cpus[i], n_i)
         if n > 0 and first is None:
-            first = (t, cpu, n)
+            first, first_cpus = (t, cpu, n), cpus
             if profile_to is not None:  # the span the rate is measured over, only
                 profilers = [
                     _start_profiler(pid, profile_to.with_suffix(f".{i}"))
@@ -427,7 +437,7 @@ def _watch(
     codes = [proc.wait(timeout=60) for proc in procs]
     assert first is not None and last is not None
     if last[0] == first[0]:  # a small topic, taken in one poll: from the workers' start
-        first = (t_start, 0.0, 0.0)
+        first, first_cpus = (t_start, 0.0, 0.0), [0.0] * len(procs)
     if any(codes):
         raise RuntimeError(f"a worker exited {codes} after SIGTERM:\n{tail()}")
     span_events = last[2] - first[2]
@@ -450,6 +460,18 @@ def _watch(
         "events_consumed_final": m["stream_dp_events_consumed_total"],
         "repartition_duplicates_skipped": m["stream_dp_repartition_duplicates_skipped_total"],
         "partials_published": m["stream_dp_partials_published_total"],
+        # Per worker: when it first consumed (after the first worker did, in seconds), and
+        # its CPU and events from then to the reading that reached every event (so its
+        # start-up, when it falls inside the measured span, is left out).
+        "per_worker": [
+            {
+                "first_consumed_after_s": own_first[i][0] - first[0] if i in own_first else None,
+                "cpu_seconds": own_last[i][1] - own_first[i][1] if i in own_first else 0.0,
+                "events": own_last[i][2] - own_first[i][2] if i in own_first else 0.0,
+                "cpu_seconds_in_span": own_last[i][1] - first_cpus[i],
+            }
+            for i in range(len(procs))
+        ],
     }
 
 
@@ -564,6 +586,7 @@ def best_of(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
 
 #: Where a worker's GIL samples go, by the first of these (in order) its stack passes through.
 SPEND: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("worker start-up: imports", ("_find_and_load",)),
     ("/metrics scrapes (the bench's 50 ms poll)", ("prometheus_client", "ops/http")),
     ("window closes: seal, partials, release", ("seal", "release", "partials", "offload")),
     ("JSON decode, validation, ISO-8601 times", ("decode_columns", "formats/decode.py")),
@@ -819,7 +842,7 @@ def _spend_rows(
     for category in [*(name for name, _ in SPEND), OTHER]:
         cells = []
         for m in modes:
-            share = profiles[m]["spend"][category]
+            share = profiles[m]["spend"].get(category, 0.0)
             cpu = best[f"worker_{m}_after"]["cpu_us_per_event"]
             cells += [f"{share:.0%}", f"{share * cpu:.2f}"]
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
