@@ -668,6 +668,8 @@ LABELS: dict[str, str] = {
     "fetch_adapter": "lever 2, aiokafka's records generator iterated from C (before: lever 1; "
     "after: levers 1 and 2), with the worker's own fetch as a third raw consumer",
     "levers_1_2": "levers 1 and 2 together (before: the bench alone; after: levers 1 and 2)",
+    "workers": "CPU per event with 1, 2 and 3 workers in one group (this checkout; the "
+    "two brokers' runs at the same time)",
     "batch_take": "lever 3, the worker's fetched records taken a record batch at a time "
     "(before: levers 1 and 2; after: levers 1, 2 and 3; the raw consumer with the worker's "
     "fetch adapter has lever 3 too); its profiles are the worker with all three",
@@ -781,6 +783,8 @@ ANALYSIS: list[str] = [
     "of issue 43 (CPU per event flat from 1 to 3 workers, the 1M-key release under 2 s) are "
     "not measured by this bench.",
 ]
+#: Issue 43's levers, one by one (its "done when"): measured gain, cost, what is left.
+LEVERS: list[str] = []
 _KINDS = {
     "raw_aiokafka": "raw aiokafka getmany + orjson.loads",
     "raw_librdkafka": "raw librdkafka consume + orjson.loads",
@@ -840,12 +844,99 @@ def _spend_rows(
         "|---|" + "---|" * (2 * len(modes)),
     ]
     for category in [*(name for name, _ in SPEND), OTHER]:
+        if all(category not in profiles[m]["spend"] for m in modes):
+            continue  # a category added after this run was kept
         cells = []
         for m in modes:
             share = profiles[m]["spend"].get(category, 0.0)
             cpu = best[f"worker_{m}_after"]["cpu_us_per_event"]
             cells += [f"{share:.0%}", f"{share * cpu:.2f}"]
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _own_cpu_us(r: dict[str, Any]) -> float:
+    """CPU per event with each worker counted from its own first consumed event."""
+    per = r.get("per_worker") or []
+    events = sum(w["events"] for w in per)
+    return sum(w["cpu_seconds"] for w in per) / events * 1e6 if events else float("nan")
+
+
+def _workers_lines(run: dict[str, Any]) -> list[str]:
+    """A ``--workers`` run: per broker, CPU per event by the number of workers."""
+    lines: list[str] = []
+    for name, broker in run["brokers"].items():
+        title = {"tansu": "Embedded broker (Tansu)", "kafka": "Apache Kafka 4.1.1"}[name]
+        runs = broker["runs"]
+        raw = ", ".join(
+            f"{_KINDS.get(k, k).split(' +')[0]} {min(r['cpu_us_per_event'] for r in runs[k]):.2f}"
+            for k in ("raw_aiokafka", "raw_librdkafka")
+            if k in runs
+        )
+        lines += [
+            "",
+            f"**{title}** (the raw consumers on the same topic, CPU µs/event: {raw}; load "
+            f"average {broker['load_1min'][0]:.1f} at its start, {broker['load_1min'][-1]:.1f} "
+            "at its end)",
+            "",
+            "| path | workers | events/s | CPU µs/event | ÷ 1 worker | each run | CPU µs/event, "
+            "each worker from its first event | ÷ 1 worker | last worker's first event after "
+            "the first's | input events counted twice |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for mode in MODES:
+            base: dict[str, float] = {}
+            for n in run["workers"]:
+                rs = runs.get(f"workers_{n}_{mode}")
+                if not rs:
+                    continue
+                cpu = min(r["cpu_us_per_event"] for r in rs)
+                own = min(_own_cpu_us(r) for r in rs)
+                base = base or {"cpu": cpu, "own": own}
+                lags = [
+                    max(w["first_consumed_after_s"] or 0.0 for w in r["per_worker"]) for r in rs
+                ]
+                twice = [r["events_consumed_final"] - run["events"] for r in rs]
+                lines.append(
+                    f"| {mode} | {n} | {max(r['events_per_s'] for r in rs):,.0f} | {cpu:.2f} | "
+                    f"{cpu / base['cpu']:.2f}× | "
+                    + ", ".join(f"{r['cpu_us_per_event']:.2f}" for r in rs)
+                    + f" | {own:.2f} | {own / base['own']:.2f}× | "
+                    + ", ".join(f"{x:.1f} s" for x in lags)
+                    + " | "
+                    + ", ".join(f"{x:,.0f}" for x in twice)
+                    + " |"
+                )
+    for name, broker in run["brokers"].items():
+        profiles = broker.get("profiles") or {}
+        if not profiles:
+            continue
+        keys = list(profiles)
+        best = best_of(broker["runs"])
+        lines += [
+            "",
+            f"Where the workers' CPU per event goes, {name} (every worker of the group sampled by "
+            "py-spy at 200 Hz while it holds the GIL, over the measured span; share of the "
+            "samples × the CPU per event of that profiled run):",
+            "",
+            "| spent on | " + " | ".join(f"{k}: share | {k}: µs/event" for k in keys) + " |",
+            "|---|" + "---|" * (2 * len(keys)),
+        ]
+        for category in [*(c for c, _ in SPEND), OTHER]:
+            cells = []
+            for k in keys:
+                share = profiles[k]["spend"].get(category, 0.0)
+                cpu = profiles[k].get("cpu_us_per_event_under_profiler") or best[
+                    "workers_" + k.replace("w_", "_", 1)
+                ]["cpu_us_per_event"]
+                cells += [f"{share:.0%}", f"{share * cpu:.2f}"]
+            lines.append(f"| {category} | " + " | ".join(cells) + " |")
+        under = [profiles[k].get("cpu_us_per_event_under_profiler", float("nan")) for k in keys]
+        lines.append(
+            "| CPU µs/event of the profiled run | "
+            + " | ".join(f"| {cpu:.2f}" for cpu in under)
+            + " |"
+        )
     return lines
 
 
@@ -889,6 +980,9 @@ def section(kept: dict[str, Any]) -> list[str]:
             "(both sides of every ratio equally slowed; events/s vary with it far more than "
             "CPU per event).",
         ]
+        if run.get("workers"):
+            lines += _workers_lines(run)
+            continue
         for name, broker in run["brokers"].items():
             title = {"tansu": "Embedded broker (Tansu)", "kafka": "Apache Kafka 4.1.1"}[name]
             lines += ["", f"**{title}**", "", *_rows(broker)]
@@ -909,6 +1003,9 @@ def section(kept: dict[str, Any]) -> list[str]:
     if ANALYSIS:
         lines += ["", "### What the worker spends per event, and what is left", ""]
         lines += [f"- {note}" for note in ANALYSIS]
+    if LEVERS:
+        lines += ["", "### Per lever: what it gains, what it costs, what is left of the gap", ""]
+        lines += [f"- {note}" for note in LEVERS]
     return lines
 
 
@@ -955,7 +1052,11 @@ def main(argv: list[str] | None = None) -> None:
     if opts.keep:  # a finished run's JSON (its stdout) kept under a label, then rendered
         label, source = opts.keep
         kept = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
-        kept[label] = json.loads(Path(source).read_text())
+        # several run files (one per broker, run side by side): their brokers in one run
+        parts = [json.loads(Path(one).read_text()) for one in source.split(",")]
+        for part in parts[1:]:
+            parts[0]["brokers"].update(part["brokers"])
+        kept[label] = parts[0]
         RESULTS_FILE.write_text(json.dumps(kept, indent=1) + "\n", encoding="utf-8")
     if opts.keep or opts.render:
         md = REPO / "bench" / "RESULTS.md"
