@@ -926,9 +926,10 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
             cells = []
             for k in keys:
                 share = profiles[k]["spend"].get(category, 0.0)
-                cpu = profiles[k].get("cpu_us_per_event_under_profiler") or best[
-                    "workers_" + k.replace("w_", "_", 1)
-                ]["cpu_us_per_event"]
+                cpu = (
+                    profiles[k].get("cpu_us_per_event_under_profiler")
+                    or best["workers_" + k.replace("w_", "_", 1)]["cpu_us_per_event"]
+                )
                 cells += [f"{share:.0%}", f"{share * cpu:.2f}"]
             lines.append(f"| {category} | " + " | ".join(cells) + " |")
         under = [profiles[k].get("cpu_us_per_event_under_profiler", float("nan")) for k in keys]

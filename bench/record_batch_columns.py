@@ -1,9 +1,9 @@
 """A columnar reader of Kafka record batches, as a measurement only (issue 43's first lever).
 
-``python -m bench.record_batch_columns [--events N] [--batch B] [--repeats R]``: the events of
-issue 43's stream (bench/realistic.py, keyed by user) written into uncompressed v2 record
-batches of ``B`` records (aiokafka's batch builder, the bytes a fetch response carries), then
-read back two ways, in turn, in one process:
+``python -m bench.record_batch_columns [--events N] [--batch B,...] [--repeats R] [--keep]``:
+the events of issue 43's stream (bench/realistic.py, keyed by user) written into uncompressed
+v2 record batches of ``B`` records (aiokafka's batch builder: the bytes a fetch response
+carries), then read back, in turn, in one process:
 
 * ``aiokafka``: what the worker's fetch does today (stream_dp/kafka_client/fetched.py):
   ``MemoryRecords`` → ``DefaultRecordBatch``, ``validate_crc``, ``list(batch)`` (its C
@@ -11,30 +11,36 @@ read back two ways, in turn, in one process:
   (``FetchedRecords.offsets`` and ``.values``);
 * ``columnar``: the same CRC check (aiokafka's C ``validate_crc`` on the batch's header
   object: no record is parsed), then the batch's bytes read with numpy — the record
-  boundaries by one pass over the length prefixes (a varint each: the only sequential step),
-  every other field (attributes, timestamp delta, offset delta, key and value lengths) as
-  vectorised varint reads at those boundaries — into an int64 offsets array and the values'
-  start and end positions. No object per record. ``columnar + values`` also cuts the values
-  out as the ``bytes`` objects today's decoders take (one slice per record).
+  boundaries by one pass over the length prefixes (a varint each: the only sequential step,
+  a Python loop), every other field (attributes, timestamp delta, offset delta, key and value
+  lengths) as vectorised varint reads at those boundaries — into an int64 offsets array and
+  the values' start and end positions: no object per record; ``columnar + values`` also cuts
+  the values out as the ``bytes`` objects today's decoders take (one slice per record);
+* the CRC check alone and the record-boundary loop alone, to show where the time goes.
 
-Prints, per contender, the best ``time.process_time`` per record of ``R`` passes over every
-batch, in µs, and checks that the columnar reader returns exactly aiokafka's offsets and
-values. Control batches, compression and transactions are left out (the prototype refuses
-them): a reader for the worker would have to handle each.
+The heap is frozen first (``gc.freeze``), as the worker freezes its start-up heap. Prints,
+per contender, the best ``time.process_time`` per record of ``R`` passes over every batch, in
+µs, after checking that the columnar reader returns exactly aiokafka's offsets and values;
+``--keep`` writes the figures to ``bench/record_batch_columns.json``. Control batches,
+compression and transactions are left out (the prototype refuses them): a reader for the
+worker would have to handle each.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import struct
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 HEADER_BYTES = 61
+RESULTS_FILE = Path(__file__).resolve().parent / "record_batch_columns.json"
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 
 
@@ -54,8 +60,9 @@ def build_batches(values: Sequence[bytes], keys: Sequence[bytes], per_batch: int
             batch_size=1 << 30,
         )
         for i in range(first, min(first + per_batch, len(values))):
-            builder.append(i - first, timestamp=1_700_000_000_000 + i, key=keys[i],
-                           value=values[i], headers=[])
+            builder.append(
+                i - first, timestamp=1_700_000_000_000 + i, key=keys[i], value=values[i], headers=[]
+            )
         batch = bytearray(builder.build())
         batch[0:8] = struct.pack(">q", first)  # the base offset the broker would assign
         out.append(bytes(batch))
@@ -94,27 +101,10 @@ def read_columnar(batch: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     header = MemoryRecords(batch).next_batch()  # the header only: no record is parsed
     if not header.validate_crc():
         raise ValueError("bad CRC")
-    base_offset, _, _, magic, _, attributes, _, _, _, _, _, _, count = _HEADER.unpack_from(batch)
+    base_offset, _, _, magic, _, attributes, *_ = _HEADER.unpack_from(batch)
     if magic != 2 or attributes & 0x37:  # codec bits, transactional, control
         raise ValueError("the prototype reads uncompressed, non-transactional data batches")
-    # The one sequential step: each record's length prefix says where the next one starts.
-    starts = [0] * count
-    pos = HEADER_BYTES
-    for i in range(count):
-        b = batch[pos]
-        if b < 0x80:
-            n, pos = b, pos + 1
-        else:
-            n, shift, pos = b & 0x7F, 7, pos + 1
-            while True:
-                b = batch[pos]
-                n |= (b & 0x7F) << shift
-                pos += 1
-                if b < 0x80:
-                    break
-                shift += 7
-        starts[i] = pos
-        pos += (n >> 1) ^ -(n & 1)
+    starts = record_starts(batch)  # the one sequential step: each length prefix
     data = np.frombuffer(batch + bytes(10), dtype=np.uint8)  # padded: varint reads stay in
     at = np.asarray(starts, dtype=np.int64) + 1  # past the record's attributes byte
     _, size = _varints(data, at)  # timestamp delta
@@ -128,6 +118,32 @@ def read_columnar(batch: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if (value_length < 0).any():
         raise ValueError("the prototype reads no tombstones")
     return base_offset + offset_delta, at, at + value_length
+
+
+def crc_only(batch: bytes) -> bool:
+    """The CRC check both readers do (aiokafka's, in C), alone."""
+    from aiokafka.record.memory_records import MemoryRecords
+
+    return bool(MemoryRecords(batch).next_batch().validate_crc())
+
+
+def record_starts(batch: bytes) -> list[int]:
+    """The columnar reader's one sequential step alone: where each record's body starts."""
+    count = int.from_bytes(batch[57:61], "big")
+    starts = [0] * count
+    pos = HEADER_BYTES
+    for i in range(count):
+        n, shift = 0, 0
+        while True:
+            b = batch[pos]
+            n |= (b & 0x7F) << shift
+            pos += 1
+            if b < 0x80:
+                break
+            shift += 7
+        starts[i] = pos
+        pos += (n >> 1) ^ -(n & 1)
+    return starts
 
 
 def read_columnar_values(batch: bytes) -> tuple[np.ndarray, list[bytes]]:
@@ -150,11 +166,15 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--events", type=int, default=100_000)
-    parser.add_argument("--batch", type=lambda t: [int(b) for b in t.split(",")],
-                        default=[100, 1_000, 10_000])
+    parser.add_argument(
+        "--batch", type=lambda t: [int(b) for b in t.split(",")], default=[100, 1_000, 10_000]
+    )
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--keep", action="store_true", help=f"write {RESULTS_FILE.name}")
     opts = parser.parse_args(argv)
     values, keys = realistic.stream(opts.events, realistic.first_window_s(time.time()))
+    gc.collect()
+    gc.freeze()  # as the worker does with its start-up heap (stream_dp/pipeline/kafka/service.py)
     out: dict[str, Any] = {"events": opts.events, "repeats": opts.repeats, "per_batch": {}}
     for per_batch in opts.batch:
         batches = build_batches(values, keys, per_batch)
@@ -166,12 +186,18 @@ def main(argv: list[str] | None = None) -> None:
         n = len(values)
         figures = {
             "aiokafka": _best_us(read_aiokafka, batches, n, opts.repeats),
+            "CRC check alone": _best_us(crc_only, batches, n, opts.repeats),
+            "record boundaries alone (the Python loop)": _best_us(
+                record_starts, batches, n, opts.repeats
+            ),
             "columnar": _best_us(read_columnar, batches, n, opts.repeats),
             "columnar + values": _best_us(read_columnar_values, batches, n, opts.repeats),
         }
         out["per_batch"][per_batch] = figures
         print(per_batch, {k: round(v, 3) for k, v in figures.items()}, flush=True)
     print(json.dumps(out))
+    if opts.keep:
+        RESULTS_FILE.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
