@@ -668,11 +668,12 @@ LABELS: dict[str, str] = {
     "fetch_adapter": "lever 2, aiokafka's records generator iterated from C (before: lever 1; "
     "after: levers 1 and 2), with the worker's own fetch as a third raw consumer",
     "levers_1_2": "levers 1 and 2 together (before: the bench alone; after: levers 1 and 2)",
-    "workers": "CPU per event with 1, 2 and 3 workers in one group (this checkout; the "
-    "two brokers' runs at the same time)",
     "batch_take": "lever 3, the worker's fetched records taken a record batch at a time "
     "(before: levers 1 and 2; after: levers 1, 2 and 3; the raw consumer with the worker's "
     "fetch adapter has lever 3 too); its profiles are the worker with all three",
+    "workers": "CPU per event with 1, 2 and 3 `stream-dp run` processes in one consumer "
+    "group on the same topic (`--workers 1,2,3 --profile`, the worker of `d69ef6b`; the two "
+    "brokers' runs side by side, at the same time)",
 }
 #: The analysis of the kept runs (written from them; rerun, then check it still holds).
 ANALYSIS: list[str] = [
@@ -855,11 +856,16 @@ def _spend_rows(
     return lines
 
 
-def _own_cpu_us(r: dict[str, Any]) -> float:
-    """CPU per event with each worker counted from its own first consumed event."""
-    per = r.get("per_worker") or []
-    events = sum(w["events"] for w in per)
-    return sum(w["cpu_seconds"] for w in per) / events * 1e6 if events else float("nan")
+def _busiest(r: dict[str, Any]) -> tuple[float, float, float]:
+    """The worker that consumed the most input from its first event on: (its share of those
+    events, its CPU per event over them in µs, the other workers' CPU in the measured span
+    in seconds)."""
+    per = r["per_worker"]
+    top = max(range(len(per)), key=lambda i: per[i]["events"])
+    events = sum(w["events"] for w in per) or 1.0
+    others = sum(w["cpu_seconds_in_span"] for i, w in enumerate(per) if i != top)
+    w = per[top]
+    return w["events"] / events, w["cpu_seconds"] / max(w["events"], 1.0) * 1e6, others
 
 
 def _workers_lines(run: dict[str, Any]) -> list[str]:
@@ -879,9 +885,10 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
             f"average {broker['load_1min'][0]:.1f} at its start, {broker['load_1min'][-1]:.1f} "
             "at its end)",
             "",
-            "| path | workers | events/s | CPU µs/event | ÷ 1 worker | each run | CPU µs/event, "
-            "each worker from its first event | ÷ 1 worker | last worker's first event after "
-            "the first's | input events counted twice |",
+            "| path | workers | events/s | CPU µs/event | ÷ 1 worker | each run's CPU µs/event | "
+            "busiest worker: its share of the input, its own CPU µs/event | the other "
+            "workers' CPU in the span | input records read twice (rebalances) | the last "
+            "worker's first record after the first's |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for mode in MODES:
@@ -891,22 +898,25 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
                 if not rs:
                     continue
                 cpu = min(r["cpu_us_per_event"] for r in rs)
-                own = min(_own_cpu_us(r) for r in rs)
-                base = base or {"cpu": cpu, "own": own}
+                base = base or {"cpu": cpu}
+                busiest = [_busiest(r) for r in rs]
                 lags = [
                     max(w["first_consumed_after_s"] or 0.0 for w in r["per_worker"]) for r in rs
                 ]
                 twice = [r["events_consumed_final"] - run["events"] for r in rs]
-                lines.append(
-                    f"| {mode} | {n} | {max(r['events_per_s'] for r in rs):,.0f} | {cpu:.2f} | "
-                    f"{cpu / base['cpu']:.2f}× | "
-                    + ", ".join(f"{r['cpu_us_per_event']:.2f}" for r in rs)
-                    + f" | {own:.2f} | {own / base['own']:.2f}× | "
-                    + ", ".join(f"{x:.1f} s" for x in lags)
-                    + " | "
-                    + ", ".join(f"{x:,.0f}" for x in twice)
-                    + " |"
-                )
+                cells = [
+                    mode,
+                    str(n),
+                    f"{max(r['events_per_s'] for r in rs):,.0f}",
+                    f"{cpu:.2f}",
+                    f"{cpu / base['cpu']:.2f}×",
+                    ", ".join(f"{r['cpu_us_per_event']:.2f}" for r in rs),
+                    ", ".join(f"{share:.0%} at {own:.2f}" for share, own, _ in busiest),
+                    ", ".join(f"{others:.2f} s" for _, _, others in busiest),
+                    ", ".join(f"{x:,.0f}" for x in twice),
+                    ", ".join(f"{x:.1f} s" for x in lags),
+                ]
+                lines.append("| " + " | ".join(cells) + " |")
     for name, broker in run["brokers"].items():
         profiles = broker.get("profiles") or {}
         if not profiles:
@@ -932,6 +942,9 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
                 )
                 cells += [f"{share:.0%}", f"{share * cpu:.2f}"]
             lines.append(f"| {category} | " + " | ".join(cells) + " |")
+        lines.append(
+            "| py-spy samples | " + " | ".join(f"| {profiles[k]['samples']:,}" for k in keys) + " |"
+        )
         under = [profiles[k].get("cpu_us_per_event_under_profiler", float("nan")) for k in keys]
         lines.append(
             "| CPU µs/event of the profiled run | "
