@@ -16,7 +16,8 @@ carries), then read back, in turn, in one process:
   lengths) as vectorised varint reads at those boundaries — into an int64 offsets array and
   the values' start and end positions: no object per record; ``columnar + values`` also cuts
   the values out as the ``bytes`` objects today's decoders take (one slice per record);
-* the CRC check alone and the record-boundary loop alone, to show where the time goes.
+* the CRC check, aiokafka's record objects and the record-boundary loop, each alone, to show
+  where the time goes.
 
 The heap is frozen first (``gc.freeze``), as the worker freezes its start-up heap. Prints,
 per contender, the best ``time.process_time`` per record of ``R`` passes over every batch, in
@@ -127,6 +128,13 @@ def crc_only(batch: bytes) -> bool:
     return bool(MemoryRecords(batch).next_batch().validate_crc())
 
 
+def record_objects(batch: bytes) -> list[Any]:
+    """aiokafka's record objects alone (its C extension), without the offsets and values."""
+    from aiokafka.record.memory_records import MemoryRecords
+
+    return list(MemoryRecords(batch).next_batch())
+
+
 def record_starts(batch: bytes) -> list[int]:
     """The columnar reader's one sequential step alone: where each record's body starts."""
     count = int.from_bytes(batch[57:61], "big")
@@ -187,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         figures = {
             "aiokafka": _best_us(read_aiokafka, batches, n, opts.repeats),
             "CRC check alone": _best_us(crc_only, batches, n, opts.repeats),
+            "aiokafka's record objects alone": _best_us(record_objects, batches, n, opts.repeats),
             "record boundaries alone (the Python loop)": _best_us(
                 record_starts, batches, n, opts.repeats
             ),
