@@ -45,6 +45,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -68,6 +69,8 @@ IDLE_CLOSE_S = 3.0
 FETCH_MAX_RECORDS = 10_000
 FETCH_PARTITION_BYTES = 4 * 1_048_576
 POLL_S = 0.05
+#: ``--settle``: how long every worker must have been ready before the stream is produced.
+SETTLE_S = 3.0
 RUN_TIMEOUT_S = 600.0
 RAW_RUNS = 2
 REPO = Path(__file__).resolve().parent.parent
@@ -285,6 +288,7 @@ def _scrape(url: str) -> dict[str, float]:
         "stream_dp_bad_records_total",
         "stream_dp_repartition_duplicates_skipped_total",
         "stream_dp_partials_published_total",
+        "stream_dp_ready",
     )
     out = dict.fromkeys(names, 0.0)
     try:
@@ -338,11 +342,15 @@ def run_worker(
     workdir: Path,
     profile_to: Path | None = None,
     workers: int = 1,
+    produce_when_ready: Callable[[], object] | None = None,
 ) -> dict[str, Any]:
     """``workers`` processes of ``stream-dp run`` of the checkout at ``tree``, in one consumer
     group on ``topic``, timed from their ``/metrics``: the rate from the sum of their
     ``stream_dp_events_consumed_total``, the CPU the sum of their process CPU times.
-    ``profile_to``: py-spy samples each worker over the measured span (``<name>.<i>``)."""
+    ``profile_to``: py-spy samples each worker over the measured span (``<name>.<i>``).
+    ``produce_when_ready``: ``topic`` is empty; this writes the stream to it (in a thread)
+    once every worker has been ready (``stream_dp_ready``) for :data:`SETTLE_S` in a row —
+    the group settled before the first event, as in a deployment that is already running."""
     from stream_dp.broker.process import free_port
 
     ports = [free_port("127.0.0.1") for _ in range(workers)]
@@ -369,6 +377,9 @@ def run_worker(
                         command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=tree
                     )
                 )
+        if produce_when_ready is not None:
+            _settle(procs, ports, logs, t_start)
+            threading.Thread(target=produce_when_ready, daemon=True).start()
         result = _watch(procs, ports, logs, events, t_start, profile_to)
     finally:
         for proc in procs:
@@ -376,6 +387,27 @@ def run_worker(
                 proc.kill()
                 proc.wait()
     return result
+
+
+def _settle(
+    procs: list[subprocess.Popen[bytes]], ports: list[int], logs: list[Path], t_start: float
+) -> None:
+    """Returns once every worker has reported ``stream_dp_ready`` 1 for SETTLE_S in a row."""
+    urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
+    since: float | None = None
+    while True:
+        if any(p.poll() is not None for p in procs) or time.perf_counter() - t_start > 120:
+            tails = "\n".join(log.read_text()[-3000:] for log in logs)
+            raise RuntimeError(f"the workers never all got ready:\n{tails}")
+        ready = sum(_scrape(url)["stream_dp_ready"] for url in urls)
+        now = time.perf_counter()
+        if ready < len(urls):
+            since = None
+        elif since is None:
+            since = now
+        elif now - since >= SETTLE_S:
+            return
+        time.sleep(POLL_S)
 
 
 def _watch(
@@ -500,9 +532,11 @@ def measure_broker(
     profile: bool,
     log: Callable[[str], None],
     workers: Sequence[int] = (),
+    settle: bool = False,
 ) -> dict[str, Any]:
     """The raw consumers and the workers on one topic of a fresh broker; with ``workers``
-    (counts of worker processes), each count in one group instead of the single workers."""
+    (counts of worker processes), each count in one group instead of the single workers;
+    with ``settle`` too, each group on a fresh topic, produced once the group is ready."""
     from bench.throughput import create_topics
 
     start_s = first_window_s(time.time())
@@ -515,9 +549,17 @@ def measure_broker(
         out["produce_seconds"] = produce(bootstrap, topic, values, keys)
 
         def worker(keyed: bool, tree: Path, n: int = 1, to: Path | None = None) -> dict[str, Any]:
+            on, fill = topic, None
+            if settle:  # a fresh, empty topic, filled once the group is ready
+                on = f"realistic-{uuid.uuid4().hex[:8]}"
+                asyncio.run(create_topics(bootstrap, [on], PARTITIONS))
+
+                def fill() -> float:
+                    return produce(bootstrap, on, values, keys)
+
             return run_worker(
                 bootstrap,
-                topic,
+                on,
                 events,
                 start_s,
                 keyed=keyed,
@@ -525,6 +567,7 @@ def measure_broker(
                 workdir=Path(tmp),
                 profile_to=to,
                 workers=n,
+                produce_when_ready=fill,
             )
 
         spec = {"bootstrap": bootstrap, "topic": topic, "events": events}
@@ -631,7 +674,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
             "after": opts.after,
             "written": dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "cores": os.cpu_count(),
-            **({"workers": opts.workers} if opts.workers else {}),
+            **({"workers": opts.workers, "settle": opts.settle} if opts.workers else {}),
             "brokers": {},
         }
         for name in opts.brokers:
@@ -643,6 +686,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
                 profile=opts.profile,
                 log=log,
                 workers=opts.workers,
+                settle=opts.settle,
             )
     return result
 
@@ -1157,6 +1201,11 @@ def main(argv: list[str] | None = None) -> None:
         nargs=2,
         metavar=("LABEL", "RUN_JSON"),
         help="keep a run's output in bench/realistic.json under LABEL, write the section",
+    )
+    parser.add_argument(
+        "--settle",
+        action="store_true",
+        help="with --workers: each group on a fresh topic, produced once every worker is ready",
     )
     parser.add_argument("--render", action="store_true", help="the section from the kept runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
