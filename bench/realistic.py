@@ -719,8 +719,8 @@ LABELS: dict[str, str] = {
     "group on the same topic (`--workers 1,2,3 --profile`, the worker of `d69ef6b`; the two "
     "brokers' runs side by side, at the same time)",
     "workers_settled": "the same with the group settled first (`--workers 1,2,3 --settle "
-    "--runs 1`, the worker of `c9ca2f3`: each group on a fresh topic, the stream produced once every worker has been "
-    "ready for 3 s; one run each; the two brokers side by side)",
+    "--runs 1`, the worker of `c9ca2f3`: each group on a fresh topic, the stream produced "
+    "once every worker has been ready for 3 s; one run each; the two brokers side by side)",
 }
 #: The analysis of the kept runs (written from them; rerun, then check it still holds).
 ANALYSIS: list[str] = [
