@@ -45,9 +45,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,6 +69,8 @@ IDLE_CLOSE_S = 3.0
 FETCH_MAX_RECORDS = 10_000
 FETCH_PARTITION_BYTES = 4 * 1_048_576
 POLL_S = 0.05
+#: ``--settle``: how long every worker must have been ready before the stream is produced.
+SETTLE_S = 3.0
 RUN_TIMEOUT_S = 600.0
 RAW_RUNS = 2
 REPO = Path(__file__).resolve().parent.parent
@@ -282,6 +286,9 @@ def _scrape(url: str) -> dict[str, float]:
         "stream_dp_windows_released_total",
         "stream_dp_late_events_total",
         "stream_dp_bad_records_total",
+        "stream_dp_repartition_duplicates_skipped_total",
+        "stream_dp_partials_published_total",
+        "stream_dp_ready",
     )
     out = dict.fromkeys(names, 0.0)
     try:
@@ -334,63 +341,140 @@ def run_worker(
     tree: Path,
     workdir: Path,
     profile_to: Path | None = None,
+    workers: int = 1,
+    produce_when_ready: Callable[[], object] | None = None,
 ) -> dict[str, Any]:
-    """One ``stream-dp run`` of the checkout at ``tree``, timed from its ``/metrics``."""
+    """``workers`` processes of ``stream-dp run`` of the checkout at ``tree``, in one consumer
+    group on ``topic``, timed from their ``/metrics``: the rate from the sum of their
+    ``stream_dp_events_consumed_total``, the CPU the sum of their process CPU times.
+    ``profile_to``: py-spy samples each worker over the measured span (``<name>.<i>``).
+    ``produce_when_ready``: ``topic`` is empty; this writes the stream to it (in a thread)
+    once every worker has been ready (``stream_dp_ready``) for :data:`SETTLE_S` in a row —
+    the group settled before the first event, as in a deployment that is already running."""
     from stream_dp.broker.process import free_port
 
-    port = free_port("127.0.0.1")
-    config = worker_config(bootstrap, topic, start_s, keyed=keyed, port=port)
-    path = workdir / f"config-{uuid.uuid4().hex[:8]}.json"
-    path.write_text(json.dumps(config), encoding="utf-8")
+    ports = [free_port("127.0.0.1") for _ in range(workers)]
+    base = worker_config(bootstrap, topic, start_s, keyed=keyed, port=ports[0])
     env = {
         **os.environ,
         "PYTHONPATH": str(tree),
         "STREAM_DP_PSEUDONYM_KEY": secrets.token_hex(32),
         "PYTHONWARNINGS": "ignore",
     }
-    command = [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(path)]
-    log = workdir / f"worker-{uuid.uuid4().hex[:8]}.log"
-    url = f"http://127.0.0.1:{port}/metrics"
-    with log.open("wb") as handle:
-        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=tree)
+    logs: list[Path] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    t_start = time.perf_counter()
     try:
-        pid = proc.pid
-        profiler: subprocess.Popen[bytes] | None = None
-        t_start = time.perf_counter()
-        first: tuple[float, float, float] | None = None
-        last: tuple[float, float, float] | None = None
-        while True:
-            if proc.poll() is not None or time.perf_counter() - t_start > RUN_TIMEOUT_S:
-                raise RuntimeError(f"worker exited or stalled:\n{log.read_text()[-3000:]}")
-            t, cpu = time.perf_counter(), _cpu_s(pid)
-            m = _scrape(url)
-            n = m["stream_dp_events_consumed_total"]
-            if n > 0 and first is None:
-                first = (t, cpu, n)
-                if profile_to is not None:  # the span the rate is measured over, only
-                    profiler = _start_profiler(pid, profile_to)
-            if n >= events and last is None:
-                last = (t, cpu, n)
-                if profiler is not None:
-                    profiler.send_signal(signal.SIGINT)
-                    profiler.wait(timeout=60)
-            if last is not None and m["stream_dp_windows_released_total"] >= WINDOWS:
-                break
-            time.sleep(POLL_S)
-        t_done, cpu_done = time.perf_counter(), _cpu_s(pid)
-        os.kill(pid, signal.SIGTERM)
-        code = proc.wait(timeout=60)
+        for port in ports:  # one group, one set of topics, one key: only the port differs
+            config = {**base, "metrics": {**base["metrics"], "port": port}}
+            path = workdir / f"config-{uuid.uuid4().hex[:8]}.json"
+            path.write_text(json.dumps(config), encoding="utf-8")
+            command = [sys.executable, "-m", "stream_dp.cli.main", "run", "--config", str(path)]
+            logs.append(workdir / f"worker-{uuid.uuid4().hex[:8]}.log")
+            with logs[-1].open("wb") as handle:
+                procs.append(
+                    subprocess.Popen(
+                        command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=tree
+                    )
+                )
+        if produce_when_ready is not None:
+            _settle(procs, ports, logs, t_start)
+            threading.Thread(target=produce_when_ready, daemon=True).start()
+        result = _watch(procs, ports, logs, events, t_start, profile_to)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return result
+
+
+def _settle(
+    procs: list[subprocess.Popen[bytes]], ports: list[int], logs: list[Path], t_start: float
+) -> None:
+    """Returns once every worker has reported ``stream_dp_ready`` 1 for SETTLE_S in a row."""
+    urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
+    since: float | None = None
+    while True:
+        if any(p.poll() is not None for p in procs) or time.perf_counter() - t_start > 120:
+            tails = "\n".join(log.read_text()[-3000:] for log in logs)
+            raise RuntimeError(f"the workers never all got ready:\n{tails}")
+        ready = sum(_scrape(url)["stream_dp_ready"] for url in urls)
+        now = time.perf_counter()
+        if ready < len(urls):
+            since = None
+        elif since is None:
+            since = now
+        elif now - since >= SETTLE_S:
+            return
+        time.sleep(POLL_S)
+
+
+def _watch(
+    procs: list[subprocess.Popen[bytes]],
+    ports: list[int],
+    logs: list[Path],
+    events: int,
+    t_start: float,
+    profile_to: Path | None,
+) -> dict[str, Any]:
+    """Polls every worker's /metrics until all ``events`` are consumed and every window is
+    released, then stops them (SIGTERM) and returns the figures."""
+    pids = [proc.pid for proc in procs]
+    urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
+    profilers: list[subprocess.Popen[bytes]] = []
+    first: tuple[float, float, float] | None = None
+    last: tuple[float, float, float] | None = None
+    own_first: dict[int, tuple[float, float, float]] = {}
+    own_last: dict[int, tuple[float, float, float]] = {}
+    first_cpus: list[float] = []
+
+    def tail() -> str:
+        return "\n".join(log.read_text()[-3000:] for log in logs)
+
+    while True:
+        stalled = time.perf_counter() - t_start > RUN_TIMEOUT_S
+        if stalled or any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a worker exited or stalled:\n{tail()}")
+        t, cpus = time.perf_counter(), [_cpu_s(pid) for pid in pids]
+        cpu = sum(cpus)
+        scraped = [_scrape(url) for url in urls]
+        m = {name: sum(s[name] for s in scraped) for name in scraped[0]}
+        n = m["stream_dp_events_consumed_total"]
+        for i, s in enumerate(scraped):  # each worker from its own first consumed event
+            n_i = s["stream_dp_events_consumed_total"]
+            if n_i > 0 and i not in own_first:
+                own_first[i] = (t, cpus[i], n_i)
+            if last is None:
+                own_last[i] = (t, cpus[i], n_i)
+        if n > 0 and first is None:
+            first, first_cpus = (t, cpu, n), cpus
+            if profile_to is not None:  # the span the rate is measured over, only
+                profilers = [
+                    _start_profiler(pid, profile_to.with_suffix(f".{i}"))
+                    for i, pid in enumerate(pids)
+                ]
+        if n >= events and last is None:
+            last = (t, cpu, n)
+            for profiler in profilers:
+                profiler.send_signal(signal.SIGINT)
+            for profiler in profilers:
+                profiler.wait(timeout=60)
+        if last is not None and m["stream_dp_windows_released_total"] >= WINDOWS:
+            break
+        time.sleep(POLL_S)
+    t_done, cpu_done = time.perf_counter(), sum(_cpu_s(pid) for pid in pids)
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    codes = [proc.wait(timeout=60) for proc in procs]
     assert first is not None and last is not None
-    if last[0] == first[0]:  # a small topic, taken in one poll: from the worker's start
-        first = (t_start, 0.0, 0.0)
-    if code != 0:
-        raise RuntimeError(f"worker exited {code} after SIGTERM:\n{log.read_text()[-3000:]}")
+    if last[0] == first[0]:  # a small topic, taken in one poll: from the workers' start
+        first, first_cpus = (t_start, 0.0, 0.0), [0.0] * len(procs)
+    if any(codes):
+        raise RuntimeError(f"a worker exited {codes} after SIGTERM:\n{tail()}")
     span_events = last[2] - first[2]
     return {
+        "workers": len(procs),
         "events": int(last[2]),
         "span_events": span_events,
         "seconds": last[0] - first[0],
@@ -403,6 +487,23 @@ def run_worker(
         "late_events": m["stream_dp_late_events_total"],
         "windows_released": m["stream_dp_windows_released_total"],
         "bad_records": m["stream_dp_bad_records_total"],
+        # Input records counted more than once (re-read after a rebalance moved a partition
+        # before its offsets were committed), and what the repartition hop dropped as seen.
+        "events_consumed_final": m["stream_dp_events_consumed_total"],
+        "repartition_duplicates_skipped": m["stream_dp_repartition_duplicates_skipped_total"],
+        "partials_published": m["stream_dp_partials_published_total"],
+        # Per worker: when it first consumed (after the first worker did, in seconds), and
+        # its CPU and events from then to the reading that reached every event (so its
+        # start-up, when it falls inside the measured span, is left out).
+        "per_worker": [
+            {
+                "first_consumed_after_s": own_first[i][0] - first[0] if i in own_first else None,
+                "cpu_seconds": own_last[i][1] - own_first[i][1] if i in own_first else 0.0,
+                "events": own_last[i][2] - own_first[i][2] if i in own_first else 0.0,
+                "cpu_seconds_in_span": own_last[i][1] - first_cpus[i],
+            }
+            for i in range(len(procs))
+        ],
     }
 
 
@@ -430,7 +531,12 @@ def measure_broker(
     raw_runs: int,
     profile: bool,
     log: Callable[[str], None],
+    workers: Sequence[int] = (),
+    settle: bool = False,
 ) -> dict[str, Any]:
+    """The raw consumers and the workers on one topic of a fresh broker; with ``workers``
+    (counts of worker processes), each count in one group instead of the single workers;
+    with ``settle`` too, each group on a fresh topic, produced once the group is ready."""
     from bench.throughput import create_topics
 
     start_s = first_window_s(time.time())
@@ -441,17 +547,45 @@ def measure_broker(
         topic = f"realistic-{uuid.uuid4().hex[:8]}"
         asyncio.run(create_topics(bootstrap, [topic], PARTITIONS))
         out["produce_seconds"] = produce(bootstrap, topic, values, keys)
+
+        def worker(keyed: bool, tree: Path, n: int = 1, to: Path | None = None) -> dict[str, Any]:
+            on, fill = topic, None
+            if settle:  # a fresh, empty topic, filled once the group is ready
+                on = f"realistic-{uuid.uuid4().hex[:8]}"
+                asyncio.run(create_topics(bootstrap, [on], PARTITIONS))
+
+                def fill() -> float:
+                    return produce(bootstrap, on, values, keys)
+
+            return run_worker(
+                bootstrap,
+                on,
+                events,
+                start_s,
+                keyed=keyed,
+                tree=tree,
+                workdir=Path(tmp),
+                profile_to=to,
+                workers=n,
+                produce_when_ready=fill,
+            )
+
         spec = {"bootstrap": bootstrap, "topic": topic, "events": events}
         runs: dict[str, list[dict[str, Any]]] = out["runs"]
         for i in range(raw_runs):
             for kind in RAW_KINDS:
                 runs.setdefault(kind, []).append(_run_raw(kind, spec))
                 log(f"[realistic] {name} {kind} run {i + 1}: {_brief(runs[kind][-1])}")
+            if workers:
+                for n in workers:
+                    for mode, keyed in MODES.items():
+                        r = worker(keyed, trees["after"], n)
+                        runs.setdefault(f"workers_{n}_{mode}", []).append(r)
+                        log(f"[realistic] {name} {n} workers {mode} run {i + 1}: {_brief(r)}")
+                continue
             for label, tree in trees.items():
                 for mode, keyed in MODES.items():
-                    r = run_worker(
-                        bootstrap, topic, events, start_s, keyed=keyed, tree=tree, workdir=Path(tmp)
-                    )
+                    r = worker(keyed, tree)
                     runs.setdefault(f"worker_{mode}_{label}", []).append(r)
                     log(f"[realistic] {name} worker {mode} {label} run {i + 1}: {_brief(r)}")
         if profile:
@@ -459,27 +593,25 @@ def measure_broker(
             from bench.profile import fold_functions, top_functions, write_folded
 
             out["profiles"] = {}
-            for mode, keyed in MODES.items():
-                raw = Path(tmp) / f"profile-{mode}.raw"
-                r = run_worker(
-                    bootstrap,
-                    topic,
-                    events,
-                    start_s,
-                    keyed=keyed,
-                    tree=trees["after"],
-                    workdir=Path(tmp),
-                    profile_to=raw,
-                )
-                stacks = fold_functions(raw.read_text(encoding="utf-8"))
-                write_folded(stacks, PROFILES / f"realistic_{name}_{mode}.folded")
-                out["profiles"][mode] = {
-                    "events_per_s_under_profiler": r["events_per_s"],
-                    "samples": sum(stacks.values()),
-                    "top": top_functions(stacks, 20),
-                    "spend": spend(stacks),
-                }
-                log(f"[realistic] {name} profile {mode}: {sum(stacks.values())} samples")
+            # With worker counts: the fewest and the most, every worker of the group sampled.
+            counts = sorted({min(workers), max(workers)}) if workers else [1]
+            for n in counts:
+                for mode, keyed in MODES.items():
+                    key = f"{n}w_{mode}" if workers else mode
+                    raw = Path(tmp) / f"profile-{key}.raw"
+                    r = worker(keyed, trees["after"], n, raw)
+                    stacks: Counter[str] = Counter()
+                    for i in range(n):
+                        stacks += fold_functions(raw.with_suffix(f".{i}").read_text("utf-8"))
+                    write_folded(stacks, PROFILES / f"realistic_{name}_{key}.folded")
+                    out["profiles"][key] = {
+                        "events_per_s_under_profiler": r["events_per_s"],
+                        "cpu_us_per_event_under_profiler": r["cpu_us_per_event"],
+                        "samples": sum(stacks.values()),
+                        "top": top_functions(stacks, 20),
+                        "spend": spend(stacks),
+                    }
+                    log(f"[realistic] {name} profile {key}: {sum(stacks.values())} samples")
     out["load_1min"].append(os.getloadavg()[0])
     out["best"] = best_of(out["runs"])
     return out
@@ -497,6 +629,7 @@ def best_of(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
 
 #: Where a worker's GIL samples go, by the first of these (in order) its stack passes through.
 SPEND: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("worker start-up: imports", ("_find_and_load",)),
     ("/metrics scrapes (the bench's 50 ms poll)", ("prometheus_client", "ops/http")),
     ("window closes: seal, partials, release", ("seal", "release", "partials", "offload")),
     ("JSON decode, validation, ISO-8601 times", ("decode_columns", "formats/decode.py")),
@@ -541,11 +674,19 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
             "after": opts.after,
             "written": dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "cores": os.cpu_count(),
+            **({"workers": opts.workers, "settle": opts.settle} if opts.workers else {}),
             "brokers": {},
         }
         for name in opts.brokers:
             result["brokers"][name] = measure_broker(
-                name, opts.events, trees, raw_runs=opts.runs, profile=opts.profile, log=log
+                name,
+                opts.events,
+                trees,
+                raw_runs=opts.runs,
+                profile=opts.profile,
+                log=log,
+                workers=opts.workers,
+                settle=opts.settle,
             )
     return result
 
@@ -574,6 +715,12 @@ LABELS: dict[str, str] = {
     "batch_take": "lever 3, the worker's fetched records taken a record batch at a time "
     "(before: levers 1 and 2; after: levers 1, 2 and 3; the raw consumer with the worker's "
     "fetch adapter has lever 3 too); its profiles are the worker with all three",
+    "workers": "CPU per event with 1, 2 and 3 `stream-dp run` processes in one consumer "
+    "group on the same topic (`--workers 1,2,3 --profile`, the worker of `d69ef6b`; the two "
+    "brokers' runs side by side, at the same time)",
+    "workers_settled": "the same with the group settled first (`--workers 1,2,3 --settle "
+    "--runs 1`, the worker of `c9ca2f3`: each group on a fresh topic, the stream produced "
+    "once every worker has been ready for 3 s; one run each; the two brokers side by side)",
 }
 #: The analysis of the kept runs (written from them; rerun, then check it still holds).
 ANALYSIS: list[str] = [
@@ -680,9 +827,126 @@ ANALYSIS: list[str] = [
     "columns are 15–26% of the samples); the privacy work (an HMAC per distinct user, "
     "windows, bounded samples: 0.4–0.6 µs) and the validation the raw consumer skips stay. "
     "On the default path the repartition hop (0.35–0.65 µs: base64 columns in JSON) would "
-    "need a binary packed format, a wire-format change for another pass. The other targets "
-    "of issue 43 (CPU per event flat from 1 to 3 workers, the 1M-key release under 2 s) are "
-    "not measured by this bench.",
+    "need a binary packed format, a wire-format change for another pass. CPU per event from 1 "
+    "to 3 workers: next item (run `workers`); per lever, what is left: the list after it. "
+    "The 1M-key release under 2 s is not measured by this bench.",
+    "**CPU per event from 1 to 3 workers** (runs `workers`, load 11.6–15.9, best of two, and "
+    "`workers_settled`, load 6.7–12.9, one run each). Not flat as an operator would first "
+    "measure it (`workers`: all processes started together on a full topic): at 3 workers "
+    "1.33× (default) and 1.49× (keyed) on Tansu, 1.46× and 1.41× on Apache Kafka. Two causes, "
+    "neither of them work per event. (1) Rebalances inside the span (Apache Kafka): the "
+    "later workers take their first record 2.8–4.0 s after the first (their group join), the "
+    "eager rebalance revokes every partition, and 39,000–77,000 records (10–19% of the input) "
+    "are read again from the last committed offsets — on the default path stage 1 drops the "
+    "re-sent events as duplicates (`stream_dp_repartition_duplicates_skipped` equals the "
+    "re-read count: exactly once), on keyed input the new owner recomputes them (the revoked "
+    "owner's uncommitted state dropped); partials published 40 → 41–52. (2) Each process's "
+    "fixed cost per second, spread over a 3–9 s span: a ready worker with nothing to read "
+    "costs 15 ms of CPU per second, and 57–60 ms per second under this bench's poll of its "
+    "/metrics every 50 ms (bench/idle_worker.py, bench/idle_worker.json: about 2 ms of the "
+    "worker's CPU per scrape, prometheus_client rendering every series; an operator's 15 s "
+    "scrape costs nothing), plus its windows' seal and partials (window closes 1–5% of the "
+    "samples with one worker, 6–14% with three; /metrics 2–6% → 7–11%). With the group "
+    "settled before the stream (`workers_settled`: no record read twice, every worker's "
+    "first record within 0.8 s) CPU per event is 0.97–1.23× at 2 workers and 1.15–1.38× at 3; "
+    "the busiest worker's own CPU per event (from its first record, over the records it "
+    "consumed) is lower than the single worker's (2.56–3.37 against 2.95–4.33), and the other "
+    "workers spend 0.3–1.1 s in the span while consuming 13–33% of the input. The input is "
+    "skewed: librdkafka's partitioner puts 67% of this stream's records in one partition "
+    "(the heaviest users of the Pareto tail hash there; the others hold 6%, 8% and 20%), so "
+    "the extra workers have little to read and their fixed costs fall on few records — on a "
+    "stream that runs for minutes they would be amortised, and the per-event work itself "
+    "does not grow with the workers. The repartition hop and the watermarks show no growth "
+    "beyond the noise of these profiles (218–669 samples each: a share moves by 2–3 points "
+    "between runs).",
+]
+#: Issue 43's levers, one by one (its "done when"): measured gain, cost, what is left.
+LEVERS: list[str] = [
+    "**A columnar reader of Kafka record batches** (prototype, measurement only: "
+    "bench/record_batch_columns.py, figures in bench/record_batch_columns.json; issue 43's "
+    "stream in uncompressed v2 batches, heap frozen as the worker's, load average 5–10; CPU µs per "
+    "record, batches "
+    "of 1,000 / 10,000 records). aiokafka as the worker uses it (CRC check, a record object "
+    "per record built in C, offsets and values lists): 0.32 / 0.40. The columnar prototype "
+    "(same CRC check, the record boundaries by a Python pass over the length prefixes, every "
+    "other field a vectorised numpy varint read, offsets as an int64 array): 0.45 / 0.43 with "
+    "no object per record; 0.52 / 0.54 with the values cut out as the bytes today's decoders "
+    "take; batches of 100: 1.31 against 0.27 (numpy's per-call cost). Of that, the CRC 0.08 "
+    "and the boundary pass 0.20–0.22: the records of a batch are a chain (each length prefix "
+    "says where the next record starts), so finding them is one sequential step per record "
+    "— in Python that step alone costs about what aiokafka's C spends building the record "
+    "objects (`list(batch)` alone 0.18–0.23). **Gain in Python: none** (as fast at best, arrays "
+    "only in batches of 10,000; slower once the values are cut out). Compiled "
+    "(C, Cython or Rust, in the client layer), the reader would save the record objects and "
+    "the two list comprehensions — about 0.15–0.2 µs per event in isolation; in the worker "
+    "the `_next_batch` frame costs 0.5–0.8 µs per event (the profiles), about 2× the "
+    "isolated figure, probably the young-generation collections its allocations trigger and cold "
+    "caches, which the reader would partly remove too: 5–15% of the worker's CPU at most. "
+    "The CRC stays, and so do the value slices while the decoders take one document per "
+    "bytes. Cost: a compiled extension to build and ship per platform, and every case "
+    "aiokafka handles (codecs, control batches, aborted transactions under read_committed, "
+    "compacted tails, records below the fetch offset, unreadable batches — the differential "
+    "test of tests/clients/test_fetched_take.py would carry over). No guarantee is given up: "
+    "this lever can be pulled with that work, not in Python.",
+    "**The fastest client library the client layer allows**: measured in this section "
+    "(runs `levers_1_2`, `fetch_adapter`, `batch_take`, `main`: librdkafka 1.05–1.38 µs per "
+    "event for fetch + orjson.loads, aiokafka with the worker's fetch adapter 1.00–1.54) and "
+    "again in run `workers` (librdkafka 1.26 on both brokers; aiokafka with the adapter "
+    "1.01 on Tansu, 0.98 on Apache Kafka; plain aiokafka 1.58–1.67). **Gain: none on the "
+    "worker's path** (librdkafka 0.28 µs per event dearer to 0.13 cheaper): aiokafka stays "
+    "(the choice above). Cost "
+    "of a swap, had it paid: a consumer thread, the rebalance hooks handed to the loop, the "
+    "fencing and offset-range errors mapped (listed above). Nothing of the gap is left to "
+    "this lever.",
+    "**The repartition hop's cost on the default path**: default minus keyed CPU per event in "
+    "the same run, 0.42 (Tansu) and 0.67 (Apache Kafka) in run `main`, 0.34 and 0.55 with one "
+    "worker in run `workers`; in the profiles, stage 1 reading the packed records 0.27–0.56 "
+    "µs and stage 0 producing them 0.06–0.09, of which base64 of the columns (`b64encode` + "
+    "`b64decode`, 5–6% of the samples) about 0.2 µs. **Can be gained with more work**: a "
+    "binary packed format (the columns as raw bytes in the record, not base64 inside JSON) "
+    "would save most of that 0.2 µs; it is a wire-format change of the repartition topic "
+    "(a version mark, both formats read through a rolling upgrade), no guarantee given up. "
+    "**What is left cannot go without giving one up**: the hop itself — every event "
+    "produced once more, fetched again, its placement and its input offset checked at stage "
+    "1 — is how unkeyed input gets exactly-once keyed placement: a user's events must meet "
+    "in one worker for the per-user contribution bound (the DP guarantee), and the offsets "
+    "make an event re-sent after a crash or a rebalance count once (run `workers`: 39,000 "
+    "re-sent events dropped as duplicates). The operator's way round it is keyed input "
+    "(`input.keyed_by_user: true`), the keyed rows of this section.",
+    "**Window closes off the fetch path**: seal, partials and release are 1–8% of the samples "
+    "with one worker (0.04–0.21 µs per event, runs `main` … `workers`), 6–14% with three (each "
+    "worker seals and publishes its own partitions' windows). The seal's CPU-heavy steps and "
+    "the noise draws already run in a thread. **Gain in CPU per event: none by "
+    "construction** — moving the rest to another thread moves the same Python work under the "
+    "same interpreter lock, which lowers the fetch's latency during a close, not the CPU; "
+    "and the order that stays on the fetch path (partials published and acknowledged before "
+    "the input offsets are committed) is what makes the partials exactly-once. With more "
+    "workers the closes are a per-process cost (point above), not a per-event one.",
+    "**The decode** (not a lever the issue names; the largest item, 0.8–1.2 µs per event): "
+    "in isolation (by hand, not kept as a bench) on 100,000 events of this stream in "
+    "batches of 10,000, msgspec's decode "
+    "of the needed fields is 0.14 µs per record by one call per record and 0.12 by one call "
+    "per batch (0.20 with the join): the call per record is not the cost. The guarded "
+    "`struct_columns` is 0.38 (the checks that make msgspec's columns orjson's, and the "
+    "columns); the rest of the decode category is the ISO-8601 column (0.16), validation and "
+    "the distinct and interned indexes. Decoding a batch as one document would give up the "
+    "one-document-per-record rule (stream_dp/pipeline/formats/struct_decode.py: a record of "
+    "two documents beside a blank one shifts fields between records, i.e. events to the "
+    "wrong user, which breaks the contribution bound) for 0.02 µs.",
+    "**What is left of the gap, in sum.** Against raw aiokafka by CPU (1.58–1.67 µs per "
+    "event in run `workers`), keyed input at 0.8× needs 2.0–2.1 µs per event and is at "
+    "2.53–2.83 with one worker (0.59–0.62×); the default path at 0.6× needs 2.6–2.8 and is at "
+    "3.08–3.17 (0.51–0.53×). What more work could still take: a compiled record-batch reader "
+    "(0.15–0.5 µs) and, on the default path, a binary packed format (about 0.2): enough, at "
+    "the high end, for the default target and close to the keyed one — not in Python. What "
+    "stays whatever is done, because it is a guarantee the raw consumer does not give: a "
+    "validated decode with a dead-letter per bad record (0.8–1.2 µs with the ISO times; the "
+    "raw consumer only calls `orjson.loads`), a keyed HMAC pseudonym per distinct user and "
+    "batch (raw ids are never kept past the batch that carried them: a cache across batches "
+    "would save HMACs by holding raw ids in memory), windows and the bounded per-user "
+    "samples (0.4–0.6 µs together with the pseudonyms), and for unkeyed input the "
+    "repartition hop. The events/s targets cannot be judged on this machine (load 11–16 on "
+    "2 cores in run `workers`; two runs of one contender differ by up to 2×).",
 ]
 _KINDS = {
     "raw_aiokafka": "raw aiokafka getmany + orjson.loads",
@@ -743,12 +1007,112 @@ def _spend_rows(
         "|---|" + "---|" * (2 * len(modes)),
     ]
     for category in [*(name for name, _ in SPEND), OTHER]:
+        if all(category not in profiles[m]["spend"] for m in modes):
+            continue  # a category added after this run was kept
         cells = []
         for m in modes:
-            share = profiles[m]["spend"][category]
+            share = profiles[m]["spend"].get(category, 0.0)
             cpu = best[f"worker_{m}_after"]["cpu_us_per_event"]
             cells += [f"{share:.0%}", f"{share * cpu:.2f}"]
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _busiest(r: dict[str, Any]) -> tuple[float, float, float]:
+    """The worker that consumed the most input from its first event on: (its share of those
+    events, its CPU per event over them in µs, the other workers' CPU in the measured span
+    in seconds)."""
+    per = r["per_worker"]
+    top = max(range(len(per)), key=lambda i: per[i]["events"])
+    events = sum(w["events"] for w in per) or 1.0
+    others = sum(w["cpu_seconds_in_span"] for i, w in enumerate(per) if i != top)
+    w = per[top]
+    return w["events"] / events, w["cpu_seconds"] / max(w["events"], 1.0) * 1e6, others
+
+
+def _workers_lines(run: dict[str, Any]) -> list[str]:
+    """A ``--workers`` run: per broker, CPU per event by the number of workers."""
+    lines: list[str] = []
+    for name, broker in run["brokers"].items():
+        title = {"tansu": "Embedded broker (Tansu)", "kafka": "Apache Kafka 4.1.1"}[name]
+        runs = broker["runs"]
+        raw = ", ".join(
+            f"{_KINDS.get(k, k).split(' +')[0]} {min(r['cpu_us_per_event'] for r in runs[k]):.2f}"
+            for k in ("raw_aiokafka", "raw_librdkafka")
+            if k in runs
+        )
+        lines += [
+            "",
+            f"**{title}** (the raw consumers on the same topic, CPU µs/event: {raw}; load "
+            f"average {broker['load_1min'][0]:.1f} at its start, {broker['load_1min'][-1]:.1f} "
+            "at its end)",
+            "",
+            "| path | workers | events/s | CPU µs/event | ÷ 1 worker | each run's CPU µs/event | "
+            "busiest worker: its share of the input, its own CPU µs/event | the other "
+            "workers' CPU in the span | input records read twice (rebalances) | the last "
+            "worker's first record after the first's |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for mode in MODES:
+            base: dict[str, float] = {}
+            for n in run["workers"]:
+                rs = runs.get(f"workers_{n}_{mode}")
+                if not rs:
+                    continue
+                cpu = min(r["cpu_us_per_event"] for r in rs)
+                base = base or {"cpu": cpu}
+                busiest = [_busiest(r) for r in rs]
+                lags = [
+                    max(w["first_consumed_after_s"] or 0.0 for w in r["per_worker"]) for r in rs
+                ]
+                twice = [r["events_consumed_final"] - run["events"] for r in rs]
+                cells = [
+                    mode,
+                    str(n),
+                    f"{max(r['events_per_s'] for r in rs):,.0f}",
+                    f"{cpu:.2f}",
+                    f"{cpu / base['cpu']:.2f}×",
+                    ", ".join(f"{r['cpu_us_per_event']:.2f}" for r in rs),
+                    ", ".join(f"{share:.0%} at {own:.2f}" for share, own, _ in busiest),
+                    ", ".join(f"{others:.2f} s" for _, _, others in busiest),
+                    ", ".join(f"{x:,.0f}" for x in twice),
+                    ", ".join(f"{x:.1f} s" for x in lags),
+                ]
+                lines.append("| " + " | ".join(cells) + " |")
+    for name, broker in run["brokers"].items():
+        profiles = broker.get("profiles") or {}
+        if not profiles:
+            continue
+        keys = list(profiles)
+        best = best_of(broker["runs"])
+        lines += [
+            "",
+            f"Where the workers' CPU per event goes, {name} (every worker of the group sampled by "
+            "py-spy at 200 Hz while it holds the GIL, over the measured span; share of the "
+            "samples × the CPU per event of that profiled run):",
+            "",
+            "| spent on | " + " | ".join(f"{k}: share | {k}: µs/event" for k in keys) + " |",
+            "|---|" + "---|" * (2 * len(keys)),
+        ]
+        for category in [*(c for c, _ in SPEND), OTHER]:
+            cells = []
+            for k in keys:
+                share = profiles[k]["spend"].get(category, 0.0)
+                cpu = (
+                    profiles[k].get("cpu_us_per_event_under_profiler")
+                    or best["workers_" + k.replace("w_", "_", 1)]["cpu_us_per_event"]
+                )
+                cells += [f"{share:.0%}", f"{share * cpu:.2f}"]
+            lines.append(f"| {category} | " + " | ".join(cells) + " |")
+        lines.append(
+            "| py-spy samples | " + " | ".join(f"| {profiles[k]['samples']:,}" for k in keys) + " |"
+        )
+        under = [profiles[k].get("cpu_us_per_event_under_profiler", float("nan")) for k in keys]
+        lines.append(
+            "| CPU µs/event of the profiled run | "
+            + " | ".join(f"| {cpu:.2f}" for cpu in under)
+            + " |"
+        )
     return lines
 
 
@@ -792,6 +1156,9 @@ def section(kept: dict[str, Any]) -> list[str]:
             "(both sides of every ratio equally slowed; events/s vary with it far more than "
             "CPU per event).",
         ]
+        if run.get("workers"):
+            lines += _workers_lines(run)
+            continue
         for name, broker in run["brokers"].items():
             title = {"tansu": "Embedded broker (Tansu)", "kafka": "Apache Kafka 4.1.1"}[name]
             lines += ["", f"**{title}**", "", *_rows(broker)]
@@ -812,6 +1179,9 @@ def section(kept: dict[str, Any]) -> list[str]:
     if ANALYSIS:
         lines += ["", "### What the worker spends per event, and what is left", ""]
         lines += [f"- {note}" for note in ANALYSIS]
+    if LEVERS:
+        lines += ["", "### Per lever: what it gains, what it costs, what is left of the gap", ""]
+        lines += [f"- {note}" for note in LEVERS]
     return lines
 
 
@@ -823,12 +1193,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--before", help="a commit whose worker runs too (before/after)")
     parser.add_argument("--after", help="the commit whose worker is 'after' (default: this tree)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--workers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[],
+        help="worker processes in one group, e.g. 3 or 1,2,3 (each count in turn, both "
+        "paths, instead of the single worker)",
+    )
     parser.add_argument("--smoke", action="store_true", help="50,000 events, Tansu, one run")
     parser.add_argument(
         "--keep",
         nargs=2,
         metavar=("LABEL", "RUN_JSON"),
         help="keep a run's output in bench/realistic.json under LABEL, write the section",
+    )
+    parser.add_argument(
+        "--settle",
+        action="store_true",
+        help="with --workers: each group on a fresh topic, produced once every worker is ready",
     )
     parser.add_argument("--render", action="store_true", help="the section from the kept runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -851,7 +1233,11 @@ def main(argv: list[str] | None = None) -> None:
     if opts.keep:  # a finished run's JSON (its stdout) kept under a label, then rendered
         label, source = opts.keep
         kept = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
-        kept[label] = json.loads(Path(source).read_text())
+        # several run files (one per broker, run side by side): their brokers in one run
+        parts = [json.loads(Path(one).read_text()) for one in source.split(",")]
+        for part in parts[1:]:
+            parts[0]["brokers"].update(part["brokers"])
+        kept[label] = parts[0]
         RESULTS_FILE.write_text(json.dumps(kept, indent=1) + "\n", encoding="utf-8")
     if opts.keep or opts.render:
         md = REPO / "bench" / "RESULTS.md"
