@@ -91,6 +91,8 @@ MIN_POSITIVE_DELTA = 1e-100
 MAX_CONTRIBUTIONS = 100_000
 #: Ceiling of privacy.horizon_windows (about 114 years of hourly windows).
 MAX_HORIZON_WINDOWS = 1_000_000
+#: top_k: the share of a query's ε spent choosing the keys unless the query says otherwise.
+DEFAULT_TOP_K_EPSILON_SHARE = 0.5
 #: Environment switch that tests set to allow ``privacy.unsafe_test_mode``.
 UNSAFE_TEST_MODE_ENV = "STREAM_DP_ALLOW_UNSAFE_TEST_MODE"
 
@@ -729,7 +731,7 @@ class QueryConfig(_Section):
         "every kept key",
     )
     top_k_epsilon_share: Number = Field(
-        0.5,
+        DEFAULT_TOP_K_EPSILON_SHARE,
         ge=0.01,
         le=0.99,
         description="with top_k: share of the query's ε spent choosing the keys; partition "
@@ -892,7 +894,9 @@ class QueryConfig(_Section):
     def _check_top_k(self) -> None:
         name = self.name
         if self.top_k is None:
-            if "top_k_epsilon_share" in self.model_fields_set:
+            # a share other than the default, without top_k (the default itself is what a
+            # dumped configuration carries back: no refusal for a round trip)
+            if self.top_k_epsilon_share != DEFAULT_TOP_K_EPSILON_SHARE:
                 raise ValueError(
                     f"query {name}: top_k_epsilon_share applies to top_k queries only; set "
                     "top_k: N or remove it"
