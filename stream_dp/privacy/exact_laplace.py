@@ -80,13 +80,17 @@ def uniform_below(m: np.ndarray, words: WordSource = os_words) -> np.ndarray:
     # 2^64 mod m, in 64-bit arithmetic: (2^64 − m) mod m.
     excess = (_ZERO - m) % m
     todo = np.arange(n)
+    mm, ex = m, excess  # the lanes still drawing: every lane, in order, at first
     while todo.size:
         w = words(todo.size)
-        mm, ex = m[todo], excess[todo]
         ok = (ex == _ZERO) | (w < _ZERO - ex)  # w < 2^64 − excess
+        if todo.size == n and ok.all():  # every lane kept its word (nearly always)
+            result: np.ndarray = w % mm
+            return result
         done = todo[ok]
         out[done] = w[ok] % mm[ok]
         todo = todo[~ok]
+        mm, ex = m[todo], excess[todo]
     return out
 
 

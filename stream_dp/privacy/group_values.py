@@ -25,6 +25,7 @@ arrival order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from typing import Any, Final, final
 
 #: Integers JSON (orjson) reads as integers; integral floats in this range become ints.
@@ -141,7 +142,7 @@ def sort_order(groups: Sequence[tuple[Any, ...]]) -> list[int]:
     keys keep their order). Where every value is a string, one rank for all, the keys
     compare as the strings themselves do: sorted by the tuples, without a sort key per
     group (a million keys' sort keys were a large share of a release's time)."""
-    if all(type(v) is str for g in groups for v in g):
+    if set(map(type, chain.from_iterable(groups))) <= {str}:  # one C pass, no frame per key
         return sorted(range(len(groups)), key=groups.__getitem__)
     return sorted(range(len(groups)), key=lambda j: group_sort_key(groups[j]))
 

@@ -411,7 +411,7 @@ class DiscreteGaussian(_IntegerNoise):
 NoiseMechanism = DiscreteLaplace | DiscreteGaussian
 
 
-def bernoulli(probabilities: Sequence[float]) -> list[bool]:
+def bernoulli(probabilities: Sequence[float] | np.ndarray) -> list[bool]:
     """Independent exact Bernoulli(p_i) draws from the OS CSPRNG.
 
     Each binary64 p is exactly m/2^e (``fractions.Fraction(p)``). With U uniform on [0, 1)
@@ -447,4 +447,5 @@ def bernoulli(probabilities: Sequence[float]) -> list[bool]:
         remainder = remainders[int(inverse[j])]
         if remainder > 0:
             keep[j] = secrets.randbelow(remainder.denominator) < remainder.numerator
-    return [bool(x) for x in keep]
+    out: list[bool] = keep.tolist()
+    return out

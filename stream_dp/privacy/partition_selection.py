@@ -256,7 +256,7 @@ class UserCountSelection(PartitionSelection):
     """Strategies that test a key's number of distinct users."""
 
     @abstractmethod
-    def select(self, users: Sequence[int]) -> list[bool]:
+    def select(self, users: Sequence[int] | np.ndarray) -> list[bool]:
         """One independent CSPRNG decision per key: True = release the key."""
 
 
@@ -308,15 +308,11 @@ class TruncatedGeometric(UserCountSelection):
     def users_for_certain_keep(self) -> int | None:
         return _smallest_integer(lambda n: self.keep_probability(n) >= 1.0, self.crossover_2)
 
-    def select(self, users: Sequence[int]) -> list[bool]:
-        cache: dict[int, float] = {}
-        probabilities = []
-        for n in users:
-            p = cache.get(n)
-            if p is None:
-                p = cache[n] = self.keep_probability(n)
-            probabilities.append(p)
-        return bernoulli(probabilities)
+    def select(self, users: Sequence[int] | np.ndarray) -> list[bool]:
+        # p(n) once per distinct user count, spread to the keys as an array
+        distinct, inverse = np.unique(np.asarray(users, dtype=np.int64), return_inverse=True)
+        per_count = np.array([self.keep_probability(n) for n in distinct.tolist()], np.float64)
+        return bernoulli(per_count[inverse.reshape(-1)])
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -348,7 +344,7 @@ class _NoiseThreshold(UserCountSelection):
         # symmetric integer noise: P(Z ≥ 0) ≥ 1/2 > P(Z ≥ 1), so the median crossing is T
         return max(1, self.threshold)
 
-    def select(self, users: Sequence[int]) -> list[bool]:
+    def select(self, users: Sequence[int] | np.ndarray) -> list[bool]:
         noisy = self.mechanism.sample(users)
         return [v >= self.threshold for v in noisy]
 
@@ -540,7 +536,7 @@ class CountThreshold(PartitionSelection):
     def users_for_half_keep(self) -> int:
         return max(1, self.threshold)
 
-    def release(self, counts: Sequence[int]) -> list[int | None]:
+    def release(self, counts: Sequence[int] | np.ndarray) -> list[int | None]:
         """Noisy counts (one draw per key); None where the noisy count is below T."""
         noisy = self.mechanism.sample(counts)
         return [v if v >= self.threshold else None for v in noisy]

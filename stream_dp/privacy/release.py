@@ -98,27 +98,28 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
         candidates = totals.groups
         selection = plan.selection
         if isinstance(selection, CountThreshold):
-            tested = _column(totals, plan.noise[0], plan).tolist()
-            outcome = selection.release(tested)
-            kept = [i for i, v in enumerate(outcome) if v is not None]
-            precomputed = [outcome[i] for i in kept]  # type: ignore[misc]
+            outcome = selection.release(_column(totals, plan.noise[0], plan))
+            kept_list = [i for i, v in enumerate(outcome) if v is not None]
+            precomputed = [outcome[i] for i in kept_list]  # type: ignore[misc]
+            kept = np.array(kept_list, dtype=np.int64)
         elif isinstance(selection, UserCountSelection | WeightedGaussian):
             decisions = (
                 selection.select_weights(totals.selection_weights)
                 if isinstance(selection, WeightedGaussian)
-                else selection.select(totals.users.tolist())
+                else selection.select(totals.users)
             )
-            kept = [i for i, keep in enumerate(decisions) if keep]
+            kept = np.flatnonzero(np.array(decisions, dtype=bool))
         else:  # pragma: no cover - planner always sets a selection for private keys
             raise TypeError("a plan for private keys needs a partition selection")
         suppressed = len(candidates) - len(kept)
         # deterministic order that depends only on the released keys (canonical values,
         # ranked by type where keys mix types), never on the order in which keys arrived
-        order = sort_order([candidates[k] for k in kept])
-        groups = [candidates[kept[j]] for j in order]
-        rows = np.fromiter((kept[j] for j in order), np.int64, len(order))
+        kept_groups = list(map(candidates.__getitem__, kept.tolist()))
+        order = sort_order(kept_groups)
+        groups = list(map(kept_groups.__getitem__, order))
+        rows = kept[np.array(order, dtype=np.int64)]
         if precomputed is not None:
-            precomputed = [precomputed[j] for j in order]
+            precomputed = list(map(precomputed.__getitem__, order))
 
     if plan.top_k is not None:  # candidates: the public keys or those selection kept
         exact_counts = np.zeros(len(rows), dtype=np.int64)

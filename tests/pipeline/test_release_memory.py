@@ -44,13 +44,21 @@ def test_releasing_a_window_allocates_at_most_2_kb_per_key() -> None:
     assert 0 < result["traced_peak_bytes"] <= MAX_TRACED_BYTES_PER_KEY * keys, result
 
 
-def _drawn(rng: random.Random, n: int, *, varying: bool, release_id: str = "r1") -> LedgerRelease:
+def _drawn(
+    rng: random.Random,
+    n: int,
+    *,
+    varying: bool,
+    release_id: str = "r1",
+    strings_only: bool = False,
+    query: str = 'q%"',
+) -> LedgerRelease:
     """A fresh draw's release of ``n`` values with group values that need escapes, mixed
-    types, clamped values, and noise scales one number or one per key."""
+    types (or strings only), clamped values, and noise scales one number or one per key."""
     alphabet = 'ab%"\\\n\x01é€𝄞 |{}:,'
     groups: list[tuple[object, ...]] = []
     for i in range(n):
-        kind = rng.randrange(5)
+        kind = rng.randrange(2 if strings_only else 0, 5)
         if kind == 0:
             groups.append((JSON_TRUE if i % 2 else JSON_FALSE,))
         elif kind == 1:
@@ -66,7 +74,7 @@ def _drawn(rng: random.Random, n: int, *, varying: bool, release_id: str = "r1")
     columns = ReleasedValues(groups, values, scale, half, [rng.random() < 0.2 for _ in groups])  # type: ignore[arg-type]
     template = ReleaseTemplate(
         release_id=release_id,
-        query='q%"',
+        query=query,
         window_start_s=3600,
         window_end_s=7200,
         group_by=["site"],
@@ -79,7 +87,7 @@ def _drawn(rng: random.Random, n: int, *, varying: bool, release_id: str = "r1")
     return close_release(
         (),
         release_id=release_id,
-        query='q%"',
+        query=query,
         window_start_s=3600,
         window_end_s=7200,
         released_keys=n,
@@ -91,13 +99,14 @@ def _drawn(rng: random.Random, n: int, *, varying: bool, release_id: str = "r1")
     )
 
 
+@pytest.mark.parametrize("strings_only", [False, True])
 @pytest.mark.parametrize("seed", range(12))
-def test_chunked_records_and_parts_are_those_of_one_encoding(seed: int) -> None:
+def test_chunked_records_and_parts_are_those_of_one_encoding(seed: int, strings_only: bool) -> None:
     """Records encoded a few at a time, and ledger parts cut from the entries' sizes and
     made a few at a time, are byte for byte those of the records built one by one (a dict
     per record, as a reader of the ledger decodes them) encoded at once."""
     rng = random.Random(seed)
-    rel = _drawn(rng, rng.randint(0, 700), varying=seed % 2 == 1)
+    rel = _drawn(rng, rng.randint(0, 700), varying=seed % 2 == 1, strings_only=strings_only)
     one_by_one = [(r.key, dumps(r.value)) for r in rel.records]
     assert one_by_one[-1][0].endswith("|#window") and len(one_by_one) == len(rel.records)
     chunk = rng.choice([1, 7, 64, 10**6])
@@ -127,6 +136,26 @@ def test_chunked_records_and_parts_are_those_of_one_encoding(seed: int) -> None:
     assert made == reference
     decoded = [r for _, v in made for r in orjson.loads(v)["records"]]
     assert [(r["key"], dumps(r["value"])) for r in decoded] == one_by_one
+
+
+@pytest.mark.parametrize("query", ['q%"', "plain", 'n\\l\n"%%b"}', "é|𝄞"])
+@pytest.mark.parametrize("strings_only", [False, True])
+def test_escaped_keys_made_from_the_group_fields_are_those_of_escaping_each_key(
+    query: str, strings_only: bool
+) -> None:
+    """A ledger part's keys made from the group fields (the key with an empty field, escaped
+    once, around each field escaped again) are, key for key, the JSON of each output key
+    without its quotes, as escaping the keys one by one gives; the records are the same."""
+    rng = random.Random(f"{query}{strings_only}")
+    rel = _drawn(rng, 300, varying=False, strings_only=strings_only, query=query)
+    assert rel.drawn is not None
+    n = len(rel.records)
+    for lo, hi in [(0, n), (0, 1), (5, 77), (n - 3, n), (n - 1, n)]:
+        keys, values = rel.output_range(lo, hi)
+        escaped, records = rel.drawn.encode_escaped(lo, hi)
+        assert escaped == [orjson.dumps(k)[1:-1] for k in keys]
+        assert records == values
+    assert any(b'\\\\\\"' in k for k in rel.drawn.encode_escaped(0, n)[0])  # \\\" made
 
 
 def _index(own: LedgerRelease | None, parts: LedgerParts | None) -> LedgerIndex:

@@ -59,6 +59,43 @@ def test_uniform_below_rejects_the_words_that_would_bias_the_remainder() -> None
     assert uniform_below(np.array([2**10], dtype=np.uint64), words).tolist() == [2**10 - 1]
 
 
+def _uniform_below_lane_by_lane(moduli: list[int], words: list[int]) -> tuple[list[int], int]:
+    """The rule written out: in each round every lane still drawing takes the next word, in
+    lane order, and keeps w mod m if w < 2^64 − (2^64 mod m); also the words used."""
+    taken = iter(words)
+    out = [0] * len(moduli)
+    pending, used = list(range(len(moduli))), 0
+    while pending:
+        drawing, pending = pending, []
+        for lane in drawing:
+            w, m = next(taken), moduli[lane]
+            used += 1
+            if w < 2**64 - 2**64 % m:
+                out[lane] = w % m
+            else:
+                pending.append(lane)
+    return out, used
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_uniform_below_is_the_lane_by_lane_rule_on_the_same_words(seed: int) -> None:
+    """Same words, same integers, same words used, whether every lane keeps its first word
+    (the whole vector at once) or some draw again (lanes drawn again in order)."""
+    rng = np.random.default_rng(seed)
+    n = [0, 1, 5, 300][seed % 4]
+    kinds = [3 * 2**62, 2**63 + 1, 7, 2**10, 2**53 + 1]
+    moduli = [kinds[i] for i in rng.integers(0, len(kinds), n).tolist()]
+    if seed >= 4:  # moduli that never reject: every lane keeps its first word
+        moduli = [m for m in moduli if 2**64 % m == 0] or [2**10] * n
+    words = rng.integers(0, 2**64, 4 * n + 40, dtype=np.uint64, endpoint=False).tolist()
+    words[: n // 2] = [2**64 - 1] * (n // 2)  # rejected by every modulus that rejects any
+    expected, used = _uniform_below_lane_by_lane(moduli, words)
+    source = Scripted(words)
+    drawn = uniform_below(np.array(moduli, dtype=np.uint64), source)
+    assert drawn.dtype == np.uint64 and drawn.tolist() == expected
+    assert len(list(source._words)) == len(words) - used  # the rest was not drawn
+
+
 def test_uniform_below_a_large_modulus_is_uniform() -> None:
     # With m = 3·2^62, a plain "w mod m" lands in [0, 2^62) half of the time instead of a
     # third; the exact sampler must show a third (binomial test, false failure ≤ 1e-8).

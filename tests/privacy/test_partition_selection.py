@@ -387,3 +387,27 @@ def test_a_count_threshold_without_a_positive_contribution_bound_is_refused(
             max_contributions_per_partition=linf,
             l1_sensitivity=l1,
         )
+
+
+def test_truncated_geometric_draws_each_key_with_the_probability_of_its_own_user_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The vectorised select (p once per distinct count, spread back to the keys) hands
+    the CSPRNG draw exactly the per-key p(users) the one-key-at-a-time rule would, key by key
+    in the keys' order (a differential check of the two paths on the same input)."""
+    from stream_dp.privacy import partition_selection
+
+    strategy = TruncatedGeometric(epsilon=1.0, delta=1e-6, max_partitions_contributed=2)
+    users = [7, 0, 1, 30, 7, 2, 1, 400, 30, 13, 0, 7]
+    drawn: list[list[float]] = []
+
+    def recording(probabilities: object) -> list[bool]:
+        drawn.append(np.asarray(probabilities, dtype=np.float64).tolist())
+        return [False] * len(users)
+
+    monkeypatch.setattr(partition_selection, "bernoulli", recording)
+    assert strategy.select(np.array(users)) == [False] * len(users)
+    assert strategy.select(users) == [False] * len(users)
+    one_at_a_time = [strategy.keep_probability(n) for n in users]
+    assert drawn == [one_at_a_time, one_at_a_time]
+    assert len(set(one_at_a_time)) == 7  # the counts give distinct probabilities

@@ -178,6 +178,19 @@ class DrawnOutput:
             values.append(self.closing)
         return keys, values
 
+    def encode_escaped(self, lo: int, hi: int) -> tuple[list[bytes], list[bytes]]:
+        """As :meth:`encode`, each key as its JSON without quotes (what a ledger part
+        holds; :meth:`ReleaseTemplate.encode_escaped`)."""
+        n = len(self.values)
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        if lo < min(hi, n):
+            keys, values = self.template.encode_escaped(_sliced(self.values, lo, min(hi, n)))
+        if hi > n >= lo:
+            keys.append(escaped_strings([self.closing_key])[0])
+            values.append(self.closing)
+        return keys, values
+
     def entry_sizes(self, lo: int, hi: int) -> np.ndarray:
         """Per record of ``[lo, hi)``, its key's JSON (without quotes) and value bytes,
         without encoding them (:meth:`ReleaseTemplate.entry_sizes`)."""
@@ -297,6 +310,13 @@ class LedgerRelease:
         if self.drawn is not None and self.encoded is None:
             return self.drawn.encode(lo, hi)
         return self.output_keys()[lo:hi], self.output_values()[lo:hi]
+
+    def escaped_range(self, lo: int, hi: int) -> tuple[list[bytes], list[bytes]]:
+        """As :meth:`output_range`, each key as its JSON without quotes (a ledger part's)."""
+        if self.drawn is not None and self.encoded is None:
+            return self.drawn.encode_escaped(lo, hi)
+        keys, values = self.output_range(lo, hi)
+        return escaped_strings(keys), values
 
     def entry_sizes(self, lo: int, hi: int) -> np.ndarray:
         """Per record of ``[lo, hi)``, its key's JSON (without quotes) and value bytes: a
@@ -430,8 +450,7 @@ class LedgerParts:
         if first >= last:
             return []
         start, end = self._bounds[first][0], self._bounds[last - 1][1]
-        keys, values = self._release.output_range(start, end)
-        escaped = escaped_strings(keys)
+        escaped, values = self._release.escaped_range(start, end)
         made = np.fromiter(map(len, escaped), np.int64, len(escaped))
         made += np.fromiter(map(len, values), np.int64, len(values))
         if not np.array_equal(made, self._sizes[start:end]):  # the cut was made from these

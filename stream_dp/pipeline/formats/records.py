@@ -207,10 +207,30 @@ class ReleaseTemplate:
                 return keys, [dumps(self.record(v)) for v in cols]
             return keys, []
         group_slot, group_fields, varying, templates = self._formats(cols)
-        records = list(
-            map(bytes.__mod__, map(templates.__getitem__, cols.clamped), zip(*varying, strict=True))
-        )
+        records = _records(templates, cols.clamped, varying)
         return self._keys(group_slot, group_fields), records
+
+    def encode_escaped(self, values: Sequence[ReleasedValue]) -> tuple[list[bytes], list[bytes]]:
+        """Each value's output key as JSON without its quotes (:func:`escaped_strings` of
+        :meth:`encode`'s keys, what a ledger part holds) and its record bytes. With one
+        string group field the key's JSON is made from the field itself: the key with an
+        empty field, escaped once, around the field with a backslash before each quote or
+        backslash (the field is JSON already: it holds no other character JSON escapes)."""
+        cols = ReleasedValues.of(values)
+        if self._marked is None or len(cols.groups) == 0:
+            keys, records = self.encode(cols)
+            return escaped_strings(keys), records
+        group_slot, group_fields, varying, templates = self._formats(cols)
+        empty = orjson.dumps((self._prefix.encode() + group_slot % (b"",)).decode())[1:-1]
+        if not group_slot.endswith(b'"%b"}') or not empty.endswith(b'\\"}'):
+            keys, records = self.encode(cols)
+            return escaped_strings(keys), records
+        records = _records(templates, cols.clamped, varying)
+        fmt = empty[:-3].replace(b"%", b"%%") + b'%b\\"}'
+        fields, joined = group_fields, b"".join(group_fields)
+        if b'"' in joined or b"\\" in joined:
+            fields = [f.replace(b"\\", b"\\\\").replace(b'"', b'\\"') for f in fields]
+        return list(map(fmt.__mod__, fields)), records
 
     def entry_sizes(self, values: Sequence[ReleasedValue]) -> np.ndarray:
         """Per value, the bytes of its output key's JSON without its quotes
@@ -288,6 +308,14 @@ class ReleaseTemplate:
         return (
             (b"\n".join(repeat(fmt, len(group_fields))) % tuple(group_fields)).decode().split("\n")
         )
+
+
+def _records(
+    templates: tuple[bytes, ...], clamped: list[bool], varying: list[list[bytes]]
+) -> list[bytes]:
+    """Per key one ``bytes %`` of its template (without or with ``clamped``) over the
+    fields that vary, in a C-level ``map``."""
+    return list(map(bytes.__mod__, map(templates.__getitem__, clamped), zip(*varying, strict=True)))
 
 
 def encoded_strings(strings: list[str]) -> list[bytes]:
