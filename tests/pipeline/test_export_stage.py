@@ -83,17 +83,19 @@ def test_each_partner_gets_its_pseudonym_its_window_and_its_generalized_fields_o
     ]
     assert stage.add(0, enumerate(events), NOW) == 4
     got = _records(stage, 0, T0)
-    stamp = "2020-08-01T00:00:00Z"
+    # each record carries its event's own time (T0 is 2020-08-01T00:00:00Z)
+    at = {u: f"2020-08-01T00:00:0{i}.000Z" for i, u in enumerate(["alice", "bob", "carol"], 1)}
+    alice, carol = at["alice"], at["carol"]
     assert got["acme"] == [
-        {"born": "1984", "zip": "75", "pseudonym": _mine("alice", "acme"), "timestamp": stamp},
-        {"born": "1990", "zip": "13", "pseudonym": _mine("bob", "acme"), "timestamp": stamp},
+        {"born": "1984", "zip": "75", "pseudonym": _mine("alice", "acme"), "timestamp": alice},
+        {"born": "1990", "zip": "13", "pseudonym": _mine("bob", "acme"), "timestamp": at["bob"]},
         # values their rules cannot take leave as null (born=5 is epoch 5 s: 1970)
-        {"born": "1970", "zip": None, "pseudonym": _mine("carol", "acme"), "timestamp": stamp},
+        {"born": "1970", "zip": None, "pseudonym": _mine("carol", "acme"), "timestamp": carol},
     ]
     # k = 2: "30-40" is alice's and bob's; carol's null bucket is hers alone
     assert got["globex"] == [
-        {"age": "30-40", "pseudonym": _mine("alice", "globex"), "timestamp": stamp},
-        {"age": "30-40", "pseudonym": _mine("bob", "globex"), "timestamp": stamp},
+        {"age": "30-40", "pseudonym": _mine("alice", "globex"), "timestamp": at["alice"]},
+        {"age": "30-40", "pseudonym": _mine("bob", "globex"), "timestamp": at["bob"]},
     ]
     batches = stage.close(0, T0 + 10)
     assert [(b.export, len(b.records), b.suppressed) for b in batches] == [

@@ -22,7 +22,7 @@ from stream_dp.config.exports import ExportConfig
 from stream_dp.pipeline.kafka.output_scan import RawRecord, scan_topic
 from stream_dp.privacy.exports import partner_key_id, partner_pseudonym, partner_pseudonymizer
 from stream_dp.privacy.pseudonymize import KeyRing
-from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
+from stream_dp.windows.tumbling import TumblingWindows, epoch_of_iso, iso_utc
 
 
 def _decoded(record: RawRecord) -> dict[str, Any] | None:
@@ -57,13 +57,14 @@ async def export_entries(
     per export (exports in configuration order)."""
     out = []
     size = config.window.size_s
+    window_of = _window_of(config)
     for export in config.exports:
         windows: dict[int, int] = {}
 
         def count(value: dict[str, Any], windows: dict[int, int] = windows) -> None:
             stamp = value.get("timestamp")
             if isinstance(stamp, str) and "pseudonym" in value:
-                ws = int(epoch_of_iso(stamp))
+                ws = window_of(stamp)
                 windows[ws] = windows.get(ws, 0) + 1
 
         await _scan(config, export, count, bootstrap)
@@ -106,14 +107,22 @@ def partner_pseudonyms(
     return out
 
 
+def _window_of(config: Config) -> Callable[[str], int]:
+    """The start of the window an export record's ``timestamp`` (its event time) falls in."""
+    windows = TumblingWindows(config.window.size_s, config.window.grace_s)
+    return lambda stamp: windows.start_of(epoch_of_iso(stamp))
+
+
 def _person_records(
-    wanted: set[str], windows: dict[str, int], erasures: list[dict[str, Any]]
+    config: Config, wanted: set[str], windows: dict[str, int], erasures: list[dict[str, Any]]
 ) -> Callable[[dict[str, Any]], None]:
     """Counts the person's records per window and keeps their erasure records."""
+    window_of = _window_of(config)
 
     def take(value: dict[str, Any]) -> None:
         if value.get("pseudonym") in wanted and isinstance(value.get("timestamp"), str):
-            windows[value["timestamp"]] = windows.get(value["timestamp"], 0) + 1
+            ws = iso_utc(window_of(value["timestamp"]))
+            windows[ws] = windows.get(ws, 0) + 1
         elif value.get("erased_pseudonym") in wanted:
             erasures.append({"erased_at": value.get("erased_at"), "key_id": value.get("key_id")})
 
@@ -131,7 +140,7 @@ async def person_exports(
         windows: dict[str, int] = {}
         erasures: list[dict[str, Any]] = []
 
-        take = _person_records(set(mine.values()), windows, erasures)
+        take = _person_records(config, set(mine.values()), windows, erasures)
         await _scan(config, export, take, bootstrap)
         out.append(
             {

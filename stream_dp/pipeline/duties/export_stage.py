@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -66,8 +67,8 @@ class PartnerKeys:
         return key
 
 
-#: Per held event: the main pseudonym, then each export's generalized fields.
-Held = tuple[bytes, tuple[dict[str, Any], ...]]
+#: Per held event: the main pseudonym, the event time, then each export's generalized fields.
+Held = tuple[bytes, float, tuple[dict[str, Any], ...]]
 
 
 class ExportStage:
@@ -125,7 +126,8 @@ class ExportStage:
             if self._erased(pseudonym, key.key_id, ws):
                 continue
             generalized = tuple(generalize_fields(rules, fields) for rules in self._rules)
-            self._held.setdefault(partition, {}).setdefault(ws, []).append((pseudonym, generalized))
+            held_events = self._held.setdefault(partition, {}).setdefault(ws, [])
+            held_events.append((pseudonym, event_time_s, generalized))
             held += 1
         return held
 
@@ -142,7 +144,7 @@ class ExportStage:
             events = [e for e in events if not self._erased(e[0], main.key_id, ws)]
             for i, export in enumerate(self.exports):
                 self._window_records(batches[i], export.partner, export.k_anonymity, main, ws,
-                                     [(p, g[i]) for p, g in events])  # fmt: skip
+                                     [(p, t, g[i]) for p, t, g in events])  # fmt: skip
         return batches
 
     def _window_records(
@@ -152,18 +154,17 @@ class ExportStage:
         k: int | None,
         main: Pseudonymizer,
         window_start_s: int,
-        events: list[tuple[bytes, dict[str, Any]]],
+        events: list[tuple[bytes, float, dict[str, Any]]],
     ) -> None:
-        rows = [(p, tuple(sorted((f, v) for f, v in g.items()))) for p, g in events]
+        rows = [(p, tuple(sorted((f, v) for f, v in g.items()))) for p, _, g in events]
         keep = k_anonymous(rows, k)
         key = self.partner_keys.of(main, partner)
-        timestamp = iso_utc(window_start_s)
-        for (pseudonym, generalized), kept in zip(events, keep, strict=True):
+        for (pseudonym, event_time_s, generalized), kept in zip(events, keep, strict=True):
             if not kept:
                 batch.suppressed += 1
                 continue
             theirs = partner_pseudonym(key, pseudonym).hex()
-            value = {**generalized, "pseudonym": theirs, "timestamp": timestamp}
+            value = {**generalized, "pseudonym": theirs, "timestamp": event_time(event_time_s)}
             batch.records.append((theirs.encode(), orjson.dumps(value)))
 
     def retain(self, partitions: Iterable[int]) -> None:
@@ -175,6 +176,13 @@ class ExportStage:
 
     def held_events(self) -> int:
         return sum(len(v) for windows in self._held.values() for v in windows.values())
+
+
+def event_time(epoch_s: float) -> str:
+    """An export record's ``timestamp``: the event time, ISO 8601 UTC to the millisecond
+    (``2020-08-01T00:00:01.250Z``)."""
+    stamp = datetime.fromtimestamp(epoch_s, tz=UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
 
 
 def erasure_records(
