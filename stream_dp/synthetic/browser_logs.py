@@ -6,7 +6,10 @@
 * a long tail of rare domains, each visited by exactly one employee — the keys whose mere
   presence would reveal that person (they must never be released);
 * one employee who stops browsing half-way (the leave-of-absence case): the
-  output must not let anyone tell that from the released numbers.
+  output must not let anyone tell that from the released numbers;
+* with ``latency=True``, a numeric field: ``latency_ms``, the page's load time, log-normal
+  (median :data:`LATENCY_MEDIAN_MS`, σ = :data:`LATENCY_SIGMA`), drawn from its own seeded
+  generator so that every other field is the same with it or without it.
 
 Deterministic for a given seed; not a DP draw (a plain PRNG is right here).
 :func:`live_browser_log_events` is the endless variant for a live stack: the same population,
@@ -15,6 +18,7 @@ each event stamped with the clock at the moment it is generated.
 
 from __future__ import annotations
 
+import math
 import random  # synthetic test and bench data, seeded for reproducibility: never a DP draw
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +26,9 @@ from typing import Any
 
 COUNTRIES = ("DE", "FR", "NL", "US")
 LEAVER = "employee-0000@corp.example"
+#: ``latency_ms``: median and σ of the log-normal page load time, in milliseconds.
+LATENCY_MEDIAN_MS = 120.0
+LATENCY_SIGMA = 0.6
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class BrowserLogSpec:
     median_events_per_user: float = 4.0
     max_events_per_user: int = 400
     seed: int | None = 0
+    latency: bool = False  #: add ``latency_ms`` to every event
 
     def window_starts(self) -> list[int]:
         return [self.start_s + i * self.window_size_s for i in range(self.windows)]
@@ -71,6 +79,10 @@ def _population(spec: BrowserLogSpec, rng: random.Random) -> _Population:
 
 def browser_log_events(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
     """Events in event-time order; ``timestamp`` is epoch milliseconds."""
+    return _with_latency(spec, _visits(spec))
+
+
+def _visits(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
     rng = random.Random(spec.seed)  # noqa: S311 — synthetic data, not a privacy draw
     people = _population(spec, rng)
     favourites, countries, rare_owner = people.favourites, people.countries, people.rare_owner
@@ -91,6 +103,20 @@ def browser_log_events(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
                     batch.append(_event(owner, start, spec, rng, rare_domain(r), countries[owner]))
         batch.sort(key=lambda e: e["timestamp"])
         yield from batch
+
+
+def _with_latency(
+    spec: BrowserLogSpec, events: Iterator[dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    """``events`` each with ``latency_ms`` (one decimal) when ``spec.latency``."""
+    if not spec.latency:
+        yield from events
+        return
+    # A generator of its own (seeded apart from the events'): the other fields stay as they are.
+    rng = random.Random(None if spec.seed is None else f"latency-{spec.seed}")  # noqa: S311
+    mu = math.log(LATENCY_MEDIAN_MS)
+    for event in events:
+        yield {**event, "latency_ms": round(rng.lognormvariate(mu, LATENCY_SIGMA), 1)}
 
 
 def _event(
