@@ -79,11 +79,10 @@ def _population(spec: BrowserLogSpec, rng: random.Random) -> _Population:
 
 def browser_log_events(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
     """Events in event-time order; ``timestamp`` is epoch milliseconds."""
-    return _with_latency(spec, _visits(spec))
-
-
-def _visits(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
     rng = random.Random(spec.seed)  # noqa: S311 — synthetic data, not a privacy draw
+    # latency_ms from a generator of its own (seeded apart): the other fields stay the same.
+    latency_seed = None if spec.seed is None else f"latency-{spec.seed}"
+    latency_rng = random.Random(latency_seed) if spec.latency else None  # noqa: S311
     people = _population(spec, rng)
     favourites, countries, rare_owner = people.favourites, people.countries, people.rare_owner
     for w, start in enumerate(spec.window_starts()):
@@ -102,21 +101,14 @@ def _visits(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
                 for _ in range(rng.randint(1, 3)):
                     batch.append(_event(owner, start, spec, rng, rare_domain(r), countries[owner]))
         batch.sort(key=lambda e: e["timestamp"])
-        yield from batch
+        for event in batch:
+            yield event if latency_rng is None else _with_latency(event, latency_rng)
 
 
-def _with_latency(
-    spec: BrowserLogSpec, events: Iterator[dict[str, Any]]
-) -> Iterator[dict[str, Any]]:
-    """``events`` each with ``latency_ms`` (one decimal) when ``spec.latency``."""
-    if not spec.latency:
-        yield from events
-        return
-    # A generator of its own (seeded apart from the events'): the other fields stay as they are.
-    rng = random.Random(None if spec.seed is None else f"latency-{spec.seed}")  # noqa: S311
+def _with_latency(event: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """``event`` with ``latency_ms``: log-normal, in ms with one decimal."""
     mu = math.log(LATENCY_MEDIAN_MS)
-    for event in events:
-        yield {**event, "latency_ms": round(rng.lognormvariate(mu, LATENCY_SIGMA), 1)}
+    return {**event, "latency_ms": round(rng.lognormvariate(mu, LATENCY_SIGMA), 1)}
 
 
 def _event(
