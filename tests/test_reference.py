@@ -134,3 +134,24 @@ def test_the_generated_blocks_committed_in_the_pages_are_current() -> None:
     assert hooks.refresh(stale) != stale
     with pytest.raises(hooks.PluginError):
         hooks.refresh("<!-- generated: metrics sink -->\nno end")
+
+
+def test_the_statistic_enums_of_the_committed_schemas_are_generated_from_the_registry() -> None:
+    """Each schema's statistic enum is what `make docs-refs` writes from the statistics
+    registry; a schema missing a registered statistic is stale and rewritten whole."""
+    from stream_dp.privacy.statistics import STATISTICS
+
+    hooks = _site_hooks()
+    assert set(hooks.SCHEMA_ENUMS) == {
+        "stream_dp/privacy/plan.schema.json",
+        "topics/release.schema.json",
+    }
+    for relative, keys in hooks.SCHEMA_ENUMS.items():
+        text = (ROOT / relative).read_text(encoding="utf-8")
+        assert hooks.refresh_schema(text, keys) == text, f"{relative} is stale: make docs-refs"
+        last = list(STATISTICS)[-1]
+        stale = re.sub(rf',\s*"{last}"', "", text, count=1)
+        assert stale != text
+        assert hooks.refresh_schema(stale, keys) == text
+    with pytest.raises(hooks.PluginError, match="no single statistic enum"):
+        hooks.refresh_schema('{"properties": {}}', ("properties", "statistic"))

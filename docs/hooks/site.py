@@ -14,12 +14,16 @@
 The generated blocks are committed in the pages too, so that the Markdown reads whole where
 it is read without a build (a repository browser): ``python docs/hooks/site.py`` (``make
 docs-refs``) rewrites them, ``tests/test_reference.py`` fails while one is stale, and every
-build renders them afresh. A marker that names nothing known, or a generated marker without
-its end, fails the build, as ``--strict`` does for broken links.
+build renders them afresh. The statistic enums of the committed JSON schemas
+(``SCHEMA_ENUMS``) are generated the same way, from the statistics registry
+(:data:`stream_dp.privacy.statistics.STATISTICS`): ``main`` rewrites them and the same test
+fails while one names other statistics than the registry. A marker that names nothing known,
+or a generated marker without its end, fails the build, as ``--strict`` does for broken links.
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 from pathlib import Path
@@ -31,6 +35,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
+from stream_dp.privacy.statistics import STATISTICS
 from stream_dp.reference import (
     configuration_reference,
     fingerprint_reference,
@@ -44,6 +49,14 @@ MARKER = re.compile(r"<!-- (include): ([^>]+?) -->")
 GENERATED = re.compile(r"<!-- generated: ([a-z ]+) -->\n(.*?)<!-- end generated -->", re.S)
 OPENING = re.compile(r"<!-- generated: ([a-z ]+) -->")
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
+#: The committed JSON schemas whose statistic enum is the registry's names, with the keys
+#: leading to that enum.
+SCHEMA_ENUMS: dict[str, tuple[str, ...]] = {
+    "stream_dp/privacy/plan.schema.json": ("$defs", "query", "properties", "statistic"),
+    "topics/release.schema.json": ("properties", "statistic"),
+}
+#: The statistic enum as written in a schema (on one line or one item a line).
+STATISTIC_ENUM = re.compile(r'("statistic": \{\s*"enum": )\[([^\]]*)\]')
 
 
 def _root(config: MkDocsConfig) -> Path:
@@ -110,6 +123,30 @@ def refresh(markdown: str) -> str:
     return fresh
 
 
+def refresh_schema(text: str, keys: tuple[str, ...]) -> str:
+    """The schema ``text`` with its statistic enum (at ``keys``) naming the registered
+    statistics in registry order, its layout kept (PluginError when it has no such enum)."""
+    names = list(STATISTICS)
+
+    def rewrite(match: re.Match[str]) -> str:
+        old = match.group(2)
+        if "\n" not in old:
+            return f"{match.group(1)}{json.dumps(names)}"
+        item = re.match(r"\n([ \t]*)", old)
+        indent = item.group(1) if item else ""
+        closing = "\n" + old.rsplit("\n", 1)[-1]
+        body = ",".join(f"\n{indent}{json.dumps(name)}" for name in names)
+        return f"{match.group(1)}[{body}{closing}]"
+
+    fresh, found = STATISTIC_ENUM.subn(rewrite, text)
+    schema: Any = json.loads(fresh)
+    for key in keys:
+        schema = schema.get(key, {}) if isinstance(schema, dict) else {}
+    if found != 1 or schema.get("enum") != names:
+        raise PluginError(f"no single statistic enum at {'/'.join(keys)} to generate")
+    return fresh
+
+
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     """Copy into the site the files that included repository files link to."""
     root = _root(config)
@@ -144,6 +181,13 @@ def main() -> None:
         if fresh != text:
             page.write_text(fresh, encoding="utf-8")
             print(f"rewrote {page.relative_to(HERE.parents[1])}")
+    for relative, keys in SCHEMA_ENUMS.items():
+        schema = HERE.parents[1] / relative
+        text = schema.read_text(encoding="utf-8")
+        fresh = refresh_schema(text, keys)
+        if fresh != text:
+            schema.write_text(fresh, encoding="utf-8")
+            print(f"rewrote {relative}")
 
 
 if __name__ == "__main__":

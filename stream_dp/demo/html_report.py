@@ -98,18 +98,22 @@ def _key_chart(results: Sequence[WindowResult], query: str, label: str, color: s
 
     released = pick("released")
     chart = Chart(title=label, categories=categories, width=380, height=240)
-    chart.band(
-        [None if r is None else r.released - r.ci95 for r in rows],
-        [None if r is None else r.released + r.ci95 for r in rows],
-        color,
-        "95% CI",
-    )
+    # A quantile's ci95 counts ranks, not the value's units: no band for it.
+    in_ranks = any(r is not None and r.ci95_in_ranks for r in rows)
+    if not in_ranks:
+        chart.band(
+            [None if r is None else r.released - r.ci95 for r in rows],
+            [None if r is None else r.released + r.ci95 for r in rows],
+            color,
+            "95% CI",
+        )
     chart.line(pick("true_value"), GREY, "true", dashed=True)
     chart.line(released, color, None)  # joins the released points below
     tips = [
         "not released"
         if r is None
-        else f"{w.window_start}: released {_fmt(r.released)} ± {_fmt(r.ci95)}, "
+        else f"{w.window_start}: released {_fmt(r.released)} ± {_fmt(r.ci95)}"
+        f"{' ranks' if in_ranks else ''}, "
         f"true {_fmt(r.true_value)}"
         for w, r in zip(results, rows, strict=True)
     ]
@@ -123,7 +127,14 @@ def _query_section(results: Sequence[WindowResult], query: QueryWindow) -> str:
     field = ", ".join(query.rows[0].group) if query.rows else "key"
     keys = "public keys" if query.public_keys else "private keys"
     parts = [f"<section><h2>{escape(name)} · {escape(stat)} per {escape(field)} · {keys}</h2>"]
-    if query.mechanism is not None and query.noise_scale is not None:
+    if query.rows and query.rows[0].ci95_in_ranks:
+        parts.append(
+            '<p class="lede">Each quantile is a bin edge chosen by the exponential mechanism; '
+            "its 95% interval counts ranks (positions in the sorted values), so no band is "
+            "drawn. The dashed line is the true quantile, which only this demo can show "
+            "because its data is synthetic.</p>"
+        )
+    elif query.mechanism is not None and query.noise_scale is not None:
         parts.append(
             f'<p class="lede">{escape(query.mechanism.replace("_", " "))} noise of scale '
             f"{_fmt(query.noise_scale)}, ε {_fmt(query.epsilon_spent)} per window; every "

@@ -44,14 +44,19 @@ def _num(value: float) -> int | float:
 
 def _fmt(value: float) -> str:
     v = _num(value)
-    return f"{v:,}" if isinstance(v, int) else f"{v:,.2f}"
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.{_decimals(v)}f}"
+
+
+def _decimals(value: float) -> int:
+    """Cents below 1000, whole numbers above (a variance in ms² fits its column)."""
+    return 2 if abs(value) < 1000 else 0
 
 
 def _signed(value: float) -> str:
     v = _num(value)
     if v == 0:
         return "0"
-    text = f"{abs(v):,}" if isinstance(v, int) else f"{abs(v):,.2f}"
+    text = f"{abs(v):,}" if isinstance(v, int) else f"{abs(v):,.{_decimals(v)}f}"
     return ("+" if v > 0 else "−") + text
 
 
@@ -235,7 +240,10 @@ class ConsoleReporter:
     @staticmethod
     def _row(row: KeyRow) -> str:
         label = row.label if len(row.label) <= _LABEL_WIDTH else row.label[: _LABEL_WIDTH - 1] + "…"
-        mark = "✓" if row.within_ci95 else "✗ outside the 95% CI"
+        if row.ci95_in_ranks:
+            mark = "(95% CI in ranks)"
+        else:
+            mark = "✓" if row.within_ci95 else "✗ outside the 95% CI"
         return (
             f"    {label:<{_LABEL_WIDTH}}{_fmt(row.true_value):>10}{_fmt(row.released):>10}"
             f"{_signed(row.error):>9}{'±' + _fmt(row.ci95):>9}  {mark}"

@@ -11,13 +11,14 @@ with those totals; :func:`summarize` aggregates the windows seen.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from stream_dp.config import Config, QueryConfig
-from stream_dp.demo.scenario import RARE_PREFIX
+from stream_dp.demo.scenario import RARE_PREFIX, USERS_QUERY, VISITS_QUERY
 from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.privacy.statistics import statistic_of
@@ -25,6 +26,9 @@ from stream_dp.windows.tumbling import iso_utc
 
 #: Keys whose true value is at least this are "large" in the summary.
 LARGE_KEY_MIN_TRUE = 100
+#: The queries whose large keys the summary checks against their 95% CI: the counts of
+#: every kept key (the other queries' values are not counts, or only the top keys').
+CI_CHECKED = (VISITS_QUERY, USERS_QUERY)
 
 GroupKey = tuple[Any, ...]
 
@@ -49,6 +53,26 @@ def true_value(query: QueryConfig, aggregate: KeyAggregate) -> float:
     return statistic_of(query.statistic).exact_value(aggregate, query.spec())
 
 
+def _quantile_rows(
+    query: QueryConfig, rec: Mapping[str, Any], group: dict[str, Any], aggregate: KeyAggregate
+) -> list[KeyRow]:
+    """A quantile record's rows: one per configured quantile, the quantile beside the key."""
+    statistic, spec = statistic_of(query.statistic), query.spec()
+    return [
+        KeyRow(
+            group={**group, "quantile": entry["quantile"]},
+            true_value=statistic.exact_value(
+                aggregate, dataclasses.replace(spec, quantiles=(entry["quantile"],))
+            ),
+            released=float(entry["value"]),
+            ci95=float(rec["ci95"]),
+            noise_scale=float(rec["noise_scale"]),
+            ci95_in_ranks=True,
+        )
+        for entry in rec["value"]
+    ]
+
+
 @dataclass(frozen=True)
 class KeyRow:
     group: dict[str, Any]
@@ -56,6 +80,8 @@ class KeyRow:
     released: float
     ci95: float
     noise_scale: float
+    #: A quantile's ci95 counts ranks, not the value's units: no ✓ against the true value.
+    ci95_in_ranks: bool = False
 
     @property
     def label(self) -> str:
@@ -67,7 +93,7 @@ class KeyRow:
 
     @property
     def within_ci95(self) -> bool:
-        return abs(self.error) <= self.ci95
+        return not self.ci95_in_ranks and abs(self.error) <= self.ci95
 
     @property
     def relative_error(self) -> float | None:
@@ -128,6 +154,9 @@ def compare_query(
         group = dict(rec["group"])
         key = canonical_key(group[f] for f in query.group_by)  # as the exact totals hold it
         aggregate = totals.get(key, KeyAggregate(events=0, users=0, value_sum=0))
+        if isinstance(rec["value"], list):
+            rows.extend(_quantile_rows(query, rec, group, aggregate))
+            continue
         rows.append(
             KeyRow(
                 group=group,
@@ -137,7 +166,10 @@ def compare_query(
                 noise_scale=float(rec["noise_scale"]),
             )
         )
-    rows.sort(key=lambda r: (-r.true_value, r.label))
+    if query.statistic == "quantile":
+        rows.sort(key=lambda r: r.label)  # each key's quantiles together, in order
+    else:
+        rows.sort(key=lambda r: (-r.true_value, r.label))
     released = int(window["released_keys"])
     rare_in_data = sum(1 for key in totals if any(str(v).startswith(RARE_PREFIX) for v in key))
     first = releases[0] if releases else None
@@ -182,7 +214,8 @@ def summarize(
     results: Sequence[WindowResult], config: Config, *, windows_expected: int, elapsed_s: float
 ) -> Summary:
     rows = [row for w in results for q in w.queries for row in q.rows]
-    large = [r for r in rows if r.true_value >= LARGE_KEY_MIN_TRUE]
+    counted = [row for w in results for q in w.queries if q.query in CI_CHECKED for row in q.rows]
+    large = [r for r in counted if r.true_value >= LARGE_KEY_MIN_TRUE]
     relative = [r.relative_error for r in large if r.relative_error is not None]
     return Summary(
         windows_expected=windows_expected,

@@ -10,9 +10,14 @@ Queries, sharing ε per window (``--epsilon``, default 1):
 
 - ``visits_by_domain`` — count of visits per domain, **private keys** (domains nobody listed,
   like URLs in the AOL logs): truncated-geometric partition selection on distinct users,
-  ¾ of ε, δ = 1e-6;
+  0.4 of ε, δ = 1e-6;
 - ``users_by_country`` — distinct users per country, **public keys** (DE, FR, NL, US: all
-  released, no selection), ¼ of ε.
+  released, no selection), 0.2 of ε;
+- ``top_domains`` — the same count, only the :data:`TOP_K` most visited domains (private
+  top-k: the exponential mechanism picks them among the kept keys), 0.2 of ε, δ = 1e-6;
+- ``latency_variance`` and ``latency_quantiles`` — variance and quantiles (0.5, 0.9, 0.99)
+  of the page load time ``latency_ms`` clamped to [0, 600] ms, per country (public keys),
+  0.1 of ε each.
 
 Bounds: k = 20 events per user and window, L0 = 3 domains, Linf = 10 visits per domain.
 """
@@ -35,14 +40,24 @@ DELTA = 1e-6
 MAX_CONTRIBUTIONS_PER_WINDOW = 20
 MAX_KEYS_PER_USER = 3
 MAX_CONTRIBUTIONS_PER_KEY = 10
-#: Share of the window's ε for ``visits_by_domain``; ``users_by_country`` gets the rest.
-VISITS_SHARE = 0.75
+#: Shares of the window's ε: ``visits_by_domain``, ``users_by_country``, ``top_domains``;
+#: the two latency queries split the rest evenly.
+VISITS_SHARE = 0.4
+USERS_SHARE = 0.2
+TOP_SHARE = 0.2
+TOP_K = 3
+#: ``latency_ms``: the range the latency queries clamp to, in ms, and the quantiles shown.
+LATENCY_LOWER_MS, LATENCY_UPPER_MS = 0, 600
+LATENCY_QUANTILES = (0.5, 0.9, 0.99)
 
 DEFAULT_USERS, DEFAULT_WINDOWS = 2000, 6
 FAST_USERS, FAST_WINDOWS = 500, 3
 
 VISITS_QUERY = "visits_by_domain"
 USERS_QUERY = "users_by_country"
+TOP_QUERY = "top_domains"
+VARIANCE_QUERY = "latency_variance"
+QUANTILES_QUERY = "latency_quantiles"
 RARE_PREFIX = "rare-"
 
 
@@ -72,6 +87,7 @@ def data_spec(options: DemoOptions) -> BrowserLogSpec:
         popular_domains=8,
         rare_domains=12,
         seed=0,
+        latency=True,
     )
 
 
@@ -79,6 +95,15 @@ def config_data(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any]:
     """The demo's configuration as plain data (what a YAML file would hold)."""
     eps = options.epsilon
     visits_eps = eps * VISITS_SHARE
+    latency_eps = eps * (1 - VISITS_SHARE - USERS_SHARE - TOP_SHARE) / 2
+    latency = {
+        "value_field": "latency_ms",
+        "lower": LATENCY_LOWER_MS,
+        "upper": LATENCY_UPPER_MS,
+        "group_by": ["country"],
+        "keys": {"country": list(COUNTRIES)},
+        "epsilon": latency_eps,
+    }
     return {
         "kafka": {
             "bootstrap_servers": bootstrap_servers,
@@ -102,7 +127,7 @@ def config_data(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any]:
         },
         "privacy": {
             "epsilon_per_window": eps,
-            "delta_per_window": DELTA,
+            "delta_per_window": 2 * DELTA,  # the two queries on private keys
             "horizon_windows": options.windows,
             "max_epsilon_per_horizon": eps * options.windows,
         },
@@ -126,7 +151,24 @@ def config_data(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any]:
                 "statistic": "count_distinct_users",
                 "group_by": ["country"],
                 "keys": {"country": list(COUNTRIES)},
-                "epsilon": eps - visits_eps,
+                "epsilon": eps * USERS_SHARE,
+            },
+            {
+                "name": TOP_QUERY,
+                "statistic": "count",
+                "group_by": ["domain"],
+                "keys": "private",
+                "selection": "truncated_geometric",
+                "top_k": TOP_K,
+                "epsilon": eps * TOP_SHARE,
+                "delta": DELTA,
+            },
+            {"name": VARIANCE_QUERY, "statistic": "variance", **latency},
+            {
+                "name": QUANTILES_QUERY,
+                "statistic": "quantile",
+                "quantiles": list(LATENCY_QUANTILES),
+                **latency,
             },
         ],
         "metrics": {"enabled": False},

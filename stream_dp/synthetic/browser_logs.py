@@ -6,7 +6,10 @@
 * a long tail of rare domains, each visited by exactly one employee — the keys whose mere
   presence would reveal that person (they must never be released);
 * one employee who stops browsing half-way (the leave-of-absence case): the
-  output must not let anyone tell that from the released numbers.
+  output must not let anyone tell that from the released numbers;
+* with ``latency=True``, a numeric field: ``latency_ms``, the page's load time, log-normal
+  (median :data:`LATENCY_MEDIAN_MS`, σ = :data:`LATENCY_SIGMA`), drawn from its own seeded
+  generator so that every other field is the same with it or without it.
 
 Deterministic for a given seed; not a DP draw (a plain PRNG is right here).
 :func:`live_browser_log_events` is the endless variant for a live stack: the same population,
@@ -15,6 +18,7 @@ each event stamped with the clock at the moment it is generated.
 
 from __future__ import annotations
 
+import math
 import random  # synthetic test and bench data, seeded for reproducibility: never a DP draw
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +26,9 @@ from typing import Any
 
 COUNTRIES = ("DE", "FR", "NL", "US")
 LEAVER = "employee-0000@corp.example"
+#: ``latency_ms``: median and σ of the log-normal page load time, in milliseconds.
+LATENCY_MEDIAN_MS = 120.0
+LATENCY_SIGMA = 0.6
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class BrowserLogSpec:
     median_events_per_user: float = 4.0
     max_events_per_user: int = 400
     seed: int | None = 0
+    latency: bool = False  #: add ``latency_ms`` to every event
 
     def window_starts(self) -> list[int]:
         return [self.start_s + i * self.window_size_s for i in range(self.windows)]
@@ -72,6 +80,9 @@ def _population(spec: BrowserLogSpec, rng: random.Random) -> _Population:
 def browser_log_events(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
     """Events in event-time order; ``timestamp`` is epoch milliseconds."""
     rng = random.Random(spec.seed)  # noqa: S311 — synthetic data, not a privacy draw
+    # latency_ms from a generator of its own (seeded apart): the other fields stay the same.
+    latency_seed = None if spec.seed is None else f"latency-{spec.seed}"
+    latency_rng = random.Random(latency_seed) if spec.latency else None  # noqa: S311
     people = _population(spec, rng)
     favourites, countries, rare_owner = people.favourites, people.countries, people.rare_owner
     for w, start in enumerate(spec.window_starts()):
@@ -90,7 +101,14 @@ def browser_log_events(spec: BrowserLogSpec) -> Iterator[dict[str, Any]]:
                 for _ in range(rng.randint(1, 3)):
                     batch.append(_event(owner, start, spec, rng, rare_domain(r), countries[owner]))
         batch.sort(key=lambda e: e["timestamp"])
-        yield from batch
+        for event in batch:
+            yield event if latency_rng is None else _with_latency(event, latency_rng)
+
+
+def _with_latency(event: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """``event`` with ``latency_ms``: log-normal, in ms with one decimal."""
+    mu = math.log(LATENCY_MEDIAN_MS)
+    return {**event, "latency_ms": round(rng.lognormvariate(mu, LATENCY_SIGMA), 1)}
 
 
 def _event(

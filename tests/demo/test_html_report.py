@@ -102,3 +102,22 @@ def test_the_demo_report_renders_in_chromium(tmp_path: Path) -> None:
     blue = tuple(int(PALETTE[0][i : i + 2], 16) for i in (1, 3, 5))
     near_blue = sum(1 for p in pixels if sum(abs(a - b) for a, b in zip(p, blue, strict=True)) < 60)
     assert near_blue > 20, "no chart colours in the screenshot"
+
+
+def test_a_quantile_chart_draws_no_band_of_ranks() -> None:
+    """A quantile's ci95 counts ranks: a band of ± ranks around milliseconds would be drawn
+    on the wrong scale, so its charts have none (and say why)."""
+    row = KeyRow(group={"country": "DE", "quantile": 0.5}, true_value=120.0, released=125.0,
+                 ci95=19_648, noise_scale=1780.0, ci95_in_ranks=True)  # fmt: skip
+    quantiles = QueryWindow(
+        query="latency_quantiles", statistic="quantile", public_keys=True, rows=[row],
+        released_keys=1, suppressed_keys=None, rare_keys_in_data=0, epsilon_spent=0.1,
+        delta_spent=0.0, horizon_epsilon_spent=0.1, mechanism="exponential",
+        noise_scale=1780.0, ci95=19_648,
+    )  # fmt: skip
+    window = WindowResult(index=1, total=1, window_start="2020-08-01T00:00:00Z",
+                          window_end="2020-08-01T00:00:10Z", queries=[quantiles])  # fmt: skip
+    page = render_report([window])
+    assert page.count("<svg") == 2  # the key, the ε chart
+    assert "<polygon" not in page and "95% CI" not in page
+    assert "counts ranks" in page and "± 19,648 ranks" in page

@@ -15,7 +15,7 @@ from stream_dp.demo.scenario import DemoOptions, demo_config
 from stream_dp.privacy.release import KeyAggregate
 
 CONFIG = demo_config(DemoOptions(users=100, windows=2), "127.0.0.1:1")
-VISITS, USERS = CONFIG.queries
+VISITS, USERS, TOP, _VARIANCE, QUANTILES = CONFIG.queries
 
 
 def _release(group: dict[str, str], value: int, ci95: float = 10.0) -> dict[str, object]:
@@ -71,3 +71,34 @@ def test_summary_counts_large_keys_rare_releases_and_epsilon() -> None:
     assert s.rare_keys_released == 2  # a broken selection would be reported, not hidden
     assert s.epsilon_spent_total == 2.0 and s.horizon_epsilon_spent == 2.0
     assert s.complete
+
+
+def test_a_quantile_record_gives_a_row_per_quantile_beside_its_exact_value() -> None:
+    """10 values in bin 100 and 10 in bin 500 of 1024 over [0, 600): the exact median is
+    bin 100's lower edge, the 0.9 and 0.99 quantiles bin 500's."""
+    bins = [0] * 1024
+    bins[100], bins[500] = 10, 10
+    totals = {("DE",): KeyAggregate(events=20, users=5, value_sum=0, value_bins=tuple(bins))}
+    record = {**_release({"country": "DE"}, 0), "ci95": 7.0,
+              "value": [{"quantile": 0.5, "value": 60.0}, {"quantile": 0.9, "value": 290.0},
+                        {"quantile": 0.99, "value": 300.0}]}  # fmt: skip
+    q = compare_query(QUANTILES, [record], _window(1, eps=0.1), totals)
+    edge = 600 / 1024
+    assert [(r.label, r.true_value, r.released) for r in q.rows] == [
+        ("DE, 0.5", 100 * edge, 60.0),
+        ("DE, 0.9", 500 * edge, 290.0),
+        ("DE, 0.99", 500 * edge, 300.0),
+    ]
+    # The ci95 counts ranks: no comparison with an error in milliseconds.
+    assert all(r.ci95_in_ranks and not r.within_ci95 for r in q.rows)
+
+
+def test_summary_checks_only_the_counts_of_every_kept_key_against_their_ci() -> None:
+    """top_domains' values are counts too, but of chosen keys only: not in the check."""
+    totals = {("site00.example",): KeyAggregate(LARGE_KEY_MIN_TRUE * 2, 90, 0)}
+    releases = [_release({"domain": "site00.example"}, LARGE_KEY_MIN_TRUE * 2 + 5)]
+    visits = compare_query(VISITS, releases, _window(1), totals)
+    top = compare_query(TOP, releases, _window(1), totals)
+    s = summarize([WindowResult(1, 1, "s", "e", [visits, top])], CONFIG,
+                  windows_expected=1, elapsed_s=1.0)  # fmt: skip
+    assert s.large_values == 1 and s.large_within_ci95 == 1
