@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
-from stream_dp.privacy.statistics.base import Column, NoisePart, NoiseTarget
-from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
+from stream_dp.privacy.statistics.base import Column, NoiseTarget
 from stream_dp.privacy.statistics.sensitivity import Sensitivity, distinct_users_sensitivity
-from stream_dp.privacy.statistics.single_component import release_single
+from stream_dp.privacy.statistics.single_component import SingleComponent
 
 if TYPE_CHECKING:
     import numpy as np
@@ -18,7 +16,7 @@ if TYPE_CHECKING:
     from stream_dp.privacy.statistics.base import PlanView
 
 
-class CountDistinctUsers:
+class CountDistinctUsers(SingleComponent):
     """Noisy distinct users: one user adds one to at most L0 keys (L1 = L0, L2 = √L0)."""
 
     name: ClassVar[StatisticName] = "count_distinct_users"
@@ -35,31 +33,8 @@ class CountDistinctUsers:
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         return distinct_users_sensitivity(bounds)
 
-    def squares_center(self, query: QuerySpec) -> int | None:
-        return None
-
-    def noise_parts(
-        self, query: QuerySpec, bounds: BoundsSpec, noise_epsilon: float, noise_delta: float
-    ) -> tuple[NoisePart, ...]:
-        sensitivity = distinct_users_sensitivity(bounds)
-        return (NoisePart("value", sensitivity, noise_epsilon, noise_delta),)
-
     def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: PlanView) -> np.ndarray:
         return totals.users
 
-    def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: PlanView
-    ) -> ReleasedValues:
-        return release_single(groups, noisy, plan, scaled=False)
-
     def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:
         return aggregate.users
-
-    def released_range(self, plan: PlanView) -> tuple[float, float] | None:
-        return None
-
-    def plan_figures(self, plan: PlanView) -> dict[str, Any]:
-        return {}
-
-    def plan_lines(self, plan: PlanView) -> list[str]:
-        return []
