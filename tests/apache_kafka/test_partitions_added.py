@@ -125,29 +125,33 @@ def _said(worker: WorkerProcess, level: str, text: str) -> bool:
     return False
 
 
+def _keyed_deployment(metrics_port: int) -> dict[str, Any]:
+    """The deployment both tests run: keyed input placed by crc32, noise-free counts of one
+    public domain and of distinct users."""
+    return {
+        "input": {"keyed_by_user": True, "partitioner": "crc32"},
+        "privacy": NOISE_FREE,
+        "bounds": {"max_contributions_per_window": K},
+        "metrics": {"port": metrics_port},
+        "queries": [
+            {
+                "name": "visits",
+                "group_by": ["domain"],
+                "epsilon": 1e6,
+                "keys": {"domain": ["shared.example"]},
+            },
+            {"name": "users", "statistic": "count_distinct_users", "epsilon": 1e6, "keys": {}},
+        ],
+    }
+
+
 async def test_added_partitions_are_seen_in_seconds_and_nothing_placed_right_is_lost(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
     from confluent_kafka import Producer
 
     port = free_port()
-    cfg = config_factory(
-        {
-            "input": {"keyed_by_user": True, "partitioner": "crc32"},
-            "privacy": NOISE_FREE,
-            "bounds": {"max_contributions_per_window": K},
-            "metrics": {"port": port},
-            "queries": [
-                {
-                    "name": "visits",
-                    "group_by": ["domain"],
-                    "epsilon": 1e6,
-                    "keys": {"domain": ["shared.example"]},
-                },
-                {"name": "users", "statistic": "count_distinct_users", "epsilon": 1e6, "keys": {}},
-            ],
-        }
-    )
+    cfg = config_factory(_keyed_deployment(port))
     config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
@@ -237,23 +241,7 @@ async def test_a_worker_restarted_after_the_change_replays_older_windows_under_t
     from confluent_kafka import Producer
 
     port = free_port()
-    cfg = config_factory(
-        {
-            "input": {"keyed_by_user": True, "partitioner": "crc32"},
-            "privacy": NOISE_FREE,
-            "bounds": {"max_contributions_per_window": K},
-            "metrics": {"port": port},
-            "queries": [
-                {
-                    "name": "visits",
-                    "group_by": ["domain"],
-                    "epsilon": 1e6,
-                    "keys": {"domain": ["shared.example"]},
-                },
-                {"name": "users", "statistic": "count_distinct_users", "epsilon": 1e6, "keys": {}},
-            ],
-        }
-    )
+    cfg = config_factory(_keyed_deployment(port))
     config = load_config(cfg)
     await apply_topics(config, kafka_bootstrap, include_input=True)
     topics = topics_of(cfg)
