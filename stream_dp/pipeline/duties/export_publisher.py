@@ -9,6 +9,10 @@ window's records again, never loses them: delivery is **at least once**, and a w
 twice is sent with the same records (the same pseudonyms, fields and k-anonymity decisions
 from the same events). Partners deduplicate on the whole record.
 
+Memory: the held events count in the worker's held state (:meth:`ExportPublisher.held_bytes`,
+which the worker's hold guards add to stage 1's), so ``window.max_held_state_bytes`` pauses
+fetching when the buffers grow past it (docs/exports.md#memory).
+
 Erasure: the worker that records an erasure in the erasure log sends, once the log has it,
 each partner its erasure record (:func:`~stream_dp.pipeline.duties.export_stage.erasure_records`);
 every worker drops the erased person's events from the exports from then on.
@@ -60,6 +64,11 @@ class ExportPublisher:
         for tp, msgs in batch.items():
             if tp in owned and tp.topic == self._input_topic:
                 self.stage.add(tp.partition, ((m.offset, m.value) for m in msgs), now_s)
+
+    def held_bytes(self) -> int:
+        """The export buffers' part of the worker's held state (``window.max_held_state_bytes``
+        counts it: :meth:`ExportStage.held_bytes`); 0 without exports."""
+        return self.stage.held_bytes()
 
     async def publish(self, sealed: Sequence[tuple[int, int]]) -> None:
         """Every export's records of the sealed (partition, window)s, acknowledged."""

@@ -7,7 +7,9 @@
   outage does not count: a restarted worker catches up first);
 * :class:`~stream_dp.pipeline.stages.hold.HeldStateCap` with :class:`Backpressure`: above
   ``window.max_held_state_bytes`` fetching pauses, and stays paused at most
-  ``window.max_backpressure_s`` before the worker stops.
+  ``window.max_backpressure_s`` before the worker stops. The held state is stage 1's
+  (:meth:`IngestStage.held_bytes`) and what the worker holds beside it for the same windows
+  (:meth:`HoldGuards.count_held`: the partner exports' buffers).
 
 Each stop is a hold (:meth:`OffsetRangeGuard.hold`): ERROR, out of the group, not ready, live.
 
@@ -42,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from stream_dp.clients.connect import partitions_without_leader
@@ -274,6 +276,17 @@ class HoldGuards:
         self.backpressure = Backpressure(membership)
         self._membership = membership
         self._last_check_mono_s: float | None = None
+        #: Held state kept beside stage 1's, counted with it (:meth:`count_held`).
+        self._held_beside: list[Callable[[], int]] = []
+
+    def count_held(self, held_bytes: Callable[[], int]) -> None:
+        """Count ``held_bytes()`` in the held state too — the gauge and the cap — at every
+        check (the partner exports' buffers of the open windows)."""
+        self._held_beside.append(held_bytes)
+
+    def held_bytes(self, ingest: IngestStage) -> int:
+        """The held state: stage 1's and what is held beside it."""
+        return ingest.held_bytes() + sum(held() for held in self._held_beside)
 
     async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
         """The maximum hold and the memory cap checked on the state the last iteration left
@@ -307,7 +320,7 @@ class HoldGuards:
         }
         self._note_outage(now_s, now_mono_s)
         self.held_age.check(safe, now_s)
-        self.backpressure.apply(self.cap.backpressure(ingest.held_bytes(), now_mono_s))
+        self.backpressure.apply(self.cap.backpressure(self.held_bytes(ingest), now_mono_s))
 
     def _note_outage(self, now_s: float, now_mono_s: float) -> None:
         """The maximum hold counts the time this worker could read the log: from its first

@@ -199,6 +199,7 @@ class Worker:
             self.publisher, metrics=metrics, health=health, window_size_s=size_s
         )
         self.output = StageOutput(config, self.publisher, keyring=keyring)
+        self.guards.count_held(self.output.exports.held_bytes)  # exports: in the held state
         self.handoff: Handoff | None = None  # stage 1's partials and watermarks
         self._routes: dict[str, Route] = {}  # each topic's records' stage (set at start)
         self._reader: LedgerReader | None = None
