@@ -303,10 +303,10 @@ class WindowConfig(_Section):
         None,
         ge=1_048_576,
         description="cap on the bytes open windows' samples hold in one worker, with "
-        "the events held for partner exports (unset: no cap). Above it the worker pauses fetching the partitions that add to them "
-        "(the group stays alive) until sealed windows bring it under; still above after "
-        "max_backpressure_s it stops releasing (ERROR, not ready) instead of being killed "
-        "for memory",
+        "the events held for partner exports (unset: no cap). Above it the worker pauses "
+        "fetching the partitions that add to them (the group stays alive) until sealed "
+        "windows bring it under; still above after max_backpressure_s it stops releasing "
+        "(ERROR, not ready) instead of being killed for memory",
     )
     max_backpressure_s: Number = Field(
         300.0,
