@@ -2,8 +2,8 @@
 
 ``python -m bench.realistic [--events N] [--before REV] [--after REV] [--profile] > RUN.json``,
 then ``--keep LABEL RUN.json`` keeps it in ``bench/realistic.json`` and writes its section of
-RESULTS.md (``--render``: the section from what is kept); ``--smoke``
-runs a small topic on the embedded broker only (the bench's smoke test).
+RESULTS.md (``--render``: the section from what is kept; ``bench.report`` renders it too);
+``--smoke`` runs a small topic on the embedded broker only (the bench's smoke test).
 
 The stream (one topic of 4 partitions, produced by librdkafka — confluent-kafka with
 ``linger.ms`` 5 and its default partitioner, keyed by user id): ``N`` JSON events

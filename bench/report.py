@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import re
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from bench import (
     continual,
     erasure_burst,
     ledger_startup,
+    realistic,
     refactor_parity,
     set_union,
     statistics_utility,
@@ -608,12 +610,35 @@ def markdown(r: dict[str, Any]) -> str:
         burst = orjson.loads(erasure_burst.RESULTS_FILE.read_bytes())
     if burst is not None:
         lines += ["", *erasure_burst.section(burst)]
+    if RESULTS_MD.exists():  # sections written by hand: no JSON behind them, kept as they are
+        for block in hand_written_sections(RESULTS_MD.read_text(encoding="utf-8")):
+            lines += ["", *block.split("\n")]
+    if realistic.RESULTS_FILE.exists():  # its own bench (python -m bench.realistic --keep)
+        kept = orjson.loads(realistic.RESULTS_FILE.read_bytes())
+        lines += ["", *realistic.section(kept)]
     if statistics_utility.RESULTS_FILE.exists():  # bench.statistics_utility --write
         kept = orjson.loads(statistics_utility.RESULTS_FILE.read_bytes())
         lines += ["", *statistics_utility.section(kept)]
     lines += ["", "## What limits throughput", ""]
     lines += [f"- {note}" for note in r.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+#: The kept report: its sections written by hand are carried into the next one.
+RESULTS_MD = Path(__file__).resolve().parent / "RESULTS.md"
+
+#: Sections written by hand from one-off measurements (no bench keeps their figures in JSON),
+#: by the start of their titles (a later pass adds a "## Release path, …" section or a
+#: subsection): a regenerated report carries each, subsections included, from the kept
+#: RESULTS.md.
+HAND_WRITTEN_TITLES = ("## Release path", "## Fetch and decode path")
+
+
+def hand_written_sections(markdown: str) -> list[str]:
+    """The sections of ``markdown`` headed by one of ``HAND_WRITTEN_TITLES``, each from its
+    heading to the next ``## `` heading (trailing blank lines dropped), in their order."""
+    blocks = re.split(r"^(?=## )", markdown, flags=re.M)
+    return [b.rstrip("\n") for b in blocks if b.startswith(HAND_WRITTEN_TITLES)]
 
 
 def _profile_section(r: dict[str, Any]) -> list[str]:

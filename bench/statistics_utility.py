@@ -3,7 +3,8 @@
 ``python -m bench.statistics_utility [--smoke] [--out RUN.json] [--write] [--render]``:
 ``--write`` keeps the run in ``bench/statistics_utility.json`` and writes its section of
 RESULTS.md; ``--render`` writes the section from what is kept; ``--smoke`` is a small run
-(its test: tests/bench/test_statistics_utility.py). ``bench.run`` does not rerun it.
+(its test: tests/bench/test_statistics_utility.py). ``bench.run`` does not rerun it;
+``bench.report`` renders the kept run.
 
 Data (:func:`dataset`, seed :data:`SEED`): users with Geometric(1/5) events each (at least 1,
 mean 5), each event a ``category`` (Zipf(1) over :data:`CATEGORIES` values), a ``domain``

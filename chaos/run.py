@@ -43,9 +43,11 @@ jars of ``make kafka-jars``), fed by a live producer
   minutes; the internal topics keep their records for the default six hours, so nothing is
   deleted), then start them all again. A window held through the outage pins records older
   than the maximum hold: the restarted workers must catch up on the backlog instead of
-  stopping on "held too long". The check "long outage" wants the windows due at each
-  restart out within ``OUTAGE_CATCH_UP_BOUND_S`` and no worker's log to say it stopped on
-  the maximum hold; "nothing lost" and "released once" still hold.
+  stopping on "held too long". The check "long outage" wants every window due at each
+  restart on the output topic before the run goes on (the wait is bounded only by a hang
+  guard, ``OUTAGE_HANG_GUARD_S``, from the configured timings with a large margin; the time
+  it took is reported, not judged: a loaded machine is slower) and no worker's log to say it
+  stopped on the maximum hold; "nothing lost" and "released once" still hold.
 
 The queries run in the noise-free test mode (ε = 1e6: discrete Laplace noise of scale
 ≤ 1e-6 is 0 except with probability below e^-1e5) and k is far above any user's events per
@@ -628,15 +630,16 @@ async def _due_windows_out(
     return len(wanted) // len(QUERIES), taken
 
 
-#: long_outage: the windows due at the restart must be out this long after it at most: the
-#: group's start-up from nothing on a loaded machine, the backlog of OUTAGE_S read (seconds
-#: at the run's rate), a window, its grace and the idle close.
-OUTAGE_CATCH_UP_BOUND_S = WINDOW_S + GRACE_S + IDLE_CLOSE_S + 60
+#: long_outage: a hang guard only (the check wants every due window out, not a time): the
+#: outage's backlog, a window, its grace and the idle close, four times over, for the group's
+#: start-up from nothing and the backlog's read on a loaded machine. A catch-up that stops
+#: (a worker held on the maximum hold) never ends; this keeps the run from waiting forever.
+OUTAGE_HANG_GUARD_S = 4 * (OUTAGE_S + WINDOW_S + GRACE_S + IDLE_CLOSE_S)
 
 
 async def _long_outage(run: Run, slots: list[Slot], config: Path, bootstrap: str) -> None:
     """SIGKILL every worker, keep producing for OUTAGE_S (past output.max_hold_s), start them
-    all again and time the windows due at the restart until each is out (module docstring)."""
+    all again and wait until every window due at the restart is out (module docstring)."""
     for slot in slots:
         assert slot.proc is not None
         slot.proc.kill()
@@ -654,7 +657,7 @@ async def _long_outage(run: Run, slots: list[Slot], config: Path, bootstrap: str
     await asyncio.sleep(OUTAGE_S)
     for slot in slots:
         _start(slot, config, run)
-    due, taken = await _due_windows_out(run, config, bootstrap, 3 * OUTAGE_CATCH_UP_BOUND_S)
+    due, taken = await _due_windows_out(run, config, bootstrap, OUTAGE_HANG_GUARD_S)
     run.outages.append((OUTAGE_S, due, taken))
     out = "never" if taken is None else f"{taken:.0f} s"
     run.faults[-1].detail += f"; the {due} windows due at the restart out after {out}"
@@ -665,10 +668,10 @@ HELD_TOO_LONG = b"more than output.max_hold_s"
 
 
 def _long_outage_check(run: Run, scanned: dict[str, bytes]) -> Check:
-    """The check of the long_outage faults: the due windows out after each restart, and no
-    worker stopped on the maximum hold (at any time of the run: a running worker held past
-    it is as much a failure)."""
-    slow = [o for o in run.outages if o[2] is None or o[2] > OUTAGE_CATCH_UP_BOUND_S]
+    """The check of the long_outage faults: every window due at each restart out (whatever
+    it took: the wait's hang guard is no claim), and no worker stopped on the maximum hold
+    (at any time of the run: a running worker held past it is as much a failure)."""
+    never = [o for o in run.outages if o[2] is None]
     stopped = sorted(
         name
         for name, blob in scanned.items()
@@ -680,11 +683,12 @@ def _long_outage_check(run: Run, scanned: dict[str, bytes]) -> Check:
         )
     )
     return Check(
-        f"long outage: due windows out within {OUTAGE_CATCH_UP_BOUND_S} s of the restart, no "
-        f"worker stopped on output.max_hold_s = {MAX_HOLD_S} s",
-        not slow and not stopped,
-        f"(seconds down, windows due, seconds until out) per outage: {run.outages}; too slow: "
-        f"{slow}; logs with a stop on the maximum hold: {stopped}",
+        "long outage: every window due at each restart out, no worker stopped on "
+        f"output.max_hold_s = {MAX_HOLD_S} s",
+        not never and not stopped,
+        f"(seconds down, windows due, seconds until out) per outage: {run.outages}; never all "
+        f"out: {never} (hang guard {OUTAGE_HANG_GUARD_S} s); logs with a stop on the maximum "
+        f"hold: {stopped}",
     )
 
 

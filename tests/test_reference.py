@@ -155,3 +155,25 @@ def test_the_statistic_enums_of_the_committed_schemas_are_generated_from_the_reg
         assert hooks.refresh_schema(stale, keys) == text
     with pytest.raises(hooks.PluginError, match="no single statistic enum"):
         hooks.refresh_schema('{"properties": {}}', ("properties", "statistic"))
+
+
+def test_the_mechanism_enums_of_the_committed_schemas_are_generated() -> None:
+    """What a release record and a plan name as ``mechanism`` (the additive noises and the
+    statistics' own, a quantile's ``exponential``) is what `make docs-refs` writes; a
+    schema missing one is stale and rewritten whole."""
+    from stream_dp.privacy.statistics import STATED_MECHANISMS
+
+    hooks = _site_hooks()
+    assert STATED_MECHANISMS == ["discrete_laplace", "discrete_gaussian", "exponential"]
+    assert set(hooks.MECHANISM_ENUMS) == {
+        "stream_dp/privacy/plan.schema.json",
+        "topics/release.schema.json",
+    }
+    for relative, keys in hooks.MECHANISM_ENUMS.items():
+        text = (ROOT / relative).read_text(encoding="utf-8")
+        assert hooks.refresh_schema(text, keys, STATED_MECHANISMS) == text, f"{relative}: stale"
+        stale = re.sub(r',\s*"exponential"', "", text, count=1)
+        assert stale != text
+        assert hooks.refresh_schema(stale, keys, STATED_MECHANISMS) == text
+    with pytest.raises(hooks.PluginError, match="no single mechanism enum"):
+        hooks.refresh_schema('{"properties": {}}', ("properties", "mechanism"), ["x"])

@@ -16,8 +16,10 @@ it is read without a build (a repository browser): ``python docs/hooks/site.py``
 docs-refs``) rewrites them, ``tests/test_reference.py`` fails while one is stale, and every
 build renders them afresh. The statistic enums of the committed JSON schemas
 (``SCHEMA_ENUMS``) are generated the same way, from the statistics registry
-(:data:`stream_dp.privacy.statistics.STATISTICS`): ``main`` rewrites them and the same test
-fails while one names other statistics than the registry. A marker that names nothing known,
+(:data:`stream_dp.privacy.statistics.STATISTICS`), and their mechanism enums
+(``MECHANISM_ENUMS``: what release records and plans name) from the additive noises and the
+statistics' own mechanisms (:data:`stream_dp.privacy.statistics.STATED_MECHANISMS`): ``main``
+rewrites them and the same test fails while one names others. A marker that names nothing known,
 or a generated marker without its end, fails the build, as ``--strict`` does for broken links.
 """
 
@@ -35,7 +37,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
-from stream_dp.privacy.statistics import STATISTICS
+from stream_dp.privacy.statistics import STATED_MECHANISMS, STATISTICS
 from stream_dp.reference import (
     configuration_reference,
     fingerprint_reference,
@@ -57,6 +59,12 @@ SCHEMA_ENUMS: dict[str, tuple[str, ...]] = {
 }
 #: The statistic enum as written in a schema (on one line or one item a line).
 STATISTIC_ENUM = re.compile(r'("statistic": \{\s*"enum": )\[([^\]]*)\]')
+#: The committed JSON schemas whose enum of the mechanisms a release record or plan names
+#: is :data:`STATED_MECHANISMS`, with the keys leading to that enum (its name last).
+MECHANISM_ENUMS: dict[str, tuple[str, ...]] = {
+    "stream_dp/privacy/plan.schema.json": ("$defs", "released_mechanism"),
+    "topics/release.schema.json": ("properties", "mechanism"),
+}
 
 
 def _root(config: MkDocsConfig) -> Path:
@@ -123,10 +131,21 @@ def refresh(markdown: str) -> str:
     return fresh
 
 
-def refresh_schema(text: str, keys: tuple[str, ...]) -> str:
-    """The schema ``text`` with its statistic enum (at ``keys``) naming the registered
-    statistics in registry order, its layout kept (PluginError when it has no such enum)."""
-    names = list(STATISTICS)
+def refresh_schema(text: str, keys: tuple[str, ...], names: list[str] | None = None) -> str:
+    """The schema ``text`` with its enum at ``keys`` naming ``names`` in order (by default
+    the registered statistics, in registry order), its layout kept (PluginError when it has
+    no single such enum: the last key's name followed by an object whose first member is
+    ``"enum"``, or one whose ``"enum"`` follows its ``"description"``)."""
+    if names is None:
+        names = list(STATISTICS)
+    pattern = (
+        STATISTIC_ENUM
+        if keys[-1] == "statistic"
+        else re.compile(
+            rf'("{re.escape(keys[-1])}": \{{\s*(?:"description": "[^"]*",\s*)?"enum": )'
+            r"\[([^\]]*)\]"
+        )
+    )
 
     def rewrite(match: re.Match[str]) -> str:
         old = match.group(2)
@@ -138,13 +157,21 @@ def refresh_schema(text: str, keys: tuple[str, ...]) -> str:
         body = ",".join(f"\n{indent}{json.dumps(name)}" for name in names)
         return f"{match.group(1)}[{body}{closing}]"
 
-    fresh, found = STATISTIC_ENUM.subn(rewrite, text)
+    fresh, found = pattern.subn(rewrite, text)
     schema: Any = json.loads(fresh)
     for key in keys:
         schema = schema.get(key, {}) if isinstance(schema, dict) else {}
     if found != 1 or schema.get("enum") != names:
-        raise PluginError(f"no single statistic enum at {'/'.join(keys)} to generate")
+        raise PluginError(f"no single {keys[-1]} enum at {'/'.join(keys)} to generate")
     return fresh
+
+
+def schema_enums() -> list[tuple[str, tuple[str, ...], list[str]]]:
+    """(schema path, keys, names) of every generated enum: statistics, then mechanisms."""
+    return [
+        *((path, keys, list(STATISTICS)) for path, keys in SCHEMA_ENUMS.items()),
+        *((path, keys, list(STATED_MECHANISMS)) for path, keys in MECHANISM_ENUMS.items()),
+    ]
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
@@ -181,10 +208,10 @@ def main() -> None:
         if fresh != text:
             page.write_text(fresh, encoding="utf-8")
             print(f"rewrote {page.relative_to(HERE.parents[1])}")
-    for relative, keys in SCHEMA_ENUMS.items():
+    for relative, keys, names in schema_enums():
         schema = HERE.parents[1] / relative
         text = schema.read_text(encoding="utf-8")
-        fresh = refresh_schema(text, keys)
+        fresh = refresh_schema(text, keys, names)
         if fresh != text:
             schema.write_text(fresh, encoding="utf-8")
             print(f"rewrote {relative}")

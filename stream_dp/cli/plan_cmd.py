@@ -378,9 +378,12 @@ def render_table(
                 q.statistic,
                 _num(q.epsilon),
                 _num(q.delta),
-                q.mechanism,
-                _num(q.noise_scale),
-                "+/-" + _num(q.ci95) + (" (last window)" if q.continual is not None else ""),
+                q.stated_mechanism,
+                _num(q.noise_scale) + (f" {q.ci95_unit}" if q.ci95_unit else ""),
+                "+/-"
+                + _num(q.ci95)
+                + (f" {q.ci95_unit}" if q.ci95_unit else "")
+                + (" (last window)" if q.continual is not None else ""),
                 _selection_summary(q),
             ]
         )

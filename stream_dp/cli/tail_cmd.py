@@ -236,6 +236,8 @@ class _Printer:
             detail = f"  {first.get('statistic')} · {first.get('mechanism')}, noise scale " + _fmt(
                 first.get("noise_scale")
             )
+            if isinstance(first.get("ci95_unit"), str):  # a quantile's: in ranks
+                detail += f" {first['ci95_unit']} (95% CI in {first['ci95_unit']})"
             selection = first.get("selection")
             if isinstance(selection, dict) and selection.get("strategy"):
                 detail += f" · keys chosen by {selection['strategy']}"

@@ -167,6 +167,7 @@ class ConsoleReporter:
         text = (
             f"{plan.name}: {stat} per {per}, {keys}; ε {plan.epsilon:g}{delta}, "
             f"noise scale {plan.noise_scale:.3g}, 95% CI ±{_fmt(plan.ci95)}"
+            + (f" {plan.ci95_unit}" if plan.ci95_unit else "")
         )
         if plan.selection is not None:
             d = plan.selection.describe()
@@ -341,7 +342,7 @@ class JsonReporter:
                         "keys": "private" if q.public_keys is None else "public",
                         "epsilon": q.epsilon,
                         "delta": q.delta,
-                        "mechanism": q.mechanism,
+                        "mechanism": q.stated_mechanism,
                         "noise_scale": q.noise_scale,
                         "ci95": q.ci95,
                         "selection": None if q.selection is None else q.selection.describe(),

@@ -118,6 +118,16 @@ class ErasureGate(Protocol):
     def released(self, window_start_s: int) -> None: ...
 
 
+def window_partition(
+    windows: TumblingWindows, partitions: Sequence[int], window_start_s: int
+) -> int:
+    """The partition of a topic spread by window (partials, ledger) that holds every record
+    of the window: consecutive windows go round-robin over ``partitions`` (the topic's
+    partitions, sorted). The one place the partials and ledger partitions are computed:
+    the worker's and replay's :class:`ReleaseDriver` and ``ledger rebuild`` ask it."""
+    return partitions[windows.partition_of(window_start_s, len(partitions))]
+
+
 class ReleaseDriver:
     """Releases due windows of a :class:`ReleaseStage` through a :class:`ReleaseTransport`."""
 
@@ -156,15 +166,13 @@ class ReleaseDriver:
 
     def partials_partition_of(self, window_start_s: int) -> int:
         """The partials partition that receives every partial of the window (stage 1's
-        hand-off, :mod:`stream_dp.pipeline.handoff`, sends them there; the one place it is
-        computed)."""
-        parts = self.partials_partitions
-        return parts[self.windows.partition_of(window_start_s, len(parts))]
+        hand-off, :mod:`stream_dp.pipeline.handoff`, sends them there;
+        :func:`window_partition` computes it, for ``ledger rebuild`` too)."""
+        return window_partition(self.windows, self.partials_partitions, window_start_s)
 
     def ledger_partition_of(self, window_start_s: int) -> int:
         """The ledger partition that holds every record of the window's releases."""
-        parts = self.ledger_partitions
-        return parts[self.windows.partition_of(window_start_s, len(parts))]
+        return window_partition(self.windows, self.ledger_partitions, window_start_s)
 
     async def release_window(
         self, window_start_s: int, *, now_s: float | None = None

@@ -101,7 +101,7 @@ from stream_dp.privacy.specs import (
     QuerySpec,
     StatisticName,
 )
-from stream_dp.privacy.statistics import NoiseTarget, statistic_of
+from stream_dp.privacy.statistics import NoiseTarget, stated_mechanism, statistic_of
 from stream_dp.privacy.statistics.base import NoiseComponent as NoiseComponent
 from stream_dp.privacy.statistics.quantile import RANK_ERROR_BETA, quantile_plan
 
@@ -187,6 +187,17 @@ class QueryPlan:
     quantile: QuantilePlan | None = None
 
     @property
+    def stated_mechanism(self) -> str:
+        """The mechanism its release records and ``plan`` name: the statistic's own (a
+        quantile's ``exponential``), else :attr:`mechanism` (the additive noise)."""
+        return stated_mechanism(self.statistic, self.mechanism)
+
+    @property
+    def ci95_unit(self) -> str | None:
+        """The unit of :attr:`noise_scale` and :attr:`ci95` when not the value's (ranks)."""
+        return statistic_of(self.statistic).error_unit
+
+    @property
     def rho(self) -> float:
         """Σ ρ over the zCDP parts (0 when no Gaussian noise)."""
         return math.fsum(c.rho for c in self.charges if c.rho is not None)
@@ -199,7 +210,7 @@ class QueryPlan:
             "group_by": list(self.group_by),
             "keys": "private" if self.public_keys is None else "public",
             "public_key_count": None if self.public_keys is None else len(self.public_keys),
-            "mechanism": self.mechanism,
+            "mechanism": self.stated_mechanism,
             "epsilon": self.epsilon,
             "delta": self.delta,
             "delta_unused": self.delta_unused,

@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from stream_dp.pipeline.formats.records import SCHEMA_VERSION, canonical_group
+from stream_dp.privacy.statistics import STATISTICS
 
 #: Why a record could not be stored (the ``reason`` label of the bad-records metric).
 BadReason = Literal[
@@ -65,7 +66,9 @@ class ReleaseRow:
     group_label: str
     statistic: str
     value: float
-    ci95: float
+    #: In the value's units; None (NULL, and so the band ``ci95_low``/``ci95_high``) when the
+    #: record's is not (a quantile's, in ranks: :func:`_ci95_in_value_units`).
+    ci95: float | None
     epsilon: float
     delta: float
     mechanism: str
@@ -182,6 +185,7 @@ def _release(record: Mapping[str, Any]) -> ReleaseRow:
     elif release != "window":
         raise _Invalid("invalid_field", 'release is neither "window" nor "cumulative"')
     value, quantiles = _value_and_quantiles(record)
+    statistic = _text(record, "statistic")
     return ReleaseRow(
         query=_text(record, "query"),
         window_start=_timestamp(record, "window_start"),
@@ -189,9 +193,9 @@ def _release(record: Mapping[str, Any]) -> ReleaseRow:
         group_key=group_key,
         group_values=group_key,
         group_label=group_label(group),
-        statistic=_text(record, "statistic"),
+        statistic=statistic,
         value=value,
-        ci95=_number(record, "ci95", minimum=0.0),
+        ci95=_ci95_in_value_units(record, statistic),
         epsilon=_number(record, "epsilon", minimum=0.0),
         delta=_number(record, "delta", minimum=0.0),
         mechanism=_text(record, "mechanism"),
@@ -276,6 +280,21 @@ def _timestamp(record: Mapping[str, Any], name: str) -> datetime:
     except ValueError:
         raise _Invalid("invalid_field", f"{name} is not an ISO-8601 UTC time") from None
     return moment.astimezone(UTC)
+
+
+def _ci95_in_value_units(record: Mapping[str, Any], statistic: str) -> float | None:
+    """The record's ``ci95`` (checked either way); None when it is not in the value's units,
+    so that ``value ± ci95`` (the stored band) would mean nothing: the record names another
+    unit (``ci95_unit``: a quantile's ranks), or it is a statistic whose interval is in
+    another unit written before records named it (a quantile's)."""
+    ci95 = _number(record, "ci95", minimum=0.0)
+    unit = record.get("ci95_unit")
+    if unit is not None and not isinstance(unit, str):
+        raise _Invalid("invalid_field", "ci95_unit is not a string")
+    known = STATISTICS.get(statistic)  # type: ignore[call-overload]
+    if unit is not None or (known is not None and known.error_unit is not None):
+        return None
+    return ci95
 
 
 def _value_and_quantiles(record: Mapping[str, Any]) -> tuple[float, str | None]:

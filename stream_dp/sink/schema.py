@@ -24,8 +24,13 @@ Rows stored before it are per-window values (``release = 'window'``).
 Version 3 adds ``quantiles`` (JSONB, NULL for other statistics) to ``releases`` (and the
 view): a ``statistic: quantile`` record's list of ``{"quantile": α, "value": v}``, in the
 configured order, values non-decreasing; its ``value`` is the first listed quantile's value,
-and its ``ci95`` and ``noise_scale`` are in ranks (so ``ci95_low``/``ci95_high`` mean
-nothing for it).
+and its ``noise_scale`` is in ranks.
+
+Version 4 lets ``releases.ci95`` be NULL, and makes it NULL for quantile rows (those stored
+before included): a quantile's interval is in ranks (the record's ``ci95`` with
+``ci95_unit: "ranks"``), not in the value's units, so ``value ± ci95`` meant nothing; with
+``ci95`` NULL the generated band ``ci95_low``/``ci95_high`` is NULL too. Every other
+statistic's ``ci95`` is stored as before.
 
 At every start :func:`check_tables` compares the tables with what this sink writes: a
 column missing, of another type, or added NOT NULL without a default (every insert would
@@ -170,10 +175,22 @@ JOIN stream_dp.windows AS w
 WHERE w.complete;
 """
 
+_V4 = """
+ALTER TABLE stream_dp.releases ALTER COLUMN ci95 DROP NOT NULL;
+UPDATE stream_dp.releases SET ci95 = NULL WHERE statistic = 'quantile' AND ci95 IS NOT NULL;
+COMMENT ON COLUMN stream_dp.releases.ci95 IS
+    'half-width of the 95% confidence interval, in the value''s units; NULL (and so '
+    'ci95_low and ci95_high) for a quantile, whose interval is in ranks';
+COMMENT ON COLUMN stream_dp.releases.quantiles IS
+    'statistic quantile: [{"quantile": alpha, "value": v}, ...] in the configured order, '
+    'values non-decreasing (value holds the first; noise_scale is in ranks, ci95 NULL)';
+"""
+
 MIGRATIONS: Final[tuple[Migration, ...]] = (
     Migration(1, "releases, windows, dead_letters, view complete_releases", _V1),
     Migration(2, "releases: continual-release fields release, horizon_start, horizon_step", _V2),
     Migration(3, "releases: quantiles (statistic quantile's list of quantile and value)", _V3),
+    Migration(4, "releases: ci95 NULL for quantiles (their interval is in ranks)", _V4),
 )
 LATEST_VERSION: Final = MIGRATIONS[-1].version
 

@@ -267,11 +267,12 @@ def _same_release(row: ReleaseRow, stored: Sequence[Any]) -> bool:
         and row.statistic == statistic
         and row.mechanism == mechanism
         and row.clamped == clamped
+        and (row.ci95 is None) == (ci95 is None)
         and all(
             _same_float(a, b)
             for a, b in (
                 (row.value, value),
-                (row.ci95, ci95),
+                (row.ci95 or 0.0, ci95 or 0.0),
                 (row.epsilon, epsilon),
                 (row.delta, delta),
                 (row.noise_scale, noise_scale),

@@ -86,6 +86,8 @@ def test_replay_releases_monotone_quantiles_per_public_key(
         validator.validate(record)
     assert sorted(r["group"]["country"] for r in released) == ["DE", "NL"]
     assert {r["statistic"] for r in released} == {"quantile"}
+    # chosen by the exponential mechanism, its interval in ranks: the records say so
+    assert {(r["mechanism"], r["ci95_unit"]) for r in released} == {("exponential", "ranks")}
 
     # the plan's rank error at β (ranks), computed from the bounds the example enforces
     code = main(["plan", "--config", str(cfg_path), "--json"])
@@ -96,6 +98,15 @@ def test_replay_releases_monotone_quantiles_per_public_key(
     jsonschema.Draft202012Validator(plan_schema).validate(described)
     query = described["queries"][0]
     assert query["statistic"] == "quantile" and query["noise"] == []
+    assert (query["mechanism"], query["ci95_unit"]) == ("exponential", "ranks")
+    assert {r["ci95"] for r in released} == {query["ci95"]}
+    code = main(["plan", "--config", str(cfg_path)])
+    table = capsys.readouterr().out
+    assert code == 0, table
+    (row,) = [line.split() for line in table.splitlines() if line.startswith("latency_quantiles ")]
+    scale, ci = f"{query['noise_scale']:.4g}", f"+/-{query['ci95']:.4g}"
+    assert row[:8] == ["latency_quantiles", "quantile", "1", "0", "exponential", scale, "ranks", ci]
+    assert row[8] == "ranks", row
     rank_scale = max(query["quantile"]["rank_scales"])
     error = rank_scale * math.log(100 * len(QUANTILES) / BETA)
     for record in released:

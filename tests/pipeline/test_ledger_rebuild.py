@@ -244,3 +244,33 @@ def test_a_kept_coverage_without_fingerprint_gets_one_and_a_different_one_is_ref
             partials_partitions=[0],
             now_s=NOW,
         )
+
+
+def test_the_rebuilt_progress_is_the_workers_on_several_partials_partitions() -> None:
+    """The rebuild's progress records name the partials partition and cursor the worker's
+    release driver writes (``ReleaseDriver.partials_partition_of``): four windows over three
+    partials partitions, where a partition other than the driver's, or a cursor that is not
+    the next window on that partition, gives other progress than the worker's."""
+    p = LocalPipeline(
+        config(), KEYRING, partials_partitions=3, metrics=Metrics(), sampling_rng=random.Random(0)
+    )
+    events = [rec(0, "u", 1), rec(1, "v", 12, "b"), rec(2, "u", 23), rec(3, "w", 34)]
+    p.ingest(0, events, now_s=NOW, now_mono_s=0)
+    releases = p.finish(now_s=NOW)
+    windows = sorted({r.window_start_s for r in releases})
+    assert windows == [T0, T0 + 10, T0 + 20, T0 + 30]
+    worker = dict(p.release.ledger.progress)
+    # the worker's driver spread the four windows over all three partitions (one got two)
+    driver = p._driver
+    assert len({driver.partials_partition_of(ws) for ws in windows}) == 3
+    assert set(worker) == {0, 1, 2}
+    plan = plan_rebuild(
+        config(),
+        check_output(config(), decode_output(_published(releases), QUERIES)),
+        LedgerIndex(),
+        ledger_partitions=[0],
+        partials_partitions=[0, 1, 2],
+        now_s=NOW,
+    )
+    assert _apply(plan).progress == worker
+    assert plan.progress == worker

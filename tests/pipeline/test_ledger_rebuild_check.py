@@ -417,3 +417,41 @@ def test_a_variance_is_checked_like_a_mean_for_its_scale_and_range() -> None:
         assert line.endswith(" on the output topic, [0.0, 25.0] in this configuration"), line
         released = float(line.split(head)[1].split(" ")[0])
         assert released > 25.0  # 133.25 on a, 33.25 on b (noise at ε = 1e5 is tiny)
+
+
+def test_a_quantile_is_checked_against_the_exponential_mechanism_its_records_name() -> None:
+    """A quantile's records name the exponential mechanism (its own; the query's
+    ``mechanism`` is the additive noise it does not use): the releasing configuration passes,
+    and so do records of the version before, which named the query's mechanism there; any
+    other mechanism is refused, naming what the configuration releases."""
+    quantile = {
+        "name": "lat",
+        "statistic": "quantile",
+        "value_field": "bytes",
+        "lower": 0,
+        "upper": 100,
+        "quantiles": [0.5, 0.9],
+        "bins": 10,
+        "epsilon": 10.0,
+        "keys": {},
+    }
+    cfg = _config([quantile])
+    records = _published(cfg)
+    released = [orjson.loads(v) for _, v in records if b'"kind":"release"' in v]
+    assert released and {r["mechanism"] for r in released} == {"exponential"}
+
+    def restated(mechanism: str) -> list[RawRecord]:
+        return [
+            (k, v.replace(b'"mechanism":"exponential"', f'"mechanism":"{mechanism}"'.encode()))
+            for k, v in records
+        ]
+
+    for accepted in (records, restated("discrete_laplace")):
+        plan = _plan(cfg, accepted)
+        assert len(plan.restored) == 3 and plan.warnings == []
+    lines = _refused(cfg, restated("discrete_gaussian"))
+    assert lines == [
+        "3 windows from 2020-08-01T00:00:00Z to 2020-08-01T00:00:20Z, query lat: "
+        'queries.lat.mechanism: "discrete_gaussian" on the output topic, "exponential" in this '
+        "configuration"
+    ]

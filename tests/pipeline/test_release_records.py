@@ -21,6 +21,8 @@ from stream_dp.pipeline.formats.records import (
 )
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE
 from stream_dp.privacy.release import ReleasedValue, ReleasedValues
+from stream_dp.privacy.statistics import STATISTICS
+from tests.helpers import schema_validator
 
 VALUES = [
     ReleasedValue(("mail.com",), 12, 40.0, 120.0, False),
@@ -147,3 +149,49 @@ def test_entries_are_cut_into_parts_as_one_at_a_time(budget: int) -> None:
 def test_an_entry_too_large_for_any_part_is_refused() -> None:
     with pytest.raises(RecordTooLargeError, match="an entry of 9 bytes"):
         join_in_parts([b"1", b"123456789"], 10, what="a test")
+
+
+#: The fields of a release record of this version before quantiles named their mechanism.
+RECORD_FIELDS = {
+    "schema_version", "kind", "release_id", "query", "window_start", "window_end", "group",
+    "statistic", "value", "epsilon", "delta", "mechanism", "noise_scale", "ci95", "selection",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("statistic", list(STATISTICS))
+@pytest.mark.parametrize("mechanism", ["discrete_laplace", "discrete_gaussian"])
+def test_a_quantile_names_the_exponential_mechanism_and_its_ci95_unit_and_no_other_changes(
+    statistic: str, mechanism: str
+) -> None:
+    """A quantile's values are chosen by the exponential mechanism, its noise scale and
+    ci95 in ranks: its records say so (``mechanism: exponential``, ``ci95_unit: ranks``),
+    whatever the query's ``mechanism`` (additive noise) says. Every other statistic's record
+    is the same bytes as before: the query's mechanism, no ``ci95_unit``."""
+    quantile = statistic == "quantile"
+    value: Any = [{"quantile": 0.5, "value": 3.0}, {"quantile": 0.9, "value": 7.5}]
+    values = [ReleasedValue(("mail.com",), value if quantile else 12, 4.0, 9.5, False)]
+    common: dict[str, Any] = {
+        "release_id": "ab" * 16,
+        "query": "q",
+        "window_start_s": 1_596_240_000,
+        "window_end_s": 1_596_243_600,
+        "statistic": statistic,
+        "epsilon": 0.5,
+        "delta": 1e-6,
+        "mechanism": mechanism,
+        "selection": None,
+    }
+    _, (encoded,) = ReleaseTemplate(group_by=["domain"], **common).encode(values)
+    (_, built), = release_records(group_by=["domain"], values=values, **common)
+    before = {
+        "schema_version": 1, "kind": "release", "release_id": "ab" * 16, "query": "q",
+        "window_start": "2020-08-01T00:00:00Z", "window_end": "2020-08-01T01:00:00Z",
+        "group": {"domain": "mail.com"}, "statistic": statistic,
+        "value": value if quantile else 12, "epsilon": 0.5, "delta": 1e-6,
+        "mechanism": mechanism, "noise_scale": 4.0, "ci95": 9.5, "selection": None,
+    }  # fmt: skip
+    assert set(before) == RECORD_FIELDS
+    own = {"mechanism": "exponential", "ci95_unit": "ranks"}
+    expected = {**before, **own} if quantile else before
+    assert encoded == dumps(expected) == dumps(built)
+    schema_validator("release.schema.json").validate(orjson.loads(encoded))

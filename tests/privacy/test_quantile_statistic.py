@@ -12,8 +12,10 @@ binomial tails), so the file fails by chance with probability below 1e-6.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
 import orjson
 import pytest
@@ -38,6 +40,7 @@ from stream_dp.privacy.statistics.quantile import histogram_binning
 from tests.helpers import schema_validator
 
 P_FALSE = 1e-7
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(keys: int | None = 1, **kw: Any) -> QueryConfig:
@@ -171,6 +174,24 @@ def test_the_plan_describes_the_rank_error() -> None:
     assert figure["rank_error"]["beta"] == 0.05
     # rank scale 2·Linf·max(α, 1 − α)·L0·Q/ε = 1 rank; E = 1 · ln(B·Q/β)
     assert figure["rank_error"]["ranks"] == pytest.approx(math.log(10 * 1 / 0.05))
+
+
+def test_the_plan_names_the_exponential_mechanism_and_ranks_as_its_unit() -> None:
+    """``plan`` states what the records state: a quantile's mechanism is the exponential
+    mechanism (not the query's additive ``mechanism``), its noise scale and 95% interval are
+    in ranks; a count's plan keeps its mechanism and has no unit field."""
+    schema = orjson.loads((ROOT / "stream_dp" / "privacy" / "plan.schema.json").read_bytes())
+    query_schema = jsonschema.Draft202012Validator(
+        {"$ref": "#/$defs/query", "$defs": schema["$defs"]}
+    )
+    described = _plan(BoundsConfig(max_contributions_per_window=1)).describe()
+    query_schema.validate(described)
+    assert (described["mechanism"], described["ci95_unit"]) == ("exponential", "ranks")
+    count = QueryConfig(name="c", group_by=["slot"], keys={"slot": [0]}, epsilon=1.0)
+    counted = plan_query(count.spec(), BoundsConfig(max_contributions_per_window=1).spec())
+    query_schema.validate(counted.describe())
+    assert counted.describe()["mechanism"] == "discrete_laplace"
+    assert "ci95_unit" not in counted.describe()
 
 
 # ------------------------------------------------------------------ stage 1 and partials

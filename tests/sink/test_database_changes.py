@@ -261,8 +261,39 @@ async def test_a_version_1_database_is_migrated_and_its_rows_are_per_window(
         )
     monkeypatch.undo()
     async with await psycopg.AsyncConnection.connect(postgres_dsn) as c:
-        assert await migrate(c) == [2, 3]
+        assert await migrate(c) == list(range(2, schema.LATEST_VERSION + 1))
         await schema.check_tables(c)
     assert _scalar(postgres_dsn, "SELECT release FROM stream_dp.releases") == "window"
     assert _scalar(postgres_dsn, "SELECT quantiles IS NULL FROM stream_dp.releases") is True
-    assert _scalar(postgres_dsn, "SELECT count(*) FROM stream_dp.schema_version") == 3
+    assert _scalar(postgres_dsn, "SELECT ci95 FROM stream_dp.releases") == 1.0  # a count's
+    count = "SELECT count(*) FROM stream_dp.schema_version"
+    assert _scalar(postgres_dsn, count) == schema.LATEST_VERSION
+
+
+async def test_quantile_rows_stored_before_version_4_lose_their_meaningless_band(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 4: a quantile's ci95 is in ranks, so value ± ci95 meant nothing; rows stored
+    by a version 3 sink get ci95 (and so ci95_low, ci95_high) NULL, a count's stay."""
+    monkeypatch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:3])
+    monkeypatch.setattr(schema, "LATEST_VERSION", 3)
+    await _migrate(postgres_dsn)
+    with psycopg.connect(postgres_dsn) as c:
+        for statistic, group in (("quantile", "a"), ("count", "b")):
+            c.execute(
+                "INSERT INTO stream_dp.releases (query, window_start, window_end, group_key, "
+                "group_values, group_label, statistic, value, ci95, epsilon, delta, mechanism, "
+                "noise_scale, release_id) VALUES ('old', now(), now(), %s, '{}', '(all)', "
+                "%s, 40, 7, 1, 0, 'discrete_laplace', 1, 'r')",
+                (f'{{"g": "{group}"}}', statistic),
+            )
+    monkeypatch.undo()
+    async with await psycopg.AsyncConnection.connect(postgres_dsn) as c:
+        assert 4 in await migrate(c)
+        await schema.check_tables(c)
+    with psycopg.connect(postgres_dsn) as c:
+        rows = c.execute(
+            "SELECT statistic, ci95, ci95_low, ci95_high FROM stream_dp.releases "
+            "ORDER BY statistic"
+        ).fetchall()
+    assert rows == [("count", 7.0, 33.0, 47.0), ("quantile", None, None, None)]

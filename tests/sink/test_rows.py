@@ -176,6 +176,21 @@ def test_a_quantile_release_keeps_its_list_and_the_first_value() -> None:
     assert isinstance(plain, ReleaseRow) and plain.quantiles is None
 
 
+def test_a_quantile_row_has_no_ci95_in_the_values_units() -> None:
+    """A quantile's ci95 is in ranks (``ci95_unit: ranks``; records written before the
+    field are quantiles too): the row's ci95 is None, so its band is NULL. A record naming a
+    unit that is not a string is refused; a count keeps its ci95."""
+    ranks = {"mechanism": "exponential", "ci95_unit": "ranks", "ci95": 12.5}
+    for changes in ({"statistic": "quantile", **ranks}, {"statistic": "quantile"}):
+        row = parse_output_record(_release(value=QUANTILE_VALUE, **changes))
+        assert isinstance(row, ReleaseRow) and row.ci95 is None, changes
+    count = parse_output_record(_release(ci95=3.5))
+    assert isinstance(count, ReleaseRow) and (count.statistic, count.ci95) == ("count", 3.5)
+    bad = parse_output_record(_release(statistic="quantile", value=QUANTILE_VALUE, ci95_unit=1))
+    assert isinstance(bad, BadRecord)
+    assert (bad.reason, bad.detail) == ("invalid_field", "ci95_unit is not a string")
+
+
 @pytest.mark.parametrize(
     ("value", "detail"),
     [

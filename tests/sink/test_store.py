@@ -214,3 +214,47 @@ async def test_a_quantile_release_is_stored_with_its_list(conn: Conn, postgres_d
             "SELECT statistic, value, quantiles FROM stream_dp.complete_releases"
         ).fetchall()
     assert view == [("quantile", 40.0, listed)]
+
+
+async def test_a_quantile_row_has_no_interval_in_the_values_units(
+    conn: Conn, postgres_dsn: str
+) -> None:
+    """A quantile's ci95 is in ranks (its record says ``ci95_unit: ranks``): the row's ci95
+    and so its band ci95_low/ci95_high are NULL, in the table and the complete view, where a
+    count's band is value ± ci95. Storing it again is a duplicate, not a conflict."""
+    records = window_records("lat", 0, ["a", "b"])
+    listed = [{"quantile": 0.5, "value": 40.0}, {"quantile": 0.9, "value": 90.0}]
+    first_record = orjson.loads(records[0][1])
+    quantile = first_record | {
+        "statistic": "quantile", "value": listed, "mechanism": "exponential",
+        "ci95_unit": "ranks", "ci95": 12.5,
+    }  # fmt: skip
+    values = [orjson.dumps(quantile), records[1][1], records[-1][1]]
+    stored = await store_batch(conn, _batch(values))
+    assert stored.releases_inserted == 2 and len(stored.completed) == 1
+    again = await store_batch(conn, _batch(values, 5))
+    assert again.duplicates == 3 and again.conflicts == 0
+    count = orjson.loads(records[1][1])
+    low, high = count["value"] - count["ci95"], count["value"] + count["ci95"]
+    with psycopg.connect(postgres_dsn) as c:
+        for source, rows in (
+            (
+                "table",
+                c.execute(
+                    "SELECT statistic, mechanism, ci95, ci95_low, ci95_high, noise_scale "
+                    "FROM stream_dp.releases ORDER BY group_key"
+                ),
+            ),
+            (
+                "view",
+                c.execute(
+                    "SELECT statistic, mechanism, ci95, ci95_low, ci95_high, noise_scale "
+                    "FROM stream_dp.complete_releases ORDER BY group_key"
+                ),
+            ),
+        ):
+            assert rows.fetchall() == [
+                ("quantile", "exponential", None, None, None, quantile["noise_scale"]),
+                (count["statistic"], count["mechanism"], count["ci95"], low, high,
+                 count["noise_scale"]),
+            ], source  # fmt: skip

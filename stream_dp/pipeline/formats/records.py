@@ -19,6 +19,7 @@ import orjson
 from stream_dp.privacy.continual.planning import ContinualPlan
 from stream_dp.privacy.group_values import json_value
 from stream_dp.privacy.release import GroupKey, ReleasedValue, ReleasedValues
+from stream_dp.privacy.statistics import stated_mechanism, statistic_of
 from stream_dp.windows.horizon import HorizonPosition
 from stream_dp.windows.tumbling import iso_utc
 
@@ -56,6 +57,18 @@ def output_key(query: str, window_start_s: int, group: Mapping[str, Any] | None)
     return f"{query}|{iso_utc(window_start_s)}|{tail}"
 
 
+def statistic_fields(statistic: str, mechanism: str) -> dict[str, Any]:
+    """The ``mechanism`` a release record of ``statistic`` names (its own mechanism, for a
+    quantile ``exponential``; else the query's ``mechanism``) and, when its ``noise_scale``
+    and ``ci95`` are not in the value's units, their unit as ``ci95_unit`` (a quantile's
+    ``ranks``). The records of the other statistics have no ``ci95_unit``."""
+    unit = statistic_of(statistic).error_unit
+    fields: dict[str, Any] = {"mechanism": stated_mechanism(statistic, mechanism)}
+    if unit is not None:
+        fields["ci95_unit"] = unit
+    return fields
+
+
 def release_record(
     *,
     release_id: str,
@@ -74,7 +87,9 @@ def release_record(
     clamped: bool,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One release record; ``extra`` adds fields (e.g. :func:`cumulative_release_fields`)."""
+    """One release record; ``extra`` adds fields (e.g. :func:`cumulative_release_fields`).
+    ``mechanism``: the query's; the record names the statistic's own when it has one
+    (:func:`statistic_fields`)."""
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "release",
@@ -87,7 +102,7 @@ def release_record(
         "value": value,
         "epsilon": epsilon,
         "delta": delta,
-        "mechanism": mechanism,
+        **statistic_fields(statistic, mechanism),
         "noise_scale": noise_scale,
         "ci95": ci95,
         "selection": None if selection is None else dict(selection),
@@ -167,7 +182,7 @@ class ReleaseTemplate:
             "statistic": statistic,
             "epsilon": epsilon,
             "delta": delta,
-            "mechanism": mechanism,
+            **statistic_fields(statistic, mechanism),  # the query's, or the statistic's own
             "selection": None,
         }
         self._selection = None if selection is None else dict(selection)

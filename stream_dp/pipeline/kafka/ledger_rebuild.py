@@ -58,6 +58,7 @@ from stream_dp.pipeline.kafka.output_scan import (
     read_output,
 )
 from stream_dp.pipeline.rebuild_check import check_released, refuse_mismatches
+from stream_dp.pipeline.release_driver import window_partition
 from stream_dp.windows import TumblingWindows
 from stream_dp.windows.tumbling import iso_utc
 
@@ -258,9 +259,7 @@ def _release(
         delta_spent=window.delta_spent,
         records=window.records(),
     )
-    partition = ledger_partitions[
-        windows.partition_of(window.window_start_s, len(ledger_partitions))
-    ]
+    partition = window_partition(windows, ledger_partitions, window.window_start_s)
     records = encode_release(release, now_s=now_s, max_bytes=config.kafka.max_message_bytes)
     plan.restored.append(ident)
     published = encode_published(release)
@@ -275,12 +274,13 @@ def _progress(
     ledger_partitions: Sequence[int],
     partials_partitions: Sequence[int],
 ) -> list[LedgerWrite]:
-    """Per partials partition, the window after the last one released on it (the worker's
-    cursor: windows go round-robin over the partials partitions)."""
+    """Per partials partition (the worker's, :func:`window_partition`), the window after the
+    last one released on it (the worker's cursor: windows go round-robin over the partials
+    partitions)."""
     n = len(partials_partitions)
     latest: dict[int, int] = {}
     for w in released:
-        r = partials_partitions[windows.partition_of(w.window_start_s, n)]
+        r = window_partition(windows, partials_partitions, w.window_start_s)
         latest[r] = max(latest.get(r, w.window_start_s), w.window_start_s)
     out: list[LedgerWrite] = []
     for r, ws in sorted(latest.items()):
@@ -288,7 +288,7 @@ def _progress(
         if ledger.progress.get(r, cursor - 1) >= cursor:
             continue
         key, value = encode_progress(r, n, cursor, ws)
-        partition = ledger_partitions[windows.partition_of(ws, len(ledger_partitions))]
+        partition = window_partition(windows, ledger_partitions, ws)
         out.append((key, value, partition))
         plan.progress[r] = cursor
     return out

@@ -150,6 +150,12 @@ class Statistic(Protocol):
     #: released value lies in :meth:`released_range` and its noise scale is the primary
     #: component's over max(1, noisy count).
     ratio: ClassVar[bool]
+    #: The mechanism its release records and plan name when it is the statistic's own and no
+    #: additive noise (a quantile's ``"exponential"``); None: the query's ``mechanism``.
+    released_mechanism: ClassVar[str | None]
+    #: The unit of its release's ``noise_scale`` and ``ci95`` when they are not in the
+    #: value's units (a quantile's ``"ranks"``: the record's ``ci95_unit``); None: the value's.
+    error_unit: ClassVar[str | None]
 
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         """Sensitivity of the first noise component (the plan's headline)."""

@@ -39,6 +39,8 @@ class Mean:
         "cumulative means are not supported; publish cumulative sum and count queries and divide"
     )
     ratio: ClassVar[bool] = True
+    released_mechanism: ClassVar[str | None] = None
+    error_unit: ClassVar[str | None] = None
 
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         return sum_sensitivity(query, bounds)

@@ -12,9 +12,10 @@ keys per user; the :class:`~stream_dp.privacy.exponential.quantiles.QuantilePlan
 exactly those and the query's noise ε (all of ε with public keys; what partition selection
 leaves with private keys), and spends ε/(L0·Q) per draw. Pure ε: no δ.
 
-The release's ``noise_scale`` and ``ci95`` of a quantile are in *ranks*, not in the value's
-units: the largest rank scale b_α/den and the rank error E at β = 0.05
-(:meth:`QuantilePlan.rank_error`).
+The release's ``mechanism`` is ``exponential`` (whatever the query's ``mechanism``, which
+names additive noise); its ``noise_scale`` and ``ci95`` are in *ranks*, not in the value's
+units (``ci95_unit: "ranks"``): the largest rank scale b_α/den and the rank error E at
+β = 0.05 (:meth:`QuantilePlan.rank_error`).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class Quantile:
         "cumulative quantiles are not supported; use release: window"
     )
     ratio: ClassVar[bool] = False
+    released_mechanism: ClassVar[str | None] = "exponential"
+    error_unit: ClassVar[str | None] = "ranks"
 
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         # a user moves each of L0 keys' histograms by at most Linf values
@@ -159,6 +162,7 @@ class Quantile:
     def plan_figures(self, plan: PlanView) -> dict[str, Any]:
         histogram = _plan_of(plan)
         return {
+            "ci95_unit": self.error_unit,
             "quantile": {
                 **histogram.describe(),
                 "rank_error": {

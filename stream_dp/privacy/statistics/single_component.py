@@ -46,6 +46,8 @@ class SingleComponent(ABC):
 
     #: Whether the noisy integers are released times the granularity (a sum's units).
     scaled: ClassVar[bool] = False
+    released_mechanism: ClassVar[str | None] = None
+    error_unit: ClassVar[str | None] = None
 
     @abstractmethod
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:

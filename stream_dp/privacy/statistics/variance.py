@@ -91,6 +91,8 @@ class Variance:
         "cumulative variances are not supported; use release: window"
     )
     ratio: ClassVar[bool] = True
+    released_mechanism: ClassVar[str | None] = None
+    error_unit: ClassVar[str | None] = None
 
     def primary_sensitivity(self, query: QuerySpec, bounds: BoundsSpec) -> Sensitivity:
         _, spread = _query_center(query)
