@@ -636,5 +636,5 @@ def bounded_totals(
         found.value_sums[present],
         found.weight_sums[present],
         found.value_squares[present],
-        found.value_bins[present],
+        found.value_bins.take(present),
     )
