@@ -150,8 +150,13 @@ class QuantilePlan:
 
     def edges(self) -> tuple[float, ...]:
         """The B + 1 candidate values lower + j·(upper − lower)/B."""
-        width = (self.upper - self.lower) / self.bins
-        return (*tuple(self.lower + j * width for j in range(self.bins)), self.upper)
+        return tuple(map(self.edge, range(self.bins + 1)))
+
+    def edge(self, j: int) -> float:
+        """Candidate j of :meth:`edges` (``upper`` itself for j = B), without the B + 1."""
+        if j == self.bins:
+            return self.upper
+        return self.lower + j * ((self.upper - self.lower) / self.bins)
 
     def bin_index(self, value: float) -> int:
         """The bin a value is counted in: ⌊(value − lower)/width⌋, values below lower in bin

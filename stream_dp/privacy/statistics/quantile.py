@@ -134,11 +134,10 @@ class Quantile:
         of its Q quantiles, ``{"quantile": α, "value": edge}`` in the order of the α's, the
         values non-decreasing (one record per key carries them all)."""
         histogram = _plan_of(plan)
-        edges = histogram.edges()
         (chosen,) = noisy
         values: list[Any] = [
             [
-                {"quantile": alpha, "value": edges[i]}
+                {"quantile": alpha, "value": histogram.edge(i)}
                 for alpha, i in zip(histogram.quantiles, row, strict=True)
             ]
             for row in chosen
