@@ -77,6 +77,7 @@ def test_each_quantile_query_adds_its_bound_and_other_statistics_add_none() -> N
 def test_the_cap_pauses_fetching_for_what_the_quantile_histograms_take() -> None:
     """A cap between the samples' 28 bytes an event and the figure with the histograms:
     backpressure only because the quantile state is counted."""
+
     def cap() -> HeldStateCap:
         return HeldStateCap(40 * EVENTS, max_backpressure_s=300.0, metrics=Metrics())
 
