@@ -27,13 +27,15 @@ class BinCounts:
     """Histograms of ``bins`` bins for ``len(self)`` keys: key i's nonzero bins are
     ``index[starts[i]:starts[i + 1]]`` (strictly increasing) with ``counts`` (each ≥ 1)."""
 
-    __slots__ = ("bins", "counts", "index", "starts")
+    __slots__ = ("_search", "bins", "counts", "index", "starts")
 
     def __init__(self, bins: int, starts: np.ndarray, index: np.ndarray, counts: np.ndarray):
         self.bins = int(bins)
         self.starts = np.asarray(starts, dtype=_I64)
         self.index = np.asarray(index, dtype=_I64)
         self.counts = np.asarray(counts, dtype=_I64)
+        #: (key·(B + 1) + bin per entry, running counts): :meth:`below`'s tables, made once
+        self._search: tuple[np.ndarray, np.ndarray] | None = None
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -186,8 +188,10 @@ class BinCounts:
         rows = np.asarray(rows, dtype=_I64)
         edges = np.asarray(edges, dtype=_I64)
         stride = self.bins + 1
-        ordered = self.owners() * stride + self.index  # increasing: rows, then bins
-        prefix = np.concatenate(([0], np.cumsum(self.counts, dtype=_I64)))
+        if self._search is None:  # the arrays are never changed in place: made once
+            ordered = self.owners() * stride + self.index  # increasing: rows, then bins
+            self._search = ordered, np.concatenate(([0], np.cumsum(self.counts, dtype=_I64)))
+        ordered, prefix = self._search
         position = np.searchsorted(ordered, rows * stride + edges, side="left")
         out: np.ndarray = prefix[position] - prefix[self.starts[rows]]
         return out
