@@ -10,7 +10,18 @@ from typing import Any
 import orjson
 import pytest
 
-from stream_dp.pipeline.formats.partials import PartialFormatError, PartialPart, decode
+from stream_dp.config import BoundsConfig, QueryConfig
+from stream_dp.pipeline.formats.partials import (
+    Partial,
+    PartialFormatError,
+    PartialPart,
+    decode,
+    encode_partial,
+    new_version,
+)
+from stream_dp.privacy.key_totals import KeyTotals
+from stream_dp.privacy.planner import plan_query
+from stream_dp.privacy.release import release_query
 
 
 def _record(*histograms: Any) -> bytes:
@@ -67,3 +78,42 @@ def test_a_later_row_may_start_below_the_previous_rows_last_bin() -> None:
     assert isinstance(part, PartialPart)
     hist = part.totals.columns.value_bins  # type: ignore[attr-defined]
     assert hist.starts.tolist() == [0, 2, 3, 3, 5]
+
+
+def test_a_window_whose_partials_hold_no_key_releases_every_public_key() -> None:
+    """A source whose events had none for the quantile query (a ``where`` filter, a missing
+    value field) sends an empty part, without a seventh item: stage 2 used to refuse the
+    window ("histograms of 0 bins"); every public key now gets the draw of an empty
+    histogram, as a public key without data does."""
+    query = QueryConfig(
+        name="q",
+        statistic="quantile",
+        group_by=["slot"],
+        value_field="x",
+        lower=0.0,
+        upper=10.0,
+        quantiles=[0.5, 0.9],
+        bins=10,
+        epsilon=1.0,
+        keys={"slot": [1, 2, 3]},
+    )
+    plan = plan_query(query.spec(), BoundsConfig(max_contributions_per_window=1).spec())
+    empty = Partial(
+        query="q",
+        window_start_s=0,
+        source_partition=0,
+        version=new_version(),
+        totals=KeyTotals.empty(),
+        events_seen=4,
+        events_retained=0,
+    )
+    ((_, value),) = encode_partial(empty, max_bytes=1 << 20)
+    part = decode(value)
+    assert isinstance(part, PartialPart)
+    merged = KeyTotals.merge([KeyTotals.of(dict(part.totals)), KeyTotals.empty()])
+    released = release_query(merged, plan).values
+    assert [v.group for v in released] == [(1,), (2,), (3,)]
+    for v in released:
+        listed: list[dict[str, float]] = v.value  # type: ignore[assignment]
+        assert [q["quantile"] for q in listed] == [0.5, 0.9]
+        assert 0.0 <= listed[0]["value"] <= listed[1]["value"] <= 10.0

@@ -161,8 +161,10 @@ class BinCounts:
         """The histograms of keys ``rows`` in that order; an empty one where a row is −1."""
         rows = np.asarray(rows, dtype=_I64)
         present = rows >= 0
-        lo = np.where(present, self.starts[np.where(present, rows, 0)], 0)
-        hi = np.where(present, self.starts[np.where(present, rows, 0) + 1], 0)
+        lo = np.zeros(len(rows), _I64)
+        hi = np.zeros(len(rows), _I64)
+        lo[present] = self.starts[rows[present]]
+        hi[present] = self.starts[rows[present] + 1]
         sizes = hi - lo
         starts = np.concatenate(([0], np.cumsum(sizes, dtype=_I64)))
         # position of each output entry in the source arrays: lo of its row + rank in row
