@@ -598,9 +598,10 @@ def _hold_metrics(
         "stream_dp_held_state_bytes",
         "What window.max_held_state_bytes caps: 28 bytes per event that arrived in this "
         "worker's open windows (erased users' included), an upper bound on what their "
-        "samples hold, plus, with partner exports, a bound per event that arrived for them "
-        "(docs/exports.md#memory); "
-        "it falls only when a window goes, never with an erasure.",
+        "samples hold, plus 32 per event and statistic: quantile query, a bound on the "
+        "histograms their seal builds, plus, with partner exports, a bound per event that "
+        "arrived for them (docs/exports.md#memory); it falls only when a window goes, never "
+        "with an erasure.",
         registry=r,
     )
     config_max_held_state = Gauge(

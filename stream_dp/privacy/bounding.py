@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 
+from stream_dp.privacy.exponential.bin_counts import BinCounts
 from stream_dp.privacy.partition_selection import user_key_weight
 
 if TYPE_CHECKING:
@@ -229,9 +230,9 @@ class BoundedColumns(NamedTuple):
     weight_sums: np.ndarray
     #: Σ (v − center)² per key (``statistic: variance``); zeros without a center.
     value_squares: np.ndarray
-    #: Kept values per key and histogram bin (``statistic: quantile``): keys × bins
-    #: (keys × 0 without ``bin_of``).
-    value_bins: np.ndarray
+    #: Kept values per key and histogram bin (``statistic: quantile``), sparse: the bins
+    #: hit (width 0 without ``bin_of``).
+    value_bins: BinCounts
 
 
 def bounded_totals_columns(
@@ -298,7 +299,7 @@ def bounded_columns(
             zeros.copy(),
             zeros.copy(),
             zeros.copy(),
-            np.zeros((n_keys, 0 if bin_of is None else bin_of[0]), dtype=np.int64),
+            BinCounts.empty(n_keys, 0 if bin_of is None else bin_of[0]),
         )
     pair = users.astype(np.int64) * n_keys + keys.astype(np.int64)
     keep = np.ones(len(pair), dtype=bool)
@@ -346,9 +347,12 @@ def bounded_columns(
     if values is not None and squares_center is not None:
         centred = values[keep].astype(np.int64) - squares_center
         np.add.at(value_squares, taken, centred * centred)
-    value_bins = np.zeros((n_keys, 0 if bin_of is None else bin_of[0]), dtype=np.int64)
+    value_bins = BinCounts.empty(n_keys, 0 if bin_of is None else bin_of[0])
     if values is not None and bin_of is not None:
-        np.add.at(value_bins, (taken, bin_of[1](values[keep])), 1)
+        # sparse: memory follows the kept values, not keys × bins (bin_counts module)
+        value_bins = BinCounts.of_values(
+            taken, bin_of[1](values[keep]), n_keys=n_keys, bins=bin_of[0]
+        )
     return BoundedColumns(
         events, users_per_key, value_sums, weight_sums, value_squares, value_bins
     )

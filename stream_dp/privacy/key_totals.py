@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from stream_dp.privacy.exponential.bin_counts import BinCounts
 from stream_dp.privacy.statistics.released_values import GroupKey
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -65,7 +66,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         value_sums: np.ndarray,
         selection_weights: np.ndarray | None = None,
         value_squares: np.ndarray | None = None,
-        value_bins: np.ndarray | None = None,
+        value_bins: np.ndarray | BinCounts | None = None,
     ) -> None:
         self.groups: list[GroupKey] = list(groups)
         self.events = np.asarray(events, dtype=np.int64)
@@ -85,13 +86,9 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         columns = (self.events, self.users, self.value_sums, self.selection_weights)
         if {c.shape for c in (*columns, self.value_squares)} != {(n,)}:
             raise ValueError("one events, users, value sum and weight (and square) per group key")
-        #: Per key, a quantile's histogram (keys × bins; keys × 0 for other statistics).
-        bins = None if value_bins is None else np.asarray(value_bins, dtype=np.int64)
-        self.value_bins = (
-            np.zeros((n, 0), dtype=np.int64)
-            if bins is None or bins.size == 0
-            else bins.reshape(n, -1)
-        )
+        #: Per key, a quantile's histogram, sparse (bins 0 for other statistics); a dense
+        #: keys × bins array is taken too (tests).
+        self.value_bins = _sparse_bins(value_bins, n)
         self._index: dict[GroupKey, int] | None = None
 
     @classmethod
@@ -111,7 +108,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             np.fromiter((a.value_sum for a in aggregates), np.int64, len(aggregates)),
             np.fromiter((a.selection_weight for a in aggregates), np.int64, len(aggregates)),
             np.fromiter((a.value_squares for a in aggregates), np.int64, len(aggregates)),
-            _bins_of([a.value_bins for a in aggregates]),
+            BinCounts.of_rows([a.value_bins for a in aggregates]),
         )
 
     @classmethod
@@ -128,7 +125,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             np.concatenate([p.value_sums for p in parts]),
             np.concatenate([p.selection_weights for p in parts]),
             np.concatenate([p.value_squares for p in parts]),
-            _bins_of([row for p in parts for row in p.value_bins.tolist()]),
+            BinCounts.concat([p.value_bins for p in parts]),
         )
 
     @classmethod
@@ -156,11 +153,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             for c, pos in zip(columns, positions, strict=True):
                 np.add.at(out, pos, getattr(c, name))
             sums.append(out)
-        width = max((c.value_bins.shape[1] for c in columns), default=0)
-        bins = np.zeros((n, width), dtype=np.int64)
-        for c, pos in zip(columns, positions, strict=True):
-            if c.value_bins.shape[1]:
-                np.add.at(bins, pos, c.value_bins)
+        bins = BinCounts.summed([c.value_bins for c in columns], positions, n)
         events, users, value_sums, weights, squares = sums
         merged = cls(groups, events, users, value_sums, weights, squares, bins)
         merged._index = index
@@ -181,7 +174,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
             int(self.value_sums[i]),
             int(self.selection_weights[i]),
             int(self.value_squares[i]),
-            tuple(self.value_bins[i].tolist()),
+            tuple(self.value_bins.row(i).tolist()),
         )
 
     def __iter__(self) -> Iterator[GroupKey]:
@@ -221,11 +214,14 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         )
 
 
-def _bins_of(rows: Sequence[Sequence[int]]) -> np.ndarray:
-    """Histogram rows (all of one length, or empty for keys without one) as keys × bins."""
-    width = max((len(r) for r in rows), default=0)
-    out = np.zeros((len(rows), width), dtype=np.int64)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i] = r
-    return out
+def _sparse_bins(value_bins: np.ndarray | BinCounts | None, n: int) -> BinCounts:
+    """The histograms column of n keys: none (width 0), sparse as given, or of a dense
+    keys × bins array."""
+    if isinstance(value_bins, BinCounts):
+        if len(value_bins) != n:
+            raise ValueError("one histogram per group key")
+        return value_bins
+    dense = None if value_bins is None else np.asarray(value_bins, dtype=np.int64)
+    if dense is None or dense.size == 0:
+        return BinCounts.empty(n)
+    return BinCounts.of_dense(dense.reshape(n, -1))

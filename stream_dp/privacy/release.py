@@ -48,6 +48,7 @@ from stream_dp.privacy.partition_selection import (
 )
 from stream_dp.privacy.planner import GroupKey, NoiseComponent, QueryPlan
 from stream_dp.privacy.statistics import statistic_of
+from stream_dp.privacy.statistics.quantile import quantile_histograms
 from stream_dp.privacy.statistics.released_values import ReleasedValue, ReleasedValues
 
 __all__ = [
@@ -135,10 +136,8 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
     noisy: list[list[int]] | list[list[Any]] = []
     if plan.quantile is not None:
         # the exponential mechanism chooses Q edges per key from its exact histogram (no
-        # additive noise; a key without data has an empty histogram)
-        column = statistic_of(plan.statistic).noise_input(totals, "value", plan)
-        histograms = np.zeros((len(rows), plan.quantile.bins), dtype=np.int64)
-        histograms[present] = column[rows[present]]
+        # additive noise; a key without data has an empty histogram), held sparse
+        histograms = quantile_histograms(totals, plan).take(rows)
         noisy.append(release_quantile_rows(histograms, plan.quantile).tolist())
     for position, component in enumerate(plan.noise):
         if position == 0 and precomputed is not None:

@@ -41,6 +41,8 @@ import orjson
 
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.formats.records import SCHEMA_VERSION
+from stream_dp.privacy.exponential.bin_counts import BinCounts
+from stream_dp.privacy.exponential.quantiles import MAX_BINS
 from stream_dp.privacy.group_values import canonical_key, json_default
 from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
@@ -161,8 +163,14 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
         entries = [[list(g), e, u, v, w] for (g, e, u, v), w in rows]
     else:
         entries = [[list(g), e, u, v] for g, e, u, v in totals.rows()]
-    if totals.value_bins.shape[1]:  # statistic: quantile (only then a seventh item)
-        bins = totals.value_bins.tolist()
+    if totals.value_bins.bins:  # statistic: quantile (only then a seventh item)
+        # sparse, as held: [bins, [nonzero bin indices, increasing], [their counts]]
+        hist = totals.value_bins
+        index, counts = hist.index.tolist(), hist.counts.tolist()
+        bins = [
+            [hist.bins, index[lo:hi], counts[lo:hi]]
+            for lo, hi in itertools.pairwise(hist.starts.tolist())
+        ]
         entries = [[*[*entry, 0, 0][:6], b] for entry, b in zip(entries, bins, strict=True)]
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -367,7 +375,7 @@ def _decode_totals(entries: Any) -> KeyTotals:
     lengths = set(map(len, entries)) if type(entries) is list else set()
     if set(map(type, entries)) - {list} or lengths - {4, 5, 6, 7}:
         raise TypeError("a totals entry must be a list of 4 to 7 items")
-    histograms: np.ndarray | None = None
+    histograms: BinCounts | None = None
     # One pass per column in C (zip), not a Python loop per entry (1,000,000 keys: seconds).
     if lengths <= {4}:
         groups, events, users, sums = _transposed(entries, 4)
@@ -401,16 +409,37 @@ def _decode_totals(entries: Any) -> KeyTotals:
     return KeyTotals(keys, events_c, users_c, sums_c, weights_c, squares_c, histograms)
 
 
-def _bin_counts(rows: Sequence[Any]) -> np.ndarray:
-    """A quantile's bin counts per key: lists of one length of integers >= 0 (keys × bins)."""
-    if set(map(type, rows)) - {list} or len(set(map(len, rows))) > 1:
-        raise TypeError("bin counts must be lists of one length")
-    if set(map(type, itertools.chain.from_iterable(rows))) - {int}:
-        raise TypeError("a bin count must be an integer")
-    out: np.ndarray = np.array(rows, dtype=np.int64).reshape(len(rows), -1)
-    if (out < 0).any():
-        raise ValueError("a bin count is negative")
-    return out
+def _bin_counts(rows: Sequence[Any]) -> BinCounts:
+    """A quantile's histogram per key, sparse: [bins, [bin indices], [counts]], one number of
+    bins for every key, the indices strictly increasing in [0, bins), the counts >= 1."""
+    if set(map(type, rows)) - {list} or set(map(len, rows)) - {3}:
+        raise TypeError("a histogram must be [bins, [bin indices], [counts]]")
+    widths, indices, counts = _transposed(list(rows), 3)
+    if set(map(type, widths)) - {int} or len(set(widths)) > 1:
+        raise TypeError("every histogram of a part must have one integer number of bins")
+    if set(map(type, indices)) - {list} or set(map(type, counts)) - {list}:
+        raise TypeError("a histogram's bin indices and counts must be lists")
+    sizes = np.fromiter(map(len, indices), np.int64, len(indices))
+    if not np.array_equal(sizes, np.fromiter(map(len, counts), np.int64, len(counts))):
+        raise ValueError("a histogram needs one count per bin index")
+    flat_index = list(itertools.chain.from_iterable(indices))
+    flat_counts = list(itertools.chain.from_iterable(counts))
+    if set(map(type, flat_index)) - {int} or set(map(type, flat_counts)) - {int}:
+        raise TypeError("a bin index and a bin count must be integers")
+    width = widths[0] if widths else 1
+    index = np.array(flat_index, dtype=np.int64)
+    count = np.array(flat_counts, dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    if not 1 <= width <= MAX_BINS or ((index < 0) | (index >= width)).any():
+        raise ValueError(f"a histogram needs 1 to {MAX_BINS} bins and indices below them")
+    if (count < 1).any():
+        raise ValueError("a histogram lists only bins with a count of at least 1")
+    rising = np.diff(index) > 0
+    follows = starts[1:-1]  # a row's first index may follow another row's last one
+    rising[follows[(sizes[1:] > 0) & (follows > 0)] - 1] = True
+    if not rising.all():
+        raise ValueError("a histogram's bin indices must be strictly increasing")
+    return BinCounts(width, starts, index, count)
 
 
 def _transposed(entries: list[Any], width: int) -> list[Sequence[Any]]:
@@ -432,7 +461,8 @@ class TotalsRows(Sequence[tuple[GroupKey, KeyAggregate]]):
     def __iter__(self) -> Iterator[tuple[GroupKey, KeyAggregate]]:
         weights = self.columns.selection_weights.tolist()
         squares = self.columns.value_squares.tolist()
-        bins = map(tuple, self.columns.value_bins.tolist())
+        hist = self.columns.value_bins
+        bins = (tuple(hist.row(i).tolist()) if hist.bins else () for i in range(len(hist)))
         for (g, e, u, v), w, q, b in zip(self.columns.rows(), weights, squares, bins, strict=True):
             yield g, KeyAggregate(e, u, v, w, q, b)
 

@@ -279,10 +279,15 @@ class IngestStage:
         )
         self.form = input_form(config)
         self.decoder = self.form.decoder
-        self.store = WindowStore(
-            self.windows, self.metrics, k=self.k, rng=rng, keep_sealed=settings.keep_sealed
-        )
         self.queries = [CompiledQuery(q, config.bounds, self.form.fields) for q in config.queries]
+        self.store = WindowStore(
+            self.windows,
+            self.metrics,
+            k=self.k,
+            rng=rng,
+            keep_sealed=settings.keep_sealed,
+            histogram_queries=sum(q.bin_of is not None for q in self.queries),
+        )
         for q in self.queries:
             q.bind(self.store.signatures)
         self.erasure = ErasureState(
@@ -636,5 +641,5 @@ def bounded_totals(
         found.value_sums[present],
         found.weight_sums[present],
         found.value_squares[present],
-        found.value_bins[present],
+        found.value_bins.take(present),
     )

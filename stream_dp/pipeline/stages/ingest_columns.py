@@ -219,6 +219,11 @@ def window_starts(times: np.ndarray, window_size_s: int) -> np.ndarray:
 
 #: Bytes one event takes in a sample: its pseudonym (two 64-bit words), priority and item.
 ROW_BYTES = 16 + 8 + 4
+#: Bytes one event can add, per ``statistic: quantile`` query, to the histograms a seal of its
+#: window builds (:class:`~stream_dp.privacy.exponential.bin_counts.BinCounts`): its bin's
+#: index and count (16), its key's row start (8) and, counted per event as a bound, the
+#: table's closing start (8): 16·values + 8·keys + 8 ≤ 32·values for a window with values.
+HISTOGRAM_ROW_BYTES = 16 + 8 + 8
 
 
 @dataclass(slots=True)
@@ -316,11 +321,15 @@ class WindowStore:
         k: int,
         rng: SamplingGenerator,
         keep_sealed: bool,
+        histogram_queries: int = 0,
     ) -> None:
         self.windows = windows
         self.metrics = metrics
         self.k = k
         self.rng = rng
+        #: What :meth:`held_bytes` counts per arrived event: the sample's row and, per
+        #: ``statistic: quantile`` query, what the seal's histograms can take for it.
+        self.row_bytes = ROW_BYTES + HISTOGRAM_ROW_BYTES * histogram_queries
         #: Keep sealed windows until their release is known (the worker, with erasure on).
         self.keep_sealed = keep_sealed
         self.parts: dict[int, dict[int, WindowPart]] = {}
@@ -451,11 +460,14 @@ class WindowStore:
     def held_bytes(self) -> int:
         """What window.max_held_state_bytes caps and ``stream_dp_held_state_bytes`` shows:
         :data:`ROW_BYTES` per event that *arrived* for a window this stage holds, never less
-        than its samples' bytes (a sample only loses rows: bound k, erasures), and moved by
-        no erasure — an erased user's rows removed, and events dropped on arrival, still
-        count until their window goes, so neither the gauge nor the cap's decisions tell
-        whether, or how much, an erased person had sent (docs/attack-model.md)."""
-        return ROW_BYTES * sum(
+        than its samples' bytes (a sample only loses rows: bound k, erasures), plus
+        :data:`HISTOGRAM_ROW_BYTES` per event and ``statistic: quantile`` query, never less
+        than the histograms the window's seal builds (sparse: a bin per kept value at
+        most), and moved by no erasure — an erased user's rows removed, and events dropped
+        on arrival, still count until their window goes, so neither the gauge nor the cap's
+        decisions tell whether, or how much, an erased person had sent
+        (docs/attack-model.md)."""
+        return self.row_bytes * sum(
             part.events_arrived for parts in self.parts.values() for part in parts.values()
         )
 

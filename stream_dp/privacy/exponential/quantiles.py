@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -50,7 +50,8 @@ import numpy as np
 
 from stream_dp.errors import ConfigError
 from stream_dp.privacy.exact_laplace import WordSource, os_words
-from stream_dp.privacy.exponential.sampler import exact_scale, sample_exponential_mechanism
+from stream_dp.privacy.exponential.bin_counts import BinCounts
+from stream_dp.privacy.exponential.sampler import MAX_UTILITY, exact_scale, sample_by_gaps
 
 #: OpenDP's default α granularity (``score_candidates_constants`` without a known size).
 ALPHA_DENOMINATOR = 10_000
@@ -149,8 +150,13 @@ class QuantilePlan:
 
     def edges(self) -> tuple[float, ...]:
         """The B + 1 candidate values lower + j·(upper − lower)/B."""
-        width = (self.upper - self.lower) / self.bins
-        return (*tuple(self.lower + j * width for j in range(self.bins)), self.upper)
+        return tuple(map(self.edge, range(self.bins + 1)))
+
+    def edge(self, j: int) -> float:
+        """Candidate j of :meth:`edges` (``upper`` itself for j = B), without the B + 1."""
+        if j == self.bins:
+            return self.upper
+        return self.lower + j * ((self.upper - self.lower) / self.bins)
 
     def bin_index(self, value: float) -> int:
         """The bin a value is counted in: ⌊(value − lower)/width⌋, values below lower in bin
@@ -189,20 +195,76 @@ class QuantilePlan:
 
 
 def release_quantile_rows(
-    bin_counts: np.ndarray, plan: QuantilePlan, *, words: WordSource = os_words
+    bin_counts: np.ndarray | BinCounts, plan: QuantilePlan, *, words: WordSource = os_words
 ) -> np.ndarray:
-    """Per row of bin counts (groups × B) the chosen edge index of each α, sorted so that
-    column j (the j-th α) is non-decreasing in j (groups × Q, int64)."""
-    counts = np.asarray(bin_counts, dtype=np.int64)
-    if counts.ndim != 2 or counts.shape[1] != plan.bins:
+    """Per group's histogram (a groups × B array of counts, or :class:`BinCounts`) the chosen
+    edge index of each α, sorted so that column j (the j-th α) is non-decreasing in j
+    (groups × Q, int64).
+
+    The scores are read from the sparse histograms only at the edges the sampler proposes
+    (:func:`sparse_scores`), so memory follows the histograms' nonzero bins, not groups × B;
+    the draw, and the words it takes, are those of the full score table's
+    (:func:`~stream_dp.privacy.exponential.sampler.sample_exponential_mechanism` on
+    −:func:`quantile_scores`)."""
+    if isinstance(bin_counts, BinCounts):
+        counts = bin_counts
+    else:
+        dense = np.asarray(bin_counts, dtype=np.int64)
+        if dense.ndim != 2 or dense.shape[1] != plan.bins:
+            raise ValueError(f"bin_counts must have shape (groups, {plan.bins})")
+        if dense.size and int(dense.min()) < 0:
+            raise ValueError("bin counts must be >= 0")
+        counts = BinCounts.of_dense(dense)
+    if counts.bins != plan.bins:
         raise ValueError(f"bin_counts must have shape (groups, {plan.bins})")
-    if counts.size and int(counts.min()) < 0:
-        raise ValueError("bin counts must be >= 0")
-    chosen = np.empty((counts.shape[0], len(plan.quantiles)), dtype=np.int64)
+    groups = len(counts)
+    chosen = np.empty((groups, len(plan.quantiles)), dtype=np.int64)
     for j, alpha in enumerate(plan.quantiles):
-        utilities = -quantile_scores(counts, alpha)
-        chosen[:, j] = sample_exponential_mechanism(utilities, plan.scale(alpha), words=words)
+        t, s = exact_scale(plan.scale(alpha), what="exponential mechanism")
+        gap_of = quantile_gaps(counts, alpha)
+        chosen[:, j] = sample_by_gaps(groups, plan.bins + 1, gap_of, t, s, words=words)
     return np.sort(chosen, axis=1)
+
+
+def quantile_gaps(
+    counts: BinCounts, alpha: float
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """gap(groups, edges): an edge's score minus its group's lowest score, the sampler's
+    integer gap max u − u for the utilities u = −score (:func:`sparse_scores`)."""
+    best, score_at = sparse_scores(counts, alpha)
+
+    def gap_of(rows: np.ndarray, edges: np.ndarray) -> np.ndarray:
+        out: np.ndarray = score_at(rows, edges) - best[rows]
+        return out
+
+    return gap_of
+
+
+def sparse_scores(
+    counts: BinCounts, alpha: float
+) -> tuple[np.ndarray, Callable[[np.ndarray, np.ndarray], np.ndarray]]:
+    """(per group the lowest score over its B + 1 edges, score(groups, edges)): the entries
+    of :func:`quantile_scores`'s table, from sparse histograms. The score den·|r − α̃n| is
+    convex in r, and r runs over 0 and the running counts at the nonzero bins: the lowest
+    is the least of those; the highest, n·max(num, den − num) at edge 0 or B, must stay
+    within the sampler's utility range (as the table's)."""
+    num, den = alpha_fraction(alpha)
+    n = counts.totals()
+    if n.size and int(n.max()) * max(num, den - num) > MAX_UTILITY:
+        raise ValueError(f"utilities must lie within ±{MAX_UTILITY}")
+    best = num * n  # r = 0 (edge 0)
+    if counts.index.size:
+        owners = counts.owners()
+        running = np.cumsum(counts.counts, dtype=np.int64)
+        running -= np.concatenate(([0], running))[counts.starts[:-1]][owners]
+        np.minimum.at(best, owners, np.abs((den - num) * running - num * (n[owners] - running)))
+
+    def score_at(rows: np.ndarray, edges: np.ndarray) -> np.ndarray:
+        below = counts.below(rows, edges)
+        out: np.ndarray = np.abs((den - num) * below - num * (n[rows] - below))
+        return out
+
+    return best, score_at
 
 
 def release_quantiles(

@@ -33,6 +33,7 @@ Why the draw is exact (no floating-point operation touches it)
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -139,20 +140,49 @@ def sample_exponential_mechanism(
     mask = np.ones(u.shape, dtype=bool) if available is None else np.asarray(available, bool)
     if u.size and int(np.abs(u).max()) > MAX_UTILITY:
         raise ValueError(f"utilities must lie within ±{MAX_UTILITY}")
-    chosen = np.full(rows, -1, dtype=np.int64)
     if n == 0:
-        return chosen
+        return np.full(rows, -1, dtype=np.int64)
     top = np.where(mask, u, -MAX_UTILITY - 1).max(axis=1)
     gaps = top[:, None] - u  # ≥ 0 where available
-    pending = np.flatnonzero(mask.any(axis=1))
+    return sample_by_gaps(
+        rows,
+        n,
+        lambda r, i: gaps[r, i],
+        t,
+        s,
+        pending=np.flatnonzero(mask.any(axis=1)),
+        available=None if available is None else (lambda r, i: mask[r, i]),
+        words=words,
+    )
+
+
+def sample_by_gaps(
+    rows: int,
+    n: int,
+    gap_of: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    t: int,
+    s: int,
+    *,
+    pending: np.ndarray | None = None,
+    available: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    words: WordSource = os_words,
+) -> np.ndarray:
+    """:func:`sample_exponential_mechanism` of ``rows`` problems of n candidates each, the
+    gaps max_j u_j − u_i (integers ≥ 0) read only where proposed: ``gap_of(rows, indices)``
+    (and ``available(rows, indices)``, all when None). The draw and the words it takes are
+    those of the full table's; no rows × n table is built (a quantile's histograms are
+    sparse: :mod:`.bin_counts`). ``pending``: the rows to draw (every row by default);
+    the others get −1. ``t/s``: the scale, exactly (:func:`exact_scale`)."""
+    chosen = np.full(rows, -1, dtype=np.int64)
+    pending = np.arange(rows, dtype=np.int64) if pending is None else pending
     lanes = 1
     while pending.size:
         proposals = uniform_below(np.full(pending.size * lanes, _U64(n)), words)
         idx = proposals.astype(np.int64).reshape(pending.size, lanes)
         row_idx = np.repeat(pending, lanes).reshape(pending.size, lanes)
-        ok = mask[row_idx, idx]
+        ok = np.ones(idx.shape, dtype=bool) if available is None else available(row_idx, idx)
         accepted = np.zeros(idx.shape, dtype=bool)
-        accepted[ok] = bernoulli_exp_of_gap(gaps[row_idx[ok], idx[ok]], t, s, words)
+        accepted[ok] = bernoulli_exp_of_gap(gap_of(row_idx[ok], idx[ok]), t, s, words)
         hit = accepted.any(axis=1)
         first = accepted.argmax(axis=1)
         done = pending[hit]

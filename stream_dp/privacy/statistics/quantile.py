@@ -2,9 +2,11 @@
 exponential-mechanism quantile (:mod:`stream_dp.privacy.exponential.quantiles`).
 
 Stage 1 counts each user's kept values (after the reservoir of k per window and L0/Linf)
-in B equal bins over [lower, upper) per key: the ``value_bins`` column, a vector of B
-integers per key merged by addition. The release draws, per key and requested α, one bin
-edge by the exponential mechanism and sorts the Q edges (monotone across the list).
+in B equal bins over [lower, upper) per key: the ``value_bins`` column, merged by addition
+and held sparse (:class:`~stream_dp.privacy.exponential.bin_counts.BinCounts`: the bins a
+key's values hit, 16 bytes each, never B per key). The release draws, per key and requested
+α, one bin edge by the exponential mechanism and sorts the Q edges (monotone across the
+list).
 
 Accounting: the bounding enforces Linf = ``max_contributions_per_key`` (k when unset, at
 most k) values of a user per key and L0 = ``max_keys_per_user`` (k when unset, at most k)
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 import numpy as np
 
 from stream_dp.errors import PrivacyError
+from stream_dp.privacy.exponential.bin_counts import BinCounts
 from stream_dp.privacy.exponential.quantiles import QuantilePlan
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
 from stream_dp.privacy.statistics.base import Column, NoisePart, NoiseTarget, PlanView
@@ -69,6 +72,22 @@ def bin_indices(
     return np.clip(bins, 0, histogram.bins - 1).astype(np.int64)
 
 
+def quantile_histograms(totals: KeyTotals, plan: PlanView) -> BinCounts:
+    """The keys' histograms (sparse) the exponential mechanism reads, checked to have the
+    plan's bins. Totals without a histogram column hold no value (a window whose partials
+    had no key of this query: an empty part carries no seventh item): every key's histogram
+    is then empty, as a public key's without data."""
+    bins = totals.value_bins
+    if bins.bins == 0 and not bins.index.size:
+        return BinCounts.empty(len(totals), _plan_of(plan).bins)
+    if bins.bins != _plan_of(plan).bins:
+        raise PrivacyError(
+            f"query {plan.name}: histograms of {bins.bins} bins, the plan has "
+            f"{_plan_of(plan).bins}"
+        )
+    return bins
+
+
 def _plan_of(plan: PlanView) -> QuantilePlan:
     if plan.quantile is None:
         raise PrivacyError(f"query {plan.name}: a quantile plan has no QuantilePlan")
@@ -105,17 +124,13 @@ class Quantile:
         return ()
 
     def noise_input(self, totals: KeyTotals, target: NoiseTarget, plan: PlanView) -> np.ndarray:
+        # no additive noise: the release reads the sparse histograms (quantile_histograms)
         match target:
-            case "value":
-                bins = totals.value_bins
-                if bins.shape[1] != _plan_of(plan).bins:
-                    raise PrivacyError(
-                        f"query {plan.name}: histograms of {bins.shape[1]} bins, "
-                        f"the plan has {_plan_of(plan).bins}"
-                    )
-                return bins
-            case "sum" | "count" | "sum_squares":
-                raise PrivacyError(f"query {plan.name}: a quantile has only a 'value' input")
+            case "value" | "sum" | "count" | "sum_squares":
+                raise PrivacyError(
+                    f"query {plan.name}: a quantile adds no noise; its histograms are read "
+                    "by quantile_histograms"
+                )
             case _:
                 assert_never(target)
 
@@ -126,11 +141,10 @@ class Quantile:
         of its Q quantiles, ``{"quantile": α, "value": edge}`` in the order of the α's, the
         values non-decreasing (one record per key carries them all)."""
         histogram = _plan_of(plan)
-        edges = histogram.edges()
         (chosen,) = noisy
         values: list[Any] = [
             [
-                {"quantile": alpha, "value": edges[i]}
+                {"quantile": alpha, "value": histogram.edge(i)}
                 for alpha, i in zip(histogram.quantiles, row, strict=True)
             ]
             for row in chosen
