@@ -217,20 +217,42 @@ class ReleaseTemplate:
         empty field, escaped once, around the field with a backslash before each quote or
         backslash (the field is JSON already: it holds no other character JSON escapes)."""
         cols = ReleasedValues.of(values)
-        if self._marked is None or len(cols.groups) == 0:
+        made = self._formats(cols) if self._marked is not None and cols.groups else None
+        fmt = None if made is None else self._key_format(made[0])
+        if made is None or fmt is None:
             keys, records = self.encode(cols)
             return escaped_strings(keys), records
-        group_slot, group_fields, varying, templates = self._formats(cols)
+        _, group_fields, varying, templates = made
+        records = _records(templates, cols.clamped, varying)
+        return list(map(fmt.__mod__, _escaped_again(group_fields))), records
+
+    def entry_formats(
+        self, values: Sequence[ReleasedValue], entry: bytes
+    ) -> tuple[tuple[bytes, ...], list[bool], list[list[bytes]]] | None:
+        """The ledger entries of the values (``entry``, a ``bytes %`` format of the key's
+        JSON without quotes and the record: ``{"key":"%b","value":%b}``) as formats to
+        fill, without and with ``clamped``, each key's choice of them and the fields that
+        fill them, a column per slot: the key's group field escaped once more
+        (:meth:`encode_escaped`), then the record's varying fields. A ledger part is then
+        one ``bytes %`` over all its entries, with no bytes object made per key or
+        record. None where :meth:`encode_escaped` escapes each key itself."""
+        cols = ReleasedValues.of(values)
+        made = self._formats(cols) if self._marked is not None and cols.groups else None
+        fmt = None if made is None else self._key_format(made[0])
+        if made is None or fmt is None:
+            return None
+        _, group_fields, varying, templates = made
+        entries = tuple(entry % (fmt, template) for template in templates)
+        return entries, cols.clamped, [_escaped_again(group_fields), *varying]
+
+    def _key_format(self, group_slot: bytes) -> bytes | None:
+        """With one string group field, the ``bytes %`` format of a key's JSON without
+        its quotes around its group field escaped once more (:meth:`encode_escaped`): the
+        key with an empty field, escaped once; else None."""
         empty = orjson.dumps((self._prefix.encode() + group_slot % (b"",)).decode())[1:-1]
         if not group_slot.endswith(b'"%b"}') or not empty.endswith(b'\\"}'):
-            keys, records = self.encode(cols)
-            return escaped_strings(keys), records
-        records = _records(templates, cols.clamped, varying)
-        fmt = empty[:-3].replace(b"%", b"%%") + b'%b\\"}'
-        fields, joined = group_fields, b"".join(group_fields)
-        if b'"' in joined or b"\\" in joined:
-            fields = [f.replace(b"\\", b"\\\\").replace(b'"', b'\\"') for f in fields]
-        return list(map(fmt.__mod__, fields)), records
+            return None
+        return empty[:-3].replace(b"%", b"%%") + b'%b\\"}'
 
     def entry_sizes(self, values: Sequence[ReleasedValue]) -> np.ndarray:
         """Per value, the bytes of its output key's JSON without its quotes
@@ -316,6 +338,15 @@ def _records(
     """Per key one ``bytes %`` of its template (without or with ``clamped``) over the
     fields that vary, in a C-level ``map``."""
     return list(map(bytes.__mod__, map(templates.__getitem__, clamped), zip(*varying, strict=True)))
+
+
+def _escaped_again(fields: list[bytes]) -> list[bytes]:
+    """Group fields (JSON string contents) as they read inside another JSON string: a
+    backslash before each quote and backslash (the list itself when there are none)."""
+    joined = b"".join(fields)
+    if b'"' in joined or b"\\" in joined:
+        return [f.replace(b"\\", b"\\\\").replace(b'"', b'\\"') for f in fields]
+    return fields
 
 
 def encoded_strings(strings: list[str]) -> list[bytes]:
