@@ -228,7 +228,7 @@ class ReleaseTemplate:
 
     def entry_formats(
         self, values: Sequence[ReleasedValue], entry: bytes
-    ) -> tuple[tuple[bytes, ...], list[bool], list[list[bytes]]] | None:
+    ) -> tuple[tuple[bytes, ...], list[bool], list[list[bytes] | list[int]]] | None:
         """The ledger entries of the values (``entry``, a ``bytes %`` format of the key's
         JSON without quotes and the record: ``{"key":"%b","value":%b}``) as formats to
         fill, without and with ``clamped``, each key's choice of them and the fields that
@@ -271,10 +271,15 @@ class ReleaseTemplate:
         group_slot, group_fields, varying, templates = self._formats(cols)
         empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
         key_base = len(orjson.dumps(empty_key)) - 2
-        bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
+        blanks = tuple(0 if _is_integers(column) else b"" for column in varying)
+        written = sum(1 for blank in blanks if blank == 0)  # a blank 0 is written "0"
+        bases = np.array([len(t % blanks) + key_base - written for t in templates])
         sizes = bases[np.fromiter(cols.clamped, np.int64, n)]
         for column in (group_fields, *varying):  # the group field: in the key and the record
-            sizes += np.fromiter(map(len, column), np.int64, n)
+            if _is_integers(column):
+                sizes += decimal_lengths(np.fromiter(column, np.int64, n))
+            else:
+                sizes += np.fromiter(map(len, column), np.int64, n)  # type: ignore[arg-type]
         joined = b"".join(group_fields)
         for escaped in (b'"', b"\\"):
             if escaped in joined:
@@ -283,13 +288,21 @@ class ReleaseTemplate:
 
     def _formats(
         self, cols: ReleasedValues
-    ) -> tuple[bytes, list[bytes], list[list[bytes]], tuple[bytes, ...]]:
+    ) -> tuple[bytes, list[bytes], list[list[bytes] | list[int]], tuple[bytes, ...]]:
         """The group slot's format and fields, the varying fields' columns in slot order
-        and the record's ``bytes %`` formats (without and with ``clamped``)."""
+        and the record's ``bytes %`` formats (without and with ``clamped``). A value
+        column of Python integers is written by ``%d`` (the decimal digits orjson writes
+        for an integer; the released values are 64-bit, the noise added saturating), any
+        other column's fields are bytes for ``%b``."""
         assert self._marked is not None
         group_slot, group_fields = self._group_fields(cols.groups)
         slots = {"group": group_slot, "value": b"%b"}
-        columns = {"group": group_fields, "value": _encoded_numbers(cols.value)}
+        columns: dict[str, list[bytes] | list[int]] = {"group": group_fields}
+        if _integers(cols.value):  # written by the record's own bytes %: no object per key
+            slots["value"] = b"%d"
+            columns["value"] = cols.value  # type: ignore[assignment]
+        else:
+            columns["value"] = _encoded_numbers(cols.value)
         for name, column in (("ci95", cols.ci95), ("noise_scale", cols.noise_scale)):
             if isinstance(column, list):
                 slots[name] = b"%b"
@@ -332,8 +345,30 @@ class ReleaseTemplate:
         )
 
 
+def _integers(numbers: list[Any]) -> bool:
+    """Whether every number is a Python ``int`` (not a bool, whose JSON is a word)."""
+    return bool(numbers) and set(map(type, numbers)) == {int}
+
+
+def _is_integers(column: list[bytes] | list[int]) -> bool:
+    """Whether a column of :meth:`ReleaseTemplate._formats` is written by ``%d``."""
+    return bool(column) and type(column[0]) is int
+
+
+_POWERS_OF_TEN: Final = np.array([10**k for k in range(1, 20)], dtype=np.uint64)
+
+
+def decimal_lengths(values: np.ndarray) -> np.ndarray:
+    """The length of each int64's decimal digits with its minus sign (``len(str(v))``)."""
+    negative = values < 0
+    magnitude = values.astype(np.uint64)
+    magnitude[negative] = (~values[negative]).astype(np.uint64) + np.uint64(1)  # |−2⁶³| too
+    lengths: np.ndarray = np.searchsorted(_POWERS_OF_TEN, magnitude, side="right") + 1
+    return lengths + negative
+
+
 def _records(
-    templates: tuple[bytes, ...], clamped: list[bool], varying: list[list[bytes]]
+    templates: tuple[bytes, ...], clamped: list[bool], varying: list[list[bytes] | list[int]]
 ) -> list[bytes]:
     """Per key one ``bytes %`` of its template (without or with ``clamped``) over the
     fields that vary, in a C-level ``map``."""
