@@ -157,7 +157,7 @@ _ENTRY: Final = b'{"key":"%b","value":%b}'
 
 #: Ledger entries as ``bytes %`` formats: the formats, each entry's format (an index),
 #: and the fields that fill them, one column per slot of a format.
-EntryFormats = tuple[tuple[bytes, ...], list[bool] | list[int], list[list[bytes] | list[int]]]
+EntryFormats = tuple[tuple[bytes, ...], list[bool] | list[int], list[list[bytes]]]
 
 
 def _entries_of(escaped: list[bytes], values: list[bytes]) -> EntryFormats:
@@ -494,7 +494,7 @@ class LedgerParts:
             head = orjson.dumps({**self._header, "part": i, "parts": len(self._bounds)})
             fmt = b",".join(map(formats.__getitem__, which[lo:hi]))
             fmt = head[:-1].replace(b"%", b"%%") + b',"records":[' + fmt + b"]}"
-            fields: list[bytes | int] = [b""] * (width * (hi - lo))
+            fields: list[bytes] = [b""] * (width * (hi - lo))
             for slot, column in enumerate(columns):
                 fields[slot::width] = column[lo:hi]
             value = fmt % tuple(fields)

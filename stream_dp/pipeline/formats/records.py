@@ -228,7 +228,7 @@ class ReleaseTemplate:
 
     def entry_formats(
         self, values: Sequence[ReleasedValue], entry: bytes
-    ) -> tuple[tuple[bytes, ...], list[bool], list[list[bytes] | list[int]]] | None:
+    ) -> tuple[tuple[bytes, ...], list[bool], list[list[bytes]]] | None:
         """The ledger entries of the values (``entry``, a ``bytes %`` format of the key's
         JSON without quotes and the record: ``{"key":"%b","value":%b}``) as formats to
         fill, without and with ``clamped``, each key's choice of them and the fields that
@@ -243,7 +243,7 @@ class ReleaseTemplate:
             return None
         _, group_fields, varying, templates = made
         entries = tuple(entry % (fmt, template) for template in templates)
-        return entries, cols.clamped, [_escaped_again(group_fields), *varying]
+        return entries, cols.clamped, [_escaped_again(group_fields), *map(_as_bytes, varying)]
 
     def _key_format(self, group_slot: bytes) -> bytes | None:
         """With one string group field, the ``bytes %`` format of a key's JSON without
@@ -271,9 +271,7 @@ class ReleaseTemplate:
         group_slot, group_fields, varying, templates = self._formats(cols)
         empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
         key_base = len(orjson.dumps(empty_key)) - 2
-        blanks = tuple(0 if _is_integers(column) else b"" for column in varying)
-        written = sum(1 for blank in blanks if blank == 0)  # a blank 0 is written "0"
-        bases = np.array([len(t % blanks) + key_base - written for t in templates])
+        bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
         sizes = bases[np.fromiter(cols.clamped, np.int64, n)]
         for column in (group_fields, *varying):  # the group field: in the key and the record
             if _is_integers(column):
@@ -291,15 +289,14 @@ class ReleaseTemplate:
     ) -> tuple[bytes, list[bytes], list[list[bytes] | list[int]], tuple[bytes, ...]]:
         """The group slot's format and fields, the varying fields' columns in slot order
         and the record's ``bytes %`` formats (without and with ``clamped``). A value
-        column of Python integers is written by ``%d`` (the decimal digits orjson writes
-        for an integer; the released values are 64-bit, the noise added saturating), any
-        other column's fields are bytes for ``%b``."""
+        column of Python integers stays one (:func:`_as_bytes` makes its JSON where it is
+        written; the ledger's cut only measures it, :func:`decimal_lengths`), any other
+        column's fields are bytes."""
         assert self._marked is not None
         group_slot, group_fields = self._group_fields(cols.groups)
         slots = {"group": group_slot, "value": b"%b"}
         columns: dict[str, list[bytes] | list[int]] = {"group": group_fields}
-        if _integers(cols.value):  # written by the record's own bytes %: no object per key
-            slots["value"] = b"%d"
+        if _integers(cols.value):  # its JSON made when written (_as_bytes), or only measured
             columns["value"] = cols.value  # type: ignore[assignment]
         else:
             columns["value"] = _encoded_numbers(cols.value)
@@ -351,8 +348,13 @@ def _integers(numbers: list[Any]) -> bool:
 
 
 def _is_integers(column: list[bytes] | list[int]) -> bool:
-    """Whether a column of :meth:`ReleaseTemplate._formats` is written by ``%d``."""
+    """Whether a column of :meth:`ReleaseTemplate._formats` holds integers, not JSON."""
     return bool(column) and type(column[0]) is int
+
+
+def _as_bytes(column: list[bytes] | list[int]) -> list[bytes]:
+    """A column's fields as JSON bytes (integers encoded, from one orjson call)."""
+    return _encoded_numbers(column) if _is_integers(column) else column  # type: ignore[return-value]
 
 
 _POWERS_OF_TEN: Final = np.array([10**k for k in range(1, 20)], dtype=np.uint64)
@@ -371,8 +373,10 @@ def _records(
     templates: tuple[bytes, ...], clamped: list[bool], varying: list[list[bytes] | list[int]]
 ) -> list[bytes]:
     """Per key one ``bytes %`` of its template (without or with ``clamped``) over the
-    fields that vary, in a C-level ``map``."""
-    return list(map(bytes.__mod__, map(templates.__getitem__, clamped), zip(*varying, strict=True)))
+    fields that vary, in a C-level ``map``. (One ``join`` of every record cut at newlines
+    is slower: the cut makes the same objects, each over 512 bytes, and copies once more.)"""
+    pairs = zip(*map(_as_bytes, varying), strict=True)
+    return list(map(bytes.__mod__, map(templates.__getitem__, clamped), pairs))
 
 
 def _escaped_again(fields: list[bytes]) -> list[bytes]:
