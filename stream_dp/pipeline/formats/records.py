@@ -268,6 +268,9 @@ class ReleaseTemplate:
             keys, records = self.encode(cols)
             sizes = np.fromiter(map(len, escaped_strings(keys)), np.int64, n)
             return sizes + np.fromiter(map(len, records), np.int64, n)
+        plain = self._plain_strings(cols)
+        if plain is not None:
+            return self._plain_sizes(cols, plain)
         group_slot, group_fields, varying, templates = self._formats(cols)
         empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
         key_base = len(orjson.dumps(empty_key)) - 2
@@ -282,6 +285,38 @@ class ReleaseTemplate:
         for escaped in (b'"', b"\\"):
             if escaped in joined:
                 sizes += np.fromiter(map(bytes.count, group_fields, repeat(escaped)), np.int64, n)
+        return sizes
+
+    def _plain_strings(self, cols: ReleasedValues) -> list[str] | None:
+        """The group values, when the sizes can be had from them alone: one string group
+        field whose values JSON escapes nothing (printable ASCII without ``"`` or
+        ``\\``: its JSON is itself, in the key once more too), integer values and one
+        noise scale and interval for every key."""
+        if len(self._group_by) != 1 or isinstance(cols.noise_scale, list):
+            return None
+        if isinstance(cols.ci95, list) or not _integers(cols.value):
+            return None
+        plain = [g[0] for g in cols.groups]
+        if set(map(type, plain)) != {str}:
+            return None
+        joined = "".join(plain)
+        if not (joined.isascii() and joined.isprintable()) or '"' in joined or "\\" in joined:
+            return None
+        return plain
+
+    def _plain_sizes(self, cols: ReleasedValues, plain: list[str]) -> np.ndarray:
+        """:meth:`entry_sizes` from the columns alone (:meth:`_plain_strings`): each
+        template's bytes around empty fields, twice each group value's length (in the
+        key and the record) and the values' decimal digits; no field encoded."""
+        n = len(plain)
+        one = ReleasedValues([("",)], [0], cols.noise_scale, cols.ci95, [False])
+        group_slot, _, varying, templates = self._formats(one)
+        empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
+        key_base = len(orjson.dumps(empty_key)) - 2
+        bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
+        sizes: np.ndarray = bases[np.fromiter(cols.clamped, np.int64, n)]
+        sizes += 2 * np.fromiter(map(len, plain), np.int64, n)
+        sizes += decimal_lengths(np.fromiter(cols.value, np.int64, n))
         return sizes
 
     def _formats(
