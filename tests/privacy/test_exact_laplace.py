@@ -3,7 +3,7 @@
 Exactness pieces are checked deterministically where they can be (the rejection bound of
 the uniform integers, the paths a lane takes when its counters grow), the laws by
 goodness-of-fit tests against the closed-form pmf and against OpenDP's own sampler of the
-same scale. Every statistical test uses a p-value threshold of 1e-8; there are 17 of them,
+same scale. Every statistical test uses a p-value threshold of 1e-8; there are 16 of them,
 so the file fails by chance with probability below 1e-6.
 """
 
