@@ -182,7 +182,8 @@ def bernoulli_exp(num: np.ndarray, den: np.ndarray, words: WordSource = os_words
     k = 1
     while lanes.size:
         if k >= COUNTER_LIMIT:
-            for lane, a, b in zip(lanes.tolist(), num_k.tolist(), den_k.tolist(), strict=True):
+            dens = [int(den[0])] * lanes.size if same else den_k.tolist()
+            for lane, a, b in zip(lanes.tolist(), num_k.tolist(), dens, strict=True):
                 result[lane] = _bernoulli_exp_tail(a, b, k)
             break
         if k == 1 and sure:  # Bernoulli(γ/1) with γ = 1 on every lane: certain, no draw

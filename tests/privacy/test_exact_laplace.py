@@ -281,6 +281,28 @@ def test_a_lane_whose_counter_reaches_the_limit_finishes_exactly(
     assert next(words._words, None) is None  # every scripted word used, none more
 
 
+def test_lanes_of_one_denominator_reach_the_limit_while_another_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three lanes of γ = 1 (one denominator): lane 0 stops at K = 2, lanes 1 and 2 climb
+    to the limit and finish in Python integers, each with its own denominator and draws
+    (lane 1 stops at the limit, an even K; lane 2 one step later, an odd K)."""
+    calls: list[int] = []
+    answers = iter([1, 0, 1])  # lane 1: stops at once; lane 2: one success, then stops
+
+    def randbelow(n: int) -> int:
+        calls.append(n)
+        return next(answers)
+
+    monkeypatch.setattr(exact_laplace.secrets, "randbelow", randbelow)
+    first = (1).to_bytes(2, sys.byteorder) + bytes(6)  # 16-bit words 1, 0, 0 (and one more)
+    words = Scripted([int.from_bytes(first, sys.byteorder)] + [0] * (COUNTER_LIMIT - 3))
+    ones = np.ones(3, dtype=np.uint64)
+    assert bernoulli_exp(ones, ones, words).tolist() == [False, False, True]
+    assert calls == [COUNTER_LIMIT, COUNTER_LIMIT, COUNTER_LIMIT + 1]
+    assert next(words._words, None) is None
+
+
 def test_a_geometric_count_at_the_limit_switches_to_python_integers() -> None:
     # Bernoulli(exp(−1)) succeeds when Algorithm 1 stops at an odd K: K = 1 is certain
     # (no word), draws 0 (below 2), 1 (below 3) stop it at K = 3. Scripted so, every trial
