@@ -234,3 +234,42 @@ def test_entry_sizes_are_the_encoded_keys_and_records_lengths(query: str) -> Non
         keys, records = template.encode(values)
         lengths = [len(k) + len(r) for k, r in zip(escaped_strings(keys), records, strict=True)]
         assert template.entry_sizes(values).tolist() == lengths
+
+
+@pytest.mark.parametrize("query", ["q", 'q\n%"\\', "q%b"])
+def test_entry_sizes_from_the_columns_alone_are_the_encoded_lengths(query: str) -> None:
+    """Group values JSON escapes nothing in, integer values and one noise scale: the
+    sizes are had from the strings' and digits' lengths without encoding any field, and
+    are the lengths of the keys' JSON and records. A value that JSON escapes (a quote, a
+    backslash, a control or non-ASCII character, DEL) takes the encoding path: the same
+    lengths."""
+    rng = random.Random(len(query) + 100)
+    printable = [chr(c) for c in range(0x20, 0x7F) if chr(c) not in '"\\']
+    extremes = [0, -1, 9, 10, -10, 2**63 - 1, -(2**63), 10**18]
+    for odd in (None, '"', "\\", "\x01", "\u00e9", "\x7f"):
+        groups = [("".join(rng.choices(printable, k=rng.randint(0, 30))),) for _ in range(300)]
+        if odd is not None:
+            groups[17] = (f"a{odd}b",)
+        values = ReleasedValues(
+            groups,  # type: ignore[arg-type]
+            [*extremes, *(rng.randint(-(10**12), 10**12) for _ in groups[len(extremes) :])],
+            2.5,
+            7.25,
+            [rng.random() < 0.3 for _ in groups],
+        )
+        template = ReleaseTemplate(
+            release_id="r",
+            query=query,
+            window_start_s=0,
+            window_end_s=60,
+            group_by=["site%"],
+            statistic="count",
+            epsilon=1.0,
+            delta=1e-6,
+            mechanism="discrete_laplace",
+            selection={"strategy": "truncated_geometric", "k%": 3},
+        )
+        assert (template._plain_strings(values) is not None) is (odd is None)
+        keys, records = template.encode(values)
+        lengths = [len(k) + len(r) for k, r in zip(escaped_strings(keys), records, strict=True)]
+        assert template.entry_sizes(values).tolist() == lengths

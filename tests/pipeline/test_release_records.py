@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
@@ -12,6 +13,7 @@ from stream_dp.pipeline.formats.ledger import OutputRecord, drawn_records
 from stream_dp.pipeline.formats.partials import RecordTooLargeError, join_in_parts
 from stream_dp.pipeline.formats.records import (
     ReleaseTemplate,
+    decimal_lengths,
     dumps,
     encoded_strings,
     escaped_strings,
@@ -34,6 +36,11 @@ VALUES = [
     ReleasedValue(('"%b","%s"',), -0.0, 3.0, 1.5e300, True),
     ReleasedValue(("\u00e9\n\x01",), 123456789012345, 40.0, 120.0, False),
 ]
+#: Integer values at the int64 limits and every digit count's edges (written by ``%d``).
+INTEGERS = [
+    ReleasedValue((f"k{i}",), v, 40.0, 120.0, i % 3 == 0)
+    for i, v in enumerate([0, -1, 9, 10, -10, 99, -100, 2**63 - 1, -(2**63), 10**18, -(10**18)])
+]
 TWO_FIELDS = [
     ReleasedValue(("DE", JSON_FALSE), 5, 6.0, 18.0, False),
     ReleasedValue(("FR", 2), 0, 6.0, 18.0, True),
@@ -55,6 +62,8 @@ TWO_FIELDS = [
             [ReleasedValue((f'd"{i}%',), i, 40.0, 120.0, i % 2 == 0) for i in range(5)],
             None,
         ),
+        (["domain"], INTEGERS, None),  # integer values: written by %d
+        (["domain"], [*INTEGERS, ReleasedValue(("b",), True, 40.0, 120.0, False)], None),
     ],
 )
 @pytest.mark.parametrize("query", ["visits", 'v%s|"%b"', "a\nb%"])
@@ -108,6 +117,17 @@ def test_template_records_equal_the_records_built_one_by_one(
             [v.clamped for v in values],
         )
         assert template.encode(scalar) == (keys, encoded)
+
+
+def test_decimal_lengths_are_those_of_the_written_integers() -> None:
+    edges = [0, 2**63 - 1, -(2**63), 2**63 - 2, -(2**63) + 1]
+    for k in range(1, 19):
+        edges += [10**k - 1, 10**k, 10**k + 1, -(10**k) + 1, -(10**k), -(10**k) - 1]
+    rng = random.Random(7)
+    edges += [rng.randint(-(2**63), 2**63 - 1) for _ in range(2000)]
+    lengths = decimal_lengths(np.array(edges, dtype=np.int64))
+    assert lengths.tolist() == [len(b"%d" % v) for v in edges]
+    assert lengths.tolist() == [len(orjson.dumps(v)) for v in edges]
 
 
 def test_strings_encoded_in_one_call_are_each_strings_json() -> None:

@@ -3,13 +3,14 @@
 Exactness pieces are checked deterministically where they can be (the rejection bound of
 the uniform integers, the paths a lane takes when its counters grow), the laws by
 goodness-of-fit tests against the closed-form pmf and against OpenDP's own sampler of the
-same scale. Every statistical test uses a p-value threshold of 1e-8; there are 14 of them,
+same scale. Every statistical test uses a p-value threshold of 1e-8; there are 16 of them,
 so the file fails by chance with probability below 1e-6.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -59,34 +60,64 @@ def test_uniform_below_rejects_the_words_that_would_bias_the_remainder() -> None
     assert uniform_below(np.array([2**10], dtype=np.uint64), words).tolist() == [2**10 - 1]
 
 
-def _uniform_below_lane_by_lane(moduli: list[int], words: list[int]) -> tuple[list[int], int]:
-    """The rule written out: in each round every lane still drawing takes the next word, in
-    lane order, and keeps w mod m if w < 2^64 − (2^64 mod m); also the words used."""
-    taken = iter(words)
+def _width(top: int) -> int:
+    """The word width in bits the rule draws moduli up to ``top`` from."""
+    return 16 if top <= 2**8 else 32 if top <= 2**24 else 64
+
+
+def _cut(word: int, bits: int) -> list[int]:
+    """A 64-bit word cut into words of ``bits`` in memory order (the machine's byte order)."""
+    raw = word.to_bytes(8, sys.byteorder)
+    size = bits // 8
+    return [int.from_bytes(raw[i : i + size], sys.byteorder) for i in range(0, 8, size)]
+
+
+def _uniform_rounds(moduli: list[int], taken: Iterator[int]) -> tuple[list[int], int]:
+    """The rule written out, on Python integers: the width is that of the largest modulus;
+    in each round the lanes still drawing take the next narrow words in lane order (as
+    many 64-bit words as they need, each cut in memory order, the rest of the last one
+    dropped) and keep w mod m if w < 2^width − (2^width mod m); also the words used."""
     out = [0] * len(moduli)
+    bits = _width(max(moduli, default=1))
     pending, used = list(range(len(moduli))), 0
     while pending:
         drawing, pending = pending, []
-        for lane in drawing:
-            w, m = next(taken), moduli[lane]
+        narrow: list[int] = []
+        while len(narrow) < len(drawing):
+            narrow += _cut(next(taken), bits)
             used += 1
-            if w < 2**64 - 2**64 % m:
+        for lane, w in zip(drawing, narrow, strict=False):
+            m = moduli[lane]
+            if w < 2**bits - 2**bits % m:
                 out[lane] = w % m
             else:
                 pending.append(lane)
     return out, used
 
 
-@pytest.mark.parametrize("seed", range(8))
+def _uniform_below_lane_by_lane(moduli: list[int], words: list[int]) -> tuple[list[int], int]:
+    return _uniform_rounds(moduli, iter(words))
+
+
+#: Moduli of each word width: 16 bits (up to 2^8), 32 bits (up to 2^24), 64 bits.
+_KINDS = (
+    [3, 7, 255, 2**8, 1],
+    [3, 2**8 + 1, 3 * 2**22, 2**24, 2**20],
+    [3 * 2**62, 2**63 + 1, 7, 2**10, 2**53 + 1],
+)
+
+
+@pytest.mark.parametrize("seed", range(24))
 def test_uniform_below_is_the_lane_by_lane_rule_on_the_same_words(seed: int) -> None:
-    """Same words, same integers, same words used, whether every lane keeps its first word
-    (the whole vector at once) or some draw again (lanes drawn again in order)."""
+    """Same words, same integers, same words used, at every word width, whether every lane
+    keeps its first word (the whole vector at once) or some draw again (lanes drawn again
+    in order), with one modulus for every lane or several."""
     rng = np.random.default_rng(seed)
     n = [0, 1, 5, 300][seed % 4]
-    kinds = [3 * 2**62, 2**63 + 1, 7, 2**10, 2**53 + 1]
+    kinds = _KINDS[(seed // 4) % 3]
     moduli = [kinds[i] for i in rng.integers(0, len(kinds), n).tolist()]
-    if seed >= 4:  # moduli that never reject: every lane keeps its first word
-        moduli = [m for m in moduli if 2**64 % m == 0] or [2**10] * n
+    if seed >= 12:  # one modulus for every lane (the rejecting largest of the width)
+        moduli = [kinds[0] if seed % 2 else max(kinds)] * n
     words = rng.integers(0, 2**64, 4 * n + 40, dtype=np.uint64, endpoint=False).tolist()
     words[: n // 2] = [2**64 - 1] * (n // 2)  # rejected by every modulus that rejects any
     expected, used = _uniform_below_lane_by_lane(moduli, words)
@@ -94,6 +125,30 @@ def test_uniform_below_is_the_lane_by_lane_rule_on_the_same_words(seed: int) -> 
     drawn = uniform_below(np.array(moduli, dtype=np.uint64), source)
     assert drawn.dtype == np.uint64 and drawn.tolist() == expected
     assert len(list(source._words)) == len(words) - used  # the rest was not drawn
+
+
+@pytest.mark.parametrize("m", [3, 7, 2**8, 2**8 + 1, 3 * 2**22, 2**24 + 1, 3 * 2**62])
+def test_uniform_below_same_rejects_exactly_the_biased_words(m: int) -> None:
+    """One modulus for every lane: the words at and above 2^width − (2^width mod m) of its
+    width are drawn again, every other word is kept (w mod m), in lane order."""
+    bits = _width(m)
+    limit = 2**bits - 2**bits % m
+    per = 64 // bits
+    # lane 0 gets the largest kept word, lane 1 the first rejected one (if any)
+    first = [limit - 1, limit if limit < 2**bits else 2**bits - 1] + [5] * (per - 2)
+    again = [2**bits - 1] * per  # lane 1 again: rejected again when any word is
+    last = [4] * per
+    words = [sum(w << (bits * i) for i, w in enumerate(chunk)) for chunk in (first, again, last)]
+    if sys.byteorder != "little":  # the cut is in memory order
+        words = [int.from_bytes(w.to_bytes(8, "little"), "big") for w in words]
+    rejects = limit < 2**bits
+    expected = [(limit - 1) % m, 4 % m if rejects else (2**bits - 1) % m]
+    if per == 1:
+        words = [first[0], first[1], again[0], last[0]]
+    source = Scripted(words)
+    drawn = exact_laplace.uniform_below_same(2, m, source)
+    assert drawn.dtype == np.uint64 and drawn.tolist() == expected
+    assert _uniform_below_lane_by_lane([m, m], words)[0] == expected
 
 
 def test_uniform_below_a_large_modulus_is_uniform() -> None:
@@ -127,14 +182,89 @@ def test_bernoulli_exp_matches_exp_minus_gamma(num: int, den: int) -> None:
         assert binomtest(int(draws.sum()), n, math.exp(-num / den)).pvalue > P_THRESHOLD
 
 
+def _bernoulli_exp_lane_by_lane(num: list[int], den: list[int], words: list[int]) -> list[bool]:
+    """CKS20 Algorithm 1 written out on Python integers, round by round: at K = 1, 2, …
+    every lane still going draws a uniform integer below den·K by the rule above (one
+    call for the round's lanes, in lane order) and goes on if it is below num, else
+    returns whether K is odd; a round at K = 1 with num = den on every lane is certain
+    and draws nothing."""
+    taken = iter(words)
+    result = [False] * len(num)
+    going, k = list(range(len(num))), 1
+    while going:
+        if k == 1 and num == den:
+            k += 1
+            continue
+        draws, _ = _uniform_rounds([den[lane] * k for lane in going], taken)
+        result_round = [d < num[lane] for d, lane in zip(draws, going, strict=True)]
+        for lane, success in zip(going, result_round, strict=True):
+            if not success:
+                result[lane] = k % 2 == 1
+        going = [lane for lane, success in zip(going, result_round, strict=True) if success]
+        k += 1
+    return result
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bernoulli_exp_is_algorithm_1_lane_by_lane_on_the_same_words(seed: int) -> None:
+    """One denominator for every lane (t or 1, the discrete Laplace's), several (the
+    exponential mechanism's), γ = 1 everywhere (no word at K = 1): the same results from
+    the same words as Algorithm 1 run lane by lane."""
+    rng = np.random.default_rng(100 + seed)
+    n = [1, 7, 200][seed % 3]
+    shape = seed // 3
+    if shape == 0:  # one denominator
+        den = [10] * n
+        num = rng.integers(0, 11, n).tolist()
+    elif shape == 1:  # several, up to 32-bit and 64-bit moduli
+        den = [int(d) for d in rng.choice([3, 10, 300, 2**30, 2**40 + 1], n)]
+        num = [int(rng.integers(0, d + 1)) for d in den]
+    elif shape == 2:  # γ = 1 on every lane
+        num = den = [1] * n
+    else:  # γ = 1 on one lane only: K = 1 is drawn
+        den = [5] * n
+        num = [5] + [int(x) for x in rng.integers(0, 6, n - 1)]
+    words = rng.integers(0, 2**64, 50 * n + 400, dtype=np.uint64, endpoint=False).tolist()
+    words[: n // 3] = [2**64 - 1] * (n // 3)  # some rejections in the first round
+    expected = _bernoulli_exp_lane_by_lane(num, den, words)
+    drawn = bernoulli_exp(
+        np.array(num, dtype=np.uint64), np.array(den, dtype=np.uint64), Scripted(words)
+    )
+    assert drawn.tolist() == expected
+
+
+def test_bernoulli_exp_with_several_denominators_matches_exp_minus_gamma() -> None:
+    # lanes of γ = 1/3, 2/5 and 999/1000 interleaved (each round's moduli differ): an exact
+    # binomial test per γ, false failure ≤ 1e-8 each
+    n = 60_000
+    num = np.tile(np.array([1, 2, 999], dtype=np.uint64), n)
+    den = np.tile(np.array([3, 5, 1000], dtype=np.uint64), n)
+    draws = bernoulli_exp(num, den)
+    for lane, gamma in enumerate((1 / 3, 2 / 5, 999 / 1000)):
+        hits = int(draws[lane::3].sum())
+        assert binomtest(hits, n, math.exp(-gamma)).pvalue > P_THRESHOLD
+
+
+def test_fair_bits_are_the_words_bits_in_order() -> None:
+    words = [0x8000_0000_0000_0001, 2**64 - 1, 0x0123_4567_89AB_CDEF]
+    raw = b"".join(w.to_bytes(8, sys.byteorder) for w in words)
+    expected = [bool(byte >> (7 - i) & 1) for byte in raw for i in range(8)]
+    for n in (1, 63, 64, 65, 150, 192):
+        source = Scripted(words)
+        bits = exact_laplace.fair_bits(n, source)
+        assert bits.dtype == bool and bits.tolist() == expected[:n]
+        assert len(list(source._words)) == len(words) - -(-n // 64)
+
+
 @pytest.mark.parametrize("successes_after_the_limit", [0, 1, 2, 3])
 def test_a_lane_whose_counter_reaches_the_limit_finishes_exactly(
     monkeypatch: pytest.MonkeyPatch, successes_after_the_limit: int
 ) -> None:
-    """Words of 0 make every Bernoulli(γ/K) succeed, so K climbs to the limit in exactly
-    COUNTER_LIMIT − 1 words; the lane then continues Algorithm 1 in Python integers from
-    K = COUNTER_LIMIT (draws below den·K for K = limit, limit + 1, …, scripted here) and
-    returns whether it stopped at an odd K."""
+    """With γ = 1 the first Bernoulli(γ/1) is certain (no word), then words of 0 make every
+    Bernoulli(γ/K) succeed, so K climbs to the limit in exactly COUNTER_LIMIT − 2 words;
+    the lane then continues Algorithm 1 in Python integers from K = COUNTER_LIMIT (draws
+    below den·K for K = limit, limit + 1, …, scripted here) and returns whether it stopped
+    at an odd K."""
     calls: list[int] = []
     answers = iter([0] * successes_after_the_limit + [1])  # < num = 1 succeeds, 1 stops
 
@@ -143,7 +273,7 @@ def test_a_lane_whose_counter_reaches_the_limit_finishes_exactly(
         return next(answers)
 
     monkeypatch.setattr(exact_laplace.secrets, "randbelow", randbelow)
-    words = Scripted([0] * (COUNTER_LIMIT - 1))
+    words = Scripted([0] * (COUNTER_LIMIT - 2))
     (draw,) = bernoulli_exp(np.array([1], dtype=np.uint64), np.array([1], dtype=np.uint64), words)
     stopped_at = COUNTER_LIMIT + successes_after_the_limit
     assert calls == list(range(COUNTER_LIMIT, stopped_at + 1))  # den·K, K from the limit on
@@ -151,11 +281,33 @@ def test_a_lane_whose_counter_reaches_the_limit_finishes_exactly(
     assert next(words._words, None) is None  # every scripted word used, none more
 
 
+def test_lanes_of_one_denominator_reach_the_limit_while_another_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three lanes of γ = 1 (one denominator): lane 0 stops at K = 2, lanes 1 and 2 climb
+    to the limit and finish in Python integers, each with its own denominator and draws
+    (lane 1 stops at the limit, an even K; lane 2 one step later, an odd K)."""
+    calls: list[int] = []
+    answers = iter([1, 0, 1])  # lane 1: stops at once; lane 2: one success, then stops
+
+    def randbelow(n: int) -> int:
+        calls.append(n)
+        return next(answers)
+
+    monkeypatch.setattr(exact_laplace.secrets, "randbelow", randbelow)
+    first = (1).to_bytes(2, sys.byteorder) + bytes(6)  # 16-bit words 1, 0, 0 (and one more)
+    words = Scripted([int.from_bytes(first, sys.byteorder)] + [0] * (COUNTER_LIMIT - 3))
+    ones = np.ones(3, dtype=np.uint64)
+    assert bernoulli_exp(ones, ones, words).tolist() == [False, False, True]
+    assert calls == [COUNTER_LIMIT, COUNTER_LIMIT, COUNTER_LIMIT + 1]
+    assert next(words._words, None) is None
+
+
 def test_a_geometric_count_at_the_limit_switches_to_python_integers() -> None:
-    # Bernoulli(exp(−1)) succeeds when Algorithm 1 stops at an odd K: draws 0 (below 1),
-    # 0 (below 2), 1 (below 3) stop it at K = 3. Scripted so, every trial succeeds until
-    # the count reaches the limit.
-    words = Scripted([0, 0, 1] * (COUNTER_LIMIT + 5))
+    # Bernoulli(exp(−1)) succeeds when Algorithm 1 stops at an odd K: K = 1 is certain
+    # (no word), draws 0 (below 2), 1 (below 3) stop it at K = 3. Scripted so, every trial
+    # succeeds until the count reaches the limit.
+    words = Scripted([0, 1] * (COUNTER_LIMIT + 5))
     counts = exact_laplace._geometric_exp_minus_one(1, words)
     assert counts.dtype == object and int(counts[0]) >= COUNTER_LIMIT
 

@@ -151,6 +151,20 @@ RECORDS_PER_CHUNK: Final = 20_000
 PARTS_PER_WRITE: Final = 8
 
 
+#: One ledger entry, ``{"key": …, "value": …}`` with sorted keys: the key's JSON string
+#: between its quotes, the value spliced in as the output's bytes.
+_ENTRY: Final = b'{"key":"%b","value":%b}'
+
+#: Ledger entries as ``bytes %`` formats: the formats, each entry's format (an index),
+#: and the fields that fill them, one column per slot of a format.
+EntryFormats = tuple[tuple[bytes, ...], list[bool] | list[int], list[list[bytes]]]
+
+
+def _entries_of(escaped: list[bytes], values: list[bytes]) -> EntryFormats:
+    """Entries of keys (JSON without quotes) and values made already: one format."""
+    return (_ENTRY,), [0] * len(values), [escaped, values]
+
+
 @dataclass(frozen=True, eq=False)
 class DrawnOutput:
     """A fresh draw's output records as what they are made of: the release's template, its
@@ -190,6 +204,25 @@ class DrawnOutput:
             keys.append(escaped_strings([self.closing_key])[0])
             values.append(self.closing)
         return keys, values
+
+    def entry_formats(self, lo: int, hi: int) -> EntryFormats:
+        """The ledger entries of records ``[lo, hi)`` as formats and the fields that fill
+        them (:meth:`ReleaseTemplate.entry_formats`; the window record's entry, last, a
+        format of its own whose slots are filled with nothing)."""
+        n = len(self.values)
+        made = None
+        if lo < min(hi, n):
+            made = self.template.entry_formats(_sliced(self.values, lo, min(hi, n)), _ENTRY)
+            if made is None:
+                return _entries_of(*self.encode_escaped(lo, hi))
+        formats, chosen, columns = made or ((), [], [[]])
+        which: list[int] | list[bool] = chosen
+        if hi > n >= lo:  # its slots filled with nothing, as many as the others have
+            closing = _ENTRY % (escaped_strings([self.closing_key])[0], self.closing)
+            formats = (*formats, closing.replace(b"%", b"%%") + b"%b" * len(columns))
+            which = [*map(int, chosen), len(formats) - 1]
+            columns = [[*column, b""] for column in columns]
+        return formats, which, columns
 
     def entry_sizes(self, lo: int, hi: int) -> np.ndarray:
         """Per record of ``[lo, hi)``, its key's JSON (without quotes) and value bytes,
@@ -318,6 +351,14 @@ class LedgerRelease:
         keys, values = self.output_range(lo, hi)
         return escaped_strings(keys), values
 
+    def entry_formats(self, lo: int, hi: int) -> EntryFormats:
+        """The ledger entries of records ``[lo, hi)`` as ``bytes %`` formats, each
+        record's format and the fields that fill them (:meth:`DrawnOutput.entry_formats`
+        for a fresh draw; else one format, filled by each key's JSON and value bytes)."""
+        if self.drawn is not None and self.encoded is None:
+            return self.drawn.entry_formats(lo, hi)
+        return _entries_of(*self.escaped_range(lo, hi))
+
     def entry_sizes(self, lo: int, hi: int) -> np.ndarray:
         """Per record of ``[lo, hi)``, its key's JSON (without quotes) and value bytes: a
         fresh draw's computed from its columns without encoding them."""
@@ -368,11 +409,6 @@ def encode_release(
     ``max_bytes`` (parts are cut by encoded size: group keys may be long)."""
     parts = LedgerParts(release, now_s=now_s, max_bytes=max_bytes)
     return parts.encode(0, len(parts))
-
-
-#: One ledger entry, ``{"key": …, "value": …}`` with sorted keys: the key's JSON string
-#: between its quotes, the value spliced in as the output's bytes.
-_ENTRY: Final = b'{"key":"%b","value":%b}'
 
 
 class LedgerParts:
@@ -445,30 +481,33 @@ class LedgerParts:
 
     def encode(self, first: int, last: int) -> list[tuple[str, bytes]]:
         """Parts ``[first, last)`` as (key, value bytes): the header with ``"records":
-        [entries]``, each part one ``bytes %`` over all its entries (no bytes object per
-        entry; the keys' JSON from one orjson call)."""
+        [entries]``, each part one ``bytes %`` over all its entries' fields
+        (:meth:`LedgerRelease.entry_formats`: no bytes object per entry, key or record)."""
         if first >= last:
             return []
         start, end = self._bounds[first][0], self._bounds[last - 1][1]
-        escaped, values = self._release.escaped_range(start, end)
-        made = np.fromiter(map(len, escaped), np.int64, len(escaped))
-        made += np.fromiter(map(len, values), np.int64, len(values))
-        if not np.array_equal(made, self._sizes[start:end]):  # the cut was made from these
-            raise StreamDPError(
-                f"release {self._release.release_id} of query {self._release.query}: its "
-                "records' sizes differ from those its ledger parts were cut by (a bug: "
-                "report it)"
-            )
+        formats, which, columns = self._release.entry_formats(start, end)
+        width = len(columns)
         out = []
         for i in range(first, last):
-            lo, hi = self._bounds[i]
+            lo, hi = self._bounds[i][0] - start, self._bounds[i][1] - start
             head = orjson.dumps({**self._header, "part": i, "parts": len(self._bounds)})
-            fmt = b",".join(repeat(_ENTRY, hi - lo))
+            fmt = b",".join(map(formats.__getitem__, which[lo:hi]))
             fmt = head[:-1].replace(b"%", b"%%") + b',"records":[' + fmt + b"]}"
-            fields: list[bytes] = [b""] * (2 * (hi - lo))
-            fields[0::2] = escaped[lo - start : hi - start]
-            fields[1::2] = values[lo - start : hi - start]
-            out.append((self.keys[i], fmt % tuple(fields)))
+            fields: list[bytes] = [b""] * (width * (hi - lo))
+            for slot, column in enumerate(columns):
+                fields[slot::width] = column[lo:hi]
+            value = fmt % tuple(fields)
+            # the cut was made from the entries' sizes: the part is as long as it said
+            made = len(head) + len(b',"records":[]') + max(0, hi - lo - 1)
+            made += int(self._sizes[lo + start : hi + start].sum()) + (len(_ENTRY) - 4) * (hi - lo)
+            if len(value) != made:
+                raise StreamDPError(
+                    f"release {self._release.release_id} of query {self._release.query}: its "
+                    "records' sizes differ from those its ledger parts were cut by (a bug: "
+                    "report it)"
+                )
+            out.append((self.keys[i], value))
         return out
 
 

@@ -232,20 +232,42 @@ class ReleaseTemplate:
         empty field, escaped once, around the field with a backslash before each quote or
         backslash (the field is JSON already: it holds no other character JSON escapes)."""
         cols = ReleasedValues.of(values)
-        if self._marked is None or len(cols.groups) == 0:
+        made = self._formats(cols) if self._marked is not None and cols.groups else None
+        fmt = None if made is None else self._key_format(made[0])
+        if made is None or fmt is None:
             keys, records = self.encode(cols)
             return escaped_strings(keys), records
-        group_slot, group_fields, varying, templates = self._formats(cols)
+        _, group_fields, varying, templates = made
+        records = _records(templates, cols.clamped, varying)
+        return list(map(fmt.__mod__, _escaped_again(group_fields))), records
+
+    def entry_formats(
+        self, values: Sequence[ReleasedValue], entry: bytes
+    ) -> tuple[tuple[bytes, ...], list[bool], list[list[bytes]]] | None:
+        """The ledger entries of the values (``entry``, a ``bytes %`` format of the key's
+        JSON without quotes and the record: ``{"key":"%b","value":%b}``) as formats to
+        fill, without and with ``clamped``, each key's choice of them and the fields that
+        fill them, a column per slot: the key's group field escaped once more
+        (:meth:`encode_escaped`), then the record's varying fields. A ledger part is then
+        one ``bytes %`` over all its entries, with no bytes object made per key or
+        record. None where :meth:`encode_escaped` escapes each key itself."""
+        cols = ReleasedValues.of(values)
+        made = self._formats(cols) if self._marked is not None and cols.groups else None
+        fmt = None if made is None else self._key_format(made[0])
+        if made is None or fmt is None:
+            return None
+        _, group_fields, varying, templates = made
+        entries = tuple(entry % (fmt, template) for template in templates)
+        return entries, cols.clamped, [_escaped_again(group_fields), *map(_as_bytes, varying)]
+
+    def _key_format(self, group_slot: bytes) -> bytes | None:
+        """With one string group field, the ``bytes %`` format of a key's JSON without
+        its quotes around its group field escaped once more (:meth:`encode_escaped`): the
+        key with an empty field, escaped once; else None."""
         empty = orjson.dumps((self._prefix.encode() + group_slot % (b"",)).decode())[1:-1]
         if not group_slot.endswith(b'"%b"}') or not empty.endswith(b'\\"}'):
-            keys, records = self.encode(cols)
-            return escaped_strings(keys), records
-        records = _records(templates, cols.clamped, varying)
-        fmt = empty[:-3].replace(b"%", b"%%") + b'%b\\"}'
-        fields, joined = group_fields, b"".join(group_fields)
-        if b'"' in joined or b"\\" in joined:
-            fields = [f.replace(b"\\", b"\\\\").replace(b'"', b'\\"') for f in fields]
-        return list(map(fmt.__mod__, fields)), records
+            return None
+        return empty[:-3].replace(b"%", b"%%") + b'%b\\"}'
 
     def entry_sizes(self, values: Sequence[ReleasedValue]) -> np.ndarray:
         """Per value, the bytes of its output key's JSON without its quotes
@@ -261,28 +283,73 @@ class ReleaseTemplate:
             keys, records = self.encode(cols)
             sizes = np.fromiter(map(len, escaped_strings(keys)), np.int64, n)
             return sizes + np.fromiter(map(len, records), np.int64, n)
+        plain = self._plain_strings(cols)
+        if plain is not None:
+            return self._plain_sizes(cols, plain)
         group_slot, group_fields, varying, templates = self._formats(cols)
         empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
         key_base = len(orjson.dumps(empty_key)) - 2
         bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
         sizes = bases[np.fromiter(cols.clamped, np.int64, n)]
         for column in (group_fields, *varying):  # the group field: in the key and the record
-            sizes += np.fromiter(map(len, column), np.int64, n)
+            if _is_integers(column):
+                sizes += decimal_lengths(np.fromiter(column, np.int64, n))
+            else:
+                sizes += np.fromiter(map(len, column), np.int64, n)  # type: ignore[arg-type]
         joined = b"".join(group_fields)
         for escaped in (b'"', b"\\"):
             if escaped in joined:
                 sizes += np.fromiter(map(bytes.count, group_fields, repeat(escaped)), np.int64, n)
         return sizes
 
+    def _plain_strings(self, cols: ReleasedValues) -> list[str] | None:
+        """The group values, when the sizes can be had from them alone: one string group
+        field whose values JSON escapes nothing (printable ASCII without ``"`` or
+        ``\\``: its JSON is itself, in the key once more too), integer values and one
+        noise scale and interval for every key."""
+        if len(self._group_by) != 1 or isinstance(cols.noise_scale, list):
+            return None
+        if isinstance(cols.ci95, list) or not _integers(cols.value):
+            return None
+        plain = [g[0] for g in cols.groups]
+        if set(map(type, plain)) != {str}:
+            return None
+        joined = "".join(plain)
+        if not (joined.isascii() and joined.isprintable()) or '"' in joined or "\\" in joined:
+            return None
+        return plain
+
+    def _plain_sizes(self, cols: ReleasedValues, plain: list[str]) -> np.ndarray:
+        """:meth:`entry_sizes` from the columns alone (:meth:`_plain_strings`): each
+        template's bytes around empty fields, twice each group value's length (in the
+        key and the record) and the values' decimal digits; no field encoded."""
+        n = len(plain)
+        one = ReleasedValues([("",)], [0], cols.noise_scale, cols.ci95, [False])
+        group_slot, _, varying, templates = self._formats(one)
+        empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
+        key_base = len(orjson.dumps(empty_key)) - 2
+        bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
+        sizes: np.ndarray = bases[np.fromiter(cols.clamped, np.int64, n)]
+        sizes += 2 * np.fromiter(map(len, plain), np.int64, n)
+        sizes += decimal_lengths(np.fromiter(cols.value, np.int64, n))
+        return sizes
+
     def _formats(
         self, cols: ReleasedValues
-    ) -> tuple[bytes, list[bytes], list[list[bytes]], tuple[bytes, ...]]:
+    ) -> tuple[bytes, list[bytes], list[list[bytes] | list[int]], tuple[bytes, ...]]:
         """The group slot's format and fields, the varying fields' columns in slot order
-        and the record's ``bytes %`` formats (without and with ``clamped``)."""
+        and the record's ``bytes %`` formats (without and with ``clamped``). A value
+        column of Python integers stays one (:func:`_as_bytes` makes its JSON where it is
+        written; the ledger's cut only measures it, :func:`decimal_lengths`), any other
+        column's fields are bytes."""
         assert self._marked is not None
         group_slot, group_fields = self._group_fields(cols.groups)
         slots = {"group": group_slot, "value": b"%b"}
-        columns = {"group": group_fields, "value": _encoded_numbers(cols.value)}
+        columns: dict[str, list[bytes] | list[int]] = {"group": group_fields}
+        if _integers(cols.value):  # its JSON made when written (_as_bytes), or only measured
+            columns["value"] = cols.value  # type: ignore[assignment]
+        else:
+            columns["value"] = _encoded_numbers(cols.value)
         for name, column in (("ci95", cols.ci95), ("noise_scale", cols.noise_scale)):
             if isinstance(column, list):
                 slots[name] = b"%b"
@@ -325,12 +392,50 @@ class ReleaseTemplate:
         )
 
 
+def _integers(numbers: list[Any]) -> bool:
+    """Whether every number is a Python ``int`` (not a bool, whose JSON is a word)."""
+    return bool(numbers) and set(map(type, numbers)) == {int}
+
+
+def _is_integers(column: list[bytes] | list[int]) -> bool:
+    """Whether a column of :meth:`ReleaseTemplate._formats` holds integers, not JSON."""
+    return bool(column) and type(column[0]) is int
+
+
+def _as_bytes(column: list[bytes] | list[int]) -> list[bytes]:
+    """A column's fields as JSON bytes (integers encoded, from one orjson call)."""
+    return _encoded_numbers(column) if _is_integers(column) else column  # type: ignore[return-value]
+
+
+_POWERS_OF_TEN: Final = np.array([10**k for k in range(1, 20)], dtype=np.uint64)
+
+
+def decimal_lengths(values: np.ndarray) -> np.ndarray:
+    """The length of each int64's decimal digits with its minus sign (``len(str(v))``)."""
+    negative = values < 0
+    magnitude = values.astype(np.uint64)
+    magnitude[negative] = (~values[negative]).astype(np.uint64) + np.uint64(1)  # |−2⁶³| too
+    lengths: np.ndarray = np.searchsorted(_POWERS_OF_TEN, magnitude, side="right") + 1
+    return lengths + negative
+
+
 def _records(
-    templates: tuple[bytes, ...], clamped: list[bool], varying: list[list[bytes]]
+    templates: tuple[bytes, ...], clamped: list[bool], varying: list[list[bytes] | list[int]]
 ) -> list[bytes]:
     """Per key one ``bytes %`` of its template (without or with ``clamped``) over the
-    fields that vary, in a C-level ``map``."""
-    return list(map(bytes.__mod__, map(templates.__getitem__, clamped), zip(*varying, strict=True)))
+    fields that vary, in a C-level ``map``. (One ``join`` of every record cut at newlines
+    is slower: the cut makes the same objects, each over 512 bytes, and copies once more.)"""
+    pairs = zip(*map(_as_bytes, varying), strict=True)
+    return list(map(bytes.__mod__, map(templates.__getitem__, clamped), pairs))
+
+
+def _escaped_again(fields: list[bytes]) -> list[bytes]:
+    """Group fields (JSON string contents) as they read inside another JSON string: a
+    backslash before each quote and backslash (the list itself when there are none)."""
+    joined = b"".join(fields)
+    if b'"' in joined or b"\\" in joined:
+        return [f.replace(b"\\", b"\\\\").replace(b'"', b'\\"') for f in fields]
+    return fields
 
 
 def encoded_strings(strings: list[str]) -> list[bytes]:
