@@ -91,11 +91,23 @@ def liveness_probe() -> tuple[str, float]:
 
 
 def worker_config(
-    bootstrap: str, topic: str, window_start_s: int, port: int, *, log_level: str = "INFO"
+    bootstrap: str,
+    topic: str,
+    window_start_s: int,
+    port: int,
+    *,
+    public_keys: int = 0,
+    log_level: str = "INFO",
 ) -> dict[str, Any]:
     """The shipped configuration, on ``topic`` of ``bootstrap``, with its own group and
-    topics, covering windows from ``window_start_s``, its ops endpoint on ``port``."""
+    topics, covering windows from ``window_start_s``, its ops endpoint on ``port``; with
+    ``public_keys``, ``visits_by_domain`` lists that many domains (:func:`key_name`) as
+    public keys: every one is released."""
     config = shipped_config()
+    if public_keys:
+        (query,) = [q for q in config["queries"] if q["name"] == "visits_by_domain"]
+        query.pop("selection", None)
+        query["keys"] = {"domain": [key_name(i) for i in range(public_keys)]}
     suffix = uuid.uuid4().hex[:10]
     config["kafka"] = {
         **config["kafka"],
@@ -187,9 +199,7 @@ def window_stream(
         country = countries[user % len(countries)]
         values.append((template % (user, stamp(ms), key_name(key), country)).encode())
         user_ids.append(b"u%d" % user)
-    after = time.strftime(
-        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(window_start_s + size_s + grace_s + 1)
-    )
+    after = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(window_start_s + size_s + grace_s + 1))
     closing = [
         (template % (users + p, after, key_name(0), countries[0])).encode()
         for p in range(PARTITIONS)
@@ -334,14 +344,13 @@ def _metrics(port: int) -> dict[str, float]:
         "stream_dp_ready",
         "stream_dp_events_consumed_total",
         "stream_dp_windows_due",
+        "stream_dp_partials_published_total",
         "stream_dp_windows_released_total",
         "stream_dp_keys_released_total",
     )
     out = dict.fromkeys(names, 0.0)
     try:
-        with urllib.request.urlopen(  # noqa: S310 - loopback
-            f"http://127.0.0.1:{port}/metrics", timeout=5
-        ) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode()
     except OSError:
         return out
@@ -354,7 +363,13 @@ def _metrics(port: int) -> dict[str, float]:
 
 
 def run_once(
-    bootstrap: str, data: WindowStream, window_start_s: int, tree: Path, workdir: Path
+    bootstrap: str,
+    data: WindowStream,
+    window_start_s: int,
+    tree: Path,
+    workdir: Path,
+    *,
+    public: bool = False,
 ) -> dict[str, Any]:
     """One worker of ``tree`` on a fresh topic: started, ready, the window produced, read,
     released; watched throughout (see the module docstring)."""
@@ -364,7 +379,9 @@ def run_once(
     topic = f"worker-memory-{uuid.uuid4().hex[:8]}"
     asyncio.run(create_topics(bootstrap, [topic], PARTITIONS))
     port = free_port("127.0.0.1")
-    config = worker_config(bootstrap, topic, window_start_s, port)
+    config = worker_config(
+        bootstrap, topic, window_start_s, port, public_keys=data.keys if public else 0
+    )
     queries = len(config["queries"])
     path, timeout_s = liveness_probe()
     events = len(data.values) + len(data.closing)
@@ -388,6 +405,8 @@ def run_once(
                     continue
                 if "consumed" not in marks and m["stream_dp_events_consumed_total"] >= events:
                     marks["consumed"] = now
+                if "sealed" not in marks and m["stream_dp_partials_published_total"] >= 1:
+                    marks["sealed"] = now  # the first partial of the window written
                 if "due" not in marks and m["stream_dp_windows_due"] >= 1:
                     marks["due"] = now
                 if m["stream_dp_windows_released_total"] >= queries:
@@ -404,27 +423,33 @@ def run_once(
     if code != 0:
         raise RuntimeError(f"the worker exited {code} on SIGTERM:\n{log.read_text()[-4000:]}")
     baseline = watch.rss_at(marks["baseline"])
-    due = marks.get("due", marks["released"])
+    # Every event read: the window is sealed (stage 1), its partials read back and it is
+    # released (stage 2) from here on, while the worker idles otherwise.
+    read = marks.get("consumed", marks["released"])
     peak = max(watch.peak_rss(), hwm)
     return {
         "tree": str(tree),
         "keys": data.keys,
+        "keys_public": public,
         "events": events,
         "users": data.users,
         "produce_seconds": round(produced, 2),
         "baseline_rss_bytes": baseline,
-        "rss_at_due_bytes": watch.rss_at(due),
-        "peak_rss_before_due_bytes": watch.peak_rss(until=due),
-        "peak_rss_release_bytes": watch.peak_rss(since=due),
+        "rss_holding_window_bytes": watch.rss_at(read),
+        "peak_rss_reading_bytes": watch.peak_rss(until=read),
+        "peak_rss_seal_and_release_bytes": watch.peak_rss(since=read),
         "vm_hwm_bytes": hwm,
         "peak_rss_bytes": peak,
         "peak_growth_bytes_per_key": round((peak - baseline) / data.keys, 1),
-        "read_seconds": round(marks.get("consumed", due) - marks["baseline"], 2),
-        "due_after_read_seconds": round(due - marks.get("consumed", due), 2),
-        "release_seconds": round(marks["released"] - due, 2),
+        "read_seconds": round(read - marks["baseline"], 2),
+        "first_partial_after_read_seconds": round(marks.get("sealed", read) - read, 2),
+        "due_after_read_seconds": round(marks["due"] - read, 2) if "due" in marks else None,
+        "seal_and_release_seconds": round(marks["released"] - read, 2),
         "keys_released": keys_released,
         "liveness_from_ready": live_summary(watch.probes(since=marks["ready"])),
-        "liveness_release": live_summary(watch.probes(since=due, until=marks["released"])),
+        "liveness_seal_and_release": live_summary(
+            watch.probes(since=read, until=marks["released"])
+        ),
         "rss_mb_every_s": _every_second(watch, t0),
     }
 
@@ -444,6 +469,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--broker", choices=("tansu", "apache-kafka"), default="tansu")
     parser.add_argument("--before", help="also run the worker of this commit, alternating")
+    parser.add_argument(
+        "--public", action="store_true", help="the domains as a public key list: all released"
+    )
     args = parser.parse_args(argv)
     config = shipped_config()
     size_s, grace_s = window_s(config)
@@ -457,7 +485,9 @@ def main(argv: list[str] | None = None) -> None:
             runs = [("after", REPO), ("before", before), ("after", REPO)]
         for label, tree in runs:
             load = os.getloadavg()[0]
-            result = run_once(b.bootstrap_servers, data, start_s, tree, Path(tmp))
+            result = run_once(
+                b.bootstrap_servers, data, start_s, tree, Path(tmp), public=args.public
+            )
             result = {"label": label, "broker": args.broker, "load_1min": [load], **result}
             result["load_1min"].append(os.getloadavg()[0])
             sys.stdout.write(json.dumps(result) + "\n")

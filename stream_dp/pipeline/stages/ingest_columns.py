@@ -391,11 +391,16 @@ class WindowStore:
     def drop(self, partition: int, window_start_s: int, queries: Sequence[CompiledQuery]) -> None:
         """The window's partials are published: its state goes — or, with
         :attr:`keep_sealed`, stays until its release is known (:meth:`drop_released`)."""
-        if self.keep_sealed and window_start_s in self.parts.get(partition, {}):
+        held = window_start_s in self.parts.get(partition, {})
+        if self.keep_sealed and held:
             self.kept.setdefault(partition, set()).add(window_start_s)
         else:
             self.parts.get(partition, {}).pop(window_start_s, None)
-        if len(self.signatures) >= self._compact_signatures_at:
+        # Also when the last partition holding the window let it go: its signatures go
+        # now, before its release, not when the table has doubled again (issue 39: a
+        # 1M-key window's table was held through its release).
+        last = held and all(window_start_s not in parts for parts in self.parts.values())
+        if len(self.signatures) >= self._compact_signatures_at or last:
             self._compact_signatures(queries)
         self.update_gauges()
 
