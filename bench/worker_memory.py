@@ -2,6 +2,7 @@
 (issue 39, item 3: "the shipped limits hold a window of at least 1M keys").
 
     python -m bench.worker_memory [--keys 1000000] [--broker tansu|apache-kafka] [--before REV]
+                                  [--public]
 
 One ``stream-dp run`` process — the shipped Kubernetes configuration
 (``ops/kubernetes/stream-dp.yaml``: 5-minute windows, grace 30 s, idle close 30 s, k = 40,
@@ -31,7 +32,9 @@ queries). Reported as one JSON line per worker run: the baseline RSS (ready, bef
 event), RSS holding the window when it became due, the peak (sampled and ``VmHWM``), the
 growth per key, the release's seconds (due → released), the longest liveness answer and
 every failed probe. ``--before REV`` runs the worker of commit ``REV`` too, in the same
-session, on the same stream (a fresh topic each), after → before → after.
+session, on the same stream (a fresh topic each), after → before → after. ``--public``
+lists the ``N`` domains as ``visits_by_domain``'s public keys: every one is released, so
+the release's records (ledger parts and output) are all made and written.
 """
 
 from __future__ import annotations
