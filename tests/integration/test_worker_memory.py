@@ -133,6 +133,9 @@ async def test_a_100k_key_window_is_held_and_released_within_the_per_key_bound_a
     assert sorted(w["query"] for w in windows) == ["users_by_country", "visits_by_domain"]
     visits = next(w for w in windows if w["query"] == "visits_by_domain")
     assert visits["released_keys"] == KEYS  # every listed domain went through the release
+    # One record per listed domain and per listed country, each once.
+    releases = [k for k, v in out if b'"kind":"release"' in v]
+    assert len(releases) == len(set(releases)) == KEYS + len(countries["country"])
 
     peak = max(watch.peak_rss(since=ready), hwm)
     growth_per_key = (peak - baseline) / KEYS
