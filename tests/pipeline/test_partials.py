@@ -3,14 +3,20 @@ merging per key, and the topic's JSON Schema."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import itertools
+import math
 import random
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
+from stream_dp.pipeline.formats import partials as partials_format
 from stream_dp.pipeline.formats.partials import (
+    RECORD_OVERHEAD_BYTES,
     WATERMARK_KEY_PREFIX,
     GroupKey,
     Partial,
@@ -30,6 +36,7 @@ from stream_dp.pipeline.stages import partials_inbox
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE, JsonBool
+from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows import TumblingWindows
 from tests.helpers import schema_validator
@@ -506,3 +513,89 @@ def test_stage_2_decodes_partials_with_cyclic_collection_paused(
     )
     assert seen == [False, False]
     assert gc.isenabled()  # and on again after
+
+
+def _parts_in_one_call(partial: Partial, max_bytes: int) -> tuple[list[bytes], int, int]:
+    """The totals of each part as the encoder made them before issue 39: every entry's list
+    made at once, the whole array encoded by one orjson call, then cut into about
+    size × 1.05 / budget pieces of equal entry counts, a piece too large halved; with the
+    whole array's size and the budget."""
+    totals = KeyTotals.of(partial.totals)
+    arrays = [totals.events, totals.users, totals.value_sums]
+    if totals.value_squares.any():
+        arrays += [totals.selection_weights, totals.value_squares]
+    elif totals.selection_weights.any():
+        arrays.append(totals.selection_weights)
+    columns = [a.tolist() for a in arrays]
+    entries: list[list[Any]] = [
+        [list(g), *rest] for g, *rest in zip(totals.groups, *columns, strict=True)
+    ]
+    hist = totals.value_bins
+    if hist.bins:  # sparse, as held: [bins, [nonzero bin indices], [their counts]]
+        index, counts = hist.index.tolist(), hist.counts.tolist()
+        bins = [
+            [hist.bins, index[lo:hi], counts[lo:hi]]
+            for lo, hi in itertools.pairwise(hist.starts.tolist())
+        ]
+        entries = [[*[*e, 0, 0][:6], b] for e, b in zip(entries, bins, strict=True)]
+    (key, first), *_ = encode_partial(partial, max_bytes=max_bytes)
+    header = orjson.loads(first)
+    del header["totals"]
+    header["part"] = header["parts"] = 0
+    budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
+    whole = orjson.dumps(entries)
+    if len(whole) <= budget:
+        return [whole], len(whole), budget
+    out: list[bytes] = []
+    pieces = math.ceil(len(whole) * 1.05 / budget)
+    bounds = np.linspace(0, len(entries), pieces + 1).astype(int).tolist()
+    pending = list(itertools.pairwise(bounds))[::-1]
+    while pending:
+        lo, hi = pending.pop()
+        blob = orjson.dumps(entries[lo:hi])
+        if len(blob) <= budget:
+            out.append(blob)
+        else:
+            mid = (lo + hi) // 2
+            pending += [(mid, hi), (lo, mid)]
+    return out, len(whole), budget
+
+
+@pytest.mark.parametrize("statistic", ["count", "weighted", "variance", "quantile"])
+def test_a_partial_encoded_a_slice_at_a_time_is_the_one_call_encoding(
+    statistic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39: a partial's per-key lists are made a slice at a time (the whole partial's
+    lists were about 0.5 KB per key at the seal of a 1M-key window); the records are byte
+    for byte those of one orjson call over all entries, whatever the slice and the limit."""
+    rng = random.Random(39)
+    for trial in range(60):
+        monkeypatch.setattr(partials_format, "SLICE_ENTRIES", rng.choice([1, 2, 7, 64, 10_000]))
+        n = rng.choice([0, 1, 2, 5, 40, 333])
+        groups = [(f'd{rng.randrange(10 ** rng.randrange(1, 8))}"\\é', i) for i in range(n)]
+
+        def column(n: int = n) -> np.ndarray:
+            return np.array([rng.randrange(0, 10 ** rng.randrange(1, 12)) for _ in range(n)])
+
+        totals = KeyTotals(
+            groups,
+            column(),
+            column(),
+            column() - 5,
+            selection_weights=column() if statistic in ("weighted", "variance") else None,
+            value_squares=column() if statistic == "variance" else None,
+            value_bins=np.array([[rng.randrange(9) for _ in range(3)] for _ in range(n)])
+            if statistic == "quantile" and n
+            else None,
+        )
+        partial = _partial({}, query=f"q{trial}")
+        partial = dataclasses.replace(partial, totals=totals)
+        _, size, budget = _parts_in_one_call(partial, 1 << 20)
+        # Limits where the whole array just fits, or just does not, and smaller ones.
+        edge = (1 << 20) - budget + size
+        limits = [edge, edge - 1] if n >= 2 else [edge]  # one entry over the limit: an error
+        for max_bytes in [*limits, rng.choice([4096, SMALL_BYTES])]:
+            records = encode_partial(partial, max_bytes=max_bytes)
+            got = [v[v.index(b',"totals":') + len(b',"totals":') : -1] for _, v in records]
+            assert got == _parts_in_one_call(partial, max_bytes)[0], (trial, n, max_bytes)
+        assert all(len(v) + len(k) + RECORD_OVERHEAD_BYTES <= max_bytes for k, v in records)

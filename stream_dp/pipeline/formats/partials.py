@@ -151,27 +151,6 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
     window = iso_utc(partial.window_start_s)
     key = f"{partial.query}|{window}|{partial.source_partition}"
     totals = KeyTotals.of(partial.totals)
-    if totals.value_squares.any():  # statistic: variance (only then a sixth item)
-        extra = zip(totals.selection_weights.tolist(), totals.value_squares.tolist(), strict=True)
-        entries = [
-            [list(g), e, u, v, w, q]
-            for (g, e, u, v), (w, q) in zip(totals.rows(), extra, strict=True)
-        ]
-    elif totals.selection_weights.any():
-        weights = totals.selection_weights.tolist()
-        rows = zip(totals.rows(), weights, strict=True)
-        entries = [[list(g), e, u, v, w] for (g, e, u, v), w in rows]
-    else:
-        entries = [[list(g), e, u, v] for g, e, u, v in totals.rows()]
-    if totals.value_bins.bins:  # statistic: quantile (only then a seventh item)
-        # sparse, as held: [bins, [nonzero bin indices, increasing], [their counts]]
-        hist = totals.value_bins
-        index, counts = hist.index.tolist(), hist.counts.tolist()
-        bins = [
-            [hist.bins, index[lo:hi], counts[lo:hi]]
-            for lo, hi in itertools.pairwise(hist.starts.tolist())
-        ]
-        entries = [[*[*entry, 0, 0][:6], b] for entry, b in zip(entries, bins, strict=True)]
     header: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": "partial",
@@ -200,13 +179,48 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
         header["histograms"] = {n: list(v) for n, v in partial.histograms.items()}
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
     chunks = encode_in_parts(
-        entries, budget, what=f"a partial of query {partial.query}", default=json_default
+        len(totals),
+        partial_entries(totals),
+        budget,
+        what=f"a partial of query {partial.query}",
+        default=json_default,
     )
     out = []
     for i, chunk in enumerate(chunks):
         head = orjson.dumps({**header, "part": i, "parts": len(chunks)})
         out.append((key, head[:-1] + b',"totals":' + chunk + b"}"))
     return out
+
+
+def partial_entries(totals: KeyTotals) -> Callable[[int, int], list[list[Any]]]:
+    """The entries of keys ``[lo, hi)`` of a partial's totals, made when asked: a list per
+    key for one slice at a time, never for the whole partial (issue 39: a 1M-key partial's
+    lists were about 0.5 KB per key while it was encoded, beside the held window)."""
+
+    arrays = [totals.events, totals.users, totals.value_sums]
+    if totals.value_squares.any():  # statistic: variance (only then a sixth item)
+        arrays += [totals.selection_weights, totals.value_squares]
+    elif totals.selection_weights.any():
+        arrays.append(totals.selection_weights)
+
+    def entries(lo: int, hi: int) -> list[list[Any]]:
+        columns = [a[lo:hi].tolist() for a in arrays]
+        out = [[list(g), *rest] for g, *rest in zip(totals.groups[lo:hi], *columns, strict=True)]
+        hist = totals.value_bins
+        if hist.bins:  # statistic: quantile (only then a seventh item)
+            # sparse, as held: [bins, [nonzero bin indices, increasing], [their counts]]
+            starts = hist.starts[lo : hi + 1].tolist()
+            first = starts[0] if starts else 0
+            index = hist.index[first : starts[-1] if starts else 0].tolist()
+            counts = hist.counts[first : starts[-1] if starts else 0].tolist()
+            bins = [
+                [hist.bins, index[a - first : b - first], counts[a - first : b - first]]
+                for a, b in itertools.pairwise(starts)
+            ]
+            out = [[*[*entry, 0, 0][:6], b] for entry, b in zip(out, bins, strict=True)]
+        return out
+
+    return entries
 
 
 class RecordTooLargeError(StreamDPError):
@@ -270,30 +284,48 @@ def join_in_parts(
     return chunks
 
 
+#: Entries encoded at a time while a partial's size is measured (its lists made per slice).
+SLICE_ENTRIES = 16_384
+
+
 def encode_in_parts(
-    entries: Sequence[Any],
+    count: int,
+    entries_of: Callable[[int, int], Sequence[Any]],
     budget: int,
     *,
     what: str,
     option: int = 0,
     default: Callable[[Any], Any] | None = None,
 ) -> list[bytes]:
-    """Consecutive entries as JSON arrays of at most ``budget`` bytes each, in order.
+    """Consecutive entries (``entries_of(lo, hi)`` makes entries ``[lo, hi)`` of ``count``)
+    as JSON arrays of at most ``budget`` bytes each, in order.
 
-    Always at least one (possibly empty) array. Encoded a chunk at a time (one orjson call
-    each), halving a chunk that is too large. An entry that alone exceeds the budget can
-    never be written: :class:`RecordTooLargeError` names it and the setting to change.
+    Always at least one (possibly empty) array. The whole array's size is measured a slice
+    of :data:`SLICE_ENTRIES` at a time (the whole is their contents joined, when it fits);
+    then cut into about size × 1.05 / budget pieces of equal entry counts, each encoded by
+    one orjson call, a piece that is too large halved. An entry that alone exceeds the
+    budget can never be written: :class:`RecordTooLargeError` names it and the setting to
+    change.
     """
-    whole = orjson.dumps(entries, option=option, default=default)
-    if len(whole) <= budget:
-        return [whole]
+    size = 2  # the brackets
+    slices: list[bytes] | None = []
+    for lo in range(0, count, SLICE_ENTRIES):
+        entries = entries_of(lo, min(count, lo + SLICE_ENTRIES))
+        blob = orjson.dumps(entries, option=option, default=default)
+        size += len(blob) - 2 + (1 if lo else 0)  # the contents, a comma before each slice
+        if slices is not None and size <= budget:
+            slices.append(blob[1:-1])
+        else:
+            slices = None  # too large for one array: made again piece by piece
+    if slices is not None:
+        return [b"[" + b",".join(slices) + b"]"]
     out: list[bytes] = []
-    pieces = math.ceil(len(whole) * 1.05 / budget)
-    bounds = np.linspace(0, len(entries), pieces + 1).astype(int).tolist()
+    pieces = math.ceil(size * 1.05 / budget)
+    bounds = np.linspace(0, count, pieces + 1).astype(int).tolist()
     pending = list(itertools.pairwise(bounds))[::-1]
     while pending:
         lo, hi = pending.pop()
-        blob = orjson.dumps(entries[lo:hi], option=option, default=default)
+        blob = orjson.dumps(entries_of(lo, hi), option=option, default=default)
         if len(blob) <= budget:
             out.append(blob)
         elif hi - lo == 1:

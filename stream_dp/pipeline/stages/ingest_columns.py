@@ -66,6 +66,10 @@ log = logging.getLogger(__name__)
 #: since it was last compacted.
 SIGNATURES_COMPACT_MIN = 4096
 
+#: Distinct strings shared per signature position: a position with more (a domain, a URL)
+#: is not shared any more, one with fewer (a country) keeps one string per value.
+SHARED_VALUES_MAX = 4096
+
 #: What ingest does with an event, decided once per window: keep it, or count it as late
 #: (its partition already sealed the window) or replayed (the window is already released).
 ACCEPT, LATE, REPLAYED = 0, 1, 2
@@ -343,6 +347,8 @@ class WindowStore:
         self.signatures: list[tuple[Any, ...]] = []
         self.signature_ids: dict[tuple[Any, ...], int] = {}
         self._compact_signatures_at = SIGNATURES_COMPACT_MIN
+        #: Per signature position, its strings (None once it had too many to share).
+        self._shared: list[dict[str, str] | None] = []
 
     def part(self, state: dict[int, WindowPart], window_start_s: int, offset: int) -> WindowPart:
         """A window's part in a partition's ``state``, created at ``offset`` if new."""
@@ -370,9 +376,28 @@ class WindowStore:
     def intern(self, signature: tuple[Any, ...]) -> int:
         sid = self.signature_ids.get(signature)
         if sid is None:
+            signature = self._sharing(signature)
             sid = self.signature_ids[signature] = len(self.signatures)
             self.signatures.append(signature)
         return sid
+
+    def _sharing(self, signature: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A new signature whose strings are those of earlier signatures where a position
+        has few distinct ones (issue 39: a 1M-key window held a country string per
+        signature, ~50 bytes each). Only ``str`` values: equal values of other types
+        (1, 1.0, True) are not made one."""
+        shared = self._shared
+        if len(shared) < len(signature):
+            shared.extend({} for _ in range(len(signature) - len(shared)))
+        values = list(signature)
+        for i, value in enumerate(values):
+            table = shared[i]
+            if table is None or type(value) is not str:
+                continue
+            values[i] = table.setdefault(value, value)
+            if len(table) > SHARED_VALUES_MAX:
+                shared[i] = None
+        return tuple(values)
 
     def revoke(self, partition: int) -> None:
         self.parts.pop(partition, None)
@@ -400,11 +425,16 @@ class WindowStore:
     def drop(self, partition: int, window_start_s: int, queries: Sequence[CompiledQuery]) -> None:
         """The window's partials are published: its state goes — or, with
         :attr:`keep_sealed`, stays until its release is known (:meth:`drop_released`)."""
-        if self.keep_sealed and window_start_s in self.parts.get(partition, {}):
+        held = window_start_s in self.parts.get(partition, {})
+        if self.keep_sealed and held:
             self.kept.setdefault(partition, set()).add(window_start_s)
         else:
             self.parts.get(partition, {}).pop(window_start_s, None)
-        if len(self.signatures) >= self._compact_signatures_at:
+        # Also when the last partition holding the window let it go: its signatures go
+        # now, before its release, not when the table has doubled again (issue 39: a
+        # 1M-key window's table was held through its release).
+        last = held and all(window_start_s not in parts for parts in self.parts.values())
+        if len(self.signatures) >= self._compact_signatures_at or last:
             self._compact_signatures(queries)
         self.update_gauges()
 
