@@ -289,6 +289,9 @@ def _scrape(url: str) -> dict[str, float]:
         "stream_dp_repartition_duplicates_skipped_total",
         "stream_dp_partials_published_total",
         "stream_dp_ready",
+        # per worker (--workers): its iterations that fetched something, and its rejoins
+        "stream_dp_batch_processing_seconds_count",
+        "stream_dp_membership_lost_total",
     )
     out = dict.fromkeys(names, 0.0)
     try:
@@ -377,10 +380,13 @@ def run_worker(
                         command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=tree
                     )
                 )
+        settled: dict[str, Any] = {}
         if produce_when_ready is not None:
-            _settle(procs, ports, logs, t_start)
+            settled = _settle(procs, ports, logs, t_start)
             threading.Thread(target=produce_when_ready, daemon=True).start()
         result = _watch(procs, ports, logs, events, t_start, profile_to)
+        for i, idle in enumerate(settled.get("per_worker", [])):
+            result["per_worker"][i].update(idle)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -391,22 +397,40 @@ def run_worker(
 
 def _settle(
     procs: list[subprocess.Popen[bytes]], ports: list[int], logs: list[Path], t_start: float
-) -> None:
-    """Returns once every worker has reported ``stream_dp_ready`` 1 for SETTLE_S in a row."""
+) -> dict[str, Any]:
+    """Returns once every worker has reported ``stream_dp_ready`` 1 for SETTLE_S in a row,
+    with each worker's start-up (from its start to its first ready reading, rejoins
+    included) and its idle CPU per second over those SETTLE_S (ready, nothing to read,
+    its /metrics polled every POLL_S as in the measured span)."""
     urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
     since: float | None = None
+    since_cpu: list[float] = []
+    ready_at: dict[int, float] = {}
     while True:
         if any(p.poll() is not None for p in procs) or time.perf_counter() - t_start > 120:
             tails = "\n".join(log.read_text()[-3000:] for log in logs)
             raise RuntimeError(f"the workers never all got ready:\n{tails}")
-        ready = sum(_scrape(url)["stream_dp_ready"] for url in urls)
+        states = [_scrape(url)["stream_dp_ready"] for url in urls]
         now = time.perf_counter()
-        if ready < len(urls):
+        for i, state in enumerate(states):
+            if state >= 1:
+                ready_at.setdefault(i, now - t_start)
+        if sum(states) < len(urls):
             since = None
         elif since is None:
-            since = now
+            since, since_cpu = now, [_cpu_s(p.pid) for p in procs]
         elif now - since >= SETTLE_S:
-            return
+            cpus = [_cpu_s(p.pid) for p in procs]
+            return {
+                "per_worker": [
+                    {
+                        "ready_after_start_s": ready_at[i],
+                        "cpu_at_ready_s": since_cpu[i],
+                        "idle_cpu_ms_per_s": (cpus[i] - since_cpu[i]) / (now - since) * 1e3,
+                    }
+                    for i in range(len(procs))
+                ]
+            }
         time.sleep(POLL_S)
 
 
@@ -425,8 +449,13 @@ def _watch(
     profilers: list[subprocess.Popen[bytes]] = []
     first: tuple[float, float, float] | None = None
     last: tuple[float, float, float] | None = None
+    last_scraped: list[dict[str, float]] = []
     own_first: dict[int, tuple[float, float, float]] = {}
     own_last: dict[int, tuple[float, float, float]] = {}
+    #: Per worker, the reading at which its consumed count last grew (within the span).
+    own_change: dict[int, tuple[float, float, float]] = {}
+    first_scraped: list[dict[str, float]] = []
+    polls_in_span = 0
     first_cpus: list[float] = []
 
     def tail() -> str:
@@ -446,16 +475,20 @@ def _watch(
             if n_i > 0 and i not in own_first:
                 own_first[i] = (t, cpus[i], n_i)
             if last is None:
+                if n_i > own_last.get(i, (0.0, 0.0, 0.0))[2]:
+                    own_change[i] = (t, cpus[i], n_i)
                 own_last[i] = (t, cpus[i], n_i)
+        if first is not None and last is None:
+            polls_in_span += 1
         if n > 0 and first is None:
-            first, first_cpus = (t, cpu, n), cpus
+            first, first_cpus, first_scraped = (t, cpu, n), cpus, scraped
             if profile_to is not None:  # the span the rate is measured over, only
                 profilers = [
                     _start_profiler(pid, profile_to.with_suffix(f".{i}"))
                     for i, pid in enumerate(pids)
                 ]
         if n >= events and last is None:
-            last = (t, cpu, n)
+            last, last_scraped = (t, cpu, n), scraped
             for profiler in profilers:
                 profiler.send_signal(signal.SIGINT)
             for profiler in profilers:
@@ -470,6 +503,7 @@ def _watch(
     assert first is not None and last is not None
     if last[0] == first[0]:  # a small topic, taken in one poll: from the workers' start
         first, first_cpus = (t_start, 0.0, 0.0), [0.0] * len(procs)
+    iterations = "stream_dp_batch_processing_seconds_count"
     if any(codes):
         raise RuntimeError(f"a worker exited {codes} after SIGTERM:\n{tail()}")
     span_events = last[2] - first[2]
@@ -501,9 +535,23 @@ def _watch(
                 "cpu_seconds": own_last[i][1] - own_first[i][1] if i in own_first else 0.0,
                 "events": own_last[i][2] - own_first[i][2] if i in own_first else 0.0,
                 "cpu_seconds_in_span": own_last[i][1] - first_cpus[i],
+                # Its own consuming stretch: from its first consumed reading to the reading
+                # at which its count last grew; the rest of the span it had nothing to read.
+                "last_consumed_after_s": own_change[i][0] - first[0] if i in own_change else None,
+                "cpu_seconds_consuming": (
+                    own_change[i][1] - own_first[i][1] if i in own_change else 0.0
+                ),
+                "events_in_span": own_last[i][2]
+                - (first_scraped[i] if first_scraped else {}).get(
+                    "stream_dp_events_consumed_total", 0.0
+                ),
+                "iterations_in_span": last_scraped[i][iterations]
+                - (first_scraped[i][iterations] if first_scraped else 0.0),
+                "rejoins": last_scraped[i]["stream_dp_membership_lost_total"],
             }
             for i in range(len(procs))
         ],
+        "polls_in_span": polls_in_span,
     }
 
 
@@ -579,9 +627,14 @@ def measure_broker(
             if workers:
                 for n in workers:
                     for mode, keyed in MODES.items():
-                        r = worker(keyed, trees["after"], n)
-                        runs.setdefault(f"workers_{n}_{mode}", []).append(r)
-                        log(f"[realistic] {name} {n} workers {mode} run {i + 1}: {_brief(r)}")
+                        for label, tree in trees.items():  # --before: alternating
+                            r = worker(keyed, tree, n)
+                            key = f"workers_{n}_{mode}" + ("_before" if label == "before" else "")
+                            runs.setdefault(key, []).append(r)
+                            log(
+                                f"[realistic] {name} {n} workers {mode} {label} run {i + 1}: "
+                                f"{_brief(r)}"
+                            )
                 continue
             for label, tree in trees.items():
                 for mode, keyed in MODES.items():
@@ -1116,6 +1169,68 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _process_row(r: dict[str, Any], i: int) -> list[str]:
+    """One worker process of a ``--workers --settle`` run: its share, its stretches and CPU."""
+    w, span = r["per_worker"][i], r["seconds"]
+    events = max(sum(x["events_in_span"] for x in r["per_worker"]), 1.0)
+    busy_s = (w["last_consumed_after_s"] or 0.0) - (w["first_consumed_after_s"] or 0.0)
+    idle_cpu = w["cpu_seconds_in_span"] - w["cpu_seconds_consuming"]
+    own = w["cpu_seconds_consuming"] / max(w["events_in_span"], 1.0) * 1e6
+    return [
+        f"{w['events_in_span'] / events:.0%}",
+        f"{busy_s:.1f} of {span:.1f} s",
+        f"{w['cpu_seconds_consuming']:.2f} s ({own:.2f} µs/event)",
+        f"{idle_cpu:.2f} s",
+        f"{w['iterations_in_span']:,.0f}",
+        f"{w['ready_after_start_s']:.1f} s",
+        f"{w['idle_cpu_ms_per_s']:.0f}",
+    ]
+
+
+def _per_process_lines(run: dict[str, Any]) -> list[str]:
+    """A ``--workers --settle --before`` run: CPU per event before and after, and per
+    process where the span's CPU went."""
+    lines: list[str] = []
+    for name, broker in run["brokers"].items():
+        title = {"tansu": "Embedded broker (Tansu)", "kafka": "Apache Kafka 4.1.1"}[name]
+        runs = broker["runs"]
+        lines += [
+            "",
+            f"**{title}, per process** (the span: the group's first consumed reading to the "
+            "one that reaches every event; a process consumes from its first reading to the "
+            "one at which its count last grew, and is idle in the rest of the span; idle CPU "
+            "per second measured in the same run over the 3 s the settled group waited, "
+            f"its /metrics polled every {POLL_S * 1e3:.0f} ms as in the span; load average "
+            f"{broker['load_1min'][0]:.1f} at its start, {broker['load_1min'][-1]:.1f} at its "
+            "end)",
+            "",
+            "| path | workers | tree | CPU µs/event | ÷ 1 worker | process | its share of the "
+            "events | consuming | CPU consuming | CPU idle in the span | iterations with "
+            "records | ready after start | idle CPU ms/s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for mode in MODES:
+            for suffix, tree in (("_before", "before"), ("", "after")):
+                base = None
+                for n in run["workers"]:
+                    rs = runs.get(f"workers_{n}_{mode}{suffix}")
+                    if not rs:
+                        continue
+                    r = min(rs, key=lambda x: x["cpu_us_per_event"])
+                    base = base or r["cpu_us_per_event"]
+                    order = sorted(range(n), key=lambda i: -r["per_worker"][i]["events_in_span"])
+                    for k, i in enumerate(order):
+                        head = [mode, str(n), tree] if k == 0 else ["", "", ""]
+                        head += (
+                            [f"{r['cpu_us_per_event']:.2f}", f"{r['cpu_us_per_event'] / base:.2f}×"]
+                            if k == 0
+                            else ["", ""]
+                        )
+                        cells = [*head, str(k + 1), *_process_row(r, i)]
+                        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def section(kept: dict[str, Any]) -> list[str]:
     """The RESULTS.md section (markdown lines, title first) from the kept runs."""
     lines = [
@@ -1158,6 +1273,8 @@ def section(kept: dict[str, Any]) -> list[str]:
         ]
         if run.get("workers"):
             lines += _workers_lines(run)
+            if run.get("before") and run.get("settle"):
+                lines += _per_process_lines(run)
             continue
         for name, broker in run["brokers"].items():
             title = {"tansu": "Embedded broker (Tansu)", "kafka": "Apache Kafka 4.1.1"}[name]
