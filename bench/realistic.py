@@ -71,6 +71,8 @@ FETCH_PARTITION_BYTES = 4 * 1_048_576
 POLL_S = 0.05
 #: ``--settle``: how long every worker must have been ready before the stream is produced.
 SETTLE_S = 3.0
+#: ``--settle``: then this long without polling /metrics (an idle worker's own cost).
+QUIET_S = 2.0
 RUN_TIMEOUT_S = 600.0
 RAW_RUNS = 2
 REPO = Path(__file__).resolve().parent.parent
@@ -406,6 +408,7 @@ def _settle(
     since: float | None = None
     since_cpu: list[float] = []
     ready_at: dict[int, float] = {}
+    polls = 0  # since ``since``: each polls every worker's /metrics once
     while True:
         if any(p.poll() is not None for p in procs) or time.perf_counter() - t_start > 120:
             tails = "\n".join(log.read_text()[-3000:] for log in logs)
@@ -418,19 +421,25 @@ def _settle(
         if sum(states) < len(urls):
             since = None
         elif since is None:
-            since, since_cpu = now, [_cpu_s(p.pid) for p in procs]
+            since, since_cpu, polls = now, [_cpu_s(p.pid) for p in procs], 0
         elif now - since >= SETTLE_S:
             cpus = [_cpu_s(p.pid) for p in procs]
+            time.sleep(QUIET_S)  # then no poll: the same workers' CPU without the scrapes
+            quiet_s = time.perf_counter() - now
+            quiet = [(_cpu_s(p.pid) - cpus[i]) / quiet_s * 1e3 for i, p in enumerate(procs)]
             return {
                 "per_worker": [
                     {
                         "ready_after_start_s": ready_at[i],
                         "cpu_at_ready_s": since_cpu[i],
                         "idle_cpu_ms_per_s": (cpus[i] - since_cpu[i]) / (now - since) * 1e3,
+                        "quiet_cpu_ms_per_s": quiet[i],
+                        "scrapes_per_s": polls / (now - since),
                     }
                     for i in range(len(procs))
                 ]
             }
+        polls += 1
         time.sleep(POLL_S)
 
 
@@ -1183,8 +1192,24 @@ def _process_row(r: dict[str, Any], i: int) -> list[str]:
         f"{idle_cpu:.2f} s",
         f"{w['iterations_in_span']:,.0f}",
         f"{w['ready_after_start_s']:.1f} s",
-        f"{w['idle_cpu_ms_per_s']:.0f}",
+        f"{w['idle_cpu_ms_per_s']:.0f} / {w['quiet_cpu_ms_per_s']:.0f}",
+        f"{_scrape_cpu_s(r, i):.2f} s",
     ]
+
+
+def _scrape_cpu_s(r: dict[str, Any], i: int) -> float:
+    """The CPU worker ``i`` spent answering the bench's polls of /metrics in the span: the
+    polls in the span × its CPU per scrape (its idle CPU polled less quiet, over its scrapes
+    per second, measured while the group was settled)."""
+    w = r["per_worker"][i]
+    per_scrape_s = (w["idle_cpu_ms_per_s"] - w["quiet_cpu_ms_per_s"]) / 1e3 / w["scrapes_per_s"]
+    return float(r["polls_in_span"] * max(per_scrape_s, 0.0))
+
+
+def _without_scrapes(r: dict[str, Any]) -> float:
+    """CPU µs per event of a group less the CPU its workers spent answering the bench's polls."""
+    scrapes = sum(_scrape_cpu_s(r, i) for i in range(len(r["per_worker"])))
+    return float((r["cpu_seconds"] - scrapes) / r["span_events"] * 1e6)
 
 
 def _per_process_lines(run: dict[str, Any]) -> list[str]:
@@ -1204,27 +1229,33 @@ def _per_process_lines(run: dict[str, Any]) -> list[str]:
             f"{broker['load_1min'][0]:.1f} at its start, {broker['load_1min'][-1]:.1f} at its "
             "end)",
             "",
-            "| path | workers | tree | CPU µs/event | ÷ 1 worker | process | its share of the "
-            "events | consuming | CPU consuming | CPU idle in the span | iterations with "
-            "records | ready after start | idle CPU ms/s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| path | workers | tree | CPU µs/event | ÷ 1 worker | less the bench's polls: CPU "
+            "µs/event, ÷ 1 worker | process | its share of the events | consuming | CPU "
+            "consuming | CPU idle in the span | iterations with records | ready after start | "
+            "idle CPU ms/s, polled / quiet | its CPU answering the polls in the span |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for mode in MODES:
             for suffix, tree in (("_before", "before"), ("", "after")):
-                base = None
+                base: tuple[float, float] | None = None
                 for n in run["workers"]:
                     rs = runs.get(f"workers_{n}_{mode}{suffix}")
                     if not rs:
                         continue
                     r = min(rs, key=lambda x: x["cpu_us_per_event"])
-                    base = base or r["cpu_us_per_event"]
+                    base = base or (r["cpu_us_per_event"], _without_scrapes(r))
                     order = sorted(range(n), key=lambda i: -r["per_worker"][i]["events_in_span"])
                     for k, i in enumerate(order):
                         head = [mode, str(n), tree] if k == 0 else ["", "", ""]
+                        cpu, net = r["cpu_us_per_event"], _without_scrapes(r)
                         head += (
-                            [f"{r['cpu_us_per_event']:.2f}", f"{r['cpu_us_per_event'] / base:.2f}×"]
+                            [
+                                f"{cpu:.2f}",
+                                f"{cpu / base[0]:.2f}×",
+                                f"{net:.2f}, {net / base[1]:.2f}×",
+                            ]
                             if k == 0
-                            else ["", ""]
+                            else ["", "", ""]
                         )
                         cells = [*head, str(k + 1), *_process_row(r, i)]
                         lines.append("| " + " | ".join(cells) + " |")
