@@ -48,3 +48,41 @@ def test_names_start_at_as_the_origin_when_set() -> None:
     metrics.late_events.inc(1)
     message = LateEventsNotice(metrics, start).observe(COVERAGE_S, now_mono_s=0.0)
     assert message is not None and "(from window.start_at)" in message
+
+
+def test_observe_reads_its_counters_without_collecting_the_registry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker's loop calls observe every iteration (an idle worker about five times a
+    second): it reads the two counters, never a whole-registry collect (a scrape's work per
+    call, the largest part of an idle worker's CPU before)."""
+    from stream_dp.config.model import QueryConfig
+
+    query = QueryConfig(
+        name="visits", statistic="count", group_by=["domain"], epsilon=1.0, delta=1e-6
+    )
+    metrics = Metrics()
+    collects: list[int] = []
+    whole = metrics.registry.collect
+
+    def counted() -> object:
+        collects.append(1)
+        return whole()
+
+    monkeypatch.setattr(metrics.registry, "collect", counted)
+    notice = LateEventsNotice(metrics, None, [query], interval_s=300.0)
+    assert notice.observe(COVERAGE_S, now_mono_s=0.0) is None
+    metrics.late_events.inc(3)
+    metrics.query_events_dropped.labels(query="visits", reason="outside_key_list").inc(4)
+    metrics.query_events_dropped.labels(query="visits", reason="where").inc(9)
+    with pytest.MonkeyPatch.context() as m:
+        logged: list[str] = []
+        m.setattr(
+            "stream_dp.pipeline.stages.late_events.log.warning",
+            lambda fmt, text: logged.append(text),
+        )
+        late = notice.observe(COVERAGE_S, now_mono_s=1.0)
+    assert late is not None and late.startswith("3 events dropped as late")
+    assert len(logged) == 2 and logged[1] == late  # the query's drop first, then the late
+    assert logged[0].startswith("query visits dropped 4 events whose 'domain' value")
+    assert collects == []

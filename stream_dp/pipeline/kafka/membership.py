@@ -42,6 +42,7 @@ from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.kafka_client.fetched import fetch_options
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.fetch_health import FetchAges
+from stream_dp.pipeline.idle_fetch import FetchTimeout
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
@@ -60,7 +61,6 @@ from stream_dp.windows.tumbling import iso_utc
 
 log = logging.getLogger(__name__)
 
-FETCH_TIMEOUT_MS = 200
 MAX_RECORDS_PER_FETCH = 40_000
 #: Bytes fetched per partition and request: the consumer fetches a partition again only once
 #: what it holds of it is consumed, so larger fetches mean fewer waits for the broker.
@@ -89,6 +89,7 @@ class Membership(WorkerPart):
         config = context.config
         self.consumer: AIOKafkaConsumer | None = None
         self.drain: PartitionDrain | None = None  # the consumer's, one partition at a time
+        self.fetch_timeout = FetchTimeout()  # longer after an empty fetch (idle_fetch)
         self.stages: Stages | None = None
         #: Held by the loop's iteration and by a revocation: one touches the state at a time.
         self.lock = asyncio.Lock()
@@ -436,7 +437,7 @@ class Membership(WorkerPart):
         if self.drain is None or self.drain.consumer is not self.consumer:
             self.drain = PartitionDrain(self.consumer)
         fetch = asyncio.ensure_future(
-            self.drain.getmany(timeout_ms=FETCH_TIMEOUT_MS, max_records=MAX_RECORDS_PER_FETCH)
+            self.drain.getmany(timeout_ms=self.fetch_timeout.ms, max_records=MAX_RECORDS_PER_FETCH)
         )
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
@@ -448,7 +449,9 @@ class Membership(WorkerPart):
                 fetch.cancel()
                 with contextlib.suppress(asyncio.CancelledError, KafkaError):
                     await fetch
-        return fetch.result() if not fetch.cancelled() else None
+        batch = fetch.result() if not fetch.cancelled() else None
+        self.fetch_timeout.fetched(batch)
+        return batch
 
     def prove_read_to_end(
         self, owned: set[TopicPartition], waiting: set[TopicPartition], now: float, mono: float

@@ -18,7 +18,10 @@ schedule. Events a ``where`` filter leaves out are what the configuration asks f
 counted, never warned about.
 
 It reads only counts, the coverage start and the configuration: never an event, a user id
-or a value.
+or a value. It reads them from the two counters themselves, not from the registry: the
+worker's loop asks every iteration (an idle worker about five times a second), and the
+registry's ``get_sample_value`` collects every metric of the worker, a scrape's work, per
+call.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import math
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Final
+
+from prometheus_client import Counter
 
 from stream_dp.config.model import QueryConfig
 from stream_dp.ops.metrics import Metrics
@@ -41,6 +46,18 @@ NOTICE_INTERVAL_S: Final = 300.0
 LATE_EVENTS_SAMPLE: Final = "stream_dp_late_events_total"
 #: The sample of ``Metrics.query_events_dropped`` (a counter) that holds its totals.
 DROPPED_SAMPLE: Final = "stream_dp_query_events_dropped_total"
+
+
+def counter_totals(counter: Counter, sample: str) -> dict[tuple[str, ...], float]:
+    """The ``sample`` totals of one counter, by their label values (in the counter's label
+    order; ``()`` for a counter without labels): what ``registry.get_sample_value`` gives,
+    read from this counter alone."""
+    out: dict[tuple[str, ...], float] = {}
+    for family in counter.collect():
+        for s in family.samples:
+            if s.name == sample:
+                out[tuple(s.labels.values())] = float(s.value)
+    return out
 
 
 def dropped_events_message(query: QueryConfig, reason: str, dropped: int) -> str | None:
@@ -111,7 +128,7 @@ class LateEventsNotice:
         passed; returns the message logged, else None. Dropped events of the queries are
         warned about alongside (their messages are :meth:`DroppedEventsNotice.observe`'s)."""
         self._drops.observe(now_mono_s)
-        late_total = self._metrics.registry.get_sample_value(LATE_EVENTS_SAMPLE) or 0.0
+        late_total = counter_totals(self._metrics.late_events, LATE_EVENTS_SAMPLE).get((), 0.0)
         dropped = int(late_total - self._reported_total)
         if dropped <= 0 or now_mono_s - self._warned_mono_s < self._interval_s:
             return None
@@ -142,12 +159,11 @@ class DroppedEventsNotice:
         """Warn per query and reason whose total grew since its last warning once the
         interval passed; returns the messages logged."""
         out: list[str] = []
-        registry = self._metrics.registry
+        totals = counter_totals(self._metrics.query_events_dropped, DROPPED_SAMPLE)
         for query in self._queries:
             for reason in ("outside_key_list", "missing_group_field", "missing_value"):
-                labels = {"query": query.name, "reason": reason}
-                total = registry.get_sample_value(DROPPED_SAMPLE, labels) or 0.0
                 key = (query.name, reason)
+                total = totals.get(key, 0.0)
                 dropped = int(total - self._reported.get(key, 0.0))
                 last = self._warned_mono_s.get(key, -math.inf)
                 if dropped <= 0 or now_mono_s - last < self._interval_s:
