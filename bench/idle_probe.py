@@ -1,0 +1,289 @@
+"""Where the worker's wall time goes while a backlog waits: busy CPU against each kind of wait.
+
+``python -m bench.idle_probe [--brokers tansu,kafka] [--before COMMIT]`` runs issue 43's
+realistic stream (:mod:`bench.realistic`: the same topic, events, config and rate counter)
+through ``stream-dp run`` with timers around the loop's awaits, and prints, per broker, path
+and tree, the measured span (first ``stream_dp_events_consumed_total`` increment of the loop to
+the iteration that reaches every event) split into:
+
+* the process's CPU time (every thread: the busy share of one core);
+* the loop waiting for a fetch (``Membership.fetch``: nothing buffered to hand out);
+* stage 0 waiting for its repartition records' acknowledgements (``StageOutput.route``);
+* seals, partials, watermarks and releases (``Worker._seal_and_release``);
+* the offset commit (``Membership.commit_in_loop``);
+* the records processing in the loop (the rest of the iteration);
+
+and how long aiokafka's fetcher had a fetch request in flight while the loop processed a
+batch (a second fetch overlapping the work) — the double buffering the loop relies on.
+Instrumentation only: the timers wrap the methods and change nothing they do. Not a test, and
+never timed in one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The phases of an iteration the probe times (wall seconds spent awaiting each).
+PHASES = ("fetch", "route", "seal_release", "commit", "take")
+#: Inside ``seal_release``: stage 1's hand-off, the releases, the ledger bounds, topology.
+SUB_PHASES = ("handoff", "release", "bounds", "tick")
+
+
+# -- inside the worker process ----------------------------------------------------------------
+def _install(out: Path, events: int) -> None:
+    """Timers around the worker's awaits; the iterations written to ``out`` at exit."""
+    import atexit
+    import functools
+
+    from aiokafka.consumer import fetcher as aio_fetcher
+
+    from stream_dp.pipeline.handoff import Handoff
+    from stream_dp.pipeline.kafka import worker as worker_module
+    from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
+    from stream_dp.pipeline.kafka.membership import Membership
+    from stream_dp.pipeline.kafka.stage_output import StageOutput
+    from stream_dp.pipeline.kafka.topology_watch import TopologyWatch
+    from stream_dp.pipeline.release_driver import ReleaseDriver
+
+    current: dict[str, float] = dict.fromkeys(
+        [*PHASES, *SUB_PHASES, *(f"{p}_cpu" for p in (*PHASES, *SUB_PHASES))], 0.0
+    )
+    iterations: list[dict[str, Any]] = []
+    in_flight: list[list[float]] = []  # [sent, answered] of every fetch request
+
+    def timed(cls: Any, name: str, phase: str) -> None:
+        original = getattr(cls, name)
+
+        @functools.wraps(original)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t, c = time.monotonic(), time.process_time()
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                current[phase] += time.monotonic() - t
+                current[f"{phase}_cpu"] += time.process_time() - c
+
+        setattr(cls, name, wrapper)
+
+    timed(Membership, "fetch", "fetch")
+    timed(StageOutput, "route", "route")
+    timed(worker_module.Worker, "_seal_and_release", "seal_release")
+    timed(Membership, "commit_in_loop", "commit")
+    timed(Membership, "take_assigned", "take")
+    timed(Handoff, "step", "handoff")
+    timed(ReleaseDriver, "release_window", "release")
+    timed(LedgerReader, "read_awaited_bounds", "bounds")
+    timed(TopologyWatch, "tick", "tick")
+
+    original_request = aio_fetcher.Fetcher._proc_fetch_request
+
+    async def proc_fetch_request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        request = args[2]
+        parts = sum(len(p) for _, p in request.topics)
+        span: list[Any] = [time.monotonic(), 0.0, parts, None]
+        in_flight.append(span)
+        try:
+            span[3] = await original_request(self, *args, **kwargs)
+            return span[3]
+        finally:
+            span[1] = time.monotonic()
+
+    aio_fetcher.Fetcher._proc_fetch_request = proc_fetch_request
+
+    original_loop_iteration = worker_module.Worker._iteration
+
+    async def iteration(self: Any, batch: Any, waiting: Any) -> Any:
+        t = time.monotonic()
+        try:
+            return await original_loop_iteration(self, batch, waiting)
+        finally:
+            consumed = self.metrics.events_consumed._value.get()
+            iterations.append(
+                {
+                    "start": t,
+                    "end": time.monotonic(),
+                    "cpu": time.process_time(),
+                    "records": sum(len(m) for m in batch.values()),
+                    "consumed": consumed,
+                    **current,
+                }
+            )
+            for phase in current:
+                current[phase] = 0.0
+
+    worker_module.Worker._iteration = iteration  # type: ignore[method-assign]
+
+    def dump() -> None:
+        out.write_text(json.dumps({"iterations": iterations, "in_flight": in_flight}))
+
+    atexit.register(dump)
+
+
+def breakdown(data: dict[str, Any], events: int) -> dict[str, Any]:
+    """The measured span's wall time, split (see the module docstring)."""
+    its = data["iterations"]
+    first = next(i for i, it in enumerate(its) if it["consumed"] > 0)
+    last = next(i for i, it in enumerate(its) if it["consumed"] >= events)
+    # The span: from the end of the first iteration that consumed to the end of the one that
+    # reached every event (as the operator's first and last readings of the counter).
+    span = its[first + 1 : last + 1]
+    t0, t1 = its[first]["end"], its[last]["end"]
+    wall = t1 - t0
+    cpu = its[last]["cpu"] - its[first]["cpu"]
+    waits = {phase: sum(it[phase] for it in span) for phase in PHASES}
+    phases = {
+        phase: {
+            "wall_share": sum(it[phase] for it in span) / wall,
+            "cpu_share": sum(it[f"{phase}_cpu"] for it in span) / wall,
+        }
+        for phase in (*PHASES, *SUB_PHASES)
+    }
+    in_loop = sum(it["end"] - it["start"] for it in span)
+    processing = in_loop - sum(waits[p] for p in PHASES if p != "fetch")
+    # A fetch request in flight while the loop processed (outside its own fetch wait).
+    overlap = 0.0
+    for it in span:
+        for sent, answered, *_ in data["in_flight"]:
+            answered = answered or it["end"]
+            overlap += max(0.0, min(answered, it["end"]) - max(sent, it["start"]))
+    events_in_span = its[last]["consumed"] - its[first]["consumed"]
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "busy_share": cpu / wall,
+        "events_per_s": events_in_span / wall,
+        "cpu_us_per_event": cpu / events_in_span * 1e6,
+        "iterations": len(span),
+        "records_per_iteration": sum(it["records"] for it in span) / max(1, len(span)),
+        "share": {
+            "fetch_wait": waits["fetch"] / wall,
+            "route_acks": waits["route"] / wall,
+            "seal_release": waits["seal_release"] / wall,
+            "commit": waits["commit"] / wall,
+            "take": waits["take"] / wall,
+            "processing": processing / wall,
+            "between_iterations": (wall - in_loop - waits["fetch"]) / wall,
+        },
+        "fetch_in_flight_while_processing": overlap / max(1e-9, in_loop),
+        "phases": phases,
+        "fetch_requests": [
+            [round(s - t0, 4), round((a or t1) - s, 4), n, got]
+            for s, a, n, got in data["in_flight"]
+            if t0 <= s <= t1
+        ],
+    }
+
+
+# -- the driver -------------------------------------------------------------------------------
+def run_one(
+    bootstrap: str, topic: str, events: int, start_s: int, *, keyed: bool, tree: Path, tmp: Path
+) -> dict[str, Any]:
+    from bench import realistic
+    from stream_dp.broker.process import free_port
+
+    port = free_port("127.0.0.1")
+    config = realistic.worker_config(bootstrap, topic, start_s, keyed=keyed, port=port)
+    path = tmp / f"config-{uuid.uuid4().hex[:8]}.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    out = tmp / f"probe-{uuid.uuid4().hex[:8]}.json"
+    log = tmp / f"worker-{uuid.uuid4().hex[:8]}.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),  # the worker's code; the probe runs from its file
+        "STREAM_DP_PSEUDONYM_KEY": os.urandom(32).hex(),
+        "PYTHONWARNINGS": "ignore",
+    }
+    command = [
+        sys.executable,
+        "-c",
+        "import runpy, sys; runpy.run_path(sys.argv[1])['worker_main'](sys.argv[2:])",
+        __file__,
+        str(path),
+        str(out),
+        str(events),
+    ]
+    t_start = time.perf_counter()
+    with log.open("wb") as handle:
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=tree)
+    try:
+        outside = realistic._watch([proc], [port], [log], events, t_start, None)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    result = breakdown(json.loads(out.read_text()), events)
+    result["outside_events_per_s"] = outside["events_per_s"]
+    result["outside_cpu_us_per_event"] = outside["cpu_us_per_event"]
+    return result
+
+
+def worker_main(argv: list[str]) -> None:
+    """The worker process: the timers installed, then ``stream-dp run``."""
+    config, out, events = argv
+    _install(Path(out), int(events))
+    from stream_dp.cli.main import main as cli_main
+
+    sys.argv = ["stream-dp", "run", "--config", config]
+    sys.exit(cli_main())
+
+
+def main(argv: list[str] | None = None) -> None:
+    import asyncio
+
+    from bench import realistic
+    from bench.throughput import create_topics
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=400_000)
+    parser.add_argument("--brokers", default="tansu,kafka")
+    parser.add_argument("--before", help="a commit whose worker runs too")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--modes", default="default,keyed")
+    parser.add_argument("--json", type=Path, help="write the results here too")
+    opts = parser.parse_args(argv)
+    results: dict[str, Any] = {"load_1min": [os.getloadavg()[0]]}
+    with tempfile.TemporaryDirectory(prefix="idle-probe-") as tmp_name:
+        tmp = Path(tmp_name)
+        trees = {"after": ROOT}
+        if opts.before:
+            trees = {"before": realistic._export(opts.before, tmp / "before"), **trees}
+        for name in opts.brokers.split(","):
+            start_s = realistic.first_window_s(time.time())
+            values, keys = realistic.stream(opts.events, start_s)
+            with realistic._broker(name) as broker:
+                bootstrap = broker.bootstrap_servers
+                topic = f"realistic-{uuid.uuid4().hex[:8]}"
+                asyncio.run(create_topics(bootstrap, [topic], realistic.PARTITIONS))
+                realistic.produce(bootstrap, topic, values, keys)
+                for run in range(opts.runs):
+                    for mode in opts.modes.split(","):
+                        for label, tree in trees.items():
+                            r = run_one(
+                                bootstrap,
+                                topic,
+                                opts.events,
+                                start_s,
+                                keyed=mode == "keyed",
+                                tree=tree,
+                                tmp=tmp,
+                            )
+                            results.setdefault(f"{name}_{mode}_{label}", []).append(r)
+                            head = f"{name} {mode} {label} run {run + 1}:"
+                            print(head, json.dumps(r), flush=True)
+    results["load_1min"].append(os.getloadavg()[0])
+    if opts.json is not None:
+        opts.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
