@@ -202,10 +202,26 @@ class Membership(WorkerPart):
         if self.fatal is not None:
             raise self.fatal
 
-    def routed_acknowledged(self, positions: dict[int, int]) -> None:
-        """Stage 0's routed events up to these input positions are acknowledged: safe to
-        commit."""
-        self.routed_positions.update(positions)
+    def routed_sent(self, positions: dict[int, int]) -> dict[int, tuple[int, float]]:
+        """Stage 0's input positions whose routed events are being sent, each with when its
+        partition was taken (:meth:`routed_acknowledged` takes them back)."""
+        owned = self.owned
+        return {
+            p: (off, owned[tp])
+            for p, off in positions.items()
+            if (tp := TopicPartition(self.input_topic, p)) in owned
+        }
+
+    def routed_acknowledged(self, sent: dict[int, tuple[int, float]]) -> None:
+        """Stage 0's routed events up to these input positions (:meth:`routed_sent`) are
+        acknowledged: safe to commit — on partitions owned since before they were sent. The
+        acknowledgement comes an iteration later (stage_output): a partition revoked, or
+        revoked and taken again, in between has its position from its committed offset, never
+        from what this member routed before."""
+        for p, (off, taken_at) in sent.items():
+            tp = TopicPartition(self.input_topic, p)
+            if self.owned.get(tp) == taken_at and tp not in self.revoked_later:
+                self.routed_positions[p] = off
 
     def split(self, tps: Sequence[TopicPartition]) -> tuple[list[int], list[int], list[int]]:
         """(stage-1 partitions, partials partitions, input partitions routed by stage 0)."""

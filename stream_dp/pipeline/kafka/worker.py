@@ -391,9 +391,7 @@ class Worker:
             erasure=self._erasure,
             faults=self._faults,
         )
-        return driver, Handoff.beside(
-            driver, ingest, transport, export=self.output.exports.publish
-        )
+        return driver, Handoff.beside(driver, ingest, transport, export=self.output.exports.publish)
 
     async def _shutdown(self, *, commit: bool) -> None:
         """Flush, commit what is safe (only on a graceful stop), leave the group. Open
@@ -444,6 +442,14 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------
     async def _loop(self) -> None:
+        try:
+            await self._turn()
+            # A graceful stop: the last routed events acknowledged, their input committable.
+            self.membership.routed_acknowledged(await self.output.settle())
+        finally:
+            await self.output.abandon()
+
+    async def _turn(self) -> None:
         membership = self.membership
         while not self._stopping.is_set():
             try:
@@ -507,9 +513,11 @@ class Worker:
             )
         if dead:
             await self.publisher.publish_dead_letters(dead)
-        await self.output.route(ingest, fetched.routed, bool(routed_positions), mono)
-        # Only now are the routed events acknowledged: their input may be committed.
-        membership.routed_acknowledged(routed_positions)
+        # This batch's routed events are sent; the last batch's are acknowledged: only
+        # their input may be committed (stage_output).
+        sent = membership.routed_sent(routed_positions)
+        acknowledged = await self.output.route(ingest, fetched.routed, sent, mono)
+        membership.routed_acknowledged(acknowledged)
         # During an outage nothing can be published, and silence is not idleness.
         if self._broker_ok:
             await self._seal_and_release(mono)
