@@ -115,6 +115,7 @@ def _install(out: Path, events: int) -> None:
                     "cpu": time.process_time(),
                     "records": sum(len(m) for m in batch.values()),
                     "consumed": consumed,
+                    "run_queue": run_queue_s(),
                     **current,
                 }
             )
@@ -122,6 +123,15 @@ def _install(out: Path, events: int) -> None:
                 current[phase] = 0.0
 
     worker_module.Worker._iteration = iteration  # type: ignore[method-assign]
+
+    def run_queue_s() -> float:
+        """How long the loop's thread has waited for a CPU while runnable (the kernel's
+        schedstat): under load, time that is neither work nor a wait on the broker."""
+        try:
+            with open("/proc/self/schedstat", encoding="ascii") as f:
+                return int(f.read().split()[1]) / 1e9
+        except OSError:
+            return 0.0
 
     def dump() -> None:
         out.write_text(json.dumps({"iterations": iterations, "in_flight": in_flight}))
@@ -157,10 +167,12 @@ def breakdown(data: dict[str, Any], events: int) -> dict[str, Any]:
             answered = answered or it["end"]
             overlap += max(0.0, min(answered, it["end"]) - max(sent, it["start"]))
     events_in_span = its[last]["consumed"] - its[first]["consumed"]
+    run_queue = its[last].get("run_queue", 0.0) - its[first].get("run_queue", 0.0)
     return {
         "wall_s": wall,
         "cpu_s": cpu,
         "busy_share": cpu / wall,
+        "run_queue_share": run_queue / wall,
         "events_per_s": events_in_span / wall,
         "cpu_us_per_event": cpu / events_in_span * 1e6,
         "iterations": len(span),
@@ -287,3 +299,50 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- the RESULTS.md block (rendered by bench.realistic with the run kept under ``idle``) --------
+#: The waits of the table: (column, phase timed). A phase's wait is its wall time less the
+#: process CPU time spent meanwhile (the thread a seal or a draw runs in counts as busy).
+WAITS = (
+    ("fetch wait", "fetch"),
+    ("stage 0's acks", "route"),
+    ("seals, partials", "handoff"),
+    ("releases", "release"),
+    ("commits", "commit"),
+)
+
+
+def _wait(r: dict[str, Any], phase: str) -> float:
+    p = r["phases"][phase]
+    return float(max(0.0, p["wall_share"] - p["cpu_share"]))
+
+
+def rows(probe: dict[str, Any]) -> list[str]:
+    """Markdown: per broker, path and tree, the measured span's wall time split into busy CPU
+    and each kind of wait (the single run of each, ``python -m bench.idle_probe``)."""
+    head = " | ".join(name for name, _ in WAITS)
+    lines = [
+        f"| broker, path, worker | events/s | CPU µs/event | busy CPU | waiting for a CPU | "
+        f"{head} | other |",
+        "|---|---|---|---|---|" + "---|" * len(WAITS) + "---|",
+    ]
+    for key, results in probe.items():
+        if key == "load_1min":
+            continue
+        broker, mode, tree = key.split("_")
+        r = results[0]
+        waits = [_wait(r, phase) for _, phase in WAITS]
+        queued = r.get("run_queue_share", 0.0)
+        other = max(0.0, 1.0 - r["busy_share"] - queued - sum(waits))
+        cells = " | ".join(f"{w:.0%}" for w in waits)
+        lines.append(
+            f"| {broker}, {mode}, {tree} | {r['events_per_s']:,.0f} | "
+            f"{r['cpu_us_per_event']:.2f} | {r['busy_share']:.0%} | {queued:.0%} | {cells} | "
+            f"{other:.0%} |"
+        )
+    return lines
+
+
+#: What the kept run shows (written from it; rerun, then check it still holds).
+NOTES: list[str] = []
