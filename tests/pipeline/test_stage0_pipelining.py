@@ -16,7 +16,7 @@ from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.faults import NO_FAULTS
 from stream_dp.pipeline.kafka.context import WorkerContext
-from stream_dp.pipeline.kafka.membership import Membership
+from stream_dp.pipeline.kafka.membership import Membership, routed_sent
 from stream_dp.pipeline.kafka.stage_output import StageOutput
 from tests.pipeline.support import KEYRING, config
 
@@ -113,7 +113,7 @@ def _membership() -> Membership:
 async def test_an_ack_moves_only_partitions_owned_since_the_send() -> None:
     membership = _membership()
     topic = membership.input_topic
-    sent = membership.routed_sent({0: 10, 1: 11, 2: 12})
+    sent = routed_sent(membership, {0: 10, 1: 11, 2: 12})
     # While the send was in flight: partition 1 revoked, partition 2 revoked and taken again
     # (its position is its committed offset again), partition 0 kept.
     del membership.owned[TopicPartition(topic, 1)]
@@ -122,5 +122,5 @@ async def test_an_ack_moves_only_partitions_owned_since_the_send() -> None:
     assert membership.routed_positions == {0: 10}
     # Revoked during the iteration that settles the send: not moved either.
     membership.revoked_later.add(TopicPartition(topic, 0))
-    membership.routed_acknowledged(membership.routed_sent({0: 30}))
+    membership.routed_acknowledged(routed_sent(membership, {0: 30}))
     assert membership.routed_positions == {0: 10}

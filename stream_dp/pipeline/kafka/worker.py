@@ -98,6 +98,7 @@ from stream_dp.pipeline.kafka.membership import (
     Membership,
     Stages,
     membership_lost,
+    routed_sent,
 )
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS, Publisher
 from stream_dp.pipeline.kafka.stage_output import Fetched, Route, StageOutput, batch_routes
@@ -515,7 +516,7 @@ class Worker:
             await self.publisher.publish_dead_letters(dead)
         # This batch's routed events are sent; the last batch's are acknowledged: only
         # their input may be committed (stage_output).
-        sent = membership.routed_sent(routed_positions)
+        sent = routed_sent(membership, routed_positions)
         acknowledged = await self.output.route(ingest, fetched.routed, sent, mono)
         membership.routed_acknowledged(acknowledged)
         # During an outage nothing can be published, and silence is not idleness.
