@@ -90,7 +90,7 @@ def _install(out: Path, events: int) -> None:
     async def proc_fetch_request(self: Any, *args: Any, **kwargs: Any) -> Any:
         request = args[2]
         parts = sum(len(p) for _, p in request.topics)
-        span: list[Any] = [time.monotonic(), 0.0, parts, None]
+        span: list[Any] = [time.monotonic(), 0.0, parts, None, request._max_wait_ms]
         in_flight.append(span)
         try:
             span[3] = await original_request(self, *args, **kwargs)
@@ -189,8 +189,8 @@ def breakdown(data: dict[str, Any], events: int) -> dict[str, Any]:
         "fetch_in_flight_while_processing": overlap / max(1e-9, in_loop),
         "phases": phases,
         "fetch_requests": [
-            [round(s - t0, 4), round((a or t1) - s, 4), n, got]
-            for s, a, n, got in data["in_flight"]
+            [round(s - t0, 4), round((a or t1) - s, 4), n, got, *wait]
+            for s, a, n, got, *wait in data["in_flight"]
             if t0 <= s <= t1
         ],
     }
