@@ -40,6 +40,17 @@ SUB_PHASES = ("handoff", "release", "bounds", "tick")
 
 
 # -- inside the worker process ----------------------------------------------------------------
+def run_queue_s() -> float:
+    """How long this process's main thread (the event loop's) has waited for a CPU while
+    runnable (the kernel's schedstat): under load, time that is neither work nor a wait on
+    the broker."""
+    try:
+        with open("/proc/self/schedstat", encoding="ascii") as f:
+            return int(f.read().split()[1]) / 1e9
+    except OSError:
+        return 0.0
+
+
 def _install(out: Path, events: int) -> None:
     """Timers around the worker's awaits; the iterations written to ``out`` at exit."""
     import atexit
@@ -56,7 +67,12 @@ def _install(out: Path, events: int) -> None:
     from stream_dp.pipeline.release_driver import ReleaseDriver
 
     current: dict[str, float] = dict.fromkeys(
-        [*PHASES, *SUB_PHASES, *(f"{p}_cpu" for p in (*PHASES, *SUB_PHASES))], 0.0
+        [
+            *PHASES,
+            *SUB_PHASES,
+            *(f"{p}_{what}" for p in (*PHASES, *SUB_PHASES) for what in ("cpu", "rq")),
+        ],
+        0.0,
     )
     iterations: list[dict[str, Any]] = []
     in_flight: list[list[float]] = []  # [sent, answered] of every fetch request
@@ -66,12 +82,13 @@ def _install(out: Path, events: int) -> None:
 
         @functools.wraps(original)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t, c = time.monotonic(), time.process_time()
+            t, c, q = time.monotonic(), time.process_time(), run_queue_s()
             try:
                 return await original(*args, **kwargs)
             finally:
                 current[phase] += time.monotonic() - t
                 current[f"{phase}_cpu"] += time.process_time() - c
+                current[f"{phase}_rq"] += run_queue_s() - q
 
         setattr(cls, name, wrapper)
 
@@ -124,15 +141,6 @@ def _install(out: Path, events: int) -> None:
 
     worker_module.Worker._iteration = iteration  # type: ignore[method-assign]
 
-    def run_queue_s() -> float:
-        """How long the loop's thread has waited for a CPU while runnable (the kernel's
-        schedstat): under load, time that is neither work nor a wait on the broker."""
-        try:
-            with open("/proc/self/schedstat", encoding="ascii") as f:
-                return int(f.read().split()[1]) / 1e9
-        except OSError:
-            return 0.0
-
     def dump() -> None:
         out.write_text(json.dumps({"iterations": iterations, "in_flight": in_flight}))
 
@@ -155,6 +163,7 @@ def breakdown(data: dict[str, Any], events: int) -> dict[str, Any]:
         phase: {
             "wall_share": sum(it[phase] for it in span) / wall,
             "cpu_share": sum(it[f"{phase}_cpu"] for it in span) / wall,
+            "run_queue_share": sum(it.get(f"{phase}_rq", 0.0) for it in span) / wall,
         }
         for phase in (*PHASES, *SUB_PHASES)
     }
@@ -297,13 +306,10 @@ def main(argv: list[str] | None = None) -> None:
         opts.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
 
 
-if __name__ == "__main__":
-    main()
-
-
 # -- the RESULTS.md block (rendered by bench.realistic with the run kept under ``idle``) --------
 #: The waits of the table: (column, phase timed). A phase's wait is its wall time less the
-#: process CPU time spent meanwhile (the thread a seal or a draw runs in counts as busy).
+#: process CPU time spent meanwhile (the thread a seal or a draw runs in counts as busy) and
+#: less the loop thread's time waiting for a CPU meanwhile (its own column).
 WAITS = (
     ("fetch wait", "fetch"),
     ("stage 0's acks", "route"),
@@ -315,7 +321,7 @@ WAITS = (
 
 def _wait(r: dict[str, Any], phase: str) -> float:
     p = r["phases"][phase]
-    return float(max(0.0, p["wall_share"] - p["cpu_share"]))
+    return float(max(0.0, p["wall_share"] - p["cpu_share"] - p.get("run_queue_share", 0.0)))
 
 
 def rows(probe: dict[str, Any]) -> list[str]:
@@ -346,3 +352,7 @@ def rows(probe: dict[str, Any]) -> list[str]:
 
 #: What the kept run shows (written from it; rerun, then check it still holds).
 NOTES: list[str] = []
+
+
+if __name__ == "__main__":
+    main()
