@@ -351,7 +351,81 @@ def rows(probe: dict[str, Any]) -> list[str]:
 
 
 #: What the kept run shows (written from it; rerun, then check it still holds).
-NOTES: list[str] = []
+NOTES: list[str] = [
+    "**The table** (`python -m bench.idle_probe --brokers tansu,kafka --before 6fb70fb`, "
+    "07:36 UTC, the worker of `6e7a3ac` after, load average 6.4–8.2, one run each on one topic "
+    "per broker): the measured span (the loop's first `stream_dp_events_consumed_total` "
+    "increment to the iteration that reaches every event) split by timers around the loop's "
+    "awaits. Busy CPU: the process's CPU time (every thread) over the span. Waiting for a CPU: "
+    "the loop thread's run-queue time (`/proc/self/schedstat`): runnable, not running. Each "
+    "wait: that await's wall time less the CPU spent and the run-queue time during it, i.e. "
+    "time nothing ran because the broker had not answered. Other: the rest (between "
+    "iterations). On this machine (2 cores, 8 engineers' work) the worker waits for a CPU "
+    "24–69% of the span and every figure moves with that share: the kept run above shows every "
+    "contender, raw consumers included, at 21–41% of a core, and events/s before against after "
+    "within that noise (0.81–1.13×). The waits on the broker are what this pass removes; "
+    "events/s only follows on a machine that has a core to give.",
+    "**Where the rate is counted.** `stream_dp_events_consumed_total` is incremented by stage "
+    "0 on the default path (`RoutingStage.route_packed`, stream_dp/pipeline/stages/router.py: "
+    "when an input batch is decoded and routed, before its events are windowed) and by stage "
+    "1 on keyed input (`ColumnIngest`, `RecordIngest.ingest`). On the default path the "
+    "operator's rate is stage 0's: stage 1's work on the repartitioned records runs in the "
+    "same loop and slows it, uncounted.",
+    "**Where the worker waited, on a quieter machine** (the same probe at 06:57–07:01 UTC, "
+    "load 0.8–3.2, Tansu, one run each; main `6fb70fb`): busy 34–69% (default) and 37–49% "
+    "(keyed) of the span. The fetch wait was 22–46% of the wall with 7–13% of CPU in it (the "
+    "records handed out): 9–25% idle, the most on keyed input; then releases 9–16% idle "
+    "(ledger parts written and acknowledged, the ledger read to a fresh fence, output "
+    "published and acknowledged, one after the other), stage 0's acknowledgements 8% "
+    "(default path), seals and partials 5–10%, commits under 1%. The fetch requests say why "
+    "the loop waited for a fetch: one or two requests per span of only caught-up partitions, "
+    "held 0.50 s by the broker (`fetch_max_wait_ms`). aiokafka keeps one fetch request in "
+    "flight per broker, for the partitions it holds no records of; while the worker works "
+    "through the partition with the backlog (librdkafka's partitioner put 67% of this stream "
+    "in one partition, the others run dry early, the partials partitions are at their end "
+    "most of the time) the request in flight holds only caught-up partitions, and when the "
+    "backlog's buffer runs out its next fetch waits for that long poll to end. Keyed input "
+    "idles more because on the default path stage 0's own sends keep the repartition "
+    "partitions from being empty, so its requests are more often answered at once.",
+    "**Lever 1, no long poll while behind** (stream_dp/kafka_client/fetched.py; "
+    "tests/clients/test_fetch_wait.py): the worker's consumer builds a request with a maximum "
+    "wait of 5 ms while any fetchable partition is below its last known end (high "
+    "watermark; last stable offset for committed reads), and the configured 500 ms once all "
+    "are caught up — an idle worker polls as rarely as before; which records are fetched, "
+    "from where and in what order does not change. Same probe at load 3.2 (Tansu, before "
+    "against this lever only): fetch idle 22% → 8% (default) and 23% → 3% (keyed); busy "
+    "34% → 51% and 49% → 63%; events/s 105,738 → 185,352 and 190,160 → 245,599; the only requests "
+    "held 500 ms left in a span are built once every partition is caught up (the last batch "
+    "in hand; the table's runs record each request's maximum wait). In the table: the fetch "
+    "wait 11–18% → 0% on keyed input. "
+    "Cost: more fetch requests while behind (21–32 against 21–24 in a span of the table; 66 "
+    "against 19 in one run at load 9, each an empty answer), none when idle.",
+    "**Lever 2, stage 0's acknowledgements awaited by the next iteration** "
+    "(stream_dp/pipeline/kafka/stage_output.py, membership.py; "
+    "tests/pipeline/test_stage0_pipelining.py): the broker acknowledges a batch's "
+    "repartitioned events while the worker fetches and processes the next. One send in flight "
+    "at a time (the next is sent only once it is acknowledged: the repartition records keep "
+    "their order); a batch's input positions are committable only once acknowledged, and "
+    "only on partitions owned since it was sent (revoked, or revoked and taken again, in "
+    "between: the committed offset stands, the new owner routes the batch again and stage 1 "
+    "drops the events it already has, as after a crash); a send that fails raises from the "
+    "next iteration and the worker stops without committing, as before. Stage 0's ack wait: "
+    "10–11% → 1–3% of the span at load 9 (run of 07:30, before the run-queue column), 1–2% → "
+    "0–1% in the table.",
+    "**What is left** on the loop's path: the window closes' round trips — releases 5–14% "
+    "and seals with their partials 0–2% of the table's span, 9–16% and 5–10% on the quieter "
+    "machine. A release is a chain of acknowledged writes and a fenced read that must stay in "
+    "that order (the ledger-first protocol); what could change is that the loop waits for it. "
+    "Moving the release beside the loop (a task that releases while the loop fetches and "
+    "processes) needs the release stage's state shared with the ingest of partials, the "
+    "partials partitions' safe offsets to exclude a window mid-release, and a revocation to "
+    "wait for or disown the release in flight: a change to the release protocol's ordering "
+    "argument, not made in this pass. The fetch wait left (0–8%) is one round trip per drained "
+    "buffer: aiokafka fetches a partition again only once its records are all handed out "
+    "(4 MB per partition, tens of thousands of these events), so a second fetch of the same "
+    "partition cannot be in flight while its records are processed; larger fetches would "
+    "halve it at the cost of buffered memory.",
+]
 
 
 if __name__ == "__main__":

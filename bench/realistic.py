@@ -1168,7 +1168,8 @@ def section(kept: dict[str, Any]) -> list[str]:
         if run.get("idle_probe"):
             from bench.idle_probe import NOTES, rows
 
-            lines += ["", *rows(run["idle_probe"]), "", *(f"- {note}" for note in NOTES)]
+            lines += ["", "Where the measured span's wall time goes (`bench.idle_probe`):", ""]
+            lines += [*rows(run["idle_probe"]), "", *(f"- {note}" for note in NOTES)]
         for name, broker in run["brokers"].items():
             profiles = broker.get("profiles") or {}
             if any("spend" in p for p in profiles.values()):
