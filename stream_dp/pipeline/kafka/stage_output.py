@@ -28,7 +28,6 @@ exports (docs/exports.md) go out just before its partials, through :attr:`StageO
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -108,10 +107,13 @@ class StageOutput:
         """Cancel stage 0's send in flight (the worker stops without committing: what it
         carried is routed again by whoever reads the input next)."""
         in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None:
-            in_flight[0].cancel()
-            with contextlib.suppress(BaseException):
-                await in_flight[0]
+        if in_flight is None:
+            return
+        send = in_flight[0]
+        send.cancel()
+        await asyncio.wait([send])
+        if not send.cancelled():
+            send.exception()  # retrieved: the worker is stopping on another error already
 
 
 @dataclass

@@ -392,7 +392,9 @@ class Worker:
             erasure=self._erasure,
             faults=self._faults,
         )
-        return driver, Handoff.beside(driver, ingest, transport, export=self.output.exports.publish)
+        return driver, Handoff.beside(
+            driver, ingest, transport, export=self.output.exports.publish
+        )
 
     async def _shutdown(self, *, commit: bool) -> None:
         """Flush, commit what is safe (only on a graceful stop), leave the group. Open
