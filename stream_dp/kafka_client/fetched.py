@@ -43,7 +43,7 @@ through a partition with a backlog (its records buffered, so not in the request)
 partitions of that broker — caught-up input partitions, the partials topic — are in such a
 request, and when the backlog's buffer runs out its next fetch waits behind that long poll:
 the worker sat idle for up to half a second with records waiting at the broker (issue 43's
-stream on keyed input, bench/RESULTS.md section 12, ``idle``: 9–25% of the wall time idle in
+stream on keyed input, bench/RESULTS.md section 12, ``idle``: 23–25% of the wall time idle in
 the loop's fetch wait, one or two such long polls per run). Now a request
 built while any fetchable partition of the consumer is behind its last known end of log (its
 position below the high watermark, or the last stable offset for committed reads) waits at
