@@ -353,7 +353,7 @@ def rows(probe: dict[str, Any]) -> list[str]:
 #: What the kept run shows (written from it; rerun, then check it still holds).
 NOTES: list[str] = [
     "**The table** (`python -m bench.idle_probe --brokers tansu,kafka --before 6fb70fb`, "
-    "07:36 UTC, the worker of `6e7a3ac` after, load average 6.4–8.2, one run each on one topic "
+    "07:36 UTC, the worker of `8eceb30` after, load average 6.4–8.2, one run each on one topic "
     "per broker): the measured span (the loop's first `stream_dp_events_consumed_total` "
     "increment to the iteration that reaches every event) split by timers around the loop's "
     "awaits. Busy CPU: the process's CPU time (every thread) over the span. Waiting for a CPU: "
