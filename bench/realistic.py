@@ -783,6 +783,9 @@ LABELS: dict[str, str] = {
     "workers_settled": "the same with the group settled first (`--workers 1,2,3 --settle "
     "--runs 1`, the worker of `c9ca2f3`: each group on a fresh topic, the stream produced "
     "once every worker has been ready for 3 s; one run each; the two brokers side by side)",
+    "idle": "the worker's idle time while a backlog waits (before: main at `6fb70fb`; "
+    "after: no long poll while behind, and stage 0's acknowledgements awaited by the next "
+    "iteration), with where the measured span's wall time goes (`python -m bench.idle_probe`)",
 }
 LABELS["workers_idle"] = (
     "CPU per event from 1 to 3 workers, per process, before (`main`) and after an idle "
@@ -1407,6 +1410,12 @@ def section(kept: dict[str, Any]) -> list[str]:
         for name, broker in run["brokers"].items():
             title = {"tansu": "Embedded broker (Tansu)", "kafka": "Apache Kafka 4.1.1"}[name]
             lines += ["", f"**{title}**", "", *_rows(broker)]
+        if run.get("idle_probe"):
+            from bench.idle_probe import NOTES as PROBE_NOTES
+            from bench.idle_probe import rows
+
+            lines += ["", "Where the measured span's wall time goes (`bench.idle_probe`):", ""]
+            lines += [*rows(run["idle_probe"]), "", *(f"- {note}" for note in PROBE_NOTES)]
         for name, broker in run["brokers"].items():
             profiles = broker.get("profiles") or {}
             if any("spend" in p for p in profiles.values()):

@@ -34,6 +34,22 @@ there: they are returned, the position moves to the first record not returned, a
 next fetch, which starts with the unreadable batch, raises the error before any record.
 That error carries the partition it came from (:func:`failed_partition`): aiokafka's codec
 error does not name it, and a reader tracks each partition's health by it.
+
+A :func:`fetch_options` consumer's fetcher also never long-polls while it is behind
+(:func:`_actions_per_node`). aiokafka keeps one fetch request in flight per broker, for the
+partitions it holds no records of; a request whose partitions all sit at their log's end is
+held by the broker for ``fetch_max_wait_ms`` (500 ms by default). While the worker works
+through a partition with a backlog (its records buffered, so not in the request) the other
+partitions of that broker — caught-up input partitions, the partials topic — are in such a
+request, and when the backlog's buffer runs out its next fetch waits behind that long poll:
+the worker sat idle for up to half a second with records waiting at the broker (issue 43's
+stream on keyed input, bench/RESULTS.md section 12, ``idle``: 23–25% of the wall time idle in
+the loop's fetch wait, one or two such long polls per run). Now a request
+built while any fetchable partition of the consumer is behind its last known end of log (its
+position below the high watermark, or the last stable offset for committed reads) waits at
+most :data:`BEHIND_FETCH_WAIT_MS`; one built with every partition caught up waits the
+consumer's ``fetch_max_wait_ms`` as before, so an idle worker polls as rarely as it did.
+Which records are fetched, from where, and in what order is unchanged.
 """
 
 from __future__ import annotations
@@ -56,6 +72,9 @@ __all__ = [
 PINNED_VERSIONS: Final = frozenset({"0.14.0"})
 #: Where a parse error raised by a fetch keeps the partition it came from.
 _PARTITION_ATTRIBUTE: Final = "stream_dp_partition"
+#: The longest a fetch request of a consumer that is behind may be held by the broker (see
+#: the module docstring): the longest the worker can wait for a backlog's next records.
+BEHIND_FETCH_WAIT_MS: Final = 5
 
 
 def failed_partition(exc: BaseException) -> Any | None:
@@ -203,6 +222,37 @@ def _getall(self: Any, max_records: int | None = None) -> list[Any]:
 _ORIGINAL_GETALL: Final = _fetcher.FetchResult.getall
 
 
+def behind(fetcher: Any, assignment: Any) -> bool:
+    """Whether an assigned, unpaused partition of ``fetcher``'s consumer has records at the
+    broker it has not consumed yet, as far as its last fetch told (position below the high
+    watermark; below the last stable offset for committed reads)."""
+    committed = fetcher._isolation_level == _fetcher.READ_COMMITTED
+    for tp in assignment.tps:
+        state = assignment.state_value(tp)
+        end = state.lso if committed else state.highwater
+        if end is None or state.paused or not state.has_valid_position:
+            continue
+        if state.position < end:
+            return True
+    return False
+
+
+def _actions_per_node(self: Any, assignment: Any) -> Any:
+    """aiokafka's ``Fetcher._get_actions_per_node``; for a :func:`fetch_options` consumer
+    that is :func:`behind`, its requests held at most :data:`BEHIND_FETCH_WAIT_MS`."""
+    configured = self._fetch_max_wait_ms
+    if self._value_deserializer is not raw_value or not behind(self, assignment):
+        return _ORIGINAL_ACTIONS(self, assignment)
+    self._fetch_max_wait_ms = min(configured, BEHIND_FETCH_WAIT_MS)
+    try:
+        return _ORIGINAL_ACTIONS(self, assignment)
+    finally:
+        self._fetch_max_wait_ms = configured
+
+
+_ORIGINAL_ACTIONS: Final = _fetcher.Fetcher._get_actions_per_node
+
+
 def _install() -> bool:
     if aiokafka.__version__ not in PINNED_VERSIONS:
         return False
@@ -213,6 +263,7 @@ def _install() -> bool:
         return False
     _fetcher.PartitionRecords = _RecordColumns
     _fetcher.FetchResult.getall = _getall
+    _fetcher.Fetcher._get_actions_per_node = _actions_per_node
     return True
 
 

@@ -203,10 +203,10 @@ class Membership(WorkerPart):
         if self.fatal is not None:
             raise self.fatal
 
-    def routed_acknowledged(self, positions: dict[int, int]) -> None:
-        """Stage 0's routed events up to these input positions are acknowledged: safe to
-        commit."""
-        self.routed_positions.update(positions)
+    def routed_acknowledged(self, sent: dict[int, tuple[int, float]]) -> None:
+        """Stage 0's routed events up to these input positions (:func:`routed_sent`) are
+        acknowledged: safe to commit, on partitions owned since they were sent."""
+        self.routed_positions.update(routed_still_owned(self, sent))
 
     def split(self, tps: Sequence[TopicPartition]) -> tuple[list[int], list[int], list[int]]:
         """(stage-1 partitions, partials partitions, input partitions routed by stage 0)."""
@@ -522,3 +522,29 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         await self.membership.on_assigned(list(assigned))
+
+
+def routed_sent(membership: Membership, positions: dict[int, int]) -> dict[int, tuple[int, float]]:
+    """Stage 0's input positions whose routed events are being sent, each with when its
+    partition was taken (:meth:`Membership.routed_acknowledged` takes them back)."""
+    owned, topic = membership.owned, membership.input_topic
+    return {
+        p: (off, owned[tp])
+        for p, off in positions.items()
+        if (tp := TopicPartition(topic, p)) in owned
+    }
+
+
+def routed_still_owned(
+    membership: Membership, sent: dict[int, tuple[int, float]]
+) -> dict[int, int]:
+    """Of :func:`routed_sent`'s positions, those of partitions owned since they were sent.
+    The acknowledgement comes an iteration later (stage_output): a partition revoked, or
+    revoked and taken again, in between has its position from its committed offset, never
+    from what this member routed before."""
+    out = {}
+    for p, (off, taken_at) in sent.items():
+        tp = TopicPartition(membership.input_topic, p)
+        if membership.owned.get(tp) == taken_at and tp not in membership.revoked_later:
+            out[p] = off
+    return out

@@ -14,13 +14,20 @@ Keyed by user, the input *is* the stage-1 topic: stage 1 reads it.
 
 Stage 0 (input not keyed by user) re-keys events by pseudonym to the repartition topic; its
 progress marks follow the records they cover on every partition, at least every second and
-twice per ``window.idle_close_s``. (Stage 1's partials and watermarks are
+twice per ``window.idle_close_s``. A batch's send is awaited by the next iteration, before it
+sends its own (:meth:`StageOutput.route`): the broker acknowledges one batch while the worker
+fetches and processes the next, instead of the worker waiting idle for every acknowledgement
+(bench/RESULTS.md, section 12). One send is in flight at a time, so the repartition records
+keep their order; a batch's input positions are returned — and may be committed — only
+once its send is acknowledged; a send that fails raises from the next iteration, which stops
+the worker without committing them, as before. (Stage 1's partials and watermarks are
 :mod:`stream_dp.pipeline.handoff`'s, on the Kafka transport; a sealed window's partner
 exports (docs/exports.md) go out just before its partials, through :attr:`StageOutput.exports`.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,23 +63,57 @@ class StageOutput:
         #: Partner exports (docs/exports.md; a no-op without them): a sealed window's records
         #: are sent, and acknowledged, before its partials (so before its offsets are committed).
         self.exports = ExportPublisher(config, keyring, publisher)
+        #: Stage 0's send in flight (awaited by the next route or settle) and the input
+        #: positions it makes safe once acknowledged.
+        self._in_flight: tuple[asyncio.Future[None], dict[int, Any]] | None = None
 
     async def route(
-        self, ingest: IngestStage, routed: list[Outgoing], moved: bool, now_mono: float
-    ) -> None:
-        """Stage 0: the routed events (``moved``: input positions advanced) and progress
-        marks, acknowledged when this returns (only then may their input be committed)."""
+        self,
+        ingest: IngestStage,
+        routed: list[Outgoing],
+        positions: dict[int, Any],
+        now_mono: float,
+    ) -> dict[int, Any]:
+        """Stage 0: awaits the previous batch's send (:meth:`settle`), then sends this one's
+        routed events (``positions``: the input positions they reach) and progress marks
+        without awaiting them. Returns the input positions acknowledged now — the previous
+        send's: only they may be committed."""
+        acknowledged = await self.settle()
         if self._keyed:
-            return
-        if routed or moved or now_mono - self._progress_sent_mono >= self._marks_interval_s:
+            return acknowledged
+        if routed or positions or now_mono - self._progress_sent_mono >= self._marks_interval_s:
             # Progress marks follow the records they cover on every partition.
             routed.extend(
                 (ROUTED_MARK_KEY, mark, r)
                 for mark in ingest.progress_marks(now_mono)
                 for r in self.routed_to
             )
-            await self._publisher.send_many(self._routed_topic, routed)
+            send = asyncio.ensure_future(self._publisher.send_many(self._routed_topic, routed))
+            self._in_flight = (send, dict(positions))
             self._progress_sent_mono = now_mono
+        return acknowledged
+
+    async def settle(self) -> dict[int, Any]:
+        """Await stage 0's send in flight; the input positions it acknowledged (empty when
+        none was in flight). Raises what the send raised (its positions never returned)."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return {}
+        send, positions = in_flight
+        await send
+        return positions
+
+    async def abandon(self) -> None:
+        """Cancel stage 0's send in flight (the worker stops without committing: what it
+        carried is routed again by whoever reads the input next)."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return
+        send = in_flight[0]
+        send.cancel()
+        await asyncio.wait([send])
+        if not send.cancelled():
+            send.exception()  # retrieved: the worker is stopping on another error already
 
 
 @dataclass

@@ -98,6 +98,7 @@ from stream_dp.pipeline.kafka.membership import (
     Membership,
     Stages,
     membership_lost,
+    routed_sent,
 )
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS, Publisher
 from stream_dp.pipeline.kafka.stage_output import Fetched, Route, StageOutput, batch_routes
@@ -445,6 +446,14 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------
     async def _loop(self) -> None:
+        try:
+            await self._turn()
+            # A graceful stop: the last routed events acknowledged, their input committable.
+            self.membership.routed_acknowledged(await self.output.settle())
+        finally:
+            await self.output.abandon()
+
+    async def _turn(self) -> None:
         membership = self.membership
         while not self._stopping.is_set():
             try:
@@ -508,9 +517,11 @@ class Worker:
             )
         if dead:
             await self.publisher.publish_dead_letters(dead)
-        await self.output.route(ingest, fetched.routed, bool(routed_positions), mono)
-        # Only now are the routed events acknowledged: their input may be committed.
-        membership.routed_acknowledged(routed_positions)
+        # This batch's routed events are sent; the last batch's are acknowledged: only
+        # their input may be committed (stage_output).
+        sent = routed_sent(membership, routed_positions)
+        acknowledged = await self.output.route(ingest, fetched.routed, sent, mono)
+        membership.routed_acknowledged(acknowledged)
         # During an outage nothing can be published, and silence is not idleness.
         if self._broker_ok:
             await self._seal_and_release(mono)
