@@ -88,7 +88,14 @@ def _config(path: str, start_s: int) -> Any:
 
 
 def child(spec: dict[str, Any]) -> dict[str, float]:
-    """One side's CPU per event for each path (in this process's ``stream_dp``)."""
+    """One side's CPU per event for each path (``stream_dp`` from ``spec["tree"]``)."""
+    if "stream_dp" in sys.modules:
+        raise SystemExit("stream_dp was imported before its tree was chosen")
+    sys.path.insert(0, str(spec["tree"]))  # before the checkout bench.ingest_cpu runs from
+    import stream_dp
+
+    if not Path(stream_dp.__file__).resolve().is_relative_to(Path(spec["tree"]).resolve()):
+        raise SystemExit(f"stream_dp from {stream_dp.__file__}, not from {spec['tree']}")
     from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
     from stream_dp.pipeline.stages.ingest_columns import FetchedRecords
     from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
@@ -125,11 +132,15 @@ def child(spec: dict[str, Any]) -> dict[str, float]:
 
 
 def _run(tree: Path, spec: dict[str, Any]) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{REPO}"}
     done = subprocess.run(
-        [sys.executable, "-m", "bench.ingest_cpu", "--child", json.dumps(spec)],
+        [
+            sys.executable,
+            "-m",
+            "bench.ingest_cpu",
+            "--child",
+            json.dumps({**spec, "tree": str(tree)}),
+        ],
         cwd=REPO,
-        env=env,
         check=True,
         capture_output=True,
         text=True,
