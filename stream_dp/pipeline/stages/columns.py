@@ -62,12 +62,19 @@ def decode_columns(
 ) -> EventColumns | None:
     """The batch as columns, or None if any record needs the per-record path."""
     n = len(values)
-    if n == 0 or None in values:
+    if n == 0:
         return None
-    longest = max(map(len, values))  # type: ignore[arg-type]
+    try:
+        joined: bytes | None = b"\n".join(values)  # type: ignore[arg-type]
+    except TypeError:  # a value is None (a tombstone)
+        return None
+    longest = struct_decode.longest_line(joined, n)  # type: ignore[arg-type]
+    if longest is None:  # a value holds a newline: struct_columns checks the batch itself
+        joined = None
+        longest = max(map(len, values))  # type: ignore[arg-type]
     if longest > decoder.max_record_bytes:
         return None
-    raw = _needed_columns(decoder, fields, values, longest)  # type: ignore[arg-type]
+    raw = _needed_columns(decoder, fields, values, longest, joined)  # type: ignore[arg-type]
     if raw is None:
         return None
     users, raw_times, field_of = raw
@@ -104,14 +111,18 @@ def decode_columns(
 
 
 def _needed_columns(
-    decoder: Decoder, fields: Sequence[str], values: Sequence[bytes], longest: int
+    decoder: Decoder,
+    fields: Sequence[str],
+    values: Sequence[bytes],
+    longest: int,
+    joined: bytes | None,
 ) -> tuple[list[Any], list[Any], dict[str, list[Any]]] | None:
     """(users, raw times, each needed field's column) as ``dict.get`` on orjson's objects
     gives them, or None if a record is not a JSON object. msgspec decodes just these fields
     where its guards let it (:mod:`stream_dp.pipeline.formats.struct_decode`), orjson
     the rest."""
     names = tuple(dict.fromkeys((decoder.user_field, decoder.time_field, *fields)))
-    columns = struct_decode.struct_columns(names, values, longest)
+    columns = struct_decode.struct_columns(names, values, longest, joined)
     if columns is None:
         try:
             objs = list(map(orjson.loads, values))
