@@ -49,12 +49,27 @@ _STRINGS = frozenset((str,))
 class EventColumns:
     """The events of a batch whose every record is a usable event."""
 
-    #: Raw user ids (batch-local only).
-    users: list[str | int]
+    #: The batch's distinct raw user ids, first seen first (batch-local only).
+    distinct_users: list[str | int]
+    #: Each event's user: its position in :attr:`distinct_users`.
+    user_index: np.ndarray
     #: Event times, Unix seconds.
     times: np.ndarray
     #: Per field the queries use (in signature order), its values (scalars canonical).
     fields: list[list[Any]]
+
+    @classmethod
+    def of_users(
+        cls, users: Sequence[str | int], times: np.ndarray, fields: list[list[Any]]
+    ) -> EventColumns:
+        """Columns from each event's raw user id."""
+        return cls(*distinct_index(users), times, fields)
+
+    @property
+    def users(self) -> list[str | int]:
+        """Each event's raw user id."""
+        distinct = self.distinct_users
+        return [distinct[i] for i in self.user_index.tolist()]
 
 
 def decode_columns(
@@ -79,10 +94,15 @@ def decode_columns(
         return None
     users, raw_times, field_of = raw
     user_types = set(map(type, users))
-    if not user_types <= {str, int} or not orjson_ints(users, user_types):
+    if not user_types <= {str, int}:
+        return None
+    # Strings and integers: equal only to themselves (no True == 1 or 1.0 == 1 among them),
+    # so the distinct ids are each id's value, and the checks of every id are theirs.
+    distinct, user_index = distinct_index(users)
+    if not orjson_ints(distinct, user_types):
         return None
     if str in user_types:
-        lengths = [len(u) for u in users if type(u) is str]
+        lengths = [len(u) for u in distinct if type(u) is str]
         if min(lengths) < 1 or max(lengths) > MAX_USER_ID_CHARS:
             return None
     # An integer time beyond 64 bits (exact from msgspec, a float from orjson) is out of
@@ -107,7 +127,7 @@ def decode_columns(
             if not types <= _PLAIN_SCALARS:
                 column = list(map(canonical_value, column))
         columns.append(column)
-    return EventColumns(users, times, columns)
+    return EventColumns(distinct, user_index, times, columns)
 
 
 def _needed_columns(
