@@ -152,6 +152,7 @@ def _run(tree: Path, spec: dict[str, Any]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", type=Path, help="a checkout of the code before")
+    parser.add_argument("--after", type=Path, default=REPO, help="(default: this checkout)")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=2_500)
     parser.add_argument("--repeats", type=int, default=5)
@@ -167,7 +168,9 @@ def main(argv: list[str] | None = None) -> None:
         "passes": args.passes,
         "start_s": int(time.time()) // 60 * 60,
     }
-    sides = {"after": REPO} if args.before is None else {"before": args.before, "after": REPO}
+    sides = {"after": args.after}
+    if args.before is not None:
+        sides = {"before": args.before, **sides}
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     load = [os.getloadavg()[0]]
     for _ in range(args.repeats):
