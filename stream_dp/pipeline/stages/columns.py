@@ -195,14 +195,6 @@ def intern_signatures(
     n = n_events
     if not columns:
         return np.full(n, _intern_one((), signature_ids, signatures), dtype=np.int32)
-    if len(columns) == 1:
-        # One field (the common query): its distinct values in first-seen order, each looked
-        # up (or interned) as a 1-tuple once. A 1-tuple equals another exactly when their
-        # values are equal, so every event gets the id its own 1-tuple would.
-        values, index = distinct_index(columns[0])
-        table = [_intern_one((v,), signature_ids, signatures) for v in values]
-        one_field: np.ndarray = np.array(table, dtype=np.int32)[index]
-        return one_field
     try:
         return np.fromiter(map(signature_ids.get, zip(*columns, strict=True)), np.int32, n)
     except TypeError:  # a signature not in the table yet (get gave None)
