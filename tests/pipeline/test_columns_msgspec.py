@@ -543,3 +543,19 @@ def test_a_record_one_byte_over_the_cap_takes_the_per_record_path() -> None:
         values.insert(at, longest)
         assert columns.decode_columns(capped(len(longest)), [], values, NOW) is not None, at
         assert columns.decode_columns(capped(len(longest) - 1), [], values, NOW) is None, at
+
+
+def test_a_record_over_the_cap_holding_a_newline_is_refused() -> None:
+    """A record over the size cap whose newline (JSON whitespace) cuts it into lines under
+    the cap: the longest record is the record's length, not its longest line."""
+    half = _event(domain="x" * 40)
+    record = half[:-1] + b',\n"pad":"' + b"y" * 40 + b'"}'
+    decoder = Decoder(
+        user_field="user_id",
+        time_field="timestamp",
+        max_record_bytes=len(record) - 1,
+        max_future_s=300,
+    )
+    assert max(map(len, record.split(b"\n"))) < decoder.max_record_bytes
+    assert isinstance(decoder.decode_parts(record, NOW), BadRecord)
+    assert columns.decode_columns(decoder, [], [_event(), record, _event()], NOW) is None
