@@ -882,6 +882,74 @@ NOTES: dict[str, list[str]] = {
         "under a poller as fast as this bench's; an operator's 15 s scrape costs nothing.",
     ]
 }
+LABELS["keyed_cpu"] = (
+    "the decode and stage 1's CPU per event, three levers (before: `main`; "
+    "after: the three levers below together; Tansu only); per lever, from "
+    "bench/ingest_cpu.py"
+)
+#: Notes under one kept run's tables (its label), written from that run and its benches.
+RUN_NOTES: dict[str, list[str]] = {
+    "keyed_cpu": [
+        "**Per lever, in one process** (`python -m bench.ingest_cpu --before A --after B "
+        "--batch 20000 --events 400000 --repeats 3`: the worker's work on each fetched "
+        "partition batch once aiokafka has parsed it — keyed stage 1, `IngestStage.ingest`; "
+        "default path stage 0, `route_packed` — on issue 43's stream in aiokafka's own record "
+        "objects, 4 partitions placed by CRC32, batches of 20,000 as the worker gets them "
+        "here (10,000–40,000 records per partition and fetch, measured), each side in "
+        "fresh processes, alternating, best of 3 × 3; load average 2.9–6.9; CPU µs per event, "
+        "keyed and default). "
+        "(1) ISO-8601 times of a batch sharing the first string's date, hour and offset "
+        "(stream_dp/pipeline/formats/iso_times.py): that part checked and converted once, "
+        "each string's `MM:SS.fff` and every other byte checked against a template over the "
+        "batch's bytes, the same integer microseconds; any other batch read field by field "
+        "as before: 0.19 → 0.05 µs per string alone (batches of 5,000); 0.922 → 0.838 "
+        "keyed, 0.975 → 0.852 default. "
+        "(2) The batch joined once and its newlines found with numpy give the tombstone "
+        "check, the longest record and the no-newline check (`bytes.count`, "
+        "`max(map(len))` and `None in` cost 0.07 µs per event): 0.857 → 0.796 and "
+        "0.879 → 0.857. "
+        "(3) `decode_columns` numbers the distinct users itself and checks the ids' lengths "
+        "and integer range on them (strings and integers equal only themselves), stage 0 "
+        "and stage 1 take that numbering: 0.766 → 0.662 and 0.812 → 0.699. "
+        "All three: 0.923 → 0.681 keyed (−26%), 0.958 → 0.738 default (−23%); in batches of "
+        "5,000 (load 8–13) 1.25 → 0.98 and 1.29 → 1.06; of 500, 1.92 → 1.45 keyed; of 100, "
+        "3.80 → 3.10 (the per-batch numpy calls: a few µs each, paid per batch).",
+        "**In the worker** (the run above, best of two): keyed 2.53 → 1.89 µs per event "
+        "(−25%; 0.78× raw aiokafka's 1.47 by CPU; its two runs 2.53 and 2.67 → 2.22 and "
+        "1.89), default 2.61 → 2.39 (−8%; 2.61 and 2.75 → 2.39 and 2.69). An earlier run "
+        "the same morning (load 3–7, the after side with the reverted lever below too): "
+        "keyed 2.92 → 2.42, default 3.06 → 2.72. Every "
+        "validation, dead letter and accounting rule is unchanged: each lever either takes a "
+        "batch to the same result or leaves it to the code before (tests: "
+        "tests/pipeline/test_iso_times.py compares the new reader with the field-by-field "
+        "one over damaged batches of one and two hours; test_columns_msgspec.py the longest "
+        "record and the size cap at every place in a batch).",
+        "**Measured and not kept.** One msgspec call per batch (`decode_lines`, or the values "
+        "as one JSON array): 0.127 against 0.148 µs per record for the call per record "
+        "(batches of 5,000 of this stream) — 0.02 µs, while a batch decode needs proof that "
+        "each document is its record's (a record starting with `{` and ending with `}`, no "
+        "newline in any, as many documents as records would give it): not worth the new "
+        "rule. The needed fields' columns read by one `attrgetter` of three fields and a "
+        "transpose, or `msgspec.structs.astuple`: 0.15 and 0.12 against 0.07 µs for three "
+        "passes. The decode in chunks of 256–4,096 records (structs freed and their memory "
+        "reused while hot): 0.286–0.290 against 0.290 µs in batches of 40,000. One field's "
+        "signatures interned by its distinct values: 0.722 → 0.728 (reverted; the events' "
+        "fresh strings are hashed either way). `dict.fromkeys` then a lookup per event for "
+        "the distinct users: 0.058 against 0.056 µs.",
+        "**What is left** (a profile of the keyed worker after — of `f4fa52c`, this code "
+        "with the reverted lever —, 211 samples, 2.22 µs per event under the profiler): "
+        "decode 38% (msgspec's call per record and the three attribute columns, 21% "
+        "together — about 0.45 µs per event in the worker against 0.22 in one "
+        "process: batches of 40,000 records leave the caches), aiokafka's fetch 28% "
+        "(`_RecordColumns._next_batch`: the record objects built in C and the CRC — the raw "
+        "consumer's own cost), stage 1 14%, the event loop 10%, /metrics 5%, window closes "
+        "4%. Each remaining step of the decode is one C-level pass over the batch's Python "
+        "objects (20–60 ns per event each: the records' values and keys, the struct "
+        "attributes, one hash per fresh user and domain string); fewer passes need a "
+        "decoder that writes columns, not objects — compiled code, as for the record-batch "
+        "reader above.",
+    ],
+}
 #: The analysis of the kept runs (written from them; rerun, then check it still holds).
 ANALYSIS: list[str] = [
     "**Why this figure is lower than section 1b's processing-phase figure** (0.57–0.71× by "
@@ -1430,6 +1498,8 @@ def section(kept: dict[str, Any]) -> list[str]:
                     "",
                     *_profile_rows(profile),
                 ]
+        if RUN_NOTES.get(label):
+            lines += ["", *[f"- {note}" for note in RUN_NOTES[label]]]
     if ANALYSIS:
         lines += ["", "### What the worker spends per event, and what is left", ""]
         lines += [f"- {note}" for note in ANALYSIS]

@@ -504,3 +504,58 @@ def test_a_batch_of_many_candidates_is_decoded_by_orjson_whole() -> None:
     cols = columns.decode_columns(DECODER, FIELDS, uuids, NOW)
     assert cols is not None
     _per_record_agrees(uuids, cols)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.sampled_from([b"a", b"{}", b"\n", b"\r", b" "]), max_size=8).map(b"".join),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_longest_line_is_the_longest_value_unless_one_holds_a_newline(
+    values: list[bytes],
+) -> None:
+    """What decode_columns reads the longest record's length from (the cap on a record's
+    size and the scans' thresholds): the joined batch's newlines, when each value is a line."""
+    longest = struct_decode.longest_line(b"\n".join(values), len(values))
+    if any(b"\n" in v for v in values):
+        assert longest is None, values
+    else:
+        assert longest == max(map(len, values)), values
+
+
+def test_a_record_one_byte_over_the_cap_takes_the_per_record_path() -> None:
+    """The cap on a record's size holds wherever the longest record is in its batch."""
+    longest = _event(domain="x" * 10)
+
+    def capped(max_record_bytes: int) -> Decoder:
+        return Decoder(
+            user_field="user_id",
+            time_field="timestamp",
+            max_record_bytes=max_record_bytes,
+            max_future_s=300,
+        )
+
+    for at in range(4):
+        values = [_event(), _event(), _event()]
+        values.insert(at, longest)
+        assert columns.decode_columns(capped(len(longest)), [], values, NOW) is not None, at
+        assert columns.decode_columns(capped(len(longest) - 1), [], values, NOW) is None, at
+
+
+def test_a_record_over_the_cap_holding_a_newline_is_refused() -> None:
+    """A record over the size cap whose newline (JSON whitespace) cuts it into lines under
+    the cap: the longest record is the record's length, not its longest line."""
+    half = _event(domain="x" * 40)
+    record = half[:-1] + b',\n"pad":"' + b"y" * 40 + b'"}'
+    decoder = Decoder(
+        user_field="user_id",
+        time_field="timestamp",
+        max_record_bytes=len(record) - 1,
+        max_future_s=300,
+    )
+    assert max(map(len, record.split(b"\n"))) < decoder.max_record_bytes
+    assert isinstance(decoder.decode_parts(record, NOW), BadRecord)
+    assert columns.decode_columns(decoder, [], [_event(), record, _event()], NOW) is None

@@ -12,11 +12,21 @@ the same correctly rounded division ``timedelta.total_seconds`` does, so the res
 same float. Anything else (another layout, a space or comma, non-ASCII, mixed lengths in a
 group no layout covers) is not guessed at: the function returns None and the caller parses
 string by string.
+
+Within a batch the strings usually share their date, hour and offset (a producer's events
+arrive in time order): :func:`_shared_hour_seconds` then checks and converts that part once,
+from the first string, and only the minutes, seconds and fraction of each string with numpy
+— every character still checked against the layout (the shared part against the first
+string's, byte for byte) and the same integer microseconds computed. A batch where that does
+not hold (strings of several lengths, another hour, an invalid time) is read field by field
+as above, so the answer is the same either way.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,6 +51,10 @@ def _layouts() -> dict[int, tuple[int, bool]]:
 
 
 _LAYOUTS = _layouts()
+#: ``YYYY-MM-DDTHH:``: what strings of one hour (and offset) share.
+_HOUR_END = 14
+_EPOCH_ORDINAL = dt.date(1970, 1, 1).toordinal()
+_NEWLINE = ord("\n")
 
 
 def iso_epoch_seconds(values: Sequence[str]) -> np.ndarray | None:
@@ -49,6 +63,21 @@ def iso_epoch_seconds(values: Sequence[str]) -> np.ndarray | None:
     n = len(values)
     if n == 0:
         return None
+    layout = _LAYOUTS.get(len(values[0]))
+    if layout is None:
+        return None
+    chars = _equal_length_chars(values, len(values[0]))
+    if chars is not None:
+        seconds = _shared_hour_seconds(chars, *layout)
+        if seconds is not None:
+            return seconds
+    return _by_length(values)
+
+
+def _by_length(values: Sequence[str]) -> np.ndarray | None:
+    """:func:`iso_epoch_seconds` of any batch: its strings grouped by length (a layout
+    each), every field of every string checked and converted (:func:`_group_seconds`)."""
+    n = len(values)
     lengths = np.fromiter(map(len, values), np.int64, n)
     shortest, longest = int(lengths.min()), int(lengths.max())
     out = np.empty(n, dtype=np.float64)
@@ -149,3 +178,101 @@ def _days_from_civil(year: np.ndarray, month: np.ndarray, day: np.ndarray) -> np
     day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
     result: np.ndarray = era * 146_097 + day_of_era - 719_468
     return result
+
+
+def _equal_length_chars(values: Sequence[str], length: int) -> np.ndarray | None:
+    """The strings' bytes as rows of ``length + 1``, each row ending in a newline, if the
+    batch is ASCII and as long as ``len(values)`` strings of ``length`` joined by newlines;
+    else None. Whether every string is of that length, the newline column tells (no other
+    character of a layout is a newline): :func:`_shared_hour_seconds` checks it."""
+    n = len(values)
+    joined = "\n".join(values)
+    if len(joined) != n * (length + 1) - 1:
+        return None
+    try:
+        raw = (joined + "\n").encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    return np.frombuffer(raw, dtype=np.uint8).reshape(n, length + 1)
+
+
+@functools.cache
+def _first_string(fraction: int, numeric_offset: bool) -> re.Pattern[bytes]:
+    """A whole string of the layout (ASCII digits: ``\\d`` of a bytes pattern)."""
+    fraction_part = rb"\.\d{%d}" % fraction if fraction else b""
+    offset = rb"[+-]\d\d:\d\d" if numeric_offset else b"Z"
+    return re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d" + fraction_part + offset)
+
+
+@functools.cache
+def _minutes_on(fraction: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For ``MM:SS`` and the fraction (``[.fff]``) of a layout: the characters expected
+    (``0`` where a digit goes), how far above it each may be (a digit 9, the tens of the
+    minute and second 5 — so both are at most 59 —, a separator 0) and each digit's weight
+    in microseconds."""
+    template = list(b"00:00") + (list(b"." + b"0" * fraction) if fraction else [])
+    limits = [5, 9, 0, 5, 9] + ([0] + [9] * fraction if fraction else [])
+    weights = [600_000_000, 60_000_000, 0, 10_000_000, 1_000_000]
+    if fraction:
+        weights += [0] + [10 ** (5 - k) for k in range(fraction)]
+    return (
+        np.array(template, dtype=np.uint8),
+        np.array(limits, dtype=np.uint8),
+        np.array(weights, dtype=np.int64),
+    )
+
+
+def _shared_hour_seconds(
+    chars: np.ndarray, fraction: int, numeric_offset: bool
+) -> np.ndarray | None:
+    """Seconds of rows of ``chars`` (:func:`_equal_length_chars`) of one layout that share
+    the first row's date, hour and offset, or None if a row is not such a valid time (the
+    caller then reads the batch field by field). The first row is checked as
+    ``_group_seconds`` checks a row (the layout, month, day in its month, year ≥ 1, hour ≤
+    23, offset under 24 h); every row's shared part is the first's byte for byte, its
+    ``MM:SS[.fff]`` digits and separators checked, minute and second ≤ 59; the microseconds
+    are the same integers, divided as there."""
+    n, width = chars.shape
+    length = width - 1
+    first = chars[0, :length].tobytes()
+    if _first_string(fraction, numeric_offset).fullmatch(first) is None:
+        return None
+    try:  # month 1-12, the day within its month, year >= 1: as _group_seconds checks them
+        date = dt.date(int(first[0:4]), int(first[5:7]), int(first[8:10]))
+    except ValueError:
+        return None
+    hour = int(first[11:13])
+    offset_at = _BASE + (fraction + 1 if fraction else 0)
+    offset_s = 0
+    if numeric_offset:
+        offset_hour, offset_minute = (
+            int(first[offset_at + 1 : offset_at + 3]),
+            int(first[offset_at + 4 : offset_at + 6]),
+        )
+        if offset_hour > 23 or offset_minute > 59:
+            return None
+        offset_s = offset_hour * 3600 + offset_minute * 60
+        if first[offset_at] == ord("-"):
+            offset_s = -offset_s
+    if hour > 23:
+        return None
+    minutes, minute_limits, weights = _minutes_on(fraction)
+    template = np.empty(width, dtype=np.uint8)
+    template[:_HOUR_END] = chars[0, :_HOUR_END]
+    template[_HOUR_END:offset_at] = minutes
+    template[offset_at:length] = chars[0, offset_at:length]
+    template[length] = _NEWLINE  # every row's last: each string is of this length
+    limits = np.zeros(width, dtype=np.uint8)
+    limits[_HOUR_END:offset_at] = minute_limits
+    # XOR with the template: 0 where a row has the expected byte; at a digit's place, the
+    # digit's value (only "0"-"9" give 0-9), which must not exceed its limit.
+    x = chars.reshape(-1) ^ np.tile(template, n)
+    if (x > np.tile(limits, n)).any():
+        return None
+    clock_us = x.reshape(n, width)[:, _HOUR_END:offset_at].astype(np.int64) @ weights
+    base_us = ((date.toordinal() - _EPOCH_ORDINAL) * 86_400 + hour * 3600 - offset_s) * 10**6
+    total_us = clock_us + base_us
+    if (np.abs(total_us) > _EXACT_US).any():  # beyond 2255 or before 1685: float64 inexact
+        return None
+    seconds: np.ndarray = total_us / 1_000_000
+    return seconds

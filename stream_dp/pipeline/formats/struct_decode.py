@@ -50,6 +50,7 @@ import orjson
 #: ``e`` and ``E`` (``| 0x20`` folds the case), and the digits, as bytes.
 _LOWER_E: Final = ord("e")
 _ZERO: Final = ord("0")
+_NEWLINE: Final = ord("\n")
 #: A record of this many bytes can hold a number of 300 digits: orjson refuses one of 309
 #: or more (it overflows a float), msgspec skips it unread.
 LONG_RECORD_BYTES: Final = 300
@@ -78,18 +79,31 @@ def _struct_decoder(names: tuple[str, ...]) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(struct)
 
 
+def longest_line(joined: bytes, n: int) -> int | None:
+    """The length of the longest of ``n`` values joined by newlines (``joined``), read from
+    where its newlines are; None if a value holds a newline (more than ``n - 1`` of them)."""
+    newlines = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == _NEWLINE)
+    if len(newlines) != n - 1:
+        return None
+    bounds = np.concatenate(([-1], newlines, [len(joined)]))
+    return int(np.diff(bounds).max()) - 1
+
+
 def struct_columns(
-    names: tuple[str, ...], values: Sequence[bytes], longest: int
+    names: tuple[str, ...], values: Sequence[bytes], longest: int, joined: bytes | None = None
 ) -> list[list[Any]] | None:
     """Per name (distinct), its column: each record's ``orjson.loads(value).get(name)``,
     except that an integer beyond 64 bits (alone or in a list or object) is exact where
     orjson gives a float — the caller takes scalars only and refuses those
     (:func:`orjson_ints`); or None if the batch must be decoded with orjson (see the
-    module doc). ``longest``: the length of the longest value."""
+    module doc). ``longest``: the length of the longest value; ``joined``: the values joined
+    by newlines, when the caller has them and found no value holding one
+    (:func:`longest_line`)."""
     n = len(values)
-    joined = b"\n".join(values)
-    if joined.count(b"\n") != n - 1:
-        return None
+    if joined is None:
+        joined = b"\n".join(values)
+        if np.count_nonzero(np.frombuffer(joined, dtype=np.uint8) == _NEWLINE) != n - 1:
+            return None
     if not joined.isascii():
         try:
             joined.decode("utf-8")

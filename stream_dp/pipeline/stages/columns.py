@@ -49,12 +49,27 @@ _STRINGS = frozenset((str,))
 class EventColumns:
     """The events of a batch whose every record is a usable event."""
 
-    #: Raw user ids (batch-local only).
-    users: list[str | int]
+    #: The batch's distinct raw user ids, first seen first (batch-local only).
+    distinct_users: list[str | int]
+    #: Each event's user: its position in :attr:`distinct_users`.
+    user_index: np.ndarray
     #: Event times, Unix seconds.
     times: np.ndarray
     #: Per field the queries use (in signature order), its values (scalars canonical).
     fields: list[list[Any]]
+
+    @classmethod
+    def of_users(
+        cls, users: Sequence[str | int], times: np.ndarray, fields: list[list[Any]]
+    ) -> EventColumns:
+        """Columns from each event's raw user id."""
+        return cls(*distinct_index(users), times, fields)
+
+    @property
+    def users(self) -> list[str | int]:
+        """Each event's raw user id."""
+        distinct = self.distinct_users
+        return [distinct[i] for i in self.user_index.tolist()]
 
 
 def decode_columns(
@@ -62,20 +77,32 @@ def decode_columns(
 ) -> EventColumns | None:
     """The batch as columns, or None if any record needs the per-record path."""
     n = len(values)
-    if n == 0 or None in values:
+    if n == 0:
         return None
-    longest = max(map(len, values))  # type: ignore[arg-type]
+    try:
+        joined: bytes | None = b"\n".join(values)  # type: ignore[arg-type]
+    except TypeError:  # a value is None (a tombstone)
+        return None
+    longest = struct_decode.longest_line(joined, n)  # type: ignore[arg-type]
+    if longest is None:  # a value holds a newline: struct_columns checks the batch itself
+        joined = None
+        longest = max(map(len, values))  # type: ignore[arg-type]
     if longest > decoder.max_record_bytes:
         return None
-    raw = _needed_columns(decoder, fields, values, longest)  # type: ignore[arg-type]
+    raw = _needed_columns(decoder, fields, values, longest, joined)  # type: ignore[arg-type]
     if raw is None:
         return None
     users, raw_times, field_of = raw
     user_types = set(map(type, users))
-    if not user_types <= {str, int} or not orjson_ints(users, user_types):
+    if not user_types <= {str, int}:
+        return None
+    # Strings and integers: equal only to themselves (no True == 1 or 1.0 == 1 among them),
+    # so the distinct ids are each id's value, and the checks of every id are theirs.
+    distinct, user_index = distinct_index(users)
+    if not orjson_ints(distinct, user_types):
         return None
     if str in user_types:
-        lengths = [len(u) for u in users if type(u) is str]
+        lengths = [len(u) for u in distinct if type(u) is str]
         if min(lengths) < 1 or max(lengths) > MAX_USER_ID_CHARS:
             return None
     # An integer time beyond 64 bits (exact from msgspec, a float from orjson) is out of
@@ -100,18 +127,22 @@ def decode_columns(
             if not types <= _PLAIN_SCALARS:
                 column = list(map(canonical_value, column))
         columns.append(column)
-    return EventColumns(users, times, columns)
+    return EventColumns(distinct, user_index, times, columns)
 
 
 def _needed_columns(
-    decoder: Decoder, fields: Sequence[str], values: Sequence[bytes], longest: int
+    decoder: Decoder,
+    fields: Sequence[str],
+    values: Sequence[bytes],
+    longest: int,
+    joined: bytes | None,
 ) -> tuple[list[Any], list[Any], dict[str, list[Any]]] | None:
     """(users, raw times, each needed field's column) as ``dict.get`` on orjson's objects
     gives them, or None if a record is not a JSON object. msgspec decodes just these fields
     where its guards let it (:mod:`stream_dp.pipeline.formats.struct_decode`), orjson
     the rest."""
     names = tuple(dict.fromkeys((decoder.user_field, decoder.time_field, *fields)))
-    columns = struct_decode.struct_columns(names, values, longest)
+    columns = struct_decode.struct_columns(names, values, longest, joined)
     if columns is None:
         try:
             objs = list(map(orjson.loads, values))

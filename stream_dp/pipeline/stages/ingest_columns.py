@@ -37,7 +37,6 @@ from stream_dp.pipeline.formats.packed import PackedEvents
 from stream_dp.pipeline.key_check_gate import KEY_CHECK_FIX
 from stream_dp.pipeline.stages.columns import (
     decode_columns,
-    distinct_index,
     intern_signatures,
     pseudonym_columns,
 )
@@ -578,7 +577,7 @@ class ColumnPath:
         key_ids = {self.keyring.for_window(ws).key_id for ws in accepted}
         if len(key_ids) > 1:
             return False  # a key rotation inside the batch: the per-record path
-        users, index = distinct_index(cols.users)
+        users, index = cols.distinct_users, cols.user_index
         normal = normalized_user_ids(users, self.form.normalization)
         if "" in normal:
             return False  # an id that normalises to nothing is dead-lettered there

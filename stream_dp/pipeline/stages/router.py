@@ -261,7 +261,7 @@ class RoutingStage:
             # Most batches lie in one window: no sort to find it.
             window_list = [first_ws] if first_ws == last_ws else np.unique(starts).tolist()
             key_of = {ws: self.keyring.for_window(ws) for ws in window_list}
-            users, index = distinct_index(cols.users)
+            users, index = cols.distinct_users, cols.user_index
             normal = list(map(self._normalize, users))
             empty = np.array([n == "" for n in normal], dtype=bool)[index]
             if empty.any():  # ids that normalise to nothing: dead letters, in place
@@ -345,7 +345,7 @@ class RoutingStage:
             objs.append(obj)
         fields = [[obj.get(f) for obj in objs] for f in self._fields]
         return (
-            EventColumns(users, np.array(times, dtype=np.float64), fields),
+            EventColumns.of_users(users, np.array(times, dtype=np.float64), fields),
             np.array(offsets, dtype=np.int64),
         )
 
