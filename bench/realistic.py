@@ -887,8 +887,36 @@ LABELS["keyed_cpu"] = (
     "after: the three levers below together; Tansu only); per lever, from "
     "bench/ingest_cpu.py"
 )
+LABELS["combined"] = (
+    "every lever of this pass together, on a quiet machine (before: `6fb70fb`, the worker at "
+    "the start of the pass; after: the worker with the idle, keyed-CPU and idle-worker levers "
+    "merged); both brokers, best of two"
+)
 #: Notes under one kept run's tables (its label), written from that run and its benches.
 RUN_NOTES: dict[str, list[str]] = {
+    "combined": [
+        "**Against the targets** (events/s, this run, best of two, load average under 2): the "
+        "default path is at 0.76× raw aiokafka on Tansu (target 0.6×, met) and 0.46× on "
+        "Apache Kafka (not met); keyed input at 0.54× and 0.48× (target 0.8×, not met). By CPU "
+        "per event the keyed worker is at 0.82× (Tansu) and 0.74× (Apache Kafka) of raw "
+        "aiokafka: 1.81–1.92 µs against 1.43–1.49. What keeps events/s below the CPU ratio is "
+        "time the worker waits, not work: it is busy 57–75% of the measured span.",
+        "**Where the wait is** (`python -m bench.idle_probe --brokers tansu,kafka --runs 1 --json "
+        "bench/idle_probe_combined.json`, "
+        "same session, the tree of this run): window closes take 29–40% of the span on the "
+        "default path and 49–50% with keyed input, of which only 12–18 points are CPU; the rest "
+        "is the close's broker round trips in turn (the partials hand-off 12–24% of the span "
+        "with 7–11 points of CPU; the release's ledger write, fenced read and publish 17–29% "
+        "with 4–7). Waiting for fetch answers is 16–19% (one fetch in flight per broker is "
+        "aiokafka's), stage 0's acknowledgements 4–11% on the default path, commits 1–10%. "
+        "The stream of this bench closes ten windows in a span of about 1.2 s, so the close's "
+        "round trips weigh as they never do on a live stream, where a window closes once per "
+        "window size. The lever left for this shape is to overlap a close's round trips with "
+        "the next fetch and its processing; the release protocol's order (partials "
+        "acknowledged before the input is committed, the ledger's draw before the publish) "
+        "must then be kept by the close's own task instead of by the loop, which is a change "
+        "to the exactly-once argument this pass did not make.",
+    ],
     "keyed_cpu": [
         "**Per lever, in one process** (`python -m bench.ingest_cpu --before A --after B "
         "--batch 20000 --events 400000 --repeats 3`: the worker's work on each fetched "
