@@ -42,7 +42,10 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
         timeout=1200,  # a hang guard only: a loaded 2-core machine is slower
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    # The Java peers log a WARN per skipped record; the bench's own lines and any traceback
+    # are what says why it failed.
+    ours = [line for line in proc.stderr.splitlines() if " WARN " not in line]
+    assert proc.returncode == 0, "\n".join(ours)[-6000:]
     return out, orjson.loads((out / "results.json").read_bytes())
 
 
