@@ -8,6 +8,7 @@ windows — private keys, sums, means, automatic bounds, running totals — is n
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import orjson
@@ -412,8 +413,9 @@ def test_a_variance_is_checked_like_a_mean_for_its_scale_and_range() -> None:
     ranged = [line for line in lines if "lower / upper" in line]
     assert ranged, lines
     head = "query spread: queries.spread.lower / upper (a variance lies within them): "
-    for line in ranged:  # one line per window or a span of windows with one value
-        assert line.startswith(("window ", "3 windows ")) and head in line, line
+    for line in ranged:  # one line per window or a span of windows with one value (two
+        # windows whose noisy variances round alike share a line)
+        assert re.match(r"(window |[23] windows )", line) and head in line, line
         assert line.endswith(" on the output topic, [0.0, 25.0] in this configuration"), line
         released = float(line.split(head)[1].split(" ")[0])
         assert released > 25.0  # 133.25 on a, 33.25 on b (noise at ε = 1e5 is tiny)
