@@ -283,21 +283,15 @@ def worker_config(
 
 
 def _scrape(url: str) -> dict[str, float]:
-    names = (
-        "stream_dp_events_consumed_total",
-        "stream_dp_windows_released_total",
-        "stream_dp_late_events_total",
-        "stream_dp_bad_records_total",
-        "stream_dp_repartition_duplicates_skipped_total",
-        "stream_dp_partials_published_total",
-        "stream_dp_ready",
-        # per worker (--workers): its iterations that fetched something, and its rejoins
-        "stream_dp_batch_processing_seconds_count",
-        "stream_dp_membership_lost_total",
-    )
+    return scrape_sums(url, SCRAPED, timeout_s=2)
+
+
+def scrape_sums(url: str, names: tuple[str, ...], *, timeout_s: float) -> dict[str, float]:
+    """Each of ``names`` on the exposition at ``url``, summed over its labels (0 when the
+    scrape fails or the series is absent)."""
     out = dict.fromkeys(names, 0.0)
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - loopback
             text = response.read().decode()
     except OSError:
         return out
@@ -307,6 +301,20 @@ def _scrape(url: str) -> dict[str, float]:
         if name in out:
             out[name] += float(value)
     return out
+
+
+SCRAPED = (
+    "stream_dp_events_consumed_total",
+    "stream_dp_windows_released_total",
+    "stream_dp_late_events_total",
+    "stream_dp_bad_records_total",
+    "stream_dp_repartition_duplicates_skipped_total",
+    "stream_dp_partials_published_total",
+    "stream_dp_ready",
+    # per worker (--workers): its iterations that fetched something, and its rejoins
+    "stream_dp_batch_processing_seconds_count",
+    "stream_dp_membership_lost_total",
+)
 
 
 def _cpu_s(pid: int) -> float:

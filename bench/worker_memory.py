@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from bench.realistic import _broker, _export, produce
+from bench.realistic import _broker, _export, produce, scrape_sums
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_CONFIG = REPO / "ops" / "kubernetes" / "stream-dp.yaml"
@@ -351,18 +351,7 @@ def _metrics(port: int) -> dict[str, float]:
         "stream_dp_windows_released_total",
         "stream_dp_keys_released_total",
     )
-    out = dict.fromkeys(names, 0.0)
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        series, _, value = line.rpartition(" ")
-        name = series.split("{", 1)[0]
-        if name in out:
-            out[name] += float(value)
-    return out
+    return scrape_sums(f"http://127.0.0.1:{port}/metrics", names, timeout_s=5)
 
 
 def run_once(
