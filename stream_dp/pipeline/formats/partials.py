@@ -209,10 +209,10 @@ def partial_entries(totals: KeyTotals) -> Callable[[int, int], list[list[Any]]]:
         hist = totals.value_bins
         if hist.bins:  # statistic: quantile (only then a seventh item)
             # sparse, as held: [bins, [nonzero bin indices, increasing], [their counts]]
-            starts = hist.starts[lo : hi + 1].tolist()
-            first = starts[0] if starts else 0
-            index = hist.index[first : starts[-1] if starts else 0].tolist()
-            counts = hist.counts[first : starts[-1] if starts else 0].tolist()
+            starts = hist.starts[lo : hi + 1].tolist()  # hi - lo + 1 offsets, never empty
+            first, last = starts[0], starts[-1]
+            index = hist.index[first:last].tolist()
+            counts = hist.counts[first:last].tolist()
             bins = [
                 [hist.bins, index[a - first : b - first], counts[a - first : b - first]]
                 for a, b in itertools.pairwise(starts)
