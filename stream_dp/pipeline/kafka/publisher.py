@@ -7,6 +7,14 @@ rules: a *bounded* operation gives up after ``kafka.give_up_after_s`` with
 redoes what was not safely done); an unbounded one waits until it succeeds or the worker
 stops; a membership error is never retried. Each failure is counted and marks the producer
 disconnected on /health.
+
+The producer does not linger (``linger_ms`` 0). Every write of the worker is awaited as a
+whole right after it is handed over (:func:`~stream_dp.pipeline.kafka.producing.send_all`
+builds its own record batches), so a linger only delays each acknowledgement: with 5 ms, a
+window close (partials, watermarks, the ledger parts, the published marker, the progress
+record, the output, the tombstones: one awaited write after the other) spent most of its
+wall time waiting for lingers, and a backlog with many windows to close ran at half the
+events per second (bench/RESULTS.md, section 12, ``linger``).
 """
 
 from __future__ import annotations
@@ -76,7 +84,7 @@ class Publisher(WorkerPart):
         idempotent where the broker gives producer ids (not the embedded broker)."""
         options = {
             "acks": "all",
-            "linger_ms": 5,
+            "linger_ms": 0,  # every write is awaited at once (module docstring)
             "max_request_size": self._max_bytes,
             "max_batch_size": min(self._max_bytes, MAX_BATCH_BYTES),
         }
