@@ -8,9 +8,10 @@ redoes what was not safely done); an unbounded one waits until it succeeds or th
 stops; a membership error is never retried. Each failure is counted and marks the producer
 disconnected on /health.
 
-The producer does not linger (``linger_ms`` 0). Every write of the worker is awaited as a
-whole right after it is handed over (:func:`~stream_dp.pipeline.kafka.producing.send_all`
-builds its own record batches), so a linger only delays each acknowledgement: with 5 ms, a
+The producer does not linger (``linger_ms`` 0). Every write of the worker is handed over
+whole, in record batches :func:`~stream_dp.pipeline.kafka.producing.send_all` builds itself,
+and then awaited (at once, or stage 0's by the next iteration), so a linger could add no
+record to a batch and only delayed each acknowledgement: with 5 ms, a
 window close (partials, watermarks, the ledger parts, the published marker, the progress
 record, the output, the tombstones: one awaited write after the other) spent most of its
 wall time waiting for lingers, and a backlog with many windows to close ran at half the
