@@ -180,6 +180,8 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
 
 
 def _fmt(value: Any) -> str:
+    if isinstance(value, list):  # a quantile's: [{"quantile": q, "value": v}, …]
+        return ", ".join(_quantile(item) for item in value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
@@ -270,5 +272,15 @@ def _label(record: dict[str, Any]) -> str:
     return ", ".join(str(v) for v in group.values()) or "(all)"
 
 
+def _quantile(item: Any) -> str:
+    """One released quantile as ``q0.5 = 3``; anything else as it is."""
+    if isinstance(item, dict) and isinstance(item.get("quantile"), int | float):
+        return f"q{item['quantile']:g} = {_fmt(item.get('value'))}"
+    return str(item)
+
+
 def _as_number(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) else 0.0
+    """What a row sorts by: the value, or a quantile release's first quantile."""
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        value = value[0].get("value")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0

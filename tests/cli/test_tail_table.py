@@ -1,6 +1,6 @@
 """``stream-dp tail``'s table of one window, without a broker: a quantile's line says its
-mechanism (exponential) and that its noise scale and 95% CI are in ranks; a count's line is
-as it was."""
+mechanism (exponential), that its noise scale and 95% CI are in ranks, and each released
+quantile with its value; a count's line is as it was."""
 
 from __future__ import annotations
 
@@ -39,12 +39,12 @@ def _shown(statistic: str, value: Any) -> list[str]:
 
 def test_a_quantile_window_says_its_mechanism_and_that_its_interval_is_in_ranks() -> None:
     head = "q · 2020-08-01T00:00:00Z → 2020-08-01T00:00:10Z · 1 key · ε 1 (horizon ε 1)"
-    listed = [{"quantile": 0.5, "value": 3.0}]
+    listed = [{"quantile": 0.5, "value": 3.0}, {"quantile": 0.9, "value": 7.5}]
     assert _shown("quantile", listed) == [
         head,
         "  quantile · exponential, noise scale 3 ranks (95% CI in ranks)",
         "  domain            value      95% CI",
-        "  a.example  [{'quantile': 0.5, 'value': 3.0}]          ±9",
+        "  a.example  q0.5 = 3, q0.9 = 7.5          ±9",
         "",
         "",
     ]
