@@ -96,18 +96,24 @@ class Exposition:
     def render(self) -> bytes:
         """Every metric's current values (read now) in the text format."""
         out: list[str] = []
-        for collector in self._collectors():
+        target_info, collectors = self._collectors()
+        if target_info is not None:
+            self._render_collected(_Only([target_info]), out)
+        for collector in collectors:
             if not self._render_own(collector, out):
                 self._render_collected(collector, out)
         return "".join(out).encode("utf-8")
 
-    def _collectors(self) -> list[Collector]:
+    def _collectors(self) -> tuple[Metric | None, list[Collector]]:
+        """The registry's ``target_info`` family (if it has one) and its collectors, in
+        the order ``CollectorRegistry.collect`` takes them."""
         registry: Any = self._registry
         with registry._lock:
             collectors = list(registry._collector_to_names)
+            target_info = registry._target_info_metric() if registry._target_info else None
         if len(self._plans) > len(collectors):  # a collector was unregistered
             self._plans = {c: p for c, p in self._plans.items() if c in collectors}
-        return collectors
+        return target_info, collectors
 
     # -- counters, gauges, histograms: values read from the children --------------------------
 

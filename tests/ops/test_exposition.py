@@ -95,11 +95,12 @@ def _assert_alike(exposition: Exposition, registry: CollectorRegistry) -> None:
 
 
 def test_every_kind_of_metric_prints_as_generate_latest_prints_it() -> None:
-    registry = CollectorRegistry(auto_describe=True)
-    _every_kind(registry)
-    exposition = Exposition(registry)
-    _assert_alike(exposition, registry)
-    _assert_alike(exposition, registry)  # the second scrape, from the cached text, too
+    for target_info in (None, {"service": "stream-dp", "zone": 'a "b"'}):
+        registry = CollectorRegistry(auto_describe=True, target_info=target_info)
+        _every_kind(registry)
+        exposition = Exposition(registry)
+        _assert_alike(exposition, registry)
+        _assert_alike(exposition, registry)  # the second scrape, from the cached text, too
 
 
 def test_a_worker_and_a_sink_scrape_print_as_generate_latest_prints_them() -> None:
