@@ -37,6 +37,7 @@ from prometheus_client.metrics_core import Metric
 
 from stream_dp import __version__
 from stream_dp.kafka_client.fetch_errors import FETCH_ERROR_REASONS
+from stream_dp.ops.exposition import Exposition
 
 PREFIX = "stream_dp_"
 
@@ -98,7 +99,9 @@ class _WithoutCreated:
 
 
 def registry_exposition(registry: CollectorRegistry) -> bytes:
-    """A registry in the Prometheus text format 0.0.4, without ``*_created`` series."""
+    """A registry in the Prometheus text format 0.0.4, without ``*_created`` series, by
+    prometheus_client's ``generate_latest``: the reference that ``/metrics``'s cheaper
+    :class:`~stream_dp.ops.exposition.Exposition` prints alike (tests/ops/test_exposition.py)."""
     return generate_latest(_WithoutCreated(registry))
 
 
@@ -653,6 +656,7 @@ class Metrics:
         self._declare_time(r)
         self._declare_health(r)
         self._start_series(queries, partitions, reasons, process=process)
+        self._exposition = Exposition(self.registry)
 
     def _declare_input_and_release(self, r: CollectorRegistry) -> None:
         """Stage 1's input and the releases: events, windows, budget, bounds, latencies."""
@@ -855,8 +859,9 @@ class Metrics:
             self.fetch_age.remove(topic, str(partition))
 
     def exposition(self) -> bytes:
-        """All metrics in the Prometheus text format 0.0.4 (what ``/metrics`` serves)."""
-        return registry_exposition(self.registry)
+        """All metrics in the Prometheus text format 0.0.4 (what ``/metrics`` serves), as
+        :func:`registry_exposition` prints them, at a fraction of its CPU."""
+        return self._exposition.render()
 
     def names(self) -> set[str]:
         """Every sample name this worker can expose (``..._total``, ``..._bucket``, ...).

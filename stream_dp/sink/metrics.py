@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from stream_dp import __version__
-from stream_dp.ops.metrics import registry_exposition, registry_sample_names
+from stream_dp.ops.exposition import Exposition
+from stream_dp.ops.metrics import registry_sample_names
 from stream_dp.sink.rows import BAD_REASONS
 
 #: One batch's database transaction: 1 ms to 1 min.
@@ -138,12 +139,13 @@ class SinkMetrics:
             self.bad_records.labels(reason=reason)
         for partition in partitions:
             self.consumer_lag.labels(partition=str(partition)).set(0)
+        self._exposition = Exposition(r)
 
     def set_consumer_lag(self, partition: int, lag_records: int) -> None:
         self.consumer_lag.labels(partition=str(partition)).set(max(0, lag_records))
 
     def exposition(self) -> bytes:
-        return registry_exposition(self.registry)
+        return self._exposition.render()
 
     def names(self) -> set[str]:
         return registry_sample_names(self.registry)
