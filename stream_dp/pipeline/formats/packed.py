@@ -26,12 +26,12 @@ and the record is exactly ``24 + 32n + m`` bytes. The columns are the arrays' ow
 stage 0 copies them and stage 1 reads them with ``np.frombuffer``: versions before this one
 wrote the same record as JSON with the columns in base64 (``{"kind": "events", "src": [input
 partition, first offset], "k", "c", "n", "fields", "sig", "u", "t", "o", "s"}``), whose
-base64 and JSON strings were 5-6% of the worker's CPU on the default path (measured by
-``python -m bench.ingest_cpu``, paths ``default`` and ``repartitioned``). Stage 1 reads both
-(:func:`decode_binary`, :func:`decode_events`): such records stay on the topic after an
-upgrade. A worker of an earlier version cannot read a binary record (it dead-letters it as
-``bad_internal_record``): docs/operations.md says to stop every older worker before the first
-worker of this version starts.
+base64 was 5-6% of the worker's profile samples on the default path (issue 43's stream;
+``python -m bench.ingest_cpu`` measures both stages: ``default``, ``repartitioned``).
+Stage 1 reads both (:func:`decode_binary`, :func:`decode_events`): such records stay on the
+topic after an upgrade. A worker of an earlier version cannot read a binary record (it
+dead-letters it as ``bad_internal_record``): docs/operations.md says to stop every older
+worker before the first worker of this version starts.
 
 Every event still carries its pseudonym, event time, query fields (through the record's
 dictionary of distinct signatures), input offset, key id and key check value (which secret
@@ -101,10 +101,6 @@ class PackedEvents:
 
     def __len__(self) -> int:
         return len(self.offsets)
-
-
-def _b64(array: np.ndarray, dtype: str) -> str:
-    return base64.b64encode(np.ascontiguousarray(array, dtype=dtype).tobytes()).decode("ascii")
 
 
 def encode_events(
