@@ -11,8 +11,12 @@ worker does with them once fetched:
   :meth:`IngestStage.ingest` — decode, validation, event times, the key and placement checks,
   pseudonyms, windows and samples;
 * ``default``: stage 0 on unkeyed input, :meth:`IngestStage.route_packed` — decode,
-  validation, event times, pseudonyms and the packed repartition records (stage 1 reading
-  them back is left out).
+  validation, event times, pseudonyms and the packed repartition records;
+* ``repartitioned``: stage 1 on those packed records (made by the same tree's stage 0,
+  untimed), :meth:`IngestStage.ingest` with ``routed=True`` — decoding the packed records,
+  placement, re-sent events, key checks, windows and samples — per repartition partition
+  in fetches of ``--fetch`` records. ``default + repartitioned`` is the default path's
+  per-event CPU without Kafka.
 
 Each side runs in fresh processes (``--before DIR``: a checkout of the code before, e.g. from
 ``git worktree add`` or ``git archive``; the bench itself always from this tree), alternating
@@ -38,7 +42,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 4
-PATHS = ("keyed", "default")
+PATHS = ("keyed", "default", "repartitioned")
 
 
 def _records(events: int, per_batch: int, start_s: int) -> dict[int, list[list[Any]]]:
@@ -103,31 +107,56 @@ def child(spec: dict[str, Any]) -> dict[str, float]:
     start_s = int(spec["start_s"])
     batches = _records(int(spec["events"]), int(spec["batch"]), start_s)
     now_s = start_s + 3600.0
+    settings = IngestSettings(
+        source_partitions=PARTITIONS,
+        input_partitions=PARTITIONS,
+        routed_partitions=PARTITIONS,
+    )
+    keyring = KeyRing(Pseudonymizer(b"k" * 32, "bench"))
+
+    def stage_for(path: str) -> IngestStage:
+        stage = IngestStage(_config(path, start_s), keyring, settings=settings)
+        stage.assign(list(range(PARTITIONS)), 0.0, routed=path == "repartitioned")
+        return stage
+
+    # Stage 1's input: the packed records this tree's stage 0 writes, per repartition
+    # partition, in fetches of ``fetch`` records.
+    router = stage_for("default")
+    routed: dict[int, list[tuple[int, bytes | None, bytes]]] = {p: [] for p in range(PARTITIONS)}
+    for p, bs in batches.items():
+        for b in bs:
+            for key, value, target in router.route_packed(
+                p, FetchedRecords(b), now_s=now_s, now_mono_s=0.0
+            )[0]:
+                routed[target].append((len(routed[target]), key, value))
+    fetch = int(spec["fetch"])
+    fetched = [(p, rs[i : i + fetch]) for p, rs in routed.items() for i in range(0, len(rs), fetch)]
     out = {path: float("inf") for path in PATHS}
     for _ in range(int(spec["passes"])):
         for path in PATHS:
-            settings = IngestSettings(
-                source_partitions=PARTITIONS,
-                input_partitions=PARTITIONS,
-                routed_partitions=PARTITIONS,
+            stage = stage_for(path)
+            work: list[tuple[int, Any]] = (
+                fetched
+                if path == "repartitioned"
+                else [(p, FetchedRecords(b)) for p, bs in batches.items() for b in bs]
             )
-            keyring = KeyRing(Pseudonymizer(b"k" * 32, "bench"))
-            stage = IngestStage(_config(path, start_s), keyring, settings=settings)
-            stage.assign(list(range(PARTITIONS)), 0.0, routed=False)
-            work = [(p, FetchedRecords(b)) for p, bs in batches.items() for b in bs]
-            n = sum(len(r) for _, r in work)
+            n = sum(len(b) for bs in batches.values() for b in bs)  # input events
             gc.collect()
             gc.freeze()
             c0 = time.process_time()
             for p, records in work:
-                if path == "keyed":
-                    dead = stage.ingest(p, records, now_s=now_s, now_mono_s=0.0)
-                else:
+                if path == "default":
                     dead = stage.route_packed(p, records, now_s=now_s, now_mono_s=0.0)[1]
+                else:
+                    dead = stage.ingest(
+                        p, records, now_s=now_s, now_mono_s=0.0, routed=path == "repartitioned"
+                    )
                 if dead:
                     raise SystemExit(f"{path}: a bench record was dead-lettered: {dead[0]}")
             out[path] = min(out[path], (time.process_time() - c0) / n * 1e6)
             gc.unfreeze()
+            if path == "repartitioned" and stage.metrics.late_events._value.get():
+                raise SystemExit("repartitioned: events were taken as late")
     return out
 
 
@@ -157,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=2_500)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--passes", type=int, default=3, help="passes per process (best)")
+    parser.add_argument(
+        "--fetch", type=int, default=8, help="repartition records per stage-1 fetch"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -166,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         "events": args.events,
         "batch": args.batch,
         "passes": args.passes,
+        "fetch": args.fetch,
         "start_s": int(time.time()) // 60 * 60,
     }
     sides = {"after": args.after}
@@ -181,7 +214,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.events:,} events, record batches of {args.batch:,}, {args.repeats} runs per side,"
         f" load average {load[0]:.1f} -> {load[1]:.1f}; CPU µs/event best (median)"
     )
-    for path in PATHS:
+    for rs in runs.values():
+        for r in rs:
+            r["default + repartitioned"] = r["default"] + r["repartitioned"]
+    for path in (*PATHS, "default + repartitioned"):
         cells = [
             f"{side} {min(r[path] for r in rs):.3f} ({statistics.median(r[path] for r in rs):.3f})"
             for side, rs in runs.items()

@@ -22,6 +22,7 @@ import pytest
 from stream_dp.broker.topics import apply_topics
 from stream_dp.cli.main import main
 from stream_dp.config import load_config
+from stream_dp.pipeline.formats.packed import decode_binary, is_binary
 from stream_dp.synthetic.browser_logs import LEAVER, BrowserLogSpec, browser_log_events
 from stream_dp.windows.tumbling import iso_utc
 from tests.apache_kafka.tier import ON_BOTH_BROKERS
@@ -149,8 +150,15 @@ async def check_end_to_end(bootstrap: str, config_factory: MakeConfig, tmp_path:
 
 
 def _decoded_forms(value: bytes) -> list[bytes]:
-    """The record, and each string in it decoded as hex and as base64."""
+    """The record, and each string in it decoded as hex and as base64 (a binary packed
+    record: its bytes as written, and each string of its metadata)."""
     forms = [value]
+    if is_binary(value):
+        carried = decode_binary(value, []).fields
+        packed = decode_binary(value, carried)
+        strings = [packed.key_id, packed.key_check, *carried]
+        strings += [str(v) for signature in packed.signatures for v in signature]
+        value = orjson.dumps(strings)
 
     def walk(item: Any) -> None:
         if isinstance(item, str):

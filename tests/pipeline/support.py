@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -121,3 +123,28 @@ def comparable(releases: Sequence[LedgerRelease]) -> dict[tuple[str, int], list[
             for r in rel.records
         )
     return out
+
+
+def packed_as_json(value: bytes, *, key_check: bool = True) -> bytes:
+    """A binary packed repartition record as the JSON packed record versions before the
+    binary format wrote for the same events (``key_check=False``: as versions before key
+    checks wrote it, without ``"c"``). The layout is restated here from the documentation
+    (docs/topics.md), not taken from the reader."""
+    n, src_partition, meta_bytes, first = struct.unpack_from("<IIIq", value, 4)
+    meta = orjson.loads(value[len(value) - meta_bytes :])
+    t_at = 24
+    u_at = t_at + 8 * n
+    o_at = u_at + 16 * n
+    s_at = o_at + 4 * n
+    columns = {
+        "u": value[u_at:o_at],
+        "t": value[t_at:u_at],
+        "o": value[o_at:s_at],
+        "s": value[s_at : s_at + 4 * n],
+    }
+    body = {"kind": "events", "src": [src_partition, first], "k": meta["k"], "c": meta["c"]}
+    if not key_check:
+        del body["c"]
+    body |= {"n": n, "fields": meta["fields"], "sig": meta["sig"]}
+    body |= {name: base64.b64encode(raw).decode() for name, raw in columns.items()}
+    return orjson.dumps(body)

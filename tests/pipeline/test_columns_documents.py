@@ -25,7 +25,7 @@ from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats import struct_decode
 from stream_dp.pipeline.formats.decode import REASONS, BadRecord, Decoder
-from stream_dp.pipeline.formats.packed import decode_events
+from stream_dp.pipeline.formats.packed import decode_binary
 from stream_dp.pipeline.stages import columns, ingest_columns
 from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage, InputRecord
 from tests.pipeline.support import KEYRING, NOW, T0, config
@@ -140,11 +140,11 @@ def _routed_events(out: Sequence[tuple[bytes, bytes, int]], packed: bool) -> dic
     """Per source offset, the routed event: target, key id, pseudonym, time, domain."""
     got: dict[int, Any] = {}
     for _key, value, target in out:
-        body = orjson.loads(value)
         if not packed:
+            body = orjson.loads(value)
             got[body["src"][1]] = (target, body["k"], body["u"], body["t"], body["e"]["domain"])
             continue
-        events = decode_events(body, ["domain"])
+        events = decode_binary(value, ["domain"])
         for j, offset in enumerate(events.offsets.tolist()):
             (domain,) = events.signatures[events.signature_index[j]]
             pseudonym = events.pseudonyms[16 * j : 16 * (j + 1)].hex()

@@ -14,13 +14,18 @@ import pytest
 
 from stream_dp.config.model import Config
 from stream_dp.ops.metrics import Metrics
-from stream_dp.pipeline.formats.packed import PACKED_KEY_PREFIX, decode_events
+from stream_dp.pipeline.formats.packed import (
+    PACKED_KEY_PREFIX,
+    decode_binary,
+    decode_events,
+    is_binary,
+)
 from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage, InputRecord
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from tests.helpers import schema_validator
-from tests.pipeline.support import KEYRING, NOW, T0, TEST_KEY, config, numbered
+from tests.pipeline.support import KEYRING, NOW, T0, TEST_KEY, config, numbered, packed_as_json
 
 QUERIES: list[dict[str, Any]] = [
     {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6},
@@ -107,9 +112,9 @@ def test_packed_records_give_the_totals_of_one_record_per_event() -> None:
 
 def test_packed_records_validate_and_hold_no_raw_id() -> None:
     """Decoded, every packed event is its input event with the user id replaced by the
-    keyed pseudonym (computed here with the test key), and no column of any record — the
-    decoded pseudonyms, times, offsets, signatures and the JSON around them — holds a raw
-    id or any 8 bytes of one."""
+    keyed pseudonym (computed here with the test key), and no record — its bytes as
+    written, its decoded pseudonyms, times, offsets and signatures, and the same record in
+    the JSON format of earlier versions — holds a raw id or any 8 bytes of one."""
     validator = schema_validator("repartition.schema.json")
     router = _router(3, routed_partitions=4)
     events = [(f"user-{i}@example.com", i / 10, f"d{i % 3}") for i in range(200)]
@@ -119,17 +124,19 @@ def test_packed_records_validate_and_hold_no_raw_id() -> None:
     raw_ids = [u.encode() for u, _, _ in events]
     seen: dict[int, tuple[bytes, float, tuple[Any, ...]]] = {}
     for key, value, _target in records:
-        body = orjson.loads(value)
-        validator.validate(body)
+        assert is_binary(value)
+        as_json = packed_as_json(value)
+        validator.validate(orjson.loads(as_json))  # the same information as before
         assert key == (PACKED_KEY_PREFIX + "3").encode()
-        assert body["k"] == "k1" and body["src"][0] == 3
-        packed = decode_events(body, ["domain"])
+        packed = decode_binary(value, ["domain"])
+        assert packed.key_id == "k1" and packed.src_partition == 3
         columns = [
+            value,
+            as_json,
             packed.pseudonyms,
             packed.times.tobytes(),
             packed.offsets.tobytes(),
             orjson.dumps(packed.signatures),
-            orjson.dumps({k: v for k, v in body.items() if k not in ("u", "t", "o", "s")}),
         ]
         for raw in raw_ids:
             pieces = {raw[i : i + 8] for i in range(len(raw) - 7)}
@@ -195,8 +202,9 @@ def test_packed_events_of_another_pseudonym_key_are_dropped() -> None:
 
 
 def _packed_body() -> dict[str, Any]:
+    """A packed record in the JSON format of earlier versions, as a dict."""
     records, _ = _router(0).route_packed(0, numbered(_EVENTS), now_s=NOW, now_mono_s=0)
-    body: dict[str, Any] = orjson.loads(records[0][1])
+    body: dict[str, Any] = orjson.loads(packed_as_json(records[0][1]))
     return body
 
 
@@ -259,7 +267,7 @@ def test_routing_dead_letters_and_progress_match_the_per_event_router() -> None:
     assert [(d.reason, d.offset) for d in dead_packed] == [(d.reason, d.offset) for d in dead_one]
     assert [(d.reason, d.offset) for d in dead_one] == [("not_json", 2), ("bad_user", 3)]
     assert packed.progress_marks(5) == one.progress_marks(5)
-    assert sum(orjson.loads(v)["n"] for _, v, _ in out) == 3
+    assert sum(len(decode_binary(v, [])) for _, v, _ in out) == 3
     assert packed.metrics.events_consumed._value.get() == 5
 
 
@@ -272,7 +280,7 @@ def test_erased_users_are_repartitioned_like_anyone_and_not_taken_from_packed_re
     one, packed = _router(0, erasures=erasures), _router(0, erasures=erasures)
     one_each, _ = one.route(0, numbered(_EVENTS), now_s=NOW, now_mono_s=1)
     records, _ = packed.route_packed(0, numbered(_EVENTS), now_s=NOW, now_mono_s=1)
-    assert sum(orjson.loads(v)["n"] for _, v, _ in records) == len(one_each) == 6
+    assert sum(len(decode_binary(v, [])) for _, v, _ in records) == len(one_each) == 6
     assert packed.metrics.events_repartitioned._value.get() == 6
     assert one.metrics.events_repartitioned._value.get() == 6
     assert packed.progress_marks(2) == one.progress_marks(2)
@@ -331,7 +339,7 @@ def test_each_packed_event_is_the_per_event_routers_record(group_by: list[str]) 
     assert len({k for _, k, _, _, _ in expected.values()}) == 2  # both keys are in the batch
     got = {}
     for _key, value, target in out:
-        events = decode_events(orjson.loads(value), group_by)
+        events = decode_binary(value, group_by)
         for j, offset in enumerate(events.offsets.tolist()):
             signature = events.signatures[events.signature_index[j]]
             got[offset] = (

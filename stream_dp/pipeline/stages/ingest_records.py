@@ -32,7 +32,7 @@ import numpy as np
 import orjson
 
 from stream_dp.pipeline.formats.decode import BadRecord
-from stream_dp.pipeline.formats.packed import PACKED_KIND, decode_events
+from stream_dp.pipeline.formats.packed import PACKED_KIND, decode_binary, decode_events, is_binary
 from stream_dp.pipeline.stages.ingest_columns import (
     ACCEPT,
     LATE,
@@ -289,8 +289,12 @@ class RecordPath:
         (ingested whole), a progress mark (added to ``marks``) or a malformed record
         (dead-lettered)."""
         try:
+            if is_binary(value):  # what stage 0 writes
+                packed = decode_binary(value, self.form.fields)
+                dead.extend(self.columns.ingest_packed(partition, offset, packed, topic, seen))
+                return None
             body = orjson.loads(value or b"null")
-            if type(body) is dict and body.get("kind") == PACKED_KIND:
+            if type(body) is dict and body.get("kind") == PACKED_KIND:  # earlier versions
                 packed = decode_events(body, self.form.fields)
                 dead.extend(self.columns.ingest_packed(partition, offset, packed, topic, seen))
                 return None
