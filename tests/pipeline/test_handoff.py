@@ -151,7 +151,11 @@ def test_watermarks_written_with_the_partials_say_what_holds_once_their_windows_
     ]
     assert len(transport.writes) == 1
     # The next turn: nothing sealed, the partitions were quiet and still are.
-    assert _step(handoff, log, 20) == ["watermark 0 quiet", "watermark 1 quiet", "watermark 2 quiet"]
+    assert _step(handoff, log, 20) == [
+        "watermark 0 quiet",
+        "watermark 1 quiet",
+        "watermark 2 quiet",
+    ]
 
 
 def test_a_window_whose_partials_were_not_acknowledged_keeps_its_state_and_input() -> None:
