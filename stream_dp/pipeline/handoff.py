@@ -164,7 +164,7 @@ class Handoff:
             self.partials_partition_of,
             max_bytes=self.max_bytes,
         )
-        items = [(k, v, r) for r, records in encoded for k, v in records]
+        items: list[Placed] = [(k, v, r) for r, records in encoded for k, v in records]
         marks: list[SourceWatermark] = []
         if marks_at is not None:
             marks = self._ordered(self.ingest.watermarks(marks_at, dropping=sealed))
