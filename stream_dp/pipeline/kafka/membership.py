@@ -20,7 +20,9 @@ discarded unseen.
 
 Offsets committed are only *safe* ones (:meth:`Membership.safe_offsets`): what stage 1 has
 sealed and published, what stage 2 has released, what stage 0 has routed and had
-acknowledged. A member told it lost its membership or generation counts it and keeps running:
+acknowledged. The loop's commit is awaited by the next commit, not at once
+(:mod:`.commit_flight`): every commit awaits the one in flight first, and a revocation waits
+for its answer. A member told it lost its membership or generation counts it and keeps running:
 the group's rejoin hands it its partitions again.
 """
 
@@ -38,11 +40,12 @@ from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from stream_dp.kafka_client.errors import KafkaError
+from stream_dp.kafka_client.errors import IllegalStateError, KafkaError
 from stream_dp.kafka_client.fetched import fetch_options
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.fetch_health import FetchAges
 from stream_dp.pipeline.idle_fetch import FetchTimeout
+from stream_dp.pipeline.kafka.commit_flight import CommitInFlight, Offsets
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
@@ -102,6 +105,8 @@ class Membership(WorkerPart):
         self.requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
         #: What was last committed per partition: an offset, or (offset, layout metadata).
         self._committed: dict[TopicPartition, Any] = {}
+        #: The loop's last commit, sent and not yet awaited (commit_flight).
+        self.commits = CommitInFlight()
         #: Input offsets stage 0 routed and had acknowledged: safe to commit.
         self.routed_positions: dict[int, int] = {}
         #: Partitions assigned but not taken yet (ledger read, state built): paused until
@@ -325,6 +330,9 @@ class Membership(WorkerPart):
         iteration holds the lock, return at once instead (module docstring)."""
         if self.lock.locked():
             self._revoke_later(revoked)
+            # The rejoin waits for the loop's commit in flight: the partitions' next owner
+            # reads every offset this member committed (commit_flight).
+            await self.commits.answered()
             return
         async with self.lock:
             if self.stages is not None:
@@ -399,9 +407,27 @@ class Membership(WorkerPart):
         return out
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
-        """Commit the safe offsets that moved (of ``only``, if given) and are assigned; in
-        keyed mode with the layout as the stage-1 partitions' metadata (topology_watch),
-        committed again when it changed though the offsets did not."""
+        """Commit the safe offsets that moved (of ``only``, if given) and are assigned, once
+        the loop's commit in flight is answered (:mod:`.commit_flight`: offsets never go
+        back); in keyed mode with the layout as the stage-1 partitions' metadata
+        (topology_watch), committed again when it changed though the offsets did not."""
+        assert self.consumer is not None
+        try:
+            await self._settle_commit()
+        except MEMBERSHIP_ERRORS as exc:
+            membership_lost(self.metrics, exc)
+        offsets = self._moved(only)
+        if offsets:
+            await self.consumer.commit(offsets)
+            self._committed.update(offsets)
+
+    async def _settle_commit(self) -> None:
+        """Await the loop's commit in flight; what it committed is recorded."""
+        self._committed.update(await self.commits.settle())
+
+    def _moved(self, only: set[TopicPartition] | None) -> Offsets:
+        """The safe offsets (of ``only``, if given) that moved since committed, of
+        partitions assigned and not revoked during the iteration."""
         assert self.consumer is not None
         assigned = self.consumer.assignment()
         safe: dict[TopicPartition, Any] = self.safe_offsets()
@@ -415,17 +441,21 @@ class Membership(WorkerPart):
             and tp in assigned
             and tp not in self.revoked_later
         }
-        if offsets:
-            await self.consumer.commit(offsets)
-            self._committed.update(offsets)
+        return offsets
 
     async def commit_in_loop(self) -> None:
-        """Commit; a lost membership is routine (the rejoin redistributes the partitions
-        and their state is rebuilt), never a reason to stop."""
+        """Await the last iteration's commit, then send this one's without awaiting it
+        (:mod:`.commit_flight`); a lost membership is routine (the rejoin redistributes the
+        partitions and their state is rebuilt), never a reason to stop. A partition revoked
+        between a commit's send and its start is a lost membership too."""
+        assert self.consumer is not None
         try:
-            await self.commit()
-        except MEMBERSHIP_ERRORS as exc:
+            await self._settle_commit()
+        except (*MEMBERSHIP_ERRORS, IllegalStateError) as exc:
             membership_lost(self.metrics, exc)
+        offsets = self._moved(None)
+        if offsets:
+            self.commits.send(self.consumer.commit(offsets), offsets)
 
     # -- fetching --------------------------------------------------------------------------
     async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
