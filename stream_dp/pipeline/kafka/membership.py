@@ -21,9 +21,9 @@ discarded unseen.
 Offsets committed are only *safe* ones (:meth:`Membership.safe_offsets`): what stage 1 has
 sealed and published, what stage 2 has released, what stage 0 has routed and had
 acknowledged. The loop's commit is awaited by the next commit, not at once
-(:mod:`.commit_flight`): every commit awaits the one in flight first, and a revocation waits
-for its answer. A member told it lost its membership or generation counts it and keeps running:
-the group's rejoin hands it its partitions again.
+(:mod:`stream_dp.pipeline.commit_flight`): every commit awaits the one in flight first, and
+a revocation waits for its answer. A member told it lost its membership or generation
+counts it and keeps running: the group's rejoin hands it its partitions again.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from stream_dp.kafka_client import AIOKafkaConsumer, ConsumerRebalanceListener, 
 from stream_dp.kafka_client.errors import IllegalStateError, KafkaError
 from stream_dp.kafka_client.fetched import fetch_options
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.commit_flight import CommitInFlight, Offsets
 from stream_dp.pipeline.fetch_health import FetchAges
 from stream_dp.pipeline.idle_fetch import FetchTimeout
-from stream_dp.pipeline.kafka.commit_flight import CommitInFlight, Offsets
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
@@ -103,10 +103,7 @@ class Membership(WorkerPart):
         self.stage1_topic = self.input_topic if self.keyed else out.repartition_topic
         self.partials_topic = out.partials_topic
         self.requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
-        #: What was last committed per partition: an offset, or (offset, layout metadata).
-        self._committed: dict[TopicPartition, Any] = {}
-        #: The loop's last commit, sent and not yet awaited (commit_flight).
-        self.commits = CommitInFlight()
+        self.commits = CommitInFlight()  # the loop's commit in flight; what was committed
         #: Input offsets stage 0 routed and had acknowledged: safe to commit.
         self.routed_positions: dict[int, int] = {}
         #: Partitions assigned but not taken yet (ledger read, state built): paused until
@@ -327,12 +324,10 @@ class Membership(WorkerPart):
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         """Commit what is safe of the revoked partitions, then forget their state; while an
-        iteration holds the lock, return at once instead (module docstring)."""
+        iteration holds the lock, only wait for the loop's commit in flight (module docstring)."""
         if self.lock.locked():
             self._revoke_later(revoked)
-            # The rejoin waits for the loop's commit in flight: the partitions' next owner
-            # reads every offset this member committed (commit_flight).
-            await self.commits.answered()
+            await self.commits.answered()  # the next owner reads all it committed
             return
         async with self.lock:
             if self.stages is not None:
@@ -354,11 +349,8 @@ class Membership(WorkerPart):
             self.owned.pop(tp, None)
         self.revoked_later.update(revoked)
         self.health.set("partitions_assigned", False)
-        log.info(
-            "partitions revoked: %s",
-            ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(revoked)),
-        )
-        log.info("an iteration is running: their state is dropped when it ends, uncommitted")
+        names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(revoked))
+        log.info("partitions revoked: %s (mid-iteration: dropped when it ends)", names)
 
     def drop_revoked_later(self) -> None:
         """Drop the state of partitions revoked during the iteration that just ended (under
@@ -381,7 +373,7 @@ class Membership(WorkerPart):
         for p in routed:
             self.routed_positions.pop(p, None)
         for tp in revoked:
-            self._committed.pop(tp, None)
+            self.commits.committed.pop(tp, None)
             self.metrics.forget_partition(tp.topic, tp.partition)
 
     # -- commits ---------------------------------------------------------------------------
@@ -407,50 +399,31 @@ class Membership(WorkerPart):
         return out
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
-        """Commit the safe offsets that moved (of ``only``, if given) and are assigned, once
-        the loop's commit in flight is answered (:mod:`.commit_flight`: offsets never go
-        back); in keyed mode with the layout as the stage-1 partitions' metadata
-        (topology_watch), committed again when it changed though the offsets did not."""
+        """Commit what moved (:meth:`_moved`) once the loop's commit in flight is answered."""
         assert self.consumer is not None
         try:
-            await self._settle_commit()
+            await self.commits.settle()
         except MEMBERSHIP_ERRORS as exc:
             membership_lost(self.metrics, exc)
         offsets = self._moved(only)
         if offsets:
             await self.consumer.commit(offsets)
-            self._committed.update(offsets)
-
-    async def _settle_commit(self) -> None:
-        """Await the loop's commit in flight; what it committed is recorded."""
-        self._committed.update(await self.commits.settle())
+            self.commits.committed.update(offsets)
 
     def _moved(self, only: set[TopicPartition] | None) -> Offsets:
-        """The safe offsets (of ``only``, if given) that moved since committed, of
-        partitions assigned and not revoked during the iteration."""
+        """:meth:`CommitInFlight.moved`, keyed input's layout as metadata (topology_watch)."""
         assert self.consumer is not None
-        assigned = self.consumer.assignment()
         safe: dict[TopicPartition, Any] = self.safe_offsets()
         if self.keyed:  # the per-window counts go with the offsets replayed from
             safe = with_layout(safe, self.stage1_topic, self._stages().ingest)
-        offsets = {
-            tp: off
-            for tp, off in safe.items()
-            if (only is None or tp in only)
-            and self._committed.get(tp) != off
-            and tp in assigned
-            and tp not in self.revoked_later
-        }
-        return offsets
+        assigned, revoked = self.consumer.assignment(), self.revoked_later
+        return self.commits.moved(safe, assigned=assigned, revoked=revoked, only=only)
 
     async def commit_in_loop(self) -> None:
-        """Await the last iteration's commit, then send this one's without awaiting it
-        (:mod:`.commit_flight`); a lost membership is routine (the rejoin redistributes the
-        partitions and their state is rebuilt), never a reason to stop. A partition revoked
-        between a commit's send and its start is a lost membership too."""
+        """Await the last iteration's commit, send this one's; a lost membership is routine."""
         assert self.consumer is not None
         try:
-            await self._settle_commit()
+            await self.commits.settle()
         except (*MEMBERSHIP_ERRORS, IllegalStateError) as exc:
             membership_lost(self.metrics, exc)
         offsets = self._moved(None)

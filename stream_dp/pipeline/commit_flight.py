@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection
 from typing import Any
 
 from stream_dp.kafka_client import TopicPartition
@@ -41,6 +41,28 @@ class CommitInFlight:
 
     def __init__(self) -> None:
         self._sent: tuple[asyncio.Future[Any], Offsets] | None = None
+        #: What was last committed (answered) per partition: an offset, or (offset, layout
+        #: metadata).
+        self.committed: Offsets = {}
+
+    def moved(
+        self,
+        safe: Offsets,
+        *,
+        assigned: Collection[TopicPartition],
+        revoked: Collection[TopicPartition],
+        only: Collection[TopicPartition] | None = None,
+    ) -> Offsets:
+        """Of the ``safe`` offsets (of ``only``, if given), those that moved since committed,
+        of partitions ``assigned`` and not ``revoked`` (during the iteration)."""
+        return {
+            tp: off
+            for tp, off in safe.items()
+            if (only is None or tp in only)
+            and self.committed.get(tp) != off
+            and tp in assigned
+            and tp not in revoked
+        }
 
     def send(self, commit: Awaitable[Any], offsets: Offsets) -> None:
         """Start ``commit`` (of ``offsets``) without awaiting it; the one before it is
@@ -48,15 +70,15 @@ class CommitInFlight:
         assert self._sent is None, "one commit in flight: settle the last one first"
         self._sent = (asyncio.ensure_future(commit), offsets)
 
-    async def settle(self) -> Offsets:
-        """Await the commit in flight; the offsets it committed ({} when none was in
-        flight). Raises what the commit raised (its offsets never returned)."""
+    async def settle(self) -> None:
+        """Await the commit in flight (if any) and record what it committed in
+        :attr:`committed`. Raises what the commit raised (its offsets not recorded)."""
         sent, self._sent = self._sent, None
         if sent is None:
-            return {}
+            return
         commit, offsets = sent
         await commit
-        return offsets
+        self.committed.update(offsets)
 
     async def answered(self) -> None:
         """Wait until the commit in flight is answered, without settling it (its offsets and
