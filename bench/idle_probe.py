@@ -14,7 +14,10 @@ the iteration that reaches every event) split into:
 * the records processing in the loop (the rest of the iteration);
 
 and how long aiokafka's fetcher had a fetch request in flight while the loop processed a
-batch (a second fetch overlapping the work) — the double buffering the loop relies on.
+batch (a second fetch overlapping the work) — the double buffering the loop relies on. Inside
+the hand-off it times the seal (in its thread), every write to the partials topic and the
+watermark announcements written on their own; and every produce request's round trip
+(``produce_ms``, by topic: a request carrying several topics counts for each).
 Instrumentation only: the timers wrap the methods and change nothing they do. Not a test, and
 never timed in one.
 """
