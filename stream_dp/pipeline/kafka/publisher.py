@@ -16,16 +16,6 @@ window close (partials, watermarks, the ledger parts, the published marker, the 
 record, the output, the tombstones: one awaited write after the other) spent most of its
 wall time waiting for lingers, and a backlog with many windows to close ran at half the
 events per second (bench/RESULTS.md, section 12, ``linger``).
-
-Stage 0 (input not keyed by user) writes the repartition topic through a producer of its own.
-aiokafka sends one produce request at a time to a broker per producer, and stage 0's send —
-a whole batch of repartitioned events, awaited by the next iteration — was in flight when the
-same iteration's hand-off and releases wrote: their partials, watermarks and ledger parts
-waited for it before their own request went out (on Apache Kafka the partials writes of a
-backlog took 35 ms at the median with stage 0, 7 ms without: bench/idle_probe.py). Only stage
-0 writes that topic, so its records keep their order in their one producer; nothing orders
-them against the other topics' records (stage 0's input positions are committed once its
-own send is acknowledged).
 """
 
 from __future__ import annotations
@@ -87,10 +77,6 @@ class Publisher(WorkerPart):
         self._ledger_topic = config.output.ledger_topic
         self._max_bytes = config.kafka.max_message_bytes
         self.producer: AIOKafkaProducer | None = None
-        #: Stage 0's producer, for the repartition topic only (module docstring); None with
-        #: input keyed by user.
-        self.routed_producer: AIOKafkaProducer | None = None
-        self._routed_topic = None if config.input.keyed_by_user else config.output.repartition_topic
         #: The output topic's partitions (set at start).
         self.output_partitions: list[int] = [0]
 
@@ -106,12 +92,6 @@ class Publisher(WorkerPart):
         self.producer = await self.retry(
             "start producer", lambda: start_producer(client_options, options), bounded=False
         )
-        if self._routed_topic is not None:
-            self.routed_producer = await self.retry(
-                "start stage 0's producer",
-                lambda: start_producer(client_options, options),
-                bounded=False,
-            )
         self.health.set("producer_connected", True)
 
     async def partitions(
@@ -182,9 +162,9 @@ class Publisher(WorkerPart):
 
     async def send_many(self, topic: str, items: Sequence[Outgoing], headers: Headers = ()) -> None:
         """Send a batch, each record with ``headers``, and wait for every acknowledgement
-        (retried as a whole, bounded); the repartition topic's by stage 0's own producer."""
-        producer = self.routed_producer if topic == self._routed_topic else self.producer
-        assert producer is not None
+        (retried as a whole, bounded)."""
+        assert self.producer is not None
+        producer = self.producer
         if topic == self._ledger_topic and self._faults.ledger_delay_s:
             await asyncio.sleep(self._faults.ledger_delay_s)
         await self.retry(f"produce to {topic}", lambda: send_all(producer, topic, items, headers))
@@ -226,11 +206,9 @@ class Publisher(WorkerPart):
         await self.send_many(self.config.output.dead_letter_topic, items)
 
     async def flush(self) -> None:
-        for producer in (self.routed_producer, self.producer):
-            if producer is not None:
-                await producer.flush()
+        if self.producer is not None:
+            await self.producer.flush()
 
     async def stop(self) -> None:
-        for producer in (self.routed_producer, self.producer):
-            if producer is not None:
-                await producer.stop()
+        if self.producer is not None:
+            await self.producer.stop()
