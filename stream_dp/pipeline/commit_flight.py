@@ -16,7 +16,8 @@ What keeps this as safe as a commit awaited at once:
   (an older commit landing after a newer one) and a partition revoked, then read by its next
   owner, shows that owner every offset this member committed;
 * a revocation waits until the commit in flight is answered before the rejoin goes on, also
-  while an iteration holds the lock (:meth:`Membership.on_revoked`);
+  while an iteration holds the lock (:meth:`Membership.on_revoked`; there for at most half
+  the session timeout: aiokafka sends no heartbeat while a rebalance callback runs);
 * what the commit committed is recorded (skipped as unmoved next time) only once it is
   answered; a commit that fails raises from the next iteration's commit as it raised from
   its own before (a lost membership is counted, any other error stops the worker without
@@ -80,11 +81,12 @@ class CommitInFlight:
         await commit
         self.committed.update(offsets)
 
-    async def answered(self) -> None:
+    async def answered(self, timeout_s: float) -> None:
         """Wait until the commit in flight is answered, without settling it (its offsets and
-        error stay for :meth:`settle`)."""
+        error stay for :meth:`settle`), or ``timeout_s`` (aiokafka retries a commit for as
+        long as the coordinator is unavailable; a late answer commits safe offsets too)."""
         if self._sent is not None:
-            await asyncio.wait([self._sent[0]])
+            await asyncio.wait([self._sent[0]], timeout=timeout_s)
 
     async def abandon(self) -> None:
         """Cancel the commit in flight (the worker stops without committing)."""

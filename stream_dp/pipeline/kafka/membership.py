@@ -327,7 +327,8 @@ class Membership(WorkerPart):
         iteration holds the lock, only wait for the loop's commit in flight (module docstring)."""
         if self.lock.locked():
             self._revoke_later(revoked)
-            await self.commits.answered()  # the next owner reads all it committed
+            # The next owner reads all it committed (within half the session timeout).
+            await self.commits.answered(self.config.kafka.session_timeout_ms / 2000)
             return
         async with self.lock:
             if self.stages is not None:
