@@ -14,7 +14,10 @@ the iteration that reaches every event) split into:
 * the records processing in the loop (the rest of the iteration);
 
 and how long aiokafka's fetcher had a fetch request in flight while the loop processed a
-batch (a second fetch overlapping the work) — the double buffering the loop relies on.
+batch (a second fetch overlapping the work) — the double buffering the loop relies on. Inside
+the hand-off it times the seal (in its thread), every write to the partials topic and the
+watermark announcements written on their own; and every produce request's round trip
+(``produce_ms``, by topic: a request carrying several topics counts for each).
 Instrumentation only: the timers wrap the methods and change nothing they do. Not a test, and
 never timed in one.
 """
@@ -35,8 +38,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 #: The phases of an iteration the probe times (wall seconds spent awaiting each).
 PHASES = ("fetch", "route", "seal_release", "commit", "take")
-#: Inside ``seal_release``: stage 1's hand-off, the releases, the ledger bounds, topology.
-SUB_PHASES = ("handoff", "release", "bounds", "tick")
+#: Inside ``seal_release``: stage 1's hand-off, the releases, the ledger bounds, topology;
+#: inside the hand-off: the seal (in its thread), every write to the partials topic (partials
+#: and watermarks), the watermark announcements alone, the partner exports.
+SUB_PHASES = ("handoff", "release", "bounds", "tick", "seal", "partials_write", "announce")
 
 
 # -- inside the worker process ----------------------------------------------------------------
@@ -60,6 +65,7 @@ def _install(out: Path, events: int) -> None:
 
     from stream_dp.pipeline.handoff import Handoff
     from stream_dp.pipeline.kafka import worker as worker_module
+    from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
     from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
     from stream_dp.pipeline.kafka.membership import Membership
     from stream_dp.pipeline.kafka.stage_output import StageOutput
@@ -101,6 +107,24 @@ def _install(out: Path, events: int) -> None:
     timed(ReleaseDriver, "release_window", "release")
     timed(LedgerReader, "read_awaited_bounds", "bounds")
     timed(TopologyWatch, "tick", "tick")
+    timed(KafkaTransport, "seal", "seal")
+    timed(KafkaTransport, "write_partials", "partials_write")
+    timed(Handoff, "announce", "announce")
+
+    from aiokafka.producer import sender as aio_sender
+
+    produced: list[list[Any]] = []  # [sent, answered, topics] of every produce request
+    original_produce = aio_sender.Sender._send_produce_req
+
+    async def send_produce_req(self: Any, node_id: Any, batches: Any) -> Any:
+        span: list[Any] = [time.monotonic(), 0.0, sorted({tp.topic for tp in batches})]
+        produced.append(span)
+        try:
+            return await original_produce(self, node_id, batches)
+        finally:
+            span[1] = time.monotonic()
+
+    aio_sender.Sender._send_produce_req = send_produce_req
 
     original_request = aio_fetcher.Fetcher._proc_fetch_request
 
@@ -142,7 +166,9 @@ def _install(out: Path, events: int) -> None:
     worker_module.Worker._iteration = iteration  # type: ignore[method-assign]
 
     def dump() -> None:
-        out.write_text(json.dumps({"iterations": iterations, "in_flight": in_flight}))
+        out.write_text(
+            json.dumps({"iterations": iterations, "in_flight": in_flight, "produced": produced})
+        )
 
     atexit.register(dump)
 
@@ -176,6 +202,13 @@ def breakdown(data: dict[str, Any], events: int) -> dict[str, Any]:
             answered = answered or it["end"]
             overlap += max(0.0, min(answered, it["end"]) - max(sent, it["start"]))
     events_in_span = its[last]["consumed"] - its[first]["consumed"]
+    # Produce requests sent in the span: how many, and their round trips by topic kind.
+    produced = [p for p in data.get("produced", []) if t0 <= p[0] <= t1 and p[1]]
+    produce_ms: dict[str, list[float]] = {}
+    for sent, answered, topics in produced:
+        for topic in topics:
+            kind = topic.split("-")[1] if topic.count("-") >= 2 else topic  # realistic-X-id
+            produce_ms.setdefault(kind, []).append((answered - sent) * 1e3)
     run_queue = its[last].get("run_queue", 0.0) - its[first].get("run_queue", 0.0)
     return {
         "wall_s": wall,
@@ -197,6 +230,11 @@ def breakdown(data: dict[str, Any], events: int) -> dict[str, Any]:
         },
         "fetch_in_flight_while_processing": overlap / max(1e-9, in_loop),
         "phases": phases,
+        "produce_requests": len(produced),
+        "produce_ms": {
+            kind: {"n": len(ms), "median": sorted(ms)[len(ms) // 2], "max": max(ms)}
+            for kind, ms in produce_ms.items()
+        },
         "fetch_requests": [
             [round(s - t0, 4), round((a or t1) - s, 4), n, got, *wait]
             for s, a, n, got, *wait in data["in_flight"]

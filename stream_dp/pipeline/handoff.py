@@ -19,11 +19,21 @@ Each turn (:meth:`Handoff.step`) stage 1 hands what it sealed to stage 2, in thi
    same way, 2–3;
 5. last, every source partition's watermark to every partials partition — those that hold
    windows back first, the quiet ones after them — whenever partials were sealed, and at
-   least every ``watermark_interval_s`` otherwise.
+   least every ``watermark_interval_s`` otherwise. When partials were sealed the watermarks
+   go in the same write as the last hand-off's partials, after them
+   (:meth:`Handoff.hand_off`'s ``marks_at``): one round trip to the broker instead of two.
+   Each watermark is then what it would be once that hand-off's windows are dropped
+   (:meth:`IngestStage.watermarks`' ``dropping``), and the windows are dropped (3) only once
+   the whole write is acknowledged.
 
 Why this order. A watermark past a window's end tells stage 2 that the source has nothing
 more for it: were it durable before that source's partials, stage 2 could release the window
-without them (an under-count published for ever). Dropping the state (and so committing the
+without them (an under-count published for ever). In one write, the partials come before the
+watermarks on every partials partition (:meth:`HandoffTransport.write_partials` keeps each
+partition's records in order, and a window's partials and the watermarks that close it are
+on its one partials partition), so no reader sees a watermark before the partials it
+follows; a write that fails leaves some partitions with both and others with neither, and
+is redone whole. Dropping the state (and so committing the
 input) before the partials are acknowledged would lose the window's events on a crash in
 between. A quiet watermark lets stage 2 stop waiting for its partition — an advance — so the
 partitions that hold windows back go first: no reader sees one partition advance without the
@@ -127,17 +137,26 @@ class Handoff:
         sealed = ingest.due(now_mono)
         if sealed and self.export is not None:
             await self.export(sealed)  # partner exports, acknowledged before the partials
+        marks_due = bool(sealed) or now_mono - self._marks_sent_mono >= self.watermark_interval_s
+        # The watermarks ride on the last hand-off's write (step 5, module docstring).
+        marked = False
         if sealed:
-            await self.hand_off(sealed)
+            marked = marks_due and not ingest.reseal_pending()
+            await self.hand_off(sealed, marks_at=now_mono if marked else None)
         resealed = ingest.reseal_due()  # erasures reached sealed, unreleased windows
         if resealed:
-            await self.hand_off(resealed)
-        if sealed or now_mono - self._marks_sent_mono >= self.watermark_interval_s:
+            await self.hand_off(resealed, marks_at=now_mono if marks_due else None)
+            marked = marks_due
+        if marks_due and not marked:
             await self.announce(ingest.watermarks(now_mono), now_mono)
 
-    async def hand_off(self, sealed: Sequence[tuple[int, int]]) -> None:
+    async def hand_off(
+        self, sealed: Sequence[tuple[int, int]], *, marks_at: float | None = None
+    ) -> None:
         """Steps 2–3: each sealed (partition, window)'s partials to the window's partials
-        partition, acknowledged; then its state dropped."""
+        partition, acknowledged; then its state dropped. ``marks_at``: step 5 too, in the
+        same write after the partials — every watermark as of that time, as it will be once
+        these windows are dropped."""
         encoded = await self.transport.seal(
             seal_windows,
             self.ingest,
@@ -145,22 +164,41 @@ class Handoff:
             self.partials_partition_of,
             max_bytes=self.max_bytes,
         )
-        await self.transport.write_partials(
-            [(k, v, r) for r, records in encoded for k, v in records]
-        )
+        items: list[Placed] = [(k, v, r) for r, records in encoded for k, v in records]
+        marks: list[SourceWatermark] = []
+        if marks_at is not None:
+            marks = self._ordered(self.ingest.watermarks(marks_at, dropping=sealed))
+            items.extend(self._placed(marks))
+        await self.transport.write_partials(items)
         for p, ws in sealed:
             self.ingest.drop(p, ws)
+        if marks_at is not None:
+            self._announced(marks, marks_at)
         self.faults.reached("after_partials_write")
 
     async def announce(self, marks: Sequence[SourceWatermark], now_mono: float) -> None:
         """Step 5: each watermark to every partials partition, the quiet ones last."""
-        ordered = sorted(marks, key=lambda m: m.quiet)
+        ordered = self._ordered(marks)
+        items = self._placed(ordered)
+        if items:
+            await self.transport.write_partials(items)
+        self._announced(ordered, now_mono)
+
+    @staticmethod
+    def _ordered(marks: Sequence[SourceWatermark]) -> list[SourceWatermark]:
+        """The watermarks that hold windows back first, the quiet ones after them."""
+        return sorted(marks, key=lambda m: m.quiet)
+
+    def _placed(self, ordered: Sequence[SourceWatermark]) -> list[Placed]:
+        """Each watermark to every partials partition, in the order given."""
         items: list[Placed] = []
         for mark in ordered:
             key, value = encode_watermark(mark)
             items.extend((key, value, r) for r in self.partials_partitions)
-        if items:
-            await self.transport.write_partials(items)
+        return items
+
+    def _announced(self, ordered: Sequence[SourceWatermark], now_mono: float) -> None:
+        """The watermarks are acknowledged: the next are due an interval later."""
         self._marks_sent_mono = now_mono
         self._silent = {m.source_partition for m in ordered if m.quiet}
 

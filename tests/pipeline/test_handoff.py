@@ -1,7 +1,7 @@
 """Stage 1's hand-off, written once (stream_dp/pipeline/handoff.py): the exact order of its
-effects on a transport — the woken partition announced first, partials acknowledged before
-their window's state is dropped, watermarks last with the quiet partitions after the others —
-and nothing dropped when the partials write fails."""
+effects on a transport — the woken partition announced first, partials then watermarks (the
+quiet partitions after the others) in one write, acknowledged before their window's state is
+dropped — and nothing dropped when that write fails."""
 
 from __future__ import annotations
 
@@ -32,10 +32,13 @@ class Recording:
     def __init__(self, log: list[str]) -> None:
         self.log = log
         self.fail = False
+        #: Each write's records as (key, partition), in order.
+        self.writes: list[list[tuple[str, int]]] = []
 
     async def write_partials(self, records: Sequence[Placed]) -> None:
         if self.fail:
             raise BrokerError("test: the partials write was not acknowledged")
+        self.writes.append([(key, r) for key, _, r in records])
         for key, value, r in records:
             assert value is not None
             if key.startswith(WATERMARK_KEY_PREFIX):
@@ -81,9 +84,9 @@ def _step(handoff: Handoff, log: list[str], now_mono: float) -> list[str]:
     return list(log)
 
 
-def test_the_hand_off_writes_partials_then_drops_then_sends_watermarks_quiet_ones_last() -> None:
+def test_the_hand_off_writes_partials_then_watermarks_quiet_ones_last_then_drops() -> None:
     log: list[str] = []
-    handoff, ingest, _ = _handoff(log)
+    handoff, ingest, transport = _handoff(log)
     ingest.ingest(0, [rec(0, "u", 1)], now_s=NOW, now_mono_s=1)
     ingest.ingest(1, [rec(0, "v", 3)], now_s=NOW, now_mono_s=1)
     # Nothing due: only the watermarks (the first turn's).
@@ -91,15 +94,22 @@ def test_the_hand_off_writes_partials_then_drops_then_sends_watermarks_quiet_one
     assert _step(handoff, log, 1.5) == []  # within the watermark interval: nothing
     # Partition 0 passes the window's end; partition 2, silent past idle_close_s, is quiet.
     ingest.ingest(0, [rec(1, "u", 12)], now_s=NOW, now_mono_s=7)
+    transport.writes.clear()
     assert _step(handoff, log, 7) == [
         "seal",
         "partial visits of 0 to 1",
         "partial all of 0 to 1",
-        "drop 0 0",
         "watermark 0",
         "watermark 1",
         "watermark 2 quiet",
+        "drop 0 0",
     ]
+    # One write (one round trip): on each partials partition the partials come first.
+    assert len(transport.writes) == 1
+    for r in (0, 1):
+        keys = [key for key, partition in transport.writes[0] if partition == r]
+        marks = [i for i, key in enumerate(keys) if key.startswith(WATERMARK_KEY_PREFIX)]
+        assert marks == list(range(len(keys) - 3, len(keys)))  # the three watermarks last
     # The quiet partition has data again: announced before anything is sealed.
     ingest.ingest(2, [rec(0, "w", 13)], now_s=NOW, now_mono_s=8)
     ingest.ingest(1, [rec(1, "v", 14)], now_s=NOW, now_mono_s=8)
@@ -110,10 +120,41 @@ def test_the_hand_off_writes_partials_then_drops_then_sends_watermarks_quiet_one
         "seal",
         "partial visits of 1 to 1",
         "partial all of 1 to 1",
-        "drop 1 0",
         "watermark 0",
         "watermark 1",
         "watermark 2",
+        "drop 1 0",
+    ]
+
+
+def test_watermarks_written_with_the_partials_say_what_holds_once_their_windows_are_dropped() -> (
+    None
+):
+    log: list[str] = []
+    handoff, ingest, transport = _handoff(log)
+    for p in range(3):
+        ingest.ingest(p, [rec(0, f"u{p}", 1 + p)], now_s=NOW, now_mono_s=1)
+    assert _step(handoff, log, 1) == ["watermark 0", "watermark 1", "watermark 2"]
+    # Every partition idle past idle_close_s: its one window is sealed, and with it gone
+    # nothing is open — each watermark in the same write says quiet, as one written after
+    # the drop would.
+    transport.writes.clear()
+    assert _step(handoff, log, 12) == [
+        "seal",
+        *(f"partial {q} of {p} to 1" for p in range(3) for q in ("visits", "all")),
+        "watermark 0 quiet",
+        "watermark 1 quiet",
+        "watermark 2 quiet",
+        "drop 0 0",
+        "drop 1 0",
+        "drop 2 0",
+    ]
+    assert len(transport.writes) == 1
+    # The next turn: nothing sealed, the partitions were quiet and still are.
+    assert _step(handoff, log, 20) == [
+        "watermark 0 quiet",
+        "watermark 1 quiet",
+        "watermark 2 quiet",
     ]
 
 

@@ -20,8 +20,10 @@ discarded unseen.
 
 Offsets committed are only *safe* ones (:meth:`Membership.safe_offsets`): what stage 1 has
 sealed and published, what stage 2 has released, what stage 0 has routed and had
-acknowledged. A member told it lost its membership or generation counts it and keeps running:
-the group's rejoin hands it its partitions again.
+acknowledged. The loop's commit is awaited by the next commit, not at once
+(:mod:`stream_dp.pipeline.commit_flight`): every commit awaits the one in flight first, and
+a revocation waits for its answer. A member told it lost its membership or generation
+counts it and keeps running: the group's rejoin hands it its partitions again.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from stream_dp.kafka_client.errors import KafkaError
+from stream_dp.kafka_client.errors import IllegalStateError, KafkaError
 from stream_dp.kafka_client.fetched import fetch_options
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.commit_flight import CommitInFlight, Offsets
 from stream_dp.pipeline.fetch_health import FetchAges
 from stream_dp.pipeline.idle_fetch import FetchTimeout
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
@@ -100,8 +103,7 @@ class Membership(WorkerPart):
         self.stage1_topic = self.input_topic if self.keyed else out.repartition_topic
         self.partials_topic = out.partials_topic
         self.requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
-        #: What was last committed per partition: an offset, or (offset, layout metadata).
-        self._committed: dict[TopicPartition, Any] = {}
+        self.commits = CommitInFlight()  # the loop's commit in flight; what was committed
         #: Input offsets stage 0 routed and had acknowledged: safe to commit.
         self.routed_positions: dict[int, int] = {}
         #: Partitions assigned but not taken yet (ledger read, state built): paused until
@@ -322,9 +324,11 @@ class Membership(WorkerPart):
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         """Commit what is safe of the revoked partitions, then forget their state; while an
-        iteration holds the lock, return at once instead (module docstring)."""
+        iteration holds the lock, only wait for the loop's commit in flight (module docstring)."""
         if self.lock.locked():
             self._revoke_later(revoked)
+            # The next owner reads all it committed (within half the session timeout).
+            await self.commits.answered(self.config.kafka.session_timeout_ms / 2000)
             return
         async with self.lock:
             if self.stages is not None:
@@ -346,11 +350,8 @@ class Membership(WorkerPart):
             self.owned.pop(tp, None)
         self.revoked_later.update(revoked)
         self.health.set("partitions_assigned", False)
-        log.info(
-            "partitions revoked: %s",
-            ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(revoked)),
-        )
-        log.info("an iteration is running: their state is dropped when it ends, uncommitted")
+        names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(revoked))
+        log.info("partitions revoked: %s (mid-iteration: dropped when it ends)", names)
 
     def drop_revoked_later(self) -> None:
         """Drop the state of partitions revoked during the iteration that just ended (under
@@ -373,7 +374,7 @@ class Membership(WorkerPart):
         for p in routed:
             self.routed_positions.pop(p, None)
         for tp in revoked:
-            self._committed.pop(tp, None)
+            self.commits.committed.pop(tp, None)
             self.metrics.forget_partition(tp.topic, tp.partition)
 
     # -- commits ---------------------------------------------------------------------------
@@ -399,33 +400,36 @@ class Membership(WorkerPart):
         return out
 
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
-        """Commit the safe offsets that moved (of ``only``, if given) and are assigned; in
-        keyed mode with the layout as the stage-1 partitions' metadata (topology_watch),
-        committed again when it changed though the offsets did not."""
+        """Commit what moved (:meth:`_moved`) once the loop's commit in flight is answered."""
         assert self.consumer is not None
-        assigned = self.consumer.assignment()
+        try:
+            await self.commits.settle()
+        except MEMBERSHIP_ERRORS as exc:
+            membership_lost(self.metrics, exc)
+        offsets = self._moved(only)
+        if offsets:
+            await self.consumer.commit(offsets)
+            self.commits.committed.update(offsets)
+
+    def _moved(self, only: set[TopicPartition] | None) -> Offsets:
+        """:meth:`CommitInFlight.moved`, keyed input's layout as metadata (topology_watch)."""
+        assert self.consumer is not None
         safe: dict[TopicPartition, Any] = self.safe_offsets()
         if self.keyed:  # the per-window counts go with the offsets replayed from
             safe = with_layout(safe, self.stage1_topic, self._stages().ingest)
-        offsets = {
-            tp: off
-            for tp, off in safe.items()
-            if (only is None or tp in only)
-            and self._committed.get(tp) != off
-            and tp in assigned
-            and tp not in self.revoked_later
-        }
-        if offsets:
-            await self.consumer.commit(offsets)
-            self._committed.update(offsets)
+        assigned, revoked = self.consumer.assignment(), self.revoked_later
+        return self.commits.moved(safe, assigned=assigned, revoked=revoked, only=only)
 
     async def commit_in_loop(self) -> None:
-        """Commit; a lost membership is routine (the rejoin redistributes the partitions
-        and their state is rebuilt), never a reason to stop."""
+        """Await the last iteration's commit, send this one's; a lost membership is routine."""
+        assert self.consumer is not None
         try:
-            await self.commit()
-        except MEMBERSHIP_ERRORS as exc:
+            await self.commits.settle()
+        except (*MEMBERSHIP_ERRORS, IllegalStateError) as exc:
             membership_lost(self.metrics, exc)
+        offsets = self._moved(None)
+        if offsets:
+            self.commits.send(self.consumer.commit(offsets), offsets)
 
     # -- fetching --------------------------------------------------------------------------
     async def fetch(self) -> dict[TopicPartition, list[Any]] | None:

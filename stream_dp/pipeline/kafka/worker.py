@@ -393,9 +393,7 @@ class Worker:
             erasure=self._erasure,
             faults=self._faults,
         )
-        return driver, Handoff.beside(
-            driver, ingest, transport, export=self.output.exports.publish
-        )
+        return driver, Handoff.beside(driver, ingest, transport, export=self.output.exports.publish)
 
     async def _shutdown(self, *, commit: bool) -> None:
         """Flush, commit what is safe (only on a graceful stop), leave the group. Open
@@ -414,6 +412,9 @@ class Worker:
             if commit and consumer is not None and self.ingest is not None:
                 await step(self.membership.commit)
         finally:
+            # The loop's commit still in flight (an error exit, or a commit step out of
+            # time) is cancelled: it carried safe offsets, and nothing waits for it now.
+            await step(self.membership.commits.abandon)
             if consumer is not None:
                 await step(consumer.stop)
             for reader in self._reader.readers() if self._reader is not None else []:
@@ -526,7 +527,7 @@ class Worker:
         if self._broker_ok:
             await self._seal_and_release(mono)
         self._late_notice.observe(release.coverage_start_s, mono)
-        await membership.commit_in_loop()
+        await membership.commit_in_loop()  # sent; awaited by the next commit (commit_flight)
         if batch:
             self.metrics.batch_processing.observe(time.perf_counter() - started)
 

@@ -54,6 +54,11 @@ class ErasureState:
                     store.reseal.add((p, ws))
         self.applied = max(self.applied, position)
 
+    def reseal_pending(self) -> bool:
+        """Whether :meth:`reseal_due` has windows to give (it is not called: it forgets them)."""
+        store = self.store
+        return any(ws in store.parts.get(p, {}) for p, ws in store.reseal)
+
     def reseal_due(self) -> list[tuple[int, int]]:
         """Sealed windows to seal again (an erasure reached them before their release):
         publish the stage's seal of each, then drop it as after the first seal."""

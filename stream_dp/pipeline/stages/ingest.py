@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import logging
 import random  # only the type of a seed for the sampling PRNG (see new_sampling_generator)
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -115,6 +115,7 @@ log = logging.getLogger(__name__)
 #: A partition holding a window for its bounds reports itself sealed this far before the
 #: window's end (the watermark of a source means: windows ending at or before it are out).
 HELD_MARGIN_S = 0.001
+
 
 class _NothingReleased:
     coverage_start_s: int | None = None
@@ -559,11 +560,17 @@ class IngestStage:
         self.metrics.partials_published.inc(len(self.queries))
         self.store.drop(partition, window_start_s, self.queries)
 
-    def watermarks(self, now_mono_s: float) -> list[SourceWatermark]:
-        """What each assigned partition has sealed: written after its partials."""
+    def watermarks(
+        self, now_mono_s: float, *, dropping: Collection[tuple[int, int]] = ()
+    ) -> list[SourceWatermark]:
+        """What each assigned partition has sealed: written after its partials.
+        ``dropping``: (partition, window)s whose partials go out with these watermarks,
+        counted as dropped (:meth:`drop`: no longer open) though their state is still held."""
         marks = []
         for p, tracker in sorted(self._trackers.items()):
-            kept = self.store.kept.get(p, ())
+            kept: Collection[int] = self.store.kept.get(p, ())
+            if dropping:
+                kept = {*kept, *(ws for q, ws in dropping if q == p)}
             clock_idle = all(tracker.is_idle(s, now_mono_s) for s in tracker.partitions)
             marks.append(
                 SourceWatermark(
@@ -594,6 +601,10 @@ class IngestStage:
     def reseal_due(self) -> list[tuple[int, int]]:
         """Sealed windows to seal again: :meth:`.ErasureState.reseal_due`."""
         return self.erasure.reseal_due()
+
+    def reseal_pending(self) -> bool:
+        """:meth:`.ErasureState.reseal_pending`."""
+        return self.erasure.reseal_pending()
 
     # -- offsets and held state ---------------------------------------------------------
     def safe_offsets(self) -> dict[int, int]:
