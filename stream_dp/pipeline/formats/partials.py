@@ -40,6 +40,7 @@ import numpy as np
 import orjson
 
 from stream_dp.errors import StreamDPError
+from stream_dp.pipeline.formats.partials_plain import plain_partial
 from stream_dp.pipeline.formats.records import SCHEMA_VERSION
 from stream_dp.privacy.exponential.bin_counts import BinCounts
 from stream_dp.privacy.exponential.quantiles import MAX_BINS
@@ -236,9 +237,7 @@ def partial_entries(totals: KeyTotals) -> Callable[[int, int], list[Any]]:
     def entries(lo: int, hi: int) -> list[Any]:
         columns = [a[lo:hi].tolist() for a in arrays]
         groups = totals.groups[lo:hi]
-        out: list[Any] = list(
-            zip(map(list, groups) if as_lists else groups, *columns, strict=True)
-        )
+        out: list[Any] = list(zip(map(list, groups) if as_lists else groups, *columns, strict=True))
         hist = totals.value_bins
         if hist.bins:  # statistic: quantile (only then a seventh item)
             # sparse, as held: [bins, [nonzero bin indices, increasing], [their counts]]
@@ -406,7 +405,10 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
     """Parse one partials-topic record; :class:`PartialFormatError` if it is not one."""
     if value is None:
         raise PartialFormatError("empty record")
+    plain = plain_partial(value)  # most parts: msgspec, exactly orjson's result or None
     try:
+        if plain is not None:
+            return _partial_part(plain[0], plain[1])
         obj = orjson.loads(value)
         kind = obj["kind"]
         if kind == "watermark":
@@ -420,30 +422,36 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
                 idle_for_s=float(obj.get("idle_for_s", 0.0)),
             )
         if kind == "partial":
-            if not 0 <= int(obj["part"]) < int(obj["parts"]):
-                raise ValueError(f"part {obj['part']} of {obj['parts']}")
-            return PartialPart(
-                query=str(obj["query"]),
-                window_start_s=epoch_of_iso(str(obj["window_start"])),
-                source_partition=int(obj["source_partition"]),
-                version=str(obj["version"]),
-                part=int(obj["part"]),
-                parts=int(obj["parts"]),
-                events_seen=int(obj["events_seen"]),
-                events_retained=int(obj["events_retained"]),
-                source_partitions=int(obj.get("source_partitions", 1)),
-                key_id=str(obj.get("key_id", "")),
-                placement=str(obj.get("placement", "")),
-                erasures_through=int(obj.get("erasures_through", 0)),
-                bounds=_bounds(obj.get("bounds")),
-                histograms=_histograms(obj.get("histograms")),
-                fingerprint=str(obj.get("fingerprint", "")),
-                key_check=str(obj.get("key_check", "")),
-                totals=TotalsRows(_decode_totals(obj["totals"])),
-            )
+            return _partial_part(obj, None)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError) as exc:
         raise PartialFormatError(f"malformed partials record: {exc}") from None
     raise PartialFormatError(f"unknown partials record kind {kind!r}")
+
+
+def _partial_part(obj: dict[str, Any], totals: KeyTotals | None) -> PartialPart:
+    """A part from its decoded record (``totals``: decoded already, or None to decode the
+    record's ``totals`` member)."""
+    if not 0 <= int(obj["part"]) < int(obj["parts"]):
+        raise ValueError(f"part {obj['part']} of {obj['parts']}")
+    return PartialPart(
+        query=str(obj["query"]),
+        window_start_s=epoch_of_iso(str(obj["window_start"])),
+        source_partition=int(obj["source_partition"]),
+        version=str(obj["version"]),
+        part=int(obj["part"]),
+        parts=int(obj["parts"]),
+        events_seen=int(obj["events_seen"]),
+        events_retained=int(obj["events_retained"]),
+        source_partitions=int(obj.get("source_partitions", 1)),
+        key_id=str(obj.get("key_id", "")),
+        placement=str(obj.get("placement", "")),
+        erasures_through=int(obj.get("erasures_through", 0)),
+        bounds=_bounds(obj.get("bounds")),
+        histograms=_histograms(obj.get("histograms")),
+        fingerprint=str(obj.get("fingerprint", "")),
+        key_check=str(obj.get("key_check", "")),
+        totals=TotalsRows(_decode_totals(obj["totals"]) if totals is None else totals),
+    )
 
 
 _PLAIN_VALUE_TYPES = frozenset((str, int, type(None)))
