@@ -116,6 +116,7 @@ log = logging.getLogger(__name__)
 #: window's end (the watermark of a source means: windows ending at or before it are out).
 HELD_MARGIN_S = 0.001
 
+
 class _NothingReleased:
     coverage_start_s: int | None = None
     first_unreleased_s: int | None = None
@@ -635,7 +636,7 @@ def bounded_totals(
     )
     present = np.flatnonzero(found.users)
     return KeyTotals(
-        [groups[i] for i in present.tolist()],
+        list(map(groups.__getitem__, present.tolist())),
         found.events[present],
         found.users[present],
         found.value_sums[present],
