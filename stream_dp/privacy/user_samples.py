@@ -59,6 +59,33 @@ def pseudonym_words(pseudonyms: bytes, n: int) -> np.ndarray:
     return np.frombuffer(pseudonyms, dtype=np.uint64).reshape(n, 2)
 
 
+def _by_user_then_priority(hi: np.ndarray, priorities: np.ndarray) -> np.ndarray | None:
+    """The rows' order by first word, then priority — what a sort by priority then a stable
+    sort by first word give — from two unstable sorts (numpy's vectorised quicksort: a
+    stable sort of 2,000,000 words took 3.5 times as long): by first word, then by one
+    64-bit key per row, the word's rank in its high bits and the priority's high bits below.
+    None when two rows of one word share their key (their priorities' high bits; about
+    m² / 2^(65 - b) for a word's m rows, b the bits of the rank): the caller sorts as before."""
+    by_word = np.argsort(hi)
+    sorted_hi = hi[by_word]
+    new_word = np.empty(len(hi), dtype=bool)
+    new_word[0] = True
+    np.not_equal(sorted_hi[1:], sorted_hi[:-1], out=new_word[1:])
+    rank = np.cumsum(new_word, dtype=np.uint64) - np.uint64(1)
+    bits = int(rank[-1]).bit_length()
+    if bits >= 32:
+        return None
+    key = priorities[by_word]
+    if bits:
+        key = (rank << np.uint64(64 - bits)) | (key >> np.uint64(bits))
+    within = np.argsort(key)
+    sorted_key = key[within]
+    if (sorted_key[1:] == sorted_key[:-1]).any():
+        return None
+    order: np.ndarray = by_word[within]
+    return order
+
+
 class UserSamples:
     """At most k events per user of one window and source partition, as columns."""
 
@@ -124,9 +151,11 @@ class UserSamples:
             self._kept = (words, priorities, items)
             return
         hi, lo = words[:, 0], words[:, 1]
-        # By priority, then stably by the first word: runs of one word in priority order.
-        order = np.argsort(priorities)
-        order = order[np.argsort(hi[order], kind="stable")]
+        order = _by_user_then_priority(hi, priorities)
+        if order is None:
+            # By priority, then stably by the first word: runs of one word in priority order.
+            order = np.argsort(priorities)
+            order = order[np.argsort(hi[order], kind="stable")]
         shi, slo = hi[order], lo[order]
         same_hi = shi[1:] == shi[:-1]
         if not np.array_equal(slo[1:][same_hi], slo[:-1][same_hi]):

@@ -35,7 +35,13 @@ from stream_dp.pipeline.formats.partials import (
 from stream_dp.pipeline.stages import partials_inbox
 from stream_dp.pipeline.stages.ingest import IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
-from stream_dp.privacy.group_values import JSON_FALSE, JSON_TRUE, JsonBool
+from stream_dp.privacy.group_values import (
+    JSON_FALSE,
+    JSON_TRUE,
+    JsonBool,
+    canonical_key,
+    json_default,
+)
 from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows import TumblingWindows
@@ -543,7 +549,7 @@ def _parts_in_one_call(partial: Partial, max_bytes: int) -> tuple[list[bytes], i
     del header["totals"]
     header["part"] = header["parts"] = 0
     budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
-    whole = orjson.dumps(entries)
+    whole = orjson.dumps(entries, default=json_default)
     if len(whole) <= budget:
         return [whole], len(whole), budget
     out: list[bytes] = []
@@ -552,7 +558,7 @@ def _parts_in_one_call(partial: Partial, max_bytes: int) -> tuple[list[bytes], i
     pending = list(itertools.pairwise(bounds))[::-1]
     while pending:
         lo, hi = pending.pop()
-        blob = orjson.dumps(entries[lo:hi])
+        blob = orjson.dumps(entries[lo:hi], default=json_default)
         if len(blob) <= budget:
             out.append(blob)
         else:
@@ -599,3 +605,85 @@ def test_a_partial_encoded_a_slice_at_a_time_is_the_one_call_encoding(
             got = [v[v.index(b',"totals":') + len(b',"totals":') : -1] for _, v in records]
             assert got == _parts_in_one_call(partial, max_bytes)[0], (trial, n, max_bytes)
         assert all(len(v) + len(k) + RECORD_OVERHEAD_BYTES <= max_bytes for k, v in records)
+
+
+def _random_group(rng: random.Random) -> GroupKey:
+    """A canonical group key of 0 to 3 values of every kind a key holds, strings with
+    JSON escapes and non-ASCII characters among them."""
+    values: list[Any] = [
+        None,
+        JSON_TRUE,
+        JSON_FALSE,
+        rng.randrange(-(2**63), 2**63),
+        rng.choice([0.5, -1e300, 2.25e-7, -2.5]),
+        "".join(rng.choice('ab"\\\n\x01é€😀/') for _ in range(rng.randrange(6))),
+    ]
+    return tuple(rng.choice(values) for _ in range(rng.randrange(4)))
+
+
+def test_a_partials_size_measured_from_its_columns_is_its_encoded_size() -> None:
+    """The seal measures a partial's JSON from its columns (one orjson call over the group
+    keys and one per number column) instead of encoding every entry twice: the size is
+    that of one orjson call over the entries, for every kind of group value and number
+    (int64's extremes, negative sums), with and without weights and squares."""
+    rng = random.Random(43)
+    extremes = [-(2**63), 2**63 - 1, -1, 0, 9, 10, -10]
+    for trial in range(300):
+        n = rng.choice([0, 1, 2, 3, 17, 200])
+        groups = list(dict.fromkeys(_random_group(rng) for _ in range(n)))
+        n = len(groups)
+
+        def column(n: int = n, low: int = 0) -> np.ndarray:
+            return np.array(
+                [
+                    rng.choice(extremes) if rng.random() < 0.2 else rng.randrange(low, 10**6)
+                    for _ in range(n)
+                ],
+                dtype=np.int64,
+            )
+
+        kind = rng.choice(["count", "weighted", "variance"])
+        totals = KeyTotals(
+            groups,
+            column(),
+            column(),
+            column(low=-(10**6)),
+            selection_weights=column() if kind != "count" else None,
+            value_squares=column() if kind == "variance" else None,
+        )
+        entries = partials_format.partial_entries(totals)(0, n)
+        whole = orjson.dumps(entries, default=json_default)
+        assert partials_format.entries_size(totals) == len(whole), (trial, groups)
+        # The entries are the arrays the encoder always wrote: [[group values], numbers…].
+        arrays = [totals.events, totals.users, totals.value_sums]
+        if totals.value_squares.any():
+            arrays += [totals.selection_weights, totals.value_squares]
+        elif totals.selection_weights.any():
+            arrays.append(totals.selection_weights)
+        rows = [[list(g), *map(int, numbers)] for g, *numbers in zip(groups, *arrays, strict=True)]
+        assert whole == orjson.dumps(rows, default=json_default), trial
+
+
+def test_a_partial_of_any_group_values_is_cut_as_by_one_call() -> None:
+    """The records of partials whose keys hold every kind of group value, cut at limits
+    where the whole just fits or does not, are those of one orjson call over all entries
+    cut by the rule of issue 39 (their size is measured from the columns)."""
+    rng = random.Random(4343)
+    for trial in range(40):
+        groups = list(dict.fromkeys(_random_group(rng) for _ in range(rng.choice([1, 5, 300]))))
+        n = len(groups)
+        numbers = [np.array([rng.randrange(-50, 10**9) for _ in range(n)]) for _ in range(3)]
+        partial = dataclasses.replace(
+            _partial({}, query=f"q{trial}"), totals=KeyTotals(groups, *numbers)
+        )
+        _, size, budget = _parts_in_one_call(partial, 1 << 20)
+        edge = (1 << 20) - budget + size
+        for max_bytes in [edge, edge - 1, 4096] if n >= 2 else [edge]:
+            records = encode_partial(partial, max_bytes=max_bytes)
+            got = [v[v.index(b',"totals":') + len(b',"totals":') : -1] for _, v in records]
+            assert got == _parts_in_one_call(partial, max_bytes)[0], (trial, n, max_bytes)
+            taken = PartialAssembler()
+            assert [taken.add(p) for p in map(decode, (v for _, v in records))][-1]
+            assert taken.taken is not None and list(taken.taken.totals) == [
+                canonical_key(list(g)) for g in groups
+            ]

@@ -81,3 +81,58 @@ def test_events_offered_in_many_batches_are_kept_uniformly() -> None:
             samples.add_many([_user(7)], [item])
         kept[int(samples.sample()[1][0])] += 1
     assert chisquare(kept).pvalue > 1e-7, kept
+
+
+def _old_compaction(
+    words: np.ndarray, priorities: np.ndarray, items: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Compaction as it was written before the two unstable sorts (issue 43): by priority,
+    then stably by first word (by both words and priority when two pseudonyms share the
+    first), the first k rows of each user kept."""
+    hi, lo = words[:, 0], words[:, 1]
+    order = np.argsort(priorities)
+    order = order[np.argsort(hi[order], kind="stable")]
+    shi, slo = hi[order], lo[order]
+    same_hi = shi[1:] == shi[:-1]
+    if not np.array_equal(slo[1:][same_hi], slo[:-1][same_hi]):
+        order = np.lexsort((priorities, lo, hi))
+        shi, slo = hi[order], lo[order]
+        same_hi = (shi[1:] == shi[:-1]) & (slo[1:] == slo[:-1])
+    starts = np.flatnonzero(np.concatenate(([True], ~same_hi)))
+    run = np.cumsum(np.concatenate(([True], ~same_hi))) - 1
+    order = order[np.arange(len(items)) - starts[run] < k]
+    return words[order], priorities[order], items[order]
+
+
+def test_compaction_keeps_the_rows_and_order_of_the_sort_by_priority_then_user() -> None:
+    """The seal's compaction sorts by user then priority with two unstable (vectorised)
+    sorts and a tie check: the kept rows and their order are those of the stable sort it
+    replaced, for many users and few, heavy users, pseudonyms sharing their first word,
+    and priorities that tie in full or in the high bits the fast sort compares (where it
+    falls back to the stable sort)."""
+    rng = np.random.default_rng(43)
+    for trial in range(400):
+        n = int(rng.choice([1, 2, 3, 50, 2000, 20_000]))
+        users = int(rng.integers(1, n + 1))
+        first = rng.integers(0, 2**64, users, dtype=np.uint64)
+        if trial % 5 == 1:
+            first[: users // 2] = first[0]  # half the users share their first word
+        pool = np.stack([first, rng.integers(0, 2**64, users, dtype=np.uint64)], axis=1)
+        heavy = trial % 4 == 2  # one user holds about half the rows
+        who = np.where(rng.random(n) < 0.5, 0, rng.integers(0, users, n)) if heavy else None
+        words = pool[who if who is not None else rng.integers(0, users, n)]
+        priorities = rng.integers(0, 2**64, n, dtype=np.uint64)
+        if trial % 3 == 0:  # ties: in full, or in the high bits only
+            priorities = (rng.integers(0, 4, n, dtype=np.uint64) << np.uint64(62)) | (
+                rng.integers(0, 2, n, dtype=np.uint64) if trial % 2 else np.uint64(0)
+            )
+        items = rng.integers(0, 1000, n).astype(np.int32)
+        k = int(rng.choice([1, 3, 40]))
+        samples = UserSamples(k, np.random.default_rng(0))
+        samples._buffer = [(words, priorities, items)]
+        samples._buffered = n
+        samples._compact()
+        assert samples._kept is not None
+        expected = _old_compaction(words, priorities, items, k)
+        for got, want in zip(samples._kept, expected, strict=True):
+            assert np.array_equal(got, want), trial

@@ -646,7 +646,7 @@ def bounded_totals(
     )
     present = np.flatnonzero(found.users)
     return KeyTotals(
-        [groups[i] for i in present.tolist()],
+        list(map(groups.__getitem__, present.tolist())),
         found.events[present],
         found.users[present],
         found.value_sums[present],
