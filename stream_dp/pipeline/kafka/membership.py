@@ -67,6 +67,12 @@ MAX_RECORDS_PER_FETCH = 40_000
 FETCH_PARTITION_BYTES = 4 * 1_048_576
 #: Topic metadata is refreshed this often, so partition-count changes are seen soon.
 METADATA_MAX_AGE_MS = 10_000
+#: The loop commits the safe offsets at most this often (s): a worker fed a trickle turns
+#: its loop several times a second, and each commit is a request and an answer awaited by
+#: the loop. Committing later only means more records read again after a crash, which is
+#: exactly-once already (docs/exactly-once.md); a revocation and a graceful stop commit at
+#: once, whatever the time.
+COMMIT_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -102,6 +108,9 @@ class Membership(WorkerPart):
         self.requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
         #: What was last committed per partition: an offset, or (offset, layout metadata).
         self._committed: dict[TopicPartition, Any] = {}
+        #: When (monotonic s) the loop last sent a commit: it sends the next one
+        #: COMMIT_INTERVAL_S later at the earliest.
+        self._loop_committed_mono: float | None = None
         #: Input offsets stage 0 routed and had acknowledged: safe to commit.
         self.routed_positions: dict[int, int] = {}
         #: Partitions assigned but not taken yet (ledger read, state built): paused until
@@ -398,10 +407,11 @@ class Membership(WorkerPart):
             )
         return out
 
-    async def commit(self, only: set[TopicPartition] | None = None) -> None:
+    async def commit(self, only: set[TopicPartition] | None = None) -> bool:
         """Commit the safe offsets that moved (of ``only``, if given) and are assigned; in
         keyed mode with the layout as the stage-1 partitions' metadata (topology_watch),
-        committed again when it changed though the offsets did not."""
+        committed again when it changed though the offsets did not. Whether a commit was
+        sent (nothing had moved, or it had)."""
         assert self.consumer is not None
         assigned = self.consumer.assignment()
         safe: dict[TopicPartition, Any] = self.safe_offsets()
@@ -415,15 +425,24 @@ class Membership(WorkerPart):
             and tp in assigned
             and tp not in self.revoked_later
         }
-        if offsets:
-            await self.consumer.commit(offsets)
-            self._committed.update(offsets)
+        if not offsets:
+            return False
+        await self.consumer.commit(offsets)
+        self._committed.update(offsets)
+        return True
 
-    async def commit_in_loop(self) -> None:
-        """Commit; a lost membership is routine (the rejoin redistributes the partitions
-        and their state is rebuilt), never a reason to stop."""
+    async def commit_in_loop(self, now_mono_s: float) -> None:
+        """Commit, at most once per :data:`COMMIT_INTERVAL_S` (``now_mono_s``: the
+        iteration's monotonic clock); one commit sends every safe offset that moved, so the
+        offsets committed together are one moment's safe offsets whichever iteration sends
+        them. A lost membership is routine (the rejoin redistributes the partitions and
+        their state is rebuilt), never a reason to stop."""
+        last = self._loop_committed_mono
+        if last is not None and now_mono_s - last < COMMIT_INTERVAL_S:
+            return
         try:
-            await self.commit()
+            if await self.commit():
+                self._loop_committed_mono = now_mono_s
         except MEMBERSHIP_ERRORS as exc:
             membership_lost(self.metrics, exc)
 

@@ -393,9 +393,7 @@ class Worker:
             erasure=self._erasure,
             faults=self._faults,
         )
-        return driver, Handoff.beside(
-            driver, ingest, transport, export=self.output.exports.publish
-        )
+        return driver, Handoff.beside(driver, ingest, transport, export=self.output.exports.publish)
 
     async def _shutdown(self, *, commit: bool) -> None:
         """Flush, commit what is safe (only on a graceful stop), leave the group. Open
@@ -526,7 +524,7 @@ class Worker:
         if self._broker_ok:
             await self._seal_and_release(mono)
         self._late_notice.observe(release.coverage_start_s, mono)
-        await membership.commit_in_loop()
+        await membership.commit_in_loop(mono)
         if batch:
             self.metrics.batch_processing.observe(time.perf_counter() - started)
 
