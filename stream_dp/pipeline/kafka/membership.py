@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,31 @@ METADATA_MAX_AGE_MS = 10_000
 COMMIT_INTERVAL_S = 1.0
 
 
+class CommitCadence:
+    """When the loop commits: at most once per :data:`COMMIT_INTERVAL_S` of the iterations'
+    monotonic clock. One commit sends every safe offset that moved, so what is committed
+    together is one moment's safe offsets whichever iteration sends it; a turn with nothing
+    to commit, or a commit that failed, starts no interval."""
+
+    def __init__(self) -> None:
+        #: When (monotonic s) the loop last sent a commit.
+        self.sent_mono_s: float | None = None
+
+    async def commit(
+        self, commit: Callable[[], Awaitable[bool]], metrics: Metrics, now_mono_s: float
+    ) -> None:
+        """``commit`` (whether it sent one) if due; a lost membership is routine (the rejoin
+        redistributes the partitions and their state is rebuilt), never a reason to stop."""
+        last = self.sent_mono_s
+        if last is not None and now_mono_s - last < COMMIT_INTERVAL_S:
+            return
+        try:
+            if await commit():
+                self.sent_mono_s = now_mono_s
+        except MEMBERSHIP_ERRORS as exc:
+            membership_lost(metrics, exc)
+
+
 @dataclass
 class Stages:
     """What the worker built at start, that taking and dropping partitions changes."""
@@ -108,9 +133,7 @@ class Membership(WorkerPart):
         self.requests_topic = config.erasure.requests_topic if config.erasure.enabled else None
         #: What was last committed per partition: an offset, or (offset, layout metadata).
         self._committed: dict[TopicPartition, Any] = {}
-        #: When (monotonic s) the loop last sent a commit: it sends the next one
-        #: COMMIT_INTERVAL_S later at the earliest.
-        self._loop_committed_mono: float | None = None
+        self.cadence = CommitCadence()  # the loop's commits
         #: Input offsets stage 0 routed and had acknowledged: safe to commit.
         self.routed_positions: dict[int, int] = {}
         #: Partitions assigned but not taken yet (ledger read, state built): paused until
@@ -432,19 +455,8 @@ class Membership(WorkerPart):
         return True
 
     async def commit_in_loop(self, now_mono_s: float) -> None:
-        """Commit, at most once per :data:`COMMIT_INTERVAL_S` (``now_mono_s``: the
-        iteration's monotonic clock); one commit sends every safe offset that moved, so the
-        offsets committed together are one moment's safe offsets whichever iteration sends
-        them. A lost membership is routine (the rejoin redistributes the partitions and
-        their state is rebuilt), never a reason to stop."""
-        last = self._loop_committed_mono
-        if last is not None and now_mono_s - last < COMMIT_INTERVAL_S:
-            return
-        try:
-            if await self.commit():
-                self._loop_committed_mono = now_mono_s
-        except MEMBERSHIP_ERRORS as exc:
-            membership_lost(self.metrics, exc)
+        """Commit when the :class:`CommitCadence` says so (the iteration's clock)."""
+        await self.cadence.commit(self.commit, self.metrics, now_mono_s)
 
     # -- fetching --------------------------------------------------------------------------
     async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
