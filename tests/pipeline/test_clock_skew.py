@@ -11,7 +11,6 @@ from aiokafka.structs import ConsumerRecord
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.kafka.clock_skew import (
     FRESH_WITHIN_S,
-    MEASURE_EVERY_S,
     InputClockSkew,
     input_clock_skew_s,
     newest_record_timestamp_s,
@@ -114,23 +113,3 @@ def test_only_fresh_records_measure_the_clock_in_both_directions(error_s: float)
     consumer.read(tp, at_end=False, answered_s=later)
     skew.observe(consumer, {tp: [_record("in", int((later - error_s - 3_600) * 1000))]}, later)
     assert metrics.input_clock_skew._value.get() == pytest.approx(-error_s - 1.0)
-
-
-def test_the_skew_is_measured_at_most_once_per_interval() -> None:
-    """A worker at its partitions' end finds every batch fresh: the gauge is measured at most
-    once per MEASURE_EVERY_S (the newest stamp is a look at every record), and again as soon
-    as that has passed."""
-    metrics = Metrics()
-    skew = InputClockSkew(metrics, "in")
-    consumer, tp = _Consumer(), TopicPartition("in", 0)
-    clock = 2_000_000.0
-    consumer.read(tp, at_end=True, answered_s=clock - 0.1)
-    skew.observe(consumer, {}, clock - 0.1)  # the proof noted: what follows is fresh
-    skew.observe(consumer, {tp: [_record("in", int((clock - 1) * 1000))]}, clock)
-    assert metrics.input_clock_skew._value.get() == pytest.approx(-1.0)
-    within = clock + MEASURE_EVERY_S / 2
-    skew.observe(consumer, {tp: [_record("in", int((within - 5) * 1000))]}, within)
-    assert metrics.input_clock_skew._value.get() == pytest.approx(-1.0)  # not measured
-    after = clock + MEASURE_EVERY_S
-    skew.observe(consumer, {tp: [_record("in", int((after - 2) * 1000))]}, after)
-    assert metrics.input_clock_skew._value.get() == pytest.approx(-2.0)

@@ -18,11 +18,6 @@ or an idle input's last old record would look like a fast clock. It is exported 
 dead-letters live events past it, a fast one is trusted only within it (event time after a
 take, :mod:`stream_dp.pipeline.stages.restart_clock`).
 
-It is measured at most once per :data:`MEASURE_EVERY_S` (an alert's matter, over minutes):
-a worker at the end of its partitions finds every batch fresh, and the newest stamp is a
-look at every record, so measuring each batch of a trickle cost that worker CPU per event
-that a worker with a backlog never pays.
-
 It is only measured and shown, never used as the clock: a ``CreateTime`` is set by whoever
 produces to the input topic, so letting it move "now" forward would let one record stamped
 ahead close the current window early (the threat the future cap exists for). A forged
@@ -45,9 +40,6 @@ NO_TIMESTAMP_MS = -1
 #: Records are fresh when the fetch answer that found their partition's reader at its end
 #: is at most this old (s): they were appended since, so their stamps are about "now".
 FRESH_WITHIN_S = 10.0
-#: The gauge is measured at most this often (s, the worker's clock); batches in between only
-#: note which partitions were read to their end.
-MEASURE_EVERY_S = 1.0
 _timestamp_of = attrgetter("timestamp")
 
 
@@ -110,8 +102,6 @@ class InputClockSkew:
         self.metrics, self.topic = metrics, topic
         #: Per input partition, the wall time (s) of the last answer that found it read.
         self._at_end_s: dict[TopicPartition, float] = {}
-        #: When (wall s) the gauge was last set: the next measure is MEASURE_EVERY_S later.
-        self._measured_s: float | None = None
 
     def fresh_skew_s(self, batch: Mapping[Any, Iterable[Any]], now_s: float) -> float | None:
         """Newest stamp of the batch's fresh records of the topic minus ``now_s``."""
@@ -124,15 +114,11 @@ class InputClockSkew:
         return input_clock_skew_s(fresh, self.topic, now_s) if fresh else None
 
     def observe(self, consumer: Any, batch: Mapping[Any, Iterable[Any]], now_s: float) -> None:
-        """Set the gauge from ``batch`` (unchanged without fresh records, or within
-        :data:`MEASURE_EVERY_S` of the last measure), then note which partitions
-        ``consumer`` has read to their end, and when, for the next batches."""
-        last = self._measured_s
-        if last is None or not 0.0 <= now_s - last < MEASURE_EVERY_S:
-            skew_s = self.fresh_skew_s(batch, now_s)
-            if skew_s is not None:
-                self.metrics.input_clock_skew.set(skew_s)
-                self._measured_s = now_s
+        """Set the gauge from ``batch`` (unchanged without fresh records), then note which
+        partitions ``consumer`` has read to their end, and when, for the next batches."""
+        skew_s = self.fresh_skew_s(batch, now_s)
+        if skew_s is not None:
+            self.metrics.input_clock_skew.set(skew_s)
         assigned = consumer.assignment()
         for tp in [tp for tp in self._at_end_s if tp not in assigned]:
             del self._at_end_s[tp]  # revoked: its next owner's proofs are its own
