@@ -1,7 +1,15 @@
-"""The loop's offset commit, awaited by the next one instead of at once.
+"""The loop's offset commit: at most once a second, awaited by the next one instead of at once.
 
-At the end of each iteration the worker commits the safe offsets that moved
-(:meth:`~stream_dp.pipeline.kafka.membership.Membership.commit_in_loop`). The commit is a
+At the end of an iteration the worker commits the safe offsets that moved
+(:meth:`~stream_dp.pipeline.kafka.membership.Membership.commit_in_loop`), at most once per
+:data:`COMMIT_INTERVAL_S` of the iterations' monotonic clock: a worker fed a trickle turns its
+loop several times a second, and each commit is a request to the coordinator. Committing
+later only means more records read again after a crash, which is exactly-once already
+(docs/exactly-once.md); one commit sends every safe offset that moved, so what is committed
+together is one moment's safe offsets, whichever iteration sends it; a turn with nothing to
+commit starts no interval, and a commit that failed (a lost membership) lets the next
+iteration commit at once; a revocation and a graceful stop commit at once, whatever the time.
+The commit is a
 round trip to the group coordinator (on Apache Kafka a write to ``__consumer_offsets``,
 acknowledged by its replicas) and nothing in the next iteration depends on its answer, so
 the loop sends it and goes on fetching and processing while it is answered
@@ -35,6 +43,8 @@ from stream_dp.kafka_client import TopicPartition
 
 #: Offsets as committed: an offset, or (offset, metadata) for keyed input's layout.
 Offsets = dict[TopicPartition, Any]
+#: The loop sends a commit at most this often (s; module docstring).
+COMMIT_INTERVAL_S = 1.0
 
 
 class CommitInFlight:
@@ -42,6 +52,8 @@ class CommitInFlight:
 
     def __init__(self) -> None:
         self._sent: tuple[asyncio.Future[Any], Offsets] | None = None
+        #: When (monotonic s) the loop last sent a commit that has not failed.
+        self._sent_mono_s: float | None = None
         #: What was last committed (answered) per partition: an offset, or (offset, layout
         #: metadata).
         self.committed: Offsets = {}
@@ -65,11 +77,18 @@ class CommitInFlight:
             and tp not in revoked
         }
 
-    def send(self, commit: Awaitable[Any], offsets: Offsets) -> None:
-        """Start ``commit`` (of ``offsets``) without awaiting it; the one before it is
-        settled first (:meth:`settle`)."""
+    def due(self, now_mono_s: float) -> bool:
+        """Whether the loop may send a commit at ``now_mono_s`` (:data:`COMMIT_INTERVAL_S`
+        since the last one sent, or none sent, or the last one failed)."""
+        last = self._sent_mono_s
+        return last is None or now_mono_s - last >= COMMIT_INTERVAL_S
+
+    def send(self, commit: Awaitable[Any], offsets: Offsets, now_mono_s: float) -> None:
+        """Start ``commit`` (of ``offsets``, at ``now_mono_s``) without awaiting it; the one
+        before it is settled first (:meth:`settle`)."""
         assert self._sent is None, "one commit in flight: settle the last one first"
         self._sent = (asyncio.ensure_future(commit), offsets)
+        self._sent_mono_s = now_mono_s
 
     async def settle(self) -> None:
         """Await the commit in flight (if any) and record what it committed in
@@ -78,7 +97,11 @@ class CommitInFlight:
         if sent is None:
             return
         commit, offsets = sent
-        await commit
+        try:
+            await commit
+        except BaseException:
+            self._sent_mono_s = None  # the next iteration commits at once
+            raise
         self.committed.update(offsets)
 
     async def answered(self, timeout_s: float) -> None:

@@ -20,6 +20,7 @@ from aiokafka.protocol.fetch import FetchRequest
 
 from stream_dp.kafka_client.fetched import (
     BEHIND_FETCH_WAIT_MS,
+    CAUGHT_UP_FETCH_MIN_BYTES,
     fetch_options,
     record_columns_installed,
 )
@@ -35,10 +36,12 @@ DEADLINE_S = 60.0
 
 
 class _Requests:
-    """The fetch requests a consumer's client sends: (max wait ms, partitions asked for)."""
+    """The fetch requests a consumer's client sends: (max wait ms, partitions asked for), and
+    each one's minimum bytes in ``min_bytes``."""
 
     def __init__(self, consumer: AIOKafkaConsumer) -> None:
         self.sent: list[tuple[int, set[int]]] = []
+        self.min_bytes: list[int] = []
         client = consumer._client
         original = client.send
 
@@ -46,6 +49,7 @@ class _Requests:
             if isinstance(request, FetchRequest):
                 asked = {p[0] for _, parts in request.topics for p in parts}
                 self.sent.append((request._max_wait_ms, asked))
+                self.min_bytes.append(request._min_bytes)
             return await original(node_id, request, *args, **kwargs)
 
         client.send = send
@@ -95,6 +99,10 @@ async def test_no_long_poll_while_a_partition_is_behind(
         )
         behind = [wait for wait, asked in requests.sent[alone:] if asked == {1}]
         assert behind and all(wait <= BEHIND_FETCH_WAIT_MS for wait in behind), requests.sent
+        # ... and answered at once, with whatever there is.
+        asks = zip(requests.sent[alone:], requests.min_bytes[alone:], strict=True)
+        behind_min = [m for (_, asked), m in asks if asked == {1}]
+        assert behind_min and set(behind_min) == {1}, requests.min_bytes
         # Consumed to the end of both partitions: the configured long poll again.
         taken = 1
 
@@ -110,5 +118,15 @@ async def test_no_long_poll_while_a_partition_is_behind(
             lambda: any(wait == CONFIGURED_WAIT_MS for wait, _ in requests.sent[caught_up:]),
             lambda: asyncio.sleep(0.01),
         )
+        # Caught up: the long poll also waits for CAUGHT_UP_FETCH_MIN_BYTES (fewer, larger
+        # fetches of a trickle).
+        long_polls = [
+            m
+            for (wait, _), m in zip(
+                requests.sent[caught_up:], requests.min_bytes[caught_up:], strict=True
+            )
+            if wait == CONFIGURED_WAIT_MS
+        ]
+        assert long_polls and set(long_polls) == {CAUGHT_UP_FETCH_MIN_BYTES}, long_polls
     finally:
         await consumer.stop()

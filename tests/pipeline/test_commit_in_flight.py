@@ -7,6 +7,7 @@ its answer. No broker: a consumer whose commits the test answers."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from aiokafka import TopicPartition
 from stream_dp.kafka_client.errors import CommitFailedError, KafkaError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.commit_flight import COMMIT_INTERVAL_S
 from stream_dp.pipeline.faults import NO_FAULTS
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.membership import Membership
@@ -62,9 +64,13 @@ async def _turns(n: int = 5) -> None:
         await asyncio.sleep(0)
 
 
+#: The iterations' clock: each loop commit a cadence interval after the one before, so due.
+_CLOCK = itertools.count(0.0, COMMIT_INTERVAL_S)
+
+
 async def _loop_commit(membership: Membership) -> None:
     """The loop's commit, which must return without waiting for any answer of this one."""
-    commit = asyncio.ensure_future(membership.commit_in_loop())
+    commit = asyncio.ensure_future(membership.commit_in_loop(next(_CLOCK)))
     await _turns()
     assert commit.done(), "the loop waits for its commit's answer"
     commit.result()
@@ -77,7 +83,7 @@ async def test_the_loop_s_commit_is_sent_and_awaited_by_the_next_one() -> None:
     # Sent; the loop goes on before the coordinator answers.
     assert consumer.sent == [{TP0: 10, TP1: 20}] and not consumer.answers[0].done()
     safe[TP0] = 11
-    second = asyncio.ensure_future(membership.commit_in_loop())
+    second = asyncio.ensure_future(membership.commit_in_loop(next(_CLOCK)))
     await _turns()
     # The next commit waits for the answer to the one in flight: one at a time, in order.
     assert not second.done() and len(consumer.sent) == 1

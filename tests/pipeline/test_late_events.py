@@ -86,3 +86,32 @@ def test_observe_reads_its_counters_without_collecting_the_registry(
     assert len(logged) == 2 and logged[1] == late  # the query's drop first, then the late
     assert logged[0].startswith("query visits dropped 4 events whose 'domain' value")
     assert collects == []
+
+
+def test_observe_reads_the_counters_at_most_once_per_check_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker fed a trickle turns its loop several times a second: the counters are read at
+    most once per CHECK_EVERY_S, and a warning due is given at the first read after it."""
+    from stream_dp.pipeline.stages import late_events
+
+    metrics = Metrics()
+    reads: list[str] = []
+    totals = late_events.counter_totals
+
+    def counted(counter: object, sample: str) -> dict[tuple[str, ...], float]:
+        reads.append(sample)
+        return totals(counter, sample)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(late_events, "counter_totals", counted)
+    notice = LateEventsNotice(metrics, None, interval_s=300.0)
+    assert notice.observe(COVERAGE_S, now_mono_s=0.0) is None
+    read_once = len(reads)
+    assert read_once > 0
+    metrics.late_events.inc(3)
+    half = late_events.CHECK_EVERY_S / 2
+    assert notice.observe(COVERAGE_S, now_mono_s=half) is None
+    assert len(reads) == read_once  # within the interval: nothing read
+    late = notice.observe(COVERAGE_S, now_mono_s=late_events.CHECK_EVERY_S)
+    assert late is not None and late.startswith("3 events dropped as late")
+    assert len(reads) == 2 * read_once

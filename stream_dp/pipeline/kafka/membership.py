@@ -420,16 +420,17 @@ class Membership(WorkerPart):
         assigned, revoked = self.consumer.assignment(), self.revoked_later
         return self.commits.moved(safe, assigned=assigned, revoked=revoked, only=only)
 
-    async def commit_in_loop(self) -> None:
-        """Await the last iteration's commit, send this one's; a lost membership is routine."""
+    async def commit_in_loop(self, now_mono_s: float) -> None:
+        """Await the last iteration's commit; send this one's if due (at most once per
+        :data:`COMMIT_INTERVAL_S`). A lost membership is routine."""
         assert self.consumer is not None
         try:
             await self.commits.settle()
         except (*MEMBERSHIP_ERRORS, IllegalStateError) as exc:
             membership_lost(self.metrics, exc)
-        offsets = self._moved(None)
+        offsets = self._moved(None) if self.commits.due(now_mono_s) else None
         if offsets:
-            self.commits.send(self.consumer.commit(offsets), offsets)
+            self.commits.send(self.consumer.commit(offsets), offsets, now_mono_s)
 
     # -- fetching --------------------------------------------------------------------------
     async def fetch(self) -> dict[TopicPartition, list[Any]] | None:

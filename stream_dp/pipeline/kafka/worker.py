@@ -527,7 +527,7 @@ class Worker:
         if self._broker_ok:
             await self._seal_and_release(mono)
         self._late_notice.observe(release.coverage_start_s, mono)
-        await membership.commit_in_loop()  # sent; awaited by the next commit (commit_flight)
+        await membership.commit_in_loop(mono)  # when due; awaited by the next (commit_flight)
         if batch:
             self.metrics.batch_processing.observe(time.perf_counter() - started)
 

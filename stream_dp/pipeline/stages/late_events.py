@@ -5,8 +5,8 @@ window of the wall clock at its first start (recorded in the ledger). Events sta
 the first covered window, and events whose window already closed, are dropped and counted
 in ``stream_dp_late_events_total``. A topic of old events (a recorded file, a backlog) then
 releases nothing, and the counter alone does not say why: :class:`LateEventsNotice` logs a
-WARNING with how many were dropped, the first covered window and what to change — at once
-for the first ones, then at most every :data:`NOTICE_INTERVAL_S` while more arrive.
+WARNING with how many were dropped, the first covered window and what to change — within
+two seconds for the first ones, then at most every :data:`NOTICE_INTERVAL_S` while more arrive.
 
 Events a query does not take are never silent either. An event whose value is not on a
 query's public key list (``"de"`` for ``"DE"``) or that lacks a field the query groups by
@@ -21,7 +21,8 @@ It reads only counts, the coverage start and the configuration: never an event, 
 or a value. It reads them from the two counters themselves, not from the registry: the
 worker's loop asks every iteration (an idle worker about five times a second), and the
 registry's ``get_sample_value`` collects every metric of the worker, a scrape's work, per
-call.
+call. And it reads them at most once per :data:`CHECK_EVERY_S`: a worker fed a trickle turns
+its loop several times a second, and a warning a second later tells the operator the same.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: At most one WARNING per this many seconds while late events keep arriving.
 NOTICE_INTERVAL_S: Final = 300.0
+#: The counters are read at most this often (s): the first warning comes within it.
+CHECK_EVERY_S: Final = 1.0
 #: The sample of ``Metrics.late_events`` (a counter) that holds its total.
 LATE_EVENTS_SAMPLE: Final = "stream_dp_late_events_total"
 #: The sample of ``Metrics.query_events_dropped`` (a counter) that holds its totals.
@@ -122,11 +125,17 @@ class LateEventsNotice:
         self._interval_s = interval_s
         self._reported_total = 0.0
         self._warned_mono_s = -math.inf
+        self._checked_mono_s = -math.inf
 
     def observe(self, coverage_start_s: int | None, now_mono_s: float) -> str | None:
         """Warn when the late-events total grew since the last warning and the interval
         passed; returns the message logged, else None. Dropped events of the queries are
-        warned about alongside (their messages are :meth:`DroppedEventsNotice.observe`'s)."""
+        warned about alongside (their messages are :meth:`DroppedEventsNotice.observe`'s).
+        Within :data:`CHECK_EVERY_S` of the last call that read the counters, nothing is
+        read (None)."""
+        if 0.0 <= now_mono_s - self._checked_mono_s < CHECK_EVERY_S:
+            return None
+        self._checked_mono_s = now_mono_s
         self._drops.observe(now_mono_s)
         late_total = counter_totals(self._metrics.late_events, LATE_EVENTS_SAMPLE).get((), 0.0)
         dropped = int(late_total - self._reported_total)
