@@ -49,12 +49,16 @@ INPUT_RECORD_COUNTERS = {
 }
 #: Samples that measure time or the process, not the data (the input clock skew is the newest
 #: input record's time stamp against the worker's clock, and the held record's age how long
-#: the oldest unreleased window's record has waited: time, like the watermark).
+#: the oldest unreleased window's record has waited: time, like the watermark). The horizon
+#: gauges are those of the window released last: windows of different partials partitions
+#: are released in the order their partials arrive, so which one is last is timing; their
+#: values are ε counts of released windows, from the configuration, never from the data.
 TIMING = re.compile(
     r"^(process_|python_|stream_dp_(batch_processing_seconds|release_delay_seconds|"
     r"input_clock_skew_seconds|held_record_age_seconds|"
     r"last_release_timestamp_seconds|consumer_lag_records|fetch_age_seconds|watermark_timestamp_seconds|"
-    r"oldest_open_window_end_timestamp_seconds|build_info))"
+    r"oldest_open_window_end_timestamp_seconds|build_info|horizon_epsilon_spent|"
+    r"horizon_epsilon_remaining))"
 )
 
 
