@@ -36,10 +36,13 @@ def test_both_sides_measure_both_paths() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 3 and lines[0].startswith("4,000 events"), proc.stdout
-    for path, line in zip(ingest_cpu.PATHS, lines[1:], strict=True):
+    # A line per path, then the default path's two stages together.
+    paths = (*ingest_cpu.PATHS, "default + repartitioned")
+    assert len(lines) == 1 + len(paths) and lines[0].startswith("4,000 events"), proc.stdout
+    for path, line in zip(paths, lines[1:], strict=True):
         figures = re.fullmatch(
-            rf"{path}: before ([0-9.]+) \(([0-9.]+)\), after ([0-9.]+) \(([0-9.]+)\)", line
+            rf"{re.escape(path)}: before ([0-9.]+) \(([0-9.]+)\), after ([0-9.]+) \(([0-9.]+)\)",
+            line,
         )
         assert figures is not None, line
         assert all(math.isfinite(float(f)) and float(f) > 0 for f in figures.groups()), line
