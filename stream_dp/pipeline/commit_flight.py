@@ -35,7 +35,6 @@ What keeps this as safe as a commit awaited at once:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Collection
 from typing import Any
 
@@ -116,9 +115,14 @@ class CommitInFlight:
         sent, self._sent = self._sent, None
         if sent is None:
             return
-        commit = sent[0]
-        commit.cancel()
-        await asyncio.wait([commit])
-        if not commit.cancelled():
-            with contextlib.suppress(Exception):
-                commit.result()  # retrieved: the worker is stopping on another error already
+        await cancel_and_reap(sent[0])
+
+
+async def cancel_and_reap(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` (a write or commit in flight the worker abandons as it stops without
+    committing) and wait for it; an error it ended with is retrieved, not raised: the worker
+    is stopping on another error already."""
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled():
+        task.exception()

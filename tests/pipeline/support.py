@@ -13,7 +13,7 @@ import pytest
 from stream_dp.config import parse_config
 from stream_dp.config.model import UNSAFE_TEST_MODE_ENV, Config
 from stream_dp.pipeline.formats.ledger import LedgerRelease
-from stream_dp.pipeline.stages.ingest import InputRecord
+from stream_dp.pipeline.stages.ingest import IngestStage, InputRecord
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 
 #: A window start for size_s = 10 (2020-08-01T00:00:00Z).
@@ -148,3 +148,18 @@ def packed_as_json(value: bytes, *, key_check: bool = True) -> bytes:
     body |= {"n": n, "fields": meta["fields"], "sig": meta["sig"]}
     body |= {name: base64.b64encode(raw).decode() for name, raw in columns.items()}
     return orjson.dumps(body)
+
+
+def feed_routed(owner: IngestStage, values: Sequence[bytes], first: int = 0) -> list[Any]:
+    """Repartition records ``values`` (offsets from ``first``) through stage 1's partition 0."""
+    batch = [(first + i, None, v) for i, v in enumerate(values)]
+    return owner.ingest(0, batch, now_s=NOW, now_mono_s=0, routed=True, topic="rp")
+
+
+def sealed_totals(owner: IngestStage) -> dict[tuple[int, str], Any]:
+    """Every open window sealed: per (window, query), its totals and events seen."""
+    return {
+        (ws, partial.query): (dict(partial.totals), partial.events_seen)
+        for p, ws in owner.all_open()
+        for partial in owner.seal(p, ws)
+    }

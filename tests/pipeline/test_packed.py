@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -25,7 +24,17 @@ from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms
 from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.pseudonymize import KeyRing, Pseudonymizer
 from tests.helpers import schema_validator
-from tests.pipeline.support import KEYRING, NOW, T0, TEST_KEY, config, numbered, packed_as_json
+from tests.pipeline.support import (
+    KEYRING,
+    NOW,
+    T0,
+    TEST_KEY,
+    config,
+    feed_routed,
+    numbered,
+    packed_as_json,
+    sealed_totals,
+)
 
 QUERIES: list[dict[str, Any]] = [
     {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6},
@@ -70,19 +79,6 @@ def _owner(
     return stage
 
 
-def _feed(owner: IngestStage, values: Sequence[bytes], first: int = 0) -> list[Any]:
-    batch = [(first + i, None, v) for i, v in enumerate(values)]
-    return owner.ingest(0, batch, now_s=NOW, now_mono_s=0, routed=True, topic="rp")
-
-
-def _totals(owner: IngestStage) -> dict[tuple[int, str], Any]:
-    return {
-        (ws, partial.query): (dict(partial.totals), partial.events_seen)
-        for p, ws in owner.all_open()
-        for partial in owner.seal(p, ws)
-    }
-
-
 _EVENTS = [
     ("alice", 1.0, "a"),
     ("bob", 2.5, "b"),
@@ -99,14 +95,14 @@ def test_packed_records_give_the_totals_of_one_record_per_event() -> None:
         router = _router(partition)
         one_each, dead = router.route(partition, numbered(events), now_s=NOW, now_mono_s=0)
         assert dead == []
-        _feed(per_event, [v for _, v, _ in one_each])
+        feed_routed(per_event, [v for _, v, _ in one_each])
         router = _router(partition)
         records, dead = router.route_packed(partition, numbered(events), now_s=NOW, now_mono_s=0)
         assert dead == []
         assert len(records) == 1  # one repartition partition, one key: one record
         assert router.metrics.events_repartitioned._value.get() == len(events)
-        assert _feed(packed, [v for _, v, _ in records]) == []
-    assert _totals(packed) == _totals(per_event)
+        assert feed_routed(packed, [v for _, v, _ in records]) == []
+    assert sealed_totals(packed) == sealed_totals(per_event)
     assert packed.metrics.late_events._value.get() == 0
 
 
@@ -158,15 +154,15 @@ def test_a_batch_sent_again_after_a_crash_is_dropped_event_by_event() -> None:
     owner = _owner(1)
     events = numbered(_EVENTS)
     first, _ = _router(0).route_packed(0, events[:4], now_s=NOW, now_mono_s=0)
-    _feed(owner, [v for _, v, _ in first])
+    feed_routed(owner, [v for _, v, _ in first])
     # The router crashed before committing offset 4: its successor routes 2..5 again.
     again, _ = _router(0).route_packed(0, events[2:], now_s=NOW, now_mono_s=0)
-    _feed(owner, [v for _, v, _ in again], first=1)
+    feed_routed(owner, [v for _, v, _ in again], first=1)
     assert owner.metrics.repartition_duplicates_skipped._value.get() == 2
     once = _owner(1)
     records, _ = _router(0).route_packed(0, events, now_s=NOW, now_mono_s=0)
-    _feed(once, [v for _, v, _ in records])
-    assert _totals(owner) == _totals(once)
+    feed_routed(once, [v for _, v, _ in records])
+    assert sealed_totals(owner) == sealed_totals(once)
 
 
 def test_events_on_a_partition_their_pseudonym_does_not_map_to_are_dead_lettered() -> None:
@@ -176,12 +172,12 @@ def test_events_on_a_partition_their_pseudonym_does_not_map_to_are_dead_lettered
     router = _router(0)  # still believes in one repartition partition
     events = numbered([(f"user-{i}", 1, "a") for i in range(40)], first=100)
     records, _ = router.route_packed(0, events, now_s=NOW, now_mono_s=0)
-    dead = _feed(owner, [v for _, v, _ in records])
+    dead = feed_routed(owner, [v for _, v, _ in records])
     here = 40 - len(dead)
     assert 0 < here < 40
     assert {(d.reason, d.topic, d.partition) for d in dead} == {("misplaced_key", None, 0)}
     assert {d.offset for d in dead} < set(range(100, 140))
-    assert _totals(owner)[(T0, "all")][0] == {(): _agg(here, here)}
+    assert sealed_totals(owner)[(T0, "all")][0] == {(): _agg(here, here)}
 
 
 def _agg(events: int, users: int) -> Any:
@@ -196,7 +192,7 @@ def test_packed_events_of_another_pseudonym_key_are_dropped() -> None:
     stale_router.assign_routed([0], 0.0)
     records, _ = stale_router.route_packed(0, numbered(_EVENTS), now_s=NOW, now_mono_s=0)
     owner = _owner(1)
-    assert _feed(owner, [v for _, v, _ in records]) == []
+    assert feed_routed(owner, [v for _, v, _ in records]) == []
     assert owner.open_windows() == []
     assert owner.metrics.late_events._value.get() == len(_EVENTS)
 
@@ -234,7 +230,7 @@ def test_malformed_packed_records_are_dead_lettered_not_fatal(change: dict[str, 
     with pytest.raises((TypeError, ValueError, KeyError)):  # refused by the format's reader
         decode_events({**good, **change}, ["domain"])
     bad = orjson.dumps({**good, **change})
-    dead = _feed(owner, [bad, orjson.dumps(good)])
+    dead = feed_routed(owner, [bad, orjson.dumps(good)])
     assert [(d.reason, d.offset, d.topic) for d in dead] == [("bad_internal_record", 0, "rp")]
     assert owner.open_windows() == [T0, T0 + 10]  # the good one was taken
 
@@ -249,7 +245,7 @@ def test_large_batches_are_split_under_the_message_limit() -> None:
     assert len(records) >= 3
     assert all(len(k) + len(v) <= limit - 512 for k, v, _ in records)
     owner = _owner(1)
-    assert _feed(owner, [v for _, v, _ in records]) == []
+    assert feed_routed(owner, [v for _, v, _ in records]) == []
     (partial,) = [p for p in owner.seal(0, T0) if p.query == "visits"]
     assert len(partial.totals) == 1000
 
@@ -285,12 +281,12 @@ def test_erased_users_are_repartitioned_like_anyone_and_not_taken_from_packed_re
     assert one.metrics.events_repartitioned._value.get() == 6
     assert packed.progress_marks(2) == one.progress_marks(2)
     owner = _owner(1, erasures=erasures)
-    _feed(owner, [v for _, v, _ in records])
+    feed_routed(owner, [v for _, v, _ in records])
     others = [e for e in _EVENTS if e[0] not in ("alice", "Alice ")]
     without, _ = _router(0).route_packed(0, numbered(others), now_s=NOW, now_mono_s=1)
     fresh = _owner(1)
-    _feed(fresh, [v for _, v, _ in without])
-    assert _totals(owner) == _totals(fresh)
+    feed_routed(fresh, [v for _, v, _ in without])
+    assert sealed_totals(owner) == sealed_totals(fresh)
 
 
 def _typed(values: tuple[Any, ...]) -> tuple[tuple[str, Any], ...]:

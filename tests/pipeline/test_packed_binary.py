@@ -29,7 +29,16 @@ from stream_dp.pipeline.formats.packed import (
 )
 from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
 from stream_dp.privacy.group_values import canonical_key
-from tests.pipeline.support import KEYRING, NOW, T0, config, numbered, packed_as_json
+from tests.pipeline.support import (
+    KEYRING,
+    NOW,
+    T0,
+    config,
+    feed_routed,
+    numbered,
+    packed_as_json,
+    sealed_totals,
+)
 
 QUERIES: list[dict[str, Any]] = [
     {"name": "visits", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6},
@@ -62,19 +71,6 @@ def _owner(input_partitions: int = 2) -> IngestStage:
     )
     stage.assign([0], 0.0, routed=True)
     return stage
-
-
-def _feed(owner: IngestStage, values: Sequence[bytes], first: int = 0) -> list[Any]:
-    batch = [(first + i, None, v) for i, v in enumerate(values)]
-    return owner.ingest(0, batch, now_s=NOW, now_mono_s=0, routed=True, topic="rp")
-
-
-def _totals(owner: IngestStage) -> dict[tuple[int, str], Any]:
-    return {
-        (ws, partial.query): (dict(partial.totals), partial.events_seen)
-        for p, ws in owner.all_open()
-        for partial in owner.seal(p, ws)
-    }
 
 
 def _routed(
@@ -186,11 +182,11 @@ def test_stage_1_reads_binary_and_json_packed_records_in_one_stream() -> None:
     from_0 = _routed(0, _EVENTS)
     from_1 = _routed(1, [("dave", 5.0, "a"), ("alice", 6.0, "c"), ("erin", 13.0, "b")])
     mixed, binary = _owner(), _owner()
-    assert _feed(mixed, [packed_as_json(from_0[0]), from_1[0]]) == []
-    assert _feed(binary, [from_0[0], from_1[0]]) == []
+    assert feed_routed(mixed, [packed_as_json(from_0[0]), from_1[0]]) == []
+    assert feed_routed(binary, [from_0[0], from_1[0]]) == []
     assert mixed.metrics.repartition_duplicates_skipped._value.get() == 0
-    assert _totals(mixed) == _totals(binary)
-    (partial,) = [p for p in _totals(binary).items() if p[0] == (T0, "all")]
+    assert sealed_totals(mixed) == sealed_totals(binary)
+    (partial,) = [p for p in sealed_totals(binary).items() if p[0] == (T0, "all")]
     assert partial[1][1] == 6  # the events of window T0 from both partitions
 
 
@@ -198,12 +194,12 @@ def test_a_batch_resent_in_the_new_format_is_dropped_event_by_event() -> None:
     """An older worker routed offsets 0..3 (JSON) and stopped before committing them; the
     new worker routes 2..5 again (binary): offsets 2 and 3 are dropped as re-sent."""
     owner = _owner(1)
-    _feed(owner, [packed_as_json(v) for v in _routed(0, _EVENTS[:4])])
-    _feed(owner, _routed(0, _EVENTS[2:], first=2), first=1)
+    feed_routed(owner, [packed_as_json(v) for v in _routed(0, _EVENTS[:4])])
+    feed_routed(owner, _routed(0, _EVENTS[2:], first=2), first=1)
     assert owner.metrics.repartition_duplicates_skipped._value.get() == 2
     once = _owner(1)
-    _feed(once, _routed(0, _EVENTS))
-    assert _totals(owner) == _totals(once)
+    feed_routed(once, _routed(0, _EVENTS))
+    assert sealed_totals(owner) == sealed_totals(once)
 
 
 # -- corrupt binary records ---------------------------------------------------------------------
@@ -264,7 +260,7 @@ def test_corrupt_binary_records_are_dead_lettered_like_corrupt_json_ones(case: s
     with pytest.raises((TypeError, ValueError, KeyError)):
         decode_binary(bad, ["domain"])
     owner = _owner(1)
-    dead = _feed(owner, [bad, _good()])
+    dead = feed_routed(owner, [bad, _good()])
     assert [(d.reason, d.offset, d.topic) for d in dead] == [("bad_internal_record", 0, "rp")]
     assert owner.open_windows() == [T0, T0 + 10]
     assert owner.metrics.bad_records.labels(reason="bad_internal_record")._value.get() == 1
@@ -279,7 +275,7 @@ def test_a_binary_record_cut_anywhere_is_dead_lettered() -> None:
         with pytest.raises((TypeError, ValueError, KeyError)):
             decode_binary(cut, ["domain"])
     owner = _owner(1)
-    dead = _feed(owner, [*cuts, good])
+    dead = feed_routed(owner, [*cuts, good])
     assert [(d.reason, d.offset) for d in dead] == [
         ("bad_internal_record", offset) for offset in range(len(cuts))
     ]

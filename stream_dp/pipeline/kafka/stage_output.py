@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stream_dp.config.model import Config
+from stream_dp.pipeline.commit_flight import cancel_and_reap
 from stream_dp.pipeline.duties.export_publisher import ExportPublisher
 from stream_dp.pipeline.handoff import WATERMARK_INTERVAL_S
 from stream_dp.pipeline.kafka.producing import Outgoing
@@ -109,11 +110,7 @@ class StageOutput:
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is None:
             return
-        send = in_flight[0]
-        send.cancel()
-        await asyncio.wait([send])
-        if not send.cancelled():
-            send.exception()  # retrieved: the worker is stopping on another error already
+        await cancel_and_reap(in_flight[0])
 
 
 @dataclass
