@@ -95,6 +95,16 @@ PARTIAL: dict[str, Any] = {
     "events_retained": 80,
     "totals": [[["mail.com"], 50, 31, 0], [[None], 30, 12, -7]],
 }
+#: The same part as this version writes it: columns, one item per group key in each.
+PARTIAL_COLUMNS: dict[str, Any] = {
+    **{k: v for k, v in PARTIAL.items() if k != "totals"},
+    "columns": {
+        "groups": [["mail.com"], [None]],
+        "events": [50, 30],
+        "users": [31, 12],
+        "value_sums": [0, -7],
+    },
+}
 SOURCE_WATERMARK: dict[str, Any] = {
     "schema_version": 1,
     "kind": "watermark",
@@ -332,6 +342,18 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**PARTIAL, "part": 1, "totals": []},
             {**PARTIAL, "totals": [[[], 3, 2, 0], [["a", 1, 2.5, True], 1, 1, 100]]},
             {**PARTIAL, "erasures_through": 7},
+            PARTIAL_COLUMNS,
+            {
+                **PARTIAL_COLUMNS,
+                "columns": {
+                    **PARTIAL_COLUMNS["columns"],
+                    "value_squares": [9, 0],
+                    "bins": 4,
+                    "bin_sizes": [1, 0],
+                    "bin_index": [3],
+                    "bin_counts": [2],
+                },
+            },
             SOURCE_WATERMARK,
             {**SOURCE_WATERMARK, "watermark_s": None, "idle": True, "open_windows": False},
             {**SOURCE_WATERMARK, "idle": True, "open_windows": False, "idle_for_s": 12.25},
@@ -343,6 +365,10 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {**PARTIAL, "parts": 0},
             {**PARTIAL, "source_partition": -1},
             {**PARTIAL, "totals": [[["mail.com"], 50, 31]]},
+            {**PARTIAL_COLUMNS, "totals": PARTIAL["totals"]},  # both forms
+            {**PARTIAL_COLUMNS, "columns": {**PARTIAL_COLUMNS["columns"], "users": [-1, 2]}},
+            {**PARTIAL_COLUMNS, "columns": {**PARTIAL_COLUMNS["columns"], "user_id": ["u1"]}},
+            {**PARTIAL_COLUMNS, "columns": {**PARTIAL_COLUMNS["columns"], "bins": 4}},
             {**PARTIAL, "totals": [[["mail.com"], -1, 31, 0]]},
             {**PARTIAL, "totals": [["mail.com", 50, 31, 0]]},
             {**PARTIAL, "totals": [[[["nested"]], 50, 31, 0]]},

@@ -400,7 +400,7 @@ async def test_weighted_selection_end_to_end_with_weights_on_the_partials_topic(
     kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
 ) -> None:
     """selection: weighted_gaussian through a real worker: stage 1 writes each key's weight
-    sum as the fifth item of the partials' totals (schema-valid), stage 2 adds them and keeps
+    sum in the partials' selection_weights column (schema-valid), stage 2 adds them and keeps
     the keys whose noisy sum reaches the threshold. In test mode the noise is a few units of
     a ~4,117 threshold (P(any decision here flips) < 1e-12): one user alone never suffices
     (4,096 at most), two users do, and so do two users on three keys each (2 × 2,364)."""
@@ -442,16 +442,17 @@ async def test_weighted_selection_end_to_end_with_weights_on_the_partials_topic(
     }
     assert {r["selection"]["strategy"] for r in releases} == {"weighted_gaussian"}
     partials_schema = schema_validator("partials.schema.json")
-    entries = []
+    entries = []  # (group values, weight sum) per key and source partition
     for _, raw in await read_topic(kafka_bootstrap, load_config(cfg).output.partials_topic):
         value = orjson.loads(raw)
         partials_schema.validate(value)
         if value["kind"] == "partial":
-            entries += value["totals"]
-    weights = {e[0][0]: e[4] for e in entries}
+            columns = value["columns"]
+            entries += zip(columns["groups"], columns["selection_weights"], strict=True)
+    weights = {e[0][0]: e[1] for e in entries}
     assert weights["lonely.example"] == 4096  # ⌊4096/√1⌋: solo kept one key
     heavy = [d for d in weights if d.startswith("h")]
     assert len(heavy) == 3 and {weights[d] for d in heavy} == {2364}  # L0 = 3: ⌊4096/√3⌋
     # the two users of pair.example may sit on different stage-1 partitions: stage 2 adds
-    pair = [e[4] for e in entries if e[0] == ["pair.example"]]
+    pair = [e[1] for e in entries if e[0] == ["pair.example"]]
     assert sum(pair) == 2 * 4096

@@ -163,3 +163,30 @@ def sealed_totals(owner: IngestStage) -> dict[tuple[int, str], Any]:
         for p, ws in owner.all_open()
         for partial in owner.seal(p, ws)
     }
+
+
+def partials_as_totals(value: bytes) -> bytes:
+    """A partials record in the columns form as versions before it wrote the same part:
+    its members, then its ``totals`` last, one entry per key ``[[group values], events,
+    users, value sum]``, a fifth item for a selection weight, a fifth (0 without weights)
+    and a sixth for a variance's squares, and for a quantile a fifth and sixth (0 when
+    unused) and a seventh ``[bins, [bin indices], [counts]]``. Restated here from the
+    documentation (docs/topics.md), not taken from the writer."""
+    record = orjson.loads(value)
+    columns = record.pop("columns")
+    n = len(columns["groups"])
+    numbers = [columns[name] for name in ("events", "users", "value_sums")]
+    weights = columns.get("selection_weights")
+    squares = columns.get("value_squares")
+    if squares is not None or "bins" in columns:
+        numbers += [weights or [0] * n, squares or [0] * n]
+    elif weights is not None:
+        numbers.append(weights)
+    entries = [[group, *rest] for group, *rest in zip(columns["groups"], *numbers, strict=True)]
+    if "bins" in columns:
+        at = 0
+        for entry, size in zip(entries, columns["bin_sizes"], strict=True):
+            index = columns["bin_index"][at : at + size]
+            entry.append([columns["bins"], index, columns["bin_counts"][at : at + size]])
+            at += size
+    return orjson.dumps({**record, "totals": entries})

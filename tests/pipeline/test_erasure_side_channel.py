@@ -186,9 +186,7 @@ def _expositions_after_erasing(path: str, erased_user: str) -> list[bytes]:
         seen.append(metrics.exposition() + repr(marks).encode())
 
     iteration(_batch(0, 1, victim_events=17))  # the victim's 17 events, window T0 open
-    erasure = Erasure(
-        0, erasure_pseudonyms(erased_user, KEYRING, "nfkc_casefold_strip"), T0 + 3600
-    )
+    erasure = Erasure(0, erasure_pseudonyms(erased_user, KEYRING, "nfkc_casefold_strip"), T0 + 3600)
     erasures.add(erasure)
     owner.apply_erasures([erasure], erasures.position)
     iteration(None)  # the iteration that applied the erasure

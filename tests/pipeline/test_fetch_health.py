@@ -259,7 +259,7 @@ class TwoPartitions:
             exc = kafka_errors.UnsupportedCodecError(
                 "Libraries for snappy compression codec not found"
             )
-            exc.stream_dp_partition = B # as fetched.py does
+            exc.stream_dp_partition = B  # as fetched.py does
             raise exc
         records = list(range(state.position, state.position + n))
         state.position += n

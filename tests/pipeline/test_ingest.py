@@ -57,9 +57,7 @@ def _router(
     *input_partitions: int, now_mono_s: float = 0.0, settings: IngestSettings | None = None
 ) -> IngestStage:
     """Stage 0 of a worker that owns these input partitions."""
-    stage = IngestStage(
-        config(), KEYRING, metrics=Metrics(), settings=settings or IngestSettings()
-    )
+    stage = IngestStage(config(), KEYRING, metrics=Metrics(), settings=settings or IngestSettings())
     stage.assign_routed(input_partitions, now_mono_s)
     return stage
 
@@ -824,9 +822,7 @@ def test_an_idle_stream_without_events_still_advances_from_the_first_covered_win
 
 
 def test_interned_signatures_go_with_their_windows() -> None:
-    cfg = config(
-        queries=[{"name": "all", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6}]
-    )
+    cfg = config(queries=[{"name": "all", "group_by": ["domain"], "epsilon": 1e6, "delta": 1e-6}])
     stage = _stage(cfg, partitions=(0,))
     offset = 0
     for w in range(40):  # 40 windows of 1,000 distinct keys each, sealed one after another

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import itertools
-import math
 import random
 from typing import Any
 
@@ -14,7 +12,6 @@ import numpy as np
 import orjson
 import pytest
 
-from stream_dp.pipeline.formats import partials as partials_format
 from stream_dp.pipeline.formats.partials import (
     RECORD_OVERHEAD_BYTES,
     WATERMARK_KEY_PREFIX,
@@ -40,15 +37,23 @@ from stream_dp.privacy.group_values import (
     JSON_TRUE,
     JsonBool,
     canonical_key,
-    json_default,
 )
 from stream_dp.privacy.key_totals import KeyTotals
 from stream_dp.privacy.release import KeyAggregate
 from stream_dp.windows import TumblingWindows
 from tests.helpers import schema_validator
-from tests.pipeline.support import KEYRING, NOW, T0, WEIGHTED_VISITS, config, rec
+from tests.pipeline.support import (
+    KEYRING,
+    NOW,
+    T0,
+    WEIGHTED_VISITS,
+    config,
+    partials_as_totals,
+    rec,
+)
 
 VALIDATOR = schema_validator("partials.schema.json")
+NUMBERS = ("events", "users", "value_sums")
 #: A small record limit, so that a few hundred keys already need several parts.
 SMALL_BYTES = 8192
 
@@ -153,38 +158,40 @@ def test_round_trip_of_mixed_group_values_and_empty_totals() -> None:
 
 
 def test_selection_weights_travel_only_when_the_query_has_them() -> None:
-    """weighted_gaussian's per-key weight sums are a fifth item of each totals entry: they
-    survive the parts, and the other strategies' partials stay four items long."""
+    """weighted_gaussian's per-key weight sums are a column of their own: they survive the
+    parts, and the other strategies' partials carry no such column."""
     weighted = {(f"d{i}",): KeyAggregate(i + 2, i + 1, 0, 4096 * (i + 1) - i) for i in range(600)}
     partial = _partial(weighted)
     parts = _parts(partial)
     assert len(parts) >= 2
     records = [orjson.loads(v) for _, v in encode_partial(partial, max_bytes=SMALL_BYTES)]
-    assert {len(entry) for r in records for entry in r["totals"]} == {5}
+    assert all(set(r["columns"]) == {"groups", *NUMBERS, "selection_weights"} for r in records)
     for record in records:
         VALIDATOR.validate(record)
     assembler = PartialAssembler()
     assert [assembler.add(p) for p in parts][-1]
     assert assembler.taken == partial
     plain = encode_partial(_partial(_many_keys(10)), max_bytes=SMALL_BYTES)
-    assert {len(e) for _, v in plain for e in orjson.loads(v)["totals"]} == {4}
+    assert {tuple(orjson.loads(v)["columns"]) for _, v in plain} == {("groups", *NUMBERS)}
     # stage 2 sums them per key, like the counts
     other = _partial({("d0",): KeyAggregate(1, 1, 0, 2896)}, source=3)
     assert merge_totals([partial, other])[("d0",)] == KeyAggregate(3, 2, 0, 4096 + 2896)
-    assert not VALIDATOR.is_valid({**records[0], "totals": [[["a"], 1, 1, 0, -1]]})
+    negative = {"groups": [["a"]], "events": [1], "users": [1], "value_sums": [0]}
+    assert not VALIDATOR.is_valid({**records[0], "columns": negative | {"selection_weights": [-1]}})
+    assert VALIDATOR.is_valid({**records[0], "columns": negative | {"selection_weights": [1]}})
 
 
-def test_variance_squares_travel_as_a_sixth_item_and_merge_by_addition() -> None:
-    """statistic: variance keeps Σ (v − c)² per key: a sixth item (after a weight of 0),
-    across parts, valid under the schema, summed per key over source partitions; without
-    squares the entries stay four items long (the format of the other statistics)."""
+def test_variance_squares_travel_as_a_column_and_merge_by_addition() -> None:
+    """statistic: variance keeps Σ (v − c)² per key: a column of its own (no weights column
+    beside it), across parts, valid under the schema, summed per key over source
+    partitions."""
     squared = {(f"d{i}",): KeyAggregate(i + 2, i + 1, 5 * i, 0, 90_000 * i + 7) for i in range(600)}
     partial = _partial(squared)
     parts = _parts(partial)
     assert len(parts) >= 2
     records = [orjson.loads(v) for _, v in encode_partial(partial, max_bytes=SMALL_BYTES)]
-    assert {len(entry) for r in records for entry in r["totals"]} == {6}
-    assert records[0]["totals"][0][4:] == [0, 7]
+    assert all(set(r["columns"]) == {"groups", *NUMBERS, "value_squares"} for r in records)
+    assert records[0]["columns"]["value_squares"][0] == 7
     for record in records:
         VALIDATOR.validate(record)
     assembler = PartialAssembler()
@@ -193,7 +200,8 @@ def test_variance_squares_travel_as_a_sixth_item_and_merge_by_addition() -> None
     other = _partial({("d1",): KeyAggregate(1, 1, 3, 0, 40_000)}, source=3)
     merged = merge_totals([partial, other])[("d1",)]
     assert merged == KeyAggregate(4, 3, 8, 0, 90_007 + 40_000)
-    assert not VALIDATOR.is_valid({**records[0], "totals": [[["a"], 1, 1, 0, 0, -1]]})
+    negative = {"groups": [["a"]], "events": [1], "users": [1], "value_sums": [0]}
+    assert not VALIDATOR.is_valid({**records[0], "columns": negative | {"value_squares": [-1]}})
 
 
 def test_a_weighted_query_seals_its_users_weights() -> None:
@@ -299,6 +307,9 @@ def test_windows_spread_over_partitions_consecutively() -> None:
 _GOOD_PARTIAL: dict[str, Any] = orjson.loads(
     encode_partial(_partial({("a",): KeyAggregate(1, 1, 0)}), max_bytes=SMALL_BYTES)[0][1]
 )
+#: The same part as a worker before the columns form wrote it (entries per key, "totals").
+_LEGACY_PARTIAL: dict[str, Any] = orjson.loads(partials_as_totals(orjson.dumps(_GOOD_PARTIAL)))
+_COLUMNS: dict[str, Any] = _GOOD_PARTIAL["columns"]
 _GOOD_MARK: dict[str, Any] = orjson.loads(
     encode_watermark(SourceWatermark(0, 1, 5.0, True, False, 7.5))[1]
 )
@@ -325,22 +336,66 @@ def _without(base: dict[str, Any], key: str) -> bytes:
         b"{}",
         _broken(_GOOD_PARTIAL, kind="checkpoint"),
         _without(_GOOD_PARTIAL, "version"),
-        _without(_GOOD_PARTIAL, "totals"),
+        _without(_GOOD_PARTIAL, "columns"),
+        _without(_LEGACY_PARTIAL, "totals"),
         _broken(_GOOD_PARTIAL, window_start="yesterday"),
         _broken(_GOOD_PARTIAL, part="first"),
         _broken(_GOOD_PARTIAL, part=1, parts=1),
         _broken(_GOOD_PARTIAL, part=-1),
         _broken(_GOOD_PARTIAL, source_partition=None),
-        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1]]),
-        _broken(_GOOD_PARTIAL, totals=[[["a"], "many", 1, 0]]),
-        _broken(_GOOD_PARTIAL, totals={"a": 1}),
-        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, -4096]]),  # a negative weight
-        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, 4096, 1, 1]]),  # seven items
-        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0, 0, -1]]),  # a negative square sum
-        _broken(_GOOD_PARTIAL, totals=[["a", 1, 1, 0]]),  # group key not a list
-        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], 7]),  # an entry not a list
-        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], [["a"], 2, 2, 0]]),  # a key twice
-        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0], [["b"], 1, None, 0, 3]]),
+        _broken(_LEGACY_PARTIAL, totals=[[["a"], 1, 1]]),
+        _broken(_LEGACY_PARTIAL, totals=[[["a"], "many", 1, 0]]),
+        _broken(_LEGACY_PARTIAL, totals={"a": 1}),
+        _broken(_LEGACY_PARTIAL, totals=[[["a"], 1, 1, 0, -4096]]),  # a negative weight
+        _broken(_LEGACY_PARTIAL, totals=[[["a"], 1, 1, 0, 4096, 1, 1]]),  # seven items
+        _broken(_LEGACY_PARTIAL, totals=[[["a"], 1, 1, 0, 0, -1]]),  # a negative square sum
+        _broken(_LEGACY_PARTIAL, totals=[["a", 1, 1, 0]]),  # group key not a list
+        _broken(_LEGACY_PARTIAL, totals=[[["a"], 1, 1, 0], 7]),  # an entry not a list
+        _broken(_LEGACY_PARTIAL, totals=[[["a"], 1, 1, 0], [["a"], 2, 2, 0]]),  # a key twice
+        _broken(_LEGACY_PARTIAL, totals=[[["a"], 1, 1, 0], [["b"], 1, None, 0, 3]]),
+        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1, 0]]),  # columns and totals: which?
+        _broken(_GOOD_PARTIAL, columns=[[["a"], 1, 1, 0]]),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "users": [1, 2]}),  # lengths differ
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "users": ["many"]}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "users": [True]}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "users": [1.0]}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "users": [2**63]}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "users": None}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "events": [-1]}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "selection_weights": [-4096]}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "value_squares": [-1]}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "value_squares": []}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "user_ids": [["alice"]]}),
+        _broken(_GOOD_PARTIAL, columns={k: v for k, v in _COLUMNS.items() if k != "events"}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "groups": ["a"]}),  # key not a list
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "groups": [[["a"]]]}),  # unhashable
+        _broken(  # a key twice
+            _GOOD_PARTIAL,
+            columns={"groups": [["a"], ["a"]], **{n: [1, 1] for n in NUMBERS}},
+        ),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "bins": 4}),  # without its columns
+        _broken(  # a bin index out of range
+            _GOOD_PARTIAL,
+            columns={**_COLUMNS, "bins": 4, "bin_sizes": [1], "bin_index": [4], "bin_counts": [1]},
+        ),
+        _broken(  # sizes that do not add up to the entries
+            _GOOD_PARTIAL,
+            columns={**_COLUMNS, "bins": 4, "bin_sizes": [2], "bin_index": [1], "bin_counts": [1]},
+        ),
+        _broken(  # indices not increasing within a key
+            _GOOD_PARTIAL,
+            columns={
+                **_COLUMNS,
+                "bins": 4,
+                "bin_sizes": [2],
+                "bin_index": [2, 1],
+                "bin_counts": [1, 1],
+            },
+        ),
+        _broken(  # a count of 0
+            _GOOD_PARTIAL,
+            columns={**_COLUMNS, "bins": 4, "bin_sizes": [1], "bin_index": [1], "bin_counts": [0]},
+        ),
         _without(_GOOD_MARK, "idle"),
         _broken(_GOOD_MARK, watermark_s="soon"),
         _broken(_GOOD_MARK, source_partitions=[1]),
@@ -356,7 +411,7 @@ def test_malformed_records_raise_partial_format_error(value: bytes | None) -> No
 
 def test_entries_with_and_without_a_selection_weight_decode_into_one_set_of_columns() -> None:
     totals = [[["a"], 3, 2, 0], [["b", True], 5, 4, 1, 4096], [[None], 1, 1, -2]]
-    part = decode(_broken(_GOOD_PARTIAL, totals=totals))
+    part = decode(_broken(_LEGACY_PARTIAL, totals=totals))
     assert isinstance(part, PartialPart)
     assert isinstance(part.totals, TotalsRows)
     columns = part.totals.columns
@@ -370,6 +425,14 @@ def test_entries_with_and_without_a_selection_weight_decode_into_one_set_of_colu
 def test_the_unbroken_bases_decode() -> None:
     """The error cases above differ from these only in what they break."""
     assert isinstance(decode(orjson.dumps(_GOOD_PARTIAL)), PartialPart)
+    assert isinstance(decode(orjson.dumps(_LEGACY_PARTIAL)), PartialPart)
+    legacy, columns = decode(orjson.dumps(_LEGACY_PARTIAL)), decode(orjson.dumps(_GOOD_PARTIAL))
+    assert isinstance(legacy, PartialPart) and isinstance(columns, PartialPart)
+    assert dataclasses.replace(legacy, totals=()) == dataclasses.replace(columns, totals=())
+    assert list(legacy.totals) == list(columns.totals) == [(("a",), KeyAggregate(1, 1, 0))]
+    quantile = {**_COLUMNS, "bins": 4, "bin_sizes": [2], "bin_index": [1, 3], "bin_counts": [1, 5]}
+    part = decode(_broken(_GOOD_PARTIAL, columns=quantile))
+    assert isinstance(part, PartialPart) and next(iter(part.totals))[1].value_bins == (0, 1, 0, 5)
     assert isinstance(decode(orjson.dumps(_GOOD_MARK)), SourceWatermark)
     assert issubclass(PartialFormatError, ValueError)
 
@@ -482,7 +545,12 @@ def test_the_schema_rejects_what_decode_rejects() -> None:
     for value in (
         _without(_GOOD_PARTIAL, "version"),
         _broken(_GOOD_PARTIAL, version="not-hex"),
-        _broken(_GOOD_PARTIAL, totals=[[["a"], 1, 1]]),
+        _broken(_LEGACY_PARTIAL, totals=[[["a"], 1, 1]]),
+        _broken(_GOOD_PARTIAL, totals=_LEGACY_PARTIAL["totals"]),  # both forms
+        _without(_GOOD_PARTIAL, "columns"),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "users": [-1]}),
+        _broken(_GOOD_PARTIAL, columns={**_COLUMNS, "user_ids": [["alice"]]}),
+        _broken(_GOOD_PARTIAL, columns={k: v for k, v in _COLUMNS.items() if k != "events"}),
         _broken(_GOOD_PARTIAL, user_id="alice"),
         _without(_GOOD_MARK, "idle"),
         _broken(_GOOD_MARK, kind="checkpoint"),
@@ -493,6 +561,7 @@ def test_the_schema_rejects_what_decode_rejects() -> None:
     # Decoding takes any number; the schema says how long a partition was idle: never < 0.
     assert not VALIDATOR.is_valid({**_GOOD_MARK, "idle_for_s": -0.5})
     assert VALIDATOR.is_valid(_GOOD_MARK)
+    assert VALIDATOR.is_valid(_GOOD_PARTIAL) and VALIDATOR.is_valid(_LEGACY_PARTIAL)
 
 
 def test_stage_2_decodes_partials_with_cyclic_collection_paused(
@@ -521,92 +590,6 @@ def test_stage_2_decodes_partials_with_cyclic_collection_paused(
     assert gc.isenabled()  # and on again after
 
 
-def _parts_in_one_call(partial: Partial, max_bytes: int) -> tuple[list[bytes], int, int]:
-    """The totals of each part as the encoder made them before issue 39: every entry's list
-    made at once, the whole array encoded by one orjson call, then cut into about
-    size × 1.05 / budget pieces of equal entry counts, a piece too large halved; with the
-    whole array's size and the budget."""
-    totals = KeyTotals.of(partial.totals)
-    arrays = [totals.events, totals.users, totals.value_sums]
-    if totals.value_squares.any():
-        arrays += [totals.selection_weights, totals.value_squares]
-    elif totals.selection_weights.any():
-        arrays.append(totals.selection_weights)
-    columns = [a.tolist() for a in arrays]
-    entries: list[list[Any]] = [
-        [list(g), *rest] for g, *rest in zip(totals.groups, *columns, strict=True)
-    ]
-    hist = totals.value_bins
-    if hist.bins:  # sparse, as held: [bins, [nonzero bin indices], [their counts]]
-        index, counts = hist.index.tolist(), hist.counts.tolist()
-        bins = [
-            [hist.bins, index[lo:hi], counts[lo:hi]]
-            for lo, hi in itertools.pairwise(hist.starts.tolist())
-        ]
-        entries = [[*[*e, 0, 0][:6], b] for e, b in zip(entries, bins, strict=True)]
-    (key, first), *_ = encode_partial(partial, max_bytes=max_bytes)
-    header = orjson.loads(first)
-    del header["totals"]
-    header["part"] = header["parts"] = 0
-    budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
-    whole = orjson.dumps(entries, default=json_default)
-    if len(whole) <= budget:
-        return [whole], len(whole), budget
-    out: list[bytes] = []
-    pieces = math.ceil(len(whole) * 1.05 / budget)
-    bounds = np.linspace(0, len(entries), pieces + 1).astype(int).tolist()
-    pending = list(itertools.pairwise(bounds))[::-1]
-    while pending:
-        lo, hi = pending.pop()
-        blob = orjson.dumps(entries[lo:hi], default=json_default)
-        if len(blob) <= budget:
-            out.append(blob)
-        else:
-            mid = (lo + hi) // 2
-            pending += [(mid, hi), (lo, mid)]
-    return out, len(whole), budget
-
-
-@pytest.mark.parametrize("statistic", ["count", "weighted", "variance", "quantile"])
-def test_a_partial_encoded_a_slice_at_a_time_is_the_one_call_encoding(
-    statistic: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Issue 39: a partial's per-key lists are made a slice at a time (the whole partial's
-    lists were about 0.5 KB per key at the seal of a 1M-key window); the records are byte
-    for byte those of one orjson call over all entries, whatever the slice and the limit."""
-    rng = random.Random(39)
-    for trial in range(60):
-        monkeypatch.setattr(partials_format, "SLICE_ENTRIES", rng.choice([1, 2, 7, 64, 10_000]))
-        n = rng.choice([0, 1, 2, 5, 40, 333])
-        groups = [(f'd{rng.randrange(10 ** rng.randrange(1, 8))}"\\é', i) for i in range(n)]
-
-        def column(n: int = n) -> np.ndarray:
-            return np.array([rng.randrange(0, 10 ** rng.randrange(1, 12)) for _ in range(n)])
-
-        totals = KeyTotals(
-            groups,
-            column(),
-            column(),
-            column() - 5,
-            selection_weights=column() if statistic in ("weighted", "variance") else None,
-            value_squares=column() if statistic == "variance" else None,
-            value_bins=np.array([[rng.randrange(9) for _ in range(3)] for _ in range(n)])
-            if statistic == "quantile" and n
-            else None,
-        )
-        partial = _partial({}, query=f"q{trial}")
-        partial = dataclasses.replace(partial, totals=totals)
-        _, size, budget = _parts_in_one_call(partial, 1 << 20)
-        # Limits where the whole array just fits, or just does not, and smaller ones.
-        edge = (1 << 20) - budget + size
-        limits = [edge, edge - 1] if n >= 2 else [edge]  # one entry over the limit: an error
-        for max_bytes in [*limits, rng.choice([4096, SMALL_BYTES])]:
-            records = encode_partial(partial, max_bytes=max_bytes)
-            got = [v[v.index(b',"totals":') + len(b',"totals":') : -1] for _, v in records]
-            assert got == _parts_in_one_call(partial, max_bytes)[0], (trial, n, max_bytes)
-        assert all(len(v) + len(k) + RECORD_OVERHEAD_BYTES <= max_bytes for k, v in records)
-
-
 def _random_group(rng: random.Random) -> GroupKey:
     """A canonical group key of 0 to 3 values of every kind a key holds, strings with
     JSON escapes and non-ASCII characters among them."""
@@ -621,69 +604,67 @@ def _random_group(rng: random.Random) -> GroupKey:
     return tuple(rng.choice(values) for _ in range(rng.randrange(4)))
 
 
-def test_a_partials_size_measured_from_its_columns_is_its_encoded_size() -> None:
-    """The seal measures a partial's JSON from its columns (one orjson call over the group
-    keys and one per number column) instead of encoding every entry twice: the size is
-    that of one orjson call over the entries, for every kind of group value and number
-    (int64's extremes, negative sums), with and without weights and squares."""
+def _random_totals(rng: random.Random, n: int, statistic: str) -> KeyTotals:
+    """Totals of up to ``n`` distinct random keys (every kind of group value), numbers up
+    to int64's extremes, with the columns ``statistic`` adds."""
+    groups = list(dict.fromkeys(_random_group(rng) for _ in range(n)))
+    n = len(groups)
+    extremes = [2**63 - 1, 0, 9, 10]
+
+    def column(low: int = 0) -> np.ndarray:
+        return np.array(
+            [
+                rng.choice(extremes) if rng.random() < 0.2 else rng.randrange(low, 10**9)
+                for _ in range(n)
+            ],
+            dtype=np.int64,
+        )
+
+    return KeyTotals(
+        groups,
+        column(),
+        column(),
+        column(low=-(10**9)),
+        selection_weights=column() if statistic in ("weighted", "variance") else None,
+        value_squares=column() if statistic == "variance" else None,
+        value_bins=np.array([[rng.randrange(9) for _ in range(3)] for _ in range(n)])
+        if statistic == "quantile" and n
+        else None,
+    )
+
+
+@pytest.mark.parametrize("statistic", ["count", "weighted", "variance", "quantile"])
+def test_a_partial_is_cut_into_parts_under_the_limit_holding_every_key_once(
+    statistic: str,
+) -> None:
+    """Whatever the keys, the statistic's columns and the limit (one where the whole just
+    fits, one byte less, small ones), every record stays under the limit, the parts are
+    consecutive slices of the keys, and stage 2 assembles exactly the sealed totals."""
     rng = random.Random(43)
-    extremes = [-(2**63), 2**63 - 1, -1, 0, 9, 10, -10]
-    for trial in range(300):
-        n = rng.choice([0, 1, 2, 3, 17, 200])
-        groups = list(dict.fromkeys(_random_group(rng) for _ in range(n)))
-        n = len(groups)
-
-        def column(n: int = n, low: int = 0) -> np.ndarray:
-            return np.array(
-                [
-                    rng.choice(extremes) if rng.random() < 0.2 else rng.randrange(low, 10**6)
-                    for _ in range(n)
-                ],
-                dtype=np.int64,
-            )
-
-        kind = rng.choice(["count", "weighted", "variance"])
-        totals = KeyTotals(
-            groups,
-            column(),
-            column(),
-            column(low=-(10**6)),
-            selection_weights=column() if kind != "count" else None,
-            value_squares=column() if kind == "variance" else None,
-        )
-        entries = partials_format.partial_entries(totals)(0, n)
-        whole = orjson.dumps(entries, default=json_default)
-        assert partials_format.entries_size(totals) == len(whole), (trial, groups)
-        # The entries are the arrays the encoder always wrote: [[group values], numbers…].
-        arrays = [totals.events, totals.users, totals.value_sums]
-        if totals.value_squares.any():
-            arrays += [totals.selection_weights, totals.value_squares]
-        elif totals.selection_weights.any():
-            arrays.append(totals.selection_weights)
-        rows = [[list(g), *map(int, numbers)] for g, *numbers in zip(groups, *arrays, strict=True)]
-        assert whole == orjson.dumps(rows, default=json_default), trial
-
-
-def test_a_partial_of_any_group_values_is_cut_as_by_one_call() -> None:
-    """The records of partials whose keys hold every kind of group value, cut at limits
-    where the whole just fits or does not, are those of one orjson call over all entries
-    cut by the rule of issue 39 (their size is measured from the columns)."""
-    rng = random.Random(4343)
     for trial in range(40):
-        groups = list(dict.fromkeys(_random_group(rng) for _ in range(rng.choice([1, 5, 300]))))
-        n = len(groups)
-        numbers = [np.array([rng.randrange(-50, 10**9) for _ in range(n)]) for _ in range(3)]
-        partial = dataclasses.replace(
-            _partial({}, query=f"q{trial}"), totals=KeyTotals(groups, *numbers)
-        )
-        _, size, budget = _parts_in_one_call(partial, 1 << 20)
-        edge = (1 << 20) - budget + size
-        for max_bytes in [edge, edge - 1, 4096] if n >= 2 else [edge]:
+        totals = _random_totals(rng, rng.choice([0, 1, 2, 5, 40, 333]), statistic)
+        partial = dataclasses.replace(_partial({}, query=f"q{trial}"), totals=totals)
+        ((_, one),) = encode_partial(partial, max_bytes=1 << 24)
+        # The least limit one record could meet (the encoder keeps a few bytes spare).
+        edge = len(one) + len(f"q{trial}|2020-08-01T00:00:00Z|2") + RECORD_OVERHEAD_BYTES
+        limits = [edge + 64, 4096, SMALL_BYTES]
+        limits += [edge - 1] if len(totals) >= 2 and edge > 4096 else []
+        for max_bytes in limits:
             records = encode_partial(partial, max_bytes=max_bytes)
-            got = [v[v.index(b',"totals":') + len(b',"totals":') : -1] for _, v in records]
-            assert got == _parts_in_one_call(partial, max_bytes)[0], (trial, n, max_bytes)
-            taken = PartialAssembler()
-            assert [taken.add(p) for p in map(decode, (v for _, v in records))][-1]
-            assert taken.taken is not None and list(taken.taken.totals) == [
-                canonical_key(list(g)) for g in groups
+            assert all(len(k) + len(v) + RECORD_OVERHEAD_BYTES <= max_bytes for k, v in records)
+            if max_bytes >= edge + 64:
+                assert len(records) == 1, (trial, max_bytes)
+            elif max_bytes < edge:
+                assert len(records) >= 2, (trial, max_bytes)
+            groups = [g for _, v in records for g in orjson.loads(v)["columns"]["groups"]]
+            assert [canonical_key(g) for g in groups] == totals.groups
+            assembler = PartialAssembler()
+            assert [assembler.add(p) for p in map(decode, (v for _, v in records))][-1]
+            taken = assembler.taken
+            assert taken is not None and isinstance(taken.totals, KeyTotals)
+            assert [tuple(map(repr, g)) for g in taken.totals.groups] == [
+                tuple(map(repr, g)) for g in totals.groups
             ]
+            for name in (*NUMBERS, "selection_weights", "value_squares"):
+                assert np.array_equal(getattr(taken.totals, name), getattr(totals, name))
+            assert taken.totals.value_bins == totals.value_bins

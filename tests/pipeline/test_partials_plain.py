@@ -1,21 +1,19 @@
-"""Stage 2's msgspec path for plain partials (stream_dp/pipeline/formats/partials_plain.py)
-gives exactly what the orjson path gives, or leaves the record to it: checked
-differentially on stage 1's records and on records edited to hit every known difference
-between the two parsers."""
+"""Stage 2's msgspec path for plain partials in the per-key form of earlier versions
+(stream_dp/pipeline/formats/partials_plain.py) gives exactly what the orjson path gives, or
+leaves the record to it: checked differentially on stage 1's records written in that form
+(tests.pipeline.support.partials_as_totals) and on records edited to hit every known
+difference between the two parsers."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any
 
 import numpy as np
 import pytest
 
-from stream_dp.pipeline.formats import partials as partials_format
 from stream_dp.pipeline.formats.partials import (
     Partial,
-    PartialFormatError,
     PartialPart,
     decode,
     encode_partial,
@@ -24,54 +22,22 @@ from stream_dp.pipeline.formats.partials import (
 from stream_dp.pipeline.formats.partials_plain import plain_partial
 from stream_dp.privacy.group_values import JSON_TRUE
 from stream_dp.privacy.key_totals import KeyTotals
+from tests.pipeline.partials_paths import both, byte_edited, plain_value
+from tests.pipeline.support import partials_as_totals
 
 T0 = 1_596_240_000
 
 
-def _outcome(value: bytes) -> tuple[str, Any]:
-    """What decoding gives, comparable across paths: the part's fields and its totals'
-    keys (with their values' types) and columns, or the error's message."""
-    try:
-        part = decode(value)
-    except PartialFormatError as exc:
-        return "error", str(exc)
-    if not isinstance(part, PartialPart):
-        return "other", repr(part)
-    columns = part.totals.columns  # type: ignore[attr-defined]
-    keys = [tuple((type(v).__name__, repr(v)) for v in key) for key in columns.groups]
-    numbers = [
-        getattr(columns, name).tolist()
-        for name in ("events", "users", "value_sums", "selection_weights", "value_squares")
-    ]
-    fields = {f.name: getattr(part, f.name) for f in dataclasses.fields(part)}
-    del fields["totals"]
-    return "part", (fields, keys, numbers, columns.value_bins.bins)
-
-
 def _both(value: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
-    """(with the msgspec path, orjson alone)."""
-    fast = _outcome(value)
-    with monkeypatch.context() as m:
-        m.setattr(partials_format, "plain_partial", lambda value: None)
-        return fast, _outcome(value)
-
-
-def _plain_value(rng: random.Random) -> Any:
-    return rng.choice(
-        [
-            None,
-            rng.randrange(-(2**63), 2**63),
-            rng.choice([-(2**63), 2**63 - 1, 0, -1]),
-            "".join(rng.choice('ab"\\\n\x01\x7fé€😀/') for _ in range(rng.randrange(6))),
-        ]
-    )
+    """(with the msgspec path, orjson and the general reader alone)."""
+    return both(value, monkeypatch, "plain_partial")
 
 
 def _record(rng: random.Random, n: int, groups: list[tuple[Any, ...]] | None = None) -> bytes:
     if groups is None:
         groups = list(
             dict.fromkeys(
-                tuple(_plain_value(rng) for _ in range(rng.randrange(4))) for _ in range(n)
+                tuple(plain_value(rng) for _ in range(rng.randrange(4))) for _ in range(n)
             )
         )
     n = len(groups)
@@ -90,7 +56,7 @@ def _record(rng: random.Random, n: int, groups: list[tuple[Any, ...]] | None = N
         erasures_through=rng.choice([0, 3]),
     )
     ((_, value),) = encode_partial(partial, max_bytes=1 << 22)
-    return value
+    return partials_as_totals(value)
 
 
 def test_stage_ones_plain_records_take_the_msgspec_path_and_decode_as_by_orjson(
@@ -190,20 +156,10 @@ def test_edited_records_decode_as_by_orjson(edit: Any, monkeypatch: pytest.Monke
 def test_random_byte_edits_decode_as_by_orjson(monkeypatch: pytest.MonkeyPatch) -> None:
     """A byte of a record replaced, deleted or inserted, 3,000 times."""
     rng = random.Random(4343)
-    alphabet = b'[]{},:"\\ -0123456789.eEtrufalsn\x00\x1f\x7f\xc3\xa9\xff'
     for trial in range(3000):
-        value = bytearray(_record(rng, rng.choice([1, 2, 5])))
-        at = rng.randrange(len(value))
-        byte = bytes([rng.choice(alphabet)])
-        how = rng.randrange(3)
-        if how == 0:
-            value[at : at + 1] = byte
-        elif how == 1:
-            del value[at]
-        else:
-            value[at:at] = byte
-        fast, slow = _both(bytes(value), monkeypatch)
-        assert fast == slow, (trial, bytes(value))
+        value = byte_edited(rng, _record(rng, rng.choice([1, 2, 5])))
+        fast, slow = _both(value, monkeypatch)
+        assert fast == slow, (trial, value)
 
 
 def test_other_group_values_and_statistics_are_left_to_orjson() -> None:
@@ -222,5 +178,6 @@ def test_other_group_values_and_statistics_are_left_to_orjson() -> None:
         events_retained=1,
     )
     ((_, value),) = encode_partial(partial, max_bytes=1 << 20)
+    value = partials_as_totals(value)
     assert plain_partial(value) is None
     assert isinstance(decode(value), PartialPart)

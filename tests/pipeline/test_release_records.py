@@ -202,7 +202,7 @@ def test_a_quantile_names_the_exponential_mechanism_and_its_ci95_unit_and_no_oth
         "selection": None,
     }
     _, (encoded,) = ReleaseTemplate(group_by=["domain"], **common).encode(values)
-    (_, built), = release_records(group_by=["domain"], values=values, **common)
+    ((_, built),) = release_records(group_by=["domain"], values=values, **common)
     before = {
         "schema_version": 1, "kind": "release", "release_id": "ab" * 16, "query": "q",
         "window_start": "2020-08-01T00:00:00Z", "window_end": "2020-08-01T01:00:00Z",

@@ -22,9 +22,10 @@ Group keys travel as JSON arrays of their values and are read back in canonical 
 into two keys, as stage 1 kept them.
 
 Totals stay columns (:class:`~stream_dp.privacy.key_totals.KeyTotals`) from the seal to the
-release: a part is encoded with one orjson call and decoded into columns, with no Python
-object per key on the way (a 100,000-key window's partial took 1.9 s to encode and decode
-one key at a time).
+release, and travel as columns (:mod:`.partials_columns`): a part is encoded with one orjson
+call and decoded into columns, with no Python object per key on the way but the group keys
+(a 100,000-key window's partial took 1.9 s to encode and decode one key at a time). Parts of
+earlier versions, an entry per key, are still read.
 """
 
 from __future__ import annotations
@@ -40,11 +41,18 @@ import numpy as np
 import orjson
 
 from stream_dp.errors import StreamDPError
+from stream_dp.pipeline.formats.partials_columns import (
+    COLUMNS_MEMBER,
+    checked_bin_counts,
+    columns_layout,
+    columns_partial,
+    decode_columns_member,
+    encode_columns,
+)
 from stream_dp.pipeline.formats.partials_plain import plain_partial
 from stream_dp.pipeline.formats.records import SCHEMA_VERSION
 from stream_dp.privacy.exponential.bin_counts import BinCounts
-from stream_dp.privacy.exponential.quantiles import MAX_BINS
-from stream_dp.privacy.group_values import canonical_key, json_default
+from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
@@ -178,81 +186,50 @@ def encode_partial(partial: Partial, *, max_bytes: int) -> list[tuple[str, bytes
         header["key_check"] = partial.key_check
     if partial.histograms is not None:
         header["histograms"] = {n: list(v) for n, v in partial.histograms.items()}
-    budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(orjson.dumps(header)) - 32
-    chunks = encode_in_parts(
-        len(totals),
-        partial_entries(totals),
-        budget,
-        what=f"a partial of query {partial.query}",
-        default=json_default,
-        size=entries_size(totals),
-    )
+    head = orjson.dumps(header)
+    # Room for the columns: the record's limit less the header (its part numbers grow by
+    # a few digits) and the member's name.
+    budget = max_bytes - RECORD_OVERHEAD_BYTES - len(key) - len(head) - len(COLUMNS_MEMBER) - 32
+    chunks = columns_in_parts(totals, budget, what=f"a partial of query {partial.query}")
     out = []
     for i, chunk in enumerate(chunks):
         head = orjson.dumps({**header, "part": i, "parts": len(chunks)})
-        out.append((key, head[:-1] + b',"totals":' + chunk + b"}"))
+        out.append((key, head[:-1] + COLUMNS_MEMBER + chunk + b"}"))
     return out
 
 
-def _entry_columns(totals: KeyTotals) -> list[np.ndarray]:
-    """The number columns of a partial's entries, in their order after the group key."""
-    arrays = [totals.events, totals.users, totals.value_sums]
-    if totals.value_squares.any():  # statistic: variance (only then a sixth item)
-        arrays += [totals.selection_weights, totals.value_squares]
-    elif totals.selection_weights.any():
-        arrays.append(totals.selection_weights)
-    return arrays
+def columns_in_parts(totals: KeyTotals, budget: int, *, what: str) -> list[bytes]:
+    """The ``columns`` members of consecutive slices of ``totals``, each of at most
+    ``budget`` bytes, in order (one, possibly of no keys, when they all fit).
 
-
-def entries_size(totals: KeyTotals) -> int | None:
-    """The size of the JSON array of every entry of ``totals`` (``[[group values], events,
-    users, value sum(, weight(, squares))]`` each), measured without making the entries:
-    one orjson call over the group keys and one per number column (each an array whose
-    items are the entries' own bytes). None for a quantile's entries (their histograms are
-    measured by encoding them) and for group keys that are not tuples."""
-    n = len(totals)
-    if totals.value_bins.bins or set(map(type, totals.groups)) - {tuple}:
-        return None
-    if n == 0:
-        return 2
-    arrays = _entry_columns(totals)
-    # Each array is 2 brackets, its items and n - 1 commas: the items' bytes are the rest.
-    items = len(orjson.dumps(totals.groups, default=json_default)) - n - 1
-    items += sum(len(orjson.dumps(a.tolist())) - n - 1 for a in arrays)
-    # An entry: its brackets and a comma before each number; n - 1 commas between entries.
-    return 2 + items + n * (2 + len(arrays)) + n - 1
-
-
-def partial_entries(totals: KeyTotals) -> Callable[[int, int], list[Any]]:
-    """The entries of keys ``[lo, hi)`` of a partial's totals, made when asked: a tuple per
-    key (orjson writes it as the array ``[[group values], events, users, …]``, the group key
-    a tuple too) for one slice at a time, never for the whole partial (issue 39: a 1M-key
-    partial's lists were about 0.5 KB per key while it was encoded, beside the held window).
-    Zipped in C: a list per key and per group, made by a Python loop, took 0.65 s per
-    1,000,000 keys against 0.2 s."""
-
-    arrays = _entry_columns(totals)
-    as_lists = bool(set(map(type, totals.groups)) - {tuple})  # else orjson writes them
-
-    def entries(lo: int, hi: int) -> list[Any]:
-        columns = [a[lo:hi].tolist() for a in arrays]
-        groups = totals.groups[lo:hi]
-        out: list[Any] = list(zip(map(list, groups) if as_lists else groups, *columns, strict=True))
-        hist = totals.value_bins
-        if hist.bins:  # statistic: quantile (only then a seventh item)
-            # sparse, as held: [bins, [nonzero bin indices, increasing], [their counts]]
-            starts = hist.starts[lo : hi + 1].tolist()  # hi - lo + 1 offsets, never empty
-            first, last = starts[0], starts[-1]
-            index = hist.index[first:last].tolist()
-            counts = hist.counts[first:last].tolist()
-            bins = [
-                [hist.bins, index[a - first : b - first], counts[a - first : b - first]]
-                for a, b in itertools.pairwise(starts)
-            ]
-            out = [[*[*entry, 0, 0][:6], b] for entry, b in zip(out, bins, strict=True)]
-        return out
-
-    return entries
+    The whole is encoded first (one orjson call: a window's partial usually fits one
+    record); a larger one is cut into about size × 1.05 / budget slices of equal key
+    counts, a slice that is still too large halved. A key that alone exceeds the budget can
+    never be written: :class:`RecordTooLargeError` names the setting to change.
+    """
+    count = len(totals)
+    layout = columns_layout(totals)
+    whole = encode_columns(totals, 0, count, layout)
+    if len(whole) <= budget:
+        return [whole]
+    if count == 0:  # the header alone leaves no room (a huge bounds: auto histogram)
+        raise _too_large(what, len(whole))
+    out: list[bytes] = []
+    pieces = min(count, math.ceil(len(whole) * 1.05 / budget))
+    del whole
+    bounds = np.linspace(0, count, pieces + 1).astype(int).tolist()
+    pending = list(itertools.pairwise(bounds))[::-1]
+    while pending:
+        lo, hi = pending.pop()
+        blob = encode_columns(totals, lo, hi, layout)
+        if len(blob) <= budget:
+            out.append(blob)
+        elif hi - lo == 1:
+            raise _too_large(what, len(blob))
+        else:
+            mid = (lo + hi) // 2
+            pending += [(mid, hi), (lo, mid)]
+    return out
 
 
 class RecordTooLargeError(StreamDPError):
@@ -316,77 +293,6 @@ def join_in_parts(
     return chunks
 
 
-#: Entries encoded at a time while a partial's size is measured (its lists made per slice).
-SLICE_ENTRIES = 16_384
-
-
-def encode_in_parts(
-    count: int,
-    entries_of: Callable[[int, int], Sequence[Any]],
-    budget: int,
-    *,
-    what: str,
-    option: int = 0,
-    default: Callable[[Any], Any] | None = None,
-    size: int | None = None,
-) -> list[bytes]:
-    """Consecutive entries (``entries_of(lo, hi)`` makes entries ``[lo, hi)`` of ``count``)
-    as JSON arrays of at most ``budget`` bytes each, in order.
-
-    Always at least one (possibly empty) array. The whole array's size is ``size`` when the
-    caller measured it (:func:`entries_size`), else measured a slice of
-    :data:`SLICE_ENTRIES` at a time (the whole is their contents joined, when it fits);
-    then cut into about size × 1.05 / budget pieces of equal entry counts, each encoded by
-    one orjson call, a piece that is too large halved. An entry that alone exceeds the
-    budget can never be written: :class:`RecordTooLargeError` names it and the setting to
-    change.
-    """
-    slices: list[bytes] | None = []  # the whole's contents, or [] while not encoded yet
-    if size is None:
-        size, slices = _measured(count, entries_of, budget, option, default)
-    if slices is not None and size <= budget:
-        if count and not slices:  # measured by the caller: the whole encoded by one call
-            return [orjson.dumps(entries_of(0, count), option=option, default=default)]
-        return [b"[" + b",".join(slices) + b"]"]
-    out: list[bytes] = []
-    pieces = math.ceil(size * 1.05 / budget)
-    bounds = np.linspace(0, count, pieces + 1).astype(int).tolist()
-    pending = list(itertools.pairwise(bounds))[::-1]
-    while pending:
-        lo, hi = pending.pop()
-        blob = orjson.dumps(entries_of(lo, hi), option=option, default=default)
-        if len(blob) <= budget:
-            out.append(blob)
-        elif hi - lo == 1:
-            raise _too_large(what, len(blob) - 2)
-        else:
-            mid = (lo + hi) // 2
-            pending += [(mid, hi), (lo, mid)]
-    return out
-
-
-def _measured(
-    count: int,
-    entries_of: Callable[[int, int], Sequence[Any]],
-    budget: int,
-    option: int,
-    default: Callable[[Any], Any] | None,
-) -> tuple[int, list[bytes] | None]:
-    """The size of the JSON array of ``count`` entries, measured by encoding them a slice
-    at a time; with the slices' contents while the whole fits in ``budget`` (None after)."""
-    size = 2  # the brackets
-    slices: list[bytes] | None = []
-    for lo in range(0, count, SLICE_ENTRIES):
-        entries = entries_of(lo, min(count, lo + SLICE_ENTRIES))
-        blob = orjson.dumps(entries, option=option, default=default)
-        size += len(blob) - 2 + (1 if lo else 0)  # the contents, a comma before each slice
-        if size > budget:
-            slices = None  # too large for one array: made again piece by piece
-        elif slices is not None:
-            slices.append(blob[1:-1])
-    return size, slices
-
-
 def encode_watermark(mark: SourceWatermark) -> tuple[str, bytes]:
     value = {
         "schema_version": SCHEMA_VERSION,
@@ -405,7 +311,9 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
     """Parse one partials-topic record; :class:`PartialFormatError` if it is not one."""
     if value is None:
         raise PartialFormatError("empty record")
-    plain = plain_partial(value)  # most parts: msgspec, exactly orjson's result or None
+    # Most parts: msgspec, exactly orjson's result, or None. Columns, then the per-key
+    # entries of earlier versions.
+    plain = columns_partial(value) or plain_partial(value)
     try:
         if plain is not None:
             return _partial_part(plain[0], plain[1])
@@ -430,7 +338,7 @@ def decode(value: bytes | None) -> PartialPart | SourceWatermark:
 
 def _partial_part(obj: dict[str, Any], totals: KeyTotals | None) -> PartialPart:
     """A part from its decoded record (``totals``: decoded already, or None to decode the
-    record's ``totals`` member)."""
+    record's ``columns`` member, or the ``totals`` member of an earlier version)."""
     if not 0 <= int(obj["part"]) < int(obj["parts"]):
         raise ValueError(f"part {obj['part']} of {obj['parts']}")
     return PartialPart(
@@ -450,11 +358,21 @@ def _partial_part(obj: dict[str, Any], totals: KeyTotals | None) -> PartialPart:
         histograms=_histograms(obj.get("histograms")),
         fingerprint=str(obj.get("fingerprint", "")),
         key_check=str(obj.get("key_check", "")),
-        totals=TotalsRows(_decode_totals(obj["totals"]) if totals is None else totals),
+        totals=TotalsRows(_totals_member(obj) if totals is None else totals),
     )
 
 
 _PLAIN_VALUE_TYPES = frozenset((str, int, type(None)))
+
+
+def _totals_member(obj: dict[str, Any]) -> KeyTotals:
+    """The part's totals: its ``columns``, or the ``totals`` entries of earlier versions
+    (never both: which would count?)."""
+    if "columns" in obj:
+        if "totals" in obj:
+            raise ValueError("a part holds columns and totals: one form only")
+        return decode_columns_member(obj["columns"])
+    return _decode_totals(obj["totals"])
 
 
 def _decode_totals(entries: Any) -> KeyTotals:
@@ -518,20 +436,7 @@ def _bin_counts(rows: Sequence[Any]) -> BinCounts:
     flat_counts = list(itertools.chain.from_iterable(counts))
     if set(map(type, flat_index)) - {int} or set(map(type, flat_counts)) - {int}:
         raise TypeError("a bin index and a bin count must be integers")
-    width = widths[0] if widths else 1
-    index = np.array(flat_index, dtype=np.int64)
-    count = np.array(flat_counts, dtype=np.int64)
-    starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    if not 1 <= width <= MAX_BINS or ((index < 0) | (index >= width)).any():
-        raise ValueError(f"a histogram needs 1 to {MAX_BINS} bins and indices below them")
-    if (count < 1).any():
-        raise ValueError("a histogram lists only bins with a count of at least 1")
-    rising = np.diff(index) > 0
-    follows = starts[1:-1]  # a row's first index may follow another row's last one
-    rising[follows[(sizes[1:] > 0) & (follows > 0)] - 1] = True
-    if not rising.all():
-        raise ValueError("a histogram's bin indices must be strictly increasing")
-    return BinCounts(width, starts, index, count)
+    return checked_bin_counts(widths[0] if widths else 1, sizes, flat_index, flat_counts)
 
 
 def _transposed(entries: list[Any], width: int) -> list[Sequence[Any]]:

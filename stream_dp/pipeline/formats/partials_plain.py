@@ -1,4 +1,5 @@
-"""A partials record's plain totals decoded by msgspec straight into tuples.
+"""A partials record's plain totals, in the per-key form of earlier versions, decoded by
+msgspec straight into tuples (this version writes columns: :mod:`.partials_columns`).
 
 Stage 2 decodes a 1,000,000-key window's partials (about 30 records of 1 MB) on its loop.
 orjson builds each entry as a list of a list and three numbers, which
@@ -51,17 +52,34 @@ _PLAIN_ENTRIES: Final = msgspec.json.Decoder(
 _DECODE_ERRORS: Final = (orjson.JSONDecodeError, msgspec.DecodeError, TypeError, ValueError)
 
 
-def plain_partial(value: bytes) -> tuple[dict[str, Any], KeyTotals] | None:
-    """(header, totals) of a partials record whose totals are plain (see the module
-    docstring), the header holding every member but the totals; None otherwise."""
-    at = value.rfind(TOTALS_MEMBER)
+def split_last_member(value: bytes, member: bytes) -> tuple[dict[str, Any], memoryview] | None:
+    """(header, the member's value) of a partials record whose last member is written
+    ``member`` (``,"name":``) as stage 1 writes it, the header parsed by orjson as an object
+    of its own (every member before); None when the record is not laid out so, or its
+    header is not a valid, non-empty partial's (see the module docstring)."""
+    at = value.rfind(member)
     if at < 0 or not value.endswith(b"}"):
         return None
     try:
         header = orjson.loads(value[:at] + b"}")
-        if type(header) is not dict or header.get("kind") != "partial":
-            return None  # (an empty header would make the record's comma invalid)
-        entries = _PLAIN_ENTRIES.decode(memoryview(value)[at + len(TOTALS_MEMBER) : -1])
+    except orjson.JSONDecodeError:
+        return None
+    if type(header) is not dict or header.get("kind") != "partial":
+        return None  # (an empty header would make the record's comma invalid)
+    return header, memoryview(value)[at + len(member) : -1]
+
+
+def plain_partial(value: bytes) -> tuple[dict[str, Any], KeyTotals] | None:
+    """(header, totals) of a partials record whose totals are plain (see the module
+    docstring), the header holding every member but the totals; None otherwise."""
+    split = split_last_member(value, TOTALS_MEMBER)
+    if split is None:
+        return None
+    header, member = split
+    if "columns" in header:
+        return None  # refused by the general path: two forms of one part's totals
+    try:
+        entries = _PLAIN_ENTRIES.decode(member)
     except _DECODE_ERRORS:
         return None
     if not entries:

@@ -75,7 +75,7 @@ def bin_indices(
 def quantile_histograms(totals: KeyTotals, plan: PlanView) -> BinCounts:
     """The keys' histograms (sparse) the exponential mechanism reads, checked to have the
     plan's bins. Totals without a histogram column hold no value (a window whose partials
-    had no key of this query: an empty part carries no seventh item): every key's histogram
+    had no key of this query: an empty part carries no histogram): every key's histogram
     is then empty, as a public key's without data."""
     bins = totals.value_bins
     if bins.bins == 0 and not bins.index.size:
