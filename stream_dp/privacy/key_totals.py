@@ -8,6 +8,7 @@ read-only ``Mapping[GroupKey, KeyAggregate]`` for code that wants one key at a t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -119,7 +120,7 @@ class KeyTotals(Mapping[GroupKey, KeyAggregate]):
         if not parts:
             return cls.empty()
         return cls(
-            [g for p in parts for g in p.groups],
+            list(itertools.chain.from_iterable(p.groups for p in parts)),
             np.concatenate([p.events for p in parts]),
             np.concatenate([p.users for p in parts]),
             np.concatenate([p.value_sums for p in parts]),

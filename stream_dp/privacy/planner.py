@@ -185,6 +185,14 @@ class QueryPlan:
     #: ``statistic: quantile``: the exponential mechanism that chooses the released edges
     #: (no additive noise: ``noise`` is empty).
     quantile: QuantilePlan | None = None
+    #: Each public key's place on :attr:`public_keys` (None for private keys): made with
+    #: the plan, so a release looks its keys up without indexing 1,000,000 keys again.
+    public_places: dict[GroupKey, int] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        keys = self.public_keys
+        places = None if keys is None else {key: i for i, key in enumerate(keys)}
+        object.__setattr__(self, "public_places", places)
 
     @property
     def stated_mechanism(self) -> str:

@@ -60,6 +60,7 @@ __all__ = [
     "release_query",
 ]
 
+
 @dataclass(frozen=True)
 class QueryRelease:
     values: ReleasedValues
@@ -91,10 +92,15 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
     suppressed = 0
     precomputed: list[int] | None = None  # count_threshold: the released counts themselves
 
-    if plan.public_keys is not None:
+    if plan.public_keys is not None and plan.public_places is not None:
         groups: list[GroupKey] = list(plan.public_keys)
-        index = totals.index()
-        rows = np.fromiter(map(index.get, groups, repeat(-1)), np.int64, len(groups))
+        # Each key's place on the list (-1: not listed, never released), then per listed
+        # key its row (-1: no data): no index of the window's keys is made.
+        place = plan.public_places
+        at = np.fromiter(map(place.get, totals.groups, repeat(-1)), np.int64, len(totals))
+        listed = np.flatnonzero(at >= 0)
+        rows = np.full(len(groups), -1, dtype=np.int64)
+        rows[at[listed]] = listed
     else:
         candidates = totals.groups
         selection = plan.selection

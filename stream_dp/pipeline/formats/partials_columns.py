@@ -173,7 +173,7 @@ def _totals(keys: list[Any], numbers: dict[str, Any]) -> KeyTotals:
             continue
         if len(values) != n:
             raise ValueError(f"columns.{name} has {len(values)} items for {n} group keys")
-        columns[name] = np.array(values, dtype=np.int64)
+        columns[name] = np.fromiter(values, np.int64, n)
     for name in ("events", "users", *_OPTIONAL_COLUMNS):
         if name in columns and (columns[name] < 0).any():
             raise ValueError(f"columns.{name} holds a negative number")
