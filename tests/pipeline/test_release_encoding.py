@@ -24,6 +24,7 @@ from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES
 from stream_dp.pipeline.formats.records import (
     ReleaseTemplate,
     dumps,
+    format_pieces,
     output_key,
     release_record,
     window_record,
@@ -189,3 +190,28 @@ def test_chunks_and_parts_of_a_draw_are_the_records_written_one_by_one(
             for kv in parts.encode(first, min(first + step, len(parts)))
         ]
         assert made == _reference_parts(rel, reference, max_bytes)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "fields"),
+    [
+        (b"", ()),
+        (b"%b", (b"x",)),
+        (b"a%%b%b", (b"x",)),  # %% then a literal b: one slot
+        (b"%%%b%%", (b"x",)),  # a literal % around a slot
+        (b'{"q":"v%%s|\\"%%b\\""}%b,%b%%%%b', (b"%b", b"%%")),
+        (b"%b%b%b", (b"", b"1", b"22")),
+    ],
+)
+def test_format_pieces_joined_with_the_fields_are_the_format_filled(
+    fmt: bytes, fields: tuple[bytes, ...]
+) -> None:
+    """A ``bytes %`` format cut into its constant pieces (records and ledger parts are
+    joined from them, not ``%``-formatted) gives, with the fields between them, what ``%``
+    gives, ``%%`` read left to right as ``%`` reads it; another conversion is refused."""
+    pieces = format_pieces(fmt)
+    assert len(pieces) == len(fields) + 1
+    joined = b"".join(p for pair in zip(pieces, [*fields, b""], strict=True) for p in pair)
+    assert joined == fmt % fields
+    with pytest.raises(ValueError, match="other conversions"):
+        format_pieces(fmt + b"%s")
