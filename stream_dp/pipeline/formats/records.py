@@ -163,13 +163,20 @@ class ColumnKinds(NamedTuple):
 
     @classmethod
     def of(cls, group_by: Sequence[str], cols: ReleasedValues) -> ColumnKinds:
-        strings = len(group_by) == 1 and set(map(type, map(itemgetter(0), cols.groups))) <= {str}
-        plain = False
-        if strings:
-            joined = "".join(map(itemgetter(0), cols.groups))
-            plain = joined.isascii() and joined.isprintable()
-            plain = plain and '"' not in joined and "\\" not in joined
+        strings = plain = False
+        if len(group_by) == 1:
+            try:  # a value that is not a string stops the join: the types checked in it
+                joined = "".join(map(itemgetter(0), cols.groups))
+                strings = True
+            except TypeError:
+                pass
+        if strings and joined.isascii():  # then printable and no " or \\: delete them all
+            plain = not joined.encode("ascii").translate(None, _PLAIN_ASCII)
         return cls(strings, plain, _integers(cols.value))
+
+
+#: The characters JSON writes as themselves in a string: printable ASCII but ``"`` and ``\\``.
+_PLAIN_ASCII: Final = bytes(c for c in range(0x20, 0x7F) if c not in b'"\\')
 
 
 class ReleaseTemplate:
@@ -331,7 +338,7 @@ class ReleaseTemplate:
         empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
         key_base = len(orjson.dumps(empty_key)) - 2
         bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
-        sizes = bases[np.fromiter(cols.clamped, np.int64, n)]
+        sizes = _chosen(bases, cols.clamped)
         for column in (group_fields, *varying):  # the group field: in the key and the record
             if _is_integers(column):
                 sizes += decimal_lengths(np.fromiter(column, np.int64, n))
@@ -363,7 +370,7 @@ class ReleaseTemplate:
         empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
         key_base = len(orjson.dumps(empty_key)) - 2
         bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
-        sizes: np.ndarray = bases[np.fromiter(cols.clamped, np.int64, n)]
+        sizes = _chosen(bases, cols.clamped)
         sizes += 2 * np.fromiter(map(len, plain), np.int64, n)
         sizes += decimal_lengths(np.fromiter(cols.value, np.int64, n))
         return sizes
@@ -434,6 +441,14 @@ class ReleaseTemplate:
         head, tail = format_pieces(group_slot)
         head = prefix + head
         return (head + (tail + b"\n" + head).join(group_fields) + tail).decode().split("\n")
+
+
+def _chosen(bases: np.ndarray, clamped: list[bool]) -> np.ndarray:
+    """Per key its template's size: ``bases[clamped]`` (the first for all when none is)."""
+    if not any(clamped):
+        return np.full(len(clamped), bases[0], dtype=np.int64)
+    chosen: np.ndarray = bases[np.fromiter(clamped, np.int64, len(clamped))]
+    return chosen
 
 
 def _integers(numbers: list[Any]) -> bool:
