@@ -498,27 +498,30 @@ class LedgerParts:
         start, end = self._bounds[first][0], self._bounds[last - 1][1]
         formats, which, columns = self._release.entry_formats(start, end)
         width = len(columns)
-        # the constant pieces between slots, the last one of each entry but the part's
-        # last followed by the comma between entries
-        pieces = list(zip(*map(format_pieces, formats), strict=True))
-        pieces[-1] = (*(p + b"," for p in pieces[-1]), *pieces[-1])
+        # per slot its constant piece, or each format's (chosen per entry by `which`), the
+        # first after the comma between entries (the part's first entry has none)
+        slots = [
+            c[:1] if c.count(c[0]) == len(c) else c
+            for c in zip(*map(format_pieces, formats), strict=True)
+        ]
+        slots[0] = tuple(b"," + c for c in slots[0])
         step = 2 * width + 1
         out = []
         for i in range(first, last):
             lo, hi = self._bounds[i][0] - start, self._bounds[i][1] - start
             head = orjson.dumps({**self._header, "part": i, "parts": len(self._bounds)})
             joined: list[bytes] = [b""] * (step * (hi - lo) + 2)
-            joined[0] = head[:-1] + b',"records":['
             chosen = which[lo:hi]
-            for slot, constant in enumerate(pieces):
-                if len(set(constant)) == 1:
-                    joined[1 + 2 * slot : -1 : step] = [constant[0]] * (hi - lo)
+            for slot, pieces in enumerate(slots):
+                if len(pieces) == 1:
+                    joined[1 + 2 * slot : -1 : step] = pieces * (hi - lo)
                 else:
-                    joined[1 + 2 * slot : -1 : step] = map(constant.__getitem__, chosen)
+                    joined[1 + 2 * slot : -1 : step] = map(pieces.__getitem__, chosen)
             for slot, column in enumerate(columns):
                 joined[2 + 2 * slot : -1 : step] = column[lo:hi]
-            if hi > lo:  # the last entry without its comma
-                joined[-2] = pieces[-1][len(formats) + int(chosen[-1])]
+            if hi > lo:  # the part's first entry: no comma before it
+                joined[1] = joined[1][1:]
+            joined[0] = head[:-1] + b',"records":['
             joined[-1] = b"]}"
             value = b"".join(joined)
             # the cut was made from the entries' sizes: the part is as long as it said

@@ -164,6 +164,8 @@ class ColumnKinds(NamedTuple):
     @classmethod
     def of(cls, group_by: Sequence[str], cols: ReleasedValues) -> ColumnKinds:
         strings = plain = False
+        if not cols.groups:  # as the checks below find for no values
+            return cls(len(group_by) == 1, len(group_by) == 1, False)
         if len(group_by) == 1:
             try:  # a value that is not a string stops the join: the types checked in it
                 joined = "".join(map(itemgetter(0), cols.groups))
@@ -515,6 +517,8 @@ def _interleaved(
 def format_pieces(fmt: bytes) -> list[bytes]:
     """A ``bytes %`` format of ``%b`` slots (and ``%%``) as its constant pieces, one more
     than its slots: ``fmt % fields`` is the pieces and the fields interleaved, joined."""
+    if fmt.count(b"%") == fmt.count(b"%b") and b"%%" not in fmt:  # %b slots alone
+        return fmt.split(b"%b")
     pieces = [b""]
     for i, run in enumerate(fmt.split(b"%%")):  # read left to right, as % reads them
         if i:
