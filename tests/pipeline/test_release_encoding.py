@@ -5,10 +5,10 @@ are byte for byte those written one record at a time by a reference kept here: e
 
 Other tools read these bytes and the exactly-once argument re-publishes the output from the
 ledger, so the encoding may change only where the bytes do not: group keys of every kind
-(plain ASCII, escapes, unicode, integers, floats, null, booleans, several fields, kinds
-mixed so that some chunks are plain and others not), every statistic's record, integer and
-float values, noise scales one number or one per key, clamped values, and a query name,
-field name or selection holding ``%`` or a newline."""
+(plain ASCII, ASCII with quotes or backslashes, escapes, unicode, integers, floats, null,
+booleans, several fields, kinds mixed so that some chunks are plain and others not), every
+statistic's record, integer and float values, noise scales one number or one per key,
+clamped values, and a query name, field name or selection holding ``%`` or a newline."""
 
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ ALPHABET = 'ab%"\\\n\x01\x7fé€𝄞 |{}:,/'
 def _group_value(rng: random.Random, kind: str, i: int) -> Any:
     if kind == "plain":  # what the public-keys bench releases: printable ASCII, no escape
         return f"site{i:05d}.example"
+    if kind == "quoted":  # printable ASCII but for a quote or backslash: escaped once
+        return rng.choice(['"', "\\", "", "%"]) + f"k{i}" + rng.choice(['"', "\\", "/", '\\"'])
     if kind == "escaped":
         return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 10))) + f"#{i}"
     return rng.choice(
@@ -123,7 +125,15 @@ def _reference_parts(
     return parts
 
 
-KINDS = [["plain"], ["escaped"], ["other"], ["plain", "escaped"], ["plain", "other"]]
+KINDS = [
+    ["plain"],
+    ["quoted"],
+    ["escaped"],
+    ["other"],
+    ["plain", "quoted"],
+    ["plain", "escaped"],
+    ["plain", "other"],
+]
 
 
 @pytest.mark.parametrize("statistic", [*STATISTICS, "top_k"])
