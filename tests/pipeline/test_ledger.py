@@ -237,7 +237,7 @@ def _reference_parts(rel: LedgerRelease, max_bytes: int) -> list[bytes]:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_parts_are_the_entries_written_one_by_one(seed: int) -> None:
-    """Each part is one ``bytes %`` over all its entries: byte for byte the parts written
+    """Each part is one ``join`` over all its entries' pieces: byte for byte the parts written
     one entry at a time, cut at the same places, with keys JSON escapes (quotes,
     backslashes, control and non-ASCII characters, ``%``) and a query name holding ``%``
     (the header goes into the format string)."""

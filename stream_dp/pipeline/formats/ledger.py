@@ -50,9 +50,11 @@ from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.formats.partials import RECORD_OVERHEAD_BYTES, part_bounds
 from stream_dp.pipeline.formats.records import (
     SCHEMA_VERSION,
+    ColumnKinds,
     ReleaseTemplate,
     dumps,
     escaped_strings,
+    format_pieces,
     output_key,
     window_record,
 )
@@ -176,6 +178,11 @@ class DrawnOutput:
     values: ReleasedValues
     closing_key: str
     closing: bytes
+    #: What the columns hold, found once for every chunk (:class:`ColumnKinds`).
+    kinds: ColumnKinds = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kinds", self.template.kinds(self.values))
 
     def __len__(self) -> int:
         return len(self.values) + 1
@@ -186,7 +193,7 @@ class DrawnOutput:
         keys: list[str] = []
         values: list[bytes] = []
         if lo < min(hi, n):
-            keys, values = self.template.encode(_sliced(self.values, lo, min(hi, n)))
+            keys, values = self.template.encode(_sliced(self.values, lo, min(hi, n)), self.kinds)
         if hi > n >= lo:
             keys.append(self.closing_key)
             values.append(self.closing)
@@ -199,7 +206,8 @@ class DrawnOutput:
         keys: list[bytes] = []
         values: list[bytes] = []
         if lo < min(hi, n):
-            keys, values = self.template.encode_escaped(_sliced(self.values, lo, min(hi, n)))
+            sliced = _sliced(self.values, lo, min(hi, n))
+            keys, values = self.template.encode_escaped(sliced, self.kinds)
         if hi > n >= lo:
             keys.append(escaped_strings([self.closing_key])[0])
             values.append(self.closing)
@@ -212,7 +220,8 @@ class DrawnOutput:
         n = len(self.values)
         made = None
         if lo < min(hi, n):
-            made = self.template.entry_formats(_sliced(self.values, lo, min(hi, n)), _ENTRY)
+            sliced = _sliced(self.values, lo, min(hi, n))
+            made = self.template.entry_formats(sliced, _ENTRY, self.kinds)
             if made is None:
                 return _entries_of(*self.encode_escaped(lo, hi))
         formats, chosen, columns = made or ((), [], [[]])
@@ -230,7 +239,7 @@ class DrawnOutput:
         n = len(self.values)
         sizes = np.zeros(0, np.int64)
         if lo < min(hi, n):
-            sizes = self.template.entry_sizes(_sliced(self.values, lo, min(hi, n)))
+            sizes = self.template.entry_sizes(_sliced(self.values, lo, min(hi, n)), self.kinds)
         if hi > n >= lo:
             closing = len(escaped_strings([self.closing_key])[0]) + len(self.closing)
             sizes = np.append(sizes, closing)
@@ -481,23 +490,40 @@ class LedgerParts:
 
     def encode(self, first: int, last: int) -> list[tuple[str, bytes]]:
         """Parts ``[first, last)`` as (key, value bytes): the header with ``"records":
-        [entries]``, each part one ``bytes %`` over all its entries' fields
-        (:meth:`LedgerRelease.entry_formats`: no bytes object per entry, key or record)."""
+        [entries]``, each part one ``bytes.join`` of its entries' constant pieces and
+        fields (:meth:`LedgerRelease.entry_formats` as :func:`format_pieces`: no bytes
+        object per entry, key or record, and the part allocated once at its size)."""
         if first >= last:
             return []
         start, end = self._bounds[first][0], self._bounds[last - 1][1]
         formats, which, columns = self._release.entry_formats(start, end)
         width = len(columns)
+        # per slot its constant piece, or each format's (chosen per entry by `which`), the
+        # first after the comma between entries (the part's first entry has none)
+        slots = [
+            c[:1] if c.count(c[0]) == len(c) else c
+            for c in zip(*map(format_pieces, formats), strict=True)
+        ]
+        slots[0] = tuple(b"," + c for c in slots[0])
+        step = 2 * width + 1
         out = []
         for i in range(first, last):
             lo, hi = self._bounds[i][0] - start, self._bounds[i][1] - start
             head = orjson.dumps({**self._header, "part": i, "parts": len(self._bounds)})
-            fmt = b",".join(map(formats.__getitem__, which[lo:hi]))
-            fmt = head[:-1].replace(b"%", b"%%") + b',"records":[' + fmt + b"]}"
-            fields: list[bytes] = [b""] * (width * (hi - lo))
+            joined: list[bytes] = [b""] * (step * (hi - lo) + 2)
+            chosen = which[lo:hi]
+            for slot, pieces in enumerate(slots):
+                if len(pieces) == 1:
+                    joined[1 + 2 * slot : -1 : step] = pieces * (hi - lo)
+                else:
+                    joined[1 + 2 * slot : -1 : step] = map(pieces.__getitem__, chosen)
             for slot, column in enumerate(columns):
-                fields[slot::width] = column[lo:hi]
-            value = fmt % tuple(fields)
+                joined[2 + 2 * slot : -1 : step] = column[lo:hi]
+            if hi > lo:  # the part's first entry: no comma before it
+                joined[1] = joined[1][1:]
+            joined[0] = head[:-1] + b',"records":['
+            joined[-1] = b"]}"
+            value = b"".join(joined)
             # the cut was made from the entries' sizes: the part is as long as it said
             made = len(head) + len(b',"records":[]') + max(0, hi - lo - 1)
             made += int(self._sizes[lo + start : hi + start].sum()) + (len(_ENTRY) - 4) * (hi - lo)

@@ -8,10 +8,11 @@ JSON Schemas of all of them live in ``topics/``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import repeat
-from typing import Any, Final
+from operator import itemgetter
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import orjson
@@ -146,6 +147,40 @@ def release_records(
     return [(key, template.record(v)) for key, v in zip(keys, values, strict=True)]
 
 
+class ColumnKinds(NamedTuple):
+    """What a release's columns hold, found once over all its keys (:meth:`of`) and given
+    with each chunk encoded from them (the ledger's entry sizes and parts, the output
+    records: three passes over 1,000,000 keys), so that no chunk checks its keys' and
+    values' types again: a chunk holds what the whole release does."""
+
+    #: One group field, each value a string (its JSON made by :func:`escaped_strings`).
+    strings: bool
+    #: ... and JSON escapes nothing in them (printable ASCII without ``"`` or ``\\``): each
+    #: field's JSON is its UTF-8 bytes, in a key's JSON once more too.
+    plain: bool
+    #: Every value a Python ``int`` (not a bool).
+    integers: bool
+
+    @classmethod
+    def of(cls, group_by: Sequence[str], cols: ReleasedValues) -> ColumnKinds:
+        strings = plain = False
+        if not cols.groups:  # as the checks below find for no values
+            return cls(len(group_by) == 1, len(group_by) == 1, False)
+        if len(group_by) == 1:
+            try:  # a value that is not a string stops the join: the types checked in it
+                joined = "".join(map(itemgetter(0), cols.groups))
+                strings = True
+            except TypeError:
+                pass
+        if strings and joined.isascii():  # then printable and no " or \\: delete them all
+            plain = not joined.encode("ascii").translate(None, _PLAIN_ASCII)
+        return cls(strings, plain, _integers(cols.value))
+
+
+#: The characters JSON writes as themselves in a string: printable ASCII but ``"`` and ``\\``.
+_PLAIN_ASCII: Final = bytes(c for c in range(0x20, 0x7F) if c not in b'"\\')
+
+
 class ReleaseTemplate:
     """What the release records of one query and window share, to build each from.
 
@@ -207,12 +242,20 @@ class ReleaseTemplate:
         """The :func:`output_key` of one released value (as :meth:`encode` gives it)."""
         return self._prefix + canonical_group(group_dict(self._group_by, v.group))
 
-    def encode(self, values: Sequence[ReleasedValue]) -> tuple[list[str], list[bytes]]:
+    def kinds(self, values: Sequence[ReleasedValue]) -> ColumnKinds:
+        """What the values' columns hold (:class:`ColumnKinds`), for their chunks."""
+        return ColumnKinds.of(self._group_by, ReleasedValues.of(values))
+
+    def encode(
+        self, values: Sequence[ReleasedValue], kinds: ColumnKinds | None = None
+    ) -> tuple[list[str], list[bytes]]:
         """Each value's :func:`output_key` and record bytes, in order. From the columns
         (:class:`ReleasedValues`): the constant fields (and a one-field group's JSON around
-        its value) written into the record's template once, then per key one ``bytes %``
-        over the fields that vary, in a C-level ``map``; the keys in one ``bytes %`` over
-        all, cut apart at newlines (a group's JSON from orjson has none)."""
+        its value) written into the record's template once, then per key one ``join`` of
+        its constant pieces and the fields that vary, in a C-level ``map``
+        (:func:`_records`); the keys in one ``join`` over all, cut apart at newlines (a
+        group's JSON from orjson has none). ``kinds``: what the columns hold, when known
+        for the whole release (:class:`ColumnKinds`); else found from these values."""
         cols = ReleasedValues.of(values)
         n = len(cols.groups)
         if self._marked is None or n == 0:
@@ -221,44 +264,48 @@ class ReleaseTemplate:
             if self._marked is None:
                 return keys, [dumps(self.record(v)) for v in cols]
             return keys, []
-        group_slot, group_fields, varying, templates = self._formats(cols)
+        group_slot, group_fields, varying, templates = self._formats(cols, kinds)
         records = _records(templates, cols.clamped, varying)
         return self._keys(group_slot, group_fields), records
 
-    def encode_escaped(self, values: Sequence[ReleasedValue]) -> tuple[list[bytes], list[bytes]]:
+    def encode_escaped(
+        self, values: Sequence[ReleasedValue], kinds: ColumnKinds | None = None
+    ) -> tuple[list[bytes], list[bytes]]:
         """Each value's output key as JSON without its quotes (:func:`escaped_strings` of
         :meth:`encode`'s keys, what a ledger part holds) and its record bytes. With one
         string group field the key's JSON is made from the field itself: the key with an
         empty field, escaped once, around the field with a backslash before each quote or
         backslash (the field is JSON already: it holds no other character JSON escapes)."""
         cols = ReleasedValues.of(values)
-        made = self._formats(cols) if self._marked is not None and cols.groups else None
+        made = self._formats(cols, kinds) if self._marked is not None and cols.groups else None
         fmt = None if made is None else self._key_format(made[0])
         if made is None or fmt is None:
-            keys, records = self.encode(cols)
+            keys, records = self.encode(cols, kinds)
             return escaped_strings(keys), records
         _, group_fields, varying, templates = made
         records = _records(templates, cols.clamped, varying)
         return list(map(fmt.__mod__, _escaped_again(group_fields))), records
 
     def entry_formats(
-        self, values: Sequence[ReleasedValue], entry: bytes
+        self, values: Sequence[ReleasedValue], entry: bytes, kinds: ColumnKinds | None = None
     ) -> tuple[tuple[bytes, ...], list[bool], list[list[bytes]]] | None:
         """The ledger entries of the values (``entry``, a ``bytes %`` format of the key's
         JSON without quotes and the record: ``{"key":"%b","value":%b}``) as formats to
         fill, without and with ``clamped``, each key's choice of them and the fields that
         fill them, a column per slot: the key's group field escaped once more
         (:meth:`encode_escaped`), then the record's varying fields. A ledger part is then
-        one ``bytes %`` over all its entries, with no bytes object made per key or
+        one ``join`` over all its entries' pieces, with no bytes object made per key or
         record. None where :meth:`encode_escaped` escapes each key itself."""
         cols = ReleasedValues.of(values)
-        made = self._formats(cols) if self._marked is not None and cols.groups else None
+        kinds = kinds or self.kinds(cols)
+        made = self._formats(cols, kinds) if self._marked is not None and cols.groups else None
         fmt = None if made is None else self._key_format(made[0])
         if made is None or fmt is None:
             return None
         _, group_fields, varying, templates = made
         entries = tuple(entry % (fmt, template) for template in templates)
-        return entries, cols.clamped, [_escaped_again(group_fields), *map(_as_bytes, varying)]
+        again = group_fields if kinds.plain else _escaped_again(group_fields)
+        return entries, cols.clamped, [again, *map(_as_bytes, varying)]
 
     def _key_format(self, group_slot: bytes) -> bytes | None:
         """With one string group field, the ``bytes %`` format of a key's JSON without
@@ -269,7 +316,9 @@ class ReleaseTemplate:
             return None
         return empty[:-3].replace(b"%", b"%%") + b'%b\\"}'
 
-    def entry_sizes(self, values: Sequence[ReleasedValue]) -> np.ndarray:
+    def entry_sizes(
+        self, values: Sequence[ReleasedValue], kinds: ColumnKinds | None = None
+    ) -> np.ndarray:
         """Per value, the bytes of its output key's JSON without its quotes
         (:func:`escaped_strings`) plus those of its record (:meth:`encode`), without making
         either: what cuts a release's ledger parts. The record is its template's bytes
@@ -280,17 +329,18 @@ class ReleaseTemplate:
         cols = ReleasedValues.of(values)
         n = len(cols.groups)
         if self._marked is None or n == 0:
-            keys, records = self.encode(cols)
+            keys, records = self.encode(cols, kinds)
             sizes = np.fromiter(map(len, escaped_strings(keys)), np.int64, n)
             return sizes + np.fromiter(map(len, records), np.int64, n)
-        plain = self._plain_strings(cols)
+        kinds = kinds or self.kinds(cols)
+        plain = self._plain_strings(cols, kinds)
         if plain is not None:
             return self._plain_sizes(cols, plain)
-        group_slot, group_fields, varying, templates = self._formats(cols)
+        group_slot, group_fields, varying, templates = self._formats(cols, kinds)
         empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
         key_base = len(orjson.dumps(empty_key)) - 2
         bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
-        sizes = bases[np.fromiter(cols.clamped, np.int64, n)]
+        sizes = _chosen(bases, cols.clamped)
         for column in (group_fields, *varying):  # the group field: in the key and the record
             if _is_integers(column):
                 sizes += decimal_lengths(np.fromiter(column, np.int64, n))
@@ -302,22 +352,15 @@ class ReleaseTemplate:
                 sizes += np.fromiter(map(bytes.count, group_fields, repeat(escaped)), np.int64, n)
         return sizes
 
-    def _plain_strings(self, cols: ReleasedValues) -> list[str] | None:
+    def _plain_strings(self, cols: ReleasedValues, kinds: ColumnKinds) -> list[str] | None:
         """The group values, when the sizes can be had from them alone: one string group
-        field whose values JSON escapes nothing (printable ASCII without ``"`` or
-        ``\\``: its JSON is itself, in the key once more too), integer values and one
-        noise scale and interval for every key."""
-        if len(self._group_by) != 1 or isinstance(cols.noise_scale, list):
+        field whose values JSON escapes nothing (:attr:`ColumnKinds.plain`), integer
+        values and one noise scale and interval for every key."""
+        if not (kinds.plain and kinds.integers) or isinstance(cols.noise_scale, list):
             return None
-        if isinstance(cols.ci95, list) or not _integers(cols.value):
+        if isinstance(cols.ci95, list):
             return None
-        plain = [g[0] for g in cols.groups]
-        if set(map(type, plain)) != {str}:
-            return None
-        joined = "".join(plain)
-        if not (joined.isascii() and joined.isprintable()) or '"' in joined or "\\" in joined:
-            return None
-        return plain
+        return list(map(itemgetter(0), cols.groups))
 
     def _plain_sizes(self, cols: ReleasedValues, plain: list[str]) -> np.ndarray:
         """:meth:`entry_sizes` from the columns alone (:meth:`_plain_strings`): each
@@ -325,17 +368,17 @@ class ReleaseTemplate:
         key and the record) and the values' decimal digits; no field encoded."""
         n = len(plain)
         one = ReleasedValues([("",)], [0], cols.noise_scale, cols.ci95, [False])
-        group_slot, _, varying, templates = self._formats(one)
+        group_slot, _, varying, templates = self._formats(one, ColumnKinds(True, True, True))
         empty_key = (self._prefix.encode() + group_slot % (b"",)).decode()
         key_base = len(orjson.dumps(empty_key)) - 2
         bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
-        sizes: np.ndarray = bases[np.fromiter(cols.clamped, np.int64, n)]
+        sizes = _chosen(bases, cols.clamped)
         sizes += 2 * np.fromiter(map(len, plain), np.int64, n)
         sizes += decimal_lengths(np.fromiter(cols.value, np.int64, n))
         return sizes
 
     def _formats(
-        self, cols: ReleasedValues
+        self, cols: ReleasedValues, kinds: ColumnKinds | None = None
     ) -> tuple[bytes, list[bytes], list[list[bytes] | list[int]], tuple[bytes, ...]]:
         """The group slot's format and fields, the varying fields' columns in slot order
         and the record's ``bytes %`` formats (without and with ``clamped``). A value
@@ -343,10 +386,11 @@ class ReleaseTemplate:
         written; the ledger's cut only measures it, :func:`decimal_lengths`), any other
         column's fields are bytes."""
         assert self._marked is not None
-        group_slot, group_fields = self._group_fields(cols.groups)
+        kinds = kinds or self.kinds(cols)
+        group_slot, group_fields = self._group_fields(cols.groups, kinds)
         slots = {"group": group_slot, "value": b"%b"}
         columns: dict[str, list[bytes] | list[int]] = {"group": group_fields}
-        if _integers(cols.value):  # its JSON made when written (_as_bytes), or only measured
+        if kinds.integers:  # its JSON made when written (_as_bytes), or only measured
             columns["value"] = cols.value  # type: ignore[assignment]
         else:
             columns["value"] = _encoded_numbers(cols.value)
@@ -371,25 +415,42 @@ class ReleaseTemplate:
             return list(map((head.replace(b"%", b"%%") + b"%b}").__mod__, encoded_strings(plain)))
         return [head + orjson.dumps(json_value(x)) + b"}" for x in plain]
 
-    def _group_fields(self, groups: list[GroupKey]) -> tuple[bytes, list[bytes]]:
+    def _group_fields(
+        self, groups: list[GroupKey], kinds: ColumnKinds
+    ) -> tuple[bytes, list[bytes]]:
         """The group slot's ``bytes %`` format and its field per key: with one string
-        field ``{"<field>":"%b"}`` and each value's escaped JSON, else the group's JSON."""
-        if len(self._group_by) == 1:
-            plain = [g[0] for g in groups]
-            if set(map(type, plain)) <= {str}:
-                head = b"{" + orjson.dumps(self._group_by[0]) + b':"'
-                return head.replace(b"%", b"%%") + b'%b"}', escaped_strings(plain)
+        field ``{"<field>":"%b"}`` and each value's escaped JSON (its UTF-8 bytes when
+        :attr:`ColumnKinds.plain`), else the group's JSON."""
+        if kinds.strings:
+            head = b"{" + orjson.dumps(self._group_by[0]) + b':"'
+            if not kinds.plain:
+                fields = escaped_strings(list(map(itemgetter(0), groups)))
+            elif groups:  # one encode and cut: no newline in a printable string
+                fields = "\n".join(map(itemgetter(0), groups)).encode().split(b"\n")
+            else:
+                fields = []
+            return head.replace(b"%", b"%%") + b'%b"}', fields
         return b"%b", self._encoded_groups(groups)
 
     def _keys(self, group_slot: bytes, group_fields: list[bytes]) -> list[str]:
-        """Each key's :func:`output_key` from its group's field (one ``bytes %`` over all)."""
+        """Each key's :func:`output_key` from its group's field: one ``join`` of the fields
+        around the key's constant pieces, cut at newlines (a group's JSON has none)."""
         prefix = self._prefix.encode()
         if b"\n" in prefix:  # a query name holding a newline: one key at a time
             return [(prefix + group_slot % (f,)).decode() for f in group_fields]
-        fmt = prefix.replace(b"%", b"%%") + group_slot
-        return (
-            (b"\n".join(repeat(fmt, len(group_fields))) % tuple(group_fields)).decode().split("\n")
-        )
+        if not group_fields:
+            return []
+        head, tail = format_pieces(group_slot)
+        head = prefix + head
+        return (head + (tail + b"\n" + head).join(group_fields) + tail).decode().split("\n")
+
+
+def _chosen(bases: np.ndarray, clamped: list[bool]) -> np.ndarray:
+    """Per key its template's size: ``bases[clamped]`` (the first for all when none is)."""
+    if not any(clamped):
+        return np.full(len(clamped), bases[0], dtype=np.int64)
+    chosen: np.ndarray = bases[np.fromiter(clamped, np.int64, len(clamped))]
+    return chosen
 
 
 def _integers(numbers: list[Any]) -> bool:
@@ -422,11 +483,52 @@ def decimal_lengths(values: np.ndarray) -> np.ndarray:
 def _records(
     templates: tuple[bytes, ...], clamped: list[bool], varying: list[list[bytes] | list[int]]
 ) -> list[bytes]:
-    """Per key one ``bytes %`` of its template (without or with ``clamped``) over the
-    fields that vary, in a C-level ``map``. (One ``join`` of every record cut at newlines
-    is slower: the cut makes the same objects, each over 512 bytes, and copies once more.)"""
-    pairs = zip(*map(_as_bytes, varying), strict=True)
-    return list(map(bytes.__mod__, map(templates.__getitem__, clamped), pairs))
+    """Per key one ``bytes.join`` of its template's constant pieces (without or with
+    ``clamped``: :func:`format_pieces`) and the fields that vary, in a C-level ``map``:
+    the bytes ``template % fields`` gives, in one allocation of the exact size (``%``
+    over-allocates and shrinks, past the small-object allocator for a ~400-byte record:
+    about 1.5 times the time). (One ``join`` of every record cut at newlines is slower:
+    the cut makes the same objects and copies once more.)"""
+    pieces = _interleaved(templates, clamped, map(_as_bytes, varying))
+    return list(map(b"".join, zip(*pieces, strict=False)))  # the constants repeat forever
+
+
+def _interleaved(
+    formats: Sequence[bytes], which: Iterable[int] | Iterable[bool], columns: Iterable[Any]
+) -> list[Iterable[bytes]]:
+    """The iterables to ``zip`` into each item's pieces in order: each constant piece of
+    ``formats`` (:func:`format_pieces`; the same for every item where the formats agree on
+    it, else each item's format's, by ``which``), then the next column's field."""
+    pieces = list(zip(*map(format_pieces, formats), strict=True))
+    cols = list(columns)
+    if len(pieces) != len(cols) + 1:
+        raise ValueError(f"{len(pieces) - 1} slots in the formats for {len(cols)} columns")
+    out: list[Iterable[bytes]] = []
+    for constant, column in zip(pieces, [*cols, None], strict=True):
+        if len(set(constant)) == 1:
+            out.append(repeat(constant[0]))
+        else:
+            out.append(map(constant.__getitem__, which))
+        if column is not None:
+            out.append(column)
+    return out
+
+
+def format_pieces(fmt: bytes) -> list[bytes]:
+    """A ``bytes %`` format of ``%b`` slots (and ``%%``) as its constant pieces, one more
+    than its slots: ``fmt % fields`` is the pieces and the fields interleaved, joined."""
+    if fmt.count(b"%") == fmt.count(b"%b") and b"%%" not in fmt:  # %b slots alone
+        return fmt.split(b"%b")
+    pieces = [b""]
+    for i, run in enumerate(fmt.split(b"%%")):  # read left to right, as % reads them
+        if i:
+            pieces[-1] += b"%"
+        first, *rest = run.split(b"%b")
+        if b"%" in first or any(b"%" in r for r in rest):
+            raise ValueError(f"a format with other conversions than %b: {fmt!r}")
+        pieces[-1] += first
+        pieces.extend(rest)
+    return pieces
 
 
 def _escaped_again(fields: list[bytes]) -> list[bytes]:
