@@ -164,27 +164,21 @@ def test_chunks_and_parts_of_a_draw_are_the_records_written_one_by_one(
     }
     for n in [0, 1, rng.randint(2, 60), rng.randint(200, 700)]:
         cols = _columns(rng, n, fields, kinds)
-        closing = window_record(
-            release_id=common["release_id"],
-            query=query,
-            window_start_s=WINDOW_S[0],
-            window_end_s=WINDOW_S[1],
-            released_keys=n,
-            epsilon_spent=0.5,
-            delta_spent=1e-6,
-            horizon_epsilon_spent=1.5,
-        )
+        window: dict[str, Any] = {
+            "release_id": common["release_id"],
+            "query": query,
+            "window_start_s": WINDOW_S[0],
+            "window_end_s": WINDOW_S[1],
+            "released_keys": n,
+            "epsilon_spent": 0.5,
+            "delta_spent": 1e-6,
+            "horizon_epsilon_spent": 1.5,
+        }
+        closing = window_record(**window)
         template = ReleaseTemplate(group_by=group_by, **common)
         rel = close_release(
             (),
-            release_id=common["release_id"],
-            query=query,
-            window_start_s=WINDOW_S[0],
-            window_end_s=WINDOW_S[1],
-            released_keys=n,
-            epsilon_spent=0.5,
-            delta_spent=1e-6,
-            horizon_epsilon_spent=1.5,
+            **window,
             sources={0: "v1", 3: "v2"},
             drawn=(template, cols),
         )

@@ -43,6 +43,8 @@ import orjson
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.formats.partials_columns import (
     COLUMNS_MEMBER,
+    canonical_group_keys,
+    check_distinct,
     checked_bin_counts,
     columns_layout,
     columns_partial,
@@ -52,7 +54,6 @@ from stream_dp.pipeline.formats.partials_columns import (
 from stream_dp.pipeline.formats.partials_plain import plain_partial
 from stream_dp.pipeline.formats.records import SCHEMA_VERSION
 from stream_dp.privacy.exponential.bin_counts import BinCounts
-from stream_dp.privacy.group_values import canonical_key
 from stream_dp.privacy.key_totals import KeyAggregate, KeyTotals
 from stream_dp.windows.tumbling import epoch_of_iso, iso_utc
 
@@ -362,9 +363,6 @@ def _partial_part(obj: dict[str, Any], totals: KeyTotals | None) -> PartialPart:
     )
 
 
-_PLAIN_VALUE_TYPES = frozenset((str, int, type(None)))
-
-
 def _totals_member(obj: dict[str, Any]) -> KeyTotals:
     """The part's totals: its ``columns``, or the ``totals`` entries of earlier versions
     (never both: which would count?)."""
@@ -401,12 +399,8 @@ def _decode_totals(entries: Any) -> KeyTotals:
         groups, events, users, sums, weights, squares = _transposed(padded, 6)
     if set(map(type, groups)) - {list}:
         raise TypeError("a group key must be a list")
-    if set(map(type, itertools.chain.from_iterable(groups))) <= _PLAIN_VALUE_TYPES:
-        keys = list(map(tuple, groups))  # already canonical
-    else:
-        keys = list(map(canonical_key, groups))
-    if len(set(keys)) != len(keys):
-        raise ValueError("a group key appears twice in one part")
+    keys = canonical_group_keys(list(groups))
+    check_distinct(keys)
     n = len(keys)
     columns = [
         np.fromiter(map(int, c), np.int64, n) for c in (events, users, sums, weights, squares)

@@ -111,8 +111,6 @@ def columns_partial(value: bytes) -> tuple[dict[str, Any], KeyTotals] | None:
     if split is None:
         return None
     header, member = split
-    if "totals" in header:
-        return None  # refused by the general path: two forms of one part's totals
     try:
         plain = _PLAIN_DECODER.decode(member)
     except _DECODE_ERRORS:
@@ -142,10 +140,7 @@ def decode_columns_member(member: Any) -> KeyTotals:
     groups = member.get("groups")
     if type(groups) is not list or set(map(type, groups)) - {list}:
         raise TypeError("columns.groups must be a list of group keys, each a list")
-    if set(map(type, itertools.chain.from_iterable(groups))) <= _PLAIN_VALUE_TYPES:
-        keys = list(map(tuple, groups))  # already canonical
-    else:
-        keys = list(map(canonical_key, groups))
+    keys = canonical_group_keys(groups)
     numbers: dict[str, Any] = {}
     for name, value in member.items():
         if name == "groups":
@@ -157,6 +152,20 @@ def decode_columns_member(member: Any) -> KeyTotals:
             raise TypeError(f"columns.{name} must be a list of integers")
         numbers[name] = value
     return _totals(keys, numbers)
+
+
+def canonical_group_keys(groups: list[list[Any]]) -> list[tuple[Any, ...]]:
+    """A part's group keys, each read as a JSON array, as tuples in canonical form (both
+    forms of a part's totals)."""
+    if set(map(type, itertools.chain.from_iterable(groups))) <= _PLAIN_VALUE_TYPES:
+        return list(map(tuple, groups))  # already canonical
+    return list(map(canonical_key, groups))
+
+
+def check_distinct(keys: list[Any]) -> None:
+    """ValueError when a group key appears twice in one part (both forms)."""
+    if len(set(keys)) != len(keys):
+        raise ValueError("a group key appears twice in one part")
 
 
 def _totals(keys: list[Any], numbers: dict[str, Any]) -> KeyTotals:
@@ -177,8 +186,7 @@ def _totals(keys: list[Any], numbers: dict[str, Any]) -> KeyTotals:
     for name in ("events", "users", *_OPTIONAL_COLUMNS):
         if name in columns and (columns[name] < 0).any():
             raise ValueError(f"columns.{name} holds a negative number")
-    if len(set(keys)) != n:
-        raise ValueError("a group key appears twice in one part")
+    check_distinct(keys)
     return KeyTotals(
         keys,
         columns["events"],

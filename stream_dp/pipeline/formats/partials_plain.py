@@ -56,7 +56,8 @@ def split_last_member(value: bytes, member: bytes) -> tuple[dict[str, Any], memo
     """(header, the member's value) of a partials record whose last member is written
     ``member`` (``,"name":``) as stage 1 writes it, the header parsed by orjson as an object
     of its own (every member before); None when the record is not laid out so, or its
-    header is not a valid, non-empty partial's (see the module docstring)."""
+    header is not a valid, non-empty partial's or holds a form of the totals too (see the
+    module docstring)."""
     at = value.rfind(member)
     if at < 0 or not value.endswith(b"}"):
         return None
@@ -66,6 +67,8 @@ def split_last_member(value: bytes, member: bytes) -> tuple[dict[str, Any], memo
         return None
     if type(header) is not dict or header.get("kind") != "partial":
         return None  # (an empty header would make the record's comma invalid)
+    if "totals" in header or "columns" in header:
+        return None  # refused by the general path: two forms of one part's totals
     return header, memoryview(value)[at + len(member) : -1]
 
 
@@ -76,8 +79,6 @@ def plain_partial(value: bytes) -> tuple[dict[str, Any], KeyTotals] | None:
     if split is None:
         return None
     header, member = split
-    if "columns" in header:
-        return None  # refused by the general path: two forms of one part's totals
     try:
         entries = _PLAIN_ENTRIES.decode(member)
     except _DECODE_ERRORS:
