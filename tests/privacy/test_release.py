@@ -14,6 +14,7 @@ import pytest
 from scipy.stats import binom, binomtest
 
 from stream_dp.config import BoundsConfig, QueryConfig
+from stream_dp.privacy.group_values import JSON_TRUE, JsonBool
 from stream_dp.privacy.mechanisms import DiscreteLaplace
 from stream_dp.privacy.partition_selection import (
     WEIGHT_SCALE,
@@ -56,6 +57,29 @@ def test_public_keys_all_appear_in_order_including_keys_without_data() -> None:
     assert out.suppressed == 0
     assert all(isinstance(v.value, int) for v in out.values)
     assert all(v.noise_scale == p.noise_scale and v.ci95 == p.ci95 for v in out.values)
+
+
+def test_public_keys_take_their_own_totals_whatever_the_windows_order() -> None:
+    """Each listed key is released from its own totals, looked up by its place on the list,
+    whatever order the window's keys arrive in; a key off the list (1 beside a listed true:
+    equal in Python, not in canonical form) is never released or mistaken for a listed one.
+    ε = 10⁶: the noise's scale is 3·10⁻⁶, so a nonzero draw has probability below
+    e⁻³⁰⁰⁰⁰⁰ per key."""
+    p = plan(keys={"flag": [True, "1", 2.5, "none"]}, group_by=["flag"], epsilon=1e6)
+    data = {
+        (2.5,): agg(250, 5),
+        (1,): agg(10_000, 9_000),  # not listed: 1 is not true
+        ("1",): agg(10, 2),
+        (JSON_TRUE,): agg(70, 7),
+    }
+    out = release_query(data, p)
+    assert [(v.group, v.value) for v in out.values] == [
+        ((JSON_TRUE,), 70),
+        (("1",), 10),
+        ((2.5,), 250),
+        (("none",), 0),
+    ]
+    assert [type(v.group[0]) for v in out.values] == [JsonBool, str, float, str]
 
 
 def test_public_keys_with_clamping_never_release_negative_values() -> None:
