@@ -15,7 +15,7 @@ the privacy guarantee. Noise and partition selection use a CSPRNG elsewhere.
 from __future__ import annotations
 
 import os
-import random
+import random  # reservoir and L0 sampling only, seeded from os.urandom (see new_sampling_rng)
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeVar

@@ -28,7 +28,7 @@ took 199 s for 200 erasures on a 2M-row window).
 from __future__ import annotations
 
 import os
-import random
+import random  # only the type of a seed for the sampling generator (see new_sampling_generator)
 from collections.abc import Sequence
 
 import numpy as np
