@@ -78,7 +78,12 @@ def _connection_options(kafka: KafkaConfig | None, host: str, port: int) -> dict
 
 
 async def probe(
-    host: str, port: int, timeout_s: float, *, kafka: KafkaConfig | None = None
+    host: str,
+    port: int,
+    timeout_s: float,
+    *,
+    kafka: KafkaConfig | None = None,
+    keep: Callable[[Any], None] | None = None,
 ) -> list[BrokerAddress]:
     """Ask the broker at ``host:port`` for its metadata; the brokers it advertises.
 
@@ -87,6 +92,7 @@ async def probe(
     Kafka broker, and a BrokerError that is not ``retriable`` when the broker refuses this
     client's credentials or certificate (or its own is not trusted): waiting cannot clear
     that, a setting must change. ``kafka`` gives the security options (default: PLAINTEXT).
+    ``keep``: given the connection once it answered, instead of closing it (:class:`KeptProbe`).
     """
     options = _connection_options(kafka, host, port)
     timeout_ms = max(100, int(timeout_s * 1000))
@@ -94,9 +100,15 @@ async def probe(
     async def exchange() -> Any:
         conn = await create_conn(host, port, request_timeout_ms=timeout_ms, **options)
         try:
-            return await conn.send(MetadataRequest([]))
-        finally:
+            response = await conn.send(MetadataRequest([]))
+        except BaseException:
             conn.close()
+            raise
+        if keep is None:
+            conn.close()
+        else:
+            keep(conn)
+        return response
 
     try:
         response = await asyncio.wait_for(exchange(), timeout_s)
@@ -147,10 +159,12 @@ async def wait_for_broker(
     *,
     kafka: KafkaConfig | None = None,
     on_failure: Callable[[BaseException], None] = lambda _: None,
+    keep: Callable[[Any], None] | None = None,
 ) -> None:
     """Wait until a broker at ``bootstrap`` (``host:port[,host:port...]``) answers a Metadata
     request; BrokerError after ``timeout_s``. Pass ``kafka`` for its security options;
-    ``on_failure`` is called after each round that found no broker."""
+    ``on_failure`` is called after each round that found no broker; ``keep`` is given the
+    connection that answered (:func:`probe`)."""
     addresses = parse_bootstrap(bootstrap)
     deadline = time.monotonic() + timeout_s
 
@@ -163,7 +177,7 @@ async def wait_for_broker(
         error: OSError | ValueError | None = None
         for host, port in addresses:
             try:
-                await probe(host, port, attempt_s, kafka=kafka)
+                await probe(host, port, attempt_s, kafka=kafka, keep=keep)
                 return
             except (OSError, ValueError) as exc:
                 last_error, error = f"{host}:{port}: {exc}", exc
@@ -187,6 +201,45 @@ async def wait_for_broker(
         on_failure=on_failure,
         log_level=logging.DEBUG,  # waiting for a broker that starts is expected, not a warning
     )
+
+
+class KeptProbe:
+    """A running service's broker check (every second, for its readiness), over one kept
+    connection: a Metadata request on the connection that answered last, and only when that
+    fails (closed, reset, no answer in time, no broker listed) :func:`wait_for_broker`'s
+    rounds over the bootstrap addresses on new connections, keeping the one that answers.
+    A new connection per check cost a TCP connect, the protocol versions' exchange and, with
+    security on, a TLS handshake and a SASL exchange every second, for as long as the service
+    ran (bench/RESULTS.md, section 12: part of what each idle member of a group costs)."""
+
+    def __init__(self, bootstrap: str, *, kafka: KafkaConfig | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.kafka = kafka
+        self._conn: Any = None
+
+    async def check(self, timeout_s: float) -> None:
+        """Return once a broker answered a Metadata request; BrokerError after ``timeout_s``
+        (as :func:`wait_for_broker`)."""
+        conn = self._conn
+        if conn is not None and conn.connected():
+            try:
+                response = await asyncio.wait_for(conn.send(MetadataRequest([])), timeout_s)
+                if response.brokers:
+                    return
+            except (TimeoutError, OSError, KafkaError):
+                pass
+        self.close()
+        await wait_for_broker(self.bootstrap, timeout_s, kafka=self.kafka, keep=self._keep)
+
+    def _keep(self, conn: Any) -> None:
+        self.close()
+        self._conn = conn
+
+    def close(self) -> None:
+        """Close the kept connection (a later :meth:`check` opens a new one)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
 
 async def wait_at_start(

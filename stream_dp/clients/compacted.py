@@ -26,6 +26,7 @@ from typing import Any
 
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
+from stream_dp.kafka_client.client_options import FETCH_ROUTINE_WAKE_MS
 
 #: How long the broker may hold a fetch open waiting for data: a fence just written must
 #: come back fast (every release waits for one).
@@ -91,6 +92,7 @@ class CompactedTopicReader:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            consumer_timeout_ms=FETCH_ROUTINE_WAKE_MS,
             **self._options,
         )
         await consumer.start()

@@ -14,6 +14,15 @@ from aiokafka.helpers import create_ssl_context
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import ConfigError
 
+#: How often a long-lived consumer's background fetch routine wakes with nothing to do
+#: (aiokafka's ``consumer_timeout_ms``, 200 by default). It wakes at once for what it
+#: acts on — a fetch answered, records consumed, a seek, a pause lifted, an assignment
+#: changed, metadata refreshed — so the timeout is only a safety net; at 200 ms a worker
+#: whose fetch is held by the broker (``fetch_max_wait_ms``) or whose readers are paused
+#: woke five times a second per consumer for nothing, part of the fixed CPU each member of
+#: a group costs while it has nothing to read (bench/RESULTS.md, section 12).
+FETCH_ROUTINE_WAKE_MS = 1_000
+
 
 def _sasl_password(kafka: KafkaConfig) -> str:
     if kafka.sasl_password is not None and kafka.sasl_password_file is not None:

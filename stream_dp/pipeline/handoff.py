@@ -69,6 +69,14 @@ ExportHook = Callable[[Sequence[tuple[int, int]]], Awaitable[None]]
 WATERMARK_INTERVAL_S = 1.0
 
 
+def marks_interval_s(idle_close_s: float) -> float:
+    """How often stage 0's progress marks are re-sent with nothing routed: at least every
+    :data:`WATERMARK_INTERVAL_S`, and twice per ``idle_close_s``, so that an input partition
+    going idle is seen soon after. An idle worker's loop turns this often
+    (:mod:`stream_dp.pipeline.idle_fetch`)."""
+    return min(WATERMARK_INTERVAL_S, idle_close_s / 2)
+
+
 class HandoffTransport(Protocol):
     """Where stage 1's records go: the partials topic, or stage 2 in memory."""
 

@@ -38,7 +38,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 import psycopg.errors
 
-from stream_dp.broker.probe import wait_for_broker
+from stream_dp.broker.probe import KeptProbe
 from stream_dp.clients.offset_range import OFFSET_ERRORS
 from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.config import Config
@@ -229,19 +229,21 @@ class Sink:
     async def _monitor_broker(self) -> None:
         """Probe the broker every second: not ready while it does not answer."""
         reachable: bool | None = None
-        while not self.stopping:  # also a stop flag: a cancellation can be lost in a probe
-            try:
-                await wait_for_broker(
-                    self.bootstrap, BROKER_PROBE_TIMEOUT_S, kafka=self.config.kafka
-                )
-                ok = True
-            except BrokerError:
-                ok = False
-            if reachable is not None and ok != reachable:
-                log.warning("broker %s", "reachable again" if ok else "unreachable")
-            reachable = ok
-            self.health.set("broker_reachable", ok)
-            await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
+        probe = KeptProbe(self.bootstrap, kafka=self.config.kafka)
+        try:
+            while not self.stopping:  # also a stop flag: a cancellation can be lost in a probe
+                try:
+                    await probe.check(BROKER_PROBE_TIMEOUT_S)
+                    ok = True
+                except BrokerError:
+                    ok = False
+                if reachable is not None and ok != reachable:
+                    log.warning("broker %s", "reachable again" if ok else "unreachable")
+                reachable = ok
+                self.health.set("broker_reachable", ok)
+                await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
+        finally:
+            probe.close()
 
     def on_assigned(self, assigned: list[TopicPartition]) -> None:
         self._assigned |= set(assigned)

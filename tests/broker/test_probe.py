@@ -123,3 +123,81 @@ async def test_secured_check_uses_the_security_options(kafka_bootstrap: str) -> 
             kafka_bootstrap, timeout_s=1, kafka=KafkaConfig(security_protocol="SSL")
         )
     await wait_for_broker(kafka_bootstrap, timeout_s=5, kafka=KafkaConfig())
+
+
+class _CountingProxy:
+    """A TCP forwarder to a broker that counts the connections it accepts and can drop
+    them all (a broker restarted) or stop forwarding (a broker gone)."""
+
+    def __init__(self, target: str) -> None:
+        ((self.host, self.port),) = parse_bootstrap(target)
+        self.accepted = 0
+        self.forwarding = True
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        if not self.forwarding:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        self._writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def drop_all(self) -> None:
+        for w in self._writers:
+            w.close()
+        self._writers.clear()
+
+    async def stop(self) -> None:
+        self.drop_all()
+        if self._server is not None:
+            self._server.close()
+
+
+async def test_kept_probe_asks_on_one_connection_and_reconnects_when_it_breaks(
+    kafka_bootstrap: str,
+) -> None:
+    from stream_dp.broker.probe import KeptProbe
+
+    proxy = _CountingProxy(kafka_bootstrap)
+    address = await proxy.start()
+    kept = KeptProbe(address)
+    try:
+        for _ in range(3):  # one connection for every check while it holds
+            await kept.check(5.0)
+        assert proxy.accepted == 1
+        proxy.drop_all()  # the broker restarted: the next check opens a new connection
+        await kept.check(5.0)
+        assert proxy.accepted == 2
+        await kept.check(5.0)
+        assert proxy.accepted == 2
+        proxy.forwarding = False  # the broker is gone: the check fails within its timeout
+        proxy.drop_all()
+        started = time.monotonic()
+        with pytest.raises(BrokerError, match=rf"no Kafka broker answered at {address}"):
+            await kept.check(0.5)
+        assert time.monotonic() - started < 30  # a hang guard
+        proxy.forwarding = True  # back: answered again on a new connection
+        before = proxy.accepted
+        await kept.check(5.0)
+        assert proxy.accepted == before + 1
+    finally:
+        kept.close()
+        await proxy.stop()

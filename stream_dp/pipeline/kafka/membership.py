@@ -40,12 +40,14 @@ from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from stream_dp.kafka_client.client_options import FETCH_ROUTINE_WAKE_MS
 from stream_dp.kafka_client.errors import IllegalStateError, KafkaError
 from stream_dp.kafka_client.fetched import fetch_options
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.commit_flight import CommitInFlight, Offsets
 from stream_dp.pipeline.fetch_health import FetchAges
-from stream_dp.pipeline.idle_fetch import FetchTimeout
+from stream_dp.pipeline.handoff import marks_interval_s
+from stream_dp.pipeline.idle_fetch import FetchTimeout, idle_fetch_timeout_ms
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
 from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
@@ -92,7 +94,10 @@ class Membership(WorkerPart):
         config = context.config
         self.consumer: AIOKafkaConsumer | None = None
         self.drain: PartitionDrain | None = None  # the consumer's, one partition at a time
-        self.fetch_timeout = FetchTimeout()  # longer after an empty fetch (idle_fetch)
+        # longer after an empty fetch (idle_fetch)
+        self.fetch_timeout = FetchTimeout(
+            idle_fetch_timeout_ms(marks_interval_s(config.window.idle_close_s))
+        )
         self.stages: Stages | None = None
         #: Held by the loop's iteration and by a revocation: one touches the state at a time.
         self.lock = asyncio.Lock()
@@ -153,6 +158,7 @@ class Membership(WorkerPart):
             heartbeat_interval_ms=kafka.heartbeat_interval_ms,
             max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, kafka.max_message_bytes),
             metadata_max_age_ms=METADATA_MAX_AGE_MS,
+            consumer_timeout_ms=FETCH_ROUTINE_WAKE_MS,
             # aiokafka's parsed records, no ConsumerRecord per record (fetched.py)
             **fetch_options(),
             **client_options,

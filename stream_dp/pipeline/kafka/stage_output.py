@@ -36,7 +36,7 @@ from typing import Any
 from stream_dp.config.model import Config
 from stream_dp.pipeline.commit_flight import cancel_and_reap
 from stream_dp.pipeline.duties.export_publisher import ExportPublisher
-from stream_dp.pipeline.handoff import WATERMARK_INTERVAL_S
+from stream_dp.pipeline.handoff import marks_interval_s
 from stream_dp.pipeline.kafka.producing import Outgoing
 from stream_dp.pipeline.kafka.publisher import Publisher
 from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage
@@ -57,9 +57,8 @@ class StageOutput:
         self._routed_topic = config.output.repartition_topic
         #: The repartition topic's partitions (set at start).
         self.routed_to: list[int] = []
-        #: Stage 0's progress marks are re-sent this often: at least every second, and twice
-        #: per idle_close_s, so that an input partition going idle is seen soon after.
-        self._marks_interval_s = min(WATERMARK_INTERVAL_S, config.window.idle_close_s / 2)
+        #: Stage 0's progress marks are re-sent this often (handoff.marks_interval_s).
+        self._marks_interval_s = marks_interval_s(config.window.idle_close_s)
         self._progress_sent_mono = -math.inf
         #: Partner exports (docs/exports.md; a no-op without them): a sealed window's records
         #: are sent, and acknowledged, before its partials (so before its offsets are committed).

@@ -66,7 +66,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stream_dp.broker.probe import wait_for_broker
+from stream_dp.broker.probe import KeptProbe
 from stream_dp.clients.connect import partitions_without_leader
 from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import Config
@@ -428,22 +428,24 @@ class Worker:
     async def _monitor_broker(self) -> None:
         """Probe the broker (not ready while it does not answer; liveness is unaffected) and
         the leaders of assigned partitions (a leaderless partition is an outage)."""
-        while not self._stopping.is_set():
-            try:
-                await wait_for_broker(
-                    self.bootstrap, BROKER_PROBE_TIMEOUT_S, kafka=self.config.kafka
-                )
-                ok = True
-            except BrokerError:
-                ok = False
-            if ok != self._broker_ok:
-                log.warning("broker %s", "reachable again" if ok else "unreachable")
-                if ok and self.ingest is not None:
-                    self.ingest.restart_idle_clocks(time.monotonic())
-            self._broker_ok = ok
-            self.health.set("producer_connected", ok)
-            self._leaderless = partitions_without_leader(self.membership.consumer)
-            await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
+        probe = KeptProbe(self.bootstrap, kafka=self.config.kafka)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await probe.check(BROKER_PROBE_TIMEOUT_S)
+                    ok = True
+                except BrokerError:
+                    ok = False
+                if ok != self._broker_ok:
+                    log.warning("broker %s", "reachable again" if ok else "unreachable")
+                    if ok and self.ingest is not None:
+                        self.ingest.restart_idle_clocks(time.monotonic())
+                self._broker_ok = ok
+                self.health.set("producer_connected", ok)
+                self._leaderless = partitions_without_leader(self.membership.consumer)
+                await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
+        finally:
+            probe.close()
 
     # -- the loop ---------------------------------------------------------------------------
     async def _loop(self) -> None:
