@@ -38,6 +38,7 @@ from typing import Any
 
 from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
+from stream_dp.config import KafkaConfig
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from stream_dp.kafka_client.client_options import FETCH_ROUTINE_WAKE_MS
@@ -84,6 +85,26 @@ class Stages:
     reader: LedgerReader
     topology: TopologyWatch
     erasure: WorkerErasure | None = None
+
+
+def group_consumer_options(kafka: KafkaConfig) -> dict[str, Any]:
+    """The group consumer's own options (beside the client options every client takes)."""
+    return dict(
+        group_id=kafka.group_id,
+        enable_auto_commit=False,
+        # Never moved silently: a partition without a committed offset is read from its
+        # beginning, one whose offset is out of range stops the worker (see hold_guards);
+        # input.start_from is applied to input partitions without a committed offset
+        # (on_assigned).
+        auto_offset_reset="none",
+        session_timeout_ms=kafka.session_timeout_ms,
+        heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+        max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, kafka.max_message_bytes),
+        metadata_max_age_ms=METADATA_MAX_AGE_MS,
+        consumer_timeout_ms=FETCH_ROUTINE_WAKE_MS,
+        # aiokafka's parsed records, no ConsumerRecord per record (fetched.py)
+        **fetch_options(),
+    )
 
 
 class Membership(WorkerPart):
@@ -145,24 +166,8 @@ class Membership(WorkerPart):
     def subscribe(self, client_options: dict[str, Any]) -> AIOKafkaConsumer:
         """The group's consumer (not started yet), subscribed to :meth:`group_topics` with
         this membership as its rebalance listener."""
-        kafka = self.config.kafka
-        consumer = self.consumer = AIOKafkaConsumer(
-            group_id=kafka.group_id,
-            enable_auto_commit=False,
-            # Never moved silently: a partition without a committed offset is read from
-            # its beginning, one whose offset is out of range stops the worker (see
-            # hold_guards); input.start_from is applied to input partitions without a
-            # committed offset (on_assigned).
-            auto_offset_reset="none",
-            session_timeout_ms=kafka.session_timeout_ms,
-            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-            max_partition_fetch_bytes=max(FETCH_PARTITION_BYTES, kafka.max_message_bytes),
-            metadata_max_age_ms=METADATA_MAX_AGE_MS,
-            consumer_timeout_ms=FETCH_ROUTINE_WAKE_MS,
-            # aiokafka's parsed records, no ConsumerRecord per record (fetched.py)
-            **fetch_options(),
-            **client_options,
-        )
+        options = {**group_consumer_options(self.config.kafka), **client_options}
+        consumer = self.consumer = AIOKafkaConsumer(**options)
         consumer.subscribe(self.group_topics(), listener=self.listener())
         return consumer
 
