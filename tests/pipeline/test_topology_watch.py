@@ -21,16 +21,28 @@ TOPIC = "events"
 
 
 class _Broker:
-    """Answers ``partitions`` with the topic's current count (or fails), counting asks."""
+    """Answers ``partitions`` with the topic's current count (or fails), counting asks and
+    metadata requests."""
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.fails = False
         self.asked: list[tuple[str, bool]] = []
+        self.requests = 0
+
+    async def fresh_partitions(
+        self, topics: list[str], *, bounded: bool = False
+    ) -> dict[str, list[int]]:
+        self.requests += 1
+        self.asked.extend((topic, True) for topic in topics)
+        if self.fails:
+            raise KafkaConnectionError("the broker is away")
+        return {topic: list(range(self.count)) for topic in topics}
 
     async def partitions(
         self, topic: str, *, bounded: bool = False, fresh: bool = False
     ) -> list[int]:
+        self.requests += 1
         self.asked.append((topic, fresh))
         if self.fails:
             raise KafkaConnectionError("the broker is away")
@@ -99,3 +111,18 @@ async def test_the_watch_asks_only_every_interval_and_a_failed_ask_is_retried_la
     broker.fails = False
     await watch.tick(NOW, ingest)
     assert len(broker.asked) == 3 and _changes(metrics) == 1.0
+
+
+async def test_one_tick_asks_for_every_watched_topic_in_one_metadata_request() -> None:
+    broker = _Broker(4)
+    watch, metrics, _ = _watch(broker)
+    ingest = IngestStage(config(keyed_by_user=True), KEYRING)
+    await watch.partitions(TOPIC, watermark_s=None, ingest=ingest)
+    await watch.partitions("repartition", watermark_s=None, ingest=ingest)
+    assert broker.requests == 2
+    watch._watched_at_s -= topology_watch.WATCH_INTERVAL_S
+    broker.count = 6
+    await watch.tick(NOW, ingest)
+    assert broker.requests == 3  # both topics, one request
+    assert broker.asked[2:] == [(TOPIC, True), ("repartition", True)]
+    assert _changes(metrics) == 1.0 and watch.counts == {TOPIC: 6, "repartition": 6}

@@ -101,14 +101,31 @@ class Publisher(WorkerPart):
         read from the producer's metadata (refreshed only every ``metadata.max.age.ms``, five
         minutes: a partition count read from it can be minutes old)."""
 
+        if fresh:
+            return (await self.fresh_partitions([topic], bounded=bounded))[topic]
+
         async def lookup() -> list[int]:
             assert self.producer is not None
-            if fresh:
-                await self.producer.partitions_for(topic)  # the client follows the topic
-                await self.producer.client.force_metadata_update()
             return sorted(await self.producer.partitions_for(topic))
 
         result: list[int] = await self.retry(f"{topic} metadata", lookup, bounded=bounded)
+        return result
+
+    async def fresh_partitions(
+        self, topics: Sequence[str], *, bounded: bool = False
+    ) -> dict[str, list[int]]:
+        """Each topic's partitions, sorted, asked of the broker now in one metadata request
+        (retried; :meth:`partitions` with ``fresh``)."""
+
+        async def lookup() -> dict[str, list[int]]:
+            assert self.producer is not None
+            for topic in topics:
+                await self.producer.partitions_for(topic)  # the client follows the topic
+            await self.producer.client.force_metadata_update()
+            return {t: sorted(await self.producer.partitions_for(t)) for t in topics}
+
+        what = f"{', '.join(topics)} metadata"
+        result: dict[str, list[int]] = await self.retry(what, lookup, bounded=bounded)
         return result
 
     async def retry(

@@ -99,14 +99,17 @@ class TopologyWatch:
         if now - self._watched_at_s < WATCH_INTERVAL_S:
             return
         self._watched_at_s = now
-        for topic in sorted(self.counts.keys() - self.fixed):
-            lookup = self._publisher.partitions(topic, bounded=True, fresh=True)
-            try:
-                count = len(await asyncio.wait_for(lookup, WATCH_TIMEOUT_S))
-            except (KafkaError, StreamDPError, TimeoutError) as exc:
-                log.info("the partition count of %s could not be read (%r)", topic, exc)
-                return
-            self._compare(topic, count, watermark_s, ingest)
+        topics = sorted(self.counts.keys() - self.fixed)
+        if not topics:
+            return
+        lookup = self._publisher.fresh_partitions(topics, bounded=True)  # one request
+        try:
+            found = await asyncio.wait_for(lookup, WATCH_TIMEOUT_S)
+        except (KafkaError, StreamDPError, TimeoutError) as exc:
+            log.info("the partition counts of %s could not be read (%r)", topics, exc)
+            return
+        for topic in topics:
+            self._compare(topic, len(found[topic]), watermark_s, ingest)
 
     def _compare(
         self, topic: str, count: int, watermark_s: float | None, ingest: IngestStage | None
