@@ -302,18 +302,66 @@ def bounded_columns(
             BinCounts.empty(n_keys, 0 if bin_of is None else bin_of[0]),
         )
     pair = users.astype(np.int64) * n_keys + keys.astype(np.int64)
+    distinct, keep, kept_pairs = _kept_pairs(pair, n_keys, max_keys, max_per_key, rng)
+    kept_values = None if values is None else _rows(values, keep).astype(np.int64)
+    taken = _rows(keys, keep).astype(np.int64)
+    events = np.bincount(taken, minlength=n_keys).astype(np.int64)
+    kept = _rows(distinct, kept_pairs)
+    users_per_key = np.bincount(kept % n_keys, minlength=n_keys).astype(np.int64)
+    value_sums = zeros.copy()
+    if kept_values is not None:
+        np.add.at(value_sums, taken, kept_values)
+    weight_sums = zeros.copy()
+    if weights:
+        owners = kept // n_keys
+        keys_of_user = np.bincount(owners)  # users are small integers (see above)
+        table = np.array(
+            [0, *(user_key_weight(d) for d in range(1, int(keys_of_user.max()) + 1))],
+            dtype=np.int64,
+        )
+        np.add.at(weight_sums, kept % n_keys, table[keys_of_user[owners]])
+    value_squares = zeros.copy()
+    if kept_values is not None and squares_center is not None:
+        centred = kept_values - squares_center
+        np.add.at(value_squares, taken, centred * centred)
+    value_bins = BinCounts.empty(n_keys, 0 if bin_of is None else bin_of[0])
+    if values is not None and bin_of is not None:
+        # sparse: memory follows the kept values, not keys × bins (bin_counts module)
+        value_bins = BinCounts.of_values(
+            taken, bin_of[1](_rows(values, keep)), n_keys=n_keys, bins=bin_of[0]
+        )
+    return BoundedColumns(
+        events, users_per_key, value_sums, weight_sums, value_squares, value_bins
+    )
+
+
+def _kept_pairs(
+    pair: np.ndarray,
+    n_keys: int,
+    max_keys: int | None,
+    max_per_key: int | None,
+    rng: SamplingGenerator,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The distinct (user, key) pairs of the rows (ascending, as np.unique), which rows
+    L0 and Linf keep and which pairs keep a row (None: all of them, with neither bound).
+
+    One stable sort gives the distinct pairs, each row's pair and, within a pair, its rows
+    in their random order (Linf). With neither bound only the distinct pairs are needed:
+    a plain sort of the pairs gives them, without the rows' order, places and ranks (five
+    arrays as long as the window's events)."""
+    if max_keys is None and max_per_key is None:
+        sorted_pairs = np.sort(pair, kind="stable")  # runs: the rows come user by user
+        return sorted_pairs[_boundaries(sorted_pairs)], None, None
     keep = np.ones(len(pair), dtype=bool)
-    # One stable sort gives the distinct pairs (ascending, as np.unique), each row's pair
-    # and, within a pair, its rows in their random order (Linf below).
     by_pair = np.argsort(pair, kind="stable")
     sorted_pairs = pair[by_pair]
-    boundary = np.concatenate(([True], sorted_pairs[1:] != sorted_pairs[:-1]))
+    boundary = _boundaries(sorted_pairs)
     run = np.cumsum(boundary) - 1
     distinct = sorted_pairs[boundary]
-    inverse = np.empty(len(pair), dtype=np.int64)
-    inverse[by_pair] = run
     kept_pairs = np.ones(len(distinct), dtype=bool)
     if max_keys is not None:
+        inverse = np.empty(len(pair), dtype=np.int64)
+        inverse[by_pair] = run
         pair_user = distinct // n_keys
         priority = rng.random(len(distinct))
         order = np.lexsort((priority, pair_user))
@@ -327,32 +375,14 @@ def bounded_columns(
         within = np.empty(len(by_pair), dtype=bool)
         within[by_pair] = rank < max_per_key
         keep &= within
-    taken = keys[keep].astype(np.int64)
-    events = np.bincount(taken, minlength=n_keys).astype(np.int64)
-    users_per_key = np.bincount(distinct[kept_pairs] % n_keys, minlength=n_keys).astype(np.int64)
-    value_sums = zeros.copy()
-    if values is not None:
-        np.add.at(value_sums, taken, values[keep].astype(np.int64))
-    weight_sums = zeros.copy()
-    if weights:
-        kept = distinct[kept_pairs]
-        owners = kept // n_keys
-        keys_of_user = np.bincount(owners)  # users are small integers (see above)
-        table = np.array(
-            [0, *(user_key_weight(d) for d in range(1, int(keys_of_user.max()) + 1))],
-            dtype=np.int64,
-        )
-        np.add.at(weight_sums, kept % n_keys, table[keys_of_user[owners]])
-    value_squares = zeros.copy()
-    if values is not None and squares_center is not None:
-        centred = values[keep].astype(np.int64) - squares_center
-        np.add.at(value_squares, taken, centred * centred)
-    value_bins = BinCounts.empty(n_keys, 0 if bin_of is None else bin_of[0])
-    if values is not None and bin_of is not None:
-        # sparse: memory follows the kept values, not keys × bins (bin_counts module)
-        value_bins = BinCounts.of_values(
-            taken, bin_of[1](values[keep]), n_keys=n_keys, bins=bin_of[0]
-        )
-    return BoundedColumns(
-        events, users_per_key, value_sums, weight_sums, value_squares, value_bins
-    )
+    return distinct, keep, kept_pairs
+
+
+def _boundaries(sorted_pairs: np.ndarray) -> np.ndarray:
+    """Where each run of equal sorted pairs starts."""
+    return np.concatenate(([True], sorted_pairs[1:] != sorted_pairs[:-1]))
+
+
+def _rows(column: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+    """The column's kept entries (all of them when ``keep`` is None)."""
+    return column if keep is None else column[keep]
