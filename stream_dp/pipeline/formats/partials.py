@@ -50,7 +50,6 @@ from stream_dp.pipeline.formats.partials_columns import (
     columns_partial,
     decode_columns_member,
     encode_columns,
-    encoded_length,
 )
 from stream_dp.pipeline.formats.partials_plain import plain_partial
 from stream_dp.pipeline.formats.records import SCHEMA_VERSION
@@ -211,17 +210,14 @@ def columns_in_parts(totals: KeyTotals, budget: int, *, what: str) -> list[bytes
     """
     count = len(totals)
     layout = columns_layout(totals)
-    size = encoded_length(totals, layout)  # None: known only by encoding the whole
-    if size is None or size <= budget:
-        whole = encode_columns(totals, 0, count, layout)
-        if len(whole) <= budget:
-            return [whole]
-        size = len(whole)
-        del whole
+    whole = encode_columns(totals, 0, count, layout)
+    if len(whole) <= budget:
+        return [whole]
     if count == 0:  # the header alone leaves no room (a huge bounds: auto histogram)
-        raise _too_large(what, size)
+        raise _too_large(what, len(whole))
     out: list[bytes] = []
-    pieces = min(count, math.ceil(size * 1.05 / budget))
+    pieces = min(count, math.ceil(len(whole) * 1.05 / budget))
+    del whole
     bounds = np.linspace(0, count, pieces + 1).astype(int).tolist()
     pending = list(itertools.pairwise(bounds))[::-1]
     while pending:

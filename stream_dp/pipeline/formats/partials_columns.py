@@ -38,7 +38,6 @@ import numpy as np
 import orjson
 
 from stream_dp.pipeline.formats.partials_plain import split_last_member
-from stream_dp.pipeline.formats.records import decimal_lengths
 from stream_dp.privacy.exponential.bin_counts import BinCounts
 from stream_dp.privacy.exponential.quantiles import MAX_BINS
 from stream_dp.privacy.group_values import canonical_key, json_default
@@ -85,42 +84,6 @@ def columns_layout(totals: KeyTotals) -> tuple[bool, bool]:
 def encode_columns(totals: KeyTotals, lo: int, hi: int, layout: tuple[bool, bool]) -> bytes:
     """The ``columns`` member of keys ``[lo, hi)`` of ``totals``: one orjson call, the
     numbers written from their int64 arrays (no Python object per key)."""
-    member = _member(totals, lo, hi, layout)
-    return orjson.dumps(member, default=json_default, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def encoded_length(totals: KeyTotals, layout: tuple[bool, bool]) -> int | None:
-    """``len(encode_columns(totals, 0, len(totals), layout))`` without encoding it, when
-    every group key is one or more strings that JSON escapes nothing in (printable ASCII
-    but ``"`` and ``\\``: each written as itself between quotes); else None. Each number's
-    JSON is its decimal digits and sign. A partial of 1,000,000 keys, far over a record,
-    is then cut into parts without being encoded whole first (30 MB made and dropped)."""
-    groups = totals.groups
-    widths = set(map(len, groups))
-    if len(widths) != 1 or 0 in widths:
-        return None
-    try:
-        joined = "".join(itertools.chain.from_iterable(groups))
-    except TypeError:  # a value that is not a string
-        return None
-    if not joined.isascii() or joined.encode("ascii").translate(None, _PLAIN_ASCII):
-        return None
-    (width,) = widths
-    n = len(groups)
-    # each group ["a","b"]: its strings, two quotes each, the brackets and the commas
-    size = len(encode_columns(totals, 0, 0, layout)) + len(joined) + n * (3 * width + 1) + n - 1
-    for name, column in _member(totals, 0, n, layout).items():
-        if name not in ("groups", "bins") and len(column):
-            size += int(decimal_lengths(np.asarray(column, np.int64)).sum()) + len(column) - 1
-    return size
-
-
-#: The characters JSON writes as themselves in a string: printable ASCII but ``"`` and ``\\``.
-_PLAIN_ASCII: Final = bytes(c for c in range(0x20, 0x7F) if c not in b'"\\')
-
-
-def _member(totals: KeyTotals, lo: int, hi: int, layout: tuple[bool, bool]) -> dict[str, Any]:
-    """The ``columns`` member of keys ``[lo, hi)`` as orjson is given it."""
     member: dict[str, Any] = {"groups": totals.groups[lo:hi]}
     for name in _NUMBER_COLUMNS:
         member[name] = getattr(totals, name)[lo:hi]
@@ -137,7 +100,7 @@ def _member(totals: KeyTotals, lo: int, hi: int, layout: tuple[bool, bool]) -> d
         member["bin_sizes"] = np.diff(starts)
         member["bin_index"] = hist.index[first:last]
         member["bin_counts"] = hist.counts[first:last]
-    return member
+    return orjson.dumps(member, default=json_default, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def columns_partial(value: bytes) -> tuple[dict[str, Any], KeyTotals] | None:
