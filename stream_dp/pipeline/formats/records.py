@@ -425,10 +425,8 @@ class ReleaseTemplate:
             head = b"{" + orjson.dumps(self._group_by[0]) + b':"'
             if not kinds.plain:
                 fields = escaped_strings(list(map(itemgetter(0), groups)))
-            elif groups:  # one encode and cut: no newline in a printable string
-                fields = "\n".join(map(itemgetter(0), groups)).encode().split(b"\n")
-            else:
-                fields = []
+            else:  # each its ASCII bytes (faster than one encode of them all, cut)
+                fields = list(map(str.encode, map(itemgetter(0), groups)))
             return head.replace(b"%", b"%%") + b'%b"}', fields
         return b"%b", self._encoded_groups(groups)
 
