@@ -303,16 +303,15 @@ def bounded_columns(
         )
     pair = users.astype(np.int64) * n_keys + keys.astype(np.int64)
     distinct, keep, kept_pairs = _kept_pairs(pair, n_keys, max_keys, max_per_key, rng)
-    kept_values = None if values is None else _rows(values, keep).astype(np.int64)
-    taken = _rows(keys, keep).astype(np.int64)
+    taken = keys[keep].astype(np.int64)
     events = np.bincount(taken, minlength=n_keys).astype(np.int64)
-    kept = _rows(distinct, kept_pairs)
-    users_per_key = np.bincount(kept % n_keys, minlength=n_keys).astype(np.int64)
+    users_per_key = np.bincount(distinct[kept_pairs] % n_keys, minlength=n_keys).astype(np.int64)
     value_sums = zeros.copy()
-    if kept_values is not None:
-        np.add.at(value_sums, taken, kept_values)
+    if values is not None:
+        np.add.at(value_sums, taken, values[keep].astype(np.int64))
     weight_sums = zeros.copy()
     if weights:
+        kept = distinct[kept_pairs]
         owners = kept // n_keys
         keys_of_user = np.bincount(owners)  # users are small integers (see above)
         table = np.array(
@@ -321,14 +320,14 @@ def bounded_columns(
         )
         np.add.at(weight_sums, kept % n_keys, table[keys_of_user[owners]])
     value_squares = zeros.copy()
-    if kept_values is not None and squares_center is not None:
-        centred = kept_values - squares_center
+    if values is not None and squares_center is not None:
+        centred = values[keep].astype(np.int64) - squares_center
         np.add.at(value_squares, taken, centred * centred)
     value_bins = BinCounts.empty(n_keys, 0 if bin_of is None else bin_of[0])
     if values is not None and bin_of is not None:
         # sparse: memory follows the kept values, not keys × bins (bin_counts module)
         value_bins = BinCounts.of_values(
-            taken, bin_of[1](_rows(values, keep)), n_keys=n_keys, bins=bin_of[0]
+            taken, bin_of[1](values[keep]), n_keys=n_keys, bins=bin_of[0]
         )
     return BoundedColumns(
         events, users_per_key, value_sums, weight_sums, value_squares, value_bins
@@ -341,9 +340,10 @@ def _kept_pairs(
     max_keys: int | None,
     max_per_key: int | None,
     rng: SamplingGenerator,
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+) -> tuple[np.ndarray, np.ndarray | slice, np.ndarray | slice]:
     """The distinct (user, key) pairs of the rows (ascending, as np.unique), which rows
-    L0 and Linf keep and which pairs keep a row (None: all of them, with neither bound).
+    L0 and Linf keep and which pairs keep a row (masks; with neither bound ``[:]``, all
+    of them, indexing a column as itself with no copy).
 
     One stable sort gives the distinct pairs, each row's pair and, within a pair, its rows
     in their random order (Linf). With neither bound only the distinct pairs are needed:
@@ -351,7 +351,8 @@ def _kept_pairs(
     arrays as long as the window's events)."""
     if max_keys is None and max_per_key is None:
         sorted_pairs = np.sort(pair, kind="stable")  # runs: the rows come user by user
-        return sorted_pairs[_boundaries(sorted_pairs)], None, None
+        every = slice(None)
+        return sorted_pairs[_boundaries(sorted_pairs)], every, every
     keep = np.ones(len(pair), dtype=bool)
     by_pair = np.argsort(pair, kind="stable")
     sorted_pairs = pair[by_pair]
@@ -382,7 +383,3 @@ def _boundaries(sorted_pairs: np.ndarray) -> np.ndarray:
     """Where each run of equal sorted pairs starts."""
     return np.concatenate(([True], sorted_pairs[1:] != sorted_pairs[:-1]))
 
-
-def _rows(column: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
-    """The column's kept entries (all of them when ``keep`` is None)."""
-    return column if keep is None else column[keep]
