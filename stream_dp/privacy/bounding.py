@@ -302,31 +302,7 @@ def bounded_columns(
             BinCounts.empty(n_keys, 0 if bin_of is None else bin_of[0]),
         )
     pair = users.astype(np.int64) * n_keys + keys.astype(np.int64)
-    keep = np.ones(len(pair), dtype=bool)
-    # One stable sort gives the distinct pairs (ascending, as np.unique), each row's pair
-    # and, within a pair, its rows in their random order (Linf below).
-    by_pair = np.argsort(pair, kind="stable")
-    sorted_pairs = pair[by_pair]
-    boundary = np.concatenate(([True], sorted_pairs[1:] != sorted_pairs[:-1]))
-    run = np.cumsum(boundary) - 1
-    distinct = sorted_pairs[boundary]
-    inverse = np.empty(len(pair), dtype=np.int64)
-    inverse[by_pair] = run
-    kept_pairs = np.ones(len(distinct), dtype=bool)
-    if max_keys is not None:
-        pair_user = distinct // n_keys
-        priority = rng.random(len(distinct))
-        order = np.lexsort((priority, pair_user))
-        _, first, counts = np.unique(pair_user[order], return_index=True, return_counts=True)
-        rank = np.arange(len(order)) - np.repeat(first, counts)
-        kept_pairs[order] = rank < max_keys
-        keep &= kept_pairs[inverse]
-    if max_per_key is not None:
-        starts = np.flatnonzero(boundary)
-        rank = np.arange(len(by_pair)) - starts[run]
-        within = np.empty(len(by_pair), dtype=bool)
-        within[by_pair] = rank < max_per_key
-        keep &= within
+    distinct, keep, kept_pairs = _kept_pairs(pair, n_keys, max_keys, max_per_key, rng)
     taken = keys[keep].astype(np.int64)
     events = np.bincount(taken, minlength=n_keys).astype(np.int64)
     users_per_key = np.bincount(distinct[kept_pairs] % n_keys, minlength=n_keys).astype(np.int64)
@@ -356,3 +332,54 @@ def bounded_columns(
     return BoundedColumns(
         events, users_per_key, value_sums, weight_sums, value_squares, value_bins
     )
+
+
+def _kept_pairs(
+    pair: np.ndarray,
+    n_keys: int,
+    max_keys: int | None,
+    max_per_key: int | None,
+    rng: SamplingGenerator,
+) -> tuple[np.ndarray, np.ndarray | slice, np.ndarray | slice]:
+    """The distinct (user, key) pairs of the rows (ascending, as np.unique), which rows
+    L0 and Linf keep and which pairs keep a row (masks; with neither bound ``[:]``, all
+    of them, indexing a column as itself with no copy).
+
+    One stable sort gives the distinct pairs, each row's pair and, within a pair, its rows
+    in their random order (Linf). With neither bound only the distinct pairs are needed:
+    a plain sort of the pairs gives them, without the rows' order, places and ranks (five
+    arrays as long as the window's events)."""
+    if max_keys is None and max_per_key is None:
+        sorted_pairs = np.sort(pair, kind="stable")  # runs: the rows come user by user
+        every = slice(None)
+        return sorted_pairs[_boundaries(sorted_pairs)], every, every
+    keep = np.ones(len(pair), dtype=bool)
+    by_pair = np.argsort(pair, kind="stable")
+    sorted_pairs = pair[by_pair]
+    boundary = _boundaries(sorted_pairs)
+    run = np.cumsum(boundary) - 1
+    distinct = sorted_pairs[boundary]
+    kept_pairs = np.ones(len(distinct), dtype=bool)
+    if max_keys is not None:
+        inverse = np.empty(len(pair), dtype=np.int64)
+        inverse[by_pair] = run
+        pair_user = distinct // n_keys
+        priority = rng.random(len(distinct))
+        order = np.lexsort((priority, pair_user))
+        _, first, counts = np.unique(pair_user[order], return_index=True, return_counts=True)
+        rank = np.arange(len(order)) - np.repeat(first, counts)
+        kept_pairs[order] = rank < max_keys
+        keep &= kept_pairs[inverse]
+    if max_per_key is not None:
+        starts = np.flatnonzero(boundary)
+        rank = np.arange(len(by_pair)) - starts[run]
+        within = np.empty(len(by_pair), dtype=bool)
+        within[by_pair] = rank < max_per_key
+        keep &= within
+    return distinct, keep, kept_pairs
+
+
+def _boundaries(sorted_pairs: np.ndarray) -> np.ndarray:
+    """Where each run of equal sorted pairs starts."""
+    return np.concatenate(([True], sorted_pairs[1:] != sorted_pairs[:-1]))
+

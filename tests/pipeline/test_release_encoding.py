@@ -52,7 +52,7 @@ def _group_value(rng: random.Random, kind: str, i: int) -> Any:
 
 def _columns(rng: random.Random, n: int, fields: int, kinds: list[str]) -> ReleasedValues:
     """``n`` released values: group values of ``kinds`` in runs (so that chunks differ),
-    integer or float values, noise scales one number or one per key, some clamped."""
+    integer or float values, noise scales one number or one per key, some clamped (or none)."""
     run = rng.choice([1, 5, 40, n + 1])
     groups = [
         tuple(_group_value(rng, kinds[(i // run) % len(kinds)], i) for _ in range(fields))
@@ -67,6 +67,8 @@ def _columns(rng: random.Random, n: int, fields: int, kinds: list[str]) -> Relea
     scale: float | list[float] = [rng.random() * 10 for _ in range(n)] if per_key else 2.5
     half: float | list[float] = [rng.random() * 30 for _ in range(n)] if per_key else 7.25
     clamped = [rng.random() < 0.2 for _ in range(n)]
+    if rng.random() < 0.4:  # none clamped (nearly always, in a real release): one template
+        clamped = [False] * n
     return ReleasedValues(groups, values, scale, half, clamped)
 
 

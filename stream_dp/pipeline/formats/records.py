@@ -303,7 +303,7 @@ class ReleaseTemplate:
         if made is None or fmt is None:
             return None
         _, group_fields, varying, templates = made
-        entries = tuple(entry % (fmt, template) for template in templates)
+        entries = tuple(entry % (fmt, template) for template in _used(templates, cols.clamped))
         again = group_fields if kinds.plain else _escaped_again(group_fields)
         return entries, cols.clamped, [again, *map(_as_bytes, varying)]
 
@@ -425,10 +425,8 @@ class ReleaseTemplate:
             head = b"{" + orjson.dumps(self._group_by[0]) + b':"'
             if not kinds.plain:
                 fields = escaped_strings(list(map(itemgetter(0), groups)))
-            elif groups:  # one encode and cut: no newline in a printable string
-                fields = "\n".join(map(itemgetter(0), groups)).encode().split(b"\n")
-            else:
-                fields = []
+            else:  # each its ASCII bytes (faster than one encode of them all, cut)
+                fields = list(map(str.encode, map(itemgetter(0), groups)))
             return head.replace(b"%", b"%%") + b'%b"}', fields
         return b"%b", self._encoded_groups(groups)
 
@@ -489,8 +487,17 @@ def _records(
     over-allocates and shrinks, past the small-object allocator for a ~400-byte record:
     about 1.5 times the time). (One ``join`` of every record cut at newlines is slower:
     the cut makes the same objects and copies once more.)"""
-    pieces = _interleaved(templates, clamped, map(_as_bytes, varying))
+    pieces = _interleaved(_used(templates, clamped), clamped, map(_as_bytes, varying))
     return list(map(b"".join, zip(*pieces, strict=False)))  # the constants repeat forever
+
+
+def _used(templates: tuple[bytes, ...], clamped: list[bool]) -> tuple[bytes, ...]:
+    """The templates some key takes: the first alone when no key is clamped (nearly
+    always). Then every constant piece is one for all keys (:func:`_interleaved`), not
+    each key's choice between two that differ (``"clamped"`` sorts among the first
+    fields, so even the first piece differs): one lookup per key less, about half of
+    the time of a record's ``join``."""
+    return templates if any(clamped) else templates[:1]
 
 
 def _interleaved(
