@@ -54,3 +54,20 @@ def test_every_key_present_gives_the_totals_of_the_keys_with_data() -> None:
     assert _columns(every) == _columns(some)
     assert every.events.tolist() == np.bincount(keys, minlength=30).tolist()
     assert every.value_sums.tolist() == np.bincount(keys, values, minlength=30).astype(int).tolist()
+
+
+def test_the_totals_keep_their_own_keys_when_the_query_learns_more() -> None:
+    # A query's key list grows as new keys are seen: sealed totals must not follow it
+    # (KeyTotals takes its own list of the keys).
+    keys = np.array([0, 1, 1])
+    groups = [("a",), ("b",)]
+    generator: SamplingGenerator = np.random.default_rng(1)
+    totals = bounded_totals(
+        _query(keys, np.zeros(3, np.int64), groups),
+        np.array([0, 0, 1]),
+        np.arange(3),
+        (0, None, None),
+        generator,
+    )
+    groups.append(("c",))
+    assert totals.groups == [("a",), ("b",)] and totals.events.tolist() == [1, 2]
