@@ -211,6 +211,8 @@ def breakdown(data: dict[str, Any], events: int) -> dict[str, Any]:
             produce_ms.setdefault(kind, []).append((answered - sent) * 1e3)
     run_queue = its[last].get("run_queue", 0.0) - its[first].get("run_queue", 0.0)
     return {
+        "span_mono": (t0, t1),
+        "events": events_in_span,
         "wall_s": wall,
         "cpu_s": cpu,
         "busy_share": cpu / wall,
@@ -244,8 +246,53 @@ def breakdown(data: dict[str, Any], events: int) -> dict[str, Any]:
 
 
 # -- the driver -------------------------------------------------------------------------------
+class BrokerCpu:
+    """The broker process's CPU time (every thread), sampled every 20 ms on this process's
+    monotonic clock (the worker's is the same clock): the broker's CPU over the worker's
+    measured span, the work the broker does for it (on the default path the repartition hop
+    is produced to and fetched from the broker once more)."""
+
+    def __init__(self, pid: int) -> None:
+        import threading
+
+        self._pid = pid
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        from bench.realistic import _cpu_s
+
+        while not self._stop.wait(0.02):
+            self.samples.append((time.monotonic(), _cpu_s(self._pid)))
+
+    def __enter__(self) -> BrokerCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, t0: float, t1: float) -> float:
+        """CPU seconds between the samples nearest ``t0`` and ``t1``."""
+
+        def at(t: float) -> float:
+            return min(self.samples, key=lambda s: abs(s[0] - t))[1]
+
+        return at(t1) - at(t0) if self.samples else float("nan")
+
+
 def run_one(
-    bootstrap: str, topic: str, events: int, start_s: int, *, keyed: bool, tree: Path, tmp: Path
+    bootstrap: str,
+    topic: str,
+    events: int,
+    start_s: int,
+    *,
+    keyed: bool,
+    tree: Path,
+    tmp: Path,
+    broker_pid: int | None = None,
 ) -> dict[str, Any]:
     from bench import realistic
     from stream_dp.broker.process import free_port
@@ -274,13 +321,18 @@ def run_one(
     t_start = time.perf_counter()
     with log.open("wb") as handle:
         proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=tree)
-    try:
-        outside = realistic._watch([proc], [port], [log], events, t_start, None)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with BrokerCpu(broker_pid or os.getpid()) as broker_cpu:
+        try:
+            outside = realistic._watch([proc], [port], [log], events, t_start, None)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     result = breakdown(json.loads(out.read_text()), events)
+    if broker_pid is not None:
+        t0, t1 = result.pop("span_mono")
+        result["broker_cpu_us_per_event"] = broker_cpu.between(t0, t1) / result["events"] * 1e6
+        result["broker_busy_share"] = broker_cpu.between(t0, t1) / (t1 - t0)
     result["outside_events_per_s"] = outside["events_per_s"]
     result["outside_cpu_us_per_event"] = outside["cpu_us_per_event"]
     return result
@@ -335,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
                                 keyed=mode == "keyed",
                                 tree=tree,
                                 tmp=tmp,
+                                broker_pid=broker.pid,
                             )
                             results.setdefault(f"{name}_{mode}_{label}", []).append(r)
                             head = f"{name} {mode} {label} run {run + 1}:"
@@ -362,14 +415,20 @@ def _wait(r: dict[str, Any], phase: str) -> float:
     return float(max(0.0, p["wall_share"] - p["cpu_share"] - p.get("run_queue_share", 0.0)))
 
 
+def _broker_cpu(r: dict[str, Any]) -> str:
+    """The broker's CPU per event over the span (runs before it was sampled: a dash)."""
+    value = r.get("broker_cpu_us_per_event")
+    return "–" if value is None else f"{value:.2f}"
+
+
 def rows(probe: dict[str, Any]) -> list[str]:
     """Markdown: per broker, path and tree, the measured span's wall time split into busy CPU
     and each kind of wait (the single run of each, ``python -m bench.idle_probe``)."""
     head = " | ".join(name for name, _ in WAITS)
     lines = [
         f"| broker, path, worker | events/s | CPU µs/event | busy CPU | waiting for a CPU | "
-        f"{head} | other |",
-        "|---|---|---|---|---|" + "---|" * len(WAITS) + "---|",
+        f"{head} | other | the broker's CPU µs/event |",
+        "|---|---|---|---|---|" + "---|" * len(WAITS) + "---|---|",
     ]
     for key, results in probe.items():
         if key == "load_1min":
@@ -383,7 +442,7 @@ def rows(probe: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {broker}, {mode}, {tree} | {r['events_per_s']:,.0f} | "
             f"{r['cpu_us_per_event']:.2f} | {r['busy_share']:.0%} | {queued:.0%} | {cells} | "
-            f"{other:.0%} |"
+            f"{other:.0%} | {_broker_cpu(r)} |"
         )
     return lines
 

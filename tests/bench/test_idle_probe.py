@@ -3,11 +3,12 @@ wait, on synthetic iterations whose split is known by construction (no broker)."
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 
-from bench.idle_probe import PHASES, SUB_PHASES, breakdown, rows
+from bench.idle_probe import PHASES, SUB_PHASES, BrokerCpu, breakdown, rows
 
 EVENTS = 30_000
 
@@ -81,6 +82,18 @@ def test_the_table_splits_each_run_s_span_into_shares_summing_to_one() -> None:
         },
     }
     lines = rows({"load_1min": [1.0], "tansu_keyed_after": [run]})
+    # Runs before the broker's CPU was sampled show a dash in its column.
     assert lines[2] == (
-        "| tansu, keyed, after | 123,456 | 2.50 | 50% | 10% | 20% | 5% | 0% | 0% | 0% | 15% |"
+        "| tansu, keyed, after | 123,456 | 2.50 | 50% | 10% | 20% | 5% | 0% | 0% | 0% | 15% | – |"
     )
+    sampled = rows(
+        {"load_1min": [1.0], "kafka_default_after": [{**run, "broker_cpu_us_per_event": 1.404}]}
+    )
+    assert sampled[2].endswith(" | 15% | 1.40 |")
+
+
+def test_the_broker_s_cpu_over_a_span_is_read_at_the_samples_nearest_its_ends() -> None:
+    cpu = BrokerCpu(pid=1)
+    cpu.samples = [(10.0, 1.0), (10.02, 1.01), (10.04, 1.05), (10.06, 1.20)]
+    assert cpu.between(10.019, 10.061) == pytest.approx(1.20 - 1.01)
+    assert math.isnan(BrokerCpu(pid=1).between(0.0, 1.0))
