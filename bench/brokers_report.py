@@ -37,31 +37,42 @@ def _fmt(x: float | None, digits: int = 0) -> str:
 
 
 def provenance(r: dict[str, Any]) -> list[str]:
-    """Which run wrote which sections, when the throughput sections were rerun alone."""
+    """Which run wrote which sections, when some were rerun alone (``--only``)."""
     sources = r.get("sections_from")
     if not sources:
         return []
-    tp, whole = sources["throughput"], sources["whole_run"]
-    workers = sources.get("workers")
-    rerun = (
-        [
-            "",
-            f"Section 2 (and the scale-out targets) is from `{workers['command']}` on "
-            f"{workers['date']}, a third run (its load average is stated there).",
-        ]
-        if workers
-        else []
-    )
-    return [
+    whole = sources["whole_run"]
+    tp = sources.get("throughput")
+    lines = [
         "",
-        f"**Two runs.** Sections 1 and 1b (and the throughput targets) are from "
-        f"`{tp['command']}` on {tp['date']} (size `{tp['size']}`: {tp['sizes']['events']:,} "
-        f"events, {tp['sizes']['runs']} run(s), {tp['seconds']:.0f} s); the other sections "
-        f"are from `{whole['command']}` on {whole['date']} (size `{whole['size']}`, "
-        f"{whole['total_seconds']:.0f} s), kept as that run wrote them. The load average above "
-        "is the throughput run's.",
-        *rerun,
+        f"**Sections rerun alone.** The sections not named below are from "
+        f"`{whole['command']}` on {whole['date']} (size `{whole['size']}`, "
+        f"{whole['total_seconds']:.0f} s), kept as that run wrote them."
+        + (" The load average above is the throughput run's." if tp else ""),
     ]
+    if tp:
+        lines += [
+            "",
+            f"Sections 1 and 1b (and the throughput targets) are from `{tp['command']}` on "
+            f"{tp['date']} (size `{tp['size']}`: {tp['sizes']['events']:,} events, "
+            f"{tp['sizes']['runs']} run(s), {tp['seconds']:.0f} s).",
+        ]
+    for key, what in (
+        ("workers", "Section 2 (and the scale-out targets)"),
+        ("scaling", "Section 3 (and the targets of the releases and the state per event)"),
+    ):
+        source = sources.get(key)
+        if source:
+            shown = " and ".join(
+                f"{v[0]:.2f}" if v else "unknown"
+                for v in (source.get("loadavg_at_start"), source.get("loadavg_at_end"))
+            )
+            lines += [
+                "",
+                f"{what} is from `{source['command']}` on {source['date']} "
+                f"({source['seconds']:.0f} s; load average at its start and end {shown}).",
+            ]
+    return lines
 
 
 def _contender(section: dict[str, Any], key: str) -> dict[str, Any] | None:

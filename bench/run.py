@@ -1,4 +1,4 @@
-"""``python -m bench.run [--size {smoke,small,full}] [--out DIR] [--only {throughput,workers}]``.
+"""``python -m bench.run [--size {smoke,small,full}] [--out DIR] [--only SECTION]``.
 
 The whole benchmark. Starts its own embedded broker, measures throughput (raw consumer,
 worker, Faust, the Kafka Streams peer), then the same throughput section on an Apache Kafka
@@ -14,7 +14,9 @@ deletes its topics, stops the broker and writes ``RESULTS.md``, ``results.json``
 
 ``--only throughput`` runs the throughput sections alone (both brokers) and merges them into
 the ``results.json`` already in ``--out``: the other sections keep the figures of the run that
-wrote them, and RESULTS.md says which run wrote which section.
+wrote them, and RESULTS.md says which run wrote which section. ``--only workers`` (section 2)
+and ``--only scaling`` (section 3: the stages in-process, the releases of 100,000 and
+1,000,000 keys, the state per retained event; no broker) do the same for their sections.
 """
 
 from __future__ import annotations
@@ -353,6 +355,29 @@ def run_throughput_only(size: str, out: Path, command: str) -> dict[str, Any]:
     return results
 
 
+def _section_source(
+    results: dict[str, Any],
+    section: str,
+    size: str,
+    command: str,
+    started: float,
+    loadavg_at_start: Any,
+) -> None:
+    """Record which run wrote ``section`` (a ``--only`` run), beside the whole run's."""
+    sources = results.setdefault("sections_from", {})
+    if "whole_run" not in sources:
+        sources["whole_run"] = {k: results[k] for k in ("size", "command", "date", "total_seconds")}
+    sources[section] = {
+        "size": size,
+        "command": command,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "sizes": SIZES[size],
+        "seconds": time.perf_counter() - started,
+        "loadavg_at_start": loadavg_at_start,
+        "loadavg_at_end": report.loadavg(),
+    }
+
+
 def run_workers_only(size: str, out: Path, command: str) -> dict[str, Any]:
     """Section 2 alone (scale-out over worker processes, on Tansu), merged into the results
     already in ``out`` (the other sections, profile included, are kept as they were)."""
@@ -370,18 +395,23 @@ def run_workers_only(size: str, out: Path, command: str) -> dict[str, Any]:
         results["workers"] = workers.measure(
             broker.bootstrap_servers, broker.pid, spec, runs=cfg["runs"], log=_log
         )
-    sources = results.setdefault("sections_from", {})
-    if "whole_run" not in sources:
-        sources["whole_run"] = {k: results[k] for k in ("size", "command", "date", "total_seconds")}
-    sources["workers"] = {
-        "size": size,
-        "command": command,
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "sizes": cfg,
-        "seconds": time.perf_counter() - started,
-        "loadavg_at_start": loadavg_at_start,
-        "loadavg_at_end": report.loadavg(),
-    }
+    _section_source(results, "workers", size, command, started, loadavg_at_start)
+    _finish(results, out)
+    return results
+
+
+def run_scaling_only(size: str, out: Path, command: str) -> dict[str, Any]:
+    """Section 3 alone (the stages in-process, the releases of 100,000 and 1,000,000 keys and
+    the state per retained event, no broker), merged into the results already in ``out``
+    (the other sections, profile included, are kept as they were)."""
+    results, kept_profile = _previous_results(out, "scaling")
+    results["throughput"]["profile"] = kept_profile
+    cfg = SIZES[size]
+    started = time.perf_counter()
+    loadavg_at_start = report.loadavg()
+    _log("[bench] scaling (stages in-process)")
+    results["scaling"] = scaling.measure(cfg, log=_log)
+    _section_source(results, "scaling", size, command, started, loadavg_at_start)
     _finish(results, out)
     return results
 
@@ -400,9 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     parser.add_argument(
         "--only",
-        choices=["throughput", "workers"],
+        choices=["throughput", "workers", "scaling"],
         help="run only this section (throughput: sections 1 and 1b, on both brokers; "
-        "workers: section 2) and merge it into --out's results.json",
+        "workers: section 2; scaling: section 3 with the releases of 100,000 and 1,000,000 "
+        "keys and the state per event) and merge it into --out's results.json",
     )
     args = parser.parse_args(argv)
     shown = ["python -m bench.run", *(sys.argv[1:] if argv is None else argv)]
@@ -410,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         run_throughput_only(args.size, args.out, " ".join(shown))
     elif args.only == "workers":
         run_workers_only(args.size, args.out, " ".join(shown))
+    elif args.only == "scaling":
+        run_scaling_only(args.size, args.out, " ".join(shown))
     else:
         run(args.size, args.out, " ".join(shown))
     return 0

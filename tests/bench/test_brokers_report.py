@@ -78,3 +78,33 @@ def test_provenance_names_both_runs_only_when_merged() -> None:
     text = "\n".join(brokers_report.provenance(merged))
     assert "`python -m bench.run --only throughput` on D2 (size `small`: 200,000 events" in text
     assert "`python -m bench.run` on D1 (size `full`, 1187 s)" in text
+
+
+def test_provenance_names_a_scaling_only_rerun_without_a_throughput_one() -> None:
+    merged = {
+        "sections_from": {
+            "scaling": {
+                "command": "python -m bench.run --only scaling",
+                "date": "D3",
+                "size": "full",
+                "sizes": {},
+                "seconds": 200.0,
+                "loadavg_at_start": [0.5, 0.4, 0.3],
+                "loadavg_at_end": [1.25, 0.9, 0.5],
+            },
+            "whole_run": {
+                "command": "python -m bench.run",
+                "date": "D1",
+                "size": "full",
+                "total_seconds": 1187.0,
+            },
+        }
+    }
+    text = "\n".join(brokers_report.provenance(merged))
+    assert "`python -m bench.run` on D1 (size `full`, 1187 s)" in text
+    assert (
+        "Section 3 (and the targets of the releases and the state per event) is from "
+        "`python -m bench.run --only scaling` on D3 (200 s; load average at its start and "
+        "end 0.50 and 1.25)." in text
+    )
+    assert "throughput run" not in text and "Sections 1 and 1b" not in text
