@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from stream_dp.broker.connection_errors import describe_error, what_to_check
 from stream_dp.config import KafkaConfig
@@ -35,13 +35,18 @@ _CONNECTION_OPTIONS = (
     "sasl_plain_password",
 )
 
+log = logging.getLogger(__name__)
+
 #: How long a service's first contact waits before it says it is waiting for the broker.
 FIRST_TRY_S = 2.0
 
 #: Waits between rounds while a broker starts: ceilings 0.05, 0.1, … up to 1 s.
-log = logging.getLogger(__name__)
-
 PROBE_BACKOFF = Backoff(base_s=0.05, cap_s=1.0)
+
+#: A running service's broker check (:func:`watch_broker`): how often, and how long one may
+#: take (:meth:`KeptProbe.check`).
+BROKER_PROBE_INTERVAL_S: Final = 1.0
+BROKER_PROBE_TIMEOUT_S: Final = 2.0
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,38 @@ class KeptProbe:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+async def watch_broker(
+    probe: KeptProbe,
+    *,
+    on_result: Callable[[bool], None],
+    stopping: Callable[[], bool],
+    interval_s: float = BROKER_PROBE_INTERVAL_S,
+    timeout_s: float = BROKER_PROBE_TIMEOUT_S,
+) -> None:
+    """A running service's broker watch (its readiness; liveness is unaffected): every
+    ``interval_s`` one :meth:`KeptProbe.check` of at most ``timeout_s``, its result given to
+    ``on_result`` (True: a broker answered), until ``stopping()`` — also a stop flag, as a
+    cancellation can be lost in a check. A change is logged at WARNING ("broker unreachable",
+    "broker reachable again"); the service is taken to start with its broker reachable, so a
+    first check that fails says so and a first that succeeds says nothing. The probe is
+    closed on the way out."""
+    reachable = True
+    try:
+        while not stopping():
+            try:
+                await probe.check(timeout_s)
+                ok = True
+            except BrokerError:
+                ok = False
+            if ok != reachable:
+                log.warning("broker %s", "reachable again" if ok else "unreachable")
+            reachable = ok
+            on_result(ok)
+            await asyncio.sleep(interval_s)
+    finally:
+        probe.close()
 
 
 async def wait_at_start(

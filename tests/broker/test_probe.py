@@ -4,15 +4,24 @@ Kafka client (versions negotiated) rather than a hand-built request."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import pytest
 
+import stream_dp.broker.probe as probe_module
 from stream_dp.broker import wait_for_broker
-from stream_dp.broker.probe import BrokerAddress, parse_bootstrap, probe, probe_sync
+from stream_dp.broker.probe import (
+    BrokerAddress,
+    KeptProbe,
+    parse_bootstrap,
+    probe,
+    probe_sync,
+    watch_broker,
+)
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError, ConfigError
 
@@ -174,8 +183,6 @@ class _CountingProxy:
 async def test_kept_probe_asks_on_one_connection_and_reconnects_when_it_breaks(
     kafka_bootstrap: str,
 ) -> None:
-    from stream_dp.broker.probe import KeptProbe
-
     proxy = _CountingProxy(kafka_bootstrap)
     address = await proxy.start()
     kept = KeptProbe(address)
@@ -201,3 +208,85 @@ async def test_kept_probe_asks_on_one_connection_and_reconnects_when_it_breaks(
     finally:
         kept.close()
         await proxy.stop()
+
+
+class _ScriptedProbe(KeptProbe):
+    """Answers (True) or not (False, BrokerError) as scripted; ``stop`` is set after the
+    last answer."""
+
+    def __init__(self, script: Iterable[bool]) -> None:
+        super().__init__("127.0.0.1:9")
+        self.script = list(script)
+        self.stop = False
+        self.timeouts: list[float] = []
+        self.closed = False
+
+    async def check(self, timeout_s: float) -> None:
+        self.timeouts.append(timeout_s)
+        ok = self.script.pop(0)
+        self.stop = not self.script
+        if not ok:
+            raise BrokerError("no Kafka broker answered at 127.0.0.1:9")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _said(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    return [
+        (r.levelname, r.getMessage()) for r in caplog.records if r.name == probe_module.__name__
+    ]
+
+
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        ([True, False, False, True, True], ["broker unreachable", "broker reachable again"]),
+        ([False, True], ["broker unreachable", "broker reachable again"]),  # first one too
+        ([True, True], []),
+    ],
+)
+async def test_watch_broker_gives_each_result_and_logs_each_change(
+    caplog: pytest.LogCaptureFixture, script: list[bool], said: list[str]
+) -> None:
+    fake = _ScriptedProbe(script)
+    results: list[bool] = []
+    with caplog.at_level(logging.INFO, logger=probe_module.__name__):
+        await watch_broker(
+            fake, on_result=results.append, stopping=lambda: fake.stop, interval_s=0, timeout_s=7
+        )
+    assert results == script  # every check, until stopping() held
+    assert _said(caplog) == [("WARNING", text) for text in said]
+    assert fake.timeouts == [7] * len(script)
+    assert fake.closed
+
+
+async def test_watch_broker_stops_on_the_flag_and_closes_the_probe_however_it_ends() -> None:
+    fake = _ScriptedProbe([True])
+    await watch_broker(fake, on_result=lambda ok: None, stopping=lambda: True, interval_s=0)
+    assert fake.timeouts == [] and fake.closed  # stopping before the first check
+
+    fake = _ScriptedProbe([True, True])
+
+    def fails(ok: bool) -> None:
+        raise RuntimeError("the service's handler failed")
+
+    with pytest.raises(RuntimeError):
+        await watch_broker(fake, on_result=fails, stopping=lambda: False, interval_s=0)
+    assert fake.closed
+
+    class _Hanging(_ScriptedProbe):
+        async def check(self, timeout_s: float) -> None:
+            entered.set()
+            await asyncio.Event().wait()
+
+    entered = asyncio.Event()
+    hanging = _Hanging([])
+    task = asyncio.create_task(
+        watch_broker(hanging, on_result=lambda ok: None, stopping=lambda: False, interval_s=0)
+    )
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert hanging.closed
