@@ -44,9 +44,11 @@ FIRST_TRY_S = 2.0
 PROBE_BACKOFF = Backoff(base_s=0.05, cap_s=1.0)
 
 #: A running service's broker check (:func:`watch_broker`): how often, and how long one may
-#: take (:meth:`KeptProbe.check`).
+#: take in all (:meth:`KeptProbe.check`).
 BROKER_PROBE_INTERVAL_S: Final = 1.0
 BROKER_PROBE_TIMEOUT_S: Final = 2.0
+#: The least a check's new connections are given when the kept one used most of its time.
+MIN_FALLBACK_S: Final = 0.1
 
 
 @dataclass(frozen=True)
@@ -190,11 +192,7 @@ async def wait_for_broker(
         raise error
 
     def exhausted(exc: BaseException) -> BaseException:
-        return BrokerError(
-            f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s "
-            f"(last error: {last_error}); check that the broker is running and that "
-            "kafka.bootstrap_servers (and the kafka security options) point at it"
-        )
+        return _no_broker(bootstrap, timeout_s, last_error)
 
     await retry(
         f"ask {bootstrap} for metadata",
@@ -205,6 +203,14 @@ async def wait_for_broker(
         exhausted=exhausted,
         on_failure=on_failure,
         log_level=logging.DEBUG,  # waiting for a broker that starts is expected, not a warning
+    )
+
+
+def _no_broker(bootstrap: str, timeout_s: float, last_error: str) -> BrokerError:
+    return BrokerError(
+        f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s "
+        f"(last error: {last_error}); check that the broker is running and that "
+        "kafka.bootstrap_servers (and the kafka security options) point at it"
     )
 
 
@@ -224,16 +230,29 @@ class KeptProbe:
 
     async def check(self, timeout_s: float) -> None:
         """Return once a broker answered a Metadata request; BrokerError after ``timeout_s``
-        (as :func:`wait_for_broker`)."""
+        (as :func:`wait_for_broker`). One deadline for the whole check: new connections get
+        what the kept one left (at least :data:`MIN_FALLBACK_S`; none when it left nothing),
+        so a broker that holds the connection open and stops answering fails a check within
+        ``timeout_s``, not twice that."""
+        deadline = time.monotonic() + timeout_s
+        failure: str | None = None
         conn = self._conn
         if conn is not None and conn.connected():
             try:
                 response = await asyncio.wait_for(conn.send(MetadataRequest([])), timeout_s)
                 if response.brokers:
                     return
-            except (TimeoutError, OSError, KafkaError):
-                pass
+                failure = "the Metadata response lists no broker"
+            except TimeoutError:
+                failure = f"no response within {timeout_s:g} s"
+            except (OSError, KafkaError) as exc:
+                failure = describe_error(exc)
         self.close()
+        if failure is not None:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                raise _no_broker(self.bootstrap, timeout_s, f"the kept connection: {failure}")
+            timeout_s = max(MIN_FALLBACK_S, left_s)
         await wait_for_broker(self.bootstrap, timeout_s, kafka=self.kafka, keep=self._keep)
 
     def _keep(self, conn: Any) -> None:
