@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from stream_dp.broker.connection_errors import describe_error, what_to_check
 from stream_dp.config import KafkaConfig
@@ -35,13 +35,20 @@ _CONNECTION_OPTIONS = (
     "sasl_plain_password",
 )
 
+log = logging.getLogger(__name__)
+
 #: How long a service's first contact waits before it says it is waiting for the broker.
 FIRST_TRY_S = 2.0
 
 #: Waits between rounds while a broker starts: ceilings 0.05, 0.1, … up to 1 s.
-log = logging.getLogger(__name__)
-
 PROBE_BACKOFF = Backoff(base_s=0.05, cap_s=1.0)
+
+#: A running service's broker check (:func:`watch_broker`): how often, and how long one may
+#: take in all (:meth:`KeptProbe.check`).
+BROKER_PROBE_INTERVAL_S: Final = 1.0
+BROKER_PROBE_TIMEOUT_S: Final = 2.0
+#: The least a check's new connections are given when the kept one used most of its time.
+MIN_FALLBACK_S: Final = 0.1
 
 
 @dataclass(frozen=True)
@@ -185,11 +192,7 @@ async def wait_for_broker(
         raise error
 
     def exhausted(exc: BaseException) -> BaseException:
-        return BrokerError(
-            f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s "
-            f"(last error: {last_error}); check that the broker is running and that "
-            "kafka.bootstrap_servers (and the kafka security options) point at it"
-        )
+        return _no_broker(bootstrap, timeout_s, last_error)
 
     await retry(
         f"ask {bootstrap} for metadata",
@@ -200,6 +203,14 @@ async def wait_for_broker(
         exhausted=exhausted,
         on_failure=on_failure,
         log_level=logging.DEBUG,  # waiting for a broker that starts is expected, not a warning
+    )
+
+
+def _no_broker(bootstrap: str, timeout_s: float, last_error: str) -> BrokerError:
+    return BrokerError(
+        f"no Kafka broker answered at {bootstrap} within {timeout_s:g} s "
+        f"(last error: {last_error}); check that the broker is running and that "
+        "kafka.bootstrap_servers (and the kafka security options) point at it"
     )
 
 
@@ -219,16 +230,29 @@ class KeptProbe:
 
     async def check(self, timeout_s: float) -> None:
         """Return once a broker answered a Metadata request; BrokerError after ``timeout_s``
-        (as :func:`wait_for_broker`)."""
+        (as :func:`wait_for_broker`). One deadline for the whole check: new connections get
+        what the kept one left (at least :data:`MIN_FALLBACK_S`; none when it left nothing),
+        so a broker that holds the connection open and stops answering fails a check within
+        ``timeout_s``, not twice that."""
+        deadline = time.monotonic() + timeout_s
+        failure: str | None = None
         conn = self._conn
         if conn is not None and conn.connected():
             try:
                 response = await asyncio.wait_for(conn.send(MetadataRequest([])), timeout_s)
                 if response.brokers:
                     return
-            except (TimeoutError, OSError, KafkaError):
-                pass
+                failure = "the Metadata response lists no broker"
+            except TimeoutError:
+                failure = f"no response within {timeout_s:g} s"
+            except (OSError, KafkaError) as exc:
+                failure = describe_error(exc)
         self.close()
+        if failure is not None:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                raise _no_broker(self.bootstrap, timeout_s, f"the kept connection: {failure}")
+            timeout_s = max(MIN_FALLBACK_S, left_s)
         await wait_for_broker(self.bootstrap, timeout_s, kafka=self.kafka, keep=self._keep)
 
     def _keep(self, conn: Any) -> None:
@@ -240,6 +264,38 @@ class KeptProbe:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+async def watch_broker(
+    probe: KeptProbe,
+    *,
+    on_result: Callable[[bool], None],
+    stopping: Callable[[], bool],
+    interval_s: float = BROKER_PROBE_INTERVAL_S,
+    timeout_s: float = BROKER_PROBE_TIMEOUT_S,
+) -> None:
+    """A running service's broker watch (its readiness; liveness is unaffected): every
+    ``interval_s`` one :meth:`KeptProbe.check` of at most ``timeout_s``, its result given to
+    ``on_result`` (True: a broker answered), until ``stopping()`` — also a stop flag, as a
+    cancellation can be lost in a check. A change is logged at WARNING ("broker unreachable",
+    "broker reachable again"); the service is taken to start with its broker reachable, so a
+    first check that fails says so and a first that succeeds says nothing. The probe is
+    closed on the way out."""
+    reachable = True
+    try:
+        while not stopping():
+            try:
+                await probe.check(timeout_s)
+                ok = True
+            except BrokerError:
+                ok = False
+            if ok != reachable:
+                log.warning("broker %s", "reachable again" if ok else "unreachable")
+            reachable = ok
+            on_result(ok)
+            await asyncio.sleep(interval_s)
+    finally:
+        probe.close()
 
 
 async def wait_at_start(

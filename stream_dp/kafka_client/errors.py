@@ -13,6 +13,7 @@ from aiokafka.errors import (
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
     UnknownMemberIdError,
+    UnknownTopicOrPartitionError,
     UnsupportedVersionError,
     for_code,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "TopicAlreadyExistsError",
     "TopicAuthorizationFailedError",
     "UnknownMemberIdError",
+    "UnknownTopicOrPartitionError",
     "UnsupportedVersionError",
     "for_code",
 ]

@@ -38,11 +38,11 @@ from typing import Any, Final, TypeVar
 import psycopg
 import psycopg.errors
 
-from stream_dp.broker.probe import KeptProbe
+from stream_dp.broker.probe import KeptProbe, watch_broker
 from stream_dp.clients.offset_range import OFFSET_ERRORS
 from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.config import Config
-from stream_dp.errors import BrokerError, StreamDPError
+from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from stream_dp.kafka_client.client_options import client_kwargs
 from stream_dp.kafka_client.errors import KafkaError
@@ -76,8 +76,6 @@ SINK_COMPONENTS: Final = (
     "broker_reachable",
     "partitions_assigned",
 )
-BROKER_PROBE_INTERVAL_S: Final = 1.0
-BROKER_PROBE_TIMEOUT_S: Final = 2.0
 
 #: application_name of the sink's database sessions (pg_stat_activity).
 APPLICATION_NAME: Final = "stream-dp sink"
@@ -227,23 +225,14 @@ class Sink:
             self.health.set(component, False)
 
     async def _monitor_broker(self) -> None:
-        """Probe the broker every second: not ready while it does not answer."""
-        reachable: bool | None = None
+        """Watch the broker (:func:`~stream_dp.broker.probe.watch_broker`): not ready while
+        it does not answer."""
         probe = KeptProbe(self.bootstrap, kafka=self.config.kafka)
-        try:
-            while not self.stopping:  # also a stop flag: a cancellation can be lost in a probe
-                try:
-                    await probe.check(BROKER_PROBE_TIMEOUT_S)
-                    ok = True
-                except BrokerError:
-                    ok = False
-                if reachable is not None and ok != reachable:
-                    log.warning("broker %s", "reachable again" if ok else "unreachable")
-                reachable = ok
-                self.health.set("broker_reachable", ok)
-                await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
-        finally:
-            probe.close()
+        await watch_broker(
+            probe,
+            on_result=lambda ok: self.health.set("broker_reachable", ok),
+            stopping=lambda: self.stopping,
+        )
 
     def on_assigned(self, assigned: list[TopicPartition]) -> None:
         self._assigned |= set(assigned)

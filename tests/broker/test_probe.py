@@ -4,15 +4,26 @@ Kafka client (versions negotiated) rather than a hand-built request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
 
 import pytest
 
+import stream_dp.broker.probe as probe_module
 from stream_dp.broker import wait_for_broker
-from stream_dp.broker.probe import BrokerAddress, parse_bootstrap, probe, probe_sync
+from stream_dp.broker.probe import (
+    BrokerAddress,
+    KeptProbe,
+    parse_bootstrap,
+    probe,
+    probe_sync,
+    watch_broker,
+)
 from stream_dp.config import KafkaConfig
 from stream_dp.errors import BrokerError, ConfigError
 
@@ -127,12 +138,15 @@ async def test_secured_check_uses_the_security_options(kafka_bootstrap: str) -> 
 
 class _CountingProxy:
     """A TCP forwarder to a broker that counts the connections it accepts and can drop
-    them all (a broker restarted) or stop forwarding (a broker gone)."""
+    them all (a broker restarted), stop forwarding (a broker gone: new connections closed
+    at once) or black-hole (a broker that hangs: every connection, open or new, held open
+    and nothing passed on either way)."""
 
     def __init__(self, target: str) -> None:
         ((self.host, self.port),) = parse_bootstrap(target)
         self.accepted = 0
         self.forwarding = True
+        self.black_hole = False
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.Server | None = None
 
@@ -145,12 +159,21 @@ class _CountingProxy:
         if not self.forwarding:
             writer.close()
             return
+        if self.black_hole:  # accepted and held; what is sent is swallowed
+            self._writers.append(writer)
+            with contextlib.suppress(ConnectionError, OSError):
+                while await reader.read(65536):
+                    pass
+            writer.close()
+            return
         up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
         self._writers += [writer, up_writer]
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             try:
                 while data := await src.read(65536):
+                    if self.black_hole:
+                        continue  # the connection stays open; nothing is passed on
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, OSError):
@@ -174,8 +197,6 @@ class _CountingProxy:
 async def test_kept_probe_asks_on_one_connection_and_reconnects_when_it_breaks(
     kafka_bootstrap: str,
 ) -> None:
-    from stream_dp.broker.probe import KeptProbe
-
     proxy = _CountingProxy(kafka_bootstrap)
     address = await proxy.start()
     kept = KeptProbe(address)
@@ -201,3 +222,169 @@ async def test_kept_probe_asks_on_one_connection_and_reconnects_when_it_breaks(
     finally:
         kept.close()
         await proxy.stop()
+
+
+async def test_a_broker_that_holds_the_connection_and_stops_answering_fails_a_check_in_time(
+    kafka_bootstrap: str,
+) -> None:
+    """A broker that hangs (the connection open, no answer, new connections accepted and
+    unanswered too): a check fails within its timeout — one deadline for the kept
+    connection and the new ones, not a full timeout for each (about twice it) — and once
+    the broker answers again the next check succeeds."""
+    proxy = _CountingProxy(kafka_bootstrap)
+    address = await proxy.start()
+    kept = KeptProbe(address)
+    timeout_s = 3.0
+    try:
+        await kept.check(5.0)
+        proxy.black_hole = True
+        started = time.monotonic()
+        with pytest.raises(BrokerError, match=rf"no Kafka broker answered at {address}"):
+            await kept.check(timeout_s)
+        elapsed = time.monotonic() - started
+        assert elapsed < timeout_s + 1.5, f"{elapsed:.2f} s"  # 2 × 3 s with two deadlines
+        proxy.black_hole = False
+        await kept.check(5.0)
+    finally:
+        kept.close()
+        await proxy.stop()
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _FailingConnection:
+    """A kept connection whose request fails after ``takes_s`` of the fake clock."""
+
+    def __init__(self, clock: _FakeClock, takes_s: float) -> None:
+        self.clock, self.takes_s, self.closed = clock, takes_s, False
+
+    def connected(self) -> bool:
+        return True
+
+    async def send(self, request: Any) -> Any:
+        self.clock.now += self.takes_s
+        raise ConnectionResetError("reset by peer")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize(
+    ("kept_takes_s", "new_get_s"), [(0.5, 1.5), (1.95, probe_module.MIN_FALLBACK_S), (2.0, None)]
+)
+async def test_a_check_gives_new_connections_what_the_kept_one_left_of_its_deadline(
+    monkeypatch: pytest.MonkeyPatch, kept_takes_s: float, new_get_s: float | None
+) -> None:
+    """The kept connection fails after part of the check's 2 s: new connections get the
+    rest (at least MIN_FALLBACK_S); when nothing is left the check fails at once, as
+    wait_for_broker would, naming the kept connection's failure."""
+    clock = _FakeClock()
+    monkeypatch.setattr(probe_module, "time", clock)
+    given: list[float] = []
+
+    async def fallback(bootstrap: str, timeout_s: float, **_: Any) -> None:
+        given.append(timeout_s)
+
+    monkeypatch.setattr(probe_module, "wait_for_broker", fallback)
+    kept = KeptProbe("127.0.0.1:9")
+    conn = kept._conn = _FailingConnection(clock, kept_takes_s)
+    if new_get_s is None:
+        with pytest.raises(
+            BrokerError,
+            match=r"no Kafka broker answered at 127.0.0.1:9 within 2 s \(last error: the kept "
+            r"connection: ConnectionResetError: reset by peer\)",
+        ):
+            await kept.check(2.0)
+        assert given == []
+    else:
+        await kept.check(2.0)
+        assert given == [pytest.approx(new_get_s)]
+    assert conn.closed and kept._conn is None
+
+
+class _ScriptedProbe(KeptProbe):
+    """Answers (True) or not (False, BrokerError) as scripted; ``stop`` is set after the
+    last answer."""
+
+    def __init__(self, script: Iterable[bool]) -> None:
+        super().__init__("127.0.0.1:9")
+        self.script = list(script)
+        self.stop = False
+        self.timeouts: list[float] = []
+        self.closed = False
+
+    async def check(self, timeout_s: float) -> None:
+        self.timeouts.append(timeout_s)
+        ok = self.script.pop(0)
+        self.stop = not self.script
+        if not ok:
+            raise BrokerError("no Kafka broker answered at 127.0.0.1:9")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _said(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    return [
+        (r.levelname, r.getMessage()) for r in caplog.records if r.name == probe_module.__name__
+    ]
+
+
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        ([True, False, False, True, True], ["broker unreachable", "broker reachable again"]),
+        ([False, True], ["broker unreachable", "broker reachable again"]),  # first one too
+        ([True, True], []),
+    ],
+)
+async def test_watch_broker_gives_each_result_and_logs_each_change(
+    caplog: pytest.LogCaptureFixture, script: list[bool], said: list[str]
+) -> None:
+    fake = _ScriptedProbe(script)
+    results: list[bool] = []
+    with caplog.at_level(logging.INFO, logger=probe_module.__name__):
+        await watch_broker(
+            fake, on_result=results.append, stopping=lambda: fake.stop, interval_s=0, timeout_s=7
+        )
+    assert results == script  # every check, until stopping() held
+    assert _said(caplog) == [("WARNING", text) for text in said]
+    assert fake.timeouts == [7] * len(script)
+    assert fake.closed
+
+
+async def test_watch_broker_stops_on_the_flag_and_closes_the_probe_however_it_ends() -> None:
+    fake = _ScriptedProbe([True])
+    await watch_broker(fake, on_result=lambda ok: None, stopping=lambda: True, interval_s=0)
+    assert fake.timeouts == [] and fake.closed  # stopping before the first check
+
+    fake = _ScriptedProbe([True, True])
+
+    def fails(ok: bool) -> None:
+        raise RuntimeError("the service's handler failed")
+
+    with pytest.raises(RuntimeError):
+        await watch_broker(fake, on_result=fails, stopping=lambda: False, interval_s=0)
+    assert fake.closed
+
+    class _Hanging(_ScriptedProbe):
+        async def check(self, timeout_s: float) -> None:
+            entered.set()
+            await asyncio.Event().wait()
+
+    entered = asyncio.Event()
+    hanging = _Hanging([])
+    task = asyncio.create_task(
+        watch_broker(hanging, on_result=lambda ok: None, stopping=lambda: False, interval_s=0)
+    )
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert hanging.closed

@@ -328,16 +328,24 @@ async def test_bad_input_goes_to_dead_letter(
     assert release["value"] == good
 
 
+@pytest.mark.parametrize(
+    ("idle", "keyed"),
+    [(2.0, False), (0.2, False), (0.2, True)],
+    ids=["idle-2s", "idle-0.2s", "idle-0.2s-keyed"],
+)
 async def test_idle_stream_closes_window_by_wall_clock(
-    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path
+    kafka_bootstrap: str, config_factory: MakeConfig, tmp_path: Path, idle: float, keyed: bool
 ) -> None:
     """A window is released with no event after it, by the wall clock alone, and not
     before the clock allows (its end plus the grace, and the idle timeout after the last
-    event): waited for on its record, checked on the records' own time stamps."""
-    size, grace, idle = 8, 1, 2
+    event): waited for on its record, checked on the records' own time stamps. Also with
+    an idle timeout below the idle fetch's shortest wait (0.2 s, where the idle marks are
+    due every 0.1 s and an idle loop turns every 0.2 s), repartitioned and keyed by user."""
+    size, grace = 8, 1
     first = math.floor(time.time() / size) * size
     cfg = config_factory(
         {
+            "input": {"keyed_by_user": keyed},
             "window": {
                 "size_s": size,
                 "grace_s": grace,

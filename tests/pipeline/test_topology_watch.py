@@ -1,43 +1,58 @@
 """The topology watch (issue 39, item 4): partition counts asked of the broker every few
 seconds, a change of keyed input named in a WARNING, counted, and applied per window; a
-lookup that fails leaves the loop running and is tried again."""
+lookup that fails leaves the loop running and is tried again, and one topic whose metadata
+fails hides no other topic's change."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import Any
 
 import pytest
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, KafkaError, UnknownTopicOrPartitionError
 
+from stream_dp.kafka_client.client_options import client_kwargs
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
+from stream_dp.pipeline.faults import NO_FAULTS
 from stream_dp.pipeline.kafka import topology_watch
+from stream_dp.pipeline.kafka.context import WorkerContext
+from stream_dp.pipeline.kafka.publisher import Publisher
 from stream_dp.pipeline.kafka.topology_watch import TopologyWatch
 from stream_dp.pipeline.stages.ingest import IngestStage
+from tests.helpers import TopicFactory
 from tests.pipeline.support import KEYRING, NOW, T0, config
 
 TOPIC = "events"
 
 
 class _Broker:
-    """Answers ``partitions`` with the topic's current count (or fails), counting asks and
-    metadata requests."""
+    """Answers ``partitions`` with the topic's current count (or fails: the whole request,
+    or for the topics in ``missing`` only, as a Metadata response with a topic's error),
+    counting asks and metadata requests."""
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.fails = False
+        self.missing: set[str] = set()
         self.asked: list[tuple[str, bool]] = []
         self.requests = 0
 
     async def fresh_partitions(
         self, topics: list[str], *, bounded: bool = False
-    ) -> dict[str, list[int]]:
+    ) -> dict[str, list[int] | KafkaError]:
         self.requests += 1
         self.asked.extend((topic, True) for topic in topics)
         if self.fails:
             raise KafkaConnectionError("the broker is away")
-        return {topic: list(range(self.count)) for topic in topics}
+        return {
+            topic: UnknownTopicOrPartitionError(topic)
+            if topic in self.missing
+            else list(range(self.count))
+            for topic in topics
+        }
 
     async def partitions(
         self, topic: str, *, bounded: bool = False, fresh: bool = False
@@ -126,3 +141,69 @@ async def test_one_tick_asks_for_every_watched_topic_in_one_metadata_request() -
     assert broker.requests == 3  # both topics, one request
     assert broker.asked[2:] == [(TOPIC, True), ("repartition", True)]
     assert _changes(metrics) == 1.0 and watch.counts == {TOPIC: 6, "repartition": 6}
+
+
+async def test_a_topic_whose_metadata_fails_hides_no_change_of_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One watched topic is gone (its own error in the Metadata response) while the other
+    grows: the growth is seen at once, the failing topic is logged and asked again at the
+    next interval — and compared once it answers."""
+    broker = _Broker(4)
+    watch, metrics, _ = _watch(broker)
+    ingest = IngestStage(config(keyed_by_user=True), KEYRING)
+    await watch.partitions(TOPIC, watermark_s=None, ingest=ingest)
+    await watch.partitions("repartition", watermark_s=None, ingest=ingest)
+    broker.missing, broker.count = {"repartition"}, 6
+    watch._watched_at_s -= topology_watch.WATCH_INTERVAL_S
+    with caplog.at_level(logging.INFO, logger=topology_watch.__name__):
+        await watch.tick(NOW, ingest)
+    assert _changes(metrics) == 1.0 and watch.counts == {TOPIC: 6, "repartition": 4}
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert said == [
+        "the partition counts of ['repartition'] could not be read "
+        "(UnknownTopicOrPartitionError('repartition'))"
+    ]
+    broker.missing = set()
+    watch._watched_at_s -= topology_watch.WATCH_INTERVAL_S
+    await watch.tick(NOW, ingest)
+    assert broker.asked[-2:] == [(TOPIC, True), ("repartition", True)]
+    assert watch.counts == {TOPIC: 6, "repartition": 6}
+
+
+async def test_on_a_broker_one_failing_topic_leaves_the_others_counted_at_once(
+    kafka_bootstrap: str, topic_factory: TopicFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real lookup (the worker's Publisher) on the embedded broker: one watched topic's
+    metadata fails for as long as the test runs (an invalid name: its own error in each
+    Metadata response; a deleted topic is created again by the embedded broker's metadata
+    requests) and another's count differs from the one recorded. The tick sees the change
+    at once and logs the failing topic alone. Before, the lookup waited on the failing
+    topic until the tick's 5 s ran out, every tick: no count was compared, ever."""
+    cfg = config()
+    metrics = Metrics()
+    health = Health(metrics=metrics)
+    publisher = Publisher(WorkerContext(cfg, metrics, health, asyncio.Event(), NO_FAULTS))
+    await publisher.start(client_kwargs(cfg.kafka, bootstrap_servers=kafka_bootstrap))
+    try:
+        grown, failing = await topic_factory(3), "no such topic!"
+        watch = TopologyWatch(publisher, metrics=metrics, health=health, window_size_s=10)
+        watch.record(grown, 1, fixed=False)  # seen with 1 partition at start; 3 now
+        watch.record(failing, 1, fixed=False)
+        watch._watched_at_s -= topology_watch.WATCH_INTERVAL_S
+        started = time.monotonic()
+        with caplog.at_level(logging.INFO, logger=topology_watch.__name__):
+            await watch.tick(NOW, IngestStage(cfg, KEYRING))
+        elapsed = time.monotonic() - started
+    finally:
+        await publisher.stop()
+    assert elapsed < topology_watch.WATCH_TIMEOUT_S, f"{elapsed:.1f} s"
+    assert watch.counts == {grown: 3, failing: 1}
+    said = [
+        (r.levelname, r.getMessage()) for r in caplog.records if r.name == topology_watch.__name__
+    ]
+    assert said == [
+        ("INFO", f"the partition counts of [{failing!r}] could not be read "
+         f"(UnknownTopicOrPartitionError('{failing}: no partitions in the metadata response'))"),
+        ("WARNING", f"topic {grown} changed from 1 to 3 partitions while the worker ran"),
+    ]  # fmt: skip

@@ -33,7 +33,9 @@ from stream_dp.kafka_client.errors import (
     IllegalGenerationError,
     KafkaError,
     RebalanceInProgressError,
+    TopicAuthorizationFailedError,
     UnknownMemberIdError,
+    UnknownTopicOrPartitionError,
 )
 from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.ledger import LedgerRelease
@@ -102,7 +104,15 @@ class Publisher(WorkerPart):
         minutes: a partition count read from it can be minutes old)."""
 
         if fresh:
-            return (await self.fresh_partitions([topic], bounded=bounded))[topic]
+
+            async def ask() -> list[int]:
+                found = (await self._ask_partitions([topic]))[topic]
+                if isinstance(found, KafkaError):
+                    raise found  # retried as the request's own failures are
+                return found
+
+            counted: list[int] = await self.retry(f"{topic} metadata", ask, bounded=bounded)
+            return counted
 
         async def lookup() -> list[int]:
             assert self.producer is not None
@@ -113,20 +123,41 @@ class Publisher(WorkerPart):
 
     async def fresh_partitions(
         self, topics: Sequence[str], *, bounded: bool = False
-    ) -> dict[str, list[int]]:
+    ) -> dict[str, list[int] | KafkaError]:
         """Each topic's partitions, sorted, asked of the broker now in one metadata request
-        (retried; :meth:`partitions` with ``fresh``)."""
-
-        async def lookup() -> dict[str, list[int]]:
-            assert self.producer is not None
-            for topic in topics:
-                await self.producer.partitions_for(topic)  # the client follows the topic
-            await self.producer.client.force_metadata_update()
-            return {t: sorted(await self.producer.partitions_for(t)) for t in topics}
-
+        (retried while the request fails). A topic the response gives no partitions for
+        (deleted, not authorized, an invalid name) maps to an error instead, not retried
+        here: the other topics' counts are still given (:meth:`partitions` with ``fresh``
+        raises it and retries)."""
         what = f"{', '.join(topics)} metadata"
-        result: dict[str, list[int]] = await self.retry(what, lookup, bounded=bounded)
-        return result
+        found: dict[str, list[int] | KafkaError] = await self.retry(
+            what, lambda: self._ask_partitions(topics), bounded=bounded
+        )
+        return found
+
+    async def _ask_partitions(self, topics: Sequence[str]) -> dict[str, list[int] | KafkaError]:
+        """One metadata request for ``topics``; each one's partitions or why there are none.
+        Asked without waiting per topic: the client's own wait for a topic's metadata
+        (``partitions_for``) repeats the request until its request timeout (40 s) while
+        one topic fails, and held the others' counts for that long."""
+        assert self.producer is not None
+        client = self.producer.client
+        for topic in topics:
+            client.add_topic(topic)  # the client follows the topic: in the request below
+        await self.producer.client.force_metadata_update()
+        cluster = client.cluster
+        found: dict[str, list[int] | KafkaError] = {}
+        for topic in topics:
+            partitions = cluster.partitions_for_topic(topic)
+            if partitions is not None:
+                found[topic] = sorted(partitions)
+            elif topic in cluster.unauthorized_topics:
+                found[topic] = TopicAuthorizationFailedError(topic)
+            else:
+                found[topic] = UnknownTopicOrPartitionError(
+                    f"{topic}: no partitions in the metadata response"
+                )
+        return found
 
     async def retry(
         self,

@@ -92,7 +92,8 @@ class TopologyWatch:
     async def tick(self, watermark_s: float | None, ingest: IngestStage) -> None:
         """Each loop iteration: readiness back once settled (:meth:`settle`); every
         :data:`WATCH_INTERVAL_S`, the counts of the topics without a fixed one, asked of
-        the broker (a lookup that fails or hangs is tried again at the next interval)."""
+        the broker (a lookup that fails or hangs is tried again at the next interval; a
+        topic the answer has no count for is, and the others' counts are compared)."""
         if watermark_s is not None:
             self.settle(watermark_s)
         now = time.monotonic()
@@ -108,8 +109,12 @@ class TopologyWatch:
         except (KafkaError, StreamDPError, TimeoutError) as exc:
             log.info("the partition counts of %s could not be read (%r)", topics, exc)
             return
-        for topic in topics:
-            self._compare(topic, len(found[topic]), watermark_s, ingest)
+        for topic in topics:  # one topic that fails (deleted?) hides no other's change
+            partitions = found[topic]
+            if isinstance(partitions, KafkaError):
+                log.info("the partition counts of %s could not be read (%r)", [topic], partitions)
+                continue
+            self._compare(topic, len(partitions), watermark_s, ingest)
 
     def _compare(
         self, topic: str, count: int, watermark_s: float | None, ingest: IngestStage | None

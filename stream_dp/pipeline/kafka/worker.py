@@ -66,11 +66,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stream_dp.broker.probe import KeptProbe
+from stream_dp.broker.probe import KeptProbe, watch_broker
 from stream_dp.clients.connect import partitions_without_leader
 from stream_dp.config.fingerprint import Fingerprint, Topology, deployment_fingerprint
 from stream_dp.config.model import Config
-from stream_dp.errors import BrokerError
 from stream_dp.kafka_client import TopicPartition
 from stream_dp.kafka_client.client_options import client_kwargs
 from stream_dp.kafka_client.errors import KafkaError
@@ -113,8 +112,6 @@ from stream_dp.windows.tumbling import iso_utc
 
 log = logging.getLogger(__name__)
 
-BROKER_PROBE_INTERVAL_S = 1.0
-BROKER_PROBE_TIMEOUT_S = 2.0
 #: Windows released per loop iteration at most (a backlog of empty windows after a long
 #: outage must not keep the loop from fetching, committing and heartbeating).
 MAX_RELEASES_PER_ITERATION = 32
@@ -426,26 +423,19 @@ class Worker:
             self.health.set("producer_connected", False)
 
     async def _monitor_broker(self) -> None:
-        """Probe the broker (not ready while it does not answer; liveness is unaffected) and
-        the leaders of assigned partitions (a leaderless partition is an outage)."""
+        """Watch the broker (:func:`~stream_dp.broker.probe.watch_broker`: not ready while it
+        does not answer; liveness is unaffected) and, with each check, the leaders of
+        assigned partitions (a leaderless partition is an outage)."""
         probe = KeptProbe(self.bootstrap, kafka=self.config.kafka)
-        try:
-            while not self._stopping.is_set():
-                try:
-                    await probe.check(BROKER_PROBE_TIMEOUT_S)
-                    ok = True
-                except BrokerError:
-                    ok = False
-                if ok != self._broker_ok:
-                    log.warning("broker %s", "reachable again" if ok else "unreachable")
-                    if ok and self.ingest is not None:
-                        self.ingest.restart_idle_clocks(time.monotonic())
-                self._broker_ok = ok
-                self.health.set("producer_connected", ok)
-                self._leaderless = partitions_without_leader(self.membership.consumer)
-                await asyncio.sleep(BROKER_PROBE_INTERVAL_S)
-        finally:
-            probe.close()
+        await watch_broker(probe, on_result=self._broker_checked, stopping=self._stopping.is_set)
+
+    def _broker_checked(self, ok: bool) -> None:
+        if ok and not self._broker_ok and self.ingest is not None:
+            # Back after an outage: silence during it was no idleness.
+            self.ingest.restart_idle_clocks(time.monotonic())
+        self._broker_ok = ok
+        self.health.set("producer_connected", ok)
+        self._leaderless = partitions_without_leader(self.membership.consumer)
 
     # -- the loop ---------------------------------------------------------------------------
     async def _loop(self) -> None:
