@@ -9,7 +9,8 @@ hashes every output record and ledger part; :data:`DIGESTS` were made by this te
 ``5ff2674`` (values held as Python ints from the draw to the records). The cases cover
 public keys (with keys without data), private keys kept by selection, ``clamp_negative``
 on and off, every statistic, top-k, counts at the int64 limit (the noise saturates) and
-negative noisy values.
+negative noisy values. The encoder is also checked directly on int64 arrays against the
+same values as Python ints, at the int64 limits.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ import random
 import secrets
 from typing import Any
 
+import numpy as np
 import pytest
 
 from stream_dp.config import BoundsConfig, QueryConfig
 from stream_dp.pipeline.formats.ledger import LedgerParts, close_release
 from stream_dp.pipeline.formats.records import ReleaseTemplate
 from stream_dp.privacy.planner import plan_query
-from stream_dp.privacy.release import KeyAggregate, release_query
+from stream_dp.privacy.release import KeyAggregate, ReleasedValues, release_query
 from tests.pipeline.test_release_encoding import (
     NOW_S,
     WINDOW_S,
+    _reference,
+    _reference_parts,
 )
 
 BOUNDS = BoundsConfig(
@@ -208,3 +212,64 @@ def test_a_drawn_release_encodes_as_before(
     released = made[: -1 - sum(1 for k, _ in made if "|part-" in k)]
     assert len(released) >= 5  # a release of some keys, not an empty one
     assert _digest(made) == DIGESTS[case]
+
+
+def test_int64_values_encode_as_the_same_python_ints() -> None:
+    """Released values held as an int64 array are written as the same values as Python
+    ints: at both int64 limits, around zero and negative, clamped or not, in output
+    records, ledger parts and their cut."""
+    ints = [-(2**63), -(2**63) + 1, -1, 0, 1, 9, 10, 99, -10, 2**63 - 2, BIG, -123456789]
+    ints += random.Random(5).choices([-(2**40), 7, 2**62, -(2**53) - 1], k=40)
+    n = len(ints)
+    groups = [(f"k{i}",) for i in range(n)]
+    for clamped in ([False] * n, [i % 3 == 0 for i in range(n)]):
+        as_list = ReleasedValues(groups, list(ints), 2.5, 7.25, clamped)
+        as_array = ReleasedValues(groups, np.array(ints, dtype=np.int64), 2.5, 7.25, clamped)
+        assert as_array.value == ints and all(type(v) is int for v in as_array.value)
+        assert list(as_array) == list(as_list)
+        made = []
+        for cols in (as_list, as_array):
+            common: dict[str, Any] = {
+                "release_id": "ef" * 16,
+                "query": "q",
+                "window_start_s": WINDOW_S[0],
+                "window_end_s": WINDOW_S[1],
+            }
+            template = ReleaseTemplate(
+                **common,
+                group_by=["domain"],
+                statistic="count",
+                epsilon=0.5,
+                delta=0.0,
+                mechanism="discrete_laplace",
+                selection=None,
+            )
+            rel = close_release(
+                (),
+                **common,
+                released_keys=n,
+                epsilon_spent=0.5,
+                delta_spent=0.0,
+                horizon_epsilon_spent=0.5,
+                sources={0: "v1", 3: "v2"},
+                drawn=(template, cols),
+            )
+            records = list(itertools.chain(*rel.output_chunks(5)))
+            parts = LedgerParts(rel, now_s=NOW_S, max_bytes=3_000, records_per_chunk=5)
+            made.append((records, parts.encode(0, len(parts))))
+            reference = _reference(
+                {
+                    **common,
+                    "statistic": "count",
+                    "epsilon": 0.5,
+                    "delta": 0.0,
+                    "mechanism": "discrete_laplace",
+                    "selection": None,
+                },
+                ["domain"],
+                as_list,
+                rel.records[-1].value,
+            )
+            assert records == reference
+            assert made[-1][1] == _reference_parts(rel, reference, 3_000)
+        assert made[0] == made[1]
