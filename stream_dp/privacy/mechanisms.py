@@ -216,6 +216,11 @@ class _IntegerNoise(ABC):
         """``values[i] + Z_i`` with independent Z_i, one vectorised OpenDP call."""
         return _invoke_vectorised(self.opendp_measurement(), values)
 
+    def sample_array(self, values: Sequence[int] | np.ndarray) -> np.ndarray:
+        """:meth:`sample`'s values as an int64 array (what a release keeps up to its
+        records' encoding: no Python object per key); the same draw."""
+        return np.asarray(self.sample(values), dtype=np.int64)
+
     def describe(self) -> dict[str, Any]:
         return {"mechanism": self.name, "scale": self.scale, "ci95": self.ci95()}
 
@@ -288,6 +293,14 @@ class DiscreteLaplace(_IntegerNoise):
         out (below about 2⁻¹⁰ or above 2⁵³)."""
         if self._exact is None:
             return super().sample(values)
+        out: list[int] = self.sample_array(values).tolist()
+        return out
+
+    def sample_array(self, values: Sequence[int] | np.ndarray) -> np.ndarray:
+        """:meth:`sample` as an int64 array, the exact sampler's own (a release keeps the
+        noised values so up to its records' encoding: no Python object per key)."""
+        if self._exact is None:
+            return super().sample_array(values)
         t, s = self._exact
         return add_noise(values, discrete_laplace(len(values), t, s))
 

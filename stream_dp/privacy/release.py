@@ -13,7 +13,8 @@ publishing it (docs/privacy.md#invariant-3: one noise draw per (query, window, k
   (:mod:`stream_dp.privacy.exponential.top_k_step`); the others leave nothing, and no noise
   is drawn for them.
 - Noise: one draw per released key and noise component, all keys of a component in one
-  vectorised call (:mod:`stream_dp.privacy.mechanisms`).
+  vectorised call (:mod:`stream_dp.privacy.mechanisms`), its noised values one int64
+  array (no Python object per key: a count's stay so in the released values).
 - Values: the statistic's post-processing of its noisy components
   (:mod:`stream_dp.privacy.statistics`): count → noisy events; count_distinct_users → noisy
   users; sum → noisy units × granularity; mean → noisy sum / max(1, noisy count), clamped to
@@ -139,7 +140,10 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
             precomputed = [precomputed[i] for i in chosen.tolist()]
 
     present = rows >= 0
-    noisy: list[list[int]] | list[list[Any]] = []
+    # per component an int64 array (one entry per key: kept so up to the records'
+    # encoding, no Python object per key), or a list (a vector per key, a count
+    # threshold's released counts, a quantile's edges)
+    noisy: list[np.ndarray | list[int] | list[Any]] = []
     if plan.quantile is not None:
         # the exponential mechanism chooses Q edges per key from its exact histogram (no
         # additive noise; a key without data has an empty histogram), held sparse
@@ -154,11 +158,11 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
         # quantile's histogram bins): the noise is drawn on the flattened entries
         exact = np.zeros((len(rows), *column.shape[1:]), dtype=np.int64)
         exact[present] = column[rows[present]]
-        drawn = component.mechanism.sample(exact.ravel())
+        drawn = component.mechanism.sample_array(exact.ravel())
         if exact.ndim == 1:
             noisy.append(drawn)
         else:
-            noisy.append(np.reshape(np.asarray(drawn, dtype=np.int64), exact.shape).tolist())
+            noisy.append(np.reshape(drawn, exact.shape).tolist())
 
     values = _post_process(groups, noisy, plan)
     return QueryRelease(
@@ -167,6 +171,6 @@ def release_query(aggregates: Mapping[GroupKey, KeyAggregate], plan: QueryPlan) 
 
 
 def _post_process(
-    groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: QueryPlan
+    groups: list[GroupKey], noisy: Sequence[np.ndarray | Sequence[Any]], plan: QueryPlan
 ) -> ReleasedValues:
     return statistic_of(plan.statistic).post_process(groups, noisy, plan)

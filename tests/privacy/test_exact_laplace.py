@@ -382,11 +382,30 @@ def test_a_tiny_scale_is_almost_always_zero_and_exact_scales_cover_the_config_ra
 
 
 def test_values_plus_noise_saturate_like_64_bit_integers() -> None:
+    """... as an int64 array, a lane past int64 (an object noise) too."""
     big = 2**63 - 1
     noise = np.array([5, -5, 0, 7], dtype=np.int64)
-    assert add_noise([big - 2, -big, 12, -(2**40)], noise) == [big, -(2**63), 12, -(2**40) + 7]
-    wide = np.array([2**70, -3], dtype=object)
-    assert add_noise([1, 1], wide) == [big, -2]
+    total = add_noise([big - 2, -big, 12, -(2**40)], noise)
+    assert total.dtype == np.int64
+    assert total.tolist() == [big, -(2**63), 12, -(2**40) + 7]
+    wide = add_noise([1, 1], np.array([2**70, -3], dtype=object))
+    assert wide.dtype == np.int64
+    assert wide.tolist() == [big, -2]
+
+
+def test_sample_is_sample_array_as_python_ints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release's int64 array and ``sample``'s list are the same draw from the same
+    words: the list is the array's values as Python integers."""
+    mech = DiscreteLaplace(3.5)
+    values = np.array([0, 5, -(2**63), 2**63 - 1, 40], dtype=np.int64)
+    made = []
+    for method in (mech.sample_array, mech.sample):
+        words = np.random.default_rng(11).bytes
+        monkeypatch.setattr("stream_dp.privacy.exact_laplace.secrets.token_bytes", words)
+        made.append(method(values))
+    assert made[0].dtype == np.int64
+    assert isinstance(made[1], list) and all(type(v) is int for v in made[1])
+    assert made[0].tolist() == made[1]
 
 
 def test_a_draw_whose_geometric_count_is_past_int64_is_exact(

@@ -10,6 +10,7 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from scipy.stats import binom, binomtest
 
@@ -305,14 +306,16 @@ def test_count_threshold_releases_the_tested_noisy_count() -> None:
 
 
 def test_one_vectorised_noise_call_per_component(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(Selection draws through ``sample``, the released values through ``sample_array``:
+    the exact sampler's ``sample`` is ``sample_array``'s values as a list.)"""
     calls: list[int] = []
-    original = DiscreteLaplace.sample
+    original = DiscreteLaplace.sample_array
 
-    def counting(self: DiscreteLaplace, values: list[int]) -> list[int]:
+    def counting(self: DiscreteLaplace, values: list[int]) -> np.ndarray:
         calls.append(len(values))
         return original(self, values)
 
-    monkeypatch.setattr(DiscreteLaplace, "sample", counting)
+    monkeypatch.setattr(DiscreteLaplace, "sample_array", counting)
     public = plan(keys={"domain": [f"d{i}" for i in range(500)]})
     release_query({}, public)
     assert calls == [500]

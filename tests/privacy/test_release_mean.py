@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from scipy.stats import binomtest
 
@@ -38,7 +39,7 @@ def _plan(**kw: Any) -> QueryPlan:
 def _fixed_draws(monkeypatch: pytest.MonkeyPatch, noisy_sum: int, noisy_count: int) -> None:
     """The next release draws this noisy sum (in units of 0.5) and this noisy count."""
     draws: Iterator[list[int]] = iter([[noisy_sum], [noisy_count]])
-    monkeypatch.setattr(DiscreteLaplace, "sample", lambda self, values: next(draws))
+    monkeypatch.setattr(DiscreteLaplace, "sample_array", lambda self, values: np.array(next(draws)))
 
 
 @pytest.mark.parametrize(
@@ -153,7 +154,7 @@ def test_clamp_negative_flags_only_a_count_that_was_negative(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     draws = iter([[0, -1, 1]])
-    monkeypatch.setattr(DiscreteLaplace, "sample", lambda self, values: next(draws))
+    monkeypatch.setattr(DiscreteLaplace, "sample_array", lambda self, values: np.array(next(draws)))
     plan = plan_query(
         QueryConfig(
             name="c",

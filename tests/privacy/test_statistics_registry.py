@@ -41,11 +41,11 @@ def test_a_vector_per_key_gets_one_draw_per_entry_and_comes_back_per_key(
 ) -> None:
     drawn: list[int] = []
 
-    def shifted(self: DiscreteLaplace, values: Any) -> list[int]:
+    def shifted(self: DiscreteLaplace, values: Any) -> np.ndarray:
         drawn.append(len(values))
-        return [int(v) + 1 for v in values]
+        return np.asarray(values, dtype=np.int64) + 1
 
-    monkeypatch.setattr(DiscreteLaplace, "sample", shifted)
+    monkeypatch.setattr(DiscreteLaplace, "sample_array", shifted)
     monkeypatch.setitem(STATISTICS, "count", _TwoBins())
     plan = plan_query(
         QueryConfig(name="c", group_by=["d"], keys={"d": ["a", "b", "c"]}, epsilon=1.0).spec(),

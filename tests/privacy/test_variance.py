@@ -211,7 +211,7 @@ def test_the_released_variance_is_the_exact_one_without_noise(
     """Noise replaced by none: values 2.0 and 6.0 (mean 4, variance 4) come out as 4.0
     exactly, and the exact value the demo shows agrees. A mean of squares not centred back
     (D²) or a mean not subtracted would give another number."""
-    monkeypatch.setattr(DiscreteLaplace, "sample", lambda self, values: list(map(int, values)))
+    monkeypatch.setattr(DiscreteLaplace, "sample_array", lambda self, values: np.asarray(values))
     agg = _aggregate([200, 600] * 50)
     plan = _plan()
     (value,) = release_query({("s0",): agg}, plan).values
@@ -235,7 +235,7 @@ def test_a_released_variance_lies_in_zero_to_the_largest_variance(
     monkeypatch: pytest.MonkeyPatch, squares: int, sums: int, count: int, released: float
 ) -> None:
     draws = iter([[squares], [sums], [count]])
-    monkeypatch.setattr(DiscreteLaplace, "sample", lambda self, values: next(draws))
+    monkeypatch.setattr(DiscreteLaplace, "sample_array", lambda self, values: np.array(next(draws)))
     (value,) = release_query({("s0",): _aggregate([500])}, _plan()).values
     assert 0.0 <= value.value <= 25.0
     assert value.value == pytest.approx(released, abs=1e-9)
@@ -253,7 +253,7 @@ def test_variance_interval_is_the_whole_range_when_the_noisy_count_is_not_positi
     plan = _plan(bounds=BoundsConfig(max_contributions_per_window=1), epsilon=100.0)
     assert halfwidth(plan, 1) < 25.0
     draws = iter([[0], [0], [noisy_count]])
-    monkeypatch.setattr(DiscreteLaplace, "sample", lambda self, values: next(draws))
+    monkeypatch.setattr(DiscreteLaplace, "sample_array", lambda self, values: np.array(next(draws)))
     (value,) = release_query({("s0",): _aggregate([500])}, plan).values
     assert value.ci95 == 25.0
     assert plan.describe()["variance_ci95"]["at_noisy_count"]["100"] < 25.0

@@ -251,7 +251,7 @@ def _sliced(values: ReleasedValues, lo: int, hi: int) -> ReleasedValues:
     scale, half = values.noise_scale, values.ci95
     return ReleasedValues(
         values.groups[lo:hi],
-        values.value[lo:hi],
+        values.held_values[lo:hi],
         scale[lo:hi] if isinstance(scale, list) else scale,
         half[lo:hi] if isinstance(half, list) else half,
         values.clamped[lo:hi],

@@ -36,6 +36,10 @@ OUTPUT_HEADERS: Final[tuple[tuple[str, bytes], ...]] = (
 )
 WINDOW_GROUP: Final = "#window"
 
+#: A column of :meth:`ReleaseTemplate._formats`: fields as JSON bytes, or integers (Python
+#: integers, or an int64 array as the values were drawn) whose JSON is made when written.
+Column = list[bytes] | list[int] | np.ndarray
+
 
 def dumps(value: Mapping[str, Any]) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
@@ -174,7 +178,7 @@ class ColumnKinds(NamedTuple):
                 pass
         if strings and joined.isascii():  # then printable and no " or \\: delete them all
             plain = not joined.encode("ascii").translate(None, _PLAIN_ASCII)
-        return cls(strings, plain, _integers(cols.value))
+        return cls(strings, plain, _integers(cols.held_values))
 
 
 #: The characters JSON writes as themselves in a string: printable ASCII but ``"`` and ``\\``.
@@ -343,9 +347,9 @@ class ReleaseTemplate:
         sizes = _chosen(bases, cols.clamped)
         for column in (group_fields, *varying):  # the group field: in the key and the record
             if _is_integers(column):
-                sizes += decimal_lengths(np.fromiter(column, np.int64, n))
+                sizes += decimal_lengths(_int64(column))
             else:
-                sizes += np.fromiter(map(len, column), np.int64, n)  # type: ignore[arg-type]
+                sizes += np.fromiter(map(len, column), np.int64, n)
         joined = b"".join(group_fields)
         for escaped in (b'"', b"\\"):
             if escaped in joined:
@@ -374,24 +378,24 @@ class ReleaseTemplate:
         bases = np.array([len(t % ((b"",) * len(varying))) + key_base for t in templates])
         sizes = _chosen(bases, cols.clamped)
         sizes += 2 * np.fromiter(map(len, plain), np.int64, n)
-        sizes += decimal_lengths(np.fromiter(cols.value, np.int64, n))
+        sizes += decimal_lengths(_int64(cols.held_values))
         return sizes
 
     def _formats(
         self, cols: ReleasedValues, kinds: ColumnKinds | None = None
-    ) -> tuple[bytes, list[bytes], list[list[bytes] | list[int]], tuple[bytes, ...]]:
+    ) -> tuple[bytes, list[bytes], list[Column], tuple[bytes, ...]]:
         """The group slot's format and fields, the varying fields' columns in slot order
         and the record's ``bytes %`` formats (without and with ``clamped``). A value
-        column of Python integers stays one (:func:`_as_bytes` makes its JSON where it is
-        written; the ledger's cut only measures it, :func:`decimal_lengths`), any other
-        column's fields are bytes."""
+        column of integers stays one, as held (an int64 array or Python integers:
+        :func:`_as_bytes` makes its JSON where it is written; the ledger's cut only
+        measures it, :func:`decimal_lengths`), any other column's fields are bytes."""
         assert self._marked is not None
         kinds = kinds or self.kinds(cols)
         group_slot, group_fields = self._group_fields(cols.groups, kinds)
         slots = {"group": group_slot, "value": b"%b"}
-        columns: dict[str, list[bytes] | list[int]] = {"group": group_fields}
+        columns: dict[str, Column] = {"group": group_fields}
         if kinds.integers:  # its JSON made when written (_as_bytes), or only measured
-            columns["value"] = cols.value  # type: ignore[assignment]
+            columns["value"] = cols.held_values  # type: ignore[assignment]
         else:
             columns["value"] = _encoded_numbers(cols.value)
         for name, column in (("ci95", cols.ci95), ("noise_scale", cols.noise_scale)):
@@ -451,17 +455,29 @@ def _chosen(bases: np.ndarray, clamped: list[bool]) -> np.ndarray:
     return chosen
 
 
-def _integers(numbers: list[Any]) -> bool:
-    """Whether every number is a Python ``int`` (not a bool, whose JSON is a word)."""
+def _integers(numbers: list[Any] | np.ndarray) -> bool:
+    """Whether every number is an integer: an int64 array's (:class:`ReleasedValues`
+    holds no other), or a Python ``int`` each (not a bool, whose JSON is a word)."""
+    if isinstance(numbers, np.ndarray):
+        return numbers.size > 0
     return bool(numbers) and set(map(type, numbers)) == {int}
 
 
-def _is_integers(column: list[bytes] | list[int]) -> bool:
+def _is_integers(column: Column) -> bool:
     """Whether a column of :meth:`ReleaseTemplate._formats` holds integers, not JSON."""
+    if isinstance(column, np.ndarray):
+        return True
     return bool(column) and type(column[0]) is int
 
 
-def _as_bytes(column: list[bytes] | list[int]) -> list[bytes]:
+def _int64(column: list[Any] | np.ndarray) -> np.ndarray:
+    """Integers as an int64 array (an array as it is)."""
+    if isinstance(column, np.ndarray):
+        return column
+    return np.fromiter(column, np.int64, len(column))
+
+
+def _as_bytes(column: Column) -> list[bytes]:
     """A column's fields as JSON bytes (integers encoded, from one orjson call)."""
     return _encoded_numbers(column) if _is_integers(column) else column  # type: ignore[return-value]
 
@@ -479,7 +495,7 @@ def decimal_lengths(values: np.ndarray) -> np.ndarray:
 
 
 def _records(
-    templates: tuple[bytes, ...], clamped: list[bool], varying: list[list[bytes] | list[int]]
+    templates: tuple[bytes, ...], clamped: list[bool], varying: list[Column]
 ) -> list[bytes]:
     """Per key one ``bytes.join`` of its template's constant pieces (without or with
     ``clamped``: :func:`format_pieces`) and the fields that vary, in a C-level ``map``:
@@ -597,11 +613,16 @@ def _filled(marked: bytes, slots: Mapping[str, bytes]) -> bytes:
     return marked
 
 
-def _encoded_numbers(numbers: list[Any]) -> list[bytes]:
-    """Each number's JSON as orjson writes it alone, from one orjson call over the list
-    (a number's JSON has no comma; anything else is encoded one by one)."""
-    if not numbers:
+def _encoded_numbers(numbers: list[Any] | np.ndarray) -> list[bytes]:
+    """Each number's JSON as orjson writes it alone, from one orjson call over the list,
+    or over an int64 array (its integers' digits as orjson writes a Python ``int``'s:
+    tests/pipeline/test_release_drawn_bytes.py); a number's JSON has no comma, anything
+    else is encoded one by one."""
+    if len(numbers) == 0:
         return []
+    if isinstance(numbers, np.ndarray):
+        array = np.ascontiguousarray(numbers, dtype=np.int64)
+        return orjson.dumps(array, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
     parts = orjson.dumps(numbers)[1:-1].split(b",")
     if len(parts) != len(numbers):  # pragma: no cover - a value that is not a number
         return [orjson.dumps(x) for x in numbers]

@@ -179,10 +179,11 @@ class Statistic(Protocol):
         ...
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[Any]], plan: PlanView
+        self, groups: list[GroupKey], noisy: Sequence[np.ndarray | Sequence[Any]], plan: PlanView
     ) -> ReleasedValues:
-        """Released values from the noisy components (one list per component, in order: of
-        integers, or of a list of m integers per key for a vector-valued input)."""
+        """Released values from the noisy components (one per component, in order: an int64
+        array of one integer per key, or a list of integers, or of a list of m integers per
+        key for a vector-valued input)."""
         ...
 
     def exact_value(self, aggregate: KeyAggregate, query: QuerySpec) -> float:

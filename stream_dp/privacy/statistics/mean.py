@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 from stream_dp.errors import PrivacyError
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
 from stream_dp.privacy.statistics.base import Column, NoisePart, NoiseTarget
-from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
+from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues, python_ints
 from stream_dp.privacy.statistics.sensitivity import Sensitivity, count_sensitivity, sum_sensitivity
 
 if TYPE_CHECKING:
@@ -76,11 +76,14 @@ class Mean:
                 assert_never(target)
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: PlanView
+        self,
+        groups: list[GroupKey],
+        noisy: Sequence[np.ndarray | Sequence[int]],
+        plan: PlanView,
     ) -> ReleasedValues:
         clamp = plan.clamp_negative
         primary = plan.noise[0]
-        sums, counts = noisy
+        sums, counts = map(python_ints, noisy)
         unit = primary.unit
         sum_scale = primary.scale
         bound = plan.value_bound or 0.0

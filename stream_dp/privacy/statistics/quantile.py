@@ -135,7 +135,7 @@ class Quantile:
                 assert_never(target)
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[Any]], plan: PlanView
+        self, groups: list[GroupKey], noisy: Sequence[np.ndarray | Sequence[Any]], plan: PlanView
     ) -> ReleasedValues:
         """``noisy``: one list of Q sorted edge indices per key. The value of a key is the list
         of its Q quantiles, ``{"quantile": α, "value": edge}`` in the order of the α's, the

@@ -5,7 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, overload
 
+import numpy as np
+
 GroupKey = tuple[Any, ...]
+
+
+def python_ints(column: np.ndarray | Sequence[int]) -> Sequence[int]:
+    """A noisy column as Python integers (an int64 array's ``tolist``; a list as it is)."""
+    if isinstance(column, np.ndarray):
+        out: list[int] = column.tolist()
+        return out
+    return column
 
 
 class ReleasedValue(NamedTuple):
@@ -25,23 +35,50 @@ class ReleasedValues(Sequence[ReleasedValue]):
 
     A window may release 1,000,000 keys: the record encoder reads the columns, and no
     object per key is made unless a reader asks for one. ``noise_scale`` and ``ci95`` are
-    one number for every key when they do not vary (count, count_distinct_users, sum)."""
+    one number for every key when they do not vary (count, count_distinct_users, sum).
 
-    __slots__ = ("ci95", "clamped", "groups", "noise_scale", "value")
+    The values may be given as an int64 array (integers as the noise was drawn: a count's,
+    a distinct-user count's): the encoder reads the array (:attr:`held_values`), and
+    :attr:`value` is its list of Python integers, made once when first read."""
+
+    __slots__ = ("_array", "_list", "ci95", "clamped", "groups", "noise_scale")
 
     def __init__(
         self,
         groups: list[GroupKey],
-        value: list[int | float] | list[int] | list[float],
+        value: list[int | float] | list[int] | list[float] | np.ndarray,
         noise_scale: float | list[float],
         ci95: float | list[float],
         clamped: list[bool],
     ) -> None:
         self.groups = groups
-        self.value = value
+        self._array: np.ndarray | None = None
+        self._list: list[int | float] | list[int] | list[float] | None = None
+        if isinstance(value, np.ndarray):
+            if value.dtype != np.int64 or value.ndim != 1:
+                raise TypeError(f"released values as an array are int64, not {value.dtype}")
+            self._array = value
+        else:
+            self._list = value
         self.noise_scale = noise_scale
         self.ci95 = ci95
         self.clamped = clamped
+
+    @property
+    def value(self) -> list[int | float] | list[int] | list[float]:
+        """The values as Python numbers (an int64 array's made into a list once)."""
+        if self._list is None:
+            assert self._array is not None
+            self._list = self._array.tolist()
+        return self._list
+
+    @property
+    def held_values(self) -> list[int | float] | list[int] | list[float] | np.ndarray:
+        """The values as held: the int64 array they were given as (no Python object per
+        value), else the list."""
+        if self._array is not None:
+            return self._array
+        return self.value
 
     @classmethod
     def of(cls, values: Sequence[ReleasedValue]) -> ReleasedValues:

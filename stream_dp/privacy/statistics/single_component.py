@@ -8,6 +8,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec
 from stream_dp.privacy.statistics.base import NoisePart
 from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
@@ -18,13 +20,27 @@ if TYPE_CHECKING:
 
 
 def release_single(
-    groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: PlanView, *, scaled: bool
+    groups: list[GroupKey],
+    noisy: Sequence[np.ndarray | Sequence[int]],
+    plan: PlanView,
+    *,
+    scaled: bool,
 ) -> ReleasedValues:
     """Noisy integers as released values (times the unit when ``scaled``: a sum's
-    granularity); ``clamp_negative`` sets negative values to 0 (flagged ``clamped``)."""
+    granularity); ``clamp_negative`` sets negative values to 0 (flagged ``clamped``).
+    Unscaled noisy integers drawn as an int64 array stay one (:class:`ReleasedValues`
+    gives them as Python ints to a reader; the record encoder reads the array)."""
     primary = plan.noise[0]
     scale, half = primary.scale, primary.ci95
     (noisy_values,) = noisy
+    if isinstance(noisy_values, np.ndarray) and not scaled:
+        if not plan.clamp_negative:
+            return ReleasedValues(groups, noisy_values, scale, half, [False] * len(groups))
+        negative = noisy_values < 0
+        kept = np.where(negative, 0, noisy_values) if negative.any() else noisy_values
+        return ReleasedValues(groups, kept, scale, half, negative.tolist())
+    if isinstance(noisy_values, np.ndarray):
+        noisy_values = noisy_values.tolist()
     values: list[int] | list[float]
     if scaled:
         unit = primary.unit
@@ -66,7 +82,10 @@ class SingleComponent(ABC):
         return (NoisePart("value", sensitivity, noise_epsilon, noise_delta),)
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: PlanView
+        self,
+        groups: list[GroupKey],
+        noisy: Sequence[np.ndarray | Sequence[int]],
+        plan: PlanView,
     ) -> ReleasedValues:
         return release_single(groups, noisy, plan, scaled=self.scaled)
 

@@ -37,7 +37,7 @@ import numpy as np
 from stream_dp.errors import PrivacyError
 from stream_dp.privacy.specs import BoundsSpec, QuerySpec, StatisticName
 from stream_dp.privacy.statistics.base import Column, NoisePart, NoiseTarget
-from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues
+from stream_dp.privacy.statistics.released_values import GroupKey, ReleasedValues, python_ints
 from stream_dp.privacy.statistics.sensitivity import (
     Sensitivity,
     count_sensitivity,
@@ -139,7 +139,10 @@ class Variance:
                 assert_never(target)
 
     def post_process(
-        self, groups: list[GroupKey], noisy: Sequence[Sequence[int]], plan: PlanView
+        self,
+        groups: list[GroupKey],
+        noisy: Sequence[np.ndarray | Sequence[int]],
+        plan: PlanView,
     ) -> ReleasedValues:
         _, spread = _plan_center(plan)
         assert plan.granularity is not None
@@ -147,7 +150,7 @@ class Variance:
         _, cap = self.released_range(plan)
         squares_scale = plan.noise[0].scale
         d2 = spread * spread
-        squares, sums, counts = noisy
+        squares, sums, counts = map(python_ints, noisy)
         values: list[float] = []
         scales: list[float] = []
         halves: list[float] = []
