@@ -42,3 +42,26 @@ def test_hand_written_sections_are_carried_whole() -> None:
         assert section in kept  # every line up to the next "## " heading, unchanged
         following = kept[kept.index(section) + len(section) :]
         assert following.lstrip("\n").startswith("## ") or not following.strip()
+
+
+def test_the_targets_hand_written_verdicts_show_only_for_the_run_they_describe() -> None:
+    results = orjson.loads((BENCH / "results.json").read_bytes())
+    noted = next(iter(report.TARGET_NOTES))
+    (extra, verdict) = report.TARGET_NOTES[noted]
+
+    def row(r: dict[str, object]) -> str:
+        return next(
+            line for line in report.markdown(r).splitlines() if line.startswith(f"| {noted} |")
+        )
+
+    results["date"] = report.TARGET_NOTES_RUN
+    results.pop("sections_from", None)
+    assert row(results).endswith(f"{extra} | {verdict} |")
+    results["date"] = "2027-01-01 00:00 UTC"  # a later whole run: the computed verdict alone
+    assert row(results).endswith(" | **FAIL** |") or row(results).endswith(" | **pass** |")
+    assert extra not in row(results)
+
+
+def test_a_release_s_runs_are_named_with_each_time() -> None:
+    assert report._runs([2.0]) == "one run"
+    assert report._runs([2.612, 1.88, 1.744]) == "median of 3 runs: 2.61, 1.88, 1.74 s"
