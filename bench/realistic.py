@@ -930,6 +930,11 @@ LABELS["seventh"] = (
     "the broker's own CPU beside it (`--events 1200000 --runs 2`, both brokers, best of "
     "two, no other benchmark running; another engineer's unit tests on the same 2 cores)"
 )
+LABELS["seventh_final"] = (
+    "the seventh pass's merged worker (`2408441`: the int64 release, the broker watch) on "
+    "1,200,000 events on a quiet machine (`--events 1200000 --runs 2`, both brokers, best "
+    "of two, nothing else running)"
+)
 NOTES["sixth_workers"] = [
     "**An idle member's fixed cost, halved** (bench/idle_worker.py, bench/idle_worker_sixth.json: "
     "one worker ready on an empty topic, its CPU over 10 s quiet, then scraped every 50 ms, "
@@ -976,6 +981,17 @@ NOTES["sixth_long"] = [
 #: Notes under a kept run's ``bench.idle_probe`` table (the run kept under "idle" uses the
 #: probe's own notes).
 PROBE_RUN_NOTES: dict[str, list[str]] = {
+    "seventh_final": [
+        "**Against the targets in this run**: Tansu 0.93× (default) and 1.13× (keyed) of raw "
+        "aiokafka's events/s, by CPU 0.95× and 1.12×; Apache Kafka 0.60× (361,581 against "
+        "603,341 events/s: 0.599, at the target's edge) and 0.82×, by CPU 0.67× and 0.87×. "
+        "With runs `seventh` (Apache Kafka 0.66× and 0.73×) and its second run (0.51× and "
+        "0.84×), the default path on Apache Kafka is at 0.51–0.66× and keyed input at "
+        "0.73–0.84× in three runs within 90 minutes; by CPU per event both targets hold on "
+        "both brokers in every run. The raw consumer's own cost moved again: 2.45–2.62 µs "
+        "per event on Tansu in this run, 1.99–2.22 in run `seventh`, 1.61–1.76 on Apache "
+        "Kafka.",
+    ],
     "seventh": [
         "**The table** (`python -m bench.idle_probe --brokers tansu,kafka --events 1200000`, "
         "06:30 UTC, the worker of `5ff2674`, one run each on a fresh topic per broker, load "
@@ -1444,6 +1460,19 @@ LEVERS: list[str] = [
     "release, more memory held after it); each key's value digits are still cut into one "
     "bytes object per key, twice (ledger and output), because each record is joined from "
     "its fields' bytes.",
+    "**The first release's page faults: glibc's malloc thresholds, seventh pass** (measured, "
+    "not pulled; bench/release_1m_malloc.json: two pairs of fresh processes, each releasing "
+    "the 1M-key window three times, on a quiet machine, load 0.0–0.8). Public query, "
+    "default: 1.67, 1.79, 1.42 s and 1.97, 1.64, 1.81 s; with glibc's `mmap_threshold` at "
+    "256 MiB and `trim_threshold` at 1 GiB (`GLIBC_TUNABLES`): 1.61, 1.33, 1.52 and 1.56, "
+    "1.33, 1.30 s, with 11–14% fewer minor page faults, the seal's CPU 0.25–0.54 → 0.21–0.39 s "
+    "and a peak RSS 32–53 MB (2–3%) higher. On this quiet machine every release is under 2 s "
+    "either way, a process's first too; section 3's 2.61 s first run came in a process "
+    "that had run the other sweeps before it. Not pulled: freed memory would stay with "
+    "the process (its heap kept up to 1 GiB, large arrays no longer returned when freed), "
+    "which changes what an operator sees of a worker's memory after a large window "
+    "(docs/operations.md, the memory at release), and `GLIBC_TUNABLES` must be in the "
+    "environment before the process starts: a deployment's setting, not the worker's code.",
     "**Batching a small partition's iterations further, seventh pass** (measured and left; "
     "bench/caught_up_4mib.json: `--workers 1,3 --settle --runs 1 --events 1200000 "
     "--brokers kafka`, before `a8340b8` and after the same worker asking a caught-up fetch "
