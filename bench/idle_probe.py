@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -361,6 +362,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--modes", default="default,keyed")
     parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument(
+        "--pin-broker",
+        action="store_true",
+        help="the broker on the last core, this probe and the workers on the others",
+    )
     opts = parser.parse_args(argv)
     results: dict[str, Any] = {"load_1min": [os.getloadavg()[0]]}
     with tempfile.TemporaryDirectory(prefix="idle-probe-") as tmp_name:
@@ -371,7 +377,10 @@ def main(argv: list[str] | None = None) -> None:
         for name in opts.brokers.split(","):
             start_s = realistic.first_window_s(time.time())
             values, keys = realistic.stream(opts.events, start_s)
-            with realistic._broker(name) as broker:
+            with realistic._broker(name) as broker, ExitStack() as stack:
+                if opts.pin_broker:
+                    pins = stack.enter_context(realistic.pinned(broker.pid))
+                    results.setdefault("pinned", {})[name] = pins
                 bootstrap = broker.bootstrap_servers
                 topic = f"realistic-{uuid.uuid4().hex[:8]}"
                 asyncio.run(create_topics(bootstrap, [topic], realistic.PARTITIONS))
@@ -431,7 +440,7 @@ def rows(probe: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|" + "---|" * len(WAITS) + "---|---|",
     ]
     for key, results in probe.items():
-        if key == "load_1min":
+        if key in ("load_1min", "pinned"):
             continue
         broker, mode, tree = key.split("_")
         r = results[0]

@@ -1,0 +1,92 @@
+"""``bench.realistic``'s options and its round-by-round table.
+
+``--pin-broker``: every thread of the broker and of its children lands on the last core, the
+bench's own threads (and so the clients it starts later) on the others, and the bench gets its
+cores back after. With three rounds or more, each worker run is set against the raw run of
+its own round."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench import realistic
+
+# A broker stand-in: a process with a second thread and a child process of its own.
+BROKER = """
+import subprocess, sys, threading
+code = "import sys; sys.stdin.read()"
+child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+threading.Thread(target=sys.stdin.read, daemon=True).start()
+print(child.pid, flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two cores")
+def test_the_broker_and_its_children_on_the_last_core_the_bench_on_the_others() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    with subprocess.Popen(
+        [sys.executable, "-c", BROKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            _check_pinning(proc, cores)
+        finally:
+            proc.kill()
+
+
+def _check_pinning(proc: subprocess.Popen[str], cores: list[int]) -> None:
+    grandchild = -1
+    try:
+        assert proc.stdout is not None
+        grandchild = int(proc.stdout.readline())
+        deadline = time.monotonic() + 60  # a hang guard: the second thread starts at once
+        while len(os.listdir(f"/proc/{proc.pid}/task")) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        broker_threads = realistic._threads(proc.pid)
+        assert grandchild in broker_threads and len(broker_threads) >= 3
+        with realistic.pinned(proc.pid) as pins:
+            assert pins == {"broker_cores": cores[-1:], "client_cores": cores[:-1]}
+            assert {tid: os.sched_getaffinity(tid) for tid in broker_threads} == {
+                tid: {cores[-1]} for tid in broker_threads
+            }
+            own = realistic._own_threads()
+            assert {tid: os.sched_getaffinity(tid) for tid in own} == {
+                tid: set(cores[:-1]) for tid in own
+            }
+            # a process the bench starts now inherits the clients' cores
+            out = subprocess.run(
+                [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            assert out.stdout.strip() == str(cores[:-1])
+        assert os.sched_getaffinity(0) == set(cores)
+    finally:
+        if grandchild > 0:
+            os.kill(grandchild, 9)
+
+
+def _run(events_per_s: float, cpu_us: float) -> dict[str, float]:
+    return {"events_per_s": events_per_s, "cpu_us_per_event": cpu_us}
+
+
+def test_rounds_pair_each_worker_with_the_raw_run_of_its_own_round() -> None:
+    raw = [_run(500_000, 1.9), _run(1_000_000, 0.95), _run(400_000, 2.4)]
+    default = [_run(300_000, 2.5), _run(700_000, 1.25), _run(200_000, 3.0)]
+    keyed = [_run(400_000, 2.0), _run(900_000, 1.0), _run(300_000, 2.5)]
+    broker = {
+        "runs": {"raw_aiokafka": raw, "worker_default_after": default, "worker_keyed_after": keyed}
+    }
+    assert realistic._rounds_rows(broker)[2:] == [
+        "| default | 0.60, 0.70, 0.50 | 0.60× | 0.76, 0.76, 0.80 | 0.76× | 60%–88%; 95%–96% |",
+        "| keyed | 0.80, 0.90, 0.75 | 0.80× | 0.95, 0.95, 0.96 | 0.95× | 75%–90%; 95%–96% |",
+    ]
+    # two rounds: best of two stays the only figure
+    assert realistic._rounds_rows({"runs": {k: v[:2] for k, v in broker["runs"].items()}}) == []
