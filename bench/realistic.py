@@ -1019,9 +1019,11 @@ NOTES["eighth_workers"] = [
     "processes alone. This bench's 50 ms scrape of each process (23–38 ms of CPU a second, "
     "`idle_cpu_ms_per_s` less `quiet_cpu_ms_per_s` in the JSON) accounts for about 0.3 µs "
     "of the growth; net of it, 1.53× and 1.14× (default), 1.41× and 0.86× (keyed). "
-    "Two vCPUs of a shared host are not SMT siblings of each other here (a CPU-bound loop "
-    "costs 4% more CPU time with the other vCPU busy), so the rest is the host's speed "
-    "moving within a round: three workers, the JVM broker and the producer (the stream is "
+    "This machine's two vCPUs do not slow each other as SMT siblings would (`python -m "
+    "bench.vcpu_pairing`, bench/vcpu_pairing.json: a CPU-bound loop's CPU time with the "
+    "other vCPU busy is 0.95–1.04× its time alone, in three runs), but the same loop's CPU "
+    "time alone moves by up to 1.6× within a minute: the rest is the host's speed moving "
+    "within a round, while three workers, the JVM broker and the producer (the stream is "
     "produced once the group is ready) share 2 cores for 4–6 s. On Tansu the same "
     "comparison was flat in run `sixth_long` (1.03×, 1.04×).",
 ]
