@@ -1004,6 +1004,14 @@ LABELS["eighth_one_window"] = (
     "one window closes in the span instead of ten (`--events 1200000 --runs 4 --windows 1 "
     "--brokers kafka`, shared cores, right after run `eighth_shared`)"
 )
+LABELS["eighth_one_window_2"] = (
+    "the one-window diagnostic again, 45 minutes later (`--events 1200000 --runs 4 --windows "
+    "1 --brokers kafka`), with run `eighth_ten_windows_2` right after it"
+)
+LABELS["eighth_ten_windows_2"] = (
+    "the issue's stream (ten windows) right after run `eighth_one_window_2` (`--events "
+    "1200000 --runs 4 --brokers kafka`)"
+)
 LABELS["eighth_workers"] = (
     "the eighth pass: CPU per event with 1 and 3 workers on Apache Kafka, the worker of "
     "`41dd7be` (`--workers 1,3 --settle --runs 2 --events 1200000 --brokers kafka`, a quiet "
@@ -1073,6 +1081,14 @@ NOTES["sixth_long"] = [
 #: Notes under a kept run's ``bench.idle_probe`` table (the run kept under "idle" uses the
 #: probe's own notes).
 PROBE_RUN_NOTES: dict[str, list[str]] = {
+    "eighth_ten_windows_2": [
+        "**The one-window finding, repeated** (this run and `eighth_one_window_2`, minutes "
+        "apart on Apache Kafka, four rounds each): keyed input 1.12× raw aiokafka by events/s "
+        "with one window (round by round 0.82–1.25×) against 0.70× with ten (0.57–0.77×); "
+        "the default path 0.69× against 0.60×. By CPU per event 1.06× against 0.80× keyed, "
+        "0.76× against 0.69× default: fewer closes also cost less CPU, so the one-window "
+        "figure bounds what overlapping the closes could gain from above.",
+    ],
     "eighth_one_window": [
         "**One window close in the span instead of ten** (Apache Kafka, four rounds): keyed "
         "input 0.96× raw aiokafka by events/s (the median of 0.95, 0.98, 0.75 and 1.06; by "
@@ -1724,8 +1740,9 @@ LEVERS: list[str] = [
     "a change of the partials topic's format.",
     "**Window closes off the fetch path** (the issue's lever; eighth pass: measured, not "
     "pulled; runs `eighth_pinned`, `eighth_shared`, `eighth_one_window`). Gain measured: on "
-    "Apache Kafka, keyed input, 0.72–0.77× of raw aiokafka by events/s with this stream's "
-    "ten closes in the span, 0.96× with one (an upper bound for this lever: one close "
+    "Apache Kafka, keyed input, 0.70–0.77× of raw aiokafka by events/s with this stream's "
+    "ten closes in the span, 0.96× and 1.12× with one (runs `eighth_one_window`, "
+    "`eighth_one_window_2`) (an upper bound for this lever: one close "
     "also costs less CPU than ten); on Tansu the closes' round trips are short "
     "and both targets are met with ten. Each wait in a close is a guarantee in itself: the "
     "partials acknowledged before the window's state is dropped, and so before its input "
