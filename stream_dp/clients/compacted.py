@@ -31,6 +31,7 @@ from stream_dp.clients.connect import topic_partitions
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
 from stream_dp.kafka_client.client_options import FETCH_ROUTINE_WAKE_MS
+from stream_dp.kafka_client.errors import KafkaError
 
 #: How long the broker may hold a fetch open waiting for data: a fence just written must
 #: come back fast (every release waits for one).
@@ -128,9 +129,13 @@ class CompactedTopicReader:
 
     async def check_exists(self) -> None:
         """:class:`TopicDeletedError` when the broker's topic list has no ``topic`` (asked
-        for every topic: a request naming it could create it again); the client's
-        KafkaError when the broker does not answer."""
-        if await topic_partitions(self._started(), self.topic) is None:
+        for every topic: a request naming it could create it again). Nothing when it has
+        it, or does not answer: the caller's own error then stands."""
+        try:
+            partitions = await topic_partitions(self._started(), self.topic)
+        except KafkaError:
+            return
+        if partitions is None:
             raise TopicDeletedError(self.topic)
 
     def check_forward(self, partition: int, offset: int | None) -> None:
