@@ -27,11 +27,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from stream_dp.clients.connect import topic_partitions
+from stream_dp.clients.connect import topic_gone
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
 from stream_dp.kafka_client.client_options import FETCH_ROUTINE_WAKE_MS
-from stream_dp.kafka_client.errors import KafkaError
 
 #: How long the broker may hold a fetch open waiting for data: a fence just written must
 #: come back fast (every release waits for one).
@@ -131,11 +130,7 @@ class CompactedTopicReader:
         """:class:`TopicDeletedError` when the broker's topic list has no ``topic`` (asked
         for every topic: a request naming it could create it again). Nothing when it has
         it, or does not answer: the caller's own error then stands."""
-        try:
-            partitions = await topic_partitions(self._started(), self.topic)
-        except KafkaError:
-            return
-        if partitions is None:
+        if await topic_gone(self._started()._client, self.topic):
             raise TopicDeletedError(self.topic)
 
     def check_forward(self, partition: int, offset: int | None) -> None:

@@ -33,6 +33,7 @@ class ScriptedConsumer:
         self.topic = topic
         self.batches = list(batches)
         self.paused: set[TopicPartition] = set()
+        self._client: Any = None  # the cluster client (a topic list is asked of it)
 
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, Any]:
         if not self.batches:
@@ -140,10 +141,10 @@ async def test_a_fence_that_cannot_be_written_to_a_deleted_topic_is_a_rewound_lo
     from stream_dp.clients import compacted
     from stream_dp.kafka_client.errors import UnknownTopicOrPartitionError
 
-    async def topic_list(consumer: Any, topic: str) -> list[int] | None:
-        return [0] if topic in listed else None
+    async def gone(cluster_client: Any, topic: str) -> bool:
+        return topic not in listed
 
-    monkeypatch.setattr(compacted, "topic_partitions", topic_list)
+    monkeypatch.setattr(compacted, "topic_gone", gone)
 
     async def ledger_send(key: str, value: bytes, partition: int) -> int:
         raise UnknownTopicOrPartitionError("ledger")
