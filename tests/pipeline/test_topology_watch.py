@@ -207,9 +207,9 @@ async def test_on_a_broker_one_failing_topic_leaves_the_others_counted_at_once(
 ) -> None:
     """The real lookup (the worker's Publisher) on the embedded broker: one watched topic's
     metadata fails for as long as the test runs (an invalid name: its own error in each
-    Metadata response; a deleted topic is created again by the embedded broker's metadata
-    requests) and another's count differs from the one recorded. The tick sees the change
-    at once and logs the failing topic alone. Before, the lookup waited on the failing
+    Metadata response, which the watch cannot tell from a deleted topic's) and another's
+    count differs from the one recorded. The tick sees the change at once and reports the
+    failing topic alone (gone: an ERROR). Before, the lookup waited on the failing
     topic until the tick's 5 s ran out, every tick: no count was compared, ever."""
     cfg = config()
     metrics = Metrics()
