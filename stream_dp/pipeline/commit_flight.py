@@ -87,14 +87,12 @@ class CommitInFlight:
         last = self._sent_mono_s
         return last is None or now_mono_s - last >= COMMIT_INTERVAL_S
 
-    def send(self, commit: Awaitable[Any], offsets: Offsets, now_mono_s: float | None) -> None:
-        """Start ``commit`` (of ``offsets``, at ``now_mono_s``; None: not the loop's, which
-        keeps its cadence) without awaiting it; the one before it is settled first
-        (:meth:`settle`)."""
+    def send(self, commit: Awaitable[Any], offsets: Offsets, now_mono_s: float) -> None:
+        """Start ``commit`` (of ``offsets``, at ``now_mono_s``) without awaiting it; the one
+        before it is settled first (:meth:`settle`)."""
         assert self._sent is None, "one commit in flight: settle the last one first"
         self._sent = (asyncio.ensure_future(commit), offsets)
-        if now_mono_s is not None:
-            self._sent_mono_s = now_mono_s
+        self._sent_mono_s = now_mono_s
 
     async def settle(self) -> None:
         """Await the commit in flight (if any) and record what it committed in

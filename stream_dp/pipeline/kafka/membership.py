@@ -423,18 +423,15 @@ class Membership(WorkerPart):
             membership_lost(self.metrics, exc)
         offsets = self._moved(only)
         if offsets:
-            self.commits.send(self.consumer.commit(offsets), offsets, None)
-            await self._settle()
+            await self.consumer.commit(offsets)
+            self.commits.committed.update(offsets)
 
     async def _settle(self) -> None:
-        """The commit in flight answered, or TopicGoneError when it names a topic deleted
-        under the worker, for which aiokafka would retry it for ever (commit_flight)."""
-        consumer = self.consumer
-        assert consumer is not None
-        await self.commits.settle_unless_gone(
-            self.config.kafka.request_timeout_ms / 1000,
-            lambda topic: topic_gone(consumer._client, topic),
-        )
+        """The commit in flight answered, or TopicGoneError if it names a deleted topic
+        (aiokafka would retry it for ever: commit_flight)."""
+        assert self.consumer is not None
+        consumer, wait_s = self.consumer, self.config.kafka.request_timeout_ms / 1000
+        await self.commits.settle_unless_gone(wait_s, lambda t: topic_gone(consumer._client, t))
 
     def _moved(self, only: set[TopicPartition] | None) -> Offsets:
         """:meth:`CommitInFlight.moved`, keyed input's layout as metadata (topology_watch)."""
