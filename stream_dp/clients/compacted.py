@@ -14,7 +14,10 @@ owner's retriable error; a large log that keeps arriving never times out.
 
 The log only grows under a running reader. A record read, or a fence written, below an offset
 already read means the topic was deleted or recreated: :class:`LogRewoundError`, not
-retriable, because what was read before is gone from the topic.
+retriable, because what was read before is gone from the topic. A topic deleted and not
+created again (no client of stream-dp creates one: stream_dp/kafka_client/metadata.py) is
+found by the owner when a fence cannot be written (:meth:`CompactedTopicReader.check_exists`):
+:class:`TopicDeletedError`, a :class:`LogRewoundError` too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from stream_dp.clients.connect import topic_gone
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaConsumer, TopicPartition
 from stream_dp.kafka_client.client_options import FETCH_ROUTINE_WAKE_MS
@@ -52,6 +56,20 @@ class LogRewoundError(StreamDPError):
             f"topic {topic} partition {partition}: offset {offset} is below {read_to}, "
             "where this reader already was; the topic was deleted or recreated while the "
             "worker ran"
+        )
+        self.topic = topic
+
+
+class TopicDeletedError(LogRewoundError):
+    """The topic is gone from the broker under a running reader (deleted, and not created
+    again): what was read before is gone as well. Not retriable, as :class:`LogRewoundError`."""
+
+    def __init__(self, topic: str) -> None:
+        StreamDPError.__init__(
+            self,
+            f"topic {topic} no longer exists on the broker (its topic list has no such topic): "
+            "it was deleted while the worker ran (or this principal may no longer Describe "
+            "it), and the records read from it before are gone",
         )
         self.topic = topic
 
@@ -107,6 +125,13 @@ class CompactedTopicReader:
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
             await consumer.stop()
+
+    async def check_exists(self) -> None:
+        """:class:`TopicDeletedError` when the broker's topic list has no ``topic`` (asked
+        for every topic: a request naming it could create it again). Nothing when it has
+        it, or does not answer: the caller's own error then stands."""
+        if await topic_gone(self._started()._client, self.topic):
+            raise TopicDeletedError(self.topic)
 
     def check_forward(self, partition: int, offset: int | None) -> None:
         """A record just written (a fence) lands at or after every offset already read;

@@ -41,9 +41,42 @@ async def topic_partitions(client: Any, topic: str) -> list[int] | None:
     its empty topic list with no topic), and it is refreshed only every
     ``metadata_max_age_ms`` (five minutes by default). KafkaError when the broker does not
     answer."""
-    cluster = await client._client.fetch_all_metadata()
+    return await listed_partitions(client._client, topic)
+
+
+async def listed_partitions(cluster_client: Any, topic: str) -> list[int] | None:
+    """:func:`topic_partitions` asked through an aiokafka cluster client (a consumer's
+    ``_client``, a producer's ``client``): None when the broker's topic list has no
+    ``topic``; KafkaError when the broker does not answer."""
+    cluster = await cluster_client.fetch_all_metadata()
     partitions = cluster.partitions_for_topic(topic)
     return sorted(partitions) if partitions else None
+
+
+class TopicGoneError(BrokerError):
+    """A topic the worker writes or commits offsets of is gone from the broker: deleted while
+    it ran, and created again by no client of stream-dp. The worker stops at once without
+    committing, naming it, instead of retrying a write or a commit that cannot succeed."""
+
+    retriable = False
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            f"topic {topic} no longer exists on the broker: it was deleted while the worker "
+            "ran, and nothing creates it again. Create it as defined (`stream-dp topics apply "
+            "--config FILE`; the records it held are lost), then restart the worker"
+        )
+        self.topic = topic
+
+
+async def topic_gone(cluster_client: Any, topic: str) -> bool:
+    """True only when the broker answered and its topic list has no ``topic`` (no client of
+    stream-dp creates a topic, so one deleted stays so); False when it has it or does not
+    answer."""
+    try:
+        return await listed_partitions(cluster_client, topic) is None
+    except KafkaError:
+        return False
 
 
 async def stop_client(client: Any) -> None:

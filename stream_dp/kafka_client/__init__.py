@@ -13,7 +13,10 @@ library today is aiokafka; this package owns what depends on it:
 - the keyed partitioner, murmur2 (:mod:`stream_dp.kafka_client.partitioner`);
 - the fetch adapter pinned to the library's private fetcher
   (:mod:`stream_dp.kafka_client.fetched`) and the protocol requests a few probes send
-  (:mod:`stream_dp.kafka_client.protocol`).
+  (:mod:`stream_dp.kafka_client.protocol`);
+- the Metadata requests of every client, which never ask the broker to create a topic
+  (:mod:`stream_dp.kafka_client.metadata`, installed when this package is imported: a topic
+  deleted under a running worker stays deleted, and is reported missing).
 
 Swapping or upgrading the client library changes this package, not its importers.
 """
@@ -27,6 +30,10 @@ from aiokafka import (
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
+
+# Imported for its effect, before any client of this layer is built: no Metadata request
+# of this process allows topic auto-creation (see the module).
+from stream_dp.kafka_client import metadata as _metadata  # noqa: F401
 
 __all__ = [
     "AIOKafkaAdminClient",

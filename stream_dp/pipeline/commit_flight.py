@@ -29,15 +29,20 @@ What keeps this as safe as a commit awaited at once:
 * what the commit committed is recorded (skipped as unmoved next time) only once it is
   answered; a commit that fails raises from the next iteration's commit as it raised from
   its own before (a lost membership is counted, any other error stops the worker without
-  committing), and one abandoned on an error exit is cancelled.
+  committing), and one abandoned on an error exit is cancelled;
+* a commit of a topic deleted under the worker is retried by aiokafka for ever (the topic
+  stays deleted: no client of stream-dp creates it again): the next iteration gives it the
+  request timeout, then asks the broker for its topics and stops the worker naming the one
+  that is gone (:meth:`CommitInFlight.settle_unless_gone`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
+from stream_dp.clients.connect import TopicGoneError
 from stream_dp.kafka_client import TopicPartition
 
 #: Offsets as committed: an offset, or (offset, metadata) for keyed input's layout.
@@ -102,6 +107,22 @@ class CommitInFlight:
             self._sent_mono_s = None  # the next iteration commits at once
             raise
         self.committed.update(offsets)
+
+    async def settle_unless_gone(
+        self, check_after_s: float, gone: Callable[[str], Awaitable[bool]]
+    ) -> None:
+        """:meth:`settle`; but a commit still unanswered after ``check_after_s`` whose
+        offsets name a topic ``gone`` says the broker no longer has (deleted under the worker:
+        aiokafka retries its commit for ever) is cancelled: TopicGoneError."""
+        if self._sent is not None:
+            commit, offsets = self._sent
+            await asyncio.wait([commit], timeout=check_after_s)
+            if not commit.done():
+                for topic in sorted({tp.topic for tp in offsets}):
+                    if await gone(topic):
+                        await self.abandon()
+                        raise TopicGoneError(topic)
+        await self.settle()
 
     async def answered(self, timeout_s: float) -> None:
         """Wait until the commit in flight is answered, without settling it (its offsets and

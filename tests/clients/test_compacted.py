@@ -33,6 +33,7 @@ class ScriptedConsumer:
         self.topic = topic
         self.batches = list(batches)
         self.paused: set[TopicPartition] = set()
+        self._client: Any = None  # the cluster client (a topic list is asked of it)
 
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, Any]:
         if not self.batches:
@@ -126,3 +127,43 @@ async def test_a_stalled_read_raises_each_owners_retriable_error() -> None:
     scripted(ledger.reader, [0, 1], [])
     with pytest.raises(LedgerReadError, match=r"partitions \[0, 1\]"):
         await ledger.catch_up()
+
+
+@pytest.mark.parametrize("listed", [set(), {"ledger", "erasures"}])
+async def test_a_fence_that_cannot_be_written_to_a_deleted_topic_is_a_rewound_log(
+    monkeypatch: pytest.MonkeyPatch, listed: set[str]
+) -> None:
+    """No client creates a deleted topic again (stream_dp/kafka_client/metadata.py), so a
+    ledger or erasure log deleted under the worker is found when its fence cannot be
+    written: the broker's topic list (every topic) lacks it → TopicDeletedError, a
+    LogRewoundError (the worker holds, never retries). A topic still listed: the write's
+    own error stands (retried by the caller)."""
+    from stream_dp.clients import compacted
+    from stream_dp.kafka_client.errors import UnknownTopicOrPartitionError
+
+    async def gone(cluster_client: Any, topic: str) -> bool:
+        return topic not in listed
+
+    monkeypatch.setattr(compacted, "topic_gone", gone)
+
+    async def ledger_send(key: str, value: bytes, partition: int) -> int:
+        raise UnknownTopicOrPartitionError("ledger")
+
+    async def log_send(key: str, value: bytes) -> None:
+        raise StreamDPError("produce to erasures kept failing for 120 s")
+
+    ledger = LedgerLog("ledger", LedgerIndex(), client_options={}, send=ledger_send)
+    scripted(ledger.reader, [0], [])
+    erasures = ErasureLog("erasures", ErasureSet(), client_options={}, send=log_send)
+    scripted(erasures.reader, [0], [])
+    if listed:
+        with pytest.raises(UnknownTopicOrPartitionError):
+            await ledger.catch_up()
+        with pytest.raises(StreamDPError, match="kept failing") as caught:
+            await erasures.catch_up()
+        assert not isinstance(caught.value, LogRewoundError)
+        return
+    for log, topic in ((ledger, "ledger"), (erasures, "erasures")):
+        with pytest.raises(compacted.TopicDeletedError, match=f"topic {topic} no longer exists"):
+            await log.catch_up()
+        assert isinstance(compacted.TopicDeletedError(topic), LogRewoundError)

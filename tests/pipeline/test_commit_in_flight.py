@@ -160,3 +160,32 @@ async def test_an_abandoned_commit_is_cancelled() -> None:
     assert consumer.answers[0].cancelled()
     await membership.commits.settle()
     assert membership.commits.committed == {}  # nothing recorded as committed
+
+
+async def test_a_commit_stuck_on_a_deleted_topic_stops_the_loop_naming_it() -> None:
+    """aiokafka retries a commit of a deleted topic's offsets for ever, and no client of
+    stream-dp creates the topic again: the next iteration waits the request timeout, asks
+    for the broker's topics, cancels the commit and raises TopicGoneError naming the topic
+    (not a hung loop). A commit merely slow, of topics that exist, is awaited as before."""
+    from stream_dp.clients.connect import TopicGoneError
+    from stream_dp.pipeline.commit_flight import CommitInFlight
+
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    commits = CommitInFlight()
+    commits.send(never, {TopicPartition("repartition", 1): 4, TopicPartition("in", 0): 2}, 0.0)
+    asked: list[str] = []
+
+    async def gone(topic: str) -> bool:
+        asked.append(topic)
+        return topic == "repartition"
+
+    with pytest.raises(TopicGoneError, match="topic repartition no longer exists"):
+        await commits.settle_unless_gone(0.01, gone)
+    assert never.cancelled() and asked == ["in", "repartition"]
+    assert commits.committed == {}
+
+    slow = asyncio.get_running_loop().create_future()
+    commits.send(slow, {TopicPartition("in", 0): 3}, 1.0)
+    asyncio.get_running_loop().call_later(0.05, slow.set_result, None)
+    await commits.settle_unless_gone(0.01, gone)
+    assert commits.committed == {TopicPartition("in", 0): 3}

@@ -147,8 +147,8 @@ async def test_a_topic_whose_metadata_fails_hides_no_change_of_the_others(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """One watched topic is gone (its own error in the Metadata response) while the other
-    grows: the growth is seen at once, the failing topic is logged and asked again at the
-    next interval — and compared once it answers."""
+    grows: the growth is seen at once, the failing topic is asked again at the next
+    interval — and compared once it answers."""
     broker = _Broker(4)
     watch, metrics, _ = _watch(broker)
     ingest = IngestStage(config(keyed_by_user=True), KEYRING)
@@ -156,14 +156,8 @@ async def test_a_topic_whose_metadata_fails_hides_no_change_of_the_others(
     await watch.partitions("repartition", watermark_s=None, ingest=ingest)
     broker.missing, broker.count = {"repartition"}, 6
     watch._watched_at_s -= topology_watch.WATCH_INTERVAL_S
-    with caplog.at_level(logging.INFO, logger=topology_watch.__name__):
-        await watch.tick(NOW, ingest)
+    await watch.tick(NOW, ingest)
     assert _changes(metrics) == 1.0 and watch.counts == {TOPIC: 6, "repartition": 4}
-    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert said == [
-        "the partition counts of ['repartition'] could not be read "
-        "(UnknownTopicOrPartitionError('repartition'))"
-    ]
     broker.missing = set()
     watch._watched_at_s -= topology_watch.WATCH_INTERVAL_S
     await watch.tick(NOW, ingest)
@@ -171,14 +165,51 @@ async def test_a_topic_whose_metadata_fails_hides_no_change_of_the_others(
     assert watch.counts == {TOPIC: 6, "repartition": 6}
 
 
+async def test_a_deleted_topic_is_said_once_counted_and_the_worker_is_not_ready_until_it_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The clients create no deleted topic again (stream_dp/kafka_client/metadata.py), so
+    the watch sees it gone: an ERROR once that names it and its count, the topology counter,
+    not ready for as long as it is gone (not only for two windows); ready again once it is
+    back with its count."""
+    broker = _Broker(4)
+    watch, metrics, health = _watch(broker)
+    ingest = IngestStage(config(), KEYRING)
+    await watch.partitions(TOPIC, watermark_s=None, ingest=ingest)
+    broker.missing = {TOPIC}
+    with caplog.at_level(logging.INFO, logger=topology_watch.__name__):
+        for _ in range(3):
+            watch._watched_at_s -= topology_watch.WATCH_INTERVAL_S
+            await watch.tick(NOW, ingest)
+            watch.settle(NOW + 100 * 10)  # windows pass: still not ready while it is gone
+    said = [
+        (r.levelname, r.getMessage()) for r in caplog.records if r.name == topology_watch.__name__
+    ]
+    assert len(said) == 1 and said[0][0] == "ERROR", said
+    assert said[0][1].startswith(
+        f"topic {TOPIC}, which the worker reads, no longer exists on the broker"
+    )
+    assert "with its 4 partitions" in said[0][1] and "stream-dp topics apply" in said[0][1]
+    assert _changes(metrics) == 1.0
+    assert health.ready() is False and health.status()["components"]["topology_stable"] is False
+    assert watch.gone == {TOPIC}
+    broker.missing = set()
+    watch._watched_at_s -= topology_watch.WATCH_INTERVAL_S
+    with caplog.at_level(logging.INFO, logger=topology_watch.__name__):
+        await watch.tick(NOW, ingest)
+    assert caplog.records[-1].getMessage() == f"topic {TOPIC} exists again, with 4 partitions"
+    assert watch.gone == set() and _changes(metrics) == 1.0
+    assert health.status()["components"]["topology_stable"] is True
+
+
 async def test_on_a_broker_one_failing_topic_leaves_the_others_counted_at_once(
     kafka_bootstrap: str, topic_factory: TopicFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The real lookup (the worker's Publisher) on the embedded broker: one watched topic's
     metadata fails for as long as the test runs (an invalid name: its own error in each
-    Metadata response; a deleted topic is created again by the embedded broker's metadata
-    requests) and another's count differs from the one recorded. The tick sees the change
-    at once and logs the failing topic alone. Before, the lookup waited on the failing
+    Metadata response, which the watch cannot tell from a deleted topic's) and another's
+    count differs from the one recorded. The tick sees the change at once and reports the
+    failing topic alone (gone: an ERROR). Before, the lookup waited on the failing
     topic until the tick's 5 s ran out, every tick: no count was compared, ever."""
     cfg = config()
     metrics = Metrics()
@@ -202,8 +233,6 @@ async def test_on_a_broker_one_failing_topic_leaves_the_others_counted_at_once(
     said = [
         (r.levelname, r.getMessage()) for r in caplog.records if r.name == topology_watch.__name__
     ]
-    assert said == [
-        ("INFO", f"the partition counts of [{failing!r}] could not be read "
-         f"(UnknownTopicOrPartitionError('{failing}: no partitions in the metadata response'))"),
-        ("WARNING", f"topic {grown} changed from 1 to 3 partitions while the worker ran"),
-    ]  # fmt: skip
+    assert [level for level, _ in said] == ["ERROR", "WARNING"], said
+    assert said[0][1].startswith(f"topic {failing}, which the worker reads, no longer exists")
+    assert said[1][1] == f"topic {grown} changed from 1 to 3 partitions while the worker ran"

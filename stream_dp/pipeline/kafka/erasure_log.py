@@ -8,7 +8,8 @@ docs/architecture.md#embedded-broker), so afterwards every erasure recorded befo
 is known; :meth:`ErasureLog.poll` takes whatever has arrived, without waiting. Both return
 the erasures new to the set, in log order, for the caller to apply — also those a failed
 earlier call read but could not hand over. A log that went backwards (deleted or recreated)
-is a :class:`~stream_dp.clients.compacted.LogRewoundError`.
+is a :class:`~stream_dp.clients.compacted.LogRewoundError`, and so is a log gone from the
+broker when its fence cannot be written (``TopicDeletedError``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from stream_dp.clients.compacted import DEFAULT_STALL_TIMEOUT_S, FencedLog
 from stream_dp.errors import StreamDPError
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.pipeline.formats.erasure_records import (
     FENCE_KEY_PREFIX,
     ErasureLogFormatError,
@@ -75,7 +77,13 @@ class ErasureLog(FencedLog):
         this call is then in the set. Raises :class:`ErasureLogReadError` when stalled, and
         :class:`~stream_dp.clients.compacted.LogRewoundError` when the log went backwards."""
         key, value = encode_fence(uuid.uuid4().hex)
-        await self._send(key, value)
+        try:
+            await self._send(key, value)
+        except (KafkaError, StreamDPError):
+            # a log deleted under the worker stays deleted (no client creates it again):
+            # TopicDeletedError, a LogRewoundError; anything else is the caller's to handle
+            await self.reader.check_exists()
+            raise
         await self.reader.read_to_fences([LOG_PARTITION], key.encode(), self._feed)
         return self._hand_over()
 

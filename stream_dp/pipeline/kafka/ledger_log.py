@@ -8,7 +8,8 @@ then been fed to the index, in log order. One reader lives as long as the worker
 assignment of every ledger partition, no group): a catch-up costs what was written since the
 last one. A catch-up that makes no progress for ``stall_timeout_s`` fails (and is retried by
 the caller while it keeps the affected partitions paused); a large ledger that keeps arriving
-never times out. A log that went backwards is a :class:`LogRewoundError`.
+never times out. A log that went backwards is a :class:`LogRewoundError`; a topic gone from
+the broker, found when a fence cannot be written, is one too (``TopicDeletedError``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from stream_dp.clients.compacted import (
     LogRewoundError,
 )
 from stream_dp.errors import StreamDPError
+from stream_dp.kafka_client.errors import KafkaError
 from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.ledger import (
     FENCE_PREFIX,
@@ -93,7 +95,13 @@ class LedgerLog(FencedLog):
         targets = sorted(self.partitions if partitions is None else set(partitions))
         key, value = encode_fence(_fresh_id(), self.writer_id)
         # All fences at once: a slow ledger partition delays a catch-up once, not per partition.
-        offsets = await asyncio.gather(*(self._send(key, value, p) for p in targets))
+        try:
+            offsets = await asyncio.gather(*(self._send(key, value, p) for p in targets))
+        except KafkaError:
+            # a topic deleted under the worker stays deleted (no client creates it again):
+            # TopicDeletedError, which is not retried; anything else is the caller's to retry
+            await self.reader.check_exists()
+            raise
         for p, offset in zip(targets, offsets, strict=True):
             self.reader.check_forward(p, offset)
         fence = key.encode()

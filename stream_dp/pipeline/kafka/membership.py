@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stream_dp.clients.connect import TopicGoneError, topic_gone
 from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.config import KafkaConfig
@@ -345,7 +346,10 @@ class Membership(WorkerPart):
             if self.stages is not None:
                 if self.consumer is not None:
                     with contextlib.suppress(KafkaError):
-                        await self.commit(only=set(revoked))
+                        try:
+                            await self.commit(only=set(revoked))
+                        except TopicGoneError as exc:  # the loop stops with it
+                            self.fatal = exc
                 self.drop(revoked)
             for tp in revoked:
                 self.owned.pop(tp, None)
@@ -414,13 +418,20 @@ class Membership(WorkerPart):
         """Commit what moved (:meth:`_moved`) once the loop's commit in flight is answered."""
         assert self.consumer is not None
         try:
-            await self.commits.settle()
+            await self._settle()
         except MEMBERSHIP_ERRORS as exc:
             membership_lost(self.metrics, exc)
         offsets = self._moved(only)
         if offsets:
             await self.consumer.commit(offsets)
             self.commits.committed.update(offsets)
+
+    async def _settle(self) -> None:
+        """The commit in flight answered, or TopicGoneError if it names a deleted topic
+        (aiokafka would retry it for ever: commit_flight)."""
+        assert self.consumer is not None
+        consumer, wait_s = self.consumer, self.config.kafka.request_timeout_ms / 1000
+        await self.commits.settle_unless_gone(wait_s, lambda t: topic_gone(consumer._client, t))
 
     def _moved(self, only: set[TopicPartition] | None) -> Offsets:
         """:meth:`CommitInFlight.moved`, keyed input's layout as metadata (topology_watch)."""
@@ -436,7 +447,7 @@ class Membership(WorkerPart):
         :data:`COMMIT_INTERVAL_S`). A lost membership is routine."""
         assert self.consumer is not None
         try:
-            await self.commits.settle()
+            await self._settle()
         except (*MEMBERSHIP_ERRORS, IllegalStateError) as exc:
             membership_lost(self.metrics, exc)
         offsets = self._moved(None) if self.commits.due(now_mono_s) else None

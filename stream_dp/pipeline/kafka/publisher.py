@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from stream_dp.clients.compacted import TopicDeletedError
+from stream_dp.clients.connect import TopicGoneError, topic_gone
 from stream_dp.clients.idempotence import start_producer
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaProducer
@@ -77,6 +79,17 @@ class Publisher(WorkerPart):
         super().__init__(context)
         config = context.config
         self._ledger_topic = config.output.ledger_topic
+        out = config.output
+        #: Topics whose loss holds the worker as a lost ledger (TopicDeletedError), and the
+        #: others it writes, whose loss stops it (TopicGoneError): a write that fails is
+        #: checked against the broker's topic list (:meth:`_unless_gone`).
+        self._held_if_gone = {out.ledger_topic, out.continual_topic, config.erasure.log_topic}
+        self._stopped_if_gone = {
+            out.topic,
+            out.dead_letter_topic,
+            out.partials_topic,
+            out.repartition_topic,
+        }
         self._max_bytes = config.kafka.max_message_bytes
         self.producer: AIOKafkaProducer | None = None
         #: The output topic's partitions (set at start).
@@ -215,9 +228,32 @@ class Publisher(WorkerPart):
         producer = self.producer
         if topic == self._ledger_topic and self._faults.ledger_delay_s:
             await asyncio.sleep(self._faults.ledger_delay_s)
-        await self.retry(f"produce to {topic}", lambda: send_all(producer, topic, items, headers))
+
+        async def attempt() -> None:
+            try:
+                await send_all(producer, topic, items, headers)
+            except KafkaError:
+                await self._unless_gone(topic)
+                raise
+
+        await self.retry(f"produce to {topic}", attempt)
         self.health.set("producer_connected", True)
         report_progress("write")  # acknowledged: a long run of writes is moving
+
+    async def _unless_gone(self, topic: str) -> None:
+        """After a failed write to one of the worker's own topics: TopicDeletedError (the
+        ledger, continual topic or erasure log: the worker holds) or TopicGoneError (its
+        other topics: the worker stops) when the broker's topic list has no ``topic``; a
+        deleted topic stays deleted (stream_dp/kafka_client/metadata.py), so retrying the
+        write cannot succeed."""
+        if topic not in self._held_if_gone | self._stopped_if_gone:
+            return  # a topic others name (an erasure requester's responses topic, exports)
+        assert self.producer is not None
+        if not await topic_gone(self.producer.client, topic):
+            return
+        if topic in self._held_if_gone:
+            raise TopicDeletedError(topic)
+        raise TopicGoneError(topic)
 
     async def publish_output(self, rel: LedgerRelease) -> None:
         """A release's output records, all on the (query, window)'s partition, the window

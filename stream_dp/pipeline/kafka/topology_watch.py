@@ -2,7 +2,10 @@
 
 A change of the partials, ledger or continual topic's count is fatal (each window must keep
 one owner and one ledger partition); a change of the input or repartition topic is loud
-(log, metric) and makes the worker not ready until the windows open then are out.
+(log, metric) and makes the worker not ready until the windows open then are out. An input
+or repartition topic deleted under the worker is not created again by its clients
+(stream_dp/kafka_client/metadata.py): the watch says so (ERROR, metric) and the worker is not
+ready until the topic is back.
 
 Counts are asked of the broker (never read from the producer's metadata, which can be five
 minutes old) when partitions are taken, and every :data:`WATCH_INTERVAL_S` by :meth:`tick`
@@ -31,7 +34,7 @@ from typing import Any
 
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import TopicPartition
-from stream_dp.kafka_client.errors import KafkaError
+from stream_dp.kafka_client.errors import KafkaError, UnknownTopicOrPartitionError
 from stream_dp.ops.health import Health
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.kafka.publisher import Publisher
@@ -71,6 +74,8 @@ class TopologyWatch:
         self._unsettled_until_s: float | None = None
         #: The stage-1 topic when the input is keyed by user (its placement is checked).
         self.keyed_topic: str | None = None
+        #: watched topics the broker says it has no longer (deleted): not ready meanwhile
+        self.gone: set[str] = set()
         self._watched_at_s = time.monotonic()
 
     def record(self, topic: str, count: int, *, fixed: bool) -> None:
@@ -111,10 +116,43 @@ class TopologyWatch:
             return
         for topic in topics:  # one topic that fails (deleted?) hides no other's change
             partitions = found[topic]
+            if isinstance(partitions, UnknownTopicOrPartitionError):
+                self._gone(topic)
+                continue
             if isinstance(partitions, KafkaError):
                 log.info("the partition counts of %s could not be read (%r)", [topic], partitions)
                 continue
+            self._back(topic, len(partitions))
             self._compare(topic, len(partitions), watermark_s, ingest)
+
+    def _gone(self, topic: str) -> None:
+        """The broker has no ``topic`` (deleted under the worker; no client of stream-dp
+        creates it again: stream_dp/kafka_client/metadata.py): counted, an ERROR once, not
+        ready until it is back."""
+        if topic in self.gone:
+            return
+        self.gone.add(topic)
+        self._metrics.topology_changes.labels(topic=topic).inc()
+        self._health.set("topology_stable", False)
+        log.error(
+            "topic %s, which the worker reads, no longer exists on the broker (deleted while "
+            "the worker ran): nothing more is read from it, and the worker does not create it "
+            "again. Create it again with its %d partitions and its configuration (`stream-dp "
+            "topics apply --config FILE`; the records it held are lost), or set the config to "
+            "the topic the producers write to and restart. The worker is not ready until the "
+            "topic is back",
+            topic,
+            self.counts.get(topic, 0),
+        )
+
+    def _back(self, topic: str, count: int) -> None:
+        """A topic :meth:`_gone` answers again (with ``count`` partitions)."""
+        if topic not in self.gone:
+            return
+        self.gone.discard(topic)
+        log.warning("topic %s exists again, with %d partitions", topic, count)
+        if not self.gone and self._unsettled_until_s is None:
+            self._health.set("topology_stable", True)
 
     def _compare(
         self, topic: str, count: int, watermark_s: float | None, ingest: IngestStage | None
@@ -156,7 +194,7 @@ class TopologyWatch:
         """Ready again once the release watermark passed the windows open at the change."""
         if self._unsettled_until_s is not None and watermark_s >= self._unsettled_until_s:
             self._unsettled_until_s = None
-            self._health.set("topology_stable", True)
+            self._health.set("topology_stable", not self.gone)
 
 
 def with_layout(
