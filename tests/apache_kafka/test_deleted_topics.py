@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,9 @@ from tests.integration.support import (
     WorkerProcess,
     free_port,
     http_get,
+    listed_topics,
     metric_value,
+    one_value_per_key,
     produce_events,
     read_topic,
     start_worker,
@@ -59,16 +60,6 @@ CREATED_WITHIN_S = 60.0
 NOTICED_WITHIN_S = 180.0
 
 
-async def _topics(bootstrap: str) -> set[str]:
-    """Every topic the broker has (a request for all topics: it creates none)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
-
-
 async def _delete(bootstrap: str, topic: str) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
@@ -77,7 +68,7 @@ async def _delete(bootstrap: str, topic: str) -> None:
     finally:
         await admin.close()
     deadline = time.monotonic() + CREATED_WITHIN_S
-    while topic in await _topics(bootstrap):
+    while topic in await listed_topics(bootstrap):
         assert time.monotonic() < deadline, f"{topic} still listed after its deletion"
         await asyncio.sleep(0.2)
 
@@ -94,7 +85,7 @@ async def _broker_creates_what_a_request_allows(bootstrap: str) -> None:
     finally:
         await client.close()
     deadline = time.monotonic() + CREATED_WITHIN_S
-    while canary not in await _topics(bootstrap):
+    while canary not in await listed_topics(bootstrap):
         assert time.monotonic() < deadline, "this broker does not auto-create topics"
         await asyncio.sleep(0.2)
     await _delete(bootstrap, canary)
@@ -113,7 +104,7 @@ def _sample(port: int, name: str, **labels: str) -> float:
 
 def _listed(bootstrap: str, topic: str) -> bool:
     """Whether the broker lists ``topic`` (from a thread: a condition of wait_while_running)."""
-    return topic in asyncio.run(_topics(bootstrap))
+    return topic in asyncio.run(listed_topics(bootstrap))
 
 
 def _said(worker: WorkerProcess, level: str, text: str) -> bool:
@@ -157,15 +148,6 @@ def _events(window: int, users: range) -> list[dict[str, Any]]:
         {"user_id": f"u{u}", "timestamp": T0 + window * 10 + 3, "domain": "a.example"}
         for u in users
     ]
-
-
-def _one_value_per_key(out: list[tuple[str | None, bytes]]) -> dict[str, dict[str, Any]]:
-    by_key: dict[str | None, set[bytes]] = defaultdict(set)
-    for key, value in out:
-        by_key[key].add(value)
-    twice = {k: v for k, v in by_key.items() if len(v) > 1}
-    assert not twice, f"a (query, window, key) got a second value: {twice}"
-    return {str(k): orjson.loads(next(iter(v))) for k, v in by_key.items()}
 
 
 async def _running_worker(
@@ -220,13 +202,13 @@ async def test_a_deleted_ledger_topic_stays_deleted_and_the_worker_holds_without
         assert http_get(port, "/health/live")[0] == 200
         assert _said(worker, "ERROR", f"ledger lost: topic {topics['ledger']} no longer exists")
         assert "ledger rebuild" in log
-        assert topics["ledger"] not in await _topics(kafka_bootstrap), log[-4000:]
+        assert topics["ledger"] not in await listed_topics(kafka_bootstrap), log[-4000:]
     finally:
         assert worker.terminate() == 0, worker.log()[-4000:]
-    assert topics["ledger"] not in await _topics(kafka_bootstrap)
+    assert topics["ledger"] not in await listed_topics(kafka_bootstrap)
     assert not _released(worker, W[2])
     out = await read_topic(kafka_bootstrap, topics["output"])
-    released = _one_value_per_key(out)
+    released = one_value_per_key(out)
     assert {v["window_start"] for v in released.values()} == {W[0], W[1]}
 
 
@@ -250,17 +232,17 @@ async def test_a_deleted_input_topic_stays_deleted_and_the_worker_says_so(
             "the ERROR (or the topic created again)",
             worker,
         )
-        assert topic not in await _topics(kafka_bootstrap), worker.log()[-4000:]
+        assert topic not in await listed_topics(kafka_bootstrap), worker.log()[-4000:]
         assert _said(worker, "ERROR", said), worker.log()[-4000:]
         assert f"with its {partitions} partitions" in worker.log()
         assert _sample(port, "stream_dp_topology_changes_total", topic=topic) == 1.0
         code, body = http_get(port, "/health/ready")
         assert code == 503 and orjson.loads(body)["components"]["topology_stable"] is False
         assert http_get(port, "/health/live")[0] == 200
-        assert topic not in await _topics(kafka_bootstrap), worker.log()[-4000:]
+        assert topic not in await listed_topics(kafka_bootstrap), worker.log()[-4000:]
     finally:
         assert worker.terminate() == 0, worker.log()[-4000:]
-    assert topic not in await _topics(kafka_bootstrap)
+    assert topic not in await listed_topics(kafka_bootstrap)
 
 
 async def test_a_deleted_repartition_topic_stays_deleted_and_the_worker_stops_naming_it(
@@ -284,4 +266,4 @@ async def test_a_deleted_repartition_topic_stays_deleted_and_the_worker_stops_na
     finally:
         if worker.proc.poll() is None:
             worker.terminate()
-    assert topic not in await _topics(kafka_bootstrap), _tail(worker)
+    assert topic not in await listed_topics(kafka_bootstrap), _tail(worker)

@@ -25,6 +25,7 @@ from stream_dp.broker import (
 from stream_dp.config import Config, load_config
 from stream_dp.errors import ConfigError
 from tests.helpers import TOPICS_DIR, ConfigFactory
+from tests.integration.support import listed_topics
 
 REPO = Path(__file__).resolve().parents[2]
 SEVEN_DAYS_MS = str(7 * 24 * 3600 * 1000)
@@ -303,21 +304,12 @@ async def test_cli_apply_twice(config_factory: ConfigFactory, kafka_bootstrap: s
     assert partials == {"cleanup.policy": "delete", "retention.ms": SIX_HOURS_MS}
 
 
-async def _existing(bootstrap: str) -> set[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        return set(await admin.list_topics())
-    finally:
-        await admin.close()
-
-
 async def test_cli_dry_run_changes_nothing(
     config_factory: ConfigFactory, kafka_bootstrap: str
 ) -> None:
     path = config_factory()
     config = load_config(path)
-    before = await _existing(kafka_bootstrap)
+    before = await listed_topics(kafka_bootstrap)
     result = _stream_dp("topics", "apply", "--config", str(path), "--dry-run")
     assert result.returncode == 0, result.stderr
     would = [line for line in result.stdout.splitlines() if line.startswith("would create: ")]
@@ -327,7 +319,7 @@ async def test_cli_dry_run_changes_nothing(
         f"default, cleanup.policy=delete, retention.ms={SIX_HOURS_MS})"
     ) in would
     assert "dry run: 8 would be created, 0 already present" in result.stdout
-    assert await _existing(kafka_bootstrap) == before  # not one topic created
+    assert await listed_topics(kafka_bootstrap) == before  # not one topic created
 
 
 async def test_apply_reports_existing_topics_that_differ(
@@ -391,9 +383,7 @@ async def test_configured_partition_counts_are_the_created_ones(
         config.output.repartition_topic,
         config.output.ledger_topic,  # unset: the definition's 3
     ]
-    assert await _partitions(kafka_bootstrap, names) == dict(
-        zip(names, [5, 2, 7, 3], strict=True)
-    )
+    assert await _partitions(kafka_bootstrap, names) == dict(zip(names, [5, 2, 7, 3], strict=True))
     again = _stream_dp("topics", "apply", "--config", str(path))  # the same counts: fine
     assert again.returncode == 0, again.stderr
     assert "0 created, 8 already present" in again.stdout
@@ -413,7 +403,7 @@ async def test_a_configured_count_unlike_the_existing_topic_is_refused(
         )
     finally:
         await admin.close()
-    before = await _existing(kafka_bootstrap)
+    before = await listed_topics(kafka_bootstrap)
 
     result = _stream_dp("topics", "apply", "--config", str(path))
     assert result.returncode == 2, result.stdout + result.stderr
@@ -426,7 +416,7 @@ async def test_a_configured_count_unlike_the_existing_topic_is_refused(
             await inspect_topics(config, create=not dry)
     with pytest.raises(ConfigError, match=r"topics\.partials_partitions is 8"):
         await apply_topics(config)
-    assert await _existing(kafka_bootstrap) == before  # refused before creating anything
+    assert await listed_topics(kafka_bootstrap) == before  # refused before creating anything
     assert (await _partitions(kafka_bootstrap, [partials]))[partials] == 2
 
     worker = subprocess.run(  # the worker's own creation refuses it too, before starting
@@ -435,7 +425,7 @@ async def test_a_configured_count_unlike_the_existing_topic_is_refused(
     )  # fmt: skip
     assert worker.returncode == 2, worker.stdout + worker.stderr
     assert "topics.partials_partitions is 8" in worker.stderr
-    assert await _existing(kafka_bootstrap) == before
+    assert await listed_topics(kafka_bootstrap) == before
 
     fixed = config_factory({"topics": {"partials_partitions": 2}})
     assert _stream_dp("topics", "apply", "--config", str(fixed)).returncode == 0

@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 import jsonschema
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from stream_dp.broker.topics import apply_topics
@@ -507,3 +509,23 @@ async def release_one_public_query(
             (group_value,) = value["group"].values()
             released[group_value] = value
     return released
+
+
+def one_value_per_key(out: list[tuple[str | None, bytes]]) -> dict[str, dict[str, Any]]:
+    """Every output key has one value (republished copies are byte-identical)."""
+    by_key: dict[str | None, set[bytes]] = defaultdict(set)
+    for key, value in out:
+        by_key[key].add(value)
+    twice = {k: v for k, v in by_key.items() if len(v) > 1}
+    assert not twice, f"a (query, window, key) got a second value: {twice}"
+    return {str(k): orjson.loads(next(iter(v))) for k, v in by_key.items()}
+
+
+async def listed_topics(bootstrap: str) -> set[str]:
+    """Every topic the broker has (a request for all topics: it creates none)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()

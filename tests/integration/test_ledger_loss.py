@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from tests.integration.support import (
     http_get,
     ledger_release_ids,
     metric_value,
+    one_value_per_key,
     produce_events,
     read_topic,
     start_worker,
@@ -122,16 +122,6 @@ def _rebuild(cfg: Path, bootstrap: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _one_value_per_key(out: list[tuple[str | None, bytes]]) -> dict[str, dict[str, Any]]:
-    """Every output key has one value (republished copies are byte-identical)."""
-    by_key: dict[str | None, set[bytes]] = defaultdict(set)
-    for key, value in out:
-        by_key[key].add(value)
-    twice = {k: v for k, v in by_key.items() if len(v) > 1}
-    assert not twice, f"a (query, window, key) got a second value: {twice}"
-    return {str(k): orjson.loads(next(iter(v))) for k, v in by_key.items()}
-
-
 async def _recover_and_release_window_2(
     cfg: Path, bootstrap: str, port: int, tmp_path: Path, first: dict[str, dict[str, Any]]
 ) -> None:
@@ -155,7 +145,7 @@ async def _recover_and_release_window_2(
     finally:
         code = worker.terminate()
     assert code == 0, worker.log()
-    values = _one_value_per_key(out)
+    values = one_value_per_key(out)
     for key, record in first.items():
         assert values[key] == record  # windows 0 and 1: the first draw, unchanged
     released = {v["window_start"]: v["value"] for v in values.values() if v["kind"] == "release"}
@@ -173,7 +163,7 @@ async def _release_windows_0_and_1(
     worker = start_worker(cfg, tmp_path / "first.log")
     out = await read_topic(bootstrap, topics["output"], until=windows_done(["visits"], 2))
     await wait_while_running(lambda: http_get(port, "/health/ready")[0] == 200, "ready", worker)
-    return worker, _one_value_per_key(out)
+    return worker, one_value_per_key(out)
 
 
 async def _delete_topic(bootstrap: str, topic: str) -> None:
@@ -206,7 +196,7 @@ async def test_a_recreated_ledger_topic_holds_the_worker_until_it_is_rebuilt(
     later.write_text(yaml.safe_dump(data))
     held = await _held_run(later, tmp_path / "held-later.log", port)
     assert "committed offsets" in held.log(), held.log()[-4000:]
-    _one_value_per_key(await read_topic(kafka_bootstrap, topics["output"]))
+    one_value_per_key(await read_topic(kafka_bootstrap, topics["output"]))
     await _recover_and_release_window_2(cfg, kafka_bootstrap, port, tmp_path, first)
 
 
@@ -226,7 +216,7 @@ async def test_a_ledger_topic_deleted_under_a_running_worker_stops_its_releases(
     finally:
         assert worker.terminate() == 0, worker.log()
     out = await read_topic(kafka_bootstrap, topics["output"])
-    assert {v["window_start"] for v in _one_value_per_key(out).values()} == {W[0], W[1]}
+    assert {v["window_start"] for v in one_value_per_key(out).values()} == {W[0], W[1]}
     # The operator rebuilds into a new ledger topic (the embedded broker keeps a deleted
     # topic that was written to afterwards unwritable under its name, even once created
     # again; on Apache Kafka `stream-dp topics apply` could create the same name again).
