@@ -40,8 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The phases of an iteration the probe times (wall seconds spent awaiting each).
 PHASES = ("fetch", "route", "seal_release", "commit", "take")
 #: Inside ``seal_release``: stage 1's hand-off, the releases, the ledger bounds, topology;
-#: inside the hand-off: the seal (in its thread), every write to the partials topic (partials
-#: and watermarks), the watermark announcements alone, the partner exports.
+#: inside the hand-off: the seal (in its thread), the waits for the partials topic's
+#: acknowledgements (partials and watermarks; a write left in flight is awaited by the next
+#: turn), the watermark announcements alone, the partner exports.
 SUB_PHASES = ("handoff", "release", "bounds", "tick", "seal", "partials_write", "announce")
 
 
@@ -109,7 +110,10 @@ def _install(out: Path, events: int) -> None:
     timed(LedgerReader, "read_awaited_bounds", "bounds")
     timed(TopologyWatch, "tick", "tick")
     timed(KafkaTransport, "seal", "seal")
-    timed(KafkaTransport, "write_partials", "partials_write")
+    if hasattr(Handoff, "settle"):  # a partials write awaited by the next turn
+        timed(Handoff, "settle", "partials_write")
+    else:  # a tree from before: each write awaited where it is made
+        timed(KafkaTransport, "write_partials", "partials_write")
     timed(Handoff, "announce", "announce")
 
     from aiokafka.producer import sender as aio_sender

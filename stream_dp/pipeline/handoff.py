@@ -11,17 +11,23 @@ Each turn (:meth:`Handoff.step`) stage 1 hands what it sealed to stage 2, in thi
    due windows are sealed (:meth:`HandoffTransport.seal`: in a thread, or right here) and
    their partials written to each window's partials partition
    (:meth:`~stream_dp.pipeline.release_driver.ReleaseDriver.partials_partition_of`, the one
-   place it is computed); :meth:`HandoffTransport.write_partials` returns once they are
-   acknowledged;
-3. only then is each sealed window's state dropped — from then on its input offsets may be
-   committed (they are no longer held by an open window);
+   place it is computed) by :meth:`HandoffTransport.send_partials`, which returns at once
+   with the write's acknowledgement to await;
+3. only once that write is acknowledged is each sealed window's state dropped — from then
+   on its input offsets may be committed (they are no longer held by an open window). The
+   turn does not wait for it: the write stays in flight while the worker fetches and reads
+   its next batch, and the next turn (or the next write: one write in flight at a time)
+   settles it first (:meth:`Handoff.settle`). Meanwhile the windows are closed to events
+   (their partition's sealed time passed them when they fell due: later events are late),
+   their state and input offsets are held, and an erasure reaching them re-seals them, as
+   it would a window kept sealed for its release;
 4. windows an erasure reached after they were sealed (and before they were released) go the
    same way, 2–3;
 5. last, every source partition's watermark to every partials partition — those that hold
    windows back first, the quiet ones after them — whenever partials were sealed, and at
    least every ``watermark_interval_s`` otherwise. When partials were sealed the watermarks
    go in the same write as the last hand-off's partials, after them
-   (:meth:`Handoff.hand_off`'s ``marks_at``): one round trip to the broker instead of two.
+   (:meth:`Handoff.send`'s ``marks_at``): one round trip to the broker instead of two.
    Each watermark is then what it would be once that hand-off's windows are dropped
    (:meth:`IngestStage.watermarks`' ``dropping``), and the windows are dropped (3) only once
    the whole write is acknowledged.
@@ -29,28 +35,37 @@ Each turn (:meth:`Handoff.step`) stage 1 hands what it sealed to stage 2, in thi
 Why this order. A watermark past a window's end tells stage 2 that the source has nothing
 more for it: were it durable before that source's partials, stage 2 could release the window
 without them (an under-count published for ever). In one write, the partials come before the
-watermarks on every partials partition (:meth:`HandoffTransport.write_partials` keeps each
+watermarks on every partials partition (:meth:`HandoffTransport.send_partials` keeps each
 partition's records in order, and a window's partials and the watermarks that close it are
 on its one partials partition), so no reader sees a watermark before the partials it
 follows; a write that fails leaves some partitions with both and others with neither, and
-is redone whole. Dropping the state (and so committing the
-input) before the partials are acknowledged would lose the window's events on a crash in
-between. A quiet watermark lets stage 2 stop waiting for its partition — an advance — so the
+is redone whole (a failed write is found by the turn that settles it: the worker stops, its
+windows held). Dropping the state (and so committing the input) before the partials are
+acknowledged would lose the window's events on a crash in between. Leaving the write in
+flight while the next batch is read changes none of this: what it carries was computed
+before that batch (the watermarks included), and nothing it seals is dropped or committed
+before its acknowledgement. Only one write is in flight, so the writes reach each partials
+partition in the order they were made.
+
+A quiet watermark lets stage 2 stop waiting for its partition — an advance — so the
 partitions that hold windows back go first: no reader sees one partition advance without the
 others' news from the same moment. For the same reason a quiet partition that has data again
 says so (1) before anything else could close a window on its silence.
 
-The transport is what differs: the Kafka worker writes the partials topic and waits for the
-broker (:class:`stream_dp.pipeline.kafka.kafka_transport.KafkaTransport`); the in-memory
-pipeline (replay, tests) feeds the same encoded records to its release stage
-(:class:`stream_dp.pipeline.local.local.MemoryTransport`), where :func:`run_now` steps the
-coroutine to its end.
+The transport is what differs: the Kafka worker writes the partials topic in a task that
+ends with the broker's acknowledgement
+(:class:`stream_dp.pipeline.kafka.kafka_transport.KafkaTransport`); the in-memory pipeline
+(replay, tests) feeds the same encoded records to its release stage at once and returns an
+acknowledgement already given (:class:`stream_dp.pipeline.local.local.MemoryTransport`),
+where :func:`run_now` steps the coroutine to its end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import ParamSpec, Protocol, TypeVar
 
 from stream_dp.pipeline.faults import NO_FAULTS, Faults
@@ -77,11 +92,23 @@ def marks_interval_s(idle_close_s: float) -> float:
     return min(WATERMARK_INTERVAL_S, idle_close_s / 2)
 
 
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A partials write sent and not yet settled: its acknowledgement, the windows it seals
+    and the watermarks it carries (as of ``marks_at``; None: none)."""
+
+    acknowledged: Awaitable[None]
+    sealed: list[tuple[int, int]]
+    marks: list[SourceWatermark]
+    marks_at: float | None
+
+
 class HandoffTransport(Protocol):
     """Where stage 1's records go: the partials topic, or stage 2 in memory."""
 
-    async def write_partials(self, records: Sequence[Placed]) -> None:
-        """Write records to their partials partitions, in order; return once acknowledged."""
+    def send_partials(self, records: Sequence[Placed]) -> Awaitable[None]:
+        """Start writing records to their partials partitions, in order; the awaitable
+        completes once they are acknowledged (and raises if they could not be written)."""
 
     async def seal(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the CPU-heavy sealing (in a thread, or right here)."""
@@ -111,6 +138,8 @@ class Handoff:
         self.faults = faults
         self.export = export
         self._marks_sent_mono = -math.inf
+        #: The last write, sent and not yet settled (:meth:`send`, :meth:`settle`).
+        self._in_flight: InFlight | None = None
         #: Source partitions whose last watermark said quiet.
         self._silent: set[int] = set()
 
@@ -138,7 +167,9 @@ class Handoff:
         )
 
     async def step(self, now_mono: float) -> None:
-        """Steps 1–5 of the module docstring."""
+        """Steps 1–5 of the module docstring; the last write is left in flight (settled by
+        the next turn, :meth:`settle`)."""
+        await self.settle()
         ingest = self.ingest
         if self._woke_up(now_mono):
             await self.announce(ingest.watermarks(now_mono), now_mono)
@@ -150,10 +181,10 @@ class Handoff:
         marked = False
         if sealed:
             marked = marks_due and not ingest.reseal_pending()
-            await self.hand_off(sealed, marks_at=now_mono if marked else None)
+            await self.send(sealed, marks_at=now_mono if marked else None)
         resealed = ingest.reseal_due()  # erasures reached sealed, unreleased windows
         if resealed:
-            await self.hand_off(resealed, marks_at=now_mono if marks_due else None)
+            await self.send(resealed, marks_at=now_mono if marks_due else None)
             marked = marks_due
         if marks_due and not marked:
             await self.announce(ingest.watermarks(now_mono), now_mono)
@@ -161,35 +192,78 @@ class Handoff:
     async def hand_off(
         self, sealed: Sequence[tuple[int, int]], *, marks_at: float | None = None
     ) -> None:
-        """Steps 2–3: each sealed (partition, window)'s partials to the window's partials
-        partition, acknowledged; then its state dropped. ``marks_at``: step 5 too, in the
-        same write after the partials — every watermark as of that time, as it will be once
-        these windows are dropped."""
-        encoded = await self.transport.seal(
-            seal_windows,
-            self.ingest,
-            sealed,
-            self.partials_partition_of,
-            max_bytes=self.max_bytes,
-        )
+        """Steps 2–3, awaited: :meth:`send`, then :meth:`settle`."""
+        await self.send(sealed, marks_at=marks_at)
+        await self.settle()
+
+    async def send(
+        self, sealed: Sequence[tuple[int, int]], *, marks_at: float | None = None
+    ) -> None:
+        """Step 2: each sealed (partition, window)'s partials to the window's partials
+        partition, the write left in flight (step 3 is :meth:`settle`'s, once it is
+        acknowledged). ``marks_at``: step 5 too, in the same write after the partials —
+        every watermark as of that time, as it will be once these windows are dropped.
+
+        The write before is settled first: one write in flight, so none overtakes another.
+        Meanwhile the windows are closed to events (``due`` moved their partition's sealed
+        time past them), their state and input offsets held, and an erasure reaching them
+        marks them for a re-seal (:meth:`IngestStage.being_sealed`)."""
+        await self.settle()
+        self.ingest.being_sealed(sealed)
+        try:
+            encoded = await self.transport.seal(
+                seal_windows,
+                self.ingest,
+                sealed,
+                self.partials_partition_of,
+                max_bytes=self.max_bytes,
+            )
+        except BaseException:
+            self.ingest.not_sealed(sealed)
+            raise
         items: list[Placed] = [(k, v, r) for r, records in encoded for k, v in records]
         marks: list[SourceWatermark] = []
         if marks_at is not None:
             marks = self._ordered(self.ingest.watermarks(marks_at, dropping=sealed))
             items.extend(self._placed(marks))
-        await self.transport.write_partials(items)
-        for p, ws in sealed:
-            self.ingest.drop(p, ws)
-        if marks_at is not None:
-            self._announced(marks, marks_at)
+        acknowledged = self.transport.send_partials(items)
+        self._in_flight = InFlight(acknowledged, list(sealed), marks, marks_at)
+
+    async def settle(self) -> None:
+        """Step 3 for the write in flight, if any: once it is acknowledged, each of its
+        windows' state is dropped (a window of a partition revoked meanwhile is its new
+        owner's: left alone) and its watermarks count as sent. A write that failed drops
+        nothing (the windows are due again) and raises."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return
+        try:
+            await flight.acknowledged
+        except BaseException:
+            self.ingest.not_sealed(flight.sealed)
+            raise
+        for p, ws in flight.sealed:
+            if self.ingest.still_sealing(p, ws):
+                self.ingest.drop(p, ws)
+        if flight.marks_at is not None:
+            self._announced(flight.marks, flight.marks_at)
         self.faults.reached("after_partials_write")
 
+    def abandon(self) -> None:
+        """The worker stops without settling: the write in flight is left to the producer
+        (its windows stay held: their input is not committed past them)."""
+        flight, self._in_flight = self._in_flight, None
+        if flight is not None and isinstance(flight.acknowledged, asyncio.Future):
+            flight.acknowledged.cancel()
+
     async def announce(self, marks: Sequence[SourceWatermark], now_mono: float) -> None:
-        """Step 5: each watermark to every partials partition, the quiet ones last."""
+        """Step 5: each watermark to every partials partition, the quiet ones last (after
+        the write in flight is settled; this one is awaited)."""
+        await self.settle()
         ordered = self._ordered(marks)
         items = self._placed(ordered)
         if items:
-            await self.transport.write_partials(items)
+            await self.transport.send_partials(items)
         self._announced(ordered, now_mono)
 
     @staticmethod

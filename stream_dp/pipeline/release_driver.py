@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 from stream_dp.errors import StreamDPError
@@ -385,6 +385,19 @@ class ReleaseDriver:
                     extra={"window": iso_utc(window_start_s)},
                 )
         return True
+
+
+class Acknowledged:
+    """An acknowledgement already given (an in-memory write): awaiting it never suspends,
+    and it may be awaited any number of times, or never."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that ends at once
+
+
+#: What an in-memory transport's writes return.
+ACKNOWLEDGED = Acknowledged()
 
 
 class SuspendedError(StreamDPError):

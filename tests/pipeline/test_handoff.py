@@ -1,12 +1,13 @@
 """Stage 1's hand-off, written once (stream_dp/pipeline/handoff.py): the exact order of its
 effects on a transport — the woken partition announced first, partials then watermarks (the
 quiet partitions after the others) in one write, acknowledged before their window's state is
-dropped — and nothing dropped when that write fails."""
+dropped (by the next turn: the write is left in flight) — and nothing dropped when that write
+fails. What happens while a write is in flight: tests/pipeline/test_handoff_in_flight.py."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import ParamSpec, TypeVar
 
 import orjson
@@ -17,7 +18,7 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.partials import WATERMARK_KEY_PREFIX
 from stream_dp.pipeline.handoff import Handoff
 from stream_dp.pipeline.local.local import LocalPipeline
-from stream_dp.pipeline.release_driver import Placed
+from stream_dp.pipeline.release_driver import ACKNOWLEDGED, Placed
 from stream_dp.pipeline.stages.ingest import IngestStage
 from tests.pipeline.support import KEYRING, NOW, T0, config, rec
 
@@ -35,9 +36,9 @@ class Recording:
         #: Each write's records as (key, partition), in order.
         self.writes: list[list[tuple[str, int]]] = []
 
-    async def write_partials(self, records: Sequence[Placed]) -> None:
+    def send_partials(self, records: Sequence[Placed]) -> Awaitable[None]:
         if self.fail:
-            raise BrokerError("test: the partials write was not acknowledged")
+            return self._failed()
         self.writes.append([(key, r) for key, _, r in records])
         for key, value, r in records:
             assert value is not None
@@ -50,6 +51,11 @@ class Recording:
                 entry = f"partial {query} of {source} to {r}"
             if not self.log or self.log[-1] != entry:
                 self.log.append(entry)
+        return ACKNOWLEDGED
+
+    @staticmethod
+    async def _failed() -> None:
+        raise BrokerError("test: the partials write was not acknowledged")
 
     async def seal(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         self.log.append("seal")
@@ -84,6 +90,12 @@ def _step(handoff: Handoff, log: list[str], now_mono: float) -> list[str]:
     return list(log)
 
 
+def _settle(handoff: Handoff, log: list[str]) -> list[str]:
+    log.clear()
+    asyncio.run(handoff.settle())
+    return list(log)
+
+
 def test_the_hand_off_writes_partials_then_watermarks_quiet_ones_last_then_drops() -> None:
     log: list[str] = []
     handoff, ingest, transport = _handoff(log)
@@ -102,8 +114,7 @@ def test_the_hand_off_writes_partials_then_watermarks_quiet_ones_last_then_drops
         "watermark 0",
         "watermark 1",
         "watermark 2 quiet",
-        "drop 0 0",
-    ]
+    ]  # the write is left in flight: the window is dropped by the next turn
     # One write (one round trip): on each partials partition the partials come first.
     assert len(transport.writes) == 1
     for r in (0, 1):
@@ -114,6 +125,7 @@ def test_the_hand_off_writes_partials_then_watermarks_quiet_ones_last_then_drops
     ingest.ingest(2, [rec(0, "w", 13)], now_s=NOW, now_mono_s=8)
     ingest.ingest(1, [rec(1, "v", 14)], now_s=NOW, now_mono_s=8)
     assert _step(handoff, log, 8) == [
+        "drop 0 0",
         "watermark 0",
         "watermark 1",
         "watermark 2",
@@ -123,8 +135,9 @@ def test_the_hand_off_writes_partials_then_watermarks_quiet_ones_last_then_drops
         "watermark 0",
         "watermark 1",
         "watermark 2",
-        "drop 1 0",
     ]
+    assert _settle(handoff, log) == ["drop 1 0"]
+    assert _settle(handoff, log) == []  # settled once
 
 
 def test_watermarks_written_with_the_partials_say_what_holds_once_their_windows_are_dropped() -> (
@@ -145,13 +158,13 @@ def test_watermarks_written_with_the_partials_say_what_holds_once_their_windows_
         "watermark 0 quiet",
         "watermark 1 quiet",
         "watermark 2 quiet",
+    ]
+    assert len(transport.writes) == 1
+    # The next turn: the windows dropped; nothing sealed, the partitions were quiet and still are.
+    assert _step(handoff, log, 20) == [
         "drop 0 0",
         "drop 1 0",
         "drop 2 0",
-    ]
-    assert len(transport.writes) == 1
-    # The next turn: nothing sealed, the partitions were quiet and still are.
-    assert _step(handoff, log, 20) == [
         "watermark 0 quiet",
         "watermark 1 quiet",
         "watermark 2 quiet",
@@ -164,9 +177,17 @@ def test_a_window_whose_partials_were_not_acknowledged_keeps_its_state_and_input
     ingest.ingest(0, [rec(0, "u", 1), rec(1, "u", 12)], now_s=NOW, now_mono_s=1)
     held = ingest.safe_offsets()
     transport.fail = True
-    with pytest.raises(BrokerError):
-        asyncio.run(handoff.step(1))
+    assert "seal" in _step(handoff, log, 1)  # sealed, the write in flight
+    assert ingest.safe_offsets() == held
+    with pytest.raises(BrokerError):  # the turn that settles it finds it failed
+        asyncio.run(handoff.step(2))
     assert [e for e in log if e.startswith("drop")] == []
     assert ingest.safe_offsets() == held  # its input is not committed past the window
+    assert (0, T0) in ingest.all_open()  # due again
     transport.fail = False
-    assert "drop 0 0" in _step(handoff, log, 2)  # handed off on the next turn
+    assert _step(handoff, log, 3)[:3] == [
+        "seal",
+        "partial visits of 0 to 1",
+        "partial all of 0 to 1",
+    ]
+    assert _settle(handoff, log) == ["drop 0 0"]  # handed off on the next turn

@@ -9,6 +9,7 @@ fetching, answering the group coordinator and serving /metrics meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
@@ -67,8 +68,10 @@ class KafkaTransport:
     def window_released(self, window_start_s: int) -> None:
         return None
 
-    async def write_partials(self, records: Sequence[Placed]) -> None:
-        await self._publisher.send_many(self._partials_topic, records)
+    def send_partials(self, records: Sequence[Placed]) -> asyncio.Task[None]:
+        """The write, in a task of its own (ended by the acknowledgement of every record,
+        retried as a whole like every write): the worker's loop goes on meanwhile."""
+        return asyncio.ensure_future(self._publisher.send_many(self._partials_topic, records))
 
     async def seal(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await run_off_loop(fn, *args, **kwargs)

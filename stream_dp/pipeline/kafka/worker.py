@@ -441,10 +441,15 @@ class Worker:
     async def _loop(self) -> None:
         try:
             await self._turn()
-            # A graceful stop: the last routed events acknowledged, their input committable.
+            # A graceful stop: the last routed events acknowledged, their input committable;
+            # the last partials write acknowledged, its windows' input committable.
             self.membership.routed_acknowledged(await self.output.settle())
+            if self.handoff is not None:
+                await self.handoff.settle()
         finally:
             await self.output.abandon()
+            if self.handoff is not None:
+                self.handoff.abandon()
 
     async def _turn(self) -> None:
         membership = self.membership

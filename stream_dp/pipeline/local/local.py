@@ -30,7 +30,7 @@ from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.ledger import LedgerIndex, LedgerRelease, encode_coverage
 from stream_dp.pipeline.formats.partials import SourceWatermark
 from stream_dp.pipeline.handoff import Handoff
-from stream_dp.pipeline.release_driver import Placed, ReleaseDriver, run_now
+from stream_dp.pipeline.release_driver import ACKNOWLEDGED, Placed, ReleaseDriver, run_now
 from stream_dp.pipeline.stages.ingest import DeadLetter, IngestSettings, IngestStage, InputRecord
 from stream_dp.pipeline.stages.release_stage import ExactTotalsObserver, ReleaseStage
 from stream_dp.privacy.continual.counter import NoiseSource
@@ -175,6 +175,8 @@ class LocalPipeline:
         """Seal due windows into partials, pass them and the watermarks on
         (:meth:`Handoff.step`), release."""
         run_now(self._handoff.step(now_mono_s))
+        # In memory the write is acknowledged already: its windows go now, not next turn.
+        run_now(self._handoff.settle())
         return self._release_due(now_s)
 
     def finish(self, *, now_s: float) -> list[LedgerRelease]:
@@ -182,6 +184,7 @@ class LocalPipeline:
         before the last). Under ``bounds: auto`` a window is sealed only once the window
         before it is released (its bounds come from there), so this goes window by window."""
         out: list[LedgerRelease] = []
+        run_now(self._handoff.settle())  # the last turn's write: its windows dropped
         while True:
             pending = self.ingest_stage.all_open()
             held = [ws for _, ws in pending if self.release.bounds_for(ws) is None]
@@ -283,8 +286,9 @@ class MemoryTransport:
     async def draw(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return fn(*args, **kwargs)
 
-    async def write_partials(self, records: Sequence[Placed]) -> None:
+    def send_partials(self, records: Sequence[Placed]) -> Awaitable[None]:
         self._pipeline._deliver(records)
+        return ACKNOWLEDGED
 
     async def seal(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return fn(*args, **kwargs)

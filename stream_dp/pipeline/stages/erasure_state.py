@@ -32,7 +32,8 @@ class ErasureState:
     def apply_erasures(self, erasures: Sequence[Erasure], position: int) -> None:
         """Take in erasures just added to the stage's erasure set (the log read up to
         ``position``): remove their users from every window held, and mark the sealed
-        windows kept for their release to be sealed again. Nothing on /metrics says how many
+        windows kept for their release — and those whose partials are still being written —
+        to be sealed again. Nothing on /metrics says how many
         events were removed: that would tell how active the erased person was.
 
         One vectorised removal per window for the whole batch
@@ -50,7 +51,7 @@ class ErasureState:
                 if erased is None:
                     continue
                 part.samples.remove_many(erased)
-                if ws in kept:
+                if ws in kept or (p, ws) in store.sealing:
                     store.reseal.add((p, ws))
         self.applied = max(self.applied, position)
 

@@ -544,7 +544,8 @@ class IngestStage:
                         break
             self.store.sealed_s[p] = wm
             kept = self.store.kept.get(p, ())
-            out.extend((p, ws) for ws in closed if ws not in kept)
+            sealing = self.store.sealing
+            out.extend((p, ws) for ws in closed if ws not in kept and (p, ws) not in sealing)
         return sorted(out, key=lambda pw: (pw[1], pw[0]))
 
     def all_open(self) -> list[tuple[int, int]]:
@@ -554,6 +555,20 @@ class IngestStage:
     def seal(self, partition: int, window_start_s: int) -> list[Partial]:
         """The partition's partials of the window: :meth:`.Sealer.seal`."""
         return self.sealer.seal(partition, window_start_s)
+
+    def being_sealed(self, sealed: Iterable[tuple[int, int]]) -> None:
+        """These windows' partials are being written: they stay held (and an erasure that
+        reaches them re-seals them) until :meth:`drop`, or :meth:`not_sealed` if the write
+        failed. A partition revoked meanwhile forgets its own."""
+        self.store.sealing.update(sealed)
+
+    def still_sealing(self, partition: int, window_start_s: int) -> bool:
+        """Whether the window is being sealed by this stage still (not revoked since)."""
+        return (partition, window_start_s) in self.store.sealing
+
+    def not_sealed(self, sealed: Iterable[tuple[int, int]]) -> None:
+        """Their partials' write failed: the windows are due again (their state is held)."""
+        self.store.sealing.difference_update(sealed)
 
     def drop(self, partition: int, window_start_s: int) -> None:
         """The window's partials are published: its state goes — or, with

@@ -343,6 +343,10 @@ class WindowStore:
         #: Per partition, sealed windows kept for a possible re-seal; and those due one.
         self.kept: dict[int, set[int]] = {}
         self.reseal: set[tuple[int, int]] = set()
+        #: (partition, window)s sealed whose partials are written but not yet acknowledged
+        #: (:class:`~stream_dp.pipeline.handoff.Handoff`): closed to events (``sealed_s``),
+        #: their state and input offsets held, an erasure reaching them re-seals them.
+        self.sealing: set[tuple[int, int]] = set()
         self.signatures: list[tuple[Any, ...]] = []
         self.signature_ids: dict[tuple[Any, ...], int] = {}
         self._compact_signatures_at = SIGNATURES_COMPACT_MIN
@@ -405,18 +409,19 @@ class WindowStore:
         self.routed_seen.pop(partition, None)
         self.kept.pop(partition, None)
         self.reseal = {(q, ws) for q, ws in self.reseal if q != partition}
+        self.sealing = {(q, ws) for q, ws in self.sealing if q != partition}
 
     def open_windows(self) -> list[int]:
         return sorted({ws for parts in self.parts.values() for ws in parts})
 
     def all_open(self) -> list[tuple[int, int]]:
-        """Every (partition, window) with state not kept sealed."""
+        """Every (partition, window) with state, neither kept sealed nor being sealed."""
         return sorted(
             (
                 (p, ws)
                 for p, parts in self.parts.items()
                 for ws in parts
-                if ws not in self.kept.get(p, ())
+                if ws not in self.kept.get(p, ()) and (p, ws) not in self.sealing
             ),
             key=lambda pw: (pw[1], pw[0]),
         )
@@ -425,6 +430,7 @@ class WindowStore:
         """The window's partials are published: its state goes — or, with
         :attr:`keep_sealed`, stays until its release is known (:meth:`drop_released`)."""
         held = window_start_s in self.parts.get(partition, {})
+        self.sealing.discard((partition, window_start_s))
         if self.keep_sealed and held:
             self.kept.setdefault(partition, set()).add(window_start_s)
         else:
