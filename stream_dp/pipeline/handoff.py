@@ -11,8 +11,8 @@ Each turn (:meth:`Handoff.step`) stage 1 hands what it sealed to stage 2, in thi
    due windows are sealed (:meth:`HandoffTransport.seal`: in a thread, or right here) and
    their partials written to each window's partials partition
    (:meth:`~stream_dp.pipeline.release_driver.ReleaseDriver.partials_partition_of`, the one
-   place it is computed) by :meth:`HandoffTransport.send_partials`, which returns at once
-   with the write's acknowledgement to await;
+   place it is computed) by :meth:`HandoffTransport.send_partials`, which returns once the
+   write is handed over, with its acknowledgement to await;
 3. only once that write is acknowledged is each sealed window's state dropped — from then
    on its input offsets may be committed (they are no longer held by an open window). The
    turn does not wait for it: the write stays in flight while the worker fetches and reads
@@ -52,8 +52,8 @@ partitions that hold windows back go first: no reader sees one partition advance
 others' news from the same moment. For the same reason a quiet partition that has data again
 says so (1) before anything else could close a window on its silence.
 
-The transport is what differs: the Kafka worker writes the partials topic in a task that
-ends with the broker's acknowledgement
+The transport is what differs: the Kafka worker hands the write to its producer (the request
+goes out before the turn goes on) and gets a task that ends with the broker's acknowledgement
 (:class:`stream_dp.pipeline.kafka.kafka_transport.KafkaTransport`); the in-memory pipeline
 (replay, tests) feeds the same encoded records to its release stage at once and returns an
 acknowledgement already given (:class:`stream_dp.pipeline.local.local.MemoryTransport`),
@@ -106,9 +106,10 @@ class InFlight:
 class HandoffTransport(Protocol):
     """Where stage 1's records go: the partials topic, or stage 2 in memory."""
 
-    def send_partials(self, records: Sequence[Placed]) -> Awaitable[None]:
-        """Start writing records to their partials partitions, in order; the awaitable
-        completes once they are acknowledged (and raises if they could not be written)."""
+    async def send_partials(self, records: Sequence[Placed]) -> Awaitable[None]:
+        """Hand records to be written to their partials partitions, in order; the awaitable
+        returned completes once they are acknowledged (and raises if they could not be
+        written)."""
 
     async def seal(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the CPU-heavy sealing (in a thread, or right here)."""
@@ -226,7 +227,7 @@ class Handoff:
         if marks_at is not None:
             marks = self._ordered(self.ingest.watermarks(marks_at, dropping=sealed))
             items.extend(self._placed(marks))
-        acknowledged = self.transport.send_partials(items)
+        acknowledged = await self.transport.send_partials(items)
         self._in_flight = InFlight(acknowledged, list(sealed), marks, marks_at)
 
     async def settle(self) -> None:
@@ -263,7 +264,7 @@ class Handoff:
         ordered = self._ordered(marks)
         items = self._placed(ordered)
         if items:
-            await self.transport.send_partials(items)
+            await (await self.transport.send_partials(items))
         self._announced(ordered, now_mono)
 
     @staticmethod

@@ -36,7 +36,7 @@ class Recording:
         #: Each write's records as (key, partition), in order.
         self.writes: list[list[tuple[str, int]]] = []
 
-    def send_partials(self, records: Sequence[Placed]) -> Awaitable[None]:
+    async def send_partials(self, records: Sequence[Placed]) -> Awaitable[None]:
         if self.fail:
             return self._failed()
         self.writes.append([(key, r) for key, _, r in records])

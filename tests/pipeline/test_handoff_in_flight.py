@@ -39,7 +39,7 @@ class Answered:
         #: Each write: its records and the future that acknowledges it.
         self.writes: list[tuple[list[Placed], asyncio.Future[None]]] = []
 
-    def send_partials(self, records: Sequence[Placed]) -> asyncio.Future[None]:
+    async def send_partials(self, records: Sequence[Placed]) -> asyncio.Future[None]:
         ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.writes.append((list(records), ack))
         return ack

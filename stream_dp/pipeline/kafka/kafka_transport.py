@@ -68,10 +68,10 @@ class KafkaTransport:
     def window_released(self, window_start_s: int) -> None:
         return None
 
-    def send_partials(self, records: Sequence[Placed]) -> asyncio.Task[None]:
-        """The write, in a task of its own (ended by the acknowledgement of every record,
-        retried as a whole like every write): the worker's loop goes on meanwhile."""
-        return asyncio.ensure_future(self._publisher.send_many(self._partials_topic, records))
+    async def send_partials(self, records: Sequence[Placed]) -> asyncio.Future[None]:
+        """The write handed to the producer; what is returned ends with the acknowledgement
+        of every record (retried as a whole like every write): the loop goes on meanwhile."""
+        return await self._publisher.start_many(self._partials_topic, records)
 
     async def seal(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await run_off_loop(fn, *args, **kwargs)

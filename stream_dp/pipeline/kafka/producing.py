@@ -26,6 +26,14 @@ async def send_all(
     producer: AIOKafkaProducer, topic: str, items: Sequence[Outgoing], headers: Headers = ()
 ) -> None:
     """Send every record, each with ``headers``, and wait for every acknowledgement."""
+    await (await enqueue_all(producer, topic, items, headers))
+
+
+async def enqueue_all(
+    producer: AIOKafkaProducer, topic: str, items: Sequence[Outgoing], headers: Headers = ()
+) -> asyncio.Future[Any]:
+    """Hand every record, each with ``headers``, to the producer; the returned future ends
+    with every acknowledgement (or the first failure)."""
     header_list = list(headers) or None  # send(): None for none
     batch_headers = list(headers)  # BatchBuilder.append(): a list
     futures: list[asyncio.Future[Any]] = []
@@ -54,4 +62,4 @@ async def send_all(
     for partition, batch in batches.items():
         if batch.record_count() > 0:
             futures.append(await producer.send_batch(batch, topic, partition=partition))
-    await asyncio.gather(*futures)
+    return asyncio.gather(*futures)

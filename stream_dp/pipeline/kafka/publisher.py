@@ -48,13 +48,16 @@ from stream_dp.pipeline.formats.records import (
     output_partition,
 )
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
-from stream_dp.pipeline.kafka.producing import Headers, Outgoing, send_all
+from stream_dp.pipeline.kafka.producing import Headers, Outgoing, enqueue_all, send_all
 from stream_dp.pipeline.stages.ingest import DeadLetter
 from stream_dp.pipeline.stages.offload import run_off_loop
 from stream_dp.retry import retry
 
 #: Largest record batch the producer builds (fewer, larger produce requests).
 MAX_BATCH_BYTES = 512 * 1024
+#: Turns of the event loop :meth:`Publisher.start_many` gives aiokafka's sender to write the
+#: request (three on aiokafka 0.14, tests/integration/test_partials_in_flight.py).
+HAND_OVER_TURNS = 3
 #: A release with more records than this is encoded for the output topic off the loop.
 OFF_LOOP_RECORDS = 2_000
 
@@ -239,6 +242,42 @@ class Publisher(WorkerPart):
         await self.retry(f"produce to {topic}", attempt)
         self.health.set("producer_connected", True)
         report_progress("write")  # acknowledged: a long run of writes is moving
+
+    async def start_many(
+        self, topic: str, items: Sequence[Outgoing], headers: Headers = ()
+    ) -> asyncio.Future[None]:
+        """Hand a batch to the producer now, and return what ends once every record is
+        acknowledged: a write left in flight while the caller goes on. If that first
+        attempt fails, the write is redone whole as :meth:`send_many` does (retried,
+        bounded); the returned task raises only once that gives up."""
+        assert self.producer is not None
+        producer = self.producer
+        try:
+            first: asyncio.Future[Any] | None = await enqueue_all(producer, topic, items, headers)
+        except KafkaError:
+            self.metrics.broker_errors.inc()
+            first = None
+        # The request is written now, not when the caller next waits for something (a
+        # batch's work that does not yield would hold it back): aiokafka 0.14 takes three
+        # turns of the loop for it (the accumulator wakes the sender, the sender drains the
+        # batches into a produce task, that task writes the request).
+        for _ in range(HAND_OVER_TURNS):
+            await asyncio.sleep(0)
+
+        async def acknowledged() -> None:
+            if first is not None:
+                try:
+                    await first
+                except KafkaError:
+                    self.metrics.broker_errors.inc()
+                    self.health.set("producer_connected", False)
+                else:
+                    self.health.set("producer_connected", True)
+                    report_progress("write")
+                    return
+            await self.send_many(topic, items, headers)
+
+        return asyncio.ensure_future(acknowledged())
 
     async def _unless_gone(self, topic: str) -> None:
         """After a failed write to one of the worker's own topics: TopicDeletedError (the

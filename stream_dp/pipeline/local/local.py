@@ -286,7 +286,7 @@ class MemoryTransport:
     async def draw(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return fn(*args, **kwargs)
 
-    def send_partials(self, records: Sequence[Placed]) -> Awaitable[None]:
+    async def send_partials(self, records: Sequence[Placed]) -> Awaitable[None]:
         self._pipeline._deliver(records)
         return ACKNOWLEDGED
 
