@@ -529,14 +529,18 @@ class Worker:
             self.metrics.batch_processing.observe(time.perf_counter() - started)
 
     async def _seal_and_release(self, mono: float) -> None:
-        """Stage 1 seals due windows and sends watermarks; stage 2 releases due windows."""
+        """Stage 2 releases due windows; stage 1 seals due windows and sends watermarks,
+        its write left in flight while the loop reads on (stream_dp/pipeline/handoff.py) —
+        after the releases, whose writes would otherwise queue behind it (one produce
+        request in flight per broker). A window sealed here is released once its partials
+        are read back, in a later iteration either way."""
         ingest, release, driver, handoff = self.ingest, self.release, self.driver, self.handoff
         assert ingest is not None and release is not None and driver is not None
         assert handoff is not None
-        await handoff.step(mono)
         for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
             if await driver.release_window(ws) is None:
                 break
+        await handoff.step(mono)
         self._backlog.note(release.windows_due_count())
         reader = self._reader
         assert reader is not None
