@@ -1017,6 +1017,21 @@ LABELS["eighth_workers"] = (
     "`41dd7be` (`--workers 1,3 --settle --runs 2 --events 1200000 --brokers kafka`, a quiet "
     "machine, right after run `eighth_one_window`)"
 )
+LABELS["ninth"] = (
+    "the ninth pass: a window close's partials write left in flight while the loop reads on "
+    "(before: `f3f6b5b`, the worker at the end of the eighth pass; after: `3b1fc81`), "
+    "`--events 1200000 --runs 5 --before f3f6b5b`, both brokers, nothing else running; with "
+    "`bench.idle_probe --before f3f6b5b --runs 6` on Apache Kafka, one path at a time"
+)
+NOTES["ninth"] = [
+    "**Round by round** (each worker run ÷ raw aiokafka's run of the same round, median of "
+    "five): Tansu default 0.79× before and 0.79× after, keyed 0.90× and 0.89×; Apache Kafka "
+    "default 0.58× and 0.49×, keyed 0.70× and 0.64×. After ÷ before, round by round: Tansu "
+    "0.92–1.13× (default) and 0.86–1.10× (keyed); Apache Kafka 0.75–1.56× and 0.83–1.45×, "
+    "medians 0.86× and 0.97×. The same code's CPU per event moved by ±25% between rounds "
+    "here (keyed after on Apache Kafka: 1.53–2.36 µs), so this run does not separate before "
+    "from after; the probe below, with six rounds a path, measures the waits themselves.",
+]
 NOTES["eighth_workers"] = [
     "**Not settled on Apache Kafka.** Round by round, 3 workers ÷ 1 worker: 1.66× and 1.24× "
     "on the default path, 1.60× and 0.94× keyed; the single worker's own figure moved from "
@@ -1081,6 +1096,23 @@ NOTES["sixth_long"] = [
 #: Notes under a kept run's ``bench.idle_probe`` table (the run kept under "idle" uses the
 #: probe's own notes).
 PROBE_RUN_NOTES: dict[str, list[str]] = {
+    "ninth": [
+        "**What the partials write left in flight changes** (the table shows the first of six "
+        "rounds of each; medians of the six here). Stage 1's wait for its partials (the "
+        "hand-off less its CPU) fell from 3–9% of the span to 0–4% on the default path and "
+        "from 1.7–4.0% to 0–1.1% with keyed input. Busy CPU 0.88 → 0.87 (default; the "
+        "range 0.79–0.92 on both sides) and 0.93 → 0.95 (keyed); CPU per event 2.48 → 2.46 µs "
+        "and 2.33 → 2.28; events/s 337k → 345k and 395k → 419k. On the default path the wait "
+        "moved: stage 0's acknowledgements 7–12% → 7–17% of the span, the releases 2–6% → "
+        "2–10%. aiokafka keeps one produce request in flight per broker, and every write of "
+        "the worker (stage 0's routed records, the partials, the release's ledger and output "
+        "records) shares it, so a write no longer awaited where it is made delays the next "
+        "one behind it instead — on this one-broker bench. That is also why the loop now "
+        "releases before it hands off (run of `38ff305` against `3b1fc81`, not kept: the "
+        "release's wait rose by the hand-off's when it came second). Keyed input on Apache "
+        "Kafka is now busy about 95% of its span: what is left of its gap to raw aiokafka is "
+        "CPU per event, not waiting.",
+    ],
     "eighth_ten_windows_2": [
         "**The one-window finding, repeated** (this run and `eighth_one_window_2`, minutes "
         "apart on Apache Kafka, four rounds each): keyed input 1.12× raw aiokafka by events/s "
@@ -1738,8 +1770,15 @@ LEVERS: list[str] = [
     "one exact noise draw and one output record per key) and the partials' transport (0.76 "
     "s: one entry object per key both ways); the next lever is partials written as columns, "
     "a change of the partials topic's format.",
-    "**Window closes off the fetch path** (the issue's lever; eighth pass: measured, not "
-    "pulled; runs `eighth_pinned`, `eighth_shared`, `eighth_one_window`). Gain measured: on "
+    "**Window closes off the fetch path** (the issue's lever; eighth pass: measured; ninth "
+    "pass: the partials write pulled, run `ninth`; the release chain not). The ninth pass "
+    "leaves a close's partials write in flight while the loop fetches and processes the next "
+    "batch (stream_dp/pipeline/handoff.py; the windows held, closed to events, re-sealed by "
+    "an erasure that reaches them, until the next iteration sees the acknowledgement): "
+    "stage 1's own wait went to 0–4% of the span, and keyed input on Apache Kafka is busy "
+    "about 95% of it, but events/s stayed within this machine's noise, because the worker's "
+    "writes share aiokafka's one produce request in flight per broker and the release's "
+    "chain (below) stays awaited. Measured before it: on "
     "Apache Kafka, keyed input, 0.70–0.77× of raw aiokafka by events/s with this stream's "
     "ten closes in the span, 0.96× and 1.12× with one (runs `eighth_one_window`, "
     "`eighth_one_window_2`) (an upper bound for this lever: one close "
@@ -1756,9 +1795,12 @@ LEVERS: list[str] = [
     "announcement first) kept across iterations, in the hand-off written once for both "
     "transports. Worth: a catch-up after an outage, or any backlog that spans many windows, "
     "reads up to a quarter faster on Apache Kafka; a live stream, whose windows close one "
-    "a minute, nothing measurable. Not pulled in this pass: it changes the concurrency of "
-    "the release path, which deserves its own change and tests, not the end of a measuring "
-    "pass.",
+    "a minute, nothing measurable. Left after the ninth pass: the release chain (ledger "
+    "parts, the fenced read-back, output, marker, progress, tombstones, each acknowledged "
+    "before the next) run beside the loop rather than in it — the chain's order is the "
+    "exactly-once argument and must be kept by its own task, and stage 2's state it reads "
+    "(the window's merged partials, the ledger index) must not change under it while the loop "
+    "ingests partials of other windows.",
 ]
 _KINDS = {
     "raw_aiokafka": "raw aiokafka getmany + orjson.loads",
