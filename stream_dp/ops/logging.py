@@ -23,6 +23,8 @@ The level comes from ``config.logging.level``, which the environment overrides w
 stream-dp's own loggers only: client libraries (aiokafka, kafka, asyncio, ...) stay at
 WARNING or above whatever it is — at DEBUG they print raw records (raw user ids), exact
 internal counts and SASL credentials, and their log calls pass through no filter of ours.
+A client library's line repeated within 10 s is emitted once, the next one after that saying
+how many were held back (:class:`RepeatFilter`): aiokafka logs some errors at every retry.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, TextIO
 
@@ -84,6 +88,45 @@ class RawIdFilter(logging.Filter):
         if removed:
             already = getattr(record, "redacted", [])
             record.redacted = sorted({*already, *removed})
+        return True
+
+
+class RepeatFilter(logging.Filter):
+    """Holds back a client library's line repeated within ``interval_s``: the same logger,
+    level and text. aiokafka logs some errors at every retry — "Topic X not found in cluster
+    metadata" every 100 ms while a write waits for a deleted topic, "OffsetCommit failed"
+    tens of times a second while a commit is refused — which would bury the worker's own
+    line that names the cause and its fix. The first line is emitted, and the first one
+    after each interval, with ``repeated``: how many were held back since. stream-dp's own
+    lines are never held back."""
+
+    #: Distinct lines remembered at most (a line with a changing text is new each time):
+    #: past it the memory is cleared, and the next of each is emitted.
+    MAX_REMEMBERED: Final = 1024
+
+    def __init__(
+        self, interval_s: float = 10.0, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self._clock = clock
+        #: (logger, level, text) → [when last emitted, held back since]
+        self._seen: dict[tuple[str, int, str], list[float]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == OWN_LOGGER or record.name.startswith(OWN_LOGGER + "."):
+            return True
+        key = (record.name, record.levelno, record.getMessage())
+        now = self._clock()
+        seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < self.interval_s:
+            seen[1] += 1
+            return False
+        if seen is not None and seen[1]:
+            record.repeated = int(seen[1])
+        if len(self._seen) >= self.MAX_REMEMBERED and key not in self._seen:
+            self._seen.clear()
+        self._seen[key] = [now, 0]
         return True
 
 
@@ -143,6 +186,7 @@ def configure_logging(
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     setattr(handler, _HANDLER_MARK, True)
     handler.addFilter(RawIdFilter())
+    handler.addFilter(RepeatFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
     root.addHandler(handler)
     root.setLevel(max(numeric, CLIENT_LIBRARY_MIN_LEVEL))

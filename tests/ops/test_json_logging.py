@@ -267,3 +267,37 @@ def test_a_lines_timestamp_is_its_records_moment_in_utc_to_the_millisecond() -> 
         record.created = created
         handler.handle(record)
         assert lines_of(out)[-1]["ts"] == expected
+
+
+def test_a_client_librarys_repeated_line_is_held_back_and_counted() -> None:
+    """aiokafka logs "Topic X not found in cluster metadata" every 100 ms while a write waits
+    for a deleted topic: within an interval the same line is emitted once, and the next one
+    after it says how many were held back. Other lines, and stream-dp's own, are not."""
+    from stream_dp.ops.logging import RepeatFilter
+
+    now = [0.0]
+    out = io.StringIO()
+    configure_logging("INFO", "json", stream=out)
+    (handler,) = [h for h in logging.getLogger().handlers if getattr(h, "_stream_dp_handler", 0)]
+    (default,) = [f for f in handler.filters if isinstance(f, RepeatFilter)]
+    assert default.interval_s == 10.0
+    handler.removeFilter(default)
+    handler.addFilter(RepeatFilter(10.0, clock=lambda: now[0]))
+    client = logging.getLogger("aiokafka.producer.sender")
+    for i in range(50):  # 5 s of a retry every 100 ms
+        now[0] = i * 0.1
+        client.error("Topic %s not found in cluster metadata", "partials")
+        client.error("Topic %s not found in cluster metadata", "other")
+        log.error("our own line %d", i % 2)
+    now[0] = 12.0
+    client.error("Topic %s not found in cluster metadata", "partials")
+    lines = lines_of(out)
+    client_lines = [
+        (line["msg"], line.get("repeated")) for line in lines if line["logger"] != log.name
+    ]
+    assert client_lines == [
+        ("Topic partials not found in cluster metadata", None),
+        ("Topic other not found in cluster metadata", None),
+        ("Topic partials not found in cluster metadata", 49),
+    ]
+    assert len([line for line in lines if line["logger"] == log.name]) == 50
