@@ -92,6 +92,8 @@ class Publisher(WorkerPart):
             out.dead_letter_topic,
             out.partials_topic,
             out.repartition_topic,
+            config.erasure.responses_topic,
+            *(export.topic for export in config.exports),
         }
         self._max_bytes = config.kafka.max_message_bytes
         self.producer: AIOKafkaProducer | None = None
@@ -286,7 +288,7 @@ class Publisher(WorkerPart):
         deleted topic stays deleted (stream_dp/kafka_client/metadata.py), so retrying the
         write cannot succeed."""
         if topic not in self._held_if_gone | self._stopped_if_gone:
-            return  # a topic others name (an erasure requester's responses topic, exports)
+            return  # not one of the deployment's topics (`stream-dp topics apply` makes them all)
         assert self.producer is not None
         if not await topic_gone(self.producer.client, topic):
             return
