@@ -537,6 +537,10 @@ class Worker:
         ingest, release, driver, handoff = self.ingest, self.release, self.driver, self.handoff
         assert ingest is not None and release is not None and driver is not None
         assert handoff is not None
+        # The last iteration's partials write (acknowledged while this batch was read, as a
+        # rule): its windows' state goes before a release builds its own, so that the two
+        # are not held at once (docs/operations.md#memory-at-release).
+        await handoff.settle()
         for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
             if await driver.release_window(ws) is None:
                 break
