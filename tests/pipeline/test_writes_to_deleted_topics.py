@@ -35,9 +35,9 @@ EXPORT = {
 }
 
 
-def _publisher(deleted: set[str], looked_up: list[str]) -> Publisher:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(UNSAFE_TEST_MODE_ENV, "1")
+def _publisher(mp: pytest.MonkeyPatch, deleted: set[str], looked_up: list[str]) -> Publisher:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(UNSAFE_TEST_MODE_ENV, "1")
         config = parse_config(
             {
                 "input": {"keyed_by_user": True},
@@ -57,20 +57,15 @@ def _publisher(deleted: set[str], looked_up: list[str]) -> Publisher:
         looked_up.append(topic)
         return topic in deleted
 
-    publisher_module.topic_gone = topic_gone  # type: ignore[assignment]
+    mp.setattr(publisher_module, "topic_gone", topic_gone)
     return publisher
 
 
-@pytest.fixture(autouse=True)
-def _restore_topic_gone() -> Any:
-    original = publisher_module.topic_gone
-    yield
-    publisher_module.topic_gone = original  # type: ignore[assignment]
-
-
-async def test_every_topic_the_worker_writes_is_checked_when_a_write_to_it_fails() -> None:
+async def test_every_topic_the_worker_writes_is_checked_when_a_write_to_it_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     looked_up: list[str] = []
-    publisher = _publisher(set(), looked_up)
+    publisher = _publisher(monkeypatch, set(), looked_up)
     cfg = publisher.config
     stopped = [
         cfg.output.topic,
@@ -82,14 +77,17 @@ async def test_every_topic_the_worker_writes_is_checked_when_a_write_to_it_fails
     ]
     held = [cfg.output.ledger_topic, cfg.output.continual_topic, cfg.erasure.log_topic]
     for topic in [*stopped, *held]:
-        deleted_publisher = _publisher({topic}, looked_up)
+        deleted_publisher = _publisher(monkeypatch, {topic}, looked_up)
         expected = TopicGoneError if topic in stopped else TopicDeletedError
         with pytest.raises(expected) as raised:
             await deleted_publisher._unless_gone(topic)
         assert topic in str(raised.value)
         # Still there: the write's own error stands (retried as before).
-        assert await _publisher(set(), looked_up)._unless_gone(topic) is None
+        assert await _publisher(monkeypatch, set(), looked_up)._unless_gone(topic) is None
     # Not the deployment's topic: never looked up, never a reason to stop.
     looked_up.clear()
-    assert await _publisher({"someone-elses"}, looked_up)._unless_gone("someone-elses") is None
+    assert (
+        await _publisher(monkeypatch, {"someone-elses"}, looked_up)._unless_gone("someone-elses")
+        is None
+    )
     assert looked_up == []

@@ -529,17 +529,14 @@ class Worker:
             self.metrics.batch_processing.observe(time.perf_counter() - started)
 
     async def _seal_and_release(self, mono: float) -> None:
-        """Stage 2 releases due windows; stage 1 seals due windows and sends watermarks,
-        its write left in flight while the loop reads on (stream_dp/pipeline/handoff.py) —
-        after the releases, whose writes would otherwise queue behind it (one produce
-        request in flight per broker). A window sealed here is released once its partials
-        are read back, in a later iteration either way."""
+        """The last partials write settled (its windows' state gone before a release builds
+        its own: docs/operations.md#memory-at-release); stage 2 releases due windows; stage 1
+        seals and sends watermarks, the write left in flight (stream_dp/pipeline/handoff.py)
+        after the releases, whose writes would queue behind it (one produce request in
+        flight per broker). A window sealed here is released in a later iteration anyway."""
         ingest, release, driver, handoff = self.ingest, self.release, self.driver, self.handoff
         assert ingest is not None and release is not None and driver is not None
         assert handoff is not None
-        # The last iteration's partials write (acknowledged while this batch was read, as a
-        # rule): its windows' state goes before a release builds its own, so that the two
-        # are not held at once (docs/operations.md#memory-at-release).
         await handoff.settle()
         for ws in release.due_windows(limit=MAX_RELEASES_PER_ITERATION):
             if await driver.release_window(ws) is None:
