@@ -12,6 +12,7 @@ import asyncio
 
 from aiokafka import TopicPartition
 
+from stream_dp.clients.connect import TopicGoneError
 from stream_dp.pipeline.kafka.worker import Worker
 from tests.pipeline.support import KEYRING, config
 
@@ -62,16 +63,22 @@ class _Consumer:
         self.resumed.extend(tps)
 
 
+def _assigned_to_take(worker: Worker, *assigned: TopicPartition) -> _Consumer:
+    """An assignment of ``assigned``, none owned yet: what the next iteration takes."""
+    m = worker.membership
+    m.owned = {}
+    consumer = _Consumer(set(assigned))
+    m.consumer = consumer  # type: ignore[assignment]
+    m.to_take = list(assigned)
+    return consumer
+
+
 async def test_a_rebalance_while_partitions_are_taken_leaves_the_new_assignment_to_take() -> None:
     # The callbacks do not wait on the iteration: a new assignment may arrive while the
     # loop is taking the last one. Resuming then would fetch for state the revocation
     # dropped, or raise for a partition no longer assigned (seen on a loaded machine).
     worker, partials, other = _membership()
-    m = worker.membership
-    m.owned = {}
-    consumer = _Consumer({partials, other})
-    m.consumer = consumer  # type: ignore[assignment]
-    m.to_take = [partials, other]
+    m, consumer = worker.membership, _assigned_to_take(worker, partials, other)
 
     async def take(pending: list[TopicPartition]) -> None:
         consumer.assigned = {other}  # the rebalance: partials went elsewhere
@@ -88,3 +95,20 @@ async def test_a_rebalance_while_partitions_are_taken_leaves_the_new_assignment_
     m._take = took  # type: ignore[method-assign]
     await m.take_assigned()
     assert consumer.resumed == [other] and set(m.owned) == {other} and m.to_take == []
+
+
+async def test_a_deleted_topic_found_while_taking_partitions_stops_the_worker() -> None:
+    # A rebalance after the repartition topic was deleted: the take asks for its partition
+    # count, the broker no longer lists it. Kept paused and tried again every iteration, the
+    # worker retried for ever without a word to the operator (seen on Apache Kafka in CI).
+    worker, partials, other = _membership()
+    m, consumer = worker.membership, _assigned_to_take(worker, partials, other)
+    gone = TopicGoneError(m.partials_topic)
+
+    async def take(pending: list[TopicPartition]) -> None:
+        raise gone
+
+    m._take = take  # type: ignore[method-assign]
+    await m.take_assigned()
+    assert m.fatal is gone
+    assert consumer.resumed == [] and m.owned == {}

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 
 from stream_dp.clients.compacted import TopicDeletedError
 from stream_dp.clients.connect import TopicGoneError
@@ -91,3 +92,34 @@ async def test_every_topic_the_worker_writes_is_checked_when_a_write_to_it_fails
         is None
     )
     assert looked_up == []
+
+
+async def test_a_fresh_partition_count_of_a_deleted_topic_stops_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Taking partitions asks the broker for the repartition topic's count (the stage-1
+    topic of the default path). Deleted, the answer has no partitions for it: retried until
+    ``give_up_after_s``, then again at every iteration, the worker never stopped."""
+    looked_up: list[str] = []
+    topic = _publisher(monkeypatch, set(), looked_up).config.output.repartition_topic
+    for deleted, expected in (({topic}, TopicGoneError), (set(), None)):
+        publisher = _publisher(monkeypatch, deleted, looked_up)
+        asked: list[list[str]] = []
+
+        async def ask(
+            topics: list[str], asked: list[list[str]] = asked
+        ) -> dict[str, list[int] | KafkaError]:
+            asked.append(list(topics))
+            if len(asked) == 1:  # the broker's answer names the topic without partitions
+                return {t: UnknownTopicOrPartitionError() for t in topics}
+            return {t: [0, 1] for t in topics}
+
+        monkeypatch.setattr(publisher, "_ask_partitions", ask)
+        if expected is None:  # still listed: the error is retried, and the next ask answers
+            assert await publisher.partitions(topic, bounded=True, fresh=True) == [0, 1]
+            assert len(asked) == 2
+            continue
+        with pytest.raises(expected) as raised:
+            await publisher.partitions(topic, bounded=True, fresh=True)
+        assert topic in str(raised.value) and "stream-dp topics apply" in str(raised.value)
+        assert len(asked) == 1  # not asked again

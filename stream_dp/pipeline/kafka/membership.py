@@ -248,7 +248,7 @@ class Membership(WorkerPart):
     async def take_assigned(self) -> None:
         """Take the partitions the last assignment brought (in the loop, under the lock),
         then resume them. A failure keeps them paused until a later iteration succeeds; a
-        topology error stops the worker."""
+        topology error or a deleted topic of the deployment stops the worker."""
         assert self.consumer is not None
         current = self.consumer.assignment()
         stale = sorted(self.owned.keys() - current)
@@ -260,7 +260,7 @@ class Membership(WorkerPart):
         pending = [tp for tp in generation if tp in current]
         try:
             await self._take(pending)
-        except (TopologyError, LogRewoundError) as exc:
+        except (TopologyError, LogRewoundError, TopicGoneError) as exc:
             self.fatal = exc
             return
         except (KafkaError, StreamDPError) as exc:

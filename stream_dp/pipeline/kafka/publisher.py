@@ -119,13 +119,17 @@ class Publisher(WorkerPart):
     ) -> list[int]:
         """The topic's partitions, sorted (retried). ``fresh``: asked of the broker now, not
         read from the producer's metadata (refreshed only every ``metadata.max.age.ms``, five
-        minutes: a partition count read from it can be minutes old)."""
+        minutes: a partition count read from it can be minutes old); one of the
+        deployment's own topics the broker no longer lists raises at once, as a failed write
+        to it does (:meth:`_unless_gone`)."""
 
         if fresh:
 
             async def ask() -> list[int]:
                 found = (await self._ask_partitions([topic]))[topic]
                 if isinstance(found, KafkaError):
+                    # One of the deployment's own topics deleted: asking again cannot help.
+                    await self._unless_gone(topic)
                     raise found  # retried as the request's own failures are
                 return found
 
