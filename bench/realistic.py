@@ -1841,7 +1841,8 @@ LEVERS: list[str] = [
     "bottom-k compaction of stage 1's per-user samples, in numpy without the GIL). "
     "Overlapping the seal with the next fetch and decode would need the sealed windows' "
     "samples kept from the loop's erasures and the signature table's compaction while a "
-    "thread reads them. On 2 cores shared with the broker it could give at most the seal's "
+    "thread reads them, the erasure count a partial is stamped with (`erasures_through`) "
+    "taken with its sample, and a sampling generator of the seal's own. On 2 cores shared with the broker it could give at most the seal's "
     "GIL-free part, about 8%; with the release chain, about 10%, under the 22–25% the "
     "targets on Apache Kafka need. What is left there is CPU per event (the decode and the "
     "fetch, above).",
