@@ -43,9 +43,12 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
         check=False,
     )
     # The Java peers log a WARN per skipped record; the bench's own lines and any traceback
-    # are what says why it failed.
-    ours = [line for line in proc.stderr.splitlines() if " WARN " not in line]
-    assert proc.returncode == 0, "\n".join(ours)[-6000:]
+    # are what says why it failed, with the peers' last WARN lines after them (a skipped or
+    # re-read record, a rebalance: what the peer saw when its counts came out wrong).
+    lines = proc.stderr.splitlines()
+    ours = "\n".join(line for line in lines if " WARN " not in line)[-6000:]
+    warned = "\n".join([line for line in lines if " WARN " in line][-12:])[-3000:]
+    assert proc.returncode == 0, f"{ours}\n--- the peers' last WARN lines:\n{warned}"
     return out, orjson.loads((out / "results.json").read_bytes())
 
 
