@@ -1842,7 +1842,8 @@ LEVERS: list[str] = [
     "Overlapping the seal with the next fetch and decode would need the sealed windows' "
     "samples kept from the loop's erasures and the signature table's compaction while a "
     "thread reads them, the erasure count a partial is stamped with (`erasures_through`) "
-    "taken with its sample, and a sampling generator of the seal's own. On 2 cores shared with the broker it could give at most the seal's "
+    "taken with its sample, and a sampling generator of the seal's own. On 2 cores shared "
+    "with the broker it could give at most the seal's "
     "GIL-free part, about 8%; with the release chain, about 10%, under the 22–25% the "
     "targets on Apache Kafka need. What is left there is CPU per event (the decode and the "
     "fetch, above).",
