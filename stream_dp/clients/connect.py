@@ -69,6 +69,33 @@ class TopicGoneError(BrokerError):
         self.topic = topic
 
 
+class TopicNotAuthorizedError(BrokerError):
+    """The broker refuses the worker's principal a topic it writes (TopicAuthorizationFailed
+    on a produce or on the topic's metadata): an ACL, which no retry clears. The worker stops
+    at once without committing, naming the grant, instead of retrying the write for
+    ``kafka.give_up_after_s`` and then suggesting a longer wait, or calling the topic
+    deleted (a broker leaves a topic its principal may not Describe out of its topic list,
+    so that list alone cannot tell the two apart; an ACL outlives its topic, so a deleted
+    topic the principal could use is answered as unknown, never as refused)."""
+
+    retriable = False
+
+    def __init__(self, topic: str, principal: str | None, operation: str) -> None:
+        who = principal or "User:<the principal of kafka.sasl_username or the client certificate>"
+        super().__init__(
+            f"the broker refuses {who} {operation} on topic {topic} "
+            "(TopicAuthorizationFailedError): an ACL denies it or grants it no longer. Grant "
+            "the principal what the worker needs on its own topics (kafka-acls.sh "
+            f"--bootstrap-server <broker> --add --allow-principal {who} --operation Describe "
+            f"--operation Read --operation Write --topic {topic}), or fix kafka.sasl_* / "
+            "kafka.ssl_* so that it authenticates as the principal that has them; then "
+            "restart the worker (it stopped without committing: the restart redoes what was "
+            "not safely done)"
+        )
+        self.topic = topic
+        self.operation = operation
+
+
 async def topic_gone(cluster_client: Any, topic: str) -> bool:
     """True only when the broker answered and its topic list has no ``topic`` (no client of
     stream-dp creates a topic, so one deleted stays so); False when it has it or does not

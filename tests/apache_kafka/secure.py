@@ -33,7 +33,7 @@ _STORE_PASSWORD = "store-secret"  # noqa: S105 - a throw-away test key store
 
 # Kafka's ACL codes (org.apache.kafka.common.acl / resource).
 TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID = 2, 3, 4, 5
-ALL, READ = 2, 3
+ALL, READ, WRITE, DESCRIBE = 2, 3, 4, 8
 DENY, ALLOW = 2, 3
 _LITERAL = 3
 

@@ -36,18 +36,21 @@ import yaml
 
 from stream_dp.broker.apache_kafka import ApacheKafkaBroker
 from stream_dp.broker.topics import apply_topics
+from stream_dp.clients.connect import TopicNotAuthorizedError
 from stream_dp.config import load_config
 from tests.apache_kafka.secure import (
     ALL,
     ALLOW,
     CLUSTER,
     DENY,
+    DESCRIBE,
     GROUP,
     READ,
     RESTRICTED_PASSWORD,
     RESTRICTED_USER,
     TOPIC,
     TRANSACTIONAL_ID,
+    WRITE,
     Certificates,
     create_acls,
     delete_acls,
@@ -70,6 +73,7 @@ from tests.helpers import ConfigFactory
 from tests.integration.support import (
     HANG_GUARD_S,
     WorkerProcess,
+    decode_values,
     free_port,
     http_get,
     produce_events,
@@ -212,6 +216,28 @@ def _alert_fires_over(values: list[float], tmp_path: Path) -> str:
     return output
 
 
+async def _run_to_exit(cfg: Path, log_path: Path) -> tuple[WorkerProcess, int]:
+    """``stream-dp run`` until it exits by itself (killed at the hang guard): its exit code."""
+    worker = start_worker(cfg, log_path)
+    try:
+        code = await asyncio.to_thread(worker.proc.wait, HANG_GUARD_S)
+    finally:
+        if worker.proc.poll() is None:
+            worker.kill()
+    return worker, code
+
+
+async def _allow_all(broker: ApacheKafkaBroker, principal: str) -> None:
+    """Every operation on every topic, group and transactional id, and on the cluster: the
+    tests then deny one."""
+    await create_acls(broker.bootstrap_servers, [
+        (TOPIC, "*", principal, ALL, ALLOW),
+        (GROUP, "*", principal, ALL, ALLOW),
+        (CLUSTER, "kafka-cluster", principal, ALL, ALLOW),
+        (TRANSACTIONAL_ID, "*", principal, ALL, ALLOW),
+    ])  # fmt: skip
+
+
 @pytest.mark.parametrize("denied", ["input_topic", "group"])
 async def test_a_worker_denied_read_on_its_input_says_so_and_the_alert_fires(
     secured: tuple[ApacheKafkaBroker, Certificates],
@@ -228,12 +254,7 @@ async def test_a_worker_denied_read_on_its_input_says_so_and_the_alert_fires(
     cfg = deployment_config(config_factory, kafka, metrics={"port": port})
     config = load_config(cfg)
     principal = f"User:{RESTRICTED_USER}"
-    await create_acls(broker.bootstrap_servers, [
-        (TOPIC, "*", principal, ALL, ALLOW),
-        (GROUP, "*", principal, ALL, ALLOW),
-        (CLUSTER, "kafka-cluster", principal, ALL, ALLOW),
-        (TRANSACTIONAL_ID, "*", principal, ALL, ALLOW),
-    ])  # fmt: skip
+    await _allow_all(broker, principal)
     resource = config.input.topic if denied == "input_topic" else config.kafka.group_id
     deny = [(TOPIC if denied == "input_topic" else GROUP, resource, principal, READ, DENY)]
     await create_acls(broker.bootstrap_servers, deny)
@@ -285,6 +306,60 @@ async def test_a_worker_denied_read_on_its_input_says_so_and_the_alert_fires(
     assert code == 0, worker.log()[-4000:]
 
 
+@pytest.mark.parametrize(("denied", "operation"), [("output", "Write"), ("partials", "Describe")])
+async def test_a_worker_refused_one_of_its_own_topics_stops_naming_the_grant_then_releases_once(
+    secured: tuple[ApacheKafkaBroker, Certificates],
+    config_factory: ConfigFactory,
+    tmp_path: Path,
+    denied: str,
+    operation: str,
+) -> None:
+    """An ACL refuses the worker Write on its output topic (found when the release is
+    written, after its ledger entry) or Describe on its partials topic (the broker then
+    leaves the topic out of its topic list, as if deleted). Either stops the worker at once
+    (exit 1), its last line naming the principal, the operation, the topic and the grant:
+    not a retry for give_up_after_s that advises a longer wait, not a deleted topic to create
+    again. Nothing is published; once the grant is there, a restart releases the window
+    once, with the counts the ledger entry holds."""
+    broker, certs = secured
+    kafka = scram_kafka(broker, certs, sasl_username=RESTRICTED_USER,
+                        sasl_password=RESTRICTED_PASSWORD)  # fmt: skip
+    cfg = deployment_config(config_factory, kafka)
+    config = load_config(cfg)
+    principal = f"User:{RESTRICTED_USER}"
+    await _allow_all(broker, principal)
+    await apply_topics(config, kafka["bootstrap_servers"], include_input=True)
+    await produce_events(broker.bootstrap_servers, config.input.topic, events())
+    topic = config.output.topic if denied == "output" else config.output.partials_topic
+    deny = [(TOPIC, topic, principal, WRITE if operation == "Write" else DESCRIBE, DENY)]
+    await create_acls(broker.bootstrap_servers, deny)
+    worker, code = await _run_to_exit(cfg, tmp_path / "worker.log")
+    log = worker.log()
+    last = log.splitlines()[-1]
+    assert code == 1, log[-4000:]
+    assert last.startswith(
+        f"stream-dp: error: the broker refuses {principal} {operation} on topic {topic} "
+        "(TopicAuthorizationFailedError): an ACL denies it or grants it no longer. Grant the "
+        "principal what the worker needs on its own topics (kafka-acls.sh --bootstrap-server "
+        f"<broker> --add --allow-principal {principal} --operation Describe --operation Read "
+        f"--operation Write --topic {topic}), "
+    ), log[-4000:]
+    assert last == f"stream-dp: error: {TopicNotAuthorizedError(topic, principal, operation)}"
+    assert "no longer exists" not in log and "kept failing" not in log, log[-4000:]
+    assert await read_topic(broker.bootstrap_servers, config.output.topic) == []
+    await delete_acls(broker.bootstrap_servers, deny)
+    worker = start_worker(cfg, tmp_path / "again.log")
+    try:
+        out = await read_topic(
+            broker.bootstrap_servers, config.output.topic, until=windows_done(["visits"], 1)
+        )
+        releases = [v for _, v in decode_values(out) if v["kind"] == "release"]
+        assert len(releases) == len(COUNTS) and released_counts(out) == COUNTS, out
+    finally:
+        code = worker.terminate()
+    assert code == 0, worker.log()[-4000:]
+
+
 async def test_a_worker_with_a_wrong_password_stops_at_once_naming_the_settings(
     secured: tuple[ApacheKafkaBroker, Certificates], config_factory: ConfigFactory, tmp_path: Path
 ) -> None:
@@ -292,12 +367,7 @@ async def test_a_worker_with_a_wrong_password_stops_at_once_naming_the_settings(
     broker, certs = secured
     kafka = scram_kafka(broker, certs, sasl_password=WRONG_PASSWORD, startup_wait_s=600)
     cfg = deployment_config(config_factory, kafka)
-    worker = start_worker(cfg, tmp_path / "worker.log")
-    try:
-        code = await asyncio.to_thread(worker.proc.wait, HANG_GUARD_S)
-    finally:
-        if worker.proc.poll() is None:
-            worker.kill()
+    worker, code = await _run_to_exit(cfg, tmp_path / "worker.log")
     *logged, last = worker.log().splitlines()
     assert code == 1 and logged[0].endswith(NOISE_FREE_WARNING), worker.log()
     build, *started = [orjson.loads(x) for x in logged[1:]]  # the build line comes first

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stream_dp.clients.connect import TopicGoneError, topic_gone
+from stream_dp.clients.connect import TopicGoneError, TopicNotAuthorizedError, topic_gone
 from stream_dp.clients.partition_drain import PartitionDrain
 from stream_dp.clients.read_to_end import answered_at_mono, read_to_end_at
 from stream_dp.config import KafkaConfig
@@ -260,7 +260,7 @@ class Membership(WorkerPart):
         pending = [tp for tp in generation if tp in current]
         try:
             await self._take(pending)
-        except (TopologyError, LogRewoundError, TopicGoneError) as exc:
+        except (TopologyError, LogRewoundError, TopicGoneError, TopicNotAuthorizedError) as exc:
             self.fatal = exc
             return
         except (KafkaError, StreamDPError) as exc:

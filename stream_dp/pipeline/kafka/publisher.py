@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from stream_dp.clients.compacted import TopicDeletedError
-from stream_dp.clients.connect import TopicGoneError, topic_gone
+from stream_dp.clients.connect import TopicGoneError, TopicNotAuthorizedError, topic_gone
 from stream_dp.clients.idempotence import start_producer
 from stream_dp.errors import StreamDPError
 from stream_dp.kafka_client import AIOKafkaProducer
@@ -39,6 +39,7 @@ from stream_dp.kafka_client.errors import (
     UnknownMemberIdError,
     UnknownTopicOrPartitionError,
 )
+from stream_dp.kafka_client.fetch_errors import principal_of
 from stream_dp.ops.progress import report_progress
 from stream_dp.pipeline.formats.ledger import LedgerRelease
 from stream_dp.pipeline.formats.records import (
@@ -96,6 +97,7 @@ class Publisher(WorkerPart):
             *(export.topic for export in config.exports),
         }
         self._max_bytes = config.kafka.max_message_bytes
+        self._principal = principal_of(config.kafka)
         self.producer: AIOKafkaProducer | None = None
         #: The output topic's partitions (set at start).
         self.output_partitions: list[int] = [0]
@@ -127,6 +129,8 @@ class Publisher(WorkerPart):
 
             async def ask() -> list[int]:
                 found = (await self._ask_partitions([topic]))[topic]
+                if isinstance(found, TopicAuthorizationFailedError):
+                    raise self._refused(topic, "Describe")  # only a grant clears it
                 if isinstance(found, KafkaError):
                     # One of the deployment's own topics deleted: asking again cannot help.
                     await self._unless_gone(topic)
@@ -138,7 +142,10 @@ class Publisher(WorkerPart):
 
         async def lookup() -> list[int]:
             assert self.producer is not None
-            return sorted(await self.producer.partitions_for(topic))
+            try:
+                return sorted(await self.producer.partitions_for(topic))
+            except TopicAuthorizationFailedError:
+                raise self._refused(topic, "Describe") from None
 
         result: list[int] = await self.retry(f"{topic} metadata", lookup, bounded=bounded)
         return result
@@ -241,6 +248,8 @@ class Publisher(WorkerPart):
         async def attempt() -> None:
             try:
                 await send_all(producer, topic, items, headers)
+            except TopicAuthorizationFailedError:
+                raise self._refused(topic, "Write") from None  # only a grant clears it
             except KafkaError:
                 await self._unless_gone(topic)
                 raise
@@ -284,6 +293,12 @@ class Publisher(WorkerPart):
             await self.send_many(topic, items, headers)
 
         return asyncio.ensure_future(acknowledged())
+
+    def _refused(self, topic: str, operation: str) -> TopicNotAuthorizedError:
+        """The stop for a topic the broker refuses this worker's principal (an ACL): not
+        retried, and not taken for a deleted topic (:class:`TopicNotAuthorizedError`)."""
+        self.metrics.broker_errors.inc()
+        return TopicNotAuthorizedError(topic, self._principal, operation)
 
     async def _unless_gone(self, topic: str) -> None:
         """After a failed write to one of the worker's own topics: TopicDeletedError (the
