@@ -90,3 +90,44 @@ def test_rounds_pair_each_worker_with_the_raw_run_of_its_own_round() -> None:
     ]
     # two rounds: best of two stays the only figure
     assert realistic._rounds_rows({"runs": {k: v[:2] for k, v in broker["runs"].items()}}) == []
+
+
+def test_host_speed_rows_set_each_run_s_raw_cpu_beside_the_worker_s_ratio() -> None:
+    """Per kept run and broker: raw aiokafka's median CPU per event, then the worker's
+    round-by-round median ratio per path; Apache Kafka first, each broker by raw CPU. Left
+    out: runs of several workers (no single worker to compare), of two rounds (no round to
+    pair with) and of another number of windows (another stream)."""
+    raw = [_run(500_000, 1.9), _run(1_000_000, 0.95), _run(400_000, 2.4)]
+    default = [_run(300_000, 2.5), _run(700_000, 1.25), _run(200_000, 3.0)]
+    keyed = [_run(400_000, 2.0), _run(900_000, 1.0), _run(300_000, 2.5)]
+    slow = {
+        "raw_aiokafka": [_run(100, 3.0), _run(100, 2.8), _run(100, 2.9)],
+        "worker_keyed_after": [_run(90, 3)],
+    }
+    kept = {
+        "a": {
+            "brokers": {
+                "tansu": {"runs": {"raw_aiokafka": raw, "worker_default_after": default}},
+                "kafka": {"runs": slow},
+            }
+        },
+        "b": {
+            "brokers": {
+                "kafka": {
+                    "runs": {
+                        "raw_aiokafka": raw,
+                        "worker_default_after": default,
+                        "worker_keyed_after": keyed,
+                    }
+                }
+            }
+        },
+        "group": {"workers": [1, 3], "brokers": {"kafka": {"runs": slow}}},
+        "one_window": {"windows": 1, "brokers": {"kafka": {"runs": slow}}},
+        "two_rounds": {"brokers": {"kafka": {"runs": {k: v[:2] for k, v in slow.items()}}}},
+    }
+    assert realistic.host_speed_rows(kept)[2:] == [
+        "| kafka | 1.90 | `b` | 3 | 0.60× | 0.80× |",
+        "| kafka | 2.90 | `a` | 3 | – | 0.90× |",
+        "| tansu | 1.90 | `a` | 3 | 0.60× | – |",
+    ]
