@@ -1949,6 +1949,11 @@ def busy_share(r: dict[str, Any]) -> float:
     return float(r["cpu_us_per_event"] * r["events_per_s"] / 1e6)
 
 
+def _round_ratios(worker: list[dict[str, Any]], raw: list[dict[str, Any]]) -> list[float]:
+    """Each worker run's events/s over raw aiokafka's run of the same round."""
+    return [w["events_per_s"] / r["events_per_s"] for w, r in zip(worker, raw, strict=False)]
+
+
 def _rounds_rows(broker: dict[str, Any]) -> list[str]:
     """With three rounds or more: each worker against raw aiokafka's run of the same round
     (minutes apart on a shared machine, a round's two runs are seconds apart), the median of
@@ -1965,7 +1970,7 @@ def _rounds_rows(broker: dict[str, Any]) -> list[str]:
     for mode in MODES:
         worker = runs.get(f"worker_{mode}_after", [])
         pairs = list(zip(worker, raw, strict=False))
-        rate = [w["events_per_s"] / r["events_per_s"] for w, r in pairs]
+        rate = _round_ratios(worker, raw)
         cpu = [r["cpu_us_per_event"] / w["cpu_us_per_event"] for w, r in pairs]
         busy = (
             f"{min(map(busy_share, worker)):.0%}–{max(map(busy_share, worker)):.0%}; "
@@ -1994,9 +1999,7 @@ def host_speed_rows(kept: dict[str, Any]) -> list[str]:
                 continue
             cells = []
             for mode in MODES:
-                worker = broker["runs"].get(f"worker_{mode}_after", [])
-                pairs = list(zip(worker, raw, strict=False))
-                ratio = [w["events_per_s"] / r["events_per_s"] for w, r in pairs]
+                ratio = _round_ratios(broker["runs"].get(f"worker_{mode}_after", []), raw)
                 cells.append(f"{statistics.median(ratio):.2f}×" if ratio else "–")
             speed = statistics.median(r["cpu_us_per_event"] for r in raw)
             rows.append((name, speed, label, cells))

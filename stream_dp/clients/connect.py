@@ -13,6 +13,7 @@ from stream_dp.broker.connection_errors import (
 )
 from stream_dp.errors import BrokerError
 from stream_dp.kafka_client.errors import KafkaError
+from stream_dp.kafka_client.fetch_errors import UNNAMED_PRINCIPAL
 
 
 async def start_client(client: Any, bootstrap_servers: str) -> None:
@@ -81,7 +82,7 @@ class TopicNotAuthorizedError(BrokerError):
     retriable = False
 
     def __init__(self, topic: str, principal: str | None, operation: str) -> None:
-        who = principal or "User:<the principal of kafka.sasl_username or the client certificate>"
+        who = principal or UNNAMED_PRINCIPAL
         super().__init__(
             f"the broker refuses {who} {operation} on topic {topic} "
             "(TopicAuthorizationFailedError): an ACL denies it or grants it no longer. Grant "

@@ -78,6 +78,10 @@ def _codec_cause(exc: BaseException) -> FetchErrorCause:
     )
 
 
+#: Who to grant when the configuration does not say the principal (a grant's placeholder).
+UNNAMED_PRINCIPAL: Final = "User:<the principal of kafka.sasl_username or the client certificate>"
+
+
 def principal_of(kafka: Any) -> str | None:
     """The principal the broker sees, as kafka-acls names it, from the ``kafka`` settings:
     ``User:<sasl_username>`` over SASL; the certificate's (kafka.ssl_certfile) over mutual
@@ -96,7 +100,7 @@ def _authorization_cause(
     names), which principal, and the grant that clears it (kafka-acls)."""
     kind = type(exc).__name__
     named = str(exc.args[0]) if exc.args else ""
-    who = principal or "User:<the principal of kafka.sasl_username or the client certificate>"
+    who = principal or UNNAMED_PRINCIPAL
     if isinstance(exc, kafka_errors.GroupAuthorizationFailedError):
         resource = f"the consumer group {named or group_id or '(kafka.group_id)'}"
     elif isinstance(exc, kafka_errors.TopicAuthorizationFailedError):
