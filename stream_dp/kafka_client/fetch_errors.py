@@ -82,15 +82,23 @@ def _codec_cause(exc: BaseException) -> FetchErrorCause:
 UNNAMED_PRINCIPAL: Final = "User:<the principal of kafka.sasl_username or the client certificate>"
 
 
+#: The principal Kafka's default principal builder gives a client it cannot name: over
+#: PLAINTEXT, or TLS without a client certificate.
+ANONYMOUS_PRINCIPAL: Final = "User:ANONYMOUS"
+
+
 def principal_of(kafka: Any) -> str | None:
     """The principal the broker sees, as kafka-acls names it, from the ``kafka`` settings:
-    ``User:<sasl_username>`` over SASL; the certificate's (kafka.ssl_certfile) over mutual
-    TLS, whose distinguished name is the broker's to map; None without either."""
-    if str(kafka.security_protocol).startswith("SASL") and kafka.sasl_username:
-        return f"User:{kafka.sasl_username}"
-    if kafka.ssl_certfile is not None:
+    ``User:<sasl_username>`` over SASL (None for a mechanism without a user name, such as
+    OAUTHBEARER); the certificate's (kafka.ssl_certfile) over mutual TLS, whose distinguished
+    name is the broker's to map; ``User:ANONYMOUS`` over PLAINTEXT or TLS without a client
+    certificate (Kafka's default principal builder)."""
+    protocol = str(kafka.security_protocol)
+    if protocol.startswith("SASL"):
+        return f"User:{kafka.sasl_username}" if kafka.sasl_username else None
+    if protocol == "SSL" and kafka.ssl_certfile is not None:
         return f"User:<the subject of {kafka.ssl_certfile}, as the broker maps it>"
-    return None
+    return ANONYMOUS_PRINCIPAL
 
 
 def _authorization_cause(

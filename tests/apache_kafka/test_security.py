@@ -306,7 +306,9 @@ async def test_a_worker_denied_read_on_its_input_says_so_and_the_alert_fires(
     assert code == 0, worker.log()[-4000:]
 
 
-@pytest.mark.parametrize(("denied", "operation"), [("output", "Write"), ("partials", "Describe")])
+@pytest.mark.parametrize(
+    ("denied", "operation"), [("output", "Write"), ("partials", "Describe"), ("ledger", "Write")]
+)
 async def test_a_worker_refused_one_of_its_own_topics_stops_naming_the_grant_then_releases_once(
     secured: tuple[ApacheKafkaBroker, Certificates],
     config_factory: ConfigFactory,
@@ -315,12 +317,14 @@ async def test_a_worker_refused_one_of_its_own_topics_stops_naming_the_grant_the
     operation: str,
 ) -> None:
     """An ACL refuses the worker Write on its output topic (found when the release is
-    written, after its ledger entry) or Describe on its partials topic (the broker then
-    leaves the topic out of its topic list, as if deleted). Either stops the worker at once
-    (exit 1), its last line naming the principal, the operation, the topic and the grant:
-    not a retry for give_up_after_s that advises a longer wait, not a deleted topic to create
-    again. Nothing is published; once the grant is there, a restart releases the window
-    once, with the counts the ledger entry holds."""
+    written, after its ledger entry), Describe on its partials topic (the broker then
+    leaves the topic out of its topic list, as if deleted) or Write on its ledger (found at
+    start, by the first fence: a write retried until the worker stops, so it never got ready
+    and never said why). Each stops it at once (exit 1), its last line naming the principal,
+    the operation, the topic and the grant: not a retry for give_up_after_s that advises a
+    longer wait, not a deleted topic to create again, not a silent wait. Nothing is
+    published; once the grant is there, a restart releases the window once, with exact
+    counts."""
     broker, certs = secured
     kafka = scram_kafka(broker, certs, sasl_username=RESTRICTED_USER,
                         sasl_password=RESTRICTED_PASSWORD)  # fmt: skip
@@ -330,7 +334,11 @@ async def test_a_worker_refused_one_of_its_own_topics_stops_naming_the_grant_the
     await _allow_all(broker, principal)
     await apply_topics(config, kafka["bootstrap_servers"], include_input=True)
     await produce_events(broker.bootstrap_servers, config.input.topic, events())
-    topic = config.output.topic if denied == "output" else config.output.partials_topic
+    topic = {
+        "output": config.output.topic,
+        "partials": config.output.partials_topic,
+        "ledger": config.output.ledger_topic,
+    }[denied]
     deny = [(TOPIC, topic, principal, WRITE if operation == "Write" else DESCRIBE, DENY)]
     await create_acls(broker.bootstrap_servers, deny)
     worker, code = await _run_to_exit(cfg, tmp_path / "worker.log")

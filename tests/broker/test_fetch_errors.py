@@ -113,4 +113,8 @@ def test_the_principal_is_named_as_kafka_acls_names_it() -> None:
     assert principal_of(kafka("SSL", cert="/etc/w.pem")) == (
         "User:<the subject of /etc/w.pem, as the broker maps it>"
     )
-    assert principal_of(kafka("PLAINTEXT")) is None
+    # Kafka's default principal builder: a client it cannot name is User:ANONYMOUS.
+    assert principal_of(kafka("PLAINTEXT")) == "User:ANONYMOUS"
+    assert principal_of(kafka("SSL")) == "User:ANONYMOUS"
+    assert principal_of(kafka("PLAINTEXT", cert="/etc/w.pem")) == "User:ANONYMOUS"  # not sent
+    assert principal_of(kafka("SASL_SSL")) is None  # OAUTHBEARER: no user name to say

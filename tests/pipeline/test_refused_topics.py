@@ -134,10 +134,13 @@ async def test_a_refused_partition_count_stops_at_once(monkeypatch: pytest.Monke
     assert asked == [[topic], [topic]] and looked_up == []
 
 
-async def test_without_sasl_the_grant_says_whose_principal_to_name(
+async def test_without_sasl_or_a_certificate_the_grant_names_the_anonymous_principal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Over PLAINTEXT (or TLS without a client certificate) Kafka's default principal builder
+    names every client User:ANONYMOUS: the grant names it, not a placeholder."""
     publisher = _publisher(monkeypatch, [])
+    assert publisher.config.kafka.security_protocol == "PLAINTEXT"
     topic = publisher.config.output.partials_topic
 
     async def send_all(producer: Any, to: str, items: Any, headers: Any = ()) -> None:
@@ -146,8 +149,33 @@ async def test_without_sasl_the_grant_says_whose_principal_to_name(
     monkeypatch.setattr(publisher_module, "send_all", send_all)
     with pytest.raises(TopicNotAuthorizedError) as raised:
         await asyncio.wait_for(publisher.send_many(topic, [(None, b"{}", 0)]), 60)
-    who = "User:<the principal of kafka.sasl_username or the client certificate>"
-    _says(raised.value, topic, "Write", who)
+    _says(raised.value, topic, "Write", "User:ANONYMOUS")
+
+
+async def test_a_refused_single_record_write_stops_the_ledgers_endless_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ledger's fences and records are single writes (``Publisher.send``) retried until
+    the worker stops (``bounded=False``): a refused one must end that retry at once, not
+    repeat for ever with the worker never ready."""
+    publisher = _publisher(monkeypatch, [], **SASL)
+    topic = publisher.config.output.ledger_topic
+    sent: list[str] = []
+
+    async def send_and_wait(to: str, value: bytes, **_: Any) -> Any:
+        sent.append(to)
+        raise TopicAuthorizationFailedError(to)
+
+    publisher.producer = SimpleNamespace(send_and_wait=send_and_wait)  # type: ignore[assignment]
+    record = publisher.retry(
+        "record the first covered window",
+        lambda: publisher.send(topic, "coverage", b"{}", partition=0),
+        bounded=False,
+    )
+    with pytest.raises(TopicNotAuthorizedError) as raised:
+        await asyncio.wait_for(record, 60)
+    _says(raised.value, topic, "Write", PRINCIPAL)
+    assert sent == [topic] and _errors(publisher) == 1.0
 
 
 async def test_a_refused_topic_found_while_taking_partitions_stops_the_worker() -> None:

@@ -228,13 +228,18 @@ class Publisher(WorkerPart):
     async def send(
         self, topic: str, key: str | None, value: bytes, *, partition: int | None = None
     ) -> int:
-        """Send one record and wait for its acknowledgement (not retried); its offset."""
+        """Send one record and wait for its acknowledgement (not retried); its offset. A
+        refused write raises TopicNotAuthorizedError, which the callers' retries do not
+        repeat (the ledger's fences and records retry until the worker stops)."""
         assert self.producer is not None
         if topic == self._ledger_topic and self._faults.ledger_delay_s:
             await asyncio.sleep(self._faults.ledger_delay_s)
-        sent = await self.producer.send_and_wait(
-            topic, value, key=None if key is None else key.encode(), partition=partition
-        )
+        try:
+            sent = await self.producer.send_and_wait(
+                topic, value, key=None if key is None else key.encode(), partition=partition
+            )
+        except TopicAuthorizationFailedError:
+            raise self._refused(topic, "Write") from None  # only a grant clears it
         return int(sent.offset)
 
     async def send_many(self, topic: str, items: Sequence[Outgoing], headers: Headers = ()) -> None:
