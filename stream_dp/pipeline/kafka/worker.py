@@ -28,8 +28,9 @@ offsets, the maximum hold, the memory cap, around fetching),
 :class:`~.publisher.Publisher` (every write, under the one retry policy),
 :class:`~.ledger_reader.LedgerReader` (the ledger and continual topics, read to fences),
 :class:`~.topology_watch.TopologyWatch` (partition counts), :class:`~.deployment.Deployment`
-(the records a deployment's first start writes and every start checks) and
-:class:`~.faults.Faults` (test-only fault injection, off by default).
+(the records a deployment's first start writes and every start checks), :func:`shut_down`
+(the stop's steps under one deadline) and :class:`~.faults.Faults` (test-only fault
+injection, off by default).
 
 Sealing (stage 1) and the draw with its ledger encoding run in a thread
 (:mod:`stream_dp.pipeline.stages.offload`) while the iteration waits for them: the event loop keeps
@@ -63,7 +64,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from stream_dp.broker.probe import KeptProbe, watch_broker
@@ -91,6 +92,7 @@ from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.hold_guards import HOLDS, HoldGuards
 from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
 from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard
+from stream_dp.pipeline.kafka.ledger_log import LedgerLog
 from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.membership import (
     MAX_RECORDS_PER_FETCH,
@@ -151,6 +153,48 @@ def stage1_settings(
         keep_sealed=erasure is not None,
         routed_partitions=routed_partitions,
     )
+
+
+async def shut_down(
+    *,
+    commit: bool,
+    publisher: Publisher,
+    membership: Membership,
+    readers: Sequence[LedgerLog],
+    erasure: WorkerErasure | None,
+    health: Health,
+) -> None:
+    """The worker's stop: flush the producer, commit what is safe (``commit``: a graceful
+    stop with its stages built), abandon the loop's commit in flight, stop the consumer
+    (leaving the group), the ledger readers, the erasure clients and the producer. Open
+    windows are NOT released. Every step shares one deadline (:data:`SHUTDOWN_BUDGET_S`),
+    so an unreachable broker cannot make the stop outlast the service's patience; a step
+    that fails or runs out of time is left, and the next one runs."""
+    deadline = time.monotonic() + SHUTDOWN_BUDGET_S
+
+    async def step(op: Callable[[], Awaitable[Any]]) -> None:
+        remaining = deadline - time.monotonic()
+        with contextlib.suppress(KafkaError, asyncio.TimeoutError):
+            await asyncio.wait_for(op(), timeout=max(0.1, remaining))
+
+    consumer = membership.consumer
+    try:
+        await step(publisher.flush)
+        if commit and consumer is not None:
+            await step(membership.commit)
+    finally:
+        # The loop's commit still in flight (an error exit, or a commit step out of
+        # time) is cancelled: it carried safe offsets, and nothing waits for it now.
+        await step(membership.commits.abandon)
+        if consumer is not None:
+            await step(consumer.stop)
+        for reader in readers:
+            await step(reader.stop)
+        if erasure is not None:
+            await step(erasure.stop)
+        await step(publisher.stop)
+        health.set("partitions_assigned", False)
+        health.set("producer_connected", False)
 
 
 class Worker:
@@ -259,7 +303,14 @@ class Worker:
                 await self.guards.hold(exc, guard, membership.consumer, self._stopping)
             finally:
                 monitor.cancel()
-                await self._shutdown(commit=graceful)
+                await shut_down(
+                    commit=graceful and self.ingest is not None,
+                    publisher=self.publisher,
+                    membership=membership,
+                    readers=self._reader.readers() if self._reader is not None else [],
+                    erasure=self._erasure,
+                    health=self.health,
+                )
 
     async def _internal_topics(self) -> None:
         """The internal topics' partitions (retried until known), recorded to watch."""
@@ -391,36 +442,6 @@ class Worker:
             faults=self._faults,
         )
         return driver, Handoff.beside(driver, ingest, transport, export=self.output.exports.publish)
-
-    async def _shutdown(self, *, commit: bool) -> None:
-        """Flush, commit what is safe (only on a graceful stop), leave the group. Open
-        windows are NOT released. Every step shares one deadline (SHUTDOWN_BUDGET_S), so an
-        unreachable broker cannot make the stop outlast the service's patience."""
-        deadline = time.monotonic() + SHUTDOWN_BUDGET_S
-
-        async def step(op: Callable[[], Awaitable[Any]]) -> None:
-            remaining = deadline - time.monotonic()
-            with contextlib.suppress(KafkaError, asyncio.TimeoutError):
-                await asyncio.wait_for(op(), timeout=max(0.1, remaining))
-
-        consumer = self.membership.consumer
-        try:
-            await step(self.publisher.flush)
-            if commit and consumer is not None and self.ingest is not None:
-                await step(self.membership.commit)
-        finally:
-            # The loop's commit still in flight (an error exit, or a commit step out of
-            # time) is cancelled: it carried safe offsets, and nothing waits for it now.
-            await step(self.membership.commits.abandon)
-            if consumer is not None:
-                await step(consumer.stop)
-            for reader in self._reader.readers() if self._reader is not None else []:
-                await step(reader.stop)
-            if self._erasure is not None:
-                await step(self._erasure.stop)
-            await step(self.publisher.stop)
-            self.health.set("partitions_assigned", False)
-            self.health.set("producer_connected", False)
 
     async def _monitor_broker(self) -> None:
         """Watch the broker (:func:`~stream_dp.broker.probe.watch_broker`: not ready while it
