@@ -30,7 +30,8 @@ offsets, the maximum hold, the memory cap, around fetching),
 :class:`~.topology_watch.TopologyWatch` (partition counts), :class:`~.deployment.Deployment`
 (the records a deployment's first start writes and every start checks), :func:`shut_down`
 (the stop's steps under one deadline) and :class:`~.faults.Faults` (test-only fault
-injection, off by default).
+injection, off by default). Each turn of the loop runs with the cyclic garbage collector
+paused (:mod:`stream_dp.pipeline.gc_pause`): a fetch's records are two tracked objects each.
 
 Sealing (stage 1) and the draw with its ledger encoding run in a thread
 (:mod:`stream_dp.pipeline.stages.offload`) while the iteration waits for them: the event loop keeps
@@ -84,6 +85,7 @@ from stream_dp.pipeline.formats.continual_state import ContinualStore
 from stream_dp.pipeline.formats.decode import REASONS
 from stream_dp.pipeline.formats.ledger import MAX_SPENT_WINDOWS, LedgerIndex
 from stream_dp.pipeline.formats.partials import RecordTooLargeError
+from stream_dp.pipeline.gc_pause import gc_paused
 from stream_dp.pipeline.handoff import Handoff
 from stream_dp.pipeline.kafka.clock_skew import InputClockSkew
 from stream_dp.pipeline.kafka.context import WorkerContext
@@ -475,19 +477,27 @@ class Worker:
     async def _turn(self) -> None:
         membership = self.membership
         while not self._stopping.is_set():
-            try:
-                batch = await self.guards.fetch()  # held-window guards (hold_guards)
-                if batch is None:
-                    break
-            except MEMBERSHIP_ERRORS as exc:
-                membership_lost(self.metrics, exc)
-                continue
-            except KafkaError as exc:  # classified, counted, logged; the loop still turns
-                await self.fetches.failed(exc)
-                continue
-            self.fetches.succeeded()
-            async with membership.iteration() as waiting:
-                await self._iteration(batch, waiting)
+            # A fetch's records (two tracked objects each: a batch of 10,000 is 20,000) and
+            # what is built from them are acyclic and freed when the iteration ends. Left
+            # on, the cyclic collector ran about 80 times per batch and, every tenth of those,
+            # walked everything alive, this batch's records among them: about a tenth of the
+            # worker's CPU (bench/RESULTS.md). Paused for one iteration (gc_pause), it runs
+            # once between iterations, on what outlived them.
+            with gc_paused():
+                try:
+                    batch = await self.guards.fetch()  # held-window guards (hold_guards)
+                    if batch is None:
+                        break
+                except MEMBERSHIP_ERRORS as exc:
+                    membership_lost(self.metrics, exc)
+                    continue
+                except KafkaError as exc:  # classified, counted, logged; the loop turns
+                    await self.fetches.failed(exc)
+                    continue
+                self.fetches.succeeded()
+                async with membership.iteration() as waiting:
+                    await self._iteration(batch, waiting)
+                del batch  # freed before the collector runs again
             membership.raise_fatal()
             self.health.beat()
 
