@@ -68,4 +68,9 @@ def test_section_renders_every_contender(smoke: dict[str, Any]) -> None:
         "worker, default path (repartitioned), after",
         "worker, keyed input, after",
     ):
-        assert sum(line.startswith(f"| {label} |") for line in lines) == 1, (label, text)
+        # once in the run's table; a raw consumer's row again in the CPU split's table
+        split = 1 if label.startswith("raw ") else 0
+        assert sum(line.startswith(f"| {label} |") for line in lines) == 1 + split, (label, text)
+    assert realistic.SPLIT_INTRO in lines, text
+    for title in ("worker, default", "worker, keyed"):  # the split of each worker mode
+        assert sum(line.startswith(f"| {title} | ") for line in lines) == 1, (title, text)

@@ -131,3 +131,19 @@ def test_host_speed_rows_set_each_run_s_raw_cpu_beside_the_worker_s_ratio() -> N
         "| kafka | 2.90 | `a` | 3 | – | 0.90× |",
         "| tansu | 1.90 | `a` | 3 | 0.60× | – |",
     ]
+
+
+def test_a_single_worker_run_s_notes_are_rendered_under_its_tables() -> None:
+    """Notes kept for a run of one worker (not only for runs of several) reach RESULTS.md:
+    run `eleventh_quiet`'s were written and never shown."""
+    import json
+
+    kept = json.loads(realistic.RESULTS_FILE.read_text(encoding="utf-8"))
+    label = "eleventh_quiet"
+    assert not kept[label].get("workers") and realistic.NOTES[label]
+    lines = realistic.section({label: kept[label]})
+    start = lines.index(f"### {label}: {realistic.LABELS[label]}")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("### "))
+    assert [line for line in lines[start:end] if line.startswith("- ")] == [
+        f"- {note}" for note in realistic.NOTES[label]
+    ]

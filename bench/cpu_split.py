@@ -1,0 +1,148 @@
+"""Where a measured span's CPU went: the client's user and kernel time, the broker's, and the
+machine's (steal, idle), read from ``/proc`` at the span's two ends.
+
+A ratio of two clients' events per second moves with the machine (bench/RESULTS.md, "The
+ratio and the machine's speed"). Splitting each client's CPU into user and system time, and
+setting the broker's CPU and the machine's steal beside it, shows which part of the cost
+moves with the host and which keeps its speed.
+
+``snapshot(pids, broker_pid)`` at the span's start and at its end, then
+``split(start, end, events)``: µs per event of each part, and the machine's shares.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+#: /proc/stat's first line, in its order (Linux ≥ 2.6.33): jiffies spent by every CPU.
+MACHINE_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _tick_s() -> float:
+    return 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> tuple[float, float]:
+    """``pid``'s user and system CPU seconds (every thread); zeros once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0, 0.0
+    return int(fields[11]) * _tick_s(), int(fields[12]) * _tick_s()
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a broker started through a wrapper process)."""
+    pids = [pid]
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            for child in Path(f"/proc/{pid}/task/{tid}/children").read_text().split():
+                pids += _tree(int(child))
+    except FileNotFoundError:
+        pass
+    return pids
+
+
+def _jit_cpu(pid: int) -> float:
+    """CPU seconds of ``pid``'s JIT compiler threads (a JVM's ``C1/C2 CompilerThreadN``;
+    none in a process without a JIT): work a long-running broker has done long before."""
+    total = 0.0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return 0.0
+    for tid in tids:
+        try:
+            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text(encoding="ascii")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        name, rest = raw[raw.index("(") + 1 : raw.rindex(")")], raw.rsplit(")", 1)[1].split()
+        if "CompilerThre" in name:
+            total += (int(rest[11]) + int(rest[12])) * _tick_s()
+    return total
+
+
+def machine_cpu() -> dict[str, float]:
+    """Seconds every CPU of this machine has spent in each state since boot."""
+    with open("/proc/stat", encoding="ascii") as f:
+        values = f.readline().split()[1 : 1 + len(MACHINE_FIELDS)]
+    return {name: int(v) * _tick_s() for name, v in zip(MACHINE_FIELDS, values, strict=True)}
+
+
+def snapshot(pids: list[int], broker_pid: int | None) -> dict[str, Any]:
+    """The counters ``split`` takes the difference of."""
+    user = system = broker_user = broker_system = broker_jit = 0.0
+    for pid in pids:
+        u, s = process_cpu(pid)
+        user, system = user + u, system + s
+    for pid in _tree(broker_pid) if broker_pid else []:
+        u, s = process_cpu(pid)
+        broker_user, broker_system = broker_user + u, broker_system + s
+        broker_jit += _jit_cpu(pid)
+    return {
+        "user": user,
+        "system": system,
+        "broker_user": broker_user,
+        "broker_system": broker_system,
+        "broker_jit": broker_jit,
+        "machine": machine_cpu(),
+    }
+
+
+def split(start: dict[str, Any], end: dict[str, Any], events: float) -> dict[str, Any]:
+    """The span's CPU per event by part (µs): the client's user and system time, the
+    broker's, and each machine state's share of the span's CPU time (steal among them)."""
+    per_event = 1e6 / max(events, 1.0)
+    machine = {k: end["machine"][k] - start["machine"][k] for k in MACHINE_FIELDS}
+    total = sum(machine.values()) or 1.0
+    return {
+        "user_us_per_event": (end["user"] - start["user"]) * per_event,
+        "system_us_per_event": (end["system"] - start["system"]) * per_event,
+        "broker_user_us_per_event": (end["broker_user"] - start["broker_user"]) * per_event,
+        "broker_system_us_per_event": (end["broker_system"] - start["broker_system"]) * per_event,
+        "broker_jit_us_per_event": (end["broker_jit"] - start["broker_jit"]) * per_event,
+        "machine_share": {k: v / total for k, v in machine.items()},
+    }
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def split_rows(runs: dict[str, list[dict[str, Any]]], names: dict[str, str]) -> list[str]:
+    """A markdown table: per contender (``names``: run key → row title) that recorded a
+    split, the medians over its rounds of each part's µs per event and of the machine's
+    shares; empty when no run recorded one (runs kept before the split existed)."""
+    lines = [
+        "| contender | rounds | user µs/event | system µs/event | broker user + system "
+        "µs/event | of which its JIT compiler | machine: idle | machine: steal | "
+        "machine: softirq |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, title in names.items():
+        splits = [r["split"] for r in runs.get(key, []) if r.get("split")]
+        if not splits:
+            continue
+
+        def med(part: str, of: list[dict[str, Any]] = splits) -> float:
+            return _median([s[part] for s in of])
+
+        def share(state: str, of: list[dict[str, Any]] = splits) -> str:
+            return f"{_median([s['machine_share'][state] for s in of]):.0%}"
+
+        broker = _median(
+            [s["broker_user_us_per_event"] + s["broker_system_us_per_event"] for s in splits]
+        )
+        lines.append(
+            f"| {title} | {len(splits)} | {med('user_us_per_event'):.2f} | "
+            f"{med('system_us_per_event'):.2f} | {broker:.2f} | "
+            f"{_median([s.get('broker_jit_us_per_event', 0.0) for s in splits]):.2f} | "
+            f"{share('idle')} | "
+            f"{share('steal')} | {share('softirq')} |"
+        )
+    return lines if len(lines) > 2 else []
