@@ -1092,6 +1092,32 @@ LABELS["twelfth_gc"] = (
     "(after: this pass's tree) against `d42a6ec` (before), alternating on one topic "
     "(`--events 1200000 --runs 5 --before d42a6ec`, both brokers, nothing else running)"
 )
+LABELS["twelfth_final"] = (
+    "the twelfth pass's worker (`ac40939`, the collector paused per turn), right after "
+    "(`--events 1200000 --runs 5`, both brokers, nothing else running)"
+)
+LABELS["twelfth_workers"] = (
+    "the twelfth pass: CPU per event with 1 and 3 workers on Apache Kafka, the worker of "
+    "`ac40939`, four rounds (`--workers 1,3 --settle --runs 4 --events 1200000 --brokers "
+    "kafka`, nothing else running, right after run `twelfth_final`)"
+)
+NOTES["twelfth_final"] = [
+    "**Against the targets, round by round, on a fast host** (raw aiokafka at 1.64–2.07 µs "
+    "per event on Apache Kafka, the range where runs up to the eleventh pass had keyed input "
+    "at 0.64–0.77× and the default path at 0.49–0.66×): Apache Kafka 0.70× on the default "
+    "path (0.61–0.98 by round) and 0.89× keyed (0.77–1.24); Tansu 0.84× and 1.00×. Both "
+    "events/s targets are met on both brokers, as in run `twelfth_gc` at a slower host "
+    "speed.",
+]
+NOTES["twelfth_workers"] = [
+    "**Keyed input is nearly flat, the default path is not.** Round by round, 3 workers ÷ 1 "
+    "worker: 1.10, 0.96, 1.12, 1.14× keyed (median 1.11×, run `eleventh_workers`: 1.25×) "
+    "and 1.43, 1.08, 1.39, 1.09× on the default path (1.24×; 1.15× before). The busiest of "
+    "the three processes (68% of the input) spent 1.02, 0.90, 1.01, 1.04× the single "
+    "worker's CPU per event keyed, and 1.39, 0.81, 1.26, 0.87× on the default path. No "
+    "record was read twice and no worker rejoined. The default path's rounds alternate "
+    "between near-flat and about 1.4×, so its growth is not one fixed cost a group adds.",
+]
 NOTES["twelfth_split"] = [
     "**Where the CPU goes.** The worker's CPU is user time: its system time is 0.14–0.21 µs "
     "per event (6–8%), raw aiokafka's 0.05–0.08. Over every measured span one of the two "
