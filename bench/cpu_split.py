@@ -13,6 +13,7 @@ moves with the host and which keeps its speed.
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +25,33 @@ def _tick_s() -> float:
     return 1.0 / os.sysconf("SC_CLK_TCK")
 
 
+def stat_cpu(path: str) -> tuple[str, float, float]:
+    """A ``/proc/…/stat`` file's process or thread name and its user and system CPU seconds
+    (FileNotFoundError once it is gone)."""
+    with open(path, encoding="ascii") as f:
+        raw = f.read()
+    fields = raw.rsplit(")", 1)[1].split()
+    name = raw[raw.index("(") + 1 : raw.rindex(")")]
+    return name, int(fields[11]) * _tick_s(), int(fields[12]) * _tick_s()
+
+
 def process_cpu(pid: int) -> tuple[float, float]:
     """``pid``'s user and system CPU seconds (every thread); zeros once it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        _, user, system = stat_cpu(f"/proc/{pid}/stat")
     except (FileNotFoundError, ProcessLookupError):
         return 0.0, 0.0
-    return int(fields[11]) * _tick_s(), int(fields[12]) * _tick_s()
+    return user, system
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (a broker started through a wrapper process)."""
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a broker started through a wrapper process); a process
+    gone meanwhile is left out with its own."""
     pids = [pid]
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             for child in Path(f"/proc/{pid}/task/{tid}/children").read_text().split():
-                pids += _tree(int(child))
+                pids += process_tree(int(child))
     except FileNotFoundError:
         pass
     return pids
@@ -56,12 +67,11 @@ def _jit_cpu(pid: int) -> float:
         return 0.0
     for tid in tids:
         try:
-            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text(encoding="ascii")
+            name, user, system = stat_cpu(f"/proc/{pid}/task/{tid}/stat")
         except (FileNotFoundError, ProcessLookupError):
             continue
-        name, rest = raw[raw.index("(") + 1 : raw.rindex(")")], raw.rsplit(")", 1)[1].split()
         if "CompilerThre" in name:
-            total += (int(rest[11]) + int(rest[12])) * _tick_s()
+            total += user + system
     return total
 
 
@@ -78,7 +88,7 @@ def snapshot(pids: list[int], broker_pid: int | None) -> dict[str, Any]:
     for pid in pids:
         u, s = process_cpu(pid)
         user, system = user + u, system + s
-    for pid in _tree(broker_pid) if broker_pid else []:
+    for pid in process_tree(broker_pid) if broker_pid else []:
         u, s = process_cpu(pid)
         broker_user, broker_system = broker_user + u, broker_system + s
         broker_jit += _jit_cpu(pid)
@@ -108,12 +118,6 @@ def split(start: dict[str, Any], end: dict[str, Any], events: float) -> dict[str
     }
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def split_rows(runs: dict[str, list[dict[str, Any]]], names: dict[str, str]) -> list[str]:
     """A markdown table: per contender (``names``: run key → row title) that recorded a
     split, the medians over its rounds of each part's µs per event and of the machine's
@@ -130,18 +134,18 @@ def split_rows(runs: dict[str, list[dict[str, Any]]], names: dict[str, str]) -> 
             continue
 
         def med(part: str, of: list[dict[str, Any]] = splits) -> float:
-            return _median([s[part] for s in of])
+            return float(statistics.median([s[part] for s in of]))
 
         def share(state: str, of: list[dict[str, Any]] = splits) -> str:
-            return f"{_median([s['machine_share'][state] for s in of]):.0%}"
+            return f"{statistics.median([s['machine_share'][state] for s in of]):.0%}"
 
-        broker = _median(
+        broker = statistics.median(
             [s["broker_user_us_per_event"] + s["broker_system_us_per_event"] for s in splits]
         )
         lines.append(
             f"| {title} | {len(splits)} | {med('user_us_per_event'):.2f} | "
             f"{med('system_us_per_event'):.2f} | {broker:.2f} | "
-            f"{_median([s.get('broker_jit_us_per_event', 0.0) for s in splits]):.2f} | "
+            f"{statistics.median([s.get('broker_jit_us_per_event', 0.0) for s in splits]):.2f} | "
             f"{share('idle')} | "
             f"{share('steal')} | {share('softirq')} |"
         )

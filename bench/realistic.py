@@ -62,7 +62,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from bench.cpu_split import snapshot, split, split_rows
+from bench.cpu_split import process_tree, snapshot, split, split_rows, stat_cpu
 from bench.sections import splice_section
 
 PARTITIONS = 4
@@ -349,9 +349,8 @@ SCRAPED = (
 
 
 def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    _, user, system = stat_cpu(f"/proc/{pid}/stat")
+    return user + system
 
 
 def _start_profiler(pid: int, to: Path) -> subprocess.Popen[bytes]:
@@ -615,14 +614,9 @@ def _watch(
 def _threads(pid: int) -> list[int]:
     """Every thread of ``pid`` and of its descendants (a thread gone meanwhile is left out)."""
     tids: list[int] = []
-    try:
-        tids += [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-        for tid in list(tids):
-            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
-            for child in children:
-                tids += _threads(int(child))
-    except FileNotFoundError:
-        pass
+    for member in process_tree(pid):
+        with suppress(FileNotFoundError):
+            tids += [int(tid) for tid in os.listdir(f"/proc/{member}/task")]
     return tids
 
 

@@ -61,7 +61,7 @@ def test_a_snapshot_reads_a_busy_process_and_a_broker_without_a_jit() -> None:
     assert out["broker_jit_us_per_event"] == 0.0
     assert cpu_split.process_cpu(2**22 + 7) == (0.0, 0.0)  # a pid that is not there
     assert sum(cpu_split.machine_cpu().values()) > 0
-    assert os.getpid() not in cpu_split._tree(child.pid)
+    assert os.getpid() not in cpu_split.process_tree(child.pid)
 
 
 def _run(user: float, system: float, broker: float, jit: float, idle: float) -> dict:
