@@ -36,6 +36,11 @@ Per broker, in one run, each contender in a fresh process, in turn:
   it starts after the broker (producer, raw consumers, workers) on the others, as a broker on
   its own machine would be: the broker's work no longer takes the CPU the client under test
   waits for. Both sides of every ratio get the same one core fewer.
+* ``--workers 1,3 --backlog``: as ``--settle``, but the settled group is stopped (SIGSTOP)
+  while the stream is produced and resumed after: every worker finds its share waiting, as a
+  group does after a pause or an outage, and no producer shares the cores with it. With
+  ``--settle`` the stream is produced while the group reads it, so a worker whose partitions
+  are small reads a trickle in small batches, and the producer takes CPU from the workers.
 """
 
 from __future__ import annotations
@@ -387,6 +392,7 @@ def run_worker(
     workers: int = 1,
     produce_when_ready: Callable[[], object] | None = None,
     broker_pid: int | None = None,
+    backlog: bool = False,
 ) -> dict[str, Any]:
     """``workers`` processes of ``stream-dp run`` of the checkout at ``tree``, in one consumer
     group on ``topic``, timed from their ``/metrics``: the rate from the sum of their
@@ -394,7 +400,8 @@ def run_worker(
     ``profile_to``: py-spy samples each worker over the measured span (``<name>.<i>``).
     ``produce_when_ready``: ``topic`` is empty; this writes the stream to it (in a thread)
     once every worker has been ready (``stream_dp_ready``) for :data:`SETTLE_S` in a row —
-    the group settled before the first event, as in a deployment that is already running."""
+    the group settled before the first event, as in a deployment that is already running.
+    ``backlog``: the workers are stopped while it writes (:func:`_while_stopped`)."""
     from stream_dp.broker.process import free_port
 
     ports = [free_port("127.0.0.1") for _ in range(workers)]
@@ -422,10 +429,16 @@ def run_worker(
                     )
                 )
         settled: dict[str, Any] = {}
+        stopped_s = 0.0
         if produce_when_ready is not None:
             settled = _settle(procs, ports, logs, t_start)
-            threading.Thread(target=produce_when_ready, daemon=True).start()
+            if backlog:
+                stopped_s = _while_stopped(procs, produce_when_ready)
+            else:
+                threading.Thread(target=produce_when_ready, daemon=True).start()
         result = _watch(procs, ports, logs, events, t_start, profile_to, broker_pid)
+        if backlog:
+            result["stopped_s"] = stopped_s
         for i, idle in enumerate(settled.get("per_worker", [])):
             result["per_worker"][i].update(idle)
     finally:
@@ -480,6 +493,32 @@ def _settle(
             }
         polls += 1
         time.sleep(POLL_S)
+
+
+def _while_stopped(procs: Sequence[subprocess.Popen[bytes]], work: Callable[[], object]) -> float:
+    """Runs ``work`` with every worker stopped (SIGSTOP), then resumes them (SIGCONT, also
+    when ``work`` raises); returns the seconds they were stopped. A stopped process spends no
+    CPU, and it misses heartbeats only for that long: well under the session timeout."""
+    started = time.perf_counter()
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        # A signal reaches a process running on another core a moment later.
+        while not all(_state(proc.pid) == "T" for proc in procs):
+            if time.perf_counter() - started > 60:  # a hang guard
+                raise RuntimeError("a worker did not stop on SIGSTOP")
+            time.sleep(0.001)
+        work()
+    finally:
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGCONT)
+    return time.perf_counter() - started
+
+
+def _state(pid: int) -> str:
+    """A process's state letter in /proc (``T``: stopped by a signal)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def _watch(
@@ -673,11 +712,13 @@ def measure_broker(
     workers: Sequence[int] = (),
     settle: bool = False,
     pin_broker: bool = False,
+    backlog: bool = False,
 ) -> dict[str, Any]:
     """The raw consumers and the workers on one topic of a fresh broker; with ``workers``
     (counts of worker processes), each count in one group instead of the single workers;
-    with ``settle`` too, each group on a fresh topic, produced once the group is ready; with
-    ``pin_broker``, the broker on a core of its own (``pinned``)."""
+    with ``settle`` too, each group on a fresh topic, produced once the group is ready (with
+    ``backlog``, while the group is stopped); with ``pin_broker``, the broker on a core of
+    its own (``pinned``)."""
     from bench.throughput import create_topics
 
     start_s = first_window_s(time.time())
@@ -695,7 +736,7 @@ def measure_broker(
 
         def worker(keyed: bool, tree: Path, n: int = 1, to: Path | None = None) -> dict[str, Any]:
             on, fill = topic, None
-            if settle:  # a fresh, empty topic, filled once the group is ready
+            if settle or backlog:  # a fresh, empty topic, filled once the group is ready
                 on = f"realistic-{uuid.uuid4().hex[:8]}"
                 asyncio.run(create_topics(bootstrap, [on], PARTITIONS))
 
@@ -714,6 +755,7 @@ def measure_broker(
                 workers=n,
                 produce_when_ready=fill,
                 broker_pid=broker.pid,
+                backlog=backlog,
             )
 
         spec = {"bootstrap": bootstrap, "topic": topic, "events": events, "broker_pid": broker.pid}
@@ -826,7 +868,11 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
             "written": dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "cores": os.cpu_count(),
             "windows": WINDOWS,
-            **({"workers": opts.workers, "settle": opts.settle} if opts.workers else {}),
+            **(
+                {"workers": opts.workers, "settle": opts.settle, "backlog": opts.backlog}
+                if opts.workers
+                else {}
+            ),
             "brokers": {},
         }
         for name in opts.brokers:
@@ -840,6 +886,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
                 workers=opts.workers,
                 settle=opts.settle,
                 pin_broker=opts.pin_broker,
+                backlog=opts.backlog,
             )
     return result
 
@@ -2097,6 +2144,12 @@ def _round_ratios(worker: list[dict[str, Any]], raw: list[dict[str, Any]]) -> li
     return [w["events_per_s"] / r["events_per_s"] for w, r in zip(worker, raw, strict=False)]
 
 
+def _cpu_round_ratios(group: list[dict[str, Any]], base: list[dict[str, Any]]) -> list[float]:
+    """Each group run's CPU per event over the same round's run of the fewest workers."""
+    pairs = zip(group, base, strict=False)
+    return [g["cpu_us_per_event"] / b["cpu_us_per_event"] for g, b in pairs]
+
+
 def _rounds_rows(broker: dict[str, Any]) -> list[str]:
     """With three rounds or more: each worker against raw aiokafka's run of the same round
     (minutes apart on a shared machine, a round's two runs are seconds apart), the median of
@@ -2220,10 +2273,11 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
             "at its end)",
             "",
             "| path | workers | events/s | CPU µs/event | ÷ 1 worker | each run's CPU µs/event | "
+            "÷ 1 worker round by round (median) | "
             "busiest worker: its share of the input, its own CPU µs/event | the other "
             "workers' CPU in the span | input records read twice (rebalances) | the last "
             "worker's first record after the first's |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for mode in MODES:
             base: dict[str, float] = {}
@@ -2233,6 +2287,7 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
                     continue
                 cpu = min(r["cpu_us_per_event"] for r in rs)
                 base = base or {"cpu": cpu}
+                rounds = _cpu_round_ratios(rs, runs[f"workers_{run['workers'][0]}_{mode}"])
                 busiest = [_busiest(r) for r in rs]
                 lags = [
                     max(w["first_consumed_after_s"] or 0.0 for w in r["per_worker"]) for r in rs
@@ -2245,6 +2300,7 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
                     f"{cpu:.2f}",
                     f"{cpu / base['cpu']:.2f}×",
                     ", ".join(f"{r['cpu_us_per_event']:.2f}" for r in rs),
+                    ", ".join(f"{x:.2f}" for x in rounds) + f" ({statistics.median(rounds):.2f}×)",
                     ", ".join(f"{share:.0%} at {own:.2f}" for share, own, _ in busiest),
                     ", ".join(f"{others:.2f} s" for _, _, others in busiest),
                     ", ".join(f"{x:,.0f}" for x in twice),
@@ -2425,7 +2481,7 @@ def section(kept: dict[str, Any]) -> list[str]:
         ]
         if run.get("workers"):
             lines += _workers_lines(run)
-            if run.get("before") and run.get("settle"):
+            if (run.get("before") and run.get("settle")) or run.get("backlog"):
                 lines += _per_process_lines(run)
             if NOTES.get(label):
                 lines += ["", *(f"- {note}" for note in NOTES[label])]
@@ -2507,6 +2563,11 @@ def main(argv: list[str] | None = None) -> None:
         help="with --workers: each group on a fresh topic, produced once every worker is ready",
     )
     parser.add_argument(
+        "--backlog",
+        action="store_true",
+        help="with --workers: as --settle, the group stopped while the stream is produced",
+    )
+    parser.add_argument(
         "--windows",
         type=int,
         default=WINDOWS,
@@ -2528,6 +2589,8 @@ def main(argv: list[str] | None = None) -> None:
             result = _raw_librdkafka(spec)
         print(json.dumps(result))
         return
+    if opts.backlog and not opts.workers:
+        parser.error("--backlog needs --workers (a group of worker processes)")
     if opts.smoke:
         opts.events, opts.runs, opts.brokers = 50_000, 1, "tansu"
     if opts.windows != WINDOWS:  # the stream's, the first window's and the watch's count

@@ -147,3 +147,41 @@ def test_a_single_worker_run_s_notes_are_rendered_under_its_tables() -> None:
     assert [line for line in lines[start:end] if line.startswith("- ")] == [
         f"- {note}" for note in realistic.NOTES[label]
     ]
+
+
+def _wait_running(pid: int) -> None:
+    deadline = time.monotonic() + 60  # a hang guard: SIGCONT wakes it at once
+    while realistic._state(pid) == "T":
+        assert time.monotonic() < deadline, "the worker stayed stopped"
+        time.sleep(0.01)
+
+
+def test_backlog_stops_every_worker_while_the_stream_is_written_and_resumes_them() -> None:
+    spin = "while True: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        seen: list[list[str]] = []
+        stopped_s = realistic._while_stopped(
+            procs, lambda: seen.append([realistic._state(p.pid) for p in procs])
+        )
+        assert seen == [["T", "T"]] and stopped_s >= 0.0
+        for proc in procs:
+            _wait_running(proc.pid)
+
+        def fails() -> None:
+            raise RuntimeError("the producer failed")
+
+        with pytest.raises(RuntimeError, match=r"^the producer failed$"):
+            realistic._while_stopped(procs, fails)
+        for proc in procs:  # resumed although the write failed
+            _wait_running(proc.pid)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_group_s_cpu_per_event_is_set_against_the_same_round_s_single_worker() -> None:
+    one = [_run(300_000, 2.0), _run(200_000, 3.0)]
+    three = [_run(250_000, 2.2), _run(150_000, 3.6)]
+    assert realistic._cpu_round_ratios(three, one) == pytest.approx([1.1, 1.2])
