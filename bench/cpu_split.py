@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,40 @@ def _tick_s() -> float:
     return 1.0 / os.sysconf("SC_CLK_TCK")
 
 
-def stat_cpu(path: str) -> tuple[str, float, float]:
-    """A ``/proc/…/stat`` file's process or thread name and its user and system CPU seconds
+def stat_fields(path: str) -> tuple[str, list[str]]:
+    """A ``/proc/…/stat`` file's process or thread name and its fields after the name, from
+    the state (``[0]``) on: minor faults ``[7]``, user and system ticks ``[11]``, ``[12]``
     (FileNotFoundError once it is gone)."""
     with open(path, encoding="ascii") as f:
         raw = f.read()
-    fields = raw.rsplit(")", 1)[1].split()
-    name = raw[raw.index("(") + 1 : raw.rindex(")")]
+    return raw[raw.index("(") + 1 : raw.rindex(")")], raw.rsplit(")", 1)[1].split()
+
+
+def stat_cpu(path: str) -> tuple[str, float, float]:
+    """A ``/proc/…/stat`` file's process or thread name and its user and system CPU seconds
+    (FileNotFoundError once it is gone)."""
+    name, fields = stat_fields(path)
     return name, int(fields[11]) * _tick_s(), int(fields[12]) * _tick_s()
+
+
+def faults_and_switches(pid: int) -> tuple[int, int, int]:
+    """``pid``'s minor page faults (every thread) and its threads' voluntary and involuntary
+    context switches, summed; zeros once it is gone. A fault is a page the kernel maps on
+    first touch (memory freed and taken again pays it again); an involuntary switch is the
+    scheduler taking the core from a runnable thread."""
+    voluntary = involuntary = 0
+    try:
+        faults = int(stat_fields(f"/proc/{pid}/stat")[1][7])
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with suppress(FileNotFoundError):
+                for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        voluntary += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        involuntary += int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0, 0, 0
+    return faults, voluntary, involuntary
 
 
 def process_cpu(pid: int) -> tuple[float, float]:
@@ -85,9 +112,12 @@ def machine_cpu() -> dict[str, float]:
 def snapshot(pids: list[int], broker_pid: int | None) -> dict[str, Any]:
     """The counters ``split`` takes the difference of."""
     user = system = broker_user = broker_system = broker_jit = 0.0
+    faults = voluntary = involuntary = 0
     for pid in pids:
         u, s = process_cpu(pid)
         user, system = user + u, system + s
+        f, v, i = faults_and_switches(pid)
+        faults, voluntary, involuntary = faults + f, voluntary + v, involuntary + i
     for pid in process_tree(broker_pid) if broker_pid else []:
         u, s = process_cpu(pid)
         broker_user, broker_system = broker_user + u, broker_system + s
@@ -98,17 +128,28 @@ def snapshot(pids: list[int], broker_pid: int | None) -> dict[str, Any]:
         "broker_user": broker_user,
         "broker_system": broker_system,
         "broker_jit": broker_jit,
+        "faults": faults,
+        "voluntary_switches": voluntary,
+        "involuntary_switches": involuntary,
         "machine": machine_cpu(),
     }
 
 
 def split(start: dict[str, Any], end: dict[str, Any], events: float) -> dict[str, Any]:
     """The span's CPU per event by part (µs): the client's user and system time, the
-    broker's, and each machine state's share of the span's CPU time (steal among them)."""
+    broker's, and each machine state's share of the span's CPU time (steal among them); the
+    client's page faults and context switches per 1,000 events (absent from snapshots taken
+    before they were recorded)."""
     per_event = 1e6 / max(events, 1.0)
     machine = {k: end["machine"][k] - start["machine"][k] for k in MACHINE_FIELDS}
     total = sum(machine.values()) or 1.0
+    counts = {
+        f"{k}_per_1k_events": (end[k] - start[k]) * 1e3 / max(events, 1.0)
+        for k in ("faults", "voluntary_switches", "involuntary_switches")
+        if k in start and k in end
+    }
     return {
+        **counts,
         "user_us_per_event": (end["user"] - start["user"]) * per_event,
         "system_us_per_event": (end["system"] - start["system"]) * per_event,
         "broker_user_us_per_event": (end["broker_user"] - start["broker_user"]) * per_event,
@@ -125,8 +166,9 @@ def split_rows(runs: dict[str, list[dict[str, Any]]], names: dict[str, str]) -> 
     lines = [
         "| contender | rounds | user µs/event | system µs/event | broker user + system "
         "µs/event | of which its JIT compiler | machine: idle | machine: steal | "
-        "machine: softirq |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "machine: softirq | page faults / 1k events | context switches / 1k events: "
+        "voluntary, involuntary |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, title in names.items():
         splits = [r["split"] for r in runs.get(key, []) if r.get("split")]
@@ -139,6 +181,10 @@ def split_rows(runs: dict[str, list[dict[str, Any]]], names: dict[str, str]) -> 
         def share(state: str, of: list[dict[str, Any]] = splits) -> str:
             return f"{statistics.median([s['machine_share'][state] for s in of]):.0%}"
 
+        def per_1k(part: str, of: list[dict[str, Any]] = splits) -> str:
+            values = [s[part] for s in of if part in s]
+            return f"{statistics.median(values):,.1f}" if values else "–"
+
         broker = statistics.median(
             [s["broker_user_us_per_event"] + s["broker_system_us_per_event"] for s in splits]
         )
@@ -147,6 +193,8 @@ def split_rows(runs: dict[str, list[dict[str, Any]]], names: dict[str, str]) -> 
             f"{med('system_us_per_event'):.2f} | {broker:.2f} | "
             f"{statistics.median([s.get('broker_jit_us_per_event', 0.0) for s in splits]):.2f} | "
             f"{share('idle')} | "
-            f"{share('steal')} | {share('softirq')} |"
+            f"{share('steal')} | {share('softirq')} | {per_1k('faults_per_1k_events')} | "
+            f"{per_1k('voluntary_switches_per_1k_events')}, "
+            f"{per_1k('involuntary_switches_per_1k_events')} |"
         )
     return lines if len(lines) > 2 else []

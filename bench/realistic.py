@@ -67,7 +67,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from bench.cpu_split import process_tree, snapshot, split, split_rows, stat_cpu
+from bench.cpu_split import process_tree, snapshot, split, split_rows, stat_cpu, stat_fields
 from bench.sections import splice_section
 
 PARTITIONS = 4
@@ -517,8 +517,7 @@ def _while_stopped(procs: Sequence[subprocess.Popen[bytes]], work: Callable[[], 
 
 def _state(pid: int) -> str:
     """A process's state letter in /proc (``T``: stopped by a signal)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
+    return stat_fields(f"/proc/{pid}/stat")[1][0]
 
 
 def _watch(
@@ -2097,7 +2096,10 @@ SPLIT_INTRO = (
     "event meanwhile and how much of it its JIT compiler threads took (a JVM's C1/C2 "
     "compiler: work a broker that has run for days did long ago), and the machine's CPU "
     "time by state (idle, steal: taken by the hypervisor for other guests, softirq: the "
-    "kernel's network processing):"
+    "kernel's network processing); with runs that recorded them, its minor page faults (a "
+    "page the kernel maps on first touch) and its threads' context switches per 1,000 "
+    "events (involuntary: the scheduler took the core from it). A group's figures are its "
+    "workers' summed:"
 )
 #: The contenders ``split_rows`` reports, in its order.
 _SPLIT_ROWS = {
@@ -2307,6 +2309,14 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
                     ", ".join(f"{x:.1f} s" for x in lags),
                 ]
                 lines.append("| " + " | ".join(cells) + " |")
+        names = {
+            f"workers_{n}_{mode}": f"{n} worker{'s' if n > 1 else ''}, {mode}"
+            for mode in MODES
+            for n in run["workers"]
+        }
+        split = split_rows(runs, names)
+        if split:
+            lines += ["", SPLIT_INTRO, "", *split]
     for name, broker in run["brokers"].items():
         profiles = broker.get("profiles") or {}
         if not profiles:

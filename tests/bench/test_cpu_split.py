@@ -87,9 +87,50 @@ def test_the_table_gives_medians_over_rounds_and_leaves_out_runs_without_a_split
         "worker_keyed_after": [_run(2.5, 0.2, 0.5, 0.2, 0.4), {"events_per_s": 1.0}],
         "worker_default_after": [{"events_per_s": 1.0}],
     }
+    counted = {"faults_per_1k_events": 12.0, "voluntary_switches_per_1k_events": 3.0}
+    runs["worker_keyed_after"][0]["split"] |= counted | {"involuntary_switches_per_1k_events": 0.5}
     assert cpu_split.split_rows(runs, realistic._SPLIT_ROWS)[2:] == [
-        "| raw aiokafka getmany + orjson.loads | 3 | 2.00 | 0.20 | 0.30 | 0.00 | 50% | 0% | 1% |",
-        "| worker, keyed | 1 | 2.50 | 0.20 | 0.60 | 0.20 | 40% | 0% | 1% |",
+        "| raw aiokafka getmany + orjson.loads | 3 | 2.00 | 0.20 | 0.30 | 0.00 | 50% | 0% | 1% "
+        "| – | –, – |",  # kept before faults and switches were counted
+        "| worker, keyed | 1 | 2.50 | 0.20 | 0.60 | 0.20 | 40% | 0% | 1% | 12.0 | 3.0, 0.5 |",
     ]
     without = {"raw_aiokafka": [{"events_per_s": 1.0}]}  # a run kept before the split
     assert cpu_split.split_rows(without, {"raw_aiokafka": "x"}) == []
+
+
+# Waits for a line, touches 64 MiB of fresh memory, sleeps 50 times, says so, waits again.
+TOUCH_AND_SLEEP = """
+import sys, time
+sys.stdin.readline()
+b = b"x" * (64 << 20)
+for _ in range(50):
+    time.sleep(0.001)
+print("done", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_faults_and_switches_count_memory_touched_and_sleeps() -> None:
+    """64 MiB written is at least 32 faults (2 MiB pages; 16,384 with 4 KiB ones), and 50
+    sleeps are at least 50 voluntary switches; per 1,000 events in the split."""
+    with subprocess.Popen(
+        [sys.executable, "-c", TOUCH_AND_SLEEP],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            before = cpu_split.snapshot([child.pid], None)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == "done\n"
+            after = cpu_split.snapshot([child.pid], None)
+        finally:
+            child.kill()
+    assert after["faults"] - before["faults"] >= 32
+    assert after["voluntary_switches"] - before["voluntary_switches"] >= 50
+    out = cpu_split.split(before, after, 1_000)
+    assert out["faults_per_1k_events"] == after["faults"] - before["faults"]
+    assert out["voluntary_switches_per_1k_events"] >= 50
+    assert cpu_split.faults_and_switches(2**22 + 7) == (0, 0, 0)  # a pid that is not there
