@@ -524,8 +524,9 @@ def _read(pids: list[int], urls: list[str]) -> tuple[list[dict[str, float]], lis
     """Each worker's /metrics and, right after its answer, its CPU seconds: a pair that
     describes one moment. A busy worker answers once its iteration ends (up to ~100 ms
     later), so a CPU time read before the request missed that iteration's CPU while its
-    count held its events; with three workers scraped in turn that gap reached 0.3 s at the
-    span's start and inflated the group's CPU per event (~0.6 µs on 1.2M events)."""
+    count held its events. With three workers scraped in turn, readings taken before and
+    after the round differed by 0.06–0.61 µs per event over 1.2M events (run
+    ``thirteenth_unpaired``), and by 0.03 for one worker."""
     scraped, cpus = [], []
     for pid, url in zip(pids, urls, strict=True):
         scraped.append(_scrape(url))
@@ -1153,6 +1154,95 @@ LABELS["twelfth_workers"] = (
     "`ac40939`, four rounds (`--workers 1,3 --settle --runs 4 --events 1200000 --brokers "
     "kafka`, nothing else running, right after run `twelfth_final`)"
 )
+LABELS["thirteenth_backlog"] = (
+    "the thirteenth pass: CPU per event with 1 and 3 workers, each group settled, then "
+    "stopped while the stream is produced and resumed on the waiting backlog, each worker's "
+    "CPU read right after its /metrics answer; the worker of `a52be00`, four rounds on each "
+    "broker (`--workers 1,3 --backlog --runs 4 --events 1200000`, Apache Kafka and Tansu "
+    "one after the other, nothing else running)"
+)
+LABELS["thirteenth_unpaired"] = (
+    "the same as run `thirteenth_backlog` on Apache Kafka, with each worker's CPU read "
+    "before the round of /metrics requests, as in every run before it"
+)
+LABELS["thirteenth_tunables"] = (
+    "run `thirteenth_backlog` on Apache Kafka, two rounds, with glibc's malloc keeping "
+    "freed memory (`GLIBC_TUNABLES=glibc.malloc.trim_threshold=268435456:"
+    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.top_pad=67108864`, every process "
+    "of the bench)"
+)
+LABELS["thirteenth_malloc"] = (
+    "run `thirteenth_tunables` with `PYTHONMALLOC=malloc` too: the interpreter's small "
+    "objects from glibc's malloc instead of its own 1 MiB arenas"
+)
+NOTES["thirteenth_backlog"] = [
+    "**Why a backlog.** With `--settle` (runs `tenth_workers` to `twelfth_workers`) the "
+    "stream is produced while the group reads it: the producer takes CPU from the workers "
+    "for 2.8 s of a 4–6 s span, and a worker whose partitions are small reads a trickle in "
+    "small batches all along. Here every worker finds its share waiting, as a group does "
+    "after a pause or an outage, and nothing else runs during the span.",
+    "**Tansu: flat.** Round by round, 3 workers ÷ 1 worker: 1.00, 0.97, 1.01, 1.02× on the "
+    "default path (median 1.01×) and 1.10, 1.06, 0.98, 0.97× keyed (1.02×).",
+    "**Apache Kafka: user time flat, kernel time not.** 1.02, 1.14, 1.23, 1.14× on the "
+    "default path (median 1.14×) and 1.04, 1.13, 1.39, 1.31× keyed (1.22×). User time per "
+    "event is the same for one worker and three (default 2.01–2.35 µs and 1.83–2.43 µs; "
+    "keyed 1.97–2.11 and 1.96–2.38). The growth is system time: 0.21–0.45 → 0.35–0.82 µs "
+    "on the default path, 0.19–0.47 → 0.37–1.12 keyed. Three workers fault in 124–146 pages "
+    "per 1,000 events against 49–85 for one, on Tansu too (101–144 against 63–116), and "
+    "are preempted 3–4× as often (0.77–1.07 involuntary switches per 1,000 events against "
+    "0.19–0.31; Tansu 0.38–0.69 against 0.05–0.14). On Tansu that costs the group no more "
+    "kernel time per event (0.27–0.39 µs against 0.19–0.35); on Apache Kafka as many faults "
+    "and switches come with about twice the kernel time, also with the broker on a core of "
+    "its own (run `thirteenth_pinned`). These counters do not say which kernel work it is "
+    "(faults, scheduling, or the sockets of three consumers fetching from Apache Kafka). "
+    "The group adds no user time per event: no Python work grows with the number of "
+    "workers.",
+    "**Where the page faults come from.** Raw aiokafka faults in 9 pages per 1,000 events "
+    "on Apache Kafka; the worker 49–85. What an iteration frees (a batch's record objects "
+    "in the interpreter's 1 MiB arenas, unmapped once empty; its buffers and columns from "
+    "malloc) is mapped fresh by the next, and each worker's windows grow its heap. The "
+    "single worker's system time (0.19–0.47 µs per event, raw aiokafka's 0.04–0.08) goes "
+    "with them: with a third of the faults (run `thirteenth_malloc`) it is 0.07–0.13 µs. "
+    "Runs `thirteenth_tunables` and `thirteenth_malloc` measure what keeping freed memory "
+    "would give back.",
+]
+LABELS["thirteenth_pinned"] = (
+    "run `thirteenth_backlog` on Apache Kafka with the broker on a core of its own "
+    "(`--pin-broker`: the broker's threads on core 1, the bench and every worker on core 0), "
+    "four rounds"
+)
+NOTES["thirteenth_pinned"] = [
+    "**The broker on its own core, the workers on the other.** Three workers ÷ one: 1.19, "
+    "1.28, 1.40, 0.90× on the default path (median 1.24×) and 1.37, 1.12, 1.23, 1.32× keyed "
+    "(1.27×). User time per event: 2.13–2.59 → 2.07–2.71 µs (default), 1.82–2.30 → "
+    "2.02–2.50 (keyed); system time: 0.27–0.64 → 0.39–1.08 and 0.12–0.39 → 0.40–0.83. The "
+    "kernel time grows as in run `thirteenth_backlog`, with no JVM thread on the workers' "
+    "core and three workers taking turns on one.",
+]
+NOTES["thirteenth_unpaired"] = [
+    "**The bench's own error, mended in this pass.** Each worker's CPU time was read "
+    "before the round of /metrics requests, and a busy worker answers once its iteration "
+    "ends: its count held an iteration whose CPU that reading missed. A CPU split read after "
+    "the round differed from it by 0.06–0.61 µs per event for three workers (0.03 for one), "
+    "so a group's CPU per event was overstated by up to a fifth. Round by round here: 1.16, "
+    "1.09, 1.31, 1.01× on the default path and 1.41, 1.52, 1.19, 1.22× keyed. Every run from "
+    "`thirteenth_backlog` on reads each worker's CPU right after its answer.",
+]
+NOTES["thirteenth_tunables"] = [
+    "**glibc keeping freed memory.** Page faults per 1,000 events: 66–71 for one worker on "
+    "the default path (78–85 in run `thirteenth_backlog`) and 81–108 for three (124–142); "
+    "keyed 40–47 and 71–84. Three workers ÷ one: 1.03 and 1.24× on the default path, 1.00 "
+    "and 1.23× keyed, two rounds, within the spread of run `thirteenth_backlog`. What is "
+    "left are the interpreter's arenas, which no glibc setting reaches.",
+]
+NOTES["thirteenth_malloc"] = [
+    "**The interpreter's objects from malloc too.** Page faults fall to 17–33 per 1,000 "
+    "events for one worker and 37–43 for three, and system time to 0.07–0.15 µs per event "
+    "(0.52–0.60 in one round of three workers). User time rises more: the single worker's "
+    "2.51–3.01 µs, raw aiokafka's 2.39–2.73 (2.26–2.45 in run `thirteenth_backlog`). CPU per "
+    "event does not fall, so the interpreter's own allocator stays. Three workers ÷ one: "
+    "1.13, 1.18× and 1.06, 1.15×.",
+]
 NOTES["twelfth_final"] = [
     "**Against the targets, round by round, on a fast host** (raw aiokafka at 1.64–2.07 µs "
     "per event on Apache Kafka, the range where runs up to the eleventh pass had keyed input "
@@ -1992,6 +2082,22 @@ LEVERS: list[str] = [
     "1.24× (one run). Close to flat, not proven flat on this machine: what remains is each "
     "member's ~15 ms of CPU per second while it waits, and this bench's 50 ms poll of "
     "/metrics (now 1.9 ms a scrape, run `fourth` lever 4).",
+    "**CPU per event from 1 to 3 workers, thirteenth pass** (runs `thirteenth_backlog`, "
+    "`thirteenth_unpaired`, `thirteenth_pinned`, `thirteenth_tunables`, "
+    "`thirteenth_malloc`). Two things in the bench made a group look costlier than it is: "
+    "the stream was produced while the group read it (`--settle`), and each worker's CPU "
+    "was read before its /metrics answer, up to a fifth of a group's CPU per event. "
+    "Measured on a waiting backlog (`--backlog`) with the CPU read after each answer, "
+    "three workers ÷ one is flat on Tansu (1.01× default, 1.02× keyed, every round "
+    "0.97–1.10×). On Apache Kafka it is 1.14× and 1.22×, 1.24× and 1.27× with the broker "
+    "on its own core: user time per event is flat there too, and the growth is kernel "
+    "time (page faults and preemption per 1,000 events rise on both brokers; on Apache "
+    "Kafka they come with twice the kernel time). No Python work grows with the group. "
+    "Measured and not pulled: glibc keeping freed memory (fewer faults, the ratio within "
+    "its spread; a deployment's choice, as for the release: docs/operations.md) and the "
+    "interpreter's objects from malloc (a third of the faults, more user time than the "
+    "kernel time saved). What is left is how this 2-core VM's kernel charges three "
+    "processes that share it, which the worker's code cannot change.",
     "**The 1M-key release, fifth pass** (`python -m bench.release_path 1m`, before "
     "`db3cf86` and after alternating, one process at a time, 17:46–18:05 UTC, four pairs; "
     "bench/release_1m_fifth.json). Public query (1,000,000 keys released): before 4.06, "
