@@ -115,3 +115,36 @@ def test_observe_reads_the_counters_at_most_once_per_check_interval(
     late = notice.observe(COVERAGE_S, now_mono_s=late_events.CHECK_EVERY_S)
     assert late is not None and late.startswith("3 events dropped as late")
     assert len(reads) == 2 * read_once
+
+
+def test_the_final_notice_warns_of_every_drop_not_yet_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At the worker's stop: read at once (no check interval) and warn of what the rate limit
+    held back, late events and each query's drops; nothing new, nothing said."""
+    from stream_dp.config.model import QueryConfig
+
+    query = QueryConfig.model_validate(
+        {"name": "countries", "group_by": ["country"], "keys": {"country": ["DE"]}, "epsilon": 1.0}
+    )
+    metrics = Metrics()
+    notice = LateEventsNotice(metrics, None, [query], interval_s=300.0)
+    metrics.late_events.inc(5)
+    assert notice.observe(COVERAGE_S, now_mono_s=0.0) is not None
+    metrics.late_events.inc(7)
+    metrics.query_events_dropped.labels(query="countries", reason="outside_key_list").inc(3)
+    assert notice.observe(COVERAGE_S, now_mono_s=0.5) is None  # within the check interval
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="stream_dp.pipeline.stages.late_events"):
+        final = notice.observe(COVERAGE_S, now_mono_s=0.6, final=True)
+    assert final is not None and final.startswith("7 events dropped as late")
+    assert [r.getMessage() for r in caplog.records] == [
+        "query countries dropped 3 events whose 'country' value is not on its public key list "
+        "(keys): list the values as the events spell them (letter case included) or use "
+        "keys: private; `stream-dp check` compares a sample of the topic with the "
+        "configuration",
+        final,
+    ]
+    caplog.clear()
+    assert notice.observe(COVERAGE_S, now_mono_s=0.7, final=True) is None  # nothing new
+    assert caplog.records == []

@@ -305,6 +305,10 @@ class Worker:
                 await self.guards.hold(exc, guard, membership.consumer, self._stopping)
             finally:
                 monitor.cancel()
+                if self.release is not None:  # the last second's drops said too
+                    self._late_notice.observe(
+                        self.release.coverage_start_s, time.monotonic(), final=True
+                    )
                 await shut_down(
                     commit=graceful and self.ingest is not None,
                     publisher=self.publisher,

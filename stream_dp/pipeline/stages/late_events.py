@@ -14,8 +14,9 @@ query's public key list (``"de"`` for ``"DE"``) or that lacks a field the query 
 reason}``; a wrong field name or a key list in another letter case then releases nothing for
 the query, and the counter alone does not say why. :class:`DroppedEventsNotice` logs a
 WARNING per query and reason with how many were dropped and what to change, on the same
-schedule. Events a ``where`` filter leaves out are what the configuration asks for:
-counted, never warned about.
+schedule. At the worker's stop, drops not yet warned about are warned about at once. Events
+a ``where`` filter leaves out are what the configuration asks for: counted, never warned
+about.
 
 It reads only counts, the coverage start and the configuration: never an event, a user id
 or a value. It reads them from the two counters themselves, not from the registry: the
@@ -127,19 +128,23 @@ class LateEventsNotice:
         self._warned_mono_s = -math.inf
         self._checked_mono_s = -math.inf
 
-    def observe(self, coverage_start_s: int | None, now_mono_s: float) -> str | None:
+    def observe(
+        self, coverage_start_s: int | None, now_mono_s: float, *, final: bool = False
+    ) -> str | None:
         """Warn when the late-events total grew since the last warning and the interval
         passed; returns the message logged, else None. Dropped events of the queries are
         warned about alongside (their messages are :meth:`DroppedEventsNotice.observe`'s).
         Within :data:`CHECK_EVERY_S` of the last call that read the counters, nothing is
-        read (None)."""
-        if 0.0 <= now_mono_s - self._checked_mono_s < CHECK_EVERY_S:
+        read (None). ``final`` (the worker's stop): read now and warn of every drop not yet
+        warned about, interval or not — the last second's drops were otherwise never said."""
+        if not final and 0.0 <= now_mono_s - self._checked_mono_s < CHECK_EVERY_S:
             return None
         self._checked_mono_s = now_mono_s
-        self._drops.observe(now_mono_s)
+        self._drops.observe(now_mono_s, final=final)
         late_total = counter_totals(self._metrics.late_events, LATE_EVENTS_SAMPLE).get((), 0.0)
         dropped = int(late_total - self._reported_total)
-        if dropped <= 0 or now_mono_s - self._warned_mono_s < self._interval_s:
+        waiting = not final and now_mono_s - self._warned_mono_s < self._interval_s
+        if dropped <= 0 or waiting:
             return None
         self._reported_total = late_total
         self._warned_mono_s = now_mono_s
@@ -164,9 +169,9 @@ class DroppedEventsNotice:
         self._reported: dict[tuple[str, str], float] = {}
         self._warned_mono_s: dict[tuple[str, str], float] = {}
 
-    def observe(self, now_mono_s: float) -> list[str]:
+    def observe(self, now_mono_s: float, *, final: bool = False) -> list[str]:
         """Warn per query and reason whose total grew since its last warning once the
-        interval passed; returns the messages logged."""
+        interval passed (``final``: whether it passed or not); returns the messages logged."""
         out: list[str] = []
         totals = counter_totals(self._metrics.query_events_dropped, DROPPED_SAMPLE)
         for query in self._queries:
@@ -175,7 +180,7 @@ class DroppedEventsNotice:
                 total = totals.get(key, 0.0)
                 dropped = int(total - self._reported.get(key, 0.0))
                 last = self._warned_mono_s.get(key, -math.inf)
-                if dropped <= 0 or now_mono_s - last < self._interval_s:
+                if dropped <= 0 or (not final and now_mono_s - last < self._interval_s):
                     continue
                 message = dropped_events_message(query, reason, dropped)
                 if message is None:
