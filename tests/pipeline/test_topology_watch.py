@@ -236,3 +236,34 @@ async def test_on_a_broker_one_failing_topic_leaves_the_others_counted_at_once(
     assert [level for level, _ in said] == ["ERROR", "WARNING"], said
     assert said[0][1].startswith(f"topic {failing}, which the worker reads, no longer exists")
     assert said[1][1] == f"topic {grown} changed from 1 to 3 partitions while the worker ran"
+
+
+async def test_a_failed_lookup_is_said_once_until_the_counts_read_again(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outage lasts: its lookup failure is said once (not every 2 s), and again only after
+    a lookup succeeded in between."""
+    broker = _Broker(4)
+    watch, metrics, _ = _watch(broker)
+    ingest = IngestStage(config(keyed_by_user=True), KEYRING)
+    await watch.partitions(TOPIC, watermark_s=None, ingest=ingest)
+    monkeypatch.setattr(topology_watch, "WATCH_INTERVAL_S", 0.0)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == topology_watch.__name__]
+
+    broker.fails = True
+    with caplog.at_level(logging.INFO, logger=topology_watch.__name__):
+        for _ in range(3):
+            await watch.tick(NOW, ingest)
+        once = (
+            "the partition counts of ['events'] could not be read (KafkaConnectionError("
+            "'the broker is away')); said once until they are read again"
+        )
+        assert (said(), broker.requests) == ([once], 4)
+        broker.fails = False
+        await watch.tick(NOW, ingest)  # read again: nothing to say
+        broker.fails = True
+        await watch.tick(NOW, ingest)
+        assert said() == [once, once]
+    assert _changes(metrics) == 0.0

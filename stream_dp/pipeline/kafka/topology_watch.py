@@ -77,6 +77,8 @@ class TopologyWatch:
         #: watched topics the broker says it has no longer (deleted): not ready meanwhile
         self.gone: set[str] = set()
         self._watched_at_s = time.monotonic()
+        #: (topic or "*" for the whole request, error type) of the failed lookups said so far
+        self._unread: set[tuple[str, str]] = set()
 
     def record(self, topic: str, count: int, *, fixed: bool) -> None:
         """The count seen at start."""
@@ -112,18 +114,39 @@ class TopologyWatch:
         try:
             found = await asyncio.wait_for(lookup, WATCH_TIMEOUT_S)
         except (KafkaError, StreamDPError, TimeoutError) as exc:
-            log.info("the partition counts of %s could not be read (%r)", topics, exc)
+            self._unread_once("*", topics, exc)
             return
+        self._read_again("*")
         for topic in topics:  # one topic that fails (deleted?) hides no other's change
             partitions = found[topic]
             if isinstance(partitions, UnknownTopicOrPartitionError):
                 self._gone(topic)
                 continue
             if isinstance(partitions, KafkaError):
-                log.info("the partition counts of %s could not be read (%r)", [topic], partitions)
+                self._unread_once(topic, [topic], partitions)
                 continue
+            self._read_again(topic)
             self._back(topic, len(partitions))
             self._compare(topic, len(partitions), watermark_s, ingest)
+
+    def _unread_once(self, key: str, topics: list[str], exc: BaseException) -> None:
+        """A failed lookup, said at INFO once per kind until the counts read again: an outage
+        or a refused Describe lasts, and the fetch path and the broker check report those
+        loudly; said every :data:`WATCH_INTERVAL_S`, it was 1,800 lines an hour."""
+        kind = (key, type(exc).__name__)
+        if kind not in self._unread:
+            self._unread.add(kind)
+            log.info(
+                "the partition counts of %s could not be read (%r); said once until they "
+                "are read again",
+                topics,
+                exc,
+            )
+
+    def _read_again(self, key: str) -> None:
+        """``key``'s counts read: its failures are said again if they come back."""
+        if self._unread:
+            self._unread = {kind for kind in self._unread if kind[0] != key}
 
     def _gone(self, topic: str) -> None:
         """The broker has no ``topic`` (deleted under the worker; no client of stream-dp
