@@ -122,14 +122,19 @@ FAULTS += ("partition_count",)
 PARTITIONS_ADDED = 2
 FAULTS += ("clock",)
 FAULTS += ("long_outage",)
-#: long_outage: the deployment's output.max_hold_s (its default is half the internal topics'
-#: retention, hours), and how long every worker is down: past it, with the producer on.
-MAX_HOLD_S = 60
-OUTAGE_S = MAX_HOLD_S + 15
 #: The clock error the deployment tolerates (input.max_future_s), and the clock fault's skew
 #: inside it: a worker this far fast or slow must lose no event and close no window early.
 MAX_FUTURE_S = 30
 CLOCK_SKEW_S = 20
+#: long_outage: the deployment's output.max_hold_s (its default is half the internal topics'
+#: retention, hours), and how long every worker is down: past it, with the producer on. The
+#: hold a running group may legitimately reach is a window's life plus three clock skews (a
+#: worker slow by the skew holds every window that much longer, its records carry stamps
+#: that much older, and a worker fast by it reads every age that much older) plus 30 s for
+#: a rebalance after a partition change (the metadata refresh, 10 s, and the rejoin): at
+#: 60 s a clock fault and a partition change together stopped a worker at 61 s.
+MAX_HOLD_S = WINDOW_S + GRACE_S + IDLE_CLOSE_S + 3 * CLOCK_SKEW_S + 30
+OUTAGE_S = MAX_HOLD_S + 15
 #: Debian's libfaketime (package faketime), under the architecture's library directory.
 LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), None)
 QUERIES = ("visits", "total")
@@ -193,6 +198,9 @@ class Run:
     started: float = field(default_factory=time.monotonic)
     faults: list[Fault] = field(default_factory=list)
     rss: dict[int, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    #: Per worker, the largest stream_dp_held_record_age_seconds its /metrics showed: how
+    #: near output.max_hold_s the run came.
+    held_age_max: dict[int, float] = field(default_factory=dict)
     produced: Counter[tuple[int, str]] = field(default_factory=Counter)
     users_seen: set[str] = field(default_factory=set)
     last_event_s: float = 0.0
@@ -280,13 +288,34 @@ def _rss_mib(pid: int) -> float | None:
     return None
 
 
+HELD_AGE = re.compile(rb"^stream_dp_held_record_age_seconds (\S+)$", re.MULTILINE)
+
+
+def _held_age(slot: Slot) -> float | None:
+    """The worker's stream_dp_held_record_age_seconds now; None if it does not answer (a
+    paused or starting worker)."""
+    try:
+        port = _metrics_port(slot.logs[-1]) if slot.logs else None
+        if port is None:
+            return None
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
+            found = HELD_AGE.search(response.read())
+    except OSError:
+        return None
+    return float(found.group(1)) if found else None
+
+
 async def _sample_rss(run: Run, slots: list[Slot], stop: asyncio.Event) -> None:
+    """Every 2 s, each running worker's RSS and held record age."""
     while not stop.is_set():
         for slot in slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 rss = _rss_mib(slot.proc.pid)
                 if rss is not None:
                     run.rss[slot.index].append((run.elapsed(), rss))
+                age = await asyncio.to_thread(_held_age, slot)
+                if age is not None and age > run.held_age_max.get(slot.index, 0.0):
+                    run.held_age_max[slot.index] = age
         await asyncio.sleep(2)
 
 
@@ -982,6 +1011,8 @@ def _report(run: Run, checks: list[Check], path: Path, command: str) -> None:
         f"- Faults every {run.settings.fault_every_s[0]:g}–{run.settings.fault_every_s[1]:g} s: "
         f"{dict(Counter(f.kind for f in run.faults))}",
         f"- RSS per worker at the end (MiB): {rss_end}; maximum: {rss_max}",
+        "- Largest held record age per worker (s, by its own clock; output.max_hold_s "
+        f"{MAX_HOLD_S} s): { {i: round(a, 1) for i, a in sorted(run.held_age_max.items())} }",
         "",
         "## Checks",
         "",
