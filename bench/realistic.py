@@ -36,6 +36,9 @@ Per broker, in one run, each contender in a fresh process, in turn:
   it starts after the broker (producer, raw consumers, workers) on the others, as a broker on
   its own machine would be: the broker's work no longer takes the CPU the client under test
   waits for. Both sides of every ratio get the same one core fewer.
+* ``--workers 1,3 --turns SLICE_S``: as ``--backlog``, then a group's workers take turns on
+  the backlog, one running at a time for ``SLICE_S`` seconds (``bench.group_turns``): the
+  group's own work per event without the preemption of more processes than cores.
 * ``--workers 1,3 --backlog``: as ``--settle``, but the settled group is stopped (SIGSTOP)
   while the stream is produced and resumed after: every worker finds its share waiting, as a
   group does after a pause or an outage, and no producer shares the cores with it. With
@@ -68,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cpu_split import process_tree, snapshot, split, split_rows, stat_cpu, stat_fields
+from bench.group_turns import Turns
 from bench.sections import splice_section
 
 PARTITIONS = 4
@@ -393,6 +397,7 @@ def run_worker(
     produce_when_ready: Callable[[], object] | None = None,
     broker_pid: int | None = None,
     backlog: bool = False,
+    turns_s: float | None = None,
 ) -> dict[str, Any]:
     """``workers`` processes of ``stream-dp run`` of the checkout at ``tree``, in one consumer
     group on ``topic``, timed from their ``/metrics``: the rate from the sum of their
@@ -401,7 +406,9 @@ def run_worker(
     ``produce_when_ready``: ``topic`` is empty; this writes the stream to it (in a thread)
     once every worker has been ready (``stream_dp_ready``) for :data:`SETTLE_S` in a row —
     the group settled before the first event, as in a deployment that is already running.
-    ``backlog``: the workers are stopped while it writes (:func:`_while_stopped`)."""
+    ``backlog``: the workers are stopped while it writes (:func:`_while_stopped`);
+    ``turns_s`` too: then they take turns on the backlog, one running at a time for
+    ``turns_s`` seconds (:class:`bench.group_turns.Turns`), until every event is consumed."""
     from stream_dp.broker.process import free_port
 
     ports = [free_port("127.0.0.1") for _ in range(workers)]
@@ -414,6 +421,7 @@ def run_worker(
     }
     logs: list[Path] = []
     procs: list[subprocess.Popen[bytes]] = []
+    turns: Turns | None = None
     t_start = time.perf_counter()
     try:
         for port in ports:  # one group, one set of topics, one key: only the port differs
@@ -436,12 +444,36 @@ def run_worker(
                 stopped_s = _while_stopped(procs, produce_when_ready)
             else:
                 threading.Thread(target=produce_when_ready, daemon=True).start()
-        result = _watch(procs, ports, logs, events, t_start, profile_to, broker_pid)
+        if turns_s is not None and workers > 1:
+            urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
+            turns = Turns(
+                [p.pid for p in procs],
+                turns_s,
+                scrape=lambda i: _scrape(urls[i]),
+                cpu_s=_cpu_s,
+                state=_state,
+            )
+            turns.start()
+        result = _watch(
+            procs,
+            ports,
+            logs,
+            events,
+            t_start,
+            profile_to,
+            broker_pid,
+            read=turns.read if turns is not None else None,
+            on_last=turns.stop if turns is not None else None,
+        )
         if backlog:
             result["stopped_s"] = stopped_s
+        if turns is not None:
+            result["turns"] = {"slice_s": turns_s, "switches": turns.switches}
         for i, idle in enumerate(settled.get("per_worker", [])):
             result["per_worker"][i].update(idle)
     finally:
+        if turns is not None:
+            turns.stop()
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
@@ -542,11 +574,19 @@ def _watch(
     t_start: float,
     profile_to: Path | None,
     broker_pid: int | None = None,
+    *,
+    read: Callable[[], tuple[list[dict[str, float]], list[float]]] | None = None,
+    on_last: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Polls every worker's /metrics until all ``events`` are consumed and every window is
-    released, then stops them (SIGTERM) and returns the figures."""
+    released, then stops them (SIGTERM) and returns the figures. ``read``: the workers'
+    readings (default :func:`_read`); ``on_last``: called once every event is consumed."""
     pids = [proc.pid for proc in procs]
     urls = [f"http://127.0.0.1:{port}/metrics" for port in ports]
+    if read is None:
+
+        def read() -> tuple[list[dict[str, float]], list[float]]:
+            return _read(pids, urls)
     profilers: list[subprocess.Popen[bytes]] = []
     first: tuple[float, float, float] | None = None
     last: tuple[float, float, float] | None = None
@@ -568,7 +608,7 @@ def _watch(
         stalled = time.perf_counter() - t_start > RUN_TIMEOUT_S
         if stalled or any(p.poll() is not None for p in procs):
             raise RuntimeError(f"a worker exited or stalled:\n{tail()}")
-        scraped, cpus = _read(pids, urls)
+        scraped, cpus = read()
         t, cpu = time.perf_counter(), sum(cpus)
         m = {name: sum(s[name] for s in scraped) for name in scraped[0]}
         n = m["stream_dp_events_consumed_total"]
@@ -593,6 +633,8 @@ def _watch(
         if n >= events and last is None:
             last, last_scraped = (t, cpu, n), scraped
             split_last = snapshot(pids, broker_pid)
+            if on_last is not None:
+                on_last()
             for profiler in profilers:
                 profiler.send_signal(signal.SIGINT)
             for profiler in profilers:
@@ -725,11 +767,13 @@ def measure_broker(
     settle: bool = False,
     pin_broker: bool = False,
     backlog: bool = False,
+    turns_s: float | None = None,
 ) -> dict[str, Any]:
     """The raw consumers and the workers on one topic of a fresh broker; with ``workers``
     (counts of worker processes), each count in one group instead of the single workers;
     with ``settle`` too, each group on a fresh topic, produced once the group is ready (with
-    ``backlog``, while the group is stopped); with ``pin_broker``, the broker on a core of
+    ``backlog``, while the group is stopped; with ``turns_s`` too, its workers then take
+    turns); with ``pin_broker``, the broker on a core of
     its own (``pinned``)."""
     from bench.throughput import create_topics
 
@@ -768,6 +812,7 @@ def measure_broker(
                 produce_when_ready=fill,
                 broker_pid=broker.pid,
                 backlog=backlog,
+                turns_s=turns_s,
             )
 
         spec = {"bootstrap": bootstrap, "topic": topic, "events": events, "broker_pid": broker.pid}
@@ -881,7 +926,12 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
             "cores": os.cpu_count(),
             "windows": WINDOWS,
             **(
-                {"workers": opts.workers, "settle": opts.settle, "backlog": opts.backlog}
+                {
+                    "workers": opts.workers,
+                    "settle": opts.settle,
+                    "backlog": opts.backlog,
+                    "turns_s": opts.turns,
+                }
                 if opts.workers
                 else {}
             ),
@@ -899,6 +949,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
                 settle=opts.settle,
                 pin_broker=opts.pin_broker,
                 backlog=opts.backlog,
+                turns_s=opts.turns,
             )
     return result
 
@@ -2715,6 +2766,14 @@ def main(argv: list[str] | None = None) -> None:
         help="with --workers: as --settle, the group stopped while the stream is produced",
     )
     parser.add_argument(
+        "--turns",
+        type=float,
+        default=None,
+        metavar="SLICE_S",
+        help="with --workers: as --backlog, then a group's workers take turns on it, one "
+        "running at a time for SLICE_S seconds (a group without preemption on fewer cores)",
+    )
+    parser.add_argument(
         "--windows",
         type=int,
         default=WINDOWS,
@@ -2736,8 +2795,12 @@ def main(argv: list[str] | None = None) -> None:
             result = _raw_librdkafka(spec)
         print(json.dumps(result))
         return
-    if opts.backlog and not opts.workers:
-        parser.error("--backlog needs --workers (a group of worker processes)")
+    if (opts.backlog or opts.turns) and not opts.workers:
+        parser.error("--backlog and --turns need --workers (a group of worker processes)")
+    if opts.turns is not None:
+        if opts.turns <= 0:
+            parser.error("--turns: a slice of more than 0 seconds")
+        opts.backlog = True
     if opts.smoke:
         opts.events, opts.runs, opts.brokers = 50_000, 1, "tansu"
     if opts.windows != WINDOWS:  # the stream's, the first window's and the watch's count
