@@ -31,6 +31,18 @@ from contextlib import suppress
 Reading = tuple[dict[str, float], float]
 
 
+def stop_and_wait(pids: Sequence[int], state: Callable[[int], str]) -> None:
+    """SIGSTOP each of ``pids``, returning once every one is stopped (state ``T``): a signal
+    reaches a process running on another core a moment later."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    while not all(state(pid) == "T" for pid in pids):
+        if time.monotonic() - started > 60:  # a hang guard
+            raise RuntimeError("a worker did not stop on SIGSTOP")
+        time.sleep(0.001)
+
+
 class Turns:
     """Keeps one of ``pids`` running at a time, each for ``slice_s`` in turn (module
     docstring). ``scrape(i)`` reads worker ``i``'s /metrics, ``cpu_s(pid)`` a process's CPU
@@ -60,15 +72,9 @@ class Turns:
         return scraped, self._cpu_s(self._pids[i])
 
     def _stop(self, i: int) -> None:
-        """Worker ``i``'s last reading, then SIGSTOP, returning once it is stopped (a signal
-        reaches a process on another core a moment later)."""
+        """Worker ``i``'s last reading, then it is stopped."""
         self._readings[i] = self._reading(i)
-        os.kill(self._pids[i], signal.SIGSTOP)
-        started = time.monotonic()
-        while self._state(self._pids[i]) != "T":
-            if time.monotonic() - started > 60:  # a hang guard
-                raise RuntimeError(f"worker {i} did not stop on SIGSTOP")
-            time.sleep(0.001)
+        stop_and_wait([self._pids[i]], self._state)
 
     def start(self) -> None:
         """Every worker running (as after the backlog): all but the first stopped, and the

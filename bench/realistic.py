@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cpu_split import process_tree, snapshot, split, split_rows, stat_cpu, stat_fields
-from bench.group_turns import Turns
+from bench.group_turns import Turns, stop_and_wait
 from bench.sections import splice_section
 
 PARTITIONS = 4
@@ -532,14 +532,8 @@ def _while_stopped(procs: Sequence[subprocess.Popen[bytes]], work: Callable[[], 
     when ``work`` raises); returns the seconds they were stopped. A stopped process spends no
     CPU, and it misses heartbeats only for that long: well under the session timeout."""
     started = time.perf_counter()
-    for proc in procs:
-        os.kill(proc.pid, signal.SIGSTOP)
     try:
-        # A signal reaches a process running on another core a moment later.
-        while not all(_state(proc.pid) == "T" for proc in procs):
-            if time.perf_counter() - started > 60:  # a hang guard
-                raise RuntimeError("a worker did not stop on SIGSTOP")
-            time.sleep(0.001)
+        stop_and_wait([proc.pid for proc in procs], _state)
         work()
     finally:
         for proc in procs:

@@ -291,11 +291,14 @@ def _rss_mib(pid: int) -> float | None:
 HELD_AGE = re.compile(rb"^stream_dp_held_record_age_seconds (\S+)$", re.MULTILINE)
 
 
-def _held_age(slot: Slot) -> float | None:
+def _held_age(slot: Slot, ports: dict[Path, int]) -> float | None:
     """The worker's stream_dp_held_record_age_seconds now; None if it does not answer (a
-    paused or starting worker)."""
+    paused or starting worker). ``ports``: each log's metrics port, once read from it."""
     try:
-        port = _metrics_port(slot.logs[-1]) if slot.logs else None
+        log = slot.logs[-1] if slot.logs else None
+        if log is not None and log not in ports and (found_port := _metrics_port(log)):
+            ports[log] = found_port
+        port = ports.get(log) if log is not None else None
         if port is None:
             return None
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
@@ -305,15 +308,16 @@ def _held_age(slot: Slot) -> float | None:
     return float(found.group(1)) if found else None
 
 
-async def _sample_rss(run: Run, slots: list[Slot], stop: asyncio.Event) -> None:
+async def _sample_workers(run: Run, slots: list[Slot], stop: asyncio.Event) -> None:
     """Every 2 s, each running worker's RSS and held record age."""
+    ports: dict[Path, int] = {}
     while not stop.is_set():
         for slot in slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 rss = _rss_mib(slot.proc.pid)
                 if rss is not None:
                     run.rss[slot.index].append((run.elapsed(), rss))
-                age = await asyncio.to_thread(_held_age, slot)
+                age = await asyncio.to_thread(_held_age, slot, ports)
                 if age is not None and age > run.held_age_max.get(slot.index, 0.0):
                     run.held_age_max[slot.index] = age
         await asyncio.sleep(2)
@@ -1077,7 +1081,7 @@ async def chaos(
     run.sink.start()
     stop_producing, stop_sampling = asyncio.Event(), asyncio.Event()
     producer = asyncio.create_task(_produce(run, bootstrap, input_topic, stop_producing))
-    sampler = asyncio.create_task(_sample_rss(run, slots, stop_sampling))
+    sampler = asyncio.create_task(_sample_workers(run, slots, stop_sampling))
     try:
         end = run.elapsed() + settings.minutes * 60
         while run.elapsed() < end:
