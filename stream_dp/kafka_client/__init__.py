@@ -16,7 +16,9 @@ library today is aiokafka; this package owns what depends on it:
   (:mod:`stream_dp.kafka_client.protocol`);
 - the Metadata requests of every client, which never ask the broker to create a topic
   (:mod:`stream_dp.kafka_client.metadata`, installed when this package is imported: a topic
-  deleted under a running worker stays deleted, and is reported missing).
+  deleted under a running worker stays deleted, and is reported missing);
+- the asyncio TLS layer's close race, lowered from an ERROR with a traceback to DEBUG
+  (:mod:`stream_dp.kafka_client.tls_close`, installed when this package is imported).
 
 Swapping or upgrading the client library changes this package, not its importers.
 """
@@ -34,6 +36,9 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 # Imported for its effect, before any client of this layer is built: no Metadata request
 # of this process allows topic auto-creation (see the module).
 from stream_dp.kafka_client import metadata as _metadata  # noqa: F401
+
+# Imported for its effect too: the asyncio TLS layer's close race is not logged as an error.
+from stream_dp.kafka_client import tls_close as _tls_close  # noqa: F401
 
 __all__ = [
     "AIOKafkaAdminClient",
