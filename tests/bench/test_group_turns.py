@@ -40,8 +40,10 @@ def test_one_worker_runs_at_a_time_each_in_turn_and_all_run_after_the_stop(
     turns = Turns(pids, 0.05, scrape=scrape, cpu_s=_cpu_s, state=_state)
     turns.start()
     seen_running: Counter[int] = Counter()
+    deadline = time.monotonic() + 120  # a hang guard: 30 switches take about 1.5 s
     try:
-        while turns.switches < 9:
+        while turns.switches < 30:
+            assert time.monotonic() < deadline, f"{turns.switches} switches in 120 s"
             with turns._lock:  # no switch while the states are read
                 running = [i for i, pid in enumerate(pids) if _state(pid) != "T"]
                 stopped_scrapes = {i: scrapes[i] for i in range(3) if i != turns.running}
