@@ -594,6 +594,9 @@ def _watch(
     first_cpus: list[float] = []
     split_first: dict[str, Any] = {}
     split_last: dict[str, Any] = {}
+    #: Each worker's own counters at the span's two ends (its faults and kernel time apart).
+    own_split_first: list[dict[str, Any]] = []
+    own_split_last: list[dict[str, Any]] = []
 
     def tail() -> str:
         return "\n".join(log.read_text()[-3000:] for log in logs)
@@ -619,6 +622,7 @@ def _watch(
         if n > 0 and first is None:
             first, first_cpus, first_scraped = (t, cpu, n), cpus, scraped
             split_first = snapshot(pids, broker_pid)
+            own_split_first = [snapshot([pid], None) for pid in pids]
             if profile_to is not None:  # the span the rate is measured over, only
                 profilers = [
                     _start_profiler(pid, profile_to.with_suffix(f".{i}"))
@@ -627,6 +631,7 @@ def _watch(
         if n >= events and last is None:
             last, last_scraped = (t, cpu, n), scraped
             split_last = snapshot(pids, broker_pid)
+            own_split_last = [snapshot([pid], None) for pid in pids]
             if on_last is not None:
                 on_last()
             for profiler in profilers:
@@ -644,6 +649,7 @@ def _watch(
     if last[0] == first[0]:  # a small topic, taken in one poll: from the workers' start
         first, first_cpus = (t_start, 0.0, 0.0), [0.0] * len(procs)
         split_first = split_last  # no span to split
+        own_split_first = own_split_last
     iterations = "stream_dp_batch_processing_seconds_count"
     if any(codes):
         raise RuntimeError(f"a worker exited {codes} after SIGTERM:\n{tail()}")
@@ -690,6 +696,15 @@ def _watch(
                 "iterations_in_span": last_scraped[i][iterations]
                 - (first_scraped[i][iterations] if first_scraped else 0.0),
                 "rejoins": last_scraped[i]["stream_dp_membership_lost_total"],
+                # Its own user and kernel time, faults and switches per event over the span.
+                "split": split(
+                    own_split_first[i],
+                    own_split_last[i],
+                    own_last[i][2]
+                    - (first_scraped[i] if first_scraped else {}).get(
+                        "stream_dp_events_consumed_total", 0.0
+                    ),
+                ),
             }
             for i in range(len(procs))
         ],
