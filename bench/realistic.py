@@ -2635,6 +2635,56 @@ def _per_process_lines(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _rank_split_lines(run: dict[str, Any]) -> list[str]:
+    """A ``--workers`` run whose workers' own CPU splits were recorded: per path, group size
+    and rank by share (busiest first), the medians over the rounds of each worker's share of
+    the span's events, its user and kernel time per event of its own and its page faults per
+    1,000 of them; empty for runs kept before the splits were."""
+    lines: list[str] = []
+    for name, broker in run["brokers"].items():
+        runs = broker["runs"]
+        rows: list[str] = []
+        for mode in MODES:
+            for n in run["workers"]:
+                rs = [
+                    r
+                    for r in runs.get(f"workers_{n}_{mode}", [])
+                    if all("split" in w for w in r["per_worker"])
+                ]
+                for k in range(n if rs else 0):
+
+                    def ranked(r: dict[str, Any], k: int = k) -> dict[str, Any]:
+                        per = sorted(r["per_worker"], key=lambda w: -w["events_in_span"])
+                        total = max(sum(w["events_in_span"] for w in per), 1.0)
+                        return {"share": per[k]["events_in_span"] / total, **per[k]["split"]}
+
+                    at = [ranked(r) for r in rs]
+
+                    def med(part: str, at: list[dict[str, Any]] = at) -> float:
+                        return float(statistics.median([x[part] for x in at]))
+
+                    own = med("user_us_per_event") + med("system_us_per_event")
+                    rows.append(
+                        f"| {mode} | {n} | {k + 1} | {len(at)} | {med('share'):.0%} | "
+                        f"{med('user_us_per_event'):.2f} | {med('system_us_per_event'):.2f} | "
+                        f"{own:.2f} | {med('faults_per_1k_events'):,.0f} |"
+                    )
+        if rows:
+            lines += [
+                "",
+                f"**{name}, each worker on its own** (ranked by its share of the span's input "
+                "events; medians over the rounds; its own user and kernel CPU time over the "
+                "span per input event it read, so a small share carries its fixed costs, and "
+                "on the default path its part of the repartitioned events, over few events)",
+                "",
+                "| path | workers | rank | rounds | share of the events | user µs/event | "
+                "system µs/event | user + system | page faults / 1k events |",
+                "|---|---|---|---|---|---|---|---|---|",
+                *rows,
+            ]
+    return lines
+
+
 def _cores(run: dict[str, Any]) -> str:
     pins = [b["pinned"] for b in run["brokers"].values() if b.get("pinned")]
     if not pins:
@@ -2690,6 +2740,7 @@ def section(kept: dict[str, Any]) -> list[str]:
             lines += _workers_lines(run)
             if (run.get("before") and run.get("settle")) or run.get("backlog"):
                 lines += _per_process_lines(run)
+            lines += _rank_split_lines(run)
             if NOTES.get(label):
                 lines += ["", *(f"- {note}" for note in NOTES[label])]
             continue
