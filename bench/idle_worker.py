@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import realistic
+from bench.cpu_split import faults_and_switches, process_cpu
 
 #: How long a ready worker runs before the first phase (its group settled).
 SETTLE_S = 3.0
@@ -76,6 +77,7 @@ def _idle_worker(
             if profile is not None and phase == "quiet again":
                 spy = _py_spy(proc.pid, profile, seconds)
             t0, c0 = time.perf_counter(), realistic._cpu_s(proc.pid)
+            f0, s0 = faults_and_switches(proc.pid)[0], process_cpu(proc.pid)[1]
             while time.perf_counter() - t0 < seconds:
                 if scraping:
                     realistic._scrape(url)
@@ -83,10 +85,16 @@ def _idle_worker(
                 time.sleep(realistic.POLL_S if scraping else 0.5)
             elapsed = time.perf_counter() - t0
             out[phase] = (realistic._cpu_s(proc.pid) - c0) / elapsed * 1e3
+            # Its kernel time and page faults per second: a scrape's text is built and freed.
+            out[f"{phase}: system"] = (process_cpu(proc.pid)[1] - s0) / elapsed * 1e3
+            out[f"{phase}: faults_per_s"] = (faults_and_switches(proc.pid)[0] - f0) / elapsed
             if phase == "scraped":
                 quiet = out["quiet"]
                 out["scrapes_per_s"] = scrapes / elapsed
                 out["ms_per_scrape"] = (out[phase] - quiet) / (scrapes / elapsed)
+                out["faults_per_scrape"] = (
+                    out["scraped: faults_per_s"] - out["quiet: faults_per_s"]
+                ) / (scrapes / elapsed)
             if spy is not None:
                 spy.wait(timeout=seconds + 60)
         return out
