@@ -934,6 +934,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
             "written": dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "cores": os.cpu_count(),
             "windows": WINDOWS,
+            "poll_s": POLL_S,
             **(
                 {
                     "workers": opts.workers,
@@ -2734,7 +2735,12 @@ def section(kept: dict[str, Any]) -> list[str]:
             f"`{run.get('after') or 'the working tree'}`; {_cores(run)}, load average (1 min) "
             f"{min(loads):.1f} to {max(loads):.1f} "
             "(both sides of every ratio equally slowed; events/s vary with it far more than "
-            "CPU per event).",
+            "CPU per event)"
+            + (
+                f"; /metrics polled every {run['poll_s']:g} s instead of 0.05 s."
+                if run.get("poll_s", 0.05) != 0.05
+                else "."
+            ),
         ]
         if run.get("workers"):
             lines += _workers_lines(run)
@@ -2844,6 +2850,13 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="the broker on the last core, this bench and what it starts on the others",
     )
+    parser.add_argument(
+        "--poll-s",
+        type=float,
+        default=POLL_S,
+        help="how often /metrics is polled, in seconds (a diagnostic: each answer costs a "
+        "worker CPU, so a group of three pays for three per poll)",
+    )
     parser.add_argument("--render", action="store_true", help="the section from the kept runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -2865,6 +2878,9 @@ def main(argv: list[str] | None = None) -> None:
         opts.events, opts.runs, opts.brokers = 50_000, 1, "tansu"
     if opts.windows != WINDOWS:  # the stream's, the first window's and the watch's count
         globals()["WINDOWS"] = opts.windows
+    if opts.poll_s <= 0:
+        parser.error("--poll-s: more than 0 seconds")
+    globals()["POLL_S"] = opts.poll_s  # the settled group's and the measured span's polls
     opts.brokers = [b for b in opts.brokers.split(",") if b]
 
     def log(line: str) -> None:

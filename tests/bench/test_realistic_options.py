@@ -185,3 +185,28 @@ def test_a_group_s_cpu_per_event_is_set_against_the_same_round_s_single_worker()
     one = [_run(300_000, 2.0), _run(200_000, 3.0)]
     three = [_run(250_000, 2.2), _run(150_000, 3.6)]
     assert realistic._cpu_round_ratios(three, one) == pytest.approx([1.1, 1.2])
+
+
+def test_a_poll_of_no_time_is_refused_and_another_poll_is_named_in_the_run_s_heading(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        realistic.main(["--workers", "1,3", "--poll-s", "0"])
+    assert refused.value.code == 2
+    assert "--poll-s: more than 0 seconds" in capsys.readouterr().err
+    run = {
+        "events": 1_000,
+        "written": "2026-12-04 14:00 UTC",
+        "cores": 2,
+        "windows": 10,
+        "workers": [1],
+        "brokers": {"kafka": {"runs": {}, "load_1min": [1.0, 1.0]}},
+    }
+    heading = [line for line in realistic.section({"x": run}) if line.startswith("Run of")]
+    assert heading and heading[0].endswith("CPU per event).")
+    heading = [
+        line
+        for line in realistic.section({"x": {**run, "poll_s": 1.0}})
+        if line.startswith("Run of")
+    ]
+    assert heading and heading[0].endswith("; /metrics polled every 1 s instead of 0.05 s.")
