@@ -86,6 +86,11 @@ IDLE_CLOSE_S = 3.0
 FETCH_MAX_RECORDS = 10_000
 FETCH_PARTITION_BYTES = 4 * 1_048_576
 POLL_S = 0.05
+#: ``--backlog``'s workers' ``kafka.session_timeout_ms``. They are stopped while the stream is
+#: written (about 9 s for 3,600,000 events on Apache Kafka) and then, with ``--turns``, for
+#: (workers - 1) x the slice at a time; under the default 10 s a member's session expired and
+#: its partitions' records were read twice (runs ``fifteenth_turns_long``, ``_tunables``).
+BACKLOG_SESSION_TIMEOUT_MS = 60_000
 #: ``--settle``: how long every worker must have been ready before the stream is produced.
 SETTLE_S = 3.0
 #: ``--settle``: then this long without polling /metrics (an idle worker's own cost).
@@ -280,6 +285,18 @@ def _run_raw(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- the worker, as an operator runs it ------------------------------------------------------
+def group_config(
+    bootstrap: str, topic: str, start_s: int, *, keyed: bool, port: int, backlog: bool
+) -> dict[str, Any]:
+    """A ``--workers`` group's configuration: :func:`worker_config`, and with ``backlog`` a
+    session timeout of :data:`BACKLOG_SESSION_TIMEOUT_MS` (its workers are stopped while the
+    stream is written: no heartbeat for that long)."""
+    config = worker_config(bootstrap, topic, start_s, keyed=keyed, port=port)
+    if backlog:
+        config["kafka"]["session_timeout_ms"] = BACKLOG_SESSION_TIMEOUT_MS
+    return config
+
+
 def worker_config(
     bootstrap: str, topic: str, start_s: int, *, keyed: bool, port: int
 ) -> dict[str, Any]:
@@ -412,7 +429,7 @@ def run_worker(
     from stream_dp.broker.process import free_port
 
     ports = [free_port("127.0.0.1") for _ in range(workers)]
-    base = worker_config(bootstrap, topic, start_s, keyed=keyed, port=ports[0])
+    base = group_config(bootstrap, topic, start_s, keyed=keyed, port=ports[0], backlog=backlog)
     env = {
         **os.environ,
         "PYTHONPATH": str(tree),
@@ -530,7 +547,8 @@ def _settle(
 def _while_stopped(procs: Sequence[subprocess.Popen[bytes]], work: Callable[[], object]) -> float:
     """Runs ``work`` with every worker stopped (SIGSTOP), then resumes them (SIGCONT, also
     when ``work`` raises); returns the seconds they were stopped. A stopped process spends no
-    CPU, and it misses heartbeats only for that long: well under the session timeout."""
+    CPU, and it misses heartbeats for that long: the backlog's workers run with a session
+    timeout of :data:`BACKLOG_SESSION_TIMEOUT_MS` to keep them in the group."""
     started = time.perf_counter()
     try:
         stop_and_wait([proc.pid for proc in procs], _state)

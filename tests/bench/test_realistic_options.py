@@ -210,3 +210,18 @@ def test_a_poll_of_no_time_is_refused_and_another_poll_is_named_in_the_run_s_hea
         if line.startswith("Run of")
     ]
     assert heading and heading[0].endswith("; /metrics polled every 1 s instead of 0.05 s.")
+
+
+def test_a_backlog_s_group_keeps_its_session_over_the_stop_and_the_product_accepts_it() -> None:
+    from stream_dp.config.loader import parse_config
+
+    def session_ms(*, backlog: bool) -> int:
+        data = realistic.group_config(
+            "127.0.0.1:9092", "events", 1_800_000_000, keyed=False, port=9100, backlog=backlog
+        )
+        config = parse_config(data, environ={"STREAM_DP_PSEUDONYM_KEY": "ab" * 32})
+        return int(config.kafka.session_timeout_ms)
+
+    # Writing 3,600,000 events kept a stopped group about 9 s without heartbeats.
+    assert session_ms(backlog=True) == realistic.BACKLOG_SESSION_TIMEOUT_MS >= 30_000
+    assert session_ms(backlog=False) == 10_000  # the product's default, as an operator runs it
