@@ -127,6 +127,10 @@ async def test_a_worker_paused_past_its_session_never_publishes_a_second_value(
             paused.log(), steady.log(), f"test fault point {point} reached"
         )
         assert taken, f"no takeover during the pause\n{steady.log()[-4000:]}"
+        # The paused worker says so: its lost membership is counted and logged, also when
+        # only aiokafka's heartbeat saw it (no commit of its own was refused).
+        lost = [line for line in paused.log().splitlines() if "lost its membership" in line]
+        assert lost and all('"level": "WARNING"' in line for line in lost), paused.log()[-4000:]
         # Both are alive and working: a later window is released after the pause.
         await produce_events(
             kafka_bootstrap,

@@ -420,7 +420,7 @@ class Membership(WorkerPart):
         try:
             await self._settle()
         except MEMBERSHIP_ERRORS as exc:
-            membership_lost(self.metrics, exc)
+            membership_lost(self.metrics, exc, self.consumer)
         offsets = self._moved(only)
         if offsets:
             await self.consumer.commit(offsets)
@@ -449,7 +449,7 @@ class Membership(WorkerPart):
         try:
             await self._settle()
         except (*MEMBERSHIP_ERRORS, IllegalStateError) as exc:
-            membership_lost(self.metrics, exc)
+            membership_lost(self.metrics, exc, self.consumer)
         offsets = self._moved(None) if self.commits.due(now_mono_s) else None
         if offsets:
             self.commits.send(self.consumer.commit(offsets), offsets, now_mono_s)
@@ -507,14 +507,26 @@ async def start_from_latest(consumer: AIOKafkaConsumer, taken: list[TopicPartiti
             await consumer.seek_to_end(tp)
 
 
-def membership_lost(metrics: Metrics, exc: BaseException) -> None:
+def member_reset(consumer: Any) -> bool:
+    """Whether aiokafka has forgotten this member's id (a heartbeat or commit the group
+    refused: a pause past the session timeout, a fenced generation); its rejoin revokes the
+    old assignment next (:meth:`Membership.on_revoked`). No public accessor."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    return coordinator is not None and not coordinator.member_id
+
+
+def membership_lost(metrics: Metrics, why: BaseException | str, consumer: Any = None) -> None:
     """A lost membership is routine (the rejoin redistributes the partitions and their state
-    is rebuilt): counted and logged, never a reason to stop."""
+    is rebuilt): counted and logged, never a reason to stop. Counted once per loss: an error
+    after which ``consumer``'s member id is forgotten is left to the rejoin's revocation,
+    which counts every such loss, also one only aiokafka's heartbeat saw."""
+    if consumer is not None and member_reset(consumer):
+        return
     metrics.membership_lost.inc()
     log.warning(
         "the group says this worker lost its membership (%s): rejoining; its partitions' "
         "state is rebuilt from the committed offsets",
-        type(exc).__name__,
+        why if isinstance(why, str) else type(why).__name__,
     )
 
 
@@ -541,13 +553,23 @@ def _stall_input_once(membership: Membership, taken: list[TopicPartition]) -> No
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """aiokafka's rebalance callbacks. A revocation that finds the member id forgotten, once
+    this member has been assigned partitions, follows a lost membership: counted here, once
+    (:func:`membership_lost`), also when only aiokafka's heartbeat saw it."""
+
     def __init__(self, membership: Membership) -> None:
         self.membership = membership
+        self.joined = False  # before the first assignment a revocation is the first join
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.membership.on_revoked(list(revoked))
+        membership = self.membership
+        if self.joined and member_reset(membership.consumer):
+            why = "its member id was refused: a pause past the session timeout, or a fence"
+            membership_lost(membership.metrics, why)
+        await membership.on_revoked(list(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.joined = True
         await self.membership.on_assigned(list(assigned))
 
 

@@ -493,7 +493,7 @@ class Worker:
                     if batch is None:
                         break
                 except MEMBERSHIP_ERRORS as exc:
-                    membership_lost(self.metrics, exc)
+                    membership_lost(self.metrics, exc, self.membership.consumer)
                     continue
                 except KafkaError as exc:  # classified, counted, logged; the loop turns
                     await self.fetches.failed(exc)
