@@ -510,7 +510,7 @@ async def start_from_latest(consumer: AIOKafkaConsumer, taken: list[TopicPartiti
 def member_reset(consumer: Any) -> bool:
     """Whether aiokafka has forgotten this member's id (a heartbeat or commit the group
     refused: a pause past the session timeout, a fenced generation); its rejoin revokes the
-    old assignment next (:meth:`Membership.on_revoked`). No public accessor."""
+    old assignment next (:class:`_Rebalance`). No public accessor."""
     coordinator = getattr(consumer, "_coordinator", None)
     return coordinator is not None and not coordinator.member_id
 
