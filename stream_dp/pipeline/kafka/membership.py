@@ -184,7 +184,7 @@ class Membership(WorkerPart):
         if coordinator is None or subscription is None:
             return True
         # (Generation ids start at 0 on some brokers: the member id is the better sign.)
-        return not coordinator.need_rejoin(subscription) and bool(coordinator.member_id)
+        return not coordinator.need_rejoin(subscription) and not member_reset(consumer)
 
     def owns_partials(self, partition: int) -> bool:
         """Whether this member owns that partials partition now (the release's first step):
