@@ -14,7 +14,7 @@ from aiokafka import TopicPartition
 from stream_dp.clients.compacted import CompactedTopicReader, LogRewoundError
 from stream_dp.errors import StreamDPError
 from stream_dp.pipeline.formats.ledger import LedgerIndex
-from stream_dp.pipeline.kafka.erasure_log import ErasureLog, ErasureLogReadError
+from stream_dp.pipeline.kafka.erasure.erasure_log import ErasureLog, ErasureLogReadError
 from stream_dp.pipeline.kafka.ledger_log import LedgerLog, LedgerReadError
 from stream_dp.privacy.erasure import ErasureSet
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.formats.erasure_records import encode_erasure
-from stream_dp.pipeline.kafka.erasure_worker import Outgoing, WorkerErasure
+from stream_dp.pipeline.kafka.erasure.erasure_worker import Outgoing, WorkerErasure
 from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage
 from stream_dp.pipeline.stages.release_stage import ReleaseStage
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms

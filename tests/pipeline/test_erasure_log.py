@@ -9,7 +9,7 @@ import time
 from aiokafka import AIOKafkaProducer
 
 from stream_dp.pipeline.formats.erasure_records import encode_erasure
-from stream_dp.pipeline.kafka.erasure_log import ErasureLog
+from stream_dp.pipeline.kafka.erasure.erasure_log import ErasureLog
 from stream_dp.privacy.erasure import ErasureSet, erasure_pseudonyms
 from tests.helpers import TopicFactory
 from tests.integration.support import HANG_GUARD_S

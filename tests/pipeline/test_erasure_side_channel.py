@@ -41,7 +41,8 @@ from stream_dp.ops.metrics import Metrics
 from stream_dp.pipeline.faults import NO_FAULTS
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.hold_guards import HoldGuards
-from stream_dp.pipeline.kafka.membership import Membership, Stages
+from stream_dp.pipeline.kafka.membership import Membership
+from stream_dp.pipeline.kafka.partition_take import Stages
 from stream_dp.pipeline.stages import ingest_columns
 from stream_dp.pipeline.stages.ingest import IngestSettings, IngestStage, InputRecord
 from stream_dp.privacy.erasure import Erasure, ErasureSet, erasure_pseudonyms

@@ -23,7 +23,7 @@ import pytest
 
 from stream_dp.kafka_client import ConsumerRecord, TopicPartition
 from stream_dp.pipeline.duties.export_stage import ExportStage
-from stream_dp.pipeline.kafka.membership import Stages
+from stream_dp.pipeline.kafka.partition_take import Stages
 from stream_dp.pipeline.kafka.producing import Outgoing
 from stream_dp.pipeline.kafka.publisher import Publisher
 from stream_dp.pipeline.kafka.worker import Worker

@@ -100,3 +100,16 @@ async def test_a_refused_commit_and_the_revocation_after_it_count_one_loss(
     await membership.commit_in_loop(1e9)
     await listener.on_partitions_revoked([TP0])
     assert _lost(membership) == 1
+
+
+async def test_a_second_subscription_keeps_the_listener_that_knows_the_member_joined() -> None:
+    """aiokafka calls back the listener given at subscribe: a membership that subscribes again
+    hands it the same one, so a loss right after that is still counted (a new listener would
+    take the revocation for a first join)."""
+    membership, consumer, listener = _membership()
+    await listener.on_partitions_assigned([TP0])
+    again = membership.listener()
+    assert again is listener
+    consumer._coordinator.member_id = ""
+    await again.on_partitions_revoked([TP0])
+    assert _lost(membership) == 1

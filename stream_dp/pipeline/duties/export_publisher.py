@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence, Set
 from stream_dp.config.model import Config
 from stream_dp.kafka_client import ConsumerRecord, TopicPartition
 from stream_dp.pipeline.duties.export_stage import ExportStage, erasure_records
-from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
+from stream_dp.pipeline.kafka.erasure.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.producing import Outgoing
 from stream_dp.pipeline.kafka.publisher import Publisher
 from stream_dp.privacy.pseudonymize import KeyRing

@@ -33,7 +33,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from stream_dp.clients.connect import TopicGoneError, TopicNotAuthorizedError, topic_gone
@@ -51,20 +50,13 @@ from stream_dp.pipeline.fetch_health import FetchAges
 from stream_dp.pipeline.handoff import marks_interval_s
 from stream_dp.pipeline.idle_fetch import FetchTimeout, idle_fetch_timeout_ms
 from stream_dp.pipeline.kafka.context import WorkerContext, WorkerPart
-from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
-from stream_dp.pipeline.kafka.ledger_log import LedgerReadError, LogRewoundError
-from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
+from stream_dp.pipeline.kafka.ledger_log import LogRewoundError
+from stream_dp.pipeline.kafka.partition_take import PartitionTake, Stages, Taken
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS
 from stream_dp.pipeline.kafka.topology_watch import (
     TopologyError,
-    TopologyWatch,
-    restore_layout,
     with_layout,
 )
-from stream_dp.pipeline.release_driver import ReleaseDriver
-from stream_dp.pipeline.stages.ingest import IngestStage
-from stream_dp.pipeline.stages.release_stage import ReleaseStage
-from stream_dp.windows.tumbling import iso_utc
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +66,6 @@ MAX_RECORDS_PER_FETCH = 40_000
 FETCH_PARTITION_BYTES = 4 * 1_048_576
 #: Topic metadata is refreshed this often, so partition-count changes are seen soon.
 METADATA_MAX_AGE_MS = 10_000
-
-
-@dataclass
-class Stages:
-    """What the worker built at start, that taking and dropping partitions changes."""
-
-    ingest: IngestStage
-    release: ReleaseStage
-    driver: ReleaseDriver
-    reader: LedgerReader
-    topology: TopologyWatch
-    erasure: WorkerErasure | None = None
 
 
 def group_consumer_options(kafka: KafkaConfig) -> dict[str, Any]:
@@ -149,6 +129,11 @@ class Membership(WorkerPart):
         self.fatal: StreamDPError | None = None
         #: Per input partition, the last fetch that made progress (fetch_health).
         self.fetch_ages = FetchAges(context.metrics)
+        self.taking = PartitionTake(
+            context, input_topic=self.input_topic, stage1_topic=self.stage1_topic, keyed=self.keyed
+        )
+        #: One listener for the consumer's life: it knows whether this member has joined.
+        self._listener = _Rebalance(self)
 
     def _stages(self) -> Stages:
         assert self.stages is not None, "the stages are built before partitions are taken"
@@ -162,7 +147,7 @@ class Membership(WorkerPart):
         return sorted(topics)
 
     def listener(self) -> ConsumerRebalanceListener:
-        return _Rebalance(self)
+        return self._listener
 
     def subscribe(self, client_options: dict[str, Any]) -> AIOKafkaConsumer:
         """The group's consumer (not started yet), subscribed to :meth:`group_topics` with
@@ -284,55 +269,10 @@ class Membership(WorkerPart):
         self.health.set("partitions_assigned", bool(current))
 
     async def _take(self, assigned: list[TopicPartition]) -> None:
-        stages = self._stages()
-        ingest, release, topology = stages.ingest, stages.release, stages.topology
         stage1, partials, routed = self.split(assigned)
-        watermark, input_ = release.watermark_s(), self.input_topic
-        # Stage 2 waits for every stage-1 partition, and a repartition partition for every
-        # input partition: both counts must be right, never guessed.
-        topology.keyed_topic = self.stage1_topic if self.keyed else None
-        source_partitions = await topology.partitions(
-            self.stage1_topic, watermark_s=watermark, ingest=ingest
-        )
-        ingest.learn_partitions(source_partitions)
-        if self.keyed:  # before any record is checked: the counts of the windows replayed
-            taken = [TopicPartition(self.stage1_topic, p) for p in stage1]
-            await restore_layout(self.consumer, taken, ingest)
-        if not self.keyed:
-            input_partitions = await topology.partitions(self.input_topic, watermark_s=watermark)
-            ingest.learn_partitions(source_partitions, input_partitions=input_partitions)
-        for topic in sorted(topology.fixed):
-            await topology.partitions(topic, watermark_s=watermark)
-        now, now_mono = time.time(), time.monotonic()
-        # With the wall clock, event time catches up with it once the input is proven idle
-        # (a restart while idle releases the due windows, not one second per second).
-        ingest.assign(stage1, now_mono, routed=not self.keyed, now_s=now)
-        ingest.assign_routed(routed, now_mono, now_s=now)
-        if self.config.input.start_from == "latest" and self.consumer is not None:
-            await start_from_latest(self.consumer, [t for t in assigned if t.topic == input_])
-        if partials:
-            # Another worker may have released windows of these partitions: read the
-            # ledger to fresh fences before taking any of their partials.
-            if self._faults.take_fails():
-                raise LedgerReadError("test fault: the ledger read failed")
-            await stages.reader.catch_up_ledger(None, bounded=True)
-            release.adopt_ledger()
-            await self._republish_unpublished(set(partials))
-            release.assign(partials)
-
-    async def _republish_unpublished(self, partials: set[int]) -> None:
-        """Republish, unchanged, the ledger's unpublished winners of these partitions."""
-        stages = self._stages()
-        driver = stages.driver
-        for rel in stages.reader.ledger.unpublished():
-            if driver.partials_partition_of(rel.window_start_s) not in partials:
-                continue
-            log.info(
-                "republishing a ledgered release unchanged",
-                extra={"query": rel.query, "window": iso_utc(rel.window_start_s)},
-            )
-            await driver.publish(rel)
-            self.metrics.ledger_republished.inc()
+        input_ = [tp for tp in assigned if tp.topic == self.input_topic]
+        taken = Taken(stage1=stage1, partials=partials, routed=routed, input=input_)
+        await self.taking.take(self._stages(), self.consumer, taken)
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         """Commit what is safe of the revoked partitions, then forget their state; while an
@@ -497,14 +437,6 @@ class Membership(WorkerPart):
             at_mono = None if at is None else answered_at_mono(at, now, mono)
             if at_mono is not None:
                 ingest.read_to_end(tp.partition, at_mono, input_topic=not self.keyed)
-
-
-async def start_from_latest(consumer: AIOKafkaConsumer, taken: list[TopicPartition]) -> None:
-    """``input.start_from: latest``: input partitions this group never committed start at
-    their end."""
-    for tp in taken:
-        if await consumer.committed(tp) is None:
-            await consumer.seek_to_end(tp)
 
 
 def member_reset(consumer: Any) -> bool:

@@ -90,7 +90,7 @@ from stream_dp.pipeline.handoff import Handoff
 from stream_dp.pipeline.kafka.clock_skew import InputClockSkew
 from stream_dp.pipeline.kafka.context import WorkerContext
 from stream_dp.pipeline.kafka.deployment import Deployment
-from stream_dp.pipeline.kafka.erasure_worker import WorkerErasure
+from stream_dp.pipeline.kafka.erasure.erasure_worker import WorkerErasure
 from stream_dp.pipeline.kafka.hold_guards import HOLDS, HoldGuards
 from stream_dp.pipeline.kafka.kafka_transport import KafkaTransport
 from stream_dp.pipeline.kafka.ledger_guard import LedgerGuard
@@ -99,10 +99,10 @@ from stream_dp.pipeline.kafka.ledger_reader import LedgerReader
 from stream_dp.pipeline.kafka.membership import (
     MAX_RECORDS_PER_FETCH,
     Membership,
-    Stages,
     membership_lost,
     routed_sent,
 )
+from stream_dp.pipeline.kafka.partition_take import Stages
 from stream_dp.pipeline.kafka.publisher import MEMBERSHIP_ERRORS, Publisher
 from stream_dp.pipeline.kafka.stage_output import Fetched, Route, StageOutput, batch_routes
 from stream_dp.pipeline.kafka.topology_watch import TopologyError, TopologyWatch

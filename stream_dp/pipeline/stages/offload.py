@@ -10,7 +10,7 @@ no other code touches the stages' state at the same time (the state is not share
 loop's other tasks), and each step still runs exactly where it ran before in the release
 protocol (the ownership check right before the draw, the ledger write after it). A batch of
 erasures read from the erasure log is removed from stage 1's windows the same way
-(:meth:`~stream_dp.pipeline.kafka.erasure_worker.WorkerErasure.follow`, issue 28). Each step
+(:meth:`~stream_dp.pipeline.kafka.erasure.erasure_worker.WorkerErasure.follow`, issue 28). Each step
 reports the chunks it finishes (:func:`~stream_dp.ops.progress.report_progress`): a long
 draw keeps ``/health/live`` up while it moves, and only a hang fails it.
 

@@ -39,7 +39,7 @@ from stream_dp.pipeline.formats.erasure_records import (
     encode_rejection,
     encode_response,
 )
-from stream_dp.pipeline.kafka.erasure_log import LOG_PARTITION, ErasureLog
+from stream_dp.pipeline.kafka.erasure.erasure_log import LOG_PARTITION, ErasureLog
 from stream_dp.pipeline.stages.erasure_gate import MIN_STALE_AFTER_S, ErasureGate, released_until
 from stream_dp.pipeline.stages.ingest import DeadLetter, IngestStage
 from stream_dp.pipeline.stages.offload import run_off_loop
