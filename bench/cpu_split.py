@@ -22,6 +22,10 @@ from typing import Any
 MACHINE_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
+#: The size of a page the kernel maps on a fault (this machine's and CI's: x86-64).
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
 def _tick_s() -> float:
     return 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -60,6 +64,21 @@ def faults_and_switches(pid: int) -> tuple[int, int, int]:
     except (FileNotFoundError, ProcessLookupError):
         return 0, 0, 0
     return faults, voluntary, involuntary
+
+
+def resident_kib(pid: int) -> tuple[int, int]:
+    """``pid``'s resident memory now and its peak so far (VmRSS, VmHWM), KiB; zeros once
+    it is gone. The peak's growth over a span beyond what was resident at its start is
+    memory first touched in it: it comes in only by page faults (one per 4 KiB page, or one
+    per 2 MiB where the kernel backs it with a transparent huge page)."""
+    rss = hwm = 0
+    with suppress(FileNotFoundError, ProcessLookupError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1])
+    return rss, hwm
 
 
 def process_cpu(pid: int) -> tuple[float, float]:
@@ -112,12 +131,14 @@ def machine_cpu() -> dict[str, float]:
 def snapshot(pids: list[int], broker_pid: int | None) -> dict[str, Any]:
     """The counters ``split`` takes the difference of."""
     user = system = broker_user = broker_system = broker_jit = 0.0
-    faults = voluntary = involuntary = 0
+    faults = voluntary = involuntary = rss_kib = peak_kib = 0
     for pid in pids:
         u, s = process_cpu(pid)
         user, system = user + u, system + s
         f, v, i = faults_and_switches(pid)
         faults, voluntary, involuntary = faults + f, voluntary + v, involuntary + i
+        rss, hwm = resident_kib(pid)
+        rss_kib, peak_kib = rss_kib + rss, peak_kib + hwm
     for pid in process_tree(broker_pid) if broker_pid else []:
         u, s = process_cpu(pid)
         broker_user, broker_system = broker_user + u, broker_system + s
@@ -131,6 +152,8 @@ def snapshot(pids: list[int], broker_pid: int | None) -> dict[str, Any]:
         "faults": faults,
         "voluntary_switches": voluntary,
         "involuntary_switches": involuntary,
+        "rss_kib": rss_kib,
+        "peak_kib": peak_kib,
         "machine": machine_cpu(),
     }
 
@@ -148,6 +171,11 @@ def split(start: dict[str, Any], end: dict[str, Any], events: float) -> dict[str
         for k in ("faults", "voluntary_switches", "involuntary_switches")
         if k in start and k in end
     }
+    if "peak_kib" in start and "peak_kib" in end:
+        # Memory first touched in the span, in pages: its peak beyond what was resident at
+        # its start.
+        grown = max(end["peak_kib"] - start["rss_kib"], 0) / PAGE_KIB
+        counts["new_pages_per_1k_events"] = grown * 1e3 / max(events, 1.0)
     return {
         **counts,
         "user_us_per_event": (end["user"] - start["user"]) * per_event,

@@ -2786,10 +2786,15 @@ def _rank_split_lines(run: dict[str, Any]) -> list[str]:
                         return float(statistics.median([x[part] for x in at]))
 
                     own = med("user_us_per_event") + med("system_us_per_event")
+                    new_pages = (
+                        f"{med('new_pages_per_1k_events'):,.0f}"
+                        if all("new_pages_per_1k_events" in x for x in at)
+                        else "–"
+                    )
                     rows.append(
                         f"| {mode} | {n} | {k + 1} | {len(at)} | {med('share'):.0%} | "
                         f"{med('user_us_per_event'):.2f} | {med('system_us_per_event'):.2f} | "
-                        f"{own:.2f} | {med('faults_per_1k_events'):,.0f} |"
+                        f"{own:.2f} | {med('faults_per_1k_events'):,.0f} | {new_pages} |"
                     )
         if rows:
             lines += [
@@ -2800,8 +2805,9 @@ def _rank_split_lines(run: dict[str, Any]) -> list[str]:
                 "on the default path its part of the repartitioned events, over few events)",
                 "",
                 "| path | workers | rank | rounds | share of the events | user µs/event | "
-                "system µs/event | user + system | page faults / 1k events |",
-                "|---|---|---|---|---|---|---|---|---|",
+                "system µs/event | user + system | page faults / 1k events | its peak resident "
+                "memory's growth in the span, pages / 1k events |",
+                "|---|---|---|---|---|---|---|---|---|---|",
                 *rows,
             ]
     return lines

@@ -112,7 +112,8 @@ sys.stdin.readline()
 
 def test_faults_and_switches_count_memory_touched_and_sleeps() -> None:
     """64 MiB written is at least 32 faults (2 MiB pages; 16,384 with 4 KiB ones), and 50
-    sleeps are at least 50 voluntary switches; per 1,000 events in the split."""
+    sleeps are at least 50 voluntary switches; per 1,000 events in the split, beside the
+    pages the peak resident memory grew by."""
     with subprocess.Popen(
         [sys.executable, "-c", TOUCH_AND_SLEEP],
         stdin=subprocess.PIPE,
@@ -132,5 +133,7 @@ def test_faults_and_switches_count_memory_touched_and_sleeps() -> None:
     assert after["voluntary_switches"] - before["voluntary_switches"] >= 50
     out = cpu_split.split(before, after, 1_000)
     assert out["faults_per_1k_events"] == after["faults"] - before["faults"]
+    # the 64 MiB stay resident: the peak grew by at least as many pages
+    assert out["new_pages_per_1k_events"] >= (64 << 10) / cpu_split.PAGE_KIB
     assert out["voluntary_switches_per_1k_events"] >= 50
     assert cpu_split.faults_and_switches(2**22 + 7) == (0, 0, 0)  # a pid that is not there

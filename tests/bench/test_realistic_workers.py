@@ -31,23 +31,28 @@ def test_every_process_of_every_group_has_a_row_before_and_after() -> None:
                 assert shares == r["span_events"]  # every worker from the group's first reading
 
 
-def _worker(events: float, user_s: float, system_s: float, faults: float) -> dict[str, object]:
+def _worker(
+    events: float, user_s: float, system_s: float, faults: float, new_pages: float | None = None
+) -> dict[str, object]:
     per_event = 1e6 / events
-    return {
-        "events_in_span": events,
-        "split": {
-            "user_us_per_event": user_s * per_event,
-            "system_us_per_event": system_s * per_event,
-            "faults_per_1k_events": faults * 1e3 / events,
-        },
+    split = {
+        "user_us_per_event": user_s * per_event,
+        "system_us_per_event": system_s * per_event,
+        "faults_per_1k_events": faults * 1e3 / events,
     }
+    if new_pages is not None:  # recorded since the peak's growth was
+        split["new_pages_per_1k_events"] = new_pages * 1e3 / events
+    return {"events_in_span": events, "split": split}
 
 
 def test_each_worker_s_own_split_is_ranked_by_its_share_in_every_round() -> None:
     # The busiest worker is listed first in one round and last in the other: its row takes
     # the median of its own figures, never another rank's.
-    busy = [_worker(600_000, 1.2, 0.12, 30_000), _worker(700_000, 1.4, 0.21, 42_000)]
-    small = [_worker(100_000, 0.4, 0.10, 20_000), _worker(100_000, 0.6, 0.20, 24_000)]
+    busy = [_worker(600_000, 1.2, 0.12, 30_000, 600), _worker(700_000, 1.4, 0.21, 42_000, 700)]
+    small = [
+        _worker(100_000, 0.4, 0.10, 20_000, 9_000),
+        _worker(100_000, 0.6, 0.20, 24_000, 11_000),
+    ]
     middle = [_worker(300_000, 0.6, 0.09, 18_000), _worker(200_000, 0.4, 0.06, 12_000)]
     runs = {
         "workers_3_keyed": [
@@ -60,7 +65,8 @@ def test_each_worker_s_own_split_is_ranked_by_its_share_in_every_round() -> None
     run = {"workers": [1, 3], "brokers": {"kafka": {"runs": runs}}}
     rows = [line for line in realistic._rank_split_lines(run) if line.startswith("| keyed |")]
     assert rows == [
-        "| keyed | 3 | 1 | 2 | 65% | 2.00 | 0.25 | 2.25 | 55 |",
-        "| keyed | 3 | 2 | 2 | 25% | 2.00 | 0.30 | 2.30 | 60 |",
-        "| keyed | 3 | 3 | 2 | 10% | 5.00 | 1.50 | 6.50 | 220 |",
+        "| keyed | 3 | 1 | 2 | 65% | 2.00 | 0.25 | 2.25 | 55 | 1 |",
+        # rounds kept before the peak's growth was recorded: no figure, not a zero
+        "| keyed | 3 | 2 | 2 | 25% | 2.00 | 0.30 | 2.30 | 60 | – |",
+        "| keyed | 3 | 3 | 2 | 10% | 5.00 | 1.50 | 6.50 | 220 | 100 |",
     ]
