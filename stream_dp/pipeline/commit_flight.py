@@ -61,6 +61,9 @@ class CommitInFlight:
         #: What was last committed (answered) per partition: an offset, or (offset, layout
         #: metadata).
         self.committed: Offsets = {}
+        #: The group member id the last commit was sent under (its error, settled after a
+        #: rejoin under a new id, is a loss the rejoin already saw).
+        self.sent_by: str | None = None
 
     def moved(
         self,
@@ -87,12 +90,20 @@ class CommitInFlight:
         last = self._sent_mono_s
         return last is None or now_mono_s - last >= COMMIT_INTERVAL_S
 
-    def send(self, commit: Awaitable[Any], offsets: Offsets, now_mono_s: float) -> None:
-        """Start ``commit`` (of ``offsets``, at ``now_mono_s``) without awaiting it; the one
-        before it is settled first (:meth:`settle`)."""
+    def send(
+        self,
+        commit: Awaitable[Any],
+        offsets: Offsets,
+        now_mono_s: float,
+        sent_by: str | None = None,
+    ) -> None:
+        """Start ``commit`` (of ``offsets``, at ``now_mono_s``, under the member id
+        ``sent_by``) without awaiting it; the one before it is settled first
+        (:meth:`settle`)."""
         assert self._sent is None, "one commit in flight: settle the last one first"
         self._sent = (asyncio.ensure_future(commit), offsets)
         self._sent_mono_s = now_mono_s
+        self.sent_by = sent_by
 
     async def settle(self) -> None:
         """Await the commit in flight (if any) and record what it committed in

@@ -113,3 +113,23 @@ async def test_a_second_subscription_keeps_the_listener_that_knows_the_member_jo
     consumer._coordinator.member_id = ""
     await again.on_partitions_revoked([TP0])
     assert _lost(membership) == 1
+
+
+async def test_a_refused_commit_read_after_the_rejoin_is_the_loss_the_revocation_counted() -> None:
+    """A revocation during an iteration only waits for the commit in flight; its error is read
+    by the loop's next commit, after the rejoin gave the member a new id. The revocation
+    counted that loss (the id was forgotten then); the commit sent under the old id is not
+    counted again."""
+    membership, consumer, listener = _membership()
+    await listener.on_partitions_assigned([TP0])
+    consumer.refuse = CommitFailedError("test: fenced")
+    await membership.commit_in_loop(0.0)  # sent under member-1, refused
+    consumer._coordinator.member_id = ""  # aiokafka forgets the id and rejoins
+    async with membership.lock:  # an iteration is running
+        await listener.on_partitions_revoked([TP0])
+    assert _lost(membership) == 1
+    consumer._coordinator.member_id = "member-2"  # the rejoin's new id
+    await listener.on_partitions_assigned([TP0])
+    consumer.refuse = None
+    await membership.commit_in_loop(1e9)  # the old commit's error is read now
+    assert _lost(membership) == 1

@@ -360,7 +360,7 @@ class Membership(WorkerPart):
         try:
             await self._settle()
         except MEMBERSHIP_ERRORS as exc:
-            membership_lost(self.metrics, exc, self.consumer)
+            membership_lost(self.metrics, exc, self.consumer, sent_by=self.commits.sent_by)
         offsets = self._moved(only)
         if offsets:
             await self.consumer.commit(offsets)
@@ -389,10 +389,11 @@ class Membership(WorkerPart):
         try:
             await self._settle()
         except (*MEMBERSHIP_ERRORS, IllegalStateError) as exc:
-            membership_lost(self.metrics, exc, self.consumer)
+            membership_lost(self.metrics, exc, self.consumer, sent_by=self.commits.sent_by)
         offsets = self._moved(None) if self.commits.due(now_mono_s) else None
         if offsets:
-            self.commits.send(self.consumer.commit(offsets), offsets, now_mono_s)
+            commit = self.consumer.commit(offsets)
+            self.commits.send(commit, offsets, now_mono_s, member_id(self.consumer))
 
     # -- fetching --------------------------------------------------------------------------
     async def fetch(self) -> dict[TopicPartition, list[Any]] | None:
@@ -439,20 +440,32 @@ class Membership(WorkerPart):
                 ingest.read_to_end(tp.partition, at_mono, input_topic=not self.keyed)
 
 
+def member_id(consumer: Any) -> str | None:
+    """This member's id in its group as aiokafka's coordinator holds it ("" once forgotten),
+    or None without a coordinator (no public accessor)."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    return None if coordinator is None else str(coordinator.member_id or "")
+
+
 def member_reset(consumer: Any) -> bool:
     """Whether aiokafka has forgotten this member's id (a heartbeat or commit the group
     refused: a pause past the session timeout, a fenced generation); its rejoin revokes the
-    old assignment next (:class:`_Rebalance`). No public accessor."""
-    coordinator = getattr(consumer, "_coordinator", None)
-    return coordinator is not None and not coordinator.member_id
+    old assignment next (:class:`_Rebalance`)."""
+    return member_id(consumer) == ""
 
 
-def membership_lost(metrics: Metrics, why: BaseException | str, consumer: Any = None) -> None:
+def membership_lost(
+    metrics: Metrics, why: BaseException | str, consumer: Any = None, sent_by: str | None = None
+) -> None:
     """A lost membership is routine (the rejoin redistributes the partitions and their state
     is rebuilt): counted and logged, never a reason to stop. Counted once per loss: an error
-    after which ``consumer``'s member id is forgotten is left to the rejoin's revocation,
-    which counts every such loss, also one only aiokafka's heartbeat saw."""
+    after which ``consumer``'s member id is forgotten, or of a commit ``sent_by`` a member id
+    the consumer has since replaced (it rejoined before the error was read), is left to the
+    rejoin's revocation, which counts every such loss, also one only aiokafka's heartbeat
+    saw."""
     if consumer is not None and member_reset(consumer):
+        return
+    if consumer is not None and sent_by is not None and member_id(consumer) != sent_by:
         return
     metrics.membership_lost.inc()
     log.warning(
