@@ -52,6 +52,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import math
 import os
 import random
 import secrets
@@ -1362,6 +1363,45 @@ LABELS["fifteenth_turns_ballast"] = (
     "part of stream-dp, that fills 48 MiB of the interpreter's arenas with 400-byte objects "
     "and keeps every 500th)"
 )
+LABELS["sixteenth_one_window"] = (
+    "the sixteenth pass: run `fifteenth_turns_long` with the stream's events in one one-minute "
+    "window instead of ten, so one window closes per worker instead of ten (`--workers 1,3 "
+    "--turns 0.25 --events 3600000 --windows 1 --runs 3 --brokers kafka`, the worker of "
+    "`9ddae9e`, nothing else running)"
+)
+LABELS["sixteenth_memory"] = (
+    "the sixteenth pass: run `fifteenth_turns_long` again, three rounds, each worker's peak "
+    "resident memory's growth over the span recorded beside its page faults (`--workers 1,3 "
+    "--turns 0.25 --events 3600000 --runs 3 --brokers kafka`, the worker of `89d9da2`, "
+    "nothing else running)"
+)
+NOTES["sixteenth_one_window"] = [
+    "**One window closing, the same growth.** Three workers ÷ one, round by round: 1.10, "
+    "0.90, 1.73× on the default path (median 1.10×) and 1.06, 1.20, 1.11× keyed (1.11×), "
+    "against 1.07× and 1.16× with ten windows (run `fifteenth_turns_long`). Each member "
+    "closes every window of its partitions (its seal, its partials write), so a group closes "
+    "each window three times; with one window instead of ten the growth stays. It is not "
+    "the closes. As before, the group's excess over the single worker is kernel time: "
+    "0.30 and 0.41 µs per event against 0.18 and 0.16 (medians), with 102–104 page faults "
+    "per 1,000 events against 38–41.",
+]
+NOTES["sixteenth_memory"] = [
+    "**Three working sets, and memory mapped again.** Each worker's peak resident memory "
+    "grows by 14,000–40,000 pages (55–160 MiB) over the span, whatever its share of the "
+    "stream: the group's three grew by 70,000–89,000 pages in a round, the single worker "
+    "by 35,000–48,000. That accounts for a fifth of the group's extra page faults. The "
+    "rest is memory mapped again: the group took 262,000–377,000 faults per round, the "
+    "single worker 85,000–212,000. Beyond its peak's growth, the group took "
+    "186,000–288,000, the single worker 46,000–170,000. Three workers ÷ one, round by "
+    "round: 0.86, 1.17, 1.03× on the default path (median 1.03×) and 1.02, 1.28, 1.26× "
+    "keyed (1.26×).",
+    "**What a page fault costs here moves with the host.** The workers' kernel time per "
+    "fault, round by round, was 2.6–17.8 µs. A process that touches 256 MiB of fresh "
+    "memory a page at a time on this VM, quiet, pays 2.4–3.9 µs of kernel time per fault "
+    "(six repetitions, measured by hand, not kept). That is several times what a fault "
+    "costs on a machine without a hypervisor between the kernel and the memory: not "
+    "measured here, and not claimed.",
+]
 NOTES["fifteenth_turns"] = [
     "**Taking turns does not remove the growth.** With one worker running at a time there "
     "is no preemption among the group (each worker alone with the broker on two cores), "
@@ -1888,6 +1928,28 @@ RUN_NOTES: dict[str, list[str]] = {
 }
 #: The analysis of the kept runs (written from them; rerun, then check it still holds).
 #: Under the cross-run table of the raw consumer's CPU per event and the worker's ratio.
+GROUP_EXCESS_TITLE = (
+    "### 3 workers against 1 on Apache Kafka, user and kernel time apart (every kept round "
+    "with the workers' own splits)"
+)
+GROUP_EXCESS_NOTES: list[str] = [
+    "**The group's excess is kernel time; the work the interpreter does per event does "
+    "not grow with the group.** Over 36 paired rounds of five runs (one worker, then three "
+    "taking turns, on the same topic of 3,600,000 events), three workers spent more kernel "
+    "time per event than one in 35 rounds, +0.22 µs per event (median; the sign test's "
+    "chance of a split that uneven with no real difference is 1e-9). Their user time was "
+    "above the single worker's in 23 rounds and below it in 13, +0.04 µs (median, about "
+    "2%; p 0.13). The kernel time is mostly page faults (run `sixteenth_memory`; the "
+    "`perf` profile of run `fifteenth_turns_long`). Cutting the faults with glibc "
+    "tunables or an arena ballast left the kernel excess at +0.21 and +0.26 µs. So the "
+    "interpreter's allocator is not all of it.",
+    "**What this means for issue 43's target.** On Apache Kafka, CPU per event is flat in "
+    "the Python work from 1 to 3 workers. It is not flat in the kernel's: about +0.2 µs per "
+    "event on a worker's 2 µs, on this VM. On Tansu the total is flat (1.01–1.02×, run "
+    "`thirteenth_backlog`). What in the kernel grows with the group on Apache Kafka and not "
+    "on Tansu was not found.",
+]
+
 HOST_SPEED_NOTES: list[str] = [
     "**The ratio moves with the machine's speed on Apache Kafka.** The same records, the same "
     "raw consumer: its CPU per event (median of a run) ranged 1.38–2.70 µs over these runs, the "
@@ -2531,6 +2593,72 @@ def host_speed_rows(kept: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _group_excess(r1: dict[str, Any], r3: dict[str, Any]) -> tuple[float, float] | None:
+    """One round's 3 workers less 1 worker (run one after the other on one topic): the
+    group's user and kernel CPU per event less the single worker's (µs), each from the
+    workers' own splits; None for a round kept before the splits were recorded."""
+    if not all("split" in w for w in r1["per_worker"] + r3["per_worker"]):
+        return None
+
+    def per_event(r: dict[str, Any], part: str) -> float:
+        events = sum(w["events_in_span"] for w in r["per_worker"])
+        return sum(w["split"][part] * w["events_in_span"] for w in r["per_worker"]) / events
+
+    return (
+        per_event(r3, "user_us_per_event") - per_event(r1, "user_us_per_event"),
+        per_event(r3, "system_us_per_event") - per_event(r1, "system_us_per_event"),
+    )
+
+
+def _sign_p(above: int, n: int) -> float:
+    """Two-sided sign test: the chance of a split at least this uneven between rounds above
+    and below zero if each round were as likely to fall either way."""
+    tail = min(above, n - above)
+    return min(1.0, 2 * sum(math.comb(n, k) for k in range(tail + 1)) / 2**n)
+
+
+def group_excess_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
+    """Per kept ``--workers 1,3`` run with the workers' own splits on ``broker``, and over
+    all of them: 3 workers less 1, round by round, in user and in kernel time per event (the
+    median, the rounds above zero, the sign test's p); empty when no run has them."""
+    rows: list[str] = []
+    pooled: list[tuple[float, float]] = []
+    for label, run in kept.items():
+        runs = run["brokers"].get(broker, {}).get("runs", {})
+        diffs = [
+            d
+            for mode in MODES
+            for r1, r3 in zip(
+                runs.get(f"workers_1_{mode}", []), runs.get(f"workers_3_{mode}", []), strict=False
+            )
+            if (d := _group_excess(r1, r3)) is not None
+        ]
+        if diffs:
+            rows.append(_excess_row(f"`{label}`", diffs))
+            pooled += diffs
+    if not rows:
+        return []
+    return [
+        "| runs | rounds | user µs/event, 3 workers less 1 (median) | rounds above 0 | sign "
+        "test p | kernel µs/event, 3 workers less 1 (median) | rounds above 0 | sign test p |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        _excess_row("**all of them**", pooled),
+    ]
+
+
+def _excess_row(title: str, diffs: list[tuple[float, float]]) -> str:
+    cells = []
+    for part in (0, 1):
+        values = [d[part] for d in diffs]
+        above = sum(v > 0 for v in values)
+        cells.append(
+            f"{statistics.median(values):+.2f} | {above} of {len(values)} | "
+            f"{_sign_p(above, len(values)):.2g}"
+        )
+    return f"| {title} | {len(diffs)} | {' | '.join(cells)} |"
+
+
 def _profile_rows(profile: dict[str, Any], n: int = 15) -> list[str]:
     lines = ["| function | self | inclusive |", "|---|---|---|"]
     for row in profile["top"][:n]:
@@ -2920,6 +3048,9 @@ def section(kept: dict[str, Any]) -> list[str]:
     if HOST_SPEED_NOTES:
         lines += ["", "### The ratio and the machine's speed", "", *host_speed_rows(kept)]
         lines += ["", *(f"- {note}" for note in HOST_SPEED_NOTES)]
+    excess = group_excess_rows(kept)
+    if excess:
+        lines += ["", GROUP_EXCESS_TITLE, "", *excess, "", *(f"- {n}" for n in GROUP_EXCESS_NOTES)]
     if LEVERS:
         lines += ["", "### Per lever: what it gains, what it costs, what is left of the gap", ""]
         lines += [f"- {note}" for note in LEVERS]

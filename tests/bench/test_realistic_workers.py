@@ -70,3 +70,44 @@ def test_each_worker_s_own_split_is_ranked_by_its_share_in_every_round() -> None
         "| keyed | 3 | 2 | 2 | 25% | 2.00 | 0.30 | 2.30 | 60 | – |",
         "| keyed | 3 | 3 | 2 | 10% | 5.00 | 1.50 | 6.50 | 220 | 100 |",
     ]
+
+
+def _round(per_worker: list[tuple[float, float, float]]) -> dict[str, object]:
+    """A group's round from (events, user s, system s) per worker."""
+    return {"per_worker": [_worker(e, u, s, 0.0) for e, u, s in per_worker]}
+
+
+def test_the_group_s_excess_is_split_into_user_and_kernel_time_round_by_round() -> None:
+    # Three paired rounds: kernel time above the single worker's in all three, user time
+    # below it in one; a round kept before the splits were recorded is left out.
+    ones = [_round([(1e6, 2.0, 0.2)]), _round([(1e6, 2.2, 0.3)]), _round([(1e6, 2.0, 0.2)])]
+    threes = [
+        _round([(6e5, 1.2, 0.15), (4e5, 0.8, 0.15)]),  # user +0.0, kernel +0.10 µs/event
+        _round([(6e5, 1.2, 0.30), (4e5, 0.9, 0.20)]),  # user -0.10, kernel +0.20
+        _round([(5e5, 1.1, 0.20), (5e5, 1.1, 0.05)]),  # user +0.20, kernel +0.05
+    ]
+    kept = {
+        "one": {
+            "brokers": {
+                "kafka": {"runs": {"workers_1_keyed": ones, "workers_3_keyed": threes}},
+                "tansu": {"runs": {"workers_1_keyed": ones[:1], "workers_3_keyed": threes[:1]}},
+            }
+        },
+        "old": {
+            "brokers": {
+                "kafka": {
+                    "runs": {
+                        "workers_1_keyed": [{"per_worker": [{"events_in_span": 1e6}]}],
+                        "workers_3_keyed": [{"per_worker": [{"events_in_span": 1e6}]}],
+                    }
+                }
+            }
+        },
+    }
+    rows = realistic.group_excess_rows(kept)
+    assert rows[2:] == [
+        "| `one` | 3 | +0.00 | 1 of 3 | 1 | +0.10 | 3 of 3 | 0.25 |",
+        "| **all of them** | 3 | +0.00 | 1 of 3 | 1 | +0.10 | 3 of 3 | 0.25 |",
+    ]
+    assert realistic._sign_p(35, 36) < 1e-8 and realistic._sign_p(18, 36) == 1.0
+    assert realistic.group_excess_rows({"old": kept["old"]}) == []
