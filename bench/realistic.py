@@ -600,6 +600,7 @@ def _watch(
 
         def read() -> tuple[list[dict[str, float]], list[float]]:
             return _read(pids, urls)
+
     profilers: list[subprocess.Popen[bytes]] = []
     first: tuple[float, float, float] | None = None
     last: tuple[float, float, float] | None = None
@@ -2602,7 +2603,7 @@ def _group_excess(r1: dict[str, Any], r3: dict[str, Any]) -> tuple[float, float]
 
     def per_event(r: dict[str, Any], part: str) -> float:
         events = sum(w["events_in_span"] for w in r["per_worker"])
-        return sum(w["split"][part] * w["events_in_span"] for w in r["per_worker"]) / events
+        return float(sum(w["split"][part] * w["events_in_span"] for w in r["per_worker"]) / events)
 
     return (
         per_event(r3, "user_us_per_event") - per_event(r1, "user_us_per_event"),
@@ -2614,7 +2615,7 @@ def _sign_p(above: int, n: int) -> float:
     """Two-sided sign test: the chance of a split at least this uneven between rounds above
     and below zero if each round were as likely to fall either way."""
     tail = min(above, n - above)
-    return min(1.0, 2 * sum(math.comb(n, k) for k in range(tail + 1)) / 2**n)
+    return float(min(1.0, 2 * sum(math.comb(n, k) for k in range(tail + 1)) / 2**n))
 
 
 def group_excess_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
