@@ -36,10 +36,13 @@ dist: setup-demo
 	$(BIN)/python -m pip install --quiet build
 	$(BIN)/python -m build --wheel --outdir dist .
 
-# ruff, then the import layers of pyproject.toml's [tool.importlinter] (the privacy core
-# imports nothing of stream-dp above it; only stream_dp.kafka_client imports aiokafka).
+# ruff's lint rules and its formatting, then the import layers of pyproject.toml's
+# [tool.importlinter] (the privacy core imports nothing of stream-dp above it; only
+# stream_dp.kafka_client imports aiokafka).
+PY_DIRS = stream_dp tests mutation $(wildcard bench) $(wildcard chaos) docs/hooks ops/kubernetes/monitoring
 lint: setup
-	$(BIN)/ruff check stream_dp tests mutation $(wildcard bench) $(wildcard chaos) docs/hooks ops/kubernetes/monitoring
+	$(BIN)/ruff check $(PY_DIRS)
+	$(BIN)/ruff format --check $(PY_DIRS)
 	$(BIN)/lint-imports
 
 typecheck: setup

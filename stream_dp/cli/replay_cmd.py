@@ -47,8 +47,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--ledger",
         type=Path,
-        help="ledger file (JSON lines; created if missing): one noise draw per window "
-        "across runs",
+        help="ledger file (JSON lines; created if missing): one noise draw per window across runs",
     )
     p.add_argument(
         "--erasures",

@@ -180,11 +180,7 @@ def _whole_queries(side: Fingerprint, other: Fingerprint, names: list[str]) -> l
         for n in names
         if n.startswith("queries.") and n in side.parts and n not in other.parts
     }
-    whole = {
-        q
-        for q in alone
-        if not any(p.startswith(f"queries.{q}.") for p in other.parts)
-    }
+    whole = {q for q in alone if not any(p.startswith(f"queries.{q}.") for p in other.parts)}
     out: list[str] = []
     for n in names:
         q = n.split(".")[1] if n.startswith("queries.") else None

@@ -46,6 +46,7 @@ class HasReadyGauge(Protocol):
     @property
     def ready(self) -> Gauge: ...
 
+
 DEFAULT_LIVE_TIMEOUT_S: Final = 30.0
 
 
@@ -92,8 +93,7 @@ class Health:
         """Report one component's state; ``component`` is one of the components given."""
         if component not in self._components:
             raise ValueError(
-                f"unknown health component {component!r}; use one of "
-                f"{', '.join(self._components)}"
+                f"unknown health component {component!r}; use one of {', '.join(self._components)}"
             )
         self._components[component] = bool(ok)
         self._publish_ready()

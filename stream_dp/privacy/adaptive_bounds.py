@@ -565,9 +565,7 @@ def choose_bounds(
         for spread in NEXT_WINDOW_SPREAD
     ]
     grids = _grids(layout, spec, fitted)
-    objective = np.mean(
-        [_objective(dists, grids, queries, released) for dists in sources], axis=0
-    )
+    objective = np.mean([_objective(dists, grids, queries, released) for dists in sources], axis=0)
     # The smallest estimate; ties go to the smallest bounds (a larger L0 that costs no
     # noise still raises the users a private key needs). Deterministic: a function of the
     # releases alone.
@@ -595,9 +593,7 @@ class _Grids:
     l2_count: np.ndarray
 
 
-def _grids(
-    layout: HistogramLayout, spec: AutoSpec, dists: Mapping[str, Distribution]
-) -> _Grids:
+def _grids(layout: HistogramLayout, spec: AutoSpec, dists: Mapping[str, Distribution]) -> _Grids:
     def grid(name: str, hist: str | None, fixed: int | None, cap: int) -> np.ndarray:
         if name not in spec.auto or hist is None:
             return np.array([fixed if fixed is not None else 0], dtype=np.int64)

@@ -329,9 +329,7 @@ def bounded_columns(
         value_bins = BinCounts.of_values(
             taken, bin_of[1](values[keep]), n_keys=n_keys, bins=bin_of[0]
         )
-    return BoundedColumns(
-        events, users_per_key, value_sums, weight_sums, value_squares, value_bins
-    )
+    return BoundedColumns(events, users_per_key, value_sums, weight_sums, value_squares, value_bins)
 
 
 def _kept_pairs(
@@ -382,4 +380,3 @@ def _kept_pairs(
 def _boundaries(sorted_pairs: np.ndarray) -> np.ndarray:
     """Where each run of equal sorted pairs starts."""
     return np.concatenate(([True], sorted_pairs[1:] != sorted_pairs[:-1]))
-

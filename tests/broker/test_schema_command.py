@@ -60,9 +60,13 @@ def test_every_ref_resolves_inside_the_bundled_document(name: str, strict: bool)
     schema = bundled_schema(name, strict=strict)
     jsonschema.Draft202012Validator.check_schema(schema)
     # Only the document itself: the registry a validator builds from it, nothing loaded.
-    registry: Registry[Any] = Registry().with_resource(
-        schema["$id"], Resource.from_contents(schema, default_specification=DRAFT202012)
-    ).crawl()
+    registry: Registry[Any] = (
+        Registry()
+        .with_resource(
+            schema["$id"], Resource.from_contents(schema, default_specification=DRAFT202012)
+        )
+        .crawl()
+    )
     resolver = registry.resolver(base_uri=schema["$id"])
     embedded = {d["$id"]: d for d in schema.get("$defs", {}).values() if "$id" in d}
     for ref in _refs(schema):

@@ -271,6 +271,5 @@ def test_a_refusal_of_many_differing_settings_stays_a_few_readable_lines() -> No
     )
     assert reason.startswith("Workers (or runs) under different settings would merge data")
     assert way_out == (
-        "To go on: restore the recorded settings, or start a new deployment: a new "
-        "kafka.group_id"
+        "To go on: restore the recorded settings, or start a new deployment: a new kafka.group_id"
     )

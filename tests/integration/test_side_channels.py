@@ -183,8 +183,7 @@ async def test_one_rare_user_changes_no_metric_and_no_log_line(
     differing = {
         name
         for (name, labels), v in with_rare.items()
-        if without[(name, labels)] != v
-        and not (_nan(v) and _nan(without[(name, labels)]))
+        if without[(name, labels)] != v and not (_nan(v) and _nan(without[(name, labels)]))
     }
     assert differing <= INPUT_RECORD_COUNTERS, differing
     # the input counters did move: the runs really differ in the input

@@ -358,7 +358,6 @@ def test_every_port_is_published_on_the_loopback_only() -> None:
             assert isinstance(port, str) and port.startswith("127.0.0.1:"), (name, port)
 
 
-
 def test_the_worker_scales() -> None:
     # `docker compose up --scale stream-dp=3` fails on a fixed host port (the second
     # container cannot bind it) or a container_name: the worker publishes its ops port on

@@ -333,9 +333,7 @@ def test_a_dashboard_imports_with_every_input_used_and_says_its_grafana_version(
     inputs = {i["name"]: i for i in dashboard["__inputs"]}
     requires = {r["id"]: r for r in dashboard["__requires"]}
     assert re.fullmatch(r"\d+\.\d+\.\d+", requires["grafana"]["version"])
-    chooser = {
-        v["name"]: v for v in dashboard["templating"]["list"] if v["type"] == "datasource"
-    }
+    chooser = {v["name"]: v for v in dashboard["templating"]["list"] if v["type"] == "datasource"}
     assert chooser
     for variable in chooser.values():
         value = variable["current"]["value"]

@@ -360,9 +360,7 @@ def test_the_worker_exports_its_window_settings_for_the_alert_thresholds() -> No
     cfg = config()
     worker = Worker(cfg, KEYRING, bootstrap_servers="127.0.0.1:1")
     text = worker.metrics.exposition().decode()
-    samples = {
-        s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-    }
+    samples = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
     assert samples["stream_dp_config_window_size_seconds"] == cfg.window.size_s
     assert samples["stream_dp_config_window_grace_seconds"] == cfg.window.grace_s
     assert samples["stream_dp_config_window_idle_close_seconds"] == cfg.window.idle_close_s

@@ -293,7 +293,6 @@ async def test_quantile_rows_stored_before_version_4_lose_their_meaningless_band
         await schema.check_tables(c)
     with psycopg.connect(postgres_dsn) as c:
         rows = c.execute(
-            "SELECT statistic, ci95, ci95_low, ci95_high FROM stream_dp.releases "
-            "ORDER BY statistic"
+            "SELECT statistic, ci95, ci95_low, ci95_high FROM stream_dp.releases ORDER BY statistic"
         ).fetchall()
     assert rows == [("count", 7.0, 33.0, 47.0), ("quantile", None, None, None)]

@@ -226,6 +226,7 @@ async def answer_access(
     )
     index.load((key or "", value) for key, value in ledger)
     counter = HoldingsCounter(config, keyring, pseudonyms, open_predicate(index, config), now_s)
+
     def take(record: RawRecord) -> bool:
         counter.add(record[1])
         return False  # every record of the input: no early stop

@@ -110,7 +110,7 @@ def decode_columns(
     times = _times(raw_times)
     if times is None:
         return None
-    if (times.min() < MIN_EVENT_TIME_S or times.max() > now_s + decoder.max_future_s):
+    if times.min() < MIN_EVENT_TIME_S or times.max() > now_s + decoder.max_future_s:
         return None
     columns: list[list[Any]] = []
     scalar, numeric = set(decoder.scalar_fields), set(decoder.numeric_fields)

@@ -527,4 +527,3 @@ class ContinualSteps:
             previous_released=previous_released,
             erasures_of=erasures_of,
         )
-

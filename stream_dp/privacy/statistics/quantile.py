@@ -82,8 +82,7 @@ def quantile_histograms(totals: KeyTotals, plan: PlanView) -> BinCounts:
         return BinCounts.empty(len(totals), _plan_of(plan).bins)
     if bins.bins != _plan_of(plan).bins:
         raise PrivacyError(
-            f"query {plan.name}: histograms of {bins.bins} bins, the plan has "
-            f"{_plan_of(plan).bins}"
+            f"query {plan.name}: histograms of {bins.bins} bins, the plan has {_plan_of(plan).bins}"
         )
     return bins
 
@@ -186,7 +185,7 @@ class Quantile:
                     " has |rank - alpha * n| <= E + half the count of the bin holding"
                     " rank alpha * n, E = max_alpha rank_scale_alpha * ln(bins * Q / beta)",
                 },
-            }
+            },
         }
 
     def plan_lines(self, plan: PlanView) -> list[str]:

@@ -39,8 +39,6 @@ class Sensitivity:
         }
 
 
-
-
 def _effective_bounds(bounds: BoundsSpec) -> tuple[int, int, int]:
     k, l0, linf = bounds.values()  # concrete bounds: a window's, never "auto"
     return k, min(l0 or k, k), min(linf or k, k)
