@@ -186,6 +186,21 @@ class KafkaConfig(_Section):
                 )
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ValueError("kafka.heartbeat_interval_ms must be below kafka.session_timeout_ms")
+        if self.session_timeout_ms >= self.request_timeout_ms:
+            # aiokafka asks the broker to wait for the group's members up to the session
+            # timeout (its rebalance timeout) and gives up on the answer after the request
+            # timeout: the broker may hold a JoinGroup that long (the embedded broker holds a
+            # new group's first join for half of it; Apache Kafka a rebalance that waits for
+            # a slow member), and each time the client gives up the join starts over.
+            raise ValueError(
+                f"kafka.session_timeout_ms ({self.session_timeout_ms}) must be below "
+                f"kafka.request_timeout_ms ({self.request_timeout_ms}): the broker may hold a "
+                "worker's request to join its group for up to the session timeout, and the "
+                "worker gives up on any request after the request timeout, so it would join "
+                "again and again. Raise kafka.request_timeout_ms above the session timeout "
+                f"(for example to {self.session_timeout_ms + 10_000}), or lower the session "
+                "timeout"
+            )
         return self
 
 

@@ -56,7 +56,7 @@ W = ["2020-08-01T00:00:00Z", "2020-08-01T00:00:10Z", "2020-08-01T00:00:20Z"]
 #: The control's bound: auto-creation takes the controller well under a second.
 CREATED_WITHIN_S = 60.0
 #: How long a worker may take to notice a deleted topic (a write fails after the test's
-#: kafka.request_timeout_ms, 10 s; the watch asks every 2 s): a hang guard, far above.
+#: kafka.request_timeout_ms, 11 s; the watch asks every 2 s): a hang guard, far above.
 NOTICED_WITHIN_S = 180.0
 
 
@@ -160,8 +160,9 @@ async def _running_worker(
             "metrics": {"port": port},
             "bounds": {"max_contributions_per_window": 100},
             "queries": ONE_PUBLIC_KEY_QUERY,
-            # a write to a deleted topic fails sooner (the default is 30 s)
-            "kafka": {"request_timeout_ms": 10_000, "give_up_after_s": 15},
+            # a write to a deleted topic fails sooner (the default is 30 s); above the
+            # session timeout (10 s), as the configuration requires
+            "kafka": {"request_timeout_ms": 11_000, "give_up_after_s": 15},
         }
     )
     topics = topics_of(cfg)

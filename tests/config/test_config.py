@@ -242,3 +242,27 @@ def test_internal_retention_shorter_than_a_window_is_refused() -> None:
         parse_config(data, environ={})
     data["output"] = {"internal_retention_s": 7200}
     assert parse_config(data, environ={}).output.internal_retention_s == 7200
+
+
+def test_a_session_timeout_at_or_above_the_request_timeout_is_refused_with_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The broker may hold a request to join the group for up to the session timeout (the
+    embedded broker held a new group's first join for half of it: with 60 s against the
+    30 s request timeout a worker never joined); the worker would give up and join again."""
+    text = "kafka: {session_timeout_ms: 60000}\n" + GOOD
+    code, err = _run_with(tmp_path, text, capsys)
+    assert code == 2
+    assert "kafka.session_timeout_ms (60000) must be below kafka.request_timeout_ms (30000)" in err
+    assert "Raise kafka.request_timeout_ms above the session timeout (for example to 70000)" in err
+    assert "Traceback" not in err
+    # Either fix loads: a longer request timeout, or a shorter session.
+    for fixed in (
+        "{session_timeout_ms: 60000, request_timeout_ms: 70000}",
+        "{session_timeout_ms: 29000}",
+    ):
+        (tmp_path / "ok.yaml").write_text(f"kafka: {fixed}\n" + GOOD)
+        assert load_config(tmp_path / "ok.yaml").kafka.session_timeout_ms in (60_000, 29_000)
+    (tmp_path / "eq.yaml").write_text("kafka: {session_timeout_ms: 30000}\n" + GOOD)
+    with pytest.raises(ConfigError, match=r"session_timeout_ms \(30000\) must be below"):
+        load_config(tmp_path / "eq.yaml")
