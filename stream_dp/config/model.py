@@ -170,7 +170,8 @@ class KafkaConfig(_Section):
         return self.bootstrap_servers.strip().lower() == "embedded"
 
     @model_validator(mode="after")
-    def _sasl_needs_credentials(self) -> KafkaConfig:
+    def _settings_agree(self) -> KafkaConfig:
+        """SASL has its credentials; heartbeat < session timeout < request timeout."""
         if self.security_protocol.startswith("SASL"):
             if self.sasl_mechanism is None:
                 raise ValueError(
