@@ -225,7 +225,9 @@ async def _raw_aiokafka(spec: dict[str, Any]) -> dict[str, Any]:
     n = 0
     span = _RawSpan(spec.get("broker_pid"))
     try:
-        consumer.assign([TopicPartition(spec["topic"], p) for p in range(PARTITIONS)])
+        consumer.assign(
+            [TopicPartition(spec["topic"], p) for p in range(spec.get("partitions", PARTITIONS))]
+        )
         await consumer.seek_to_beginning()
         while n < expected:
             batch = await consumer.getmany(timeout_ms=200, max_records=FETCH_MAX_RECORDS)
@@ -261,7 +263,10 @@ def _raw_librdkafka(spec: dict[str, Any]) -> dict[str, Any]:
     span = _RawSpan(spec.get("broker_pid"))
     try:
         consumer.assign(
-            [TopicPartition(spec["topic"], p, OFFSET_BEGINNING) for p in range(PARTITIONS)]
+            [
+                TopicPartition(spec["topic"], p, OFFSET_BEGINNING)
+                for p in range(spec.get("partitions", PARTITIONS))
+            ]
         )
         while n < expected:
             msgs = consumer.consume(num_messages=FETCH_MAX_RECORDS, timeout=0.2)
@@ -803,13 +808,14 @@ def measure_broker(
     pin_broker: bool = False,
     backlog: bool = False,
     turns_s: float | None = None,
+    partitions: int = PARTITIONS,
 ) -> dict[str, Any]:
-    """The raw consumers and the workers on one topic of a fresh broker; with ``workers``
-    (counts of worker processes), each count in one group instead of the single workers;
-    with ``settle`` too, each group on a fresh topic, produced once the group is ready (with
-    ``backlog``, while the group is stopped; with ``turns_s`` too, its workers then take
-    turns); with ``pin_broker``, the broker on a core of
-    its own (``pinned``)."""
+    """The raw consumers and the workers on one topic of ``partitions`` on a fresh broker;
+    with ``workers`` (counts of worker processes), each count in one group instead of the
+    single workers; with ``settle`` too, each group on a fresh topic, produced once the
+    group is ready (with ``backlog``, while the group is stopped; with ``turns_s`` too, its
+    workers then take turns); with ``pin_broker``, the broker on a core of its own
+    (``pinned``)."""
     from bench.throughput import create_topics
 
     start_s = first_window_s(time.time())
@@ -822,14 +828,14 @@ def measure_broker(
             out["pinned"] = stack.enter_context(pinned(broker.pid))
         bootstrap = broker.bootstrap_servers
         topic = f"realistic-{uuid.uuid4().hex[:8]}"
-        asyncio.run(create_topics(bootstrap, [topic], PARTITIONS))
+        asyncio.run(create_topics(bootstrap, [topic], partitions))
         out["produce_seconds"] = produce(bootstrap, topic, values, keys)
 
         def worker(keyed: bool, tree: Path, n: int = 1, to: Path | None = None) -> dict[str, Any]:
             on, fill = topic, None
             if settle or backlog:  # a fresh, empty topic, filled once the group is ready
                 on = f"realistic-{uuid.uuid4().hex[:8]}"
-                asyncio.run(create_topics(bootstrap, [on], PARTITIONS))
+                asyncio.run(create_topics(bootstrap, [on], partitions))
 
                 def fill() -> float:
                     return produce(bootstrap, on, values, keys)
@@ -850,7 +856,13 @@ def measure_broker(
                 turns_s=turns_s,
             )
 
-        spec = {"bootstrap": bootstrap, "topic": topic, "events": events, "broker_pid": broker.pid}
+        spec = {
+            "bootstrap": bootstrap,
+            "topic": topic,
+            "events": events,
+            "broker_pid": broker.pid,
+            "partitions": partitions,
+        }
         runs: dict[str, list[dict[str, Any]]] = out["runs"]
         for i in range(raw_runs):
             for kind in RAW_KINDS:
@@ -961,6 +973,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
             "cores": os.cpu_count(),
             "windows": WINDOWS,
             "poll_s": POLL_S,
+            "partitions": opts.partitions,
             **(
                 {
                     "workers": opts.workers,
@@ -986,6 +999,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
                 pin_broker=opts.pin_broker,
                 backlog=opts.backlog,
                 turns_s=opts.turns,
+                partitions=opts.partitions,
             )
     return result
 
@@ -3154,6 +3168,13 @@ def main(argv: list[str] | None = None) -> None:
         default=POLL_S,
         help="how often /metrics is polled, in seconds (a diagnostic: each answer costs a "
         "worker CPU, so a group of three pays for three per poll)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=PARTITIONS,
+        help="the input topic's partitions (a diagnostic: with more partitions than workers, "
+        "each worker's share of a skewed stream evens out)",
     )
     parser.add_argument("--render", action="store_true", help="the section from the kept runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
