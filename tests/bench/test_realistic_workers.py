@@ -111,3 +111,17 @@ def test_the_group_s_excess_is_split_into_user_and_kernel_time_round_by_round() 
     ]
     assert realistic._sign_p(35, 36) < 1e-8 and realistic._sign_p(18, 36) == 1.0
     assert realistic.group_excess_rows({"old": kept["old"]}) == []
+    # A run whose workers took turns is pooled apart from one whose workers ran at once.
+    turns = {
+        "turns_s": 0.25,
+        "brokers": {
+            "kafka": {"runs": {"workers_1_keyed": ones[:1], "workers_3_keyed": threes[:1]}}
+        },
+    }
+    rows = realistic.group_excess_rows({"one": kept["one"], "turns": turns})
+    assert rows[2:] == [
+        "| `one` | 3 | +0.00 | 1 of 3 | 1 | +0.10 | 3 of 3 | 0.25 |",
+        "| `turns` | 1 | +0.00 | 0 of 1 | 1 | +0.10 | 1 of 1 | 1 |",
+        "| **all of them, running at once** | 3 | +0.00 | 1 of 3 | 1 | +0.10 | 3 of 3 | 0.25 |",
+        "| **all of them, taking turns** | 1 | +0.00 | 0 of 1 | 1 | +0.10 | 1 of 1 | 1 |",
+    ]
