@@ -62,7 +62,10 @@ release id), one value per (query, window, key) equal to the ledger's winner, va
 the exact counts, no raw user id in any topic, log or ``/metrics``, every worker alive and
 exiting 0, and every erasure request of a burst answered ``applied`` before its window's
 release began, and every record of the output topic stored by the sink once. The report
-(``REPORT.md``) and the RSS plot (``rss.png``) go to ``--out``.
+(``REPORT.md``) and the RSS plot (``rss.png``) go to ``--out``. The report's command names
+the seed (one is drawn when ``--seed`` is not given): ``--seed N`` repeats that run's fault
+schedule (the waits, kinds, workers hit, durations and clock skews); what each fault meets
+still depends on timing.
 """
 
 from __future__ import annotations
@@ -194,7 +197,13 @@ class Run:
     settings: Settings
     out: Path
     workdir: Path
+    #: The faults' draws (the waits between them, their kinds, the workers they hit, their
+    #: durations and clock skews): a run's schedule, the same for a seed (``for_seed``)
+    #: whatever its producer did meanwhile.
     rng: random.Random
+    #: The produced events' users and domains: the producer draws as often as its pace lets
+    #: it, so these draws have a generator of their own and leave the schedule alone.
+    events_rng: random.Random = field(default_factory=random.Random)
     started: float = field(default_factory=time.monotonic)
     faults: list[Fault] = field(default_factory=list)
     rss: dict[int, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
@@ -219,6 +228,21 @@ class Run:
     #: restart_while_idle: wait for each restarted worker's "partitions assigned" before
     #: stopping the next (a rollout), or not (``--restart-pacing back-to-back``, an experiment).
     wait_for_rejoin: bool = True
+
+    @classmethod
+    def for_seed(
+        cls, settings: Settings, out: Path, workdir: Path, seed: int, *, wait_for_rejoin: bool
+    ) -> Run:
+        """A run whose fault schedule is ``seed``'s (``--seed N`` repeats it; what each fault
+        meets still depends on timing), its events drawn apart from it."""
+        return cls(
+            settings,
+            out,
+            workdir,
+            random.Random(seed),
+            random.Random(f"events-{seed}"),
+            wait_for_rejoin=wait_for_rejoin,
+        )
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -336,8 +360,8 @@ async def _produce(run: Run, bootstrap: str, topic: str, stop: asyncio.Event) ->
                 next_at = time.monotonic()
                 continue
             now = time.time()
-            user = f"{USER_PREFIX}{run.rng.randrange(USERS):06d}"
-            domain = DOMAINS[run.rng.randrange(len(DOMAINS))]
+            user = f"{USER_PREFIX}{run.events_rng.randrange(USERS):06d}"
+            domain = DOMAINS[run.events_rng.randrange(len(DOMAINS))]
             event = {"user_id": user, "timestamp": now, "domain": domain}
             pending.append(await producer.send(topic, orjson.dumps(event), key=user.encode()))
             run.produced[(int(now // WINDOW_S) * WINDOW_S, domain)] += 1
@@ -413,7 +437,7 @@ async def _erasure_burst(
     async def events() -> None:
         futures = []
         for user in users:
-            domain = DOMAINS[run.rng.randrange(len(DOMAINS))]
+            domain = DOMAINS[run.events_rng.randrange(len(DOMAINS))]
             event = {"user_id": user, "timestamp": window_s + 1.0, "domain": domain}
             futures.append(await producer.send(input_topic, orjson.dumps(event), key=user.encode()))
         await asyncio.gather(*futures)
@@ -1059,7 +1083,7 @@ async def chaos(
     out.mkdir(parents=True, exist_ok=True)
     workdir = out / "run"
     workdir.mkdir(exist_ok=True)
-    run = Run(settings, out, workdir, random.Random(seed), wait_for_rejoin=wait_for_rejoin)
+    run = Run.for_seed(settings, out, workdir, seed, wait_for_rejoin=wait_for_rejoin)
     suffix = secrets.token_hex(4)
     broker = await _start_broker(broker_kind)
     bootstrap = broker.bootstrap_servers
@@ -1202,7 +1226,11 @@ def main(argv: list[str] | None = None) -> int:
         rate_per_s=base.rate_per_s,
     )
     seed = args.seed if args.seed is not None else secrets.randbits(32)
-    command = " ".join(["python -m chaos.run", *(argv if argv is not None else sys.argv[1:])])
+    given = list(argv if argv is not None else sys.argv[1:])
+    # The report's command repeats the run's fault schedule: the seed drawn is named in it.
+    command = " ".join(
+        ["python -m chaos.run", *given, *([] if args.seed is not None else ["--seed", str(seed)])]
+    )
     print(f"[chaos] seed {seed}; broker {args.broker}; {settings}", flush=True)
     ok = asyncio.run(
         chaos(
