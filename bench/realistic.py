@@ -787,6 +787,23 @@ def pinned(broker_pid: int) -> Iterator[dict[str, list[int]]]:
 
 
 @contextmanager
+def spinning(processes: int) -> Iterator[None]:
+    """``processes`` Python processes, each in a busy loop (no system calls, next to no
+    memory) while the block runs: the sharing of the cores a group brings, without a group
+    (``--contend``)."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)
+    ]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait(timeout=60)
+
+
+@contextmanager
 def _broker(name: str) -> Iterator[Any]:
     if name == "tansu":
         from stream_dp.broker import EmbeddedBroker
@@ -816,6 +833,7 @@ def measure_broker(
     turns_s: float | None = None,
     partitions: int = PARTITIONS,
     even_users: bool = False,
+    contend: int = 0,
 ) -> dict[str, Any]:
     """The raw consumers and the workers on one topic of ``partitions`` on a fresh broker;
     with ``workers`` (counts of worker processes), each count in one group instead of the
@@ -886,6 +904,14 @@ def measure_broker(
                                 f"[realistic] {name} {n} workers {mode} {label} run {i + 1}: "
                                 f"{_brief(r)}"
                             )
+                            if n == 1 and contend:  # the same worker beside spinners
+                                with spinning(contend):
+                                    r = worker(keyed, tree, n)
+                                runs.setdefault(f"{key}_contended", []).append(r)
+                                log(
+                                    f"[realistic] {name} 1 worker beside {contend} spinning "
+                                    f"{mode} {label} run {i + 1}: {_brief(r)}"
+                                )
                 continue
             for label, tree in trees.items():
                 for mode, keyed in MODES.items():
@@ -982,6 +1008,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
             "poll_s": POLL_S,
             "partitions": opts.partitions,
             "even_users": opts.even_users,
+            "contend": opts.contend,
             **(
                 {
                     "workers": opts.workers,
@@ -1009,6 +1036,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
                 turns_s=opts.turns,
                 partitions=opts.partitions,
                 even_users=opts.even_users,
+                contend=opts.contend,
             )
     return result
 
@@ -1441,6 +1469,23 @@ NOTES["sixteenth_memory"] = [
     "costs on a machine without a hypervisor between the kernel and the memory: not "
     "measured here, and not claimed.",
 ]
+LABELS["seventeenth_backlog"] = (
+    "the seventeenth pass: run `thirteenth_backlog` on Apache Kafka again, three rounds, with "
+    "each worker's own split (`--workers 1,3 --backlog --events 1200000 --runs 3 --brokers "
+    "kafka`, the worker of `b25f39b`, nothing else running): the group's workers run at once, "
+    "sharing the two cores with the broker"
+)
+LABELS["seventeenth_partitions_12"] = (
+    "the seventeenth pass: run `seventeenth_backlog` on a topic of 12 partitions instead of "
+    "4 (`--partitions 12`, twelve rounds from two invocations of 3 and 9, the worker of "
+    "`b25f39b`, nothing else running)"
+)
+LABELS["seventeenth_even_users"] = (
+    "the seventeenth pass: run `seventeenth_partitions_12` with each event's user drawn "
+    "uniformly from 50,000 (`--partitions 12 --even-users`, seventeen rounds from two "
+    "invocations of 5 and 12, the worker of `5fcdbd0`, nothing else running), so each of "
+    "three workers holds a third of the stream"
+)
 LABELS["sixteenth_tansu_turns"] = (
     "the sixteenth pass: run `sixteenth_memory` on the embedded broker (`--workers 1,3 --turns "
     "0.25 --events 3600000 --runs 3 --brokers tansu`, the worker of `bd77a79`, nothing else "
@@ -1982,6 +2027,11 @@ GROUP_EXCESS_TITLE = (
     "### 3 workers against 1 on {broker}, user and kernel time apart (every kept round with "
     "the workers' own splits)"
 )
+CONTENTION_TITLE = (
+    "### The sharing of cores without a group, on {broker}: one worker beside spinning "
+    "processes (`--contend`)"
+)
+CONTENTION_NOTES: dict[str, list[str]] = {}
 GROUP_EXCESS_NOTES: dict[str, list[str]] = {}
 GROUP_EXCESS_NOTES["kafka"] = [
     "**Under turns, the group's excess is kernel time, not the interpreter's work.** Over "
@@ -2715,7 +2765,60 @@ def group_excess_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
     ]
 
 
-def _excess_row(title: str, diffs: list[tuple[float, float]]) -> str:
+def contention_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
+    """Per kept ``--contend`` run on ``broker``: the single worker beside spinning processes
+    less the single worker alone, and the group less the single worker alone, round by round,
+    in user and kernel time per event (as :func:`group_excess_rows`), with the medians of
+    their page faults and involuntary context switches per 1,000 events; empty when none."""
+    rows: list[str] = []
+    for label, run in kept.items():
+        runs = run["brokers"].get(broker, {}).get("runs", {})
+        if not run.get("contend"):
+            continue
+        largest = max(run["workers"])
+        for title, key in (
+            (f"1 worker beside {run['contend']} spinning processes", "workers_1_{}_contended"),
+            (f"{largest} workers", f"workers_{largest}_{{}}"),
+        ):
+            pairs = [
+                (r1, other)
+                for mode in MODES
+                for r1, other in zip(
+                    runs.get(f"workers_1_{mode}", []), runs.get(key.format(mode), []), strict=False
+                )
+            ]
+            diffs = [d for r1, other in pairs if (d := _group_excess(r1, other)) is not None]
+            if not diffs:
+                continue
+            counts = [
+                f"{statistics.median(_summed(o, part) - _summed(r1, part) for r1, o in pairs):+.1f}"
+                for part in ("faults_per_1k_events", "involuntary_switches_per_1k_events")
+            ]
+            rows.append(_excess_row(f"`{label}`: {title}", diffs, counts))
+    if not rows:
+        return []
+    return [
+        "| run: compared with 1 worker alone | rounds | user µs/event, less alone (median) | "
+        "rounds above 0 | sign test p | kernel µs/event, less alone (median) | rounds above 0 "
+        "| sign test p | page faults / 1k events, less alone | involuntary context switches / "
+        "1k events, less alone |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def _summed(r: dict[str, Any], part: str) -> float:
+    """A round's ``part`` of its workers' splits, per event over the group (weighted by each
+    worker's events)."""
+    events = sum(w["events_in_span"] for w in r["per_worker"])
+    return float(
+        sum(w["split"].get(part, 0.0) * w["events_in_span"] for w in r["per_worker"]) / events
+    )
+
+
+def _excess_row(title: str, diffs: list[tuple[float, float]], extra: Sequence[str] = ()) -> str:
+    """A table row: the rounds, then per part (user, kernel) the median difference, the
+    rounds above zero and the sign test's p; then ``extra`` cells."""
     cells = []
     for part in (0, 1):
         values = [d[part] for d in diffs]
@@ -2724,7 +2827,7 @@ def _excess_row(title: str, diffs: list[tuple[float, float]]) -> str:
             f"{statistics.median(values):+.2f} | {above} of {len(values)} | "
             f"{_sign_p(above, len(values)):.2g}"
         )
-    return f"| {title} | {len(diffs)} | {' | '.join(cells)} |"
+    return f"| {title} | {len(diffs)} | {' | '.join([*cells, *extra])} |"
 
 
 def _profile_rows(profile: dict[str, Any], n: int = 15) -> list[str]:
@@ -2829,6 +2932,14 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
             for mode in MODES
             for n in run["workers"]
         }
+        if run.get("contend"):
+            names.update(
+                {
+                    f"workers_1_{mode}_contended": f"1 worker beside {run['contend']} "
+                    f"spinning processes, {mode}"
+                    for mode in MODES
+                }
+            )
         split = split_rows(runs, names)
         if split:
             lines += ["", SPLIT_INTRO, "", *split]
@@ -3121,6 +3232,10 @@ def section(kept: dict[str, Any]) -> list[str]:
         if excess:
             lines += ["", GROUP_EXCESS_TITLE.format(broker=title), "", *excess]
             lines += ["", *(f"- {n}" for n in GROUP_EXCESS_NOTES.get(broker, []))]
+        contention = contention_rows(kept, broker)
+        if contention:
+            lines += ["", CONTENTION_TITLE.format(broker=title), "", *contention]
+            lines += ["", *(f"- {n}" for n in CONTENTION_NOTES.get(broker, []))]
     if LEVERS:
         lines += ["", "### Per lever: what it gains, what it costs, what is left of the gap", ""]
         lines += [f"- {note}" for note in LEVERS]
@@ -3199,6 +3314,15 @@ def main(argv: list[str] | None = None) -> None:
         "are few and lopsided, one of them with more than half the events, so one worker of "
         "a group always holds most of the stream)",
     )
+    parser.add_argument(
+        "--contend",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --workers including 1: each single worker's run repeated beside N "
+        "processes spinning on the cores (a control: the sharing of cores a group of N + 1 "
+        "brings, without the group)",
+    )
     parser.add_argument("--render", action="store_true", help="the section from the kept runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -3212,6 +3336,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if (opts.backlog or opts.turns) and not opts.workers:
         parser.error("--backlog and --turns need --workers (a group of worker processes)")
+    if opts.contend and 1 not in opts.workers:
+        parser.error(
+            "--contend needs --workers with 1 among the counts (it repeats the single worker)"
+        )
     if opts.turns is not None:
         if opts.turns <= 0:
             parser.error("--turns: a slice of more than 0 seconds")

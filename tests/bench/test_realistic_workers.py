@@ -125,3 +125,32 @@ def test_the_group_s_excess_is_split_into_user_and_kernel_time_round_by_round() 
         "| **all of them, running at once** | 3 | +0.00 | 1 of 3 | 1 | +0.10 | 3 of 3 | 0.25 |",
         "| **all of them, taking turns** | 1 | +0.00 | 0 of 1 | 1 | +0.10 | 1 of 1 | 1 |",
     ]
+
+
+def test_the_contention_control_compares_spinners_and_the_group_with_one_worker_alone() -> None:
+    # Two rounds: alone, beside two spinning processes, and three workers, each against the
+    # same round's worker alone (user s, system s, faults over 1e6 events); a run without
+    # --contend has no row.
+    alone = [_round([(1e6, 2.0, 0.2)]), _round([(1e6, 2.1, 0.3)])]
+    beside = [
+        _round([(1e6, 2.1, 0.4)]),
+        _round([(1e6, 2.0, 0.6)]),
+    ]  # user +0.1/-0.1, kernel +0.2/+0.3
+    group = [
+        _round([(5e5, 1.0, 0.2), (5e5, 1.0, 0.1)]),  # user +0.0, kernel +0.1
+        _round([(5e5, 1.1, 0.1), (5e5, 1.1, 0.1)]),  # user +0.1, kernel -0.1
+    ]
+    for r in beside:
+        r["per_worker"][0]["split"]["involuntary_switches_per_1k_events"] = 4.0
+    runs = {"workers_1_keyed": alone, "workers_1_keyed_contended": beside, "workers_3_keyed": group}
+    kept = {
+        "c": {"contend": 2, "workers": [1, 3], "brokers": {"kafka": {"runs": runs}}},
+        "plain": {"workers": [1, 3], "brokers": {"kafka": {"runs": runs}}},
+    }
+    rows = realistic.contention_rows(kept)
+    assert rows[2:] == [
+        "| `c`: 1 worker beside 2 spinning processes | 2 | +0.00 | 1 of 2 | 1 | +0.25 | 2 of 2 "
+        "| 0.5 | +0.0 | +4.0 |",
+        "| `c`: 3 workers | 2 | +0.05 | 1 of 2 | 1 | +0.00 | 1 of 2 | 1 | +0.0 | +0.0 |",
+    ]
+    assert realistic.contention_rows({"plain": kept["plain"]}) == []
