@@ -2794,15 +2794,19 @@ def contention_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
                 f"{statistics.median(_summed(o, part) - _summed(r1, part) for r1, o in pairs):+.1f}"
                 for part in ("faults_per_1k_events", "involuntary_switches_per_1k_events")
             ]
+            ratio = statistics.median(
+                o["cpu_us_per_event"] / r1["cpu_us_per_event"] for r1, o in pairs
+            )
+            counts.insert(0, f"{ratio:.2f}×")
             rows.append(_excess_row(f"`{label}`: {title}", diffs, counts))
     if not rows:
         return []
     return [
         "| run: compared with 1 worker alone | rounds | user µs/event, less alone (median) | "
         "rounds above 0 | sign test p | kernel µs/event, less alone (median) | rounds above 0 "
-        "| sign test p | page faults / 1k events, less alone | involuntary context switches / "
-        "1k events, less alone |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| sign test p | CPU µs/event ÷ alone (median) | page faults / 1k events, less alone | "
+        "involuntary context switches / 1k events, less alone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
 

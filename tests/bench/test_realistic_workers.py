@@ -142,6 +142,8 @@ def test_the_contention_control_compares_spinners_and_the_group_with_one_worker_
     ]
     for r in beside:
         r["per_worker"][0]["split"]["involuntary_switches_per_1k_events"] = 4.0
+    for r, cpu in zip([*alone, *beside, *group], [2.0, 2.0, 2.2, 2.0, 2.0, 1.8], strict=True):
+        r["cpu_us_per_event"] = cpu  # the whole group's, read right after each answer
     runs = {"workers_1_keyed": alone, "workers_1_keyed_contended": beside, "workers_3_keyed": group}
     kept = {
         "c": {"contend": 2, "workers": [1, 3], "brokers": {"kafka": {"runs": runs}}},
@@ -150,7 +152,7 @@ def test_the_contention_control_compares_spinners_and_the_group_with_one_worker_
     rows = realistic.contention_rows(kept)
     assert rows[2:] == [
         "| `c`: 1 worker beside 2 spinning processes | 2 | +0.00 | 1 of 2 | 1 | +0.25 | 2 of 2 "
-        "| 0.5 | +0.0 | +4.0 |",
-        "| `c`: 3 workers | 2 | +0.05 | 1 of 2 | 1 | +0.00 | 1 of 2 | 1 | +0.0 | +0.0 |",
+        "| 0.5 | 1.05× | +0.0 | +4.0 |",
+        "| `c`: 3 workers | 2 | +0.05 | 1 of 2 | 1 | +0.00 | 1 of 2 | 1 | 0.95× | +0.0 | +0.0 |",
     ]
     assert realistic.contention_rows({"plain": kept["plain"]}) == []
