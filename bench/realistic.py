@@ -2903,15 +2903,12 @@ def contention_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
     their page faults and involuntary context switches per 1,000 events; empty when none."""
     rows: list[str] = []
     for label, run in kept.items():
-        runs = run["brokers"].get(broker, {}).get("runs", {})
         if not run.get("contend"):
             continue
+        runs = run["brokers"].get(broker, {}).get("runs", {})
         largest = max(run["workers"])
         for title, key in (
-            (
-                f"1 worker beside {run['contend']} {_LOAD_NAMES[run.get('contend_load', 'spin')]}",
-                "workers_1_{}_contended",
-            ),
+            (_contenders(run), "workers_1_{}_contended"),
             (f"{largest} workers", f"workers_{largest}_{{}}"),
         ):
             pairs = [
@@ -2943,6 +2940,11 @@ def contention_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
     ]
+
+
+def _contenders(run: dict[str, Any]) -> str:
+    """How the tables name a ``--contend`` run's single worker and its busy neighbours."""
+    return f"1 worker beside {run['contend']} {_LOAD_NAMES[run.get('contend_load', 'spin')]}"
 
 
 def _summed(r: dict[str, Any], part: str) -> float:
@@ -3072,11 +3074,7 @@ def _workers_lines(run: dict[str, Any]) -> list[str]:
         }
         if run.get("contend"):
             names.update(
-                {
-                    f"workers_1_{mode}_contended": f"1 worker beside {run['contend']} "
-                    f"{_LOAD_NAMES[run.get('contend_load', 'spin')]}, {mode}"
-                    for mode in MODES
-                }
+                {f"workers_1_{mode}_contended": f"{_contenders(run)}, {mode}" for mode in MODES}
             )
         split = split_rows(runs, names)
         if split:
