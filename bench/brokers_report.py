@@ -143,6 +143,16 @@ def section(r: dict[str, Any]) -> list[str]:
             f"{_fmt(med.get('processing_seconds'), 2)} s, close "
             f"{_fmt(med.get('close_seconds'), 2)} s."
         )
+    for name, sec in (("Tansu", tansu), ("Apache Kafka", kafka)):
+        peer = _contender(sec, "kstreams")
+        repeated = [r for r in (peer or {}).get("runs", []) if "repeated_after" in r]
+        if repeated:
+            lines.append(
+                f"- Kafka Streams on {name}: {len(repeated)} run(s) repeated because Kafka Streams "
+                "recovered a task in the first try and re-read records (at-least-once: a revived "
+                "task's windowed aggregate keeps its stream time and drops the re-read records as "
+                "expired); results.json keeps what the first try saw."
+            )
     lines += [
         "- The Kafka Streams peer (bench/kstreams, Java 17, kafka-streams at the broker's version)"
         " reads the same topic as the raw consumer and the worker: every value decoded by Jackson "

@@ -462,6 +462,9 @@ def measure(
                 )
                 ks = peer.runs[-1]
                 log(f"  run {r + 1}: kafka streams {ks['events'] / ks['seconds']:,.0f}/s")
+                if "repeated_after" in ks:
+                    first = ks["repeated_after"].splitlines()[0][-200:]
+                    log(f"  (kafka streams: a run that recovered a task was repeated: {first})")
         if not separate:
             worker_prefix = Contender("worker_on_faust_input", prefix_events, worker.runs)
         if profile_dir is not None:

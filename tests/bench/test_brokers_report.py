@@ -108,3 +108,17 @@ def test_provenance_names_a_scaling_only_rerun_without_a_throughput_one() -> Non
         "end 0.50 and 1.25)." in text
     )
     assert "throughput run" not in text and "Sections 1 and 1b" not in text
+
+
+def test_a_repeated_peer_run_is_said_per_broker_and_a_clean_one_is_not() -> None:
+    results = {"throughput": _section(1.0), "throughput_apache_kafka": _section(3.0)}
+    runs = [{"seconds": 2.0}, {"seconds": 2.1, "repeated_after": "re-read 5,565 records"}]
+    results["throughput_apache_kafka"]["contenders"]["kstreams"]["runs"] = runs
+    results["throughput"]["contenders"]["kstreams"]["runs"] = [{"seconds": 2.0}]
+    said = [ln for ln in brokers_report.section(results) if "repeated because" in ln]
+    assert said == [
+        "- Kafka Streams on Apache Kafka: 1 run(s) repeated because Kafka Streams recovered a "
+        "task in the first try and re-read records (at-least-once: a revived task's windowed "
+        "aggregate keeps its stream time and drops the re-read records as expired); "
+        "results.json keeps what the first try saw."
+    ]
