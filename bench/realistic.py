@@ -69,12 +69,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from bench import perf_probe
 from bench.cpu_split import process_tree, snapshot, split, split_rows, stat_cpu, stat_fields
 from bench.group_turns import Turns, stop_and_wait
 from bench.sections import splice_section
 
+T = TypeVar("T")
 PARTITIONS = 4
 USERS = 50_000
 DOMAINS = 41
@@ -433,6 +435,7 @@ def run_worker(
     broker_pid: int | None = None,
     backlog: bool = False,
     turns_s: float | None = None,
+    perf: str | None = None,
 ) -> dict[str, Any]:
     """``workers`` processes of ``stream-dp run`` of the checkout at ``tree``, in one consumer
     group on ``topic``, timed from their ``/metrics``: the rate from the sum of their
@@ -443,7 +446,9 @@ def run_worker(
     the group settled before the first event, as in a deployment that is already running.
     ``backlog``: the workers are stopped while it writes (:func:`_while_stopped`);
     ``turns_s`` too: then they take turns on the backlog, one running at a time for
-    ``turns_s`` seconds (:class:`bench.group_turns.Turns`), until every event is consumed."""
+    ``turns_s`` seconds (:class:`bench.group_turns.Turns`), until every event is consumed.
+    ``perf`` (with ``backlog``): :mod:`bench.perf_probe` of that kind on every worker, attached
+    while they are stopped; its counts in ``perf_counts``."""
     from stream_dp.broker.process import free_port
 
     ports = [free_port("127.0.0.1") for _ in range(workers)]
@@ -457,6 +462,7 @@ def run_worker(
     logs: list[Path] = []
     procs: list[subprocess.Popen[bytes]] = []
     turns: Turns | None = None
+    probe = perf_probe.Probe(perf, workdir) if perf else None
     t_start = time.perf_counter()
     try:
         for port in ports:  # one group, one set of topics, one key: only the port differs
@@ -476,7 +482,7 @@ def run_worker(
         if produce_when_ready is not None:
             settled = _settle(procs, ports, logs, t_start)
             if backlog:
-                stopped_s = _while_stopped(procs, produce_when_ready)
+                stopped_s = _while_stopped(procs, _attached_first(probe, procs, produce_when_ready))
             else:
                 threading.Thread(target=produce_when_ready, daemon=True).start()
         if turns_s is not None and workers > 1:
@@ -513,7 +519,25 @@ def run_worker(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    if probe is not None:
+        result["perf_counts"] = probe.counts()
     return result
+
+
+def _attached_first(
+    probe: perf_probe.Probe | None,
+    procs: Sequence[subprocess.Popen[bytes]],
+    work: Callable[[], object],
+) -> Callable[[], object]:
+    """``work``, preceded by attaching ``probe`` to the (stopped) workers when there is one."""
+    if probe is None:
+        return work
+
+    def attached_then_work() -> object:
+        probe.attach([proc.pid for proc in procs])
+        return work()
+
+    return attached_then_work
 
 
 def _settle(
@@ -865,6 +889,7 @@ def measure_broker(
     even_users: bool = False,
     contend: int = 0,
     contend_load: str = "spin",
+    perf: str | None = None,
 ) -> dict[str, Any]:
     """The raw consumers and the workers on one topic of ``partitions`` on a fresh broker;
     with ``workers`` (counts of worker processes), each count in one group instead of the
@@ -910,6 +935,7 @@ def measure_broker(
                 broker_pid=broker.pid,
                 backlog=backlog,
                 turns_s=turns_s,
+                perf=perf,
             )
 
         spec = {
@@ -1041,6 +1067,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
             "even_users": opts.even_users,
             "contend": opts.contend,
             "contend_load": opts.contend_load,
+            "perf": opts.perf,
             **(
                 {
                     "workers": opts.workers,
@@ -1070,6 +1097,7 @@ def measure(opts: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
                 even_users=opts.even_users,
                 contend=opts.contend,
                 contend_load=opts.contend_load,
+                perf=opts.perf,
             )
     return result
 
@@ -1584,6 +1612,42 @@ NOTES["seventeenth_contend_decode"] = [
     "rounds), user time +0.10 µs (10 of 16 above), kernel time +0.03 µs (10 of 16). Three "
     "workers in the same rounds: 1.14×, user time −0.01 µs (8 of 16), kernel time +0.23 µs "
     "(13 of 16, p 0.02), 25 more page faults per 1,000 events.",
+]
+LABELS["eighteenth_backlog"] = (
+    "the eighteenth pass: run `seventeenth_backlog` again, ten rounds, to pair the current "
+    "worker's group with the broker's CPU on the issue's own stream (`--workers 1,3 "
+    "--backlog --runs 10 --brokers kafka`, the worker of `74a8e2b`, nothing else running)"
+)
+LABELS["eighteenth_perf_syscalls"] = (
+    "the eighteenth pass: run `seventeenth_even_users` with perf counting every system call "
+    "of each worker (`--events 1200000 --partitions 12 --even-users --workers 1,3 --backlog "
+    "--perf syscalls --runs 3 --brokers kafka`, the worker of `74a8e2b`, nothing else "
+    "running; perf's hooks are in this run's CPU figures, which no pooled table counts)"
+)
+LABELS["eighteenth_perf_faults"] = (
+    "the eighteenth pass: run `eighteenth_perf_syscalls` with perf recording every page "
+    "fault of each worker and the function that took it (`--perf faults`, the worker of "
+    "`74a8e2b`, nothing else running; perf's hooks are in its CPU figures)"
+)
+NOTES["eighteenth_perf_syscalls"] = [
+    "**The group's kernel excess is not system calls.** One worker makes 12 system calls per "
+    "1,000 events on either path; three workers 20 (default) and 16 (keyed), medians of three "
+    "rounds, counted from each worker's stop before the stream to its end. The 4–8 more per "
+    "1,000 events are mostly this bench's polls (each /metrics answer reads /proc: "
+    "`newfstatat`, `openat`, `read`, `close`; three workers answer three times the polls per "
+    "event) and waits (`epoll_wait`). At even 5 µs each that is under 0.05 µs per event, a "
+    "small part of the workers' +0.17 (the table with the broker's CPU counted in, below).",
+]
+NOTES["eighteenth_perf_faults"] = [
+    "**Where the faults come from.** One worker takes 118 (default) and 84 (keyed) page "
+    "faults per 1,000 events, three workers 130 and 113 (medians of three rounds). Copies "
+    "into freshly mapped buffers (`__memmove_*`: a fetch response's bytes, a batch's values) "
+    "are most of the single worker's (86 and 54) and fewer in the group's (64 and 46); the "
+    "interpreter's small-object allocator touching new arenas (`_PyObject_Malloc`, "
+    "`allocate_from_new_pool`) grows from 18 to 42–48: each of three processes keeps its "
+    "own arenas and frees them between batches. glibc keeping freed memory and an arena "
+    "ballast already cut such faults without lowering CPU per event (runs "
+    "`thirteenth_tunables`, `thirteenth_ballast`, `fifteenth_turns_ballast`).",
 ]
 LABELS["sixteenth_tansu_turns"] = (
     "the sixteenth pass: run `sixteenth_memory` on the embedded broker (`--workers 1,3 --turns "
@@ -2131,6 +2195,39 @@ CONTENTION_TITLE = (
     "processes (`--contend`)"
 )
 CONTENTION_NOTES: dict[str, list[str]] = {}
+PERF_NOTES: dict[str, list[str]] = {}
+MACHINE_TITLE = (
+    "### 3 workers against 1 on {broker}, with the broker's CPU counted in (every kept round "
+    "with the splits)"
+)
+MACHINE_NOTES: dict[str, list[str]] = {}
+MACHINE_NOTES["kafka"] = [
+    "**Counted with the broker, the group costs the machine about what one worker does; the "
+    "workers' share of it grows.** Three workers ÷ one with the broker's CPU counted in: "
+    "1.03× over the 142 kept rounds whose workers ran at once (80 above 1, sign test p "
+    "0.15), while the workers' own is 1.15×. In this pass's run of the current worker on the "
+    "issue's own stream (`eighteenth_backlog`, 20 rounds) 0.93× against 1.23×; in the "
+    "seventeenth pass's runs 0.94–1.07×; in the twelfth and thirteenth passes' runs (older "
+    "workers, their splits read after the round) 1.06–1.23×. The workers' kernel time per "
+    "event rises (+0.23 µs, median of all; +0.42 in `eighteenth_backlog`) and the broker's "
+    "falls (−0.18; −0.73): most of the workers' excess is kernel work that the broker's "
+    "account carried with one consumer and the workers' carry with three, not work the "
+    "group adds. Which work was not traced; the likeliest is the loopback network's, which "
+    "the kernel runs in whichever process sends or acknowledges a segment, and with more "
+    "busy processes than cores more of it runs while a worker is current. The runs whose "
+    "workers took turns show the turns' own cost (above) and are not pooled.",
+]
+MACHINE_NOTES["tansu"] = [
+    "Only a run whose workers took turns has these splits on the embedded broker, and "
+    "taking turns has a cost of its own (above). Running at once, the workers' CPU per "
+    "event alone was already flat there (runs `sixth_long`, `thirteenth_backlog`).",
+]
+PERF_NOTES["kafka"] = [
+    "Each worker is counted from its stop before the stream (perf attaches and acknowledges "
+    "before the stream is written) to its end: the span, the release and the idle tail, "
+    "divided by the run's events. perf slows what it counts, so these runs' CPU figures are "
+    "left out of every pooled table; their counts are exact.",
+]
 CONTENTION_NOTES["kafka"] = [
     "**The group's excess is not the sharing of the cores.** In 36 paired rounds on a "
     "stream every worker holds a third of (runs `seventeenth_contend` and "
@@ -2603,6 +2700,20 @@ LEVERS: list[str] = [
     "faults. Whether it reaches a machine without a hypervisor, where a fault costs a "
     "fraction of the 3–10 µs here, was not measured. The interpreter's work per event does "
     "not grow with the group, under every method tried.",
+    "**CPU per event from 1 to 3 workers, eighteenth pass: counted with the broker, about "
+    "flat.** With the broker's CPU counted in, three workers cost 1.03× one worker's CPU per "
+    "event over the 142 kept rounds whose workers ran at once on Apache Kafka (p 0.15), and "
+    "0.93× in this pass's 20 rounds of the current worker on the issue's stream (run "
+    "`eighteenth_backlog`); the workers' own 1.15× (1.23× there) is mostly kernel work moved "
+    "from the broker's account to theirs (+0.23 µs per event on the workers, −0.18 on the "
+    "broker; +0.42 and −0.73 there). Counted with perf (new option `--perf`): the group makes "
+    "4–8 more system calls per 1,000 events (under 0.05 µs per event) and takes 12–29 more "
+    "page faults, from the interpreter's arenas, which the glibc and ballast levers already "
+    "showed do not move CPU per event here. So the work a deployment pays for does not grow "
+    "from 1 to 3 workers: the worker's user time is flat and the machine's CPU per event is "
+    "about flat; what grows is which process the kernel charges for the network's work, "
+    "which no change in the worker's Python can move. Not measured: a broker on a machine of "
+    "its own, where the workers could not take over its kernel work.",
     "**The 1M-key release, fifth pass** (`python -m bench.release_path 1m`, before "
     "`db3cf86` and after alternating, one process at a time, 17:46–18:05 UTC, four pairs; "
     "bench/release_1m_fifth.json). Public query (1,000,000 keys released): before 4.06, "
@@ -2859,6 +2970,31 @@ def _sign_p(above: int, n: int) -> float:
     return float(min(1.0, 2 * sum(math.comb(n, k) for k in range(tail + 1)) / 2**n))
 
 
+def _paired_rounds(
+    kept: dict[str, Any],
+    broker: str,
+    pair: Callable[[dict[str, Any], dict[str, Any]], T | None],
+) -> Iterator[tuple[str, dict[str, Any], list[T]]]:
+    """Each kept run on ``broker`` with its rounds of 1 and of 3 workers, both paths, made
+    into ``pair``'s values (a round it returns None for is left out); a run with none, or a
+    ``--perf`` run (perf's hooks are in its CPU figures: only its counts are read), is
+    skipped."""
+    for label, run in kept.items():
+        if run.get("perf"):
+            continue
+        runs = run["brokers"].get(broker, {}).get("runs", {})
+        values = [
+            v
+            for mode in MODES
+            for r1, r3 in zip(
+                runs.get(f"workers_1_{mode}", []), runs.get(f"workers_3_{mode}", []), strict=False
+            )
+            if (v := pair(r1, r3)) is not None
+        ]
+        if values:
+            yield label, run, values
+
+
 def group_excess_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
     """Per kept ``--workers 1,3`` run with the workers' own splits on ``broker``, and over
     all of them: 3 workers less 1, round by round, in user and in kernel time per event (the
@@ -2867,20 +3003,10 @@ def group_excess_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
     both are kept: the two methods cost the group differently."""
     rows: list[str] = []
     pooled: dict[str, list[tuple[float, float]]] = {}
-    for label, run in kept.items():
-        runs = run["brokers"].get(broker, {}).get("runs", {})
-        diffs = [
-            d
-            for mode in MODES
-            for r1, r3 in zip(
-                runs.get(f"workers_1_{mode}", []), runs.get(f"workers_3_{mode}", []), strict=False
-            )
-            if (d := _group_excess(r1, r3)) is not None
-        ]
-        if diffs:
-            rows.append(_excess_row(f"`{label}`", diffs))
-            method = "taking turns" if run.get("turns_s") else "running at once"
-            pooled.setdefault(method, []).extend(diffs)
+    for label, run, diffs in _paired_rounds(kept, broker, _group_excess):
+        rows.append(_excess_row(f"`{label}`", diffs))
+        method = "taking turns" if run.get("turns_s") else "running at once"
+        pooled.setdefault(method, []).extend(diffs)
     if not rows:
         return []
     if len(pooled) == 1:
@@ -2893,6 +3019,69 @@ def group_excess_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
         "|---|---|---|---|---|---|---|---|",
         *rows,
         *totals,
+    ]
+
+
+def _machine_round(r1: dict[str, Any], r3: dict[str, Any]) -> tuple[float, ...] | None:
+    """One round's group against the single worker, with the broker counted in: workers' CPU
+    per event ÷ alone, workers' and broker's ÷ alone, and the workers' and the broker's kernel
+    µs per event less alone; None for a round kept without the broker's split."""
+    if not all("broker_system_us_per_event" in r.get("split", {}) for r in (r1, r3)):
+        return None
+
+    def workers_kernel_us(r: dict[str, Any]) -> float:
+        if all("split" in w for w in r["per_worker"]):  # each worker's own, read at its answer
+            return _summed(r, "system_us_per_event")
+        return float(r["split"]["system_us_per_event"])  # the group's, read after the round
+
+    def broker_us(r: dict[str, Any], part: str = "") -> float:
+        split = r["split"]
+        if part:
+            return float(split[f"broker_{part}_us_per_event"])
+        return float(split["broker_user_us_per_event"] + split["broker_system_us_per_event"])
+
+    return (
+        r3["cpu_us_per_event"] / r1["cpu_us_per_event"],
+        (r3["cpu_us_per_event"] + broker_us(r3)) / (r1["cpu_us_per_event"] + broker_us(r1)),
+        workers_kernel_us(r3) - workers_kernel_us(r1),
+        broker_us(r3, "system") - broker_us(r1, "system"),
+    )
+
+
+def _machine_row(title: str, rounds: list[tuple[float, ...]]) -> str:
+    both = [r[1] for r in rounds]
+    above = sum(v > 1 for v in both)
+    cells = [
+        f"{statistics.median(r[0] for r in rounds):.2f}×",
+        f"{statistics.median(both):.2f}×",
+        f"{above} of {len(both)}",
+        f"{_sign_p(above, len(both)):.2g}",
+        f"{statistics.median(r[2] for r in rounds):+.2f}",
+        f"{statistics.median(r[3] for r in rounds):+.2f}",
+    ]
+    return f"| {title} | {len(rounds)} | {' | '.join(cells)} |"
+
+
+def machine_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
+    """Per kept ``--workers 1,3`` run with the splits on ``broker`` (and pooled over the runs
+    whose workers ran at once): 3 workers against 1, round by round, by the workers' CPU per
+    event alone and with the broker's, and where the kernel time went (workers, broker)."""
+    rows: list[str] = []
+    pooled: list[tuple[float, ...]] = []
+    for label, run, rounds in _paired_rounds(kept, broker, _machine_round):
+        turns = run.get("turns_s")
+        rows.append(_machine_row(f"`{label}`" + (" (taking turns)" if turns else ""), rounds))
+        if not turns:
+            pooled += rounds
+    if not rows:
+        return []
+    return [
+        "| runs | rounds | workers' CPU/event, 3 ÷ 1 (median) | workers' and broker's CPU/event, "
+        "3 ÷ 1 (median) | rounds above 1 | sign test p | workers' kernel µs/event, 3 less 1 "
+        "(median) | broker's kernel µs/event, 3 less 1 (median) |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        *([_machine_row("**all of them, running at once**", pooled)] if pooled else []),
     ]
 
 
@@ -3372,6 +3561,14 @@ def section(kept: dict[str, Any]) -> list[str]:
         if contention:
             lines += ["", CONTENTION_TITLE.format(broker=title), "", *contention]
             lines += ["", *(f"- {n}" for n in CONTENTION_NOTES.get(broker, []))]
+        machine = machine_rows(kept, broker)
+        if machine:
+            lines += ["", MACHINE_TITLE.format(broker=title), "", *machine]
+            lines += ["", *(f"- {n}" for n in MACHINE_NOTES.get(broker, []))]
+        counted = perf_probe.rows(kept, broker)
+        if counted:
+            lines += ["", perf_probe.TITLE.format(broker=title), "", *counted]
+            lines += ["", *(f"- {n}" for n in PERF_NOTES.get(broker, []))]
     if LEVERS:
         lines += ["", "### Per lever: what it gains, what it costs, what is left of the gap", ""]
         lines += [f"- {note}" for note in LEVERS]
@@ -3466,6 +3663,13 @@ def main(argv: list[str] | None = None) -> None:
         help="what each --contend process runs: spin (a busy loop) or decode (this stream's "
         "events decoded, memory allocated and freed as a worker's batch is)",
     )
+    parser.add_argument(
+        "--perf",
+        choices=perf_probe.KINDS,
+        help="with --backlog: Linux perf on every worker, counting its system calls or its "
+        "page faults by the function that took them (bench/perf_probe.py; the run's CPU "
+        "figures are then perf's too)",
+    )
     parser.add_argument("--render", action="store_true", help="the section from the kept runs")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -3483,6 +3687,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(
             "--contend needs --workers with 1 among the counts (it repeats the single worker)"
         )
+    if opts.perf and not (opts.backlog or opts.turns):
+        parser.error("--perf needs --backlog (perf attaches while the group is stopped)")
+    if opts.perf and (missing := perf_probe.available()):
+        parser.error(f"--perf: {missing}")
     if opts.turns is not None:
         if opts.turns <= 0:
             parser.error("--turns: a slice of more than 0 seconds")

@@ -156,3 +156,65 @@ def test_the_contention_control_compares_spinners_and_the_group_with_one_worker_
         "| `c`: 3 workers | 2 | +0.05 | 1 of 2 | 1 | +0.00 | 1 of 2 | 1 | 0.95× | +0.0 | +0.0 |",
     ]
     assert realistic.contention_rows({"plain": kept["plain"]}) == []
+
+
+def _with_broker(
+    r: dict[str, object], cpu_us: float, broker_user_us: float, broker_system_us: float
+) -> dict[str, object]:
+    """A round with its workers' CPU per event and the broker's split per event (µs)."""
+    split = {
+        "broker_user_us_per_event": broker_user_us,
+        "broker_system_us_per_event": broker_system_us,
+    }
+    return {**r, "cpu_us_per_event": cpu_us, "split": split}
+
+
+def test_the_machine_table_counts_the_broker_s_cpu_in_and_shows_where_kernel_time_went() -> None:
+    ones = [
+        _with_broker(_round([(1e6, 2.0, 0.2)]), 2.2, 1.5, 0.8),
+        _with_broker(_round([(1e6, 2.0, 0.2)]), 2.0, 1.0, 1.0),
+        _with_broker(_round([(1e6, 2.0, 0.2)]), 2.0, 1.0, 1.0),
+    ]
+    threes = [
+        # workers 2.2 → 2.42 (1.10×), with the broker 4.5 → 4.62 (1.03, above 1);
+        # workers' kernel 0.2 → 0.3 (+0.10), broker's 0.8 → 0.6 (-0.20)
+        _with_broker(_round([(6e5, 1.2, 0.15), (4e5, 0.8, 0.15)]), 2.42, 1.6, 0.6),
+        # 2.0 → 2.4 (1.20×), 4.0 → 3.6 (0.90); kernel +0.30, broker -0.60
+        _with_broker(_round([(5e5, 1.0, 0.25), (5e5, 1.0, 0.25)]), 2.4, 0.8, 0.4),
+        # 2.0 → 2.1 (1.05×), 4.0 → 4.1 (1.025, above 1); kernel +0.05, broker +0.10
+        _with_broker(_round([(5e5, 1.0, 0.20), (5e5, 1.0, 0.05)]), 2.1, 0.9, 1.1),
+    ]
+    kept = {
+        "one": {
+            "brokers": {"kafka": {"runs": {"workers_1_keyed": ones, "workers_3_keyed": threes}}}
+        },
+        # a round kept before the broker's split was recorded: left out, not a zero
+        "old": {
+            "brokers": {
+                "kafka": {
+                    "runs": {
+                        "workers_1_keyed": [{**_round([(1e6, 2.0, 0.2)]), "cpu_us_per_event": 2.2}],
+                        "workers_3_keyed": [{**threes[0], "split": {}}],
+                    }
+                }
+            }
+        },
+        "turns": {
+            "turns_s": 0.25,
+            "brokers": {
+                "kafka": {"runs": {"workers_1_keyed": ones[:1], "workers_3_keyed": threes[:1]}}
+            },
+        },
+    }
+    rows = realistic.machine_rows(kept)
+    assert rows[2:] == [
+        "| `one` | 3 | 1.10× | 1.02× | 2 of 3 | 1 | +0.10 | -0.20 |",
+        "| `turns` (taking turns) | 1 | 1.10× | 1.03× | 1 of 1 | 1 | +0.10 | -0.20 |",
+        # the pool holds the runs whose workers ran at once: not the turns run
+        "| **all of them, running at once** | 3 | 1.10× | 1.02× | 2 of 3 | 1 | +0.10 | -0.20 |",
+    ]
+    assert realistic.machine_rows({"old": kept["old"]}) == []
+    assert realistic.machine_rows(kept, "tansu") == []
+    # A --perf run's CPU figures carry perf's hooks: left out of this table and the excess one.
+    probed = {"probed": {**kept["one"], "perf": "syscalls"}}
+    assert realistic.machine_rows(probed) == realistic.group_excess_rows(probed) == []
