@@ -2,8 +2,9 @@
 
 Where a group's extra kernel time per event goes, counted rather than timed:
 
-* ``syscalls``: ``perf trace -s`` on each worker, its system calls by name (all threads);
-* ``faults``: ``perf record -e page-faults -c 1`` on each worker, every page fault by the
+* ``syscalls``: every system call of each worker (``perf record -e raw_syscalls:*``), summed
+  by name over its threads (``perf trace -i FILE -s``);
+* ``faults``: every page fault of each worker (``perf record -e page-faults -c 1``) by the
   function whose access took it (``perf report --sort sym``): a fresh pymalloc arena's first
   touch (``_PyObject_Malloc``, ``allocate_from_new_pool``) apart from a large buffer's copy
   (``__memmove_*``).
