@@ -2205,7 +2205,9 @@ MACHINE_NOTES["kafka"] = [
     "**Counted with the broker, the group costs the machine about what one worker does; the "
     "workers' share of it grows.** Three workers ÷ one with the broker's CPU counted in: "
     "1.03× over the 142 kept rounds whose workers ran at once (80 above 1, sign test p "
-    "0.15), while the workers' own is 1.15×. In this pass's run of the current worker on the "
+    "0.15), while the workers' own is 1.15×; every busy core of the machine per event (from "
+    "/proc/stat: workers, broker, this bench's polls, the kernel's threads) 0.99×. In this "
+    "pass's run of the current worker on the "
     "issue's own stream (`eighteenth_backlog`, 20 rounds) 0.93× against 1.23×; in the "
     "seventeenth pass's runs 0.94–1.07×; in the twelfth and thirteenth passes' runs (older "
     "workers, their splits read after the round) 1.06–1.23×. The workers' kernel time per "
@@ -2704,7 +2706,8 @@ LEVERS: list[str] = [
     "flat.** With the broker's CPU counted in, three workers cost 1.03× one worker's CPU per "
     "event over the 142 kept rounds whose workers ran at once on Apache Kafka (p 0.15), and "
     "0.93× in this pass's 20 rounds of the current worker on the issue's stream (run "
-    "`eighteenth_backlog`); the workers' own 1.15× (1.23× there) is mostly kernel work moved "
+    "`eighteenth_backlog`); the whole machine's busy cores per event 0.99× and 0.78×. The "
+    "workers' own 1.15× (1.23× there) is mostly kernel work moved "
     "from the broker's account to theirs (+0.23 µs per event on the workers, −0.18 on the "
     "broker; +0.42 and −0.73 there). Counted with perf (new option `--perf`): the group makes "
     "4–8 more system calls per 1,000 events (under 0.05 µs per event) and takes 12–29 more "
@@ -3025,7 +3028,8 @@ def group_excess_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
 def _machine_round(r1: dict[str, Any], r3: dict[str, Any]) -> tuple[float, ...] | None:
     """One round's group against the single worker, with the broker counted in: workers' CPU
     per event ÷ alone, workers' and broker's ÷ alone, and the workers' and the broker's kernel
-    µs per event less alone; None for a round kept without the broker's split."""
+    µs per event less alone, and every busy core's time per event ÷ alone; None for a round
+    kept without the broker's split."""
     if not all("broker_system_us_per_event" in r.get("split", {}) for r in (r1, r3)):
         return None
 
@@ -3040,11 +3044,19 @@ def _machine_round(r1: dict[str, Any], r3: dict[str, Any]) -> tuple[float, ...] 
             return float(split[f"broker_{part}_us_per_event"])
         return float(split["broker_user_us_per_event"] + split["broker_system_us_per_event"])
 
+    def machine_us(r: dict[str, Any]) -> float:
+        """Every busy core of the machine over the span (/proc/stat: workers, broker, this
+        bench, the kernel's threads), per event; the cores cancel in the ratio."""
+        share = r["split"]["machine_share"]
+        busy = 1.0 - sum(share.get(k, 0.0) for k in ("idle", "iowait", "steal"))
+        return float(busy * r["seconds"] / r["span_events"] * 1e6)
+
     return (
         r3["cpu_us_per_event"] / r1["cpu_us_per_event"],
         (r3["cpu_us_per_event"] + broker_us(r3)) / (r1["cpu_us_per_event"] + broker_us(r1)),
         workers_kernel_us(r3) - workers_kernel_us(r1),
         broker_us(r3, "system") - broker_us(r1, "system"),
+        machine_us(r3) / machine_us(r1),
     )
 
 
@@ -3058,6 +3070,7 @@ def _machine_row(title: str, rounds: list[tuple[float, ...]]) -> str:
         f"{_sign_p(above, len(both)):.2g}",
         f"{statistics.median(r[2] for r in rounds):+.2f}",
         f"{statistics.median(r[3] for r in rounds):+.2f}",
+        f"{statistics.median(r[4] for r in rounds):.2f}×",
     ]
     return f"| {title} | {len(rounds)} | {' | '.join(cells)} |"
 
@@ -3078,8 +3091,9 @@ def machine_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
     return [
         "| runs | rounds | workers' CPU/event, 3 ÷ 1 (median) | workers' and broker's CPU/event, "
         "3 ÷ 1 (median) | rounds above 1 | sign test p | workers' kernel µs/event, 3 less 1 "
-        "(median) | broker's kernel µs/event, 3 less 1 (median) |",
-        "|---|---|---|---|---|---|---|---|",
+        "(median) | broker's kernel µs/event, 3 less 1 (median) | the whole machine's busy "
+        "CPU/event, 3 ÷ 1 (median) |",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows,
         *([_machine_row("**all of them, running at once**", pooled)] if pooled else []),
     ]

@@ -159,30 +159,43 @@ def test_the_contention_control_compares_spinners_and_the_group_with_one_worker_
 
 
 def _with_broker(
-    r: dict[str, object], cpu_us: float, broker_user_us: float, broker_system_us: float
+    r: dict[str, object],
+    cpu_us: float,
+    broker: tuple[float, float],
+    machine: tuple[float, float, float] = (1.0, 0.5, 0.0),
 ) -> dict[str, object]:
-    """A round with its workers' CPU per event and the broker's split per event (µs)."""
+    """A round with its workers' CPU per event (µs), the broker's user and system µs per
+    event, and the machine's span: (seconds, idle share, steal share) over 1e6 events."""
+    seconds, idle, steal = machine
     split = {
-        "broker_user_us_per_event": broker_user_us,
-        "broker_system_us_per_event": broker_system_us,
+        "broker_user_us_per_event": broker[0],
+        "broker_system_us_per_event": broker[1],
+        "machine_share": {"user": 1.0 - idle - steal, "idle": idle, "steal": steal},
     }
-    return {**r, "cpu_us_per_event": cpu_us, "split": split}
+    return {**r, "cpu_us_per_event": cpu_us, "split": split, "seconds": seconds, "span_events": 1e6}
 
 
 def test_the_machine_table_counts_the_broker_s_cpu_in_and_shows_where_kernel_time_went() -> None:
     ones = [
-        _with_broker(_round([(1e6, 2.0, 0.2)]), 2.2, 1.5, 0.8),
-        _with_broker(_round([(1e6, 2.0, 0.2)]), 2.0, 1.0, 1.0),
-        _with_broker(_round([(1e6, 2.0, 0.2)]), 2.0, 1.0, 1.0),
+        # the machine busy half of 1 s on 1e6 events: 0.5 µs of busy core per event
+        _with_broker(_round([(1e6, 2.0, 0.2)]), 2.2, (1.5, 0.8)),
+        _with_broker(_round([(1e6, 2.0, 0.2)]), 2.0, (1.0, 1.0)),
+        _with_broker(_round([(1e6, 2.0, 0.2)]), 2.0, (1.0, 1.0)),
     ]
     threes = [
         # workers 2.2 → 2.42 (1.10×), with the broker 4.5 → 4.62 (1.03, above 1);
-        # workers' kernel 0.2 → 0.3 (+0.10), broker's 0.8 → 0.6 (-0.20)
-        _with_broker(_round([(6e5, 1.2, 0.15), (4e5, 0.8, 0.15)]), 2.42, 1.6, 0.6),
-        # 2.0 → 2.4 (1.20×), 4.0 → 3.6 (0.90); kernel +0.30, broker -0.60
-        _with_broker(_round([(5e5, 1.0, 0.25), (5e5, 1.0, 0.25)]), 2.4, 0.8, 0.4),
-        # 2.0 → 2.1 (1.05×), 4.0 → 4.1 (1.025, above 1); kernel +0.05, broker +0.10
-        _with_broker(_round([(5e5, 1.0, 0.20), (5e5, 1.0, 0.05)]), 2.1, 0.9, 1.1),
+        # workers' kernel 0.2 → 0.3 (+0.10), broker's 0.8 → 0.6 (-0.20);
+        # the machine 0.75 busy for 0.8 s: 0.6 µs per event, 1.20×
+        _with_broker(
+            _round([(6e5, 1.2, 0.15), (4e5, 0.8, 0.15)]), 2.42, (1.6, 0.6), (0.8, 0.25, 0)
+        ),
+        # 2.0 → 2.4 (1.20×), 4.0 → 3.6 (0.90); kernel +0.30, broker -0.60; 0.8 × 0.5 s: 0.80×
+        _with_broker(_round([(5e5, 1.0, 0.25), (5e5, 1.0, 0.25)]), 2.4, (0.8, 0.4), (0.5, 0.2, 0)),
+        # 2.0 → 2.1 (1.05×), 4.0 → 4.1 (1.025, above 1); kernel +0.05, broker +0.10;
+        # stolen time is not the machine's work: 0.7 busy × 0.8 s, 1.12× (the median)
+        _with_broker(
+            _round([(5e5, 1.0, 0.20), (5e5, 1.0, 0.05)]), 2.1, (0.9, 1.1), (0.8, 0.25, 0.05)
+        ),
     ]
     kept = {
         "one": {
@@ -208,10 +221,11 @@ def test_the_machine_table_counts_the_broker_s_cpu_in_and_shows_where_kernel_tim
     }
     rows = realistic.machine_rows(kept)
     assert rows[2:] == [
-        "| `one` | 3 | 1.10× | 1.02× | 2 of 3 | 1 | +0.10 | -0.20 |",
-        "| `turns` (taking turns) | 1 | 1.10× | 1.03× | 1 of 1 | 1 | +0.10 | -0.20 |",
+        "| `one` | 3 | 1.10× | 1.02× | 2 of 3 | 1 | +0.10 | -0.20 | 1.12× |",
+        "| `turns` (taking turns) | 1 | 1.10× | 1.03× | 1 of 1 | 1 | +0.10 | -0.20 | 1.20× |",
         # the pool holds the runs whose workers ran at once: not the turns run
-        "| **all of them, running at once** | 3 | 1.10× | 1.02× | 2 of 3 | 1 | +0.10 | -0.20 |",
+        "| **all of them, running at once** | 3 | 1.10× | 1.02× | 2 of 3 | 1 | +0.10 | -0.20 "
+        "| 1.12× |",
     ]
     assert realistic.machine_rows({"old": kept["old"]}) == []
     assert realistic.machine_rows(kept, "tansu") == []
