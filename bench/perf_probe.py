@@ -38,9 +38,9 @@ ATTACH_TIMEOUT_S = 30.0
 FINISH_TIMEOUT_S = 120.0
 
 # `perf trace -s`: "   recvfrom   1234   0   5.678   0.001   0.004   0.100   3.21%"
-_SYSCALL_ROW = re.compile(r"^\s+(\w+)\s+(\d+)\s+\d+\s+[\d.]+\s")
+_SYSCALL_ROW = re.compile(r"^\s+(?P<name>\w+)\s+(?P<count>\d+)\s+\d+\s+[\d.]+\s")
 # `perf report -n --sort sym`: "    46.92%   12345  [.] __memmove_avx512_unaligned_erms"
-_SYMBOL_ROW = re.compile(r"^\s+[\d.]+%\s+(\d+)\s+\[[.k]\]\s+(\S+)")
+_SYMBOL_ROW = re.compile(r"^\s+[\d.]+%\s+(?P<count>\d+)\s+\[[.k]\]\s+(?P<name>\S+)")
 
 
 def available() -> str | None:
@@ -52,19 +52,20 @@ def available() -> str | None:
 
 def syscall_counts(summary: str) -> Counter[str]:
     """System calls by name from ``perf trace -s`` output, summed over the threads."""
-    counts: Counter[str] = Counter()
-    for line in summary.splitlines():
-        if m := _SYSCALL_ROW.match(line):
-            counts[m[1]] += int(m[2])
-    return counts
+    return _counted(_SYSCALL_ROW, summary)
 
 
 def symbol_counts(report: str) -> Counter[str]:
     """Samples (here: page faults) by symbol from ``perf report -n --sort sym``."""
+    return _counted(_SYMBOL_ROW, report)
+
+
+def _counted(row: re.Pattern[str], text: str) -> Counter[str]:
+    """Each matching line's ``count`` summed by its ``name``."""
     counts: Counter[str] = Counter()
-    for line in report.splitlines():
-        if m := _SYMBOL_ROW.match(line):
-            counts[m[2]] += int(m[1])
+    for line in text.splitlines():
+        if m := row.match(line):
+            counts[m["name"]] += int(m["count"])
     return counts
 
 

@@ -69,7 +69,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from bench import perf_probe
 from bench.cpu_split import process_tree, snapshot, split, split_rows, stat_cpu, stat_fields
@@ -1338,12 +1338,23 @@ def group_excess_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
     ]
 
 
-def _machine_round(r1: dict[str, Any], r3: dict[str, Any]) -> tuple[float, ...] | None:
+class MachineRound(NamedTuple):
+    """One round's group against the single worker (:func:`_machine_round`)."""
+
+    workers: float  # the workers' CPU per event, 3 ÷ 1
+    with_broker: float  # the workers' and the broker's CPU per event, 3 ÷ 1
+    workers_kernel_us: float  # the workers' kernel µs per event, 3 less 1
+    broker_kernel_us: float  # the broker's kernel µs per event, 3 less 1
+    busy_cores: float  # every busy core's time per event, 3 ÷ 1
+
+
+def _machine_round(r1: dict[str, Any], r3: dict[str, Any]) -> MachineRound | None:
     """One round's group against the single worker, with the broker counted in: workers' CPU
     per event ÷ alone, workers' and broker's ÷ alone, and the workers' and the broker's kernel
     µs per event less alone, and every busy core's time per event ÷ alone; None for a round
-    kept without the broker's split."""
-    if not all("broker_system_us_per_event" in r.get("split", {}) for r in (r1, r3)):
+    kept without the broker's split or the machine's."""
+    needed = ("broker_system_us_per_event", "machine_share")
+    if not all(k in r.get("split", {}) for r in (r1, r3) for k in needed):
         return None
 
     def workers_kernel_us(r: dict[str, Any]) -> float:
@@ -1364,26 +1375,29 @@ def _machine_round(r1: dict[str, Any], r3: dict[str, Any]) -> tuple[float, ...] 
         busy = 1.0 - sum(share.get(k, 0.0) for k in ("idle", "iowait", "steal"))
         return float(busy * r["seconds"] / r["span_events"] * 1e6)
 
-    return (
-        r3["cpu_us_per_event"] / r1["cpu_us_per_event"],
-        (r3["cpu_us_per_event"] + broker_us(r3)) / (r1["cpu_us_per_event"] + broker_us(r1)),
-        workers_kernel_us(r3) - workers_kernel_us(r1),
-        broker_us(r3, "system") - broker_us(r1, "system"),
-        machine_us(r3) / machine_us(r1),
+    return MachineRound(
+        workers=r3["cpu_us_per_event"] / r1["cpu_us_per_event"],
+        with_broker=(r3["cpu_us_per_event"] + broker_us(r3))
+        / (r1["cpu_us_per_event"] + broker_us(r1)),
+        workers_kernel_us=workers_kernel_us(r3) - workers_kernel_us(r1),
+        broker_kernel_us=broker_us(r3, "system") - broker_us(r1, "system"),
+        busy_cores=machine_us(r3) / machine_us(r1),
     )
 
 
-def _machine_row(title: str, rounds: list[tuple[float, ...]]) -> str:
-    both = [r[1] for r in rounds]
-    above = sum(v > 1 for v in both)
+def _machine_row(title: str, rounds: list[MachineRound]) -> str:
+    def median(part: str) -> float:
+        return float(statistics.median(getattr(r, part) for r in rounds))
+
+    above = sum(r.with_broker > 1 for r in rounds)
     cells = [
-        f"{statistics.median(r[0] for r in rounds):.2f}×",
-        f"{statistics.median(both):.2f}×",
-        f"{above} of {len(both)}",
-        f"{_sign_p(above, len(both)):.2g}",
-        f"{statistics.median(r[2] for r in rounds):+.2f}",
-        f"{statistics.median(r[3] for r in rounds):+.2f}",
-        f"{statistics.median(r[4] for r in rounds):.2f}×",
+        f"{median('workers'):.2f}×",
+        f"{median('with_broker'):.2f}×",
+        f"{above} of {len(rounds)}",
+        f"{_sign_p(above, len(rounds)):.2g}",
+        f"{median('workers_kernel_us'):+.2f}",
+        f"{median('broker_kernel_us'):+.2f}",
+        f"{median('busy_cores'):.2f}×",
     ]
     return f"| {title} | {len(rounds)} | {' | '.join(cells)} |"
 
@@ -1393,7 +1407,7 @@ def machine_rows(kept: dict[str, Any], broker: str = "kafka") -> list[str]:
     whose workers ran at once): 3 workers against 1, round by round, by the workers' CPU per
     event alone and with the broker's, and where the kernel time went (workers, broker)."""
     rows: list[str] = []
-    pooled: list[tuple[float, ...]] = []
+    pooled: list[MachineRound] = []
     for label, run, rounds in _paired_rounds(kept, broker, _machine_round):
         turns = run.get("turns_s")
         rows.append(_machine_row(f"`{label}`" + (" (taking turns)" if turns else ""), rounds))
@@ -1880,22 +1894,17 @@ def section(kept: dict[str, Any]) -> list[str]:
         lines += ["", "### The ratio and the machine's speed", "", *host_speed_rows(kept)]
         lines += ["", *(f"- {note}" for note in HOST_SPEED_NOTES)]
     for broker, title in (("kafka", "Apache Kafka"), ("tansu", "the embedded broker (Tansu)")):
-        excess = group_excess_rows(kept, broker)
-        if excess:
-            lines += ["", GROUP_EXCESS_TITLE.format(broker=title), "", *excess]
-            lines += ["", *(f"- {n}" for n in GROUP_EXCESS_NOTES.get(broker, []))]
-        contention = contention_rows(kept, broker)
-        if contention:
-            lines += ["", CONTENTION_TITLE.format(broker=title), "", *contention]
-            lines += ["", *(f"- {n}" for n in CONTENTION_NOTES.get(broker, []))]
-        machine = machine_rows(kept, broker)
-        if machine:
-            lines += ["", MACHINE_TITLE.format(broker=title), "", *machine]
-            lines += ["", *(f"- {n}" for n in MACHINE_NOTES.get(broker, []))]
-        counted = perf_probe.rows(kept, broker)
-        if counted:
-            lines += ["", perf_probe.TITLE.format(broker=title), "", *counted]
-            lines += ["", *(f"- {n}" for n in PERF_NOTES.get(broker, []))]
+        pooled_tables = (
+            (group_excess_rows, GROUP_EXCESS_TITLE, GROUP_EXCESS_NOTES),
+            (contention_rows, CONTENTION_TITLE, CONTENTION_NOTES),
+            (machine_rows, MACHINE_TITLE, MACHINE_NOTES),
+            (perf_probe.rows, perf_probe.TITLE, PERF_NOTES),
+        )
+        for rows_of, heading, notes_of in pooled_tables:
+            table = rows_of(kept, broker)
+            if table:
+                lines += ["", heading.format(broker=title), "", *table]
+                lines += ["", *(f"- {n}" for n in notes_of.get(broker, []))]
     if LEVERS:
         lines += ["", "### Per lever: what it gains, what it costs, what is left of the gap", ""]
         lines += [f"- {note}" for note in LEVERS]

@@ -228,6 +228,17 @@ def test_the_machine_table_counts_the_broker_s_cpu_in_and_shows_where_kernel_tim
         "| 1.12× |",
     ]
     assert realistic.machine_rows({"old": kept["old"]}) == []
+    # a round kept with the broker's split but not the machine's: left out, not a KeyError
+    no_machine = {
+        **threes[0],
+        "split": {k: v for k, v in threes[0]["split"].items() if k != "machine_share"},
+    }
+    partial = {
+        "brokers": {
+            "kafka": {"runs": {"workers_1_keyed": ones[:1], "workers_3_keyed": [no_machine]}}
+        }
+    }
+    assert realistic.machine_rows({"partial": partial}) == []
     assert realistic.machine_rows(kept, "tansu") == []
     # A --perf run's CPU figures carry perf's hooks: left out of this table and the excess one.
     probed = {"probed": {**kept["one"], "perf": "syscalls"}}
