@@ -51,14 +51,16 @@ typecheck: setup
 # Debian tools some tests use, installed when missing and possible (root with apt-get):
 # headless Chromium renders the demo's HTML report, docker-compose validates
 # docker-compose.yml, promtool (Debian's prometheus package) runs the alert rules' unit tests,
-# faketime (with libfaketime) runs workers whose wall clock is minutes fast or slow.
+# faketime (with libfaketime) runs workers whose wall clock is minutes fast or slow, perf
+# (Debian's linux-perf) counts a bench worker's system calls and page faults.
 # Each entry is COMMAND:PACKAGE. Where they cannot be installed, those tests skip and say why.
-TEST_TOOLS := chromium:chromium docker-compose:docker-compose promtool:prometheus faketime:faketime
+TEST_TOOLS := chromium:chromium docker-compose:docker-compose promtool:prometheus faketime:faketime \
+	perf:linux-perf
 test-tools:
 	@missing=""; for pair in $(TEST_TOOLS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing$$missing (Debian packages, for the browser, compose, alert-rule and clock tests)"; \
+	  echo "installing$$missing (Debian packages, for the browser, compose, alert-rule, clock and perf tests)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null) \
 	    || echo "could not install$$missing: the tests that need them will skip"; \
 	else echo "missing$$missing and not root: the tests that need them will skip"; fi
