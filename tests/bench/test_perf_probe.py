@@ -103,8 +103,13 @@ def test_rows_give_each_path_the_median_per_1k_events_of_the_rounds() -> None:
     assert perf_probe.rows(kept, "tansu") == []
 
 
-# Waits for a line, then makes exactly 500 getppid system calls and exits.
-CHILD = "import os, sys; sys.stdin.readline(); [os.getppid() for _ in range(500)]"
+# Waits for a line, then makes exactly 500 getppid system calls and exits: 250 in its main
+# thread and 250 in a thread started after perf attached (a worker starts threads too).
+CHILD = (
+    "import os, sys, threading; sys.stdin.readline(); "
+    "t = threading.Thread(target=lambda: [os.getppid() for _ in range(250)]); t.start(); "
+    "[os.getppid() for _ in range(250)]; t.join()"
+)
 
 
 @pytest.mark.skipif(perf_probe.available() is not None, reason=str(perf_probe.available()))
